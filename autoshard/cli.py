@@ -1,0 +1,128 @@
+"""The `autoshard` command line: parses flags, calls the library, formats results.
+
+Every user error ends as one line on stderr (`autoshard: error: ...`) and exit code 2; no
+traceback reaches the user for bad input. Every command takes `--json` for machine output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from autoshard import __version__
+from autoshard.errors import AutoshardError
+from autoshard.mesh import Mesh
+from autoshard.sharding import Sharding
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line, like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _dim(text: str) -> tuple[str, int]:
+    name, sep, size = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"--dim {text!r} is not NAME=SIZE (e.g. --dim batch=8)")
+    try:
+        value = int(size)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--dim {text!r}: size {size!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--dim {text!r}: size must be >= 1")
+    return name.strip(), value
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape {text!r} is not like 4x6") from None
+    if any(d < 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"shape {text!r} has a negative dim")
+    return dims
+
+
+def _dims(pairs: Sequence[tuple[str, int]] | None) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for name, size in pairs or ():
+        if name in dims and dims[name] != size:
+            raise AutoshardError(f"--dim {name} given twice ({dims[name]} and {size})")
+        dims[name] = size
+    return dims
+
+
+def _emit(data: object) -> None:
+    print(json.dumps(data, indent=2))
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from autoshard.ir.onnx_import import import_onnx
+    from autoshard.ir.summary import format_summary, summarize
+
+    summary = summarize(import_onnx(args.model, _dims(args.dim)))
+    if args.json:
+        _emit(summary)
+    else:
+        print(format_summary(summary))
+    return 0
+
+
+def cmd_layout(args: argparse.Namespace) -> int:
+    from autoshard.layout import draw_layout, layout_json
+
+    mesh = Mesh.parse(args.mesh)
+    sharding = Sharding.parse(args.sharding).check(mesh, args.shape)
+    if args.json:
+        _emit(layout_json(mesh, args.shape, sharding))
+    else:
+        print(draw_layout(mesh, args.shape, sharding))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="autoshard", description="Auto-sharding planner for ML models.")
+    parser.add_argument("--version", action="version", version=f"autoshard {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    inspect = commands.add_parser("inspect", help="summarize an ONNX model")
+    inspect.add_argument("model", help="path to an .onnx file")
+    inspect.add_argument(
+        "--dim", action="append", type=_dim, metavar="NAME=SIZE", help="bind a symbolic dim"
+    )
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    inspect.set_defaults(run=cmd_inspect)
+
+    layout = commands.add_parser("layout", help="draw which device holds which part of a tensor")
+    layout.add_argument("--mesh", required=True, help="device mesh, e.g. 2x3 or dp=2,tp=3")
+    layout.add_argument("--shape", required=True, type=_shape, help="tensor shape, e.g. 4x6")
+    layout.add_argument("--sharding", required=True, help="e.g. '[[], [0, 1]]'")
+    layout.add_argument("--json", action="store_true", help="machine-readable output")
+    layout.set_defaults(run=cmd_layout)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except AutoshardError as error:
+        print(f"autoshard: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("autoshard: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Error types of autoshard.
+
+Every error a user can cause is an `AutoshardError` whose message names the culprit and, where
+there are any, the valid choices. The CLI prints the message on one line and exits non-zero;
+the REST service maps it to a 4xx. Anything else escaping is a bug.
+"""
+
+from __future__ import annotations
+
+
+class AutoshardError(Exception):
+    """Base of every user-facing error: the message is complete and fits on one line."""
+
+
+class MeshError(AutoshardError, ValueError):
+    """A mesh spec that cannot be a device mesh (`4x?`, `0x8`, duplicate axis names...)."""
+
+
+class ShardingError(AutoshardError, ValueError):
+    """A sharding that is malformed or does not fit its mesh or tensor."""
+
+
+class ModelError(AutoshardError):
+    """A model file that cannot be imported: unreadable, malformed, or using unsupported features."""
+
+
+class UnboundDimError(ModelError):
+    """Symbolic dims of the model's inputs that the user has not bound with `--dim NAME=SIZE`."""
+
+
+class GraphError(AutoshardError):
+    """A graph that breaks an invariant of the IR (found by `verify`)."""
