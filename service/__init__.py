@@ -1,0 +1,1 @@
+"""The REST face of autoshard (FastAPI on uvicorn): thin routes over the library."""
