@@ -12,9 +12,11 @@ tiny configs with random weights, and the resulting ``.onnx`` files are committe
 script.  Everything is deterministic (a fixed ``torch.manual_seed`` per model), and nothing is
 downloaded: Hugging Face models are built from configs, never ``from_pretrained``.
 
-Each torch model is checked after export: ``onnx.checker.check_model`` must pass and
-onnxruntime's outputs on random inputs (batch=2, seq=16) must match torch's.  The shape-only
-decoder has no weight data at all; it is checked with ``check_model`` and shape inference.
+Each model is checked before its file is replaced: ``onnx.checker.check_model`` must pass and
+onnxruntime's outputs on random inputs must match torch's at (batch, seq) = (2, 16) and (3, 7)
+(the second catches dimensions accidentally baked in as constants).  The shape-only decoder has
+no weight data at all; it is checked with ``check_model`` beside a sparse placeholder weights
+file, and with shape inference.  See models/README.md for what each file contains.
 
 Requires (dev only): torch, transformers, onnx, onnxruntime, onnxscript (dynamo exporter).
 """
@@ -42,7 +44,10 @@ OPSET = 17
 # 18 and down-convert with onnx's C version converter, which leaves Split's opset-18
 # ``num_outputs`` attribute in place and yields a model that fails onnx.checker.
 DYNAMO_OPSET = 18
-BATCH, SEQ = 2, 16  # shapes used for the onnxruntime-vs-torch check
+BATCH, SEQ = 2, 16  # example shapes for tracing, and the main onnxruntime-vs-torch check
+# (batch, seq) pairs the parity check runs; the second differs from the traced example so a
+# dimension that was accidentally baked in as a constant shows up as a failure.
+CHECK_SHAPES = ((BATCH, SEQ), (3, 7))
 ATOL = 1e-4
 
 
@@ -55,13 +60,14 @@ ATOL = 1e-4
 class Built:
     """A freshly built model plus what is needed to verify it.
 
-    ``reference`` maps the feed dict to the expected outputs (torch run on the same inputs);
-    it is None for models that cannot be run (the shape-only decoder).
+    ``make_feeds(batch, seq)`` builds random inputs and ``reference`` maps them to the expected
+    outputs (torch run on the same inputs); both are None for models that cannot be run (the
+    shape-only decoder).
     """
 
     proto: onnx.ModelProto
     exporter: str
-    feeds: dict[str, np.ndarray] | None = None
+    make_feeds: Callable[[int, int], dict[str, np.ndarray]] | None = None
     reference: Callable[[dict[str, np.ndarray]], list[np.ndarray]] | None = None
 
 
@@ -75,6 +81,7 @@ def save_atomic(proto: onnx.ModelProto, path: Path) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(proto.SerializeToString())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the models are ordinary repo files
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -138,15 +145,29 @@ def jitter_parameters(model) -> None:
             param.add_(torch.randn_like(param) * 0.02)
 
 
-def token_feeds(vocab: int, with_mask: bool = False) -> dict[str, np.ndarray]:
-    """Random int64 token ids [BATCH, SEQ] (and a padding-style attention mask)."""
-    rng = np.random.default_rng(0)
-    feeds = {"input_ids": rng.integers(0, vocab, size=(BATCH, SEQ), dtype=np.int64)}
-    if with_mask:
-        mask = np.ones((BATCH, SEQ), dtype=np.int64)
-        mask[1, SEQ - 5 :] = 0  # second sequence is right-padded
-        feeds["attention_mask"] = mask
-    return feeds
+def token_feeds(vocab: int, with_mask: bool = False) -> Callable[[int, int], dict]:
+    """Feed maker: random int64 token ids [batch, seq] (and a padding-style attention mask)."""
+
+    def make(batch: int, seq: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(0)
+        feeds = {"input_ids": rng.integers(0, vocab, size=(batch, seq), dtype=np.int64)}
+        if with_mask:
+            mask = np.ones((batch, seq), dtype=np.int64)
+            mask[-1, seq // 2 :] = 0  # last sequence is right-padded
+            feeds["attention_mask"] = mask
+        return feeds
+
+    return make
+
+
+def float_feeds(name: str, *shape: int) -> Callable[[int, int], dict]:
+    """Feed maker: random float32 ``name`` of shape [batch, *shape] (seq is ignored)."""
+
+    def make(batch: int, seq: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(0)
+        return {name: rng.standard_normal((batch, *shape)).astype(np.float32)}
+
+    return make
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,12 +186,13 @@ def build_mlp() -> Built:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)).eval()
     x = torch.randn(BATCH, 64)
-    proto = torchscript_export(
-        model, (x,), ["x"], ["y"], {"x": {0: "batch"}, "y": {0: "batch"}}
+    proto = torchscript_export(model, (x,), ["x"], ["y"], {"x": {0: "batch"}, "y": {0: "batch"}})
+    return Built(
+        proto,
+        "torch.onnx.export(dynamo=False)",
+        float_feeds("x", 64),
+        torch_reference(model, ["x"]),
     )
-    rng = np.random.default_rng(0)
-    feeds = {"x": rng.standard_normal((BATCH, 64)).astype(np.float32)}
-    return Built(proto, "torch.onnx.export(dynamo=False)", feeds, torch_reference(model, ["x"]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,6 +261,21 @@ def build_gpt2() -> Built:
     )
 
 
+def strip_stack_traces(proto: onnx.ModelProto) -> None:
+    """Drop the dynamo exporter's per-node ``pkg.torch.onnx.stack_trace`` metadata, in place.
+
+    The traces hold absolute file paths and line numbers of this script and of site-packages,
+    so they would change the file whenever this script is edited or run on another machine.
+    The other metadata (``namespace``, ``pkg.torch.onnx.name_scopes``, ``class_hierarchy``,
+    ``fx_node``) is deterministic and kept: it is real exporter output that maps nodes to
+    modules.
+    """
+    for node in proto.graph.node:
+        kept = [p for p in node.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
+        del node.metadata_props[:]
+        node.metadata_props.extend(kept)
+
+
 def build_gpt2_dynamo() -> Built:
     """The same GPT-2 exported with the dynamo exporter (torch.export + onnxscript).
 
@@ -267,6 +304,7 @@ def build_gpt2_dynamo() -> Built:
             verbose=False,
         )
     proto = program.model_proto
+    strip_stack_traces(proto)
     return Built(
         proto,
         "torch.onnx.export(dynamo=True)",
@@ -375,10 +413,11 @@ def build_cnn() -> Built:
         do_constant_folding=False,
         training=torch.onnx.TrainingMode.EVAL,
     )
-    rng = np.random.default_rng(0)
-    feeds = {"image": rng.standard_normal((BATCH, 3, 32, 32)).astype(np.float32)}
     return Built(
-        proto, "torch.onnx.export(dynamo=False)", feeds, torch_reference(model, ["image"])
+        proto,
+        "torch.onnx.export(dynamo=False)",
+        float_feeds("image", 3, 32, 32),
+        torch_reference(model, ["image"]),
     )
 
 
@@ -413,8 +452,11 @@ class _ExternalWeights:
         t.dims.extend(dims)
         t.data_location = TensorProto.EXTERNAL
         length = math.prod(dims) * self.itemsize
-        for key, value in (("location", self.location), ("offset", self.offset),
-                           ("length", length)):
+        for key, value in (
+            ("location", self.location),
+            ("offset", self.offset),
+            ("length", length),
+        ):
             entry = t.external_data.add()
             entry.key, entry.value = key, str(value)
         self.offset += length
@@ -582,25 +624,34 @@ def check_shape_only(proto: onnx.ModelProto) -> None:
     onnx.shape_inference.infer_shapes(loaded, check_type=True, strict_mode=True)
 
 
-def verify(name: str, built: Built) -> float | None:
-    """Check the proto and compare onnxruntime with torch; returns the max abs error."""
-    if built.reference is None or built.feeds is None:
+def verify(name: str, built: Built) -> dict[tuple[int, int], float]:
+    """Check the proto and compare onnxruntime with torch at each of ``CHECK_SHAPES``.
+
+    Returns the max abs error per (batch, seq); empty for the shape-only model.  Raises if the
+    checker fails or an error exceeds ``ATOL``.
+    """
+    if built.reference is None or built.make_feeds is None:
         check_shape_only(built.proto)
-        return None
+        return {}
     onnx.checker.check_model(built.proto, full_check=True)
     import onnxruntime as ort
 
-    sess = ort.InferenceSession(
-        built.proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    got = sess.run(None, built.feeds)
-    want = built.reference(built.feeds)
-    if len(got) != len(want):
-        raise AssertionError(f"{name}: {len(got)} onnx outputs vs {len(want)} torch outputs")
-    err = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want, strict=True))
-    if err > ATOL:
-        raise AssertionError(f"{name}: onnxruntime differs from torch by {err:.3g} > {ATOL}")
-    return err
+    sess = ort.InferenceSession(built.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    errors = {}
+    for batch, seq in CHECK_SHAPES:
+        feeds = built.make_feeds(batch, seq)
+        got = sess.run(None, feeds)
+        want = built.reference(feeds)
+        if len(got) != len(want):
+            raise AssertionError(f"{name}: {len(got)} onnx outputs vs {len(want)} torch outputs")
+        for g, w in zip(got, want, strict=True):
+            if g.shape != w.shape:
+                raise AssertionError(f"{name}: onnx output {g.shape} vs torch {w.shape}")
+        err = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want, strict=True))
+        if err > ATOL:
+            raise AssertionError(f"{name}: onnxruntime differs from torch by {err:.3g} > {ATOL}")
+        errors[batch, seq] = err
+    return errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -617,14 +668,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown model(s): {', '.join(unknown)}; choose from {', '.join(BUILDERS)}")
     for name in args.names or list(BUILDERS):
         built = BUILDERS[name]()
-        err = verify(name, built)
+        errors = verify(name, built)  # before writing: a bad export never replaces a good file
         path = MODELS_DIR / f"{name}.onnx"
         save_atomic(built.proto, path)
-        err_txt = "n/a (shape-only)" if err is None else f"{err:.2e}"
+        if errors:
+            err_txt = ", ".join(f"b{b}s{s}={e:.1e}" for (b, s), e in errors.items())
+        else:
+            err_txt = "n/a (shape-only)"
         print(
-            f"{path.name:32s} {path.stat().st_size / 1024:9.1f} KiB  "
-            f"params={param_count(built.proto):>13,d}  ort-vs-torch max|err|={err_txt}  "
-            f"[{built.exporter}]"
+            f"{path.name:28s} {path.stat().st_size / 1024:7.1f} KiB  "
+            f"params={param_count(built.proto):>13,d}  [{built.exporter}]  "
+            f"ort-vs-torch max|err|: {err_txt}",
+            flush=True,
         )
     return 0
 
