@@ -34,7 +34,9 @@ def _dim(text: str) -> tuple[str, int]:
     try:
         value = int(size)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--dim {text!r}: size {size!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(
+            f"--dim {text!r}: size {size!r} is not an integer"
+        ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"--dim {text!r}: size must be >= 1")
     return name.strip(), value
@@ -67,10 +69,9 @@ def _emit(data: object) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from autoshard.ir.onnx_import import import_onnx
-    from autoshard.ir.summary import format_summary, summarize
+    from autoshard.ir.summary import format_summary, inspect_model
 
-    summary = summarize(import_onnx(args.model, _dims(args.dim)))
+    summary = inspect_model(args.model, _dims(args.dim))
     if args.json:
         _emit(summary)
     else:

@@ -21,11 +21,18 @@ class ShardingError(AutoshardError, ValueError):
 
 
 class ModelError(AutoshardError):
-    """A model file that cannot be imported: unreadable, malformed, or using unsupported features."""
+    """A model file that cannot be imported: unreadable, malformed or unsupported."""
 
 
 class UnboundDimError(ModelError):
-    """Symbolic dims of the model's inputs that the user has not bound with `--dim NAME=SIZE`."""
+    """Symbolic dims of the model's inputs that the user has not bound with `--dim NAME=SIZE`.
+
+    `unbound` maps each dim name to the `input[axis]` places that carry it.
+    """
+
+    def __init__(self, message: str, unbound: dict[str, list[str]] | None = None) -> None:
+        super().__init__(message)
+        self.unbound = unbound or {}
 
 
 class GraphError(AutoshardError):

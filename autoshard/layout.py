@@ -43,7 +43,9 @@ def device_shards(mesh: Mesh, shape: tuple[int, ...], sharding: Sharding) -> lis
     sharding.check(mesh, shape)
     partial = bool(sharding.partial_axes)
     return [
-        DeviceShard(device, mesh.linear_index(device), sharding.slices(mesh, shape, device), partial)
+        DeviceShard(
+            device, mesh.linear_index(device), sharding.slices(mesh, shape, device), partial
+        )
         for device in mesh.devices()
     ]
 
@@ -74,7 +76,10 @@ def draw_layout(mesh: Mesh, shape: tuple[int, ...], sharding: Sharding) -> str:
     inner = mesh.ndim - 1
     rows_axis = mesh.ndim - 2 if mesh.ndim >= 2 else None
     outer_axes = range(mesh.ndim - 2) if mesh.ndim > 2 else range(0)
-    lines.append(f"mesh axis {inner} ->" + (f"   (mesh axis {rows_axis} down)" if rows_axis is not None else ""))
+    lines.append(
+        f"mesh axis {inner} ->"
+        + (f"   (mesh axis {rows_axis} down)" if rows_axis is not None else "")
+    )
     for outer in itertools.product(*(range(mesh.shape[a]) for a in outer_axes)):
         if outer:
             where = ", ".join(f"axis {a} = {c}" for a, c in zip(outer_axes, outer, strict=True))
@@ -113,7 +118,10 @@ def _draw_grid(grid: list[list[list[str]]]) -> list[str]:
     for row in grid:
         height = max(len(cell) for cell in row)
         for i in range(height):
-            texts = [(cell[i] if i < len(cell) else "").ljust(w) for cell, w in zip(row, widths, strict=True)]
+            texts = [
+                (cell[i] if i < len(cell) else "").ljust(w)
+                for cell, w in zip(row, widths, strict=True)
+            ]
             out.append("| " + " | ".join(texts) + " |")
         out.append(rule)
     return out

@@ -69,7 +69,8 @@ class Mesh:
         if not spec:
             raise MeshError("empty mesh spec; write e.g. 4x8, 8 or dp=4,tp=8")
         if "=" in spec:
-            names, sizes = [], []
+            names: list[str] = []
+            sizes: list[int] = []
             for item in spec.split(","):
                 axis_name, sep, size = item.partition("=")
                 if not sep:
@@ -113,7 +114,9 @@ class Mesh:
     def multi_index(self, linear: int) -> Device:
         """Inverse of `linear_index`."""
         if not 0 <= linear < self.size:
-            raise MeshError(f"device {linear} is not on mesh {self}; it has devices 0..{self.size - 1}")
+            raise MeshError(
+                f"device {linear} is not on mesh {self}; it has devices 0..{self.size - 1}"
+            )
         coordinates = []
         for size in reversed(self.shape):
             linear, coordinate = divmod(linear, size)
@@ -128,7 +131,9 @@ class Mesh:
             if ref.isdigit():
                 ref = int(ref)
             else:
-                raise MeshError(f"unknown mesh axis {ref!r}; mesh {self} has axes {self.axes_text()}")
+                raise MeshError(
+                    f"unknown mesh axis {ref!r}; mesh {self} has axes {self.axes_text()}"
+                )
         if not 0 <= ref < self.ndim:
             raise MeshError(f"unknown mesh axis {ref}; mesh {self} has axes {self.axes_text()}")
         return ref

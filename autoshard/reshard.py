@@ -34,7 +34,6 @@ import enum
 import functools
 import heapq
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -82,8 +81,14 @@ class Collective:
 
     def __str__(self) -> str:
         text = f"{self.kind} mesh_axes = [{', '.join(map(str, self.mesh_axes))}]"
-        for name in ("reduction", "gather_axis", "slice_axis", "scatter_axis", "split_axis",
-                     "concat_axis"):
+        for name in (
+            "reduction",
+            "gather_axis",
+            "slice_axis",
+            "scatter_axis",
+            "split_axis",
+            "concat_axis",
+        ):
             value = getattr(self, name)
             if value is not None:
                 text += f" {name} = {value}"
@@ -155,10 +160,18 @@ def _plan(
             if nxt not in done:
                 heapq.heappush(
                     frontier,
-                    (cost + step.bytes_per_device, steps + 1, f"{key}{step} -> {step.dst};",
-                     next(pushed), nxt, (*path, step)),
+                    (
+                        cost + step.bytes_per_device,
+                        steps + 1,
+                        f"{key}{step} -> {step.dst};",
+                        next(pushed),
+                        nxt,
+                        (*path, step),
+                    ),
                 )
-    raise ShardingError(f"no exact resharding from {src} to {dst} on mesh {mesh}")  # pragma: no cover
+    raise ShardingError(
+        f"no exact resharding from {src} to {dst} on mesh {mesh}"
+    )  # pragma: no cover
 
 
 def _pad(split: Split, rank: int) -> Split:
@@ -180,9 +193,7 @@ def _gather_exact(size: int, mesh: Mesh, axes: Sequence[int], keep: int) -> bool
     """Does concatenating the shards of the dropped inner axes give the coarser shards?"""
     fine, coarse = _bounds(size, mesh, axes), _bounds(size, mesh, axes[:keep])
     g = len(fine) // len(coarse)
-    return all(
-        (fine[i * g][0], fine[i * g + g - 1][1]) == coarse[i] for i in range(len(coarse))
-    )
+    return all((fine[i * g][0], fine[i * g + g - 1][1]) == coarse[i] for i in range(len(coarse)))
 
 
 def _slice_exact(size: int, mesh: Mesh, axes: Sequence[int], keep: int) -> bool:
@@ -192,7 +203,10 @@ def _slice_exact(size: int, mesh: Mesh, axes: Sequence[int], keep: int) -> bool:
     for i, (start, stop) in enumerate(coarse):
         chunk = -(-(stop - start) // g)
         for j in range(g):
-            mine = (start + min(j * chunk, stop - start), start + min((j + 1) * chunk, stop - start))
+            mine = (
+                start + min(j * chunk, stop - start),
+                start + min((j + 1) * chunk, stop - start),
+            )
             if mine != fine[i * g + j]:
                 return False
     return True
@@ -202,7 +216,11 @@ class _Search:
     """The progress-making basis steps out of one state (split axes, partial axes)."""
 
     def __init__(
-        self, dst: Sharding, shape: tuple[int, ...], mesh: Mesh, itemsize: int,
+        self,
+        dst: Sharding,
+        shape: tuple[int, ...],
+        mesh: Mesh,
+        itemsize: int,
         reduction: ReductionKind,
     ) -> None:
         self.target = _pad(dst.split_axes, len(shape))
@@ -216,8 +234,15 @@ class _Search:
             elements *= -(-size // self.mesh.group_size(axes)) if axes else size
         return elements * self.itemsize
 
-    def make(self, kind: CollectiveKind, axes: Sequence[int], before: tuple[Split, tuple[int, ...]],
-             after: tuple[Split, tuple[int, ...]], bytes_: int, **fields: object) -> Collective:
+    def make(
+        self,
+        kind: CollectiveKind,
+        axes: Sequence[int],
+        before: tuple[Split, tuple[int, ...]],
+        after: tuple[Split, tuple[int, ...]],
+        bytes_: int,
+        **fields: object,
+    ) -> Collective:
         reduction = self.reduction
         src = Sharding(before[0], before[1], reduction)
         dst = Sharding(after[0], after[1], reduction)
@@ -226,7 +251,7 @@ class _Search:
     def wanted(self, split: Split, dim: int) -> tuple[int, ...] | None:
         """The axes dim still needs appended, or None if its list is not a prefix of the target."""
         have, want = split[dim], self.target[dim]
-        return want[len(have):] if want[: len(have)] == have else None
+        return want[len(have) :] if want[: len(have)] == have else None
 
     def moves(self, split: Split, partial: tuple[int, ...]) -> list[Collective]:
         mesh, shape = self.mesh, self.shape
@@ -235,8 +260,12 @@ class _Search:
         local = self.local_bytes(split)
         out: list[Collective] = []
 
-        def replaced(dim: int, axes: tuple[int, ...], other: int | None = None,
-                     other_axes: tuple[int, ...] = ()) -> Split:
+        def replaced(
+            dim: int,
+            axes: tuple[int, ...],
+            other: int | None = None,
+            other_axes: tuple[int, ...] = (),
+        ) -> Split:
             new = list(split)
             new[dim] = axes
             if other is not None:
@@ -251,16 +280,32 @@ class _Search:
                 axes = split[dim] + tuple(free[:k])
                 if _slice_exact(shape[dim], mesh, axes, len(split[dim])):
                     after = replaced(dim, axes)
-                    out.append(self.make(CollectiveKind.ALL_SLICE, free[:k], state,
-                                         (after, partial), 0, slice_axis=dim))
+                    out.append(
+                        self.make(
+                            CollectiveKind.ALL_SLICE,
+                            free[:k],
+                            state,
+                            (after, partial),
+                            0,
+                            slice_axis=dim,
+                        )
+                    )
         # all_gather: drop the k innermost axes of a dim.
         for dim, axes in enumerate(split):
             for k in range(1, len(axes) + 1):
                 if _gather_exact(shape[dim], mesh, axes, len(axes) - k):
                     n = mesh.group_size(axes[-k:])
                     after = replaced(dim, axes[:-k])
-                    out.append(self.make(CollectiveKind.ALL_GATHER, axes[-k:], state,
-                                         (after, partial), (n - 1) * local, gather_axis=dim))
+                    out.append(
+                        self.make(
+                            CollectiveKind.ALL_GATHER,
+                            axes[-k:],
+                            state,
+                            (after, partial),
+                            (n - 1) * local,
+                            gather_axis=dim,
+                        )
+                    )
         # all_to_all: move the k innermost axes of dim to the end of another dim that wants them.
         for dim, axes in enumerate(split):
             for other in range(len(shape)):
@@ -275,17 +320,32 @@ class _Search:
                     ):
                         n = mesh.group_size(moved)
                         after = replaced(dim, axes[:-k], other, grown)
-                        out.append(self.make(
-                            CollectiveKind.ALL_TO_ALL, moved, state, (after, partial),
-                            (n - 1) * -(-local // n), split_axis=other, concat_axis=dim,
-                        ))
+                        out.append(
+                            self.make(
+                                CollectiveKind.ALL_TO_ALL,
+                                moved,
+                                state,
+                                (after, partial),
+                                (n - 1) * -(-local // n),
+                                split_axis=other,
+                                concat_axis=dim,
+                            )
+                        )
         # Reductions of partial axes the target does not keep.
         pending = tuple(a for a in partial if a not in self.target_partial)
         if pending:
             kept = tuple(a for a in partial if a in self.target_partial)
             n = mesh.group_size(pending)
-            out.append(self.make(CollectiveKind.ALL_REDUCE, pending, state, (split, kept),
-                                 2 * (n - 1) * -(-local // n), reduction=self.reduction))
+            out.append(
+                self.make(
+                    CollectiveKind.ALL_REDUCE,
+                    pending,
+                    state,
+                    (split, kept),
+                    2 * (n - 1) * -(-local // n),
+                    reduction=self.reduction,
+                )
+            )
             for dim in range(len(shape)):
                 want = self.wanted(split, dim) or ()
                 run = list(itertools.takewhile(lambda a: a in pending, want))
@@ -296,18 +356,26 @@ class _Search:
                     rest = tuple(a for a in partial if a not in run[:k])
                     n = mesh.group_size(run[:k])
                     after = replaced(dim, axes)
-                    out.append(self.make(
-                        CollectiveKind.REDUCE_SCATTER, run[:k], state, (after, rest),
-                        (n - 1) * -(-local // n), scatter_axis=dim, reduction=self.reduction,
-                    ))
+                    out.append(
+                        self.make(
+                            CollectiveKind.REDUCE_SCATTER,
+                            run[:k],
+                            state,
+                            (after, rest),
+                            (n - 1) * -(-local // n),
+                            scatter_axis=dim,
+                            reduction=self.reduction,
+                        )
+                    )
         # permute: every device's new shard is some device's current shard. Tried towards the
         # target and, as in seed 002's `[[0], [1, 2]] -> [[0], [2, 1]] -> [[0], [2]]`, to any
         # reordering of one dim's axes. Partial values stay put (their pieces are not shards).
         if not partial:
             goals = [] if self.target_partial else [self.target]
             for dim, axes in enumerate(split):
-                goals += [replaced(dim, order) for order in itertools.permutations(axes)
-                          if order != axes]
+                goals += [
+                    replaced(dim, order) for order in itertools.permutations(axes) if order != axes
+                ]
             for goal in goals:
                 step = self.permute(split, goal, local)
                 if step is not None:
@@ -333,10 +401,18 @@ class _Search:
             if me not in sources:
                 pairs.append((sources[me % len(sources)], me))
         sends = max((sum(1 for s, _ in pairs if s == d) for d in range(mesh.size)), default=0)
-        axes = tuple(sorted({
-            a for s, t in pairs
-            for a, (x, y) in enumerate(zip(mesh.multi_index(s), mesh.multi_index(t), strict=True))
-            if x != y
-        }))
-        return Collective(CollectiveKind.PERMUTE, axes, current, target, shape, sends * local,
-                          pairs=tuple(pairs))
+        axes = tuple(
+            sorted(
+                {
+                    a
+                    for s, t in pairs
+                    for a, (x, y) in enumerate(
+                        zip(mesh.multi_index(s), mesh.multi_index(t), strict=True)
+                    )
+                    if x != y
+                }
+            )
+        )
+        return Collective(
+            CollectiveKind.PERMUTE, axes, current, target, shape, sends * local, pairs=tuple(pairs)
+        )

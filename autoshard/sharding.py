@@ -32,7 +32,7 @@ Slice = tuple[int, int]
 
 
 class ReductionKind(enum.Enum):
-    """How partial values combine (seed 003 ReductionKind; `generic` is not allowed in a sharding)."""
+    """How partial values combine (seed 003; `generic` is not allowed in a sharding)."""
 
     SUM = "sum"
     MAX = "max"
@@ -258,7 +258,9 @@ def _shape_text(shape: Sequence[int]) -> str:
     return "x".join(map(str, shape)) if shape else "scalar"
 
 
-_TOKEN = re.compile(r"\s*(mesh\.sharding|!mesh\.sharding|@[A-Za-z_][\w.$-]*|-?\d+|[A-Za-z_]\w*|[\[\],=:?])")
+_TOKEN = re.compile(
+    r"\s*(mesh\.sharding|!mesh\.sharding|@[A-Za-z_][\w.$-]*|-?\d+|[A-Za-z_]\w*|[\[\],=:?])"
+)
 
 
 class _Parser:

@@ -51,7 +51,9 @@ def shard(array: np.ndarray, sharding: Sharding, mesh: Mesh) -> Locals:
     }
 
 
-def run_collective(collective: Collective, mesh: Mesh, local: Mapping[Device, np.ndarray]) -> Locals:
+def run_collective(
+    collective: Collective, mesh: Mesh, local: Mapping[Device, np.ndarray]
+) -> Locals:
     """Every device's result of one collective."""
     c, out = collective, {}
     if c.kind is CollectiveKind.PERMUTE:

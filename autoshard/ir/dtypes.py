@@ -56,9 +56,7 @@ _BY_NAME: dict[str, int] = {name: enum for enum, (name, _) in _TABLE.items()}
 _BITS: dict[str, int] = {name: bits for name, bits in _TABLE.values()}
 
 FLOAT_DTYPES = frozenset(
-    name
-    for name in _BY_NAME
-    if name.startswith(("float", "bfloat")) or name.startswith("complex")
+    name for name in _BY_NAME if name.startswith(("float", "bfloat")) or name.startswith("complex")
 )
 """Floating (and complex) dtypes: tensors of these are numbers a model learns or computes."""
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import ModelProto, NodeProto, numpy_helper
+from onnx import ModelProto, NodeProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from autoshard.errors import ModelError
@@ -43,14 +43,34 @@ FOLD_LIMIT = 65536
 
 # Ops whose result differs from run to run: never folded.
 _RANDOM = frozenset(
-    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-     "Bernoulli"}
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
 )
 # Ops whose result can be far larger than their operands: evaluated only when shape inference
 # bounded the result's size first.
 _EXPANDING = frozenset(
-    {"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Upsample", "Pad", "EyeLike",
-     "OneHot", "MatMul", "Gemm", "Einsum", "Col2Im", "ConvTranspose"}
+    {
+        "ConstantOfShape",
+        "Expand",
+        "Tile",
+        "Range",
+        "Resize",
+        "Upsample",
+        "Pad",
+        "EyeLike",
+        "OneHot",
+        "MatMul",
+        "Gemm",
+        "Einsum",
+        "Col2Im",
+        "ConvTranspose",
+    }
 )
 
 
@@ -66,6 +86,12 @@ class TensorType:
     def static(self) -> bool:
         """True when the rank and every dim are known."""
         return self.shape is not None and all(d is not None for d in self.shape)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The shape as ints; only for a static type."""
+        assert self.shape is not None and self.static, "dims of a non-static type"
+        return tuple(int(d) for d in self.shape if d is not None)
 
     def __str__(self) -> str:
         if self.shape is None:
@@ -83,6 +109,7 @@ class FoldResult:
     types: Mapping[str, TensorType]
     failures: Mapping[str, str] = field(default_factory=dict)
     rounds: int = 0
+    model: ModelProto = field(default_factory=ModelProto, repr=False)
 
 
 def tensor_type(type_proto: onnx.TypeProto) -> TensorType:
@@ -114,12 +141,22 @@ def infer_types(model: ModelProto) -> dict[str, TensorType]:
     return types
 
 
+def inference_error(model: ModelProto) -> str | None:
+    """The first error strict shape inference reports on `model`, on one line (None if none):
+    why a shape stayed unknown, when lenient inference skipped a failing node."""
+    try:
+        onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        return " ".join(str(exc).split()) or type(exc).__name__
+    return None
+
+
 def _shape_of(node: NodeProto, types: Mapping[str, TensorType]) -> np.ndarray | None:
     """`Shape(x)` / `Size(x)` from x's static type, without x's data; None if x is not static."""
     known = types.get(node.input[0])
     if known is None or not known.static:
         return None
-    dims = [int(d) for d in known.shape or () if d is not None]
+    dims = list(known.dims)
     if node.op_type == "Size":
         return np.array(math.prod(dims), dtype=np.int64)
     attrs = {a.name: a.i for a in node.attribute}
@@ -129,10 +166,23 @@ def _shape_of(node: NodeProto, types: Mapping[str, TensorType]) -> np.ndarray | 
     return np.array(dims[start:end], dtype=np.int64)
 
 
-def _evaluate(
-    node: NodeProto, constants: Mapping[str, np.ndarray], opset: int
-) -> list[np.ndarray]:
+def _gather_elements(node: NodeProto, data: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    axis = axis + data.ndim if axis < 0 else axis
+    indices = np.where(indices < 0, indices + data.shape[axis], indices)
+    return np.take_along_axis(data, indices, axis)
+
+
+# Kernels replacing onnx.reference ones that are wrong on exporter patterns: its GatherElements
+# (np.choose) fails past 32 choices, e.g. BERT's token_type_ids buffer sliced to seq.
+_KERNELS = {("", "GatherElements"): _gather_elements}
+
+
+def _evaluate(node: NodeProto, constants: Mapping[str, np.ndarray], opset: int) -> list[np.ndarray]:
     feeds = {name: constants[name] for name in node.input if name}
+    kernel = _KERNELS.get((node.domain, node.op_type))
+    if kernel is not None:
+        return [np.asarray(kernel(node, *(constants[name] for name in node.input)))]
     evaluator = ReferenceEvaluator(node, opsets={"": opset})
     return [np.asarray(r) for r in evaluator.run(None, feeds)]
 
@@ -179,7 +229,7 @@ def _try_fold(
         return None
     outs = [types.get(name) for name in node.output if name]
     bounded = all(t is not None and t.static for t in outs)
-    if bounded and any(math.prod(t.shape or ()) > limit for t in outs if t is not None):
+    if bounded and any(math.prod(t.dims) > limit for t in outs if t is not None):
         return None
     if not bounded and node.op_type in _EXPANDING:
         return None
@@ -192,7 +242,27 @@ def _try_fold(
         return None
     if any(r.size > limit for r in results):
         return None
-    return results
+    return _conform(node, results, types, failures)
+
+
+def _conform(
+    node: NodeProto,
+    results: list[np.ndarray],
+    types: Mapping[str, TensorType],
+    failures: dict[str, str],
+) -> list[np.ndarray] | None:
+    """Results cast to the element types ONNX defines for them (a reference kernel may compute
+    in another precision); None if a result contradicts its inferred static shape."""
+    conformed = []
+    for name, array in zip(node.output, results, strict=False):
+        known = types.get(name)
+        if known is not None and known.static and known.dims != array.shape:
+            failures[node.name] = f"evaluated {name!r} as {list(array.shape)}, inferred {known}"
+            return None
+        if known is not None and known.elem_type not in (0, onnx.TensorProto.STRING):
+            array = array.astype(helper.tensor_dtype_to_np_dtype(known.elem_type), copy=False)
+        conformed.append(array)
+    return conformed
 
 
 def fold_shapes(
@@ -205,9 +275,7 @@ def fold_shapes(
     bound. `sources` are the constants folding may start from (small initializers with data).
     The model is not modified.
     """
-    opset = next(
-        (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0
-    )
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     work = ModelProto()
     work.CopyFrom(model)
     constants = {name: np.asarray(a) for name, a in sources.items()}
@@ -220,7 +288,7 @@ def fold_shapes(
         types = infer_types(work)
         nodes, new = _fold_pass(nodes, constants, types, opset, limit, failures)
         if not new:
-            return FoldResult(tuple(nodes), constants, types, failures, rounds)
+            return FoldResult(tuple(nodes), constants, types, failures, rounds, work)
         del work.graph.node[:]
         work.graph.node.extend(nodes)
         work.graph.initializer.extend(numpy_helper.from_array(a, name) for name, a in new.items())

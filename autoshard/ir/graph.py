@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Union
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -23,7 +23,7 @@ from onnx import TensorProto, numpy_helper
 from autoshard.errors import GraphError, ModelError
 from autoshard.ir import dtypes
 
-AttrValue = Union[int, float, str, bytes, tuple, np.ndarray]  # noqa: UP007 (runtime alias)
+AttrValue = int | float | str | bytes | tuple | np.ndarray
 
 ROLES = ("input", "weight", "constant", "activation", "output")
 """Roles of a value in `Graph.role` / `to_networkx`, in order of precedence."""
@@ -133,20 +133,27 @@ class Value:
 class Op:
     """One operation: ONNX op type and domain, operand and result value names, attributes.
 
-    `inputs` keeps ONNX operand positions: an omitted optional operand is `""`. `attrs` may be
-    given as a dict; it is stored as an `Attrs`.
+    `domain` is "" for the default ONNX domain. `inputs` keeps ONNX operand positions: an
+    omitted optional operand is `""`. `attrs` may be given as a dict; it is stored as an `Attrs`.
+    Fields have defaults so ops are easy to write by keyword:
+    `Op("mm", "MatMul", inputs=("x", "w"), outputs=("y",))`.
     """
 
     name: str
     type: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attrs: Attrs = field(default_factory=Attrs)
     domain: str = ""
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    attrs: Attrs = field(default_factory=Attrs)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "inputs", tuple(self.inputs))
-        object.__setattr__(self, "outputs", tuple(self.outputs))
+        if not isinstance(self.domain, str):
+            raise TypeError(f"op {self.name!r}: domain must be a str, got {self.domain!r}")
+        for kind in ("inputs", "outputs"):
+            names = getattr(self, kind)
+            if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+                raise TypeError(f"op {self.name!r}: {kind} must be value names, got {names!r}")
+            object.__setattr__(self, kind, tuple(names))
         if not isinstance(self.attrs, Attrs):
             object.__setattr__(self, "attrs", Attrs(self.attrs))
 
@@ -213,8 +220,9 @@ class Graph:
     `values` holds every tensor (inputs, weights, constants, op results); `weights` every
     initializer of the file, even those only folded shape subgraphs read (parameter counts and
     per-device weight files need them all); `constants` the tensors the importer computed
-    (ONNX `Constant` nodes, folded shape subgraphs). Compared by identity: it is a large
-    container, not a small value.
+    (ONNX `Constant` nodes, folded shape subgraphs). `nodes_in_file` is the node count of the
+    imported file before inlining and folding (None when not imported). Compared by identity:
+    it is a large container, not a small value.
     """
 
     name: str
@@ -225,6 +233,7 @@ class Graph:
     weights: Mapping[str, Weight] = field(default_factory=dict)
     constants: Mapping[str, np.ndarray] = field(default_factory=dict)
     opset: int = 0
+    nodes_in_file: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ops", tuple(self.ops))
@@ -348,7 +357,9 @@ def verify(graph: Graph) -> None:
             raise GraphError(f"value {name!r} has no producer and is not an input/weight/constant")
     for name in (*graph.inputs, *graph.weights, *graph.constants):
         if name not in graph.values:
-            raise GraphError(f"value {name!r} is listed as a graph {defined[name]} but has no Value")
+            raise GraphError(
+                f"value {name!r} is listed as a graph {defined[name]} but has no Value"
+            )
     for name in graph.outputs:
         if name not in graph.values:
             raise GraphError(f"graph output {name!r} is not a value of the graph")

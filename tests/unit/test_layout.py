@@ -26,66 +26,123 @@ def labels(shard):
 CASES = {
     # Seed draws one element per device (as if the 2x3 tensor were flat): a slip. By the maps,
     # dim 0 (2 rows) splits into 6 shards of ceil(2/6) = 1 row; device (m, n) holds shard 3m + n.
-    "2x3-[[0,1]]": ("2x3", (2, 3), "[[0, 1]]", ["11 12 13", "21 22 23", "empty", "empty", "empty", "empty"]),
+    "2x3-[[0,1]]": (
+        "2x3",
+        (2, 3),
+        "[[0, 1]]",
+        ["11 12 13", "21 22 23", "empty", "empty", "empty", "empty"],
+    ),
     # [[1, 0]]: device (m, n) holds shard 2n + m.
-    "2x3-[[1,0]]": ("2x3", (2, 3), "[[1, 0]]", ["11 12 13", "empty", "empty", "21 22 23", "empty", "empty"]),
+    "2x3-[[1,0]]": (
+        "2x3",
+        (2, 3),
+        "[[1, 0]]",
+        ["11 12 13", "empty", "empty", "21 22 23", "empty", "empty"],
+    ),
     # Seed draws the whole tensor on every device after "all-gather along mesh axis 0": a slip;
     # [[1]] splits the 2 rows into 3 shards of 1 row over axis 1.
     "2x3-[[1]]": ("2x3", (2, 3), "[[1]]", ["11 12 13", "21 22 23", "empty"] * 2),
     # Seed draws the 4x6 tensor with 2 rows: a slip; each device holds one whole column.
     "4x6-[[],[0,1]]": (
-        "2x3", (4, 6), "[[], [0, 1]]",
+        "2x3",
+        (4, 6),
+        "[[], [0, 1]]",
         [f"1{c}/2{c}/3{c}/4{c}" for c in range(1, 7)],
     ),
     "4x6-[[],[0]]": (
-        "2x3", (4, 6), "[[], [0]]",
+        "2x3",
+        (4, 6),
+        "[[], [0]]",
         ["11 12 13/21 22 23/31 32 33/41 42 43"] * 3 + ["14 15 16/24 25 26/34 35 36/44 45 46"] * 3,
     ),
     "4x8-[[0],[1,2]]": (
-        "2x2x2", (4, 8), "[[0], [1, 2]]",
-        ["11 12/21 22", "13 14/23 24", "15 16/25 26", "17 18/27 28",
-         "31 32/41 42", "33 34/43 44", "35 36/45 46", "37 38/47 48"],
+        "2x2x2",
+        (4, 8),
+        "[[0], [1, 2]]",
+        [
+            "11 12/21 22",
+            "13 14/23 24",
+            "15 16/25 26",
+            "17 18/27 28",
+            "31 32/41 42",
+            "33 34/43 44",
+            "35 36/45 46",
+            "37 38/47 48",
+        ],
     ),
     "4x8-[[0],[2]]": (
-        "2x2x2", (4, 8), "[[0], [2]]",
+        "2x2x2",
+        (4, 8),
+        "[[0], [2]]",
         ["11 12 13 14/21 22 23 24", "15 16 17 18/25 26 27 28"] * 2
         + ["31 32 33 34/41 42 43 44", "35 36 37 38/45 46 47 48"] * 2,
     ),
     "6x6-2x3-[[0],[1]]": (
-        "2x3", (6, 6), "[[0], [1]]",
-        ["11 12/21 22/31 32", "13 14/23 24/33 34", "15 16/25 26/35 36",
-         "41 42/51 52/61 62", "43 44/53 54/63 64", "45 46/55 56/65 66"],
+        "2x3",
+        (6, 6),
+        "[[0], [1]]",
+        [
+            "11 12/21 22/31 32",
+            "13 14/23 24/33 34",
+            "15 16/25 26/35 36",
+            "41 42/51 52/61 62",
+            "43 44/53 54/63 64",
+            "45 46/55 56/65 66",
+        ],
     ),
     "6x6-2x3-[[1],[0]]": (
-        "2x3", (6, 6), "[[1], [0]]",
-        ["11 12 13/21 22 23", "31 32 33/41 42 43", "51 52 53/61 62 63",
-         "14 15 16/24 25 26", "34 35 36/44 45 46", "54 55 56/64 65 66"],
+        "2x3",
+        (6, 6),
+        "[[1], [0]]",
+        [
+            "11 12 13/21 22 23",
+            "31 32 33/41 42 43",
+            "51 52 53/61 62 63",
+            "14 15 16/24 25 26",
+            "34 35 36/44 45 46",
+            "54 55 56/64 65 66",
+        ],
     ),
     # The seed's drawing shows "23" where device (0, 4) holds 25: a slip.
     "6x6-2x6-[[0],[1]]": (
-        "2x6", (6, 6), "[[0], [1]]",
+        "2x6",
+        (6, 6),
+        "[[0], [1]]",
         [f"1{c}/2{c}/3{c}" for c in range(1, 7)] + [f"4{c}/5{c}/6{c}" for c in range(1, 7)],
     ),
     "6x6-2x6-[[1],[0]]": (
-        "2x6", (6, 6), "[[1], [0]]",
+        "2x6",
+        (6, 6),
+        "[[1], [0]]",
         [f"{r}1 {r}2 {r}3" for r in range(1, 7)] + [f"{r}4 {r}5 {r}6" for r in range(1, 7)],
     ),
     "6x6-3-[[0],[]]": (
-        "3", (6, 6), "[[0], []]",
-        ["11 12 13 14 15 16/21 22 23 24 25 26", "31 32 33 34 35 36/41 42 43 44 45 46",
-         "51 52 53 54 55 56/61 62 63 64 65 66"],
+        "3",
+        (6, 6),
+        "[[0], []]",
+        [
+            "11 12 13 14 15 16/21 22 23 24 25 26",
+            "31 32 33 34 35 36/41 42 43 44 45 46",
+            "51 52 53 54 55 56/61 62 63 64 65 66",
+        ],
     ),
     "6x6-3-[[],[0]]": (
-        "3", (6, 6), "[[], [0]]",
+        "3",
+        (6, 6),
+        "[[], [0]]",
         ["/".join(f"{r}{c} {r}{c + 1}" for r in range(1, 7)) for c in (1, 3, 5)],
     ),
     "4x4-[[0],[1,2]]": (
-        "2x2x2", (4, 4), "[[0], [1, 2]]",
+        "2x2x2",
+        (4, 4),
+        "[[0], [1, 2]]",
         ["11/21", "12/22", "13/23", "14/24", "31/41", "32/42", "33/43", "34/44"],
     ),
     # The seed's drawing shows "13 41" on device (0, 0, 1): a slip for 13 14.
     "4x4-[[0,1],[2]]": (
-        "2x2x2", (4, 4), "[[0, 1], [2]]",
+        "2x2x2",
+        (4, 4),
+        "[[0, 1], [2]]",
         ["11 12", "13 14", "21 22", "23 24", "31 32", "33 34", "41 42", "43 44"],
     ),
 }
@@ -119,7 +176,12 @@ def test_drawing_large_tensor_shows_bounds():
 def test_layout_json():
     data = layout_json(Mesh.parse("2x3"), (4, 6), Sharding.parse("[[], [0, 1]] partial = max[]"))
     assert data["sharding"] == "[[], [0, 1]]"
-    assert data["devices"][4] == {"index": [1, 1], "linear": 4, "slices": [[0, 4], [4, 5]], "partial": False}
+    assert data["devices"][4] == {
+        "index": [1, 1],
+        "linear": 4,
+        "slices": [[0, 4], [4, 5]],
+        "partial": False,
+    }
     data = layout_json(Mesh.parse("2x2"), (4,), Sharding.parse("[[0]] partial = sum[1]"))
     assert [d["partial"] for d in data["devices"]] == [True] * 4
     assert [d["slices"] for d in data["devices"]] == [[[0, 2]], [[0, 2]], [[2, 4]], [[2, 4]]]
@@ -132,7 +194,9 @@ def run(*args):
 
 
 def test_cli_layout_json():
-    result = run("layout", "--mesh", "2x3", "--shape", "4x6", "--sharding", "[[], [0, 1]]", "--json")
+    result = run(
+        "layout", "--mesh", "2x3", "--shape", "4x6", "--sharding", "[[], [0, 1]]", "--json"
+    )
     assert result.returncode == 0, result.stderr
     devices = json.loads(result.stdout)["devices"]
     assert [d["slices"][1] for d in devices] == [[i, i + 1] for i in range(6)]
@@ -142,10 +206,14 @@ def test_cli_layout_json():
     "args, message",
     [
         (["--mesh", "2x?", "--shape", "4x6", "--sharding", "[[0]]"], "axis 1 has dynamic size '?'"),
-        (["--mesh", "2x3", "--shape", "4x6", "--sharding", "[[3]]"],
-         "unknown mesh axis 3 in [[3]]; mesh @mesh0 has axes 0..1"),
-        (["--mesh", "2x3", "--shape", "4x6", "--sharding", "[[0], [], [1]]"],
-         "has 3 dims but the tensor 4x6 has rank 2"),
+        (
+            ["--mesh", "2x3", "--shape", "4x6", "--sharding", "[[3]]"],
+            "unknown mesh axis 3 in [[3]]; mesh @mesh0 has axes 0..1",
+        ),
+        (
+            ["--mesh", "2x3", "--shape", "4x6", "--sharding", "[[0], [], [1]]"],
+            "has 3 dims but the tensor 4x6 has rank 2",
+        ),
         (["--mesh", "2x3", "--shape", "4xz", "--sharding", "[[0]]"], "shape '4xz' is not like 4x6"),
         (["--mesh", "2x3", "--shape", "4x6"], "the following arguments are required: --sharding"),
     ],

@@ -97,5 +97,7 @@ def test_device_group_errors():
 def test_named_axes():
     mesh = Mesh.parse("dp=2,tp=4")
     assert mesh.axis("tp") == 1 and mesh.axis("0") == 0
-    with pytest.raises(MeshError, match=r"unknown mesh axis 'pp'; mesh dp=2,tp=4 has axes 0..1 \(dp, tp\)"):
+    with pytest.raises(
+        MeshError, match=r"unknown mesh axis 'pp'; mesh dp=2,tp=4 has axes 0..1 \(dp, tp\)"
+    ):
         mesh.axis("pp")

@@ -75,8 +75,10 @@ SEED_002 = {
     # [[0, 1], [2]]. Same: a permute (2 bytes) and an all_to_all over axis 1 (1 byte).
     "4x4 [[0],[1,2]]->[[0,1],[2]]": (
         ("[[0], [1, 2]]", "[[0, 1], [2]]", (4, 4), "2x2x2"),
-        ["permute mesh_axes = [1, 2] | 2",
-         "all_to_all mesh_axes = [1] split_axis = 0 concat_axis = 1 | 1"],
+        [
+            "permute mesh_axes = [1, 2] | 2",
+            "all_to_all mesh_axes = [1] split_axis = 0 concat_axis = 1 | 1",
+        ],
     ),
     # Seed's basis example: all-gather along 1, all-to-all along 0, slice along 1. Cheaper:
     # gather the other axis first (see the 6x6 case); on a square 4x4 over 2x2 every target
@@ -109,19 +111,48 @@ def test_seed_002_examples(case):
     "src, dst, shape, mesh, expected",
     [
         # Partial sum to a split: one reduce_scatter, (n-1) * out = 1 * 2x4x4 floats = 128 B.
-        ("[[]] partial = sum[0]", "[[], [], [0]]", (2, 4, 8), "2",
-         ["reduce_scatter mesh_axes = [0] reduction = sum scatter_axis = 2 | 128"]),
+        (
+            "[[]] partial = sum[0]",
+            "[[], [], [0]]",
+            (2, 4, 8),
+            "2",
+            ["reduce_scatter mesh_axes = [0] reduction = sum scatter_axis = 2 | 128"],
+        ),
         # Partial sum to replicated: all_reduce, 2(n-1)/n * T = 2 * 3/4 * 64 floats = 384 B.
-        ("[[]] partial = sum[0]", "[[]]", (8, 8), "4",
-         ["all_reduce mesh_axes = [0] reduction = sum | 384"]),
+        (
+            "[[]] partial = sum[0]",
+            "[[]]",
+            (8, 8),
+            "4",
+            ["all_reduce mesh_axes = [0] reduction = sum | 384"],
+        ),
         # Replicated to split: local slices, free (their order is the deterministic tie-break).
-        ("[[]]", "[[1], [0]]", (8, 8), "2x2",
-         ["all_slice mesh_axes = [0] slice_axis = 1 | 0", "all_slice mesh_axes = [1] slice_axis = 0 | 0"]),
+        (
+            "[[]]",
+            "[[1], [0]]",
+            (8, 8),
+            "2x2",
+            [
+                "all_slice mesh_axes = [0] slice_axis = 1 | 0",
+                "all_slice mesh_axes = [1] slice_axis = 0 | 0",
+            ],
+        ),
         # Split to replicated over two axes: one all_gather, (n-1) * in = 3 * 16 floats.
-        ("[[0, 1]]", "[[]]", (8, 8), "2x2", ["all_gather mesh_axes = [0, 1] gather_axis = 0 | 192"]),
+        (
+            "[[0, 1]]",
+            "[[]]",
+            (8, 8),
+            "2x2",
+            ["all_gather mesh_axes = [0, 1] gather_axis = 0 | 192"],
+        ),
         # Max stays max.
-        ("[[0]] partial = max[1]", "[[0]]", (4, 4), "2x2",
-         ["all_reduce mesh_axes = [1] reduction = max | 32"]),
+        (
+            "[[0]] partial = max[1]",
+            "[[0]]",
+            (4, 4),
+            "2x2",
+            ["all_reduce mesh_axes = [1] reduction = max | 32"],
+        ),
     ],
 )
 def test_single_collectives(src, dst, shape, mesh, expected):
@@ -132,13 +163,18 @@ def test_uneven_dim_is_gathered_whole():
     # 5 rows over 2x2: shards 2, 2, 1, 0. Gathering only axis 1 would give rows [0:4) and
     # [4:5), not the [0:3), [3:5) of a 2-way split, so the planner gathers both axes.
     plan = steps("[[0, 1]]", "[[0]]", (5,), "2x2")
-    assert plan == ["all_gather mesh_axes = [0, 1] gather_axis = 0 | 6", "all_slice mesh_axes = [0] slice_axis = 0 | 0"]
+    assert plan == [
+        "all_gather mesh_axes = [0, 1] gather_axis = 0 | 6",
+        "all_slice mesh_axes = [0] slice_axis = 0 | 0",
+    ]
     _check_execution(Mesh.parse("2x2"), (5,), Sharding.parse("[[0, 1]]"), Sharding.parse("[[0]]"))
 
 
 def test_cannot_create_partial():
     with pytest.raises(ShardingError, match="cannot become partial over new mesh axes"):
-        plan_reshard(Sharding.parse("[[0]]"), Sharding.parse("[[0]] partial = sum[1]"), (4,), Mesh((2, 2)))
+        plan_reshard(
+            Sharding.parse("[[0]]"), Sharding.parse("[[0]] partial = sum[1]"), (4,), Mesh((2, 2))
+        )
 
 
 # ---- every plan, executed --------------------------------------------------------------------
@@ -158,7 +194,7 @@ def _partial_pieces(global_array, sharding, mesh, rng):
             parts.append(block - sum(parts, np.zeros_like(block)))
         else:  # MAX: one piece is the value, the others below it
             parts = [block - rng.integers(0, 5, block.shape) for _ in range(count - 1)] + [block]
-        for d, part in zip(group, parts):
+        for d, part in zip(group, parts, strict=True):
             pieces[d] = part
     return pieces
 
@@ -180,7 +216,9 @@ def _check_execution(mesh, shape, src, dst, seed=0):
                 np.testing.assert_array_equal(total, expected[d])
     else:
         for device in mesh.devices():
-            np.testing.assert_array_equal(result[device], expected[device], err_msg=f"device {device}")
+            np.testing.assert_array_equal(
+                result[device], expected[device], err_msg=f"device {device}"
+            )
     return plan
 
 

@@ -54,7 +54,10 @@ def test_uneven_last_shards_are_smaller_or_empty():
     sharding = Sharding.parse("[[0]]")
     assert [sharding.local_shape(mesh, (10,), (i,)) for i in range(4)] == [(3,), (3,), (3,), (1,)]
     assert [sharding.slices(mesh, (5,), (i,)) for i in range(4)] == [
-        ((0, 2),), ((2, 4),), ((4, 5),), ((5, 5),)
+        ((0, 2),),
+        ((2, 4),),
+        ((4, 5),),
+        ((5, 5),),
     ]
 
 
@@ -64,7 +67,10 @@ def test_offsets_seed_003():
     mesh = Mesh((4,), name="mesh1d_4")
     sharding = Sharding.parse("[[], [0]] sharded_dims_offsets = [0, 2, 5, 9, 14]")
     assert [sharding.local_shape(mesh, (4, 14), (i,)) for i in range(4)] == [
-        (4, 2), (4, 3), (4, 4), (4, 5)
+        (4, 2),
+        (4, 3),
+        (4, 4),
+        (4, 5),
     ]
 
 
@@ -99,7 +105,11 @@ MESH = Mesh((2, 2))
         ("[[0, 0]]", None, "mesh axis 0 splits twice on dim 0 in [[0, 0]]"),
         ("[[0]] partial = sum[0]", None, "mesh axis 0 is both split (dim 0) and partial"),
         ("[[0]] partial = sum[1, 1]", None, "partial axes repeat"),
-        ("[[], [], [1]]", (4, 4), "sharding [[], [], [1]] has 3 dims but the tensor 4x4 has rank 2"),
+        (
+            "[[], [], [1]]",
+            (4, 4),
+            "sharding [[], [], [1]] has 3 dims but the tensor 4x4 has rank 2",
+        ),
         (
             "[[0]] sharded_dims_offsets = [0, 3, 2]",
             (4,),
@@ -107,14 +117,22 @@ MESH = Mesh((2, 2))
             "must start at 0 and never decrease",
         ),
         ("[[0]] sharded_dims_offsets = [0, 2, 5]", (4,), "end at 5, not at the dim size 4"),
-        ("[[0]] sharded_dims_offsets = [0, 4]", (4,), "has 2 sharded_dims_offsets; mesh 2x2 needs 3"),
+        (
+            "[[0]] sharded_dims_offsets = [0, 4]",
+            (4,),
+            "has 2 sharded_dims_offsets; mesh 2x2 needs 3",
+        ),
         (
             "[[0]] halo_sizes = [1, 1] sharded_dims_offsets = [0, 2, 4]",
             None,
             "has both halo_sizes and sharded_dims_offsets; they are mutually exclusive",
         ),
         ("[[0], [1]] halo_sizes = [1, 1]", None, "has 2 halo sizes; it needs 2 per split dim (4)"),
-        ("[[0]] halo_sizes = [-1, 1]", None, "halo sizes in [[0]] halo_sizes = [-1, 1] must be >= 0"),
+        (
+            "[[0]] halo_sizes = [-1, 1]",
+            None,
+            "halo sizes in [[0]] halo_sizes = [-1, 1] must be >= 0",
+        ),
     ],
 )
 def test_invalid(text, shape, message):
@@ -150,7 +168,9 @@ def test_trailing_empty_dims_are_insignificant():
     assert Sharding.parse("[[0], [], []]") == Sharding.parse("[[0]]") == Sharding(((0,), (), ()))
     assert str(Sharding.parse("[[0], [], []]")) == "[[0]]"
     assert Sharding.parse("[[0]]").text(rank=3) == "[[0], [], []]"
-    assert str(Sharding()) == "[[]]" and Sharding.parse("[]") == Sharding.parse("[[]]") == Sharding()
+    assert (
+        str(Sharding()) == "[[]]" and Sharding.parse("[]") == Sharding.parse("[[]]") == Sharding()
+    )
 
 
 def test_partial_type_is_irrelevant_without_partial_axes():
@@ -165,7 +185,10 @@ def test_partial_type_is_irrelevant_without_partial_axes():
             "[[0]] partial = sum[1]",
             "mesh.sharding @mesh0 split_axes = [[0]] partial = sum[1] : !mesh.sharding",
         ),
-        ("[[0]] partial = max[1]", "mesh.sharding @mesh0 split_axes = [[0]] partial = max[1] : !mesh.sharding"),
+        (
+            "[[0]] partial = max[1]",
+            "mesh.sharding @mesh0 split_axes = [[0]] partial = max[1] : !mesh.sharding",
+        ),
         (
             "[[0]] halo_sizes = [1, 2]",
             "mesh.sharding @mesh0 split_axes = [[0]] halo_sizes = [1, 2] : !mesh.sharding",
@@ -214,8 +237,12 @@ def test_text_round_trips(data):
     sharding = data.draw(shardings(mesh, rank))
     split_dims = len(sharding.sharded_dims)
     if split_dims and data.draw(st.booleans()):
-        halos = data.draw(st.lists(st.integers(0, 3), min_size=2 * split_dims, max_size=2 * split_dims))
-        sharding = Sharding(sharding.split_axes, sharding.partial_axes, sharding.partial_type, tuple(halos))
+        halos = data.draw(
+            st.lists(st.integers(0, 3), min_size=2 * split_dims, max_size=2 * split_dims)
+        )
+        sharding = Sharding(
+            sharding.split_axes, sharding.partial_axes, sharding.partial_type, tuple(halos)
+        )
     assert Sharding.parse(str(sharding)) == sharding
     assert Sharding.parse(sharding.text(rank)) == sharding
     assert parse_sharding(sharding.to_mlir("m")) == ("m", sharding)
@@ -227,7 +254,7 @@ def test_text_round_trips(data):
 
 def _holds(sharding, mesh, shape, device, element):
     bounds = sharding.slices(mesh, shape, device)
-    return all(a <= e < b for e, (a, b) in zip(element, bounds))
+    return all(a <= e < b for e, (a, b) in zip(element, bounds, strict=True))
 
 
 def _expected_holders(sharding, mesh, shape, element):
@@ -264,9 +291,7 @@ def test_slices_tile_the_tensor(data):
         # Exactly one shard per split group: the copies are the devices on unsplit axes.
         assert len(holders) == mesh.size // split_devices
     # The shards of one replica tile the tensor without overlap.
-    total = sum(
-        math.prod(sharding.local_shape(mesh, shape, d)) for d in mesh.devices()
-    )
+    total = sum(math.prod(sharding.local_shape(mesh, shape, d)) for d in mesh.devices())
     assert total == math.prod(shape) * (mesh.size // split_devices)
 
 
@@ -278,12 +303,22 @@ def test_offsets_tile_the_tensor(data):
     sharding = data.draw(shardings(mesh, len(shape)))
     offsets = []
     for dim in sharding.sharded_dims:
-        cuts = sorted(data.draw(st.lists(st.integers(0, shape[dim]),
-                                         min_size=sharding.shard_count(mesh, dim) - 1,
-                                         max_size=sharding.shard_count(mesh, dim) - 1)))
+        cuts = sorted(
+            data.draw(
+                st.lists(
+                    st.integers(0, shape[dim]),
+                    min_size=sharding.shard_count(mesh, dim) - 1,
+                    max_size=sharding.shard_count(mesh, dim) - 1,
+                )
+            )
+        )
         offsets += [0, *cuts, shape[dim]]
-    sharding = Sharding(sharding.split_axes, sharding.partial_axes, sharding.partial_type,
-                        sharded_dims_offsets=tuple(offsets))
+    sharding = Sharding(
+        sharding.split_axes,
+        sharding.partial_axes,
+        sharding.partial_type,
+        sharded_dims_offsets=tuple(offsets),
+    )
     sharding.check(mesh, shape)
     split_devices = math.prod(mesh.shape[a] for axes in sharding.split_axes for a in axes)
     for element in itertools.product(*(range(s) for s in shape)):
