@@ -73,10 +73,16 @@ def test_inspect_lists_unbound_dims():
     [
         (["nope.onnx"], "cannot read ONNX model 'nope.onnx': no such file"),
         (["README.md"], "cannot read ONNX model 'README.md': not an ONNX protobuf"),
-        ([str(MODELS / "mlp.onnx"), "--dim", "bogus=2"], "has no symbolic dim 'bogus'; its dims: batch"),
+        (
+            [str(MODELS / "mlp.onnx"), "--dim", "bogus=2"],
+            "has no symbolic dim 'bogus'; its dims: batch",
+        ),
         ([str(MODELS / "mlp.onnx"), "--dim", "batch"], "--dim 'batch' is not NAME=SIZE"),
         ([str(MODELS / "mlp.onnx"), "--dim", "batch=0"], "--dim 'batch=0': size must be >= 1"),
-        ([str(MODELS / "mlp.onnx"), "--dim", "batch=2", "--dim", "batch=3"], "--dim batch given twice"),
+        (
+            [str(MODELS / "mlp.onnx"), "--dim", "batch=2", "--dim", "batch=3"],
+            "--dim batch given twice",
+        ),
     ],
 )
 def test_inspect_errors_are_one_line(args, message):

@@ -22,6 +22,7 @@ def test_summary_of_matmul_chain(tmp_path):
         "outputs": [{"name": "y", "shape": [2, 4], "dtype": "float32"}],
         "weights_available": True,
         "opset": 17,
+        "unbound_dims": {},
     }
     assert format_summary(summary) == "\n".join(
         [
