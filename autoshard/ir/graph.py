@@ -101,8 +101,25 @@ class Attrs(Mapping[str, AttrValue]):
         return f"Attrs({self._items!r})"
 
 
+class _Tensor:
+    """Size and bytes of anything with a static `shape` and a `dtype` name."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the dense tensor (sub-byte dtypes packed, rounded up)."""
+        return dtypes.nbytes(self.dtype, self.size)
+
+
 @dataclass(frozen=True)
-class Value:
+class Value(_Tensor):
     """A tensor of the graph: its name, static shape and dtype name (`"float32"`, `"int64"`)."""
 
     name: str
@@ -114,16 +131,6 @@ class Value:
         if not all(isinstance(d, int | np.integer) and d >= 0 for d in shape):
             raise GraphError(f"value {self.name!r} has a non-static shape {shape}")
         object.__setattr__(self, "shape", tuple(int(d) for d in shape))
-
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the dense tensor (sub-byte dtypes packed, rounded up)."""
-        return dtypes.nbytes(self.dtype, self.size)
 
     def __str__(self) -> str:
         return f"{self.name}: {self.dtype}{list(self.shape)}"
@@ -167,7 +174,7 @@ class Op:
 
 
 @dataclass(frozen=True)
-class Weight:
+class Weight(_Tensor):
     """A model parameter (an ONNX initializer) whose data is read only by `load()`.
 
     `external` is the resolved data file, `offset`/`length` the byte range inside it (length
@@ -183,16 +190,6 @@ class Weight:
     offset: int = 0
     length: int = -1
     tensor: TensorProto | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the dense tensor (sub-byte dtypes packed, rounded up)."""
-        return dtypes.nbytes(self.dtype, self.size)
 
     def load(self) -> np.ndarray:
         """The weight's data; external data is memory-mapped read-only, not read eagerly."""
