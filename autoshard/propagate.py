@@ -1,0 +1,362 @@
+"""Sharding propagation (seed 001, "Sharding Propagation Pass").
+
+From a few annotations, complete the sharding of every value and the sharding option of every
+op: walk the ops backward, then forward; at each op, `option` derives the sharding option from
+the shardings already known around it (getShardingOption) and `annotate` writes the implied
+shardings on its operands and results that lack one (setShardingAnnotations).
+
+What an op reads, in order (the seed's "results first, then operands"):
+  1. its results: the result-side mark of each, then the marks its users put on it;
+  2. its operands: the mark for this use, then the operand's own result-side mark.
+Within each, user marks (required, then hints) come before propagated ones. A dim's mesh axes
+fix the loop the dim's map names; a later mark that disagrees is skipped, unless it and the
+earlier one are both required: then the annotations conflict and the error names the op, the
+value and both shardings. A propagated mark only asks for splits (its unsplit dims say nothing),
+so a replicated guess never blocks a split found later. A loop is split only over mesh axes
+whose device count divides it, so every split is exact; invalid loops are never split.
+
+Worked example (seed 001, MLP on mesh [2]; x required [[], [], [0]], the second dot's result
+required partial = sum[0]): backward, dot2's partial result puts its reduction loop d3 on axis
+0, so its lhs (the max) gets [[], [], [0]]; the max passes it to dot1's result, whose option
+becomes [[], [], [0]] (d2, the n loop, on axis 0); x's own mark [[], [], [0]] would put d3 on
+axis 0 too and is skipped, so dot1 reads x replicated: materialization all_gathers it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from autoshard.annotations import Annotation, check_annotations
+from autoshard.errors import AutoshardError
+from autoshard.ir.graph import Graph, Op
+from autoshard.mesh import Mesh
+from autoshard.rules import IteratorType, OpRule, rule_for
+from autoshard.rules.base import IndexingMap
+from autoshard.sharding import ReductionKind, Sharding
+
+RETURN = "<return>"
+"""The pseudo-op that uses the graph outputs; its operand i is output i."""
+
+
+class ConflictError(AutoshardError):
+    """Two required annotations ask one op for incompatible shardings."""
+
+
+class Source(enum.IntEnum):
+    PROPAGATED = 0
+    HINT = 1
+    REQUIRED = 2
+
+
+@dataclass(frozen=True)
+class Mark:
+    sharding: Sharding
+    source: Source
+    origin: str  # the value whose annotation this is, for messages
+
+
+@dataclass(frozen=True)
+class ShardingOption:
+    """Mesh axes per loop of an op (seed 001): `[[], [], [0]]` splits loop d2 over axis 0."""
+
+    loops: tuple[tuple[int, ...], ...]
+
+    def __str__(self) -> str:
+        loops = list(self.loops)
+        while loops and not loops[-1]:
+            loops.pop()
+        return "[" + ", ".join("[" + ", ".join(map(str, a)) + "]" for a in loops or [()]) + "]"
+
+    @staticmethod
+    def parse(text: str, loop_count: int) -> ShardingOption:
+        split = Sharding.parse(text).split_axes
+        if len(split) > loop_count:
+            raise AutoshardError(
+                f"sharding option {text} has {len(split)} loops; the op has {loop_count}"
+            )
+        return ShardingOption(tuple(split) + ((),) * (loop_count - len(split)))
+
+
+@dataclass(frozen=True)
+class Propagation:
+    """The completed shardings. `values[v]` is how v is held; `produced[v]` how its producer
+    computes it (they differ where a required result annotation needs a reshard right after
+    the producer); `needs[(op, i)]` the sharding op computes its operand i with (the `RETURN`
+    pseudo-op's operands are the graph outputs)."""
+
+    mesh: Mesh
+    options: Mapping[str, ShardingOption | None]
+    values: Mapping[str, Sharding]
+    produced: Mapping[str, Sharding]
+    needs: Mapping[tuple[str, int], Sharding]
+    unruled: tuple[str, ...] = field(default=())
+
+
+def operand_sharding(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
+    indexing = rule.operands[index]
+    if indexing is None:
+        return Sharding()
+    return Sharding(_split(indexing, option))
+
+
+def result_sharding(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
+    partial: list[int] = []
+    kind = ReductionKind.SUM
+    for loop, axes in zip(rule.loops, option.loops, strict=True):
+        if loop.kind is IteratorType.REDUCTION and axes:
+            partial += axes
+            kind = loop.reduction  # type: ignore[assignment]
+    return Sharding(_split(rule.results[index], option), tuple(partial), kind)
+
+
+def _split(indexing: IndexingMap, option: ShardingOption) -> tuple[tuple[int, ...], ...]:
+    return tuple(
+        tuple(a for loop in indexing.loops(dim) for a in option.loops[loop])
+        for dim in range(len(indexing.dims))
+    )
+
+
+class _State:
+    def __init__(self, graph: Graph, mesh: Mesh, fixed: Mapping[str, ShardingOption]) -> None:
+        self.graph, self.mesh, self.fixed = graph, mesh, fixed
+        self.result: dict[str, Mark] = {}
+        self.use: dict[tuple[str, int], Mark] = {}
+        self.rules: dict[str, OpRule | None] = {op.name: rule_for(op, graph) for op in graph.ops}
+        self.options: dict[str, ShardingOption | None] = {}
+
+    def uses(self, value: str) -> list[tuple[str, int]]:
+        places = [
+            (op.name, i)
+            for op in self.graph.consumers(value)
+            for i, name in enumerate(op.inputs)
+            if name == value
+        ]
+        places += [(RETURN, i) for i, name in enumerate(self.graph.outputs) if name == value]
+        return places
+
+    def mark(self, key: str | tuple[str, int], mark: Mark, table: dict) -> None:  # type: ignore[type-arg]
+        old = table.get(key)
+        if (
+            old is not None
+            and old.source == mark.source == Source.REQUIRED
+            and old.sharding != mark.sharding
+        ):
+            raise ConflictError(
+                f"conflicting required annotations of {mark.origin!r}: "
+                f"{old.sharding} and {mark.sharding}"
+            )
+        if old is None or mark.source > old.source:
+            table[key] = mark
+
+    # ---- getShardingOption ------------------------------------------------------------------
+
+    def option(self, op: Op, rule: OpRule) -> ShardingOption:
+        if op.name in self.fixed:
+            return self.fixed[op.name]
+        marks: list[tuple[int, int, int, Mark, IndexingMap]] = []
+        for j, name in enumerate(op.outputs):
+            found = [self.result.get(name)] + [self.use.get(u) for u in self.uses(name)]
+            marks += [(0, -m.source, k, m, rule.results[j]) for k, m in enumerate(found) if m]
+        for i, name in enumerate(op.inputs):
+            indexing = rule.operands[i] if i < len(rule.operands) else None
+            if not name or indexing is None:
+                continue
+            found = [self.use.get((op.name, i)), self.result.get(name)]
+            marks += [(1, -m.source, 2 * i + k, m, indexing) for k, m in enumerate(found) if m]
+        loops: list[tuple[int, ...] | None] = [None] * len(rule.loops)
+        owners: list[Mark | None] = [None] * len(rule.loops)
+        for side, _, _, mark, indexing in sorted(marks, key=lambda m: m[:3]):
+            self.apply(op, rule, mark, indexing, side == 0, loops, owners)
+        return ShardingOption(tuple(axes or () for axes in loops))
+
+    def apply(
+        self,
+        op: Op,
+        rule: OpRule,
+        mark: Mark,
+        indexing: IndexingMap,
+        is_result: bool,
+        loops: list[tuple[int, ...] | None],
+        owners: list[Mark | None],
+    ) -> None:
+        """Fix the loops `mark` names, skipping what contradicts earlier marks."""
+        wanted: dict[int, tuple[int, ...]] = {}
+        split = mark.sharding.split_axes
+        for dim in range(len(indexing.dims)):
+            axes = split[dim] if dim < len(split) else ()
+            if not axes and mark.source is Source.PROPAGATED:
+                continue
+            loop = indexing.loop_of(dim)
+            if loop is None:
+                continue
+            wanted[loop] = axes
+        partial = mark.sharding.partial_axes
+        reductions = [i for i, x in enumerate(rule.loops) if x.kind is IteratorType.REDUCTION]
+        # A partial result names the reduction loop it comes from, when there is only one.
+        if (
+            partial
+            and is_result
+            and len(reductions) == 1
+            and rule.loops[reductions[0]].reduction is mark.sharding.partial_type
+        ):
+            wanted[reductions[0]] = partial
+        for loop, axes in sorted(wanted.items()):
+            if loops[loop] == axes:
+                continue
+            clash = loops[loop] is not None and loops[loop] != axes
+            taken = {a for i, other in enumerate(loops) if other and i != loop for a in other}
+            unfit = bool(axes) and (
+                rule.loops[loop].kind is IteratorType.INVALID
+                or rule.loops[loop].size % self.mesh.group_size(axes) != 0
+                or bool(taken & set(axes))
+            )
+            if clash or unfit:
+                # The mark that stands in the way: this loop's owner, or the owner of the loop
+                # already holding one of these mesh axes.
+                holder = next(
+                    (
+                        i
+                        for i, other in enumerate(loops)
+                        if other and i != loop and taken & set(other) & set(axes)
+                    ),
+                    loop,
+                )
+                earlier = owners[loop] if clash else owners[holder]
+                # A value's result-side and for-users annotations may differ (that is what
+                # annotate_for_users is for: a reshard); two values' required ones may not.
+                if (
+                    mark.source is Source.REQUIRED
+                    and earlier is not None
+                    and earlier.source is Source.REQUIRED
+                    and earlier.origin != mark.origin
+                ):
+                    raise ConflictError(
+                        f"op '{op.name}' ({op.type}) cannot follow both required annotations: "
+                        f"{earlier.origin!r} as {earlier.sharding} and {mark.origin!r} as "
+                        f"{mark.sharding}"
+                    )
+                continue
+            loops[loop] = axes
+            owners[loop] = mark
+
+    # ---- setShardingAnnotations ---------------------------------------------------------------
+
+    def annotate(self, op: Op, rule: OpRule, option: ShardingOption) -> None:
+        """Mark the op's results and operands as its option implies. Propagated marks are
+        rewritten (the forward pass refines what the backward pass guessed); user marks never."""
+        for j, name in enumerate(op.outputs):
+            if name and self._guessed(self.result.get(name)):
+                self.result[name] = Mark(result_sharding(rule, option, j), Source.PROPAGATED, name)
+        for i, name in enumerate(op.inputs):
+            if name and i < len(rule.operands) and self._guessed(self.use.get((op.name, i))):
+                sharding = operand_sharding(rule, option, i)
+                self.use[(op.name, i)] = Mark(sharding, Source.PROPAGATED, name)
+
+    @staticmethod
+    def _guessed(mark: Mark | None) -> bool:
+        return mark is None or mark.source is Source.PROPAGATED
+
+    def visit(self, op: Op) -> None:
+        rule = self.rules[op.name]
+        if rule is None:
+            return
+        option = self.option(op, rule)
+        self.options[op.name] = option
+        self.annotate(op, rule, option)
+
+
+def propagate(
+    graph: Graph,
+    mesh: Mesh,
+    annotations: Iterable[Annotation] = (),
+    options: Mapping[str, ShardingOption] | None = None,
+) -> Propagation:
+    """Complete the shardings of `graph` on `mesh` from annotations and fixed op options."""
+    annotations = tuple(annotations)
+    check_annotations(annotations, {n: v.shape for n, v in graph.values.items()}, mesh)
+    state = _State(graph, mesh, options or {})
+    for a in annotations:
+        mark = Mark(a.sharding, Source.REQUIRED if a.required else Source.HINT, a.value)
+        if a.for_users:
+            for use in state.uses(a.value):
+                state.mark(use, mark, state.use)
+        else:
+            state.mark(a.value, mark, state.result)
+    user_results = {v: m for v, m in state.result.items()}
+    for op in reversed(graph.ops):
+        state.visit(op)
+    for op in graph.ops:
+        state.visit(op)
+    return _resolve(graph, mesh, state, user_results)
+
+
+def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) -> Propagation:
+    """Final shardings: each op computes with its option; values are held as produced, unless
+    a required result annotation says otherwise; producer-less values (inputs, weights) are
+    held as annotated, else as their first user needs them; constants stay replicated."""
+    options: dict[str, ShardingOption | None] = {}
+    produced: dict[str, Sharding] = {}
+    needs: dict[tuple[str, int], Sharding] = {}
+    unruled = []
+    for op in graph.ops:
+        rule = state.rules[op.name]
+        option = state.options.get(op.name) if rule is not None else None
+        options[op.name] = option
+        if rule is None or option is None:
+            unruled.append(op.name)
+            for name in op.outputs:
+                produced[name] = Sharding()
+            for i, name in enumerate(op.inputs):
+                if name:
+                    needs[(op.name, i)] = Sharding()
+            continue
+        for j, name in enumerate(op.outputs):
+            if name:
+                produced[name] = result_sharding(rule, option, j)
+        for i, name in enumerate(op.inputs):
+            if name:
+                needs[(op.name, i)] = (
+                    operand_sharding(rule, option, i) if i < len(rule.operands) else Sharding()
+                )
+    values: dict[str, Sharding] = {}
+    for name in graph.values:
+        mark = user.get(name)
+        if name in produced:
+            required = mark is not None and mark.source is Source.REQUIRED
+            values[name] = mark.sharding if mark and required else produced[name]
+        elif name in graph.constants:
+            values[name] = produced[name] = Sharding()
+        else:
+            firsts = [state.use[u] for u in state.uses(name) if u in state.use]
+            best = max(firsts, key=lambda m: m.source, default=None)
+            chosen = mark or best
+            values[name] = produced[name] = chosen.sharding if chosen else Sharding()
+    for i, name in enumerate(graph.outputs):
+        mark = state.use.get((RETURN, i))
+        user_mark = mark is not None and mark.source is not Source.PROPAGATED
+        needs[(RETURN, i)] = mark.sharding if mark and user_mark else values[name]
+    return Propagation(mesh, options, values, produced, needs, tuple(unruled))
+
+
+def describe(propagation: Propagation, graph: Graph) -> dict[str, object]:
+    """The JSON of `autoshard propagate` (values and ops; collectives come from materialize)."""
+    values = {}
+    for name, value in graph.values.items():
+        sharding = propagation.values[name]
+        partial = (
+            f"{sharding.partial_type}{list(sharding.partial_axes)}"
+            if sharding.partial_axes
+            else None
+        )
+        values[name] = {
+            "sharding": Sharding(sharding.split_axes).text(len(value.shape)),
+            "partial": partial,
+        }
+    ops = {
+        op.name: {"type": op.type, "sharding_option": str(option) if option is not None else None}
+        for op in graph.ops
+        for option in [propagation.options[op.name]]
+    }
+    return {"values": values, "ops": ops, "unruled": list(propagation.unruled)}

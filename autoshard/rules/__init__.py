@@ -1,0 +1,15 @@
+"""Operator sharding rules (seed 001's ShardingInterface): a registry from ONNX op type to a
+pure function `(op, graph) -> OpRule`. Rules see shapes and attributes, never the mesh."""
+
+from autoshard.rules.base import IndexingMap, IteratorType, Loop, OpRule
+from autoshard.rules.registry import register, rule_for, supported_op_types
+
+__all__ = [
+    "IndexingMap",
+    "IteratorType",
+    "Loop",
+    "OpRule",
+    "register",
+    "rule_for",
+    "supported_op_types",
+]

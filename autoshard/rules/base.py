@@ -1,0 +1,119 @@
+"""The ShardingInterface of seed 001 as data: loops, their iterator types, indexing maps.
+
+An op's computation is a loop nest. Each loop is `parallel`, `reduction` (with the kind that
+combines partial results) or `invalid` (cannot be split). An indexing map sends the loops to the
+dims of one operand or result: `MatMul [M, K] x [K, N] -> [M, N]` has loops (m, n, k), k a sum
+reduction, and maps (m, k), (k, n), (m, n). A *sharding option* assigns mesh axes to loops;
+each tensor's sharding follows through its map, and splitting a reduction loop leaves the
+results partial. Rules never see the mesh: the same rule serves every mesh.
+
+Dims are affine in the loops. Most are one loop (a projected permutation); a dim indexed by no
+loop (`()`) is never split (a broadcast dim of size 1, a dim an op reads whole); Conv and
+pooling dims combine an output loop and a kernel loop (`((stride, oh), (dilation, kh))`), of
+which at most one may be split (seed 001). Results are projected permutations.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autoshard.sharding import ReductionKind
+
+
+class IteratorType(enum.Enum):
+    PARALLEL = "parallel"
+    REDUCTION = "reduction"
+    INVALID = "invalid"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One loop of an op: its trip count, kind and, for a reduction, how partials combine."""
+
+    size: int
+    kind: IteratorType = IteratorType.PARALLEL
+    reduction: ReductionKind | None = None
+
+    def __post_init__(self) -> None:
+        if (self.kind is IteratorType.REDUCTION) != (self.reduction is not None):
+            raise ValueError("a reduction loop needs its reduction kind, other loops none")
+
+    def __str__(self) -> str:
+        if self.kind is IteratorType.REDUCTION:
+            return f"reduction_{self.reduction}({self.size})"
+        return f"{self.kind}({self.size})"
+
+
+DimExpr = tuple[tuple[int, int], ...]
+"""A tensor dim as a sum of coefficient * loop terms; () is a dim no loop indexes."""
+
+
+@dataclass(frozen=True)
+class IndexingMap:
+    """Loops -> the dims of one tensor, one `DimExpr` per dim."""
+
+    dims: tuple[DimExpr, ...]
+
+    @staticmethod
+    def of(*loops: int | None) -> IndexingMap:
+        """A projected permutation: dim i is loop `loops[i]`, or no loop where None."""
+        return IndexingMap(tuple(() if loop is None else ((1, loop),) for loop in loops))
+
+    def loop_of(self, dim: int) -> int | None:
+        """The loop a dim follows, when it follows exactly one with coefficient 1."""
+        expr = self.dims[dim]
+        return expr[0][1] if len(expr) == 1 and expr[0][0] == 1 else None
+
+    def loops(self, dim: int) -> tuple[int, ...]:
+        return tuple(loop for _, loop in self.dims[dim])
+
+    def __str__(self) -> str:
+        def term(coefficient: int, loop: int) -> str:
+            return f"d{loop}" if coefficient == 1 else f"{coefficient}*d{loop}"
+
+        parts = [" + ".join(term(c, loop) for c, loop in expr) or "0" for expr in self.dims]
+        return f"({', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """What a rule says of one op: its loops and the map of every operand and result.
+
+    An operand map of None marks an input that is not data but a parameter of the op (a
+    Reshape's target shape, Slice bounds, axes): it is never sharded. `note` tells later stages
+    of a local rewrite the split needs (e.g. "masked_lookup" for a vocabulary-split Gather).
+    """
+
+    loops: tuple[Loop, ...]
+    operands: tuple[IndexingMap | None, ...]
+    results: tuple[IndexingMap, ...]
+    note: str = ""
+
+    def __str__(self) -> str:
+        loops = ", ".join(f"d{i}: {loop}" for i, loop in enumerate(self.loops))
+        maps = [str(m) if m is not None else "-" for m in self.operands]
+        return f"loops [{loops}] operands {maps} results {[str(m) for m in self.results]}"
+
+
+def parallel(*sizes: int) -> tuple[Loop, ...]:
+    return tuple(Loop(size) for size in sizes)
+
+
+def reduction(size: int, kind: ReductionKind = ReductionKind.SUM) -> Loop:
+    return Loop(size, IteratorType.REDUCTION, kind)
+
+
+def invalid(size: int) -> Loop:
+    return Loop(size, IteratorType.INVALID)
+
+
+def broadcast_map(shape: Sequence[int], out_rank: int) -> IndexingMap:
+    """Numpy broadcasting: an operand's dims align right with the result's loops; a dim of
+    size 1 broadcast against a larger loop is indexed by no loop."""
+    offset = out_rank - len(shape)
+    return IndexingMap.of(*(None if size == 1 else offset + i for i, size in enumerate(shape)))

@@ -1,0 +1,74 @@
+"""Elementwise ops: one parallel loop per result dim, operands aligned by numpy broadcasting.
+
+    Add [4, 1, 8] + [6, 8] -> [4, 6, 8]
+    loops [d0: parallel(4), d1: parallel(6), d2: parallel(8)]
+    maps  (d0, 0, d2)  (d1, d2)  ->  (d0, d1, d2)
+
+Inputs that are parameters rather than data (Clip's min/max, Dropout's ratio, CastLike's
+target, Expand's shape) get a None map: they are never sharded, and a split of the result needs
+no change to them except Expand's shape, which the partitioner rewrites to the local shape.
+"""
+
+from __future__ import annotations
+
+from autoshard.ir.graph import Graph, Op
+from autoshard.rules.base import IndexingMap, OpRule, broadcast_map, parallel
+from autoshard.rules.registry import register
+
+UNARY = frozenset(
+    {
+        "Abs", "Acos", "Acosh", "Asin", "Asinh", "Atan", "Atanh", "BitwiseNot", "Cast",
+        "CastLike", "Ceil", "Celu", "Clip", "Cos", "Cosh", "Dropout", "Elu", "Erf", "Exp",
+        "Floor", "Gelu", "HardSigmoid", "HardSwish", "Identity", "IsInf", "IsNaN", "LeakyRelu",
+        "Log", "Mish", "Neg", "Not", "Reciprocal", "Relu", "Round", "Selu", "Shrink", "Sigmoid",
+        "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt", "Swish", "Tan", "Tanh",
+        "ThresholdedRelu",
+    }
+)  # fmt: skip
+"""Ops of one data input (input 0); their other inputs are parameters."""
+
+BROADCAST = frozenset(
+    {
+        "Add", "And", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Div", "Equal",
+        "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Max", "Mean", "Min", "Mod", "Mul",
+        "Or", "Pow", "PRelu", "Sub", "Sum", "Where", "Xor",
+    }
+)  # fmt: skip
+"""Ops whose inputs are all data, broadcast against each other like numpy (Where: three)."""
+
+
+def elementwise_rule(op: Op, graph: Graph, data_inputs: int) -> OpRule | None:
+    """Loops over the result; the first `data_inputs` inputs broadcast onto them, the others
+    (parameters) and omitted inputs get None maps. Every result has the result's shape."""
+    shape = graph.values[op.outputs[0]].shape
+    if any(graph.values[out].shape != shape for out in op.outputs if out):
+        return None
+    operands: list[IndexingMap | None] = []
+    for index, name in enumerate(op.inputs):
+        if not name or index >= data_inputs:
+            operands.append(None)
+            continue
+        operand = graph.values[name].shape
+        if len(operand) > len(shape) or any(
+            d not in (1, n) for d, n in zip(reversed(operand), reversed(shape), strict=False)
+        ):
+            return None
+        operands.append(broadcast_map(operand, len(shape)))
+    identity = IndexingMap.of(*range(len(shape)))
+    return OpRule(parallel(*shape), tuple(operands), tuple(identity for _ in op.outputs))
+
+
+@register(*UNARY)
+def unary(op: Op, graph: Graph) -> OpRule | None:
+    return elementwise_rule(op, graph, data_inputs=1)
+
+
+@register(*BROADCAST)
+def broadcast(op: Op, graph: Graph) -> OpRule | None:
+    return elementwise_rule(op, graph, data_inputs=len(op.inputs))
+
+
+@register("Expand")
+def expand(op: Op, graph: Graph) -> OpRule | None:
+    """The result's loops; the input broadcast onto them; the shape input a parameter."""
+    return elementwise_rule(op, graph, data_inputs=1)

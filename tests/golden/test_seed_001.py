@@ -1,0 +1,124 @@
+"""Seed 001's "MLP 1D weight stationary" on mesh [2], both versions: annotations on tensors, and
+a sharding option on the second dot. Completed annotations and the collectives that
+materialization needs (planned by the same `plan_reshard` that prices them)."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from autoshard.annotations import Annotation
+from autoshard.ir.onnx_import import import_onnx
+from autoshard.mesh import Mesh
+from autoshard.propagate import RETURN, ConflictError, ShardingOption, describe, propagate
+from autoshard.reshard import plan_reshard
+from autoshard.sharding import Sharding
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    """x: 2x4x8, dot1 with W1: 8x32, max with a zero constant, dot2 with W2: 32x8."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8])
+    weights = [
+        numpy_helper.from_array(np.ones((8, 32), np.float32), "w1"),
+        numpy_helper.from_array(np.ones((32, 8), np.float32), "w2"),
+    ]
+    zero = numpy_helper.from_array(np.zeros((2, 4, 32), np.float32))
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="dot1"),
+        helper.make_node("Constant", [], ["zero"], value=zero),
+        helper.make_node("Max", ["h", "zero"], ["r"], name="max"),
+        helper.make_node("MatMul", ["r", "w2"], ["y"], name="dot2"),
+    ]
+    graph = helper.make_graph(nodes, "mlp", [x], [y], weights)
+    path = tmp_path_factory.mktemp("seed001") / "mlp.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return import_onnx(path)
+
+
+S = Sharding.parse
+MESH = Mesh((2,))
+EXPECTED_OPTIONS = {"dot1": "[[], [], [0]]", "max": "[[], [], [0]]", "dot2": "[[], [], [], [0]]"}
+EXPECTED_VALUES = {
+    "x": "[[], [], [0]]",
+    "w1": "[[], [0]]",
+    "w2": "[[0]]",
+    "h": "[[], [], [0]]",
+    "r": "[[], [], [0]]",
+    "y": "[[]] partial = sum[0]",
+    "zero": "[[]]",
+}
+# Where a consumer needs another sharding than the value is held in: the seed's materialized
+# program has exactly these three collectives.
+EXPECTED_COLLECTIVES = [
+    ("dot1", 0, "x", "all_gather mesh_axes = [0] gather_axis = 2"),
+    ("max", 1, "zero", "all_slice mesh_axes = [0] slice_axis = 2"),
+    (RETURN, 0, "y", "reduce_scatter mesh_axes = [0] reduction = sum scatter_axis = 2"),
+]
+
+
+def collectives(graph, result):
+    found = []
+    uses = [(op.name, i, name) for op in graph.ops for i, name in enumerate(op.inputs)]
+    uses += [(RETURN, i, name) for i, name in enumerate(graph.outputs)]
+    for op, i, name in uses:
+        plan = plan_reshard(
+            result.values[name], result.needs[(op, i)], graph.values[name].shape, MESH
+        )
+        found += [(op, i, name, str(c)) for c in plan]
+    return found
+
+
+def check(graph, result):
+    assert {k: str(v) for k, v in result.options.items()} == EXPECTED_OPTIONS
+    assert {k: str(v) for k, v in result.values.items()} == EXPECTED_VALUES
+    assert collectives(graph, result) == EXPECTED_COLLECTIVES
+    assert result.unruled == ()
+
+
+def test_annotations_on_tensors(mlp):
+    annotations = [
+        Annotation("x", S("[[], [], [0]]")),
+        Annotation("y", S("[[]] partial = sum[0]")),
+        Annotation("y", S("[[], [], [0]]"), for_users=True),
+    ]
+    result = propagate(mlp, MESH, annotations)
+    check(mlp, result)
+    # The seed's completion marks dot1's lhs replicated (`sharding = []`) and W1 [[], [0]].
+    assert str(result.needs[("dot1", 0)]) == "[[]]"
+    assert str(result.needs[("dot1", 1)]) == "[[], [0]]"
+    assert describe(result, mlp)["values"]["y"] == {"sharding": "[[], [], []]", "partial": "sum[0]"}
+
+
+def test_sharding_option_on_operation(mlp):
+    annotations = [
+        Annotation("x", S("[[], [], [0]]")),
+        Annotation("y", S("[[], [], [0]]"), for_users=True),
+    ]
+    result = propagate(
+        mlp, MESH, annotations, {"dot2": ShardingOption.parse("[[], [], [], [0]]", 4)}
+    )
+    check(mlp, result)
+
+
+def test_hint_conflicts_are_resolved_without_error(mlp):
+    annotations = [
+        Annotation("x", S("[[0]]")),
+        Annotation("h", S("[[], [], [0]]"), required=False),
+    ]
+    result = propagate(mlp, MESH, annotations)
+    # An op reads its results first (seed 001): the hint on h puts dot1's n loop on axis 0, and
+    # x's required batch split, which would need axis 0 too, is skipped without error; x stays
+    # held as required and dot1 reads it gathered.
+    assert str(result.options["dot1"]) == "[[], [], [0]]"
+    assert str(result.values["x"]) == "[[0]]" and str(result.needs[("dot1", 0)]) == "[[]]"
+
+
+def test_required_conflict_names_op_values_and_shardings(mlp):
+    annotations = [Annotation("r", S("[[0]]")), Annotation("w2", S("[[], [0]]"))]
+    with pytest.raises(ConflictError) as error:
+        propagate(mlp, MESH, annotations)
+    message = str(error.value)
+    assert "op 'dot2' (MatMul)" in message
+    assert "'r' as [[0]]" in message and "'w2' as [[], [0]]" in message
