@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from autoshard import __version__
 from autoshard.errors import AutoshardError
@@ -91,6 +91,40 @@ def cmd_layout(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_propagate(args: argparse.Namespace) -> int:
+    from autoshard.annotations import load_annotations, parse_annotate_flag
+    from autoshard.ir.onnx_import import import_onnx
+    from autoshard.passes.materialize import materialize
+    from autoshard.propagate import describe, propagate
+
+    mesh = Mesh.parse(args.mesh)
+    annotations = [parse_annotate_flag(a) for a in args.annotate or ()]
+    if args.annotations:
+        annotations += load_annotations(args.annotations)
+    graph = import_onnx(args.model, _dims(args.dim))
+    result = propagate(graph, mesh, annotations)
+    program = materialize(graph, result)
+    data: dict[str, Any] = {**describe(result, graph), "collectives": program.collectives_json()}
+    if args.json:
+        _emit(data)
+        return 0
+    print(
+        f"model {graph.name} on mesh {mesh}: {len(graph.ops)} ops, {len(annotations)} annotations"
+    )
+    for name, op in data["ops"].items():
+        print(f"  {name} ({op['type']}): {op['sharding_option'] or 'replicated (no rule)'}")
+    collectives = data["collectives"]
+    print(f"collectives: {len(collectives)}, {program.bytes_per_device} bytes per device")
+    for c in collectives:
+        print(
+            f"  {c['value']}: {c['kind']} mesh_axes = {c['mesh_axes']}  {c['from']} -> {c['to']}"
+            f"  ({c['bytes_per_device']} B)"
+        )
+    if result.unruled:
+        print(f"computed replicated (no rule): {', '.join(result.unruled)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autoshard", description="Auto-sharding planner for ML models.")
     parser.add_argument("--version", action="version", version=f"autoshard {__version__}")
@@ -103,6 +137,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.set_defaults(run=cmd_inspect)
+
+    propagate = commands.add_parser(
+        "propagate", help="complete shardings from annotations and list the collectives"
+    )
+    propagate.add_argument("model", help="path to an .onnx file")
+    propagate.add_argument("--mesh", required=True, help="device mesh, e.g. 2x4")
+    propagate.add_argument(
+        "--dim", action="append", type=_dim, metavar="NAME=SIZE", help="bind a symbolic dim"
+    )
+    propagate.add_argument(
+        "--annotate",
+        action="append",
+        metavar="VALUE=SHARDING",
+        help="required result annotation, e.g. x='[[0]]' (repeatable)",
+    )
+    propagate.add_argument("--annotations", metavar="FILE", help="annotations JSON file")
+    propagate.add_argument("--json", action="store_true", help="machine-readable output")
+    propagate.set_defaults(run=cmd_propagate)
 
     layout = commands.add_parser("layout", help="draw which device holds which part of a tensor")
     layout.add_argument("--mesh", required=True, help="device mesh, e.g. 2x3 or dp=2,tp=3")
