@@ -24,6 +24,7 @@ axis 0 too and is skipped, so dot1 reads x replicated: materialization all_gathe
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -52,9 +53,17 @@ class Source(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Mark:
+    """A sharding known for a value (result side) or for one use of it (operand side).
+
+    `binding` is False for an operand's own result-side mark as its consumer sees it: a
+    required `x` pins how x is held, not how each user reads it (a user may reshard; seed 004
+    reads its required [[], [], [0, 1, 2]] input as [[], [], [0]]).
+    """
+
     sharding: Sharding
     source: Source
     origin: str  # the value whose annotation this is, for messages
+    binding: bool = True
 
 
 @dataclass(frozen=True)
@@ -163,7 +172,8 @@ class _State:
             indexing = rule.operands[i] if i < len(rule.operands) else None
             if not name or indexing is None:
                 continue
-            found = [self.use.get((op.name, i)), self.result.get(name)]
+            held = self.result.get(name)
+            found = [self.use.get((op.name, i)), held and dataclasses.replace(held, binding=False)]
             marks += [(1, -m.source, 2 * i + k, m, indexing) for k, m in enumerate(found) if m]
         loops: list[tuple[int, ...] | None] = [None] * len(rule.loops)
         owners: list[Mark | None] = [None] * len(rule.loops)
@@ -228,8 +238,10 @@ class _State:
                 # annotate_for_users is for: a reshard); two values' required ones may not.
                 if (
                     mark.source is Source.REQUIRED
+                    and mark.binding
                     and earlier is not None
                     and earlier.source is Source.REQUIRED
+                    and earlier.binding
                     and earlier.origin != mark.origin
                 ):
                     raise ConflictError(

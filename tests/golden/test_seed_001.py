@@ -116,9 +116,22 @@ def test_hint_conflicts_are_resolved_without_error(mlp):
 
 
 def test_required_conflict_names_op_values_and_shardings(mlp):
-    annotations = [Annotation("r", S("[[0]]")), Annotation("w2", S("[[], [0]]"))]
+    # Both bind dot2 (for-users: how dot2 must read them) and need mesh axis 0 on two loops.
+    annotations = [
+        Annotation("r", S("[[0]]"), for_users=True),
+        Annotation("w2", S("[[], [0]]"), for_users=True),
+    ]
     with pytest.raises(ConflictError) as error:
         propagate(mlp, MESH, annotations)
     message = str(error.value)
     assert "op 'dot2' (MatMul)" in message
     assert "'r' as [[0]]" in message and "'w2' as [[], [0]]" in message
+
+
+def test_held_sharding_of_an_operand_does_not_bind_its_user(mlp):
+    # Required result-side annotations of two operands only say how they are held: dot2 picks
+    # its option from the first and reads the second resharded, without error.
+    annotations = [Annotation("r", S("[[0]]")), Annotation("w2", S("[[], [0]]"))]
+    result = propagate(mlp, MESH, annotations)
+    assert str(result.options["dot2"]) == "[[0]]"
+    assert str(result.values["w2"]) == "[[], [0]]" and str(result.needs[("dot2", 1)]) == "[[]]"
