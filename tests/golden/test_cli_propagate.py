@@ -5,10 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+
+from .seed_models import write_seed_mlp
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -25,22 +24,7 @@ def run(*args):
 @pytest.fixture(scope="module")
 def seed_mlp(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cli")
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8])
-    weights = [
-        numpy_helper.from_array(np.ones((8, 32), np.float32), "w1"),
-        numpy_helper.from_array(np.ones((32, 8), np.float32), "w2"),
-    ]
-    zero = numpy_helper.from_array(np.zeros((2, 4, 32), np.float32))
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h"], name="dot1"),
-        helper.make_node("Constant", [], ["zero"], value=zero),
-        helper.make_node("Max", ["h", "zero"], ["r"], name="max"),
-        helper.make_node("MatMul", ["r", "w2"], ["y"], name="dot2"),
-    ]
-    graph = helper.make_graph(nodes, "mlp", [x], [y], weights)
-    model = folder / "mlp.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    model = write_seed_mlp(folder / "mlp.onnx")
     annotations = folder / "annotations.json"
     annotations.write_text(
         json.dumps(

@@ -2,10 +2,7 @@
 a sharding option on the second dot. Completed annotations and the collectives that
 materialization needs (planned by the same `plan_reshard` that prices them)."""
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from autoshard.annotations import Annotation
 from autoshard.ir.onnx_import import import_onnx
@@ -14,27 +11,13 @@ from autoshard.propagate import RETURN, ConflictError, ShardingOption, describe,
 from autoshard.reshard import plan_reshard
 from autoshard.sharding import Sharding
 
+from .seed_models import write_seed_mlp
+
 
 @pytest.fixture(scope="module")
 def mlp(tmp_path_factory):
-    """x: 2x4x8, dot1 with W1: 8x32, max with a zero constant, dot2 with W2: 32x8."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8])
-    weights = [
-        numpy_helper.from_array(np.ones((8, 32), np.float32), "w1"),
-        numpy_helper.from_array(np.ones((32, 8), np.float32), "w2"),
-    ]
-    zero = numpy_helper.from_array(np.zeros((2, 4, 32), np.float32))
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h"], name="dot1"),
-        helper.make_node("Constant", [], ["zero"], value=zero),
-        helper.make_node("Max", ["h", "zero"], ["r"], name="max"),
-        helper.make_node("MatMul", ["r", "w2"], ["y"], name="dot2"),
-    ]
-    graph = helper.make_graph(nodes, "mlp", [x], [y], weights)
-    path = tmp_path_factory.mktemp("seed001") / "mlp.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return import_onnx(path)
+    folder = tmp_path_factory.mktemp("seed001")
+    return import_onnx(write_seed_mlp(folder / "mlp.onnx", "mlp"))
 
 
 S = Sharding.parse

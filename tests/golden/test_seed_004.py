@@ -3,10 +3,7 @@ materialized collectives (all_gather over [1, 2], all_reduce over [0], reduce_sc
 [1, 2]). The seed writes partial axes as a trailing entry: its `[[], [], [1, 2], [0]]` for a
 2x4x32 value is `[[], [], [1, 2]] partial = sum[0]` here."""
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from autoshard.annotations import Annotation
 from autoshard.ir.onnx_import import import_onnx
@@ -15,29 +12,16 @@ from autoshard.passes.materialize import materialize
 from autoshard.propagate import propagate
 from autoshard.sharding import Sharding
 
+from .seed_models import write_seed_mlp
+
 S = Sharding.parse
 MESH = Mesh((2, 2, 2))
 
 
 @pytest.fixture(scope="module")
 def mlp(tmp_path_factory):
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8])
-    weights = [
-        numpy_helper.from_array(np.ones((8, 32), np.float32), "w1"),
-        numpy_helper.from_array(np.ones((32, 8), np.float32), "w2"),
-    ]
-    zero = numpy_helper.from_array(np.zeros((2, 4, 32), np.float32))
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h"], name="dot1"),
-        helper.make_node("Constant", [], ["zero"], value=zero),
-        helper.make_node("Max", ["h", "zero"], ["r"], name="max"),
-        helper.make_node("MatMul", ["r", "w2"], ["y"], name="dot2"),
-    ]
-    graph = helper.make_graph(nodes, "mlp_2d_weight_stationary", [x], [y], weights)
-    path = tmp_path_factory.mktemp("seed004") / "mlp.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return import_onnx(path)
+    folder = tmp_path_factory.mktemp("seed004")
+    return import_onnx(write_seed_mlp(folder / "mlp.onnx", "mlp_2d_weight_stationary"))
 
 
 ANNOTATIONS = [
