@@ -320,11 +320,7 @@ def build_t5(variant: str | None) -> Case:
         eos_token_id=1,
         use_cache=False,
     )
-    lm = _hf_model(T5ForConditionalGeneration, config)
-    inputs = {**TOKENS, "decoder_input_ids": {0: "batch", 1: "dec_seq"}}
-    return Case(
-        Seq2SeqLogits(lm).eval(), inputs, "logits", {0: "batch", 1: "dec_seq"}, seq2seq_feeds(VOCAB)
-    )
+    return _seq2seq_case(_hf_model(T5ForConditionalGeneration, config))
 
 
 def build_bart(variant: str | None) -> Case:
@@ -343,7 +339,11 @@ def build_bart(variant: str | None) -> Case:
         max_position_embeddings=MAX_POS,
         use_cache=False,
     )
-    lm = _hf_model(BartForConditionalGeneration, config)
+    return _seq2seq_case(_hf_model(BartForConditionalGeneration, config))
+
+
+def _seq2seq_case(lm: torch.nn.Module) -> Case:
+    """An encoder-decoder LM: encoder tokens (batch, seq), decoder tokens (batch, dec_seq)."""
     inputs = {**TOKENS, "decoder_input_ids": {0: "batch", 1: "dec_seq"}}
     return Case(
         Seq2SeqLogits(lm).eval(), inputs, "logits", {0: "batch", 1: "dec_seq"}, seq2seq_feeds(VOCAB)
