@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoshard.errors import AutoshardError, ShardingError
+from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding
 
 FOR_CHOICES = ("result", "users")
@@ -40,14 +41,6 @@ class Annotation:
         kind = "required" if self.required else "hint"
         side = "users" if self.for_users else "result"
         return f"{self.value}={self.sharding} ({kind}, for {side})"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "value": self.value,
-            "sharding": str(self.sharding),
-            "required": self.required,
-            "for": "users" if self.for_users else "result",
-        }
 
 
 def parse_annotate_flag(text: str) -> Annotation:
@@ -110,7 +103,7 @@ def load_annotations(path: str | os.PathLike[str]) -> tuple[Annotation, ...]:
 
 
 def check_annotations(
-    annotations: Iterable[Annotation], shapes: Mapping[str, Sequence[int]], mesh: Any
+    annotations: Iterable[Annotation], shapes: Mapping[str, Sequence[int]], mesh: Mesh
 ) -> None:
     """Every annotated value exists and its sharding fits the value and the mesh."""
     for annotation in annotations:

@@ -75,7 +75,7 @@ def draw_layout(mesh: Mesh, shape: tuple[int, ...], sharding: Sharding) -> str:
     labelled = len(shape) == 2 and max(shape) <= 9
     inner = mesh.ndim - 1
     rows_axis = mesh.ndim - 2 if mesh.ndim >= 2 else None
-    outer_axes = range(mesh.ndim - 2) if mesh.ndim > 2 else range(0)
+    outer_axes = range(mesh.ndim - 2)  # the axes drawn as separate blocks (none below 3-D)
     lines.append(
         f"mesh axis {inner} ->"
         + (f"   (mesh axis {rows_axis} down)" if rows_axis is not None else "")

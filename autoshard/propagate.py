@@ -28,6 +28,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.errors import AutoshardError
@@ -133,7 +134,7 @@ class _State:
         self.result: dict[str, Mark] = {}
         self.use: dict[tuple[str, int], Mark] = {}
         self.rules: dict[str, OpRule | None] = {op.name: rule_for(op, graph) for op in graph.ops}
-        self.options: dict[str, ShardingOption | None] = {}
+        self.options: dict[str, ShardingOption] = {}
 
     def uses(self, value: str) -> list[tuple[str, int]]:
         places = [
@@ -145,7 +146,7 @@ class _State:
         places += [(RETURN, i) for i, name in enumerate(self.graph.outputs) if name == value]
         return places
 
-    def mark(self, key: str | tuple[str, int], mark: Mark, table: dict) -> None:  # type: ignore[type-arg]
+    def mark(self, key: Any, mark: Mark, table: dict[Any, Mark]) -> None:
         old = table.get(key)
         if (
             old is not None
@@ -163,7 +164,7 @@ class _State:
 
     def option(self, op: Op, rule: OpRule) -> ShardingOption:
         if op.name in self.fixed:
-            return self.fixed[op.name]
+            return self.checked(op, rule, self.fixed[op.name])
         marks: list[tuple[int, int, int, Mark, IndexingMap]] = []
         for j, name in enumerate(op.outputs):
             found = [self.result.get(name)] + [self.use.get(u) for u in self.uses(name)]
@@ -180,6 +181,21 @@ class _State:
         for side, _, _, mark, indexing in sorted(marks, key=lambda m: m[:3]):
             self.apply(op, rule, mark, indexing, side == 0, loops, owners)
         return ShardingOption(tuple(axes or () for axes in loops))
+
+    def checked(self, op: Op, rule: OpRule, option: ShardingOption) -> ShardingOption:
+        """A user's sharding option for `op`: one entry per loop, mesh axes used once, invalid
+        loops unsplit."""
+        where = f"sharding option {option} of op '{op.name}' ({op.type})"
+        if len(option.loops) != len(rule.loops):
+            raise AutoshardError(
+                f"{where} has {len(option.loops)} loops; the op has {len(rule.loops)}"
+            )
+        axes = [a for loop in option.loops for a in loop]
+        Sharding(tuple((a,) for a in axes)).check(self.mesh)  # each axis exists, used once
+        for i, (loop, split) in enumerate(zip(rule.loops, option.loops, strict=True)):
+            if split and loop.kind is IteratorType.INVALID:
+                raise AutoshardError(f"{where} splits loop d{i}, which cannot be split")
+        return option
 
     def apply(
         self,
@@ -296,7 +312,7 @@ def propagate(
                 state.mark(use, mark, state.use)
         else:
             state.mark(a.value, mark, state.result)
-    user_results = {v: m for v, m in state.result.items()}
+    user_results = dict(state.result)
     for op in reversed(graph.ops):
         state.visit(op)
     for op in graph.ops:
@@ -314,9 +330,8 @@ def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) 
     unruled = []
     for op in graph.ops:
         rule = state.rules[op.name]
-        option = state.options.get(op.name) if rule is not None else None
-        options[op.name] = option
-        if rule is None or option is None:
+        if rule is None:
+            options[op.name] = None
             unruled.append(op.name)
             for name in op.outputs:
                 produced[name] = Sharding()
@@ -324,6 +339,8 @@ def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) 
                 if name:
                     needs[(op.name, i)] = Sharding()
             continue
+        option = state.options[op.name]
+        options[op.name] = option
         for j, name in enumerate(op.outputs):
             if name:
                 produced[name] = result_sharding(rule, option, j)

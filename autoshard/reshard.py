@@ -23,9 +23,9 @@ dim is gathered whole and sliced from the full extent, which is always exact. Up
 one-step resharding gets multi-step cases on 2-D meshes wrong; this one is tested against an
 execution of every planned sequence on all devices (`autoshard.simulate`).
 
-Bytes per device follow the ring algorithms of DESIGN.md with n devices per group and the
-largest local shard: all_gather (n-1)*in, reduce_scatter (n-1)*out, all_reduce 2(n-1)*ceil(in/n),
-all_to_all (n-1)*ceil(in/n), permute in, all_slice 0.
+Bytes per device follow the ring algorithms of DESIGN.md (`ring_bytes`, the only place the
+formulas are written) with n devices per group and the largest local shard; a permute sends
+whole shards, one per device it serves.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from autoshard.sharding import ReductionKind, Sharding
 Split = tuple[tuple[int, ...], ...]
 
 
-class CollectiveKind(enum.Enum):
+class CollectiveKind(enum.StrEnum):
     ALL_GATHER = "all_gather"
     ALL_SLICE = "all_slice"
     ALL_TO_ALL = "all_to_all"
@@ -52,8 +52,22 @@ class CollectiveKind(enum.Enum):
     REDUCE_SCATTER = "reduce_scatter"
     PERMUTE = "permute"
 
-    def __str__(self) -> str:
-        return self.value
+
+_AXIS_FIELDS = ("gather_axis", "slice_axis", "scatter_axis", "split_axis", "concat_axis")
+
+
+def ring_bytes(kind: CollectiveKind, n: int, local: int) -> int:
+    """Bytes one device sends in a ring collective over n devices, `local` its input shard's
+    bytes (DESIGN.md): all_gather (n-1)/n of the n*local gathered; reduce_scatter and
+    all_to_all (n-1)/n of the input; all_reduce twice that; all_slice nothing (local)."""
+    piece = -(-local // n)
+    return {
+        CollectiveKind.ALL_GATHER: (n - 1) * local,
+        CollectiveKind.REDUCE_SCATTER: (n - 1) * piece,
+        CollectiveKind.ALL_TO_ALL: (n - 1) * piece,
+        CollectiveKind.ALL_REDUCE: 2 * (n - 1) * piece,
+        CollectiveKind.ALL_SLICE: 0,
+    }[kind]
 
 
 @dataclass(frozen=True)
@@ -81,14 +95,7 @@ class Collective:
 
     def __str__(self) -> str:
         text = f"{self.kind} mesh_axes = [{', '.join(map(str, self.mesh_axes))}]"
-        for name in (
-            "reduction",
-            "gather_axis",
-            "slice_axis",
-            "scatter_axis",
-            "split_axis",
-            "concat_axis",
-        ):
+        for name in ("reduction", *_AXIS_FIELDS):
             value = getattr(self, name)
             if value is not None:
                 text += f" {name} = {value}"
@@ -102,7 +109,7 @@ class Collective:
             "to": self.dst.text(len(self.shape)),
             "bytes_per_device": self.bytes_per_device,
         }
-        for name in ("gather_axis", "slice_axis", "scatter_axis", "split_axis", "concat_axis"):
+        for name in _AXIS_FIELDS:
             if getattr(self, name) is not None:
                 data[name] = getattr(self, name)
         if self.reduction is not None:
@@ -225,7 +232,6 @@ class _Search:
     ) -> None:
         self.target = _pad(dst.split_axes, len(shape))
         self.target_partial = set(dst.partial_axes)
-        self.dst = dst
         self.shape, self.mesh, self.itemsize, self.reduction = shape, mesh, itemsize, reduction
 
     def local_bytes(self, split: Split) -> int:
@@ -240,13 +246,12 @@ class _Search:
         axes: Sequence[int],
         before: tuple[Split, tuple[int, ...]],
         after: tuple[Split, tuple[int, ...]],
-        bytes_: int,
         **fields: object,
     ) -> Collective:
-        reduction = self.reduction
-        src = Sharding(before[0], before[1], reduction)
-        dst = Sharding(after[0], after[1], reduction)
-        return Collective(kind, tuple(axes), src, dst, self.shape, bytes_, **fields)  # type: ignore[arg-type]
+        src = Sharding(before[0], before[1], self.reduction)
+        dst = Sharding(after[0], after[1], self.reduction)
+        sent = ring_bytes(kind, self.mesh.group_size(axes), self.local_bytes(before[0]))
+        return Collective(kind, tuple(axes), src, dst, self.shape, sent, **fields)  # type: ignore[arg-type]
 
     def wanted(self, split: Split, dim: int) -> tuple[int, ...] | None:
         """The axes dim still needs appended, or None if its list is not a prefix of the target."""
@@ -286,7 +291,6 @@ class _Search:
                             free[:k],
                             state,
                             (after, partial),
-                            0,
                             slice_axis=dim,
                         )
                     )
@@ -294,7 +298,6 @@ class _Search:
         for dim, axes in enumerate(split):
             for k in range(1, len(axes) + 1):
                 if _gather_exact(shape[dim], mesh, axes, len(axes) - k):
-                    n = mesh.group_size(axes[-k:])
                     after = replaced(dim, axes[:-k])
                     out.append(
                         self.make(
@@ -302,7 +305,6 @@ class _Search:
                             axes[-k:],
                             state,
                             (after, partial),
-                            (n - 1) * local,
                             gather_axis=dim,
                         )
                     )
@@ -318,7 +320,6 @@ class _Search:
                     if _gather_exact(shape[dim], mesh, axes, len(axes) - k) and _slice_exact(
                         shape[other], mesh, grown, len(split[other])
                     ):
-                        n = mesh.group_size(moved)
                         after = replaced(dim, axes[:-k], other, grown)
                         out.append(
                             self.make(
@@ -326,7 +327,6 @@ class _Search:
                                 moved,
                                 state,
                                 (after, partial),
-                                (n - 1) * -(-local // n),
                                 split_axis=other,
                                 concat_axis=dim,
                             )
@@ -335,14 +335,12 @@ class _Search:
         pending = tuple(a for a in partial if a not in self.target_partial)
         if pending:
             kept = tuple(a for a in partial if a in self.target_partial)
-            n = mesh.group_size(pending)
             out.append(
                 self.make(
                     CollectiveKind.ALL_REDUCE,
                     pending,
                     state,
                     (split, kept),
-                    2 * (n - 1) * -(-local // n),
                     reduction=self.reduction,
                 )
             )
@@ -354,7 +352,6 @@ class _Search:
                     if not _slice_exact(shape[dim], mesh, axes, len(split[dim])):
                         continue
                     rest = tuple(a for a in partial if a not in run[:k])
-                    n = mesh.group_size(run[:k])
                     after = replaced(dim, axes)
                     out.append(
                         self.make(
@@ -362,7 +359,6 @@ class _Search:
                             run[:k],
                             state,
                             (after, rest),
-                            (n - 1) * -(-local // n),
                             scatter_axis=dim,
                             reduction=self.reduction,
                         )
@@ -376,22 +372,34 @@ class _Search:
                 goals += [
                     replaced(dim, order) for order in itertools.permutations(axes) if order != axes
                 ]
-            for goal in goals:
-                step = self.permute(split, goal, local)
-                if step is not None:
-                    out.append(step)
+            if goals:
+                holders = self.holders(split)
+                for goal in goals:
+                    step = self.permute(split, goal, local, holders)
+                    if step is not None:
+                        out.append(step)
         return out
 
-    def permute(self, split: Split, goal: Split, local: int) -> Collective | None:
+    def holders(self, split: Split) -> dict[tuple[tuple[int, int], ...], list[int]]:
+        """Each distinct shard of `split` -> the linear indices of the devices holding it."""
+        current = Sharding(split)
+        found: dict[tuple[tuple[int, int], ...], list[int]] = {}
+        for device in self.mesh.devices():
+            bounds = current.slices(self.mesh, self.shape, device)
+            found.setdefault(bounds, []).append(self.mesh.linear_index(device))
+        return found
+
+    def permute(
+        self,
+        split: Split,
+        goal: Split,
+        local: int,
+        holders: dict[tuple[tuple[int, int], ...], list[int]],
+    ) -> Collective | None:
         mesh, shape = self.mesh, self.shape
         current, target = Sharding(split), Sharding(goal)
         if current == target or self.local_bytes(goal) != local:
             return None
-        holders: dict[tuple[tuple[int, int], ...], list[int]] = {}
-        for device in mesh.devices():
-            holders.setdefault(current.slices(mesh, shape, device), []).append(
-                mesh.linear_index(device)
-            )
         pairs = []
         for device in mesh.devices():
             me = mesh.linear_index(device)

@@ -31,7 +31,7 @@ Slice = tuple[int, int]
 """Half-open [start, stop) range of a tensor dim."""
 
 
-class ReductionKind(enum.Enum):
+class ReductionKind(enum.StrEnum):
     """How partial values combine (seed 003; `generic` is not allowed in a sharding)."""
 
     SUM = "sum"
@@ -42,9 +42,6 @@ class ReductionKind(enum.Enum):
     BITWISE_AND = "bitwise_and"
     BITWISE_OR = "bitwise_or"
     BITWISE_XOR = "bitwise_xor"
-
-    def __str__(self) -> str:
-        return self.value
 
     def __repr__(self) -> str:
         return f"ReductionKind.{self.name}"
@@ -138,10 +135,6 @@ class Sharding:
     def mesh_axes(self) -> tuple[int, ...]:
         """Every mesh axis the sharding uses (split or partial)."""
         return tuple(a for axes in self.split_axes for a in axes) + self.partial_axes
-
-    @property
-    def is_replicated(self) -> bool:
-        return not self.split_axes and not self.partial_axes
 
     def axes_of(self, dim: int) -> tuple[int, ...]:
         return self.split_axes[dim] if dim < len(self.split_axes) else ()
@@ -239,10 +232,6 @@ class Sharding:
     def parse(text: str) -> Sharding:
         """Parse the terse or the MLIR form (the mesh name of the MLIR form is dropped)."""
         return parse_sharding(text)[1]
-
-
-def replicated() -> Sharding:
-    return Sharding()
 
 
 def parse_sharding(text: str) -> tuple[str | None, Sharding]:

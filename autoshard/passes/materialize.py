@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
 from autoshard.propagate import RETURN, Propagation
 from autoshard.reshard import Collective, plan_reshard
@@ -59,7 +60,7 @@ def materialize(
             return
         done.add((value, dst))
         info = graph.values[value]
-        size = itemsize or max(1, info.nbytes // max(1, info.size))
+        size = itemsize or dtypes.nbytes(info.dtype, 1)
         plan = plan_reshard(src, dst, info.shape, mesh, size)
         reshards.append(Reshard(value, user, src, dst, plan))
 

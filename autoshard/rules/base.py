@@ -22,13 +22,10 @@ from dataclasses import dataclass
 from autoshard.sharding import ReductionKind
 
 
-class IteratorType(enum.Enum):
+class IteratorType(enum.StrEnum):
     PARALLEL = "parallel"
     REDUCTION = "reduction"
     INVALID = "invalid"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

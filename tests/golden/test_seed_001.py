@@ -5,6 +5,7 @@ materialization needs (planned by the same `plan_reshard` that prices them)."""
 import pytest
 
 from autoshard.annotations import Annotation
+from autoshard.errors import AutoshardError
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.propagate import RETURN, ConflictError, ShardingOption, describe, propagate
@@ -118,3 +119,24 @@ def test_held_sharding_of_an_operand_does_not_bind_its_user(mlp):
     result = propagate(mlp, MESH, annotations)
     assert str(result.options["dot2"]) == "[[0]]"
     assert str(result.values["w2"]) == "[[], [0]]" and str(result.needs[("dot2", 1)]) == "[[]]"
+
+
+def test_one_value_with_two_required_shardings_is_an_error(mlp):
+    # Seed 003 calls annotating one result with two different shardings undefined.
+    annotations = [Annotation("h", S("[[0]]")), Annotation("h", S("[[], [], [0]]"))]
+    with pytest.raises(ConflictError, match=r"of 'h': \[\[0\]\] and \[\[\], \[\], \[0\]\]"):
+        propagate(mlp, MESH, annotations)
+
+
+@pytest.mark.parametrize(
+    "loops, message",
+    [
+        (((), (), (0,)), "has 3 loops; the op has 4"),
+        (((0,), (), (), (0,)), "mesh axis 0 splits on dims 0 and 1"),
+        (((), (), (), (1,)), "unknown mesh axis 1"),
+    ],
+)
+def test_fixed_options_are_checked(mlp, loops, message):
+    with pytest.raises(AutoshardError) as error:
+        propagate(mlp, MESH, [], {"dot2": ShardingOption(loops)})
+    assert message in str(error.value)

@@ -263,12 +263,11 @@ def test_plan_is_never_dearer_than_gather_all_then_slice(case):
     # bytes never exceed it.
     mesh, shape, src, dst = case
     plan = plan_reshard(src, dst, shape, mesh)
-    naive_src = Sharding(src.split_axes, tuple(a for a in src.partial_axes), src.partial_type)
     naive = 0
     local = 4
     for size, axes in itertools.zip_longest(shape, src.split_axes, fillvalue=()):
         local *= -(-size // mesh.group_size(axes)) if axes else size
-    pending = [a for a in naive_src.partial_axes if a not in dst.partial_axes]
+    pending = [a for a in src.partial_axes if a not in dst.partial_axes]
     if pending:
         n = mesh.group_size(pending)
         naive += 2 * (n - 1) * -(-local // n)

@@ -215,7 +215,7 @@ def meshes(draw):
 
 
 @st.composite
-def shardings(draw, mesh, rank, offsets_for=None):
+def shardings(draw, mesh, rank):
     """A random valid sharding: each mesh axis split on some dim (any order), partial, or unused."""
     split = [[] for _ in range(rank)]
     partial = []
