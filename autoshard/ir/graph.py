@@ -101,7 +101,7 @@ class Attrs(Mapping[str, AttrValue]):
         return f"Attrs({self._items!r})"
 
 
-class _Tensor:
+class TensorLike:
     """Size and bytes of anything with a static `shape` and a `dtype` name."""
 
     shape: tuple[int, ...]
@@ -119,7 +119,7 @@ class _Tensor:
 
 
 @dataclass(frozen=True)
-class Value(_Tensor):
+class Value(TensorLike):
     """A tensor of the graph: its name, static shape and dtype name (`"float32"`, `"int64"`)."""
 
     name: str
@@ -174,7 +174,7 @@ class Op:
 
 
 @dataclass(frozen=True)
-class Weight(_Tensor):
+class Weight(TensorLike):
     """A model parameter (an ONNX initializer) whose data is read only by `load()`.
 
     `external` is the resolved data file, `offset`/`length` the byte range inside it (length

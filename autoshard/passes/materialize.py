@@ -1,76 +1,95 @@
-"""Materialization: where a value is held in another sharding than a user computes with, insert
-a reshard and lower it to collectives with `plan_reshard` (the planner that also prices it).
+"""Materialization (seed 001): a graph and its completed shardings become a sharded `Program`.
 
-Reshards appear in program order: a value whose required result annotation differs from what
-its producer computes is resharded right after the producer; each use then gets what its op
-needs. Two uses that need the same sharding of the same value share one reshard, so the bytes
-counted are the bytes the program sends.
+Wherever a value is held in another sharding than a user computes with, a reshard is inserted
+and lowered to collectives by `plan_reshard` (the planner that also prices it). Reshards appear
+in program order: a value whose required result annotation differs from what its producer
+computes is resharded right after the producer; each use then gets what its op needs. Uses
+that need the same sharding of a value share one reshard, so the bytes counted are the bytes
+the program sends.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
+from autoshard.program import Communicate, Compute, Program, Step, Tensor
 from autoshard.propagate import RETURN, Propagation
-from autoshard.reshard import Collective, plan_reshard
+from autoshard.reshard import plan_reshard
 from autoshard.sharding import Sharding
 
 
-@dataclass(frozen=True)
-class Reshard:
-    """`value` from `src` to `dst` before `user` reads it (user "" = right after the producer)."""
+class _Builder:
+    """Names SSA tensors and emits the collectives that bring a value to a sharding."""
 
-    value: str
-    user: str
-    src: Sharding
-    dst: Sharding
-    collectives: tuple[Collective, ...]
+    def __init__(self, graph: Graph, propagation: Propagation) -> None:
+        self.graph, self.mesh = graph, propagation.mesh
+        self.tensors: dict[str, Tensor] = {}
+        self.steps: list[Step] = []
+        self.held: dict[str, dict[Sharding, str]] = {}  # value -> sharding -> tensor name
+        self.home: dict[str, str] = {}  # value -> the tensor holding it as `values` says
+
+    def define(self, value: str, sharding: Sharding) -> str:
+        info = self.graph.values[value]
+        name = value if value not in self.tensors else f"{value}~{len(self.held[value])}"
+        self.tensors[name] = Tensor(name, value, info.shape, info.dtype, sharding)
+        self.held.setdefault(value, {})[sharding] = name
+        self.home.setdefault(value, name)
+        return name
+
+    def reach(self, value: str, sharding: Sharding) -> str:
+        """The tensor holding `value` in `sharding`, resharded from its home tensor when no
+        tensor holds it so yet."""
+        held = self.held[value]
+        if sharding in held:
+            return held[sharding]
+        info = self.graph.values[value]
+        current = start = self.home[value]
+        size = dtypes.nbytes(info.dtype, 1)
+        for collective in plan_reshard(
+            self.tensors[start].sharding, sharding, info.shape, self.mesh, size
+        ):
+            target = self.define(value, collective.dst)
+            self.steps.append(Communicate(current, target, collective))
+            current = target
+        return current
 
 
-@dataclass(frozen=True)
-class Materialized:
-    graph: Graph
-    propagation: Propagation
-    reshards: tuple[Reshard, ...]
-
-    @property
-    def bytes_per_device(self) -> int:
-        return sum(c.bytes_per_device for r in self.reshards for c in r.collectives)
-
-    def collectives_json(self) -> list[dict[str, object]]:
-        return [
-            {"value": r.value, "user": r.user or None, **c.to_json()}
-            for r in self.reshards
-            for c in r.collectives
-        ]
-
-
-def materialize(
-    graph: Graph, propagation: Propagation, itemsize: int | None = None
-) -> Materialized:
-    """The reshards of a completed propagation, in program order."""
-    values, mesh = propagation.values, propagation.mesh
-    reshards: list[Reshard] = []
-    done: set[tuple[str, Sharding]] = set()
-
-    def add(value: str, user: str, src: Sharding, dst: Sharding) -> None:
-        if src == dst or (value, dst) in done:
-            return
-        done.add((value, dst))
-        info = graph.values[value]
-        size = itemsize or dtypes.nbytes(info.dtype, 1)
-        plan = plan_reshard(src, dst, info.shape, mesh, size)
-        reshards.append(Reshard(value, user, src, dst, plan))
-
+def materialize(graph: Graph, propagation: Propagation) -> Program:
+    """The sharded program of a completed propagation, in the graph's op order."""
+    build = _Builder(graph, propagation)
+    values, needs = propagation.values, propagation.needs
+    inputs = tuple(graph.inputs) + tuple(n for n in graph.weights if n not in graph.inputs)
+    for name in inputs + tuple(graph.constants):
+        if name in graph.values:
+            build.define(name, values[name])
     for op in graph.ops:
-        for i, name in enumerate(op.inputs):
-            if name:
-                add(name, op.name, values[name], propagation.needs[(op.name, i)])
+        renamed = tuple(
+            build.reach(name, needs[(op.name, i)]) if name else ""
+            for i, name in enumerate(op.inputs)
+        )
+        outputs = tuple(build.define(n, propagation.produced[n]) if n else "" for n in op.outputs)
+        build.steps.append(
+            Compute(
+                dataclasses.replace(op, inputs=renamed, outputs=outputs),
+                propagation.options[op.name],
+            )
+        )
         for name in op.outputs:
-            if name:
-                add(name, "", propagation.produced[name], values[name])
-    for i, name in enumerate(graph.outputs):
-        add(name, RETURN, values[name], propagation.needs[(RETURN, i)])
-    return Materialized(graph, propagation, tuple(reshards))
+            if name and values[name] != propagation.produced[name]:
+                build.home[name] = build.reach(name, values[name])
+    outputs = tuple(
+        build.reach(name, needs[(RETURN, i)])
+        for i, name in enumerate(graph.outputs)
+    )
+    return Program(
+        graph.name,
+        propagation.mesh,
+        build.tensors,
+        tuple(n for n in inputs if n in graph.values),
+        outputs,
+        tuple(build.steps),
+        {n: a for n, a in graph.constants.items() if n in graph.values},
+        propagation.unruled,
+    )

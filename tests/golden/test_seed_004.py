@@ -50,7 +50,7 @@ def test_propagation(mlp):
 
 def test_materialization(mlp):
     program = materialize(mlp, propagate(mlp, MESH, ANNOTATIONS))
-    steps = [(r.value, str(c)) for r in program.reshards for c in r.collectives]
+    steps = [(program.tensors[s.source].value, str(s.collective)) for s in program.communications]
     assert steps == [
         ("x", "all_gather mesh_axes = [1, 2] gather_axis = 2"),
         ("h", "all_reduce mesh_axes = [0] reduction = sum"),
