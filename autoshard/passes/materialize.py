@@ -79,10 +79,7 @@ def materialize(graph: Graph, propagation: Propagation) -> Program:
         for name in op.outputs:
             if name and values[name] != propagation.produced[name]:
                 build.home[name] = build.reach(name, values[name])
-    outputs = tuple(
-        build.reach(name, needs[(RETURN, i)])
-        for i, name in enumerate(graph.outputs)
-    )
+    outputs = tuple(build.reach(name, needs[(RETURN, i)]) for i, name in enumerate(graph.outputs))
     return Program(
         graph.name,
         propagation.mesh,
