@@ -95,7 +95,8 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     from autoshard.annotations import load_annotations, parse_annotate_flag
     from autoshard.ir.onnx_import import import_onnx
     from autoshard.passes.materialize import materialize
-    from autoshard.propagate import describe, propagate
+    from autoshard.plan import describe
+    from autoshard.propagate import propagate
 
     mesh = Mesh.parse(args.mesh)
     annotations = [parse_annotate_flag(a) for a in args.annotate or ()]

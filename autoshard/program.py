@@ -18,7 +18,7 @@ import numpy as np
 
 from autoshard.ir.graph import Op, TensorLike
 from autoshard.mesh import Mesh
-from autoshard.propagate import ShardingOption
+from autoshard.plan import ShardingOption
 from autoshard.reshard import Collective
 from autoshard.sharding import Sharding
 

@@ -27,19 +27,17 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.errors import AutoshardError
 from autoshard.ir.graph import Graph, Op
 from autoshard.mesh import Mesh
+from autoshard.plan import RETURN, Plan, ShardingOption
 from autoshard.rules import IteratorType, OpRule, rule_for
 from autoshard.rules.base import IndexingMap
 from autoshard.sharding import ReductionKind, Sharding
-
-RETURN = "<return>"
-"""The pseudo-op that uses the graph outputs; its operand i is output i."""
 
 
 class ConflictError(AutoshardError):
@@ -65,43 +63,6 @@ class Mark:
     source: Source
     origin: str  # the value whose annotation this is, for messages
     binding: bool = True
-
-
-@dataclass(frozen=True)
-class ShardingOption:
-    """Mesh axes per loop of an op (seed 001): `[[], [], [0]]` splits loop d2 over axis 0."""
-
-    loops: tuple[tuple[int, ...], ...]
-
-    def __str__(self) -> str:
-        loops = list(self.loops)
-        while loops and not loops[-1]:
-            loops.pop()
-        return "[" + ", ".join("[" + ", ".join(map(str, a)) + "]" for a in loops or [()]) + "]"
-
-    @staticmethod
-    def parse(text: str, loop_count: int) -> ShardingOption:
-        split = Sharding.parse(text).split_axes
-        if len(split) > loop_count:
-            raise AutoshardError(
-                f"sharding option {text} has {len(split)} loops; the op has {loop_count}"
-            )
-        return ShardingOption(tuple(split) + ((),) * (loop_count - len(split)))
-
-
-@dataclass(frozen=True)
-class Propagation:
-    """The completed shardings. `values[v]` is how v is held; `produced[v]` how its producer
-    computes it (they differ where a required result annotation needs a reshard right after
-    the producer); `needs[(op, i)]` the sharding op computes its operand i with (the `RETURN`
-    pseudo-op's operands are the graph outputs)."""
-
-    mesh: Mesh
-    options: Mapping[str, ShardingOption | None]
-    values: Mapping[str, Sharding]
-    produced: Mapping[str, Sharding]
-    needs: Mapping[tuple[str, int], Sharding]
-    unruled: tuple[str, ...] = field(default=())
 
 
 def operand_sharding(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
@@ -300,7 +261,7 @@ def propagate(
     mesh: Mesh,
     annotations: Iterable[Annotation] = (),
     options: Mapping[str, ShardingOption] | None = None,
-) -> Propagation:
+) -> Plan:
     """Complete the shardings of `graph` on `mesh` from annotations and fixed op options."""
     annotations = tuple(annotations)
     check_annotations(annotations, {n: v.shape for n, v in graph.values.items()}, mesh)
@@ -320,7 +281,7 @@ def propagate(
     return _resolve(graph, mesh, state, user_results)
 
 
-def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) -> Propagation:
+def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) -> Plan:
     """Final shardings: each op computes with its option; values are held as produced, unless
     a required result annotation says otherwise; producer-less values (inputs, weights) are
     held as annotated, else as their first user needs them; constants stay replicated."""
@@ -366,26 +327,4 @@ def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) 
         mark = state.use.get((RETURN, i))
         user_mark = mark is not None and mark.source is not Source.PROPAGATED
         needs[(RETURN, i)] = mark.sharding if mark and user_mark else values[name]
-    return Propagation(mesh, options, values, produced, needs, tuple(unruled))
-
-
-def describe(propagation: Propagation, graph: Graph) -> dict[str, object]:
-    """The JSON of `autoshard propagate` (values and ops; collectives come from materialize)."""
-    values = {}
-    for name, value in graph.values.items():
-        sharding = propagation.values[name]
-        partial = (
-            f"{sharding.partial_type}{list(sharding.partial_axes)}"
-            if sharding.partial_axes
-            else None
-        )
-        values[name] = {
-            "sharding": Sharding(sharding.split_axes).text(len(value.shape)),
-            "partial": partial,
-        }
-    ops = {
-        op.name: {"type": op.type, "sharding_option": str(option) if option is not None else None}
-        for op in graph.ops
-        for option in [propagation.options[op.name]]
-    }
-    return {"values": values, "ops": ops, "unruled": list(propagation.unruled)}
+    return Plan(mesh, options, values, produced, needs, tuple(unruled))

@@ -14,8 +14,8 @@ import dataclasses
 
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
+from autoshard.plan import RETURN, Plan
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
-from autoshard.propagate import RETURN, Propagation
 from autoshard.reshard import plan_reshard
 from autoshard.sharding import Sharding
 
@@ -23,8 +23,8 @@ from autoshard.sharding import Sharding
 class _Builder:
     """Names SSA tensors and emits the collectives that bring a value to a sharding."""
 
-    def __init__(self, graph: Graph, propagation: Propagation) -> None:
-        self.graph, self.mesh = graph, propagation.mesh
+    def __init__(self, graph: Graph, plan: Plan) -> None:
+        self.graph, self.mesh = graph, plan.mesh
         self.tensors: dict[str, Tensor] = {}
         self.steps: list[Step] = []
         self.held: dict[str, dict[Sharding, str]] = {}  # value -> sharding -> tensor name
@@ -56,10 +56,10 @@ class _Builder:
         return current
 
 
-def materialize(graph: Graph, propagation: Propagation) -> Program:
-    """The sharded program of a completed propagation, in the graph's op order."""
-    build = _Builder(graph, propagation)
-    values, needs = propagation.values, propagation.needs
+def materialize(graph: Graph, plan: Plan) -> Program:
+    """The sharded program of a completed plan, in the graph's op order."""
+    build = _Builder(graph, plan)
+    values, needs = plan.values, plan.needs
     inputs = tuple(graph.inputs) + tuple(n for n in graph.weights if n not in graph.inputs)
     for name in inputs + tuple(graph.constants):
         if name in graph.values:
@@ -69,24 +69,24 @@ def materialize(graph: Graph, propagation: Propagation) -> Program:
             build.reach(name, needs[(op.name, i)]) if name else ""
             for i, name in enumerate(op.inputs)
         )
-        outputs = tuple(build.define(n, propagation.produced[n]) if n else "" for n in op.outputs)
+        outputs = tuple(build.define(n, plan.produced[n]) if n else "" for n in op.outputs)
         build.steps.append(
             Compute(
                 dataclasses.replace(op, inputs=renamed, outputs=outputs),
-                propagation.options[op.name],
+                plan.options[op.name],
             )
         )
         for name in op.outputs:
-            if name and values[name] != propagation.produced[name]:
+            if name and values[name] != plan.produced[name]:
                 build.home[name] = build.reach(name, values[name])
     outputs = tuple(build.reach(name, needs[(RETURN, i)]) for i, name in enumerate(graph.outputs))
     return Program(
         graph.name,
-        propagation.mesh,
+        plan.mesh,
         build.tensors,
         tuple(n for n in inputs if n in graph.values),
         outputs,
         tuple(build.steps),
         {n: a for n, a in graph.constants.items() if n in graph.values},
-        propagation.unruled,
+        plan.unruled,
     )

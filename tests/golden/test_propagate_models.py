@@ -7,7 +7,8 @@ import pytest
 from autoshard.annotations import Annotation
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
-from autoshard.propagate import RETURN, propagate
+from autoshard.plan import RETURN
+from autoshard.propagate import propagate
 from autoshard.reshard import CollectiveKind, plan_reshard
 from autoshard.sharding import Sharding
 

@@ -8,7 +8,8 @@ from autoshard.annotations import Annotation
 from autoshard.errors import AutoshardError
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
-from autoshard.propagate import RETURN, ConflictError, ShardingOption, describe, propagate
+from autoshard.plan import RETURN, ShardingOption, describe
+from autoshard.propagate import ConflictError, propagate
 from autoshard.reshard import plan_reshard
 from autoshard.sharding import Sharding
 

@@ -1,0 +1,77 @@
+"""The plan: a sharding for every value and a sharding option for every op.
+
+Propagation completes one from annotations; search picks one by cost; materialization turns one
+into a sharded program. `RETURN` is the pseudo-op reading the graph outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from autoshard.errors import AutoshardError
+from autoshard.ir.graph import Graph
+from autoshard.mesh import Mesh
+from autoshard.sharding import Sharding
+
+RETURN = "<return>"
+"""The pseudo-op that uses the graph outputs; its operand i is output i."""
+
+
+@dataclass(frozen=True)
+class ShardingOption:
+    """Mesh axes per loop of an op (seed 001): `[[], [], [0]]` splits loop d2 over axis 0."""
+
+    loops: tuple[tuple[int, ...], ...]
+
+    def __str__(self) -> str:
+        loops = list(self.loops)
+        while loops and not loops[-1]:
+            loops.pop()
+        return "[" + ", ".join("[" + ", ".join(map(str, a)) + "]" for a in loops or [()]) + "]"
+
+    @staticmethod
+    def parse(text: str, loop_count: int) -> ShardingOption:
+        split = Sharding.parse(text).split_axes
+        if len(split) > loop_count:
+            raise AutoshardError(
+                f"sharding option {text} has {len(split)} loops; the op has {loop_count}"
+            )
+        return ShardingOption(tuple(split) + ((),) * (loop_count - len(split)))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The completed shardings. `values[v]` is how v is held; `produced[v]` how its producer
+    computes it (they differ where a required result annotation needs a reshard right after
+    the producer); `needs[(op, i)]` the sharding op computes its operand i with (the `RETURN`
+    pseudo-op's operands are the graph outputs)."""
+
+    mesh: Mesh
+    options: Mapping[str, ShardingOption | None]
+    values: Mapping[str, Sharding]
+    produced: Mapping[str, Sharding]
+    needs: Mapping[tuple[str, int], Sharding]
+    unruled: tuple[str, ...] = field(default=())
+
+
+def describe(plan: Plan, graph: Graph) -> dict[str, object]:
+    """The JSON of `autoshard propagate` (values and ops; collectives come from materialize)."""
+    values = {}
+    for name, value in graph.values.items():
+        sharding = plan.values[name]
+        partial = (
+            f"{sharding.partial_type}{list(sharding.partial_axes)}"
+            if sharding.partial_axes
+            else None
+        )
+        values[name] = {
+            "sharding": Sharding(sharding.split_axes).text(len(value.shape)),
+            "partial": partial,
+        }
+    ops = {
+        op.name: {"type": op.type, "sharding_option": str(option) if option is not None else None}
+        for op in graph.ops
+        for option in [plan.options[op.name]]
+    }
+    return {"values": values, "ops": ops, "unruled": list(plan.unruled)}
