@@ -94,7 +94,7 @@ def cmd_layout(args: argparse.Namespace) -> int:
 def cmd_propagate(args: argparse.Namespace) -> int:
     from autoshard.annotations import load_annotations, parse_annotate_flag
     from autoshard.ir.onnx_import import import_onnx
-    from autoshard.passes.materialize import materialize
+    from autoshard.pipeline import lower
     from autoshard.plan import describe
     from autoshard.propagate import propagate
 
@@ -104,7 +104,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
         annotations += load_annotations(args.annotations)
     graph = import_onnx(args.model, _dims(args.dim))
     result = propagate(graph, mesh, annotations)
-    program = materialize(graph, result)
+    program = lower(graph, result)
     data: dict[str, Any] = {**describe(result, graph), "collectives": program.collectives_json()}
     if args.json:
         _emit(data)
