@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
@@ -93,9 +93,11 @@ class _Rewrite:
         size = dtypes.nbytes(tensor.dtype, 1)
         return plan_reshard(tensor.sharding, sharding, tensor.shape, self.program.mesh, size)
 
-    def chain(self, source: str, sharding: Sharding, target: str | None = None) -> list[Step]:
+    def chain(
+        self, source: str, sharding: Sharding, target: str | None = None
+    ) -> list[Communicate]:
         """Communicate steps from `source` to `sharding`, the last one defining `target`."""
-        steps: list[Step] = []
+        steps: list[Communicate] = []
         current = source
         collectives = self.plan(source, sharding)
         for k, collective in enumerate(collectives):
@@ -148,7 +150,7 @@ def fuse_reshards(program: Program, graph: Graph) -> Program:
         if len(members) > 1:
             target = rw.steps[members[-1]].outputs[0]
             replanned = rw.chain(first.source, rw.tensors[target].sharding, target)
-            old = [rw.steps[k] for k in members]
+            old = [step for k in members if isinstance(step := rw.steps[k], Communicate)]
             if _cost(replanned) < _cost(old):
                 for k in reversed(members):
                     del rw.steps[k]
@@ -158,8 +160,8 @@ def fuse_reshards(program: Program, graph: Graph) -> Program:
     return rw.result()
 
 
-def _cost(steps: list[Step]) -> tuple[int, int]:
-    return sum(s.collective.bytes_per_device for s in steps), len(steps)  # type: ignore[union-attr]
+def _cost(steps: Sequence[Communicate]) -> tuple[int, int]:
+    return sum(s.collective.bytes_per_device for s in steps), len(steps)
 
 
 # ---- 2. reassociate --------------------------------------------------------------------------
@@ -271,7 +273,7 @@ def _move_down(index: int, rw: _Rewrite) -> bool:
             continue
         need = operand_sharding(rule, option, i)
         chain = rw.chain(name, need)
-        if any(c.collective.kind is not CollectiveKind.ALL_SLICE for c in chain):  # type: ignore[union-attr]
+        if any(c.collective.kind is not CollectiveKind.ALL_SLICE for c in chain):
             return False
         slices += chain
         inputs[i] = chain[-1].outputs[0] if chain else name
@@ -318,8 +320,8 @@ def _decompose(index: int, rw: _Rewrite) -> bool:
     return False
 
 
-def _single(steps: list[Step], kind: CollectiveKind) -> bool:
-    return len(steps) == 1 and steps[0].collective.kind is kind  # type: ignore[union-attr]
+def _single(steps: Sequence[Communicate], kind: CollectiveKind) -> bool:
+    return len(steps) == 1 and steps[0].collective.kind is kind
 
 
 # ---- the pipeline ----------------------------------------------------------------------------
