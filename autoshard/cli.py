@@ -126,6 +126,25 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reshard(args: argparse.Namespace) -> int:
+    from autoshard.reshard import plan_reshard
+
+    mesh = Mesh.parse(args.mesh)
+    src = Sharding.parse(args.source).check(mesh, args.shape)
+    dst = Sharding.parse(args.target).check(mesh, args.shape)
+    plan = plan_reshard(src, dst, args.shape, mesh, args.itemsize)
+    total = sum(c.bytes_per_device for c in plan)
+    if args.json:
+        _emit({"collectives": [c.to_json() for c in plan], "bytes_per_device": total})
+        return 0
+    rank = len(args.shape)
+    print(f"{src.text(rank)} -> {dst.text(rank)} on mesh {mesh}: {len(plan)} collectives")
+    for c in plan:
+        print(f"  {c}  {c.src.text(rank)} -> {c.dst.text(rank)}  ({c.bytes_per_device} B)")
+    print(f"bytes per device: {total}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autoshard", description="Auto-sharding planner for ML models.")
     parser.add_argument("--version", action="version", version=f"autoshard {__version__}")
@@ -156,6 +175,19 @@ def build_parser() -> argparse.ArgumentParser:
     propagate.add_argument("--annotations", metavar="FILE", help="annotations JSON file")
     propagate.add_argument("--json", action="store_true", help="machine-readable output")
     propagate.set_defaults(run=cmd_propagate)
+
+    reshard = commands.add_parser(
+        "reshard", help="the collectives that turn one sharding of a tensor into another"
+    )
+    reshard.add_argument("--mesh", required=True, help="device mesh, e.g. 2x2x2")
+    reshard.add_argument("--shape", required=True, type=_shape, help="tensor shape, e.g. 4x4")
+    reshard.add_argument("--from", dest="source", required=True, help="e.g. '[[0], [1, 2]]'")
+    reshard.add_argument("--to", dest="target", required=True, help="e.g. '[[0, 1], [2]]'")
+    reshard.add_argument(
+        "--itemsize", type=int, default=4, help="bytes per element (default 4: float32)"
+    )
+    reshard.add_argument("--json", action="store_true", help="machine-readable output")
+    reshard.set_defaults(run=cmd_reshard)
 
     layout = commands.add_parser("layout", help="draw which device holds which part of a tensor")
     layout.add_argument("--mesh", required=True, help="device mesh, e.g. 2x3 or dp=2,tp=3")
