@@ -30,6 +30,7 @@ whole shards, one per device it serves.
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import heapq
@@ -42,6 +43,7 @@ from autoshard.mesh import Mesh
 from autoshard.sharding import ReductionKind, Sharding
 
 Split = tuple[tuple[int, ...], ...]
+Bounds = tuple[tuple[int, int], ...]
 
 
 class CollectiveKind(enum.StrEnum):
@@ -187,6 +189,31 @@ def _pad(split: Split, rank: int) -> Split:
 
 def _same(a: tuple[Split, tuple[int, ...]], b: tuple[Split, tuple[int, ...]]) -> bool:
     return a[0] == b[0] and set(a[1]) == set(b[1])
+
+
+@functools.lru_cache(maxsize=4096)
+def _device_bounds(split: Split, shape: tuple[int, ...], mesh: Mesh) -> tuple[Bounds, ...]:
+    """The [start, stop) per dim of every device's shard (ceil-sized), in linear order; what
+    `Sharding.slices` gives, computed once per split for the permute search."""
+    per_dim = []
+    for size, axes in zip(shape, _pad(split, len(shape)), strict=True):
+        per_dim.append(_bounds(size, mesh, axes) if axes else [(0, size)])
+    out = []
+    for device in mesh.devices():
+        out.append(
+            tuple(
+                bounds[_group_position(device, mesh, axes)] if axes else bounds[0]
+                for bounds, axes in zip(per_dim, _pad(split, len(shape)), strict=True)
+            )
+        )
+    return tuple(out)
+
+
+def _group_position(device: tuple[int, ...], mesh: Mesh, axes: Sequence[int]) -> int:
+    index = 0
+    for a in axes:
+        index = index * mesh.shape[a] + device[a]
+    return index
 
 
 def _bounds(size: int, mesh: Mesh, axes: Sequence[int]) -> list[tuple[int, int]]:
@@ -380,13 +407,11 @@ class _Search:
                         out.append(step)
         return out
 
-    def holders(self, split: Split) -> dict[tuple[tuple[int, int], ...], list[int]]:
+    def holders(self, split: Split) -> dict[Bounds, list[int]]:
         """Each distinct shard of `split` -> the linear indices of the devices holding it."""
-        current = Sharding(split)
-        found: dict[tuple[tuple[int, int], ...], list[int]] = {}
-        for device in self.mesh.devices():
-            bounds = current.slices(self.mesh, self.shape, device)
-            found.setdefault(bounds, []).append(self.mesh.linear_index(device))
+        found: dict[Bounds, list[int]] = {}
+        for index, bounds in enumerate(_device_bounds(split, self.shape, self.mesh)):
+            found.setdefault(bounds, []).append(index)
         return found
 
     def permute(
@@ -394,32 +419,23 @@ class _Search:
         split: Split,
         goal: Split,
         local: int,
-        holders: dict[tuple[tuple[int, int], ...], list[int]],
+        holders: dict[Bounds, list[int]],
     ) -> Collective | None:
         mesh, shape = self.mesh, self.shape
         current, target = Sharding(split), Sharding(goal)
         if current == target or self.local_bytes(goal) != local:
             return None
         pairs = []
-        for device in mesh.devices():
-            me = mesh.linear_index(device)
-            sources = holders.get(target.slices(mesh, shape, device))
+        for me, bounds in enumerate(_device_bounds(goal, shape, mesh)):
+            sources = holders.get(bounds)
             if sources is None:
                 return None
             if me not in sources:
                 pairs.append((sources[me % len(sources)], me))
-        sends = max((sum(1 for s, _ in pairs if s == d) for d in range(mesh.size)), default=0)
+        sends = max(collections.Counter(s for s, _ in pairs).values(), default=0)
+        devices = list(mesh.devices())
         axes = tuple(
-            sorted(
-                {
-                    a
-                    for s, t in pairs
-                    for a, (x, y) in enumerate(
-                        zip(mesh.multi_index(s), mesh.multi_index(t), strict=True)
-                    )
-                    if x != y
-                }
-            )
+            a for a in range(mesh.ndim) if any(devices[s][a] != devices[t][a] for s, t in pairs)
         )
         return Collective(
             CollectiveKind.PERMUTE, axes, current, target, shape, sends * local, pairs=tuple(pairs)
