@@ -1,0 +1,580 @@
+"""The MLIR text of a sharded program: one printer, one parser, two spellings.
+
+`dialect="mesh"` is seed 003's spelling, `dialect="shard"` upstream LLVM 22's rename of it
+(`mesh.mesh` -> `shard.grid`, `mesh_axes` -> `grid_axes`, `reduction = <max>` -> `max`, and no
+`partial` in `shard.sharding`, so there partial axes ride in its attribute dict). Seed 001's
+MLP on mesh [2] prints, in the mesh spelling, as
+
+    mesh.mesh @mesh0(shape = 2)
+    func.func @mlp(%arg0: tensor<2x4x4xf32>, ...) -> tensor<2x4x4xf32> {
+      %sharding = mesh.sharding @mesh0 split_axes = [[], [], [0]] : !mesh.sharding
+      %sharding_3 = mesh.sharding @mesh0 split_axes = [[]] : !mesh.sharding
+      %x = mesh.shard %arg0 to %sharding : tensor<2x4x4xf32> loc("x")
+      %2 = mesh.all_gather %x on @mesh0 mesh_axes = [0] gather_axis = 2
+        : tensor<2x4x4xf32> -> tensor<2x4x8xf32>
+      %x_1 = mesh.shard %2 to %sharding_3 : tensor<2x4x8xf32> loc("x~1"("x"))
+      %3 = "onnx.MatMul"(%x_1, %w1) {sharding = "[[], [], [0], []]"}
+        : (tensor<2x4x8xf32>, tensor<8x16xf32>) -> tensor<2x4x16xf32> loc("dot1")
+      %h = mesh.shard %3 to %sharding : tensor<2x4x16xf32> loc("h")
+
+Collectives act on per-device tensors (seed 003), so every type is LOCAL: a dim split M ways
+has size K/M when M divides K, else `?` (shards differ). The global shape stays recoverable:
+every tensor is the result of a `mesh.shard` op whose sharding gives the split counts, and a
+sharding with a `?` dim carries `sharded_dims_offsets` (upstream's explicit shard bounds), whose
+last entry per dim is the global size. Names survive tools that renumber SSA values as
+locations: `loc("x~1")` names a tensor (`loc("x~1"("x"))` when its graph value differs) and
+`loc("dot1")` an ONNX node; SSA names are only sanitized hints. ONNX ops are generic
+unregistered ops `"onnx.Type"` (a non-default domain in `onnx_domain`), their sharding option
+a string attribute listing every loop; an absent optional operand is onnx-mlir's
+`"onnx.NoValue"`, an absent result has type `none`.
+
+Upstream has no permute; seed 003's `shift` moves a uniform offset along one axis and
+`send`/`recv` name one in-group peer for every group, while ours move arbitrary device pairs.
+So a permute is spelled like StableHLO's collective_permute, as a generic op of our own
+namespace: `"autoshard.permute"(%x) {mesh = @mesh0, mesh_axes = array<i16: 0>,
+source_target_pairs = dense<[[0, 1], [1, 0]]> : tensor<2x2xi64>}` (linear device indices).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from autoshard.errors import AutoshardError
+from autoshard.ir import dtypes
+from autoshard.ir.graph import Attrs, Op
+from autoshard.ir.mlir_syntax import (
+    NUMPY,
+    Cursor,
+    MlirError,
+    MlirOp,
+    TensorType,
+    attr_dict,
+    attr_text,
+    custom_op,
+    dense_text,
+    generic_op,
+    loc,
+    op_results,
+    quote,
+    refs,
+    signature,
+    statements,
+    symbol,
+    trailing_types,
+    unquote,
+)
+from autoshard.mesh import Mesh
+from autoshard.plan import ShardingOption
+from autoshard.program import Communicate, Compute, Program, Step, Tensor
+from autoshard.reshard import Collective, CollectiveKind, ring_bytes
+from autoshard.sharding import ReductionKind, Sharding, parse_sharding
+
+__all__ = ["COLLECTIVES", "MlirError", "MlirOp", "Module", "parse_module", "print_program"]
+
+DIALECTS = ("mesh", "shard")
+_MESH_OP = {"mesh": "mesh.mesh", "shard": "shard.grid"}
+_AXES = {"mesh": "mesh_axes", "shard": "grid_axes"}
+
+# Collective kind -> its attribute fields after `mesh_axes`, in the dialect's order.
+COLLECTIVES: dict[CollectiveKind, tuple[str, ...]] = {
+    CollectiveKind.ALL_GATHER: ("gather_axis",),
+    CollectiveKind.ALL_SLICE: ("slice_axis",),
+    CollectiveKind.ALL_TO_ALL: ("split_axis", "concat_axis"),
+    CollectiveKind.ALL_REDUCE: ("reduction",),
+    CollectiveKind.REDUCE_SCATTER: ("reduction", "scatter_axis"),
+    CollectiveKind.PERMUTE: ("source_target_pairs",),
+}
+PERMUTE_OP = "autoshard.permute"
+_RESERVED = ("sharding", "onnx_domain")  # op attributes that are not ONNX attributes
+
+
+@dataclass(frozen=True)
+class Module:
+    """A parsed module: its mesh, its function and the ops in order (region bodies skipped)."""
+
+    mesh: Mesh | None
+    func: str | None
+    args: tuple[tuple[str, TensorType | str], ...]
+    ops: tuple[MlirOp, ...]
+    returns: tuple[str, ...]
+
+    @cached_property
+    def _producers(self) -> dict[str, MlirOp]:
+        return {r: op for op in self.ops for r in op.results}
+
+    def defining(self, ssa: str) -> MlirOp | None:
+        return self._producers.get(ssa)
+
+    def users(self, ssa: str) -> list[MlirOp]:
+        return [op for op in self.ops if ssa in op.operands]
+
+    def sharding(self, ssa: str) -> Sharding:
+        """The sharding a `mesh.shard` result (or a `mesh.sharding` result) stands for."""
+        op = self.defining(ssa)
+        if op is not None and op.kind == "shard":
+            op = self.defining(op.operands[1])
+        if op is None or op.kind != "sharding":
+            raise MlirError(f"{ssa} is not a sharding nor the result of a shard op")
+        return op.attrs["sharding"]
+
+    def to_program(self) -> Program:
+        """The program a module printed by `print_program` holds."""
+        return _Rebuild(self).program()
+
+
+# ---- printing -------------------------------------------------------------------------------
+
+
+def print_program(
+    program: Program, dialect: str = "mesh", constants: Mapping[str, np.ndarray] | None = None
+) -> str:
+    """The module text of `program`; `constants` override constant values by tensor name."""
+    if dialect not in DIALECTS:
+        raise MlirError(f"unknown dialect {dialect!r}; choose one of {', '.join(DIALECTS)}")
+    return _Printer(program, dialect, dict(constants or {})).module()
+
+
+class _Printer:
+    def __init__(self, program: Program, dialect: str, constants: dict[str, np.ndarray]) -> None:
+        self.p, self.dialect, self.mesh = program, dialect, program.mesh
+        self.constants = {**program.constants, **constants}
+        self.used: set[str] = set()
+        self.ssa: dict[str, str] = {}  # tensor name -> SSA name
+        self.count = 0
+
+    def name(self, hint: str) -> str:
+        base = re.sub(r"[^A-Za-z0-9_$.\-]", "_", hint) or "v"
+        base = "v" + base if base[0].isdigit() else base
+        name, k = base, 0
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return "%" + name
+
+    def local(self, name: str) -> TensorType:
+        t = self.p.tensors[name]
+        return TensorType(_local_dims(t.sharding, self.mesh, t.shape), t.dtype)
+
+    def module(self) -> str:
+        p, mesh = self.p, self.mesh
+        order = [*p.inputs, *p.constants, *(o for s in p.steps for o in s.outputs if o)]
+        texts = dict.fromkeys(self.sharding_text(p.tensors[n]) for n in order)
+        shardings = {text: self.name("sharding") for text in texts}
+        args = [self.name(f"arg{i}") for i in range(len(p.inputs))]
+        body = [f"{ssa} = {text}" for text, ssa in shardings.items()]
+        self.none = self.name("none") if any("" in s.inputs for s in p.steps) else None
+        for arg, name in zip(args, p.inputs, strict=True):
+            body.append(self.shard(arg, name, shardings))
+        if self.none:
+            body.append(f'{self.none} = "onnx.NoValue"() {{value}} : () -> none')
+        for name in p.constants:
+            body += self.constant(name, shardings)
+        for step in p.steps:
+            if isinstance(step, Compute):
+                body += self.compute(step, shardings)
+            else:
+                body += self.communicate(step, shardings)
+        outs = [self.local(n) for n in p.outputs]
+        if outs:
+            refs = ", ".join(self.ssa[n] for n in p.outputs)
+            body.append(f"return {refs} : {', '.join(map(str, outs))}")
+        else:
+            body.append("return")
+        signature = ", ".join(f"{a}: {self.local(n)}" for a, n in zip(args, p.inputs, strict=True))
+        results = ", ".join(map(str, outs))
+        results = results if len(outs) == 1 else f"({results})"
+        names = f" {{axis_names = {attr_text(mesh.axis_names)}}}" if mesh.axis_names else ""
+        shape = "x".join(map(str, mesh.shape))
+        return "\n".join(
+            [
+                f"module {{\n  {_MESH_OP[self.dialect]} @{mesh.name}(shape = {shape}){names}",
+                f"  func.func {symbol(p.name)}({signature}) -> {results} {{",
+                *(f"    {line}" for line in body),
+                "  }\n}\n",
+            ]
+        )
+
+    def sharding_text(self, t: Tensor) -> str:
+        d, sharding = self.dialect, _with_offsets(t.sharding, self.mesh, t.shape)
+        if d == "mesh" or not sharding.partial_axes:
+            return f"{d}.sharding @{self.mesh.name} split_axes = {sharding} : !{d}.sharding"
+        split = dataclasses.replace(sharding, partial_axes=())
+        partial = f'{{partial = "{sharding.partial_type}{list(sharding.partial_axes)}"}}'
+        return f"{d}.sharding @{self.mesh.name} split_axes = {split} {partial} : !{d}.sharding"
+
+    def shard(self, source: str, tensor: str, shardings: dict[str, str]) -> str:
+        t = self.p.tensors[tensor]
+        self.ssa[tensor] = ssa = self.name(tensor)
+        sharding = shardings[self.sharding_text(t)]
+        loc = quote(tensor) + (f"({quote(t.value)})" if t.value != tensor else "")
+        return (
+            f"{ssa} = {self.dialect}.shard {source} to {sharding} : {self.local(tensor)} loc({loc})"
+        )
+
+    def result(self, count: int) -> list[str]:
+        self.count += 1
+        return [f"%{self.count}"] if count == 1 else [f"%{self.count}#{i}" for i in range(count)]
+
+    def constant(self, name: str, shardings: dict[str, str]) -> list[str]:
+        t, value = self.p.tensors[name], np.asarray(self.constants[name])
+        if t.sharding.split_axes or t.sharding.partial_axes:
+            raise MlirError(f"constant {name!r} is held as {t.sharding}; constants are replicated")
+        if value.shape != t.shape or NUMPY.get(value.dtype) != t.dtype:
+            raise MlirError(
+                f"constant {name!r} is {t.dtype}{list(t.shape)} in the program but the value "
+                f"given is {value.dtype}{list(value.shape)}"
+            )
+        (ref,) = self.result(1)
+        typ = self.local(name)
+        line = f'{ref} = "onnx.Constant"() {{value = {dense_text(value)}}} : () -> {typ}'
+        return [line, self.shard(ref, name, shardings)]
+
+    def compute(self, step: Compute, shardings: dict[str, str]) -> list[str]:
+        operands = [self.ssa[n] if n else str(self.none) for n in step.inputs]
+        types = [str(self.local(n)) if n else "none" for n in step.inputs]
+        outs = [str(self.local(n)) if n else "none" for n in step.outputs]
+        refs = self.result(len(step.outputs))
+        head = f"%{self.count}" + (f":{len(refs)}" if len(refs) > 1 else "")
+        op, attrs = step.op, dict(step.op.attrs)
+        clash = [k for k in _RESERVED if k in attrs]
+        if clash:
+            raise MlirError(f"op {op.name!r} has an ONNX attribute named {clash[0]!r}")
+        if step.option is not None:
+            attrs["sharding"] = _loops_text(step.option.loops)
+        if op.domain:
+            attrs["onnx_domain"] = op.domain
+        inner = ", ".join(f"{k} = {attr_text(v, typed=True)}" for k, v in sorted(attrs.items()))
+        dict_text = f" {{{inner}}}" if inner else ""
+        result = outs[0] if len(outs) == 1 else f"({', '.join(outs)})"
+        lines = [
+            f'{head + " = " if outs else ""}"onnx.{op.type}"({", ".join(operands)}){dict_text}'
+            f" : ({', '.join(types)}) -> {result} loc({quote(op.name)})"
+        ]
+        for ref, name in zip(refs, step.outputs, strict=True):
+            if name:
+                lines.append(self.shard(ref, name, shardings))
+        return lines
+
+    def communicate(self, step: Communicate, shardings: dict[str, str]) -> list[str]:
+        """The collective, between `tensor.cast`s where its shards are uneven: upstream types
+        a collective's moved axes only as exact multiples (a gather multiplies by the group
+        size) or as `?` on both sides, so uneven shards are cast to `?` and back."""
+        c, source, lines = step.collective, self.ssa[step.source], []
+        src, dst = self.local(step.source), self.local(step.target)
+        n = self.mesh.group_size(c.mesh_axes)
+        grow = [a for a in (c.gather_axis, c.concat_axis) if a is not None]
+        shrink = [a for a in (c.slice_axis, c.scatter_axis, c.split_axis) if a is not None]
+
+        def exact(axis: int, big: TensorType, small: TensorType) -> bool:
+            b, s = big.shape[axis], small.shape[axis]
+            return b is not None and s is not None and s * n == b
+
+        even = all(exact(a, dst, src) for a in grow) and all(exact(a, src, dst) for a in shrink)
+        src_as, dst_as = src, dst
+        if not even:
+            src_as, dst_as = (_dynamic(t, grow + shrink) for t in (src, dst))
+        if src_as != src:
+            (cast,) = self.result(1)
+            lines.append(f"{cast} = tensor.cast {source} : {src} to {src_as}")
+            source = cast
+        (ref,) = self.result(1)
+        lines.append(f"{ref} = {self.collective(c, source, str(src_as), str(dst_as))}")
+        if dst_as != dst:
+            (cast,) = self.result(1)
+            lines.append(f"{cast} = tensor.cast {ref} : {dst_as} to {dst}")
+            ref = cast
+        return [*lines, self.shard(ref, step.target, shardings)]
+
+    def collective(self, c: Collective, source: str, src: str, dst: str) -> str:
+        d, axes = self.dialect, _AXES[self.dialect]
+        if c.kind is CollectiveKind.PERMUTE:
+            pairs = np.array(c.pairs, np.int64).reshape(len(c.pairs), 2)
+            attrs = f"{d} = @{self.mesh.name}, {axes} = array<i16{_ints(c.mesh_axes, ': ')}>"
+            attrs += f", source_target_pairs = {dense_text(pairs)}"
+            return f'"{PERMUTE_OP}"({source}) {{{attrs}}} : ({src}) -> {dst}'
+        fields = f" {axes} = {list(c.mesh_axes)}"
+        for name in COLLECTIVES[c.kind]:
+            value = getattr(c, name)
+            if name == "reduction":
+                value = f"<{value}>" if d == "mesh" else value
+            fields += f" {name} = {value}"
+        return f"{d}.{c.kind} {source} on @{self.mesh.name}{fields} : {src} -> {dst}"
+
+
+def _dynamic(t: TensorType, axes: list[int]) -> TensorType:
+    return TensorType(tuple(None if a in axes else d for a, d in enumerate(t.shape)), t.dtype)
+
+
+def _ints(values: tuple[int, ...], lead: str = "") -> str:
+    return lead + ", ".join(map(str, values)) if values else ""
+
+
+def _loops_text(loops: tuple[tuple[int, ...], ...]) -> str:
+    return "[" + ", ".join(f"[{_ints(a)}]" for a in loops) + "]"
+
+
+def _local_dims(sharding: Sharding, mesh: Mesh, shape: tuple[int, ...]) -> tuple[int | None, ...]:
+    if sharding.halo_sizes:
+        raise MlirError(f"sharding {sharding} has halos; the printer does not express them")
+    if sharding.sharded_dims_offsets:
+        per_device = [sharding.local_shape(mesh, shape, d) for d in mesh.devices()]
+        sizes = [set(dim) for dim in zip(*per_device, strict=True)]
+        return tuple(s.pop() if len(s) == 1 else None for s in sizes)
+    counts = [sharding.shard_count(mesh, d) for d in range(len(shape))]
+    return tuple(k // m if k % m == 0 else None for k, m in zip(shape, counts, strict=True))
+
+
+def _ceil_offsets(sharding: Sharding, mesh: Mesh, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """`sharded_dims_offsets` of the ceil-sized shards: 5 split 2 ways -> [0, 3, 5]."""
+    out: list[int] = []
+    for dim in sharding.sharded_dims:
+        size, count = shape[dim], sharding.shard_count(mesh, dim)
+        step = -(-size // count)
+        out += [min(s * step, size) for s in range(count)] + [size]
+    return tuple(out)
+
+
+def _with_offsets(sharding: Sharding, mesh: Mesh, shape: tuple[int, ...]) -> Sharding:
+    if sharding.sharded_dims_offsets or None not in _local_dims(sharding, mesh, shape):
+        return sharding
+    offsets = _ceil_offsets(sharding, mesh, shape)
+    return dataclasses.replace(sharding, sharded_dims_offsets=offsets)
+
+
+# ---- parsing --------------------------------------------------------------------------------
+
+
+def parse_module(text: str) -> Module:
+    """Read MLIR text: a whole module, or a fragment of ops like seed 003's examples."""
+    mesh: Mesh | None = None
+    func: str | None = None
+    args: tuple[tuple[str, TensorType | str], ...] = ()
+    ops: list[MlirOp] = []
+    returns: tuple[str, ...] = ()
+    defined: set[str] = set()
+    for statement in statements(text):
+        c = Cursor(statement)
+        head = c.peek()
+        if head in ("module", "}") or head.startswith("^"):
+            continue
+        if head in ("mesh.mesh", "shard.grid"):
+            mesh = _mesh(statement, c)
+        elif head == "func.func":
+            func, args = signature(c)
+        elif head in ("return", "func.return"):
+            c.take()
+            returns = tuple(refs(c))
+        else:
+            ops.append(_op(c, defined))
+            defined.update(ops[-1].results)
+        defined.update(ssa for ssa, _ in args)
+    return Module(mesh, func, args, tuple(ops), returns)
+
+
+def _mesh(statement: str, c: Cursor) -> Mesh:
+    match = re.match(r"\s*\S+\s+@([\w$.]+)\s*\(\s*shape\s*=\s*([\dx?]+)\s*\)\s*(.*)$", statement)
+    if match is None:
+        c.fail("expected `mesh.mesh @name(shape = 2x2)`")
+    if "?" in match.group(2):
+        c.fail("a dynamic mesh axis '?' cannot be planned")
+    names: tuple[str, ...] = ()
+    if match.group(3).startswith("{"):
+        names = attr_dict(Cursor(match.group(3))).get("axis_names", ())
+    return Mesh(tuple(int(s) for s in match.group(2).split("x")), names, match.group(1))
+
+
+def _op(c: Cursor, defined: set[str]) -> MlirOp:
+    results = op_results(c)
+    name = c.take()
+    if name.startswith('"'):
+        op = generic_op(c, unquote(name), results)
+        if op.name == PERMUTE_OP:
+            return dataclasses.replace(op, attrs={_field(k): v for k, v in op.attrs.items()})
+        return op
+    dialect, _, kind = name.partition(".")
+    if dialect in DIALECTS and kind == "sharding":
+        return _sharding_op(c, name, results)
+    if dialect in DIALECTS and (kind == "shard" or c.peek(1) == "on"):
+        operand = c.take()
+        attrs: dict[str, Any] = {}
+        if kind == "shard":
+            c.take("to")
+            operands: tuple[str, ...] = (operand, c.take())
+            attrs["annotate_for_users"] = c.accept("annotate_for_users")
+        else:
+            operands = (operand,)
+            c.take("on")
+            attrs["mesh"] = c.take()[1:]
+            while c.peek() not in ("", ":", "{"):
+                key = c.take()
+                attrs[_field(key)] = _field_value(c) if c.accept("=") else True
+        attrs.update(attr_dict(c) if c.peek() == "{" else {})
+        types = trailing_types(c)
+        return MlirOp(name, results, operands, attrs, types, loc(c))
+    return custom_op(c, name, results, defined)
+
+
+def _field(key: str) -> str:
+    return {"grid_axes": "mesh_axes", "grid": "mesh"}.get(key, key)
+
+
+def _field_value(c: Cursor) -> Any:
+    if c.peek() == "[":
+        c.take()
+        values = []
+        while not c.accept("]"):
+            values.append(int(c.take()))
+            c.accept(",")
+        return tuple(values)
+    if c.accept("<"):
+        value = c.take()
+        c.take(">")
+        return value
+    token = c.take()
+    return int(token) if re.fullmatch(r"[-+]?\d+", token) else token
+
+
+def _sharding_op(c: Cursor, name: str, results: tuple[str, ...]) -> MlirOp:
+    start = c.at
+    mesh = c.take()[1:]
+    c.take("split_axes")
+    c.take("=")
+    body: list[str] = []
+    while c.peek() not in ("", ":", "{"):
+        body.append(c.take())
+    extra = attr_dict(c) if c.peek() == "{" else {}
+    if "partial" in extra:
+        body += ["partial", "=", extra["partial"]]
+    try:
+        sharding = parse_sharding(" ".join(body))[1]
+    except AutoshardError as error:
+        raise MlirError(f"{' '.join(c.tokens[start - 1 : c.at])}: {error}") from None
+    trailing_types(c)
+    return MlirOp(name, results, (), {"mesh": mesh, "sharding": sharding}, (), loc(c))
+
+
+# ---- back to a program ----------------------------------------------------------------------
+
+
+class _Rebuild:
+    """A module printed by `print_program` -> the Program: shard ops name the tensors."""
+
+    def __init__(self, module: Module) -> None:
+        if module.mesh is None or module.func is None:
+            raise MlirError("the module has no mesh or no function; it is not a program")
+        self.m, self.mesh = module, module.mesh
+        self.tensors: dict[str, Tensor] = {}
+        self.names: dict[str, str] = {}  # SSA value (raw or annotated) -> tensor name
+        self.none = {r for op in module.ops if op.name == "onnx.NoValue" for r in op.results}
+        for op in module.ops:
+            if op.kind == "shard" and op.name.split(".")[0] in DIALECTS:
+                self.tensor(op)
+        for op in module.ops:  # casts around uneven collectives view the same tensor
+            if op.name == "tensor.cast":
+                (result,), (operand,) = op.results, op.operands
+                if result in self.names:
+                    self.names[operand] = self.names[result]
+                elif operand in self.names:
+                    self.names[result] = self.names[operand]
+
+    def tensor(self, op: MlirOp) -> None:
+        typ = op.result_types[0]
+        sharding = self.m.sharding(op.operands[1])
+        if not isinstance(typ, TensorType):
+            raise MlirError(f"{op.results[0]} is a {typ}, not a tensor")
+        shape = _global_shape(sharding, self.mesh, typ.shape, op.results[0])
+        if sharding.sharded_dims_offsets == _ceil_offsets(sharding, self.mesh, shape):
+            sharding = dataclasses.replace(sharding, sharded_dims_offsets=())
+        name = op.loc[0] if op.loc else op.results[0][1:]
+        value = op.loc[1] if len(op.loc) > 1 else name
+        self.tensors[name] = Tensor(name, value, shape, typ.dtype, sharding)
+        self.names[op.results[0]] = self.names[op.operands[0]] = name
+
+    def name(self, ssa: str) -> str:
+        if ssa not in self.names:
+            raise MlirError(f"{ssa} is not named by a shard op; the module is not a program")
+        return self.names[ssa]
+
+    def program(self) -> Program:
+        m, steps, constants = self.m, list[Step](), {}
+        for op in m.ops:
+            if op.name == "onnx.Constant":
+                constants[self.name(op.results[0])] = np.asarray(op.attrs["value"])
+            elif op.name.startswith("onnx.") and op.name != "onnx.NoValue":
+                steps.append(self.compute(op))
+            elif op.name == PERMUTE_OP or (
+                op.kind in map(str, CollectiveKind) and "mesh" in op.attrs
+            ):
+                steps.append(self.communicate(op))
+        inputs = tuple(self.name(ssa) for ssa, _ in m.args)
+        unruled = tuple(s.op.name for s in steps if isinstance(s, Compute) and s.option is None)
+        outputs = tuple(self.name(r) for r in m.returns)
+        return Program(
+            m.func or "", self.mesh, self.tensors, inputs, outputs, tuple(steps), constants, unruled
+        )
+
+    def compute(self, op: MlirOp) -> Compute:
+        attrs = {k: v for k, v in op.attrs.items() if k not in _RESERVED}
+        inputs = tuple("" if r in self.none else self.name(r) for r in op.operands)
+        outputs = tuple(
+            "" if t == "none" else self.name(r)
+            for r, t in zip(op.results, op.result_types, strict=True)
+        )
+        name = op.loc[0] if op.loc else (op.results or ("",))[0][1:]
+        node = Op(name, op.kind, op.attrs.get("onnx_domain", ""), inputs, outputs, Attrs(attrs))
+        option = None
+        if "sharding" in op.attrs:
+            text = op.attrs["sharding"]
+            option = ShardingOption.parse(text, len(re.findall(r"\[[^\[\]]*\]", text)))
+        return Compute(node, option)
+
+    def communicate(self, op: MlirOp) -> Communicate:
+        source, target = self.name(op.operands[0]), self.name(op.results[0])
+        src, dst = self.tensors[source], self.tensors[target]
+        kind = CollectiveKind.PERMUTE if op.name == PERMUTE_OP else CollectiveKind(op.kind)
+        fields: dict[str, Any] = {}
+        for name in COLLECTIVES[kind]:
+            value = op.attrs.get(name, "sum" if name == "reduction" else None)
+            if name == "reduction":
+                fields[name] = ReductionKind(value)
+            elif name == "source_target_pairs":
+                fields["pairs"] = tuple(tuple(int(x) for x in p) for p in np.asarray(value))
+            else:
+                fields[name] = value
+        axes = tuple(op.attrs.get("mesh_axes", ()))
+        local = dtypes.nbytes(src.dtype, 1)  # the largest local shard, as reshard counts it
+        for dim, size in enumerate(src.shape):
+            local *= -(-size // src.sharding.shard_count(self.mesh, dim))
+        if kind is CollectiveKind.PERMUTE:
+            sources = [s for s, _ in fields["pairs"]]
+            sent = max((sources.count(s) for s in sources), default=0) * local
+        else:
+            sent = ring_bytes(kind, self.mesh.group_size(axes), local)
+        collective = Collective(kind, axes, src.sharding, dst.sharding, src.shape, sent, **fields)
+        return Communicate(source, target, collective)
+
+
+def _global_shape(
+    sharding: Sharding, mesh: Mesh, local: tuple[int | None, ...], where: str
+) -> tuple[int, ...]:
+    offsets, at, shape = sharding.sharded_dims_offsets, 0, []
+    for dim, size in enumerate(local):
+        count = sharding.shard_count(mesh, dim)
+        if sharding.axes_of(dim) and offsets:
+            at += count + 1
+            shape.append(offsets[at - 1])
+        elif size is None:
+            raise MlirError(
+                f"dim {dim} of {where} is dynamic and its sharding {sharding} has no offsets"
+            )
+        else:
+            shape.append(size * count)
+    return tuple(shape)
