@@ -105,6 +105,11 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     graph = import_onnx(args.model, _dims(args.dim))
     result = propagate(graph, mesh, annotations)
     program = lower(graph, result)
+    if args.emit == "mlir":
+        from autoshard.ir.mlir import print_program
+
+        print(print_program(program, args.dialect), end="")
+        return 0
     data: dict[str, Any] = {**describe(result, graph), "collectives": program.collectives_json()}
     if args.json:
         _emit(data)
@@ -174,6 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     propagate.add_argument("--annotations", metavar="FILE", help="annotations JSON file")
     propagate.add_argument("--json", action="store_true", help="machine-readable output")
+    propagate.add_argument(
+        "--emit",
+        choices=("summary", "mlir"),
+        default="summary",
+        help="mlir: print the sharded program as MLIR instead of the summary",
+    )
+    propagate.add_argument(
+        "--dialect",
+        choices=("mesh", "shard"),
+        default="mesh",
+        help="MLIR spelling for --emit mlir: seed 003's mesh or upstream LLVM 22's shard",
+    )
     propagate.set_defaults(run=cmd_propagate)
 
     reshard = commands.add_parser(
