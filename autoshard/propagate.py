@@ -284,7 +284,9 @@ def propagate(
 def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) -> Plan:
     """Final shardings: each op computes with its option; values are held as produced, unless
     a required result annotation says otherwise; producer-less values (inputs, weights) are
-    held as annotated, else as their first user needs them; constants stay replicated."""
+    held as annotated, else as their first user needs them; constants stay replicated. Graph
+    outputs are returned as annotated for their users, else as held, reduced unless a user
+    required them partial."""
     options: dict[str, ShardingOption | None] = {}
     produced: dict[str, Sharding] = {}
     needs: dict[tuple[str, int], Sharding] = {}
@@ -325,6 +327,12 @@ def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) 
             values[name] = produced[name] = chosen.sharding if chosen else Sharding()
     for i, name in enumerate(graph.outputs):
         mark = state.use.get((RETURN, i))
-        user_mark = mark is not None and mark.source is not Source.PROPAGATED
-        needs[(RETURN, i)] = mark.sharding if mark and user_mark else values[name]
+        if mark is not None and mark.source is not Source.PROPAGATED:
+            needs[(RETURN, i)] = mark.sharding
+        elif name in user and user[name].source is Source.REQUIRED:
+            needs[(RETURN, i)] = values[name]  # held as the user pinned it, partial or not
+        else:
+            # A partial sum is no value to return: a propagated partial output is reduced
+            # (Megatron's MLP ends in the row projection's all_reduce), its splits kept.
+            needs[(RETURN, i)] = Sharding(values[name].split_axes)
     return Plan(mesh, options, values, produced, needs, tuple(unruled))

@@ -23,7 +23,12 @@ Gather on axis a looks rows of `data` up by `indices`. Its loops are the result'
 embedding (Megatron) is expressible; the rule's note "masked_lookup" tells the partitioner the
 local rewrite: a device holding rows [lo, hi) looks up `indices - lo` (negative ids first
 normalized by + size), with ids outside [lo, hi) giving zero rows, and the results are partial
-sums.
+sums. When the indices are a constant that is *block-local* along one of their dims j (split
+both dim j of the indices and the gathered axis into g blocks: every id of block k falls in
+rows block k), dim j and the gathered axis share one parallel loop of size g instead: each
+device's ids all fall in its own rows, the same rewrite finds them, and nothing is partial.
+TorchScript's BERT gathers its [batch·seq, 1] mask by constant ids [batch, 1, 1, seq] so;
+split on the batch, the lookup stays local instead of needing an all_reduce.
 
 Shape, Size, Range and NonZero are registered but return None (computed replicated): Shape and
 Size read only metadata and give tiny results, Range's scalar inputs give a small result whose
@@ -275,14 +280,46 @@ def gather(op: Op, graph: Graph) -> OpRule | None:
     out = _shape(graph, op.outputs[0])
     if out != (*data[:axis], *ids, *data[axis + 1 :]):
         return None
-    gathered = len(out)
-    data_dims = [*range(axis), gathered, *(d - 1 + len(ids) for d in range(axis + 1, len(data)))]
+    rest = [d - 1 + len(ids) for d in range(axis + 1, len(data))]
+    ids_map = IndexingMap.of(*range(axis, axis + len(ids)))
+    values = constant(graph, op.inputs[1])
+    local = _block_local(values, data[axis]) if values is not None else None
+    if local is not None:
+        dim, size = local
+        shared = axis + dim
+        loops = tuple(Loop(size) if k == shared else Loop(d) for k, d in enumerate(out))
+        data_map = IndexingMap.of(*range(axis), shared, *rest)
+        return OpRule(loops, (data_map, ids_map), (_identity(len(out)),), note=MASKED_LOOKUP)
     return OpRule(
         (*parallel(*out), reduction(data[axis])),
-        (IndexingMap.of(*data_dims), IndexingMap.of(*range(axis, axis + len(ids)))),
+        (IndexingMap.of(*range(axis), len(out), *rest), ids_map),
         (_identity(len(out)),),
         note=MASKED_LOOKUP,
     )
+
+
+def _block_local(
+    ids: np.ndarray, rows: int, dims: Sequence[int] | None = None
+) -> tuple[int, int] | None:
+    """(dim j, g) for the largest g > 1 such that cutting dim j of the constant `ids` (one of
+    `dims`, default all) and the `rows` gathered into g blocks, every id of block k is a row
+    of block k; None if no dim has one. Any n dividing g then splits both alike (n blocks are
+    unions of g blocks).
+
+        ids [[0, 1, 2, 3], [4, 5, 6, 7]], rows 8: (0, 2), block 1 reads rows 4..7
+    """
+    ids = np.where(ids < 0, ids + rows, ids)
+    best: tuple[int, int] | None = None
+    for dim in range(ids.ndim) if dims is None else dims:
+        size = ids.shape[dim]
+        for g in range(math.gcd(size, rows), 1, -1):
+            if size % g or rows % g or (best is not None and g <= best[1]):
+                continue
+            block = (np.arange(size) * g // size).reshape((-1,) + (1,) * (ids.ndim - dim - 1))
+            if np.array_equal(np.broadcast_to(block, ids.shape), ids * g // rows):
+                best = (dim, g)
+                break
+    return best
 
 
 @register("GatherElements")
@@ -302,7 +339,11 @@ def gather_elements(op: Op, graph: Graph) -> OpRule | None:
 def gather_nd(op: Op, graph: Graph) -> OpRule | None:
     """data [*batch, *indexed(k), *rest], indices [*batch, *rows, k] -> [*batch, *rows, *rest].
 
-    Batch, row and rest loops are parallel; the k indexed data dims are invalid loops.
+    Batch, row and rest loops are parallel; the k indexed data dims are invalid loops, except
+    where constant indices are block-local (see Gather): an indexed dim whose component of the
+    ids is local to blocks of a row dim shares that row's loop, and the note "masked_lookup"
+    tells the partitioner to subtract the dim's local offset from that component. The dynamo
+    BERT gathers its [batch, seq] mask by constant ids [batch, 1, 1, seq, 2] so.
     """
     data, ids = _shape(graph, op.inputs[0]), _shape(graph, op.inputs[1])
     batch = op.attr("batch_dims", 0)
@@ -314,12 +355,23 @@ def gather_nd(op: Op, graph: Graph) -> OpRule | None:
     if _shape(graph, op.outputs[0]) != (*ids[:-1], *rest):
         return None
     out_rank = len(ids) - 1 + len(rest)
-    loops = (*parallel(*ids[:-1], *rest), *(invalid(d) for d in data[batch : batch + k]))
-    data_map = IndexingMap.of(
-        *range(batch), *range(out_rank, out_rank + k), *range(batch + rows, out_rank)
-    )
+    sizes = [*ids[:-1], *rest]
+    indexed: list[int] = []  # the loop of each indexed data dim
+    values = constant(graph, op.inputs[1])
+    for i, size in enumerate(data[batch : batch + k]):
+        free = [d for d in range(batch, batch + rows) if d not in indexed]
+        local = _block_local(values[..., i], size, free) if values is not None else None
+        if local is None:
+            indexed.append(len(sizes))
+            sizes.append(size)
+        else:  # constant ids local to blocks of a row dim: that row loop indexes this dim too
+            indexed.append(local[0])
+            sizes[local[0]] = local[1]
+    loops = tuple(Loop(n) if j < out_rank else invalid(n) for j, n in enumerate(sizes))
+    data_map = IndexingMap.of(*range(batch), *indexed, *range(batch + rows, out_rank))
     ids_map = IndexingMap.of(*range(batch + rows), None)
-    return OpRule(loops, (data_map, ids_map), (_identity(out_rank),))
+    note = MASKED_LOOKUP if any(j < out_rank for j in indexed) else ""
+    return OpRule(loops, (data_map, ids_map), (_identity(out_rank),), note=note)
 
 
 @register("ScatterND")

@@ -234,7 +234,11 @@ class Oracle:
                 helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(t), None)
                 for n, t in zip(self.case.output_names, self._dtypes, strict=True)
             ]
-            data = {n for n, x, _ in self._named() if isinstance(x, Data)}
+            # Data, and params the rule maps (constant ids) and a split cuts, get symbolic dims.
+            rule = getattr(self, "rule", None)  # hand-built cases run whole before it is set
+            maps = rule.operands if rule is not None else ()
+            mapped = {n for n, m in zip(self.case.input_names, maps, strict=False) if m}
+            data = {n for n, x, _ in self._named() if isinstance(x, Data) or n in mapped}
             inputs = [_info(n, a, n in data) for n, a in feeds.items()]
             model = self.case.model(inputs, [], outputs, attrs)
             options = ort.SessionOptions()
@@ -292,9 +296,35 @@ class Oracle:
         if note == "local_group" and loop == 1:
             key = "group" if "group" in attrs else "num_groups"
             attrs[key] = attrs[key] // DEVICES
-        if note == "masked_lookup" and is_reduction:
+        if note == "masked_lookup" and self.case.op_type == "GatherND":
+            feeds = self._local_nd_ids(feeds, loop, device)
+        elif note == "masked_lookup" and (is_reduction or self._splits_gathered_axis(loop)):
             feeds, post = self._masked_lookup(feeds, device)
         return feeds, attrs, post
+
+    def _splits_gathered_axis(self, loop: int) -> bool:
+        """Constant block-local ids share a parallel loop with the gathered axis: the local
+        ids are rewritten as for a split reduction loop (and all fall in the local rows)."""
+        data_map = self.rule.operands[0]
+        axis = self.case.attrs.get("axis", 0) % len(self.case.inputs[0].shape)  # type: ignore[union-attr]
+        return data_map is not None and data_map.dims[axis] == ((1, loop),)
+
+    def _local_nd_ids(self, feeds: dict[str, np.ndarray], loop: int, device: int):
+        """GatherND's constant block-local ids: the component of each indexed data dim the
+        split loop cuts loses the dim's local offset (all ids then fall in the local block)."""
+        data_map = self.rule.operands[0]
+        full = self.arrays[0]
+        assert data_map is not None and full is not None
+        ids_name = self.case.input_names[1]
+        ids = feeds[ids_name].copy()
+        batch = self.case.attrs.get("batch_dims", 0)
+        for component in range(ids.shape[-1]):
+            dim = batch + component
+            if data_map.dims[dim] == ((1, loop),):
+                rows = full.shape[dim] // DEVICES
+                ids[..., component] -= device * rows
+                assert ((ids[..., component] >= 0) & (ids[..., component] < rows)).all()
+        return {**feeds, ids_name: ids}
 
     def _masked_lookup(self, feeds: dict[str, np.ndarray], device: int):
         data_name, ids_name = self.case.input_names[:2]

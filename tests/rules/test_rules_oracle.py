@@ -196,8 +196,19 @@ SHAPE = [
     ),
     case("Gather-axis1", (D((4, 8, 6)), ids(1, 6, 7, 2, shape=(2, 2))), "p p p p sum", axis=1),
     case("Gather-scalar", (D((8, 6)), ids(5, shape=())), "p sum"),
+    # Constant ids, block-local along their dim 0 (BERT's mask gather): no reduction loop.
+    case("Gather-block-local", (D((8, 6)), Param(np.arange(8).reshape(2, 4))), "p p p"),
+    case(
+        "Gather-block-local-axis1", (D((3, 8)), Param(np.array([[1, 0], [5, 4]]))), "p p p", axis=1
+    ),
     case("GatherElements", (D((4, 6)), ids(*[0, 5, 2, 3] * 4, shape=(4, 4))), "p i", axis=1),
     case("GatherND", (D((4, 6, 8)), ids(0, 3, 1, 2, 2, 0, 3, 1, shape=(2, 4, 1))), "p p p p i"),
+    # Constant ids [r, c] = (2r + c, 2c + r): component 0 local to row blocks, 1 to columns.
+    case(
+        "GatherND-block-local",
+        (D((4, 4)), Param(np.array([[[0, 0], [1, 2]], [[2, 1], [3, 3]]]))),
+        "p p",
+    ),
     case(
         "GatherND-batch",
         (D((2, 6, 8)), ids(0, 5, 1, 2, 4, 0, 3, 1, shape=(2, 4, 1))),
@@ -313,6 +324,24 @@ EXACT = {
         "masked_lookup",
     ),
     "Gather-scalar": ("p(6) sum(8)", ["(d1, d0)", "()"], ["(d0)"], "masked_lookup"),
+    "Gather-block-local": (
+        "p(2) p(4) p(6)",
+        ["(d0, d2)", "(d0, d1)"],
+        ["(d0, d1, d2)"],
+        "masked_lookup",
+    ),
+    "GatherND-block-local": (
+        "p(2) p(2)",
+        ["(d0, d1)", "(d0, d1, 0)"],
+        ["(d0, d1)"],
+        "masked_lookup",
+    ),
+    "Gather-block-local-axis1": (
+        "p(3) p(2) p(2)",
+        ["(d0, d1)", "(d1, d2)"],
+        ["(d0, d1, d2)"],
+        "masked_lookup",
+    ),
     "LayerNormalization": (
         "p(4) p(6) i(8)",
         ["(d0, d1, d2)", "(d2)", "(d2)"],
