@@ -8,9 +8,10 @@ both axes, megatron over axis 1, and dp_tp (batch over 0, weights over 1). Each 
 propagated and materialized; the table gives the collectives by kind, the bytes each device
 sends, the seconds (propagate + materialize) and, for Megatron plans, whether the all_reduces
 are Megatron's pattern: one per vocabulary-split embedding lookup plus one per attention and
-per MLP block (2 per encoder or decoder-only layer, 3 per decoder layer with cross-attention).
-`EXPECTED` holds those counts for the zoo's tiny configs (2 layers each); a data-parallel plan
-must communicate nothing (all_slice is local and free). Not a CI test: the zoo needs torch.
+per MLP (or MoE) block (2 per encoder or decoder-only layer, 3 per decoder layer with
+cross-attention), and for CNNs one per channel-split conv pair. `EXPECTED` holds those counts
+for the zoo's tiny configs (2 layers each); a data-parallel plan must communicate nothing
+(all_slice is local and free). Not a CI test: the zoo needs torch.
 Exit status 1 if any plan fails or misses its expectation.
 """
 
@@ -31,7 +32,6 @@ from autoshard.propagate import propagate
 from autoshard.search.baselines import data_parallel, dp_tp, megatron
 
 DIMS = {"batch": 4, "seq": 8, "dec_seq": 4}
-CNNS = ("resnet", "vgg", "densenet")
 EXPECTED = {  # Megatron all_reduces: lookups + attention blocks + MLP blocks
     "gpt2": 1 + 2 * 2,
     "bert": 1 + 2 * 2,
@@ -39,27 +39,28 @@ EXPECTED = {  # Megatron all_reduces: lookups + attention blocks + MLP blocks
     "vit": 0 + 2 * 2,  # patch embedding is a Conv: no lookup
     "t5": 2 + 2 * 2 + 2 * 3,  # the shared table is looked up by encoder and decoder
     "bart": 2 + 2 * 2 + 2 * 3,
-    "mixtral": 1 + 2 * 2,  # the MoE layer's experts match no pattern (see the report)
+    "mixtral": 1 + 2 * 2,  # the MoE layer: one all_reduce, after the experts
+    "resnet": 2,  # conv1-conv2 of each residual block; stem and shortcut stay whole
+    "vgg": 1 + 1,  # conv0-conv2, and the classifier's Gemm-Relu-Gemm
+    "densenet": 3,  # the 1x1-3x3 bottleneck of each dense layer
 }
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "permute", "all_slice")
 
 
-def plans(graph, name):
+def plans(graph):
     """(mesh, plan label, annotations) for one model."""
     flat, square = Mesh((2,)), Mesh((2, 2))
     yield flat, "dp", lambda: data_parallel(graph, flat)
-    if name not in CNNS:
-        yield flat, "megatron", lambda: megatron(graph, flat, 0)
+    yield flat, "megatron", lambda: megatron(graph, flat, 0)
     yield square, "dp[0,1]", lambda: data_parallel(graph, square, (0, 1))
-    if name not in CNNS:
-        yield square, "megatron@1", lambda: megatron(graph, square, 1)
-        yield square, "dp_tp", lambda: dp_tp(graph, square, 0, 1)
+    yield square, "megatron@1", lambda: megatron(graph, square, 1)
+    yield square, "dp_tp", lambda: dp_tp(graph, square, 0, 1)
 
 
 def run(path: Path, name: str) -> list[dict[str, object]]:
     graph = import_onnx(path, {d: DIMS[d] for d in _dims(path)})
     rows = []
-    for mesh, label, annotate in plans(graph, name):
+    for mesh, label, annotate in plans(graph):
         row: dict[str, object] = {"model": path.stem, "mesh": "x".join(map(str, mesh.shape))}
         row["plan"] = label
         start = time.perf_counter()

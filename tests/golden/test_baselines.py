@@ -6,7 +6,9 @@ import functools
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
 from autoshard.annotations import Annotation
 from autoshard.ir.onnx_import import import_onnx
@@ -186,8 +188,17 @@ def test_mlp_megatron_column_then_row():
     assert collectives(graph, FLAT, annotations) == [("all_reduce", "y")]
 
 
-def test_cnn_matches_no_megatron_pattern():
-    assert megatron(model("cnn"), FLAT, 0) == []
+def test_cnn_channel_split_convs():
+    # Conv -> BatchNorm -> Relu -> MaxPool -> Conv: output channels, then input channels; the
+    # second conv's result is partial, reduced once. The classifier Gemm stays whole.
+    graph = model("cnn")
+    annotations = megatron(graph, FLAT, 0)
+    assert terse(annotations) == [
+        ("0.weight", "[[0]]"),
+        ("0.bias", "[[0]]"),
+        ("4.weight", "[[], [0]]"),
+    ]
+    assert collectives(graph, FLAT, annotations) == [("all_reduce", "/4/Conv_output_0")]
 
 
 # ---- data parallel and DP x TP ----------------------------------------------------------------
@@ -297,7 +308,12 @@ def device_weights(graph, found):
 
 @pytest.mark.parametrize(
     "name, mesh, plan",
-    [("mlp", FLAT, "megatron"), ("gpt2", FLAT, "megatron"), ("gpt2_dynamo", SQUARE, "dp_tp")],
+    [
+        ("mlp", FLAT, "megatron"),
+        ("gpt2", FLAT, "megatron"),
+        ("gpt2_dynamo", SQUARE, "dp_tp"),
+        ("cnn", SQUARE, "dp_tp"),
+    ],
 )
 def test_megatron_runs_like_the_model(name, mesh, plan):
     partition = pytest.importorskip("autoshard.passes.partition")
@@ -314,3 +330,82 @@ def test_megatron_runs_like_the_model(name, mesh, plan):
     for output, check in report.outputs.items():
         assert check.max_rel_err <= check.tolerance, (output, check)
         assert check.max_replica_err == 0.0, (output, check)
+
+
+# ---- a hand-built attention: weights through Transpose, grouped-query heads -------------------
+
+
+def write_gqa_attention(path):
+    """x [2, 4, 8] -> attention with 4 query heads and 2 key/value heads (each repeated twice,
+    Llama's repeat_kv) of size 2; projections `x @ Transpose(W)` with torch's [out, in] weights;
+    then the output projection and a residual add."""
+    rng = np.random.default_rng(0)
+    f32 = onnx.TensorProto.FLOAT
+    weights = {"wq": (8, 8), "wk": (4, 8), "wv": (4, 8), "wo": (8, 8)}
+    inits = [
+        numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+        for n, s in weights.items()
+    ]
+    ints = {
+        "q_shape": [2, 4, 4, 2],
+        "kv_shape": [2, 4, 2, 2],
+        "axis2": [2],
+        "rep": [2, 2, 2, 4, 2],
+        "heads": [2, 4, 4, 2],
+        "merged": [2, 4, 8],
+    }
+    inits += [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in ints.items()]
+    node = onnx.helper.make_node
+    nodes = [node("Transpose", [w], [f"{w}_t"], perm=[1, 0]) for w in weights]
+    nodes += [node("MatMul", ["x", f"{w}_t"], [f"{w[1]}_proj"]) for w in ("wq", "wk", "wv")]
+    nodes += [
+        node("Reshape", ["q_proj", "q_shape"], ["q_heads"]),
+        node("Transpose", ["q_heads"], ["q"], perm=[0, 2, 1, 3]),
+    ]
+    for t in ("k", "v"):
+        nodes += [
+            node("Reshape", [f"{t}_proj", "kv_shape"], [f"{t}_heads"]),
+            node("Transpose", [f"{t}_heads"], [f"{t}_t"], perm=[0, 2, 1, 3]),
+            node("Unsqueeze", [f"{t}_t", "axis2"], [f"{t}_1"]),
+            node("Expand", [f"{t}_1", "rep"], [f"{t}_rep"]),
+            node("Reshape", [f"{t}_rep", "heads"], [f"{t}_all"]),
+        ]
+    nodes += [
+        node("Transpose", ["k_all"], ["k"], perm=[0, 1, 3, 2]),
+        node("MatMul", ["q", "k"], ["scores"]),
+        node("Softmax", ["scores"], ["probs"], axis=-1),
+        node("MatMul", ["probs", "v_all"], ["ctx"]),
+        node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+        node("Reshape", ["ctx_t", "merged"], ["ctx_m"]),
+        node("MatMul", ["ctx_m", "wo_t"], ["o"]),
+        node("Add", ["x", "o"], ["y"]),
+    ]
+    x = onnx.helper.make_tensor_value_info("x", f32, [2, 4, 8])
+    y = onnx.helper.make_tensor_value_info("y", f32, [2, 4, 8])
+    graph = onnx.helper.make_graph(nodes, "gqa", [x], [y], inits)
+    opset = onnx.helper.make_opsetid("", 17)
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[opset], ir_version=10), path)
+    return path
+
+
+def test_grouped_query_attention_through_transposed_weights(tmp_path):
+    path = write_gqa_attention(tmp_path / "gqa.onnx")
+    graph = import_onnx(path)
+    annotations = megatron(graph, FLAT, 0)
+    # [out, in] weights behind a Transpose: Q, K, V split on dim 0 (output), O on dim 1 (input).
+    assert terse(annotations) == [
+        ("wq", "[[0]]"),
+        ("wk", "[[0]]"),
+        ("wv", "[[0]]"),
+        ("wo", "[[], [0]]"),
+    ]
+    assert collectives(graph, FLAT, annotations) == [("all_reduce", "o")]
+    # On 4 devices the 2 key/value heads do not divide: the whole block is left alone.
+    assert megatron(graph, Mesh((4,)), 0) == []
+    partition = pytest.importorskip("autoshard.passes.partition")
+    verify = pytest.importorskip("autoshard.verify")
+    found = program(graph, FLAT, annotations)
+    report = verify.verify(
+        partition.partition(found, graph), graph, path, device_weights(graph, found)
+    )
+    assert report.outputs["y"].max_rel_err <= report.outputs["y"].tolerance
