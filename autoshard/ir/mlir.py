@@ -159,6 +159,11 @@ class _Printer:
         self.used.add(name)
         return "%" + name
 
+    def ref(self, tensor: str) -> str:
+        if tensor not in self.ssa:
+            raise MlirError(f"program {self.p.name!r} reads tensor {tensor!r} before defining it")
+        return self.ssa[tensor]
+
     def local(self, name: str) -> TensorType:
         t = self.p.tensors[name]
         return TensorType(_local_dims(t.sharding, self.mesh, t.shape), t.dtype)
@@ -184,7 +189,7 @@ class _Printer:
                 body += self.communicate(step, shardings)
         outs = [self.local(n) for n in p.outputs]
         if outs:
-            refs = ", ".join(self.ssa[n] for n in p.outputs)
+            refs = ", ".join(self.ref(n) for n in p.outputs)
             body.append(f"return {refs} : {', '.join(map(str, outs))}")
         else:
             body.append("return")
@@ -238,7 +243,7 @@ class _Printer:
         return [line, self.shard(ref, name, shardings)]
 
     def compute(self, step: Compute, shardings: dict[str, str]) -> list[str]:
-        operands = [self.ssa[n] if n else str(self.none) for n in step.inputs]
+        operands = [self.ref(n) if n else str(self.none) for n in step.inputs]
         types = [str(self.local(n)) if n else "none" for n in step.inputs]
         outs = [str(self.local(n)) if n else "none" for n in step.outputs]
         refs = self.result(len(step.outputs))
@@ -267,7 +272,7 @@ class _Printer:
         """The collective, between `tensor.cast`s where its shards are uneven: upstream types
         a collective's moved axes only as exact multiples (a gather multiplies by the group
         size) or as `?` on both sides, so uneven shards are cast to `?` and back."""
-        c, source, lines = step.collective, self.ssa[step.source], []
+        c, source, lines = step.collective, self.ref(step.source), []
         src, dst = self.local(step.source), self.local(step.target)
         n = self.mesh.group_size(c.mesh_axes)
         grow = [a for a in (c.gather_axis, c.concat_axis) if a is not None]
