@@ -138,6 +138,9 @@ def print_program(
     """The module text of `program`; `constants` override constant values by tensor name."""
     if dialect not in DIALECTS:
         raise MlirError(f"unknown dialect {dialect!r}; choose one of {', '.join(DIALECTS)}")
+    unknown = sorted(set(constants or {}) - set(program.constants))
+    if unknown:
+        raise MlirError(f"{unknown[0]!r} is not a constant of program {program.name!r}")
     return _Printer(program, dialect, dict(constants or {})).module()
 
 

@@ -269,6 +269,8 @@ def test_constants_override_values():
     assert parse_module(text).to_program().constants["c"].tolist() == [1, 4, 8]
     with pytest.raises(MlirError, match=r"constant 'c' is int64\[3\] in the program but the value"):
         print_program(program, constants={"c": np.array([1, 2], np.int64)})
+    with pytest.raises(MlirError, match="'d' is not a constant of program 'g'"):
+        print_program(program, constants={"d": np.array([1])})
 
 
 SEED_003 = """
