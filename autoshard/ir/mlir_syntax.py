@@ -178,6 +178,8 @@ _TOKEN = re.compile(
     )""",
     re.X | re.A,
 )
+_STRING = r'"(?:[^"\\]|\\.)*"'
+_COMMENT = re.compile(rf"({_STRING})|//.*$")  # a `//` comment, not inside a string
 _STATEMENT = re.compile(r"\s*(%|\"|\^|\}|[A-Za-z_][\w$]*\.[\w.$]+|return\b|module\b)", re.A)
 
 
@@ -186,10 +188,10 @@ def statements(text: str) -> Iterator[str]:
     current: list[str] = []
     depth = 0
     for line in text.splitlines():
-        line = re.sub(r"//.*$", "", line) if '"' not in line else line
+        line = _COMMENT.sub(lambda m: m.group(1) or "", line)
         if not line.strip() or line.strip() == "...":
             continue
-        balance = sum({"{": 1, "}": -1}.get(ch, 0) for ch in re.sub(r'"(?:[^"\\]|\\.)*"', "", line))
+        balance = sum({"{": 1, "}": -1}.get(ch, 0) for ch in re.sub(_STRING, "", line))
         if depth > 0:  # inside an op's region: keep only what follows its closing brace
             depth += balance
             if depth <= 0:
@@ -210,6 +212,8 @@ def statements(text: str) -> Iterator[str]:
 
 
 class Cursor:
+    """The tokens of one statement, read front to back; errors quote the statement."""
+
     def __init__(self, text: str) -> None:
         self.text, self.tokens, self.at = text, [], 0
         position = 0
@@ -296,6 +300,7 @@ def loc(c: Cursor) -> tuple[str, ...]:
 
 
 def signature(c: Cursor) -> tuple[str, tuple[tuple[str, TensorType | str], ...]]:
+    """`func.func @f(%arg0: tensor<...> loc(...), ...)` -> ("f", (("%arg0", type), ...))."""
     c.take("func.func")
     name = unquote(c.take()[1:])
     args = []
@@ -312,11 +317,12 @@ def signature(c: Cursor) -> tuple[str, tuple[tuple[str, TensorType | str], ...]]
 
 
 def refs(c: Cursor) -> list[str]:
-    refs = []
+    """`%a, %b` -> ["%a", "%b"]."""
+    found = []
     while c.peek().startswith("%"):
-        refs.append(c.take())
+        found.append(c.take())
         c.accept(",")
-    return refs
+    return found
 
 
 def op_results(c: Cursor) -> tuple[str, ...]:

@@ -274,7 +274,8 @@ def test_constants_override_values():
 
 
 SEED_003 = """
-mesh.mesh @mesh0(shape = 2x2)
+// The tensor is sharded on its first dimension along axis 0 of @mesh0 and
+mesh.mesh @mesh0(shape = 2x2)  // a "comment" after an op
 ...
 %1 = mesh.all_gather %0 on @mesh0 mesh_axes = [1] gather_axis = 1
   : tensor<2x2xi8> -> tensor<2x4xi8>
