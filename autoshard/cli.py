@@ -150,6 +150,70 @@ def cmd_reshard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _annotations(args: argparse.Namespace) -> list[Any]:
+    from autoshard.annotations import load_annotations, parse_annotate_flag
+
+    annotations = [parse_annotate_flag(a) for a in args.annotate or ()]
+    if args.annotations:
+        annotations += load_annotations(args.annotations)
+    return annotations
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from autoshard.artifacts import Setup, write_partition
+
+    mesh = Mesh.parse(args.mesh)
+    setup = Setup(Path(args.model), mesh, _dims(args.dim), tuple(_annotations(args)))
+    manifest = write_partition(setup, args.out, args.dialect)
+    if args.json:
+        _emit(
+            {k: v for k, v in manifest.items() if k != "devices"}
+            | {
+                "devices": [
+                    {k: v for k, v in d.items() if k != "slices"} for d in manifest["devices"]
+                ]
+            }
+        )
+        return 0
+    devices, collectives = manifest["devices"], manifest["collectives"]
+    print(
+        f"partitioned {args.model} on mesh {mesh} ({len(devices)} devices): "
+        f"{len(collectives)} collectives, {manifest['bytes_per_device']} bytes per device"
+    )
+    if manifest["shape_only"]:
+        print("shape-only model (weight data absent): no weight files written")
+    else:
+        total = sum(d["bytes"] for d in devices)
+        print(f"weights: {len(devices)} files in {args.out}/weights ({total} bytes)")
+    if manifest["spmd"]:
+        print(f"SPMD program: {args.out}/{manifest['spmd']['file']} ({args.dialect} dialect)")
+    print(f"manifest: {args.out}/manifest.json")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from autoshard.artifacts import load_inputs, verify_folder
+
+    inputs = load_inputs(args.inputs) if args.inputs else None
+    report = verify_folder(args.out, args.model, _dims(args.dim), inputs, args.rtol)
+    if args.json:
+        _emit(report.to_json())
+    else:
+        print(f"verify {args.out} on {report.devices} devices: {'ok' if report.ok else 'FAILED'}")
+        for name, check in report.outputs.items():
+            replica = (
+                f", replicas differ by {check.max_replica_err:.3g}" if check.max_replica_err else ""
+            )
+            print(
+                f"  {name}: max abs err {check.max_abs_err:.3g}, max rel err "
+                f"{check.max_rel_err:.3g} (tolerance {check.tolerance:g}){replica}"
+                f"  {'ok' if check.ok else 'FAILED'}"
+            )
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autoshard", description="Auto-sharding planner for ML models.")
     parser.add_argument("--version", action="version", version=f"autoshard {__version__}")
@@ -205,6 +269,52 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reshard.add_argument("--json", action="store_true", help="machine-readable output")
     reshard.set_defaults(run=cmd_reshard)
+
+    partition = commands.add_parser(
+        "partition", help="write each device's program and weights (SPMD IR, safetensors)"
+    )
+    partition.add_argument("model", help="path to an .onnx file")
+    partition.add_argument("--mesh", required=True, help="device mesh, e.g. 2x4")
+    partition.add_argument(
+        "--dim", action="append", type=_dim, metavar="NAME=SIZE", help="bind a symbolic dim"
+    )
+    partition.add_argument(
+        "--annotate",
+        action="append",
+        metavar="VALUE=SHARDING",
+        help="required result annotation, e.g. x='[[0]]' (repeatable)",
+    )
+    partition.add_argument("--annotations", metavar="FILE", help="annotations JSON file")
+    partition.add_argument("-o", "--out", required=True, metavar="OUT", help="output folder")
+    partition.add_argument(
+        "--dialect",
+        choices=("mesh", "shard"),
+        default="mesh",
+        help="MLIR spelling of OUT/spmd.mlir: seed 003's mesh or upstream LLVM 22's shard",
+    )
+    partition.add_argument("--json", action="store_true", help="machine-readable output")
+    partition.set_defaults(run=cmd_partition)
+
+    verify = commands.add_parser(
+        "verify", help="run a partition on all devices and compare with onnxruntime"
+    )
+    verify.add_argument("out", metavar="OUT", help="folder written by autoshard partition")
+    verify.add_argument("--model", required=True, help="the .onnx file it was made from")
+    verify.add_argument(
+        "--dim",
+        action="append",
+        type=_dim,
+        metavar="NAME=SIZE",
+        help="must agree with the partition's dims (they are in its manifest)",
+    )
+    verify.add_argument("--inputs", metavar="NPZ", help="inputs by name (default: seeded random)")
+    verify.add_argument(
+        "--rtol",
+        type=float,
+        help="relative tolerance (default 1e-5 for float32, 1e-2 for 16-bit floats)",
+    )
+    verify.add_argument("--json", action="store_true", help="machine-readable output")
+    verify.set_defaults(run=cmd_verify)
 
     layout = commands.add_parser("layout", help="draw which device holds which part of a tensor")
     layout.add_argument("--mesh", required=True, help="device mesh, e.g. 2x3 or dp=2,tp=3")

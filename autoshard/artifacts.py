@@ -1,0 +1,341 @@
+"""The partition folder `autoshard partition` writes and `autoshard verify` reads.
+
+    OUT/manifest.json                    what verify needs to rebuild the same partition (model
+                                         sha256, mesh, dims, annotations), every weight's
+                                         sharding, per-device files (sha256) and slices, and the
+                                         collectives with their device groups and bytes
+    OUT/weights/device-<k>.safetensors   device k's slice of every initializer, nothing else
+    OUT/spmd.mlir                        the SPMD program (MLIR text, `mesh` or `shard` dialect)
+
+Every file is written to a temporary name and renamed, and nothing in it depends on time or
+on the order a dict happened to be filled: running the command twice gives the same bytes.
+A shape-only model (weight data absent) writes no weight files and says so in the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autoshard.annotations import Annotation, AnnotationError, parse_annotations
+from autoshard.errors import AutoshardError
+from autoshard.ir.graph import Graph
+from autoshard.ir.onnx_import import import_onnx
+from autoshard.mesh import Mesh
+from autoshard.passes.partition import Partitioned, partition
+from autoshard.pipeline import lower
+from autoshard.program import Program
+from autoshard.propagate import propagate
+from autoshard.verify import Report, verify
+from autoshard.weights import (
+    Entry,
+    public_mode,
+    read_safetensors,
+    sha256_file,
+    write_safetensors,
+)
+
+FORMAT = "autoshard-partition/1"
+MANIFEST = "manifest.json"
+SPMD = "spmd.mlir"
+WEIGHTS = "weights"
+DIALECTS = ("mesh", "shard")
+
+
+class PartitionFolderError(AutoshardError):
+    """A partition folder that is missing, malformed, or made from another model or setup."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What determines a partition: the model, the mesh, bound dims and annotations."""
+
+    model: Path
+    mesh: Mesh
+    dims: Mapping[str, int]
+    annotations: tuple[Annotation, ...]
+
+
+@dataclass(frozen=True)
+class Built:
+    graph: Graph
+    program: Program
+    partitioned: Partitioned
+
+
+def build(setup: Setup) -> Built:
+    """Import, propagate, lower (materialize and the CCL passes), partition.
+
+    TODO(lead): `--plan` (issue 5) replaces propagate here.
+    """
+    graph = import_onnx(setup.model, setup.dims)
+    plan = propagate(graph, setup.mesh, setup.annotations)
+    program = lower(graph, plan)
+    return Built(graph, program, partition(program, graph))
+
+
+# ---- writing ----------------------------------------------------------------------------------
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+        os.chmod(temp, public_mode())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _annotation_json(a: Annotation) -> dict[str, object]:
+    return {
+        "value": a.value,
+        "sharding": a.sharding.text(),
+        "required": a.required,
+        "for": "users" if a.for_users else "result",
+    }
+
+
+def _slices_json(region: Sequence[tuple[int, int]]) -> list[list[int]]:
+    return [[a, b] for a, b in region]
+
+
+def print_spmd(built: Built, dialect: str) -> str | None:
+    """The SPMD program as MLIR text, or None while the printer is not there."""
+    try:
+        from autoshard.ir.mlir import print_program  # type: ignore[import-not-found]
+    except ImportError:  # TODO(lead): the MLIR printer (autoshard/ir/mlir.py) is being written
+        return None
+    partitioned = built.partitioned
+    # Device 0's values of the program's rewritten constants (a local rewrite's own constants,
+    # such as a masked lookup's row offset, are not in the program).
+    own = partitioned.devices[0].constants if partitioned.devices else {}
+    constants = {k: v for k, v in own.items() if k in partitioned.program.constants}
+    text: str = print_program(partitioned.program, dialect=dialect, constants=constants)
+    return text
+
+
+def write_partition(setup: Setup, out: str | os.PathLike[str], dialect: str = "mesh") -> dict:
+    """Partition the model as `setup` says and write the folder `out`; return the manifest."""
+    if dialect not in DIALECTS:
+        raise PartitionFolderError(f"unknown dialect {dialect!r}; valid: {', '.join(DIALECTS)}")
+    built = build(setup)
+    graph, partitioned = built.graph, built.partitioned
+    program = partitioned.program
+    folder = Path(out)
+    shape_only = any(not w.has_data for w in graph.weights.values())
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not shape_only:
+            (folder / WEIGHTS).mkdir(exist_ok=True)
+    except OSError as error:
+        raise PartitionFolderError(f"cannot create '{folder}': {error.strerror}") from None
+    names = sorted(graph.weights)
+    devices = []
+    for device in partitioned.devices:
+        slices = {n: partitioned.slices(n, device.index) for n in names}
+        entry: dict[str, Any] = {
+            "index": device.index,
+            "coordinates": list(device.device),
+            "file": None,
+            "sha256": None,
+            "bytes": 0,
+        }
+        if not shape_only and names:
+            file = f"{WEIGHTS}/device-{device.index}.safetensors"
+            entries = [Entry(n, graph.weights[n], slices[n]) for n in names]
+            metadata = {
+                "format": FORMAT,
+                "mesh": str(setup.mesh),
+                "device": str(device.index),
+                "coordinates": ",".join(map(str, device.device)),
+            }
+            digest, size = write_safetensors(folder / file, entries, metadata)
+            entry.update(file=file, sha256=digest, bytes=size)
+        entry["slices"] = {n: _slices_json(slices[n]) for n in names}
+        devices.append(entry)
+    _remove_stale(folder / WEIGHTS, {d["file"] for d in devices})
+    text = print_spmd(built, dialect)
+    if text is not None:
+        write_atomic(folder / SPMD, text.encode())
+    manifest = {
+        "format": FORMAT,
+        "model": {"path": str(setup.model), "sha256": sha256_file(setup.model)},
+        "mesh": {
+            "shape": list(setup.mesh.shape),
+            "axis_names": list(setup.mesh.axis_names),
+            "name": setup.mesh.name,
+        },
+        "dims": dict(sorted(setup.dims.items())),
+        "annotations": [_annotation_json(a) for a in setup.annotations],
+        "shape_only": shape_only,
+        "weights": {
+            n: {
+                "dtype": graph.weights[n].dtype,
+                "shape": list(graph.weights[n].shape),
+                "sharding": program.tensors[n].sharding.text(len(graph.weights[n].shape)),
+            }
+            for n in names
+        },
+        "devices": devices,
+        "collectives": partitioned.collectives_json(),
+        "bytes_per_device": program.bytes_per_device,
+        "spmd": {"file": SPMD, "dialect": dialect} if text is not None else None,
+        "unruled": list(program.unruled),
+    }
+    write_atomic(folder / MANIFEST, manifest_text(manifest).encode())
+    return manifest
+
+
+_FLAT_LIST = re.compile(r"\[\s+([^\[\]{}\"]*?)\s+\]")
+_LIST_OF_FLAT = re.compile(r"\[\s+((?:\[[^\[\]{}\"]*\],?\s*)+?)\s*\]")
+
+
+def manifest_text(manifest: Mapping[str, Any]) -> str:
+    """Indented JSON with lists of numbers, and lists of those, on one line (`[[0, 8], [0, 4]]`)."""
+    text = json.dumps(manifest, indent=1)
+    text = _FLAT_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m[1].split(",")) + "]", text)
+    text = _LIST_OF_FLAT.sub(lambda m: "[" + re.sub(r"\],\s*\[", "], [", m[1].strip()) + "]", text)
+    return text + "\n"
+
+
+def _remove_stale(folder: Path, keep: set[str | None]) -> None:
+    """Weight files of an earlier run on a larger mesh would look like this run's."""
+    for path in folder.glob("device-*.safetensors") if folder.is_dir() else ():
+        if f"{WEIGHTS}/{path.name}" not in keep:
+            path.unlink()
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+
+def read_manifest(out: str | os.PathLike[str]) -> dict[str, Any]:
+    path = Path(out) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PartitionFolderError(
+            f"'{out}' is not a partition folder: no {MANIFEST} (make one with autoshard partition)"
+        ) from None
+    except (OSError, ValueError) as error:
+        raise PartitionFolderError(f"cannot read '{path}': {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise PartitionFolderError(f"'{path}' is not a {FORMAT} manifest")
+    return manifest
+
+
+def setup_of(
+    manifest: Mapping[str, Any], model: str | os.PathLike[str], dims: Mapping[str, int]
+) -> Setup:
+    """The setup a manifest records, for `model` (checked to be the model it was made from);
+    `dims` given again must agree with the recorded ones."""
+    recorded = manifest["model"]["sha256"]
+    try:
+        actual = sha256_file(model)
+    except OSError as error:
+        raise PartitionFolderError(f"cannot read model '{model}': {error.strerror}") from None
+    if actual != recorded:
+        raise PartitionFolderError(
+            f"model '{model}' is not the model this partition was made from "
+            f"({manifest['model']['path']}, sha256 {recorded[:12]}…)"
+        )
+    saved = {k: int(v) for k, v in manifest["dims"].items()}
+    for name, size in dims.items():
+        if saved.get(name) != size:
+            raise PartitionFolderError(
+                f"--dim {name}={size} differs from the partition's {name}={saved.get(name)}; "
+                "partition again to change dims"
+            )
+    mesh_data = manifest["mesh"]
+    mesh = Mesh(tuple(mesh_data["shape"]), tuple(mesh_data["axis_names"]), mesh_data["name"])
+    try:
+        annotations = parse_annotations({"annotations": manifest["annotations"]}, "manifest")
+    except AnnotationError as error:
+        raise PartitionFolderError(str(error)) from None
+    return Setup(Path(model), mesh, saved, annotations)
+
+
+def load_partition(
+    out: str | os.PathLike[str], model: str | os.PathLike[str], dims: Mapping[str, int]
+) -> tuple[Built, Callable[[int], Mapping[str, np.ndarray]], dict[str, Any]]:
+    """Rebuild the partition a folder records and a loader of each device's own weight file
+    (checked against the manifest's sha256 and the rebuilt slices)."""
+    manifest = read_manifest(out)
+    built = build(setup_of(manifest, model, dims))
+    program = built.partitioned.program
+    for name, info in manifest["weights"].items():
+        if name not in program.tensors:
+            raise PartitionFolderError(f"weight {name!r} of the manifest is not in the model")
+        rebuilt = program.tensors[name].sharding.text(len(info["shape"]))
+        if rebuilt != info["sharding"]:
+            raise PartitionFolderError(
+                f"weight {name!r} is sharded {rebuilt} now but {info['sharding']} in the "
+                "manifest; partition again"
+            )
+    if manifest["shape_only"]:
+        raise PartitionFolderError(
+            f"'{out}' is the partition of a shape-only model: there are no weights to run"
+        )
+    devices = manifest["devices"]
+    if len(devices) != len(built.partitioned.devices):
+        raise PartitionFolderError(
+            f"the manifest lists {len(devices)} devices; the mesh has "
+            f"{len(built.partitioned.devices)}"
+        )
+
+    def weights(index: int) -> Mapping[str, np.ndarray]:
+        entry = devices[index]
+        path = Path(out) / entry["file"]
+        if not path.is_file():
+            raise PartitionFolderError(f"device {index}'s weight file '{path}' is missing")
+        if sha256_file(path) != entry["sha256"]:
+            raise PartitionFolderError(
+                f"device {index}'s weight file '{path}' does not match the manifest's sha256"
+            )
+        arrays = read_safetensors(path)
+        for name in manifest["weights"]:
+            want = built.partitioned.devices[index].shapes[name]
+            have = arrays[name].shape if name in arrays else None
+            if have != want:
+                raise PartitionFolderError(
+                    f"device {index}'s weight file has {name!r} as {have}; its slice is {want}"
+                )
+        return arrays
+
+    return built, weights, manifest
+
+
+def verify_folder(
+    out: str | os.PathLike[str],
+    model: str | os.PathLike[str],
+    dims: Mapping[str, int],
+    inputs: Mapping[str, np.ndarray] | None = None,
+    rtol: float | None = None,
+) -> Report:
+    """Rebuild the partition of folder `out`, run it on every device with each device's own
+    weight file, and compare with onnxruntime on `model`."""
+    built, weights, _ = load_partition(out, model, dims)
+    return verify(built.partitioned, built.graph, model, weights, inputs, rtol)
+
+
+def load_inputs(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file, by name."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: np.asarray(data[name]) for name in data.files}
+    except FileNotFoundError:
+        raise PartitionFolderError(f"inputs file '{path}': no such file") from None
+    except (OSError, ValueError) as error:
+        raise PartitionFolderError(
+            f"inputs file '{path}' is not an .npz archive: {error}"
+        ) from None

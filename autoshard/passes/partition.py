@@ -1,0 +1,746 @@
+"""Partition (seed 001, "Sharding Partition"): the sharded program as each device runs it.
+
+A `Program` is SSA over *global* tensors held in shardings. Partitioning gives every device
+(by linear index, seed 003's row-major order) its local program:
+
+- every tensor gets the device's local shape (`Sharding.local_shape`: ceil-sized shards, the
+  last ones smaller or empty; exact, never padded);
+- every collective gets the device group it runs in (`Mesh.device_groups`, seed 003's order);
+- operands and attributes that carry shapes are rewritten to the local ones, as explicit
+  constants (no 0 / -1 of Reshape): Reshape targets, Expand and ConstantOfShape shapes, Resize
+  sizes, Slice bounds on split dims, Squeeze's implicit axes, Conv / GroupNormalization group
+  counts (rule note "local_group");
+- the rule notes that need a local rewrite get one: a vocabulary-split Gather ("masked_lookup")
+  looks up `ids - lo` among its rows [lo, hi) and zeroes the rows it does not hold, giving the
+  partial sums its result sharding says; a bias of a Gemm or Conv whose reduction is split
+  ("bias_once") is added by the first device of each reduction group only.
+
+Replicated constants a user needs split stay replicated on every device; materialization
+already cut them with an `all_slice` (a local slice, no communication).
+
+Worked example (seed 001, MLP on mesh [2]): `x` 2x4x8 held [[], [], [0]] is local 2x4x4 on
+both devices; `all_gather` over mesh axis 0 runs in the single group (0, 1); `dot1` computes
+2x4x16 with W1's local 8x16; `reduce_scatter` gives each device 2x4x4. On mesh [3] the same x
+would be 2x4x3, 2x4x3, 2x4x2.
+
+Splits a local op cannot compute exactly are refused with a `PartitionError` naming the op: a
+reshape whose split loop the device count does not divide (its shards would not be the same
+flat range on both sides), a group count a device's channels do not hold whole, an average of
+uneven shards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from autoshard.errors import AutoshardError
+from autoshard.ir import dtypes
+from autoshard.ir.graph import Attrs, Graph, Op
+from autoshard.mesh import Device, Mesh
+from autoshard.program import Communicate, Compute, Program, Step, Tensor
+from autoshard.reshard import Collective, CollectiveKind
+from autoshard.rules import IteratorType, OpRule, rule_for
+from autoshard.rules.shape import MASKED_LOOKUP, constant, normalize_axes
+from autoshard.sharding import ReductionKind, Sharding, Slice
+
+Shape = tuple[int, ...]
+
+
+class PartitionError(AutoshardError):
+    """A sharded op that no local program computes exactly (the message names the op)."""
+
+
+# ---- the result -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalCompute:
+    """An ONNX op on local tensors; `step` is the index of the program step it implements (a
+    masked lookup is several local ops of one step)."""
+
+    op: Op
+    step: int
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.op.inputs
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return self.op.outputs
+
+
+@dataclass(frozen=True)
+class LocalCollective:
+    """This device's part of a program collective: `group` lists the linear indices of the
+    devices it runs with, in seed 003's group order (its own position is `rank`). A permute
+    has no group: `collective.pairs` says who sends to whom."""
+
+    source: str
+    target: str
+    collective: Collective
+    step: int
+    group: tuple[int, ...]
+    rank: int
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.source,)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.target,)
+
+
+LocalStep = LocalCompute | LocalCollective
+
+
+@dataclass(frozen=True)
+class DeviceProgram:
+    """What one device runs. `shapes` has the local shape of every tensor it names (program
+    tensors, rewritten constants, temporaries of local rewrites); `constants` the values that
+    are this device's own (rewritten shapes, lookup offsets); the program's constants hold for
+    every device."""
+
+    index: int
+    device: Device
+    shapes: Mapping[str, Shape]
+    steps: tuple[LocalStep, ...]
+    constants: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Partitioned:
+    """The partition of `program` (whose shape operands are split out per use, so a rewritten
+    constant has one name per use), one `DeviceProgram` per device in linear order. `dtypes`
+    has the element type of every name a device program uses."""
+
+    program: Program
+    devices: tuple[DeviceProgram, ...]
+    dtypes: Mapping[str, str]
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.program.mesh
+
+    def slices(self, tensor: str, index: int) -> tuple[Slice, ...]:
+        """The region of the global tensor `tensor` device `index` holds."""
+        t = self.program.tensors[tensor]
+        return device_slices(t.sharding, t.shape, self.mesh)[index]
+
+    def collectives_json(self) -> list[dict[str, object]]:
+        """The program's collectives, each with its device groups (linear indices)."""
+        out = self.program.collectives_json()
+        for entry, step in zip(out, self.program.communications, strict=True):
+            entry["groups"] = [list(g) for g in collective_groups(step.collective, self.mesh)]
+        return out
+
+
+# ---- geometry, cached: many tensors share a sharding and shape ---------------------------------
+
+
+@functools.lru_cache(maxsize=65536)
+def device_slices(sharding: Sharding, shape: Shape, mesh: Mesh) -> tuple[tuple[Slice, ...], ...]:
+    """Each device's region of a global tensor, in linear device order."""
+    return tuple(sharding.slices(mesh, shape, d) for d in mesh.devices())
+
+
+@functools.lru_cache(maxsize=65536)
+def local_shapes(sharding: Sharding, shape: Shape, mesh: Mesh) -> tuple[Shape, ...]:
+    """Each device's local shape of a global tensor, in linear device order."""
+    return tuple(tuple(b - a for a, b in region) for region in device_slices(sharding, shape, mesh))
+
+
+@functools.lru_cache(maxsize=1024)
+def collective_groups(collective: Collective, mesh: Mesh) -> tuple[tuple[int, ...], ...]:
+    """The device groups of a collective as linear indices (none for a permute)."""
+    if collective.kind is CollectiveKind.PERMUTE:
+        return ()
+    return tuple(
+        tuple(mesh.linear_index(d) for d in group)
+        for group in mesh.device_groups(collective.mesh_axes)
+    )
+
+
+# ---- the pass ---------------------------------------------------------------------------------
+
+
+def partition(program: Program, graph: Graph) -> Partitioned:
+    """Every device's local program of `program` (see the module docstring).
+
+    `graph` is the graph the program was materialized from: its rules say which loops an op
+    splits (to refuse inexact local ops) and its small initializers hold Slice bounds.
+    """
+    return _Partitioner(program, graph).run()
+
+
+_SHAPE_OPERAND = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0, "Resize": 3}
+"""Op type -> the operand that is the result's shape: rewritten to the local result shape."""
+
+_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+_BIAS = {"Gemm": 2, "Conv": 2}
+"""Op type -> its bias operand, added once per reduction group when the reduction is split."""
+_GROUPS = {"Conv": "group", "GroupNormalization": "num_groups"}
+
+
+class _Partitioner:
+    def __init__(self, program: Program, graph: Graph) -> None:
+        self.program, self.graph, self.mesh = program, graph, program.mesh
+        self.count = self.mesh.size
+        self.tensors: dict[str, Tensor] = dict(program.tensors)
+        self.constants: dict[str, np.ndarray] = dict(program.constants)
+        self.dtypes: dict[str, str] = {n: t.dtype for n, t in program.tensors.items()}
+        self.shapes: list[dict[str, Shape]] = [{} for _ in range(self.count)]
+        self.own: list[dict[str, np.ndarray]] = [{} for _ in range(self.count)]
+        self.steps: list[list[LocalStep]] = [[] for _ in range(self.count)]
+        self.uses: dict[str, int] = {}
+        for step in program.steps:
+            for name in step.inputs:
+                if name:
+                    self.uses[name] = self.uses.get(name, 0) + 1
+        self.step = 0
+
+    # -- helpers --
+
+    def local(self, name: str) -> tuple[Shape, ...]:
+        t = self.tensors[name]
+        return local_shapes(t.sharding, t.shape, self.mesh)
+
+    def sharding(self, name: str) -> Sharding:
+        return self.tensors[name].sharding
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.tensors or name in self.dtypes:
+            name, k = f"{base}~{k}", k + 1
+        return name
+
+    def temporary(self, name: str, dtype: str, shapes: Sequence[Shape]) -> None:
+        """A tensor only device programs have (a local rewrite's intermediate)."""
+        self.dtypes[name] = dtype
+        for k in range(self.count):
+            self.shapes[k][name] = shapes[k]
+
+    def device_constant(
+        self,
+        base: str,
+        dtype: str,
+        values: Sequence[np.ndarray],
+        global_value: np.ndarray | None = None,
+    ) -> str:
+        """A constant every device holds its own value of (one shape everywhere). With a
+        `global_value` the program gets it too, for the program's op that reads it."""
+        name = self.fresh(base)
+        numpy_type = dtypes.numpy_dtype(dtype)
+        if global_value is not None:
+            array = np.asarray(global_value, numpy_type)
+            self.tensors[name] = Tensor(name, name, array.shape, dtype, Sharding())
+            self.constants[name] = array
+        self.dtypes[name] = dtype
+        for k in range(self.count):
+            value = np.asarray(values[k], numpy_type)
+            self.own[k][name] = value
+            self.shapes[k][name] = value.shape
+        return name
+
+    def shared_constant(self, base: str, value: np.ndarray, dtype: str, in_program: bool) -> str:
+        """A constant with one value on every device."""
+        array = np.asarray(value, dtypes.numpy_dtype(dtype))
+        return self.device_constant(
+            base, dtype, [array] * self.count, array if in_program else None
+        )
+
+    def replace_operand(
+        self, op: Op, index: int, values: Sequence[np.ndarray], global_value: np.ndarray
+    ) -> Op:
+        """`op` reading a per-device constant at operand `index`. The operand keeps its name
+        when it is a program constant read only here; else it gets a new one."""
+        old = op.inputs[index] if index < len(op.inputs) else ""
+        if old and old in self.program.constants and self.uses.get(old) == 1:
+            dtype = self.dtypes[old]
+            self.constants[old] = np.asarray(global_value, dtypes.numpy_dtype(dtype))
+            for k in range(self.count):
+                self.own[k][old] = np.asarray(values[k], dtypes.numpy_dtype(dtype))
+            name = old
+        else:
+            suffix = _OPERAND_NAMES.get((op.type, index), f"in{index}")
+            name = self.device_constant(f"{op.name}.{suffix}", "int64", values, global_value)
+        inputs = list(op.inputs) + [""] * (index + 1 - len(op.inputs))
+        inputs[index] = name
+        return dataclasses.replace(op, inputs=tuple(inputs))
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        """The value of a parameter operand known at compile time."""
+        if not name:
+            return None
+        if name in self.constants:
+            return np.asarray(self.constants[name])
+        value = self.tensors[name].value if name in self.tensors else name
+        return constant(self.graph, value)
+
+    def fail(self, op: Op, why: str) -> PartitionError:
+        return PartitionError(f"cannot partition op '{op.name}' ({op.type}): {why}")
+
+    # -- the walk --
+
+    def run(self) -> Partitioned:
+        for name in self.program.tensors:
+            for k, shape in enumerate(self.local(name)):
+                self.shapes[k][name] = shape
+        steps: list[Step] = []
+        for i, step in enumerate(self.program.steps):
+            self.step = i
+            if isinstance(step, Communicate):
+                self.communicate(step)
+                steps.append(step)
+            else:
+                op, per_device = self.compute(step)
+                steps.append(dataclasses.replace(step, op=op))
+                for k in range(self.count):
+                    self.steps[k].extend(LocalCompute(o, i) for o in per_device[k])
+        program = dataclasses.replace(
+            self.program, tensors=self.tensors, steps=tuple(steps), constants=self.constants
+        )
+        devices = tuple(
+            DeviceProgram(
+                k,
+                self.mesh.multi_index(k),
+                MappingProxyType(self.shapes[k]),
+                tuple(self.steps[k]),
+                MappingProxyType(self.own[k]),
+            )
+            for k in range(self.count)
+        )
+        return Partitioned(program, devices, MappingProxyType(self.dtypes))
+
+    def communicate(self, step: Communicate) -> None:
+        groups = collective_groups(step.collective, self.mesh)
+        where: dict[int, tuple[tuple[int, ...], int]] = {}
+        for group in groups:
+            for rank, index in enumerate(group):
+                where[index] = (group, rank)
+        for k in range(self.count):
+            group, rank = where.get(k, ((), -1))
+            self.steps[k].append(
+                LocalCollective(step.source, step.target, step.collective, self.step, group, rank)
+            )
+
+    def compute(self, step: Compute) -> tuple[Op, list[list[Op]]]:
+        """The program's op (shape operands split out) and each device's local ops."""
+        op = step.op
+        self.check(step)
+        if op.type in _SHAPE_OPERAND:
+            op = self.result_shape_operand(op, _SHAPE_OPERAND[op.type])
+        elif op.type == "Slice":
+            op = self.slice_bounds(op)
+        elif op.type == "Squeeze":
+            op = self.squeeze_axes(op)
+        per_device: list[list[Op]] = [[op] for _ in range(self.count)]
+        if op.type in _GROUPS:
+            per_device = [[o] for o in self.local_groups(op)]
+        if op.type in _BIAS:
+            per_device = [[o] for o in self.bias_once(op, [ops[0] for ops in per_device])]
+        if op.type == "Gather":
+            per_device = self.masked_lookup(op)
+        if op.type == "GatherND":
+            per_device = self.local_positions(op)
+        partial = self.sharding(op.outputs[0]).partial_axes if op.outputs[0] else ()
+        for k in range(self.count):
+            per_device[k] = [
+                c for o in per_device[k] for c in self.nothing_to_compute(o, k, bool(partial))
+            ]
+        return op, per_device
+
+    def nothing_to_compute(self, op: Op, k: int, partial: bool) -> list[Op]:
+        """Where a device's shard leaves an op nothing to compute, its results are constants:
+        empty results need no values; a reduction over an empty shard gives the reduction's
+        identity (its partial result). Runtimes need not handle empty tensors in every op."""
+        shapes = self.shapes[k]
+        results = [n for n in op.outputs if n]
+        empty_result = any(0 in shapes[n] for n in results)
+        empty_operand = any(n and 0 in shapes[n] for n in op.inputs)
+        if not empty_result and not (empty_operand and partial):
+            return [op]
+        kind = self.sharding(op.outputs[0]).partial_type
+        out = []
+        for j, name in enumerate(results):
+            shape = self.shapes[k][name]
+            fill = np.zeros(1, dtypes.numpy_dtype(self.dtypes[name]))
+            if 0 not in shape:
+                fill[0] = _identity(kind, fill.dtype)
+            target = f"{op.name}.shape{j}"
+            self.own[k][target] = np.array(shape, np.int64)
+            self.shapes[k][target] = (len(shape),)
+            self.dtypes[target] = "int64"
+            out.append(Op(f"{op.name}/const{j}", "ConstantOfShape", "", (target,), (name,),
+                          Attrs({"value": fill})))  # fmt: skip
+        return out
+
+    # -- checks --
+
+    def check(self, step: Compute) -> None:
+        """Refuse splits whose local op would not be exact (see the module docstring)."""
+        op, option = step.op, step.option
+        if option is None or not any(option.loops):
+            return
+        source = self.graph.op_by_name.get(op.name)
+        rule = rule_for(source, self.graph) if source is not None else None
+        if source is None or rule is None or len(rule.loops) != len(option.loops):
+            return
+        for d, (loop, axes) in enumerate(zip(rule.loops, option.loops, strict=True)):
+            n = self.mesh.group_size(axes)
+            if not axes or loop.size % n == 0:
+                continue
+            if op.type in _RESHAPES and not _same_extent(rule, d, source, self.graph):
+                raise self.fail(
+                    op,
+                    f"loop d{d} of size {loop.size} is split over mesh axes {list(axes)} "
+                    f"({n} devices), which does not divide it; a reshape that merges or splits "
+                    "the dim keeps shards aligned only when the device count divides the loop",
+                )
+            if loop.kind is IteratorType.REDUCTION and loop.reduction is ReductionKind.AVERAGE:
+                raise self.fail(
+                    op,
+                    f"the average over loop d{d} of size {loop.size} is split over mesh axes "
+                    f"{list(axes)} ({n} devices) unevenly; the mean of uneven shards' means is "
+                    "not the mean",
+                )
+
+        if rule.note == MASKED_LOOKUP:
+            self.check_lookup(op, option.loops, rule)
+
+    def check_lookup(self, op: Op, split: tuple[tuple[int, ...], ...], rule: OpRule) -> None:
+        """A lookup whose constant ids are block-local (rules/shape.py) splits the table's
+        gathered dims along with a dim of the ids: the blocks line up only if the split is
+        even (every id of a device's ids then falls in its rows)."""
+        data = rule.operands[0]
+        if data is None:
+            return
+        if op.type == "Gather":
+            axis = op.attr("axis", 0)
+            gathered = [axis % len(data.dims)] if isinstance(axis, int) else []
+        else:
+            batch = op.attr("batch_dims", 0)
+            k = self.tensors[op.inputs[1]].shape[-1]
+            gathered = list(range(batch, batch + k)) if isinstance(batch, int) else []
+        for dim in gathered:
+            loop = data.loop_of(dim)
+            if loop is None or rule.loops[loop].kind is not IteratorType.PARALLEL:
+                continue
+            n = self.mesh.group_size(split[loop])
+            if split[loop] and rule.loops[loop].size % n:
+                raise self.fail(
+                    op,
+                    f"its table dim {dim} and its ids are split together (loop d{loop} of size "
+                    f"{rule.loops[loop].size}) over {n} devices unevenly; the ids' blocks then "
+                    "do not fall in the same device's rows",
+                )
+
+    # -- shape-carrying operands --
+
+    def result_shape_operand(self, op: Op, index: int) -> Op:
+        """Operand `index` becomes each device's local shape of result 0."""
+        if index >= len(op.inputs) or not op.inputs[index]:
+            return op
+        result = op.outputs[0]
+        shapes = self.local(result)
+        global_shape = self.tensors[result].shape
+        if all(s == global_shape for s in shapes):
+            return op
+        values = [np.array(s, np.int64) for s in shapes]
+        op = self.replace_operand(op, index, values, np.array(global_shape, np.int64))
+        if op.type == "Reshape" and any(0 in s for s in shapes):
+            # An explicit 0 (an empty shard) means "copy the input dim" unless allowzero.
+            if self.graph.opset and self.graph.opset < 14:
+                raise self.fail(op, "an empty shard needs Reshape's allowzero (opset >= 14)")
+            op = dataclasses.replace(op, attrs=Attrs({**op.attrs, "allowzero": 1}))
+        return op
+
+    def slice_bounds(self, op: Op) -> Op:
+        """Slice bounds on split dims become [0, local size): the rule only lets a Slice keep
+        whole (step 1, full range) the dims it splits."""
+        data = op.inputs[0]
+        split_dims = self.sharding(data).sharded_dims
+        if not split_dims:
+            return op
+        inputs = [*op.inputs, "", "", ""]
+        starts, ends = self.constant_value(inputs[1]), self.constant_value(inputs[2])
+        rank = len(self.tensors[data].shape)
+        if starts is None or ends is None:
+            raise self.fail(op, "its bounds are not constants but a split dim needs them local")
+        raw_axes = self.constant_value(inputs[3]) if inputs[3] else np.arange(len(starts))
+        axes = normalize_axes([int(a) for a in np.asarray(raw_axes).reshape(-1)], rank)
+        if axes is None:
+            raise self.fail(op, f"axes {np.asarray(raw_axes).tolist()} are out of range")
+        listed = [k for k, a in enumerate(axes) if a in split_dims]
+        if not listed:
+            return op
+        steps = self.constant_value(inputs[4]) if inputs[4] else np.ones(len(axes), np.int64)
+        global_shape = self.tensors[data].shape
+        for k in listed:
+            size = global_shape[axes[k]]
+            start, end, stride = int(starts[k]), int(ends[k]), int(steps[k])  # type: ignore[index]
+            begin = min(max(start + size if start < 0 else start, 0), size)
+            stop = min(max(end + size if end < 0 else end, 0), size)
+            if (begin, stop, stride) != (0, size, 1):
+                raise self.fail(op, f"it slices dim {axes[k]}, which is split")
+        locals_ = self.local(data)
+        new_starts, new_ends = [], []
+        for shape in locals_:
+            s = np.array(starts, np.int64).reshape(-1).copy()
+            e = np.array(ends, np.int64).reshape(-1).copy()
+            for k in listed:
+                s[k], e[k] = 0, shape[axes[k]]
+            new_starts.append(s)
+            new_ends.append(e)
+        g_starts = np.array(starts, np.int64).reshape(-1)
+        g_ends = np.array(ends, np.int64).reshape(-1).copy()
+        for k in listed:
+            g_ends[k] = global_shape[axes[k]]
+        op = self.replace_operand(op, 1, new_starts, g_starts)
+        return self.replace_operand(op, 2, new_ends, g_ends)
+
+    def squeeze_axes(self, op: Op) -> Op:
+        """A Squeeze without axes squeezes every size-1 dim: a split can make a local dim 1,
+        so the global size-1 dims are written out."""
+        if len(op.inputs) > 1 and op.inputs[1] or "axes" in op.attrs:
+            return op
+        data = op.inputs[0]
+        if not self.sharding(data).sharded_dims:
+            return op
+        axes = [d for d, size in enumerate(self.tensors[data].shape) if size == 1]
+        name = self.shared_constant(f"{op.name}.axes", np.array(axes, np.int64), "int64", True)
+        return dataclasses.replace(op, inputs=(data, name))
+
+    # -- rule notes --
+
+    def local_groups(self, op: Op) -> list[Op]:
+        """Conv `group` / GroupNormalization `num_groups`: the groups a device holds."""
+        attr = _GROUPS[op.type]
+        groups = op.attr(attr, 1)
+        x = op.inputs[0]
+        channels = self.tensors[x].shape[1] if len(self.tensors[x].shape) > 1 else 0
+        if not isinstance(groups, int) or groups <= 1 or 1 not in self.sharding(x).sharded_dims:
+            return [op] * self.count
+        per_group = channels // groups
+        out = []
+        for shape in self.local(x):
+            if shape[1] % per_group:
+                raise self.fail(
+                    op,
+                    f"a device holds {shape[1]} of {channels} channels, not whole groups of "
+                    f"{per_group}",
+                )
+            out.append(
+                dataclasses.replace(op, attrs=Attrs({**op.attrs, attr: shape[1] // per_group}))
+            )
+        return out
+
+    def bias_once(self, op: Op, ops: list[Op]) -> list[Op]:
+        """With its reduction split, the bias is added by each reduction group's first device
+        only (the others drop the optional operand): the partial sums then count it once."""
+        index = _BIAS[op.type]
+        partial = self.sharding(op.outputs[0]).partial_axes
+        if not partial or len(op.inputs) <= index or not op.inputs[index]:
+            return ops
+        out = []
+        for k, local_op in enumerate(ops):
+            device = self.mesh.multi_index(k)
+            if any(device[a] for a in partial):
+                local_op = dataclasses.replace(local_op, inputs=local_op.inputs[:index])
+            out.append(local_op)
+        return out
+
+    def masked_lookup(self, op: Op) -> list[list[Op]]:
+        """Gather from a table split along the gathered axis (rule note "masked_lookup").
+
+        A device holding rows [lo, hi) of the V rows computes
+
+            ids'  = (ids < 0 ? ids + V : ids) - lo
+            hit   = 0 <= ids' < hi - lo
+            out   = hit ? Gather(table, hit ? ids' : 0) : 0
+
+        so the devices' results are partial sums of the global lookup. A device holding no rows
+        gets zeros (a Gather from an empty table would fail even where masked). When the result
+        is not partial, the ids are block-local (rules/shape.py): every id of a device falls in
+        its rows, and `out = Gather(table, ids')` is all it takes.
+        """
+        data, ids = op.inputs[0], op.inputs[1]
+        rank = len(self.tensors[data].shape)
+        axis = op.attr("axis", 0)
+        assert isinstance(axis, int)
+        axis %= rank
+        if not self.sharding(data).axes_of(axis):
+            return [[op] for _ in range(self.count)]
+        out = op.outputs[0]
+        vocab = self.tensors[data].shape[axis]
+        id_type, table_type = self.dtypes[ids], self.dtypes[data]
+        regions = device_slices(self.sharding(data), self.tensors[data].shape, self.mesh)
+        bounds = [region[axis] for region in regions]
+        out_shapes, id_shapes = self.local(out), self.local(ids)
+        base = op.name
+        # The rewrite's constants are the devices' own: the program keeps its one Gather.
+        lo = self.device_constant(f"{base}.lo", id_type, [np.array(a) for a, _ in bounds])
+        scalar = functools.partial(self.shared_constant, dtype=id_type, in_program=False)
+        zero, size = scalar(f"{base}.zero", np.array(0)), scalar(f"{base}.vocab", np.array(vocab))
+        t = {
+            key: self.fresh(f"{out}.{key}")
+            for key in ("negative", "wrapped", "normal", "shifted", "low", "high", "hit",
+                        "safe", "rows_read", "mask")
+        }  # fmt: skip
+        for key in ("negative", "low", "high", "hit"):
+            self.temporary(t[key], "bool", id_shapes)
+        for key in ("wrapped", "normal", "shifted", "safe"):
+            self.temporary(t[key], id_type, id_shapes)
+
+        def node(suffix: str, kind: str, inputs: Sequence[str], output: str, **attrs: object) -> Op:
+            return Op(f"{base}/{suffix}", kind, "", tuple(inputs), (output,), attrs)  # type: ignore[arg-type]
+
+        lookup = [
+            node("negative", "Less", (ids, zero), t["negative"]),
+            node("wrap", "Add", (ids, size), t["wrapped"]),
+            node("normal", "Where", (t["negative"], t["wrapped"], ids), t["normal"]),
+            node("shift", "Sub", (t["normal"], lo), t["shifted"]),
+        ]
+        if not self.sharding(out).partial_axes:
+            lookup.append(node("gather", "Gather", (data, t["shifted"]), out, axis=axis))
+            return [lookup] * self.count
+        self.temporary(t["rows_read"], table_type, out_shapes)
+        rows = self.device_constant(f"{base}.rows", id_type, [np.array(b - a) for a, b in bounds])
+        lookup += [
+            node("low", "GreaterOrEqual", (t["shifted"], zero), t["low"]),
+            node("high", "Less", (t["shifted"], rows), t["high"]),
+            node("hit", "And", (t["low"], t["high"]), t["hit"]),
+            node("safe", "Where", (t["hit"], t["shifted"], zero), t["safe"]),
+            node("gather", "Gather", (data, t["safe"]), t["rows_read"], axis=axis),
+        ]
+        mask = t["hit"]
+        id_rank = len(self.tensors[ids].shape)
+        unsqueeze = [*range(axis), *range(axis + id_rank, rank - 1 + id_rank)]
+        if unsqueeze:  # the hit mask broadcast over the looked-up rows
+            mask = t["mask"]
+            shapes = [(1,) * axis + shape + (1,) * (rank - axis - 1) for shape in id_shapes]
+            self.temporary(mask, "bool", shapes)
+            axes = scalar(f"{base}.mask_axes", np.array(unsqueeze), dtype="int64")
+            lookup.append(node("mask", "Unsqueeze", (t["hit"], axes), mask))
+        if table_type == "bool":  # (onnxruntime has no boolean Where)
+            lookup.append(node("select", "And", (mask, t["rows_read"]), out))
+        else:
+            nothing = scalar(f"{base}.nothing", np.array(0), dtype=table_type)
+            lookup.append(node("select", "Where", (mask, t["rows_read"], nothing), out))
+        if all(b > a for a, b in bounds):
+            return [lookup] * self.count
+        out_shape = self.device_constant(
+            f"{base}.out_shape", "int64", [np.array(s, np.int64) for s in out_shapes]
+        )
+        zeros = np.zeros((1,), dtypes.numpy_dtype(table_type))
+        empty = [node("zeros", "ConstantOfShape", (out_shape,), out, value=zeros)]
+        return [lookup if b > a else empty for a, b in bounds]
+
+    def local_positions(self, op: Op) -> list[list[Op]]:
+        """GatherND whose indexed data dims are split (rule note "masked_lookup": constant ids
+        local to blocks of a row dim): each device subtracts its rows' start from that
+        component of the ids, after normalizing negative ids by the dim's size.
+
+            ids'  = (ids < 0 ? ids + sizes : ids) - starts       (per component, last dim)
+            out   = GatherND(data, ids')
+        """
+        data, ids = op.inputs[0], op.inputs[1]
+        batch = op.attr("batch_dims", 0)
+        assert isinstance(batch, int)
+        k = self.tensors[ids].shape[-1]
+        indexed = range(batch, batch + k)
+        sharding = self.sharding(data)
+        if not any(sharding.axes_of(d) for d in indexed):
+            return [[op] for _ in range(self.count)]
+        shape = self.tensors[data].shape
+        regions = device_slices(sharding, shape, self.mesh)
+        id_type, base = self.dtypes[ids], op.name
+        starts = self.device_constant(
+            f"{base}.starts", id_type, [np.array([r[d][0] for d in indexed]) for r in regions]
+        )
+        sizes = self.shared_constant(
+            f"{base}.sizes", np.array([shape[d] for d in indexed]), id_type, False
+        )
+        zero = self.shared_constant(f"{base}.zero", np.array(0), id_type, False)
+        t = {key: self.fresh(f"{ids}.{key}") for key in ("negative", "wrapped", "normal", "local")}
+        id_shapes = self.local(ids)
+        self.temporary(t["negative"], "bool", id_shapes)
+        for key in ("wrapped", "normal", "local"):
+            self.temporary(t[key], id_type, id_shapes)
+
+        def node(suffix: str, kind: str, inputs: Sequence[str], output: str) -> Op:
+            return Op(f"{base}/{suffix}", kind, "", tuple(inputs), (output,))
+
+        rewritten = [
+            node("negative", "Less", (ids, zero), t["negative"]),
+            node("wrap", "Add", (ids, sizes), t["wrapped"]),
+            node("normal", "Where", (t["negative"], t["wrapped"], ids), t["normal"]),
+            node("local", "Sub", (t["normal"], starts), t["local"]),
+            dataclasses.replace(op, inputs=(data, t["local"], *op.inputs[2:])),
+        ]
+        return [rewritten] * self.count
+
+
+def _identity(kind: ReductionKind, dtype: np.dtype) -> object:
+    """The value a reduction of nothing gives (what an empty shard contributes)."""
+    if kind in (ReductionKind.MAX, ReductionKind.MIN):
+        if dtype.kind == "f":
+            low, high = -np.inf, np.inf
+        elif dtype.kind in "iu":
+            low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
+        else:
+            low, high = False, True
+        return low if kind is ReductionKind.MAX else high
+    if kind is ReductionKind.PRODUCT:
+        return 1
+    if kind is ReductionKind.BITWISE_AND:
+        return True if dtype.kind == "b" else ~dtype.type(0)
+    return 0
+
+
+def _same_extent(rule: OpRule, loop: int, op: Op, graph: Graph) -> bool:
+    """Does reshape loop `loop` index an input dim and an output dim of the same size? Then
+    any split, even or not, gives both the same rows (the dim is carried over unchanged)."""
+    operand, result = rule.operands[0], rule.results[0]
+    if operand is None:
+        return False
+    inputs = [d for d in range(len(operand.dims)) if operand.loop_of(d) == loop]
+    outputs = [d for d in range(len(result.dims)) if result.loop_of(d) == loop]
+    if len(inputs) != 1 or len(outputs) != 1:
+        return False
+    a = graph.values[op.inputs[0]].shape[inputs[0]]
+    return a == graph.values[op.outputs[0]].shape[outputs[0]]
+
+
+_OPERAND_NAMES: dict[tuple[str, int], str] = {
+    ("Reshape", 1): "shape",
+    ("Expand", 1): "shape",
+    ("ConstantOfShape", 0): "shape",
+    ("Resize", 3): "sizes",
+    ("Slice", 1): "starts",
+    ("Slice", 2): "ends",
+}
+
+
+def summary(partitioned: Partitioned) -> dict[str, object]:
+    """Counts for a one-line report: devices, local ops, collectives, rewritten constants."""
+    program = partitioned.program
+    return {
+        "devices": len(partitioned.devices),
+        "steps": len(program.steps),
+        "collectives": sum(1 for _ in program.communications),
+        "bytes_per_device": program.bytes_per_device,
+        "local_ops": max((len(d.steps) for d in partitioned.devices), default=0),
+        "device_constants": len(partitioned.devices[0].constants) if partitioned.devices else 0,
+        "largest_local_tensor": max(
+            (math.prod(s) for d in partitioned.devices for s in d.shapes.values()), default=0
+        ),
+    }
