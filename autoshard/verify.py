@@ -326,7 +326,7 @@ class _Executor:
         for k in range(len(plans[0])):
             for device, plan, env in zip(partitioned.devices, plans, envs, strict=True):
                 segment = plan[k]
-                if not segment.ops:
+                if not segment.outputs:  # nothing, or nothing anyone reads
                     continue
                 session = self.session(device, segment)
                 feed = {n: env[n] for n in segment.inputs}
@@ -411,16 +411,19 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(diff.max())
 
 
-def compare(actual: np.ndarray, expected: np.ndarray, tolerance: float) -> OutputCheck:
+def compare(
+    actual: np.ndarray, expected: np.ndarray, tolerance: float, replica: float = 0.0
+) -> OutputCheck:
+    """Errors of `actual` against `expected`, relative to the largest finite |expected|;
+    `replica` (the largest difference between devices holding the same shard) likewise."""
     if actual.shape != expected.shape:
         raise VerifyError(
             f"reassembled shape {list(actual.shape)} differs from the reference "
             f"{list(expected.shape)}"
         )
     absolute = _max_abs(actual, expected)
-    finite = np.abs(expected[np.isfinite(expected)]) if expected.dtype.kind == "f" else expected
-    scale = float(np.abs(finite.astype(np.float64)).max()) if finite.size else 0.0
-    return OutputCheck(absolute, absolute / max(scale, TINY), tolerance)
+    scale = max(_scale(expected), TINY)
+    return OutputCheck(absolute, absolute / scale, tolerance, replica / scale)
 
 
 def tolerance_for(dtype: str, rtol: float | None) -> float:
@@ -437,25 +440,26 @@ def verify(
     inputs: Mapping[str, np.ndarray] | None = None,
     rtol: float | None = None,
     seed: int = 0,
+    reference: Mapping[str, np.ndarray] | None = None,
 ) -> Report:
     """Run `partitioned` on all devices (device k's weights from `weights(k)`) and compare its
-    outputs with onnxruntime on `model`, on `inputs` or seeded random ones."""
+    outputs with onnxruntime on `model`, on `inputs` or seeded random ones (`reference`: the
+    model's outputs on those, when already known)."""
     feed = check_inputs(graph, inputs) if inputs is not None else random_inputs(graph, seed)
     executor = _Executor(partitioned, graph.opset)
     envs = executor.run(feed, weights)
-    reference = reference_outputs(model, feed)
+    if reference is None:
+        reference = reference_outputs(model, feed)
     checks: dict[str, OutputCheck] = {}
     for value, name in zip(graph.outputs, partitioned.program.outputs, strict=True):
         actual, replica = assemble(partitioned, name, [env[name] for env in envs])
         tolerance = tolerance_for(graph.values[value].dtype, rtol)
-        check = compare(actual, reference[value], tolerance)
-        checks[value] = OutputCheck(
-            check.max_abs_err, check.max_rel_err, tolerance, replica / max(1.0, _scale(actual))
-        )
+        checks[value] = compare(actual, np.asarray(reference[value]), tolerance, replica)
     return Report(checks, len(partitioned.devices), len(executor.sessions))
 
 
 def _scale(array: np.ndarray) -> float:
+    """The largest finite |element| (0 for an empty or boolean array)."""
     if array.size == 0 or array.dtype.kind not in "fiu":
         return 0.0
     values = np.abs(array.astype(np.float64))

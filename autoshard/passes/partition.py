@@ -12,8 +12,13 @@ A `Program` is SSA over *global* tensors held in shardings. Partitioning gives e
   counts (rule note "local_group");
 - the rule notes that need a local rewrite get one: a vocabulary-split Gather ("masked_lookup")
   looks up `ids - lo` among its rows [lo, hi) and zeroes the rows it does not hold, giving the
-  partial sums its result sharding says; a bias of a Gemm or Conv whose reduction is split
-  ("bias_once") is added by the first device of each reduction group only.
+  partial sums its result sharding says (with block-local constant ids every id is its own
+  device's: no mask, nothing partial); a GatherND whose indexed dims are split subtracts each
+  dim's start from its id component; a bias of a Gemm or Conv whose reduction is split
+  ("bias_once") is added by the first device of each reduction group only;
+- an op a device's shards leave nothing to compute (an empty result, or a reduction over an
+  empty shard) becomes a ConstantOfShape: no values, or the reduction's identity (zeros for a
+  sum), which is exactly that device's partial result.
 
 Replicated constants a user needs split stay replicated on every device; materialization
 already cut them with an `all_slice` (a local slice, no communication).
@@ -33,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -76,6 +80,9 @@ class LocalCompute:
     def outputs(self) -> tuple[str, ...]:
         return self.op.outputs
 
+    def __str__(self) -> str:
+        return str(self.op)
+
 
 @dataclass(frozen=True)
 class LocalCollective:
@@ -98,6 +105,20 @@ class LocalCollective:
     def outputs(self) -> tuple[str, ...]:
         return (self.target,)
 
+    def __str__(self) -> str:
+        where = (
+            f"group {list(self.group)}"
+            if self.group
+            else "pairs " + str([list(p) for p in self.collective.pairs])
+        )
+        details = _details(self.collective)
+        return f"{self.target} = {self.collective.kind}({self.source}) {details} {where}"
+
+
+def _details(collective: Collective) -> str:
+    """`mesh_axes = [0] gather_axis = 2`: the collective's attributes, kind left out."""
+    return str(collective).partition(" ")[2]
+
 
 LocalStep = LocalCompute | LocalCollective
 
@@ -114,6 +135,21 @@ class DeviceProgram:
     shapes: Mapping[str, Shape]
     steps: tuple[LocalStep, ...]
     constants: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def text(self) -> str:
+        """The local program, one step a line with its results' local shapes:
+
+        h: 2x4x16 = MatMul(x~1, w1)
+        y~1: 2x4x4 = reduce_scatter(y) mesh_axes = [0] reduction = sum scatter_axis = 2 group [0, 1]
+        """
+        lines = []
+        for step in self.steps:
+            shapes = ", ".join(
+                f"{n}: {'x'.join(map(str, self.shapes[n])) or 'scalar'}" for n in step.outputs if n
+            )
+            body = str(step).partition(" = ")[2]
+            lines.append(f"{shapes} = {body}")
+        return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -728,19 +764,3 @@ _OPERAND_NAMES: dict[tuple[str, int], str] = {
     ("Slice", 1): "starts",
     ("Slice", 2): "ends",
 }
-
-
-def summary(partitioned: Partitioned) -> dict[str, object]:
-    """Counts for a one-line report: devices, local ops, collectives, rewritten constants."""
-    program = partitioned.program
-    return {
-        "devices": len(partitioned.devices),
-        "steps": len(program.steps),
-        "collectives": sum(1 for _ in program.communications),
-        "bytes_per_device": program.bytes_per_device,
-        "local_ops": max((len(d.steps) for d in partitioned.devices), default=0),
-        "device_constants": len(partitioned.devices[0].constants) if partitioned.devices else 0,
-        "largest_local_tensor": max(
-            (math.prod(s) for d in partitioned.devices for s in d.shapes.values()), default=0
-        ),
-    }
