@@ -72,6 +72,19 @@ def ring_bytes(kind: CollectiveKind, n: int, local: int) -> int:
     }[kind]
 
 
+def ring_steps(kind: CollectiveKind, n: int) -> int:
+    """Latency-bound steps of the same ring algorithms: n-1 for all_gather, reduce_scatter and
+    all_to_all, 2(n-1) for all_reduce, one exchange for a permute, none for a local slice."""
+    return {
+        CollectiveKind.ALL_GATHER: n - 1,
+        CollectiveKind.REDUCE_SCATTER: n - 1,
+        CollectiveKind.ALL_TO_ALL: n - 1,
+        CollectiveKind.ALL_REDUCE: 2 * (n - 1),
+        CollectiveKind.PERMUTE: 1,
+        CollectiveKind.ALL_SLICE: 0,
+    }[kind]
+
+
 @dataclass(frozen=True)
 class Collective:
     """One communication step on a tensor of global `shape`, from sharding `src` to `dst`.

@@ -1,0 +1,165 @@
+"""The cost model: every formula the planner prices with, written once.
+
+Communication. A collective over a group of n devices on links of bandwidth B and latency α
+runs a ring: it takes `ring_steps` latency-bound steps and sends `bytes_per_device` bytes
+(`autoshard.reshard.ring_bytes`: all_gather and reduce_scatter (n-1)/n·T, all_reduce twice
+that, all_to_all (n-1)/n of the shard, a permute one whole shard per device it serves), so
+
+    time = steps·α + bytes_per_device / B
+
+A group over several mesh axes is as fast as its slowest axis: B = min, α = max over its axes
+(every ring hop crosses some link of each axis in turn). Bytes come from the very collectives
+that materialization emits (`plan_reshard`), so a plan's estimated bytes are its program's.
+
+Compute. An op with loops of sizes s_i split over g_i devices each runs Π ceil(s_i / g_i)
+iterations per device, 2 FLOPs (multiply and add) when it has a reduction loop, else 1; its
+time is FLOPs / the device's peak for the result dtype. An op without a rule runs whole on
+every device (its result elements, once each).
+
+Memory. A tensor takes, per device, the bytes of its largest shard: Π ceil(d_i / g_i) elements.
+Walking the program in order, a tensor is live from the step defining it to the last step
+reading it; program inputs, weights and constants are live throughout. The peak over steps is
+the memory per device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autoshard.cost.cluster import Cluster
+from autoshard.ir import dtypes
+from autoshard.ir.graph import Graph, Op
+from autoshard.mesh import Mesh
+from autoshard.plan import ShardingOption
+from autoshard.program import Communicate, Compute, Program, Tensor
+from autoshard.reshard import Collective, ring_steps
+from autoshard.rules import IteratorType, OpRule, rule_for
+from autoshard.sharding import Sharding
+
+
+def collective_time(collective: Collective, cluster: Cluster) -> float:
+    n = cluster.mesh.group_size(collective.mesh_axes)
+    bandwidth, latency = cluster.link(collective.mesh_axes)
+    if collective.bytes_per_device == 0:
+        return 0.0
+    return ring_steps(collective.kind, n) * latency + collective.bytes_per_device / bandwidth
+
+
+def op_flops(
+    op: Op, rule: OpRule | None, option: ShardingOption | None, graph: Graph, mesh: Mesh
+) -> int:
+    """FLOPs one device runs for `op` computed with `option` (None: whole on every device)."""
+    if rule is None or option is None:
+        return sum(math.prod(graph.values[o].shape) for o in op.outputs if o)
+    per_device = 1
+    for loop, axes in zip(rule.loops, option.loops, strict=True):
+        per_device *= -(-loop.size // mesh.group_size(axes)) if axes else loop.size
+    multiply_add = any(loop.kind is IteratorType.REDUCTION for loop in rule.loops)
+    return per_device * (2 if multiply_add else 1)
+
+
+def compute_time(flops: int, dtype: str, cluster: Cluster) -> float:
+    return flops / cluster.device.peak(dtype)
+
+
+def shard_bytes(shape: Sequence[int], dtype: str, sharding: Sharding, mesh: Mesh) -> int:
+    """Bytes of the largest shard of a tensor."""
+    elements = 1
+    for dim, size in enumerate(shape):
+        axes = sharding.axes_of(dim)
+        elements *= -(-size // mesh.group_size(axes)) if axes else size
+    return dtypes.nbytes(dtype, elements)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Peak bytes per device, the program step where it is reached (-1: before any), and the
+    tensors live there, largest first."""
+
+    peak: int
+    step: int
+    live: tuple[tuple[str, int], ...]
+
+
+def memory(program: Program) -> Memory:
+    mesh = program.mesh
+
+    def size(t: Tensor) -> int:
+        return shard_bytes(t.shape, t.dtype, t.sharding, mesh)
+
+    resident = [*program.inputs, *program.constants]
+    base = sum(size(program.tensors[n]) for n in resident)
+    last: dict[str, int] = {}
+    for i, step in enumerate(program.steps):
+        for name in step.inputs:
+            if name:
+                last[name] = i
+    for name in program.outputs:
+        last[name] = len(program.steps)
+    live: dict[str, int] = {}
+    peak, where, at_peak = base, -1, dict.fromkeys(resident, 0)
+    current = base
+    for i, step in enumerate(program.steps):
+        for name in step.outputs:
+            if name and name not in live and name not in resident:
+                live[name] = size(program.tensors[name])
+                current += live[name]
+        if current > peak:
+            peak, where, at_peak = current, i, dict(live) | dict.fromkeys(resident, 0)
+        for name in [n for n in live if last.get(n, -1) <= i]:
+            current -= live.pop(name)
+    sizes = {n: size(program.tensors[n]) for n in at_peak}
+    top = sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0]))
+    return Memory(peak, where, tuple(top))
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a program costs on a cluster (per device)."""
+
+    comm_bytes_per_device: int
+    comm_time_s: float
+    compute_time_s: float
+    memory_bytes_per_device: int
+    by_axes: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+
+    @property
+    def objective(self) -> float:
+        """Seconds: compute plus communication, without overlap."""
+        return self.compute_time_s + self.comm_time_s
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "objective": self.objective,
+            "comm_bytes_per_device": self.comm_bytes_per_device,
+            "comm_time_s": self.comm_time_s,
+            "compute_time_s": self.compute_time_s,
+            "memory_bytes_per_device": self.memory_bytes_per_device,
+            "comm_by_mesh_axes": {
+                axes: {"bytes_per_device": b, "time_s": t} for axes, (b, t) in self.by_axes.items()
+            },
+        }
+
+
+def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
+    """The cost of a sharded program: its collectives, its ops' local compute, its memory."""
+    comm_bytes, comm_time, compute = 0, 0.0, 0.0
+    by_axes: dict[str, tuple[int, float]] = {}
+    for step in program.steps:
+        if isinstance(step, Communicate):
+            c = step.collective
+            seconds = collective_time(c, cluster)
+            comm_bytes += c.bytes_per_device
+            comm_time += seconds
+            key = str(list(c.mesh_axes))
+            b, t = by_axes.get(key, (0, 0.0))
+            by_axes[key] = (b + c.bytes_per_device, t + seconds)
+        elif isinstance(step, Compute):
+            op = graph.op_by_name[step.op.name]
+            rule = rule_for(op, graph) if step.option is not None else None
+            flops = op_flops(op, rule, step.option, graph, program.mesh)
+            dtype = graph.values[op.outputs[0]].dtype if op.outputs else "float32"
+            compute += compute_time(flops, dtype, cluster)
+    return Cost(comm_bytes, comm_time, compute, memory(program).peak, dict(sorted(by_axes.items())))

@@ -1,0 +1,263 @@
+"""The ILP, solved with OR-Tools CP-SAT: one candidate per group, minimum total cost.
+
+    variables   x[g][k] in {0, 1}, sum_k x[g][k] = 1             one choice per group
+                y[a,b][r][c] in {0, 1}                            edge (a, b) in cell (r, c)
+    edges       sum_c y[r][c] = sum_{ka in row class r} x[a][ka]
+                sum_r y[r][c] = sum_{kb in column class c} x[b][kb]
+    memory      sum (bytes * x[g][k]) over a liveness row <= budget
+    objective   min sum_g sum_k node[g][k] x[g][k] + sum M[r][c] y[a,b][r][c]
+
+An edge's matrix has few distinct rows and columns (choices of a that hold the value alike,
+choices of b that read it alike), so the pair variables are over those classes: few, and their
+linear relaxation is tight (a transportation polytope), which is what lets CP-SAT prove
+optimality fast. Deterministic: one worker, a fixed seed and a deterministic time limit, so
+the same problem gives the same solution on any machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from autoshard.errors import AutoshardError
+from autoshard.search.problem import Problem
+
+
+class InfeasibleError(AutoshardError):
+    """No plan fits the memory budget."""
+
+
+@dataclass(frozen=True)
+class Solution:
+    choice: tuple[int, ...]
+    status: str
+    objective: int
+    bound: float
+    wall_s: float
+    variables: int
+    constraints: int
+
+    @property
+    def gap(self) -> float:
+        return (self.objective - self.bound) / self.objective if self.objective > 0 else 0.0
+
+
+def solve(problem: Problem, time_limit: float = 60.0) -> Solution:
+    """The best choice per group; `InfeasibleError` when the budget cannot hold any plan.
+
+    First without the memory rows, after exact elimination of the groups of degree <= 2
+    (a transformer layer reduces to its residual-stream hub and a few neighbours): if that
+    optimum fits the budget it is the optimum. Otherwise the whole problem, memory rows
+    included, goes to CP-SAT.
+    """
+    reduced, kept, order = eliminate(problem)
+    relaxed = _cp_sat(reduced, time_limit, memory=False)
+    choice = _expand(relaxed.choice, kept, order, len(problem.sizes))
+    if problem.peak(choice) <= problem.budget:
+        return dataclasses.replace(relaxed, choice=choice, objective=problem.objective(choice))
+    return _cp_sat(problem, time_limit, memory=True)
+
+
+def _cp_sat(problem: Problem, time_limit: float, memory: bool) -> Solution:
+    model = cp_model.CpModel()
+    x = [[model.new_bool_var(f"x{g}_{k}") for k in range(n)] for g, n in enumerate(problem.sizes)]
+    for one_hot in x:
+        model.add_exactly_one(one_hot)
+    objective = [
+        cost * var
+        for costs, row in zip(problem.node_costs, x, strict=True)
+        for cost, var in zip(costs, row, strict=True)
+        if cost
+    ]
+    for a, b, matrix in problem.edges:
+        rows, row_of = _classes(matrix)
+        columns, column_of = _classes(list(zip(*matrix, strict=True)))
+        if all(c == 0 for row in rows for c in row):
+            continue
+        y = [[model.new_bool_var(f"y{a}_{b}_{r}_{c}") for c in range(len(columns))]
+             for r in range(len(rows))]  # fmt: skip
+        for r, cells in enumerate(y):
+            members = [x[a][k] for k, cls in enumerate(row_of) if cls == r]
+            model.add(sum(cells) == sum(members))
+        for c in range(len(columns)):
+            members = [x[b][k] for k, cls in enumerate(column_of) if cls == c]
+            model.add(sum(y[r][c] for r in range(len(rows))) == sum(members))
+        objective += [
+            rows[r][column_members[0]] * y[r][c]
+            for c, column_members in enumerate(_members(column_of, len(columns)))
+            for r in range(len(rows))
+            if rows[r][column_members[0]]
+        ]
+    if memory:
+        for terms in problem.memory:
+            model.add(sum(b * x[g][k] for g, k, b in terms) <= problem.budget)
+    model.minimize(sum(objective))
+    solver = _solver(time_limit)
+    started = time.perf_counter()
+    status = solver.solve(model)
+    wall = time.perf_counter() - started
+    if status == cp_model.INFEASIBLE:
+        raise InfeasibleError("no plan fits the memory budget")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise AutoshardError(
+            f"the solver found no plan within {time_limit} s ({solver.status_name(status)}); "
+            "raise --time-limit"
+        )
+    choice = tuple(next(k for k, v in enumerate(row) if solver.value(v)) for row in x)
+    proto = model.proto
+    return Solution(
+        choice,
+        solver.status_name(status),
+        problem.objective(choice),
+        solver.best_objective_bound,
+        wall,
+        len(proto.variables),
+        len(proto.constraints),
+    )
+
+
+def _solver(time_limit: float) -> cp_model.CpSolver:
+    """Deterministic settings. Probing is off (on these one-hot models it costs seconds of
+    presolve and finds nothing) and the LP is the full linearization (its bound is what proves
+    optimality here)."""
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    solver.parameters.max_deterministic_time = time_limit
+    solver.parameters.cp_model_probing_level = 0
+    solver.parameters.linearization_level = 2
+    return solver
+
+
+def lowest_budget(problem: Problem, time_limit: float = 60.0) -> tuple[int, tuple[int, ...]]:
+    """The smallest peak memory any choice reaches, and that choice."""
+    model = cp_model.CpModel()
+    x = [[model.new_bool_var(f"x{g}_{k}") for k in range(n)] for g, n in enumerate(problem.sizes)]
+    for one_hot in x:
+        model.add_exactly_one(one_hot)
+    top = sum(max((b for _, _, b in terms), default=0) for terms in problem.memory) or 1
+    peak = model.new_int_var(0, top, "peak")
+    for terms in problem.memory:
+        model.add(sum(b * x[g][k] for g, k, b in terms) <= peak)
+    model.minimize(peak)
+    solver = _solver(time_limit)
+    solver.solve(model)
+    choice = tuple(next(k for k, v in enumerate(row) if solver.value(v)) for row in x)
+    return problem.peak(choice), choice
+
+
+def _classes(rows: Sequence[Sequence[int]]) -> tuple[list[tuple[int, ...]], list[int]]:
+    """The distinct rows, and the class of each row."""
+    index: dict[tuple[int, ...], int] = {}
+    of = [index.setdefault(tuple(row), len(index)) for row in rows]
+    return list(index), of
+
+
+def _members(of: Sequence[int], count: int) -> list[list[int]]:
+    out: list[list[int]] = [[] for _ in range(count)]
+    for k, cls in enumerate(of):
+        out[cls].append(k)
+    return out
+
+
+# ---- exact elimination of low-degree groups ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Eliminated:
+    """Group g, removed given its neighbours' choices: `best[k1][k2]` (or `best[k1]`, or
+    `best[0]`) is its optimal choice for neighbour choices k1 (k2)."""
+
+    group: int
+    neighbours: tuple[int, ...]
+    best: np.ndarray
+
+
+def eliminate(problem: Problem) -> tuple[Problem, list[int], list[_Eliminated]]:
+    """Remove groups of degree <= 2 by exact min-sum elimination (variable elimination on the
+    pairwise cost graph): a leaf g of neighbour h adds min_kg (node_g + M[kh][kg]) to h; a
+    chain link g between h1 and h2 adds min_kg (node_g + M1[k1][kg] + M2[kg][k2]) as an edge
+    (h1, h2). The optimum of the rest, plus the recorded argmins, is the optimum of the whole.
+    Only valid without memory rows (they couple groups beyond the edges). Returns the reduced
+    problem, the original group of each of its groups, and the eliminations in order."""
+    node = [np.array(c, dtype=np.int64) for c in problem.node_costs]
+    edges: dict[tuple[int, int], np.ndarray] = {}
+
+    def add(a: int, b: int, m: np.ndarray) -> None:
+        if a > b:
+            a, b, m = b, a, m.T
+        edges[(a, b)] = edges[(a, b)] + m if (a, b) in edges else m.copy()
+
+    for a, b, m in problem.edges:
+        if a == b:  # pragma: no cover - the builder folds these into node costs
+            node[a] += np.diag(np.array(m))
+        else:
+            add(a, b, np.array(m, dtype=np.int64))
+    alive = set(range(len(node)))
+    order: list[_Eliminated] = []
+
+    def neighbours(g: int) -> list[int]:
+        return sorted({b if a == g else a for a, b in edges if g in (a, b)})
+
+    def matrix(g: int, h: int) -> np.ndarray:  # rows: h's choices, columns: g's
+        return edges[(h, g)] if (h, g) in edges else edges[(g, h)].T
+
+    progress = True
+    while progress:
+        progress = False
+        for g in sorted(alive):
+            near = neighbours(g)
+            if len(near) > 2:
+                continue
+            if not near:
+                best = np.array([int(np.argmin(node[g]))])
+            elif len(near) == 1:
+                (h,) = near
+                total = matrix(g, h) + node[g][None, :]
+                best = np.argmin(total, axis=1)
+                node[h] = node[h] + total[np.arange(len(best)), best]
+            else:
+                h1, h2 = near
+                total = (
+                    matrix(g, h1)[:, :, None] + node[g][None, :, None] + matrix(g, h2).T[None]
+                )  # [k1, kg, k2]
+                best = np.argmin(total, axis=1)
+                add(h1, h2, np.take_along_axis(total, best[:, None, :], axis=1)[:, 0, :])
+            for key in [k for k in edges if g in k]:
+                del edges[key]
+            alive.discard(g)
+            order.append(_Eliminated(g, tuple(near), best))
+            progress = True
+            break
+    kept = sorted(alive)
+    index = {g: i for i, g in enumerate(kept)}
+    reduced = Problem(
+        tuple(len(node[g]) for g in kept),
+        tuple(tuple(int(c) for c in node[g]) for g in kept),
+        tuple(
+            (index[a], index[b], tuple(tuple(int(c) for c in row) for row in m))
+            for (a, b), m in sorted(edges.items())
+        ),
+        (),
+        problem.budget,
+        problem.unit,
+    )
+    return reduced, kept, order
+
+
+def _expand(choice_of_kept: Sequence[int], kept: Sequence[int], order: Sequence[_Eliminated],
+            groups: int) -> tuple[int, ...]:  # fmt: skip
+    """Choices of every group: the kept ones as solved, the eliminated ones from their
+    recorded argmins, in reverse elimination order."""
+    choice = [-1] * groups
+    for g, k in zip(kept, choice_of_kept, strict=True):
+        choice[g] = k
+    for step in reversed(order):
+        picks = [choice[h] for h in step.neighbours]
+        choice[step.group] = int(step.best[tuple(picks)] if picks else step.best[0])
+    return tuple(choice)

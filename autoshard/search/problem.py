@@ -1,0 +1,496 @@
+"""The search problem: decisions, their candidates, and integer costs, ready for the ILP.
+
+Decisions are the ops (which sharding option) and the producer-less values the ops read (graph
+inputs and weights: which sharding they are held in). Coarsening ties decisions together into
+*groups* sharing one one-hot variable vector:
+
+- a weight or input read by one op follows that op: it is held as the op reads it;
+- an elementwise op follows the producer of its first operand when it can compute in the
+  sharding that producer gives (the chain runs where its data lies, as in Alpa);
+- ops of repeated layers share the variables of the first layer (`coarsen.find_repeats`).
+
+Costs, all per device:
+- node: the compute time of each member op under the group's choice (`cost.model`), plus the
+  reshards between members of the same group (a constant per choice);
+- edge: for a value produced in one group and read in another, the time (or bytes) of
+  `plan_reshard` from the sharding produced to the sharding read, as a matrix over the two
+  groups' choices; copies of an edge in repeated layers add up.
+- memory: at each op of the program order, the bytes of the values live there (the largest
+  shard of each), a linear function of the choices; identical rows are kept once.
+
+Costs are scaled once to integers for CP-SAT: the largest becomes `SCALE`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from autoshard.annotations import Annotation
+from autoshard.cost.cluster import Cluster
+from autoshard.cost.model import collective_time, compute_time, op_flops, shard_bytes
+from autoshard.errors import AutoshardError
+from autoshard.ir import dtypes
+from autoshard.ir.graph import Graph, Op
+from autoshard.mesh import Mesh
+from autoshard.plan import RETURN, Plan, ShardingOption
+from autoshard.propagate import operand_sharding, result_sharding
+from autoshard.reshard import plan_reshard
+from autoshard.rules import OpRule, rule_for
+from autoshard.rules.elementwise import BROADCAST, UNARY
+from autoshard.search.candidates import candidates
+from autoshard.search.coarsen import NONE, Repeats, find_repeats
+from autoshard.sharding import Sharding
+
+SCALE = 10**7
+"""The largest cost coefficient after scaling: fine enough to separate plans, small enough to
+keep CP-SAT's arithmetic exact."""
+
+FOLLOWERS = (UNARY | BROADCAST) - {"Expand"}
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _result(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
+    return result_sharding(rule, option, index)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _operand(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
+    return operand_sharding(rule, option, index)
+
+
+@functools.lru_cache(maxsize=1024)
+def _candidates(rule: OpRule, mesh: Mesh) -> tuple[ShardingOption, ...]:
+    return candidates(rule, mesh)
+
+
+class SearchError(AutoshardError):
+    """The annotations leave no candidate, or the problem cannot be built."""
+
+
+Choice = ShardingOption | Sharding | None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Groups with `sizes[g]` candidates; `node_costs[g][k]`; `edges` (a, b, matrix[ka][kb]);
+    `memory` rows of (group, choice, bytes) terms, each row <= `budget`."""
+
+    sizes: tuple[int, ...]
+    node_costs: tuple[tuple[int, ...], ...]
+    edges: tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...]
+    memory: tuple[tuple[tuple[int, int, int], ...], ...]
+    budget: int
+    unit: float  # seconds (or bytes) per integer cost unit
+
+    @property
+    def variables(self) -> int:
+        return sum(self.sizes)
+
+    def objective(self, choice: Sequence[int]) -> int:
+        """The integer objective of one choice per group (what the ILP minimizes)."""
+        total = sum(costs[k] for costs, k in zip(self.node_costs, choice, strict=True))
+        return total + sum(m[choice[a]][choice[b]] for a, b, m in self.edges)
+
+    def peak(self, choice: Sequence[int]) -> int:
+        return max((sum(b for g, k, b in row if choice[g] == k) for row in self.memory), default=0)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One op or producer-less value: its candidates, and (group, choice index per group
+    choice) once coarsened."""
+
+    name: str
+    is_op: bool
+    choices: tuple[Choice, ...]
+    group: int = -1
+    pick: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Search:
+    """A problem and how to read its solution back as a plan."""
+
+    problem: Problem
+    decisions: Mapping[str, Decision]
+    repeats: Repeats
+    groups: tuple[str, ...]  # the decision leading each group
+
+    def plan(self, graph: Graph, cluster: Cluster, choice: Sequence[int]) -> Plan:
+        options: dict[str, ShardingOption | None] = {}
+        held: dict[str, Sharding] = {}
+        for d in self.decisions.values():
+            picked = d.choices[d.pick[choice[d.group]]]
+            if d.is_op:
+                options[d.name] = picked  # type: ignore[assignment]
+            else:
+                held[d.name] = picked  # type: ignore[assignment]
+        return plan_from_options(graph, cluster, options, held)
+
+
+def plan_from_options(
+    graph: Graph,
+    cluster: Cluster,
+    options: Mapping[str, ShardingOption | None],
+    held: Mapping[str, Sharding],
+) -> Plan:
+    """The plan of an option per op (values held as produced; producer-less values as `held`,
+    replicated by default; constants replicated)."""
+    values: dict[str, Sharding] = {}
+    needs: dict[tuple[str, int], Sharding] = {}
+    unruled = []
+    for op in graph.ops:
+        rule = rule_for(op, graph)
+        option = options.get(op.name)
+        if rule is None or option is None:
+            unruled += [op.name] if rule is None else []
+            values |= {o: Sharding() for o in op.outputs if o}
+            needs |= {(op.name, i): Sharding() for i, x in enumerate(op.inputs) if x}
+            continue
+        values |= {o: result_sharding(rule, option, j) for j, o in enumerate(op.outputs) if o}
+        needs |= {
+            (op.name, i): operand_sharding(rule, option, i)
+            if i < len(rule.operands)
+            else Sharding()
+            for i, x in enumerate(op.inputs)
+            if x
+        }
+    for name in graph.values:
+        values.setdefault(name, held.get(name, Sharding()))
+    for i, name in enumerate(graph.outputs):
+        needs[(RETURN, i)] = values[name]
+    return Plan(cluster.mesh, options, values, dict(values), needs, tuple(unruled))
+
+
+# ---- building -----------------------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(
+        self,
+        graph: Graph,
+        cluster: Cluster,
+        annotations: Sequence[Annotation],
+        objective: str,
+        coarsen: bool,
+    ) -> None:
+        self.graph, self.cluster, self.mesh = graph, cluster, cluster.mesh
+        self.objective = objective
+        self.rules: dict[str, OpRule | None] = {op.name: rule_for(op, graph) for op in graph.ops}
+        self.repeats = find_repeats(graph) if coarsen else NONE
+        self.coarsen = coarsen
+        self.required = [a for a in annotations if a.required]
+        self.hints = [a for a in annotations if not a.required]
+        self.producer = {o: op for op in graph.ops for o in op.outputs if o}
+        self.matrices: dict[tuple, list[list[float]]] = {}
+
+    # -- candidates, restricted by required annotations --
+
+    def op_choices(self, op: Op) -> tuple[Choice, ...]:
+        rule = self.rules[op.name]
+        if rule is None:
+            return (None,)
+        found = [c for c in _candidates(rule, self.mesh) if self.allowed(op, rule, c)]
+        if not found:
+            raise SearchError(
+                f"the required annotations leave op '{op.name}' ({op.type}) no sharding option"
+            )
+        return tuple(found)
+
+    def allowed(self, op: Op, rule: OpRule, option: ShardingOption) -> bool:
+        for a in self.required:
+            if a.for_users:
+                for i, name in enumerate(op.inputs):
+                    if name == a.value and _operand(rule, option, i) != a.sharding:
+                        return False
+            else:
+                for j, name in enumerate(op.outputs):
+                    if name == a.value and _result(rule, option, j) != a.sharding:
+                        return False
+        return True
+
+    def source_choices(self, name: str, readers: Iterable[tuple[Op, int]]) -> tuple[Choice, ...]:
+        fixed = [a.sharding for a in self.required if a.value == name and not a.for_users]
+        if fixed:
+            return (fixed[0],)
+        found: dict[Sharding, None] = {Sharding(): None}
+        for op, i in readers:
+            rule = self.rules[op.name]
+            if rule is None:
+                continue
+            for option in self.op_choices(op):
+                found[_operand(rule, option, i)] = None  # type: ignore[arg-type]
+        return tuple(found)
+
+    # -- decisions and groups --
+
+    def decisions(self) -> tuple[dict[str, Decision], list[str]]:
+        graph = self.graph
+        readers: dict[str, list[tuple[Op, int]]] = {}
+        for op in graph.ops:
+            for i, name in enumerate(op.inputs):
+                if name and name not in self.producer and name not in graph.constants:
+                    readers.setdefault(name, []).append((op, i))
+        found: dict[str, Decision] = {}
+        copies: dict[str, str] = {}  # op -> the op of the first repeat it copies
+        for index, op in enumerate(graph.ops):
+            first = graph.ops[self.repeats.first(index)]
+            copies[op.name] = first.name
+            choices = found[first.name].choices if first is not op else self.op_choices(op)
+            found[op.name] = Decision(op.name, True, choices)
+        sources = sorted(readers, key=lambda n: list(graph.values).index(n))
+        for name in sources:
+            found[name] = Decision(name, False, self.source_choices(name, readers[name]))
+        # Leaders: who each decision follows (itself when it leads a group), with the map from
+        # the leader's choices to its own.
+        leader: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for op in graph.ops:
+            leader[op.name] = self.follow(op, found, leader, copies)
+        for name in sources:
+            leader[name] = self.follow_source(name, readers[name], found, leader)
+        groups: list[str] = []
+        index_of: dict[str, int] = {}
+        for name in [op.name for op in graph.ops] + sources:
+            head, pick = leader[name]
+            if head == name:
+                index_of[name] = len(groups)
+                groups.append(name)
+            found[name] = dataclasses.replace(found[name], group=index_of[head], pick=pick)
+        return found, groups
+
+    def follow(
+        self,
+        op: Op,
+        found: Mapping[str, Decision],
+        leader: Mapping[str, tuple[str, tuple[int, ...]]],
+        copies: Mapping[str, str],
+    ) -> tuple[str, tuple[int, ...]]:
+        me = found[op.name]
+        identity = tuple(range(len(me.choices)))
+        if not self.coarsen:
+            return op.name, identity
+        if copies[op.name] != op.name:
+            return leader[copies[op.name]]
+        source = self.producer.get(op.inputs[0]) if op.inputs else None
+        rule, source_rule = self.rules[op.name], self.rules[source.name] if source else None
+        if (
+            op.type not in FOLLOWERS
+            or source is None
+            or rule is None
+            or source_rule is None
+            or self.graph.values[op.inputs[0]].shape != self.graph.values[op.outputs[0]].shape
+        ):
+            return op.name, identity
+        head, head_pick = leader[source.name]
+        position = {_operand(rule, c, 0): k for k, c in enumerate(me.choices)}  # type: ignore[arg-type]
+        out = source.outputs.index(op.inputs[0])
+        pick = []
+        for k in head_pick:
+            produced = _result(source_rule, found[source.name].choices[k], out)  # type: ignore[arg-type]
+            k_me = position.get(Sharding(produced.split_axes))
+            if k_me is None:
+                return op.name, identity
+            pick.append(k_me)
+        return head, tuple(pick)
+
+    def follow_source(
+        self,
+        name: str,
+        readers: Sequence[tuple[Op, int]],
+        found: Mapping[str, Decision],
+        leader: Mapping[str, tuple[str, tuple[int, ...]]],
+    ) -> tuple[str, tuple[int, ...]]:
+        me = found[name]
+        identity = tuple(range(len(me.choices)))
+        if not self.coarsen or len(readers) != 1 or len(me.choices) == 1:
+            return name, identity
+        op, i = readers[0]
+        rule = self.rules[op.name]
+        if rule is None:
+            return name, identity
+        head, head_pick = leader[op.name]
+        position = {c: k for k, c in enumerate(me.choices)}
+        choices = found[op.name].choices
+        return head, tuple(position[_operand(rule, choices[k], i)] for k in head_pick)  # type: ignore[arg-type]
+
+    # -- costs --
+
+    def reshard_cost(self, value: str, src: Sharding, dst: Sharding) -> float:
+        if src == dst:
+            return 0.0
+        info = self.graph.values[value]
+        plan = plan_reshard(src, dst, info.shape, self.mesh, dtypes.nbytes(info.dtype, 1))
+        if self.objective == "bytes":
+            return float(sum(c.bytes_per_device for c in plan))
+        return sum(collective_time(c, self.cluster) for c in plan)
+
+    def matrix(
+        self, value: str, held: tuple[Sharding, ...], need: tuple[Sharding, ...]
+    ) -> list[list[float]]:
+        """Reshard costs from each held to each needed sharding; repeated layers ask for the
+        same matrix again, and rows and columns repeat within one: each cost is planned once."""
+        info = self.graph.values[value]
+        key = (info.shape, info.dtype, held, need)
+        if key not in self.matrices:
+            cost = {(h, n): self.reshard_cost(value, h, n) for h in set(held) for n in set(need)}
+            self.matrices[key] = [[cost[(h, n)] for n in need] for h in held]
+        return self.matrices[key]
+
+    def compute_cost(self, op: Op, option: Choice) -> float:
+        if self.objective == "bytes":
+            return 0.0
+        rule = self.rules[op.name]
+        flops = op_flops(op, rule, option, self.graph, self.mesh)  # type: ignore[arg-type]
+        dtype = self.graph.values[op.outputs[0]].dtype if op.outputs else "float32"
+        return compute_time(flops, dtype, self.cluster)
+
+    def value_sharding(self, name: str, decision: Decision, k: int) -> Sharding:
+        """How `name` is held under its deciding group's choice k."""
+        choice = decision.choices[decision.pick[k]]
+        if not decision.is_op:
+            return choice  # type: ignore[return-value]
+        op = self.producer[name]
+        rule = self.rules[op.name]
+        if rule is None or choice is None:
+            return Sharding()
+        return _result(rule, choice, op.outputs.index(name))  # type: ignore[arg-type]
+
+    def need(self, op: Op, i: int, decision: Decision, k: int) -> Sharding:
+        choice = decision.choices[decision.pick[k]]
+        rule = self.rules[op.name]
+        if rule is None or choice is None or i >= len(rule.operands):
+            return Sharding()
+        return _operand(rule, choice, i)  # type: ignore[arg-type]
+
+    def build(self) -> Search:
+        graph = self.graph
+        found, groups = self.decisions()
+        sizes = [len(found[g].pick) for g in groups]
+        node = [[0.0] * n for n in sizes]
+        edges: dict[tuple[int, int], list[list[float]]] = {}
+        hint_of = {(a.value, a.for_users): a.sharding for a in self.hints}
+        for op in graph.ops:
+            d = found[op.name]
+            for k in range(sizes[d.group]):
+                node[d.group][k] += self.compute_cost(op, d.choices[d.pick[k]])
+            for i, name in enumerate(op.inputs):
+                if not name or name in graph.constants:
+                    continue
+                src = found[self.producer[name].name] if name in self.producer else found[name]
+                a, b = src.group, d.group
+                if a == b:
+                    for k in range(sizes[a]):
+                        node[a][k] += self.reshard_cost(
+                            name, self.value_sharding(name, src, k), self.need(op, i, d, k)
+                        )
+                    continue
+                held = tuple(self.value_sharding(name, src, ka) for ka in range(sizes[a]))
+                need = tuple(self.need(op, i, d, kb) for kb in range(sizes[b]))
+                cell = self.matrix(name, held, need)
+                matrix = edges.setdefault((a, b), [[0.0] * sizes[b] for _ in range(sizes[a])])
+                for ka in range(sizes[a]):
+                    row, out = cell[ka], matrix[ka]
+                    for kb in range(sizes[b]):
+                        out[kb] += row[kb]
+        # Graph outputs are returned as held: no cost. Hints: a small penalty on every choice
+        # that holds a hinted value otherwise (a tie-breaker, not a constraint).
+        unit = self.unit(node, edges)
+        penalty = max(1, SCALE // 1000)
+        node_costs = [[round(c / unit) for c in row] for row in node]
+        for (value, _), sharding in hint_of.items():
+            hinted = found.get(self.producer[value].name if value in self.producer else value)
+            if hinted is None:
+                continue
+            src = hinted
+            for k in range(sizes[src.group]):
+                if self.value_sharding(value, src, k) != sharding:
+                    node_costs[src.group][k] += penalty
+        problem = Problem(
+            tuple(sizes),
+            tuple(tuple(r) for r in node_costs),
+            tuple(
+                (a, b, tuple(tuple(round(c / unit) for c in row) for row in m))
+                for (a, b), m in sorted(edges.items())
+            ),
+            self.memory_rows(found, sizes),
+            self.cluster.memory,
+            unit,
+        )
+        return Search(problem, found, self.repeats, tuple(groups))
+
+    @staticmethod
+    def unit(node: list[list[float]], edges: Mapping[tuple[int, int], list[list[float]]]) -> float:
+        biggest = max(
+            [c for row in node for c in row] + [c for m in edges.values() for r in m for c in r],
+            default=0.0,
+        )
+        return biggest / SCALE if biggest > 0 else 1.0
+
+    def memory_rows(
+        self, found: Mapping[str, Decision], sizes: Sequence[int]
+    ) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+        """Per op in program order: the bytes live there, as (group, choice, bytes) terms."""
+        graph = self.graph
+        last: dict[str, int] = {}
+        for index, op in enumerate(graph.ops):
+            for name in op.inputs:
+                last[name] = index
+        for name in graph.outputs:
+            last[name] = len(graph.ops)
+        resident = [n for n, d in found.items() if not d.is_op]
+
+        sizes_of: dict[str, tuple[int, list[int]]] = {}
+
+        def bytes_of(name: str) -> tuple[int, list[int]]:
+            if name not in sizes_of:
+                info = graph.values[name]
+                d = found[self.producer[name].name] if name in self.producer else found[name]
+                sizes_of[name] = (
+                    d.group,
+                    [
+                        shard_bytes(
+                            info.shape, info.dtype, self.value_sharding(name, d, k), self.mesh
+                        )
+                        for k in range(sizes[d.group])
+                    ],
+                )
+            return sizes_of[name]
+
+        def terms(names: Iterable[str]) -> dict[tuple[int, int], int]:
+            out: dict[tuple[int, int], int] = {}
+            for name in names:
+                group, per_choice = bytes_of(name)
+                for k, size in enumerate(per_choice):
+                    out[(group, k)] = out.get((group, k), 0) + size
+            return out
+
+        base = terms(resident)
+        constants = sum(graph.values[c].nbytes for c in graph.constants if c in graph.values)
+        rows: dict[tuple[tuple[int, int, int], ...], None] = {}
+        live: set[str] = set()
+        for index, op in enumerate(graph.ops):
+            live |= {o for o in op.outputs if o}
+            row = dict(base)
+            for key, b in terms(sorted(live)).items():
+                row[key] = row.get(key, 0) + b
+            # Constants: replicated everywhere; a fixed term spread over group 0's choices.
+            for k in range(sizes[0] if sizes else 0):
+                row[(0, k)] = row.get((0, k), 0) + constants
+            rows[tuple(sorted((g, k, b) for (g, k), b in row.items() if b))] = None
+            live = {n for n in live if last.get(n, -1) > index}
+        return tuple(rows)
+
+
+def build_search(
+    graph: Graph,
+    cluster: Cluster,
+    annotations: Sequence[Annotation] = (),
+    objective: str = "time",
+    coarsen: bool = True,
+) -> Search:
+    if objective not in ("time", "bytes"):
+        raise SearchError(f"unknown objective {objective!r}; valid: time, bytes")
+    return _Builder(graph, cluster, annotations, objective, coarsen).build()
