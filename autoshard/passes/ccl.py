@@ -69,6 +69,23 @@ class _Rewrite:
         used |= {name for step in self.steps for name in (*step.inputs, *step.outputs)}
         return {name: t for name, t in self.tensors.items() if name in used}
 
+    def rename(self, old: str, new: str) -> None:
+        """Every read of tensor `old` reads `new` instead."""
+
+        def swap(names: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(new if n == old else n for n in names)
+
+        for i, step in enumerate(self.steps):
+            if old not in step.inputs:
+                continue
+            if isinstance(step, Compute):
+                self.steps[i] = dataclasses.replace(
+                    step, op=dataclasses.replace(step.op, inputs=swap(step.op.inputs))
+                )
+            else:
+                self.steps[i] = dataclasses.replace(step, source=new)
+        self.program = dataclasses.replace(self.program, outputs=swap(self.program.outputs))
+
     def producer(self, tensor: str) -> int | None:
         return next((i for i, s in enumerate(self.steps) if tensor in s.outputs), None)
 
@@ -155,6 +172,8 @@ def fuse_reshards(program: Program, graph: Graph) -> Program:
                 for k in reversed(members):
                     del rw.steps[k]
                 rw.steps[members[0] : members[0]] = replanned
+                if not replanned:  # the chain comes back to where it started
+                    rw.rename(target, first.source)
                 continue  # the replanned chain may fuse further
         i += 1
     return rw.result()

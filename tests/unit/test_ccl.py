@@ -314,3 +314,33 @@ def test_all_gather_stays_above_a_broadcast(tmp_path):
     before = materialize(graph, propagate(graph, MESH, annotations))
     after = optimize_collectives(before, graph)
     assert steps(after) == steps(before)
+
+
+def test_a_chain_back_to_its_start_vanishes(tmp_path):
+    """r is produced rows-split, held whole (required), read rows-split again: the all_gather
+    and the all_slice cancel out, and the reader reads what the producer made."""
+    graph = write_model(
+        tmp_path / "twice.onnx",
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu1"),
+            helper.make_node("Relu", ["r"], ["y"], name="relu2"),
+        ],
+        [("x", [8, 4])],
+        [("y", [8, 4])],
+    )
+    annotations = [
+        Annotation("x", S("[[0]]")),
+        Annotation("r", S("[[]]")),
+        Annotation("r", S("[[0]]"), for_users=True),
+    ]
+    before = materialize(graph, propagate(graph, MESH, annotations))
+    assert steps(before) == [
+        "Relu",
+        "all_gather mesh_axes = [0] gather_axis = 0",
+        "all_slice mesh_axes = [0] slice_axis = 0",
+        "Relu",
+    ]
+    after = optimize_collectives(before, graph)
+    assert steps(after) == ["Relu", "Relu"]
+    assert after.steps[1].inputs == after.steps[0].outputs
+    check_same_meaning(graph, before, after)
