@@ -333,7 +333,8 @@ def test_a_chain_back_to_its_start_vanishes(tmp_path):
         Annotation("r", S("[[]]")),
         Annotation("r", S("[[0]]"), for_users=True),
     ]
-    before = materialize(graph, propagate(graph, MESH, annotations))
+    rows = {"relu1": ShardingOption.parse("[[0]]", 2)}
+    before = materialize(graph, propagate(graph, MESH, annotations, rows))
     assert steps(before) == [
         "Relu",
         "all_gather mesh_axes = [0] gather_axis = 0",
