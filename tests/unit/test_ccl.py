@@ -333,7 +333,7 @@ def test_a_chain_back_to_its_start_vanishes(tmp_path):
         Annotation("r", S("[[]]")),
         Annotation("r", S("[[0]]"), for_users=True),
     ]
-    rows = {"relu1": ShardingOption.parse("[[0]]", 2)}
+    rows = {n: ShardingOption.parse("[[0]]", 2) for n in ("relu1", "relu2")}
     before = materialize(graph, propagate(graph, MESH, annotations, rows))
     assert steps(before) == [
         "Relu",
