@@ -151,8 +151,13 @@ def _option(sharding: Sharding, rank: int) -> ShardingOption:
 
 
 def fuse_reshards(program: Program, graph: Graph) -> Program:
-    """Replan every chain of collectives whose intermediate tensors have no other reader."""
+    """Replan every chain of collectives whose intermediate tensors have no other reader; drop
+    collectives nobody reads (a value held as required but read only in another sharding)."""
     rw = _Rewrite(program, graph)
+    while dead := [i for i, s in enumerate(rw.steps) if isinstance(s, Communicate)
+                   and not rw.readers(s.target)]:  # fmt: skip
+        for i in reversed(dead):
+            del rw.steps[i]
     i = 0
     while i < len(rw.steps):
         first = rw.steps[i]
