@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from autoshard import __version__
@@ -92,16 +94,15 @@ def cmd_layout(args: argparse.Namespace) -> int:
 
 
 def cmd_propagate(args: argparse.Namespace) -> int:
-    from autoshard.annotations import load_annotations, parse_annotate_flag
+    from autoshard.cost.model import price
     from autoshard.ir.onnx_import import import_onnx
     from autoshard.pipeline import lower
     from autoshard.plan import describe
     from autoshard.propagate import propagate
 
-    mesh = Mesh.parse(args.mesh)
-    annotations = [parse_annotate_flag(a) for a in args.annotate or ()]
-    if args.annotations:
-        annotations += load_annotations(args.annotations)
+    cluster = _cluster(args)
+    mesh = cluster.mesh
+    annotations = _annotations(args)
     graph = import_onnx(args.model, _dims(args.dim))
     result = propagate(graph, mesh, annotations)
     program = lower(graph, result)
@@ -110,7 +111,12 @@ def cmd_propagate(args: argparse.Namespace) -> int:
 
         print(print_program(program, args.dialect), end="")
         return 0
-    data: dict[str, Any] = {**describe(result, graph), "collectives": program.collectives_json()}
+    cost = price(program, graph, cluster)
+    data: dict[str, Any] = {
+        **describe(result, graph),
+        "collectives": program.collectives_json(),
+        "cost": cost.to_json(),
+    }
     if args.json:
         _emit(data)
         return 0
@@ -128,6 +134,87 @@ def cmd_propagate(args: argparse.Namespace) -> int:
         )
     if result.unruled:
         print(f"computed replicated (no rule): {', '.join(result.unruled)}")
+    print(_cost_summary(cost, cluster))
+    return 0
+
+
+def _cluster(args: argparse.Namespace) -> Any:
+    from autoshard.cost.cluster import make_cluster
+
+    return make_cluster(
+        args.mesh, args.device, args.bandwidth, args.latency, args.memory, args.cluster
+    )
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.2f} {unit}"
+        count /= 1024
+    return f"{count} B"  # pragma: no cover
+
+
+def _cost_summary(cost: Any, cluster: Any) -> str:
+    lines = [
+        f"memory per device: {_size(cost.memory_bytes_per_device)} of {_size(cluster.memory)} "
+        f"({cost.memory_bytes_per_device / cluster.memory:.1%})",
+        f"compute: {cost.compute_time_s * 1e3:.3f} ms per device on {cluster.device.name}",
+        f"communication: {_size(cost.comm_bytes_per_device)} per device, "
+        f"{cost.comm_time_s * 1e3:.3f} ms",
+    ]
+    for axes, (sent, seconds) in cost.by_axes.items():
+        if sent:
+            lines.append(f"  mesh axes {axes}: {_size(sent)}, {seconds * 1e3:.3f} ms")
+    lines.append(f"objective (compute + communication): {cost.objective * 1e3:.3f} ms")
+    return "\n".join(lines)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from autoshard.ir.onnx_import import import_onnx
+    from autoshard.pipeline import auto_plan, model_info, plan_document
+
+    cluster = _cluster(args)
+    dims = _dims(args.dim)
+    graph = import_onnx(args.model, dims)
+    started = time.perf_counter()
+
+    def progress(message: str) -> None:
+        if time.perf_counter() - started > 1.0 or args.verbose:
+            print(f"autoshard: {message}", file=sys.stderr, flush=True)
+
+    planned = auto_plan(
+        graph, cluster, _annotations(args), args.objective, args.time_limit, progress
+    )
+    document = plan_document(
+        graph,
+        cluster,
+        planned.plan,
+        planned.program,
+        planned.cost,
+        model_info(args.model, graph, dims),
+        planned,
+    )
+    if args.out:
+        from autoshard.artifacts import write_atomic
+
+        write_atomic(Path(args.out), (json.dumps(document, indent=2) + "\n").encode())
+    if args.json:
+        _emit(document)
+        return 0
+    solver, search = document["solver"], document["search"]
+    layers = search["repeated_layers"]
+    print(f"plan for {args.model} on mesh {cluster.mesh} ({cluster.mesh.size} devices)")
+    print(_cost_summary(planned.cost, cluster))
+    print(
+        f"collectives: {len(document['collectives'])}; solver {solver['status']}, gap "
+        f"{solver['gap']:.2%}, {solver['wall_s']:.2f} s; problem {search['groups']} groups, "
+        f"{search['choices']} choices"
+        + (f" ({layers['layers']} repeated layers solved once)" if layers["layers"] > 1 else "")
+    )
+    if planned.plan.unruled:
+        print(f"computed replicated (no rule): {', '.join(planned.plan.unruled)}")
+    if args.out:
+        print(f"plan written to {args.out}")
     return 0
 
 
@@ -214,6 +301,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cluster_flags(parser: argparse.ArgumentParser, mesh_required: bool) -> None:
+    del mesh_required  # --mesh is declared by the command; a cluster file may hold it
+    parser.add_argument("--device", help="device preset: h100, a100, mi300x, tpu-v5e, l4")
+    parser.add_argument(
+        "--bandwidth", help="link bandwidth per mesh axis, e.g. 25GB/s,450GB/s (or one for all)"
+    )
+    parser.add_argument("--latency", help="link latency per mesh axis, e.g. 5us,1us")
+    parser.add_argument("--memory", help="memory budget per device, e.g. 16GiB")
+    parser.add_argument("--cluster", metavar="FILE", help="cluster file (JSON or YAML)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autoshard", description="Auto-sharding planner for ML models.")
     parser.add_argument("--version", action="version", version=f"autoshard {__version__}")
@@ -243,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     propagate.add_argument("--annotations", metavar="FILE", help="annotations JSON file")
     propagate.add_argument("--json", action="store_true", help="machine-readable output")
+    _cluster_flags(propagate, mesh_required=True)
     propagate.add_argument(
         "--emit",
         choices=("summary", "mlir"),
@@ -256,6 +355,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="MLIR spelling for --emit mlir: seed 003's mesh or upstream LLVM 22's shard",
     )
     propagate.set_defaults(run=cmd_propagate)
+
+    plan = commands.add_parser("plan", help="search the cheapest sharding plan (CP-SAT)")
+    plan.add_argument("model", help="path to an .onnx file")
+    plan.add_argument("--mesh", help="device mesh, e.g. 4x8 (or in --cluster)")
+    plan.add_argument(
+        "--dim", action="append", type=_dim, metavar="NAME=SIZE", help="bind a symbolic dim"
+    )
+    plan.add_argument(
+        "--annotate", action="append", metavar="VALUE=SHARDING", help="required annotation"
+    )
+    plan.add_argument("--annotations", metavar="FILE", help="annotations JSON file")
+    _cluster_flags(plan, mesh_required=False)
+    plan.add_argument(
+        "--objective", choices=("time", "bytes"), default="time",
+        help="minimize compute + communication time (default) or communication bytes",
+    )  # fmt: skip
+    plan.add_argument(
+        "--time-limit", type=float, default=60.0, help="solver limit, seconds (default 60)"
+    )
+    plan.add_argument("-o", "--out", metavar="PLAN.json", help="write the plan JSON here")
+    plan.add_argument("--json", action="store_true", help="print the plan JSON")
+    plan.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
+    plan.set_defaults(run=cmd_plan)
 
     reshard = commands.add_parser(
         "reshard", help="the collectives that turn one sharding of a tensor into another"

@@ -59,7 +59,10 @@ def solve(problem: Problem, time_limit: float = 60.0) -> Solution:
     relaxed = _cp_sat(reduced, time_limit, memory=False)
     choice = _expand(relaxed.choice, kept, order, len(problem.sizes))
     if problem.peak(choice) <= problem.budget:
-        return dataclasses.replace(relaxed, choice=choice, objective=problem.objective(choice))
+        objective = problem.objective(choice)
+        proven = relaxed.status == "OPTIMAL"
+        bound = objective if proven else relaxed.bound
+        return dataclasses.replace(relaxed, choice=choice, objective=objective, bound=bound)
     return _cp_sat(problem, time_limit, memory=True)
 
 
