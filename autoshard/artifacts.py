@@ -37,6 +37,7 @@ from autoshard.propagate import propagate
 from autoshard.verify import Report, verify
 from autoshard.weights import (
     Entry,
+    File,
     public_mode,
     read_safetensors,
     sha256_file,
@@ -141,7 +142,8 @@ def write_partition(setup: Setup, out: str | os.PathLike[str], dialect: str = "m
     except OSError as error:
         raise PartitionFolderError(f"cannot create '{folder}': {error.strerror}") from None
     names = sorted(graph.weights)
-    devices = []
+    devices: list[dict[str, Any]] = []
+    files: list[File] = []
     for device in partitioned.devices:
         slices = {n: partitioned.slices(n, device.index) for n in names}
         entry: dict[str, Any] = {
@@ -150,20 +152,23 @@ def write_partition(setup: Setup, out: str | os.PathLike[str], dialect: str = "m
             "file": None,
             "sha256": None,
             "bytes": 0,
+            "slices": {n: _slices_json(slices[n]) for n in names},
         }
+        devices.append(entry)
         if not shape_only and names:
-            file = f"{WEIGHTS}/device-{device.index}.safetensors"
-            entries = [Entry(n, graph.weights[n], slices[n]) for n in names]
+            entry["file"] = f"{WEIGHTS}/device-{device.index}.safetensors"
             metadata = {
                 "format": FORMAT,
                 "mesh": str(setup.mesh),
                 "device": str(device.index),
                 "coordinates": ",".join(map(str, device.device)),
             }
-            digest, size = write_safetensors(folder / file, entries, metadata)
-            entry.update(file=file, sha256=digest, bytes=size)
-        entry["slices"] = {n: _slices_json(slices[n]) for n in names}
-        devices.append(entry)
+            entries = tuple(Entry(n, graph.weights[n], slices[n]) for n in names)
+            files.append(File(folder / entry["file"], entries, metadata))
+    written = iter(write_safetensors(files))
+    for entry in devices:
+        if entry["file"] is not None:
+            entry["sha256"], entry["bytes"] = next(written)
     _remove_stale(folder / WEIGHTS, {d["file"] for d in devices})
     text = print_spmd(built, dialect)
     if text is not None:

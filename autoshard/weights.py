@@ -7,9 +7,11 @@ the data part) and may hold "__metadata__" (string to string). Here tensors are 
 sorted name order and the header is space-padded to a multiple of 8 bytes (the reference
 writer's alignment), so the same tensors always give the same bytes.
 
-Writing streams: a weight is read through a memory map or a view of the model's bytes, and
-its device slice goes to the file in chunks of at most `CHUNK_BYTES`, so no weight is ever held
-whole in a second copy. The sha256 of a file is computed on the way. Bytes are the host's,
+Writing streams: the device files are written together, weight by weight, so each weight is
+read once (external data through a memory map, never copied whole; an embedded initializer
+copied once out of the model's protobuf, which hands out no view of its bytes), and each
+device's slice goes to its file in chunks of at most `CHUNK_BYTES`. The sha256 of each file is
+computed on the way. Bytes are the host's,
 which is little-endian on every platform onnxruntime supports (checked at import).
 """
 
@@ -23,6 +25,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from onnx import numpy_helper
@@ -74,8 +77,8 @@ class Entry:
 
 
 def weight_array(weight: Weight) -> np.ndarray:
-    """The weight's data without a second copy: a view of the model's raw bytes, or the
-    memory map `Weight.load` gives for external data."""
+    """The weight's data: the memory map `Weight.load` gives for external data, or a view of
+    the bytes protobuf hands out for an embedded initializer (one copy of them)."""
     tensor = weight.tensor
     if weight.external is None and tensor is not None and tensor.raw_data:
         numpy_type = dtypes.numpy_dtype(weight.dtype)
@@ -114,10 +117,9 @@ def header_bytes(entries: Sequence[Entry], metadata: Mapping[str, str]) -> bytes
     return len(text).to_bytes(8, "little") + text
 
 
-def _chunks(entry: Entry) -> Iterator[bytes]:
-    """The little-endian bytes of the entry's region, at most CHUNK_BYTES at a time."""
-    array = weight_array(entry.weight)
-    view = array[tuple(slice(a, b) for a, b in entry.region)]
+def _chunks(array: np.ndarray, region: tuple[Slice, ...]) -> Iterator[bytes]:
+    """The bytes of `region` of `array`, at most about CHUNK_BYTES at a time."""
+    view = array[tuple(slice(a, b) for a, b in region)]
     if view.size == 0:
         return
     if view.ndim == 0:
@@ -136,32 +138,72 @@ def public_mode() -> int:
     return 0o666 & ~umask
 
 
-def write_safetensors(
-    path: str | os.PathLike[str], entries: Sequence[Entry], metadata: Mapping[str, str]
-) -> tuple[str, int]:
-    """Write `entries` atomically (temp file + rename); return (sha256 hex, bytes written)."""
-    path = Path(path)
-    digest = hashlib.sha256()
-    written = 0
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+@dataclass(frozen=True)
+class File:
+    """One safetensors file to write: its path, tensors and metadata."""
+
+    path: Path
+    entries: tuple[Entry, ...]
+    metadata: Mapping[str, str]
+
+
+OPEN_FILES = 256
+"""Files written at once by `write_safetensors`; more are written in rounds."""
+
+
+def write_safetensors(files: Sequence[File]) -> list[tuple[str, int]]:
+    """Write `files`, each atomically (temp file + rename); return each one's (sha256 hex,
+    bytes).
+
+    The files are written together, weight by weight: each weight is read once for all the
+    files holding a slice of it (reading an embedded initializer copies it out of the model's
+    protobuf; an external one is memory-mapped), and its slices go out in chunks.
+    """
+    out: list[tuple[str, int]] = []
+    for start in range(0, len(files), OPEN_FILES):
+        out += _write_round(files[start : start + OPEN_FILES])
+    return out
+
+
+def _write_round(files: Sequence[File]) -> list[tuple[str, int]]:
+    temps: list[str] = []
+    handles: list[BinaryIO] = []
+    digests = [hashlib.sha256() for _ in files]
+    sizes = [0] * len(files)
     try:
-        with os.fdopen(handle, "wb") as f:
-            for chunk in _stream(entries, metadata):
-                f.write(chunk)
-                digest.update(chunk)
-                written += len(chunk)
-        os.chmod(temp, public_mode())
-        os.replace(temp, path)
+        for file in files:
+            descriptor, temp = tempfile.mkstemp(prefix=f".{file.path.name}.", dir=file.path.parent)
+            temps.append(temp)
+            handles.append(os.fdopen(descriptor, "wb"))
+
+        def write(k: int, data: bytes) -> None:
+            handles[k].write(data)
+            digests[k].update(data)
+            sizes[k] += len(data)
+
+        for k, file in enumerate(files):
+            write(k, header_bytes(file.entries, file.metadata))
+        holders: dict[str, list[tuple[int, Entry]]] = {}
+        for k, file in enumerate(files):
+            for entry in file.entries:
+                holders.setdefault(entry.name, []).append((k, entry))
+        for name in sorted(holders):
+            array = weight_array(holders[name][0][1].weight)
+            for k, entry in holders[name]:
+                for chunk in _chunks(array, entry.region):
+                    write(k, chunk)
+            del array
+        for handle, temp, file in zip(handles, temps, files, strict=True):
+            handle.close()
+            os.chmod(temp, public_mode())
+            os.replace(temp, file.path)
     except BaseException:
-        Path(temp).unlink(missing_ok=True)
+        for handle in handles:
+            handle.close()
+        for temp in temps:
+            Path(temp).unlink(missing_ok=True)
         raise
-    return digest.hexdigest(), written
-
-
-def _stream(entries: Sequence[Entry], metadata: Mapping[str, str]) -> Iterator[bytes]:
-    yield header_bytes(entries, metadata)
-    for entry in sorted(entries, key=lambda e: e.name):
-        yield from _chunks(entry)
+    return [(d.hexdigest(), n) for d, n in zip(digests, sizes, strict=True)]
 
 
 def read_safetensors(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
