@@ -12,6 +12,7 @@ here too, from the stages' values, with a versioned schema:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -73,22 +74,57 @@ def auto_plan(
         f"search problem: {len(problem.sizes)} groups, {problem.variables} choices, "
         f"{len(problem.edges)} edges, {len(problem.memory)} memory rows ({built:.1f} s)"
     )
-    try:
-        solution = solve(problem, time_limit)
-    except InfeasibleError:
-        peak, choice = lowest_budget(problem, time_limit)
-        program = lower(graph, search.plan(graph, cluster, choice))
-        live = memory(program).live[:5]
-        biggest = ", ".join(f"{name} ({size} B)" for name, size in live)
-        raise InfeasibleError(
-            f"no plan fits {cluster.memory} bytes per device; the lowest feasible budget is "
-            f"about {peak} bytes (--memory {-(-peak // 2**20)}MiB); largest tensors live at "
-            f"its peak: {biggest}"
-        ) from None
+    # The ILP counts each value once; the program also holds reshard buffers (the result of
+    # an all_reduce next to its partial input). When those push the program over the budget,
+    # the ILP's budget is lowered by the excess and it solves again.
+    budget = cluster.memory
+    for _ in range(_BUDGET_ROUNDS):
+        try:
+            solution = solve(dataclasses.replace(problem, budget=budget), time_limit)
+        except InfeasibleError:
+            raise _infeasible(graph, cluster, search, time_limit) from None
+        plan = search.plan(graph, cluster, solution.choice)
+        program = lower(graph, plan)
+        peak = memory(program).peak
+        if peak <= cluster.memory:
+            break
+        budget -= peak - cluster.memory
+        say(f"the program needs {peak} bytes with its reshard buffers; solving again")
+    else:
+        raise _infeasible(graph, cluster, search, time_limit)
     say(f"solved: {solution.status}, gap {solution.gap:.2%} ({solution.wall_s:.1f} s)")
-    plan = search.plan(graph, cluster, solution.choice)
-    program = lower(graph, plan)
     return Planned(plan, program, price(program, graph, cluster), solution, search, built)
+
+
+_BUDGET_ROUNDS = 5
+_BUDGET_PROBES = 6
+
+
+def _infeasible(
+    graph: Graph, cluster: Cluster, search: Search, time_limit: float
+) -> InfeasibleError:
+    """The error for a budget no plan fits: the lowest budget a plan of the search reaches
+    (its program's real peak, reshard buffers included: the plans the ILP finds under a few
+    budgets between its own lowest peak and that plan's real peak), and the largest tensors
+    live at that plan's peak."""
+    problem = search.problem
+    lowest, choice = lowest_budget(problem, time_limit)
+    best = memory(lower(graph, search.plan(graph, cluster, choice)))
+    for step in range(1, _BUDGET_PROBES + 1):
+        budget = lowest + (best.peak - lowest) * step // (_BUDGET_PROBES + 1)
+        try:
+            found = solve(dataclasses.replace(problem, budget=budget), time_limit)
+        except InfeasibleError:
+            continue
+        usage = memory(lower(graph, search.plan(graph, cluster, found.choice)))
+        if usage.peak < best.peak:
+            best = usage
+    biggest = ", ".join(f"{name} ({size} B)" for name, size in best.live[:5])
+    return InfeasibleError(
+        f"no plan fits {cluster.memory} bytes per device; the lowest feasible budget is "
+        f"{best.peak} bytes (--memory {-(-best.peak // 2**20)}MiB); the largest tensors "
+        f"live at its peak: {biggest}"
+    )
 
 
 def plan_document(

@@ -161,8 +161,13 @@ def plan_from_options(
     for name in graph.values:
         values.setdefault(name, held.get(name, Sharding()))
     for i, name in enumerate(graph.outputs):
-        needs[(RETURN, i)] = values[name]
+        needs[(RETURN, i)] = _returned(values[name])
     return Plan(cluster.mesh, options, values, dict(values), needs, tuple(unruled))
+
+
+def _returned(sharding: Sharding) -> Sharding:
+    """Outputs are returned complete: a partial result is reduced first (its split kept)."""
+    return Sharding(sharding.split_axes)
 
 
 # ---- building -----------------------------------------------------------------------------------
@@ -395,7 +400,13 @@ class _Builder:
                     row, out = cell[ka], matrix[ka]
                     for kb in range(sizes[b]):
                         out[kb] += row[kb]
-        # Graph outputs are returned as held: no cost. Hints: a small penalty on every choice
+        for name in graph.outputs:
+            if name in self.producer:
+                d = found[self.producer[name].name]
+                for k in range(sizes[d.group]):
+                    held = self.value_sharding(name, d, k)
+                    node[d.group][k] += self.reshard_cost(name, held, _returned(held))
+        # Hints: a small penalty on every choice
         # that holds a hinted value otherwise (a tie-breaker, not a constraint).
         unit = self.unit(node, edges)
         penalty = max(1, SCALE // 1000)
