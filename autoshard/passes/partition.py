@@ -387,14 +387,15 @@ class _Partitioner:
             per_device = self.masked_lookup(op)
         if op.type == "GatherND":
             per_device = self.local_positions(op)
-        partial = self.sharding(op.outputs[0]).partial_axes if op.outputs[0] else ()
+        result = self.sharding(op.outputs[0]) if op.outputs[0] else Sharding()
+        partial = result.partial_type if result.partial_axes else None
         for k in range(self.count):
             per_device[k] = [
-                c for o in per_device[k] for c in self.nothing_to_compute(o, k, bool(partial))
+                c for o in per_device[k] for c in self.nothing_to_compute(o, k, partial)
             ]
         return op, per_device
 
-    def nothing_to_compute(self, op: Op, k: int, partial: bool) -> list[Op]:
+    def nothing_to_compute(self, op: Op, k: int, partial: ReductionKind | None) -> list[Op]:
         """Where a device's shard leaves an op nothing to compute, its results are constants:
         empty results need no values; a reduction over an empty shard gives the reduction's
         identity (its partial result). Runtimes need not handle empty tensors in every op."""
@@ -404,13 +405,12 @@ class _Partitioner:
         empty_operand = any(n and 0 in shapes[n] for n in op.inputs)
         if not empty_result and not (empty_operand and partial):
             return [op]
-        kind = self.sharding(op.outputs[0]).partial_type
         out = []
         for j, name in enumerate(results):
             shape = self.shapes[k][name]
             fill = np.zeros(1, dtypes.numpy_dtype(self.dtypes[name]))
             if 0 not in shape:
-                fill[0] = _identity(kind, fill.dtype)
+                fill[0] = _identity(partial or ReductionKind.SUM, fill.dtype)
             target = f"{op.name}.shape{j}"
             self.own[k][target] = np.array(shape, np.int64)
             self.shapes[k][target] = (len(shape),)
@@ -454,8 +454,9 @@ class _Partitioner:
 
     def check_lookup(self, op: Op, split: tuple[tuple[int, ...], ...], rule: OpRule) -> None:
         """A lookup whose constant ids are block-local (rules/shape.py) splits the table's
-        gathered dims along with a dim of the ids: the blocks line up only if the split is
-        even (every id of a device's ids then falls in its rows)."""
+        gathered dims along with a dim of the ids. An even split lines the blocks up; an uneven
+        one may (a dim of 2 rows looked up by ids [0, 1], over 3 devices: 1, 1, 0 each side),
+        so then every device's ids are checked to fall in its own rows."""
         data = rule.operands[0]
         if data is None:
             return
@@ -466,18 +467,40 @@ class _Partitioner:
             batch = op.attr("batch_dims", 0)
             k = self.tensors[op.inputs[1]].shape[-1]
             gathered = list(range(batch, batch + k)) if isinstance(batch, int) else []
-        for dim in gathered:
+        for component, dim in enumerate(gathered):
             loop = data.loop_of(dim)
             if loop is None or rule.loops[loop].kind is not IteratorType.PARALLEL:
                 continue
             n = self.mesh.group_size(split[loop])
-            if split[loop] and rule.loops[loop].size % n:
+            if split[loop] and rule.loops[loop].size % n and not self.own_rows(op, dim, component):
                 raise self.fail(
                     op,
                     f"its table dim {dim} and its ids are split together (loop d{loop} of size "
-                    f"{rule.loops[loop].size}) over {n} devices unevenly; the ids' blocks then "
-                    "do not fall in the same device's rows",
+                    f"{rule.loops[loop].size}) over {n} devices unevenly, and some device's ids "
+                    "fall outside its rows",
                 )
+
+    def own_rows(self, op: Op, dim: int, component: int) -> bool:
+        """Does every device's part of the constant ids (their `component` for a GatherND)
+        index only rows of table dim `dim` that the device holds?"""
+        data, ids = op.inputs[0], op.inputs[1]
+        values = self.constant_value(ids)
+        if values is None:
+            return False
+        if op.type == "GatherND":
+            values = values[..., component]
+        size = self.tensors[data].shape[dim]
+        values = np.where(values < 0, values + size, values)
+        id_regions = device_slices(self.sharding(ids), self.tensors[ids].shape, self.mesh)
+        rows = device_slices(self.sharding(data), self.tensors[data].shape, self.mesh)
+        for region, held in zip(id_regions, rows, strict=True):
+            if op.type == "GatherND":
+                region = region[:-1]
+            mine = values[tuple(slice(a, b) for a, b in region)]
+            lo, hi = held[dim]
+            if mine.size and (mine.min() < lo or mine.max() >= hi):
+                return False
+        return True
 
     # -- shape-carrying operands --
 

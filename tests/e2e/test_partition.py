@@ -181,6 +181,26 @@ def test_uneven_vocabulary_split():
     check_numerics(graph, model_path("gpt2"), partitioned)
 
 
+def test_block_local_lookup_stays_local_and_uneven_ones_are_checked():
+    # TorchScript BERT gathers its flattened [batch * seq, 1] mask by constant ids
+    # [batch, 1, 1, seq]: ids of batch b index rows b * seq ..; split alike, each device's ids
+    # fall in its own rows, so the lookup is a shifted Gather, unmasked and not partial.
+    graph = import_onnx(model_path("bert"), {"batch": 4, "seq": 6})
+    fixed = options(**{"/bert/Gather_4": [(0,), (), (), (), ()]})
+    partitioned = run(graph, Mesh((2,)), [], fixed)
+    local = [s.op for s in partitioned.devices[1].steps if isinstance(s, LocalCompute)]
+    lookup = [op.type for op in local if op.name.startswith("/bert/Gather_4")]
+    assert lookup == ["Less", "Add", "Where", "Sub", "Gather"]
+    assert int(partitioned.devices[1].constants["/bert/Gather_4.lo"]) == 12
+    assert not partitioned.program.tensors["/bert/Gather_4_output_0"].sharding.partial_axes
+    check_numerics(graph, model_path("bert"), partitioned)
+    # Batch 2 over 3 devices: ids rows 1, 1, 0 but table rows 4, 4, 4; device 0's ids
+    # reach row 11.
+    graph = import_onnx(model_path("bert"), {"batch": 2, "seq": 6})
+    with pytest.raises(PartitionError, match="some device's ids fall outside its rows"):
+        run(graph, Mesh((3,)), [], fixed)
+
+
 def test_bias_is_added_by_the_first_device_of_each_reduction_group():
     graph = import_onnx(model_path("mlp"), {"batch": 4})
     partitioned = run(graph, Mesh((2, 2)), [Annotation("0.weight", S("[[1]]"))])
