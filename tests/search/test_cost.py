@@ -1,0 +1,104 @@
+"""The cost model's formulas against hand-computed numbers, and the cluster's flags."""
+
+import pytest
+
+from autoshard.cost.cluster import ClusterError, make_cluster, parse_bandwidth, parse_size
+from autoshard.cost.model import collective_time, shard_bytes
+from autoshard.mesh import Mesh
+from autoshard.reshard import plan_reshard
+from autoshard.sharding import Sharding
+
+S = Sharding.parse
+CLUSTER = make_cluster(mesh="4x8", bandwidth="25GB/s,450GB/s", latency="5us,1us")
+
+
+def only(src, dst, shape, mesh=CLUSTER.mesh):
+    (collective,) = plan_reshard(S(src), S(dst), shape, mesh)
+    return collective
+
+
+def test_all_gather_over_the_slow_axis():
+    """1024x1024 float32 split 4 ways on axis 0: local 1 MiB; an all_gather sends (n-1) local
+    shards = 3 MiB over 25 GB/s in 3 steps of 5 us."""
+    c = only("[[0]]", "[[]]", (1024, 1024))
+    assert c.bytes_per_device == 3 * 2**20
+    assert collective_time(c, CLUSTER) == pytest.approx(3 * 5e-6 + 3 * 2**20 / 25e9)
+
+
+def test_all_reduce_over_the_fast_axis():
+    """A partial sum over axis 1 (8 devices) of a 4 MiB tensor: 2 (n-1)/n T = 7 MiB in 14
+    steps of 1 us at 450 GB/s."""
+    c = only("[[]] partial = sum[1]", "[[]]", (1024, 1024))
+    assert c.bytes_per_device == 2 * 7 * 2**19
+    assert collective_time(c, CLUSTER) == pytest.approx(14e-6 + 7 * 2**20 / 450e9)
+
+
+def test_a_group_over_both_axes_runs_at_the_slowest_link():
+    """all_gather over [0, 1] (32 devices): 31 local shards of 128 KiB at 25 GB/s, 31 steps of
+    5 us: the inter-node axis bounds the whole ring."""
+    c = only("[[0, 1]]", "[[]]", (1024, 1024))
+    assert c.bytes_per_device == 31 * 2**17
+    assert collective_time(c, CLUSTER) == pytest.approx(31 * 5e-6 + 31 * 2**17 / 25e9)
+
+
+def test_reduce_scatter_and_all_to_all():
+    rs = only("[[]] partial = sum[1]", "[[1]]", (1024, 1024))
+    assert rs.bytes_per_device == 7 * 2**19  # (n-1)/n of 4 MiB
+    assert collective_time(rs, CLUSTER) == pytest.approx(7e-6 + 7 * 2**19 / 450e9)
+    a2a = only("[[1]]", "[[], [1]]", (1024, 1024))
+    assert a2a.bytes_per_device == 7 * 2**16  # (n-1)/n of the 512 KiB shard
+    assert collective_time(a2a, CLUSTER) == pytest.approx(7e-6 + 7 * 2**16 / 450e9)
+
+
+def test_a_local_slice_is_free():
+    c = only("[[]]", "[[0, 1]]", (1024, 1024))
+    assert (c.bytes_per_device, collective_time(c, CLUSTER)) == (0, 0.0)
+
+
+def test_shard_bytes_take_the_largest_shard():
+    """10 rows over 4 devices: shards of 3, 3, 3, 1 rows; float16 rows of 6 elements."""
+    assert shard_bytes((10, 6), "float16", S("[[0]]"), Mesh((4, 8))) == 3 * 6 * 2
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("16GiB", 16 * 2**30), ("80GB", 80 * 10**9), ("512 MiB", 512 * 2**20), ("1e9", 10**9)],
+)
+def test_sizes(text, expected):
+    assert parse_size(text) == expected
+
+
+def test_bandwidth_units():
+    assert parse_bandwidth("450GB/s") == 450e9
+    assert parse_bandwidth("100Gbit/s") == 100e9 / 8
+
+
+def test_presets_and_defaults():
+    cluster = make_cluster(mesh="2x4", device="a100")
+    assert cluster.memory == 80 * 10**9
+    assert cluster.bandwidth == (300e9, 300e9)
+    assert cluster.device.peak("bfloat16") == 312e12
+    assert cluster.device.peak("float32") == 19.5e12
+
+
+def test_cluster_file(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("mesh: 4x8\nbandwidth: [25GB/s, 450GB/s]\nlatency: 2us\ndevice: mi300x\n")
+    cluster = make_cluster(file=path, memory="64GiB")
+    assert (cluster.bandwidth, cluster.latency) == ((25e9, 450e9), (2e-6, 2e-6))
+    assert cluster.memory == 64 * 2**30 and cluster.device.name == "AMD Instinct MI300X"
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"mesh": "4x8", "bandwidth": "1GB/s,2GB/s,3GB/s"}, "3 bandwidth values for a mesh of 2"),
+        ({"mesh": "4x8", "device": "tpu9"}, "unknown device 'tpu9'; presets: a100, h100"),
+        ({"mesh": "4x8", "memory": "lots"}, "memory 'lots' is not a size like 16GiB"),
+        ({"mesh": "4x8", "latency": "5 parsecs"}, "latency '5 parsecs' is not like 5us"),
+        ({}, "no mesh: give --mesh"),
+    ],
+)
+def test_bad_cluster_flags(flags, message):
+    with pytest.raises(ClusterError, match=message.replace("(", r"\(")):
+        make_cluster(**flags)

@@ -1,0 +1,121 @@
+"""The ILP against exhaustive search: on problems small enough to enumerate, CP-SAT's optimum
+(with the exact elimination of low-degree groups, and with memory rows) equals the best of all
+choices."""
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autoshard.cost.cluster import make_cluster
+from autoshard.ir.onnx_import import import_onnx
+from autoshard.mesh import Mesh
+from autoshard.rules import rule_for
+from autoshard.search.candidates import candidates
+from autoshard.search.coarsen import find_repeats
+from autoshard.search.ilp import InfeasibleError, eliminate, solve
+from autoshard.search.problem import Problem, build_search
+from tests.golden.seed_models import write_seed_mlp
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+def brute_force(problem: Problem):
+    best = None
+    for choice in itertools.product(*(range(n) for n in problem.sizes)):
+        if problem.peak(choice) > problem.budget:
+            continue
+        value = problem.objective(choice)
+        best = value if best is None or value < best else best
+    return best
+
+
+def random_problem(seed, groups=5, memory=False):
+    rng = np.random.default_rng(seed)
+    sizes = tuple(int(n) for n in rng.integers(1, 5, groups))
+    edges = []
+    for a, b in itertools.combinations(range(groups), 2):
+        if rng.random() < 0.5:
+            m = rng.integers(0, 100, (sizes[a], sizes[b]))
+            edges.append((a, b, tuple(tuple(int(c) for c in row) for row in m)))
+    rows = ()
+    if memory:
+        rows = tuple(
+            tuple((g, k, int(rng.integers(1, 50))) for g in range(groups) for k in range(sizes[g])
+                  if rng.random() < 0.6)
+            for _ in range(3)
+        )  # fmt: skip
+    node = tuple(tuple(int(c) for c in rng.integers(0, 100, n)) for n in sizes)
+    return Problem(sizes, node, tuple(edges), rows, 80, 1.0)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_problems_without_memory(seed):
+    problem = random_problem(seed)
+    assert solve(problem).objective == brute_force(problem)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_problems_with_memory(seed):
+    problem = random_problem(seed, memory=True)
+    expected = brute_force(problem)
+    if expected is None:
+        with pytest.raises(InfeasibleError):
+            solve(problem)
+    else:
+        solution = solve(problem)
+        assert solution.objective == expected
+        assert problem.peak(solution.choice) <= problem.budget
+
+
+def test_elimination_is_exact_on_a_cycle_with_tails():
+    """A 4-cycle with a 2-group tail on each node: elimination removes the tails and one cycle
+    node, and the optimum is unchanged."""
+    rng = np.random.default_rng(7)
+    sizes = (3,) * 12
+    pairs = [(0, 1), (1, 2), (2, 3), (0, 3)] + [(i, 4 + 2 * i) for i in range(4)] + [
+        (4 + 2 * i, 5 + 2 * i) for i in range(4)]  # fmt: skip
+    edges = tuple(
+        (a, b, tuple(tuple(int(c) for c in row) for row in rng.integers(0, 50, (3, 3))))
+        for a, b in pairs
+    )
+    node = tuple(tuple(int(c) for c in rng.integers(0, 50, 3)) for _ in sizes)
+    problem = Problem(sizes, node, edges, (), 0, 1.0)
+    reduced, kept, _ = eliminate(problem)
+    assert len(kept) < 4
+    assert solve(problem).objective == brute_force(problem)
+
+
+@pytest.mark.parametrize("mesh, coarsen", [("2", False), ("2x2", True)])
+def test_real_graph_equals_exhaustive_search(tmp_path, mesh, coarsen):
+    """Seed 001's MLP (dot, max, dot) priced on a real cluster: every combination of
+    candidates enumerated (on 2x2 with weights following their dot, 25 M combinations
+    otherwise)."""
+    graph = import_onnx(write_seed_mlp(tmp_path / "mlp.onnx"))
+    search = build_search(graph, make_cluster(mesh=mesh), coarsen=coarsen)
+    problem = search.problem
+    assert 1 < np.prod(problem.sizes) < 200_000
+    assert solve(problem).objective == brute_force(problem)
+
+
+def test_candidates_of_a_matmul_on_2x2():
+    """MatMul [8, 16] x [16, 32]: each of 2 axes on none or one of 3 loops (16), plus the
+    reversed order of both axes on one loop (3): 19."""
+    graph = import_onnx(MODELS / "mlp.onnx", {"batch": 8})
+    matmul = next(op for op in graph.ops if op.type in ("MatMul", "Gemm"))
+    rule = rule_for(matmul, graph)
+    sizes = [loop.size for loop in rule.loops]
+    options = candidates(rule, Mesh((2, 2)))
+    splittable = sum(1 for s in sizes if s % 2 == 0)
+    both = sum(1 for s in sizes if s % 4 == 0)
+    assert len(options) == (splittable + 1) ** 2 + both
+    assert len(set(options)) == len(options)
+    assert str(options[0]) == "[[]]"
+
+
+def test_repeated_layers_of_the_32_layer_decoder():
+    graph = import_onnx(MODELS / "decoder_32l_shape_only.onnx", {"batch": 2, "seq": 64})
+    repeats = find_repeats(graph)
+    assert (repeats.period, repeats.count) == (37, 32)
+    assert repeats.start + repeats.ops <= len(graph.ops)
