@@ -44,7 +44,7 @@ from autoshard.search.candidates import candidates
 from autoshard.search.coarsen import NONE, Repeats, find_repeats
 from autoshard.sharding import Sharding
 
-SCALE = 10**7
+SCALE = 10**9
 """The largest cost coefficient after scaling: fine enough to separate plans, small enough to
 keep CP-SAT's arithmetic exact."""
 

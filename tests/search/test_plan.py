@@ -1,0 +1,154 @@
+"""`autoshard plan` end to end: the plans it finds, against hand plans priced by the same cost
+model, executed and compared with onnxruntime."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from autoshard.cli import main
+from autoshard.cost.cluster import make_cluster
+from autoshard.cost.model import price
+from autoshard.ir.onnx_import import import_onnx
+from autoshard.passes.partition import LocalCollective, partition
+from autoshard.pipeline import auto_plan, lower
+from autoshard.propagate import propagate
+from autoshard.reshard import ring_bytes
+from autoshard.search.baselines import data_parallel, dp_tp, megatron
+from autoshard.search.ilp import InfeasibleError
+from autoshard.verify import verify
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    """2048 tokens, hidden 1024, FFN 4096: 32 MiB of float32 weights."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2"),
+    ]
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((1024, 4096)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal((4096, 1024)).astype(np.float32), "w2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2048, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2048, 1024])],
+        weights,
+    )
+    path = tmp_path_factory.mktemp("mlp") / "mlp.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def collectives(program):
+    return [str(s.collective) for s in program.communications]
+
+
+def sent_by_devices(parts):
+    """The most bytes a device sends, from the local shapes of the partitioned program."""
+    most = 0
+    for device in parts.devices:
+        sent = 0
+        for step in device.steps:
+            if isinstance(step, LocalCollective) and step.group:
+                local = math.prod(device.shapes[step.source]) * 4  # float32
+                sent += ring_bytes(step.collective.kind, len(step.group), local)
+        most = max(most, sent)
+    return most
+
+
+def test_unbounded_memory_gives_data_parallel(mlp):
+    planned = auto_plan(import_onnx(mlp), make_cluster(mesh="8"))
+    assert {k: str(v) for k, v in planned.plan.options.items()} == {
+        "fc1": "[[0]]", "relu": "[[0]]", "fc2": "[[0]]"}  # fmt: skip
+    assert collectives(planned.program) == []
+
+
+def test_a_budget_below_the_replicated_weights_gives_megatron(mlp):
+    """32 MiB of weights replicated do not fit 30 MiB: W1 column-split, W2 row-split, one
+    all_reduce of y (the 7 MiB ring of a 8 MiB result: 2 * 7/8 * 8 MiB)."""
+    planned = auto_plan(import_onnx(mlp), make_cluster(mesh="8", memory="30MiB"))
+    plan = planned.plan
+    assert (str(plan.values["w1"]), str(plan.values["w2"])) == ("[[], [0]]", "[[0]]")
+    assert collectives(planned.program) == ["all_reduce mesh_axes = [0] reduction = sum"]
+    assert planned.cost.comm_bytes_per_device == 2 * 7 * 2**20
+    assert planned.cost.memory_bytes_per_device <= 30 * 2**20
+
+
+def test_an_infeasible_budget_names_the_lowest_one(mlp):
+    with pytest.raises(InfeasibleError) as error:
+        auto_plan(import_onnx(mlp), make_cluster(mesh="8", memory="16MiB"))
+    message = str(error.value)
+    assert "no plan fits 16777216 bytes per device; the lowest feasible budget is " in message
+    assert "--memory 28MiB" in message and "x (8388608 B)" in message
+
+
+def test_plan_command_is_deterministic_and_its_bytes_are_the_programs(mlp, tmp_path, capsys):
+    """Two runs write the same plan (but the solver's wall time); the plan's communication
+    bytes are those of the collectives of its partitioned program."""
+    args = ["plan", str(mlp), "--mesh", "8", "--memory", "30MiB"]
+    assert main([*args, "-o", str(tmp_path / "a.json")]) == 0
+    assert main([*args, "-o", str(tmp_path / "b.json")]) == 0
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    for doc in (a, b):
+        doc["solver"]["wall_s"] = doc["search"]["build_s"] = 0
+    assert a == b
+    assert a["schema"] == "autoshard.plan/1"
+    assert set(a["cost"]) >= {"objective", "comm_bytes_per_device", "comm_time_s",
+                              "compute_time_s", "memory_bytes_per_device"}  # fmt: skip
+    assert set(a["solver"]) == {"status", "objective", "bound", "gap", "wall_s", "variables",
+                                "constraints"}  # fmt: skip
+    graph = import_onnx(mlp)
+    planned = auto_plan(graph, make_cluster(mesh="8", memory="30MiB"))
+    parts = partition(planned.program, graph)
+    assert a["cost"]["comm_bytes_per_device"] == sent_by_devices(parts)
+    out = capsys.readouterr().out
+    assert "solver OPTIMAL, gap 0.00%" in out
+
+
+def test_gpt2_on_4x8_beats_the_hand_plans_and_verifies(tmp_path):
+    """GPT-2 on 4x8 under a memory budget: the plan costs no more than data parallel, Megatron
+    and DP x TP priced by the same model, and its partition computes what onnxruntime does."""
+    model = MODELS / "gpt2.onnx"
+    graph = import_onnx(model, {"batch": 32, "seq": 16})
+    free = make_cluster(mesh="4x8")
+    replicated = price(lower(graph, propagate(graph, free.mesh, data_parallel(graph, free.mesh))),
+                       graph, free).memory_bytes_per_device  # fmt: skip
+    cluster = make_cluster(mesh="4x8", memory=str(replicated))
+    mesh = cluster.mesh
+    hand = {
+        "dp": data_parallel(graph, mesh, (0, 1)),
+        "megatron": megatron(graph, mesh, 1),
+        "dp_tp": dp_tp(graph, mesh, 0, 1),
+    }
+    costs = {}
+    for name, annotations in hand.items():
+        program = lower(graph, propagate(graph, mesh, annotations))
+        cost = price(program, graph, cluster)
+        if cost.memory_bytes_per_device <= cluster.memory:
+            costs[name] = cost.objective
+    assert costs, "no hand plan fits: the budget is wrong"
+    planned = auto_plan(graph, cluster)
+    assert planned.cost.memory_bytes_per_device <= cluster.memory
+    assert planned.cost.objective <= min(costs.values()) * (1 + 1e-9)
+    parts = partition(planned.program, graph)
+    weights = {name: np.asarray(w.load()) for name, w in graph.weights.items()}
+
+    def load(k):
+        return {
+            name: array[tuple(slice(a, b) for a, b in parts.slices(name, k))]
+            for name, array in weights.items()
+        }
+
+    report = verify(parts, graph, model, load)
+    assert report.ok, report.to_json()
