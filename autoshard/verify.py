@@ -36,6 +36,7 @@ from autoshard.passes.partition import DeviceProgram, LocalCollective, LocalComp
 from autoshard.reshard import Collective, CollectiveKind
 from autoshard.sharding import Sharding
 from autoshard.simulate import run_collective
+from autoshard.weights import weight_array
 
 TINY = 1e-30
 TOLERANCES = {"float32": 1e-5, "float64": 1e-9, "float16": 1e-2, "bfloat16": 1e-2}
@@ -155,6 +156,21 @@ def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np
             raise VerifyError(f"input {name!r} is {array.dtype}; the model takes {value.dtype}")
         out[name] = array
     return out
+
+
+def model_weights(graph: Graph, partitioned: Partitioned) -> Callable[[int], dict[str, np.ndarray]]:
+    """Each device's weights cut from the model's own (views, no weight files): for checking
+    a partition in memory."""
+
+    def load(index: int) -> dict[str, np.ndarray]:
+        return {
+            name: weight_array(weight)[
+                tuple(slice(a, b) for a, b in partitioned.slices(name, index))
+            ]
+            for name, weight in graph.weights.items()
+        }
+
+    return load
 
 
 # ---- onnxruntime ------------------------------------------------------------------------------

@@ -24,22 +24,11 @@ from autoshard.passes.partition import partition
 from autoshard.pipeline import lower
 from autoshard.propagate import propagate
 from autoshard.search.baselines import dp_tp, megatron
-from autoshard.verify import verify
-from autoshard.weights import weight_array
+from autoshard.verify import model_weights, verify
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 DIMS = {"batch": 4, "seq": 8, "dec_seq": 4}
 LARGE = {"batch": 8, "seq": 256}
-
-
-def weights_of(graph, partitioned):
-    def load(index):
-        return {
-            n: weight_array(w)[tuple(slice(a, b) for a, b in partitioned.slices(n, index))]
-            for n, w in graph.weights.items()
-        }
-
-    return load
 
 
 def row(path: Path, mesh: Mesh, plan: str, dims: dict[str, int]) -> tuple[list[str], bool]:
@@ -64,7 +53,7 @@ def row(path: Path, mesh: Mesh, plan: str, dims: dict[str, int]) -> tuple[list[s
     verified = ["-", "-", "-"]
     if all(w.has_data for w in graph.weights.values()):
         start = time.perf_counter()
-        report = verify(partitioned, graph, path, weights_of(graph, partitioned))
+        report = verify(partitioned, graph, path, model_weights(graph, partitioned))
         worst = max(c.max_rel_err for c in report.outputs.values())
         verified = [f"{time.perf_counter() - start:.2f}", str(report.sessions), f"{worst:.1e}"]
         ok = report.ok

@@ -24,8 +24,7 @@ from autoshard.propagate import propagate
 from autoshard.rules import IteratorType, rule_for
 from autoshard.search.baselines import dp_tp
 from autoshard.sharding import Sharding
-from autoshard.verify import random_inputs, reference_outputs, verify
-from autoshard.weights import weight_array
+from autoshard.verify import model_weights, random_inputs, reference_outputs, verify
 
 from .helpers import model_path
 
@@ -36,18 +35,8 @@ def run(graph, mesh, annotations=(), options=None):
     return partition(lower(graph, propagate(graph, mesh, annotations, options)), graph)
 
 
-def device_weights(graph, partitioned):
-    def load(index):
-        return {
-            name: weight_array(w)[tuple(slice(a, b) for a, b in partitioned.slices(name, index))]
-            for name, w in graph.weights.items()
-        }
-
-    return load
-
-
 def check_numerics(graph, model, partitioned, reference=None):
-    report = verify(partitioned, graph, model, device_weights(graph, partitioned), None, None, 0,
+    report = verify(partitioned, graph, model, model_weights(graph, partitioned), None, None, 0,
                     reference)  # fmt: skip
     assert report.ok, report.to_json()
     return report
