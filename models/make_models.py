@@ -465,9 +465,14 @@ class _ExternalWeights:
 
 
 def build_decoder_32l_shape_only() -> Built:
-    """Llama-7B-sized decoder graph (32 layers, hidden 4096, 32 heads, SwiGLU 11008, vocab
-    32000) built with ``onnx.helper``; weights are external references to a file that does
-    not exist, so the graph is usable for shape/cost planning only, never for running.
+    return build_decoder_shape_only(BIG_LAYERS)
+
+
+def build_decoder_shape_only(layers: int) -> Built:
+    """Llama-7B-sized decoder graph (`layers` layers, 32 in the bundled model; hidden 4096, 32
+    heads, SwiGLU 11008, vocab 32000) built with ``onnx.helper``; weights are external
+    references to a file that does not exist, so the graph is usable for shape/cost planning
+    only, never for running.
 
     Per layer: RMSNorm decomposition (Pow/ReduceMean/Add/Sqrt/Div/Mul), Q/K/V MatMuls,
     Reshape to [0, 0, 32, 128] (torch-style 0/-1 targets), Transpose, QK^T MatMul, Div by
@@ -526,7 +531,7 @@ def build_decoder_32l_shape_only() -> Built:
     embed = weights.add("embed_tokens.weight", [vocab, h])
     x = node("Gather", [embed, "input_ids"], "embed.out", axis=0)
 
-    for i in range(BIG_LAYERS):
+    for i in range(layers):
         p = f"layers.{i}"
         a = rms_norm(x, f"{p}.input_norm")
         q = linear(a, f"{p}.attn.q_proj", h, h)
@@ -573,7 +578,7 @@ def build_decoder_32l_shape_only() -> Built:
         opset_imports=[helper.make_opsetid("", OPSET)],
         producer_name="autoshard/models/make_models.py",
         ir_version=8,
-        doc_string="Shape-only 32-layer decoder: weights are external references to a file "
+        doc_string=f"Shape-only {layers}-layer decoder: weights are external references to a file "
         f"({BIG_NAME}.weights) that is intentionally absent.",
     )
     return Built(model, "onnx.helper (hand-built)")

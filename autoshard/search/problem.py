@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -191,6 +192,11 @@ class _Builder:
         self.hints = [a for a in annotations if not a.required]
         self.producer = {o: op for op in graph.ops for o in op.outputs if o}
         self.matrices: dict[tuple, list[list[float]]] = {}
+        self.held_cache: dict[tuple, tuple[Sharding, ...]] = {}
+        self.need_cache: dict[tuple[str, int], tuple[Sharding, ...]] = {}
+        self.compute_cache: dict[str, list[float]] = {}
+        self.copies: dict[str, str] = {}
+        self.readers: dict[str, list[tuple[Op, int]]] = {}
 
     # -- candidates, restricted by required annotations --
 
@@ -239,8 +245,9 @@ class _Builder:
             for i, name in enumerate(op.inputs):
                 if name and name not in self.producer and name not in graph.constants:
                     readers.setdefault(name, []).append((op, i))
+        self.readers = readers
         found: dict[str, Decision] = {}
-        copies: dict[str, str] = {}  # op -> the op of the first repeat it copies
+        copies = self.copies  # op -> the op of the first repeat it copies
         for index, op in enumerate(graph.ops):
             first = graph.ops[self.repeats.first(index)]
             copies[op.name] = first.name
@@ -354,71 +361,106 @@ class _Builder:
 
     def value_sharding(self, name: str, decision: Decision, k: int) -> Sharding:
         """How `name` is held under its deciding group's choice k."""
-        choice = decision.choices[decision.pick[k]]
-        if not decision.is_op:
-            return choice  # type: ignore[return-value]
-        op = self.producer[name]
-        rule = self.rules[op.name]
-        if rule is None or choice is None:
-            return Sharding()
-        return _result(rule, choice, op.outputs.index(name))  # type: ignore[arg-type]
+        return self.held(name, decision)[k]
 
-    def need(self, op: Op, i: int, decision: Decision, k: int) -> Sharding:
-        choice = decision.choices[decision.pick[k]]
-        rule = self.rules[op.name]
-        if rule is None or choice is None or i >= len(rule.operands):
-            return Sharding()
-        return _operand(rule, choice, i)  # type: ignore[arg-type]
+    def held(self, name: str, decision: Decision) -> tuple[Sharding, ...]:
+        """How `name` is held under each choice of its deciding group; copies of a value in
+        repeated layers share the answer."""
+        key = self.representative(name)
+        if key not in self.held_cache:
+            choices = [decision.choices[p] for p in decision.pick]
+            if decision.is_op:
+                op = self.producer[name]
+                rule, out = self.rules[op.name], op.outputs.index(name)
+                choices = [
+                    _result(rule, c, out) if rule and c is not None else Sharding()  # type: ignore[arg-type]
+                    for c in choices
+                ]
+            self.held_cache[key] = tuple(choices)  # type: ignore[arg-type]
+        return self.held_cache[key]
+
+    def needs(self, op: Op, i: int, decision: Decision) -> tuple[Sharding, ...]:
+        """The sharding `op` reads operand i in, under each choice of its group."""
+        key = (self.copies[op.name], i)
+        if key not in self.need_cache:
+            rule = self.rules[op.name]
+            self.need_cache[key] = tuple(
+                _operand(rule, c, i)  # type: ignore[arg-type]
+                if rule is not None and c is not None and i < len(rule.operands)
+                else Sharding()
+                for c in (decision.choices[p] for p in decision.pick)
+            )
+        return self.need_cache[key]
+
+    def computes(self, op: Op, decision: Decision) -> list[float]:
+        key = self.copies[op.name]
+        if key not in self.compute_cache:
+            choices = [decision.choices[p] for p in decision.pick]
+            self.compute_cache[key] = [self.compute_cost(op, c) for c in choices]
+        return self.compute_cache[key]
+
+    def representative(self, value: str) -> tuple:
+        """The same key for a value and its copies in the other repeated layers."""
+        op = self.producer.get(value)
+        if op is not None:
+            return ("op", self.copies[op.name], op.outputs.index(value))
+        readers = self.readers.get(value, [])
+        if len(readers) == 1:
+            return ("source", self.copies[readers[0][0].name], readers[0][1])
+        return ("value", value)
 
     def build(self) -> Search:
         graph = self.graph
         found, groups = self.decisions()
         sizes = [len(found[g].pick) for g in groups]
         node = [[0.0] * n for n in sizes]
-        edges: dict[tuple[int, int], list[list[float]]] = {}
-        hint_of = {(a.value, a.for_users): a.sharding for a in self.hints}
+        # Edges by what they carry: a layer's edge and its copies count once, times their
+        # number.
+        reads: Counter[tuple[str, Op, int]] = Counter()
+        first: dict[tuple, tuple[str, Op, int]] = {}
         for op in graph.ops:
             d = found[op.name]
-            for k in range(sizes[d.group]):
-                node[d.group][k] += self.compute_cost(op, d.choices[d.pick[k]])
+            for k, cost in enumerate(self.computes(op, d)):
+                node[d.group][k] += cost
             for i, name in enumerate(op.inputs):
-                if not name or name in graph.constants:
-                    continue
-                src = found[self.producer[name].name] if name in self.producer else found[name]
-                a, b = src.group, d.group
-                if a == b:
-                    for k in range(sizes[a]):
-                        node[a][k] += self.reshard_cost(
-                            name, self.value_sharding(name, src, k), self.need(op, i, d, k)
-                        )
-                    continue
-                held = tuple(self.value_sharding(name, src, ka) for ka in range(sizes[a]))
-                need = tuple(self.need(op, i, d, kb) for kb in range(sizes[b]))
-                cell = self.matrix(name, held, need)
-                matrix = edges.setdefault((a, b), [[0.0] * sizes[b] for _ in range(sizes[a])])
-                for ka in range(sizes[a]):
-                    row, out = cell[ka], matrix[ka]
-                    for kb in range(sizes[b]):
-                        out[kb] += row[kb]
+                if name and name not in graph.constants:
+                    src = found[self.producer[name].name] if name in self.producer else found[name]
+                    key = (src.group, d.group, self.representative(name), self.copies[op.name], i)
+                    reads[first.setdefault(key, (name, op, i))] += 1
+        edges: dict[tuple[int, int], list[list[float]]] = {}
+        for (name, op, i), count in reads.items():
+            d = found[op.name]
+            src = found[self.producer[name].name] if name in self.producer else found[name]
+            held, need = self.held(name, src), self.needs(op, i, d)
+            a, b = src.group, d.group
+            if a == b:
+                for k in range(sizes[a]):
+                    node[a][k] += count * self.reshard_cost(name, held[k], need[k])
+                continue
+            cell = self.matrix(name, held, need)
+            matrix = edges.setdefault((a, b), [[0.0] * sizes[b] for _ in range(sizes[a])])
+            for ka in range(sizes[a]):
+                row, out = cell[ka], matrix[ka]
+                for kb in range(sizes[b]):
+                    out[kb] += count * row[kb]
         for name in graph.outputs:
             if name in self.producer:
                 d = found[self.producer[name].name]
-                for k in range(sizes[d.group]):
-                    held = self.value_sharding(name, d, k)
-                    node[d.group][k] += self.reshard_cost(name, held, _returned(held))
-        # Hints: a small penalty on every choice
-        # that holds a hinted value otherwise (a tie-breaker, not a constraint).
+                for k, held_k in enumerate(self.held(name, d)):
+                    node[d.group][k] += self.reshard_cost(name, held_k, _returned(held_k))
+        # Hints: a small penalty on every choice that holds a hinted value otherwise (a
+        # tie-breaker, not a constraint).
         unit = self.unit(node, edges)
         penalty = max(1, SCALE // 1000)
         node_costs = [[round(c / unit) for c in row] for row in node]
-        for (value, _), sharding in hint_of.items():
+        for hint in self.hints:
+            value = hint.value
             hinted = found.get(self.producer[value].name if value in self.producer else value)
             if hinted is None:
                 continue
-            src = hinted
-            for k in range(sizes[src.group]):
-                if self.value_sharding(value, src, k) != sharding:
-                    node_costs[src.group][k] += penalty
+            for k, held_k in enumerate(self.held(value, hinted)):
+                if held_k != hint.sharding:
+                    node_costs[hinted.group][k] += penalty
         problem = Problem(
             tuple(sizes),
             tuple(tuple(r) for r in node_costs),
@@ -453,22 +495,21 @@ class _Builder:
             last[name] = len(graph.ops)
         resident = [n for n, d in found.items() if not d.is_op]
 
-        sizes_of: dict[str, tuple[int, list[int]]] = {}
+        sizes_of: dict[tuple, tuple[int, list[int]]] = {}
 
         def bytes_of(name: str) -> tuple[int, list[int]]:
-            if name not in sizes_of:
+            key = self.representative(name)
+            if key not in sizes_of:
                 info = graph.values[name]
                 d = found[self.producer[name].name] if name in self.producer else found[name]
-                sizes_of[name] = (
+                sizes_of[key] = (
                     d.group,
                     [
-                        shard_bytes(
-                            info.shape, info.dtype, self.value_sharding(name, d, k), self.mesh
-                        )
-                        for k in range(sizes[d.group])
+                        shard_bytes(info.shape, info.dtype, held, self.mesh)
+                        for held in self.held(name, d)
                     ],
                 )
-            return sizes_of[name]
+            return sizes_of[key]
 
         def terms(names: Iterable[str]) -> dict[tuple[int, int], int]:
             out: dict[tuple[int, int], int] = {}
