@@ -204,6 +204,12 @@ def _same(a: tuple[Split, tuple[int, ...]], b: tuple[Split, tuple[int, ...]]) ->
     return a[0] == b[0] and set(a[1]) == set(b[1])
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _sharding(split: Split, partial: tuple[int, ...], reduction: ReductionKind) -> Sharding:
+    """States recur across plans: each sharding is built (and validated) once."""
+    return Sharding(split, partial, reduction)
+
+
 @functools.lru_cache(maxsize=4096)
 def _device_bounds(split: Split, shape: tuple[int, ...], mesh: Mesh) -> tuple[Bounds, ...]:
     """The [start, stop) per dim of every device's shard (ceil-sized), in linear order; what
@@ -273,12 +279,15 @@ class _Search:
         self.target = _pad(dst.split_axes, len(shape))
         self.target_partial = set(dst.partial_axes)
         self.shape, self.mesh, self.itemsize, self.reduction = shape, mesh, itemsize, reduction
+        self.sizes: dict[Split, int] = {}
 
     def local_bytes(self, split: Split) -> int:
-        elements = 1
-        for size, axes in zip(self.shape, split, strict=True):
-            elements *= -(-size // self.mesh.group_size(axes)) if axes else size
-        return elements * self.itemsize
+        if split not in self.sizes:
+            elements = 1
+            for size, axes in zip(self.shape, split, strict=True):
+                elements *= -(-size // self.mesh.group_size(axes)) if axes else size
+            self.sizes[split] = elements * self.itemsize
+        return self.sizes[split]
 
     def make(
         self,
@@ -288,8 +297,8 @@ class _Search:
         after: tuple[Split, tuple[int, ...]],
         **fields: object,
     ) -> Collective:
-        src = Sharding(before[0], before[1], self.reduction)
-        dst = Sharding(after[0], after[1], self.reduction)
+        src = _sharding(before[0], before[1], self.reduction)
+        dst = _sharding(after[0], after[1], self.reduction)
         sent = ring_bytes(kind, self.mesh.group_size(axes), self.local_bytes(before[0]))
         return Collective(kind, tuple(axes), src, dst, self.shape, sent, **fields)  # type: ignore[arg-type]
 
@@ -435,7 +444,8 @@ class _Search:
         holders: dict[Bounds, list[int]],
     ) -> Collective | None:
         mesh, shape = self.mesh, self.shape
-        current, target = Sharding(split), Sharding(goal)
+        current = _sharding(split, (), ReductionKind.SUM)
+        target = _sharding(goal, (), ReductionKind.SUM)
         if current == target or self.local_bytes(goal) != local:
             return None
         pairs = []
