@@ -170,30 +170,19 @@ def _cost_summary(cost: Any, cluster: Any) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from autoshard.ir.onnx_import import import_onnx
-    from autoshard.pipeline import auto_plan, model_info, plan_document
+    from autoshard.pipeline import plan_request
 
-    cluster = _cluster(args)
-    dims = _dims(args.dim)
-    graph = import_onnx(args.model, dims)
     started = time.perf_counter()
 
     def progress(message: str) -> None:
         if time.perf_counter() - started > 1.0 or args.verbose:
             print(f"autoshard: {message}", file=sys.stderr, flush=True)
 
-    planned = auto_plan(
-        graph, cluster, _annotations(args), args.objective, args.time_limit, progress
-    )
-    document = plan_document(
-        graph,
-        cluster,
-        planned.plan,
-        planned.program,
-        planned.cost,
-        model_info(args.model, graph, dims),
-        planned,
-    )
+    requested = plan_request(
+        args.model, args.mesh, _dims(args.dim), args.device, args.bandwidth, args.latency,
+        args.memory, args.cluster, _annotations(args), args.objective, args.time_limit, progress,
+    )  # fmt: skip
+    document, planned, cluster = requested.document, requested.planned, requested.cluster
     if args.out:
         from autoshard.artifacts import write_atomic
 

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.annotations import Annotation
-from autoshard.cost.cluster import Cluster
+from autoshard.annotations import Annotation, check_annotations
+from autoshard.cost.cluster import Cluster, make_cluster
 from autoshard.cost.model import Cost, memory, price
 from autoshard.errors import AutoshardError
 from autoshard.ir.graph import Graph
+from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.ccl import optimize_collectives
 from autoshard.passes.materialize import materialize
 from autoshard.plan import Plan, ShardingOption, describe
@@ -179,6 +180,64 @@ def model_info(path: str | Path, graph: Graph, dims: Mapping[str, int]) -> dict[
             digest.update(block)
     return {"name": graph.name or Path(path).stem, "file": Path(path).name,
             "sha256": digest.hexdigest(), "dims": dict(sorted(dims.items()))}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RequestedPlan:
+    """The answer to a plan request: the plan document, the search's result, and the graph
+    and cluster it was found for (to partition or print the program, to summarize)."""
+
+    document: dict[str, Any]
+    planned: Planned
+    graph: Graph
+    cluster: Cluster
+
+
+def plan_inputs(
+    model_path: str | Path,
+    mesh: str | None,
+    dims: Mapping[str, int],
+    device: str | None = None,
+    bandwidth: str | Sequence[str] | None = None,
+    latency: str | Sequence[str] | None = None,
+    memory: str | None = None,
+    cluster_file: str | Path | None = None,
+    annotations: Sequence[Annotation] = (),
+) -> tuple[Graph, Cluster]:
+    """The checked inputs of a plan request: the cluster, the imported model, and annotations
+    that name values of the model and fit it. Every bad input raises its one-line
+    AutoshardError here, before any search: the service calls this to answer 4xx at once."""
+    cluster = make_cluster(mesh, device, bandwidth, latency, memory, cluster_file)
+    graph = import_onnx(model_path, dims)
+    check_annotations(annotations, {n: v.shape for n, v in graph.values.items()}, cluster.mesh)
+    return graph, cluster
+
+
+def plan_request(
+    model_path: str | Path,
+    mesh: str | None,
+    dims: Mapping[str, int],
+    device: str | None = None,
+    bandwidth: str | Sequence[str] | None = None,
+    latency: str | Sequence[str] | None = None,
+    memory: str | None = None,
+    cluster_file: str | Path | None = None,
+    annotations: Sequence[Annotation] = (),
+    objective: str = "time",
+    time_limit: float = 60.0,
+    progress: Callable[[str], None] | None = None,
+) -> RequestedPlan:
+    """`autoshard plan` from start to end, shared by the CLI and the REST service so that the
+    service's plan is, by construction, what `autoshard plan --json` prints (timings aside)."""
+    graph, cluster = plan_inputs(
+        model_path, mesh, dims, device, bandwidth, latency, memory, cluster_file, annotations
+    )
+    planned = auto_plan(graph, cluster, annotations, objective, time_limit, progress)
+    document = plan_document(
+        graph, cluster, planned.plan, planned.program, planned.cost,
+        model_info(model_path, graph, dims), planned,
+    )  # fmt: skip
+    return RequestedPlan(document, planned, graph, cluster)
 
 
 def load_plan(path: str | Path, graph: Graph, cluster: Cluster) -> Plan:
