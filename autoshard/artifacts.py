@@ -31,7 +31,7 @@ from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.passes.partition import Partitioned, partition
-from autoshard.pipeline import lower
+from autoshard.pipeline import lower, plan_from_document
 from autoshard.program import Program
 from autoshard.propagate import propagate
 from autoshard.verify import Report, verify
@@ -57,12 +57,14 @@ class PartitionFolderError(AutoshardError):
 
 @dataclass(frozen=True)
 class Setup:
-    """What determines a partition: the model, the mesh, bound dims and annotations."""
+    """What determines a partition: the model, the mesh, bound dims, and either annotations
+    (propagated) or a plan document's `ops` and `values` (`autoshard plan -o`)."""
 
     model: Path
     mesh: Mesh
     dims: Mapping[str, int]
     annotations: tuple[Annotation, ...]
+    plan: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -73,12 +75,13 @@ class Built:
 
 
 def build(setup: Setup) -> Built:
-    """Import, propagate, lower (materialize and the CCL passes), partition.
-
-    TODO(lead): `--plan` (issue 5) replaces propagate here.
-    """
+    """Import, propagate (or take the plan), lower (materialize and the CCL passes),
+    partition."""
     graph = import_onnx(setup.model, setup.dims)
-    plan = propagate(graph, setup.mesh, setup.annotations)
+    if setup.plan is not None:
+        plan = plan_from_document(setup.plan, graph, setup.mesh, "the plan")
+    else:
+        plan = propagate(graph, setup.mesh, setup.annotations)
     program = lower(graph, plan)
     return Built(graph, program, partition(program, graph))
 
@@ -183,6 +186,7 @@ def write_partition(setup: Setup, out: str | os.PathLike[str], dialect: str = "m
         },
         "dims": dict(sorted(setup.dims.items())),
         "annotations": [_annotation_json(a) for a in setup.annotations],
+        "plan": setup.plan,
         "shape_only": shape_only,
         "weights": {
             n: {
@@ -267,7 +271,7 @@ def setup_of(
         annotations = parse_annotations({"annotations": manifest["annotations"]}, "manifest")
     except AnnotationError as error:
         raise PartitionFolderError(str(error)) from None
-    return Setup(Path(model), mesh, saved, annotations)
+    return Setup(Path(model), mesh, saved, annotations, manifest.get("plan"))
 
 
 def load_partition(

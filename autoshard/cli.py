@@ -241,7 +241,15 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from autoshard.artifacts import Setup, write_partition
 
     mesh = Mesh.parse(args.mesh)
-    setup = Setup(Path(args.model), mesh, _dims(args.dim), tuple(_annotations(args)))
+    annotations = tuple(_annotations(args))
+    plan = None
+    if args.plan:
+        from autoshard.pipeline import read_plan_document
+
+        if annotations:
+            raise AutoshardError("give either --plan or annotations, not both")
+        plan = read_plan_document(args.plan, mesh)
+    setup = Setup(Path(args.model), mesh, _dims(args.dim), annotations, plan)
     manifest = write_partition(setup, args.out, args.dialect)
     if args.json:
         _emit(
@@ -288,6 +296,40 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 f"  {'ok' if check.ok else 'FAILED'}"
             )
     return 0 if report.ok else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from autoshard.artifacts import write_atomic
+    from autoshard.report import (
+        compare,
+        comparison_json,
+        comparison_markdown,
+        load_entries,
+        parse_threshold,
+    )
+
+    threshold = parse_threshold(args.threshold)
+    comparison = compare(load_entries(args.baseline), load_entries(args.current), threshold)
+    markdown = comparison_markdown(comparison)
+    if args.markdown:
+        write_atomic(Path(args.markdown), markdown.encode())
+    if args.json:
+        _emit(comparison_json(comparison))
+    else:
+        print(markdown, end="")
+    return 1 if comparison.regressed else 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from autoshard.cost.cluster import parse_size
+    from service.app import Settings, serve
+
+    settings = Settings(
+        Path(args.data), parse_size(args.max_upload, "--max-upload"), args.workers,
+        args.max_time_limit,
+    )  # fmt: skip
+    serve(settings, args.host, args.port)
+    return 0
 
 
 def _cluster_flags(parser: argparse.ArgumentParser, mesh_required: bool) -> None:
@@ -396,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="required result annotation, e.g. x='[[0]]' (repeatable)",
     )
     partition.add_argument("--annotations", metavar="FILE", help="annotations JSON file")
+    partition.add_argument(
+        "--plan", metavar="PLAN.json", help="partition this plan (from autoshard plan -o)"
+    )
     partition.add_argument("-o", "--out", required=True, metavar="OUT", help="output folder")
     partition.add_argument(
         "--dialect",
@@ -433,6 +478,34 @@ def build_parser() -> argparse.ArgumentParser:
     layout.add_argument("--sharding", required=True, help="e.g. '[[], [0, 1]]'")
     layout.add_argument("--json", action="store_true", help="machine-readable output")
     layout.set_defaults(run=cmd_layout)
+
+    report = commands.add_parser(
+        "report", help="compare plans with baseline plans: the CI cost-regression report"
+    )
+    report.add_argument("--baseline", required=True, help="plan JSON file or directory of them")
+    report.add_argument("--current", required=True, help="plan JSON file or directory of them")
+    report.add_argument(
+        "--threshold", default="2%", help="relative change that counts (default 2%%)"
+    )
+    report.add_argument("--markdown", metavar="OUT.md", help="also write the Markdown report")
+    report.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    report.set_defaults(run=cmd_report)
+
+    serve = commands.add_parser("serve", help="run the REST service (FastAPI on uvicorn)")
+    serve.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument(
+        "--data", default="autoshard-data", help="folder of the job store and uploaded models"
+    )
+    serve.add_argument("--max-upload", default="2GiB", help="largest model upload (default 2GiB)")
+    serve.add_argument(
+        "--workers", type=int, help="concurrent solves (default: the number of CPUs)"
+    )
+    serve.add_argument(
+        "--max-time-limit", type=float, default=600.0,
+        help="largest time_limit a request may ask for, seconds (default 600)",
+    )  # fmt: skip
+    serve.set_defaults(run=cmd_serve)
     return parser
 
 

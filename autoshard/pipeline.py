@@ -27,6 +27,7 @@ from autoshard.cost.model import Cost, memory, price
 from autoshard.errors import AutoshardError
 from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import import_onnx
+from autoshard.mesh import Mesh
 from autoshard.passes.ccl import optimize_collectives
 from autoshard.passes.materialize import materialize
 from autoshard.plan import Plan, ShardingOption, describe
@@ -240,8 +241,13 @@ def plan_request(
     return RequestedPlan(document, planned, graph, cluster)
 
 
-def load_plan(path: str | Path, graph: Graph, cluster: Cluster) -> Plan:
+def load_plan(path: str | Path, graph: Graph, mesh: Mesh) -> Plan:
     """A plan from a plan JSON file (`autoshard plan -o`), checked against the graph."""
+    return plan_from_document(read_plan_document(path, mesh), graph, mesh, str(path))
+
+
+def read_plan_document(path: str | Path, mesh: Mesh) -> dict[str, Any]:
+    """What decides a plan in a plan JSON file: its `ops` and `values`."""
     try:
         data = json.loads(Path(path).read_text())
     except OSError as error:
@@ -250,22 +256,35 @@ def load_plan(path: str | Path, graph: Graph, cluster: Cluster) -> Plan:
         raise AutoshardError(f"plan {path} is not JSON: {error}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise AutoshardError(f"{path} is not an autoshard plan (schema {SCHEMA})")
-    if data.get("mesh") != str(cluster.mesh):
-        raise AutoshardError(f"plan {path} is for mesh {data.get('mesh')}, not {cluster.mesh}")
-    ops = data.get("ops", {})
+    if data.get("mesh") != str(mesh):
+        raise AutoshardError(f"plan {path} is for mesh {data.get('mesh')}, not {mesh}")
+    return {"ops": data.get("ops", {}), "values": data.get("values", {})}
+
+
+def plan_from_document(
+    data: Mapping[str, Any], graph: Graph, mesh: Mesh, source: str = "plan"
+) -> Plan:
+    """The plan of a plan document's `ops` (sharding options) and `values` (how inputs and
+    weights are held): the rest follows from the rules."""
+    ops, values = data.get("ops", {}), data.get("values", {})
     options: dict[str, ShardingOption | None] = {}
-    for op in graph.ops:
-        entry = ops.get(op.name)
-        if entry is None:
-            raise AutoshardError(f"plan {path} has no op {op.name!r}: is it for this model?")
-        rule = rule_for(op, graph)
-        text = entry.get("sharding_option")
-        options[op.name] = (
-            ShardingOption.parse(text, len(rule.loops)) if rule and text is not None else None
-        )
-    held = {
-        name: Sharding.parse(v["sharding"] + (f" partial = {v['partial']}" if v["partial"] else ""))
-        for name, v in data.get("values", {}).items()
-        if name in graph.values and graph.producer(name) is None
-    }
-    return plan_from_options(graph, cluster, options, held)
+    try:
+        for op in graph.ops:
+            entry = ops.get(op.name)
+            if entry is None:
+                raise AutoshardError(f"{source} has no op {op.name!r}: is it for this model?")
+            rule = rule_for(op, graph)
+            text = entry.get("sharding_option")
+            options[op.name] = (
+                ShardingOption.parse(text, len(rule.loops)) if rule and text is not None else None
+            )
+        held = {
+            name: Sharding.parse(
+                v["sharding"] + (f" partial = {v['partial']}" if v.get("partial") else "")
+            ).check(mesh, graph.values[name].shape)
+            for name, v in values.items()
+            if name in graph.values and graph.producer(name) is None
+        }
+    except (AttributeError, KeyError, TypeError) as error:
+        raise AutoshardError(f"{source} is malformed: {error!r}") from None
+    return plan_from_options(graph, mesh, options, held)

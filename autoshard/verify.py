@@ -188,9 +188,14 @@ def reference_outputs(
     model: str | os.PathLike[str], inputs: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """onnxruntime on the original model file."""
-    session = ort.InferenceSession(
-        os.fspath(model), _session_options(), providers=["CPUExecutionProvider"]
-    )
+    try:
+        session = ort.InferenceSession(
+            os.fspath(model), _session_options(), providers=["CPUExecutionProvider"]
+        )
+    except Exception as error:  # onnxruntime raises its own exception types
+        # onnxruntime's message ends with the reason after its C++ location: keep that.
+        reason = str(error).splitlines()[0].rpartition(" : ")[2].rpartition(") ")[2]
+        raise VerifyError(f"onnxruntime cannot load {model}: {reason}") from None
     names = [o.name for o in session.get_outputs()]
     feed = {i.name: inputs[i.name] for i in session.get_inputs()}
     return dict(zip(names, session.run(names, feed), strict=True))

@@ -129,12 +129,12 @@ class Search:
                 options[d.name] = picked  # type: ignore[assignment]
             else:
                 held[d.name] = picked  # type: ignore[assignment]
-        return plan_from_options(graph, cluster, options, held)
+        return plan_from_options(graph, cluster.mesh, options, held)
 
 
 def plan_from_options(
     graph: Graph,
-    cluster: Cluster,
+    mesh: Mesh,
     options: Mapping[str, ShardingOption | None],
     held: Mapping[str, Sharding],
 ) -> Plan:
@@ -163,7 +163,7 @@ def plan_from_options(
         values.setdefault(name, held.get(name, Sharding()))
     for i, name in enumerate(graph.outputs):
         needs[(RETURN, i)] = _returned(values[name])
-    return Plan(cluster.mesh, options, values, dict(values), needs, tuple(unruled))
+    return Plan(mesh, options, values, dict(values), needs, tuple(unruled))
 
 
 def _returned(sharding: Sharding) -> Sharding:

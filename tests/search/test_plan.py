@@ -46,7 +46,8 @@ def mlp(tmp_path_factory):
         weights,
     )
     path = tmp_path_factory.mktemp("mlp") / "mlp.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.save(model, path)
     return path
 
 
@@ -152,3 +153,21 @@ def test_gpt2_on_4x8_beats_the_hand_plans_and_verifies(tmp_path):
 
     report = verify(parts, graph, model, load)
     assert report.ok, report.to_json()
+
+
+def test_partition_of_a_plan_file_verifies(mlp, tmp_path, capsys):
+    """plan -o, then partition --plan and verify: the Megatron plan's weights are split (W1 by
+    columns, W2 by rows) and the partition computes what onnxruntime does."""
+    plan = tmp_path / "plan.json"
+    out = tmp_path / "out"
+    assert main(["plan", str(mlp), "--mesh", "8", "--memory", "30MiB", "-o", str(plan)]) == 0
+    assert main(["partition", str(mlp), "--mesh", "8", "--plan", str(plan), "-o", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["bytes_per_device"] == json.loads(plan.read_text())["cost"][
+        "comm_bytes_per_device"]  # fmt: skip
+    capsys.readouterr()
+    assert main(["verify", str(out), "--model", str(mlp), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["devices"] == 8
+    assert main(["partition", str(mlp), "--mesh", "4", "--plan", str(plan), "-o", str(out)]) == 2
+    assert "is for mesh 8, not 4" in capsys.readouterr().err
