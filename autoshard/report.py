@@ -1,0 +1,400 @@
+"""Reports on plan documents (`autoshard plan -o` / `--json`): one plan as Markdown (the REST
+service's `report.md`), and the CI cost-regression report that compares a baseline set of
+plans with a current one (`autoshard report`).
+
+Plans are matched by (model, mesh), where the model is its file name and its bound dims
+(`gpt2.onnx batch=8 seq=128`). For each pair the report shows every metric below with its
+change; a gated metric that grew by more than the threshold (relative to the baseline) is a
+regression, one that shrank by more is an improvement. Plans only in the current set are new,
+plans only in the baseline removed. Example, threshold 2%:
+
+    comm bytes per device   baseline 1.00 KiB   current 2.00 KiB   +1.00 KiB (+100.0%)  regression
+    memory per device       baseline 100 B      current 101 B      +1 B (+1.0%)         within 2%
+
+Solve time is reported but never gated: it depends on the machine and its load, so a CI run
+would fail on noise. The cost metrics are deterministic (the solver runs with a fixed seed and
+a deterministic time limit), so on the same inputs they repeat exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoshard.errors import AutoshardError
+
+SCHEMA = "autoshard.plan/1"  # the plan document's schema (autoshard.pipeline.SCHEMA)
+
+
+class ReportError(AutoshardError):
+    """A baseline or current path that holds no readable plan documents, or a bad threshold."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    title: str
+    path: tuple[str, str]  # where the value sits in the plan document
+    unit: str  # "bytes" or "seconds"
+    gated: bool  # a change beyond the threshold fails the report
+
+
+METRICS = (
+    Metric("memory", "memory per device", ("cost", "memory_bytes_per_device"), "bytes", True),
+    Metric("comm_bytes", "comm bytes per device", ("cost", "comm_bytes_per_device"), "bytes", True),
+    Metric("comm_time", "comm time", ("cost", "comm_time_s"), "seconds", True),
+    Metric("compute_time", "compute time", ("cost", "compute_time_s"), "seconds", True),
+    Metric("objective", "objective", ("cost", "objective"), "seconds", True),
+    Metric("solve_time", "solve time", ("solver", "wall_s"), "seconds", False),
+)
+_BY_KEY = {m.key: m for m in METRICS}
+SOLVE_TIME_NOTE = "Solve time is reported but never fails the check: it depends on the machine."
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One plan document's metrics, under its (model, mesh) key."""
+
+    model: str
+    mesh: str
+    file: str
+    values: Mapping[str, float]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.model, self.mesh
+
+
+@dataclass(frozen=True)
+class Change:
+    metric: str
+    baseline: float
+    current: float
+    verdict: str  # "regression", "improvement", "same" (within the threshold) or "ungated"
+
+    @property
+    def delta(self) -> float:
+        return self.current - self.baseline
+
+    @property
+    def relative(self) -> float | None:
+        """The change as a fraction of the baseline; None from a baseline of zero."""
+        if self.baseline == 0:
+            return 0.0 if self.current == 0 else None
+        return self.delta / self.baseline
+
+
+@dataclass(frozen=True)
+class Comparison:
+    threshold: float
+    compared: tuple[tuple[Entry, Entry, tuple[Change, ...]], ...]  # (baseline, current, changes)
+    new: tuple[Entry, ...]
+    removed: tuple[Entry, ...]
+
+    def changes(self, verdict: str) -> list[tuple[Entry, Change]]:
+        return [(cur, c) for _, cur, cs in self.compared for c in cs if c.verdict == verdict]
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.changes("regression"))
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+
+def parse_threshold(text: str) -> float:
+    """`2%` (or `2`: percent either way) -> 0.02."""
+    number = text.strip().removesuffix("%")
+    try:
+        value = float(number) / 100
+    except ValueError:
+        raise ReportError(f"threshold {text!r} is not a percentage like 2%") from None
+    if not math.isfinite(value) or value < 0:
+        raise ReportError(f"threshold {text!r} must be a percentage >= 0, like 2%")
+    return value
+
+
+def model_label(model: Mapping[str, Any]) -> str:
+    """`gpt2.onnx batch=8 seq=128`: the model file and its bound dims."""
+    dims = " ".join(f"{k}={v}" for k, v in sorted(dict(model.get("dims") or {}).items()))
+    return f"{model.get('file') or model.get('name')}{' ' + dims if dims else ''}"
+
+
+def entry_of(document: Mapping[str, Any], file: str) -> Entry:
+    """The metrics of a plan document; `file` names it in errors."""
+    if not isinstance(document, Mapping) or document.get("schema") != SCHEMA:
+        raise ReportError(f"{file} is not an autoshard plan (schema {SCHEMA})")
+    values: dict[str, float] = {}
+    for m in METRICS:
+        section = document.get(m.path[0])
+        value = section.get(m.path[1]) if isinstance(section, Mapping) else None
+        if value is None and m.gated:
+            raise ReportError(f"{file}: plan has no {'.'.join(m.path)}")
+        if value is not None:
+            values[m.key] = float(value)
+    return Entry(model_label(document.get("model") or {}), str(document.get("mesh")), file, values)
+
+
+def load_entries(path: str | Path) -> dict[tuple[str, str], Entry]:
+    """The plans of a JSON file or of the `*.json` files of a directory, by (model, mesh)."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.json"))
+        if not files:
+            raise ReportError(f"no plan JSON files (*.json) in directory {path}")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise ReportError(f"{path}: no such file or directory")
+    entries: dict[tuple[str, str], Entry] = {}
+    for file in files:
+        try:
+            document = json.loads(file.read_text())
+        except OSError as error:
+            raise ReportError(f"cannot read {file}: {error.strerror}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ReportError(f"{file} is not JSON: {error}") from None
+        entry = entry_of(document, str(file))
+        if entry.key in entries:
+            raise ReportError(
+                f"{file} and {entries[entry.key].file} are both plans of {entry.model} on mesh "
+                f"{entry.mesh}; keep one per (model, mesh)"
+            )
+        entries[entry.key] = entry
+    return entries
+
+
+# ---- comparing --------------------------------------------------------------------------------
+
+
+def _verdict(metric: Metric, baseline: float, current: float, threshold: float) -> str:
+    if not metric.gated:
+        return "ungated"
+    if current > baseline * (1 + threshold):
+        return "regression"
+    if current < baseline * (1 - threshold):
+        return "improvement"
+    return "same"
+
+
+def compare(
+    baseline: Mapping[tuple[str, str], Entry],
+    current: Mapping[tuple[str, str], Entry],
+    threshold: float,
+) -> Comparison:
+    """Every (model, mesh) of both sets, sorted; metrics missing on one side are skipped."""
+    compared = []
+    for key in sorted(baseline.keys() & current.keys()):
+        base, cur = baseline[key], current[key]
+        changes = tuple(
+            Change(m.key, base.values[m.key], cur.values[m.key],
+                   _verdict(m, base.values[m.key], cur.values[m.key], threshold))
+            for m in METRICS
+            if m.key in base.values and m.key in cur.values
+        )  # fmt: skip
+        compared.append((base, cur, changes))
+    return Comparison(
+        threshold,
+        tuple(compared),
+        tuple(current[k] for k in sorted(current.keys() - baseline.keys())),
+        tuple(baseline[k] for k in sorted(baseline.keys() - current.keys())),
+    )
+
+
+# ---- formatting -------------------------------------------------------------------------------
+
+
+def format_bytes(count: float) -> str:
+    """`85312` -> `83.31 KiB`; below 1 KiB exact: `100 B`."""
+    sign, count = ("-" if count < 0 else ""), abs(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024:
+            return f"{sign}{count:.0f} {unit}" if unit == "B" else f"{sign}{count:.2f} {unit}"
+        count /= 1024
+    return f"{sign}{count:.2f} TiB"
+
+
+def format_seconds(seconds: float) -> str:
+    """Three significant digits in the unit that fits: `0.00128` -> `1.28 ms`."""
+    sign, seconds = ("-" if seconds < 0 else ""), abs(seconds)
+    if seconds == 0:
+        return "0 s"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
+        if seconds >= scale or unit == "ns":
+            return f"{sign}{seconds / scale:.3g} {unit}"
+    raise AssertionError  # pragma: no cover
+
+
+def _value(metric: str, value: float) -> str:
+    unit = _BY_KEY[metric].unit
+    return format_bytes(value) if unit == "bytes" else format_seconds(value)
+
+
+def _percent(change: Change) -> str:
+    relative = change.relative
+    return "from 0" if relative is None else f"{relative:+.1%}"
+
+
+def _delta(change: Change) -> str:
+    sign = "+" if change.delta >= 0 else ""
+    return f"{sign}{_value(change.metric, change.delta)} ({_percent(change)})"
+
+
+def _cell(change: Change) -> str:
+    text = _value(change.metric, change.current)
+    if change.delta:
+        text += f" ({_percent(change)})"
+    return f"**{text}**" if change.verdict == "regression" else text
+
+
+def _table(header: Sequence[str], right: int, rows: Sequence[Sequence[object]]) -> list[str]:
+    """A Markdown table; columns from index `right` on are right-aligned (numbers)."""
+    rule = ["---" if i < right else "---:" for i in range(len(header))]
+    return [f"| {' | '.join(map(str, r))} |" for r in (header, rule, *rows)]
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _change_rows(changes: Sequence[tuple[Entry, Change]]) -> list[tuple[str, ...]]:
+    return [
+        (e.model, e.mesh, _BY_KEY[ch.metric].title, _value(ch.metric, ch.baseline),
+         _value(ch.metric, ch.current), _delta(ch))
+        for e, ch in changes
+    ]  # fmt: skip
+
+
+def _entry_rows(entries: Sequence[Entry]) -> list[tuple[str, ...]]:
+    return [
+        (e.model, e.mesh, *(_value(m.key, e.values[m.key]) if m.key in e.values else "–"
+                            for m in METRICS))
+        for e in entries
+    ]  # fmt: skip
+
+
+def _compared_rows(compared: Comparison) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for _, cur, changes in compared.compared:
+        cells = {ch.metric: _cell(ch) for ch in changes}
+        rows.append((cur.model, cur.mesh, *(cells.get(m.key, "–") for m in METRICS)))
+    return rows
+
+
+def comparison_markdown(comparison: Comparison) -> str:
+    """The report as Markdown (a pull-request comment): a summary line, then the regressions,
+    improvements, new and removed plans, and every compared plan's metrics (bold where one
+    regressed). Empty sections are left out."""
+    c = comparison
+    regressions, improvements = c.changes("regression"), c.changes("improvement")
+    threshold = f"{c.threshold:.1%}".replace(".0%", "%")
+    regressed_plans = len({e.key for e, _ in regressions})
+    head = (
+        f"**{_plural(len(regressions), 'regression')}** beyond {threshold} in "
+        f"{regressed_plans} of {len(c.compared)} compared plans"
+        if regressions
+        else f"No regression beyond {threshold} in {len(c.compared)} compared plans"
+    )
+    lines = [
+        "## autoshard cost report",
+        "",
+        f"{head}; {_plural(len(improvements), 'improvement')}, {len(c.new)} new, "
+        f"{len(c.removed)} removed.",
+    ]
+    change_header = ("model", "mesh", "metric", "baseline", "current", "change")
+    header = ("model", "mesh", *(m.title for m in METRICS))
+    sections = (
+        ("Regressions", change_header, 3, _change_rows(regressions)),
+        ("Improvements", change_header, 3, _change_rows(improvements)),
+        ("New", header, 2, _entry_rows(c.new)),
+        ("Removed", header, 2, _entry_rows(c.removed)),
+        ("All compared plans (current, change from baseline)", header, 2, _compared_rows(c)),
+    )
+    for title, columns, right, rows in sections:
+        if rows:
+            lines += ["", f"### {title}", "", *_table(columns, right, rows)]
+    lines += ["", SOLVE_TIME_NOTE]
+    return "\n".join(lines) + "\n"
+
+
+def comparison_json(comparison: Comparison) -> dict[str, Any]:
+    def metrics(entry: Entry) -> dict[str, float]:
+        return dict(entry.values)
+
+    return {
+        "threshold": comparison.threshold,
+        "regressed": comparison.regressed,
+        "compared": [
+            {"model": cur.model, "mesh": cur.mesh, "baseline_file": base.file,
+             "current_file": cur.file,
+             "metrics": {ch.metric: {"baseline": ch.baseline, "current": ch.current,
+                                     "delta": ch.delta, "relative": ch.relative,
+                                     "verdict": ch.verdict} for ch in changes}}
+            for base, cur, changes in comparison.compared
+        ],
+        "new": [{"model": e.model, "mesh": e.mesh, "file": e.file, "metrics": metrics(e)}
+                for e in comparison.new],
+        "removed": [{"model": e.model, "mesh": e.mesh, "file": e.file, "metrics": metrics(e)}
+                    for e in comparison.removed],
+    }  # fmt: skip
+
+
+# ---- one plan ---------------------------------------------------------------------------------
+
+
+def plan_markdown(document: Mapping[str, Any]) -> str:
+    """One plan document as a Markdown report: model, cluster, cost, solver, collectives and
+    every op's sharding option."""
+    model, cluster, cost = document["model"], document["cluster"], document["cost"]
+    budget = cluster.get("memory_bytes") or 0
+    share = f" of {format_bytes(budget)} ({cost['memory_bytes_per_device'] / budget:.1%})"
+    lines = [
+        f"# Plan: {model_label(model)} on mesh {document['mesh']}",
+        "",
+        f"Model `{model.get('name')}` ({model.get('file')}, sha256 `{model.get('sha256')}`); "
+        f"device {cluster.get('device')}; link bandwidth per mesh axis "
+        f"{', '.join(f'{b / 1e9:g} GB/s' for b in cluster.get('bandwidth_bytes_per_s', []))}; "
+        f"latency {', '.join(format_seconds(t) for t in cluster.get('latency_s', []))}.",
+        "",
+        *_table(("cost per device", "value"), 1, [
+            ("memory", format_bytes(cost["memory_bytes_per_device"]) + (share if budget else "")),
+            ("compute time", format_seconds(cost["compute_time_s"])),
+            ("communication", f"{format_bytes(cost['comm_bytes_per_device'])} in "
+                              f"{format_seconds(cost['comm_time_s'])}"),
+            ("objective (compute + communication)", format_seconds(cost["objective"])),
+        ]),
+    ]  # fmt: skip
+    solver = document.get("solver")
+    if solver:
+        lines += [
+            "",
+            f"Solver: {solver['status']}, gap {solver['gap']:.2%}, {solver['wall_s']:.2f} s, "
+            f"{solver['variables']} variables, {solver['constraints']} constraints.",
+        ]
+    collectives = document.get("collectives") or []
+    lines += ["", f"## Collectives ({len(collectives)})"]
+    if collectives:
+        rows: list[tuple[str, ...]] = [
+            (f"`{c['value']}`", c["kind"], str(c["mesh_axes"]), f"`{c['from']}`", f"`{c['to']}`",
+             format_bytes(c["bytes_per_device"]))
+            for c in collectives
+        ]  # fmt: skip
+        header = ("value", "kind", "mesh axes", "from", "to", "bytes per device")
+        lines += ["", *_table(header, 5, rows)]
+    ops = document.get("ops") or {}
+    op_rows = [
+        (f"`{name}`", op["type"], f"`{option}`" if option else "replicated (no rule)")
+        for name, op in ops.items()
+        for option in [op["sharding_option"]]
+    ]
+    lines += [
+        "",
+        f"## Ops ({len(ops)})",
+        "",
+        *_table(("op", "type", "sharding option"), 3, op_rows),
+    ]
+    return "\n".join(lines) + "\n"

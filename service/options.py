@@ -1,0 +1,135 @@
+"""The options of a plan request: the form fields of POST /v1/plans, named like the flags of
+`autoshard plan`, checked and put in a canonical form.
+
+The canonical form is what makes two requests identical: the model's sha256 plus
+`PlanOptions.to_json()` (defaults filled in, dims sorted, annotations re-serialized with sorted
+keys) hash to the job id, so `{"batch": 8}` and `{ "batch":8 }` are the same request.
+
+    >>> o = parse_options({"mesh": "2x2", "dims": '{"batch": 8}'}, max_time_limit=600)
+    >>> o.to_json()["dims"], o.objective, o.time_limit
+    ({'batch': 8}, 'time', 60.0)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autoshard.annotations import Annotation, parse_annotations
+from autoshard.errors import AutoshardError
+
+FIELDS = (
+    "mesh", "dims", "device", "bandwidth", "latency", "memory", "annotations", "objective",
+    "time_limit",
+)  # fmt: skip
+OBJECTIVES = ("time", "bytes")
+DEFAULT_TIME_LIMIT = 60.0  # `autoshard plan --time-limit`'s default
+
+
+class RequestError(AutoshardError):
+    """A plan request the service refuses; `status` is its HTTP status code."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    mesh: str
+    dims: tuple[tuple[str, int], ...]
+    device: str | None = None
+    bandwidth: str | None = None
+    latency: str | None = None
+    memory: str | None = None
+    annotations: str | None = None  # canonical JSON text of the annotations document
+    objective: str = "time"
+    time_limit: float = DEFAULT_TIME_LIMIT
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mesh": self.mesh, "dims": dict(self.dims), "device": self.device,
+            "bandwidth": self.bandwidth, "latency": self.latency, "memory": self.memory,
+            "annotations": json.loads(self.annotations) if self.annotations else None,
+            "objective": self.objective, "time_limit": self.time_limit,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PlanOptions:
+        annotations = data.get("annotations")
+        return cls(
+            data["mesh"], tuple(sorted(data["dims"].items())), data.get("device"),
+            data.get("bandwidth"), data.get("latency"), data.get("memory"),
+            json.dumps(annotations, sort_keys=True) if annotations is not None else None,
+            data.get("objective", "time"), float(data.get("time_limit", DEFAULT_TIME_LIMIT)),
+        )  # fmt: skip
+
+    def parsed_annotations(self) -> tuple[Annotation, ...]:
+        if not self.annotations:
+            return ()
+        return parse_annotations(json.loads(self.annotations), "annotations")
+
+    def job_id(self, model_sha256: str) -> str:
+        """The id of the job for this model and these options (the same for an identical
+        request, so a resubmission finds the stored job)."""
+        text = json.dumps({"model": model_sha256, "options": self.to_json()}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _json(fields: Mapping[str, str], name: str) -> Any:
+    try:
+        return json.loads(fields[name])
+    except json.JSONDecodeError as error:
+        raise RequestError(f"form field '{name}' is not JSON: {error}", 400) from None
+
+
+def _dims(data: Any) -> tuple[tuple[str, int], ...]:
+    if not isinstance(data, dict):
+        raise RequestError('dims must be a JSON object of NAME: SIZE, e.g. {"batch": 8}')
+    for name, size in data.items():
+        if not name.strip():
+            raise RequestError('dims: a dim name is empty; write e.g. {"batch": 8}')
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise RequestError(f"dims: size of {name!r} must be an integer >= 1, not {size!r}")
+    return tuple(sorted((name.strip(), size) for name, size in data.items()))
+
+
+def parse_options(fields: Mapping[str, str], max_time_limit: float) -> PlanOptions:
+    """Checked options from the form fields (empty fields count as absent)."""
+    given = {k: v.strip() for k, v in fields.items() if v.strip()}
+    if unknown := sorted(set(given) - set(FIELDS)):
+        raise RequestError(
+            f"unknown form field {unknown[0]!r}; valid: model, {', '.join(FIELDS)}", 400
+        )
+    if "mesh" not in given:
+        raise RequestError("form field 'mesh' is required (a device mesh, e.g. 4x8)")
+    dims = _dims(_json(given, "dims")) if "dims" in given else ()
+    annotations = None
+    if "annotations" in given:
+        data = _json(given, "annotations")
+        parse_annotations(data, "annotations")  # AnnotationError: one line, as the CLI says it
+        annotations = json.dumps(data, sort_keys=True)
+    objective = given.get("objective", "time")
+    if objective not in OBJECTIVES:
+        raise RequestError(f"objective {objective!r} is not one of: {', '.join(OBJECTIVES)}")
+    time_limit = DEFAULT_TIME_LIMIT
+    if "time_limit" in given:
+        try:
+            time_limit = float(given["time_limit"])
+        except ValueError:
+            raise RequestError(
+                f"time_limit {given['time_limit']!r} is not a number of seconds"
+            ) from None
+        if not math.isfinite(time_limit) or not 0 < time_limit <= max_time_limit:
+            raise RequestError(
+                f"time_limit {given['time_limit']} must be > 0 and <= {max_time_limit:g} "
+                "seconds (the server's --max-time-limit)"
+            )
+    return PlanOptions(
+        given["mesh"], dims, given.get("device"), given.get("bandwidth"), given.get("latency"),
+        given.get("memory"), annotations, objective, time_limit,
+    )  # fmt: skip

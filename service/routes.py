@@ -1,0 +1,225 @@
+"""The HTTP routes: parse, check, hand over to the store and the pool, format. No planning
+logic lives here; `autoshard.pipeline.plan_request` does the work in a worker process.
+
+Status codes:
+- 202: a solve was queued.
+- 200: an identical request's job was found (with its plan when done); one that failed on
+  its input (an infeasible budget) answers 422 with its error instead.
+- 400: a malformed form; 404: no such plan; 413: too large; 415: not multipart.
+- 409: the plan is not done yet, or failed for a reason unrelated to the request.
+- 422: bad input, with the message `autoshard plan` prints (`autoshard: error: <message>`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel
+
+from autoshard.errors import AutoshardError
+from autoshard.pipeline import plan_inputs
+from service.options import FIELDS, PlanOptions, RequestError, parse_options
+from service.store import Job, Store
+from service.upload import MODEL_FIELD, Form, discard, keep, receive_form
+
+router = APIRouter()
+
+_ID = re.compile(r"[0-9a-f]{20}")
+
+
+class Submitted(BaseModel):
+    id: str
+    status: Literal["queued", "running", "done", "failed"]
+
+
+class JobView(Submitted):
+    progress: str | None
+    error: str | None
+    plan: dict[str, Any] | None  # exactly what `autoshard plan --json` prints
+
+
+class ErrorBody(BaseModel):
+    detail: str
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in (
+        (400, "malformed form"),
+        (413, "model or form field too large"),
+        (415, "not multipart/form-data"),
+        (422, "bad input: the message autoshard plan prints"),
+    )
+}
+_FORM_SCHEMA = {
+    "type": "object",
+    "required": [MODEL_FIELD, "mesh"],
+    "properties": {
+        MODEL_FIELD: {"type": "string", "format": "binary", "description": "the ONNX model"},
+        "mesh": {"type": "string", "example": "4x8", "description": "device mesh"},
+        "dims": {"type": "string", "example": '{"batch": 8}', "description": "JSON object"},
+        "device": {"type": "string", "example": "h100"},
+        "bandwidth": {"type": "string", "example": "25GB/s,450GB/s"},
+        "latency": {"type": "string", "example": "5us,1us"},
+        "memory": {"type": "string", "example": "16GiB", "description": "budget per device"},
+        "annotations": {"type": "string", "description": 'JSON: {"annotations": [...]}'},
+        "objective": {"type": "string", "enum": ["time", "bytes"]},
+        "time_limit": {"type": "number", "example": 60},
+    },
+}
+assert set(_FORM_SCHEMA["properties"]) == {MODEL_FIELD, *FIELDS}  # type: ignore[arg-type]
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status)
+
+
+@router.post(
+    "/v1/plans",
+    status_code=202,
+    response_model=Submitted,
+    responses={200: {"model": JobView, "description": "an identical request's job"}, **_ERRORS},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"multipart/form-data": {"schema": _FORM_SCHEMA}},
+        }
+    },
+    summary="Plan a model: upload it with the options of autoshard plan",
+)
+async def submit_plan(request: Request) -> JSONResponse:
+    settings = request.app.state.settings
+    try:
+        form = await receive_form(
+            request.headers.get("content-type", ""), request.stream(), settings.uploads,
+            settings.max_upload,
+        )  # fmt: skip
+    except RequestError as error:
+        return _error(error.status, str(error))
+    try:
+        return await _submit(request, form)
+    except RequestError as error:
+        return _error(error.status, str(error))
+    except AutoshardError as error:
+        return _error(422, str(error))
+    finally:
+        discard(form)
+
+
+async def _submit(request: Request, form: Form) -> JSONResponse:
+    settings, store = request.app.state.settings, _store(request)
+    options = parse_options(form.fields, settings.max_time_limit)
+    job_id = options.job_id(form.sha256)
+    found = store.get(job_id)
+    if found is not None and found.status == "failed" and found.cause == "input":
+        raise RequestError(found.error or "failed")  # found solving: an infeasible budget
+    if found is not None and not found.retryable:
+        return JSONResponse(found.view(), status_code=200)
+    if found is None:
+        assert form.path is not None
+        await anyio.to_thread.run_sync(_check, form.path, options)
+    model = keep(form, settings.models)
+    if found is None:
+        if not store.create(job_id, form.sha256, str(model), options.to_json()):
+            job = store.get(job_id)  # an identical request was faster
+            assert job is not None
+            return JSONResponse(job.view(), status_code=200)
+        attempt = 1
+    else:
+        requeued = store.requeue(job_id)
+        if requeued is None:  # requeued by an identical request meanwhile
+            job = store.get(job_id)
+            assert job is not None
+            return JSONResponse(job.view(), status_code=200)
+        attempt = requeued
+    request.app.state.pool.submit(job_id, attempt, model, options.to_json())
+    return JSONResponse({"id": job_id, "status": "queued"}, status_code=202)
+
+
+def _check(model: Path, options: PlanOptions) -> None:
+    """What `autoshard plan` checks before it searches (model, mesh, cluster, annotations),
+    with the message it prints for `autoshard plan NAME.onnx`: the model by its own name."""
+    try:
+        plan_inputs(
+            model, options.mesh, dict(options.dims), options.device, options.bandwidth,
+            options.latency, options.memory, None, options.parsed_annotations(),
+        )  # fmt: skip
+    except AutoshardError as error:
+        raise RequestError(str(error).replace(str(model), model.name)) from None
+
+
+def _job(request: Request, job_id: str) -> Job:
+    job = _store(request).get(job_id) if _ID.fullmatch(job_id) else None
+    if job is None:
+        raise HTTPException(404, f"no plan {job_id!r}")
+    return job
+
+
+@router.get(
+    "/v1/plans/{job_id}",
+    response_model=JobView,
+    responses={404: {"model": ErrorBody}},
+    summary="A plan job: status, progress, error, and the plan when done",
+)
+async def get_plan(request: Request, job_id: str) -> dict[str, Any]:
+    return _job(request, job_id).view()
+
+
+def _artifact(request: Request, job_id: str, column: str) -> str:
+    job = _job(request, job_id)
+    if job.status == "failed":
+        raise HTTPException(422 if job.cause == "input" else 409, job.error)
+    if job.status != "done":
+        raise HTTPException(
+            409, f"plan {job_id} is {job.status}; poll GET /v1/plans/{job_id} until it is done"
+        )
+    text, error = _store(request).artifact(job_id, column)
+    if text is None:
+        raise HTTPException(422, error or f"plan {job_id} has no {column}")
+    return text
+
+
+_TEXT_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 422: {"model": ErrorBody},
+}  # fmt: skip
+
+
+@router.get(
+    "/v1/plans/{job_id}/spmd.mlir",
+    response_class=PlainTextResponse,
+    responses=_TEXT_ERRORS,
+    summary="The plan's SPMD program (MLIR, mesh dialect), as autoshard partition writes it",
+)
+async def get_spmd(request: Request, job_id: str) -> PlainTextResponse:
+    return PlainTextResponse(_artifact(request, job_id, "spmd"))
+
+
+@router.get(
+    "/v1/plans/{job_id}/report.md",
+    response_class=PlainTextResponse,
+    responses=_TEXT_ERRORS,
+    summary="The plan as a Markdown report",
+)
+async def get_report(request: Request, job_id: str) -> PlainTextResponse:
+    return PlainTextResponse(
+        _artifact(request, job_id, "report"), media_type="text/markdown; charset=utf-8"
+    )
+
+
+@router.get("/healthz", summary="Liveness, the worker count and the jobs by status")
+async def healthz(request: Request) -> dict[str, Any]:
+    return {
+        "status": "ok",
+        "workers": request.app.state.pool.workers,
+        "jobs": _store(request).counts(),
+    }

@@ -1,0 +1,215 @@
+"""The job store: one SQLite file under the service's data folder, shared by the server and its
+worker processes (WAL mode, so readers never wait for the one writer).
+
+A job's life: `queued` (accepted, waiting for a worker) -> `running` -> `done` | `failed`.
+Each (re)queue bumps `attempt`; a worker writes only while the attempt it was given is the
+job's current one, so a worker orphaned by a crash can never overwrite a newer attempt.
+
+Why a failure has a `cause`: an `input` failure (an infeasible memory budget, say) is a
+property of the request, so an identical request gets the same answer back; an `interrupted`
+or `internal` failure (the server stopped mid-solve, a worker died) says nothing about the
+request, so an identical request queues the job again under the same id.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STATUSES = ("queued", "running", "done", "failed")
+CAUSES = ("input", "interrupted", "internal")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    attempt INTEGER NOT NULL DEFAULT 1,
+    model_sha256 TEXT NOT NULL,
+    model_path TEXT NOT NULL,
+    options TEXT NOT NULL,
+    progress TEXT,
+    error TEXT,
+    cause TEXT,
+    plan TEXT,
+    spmd TEXT,
+    spmd_error TEXT,
+    report TEXT,
+    created REAL NOT NULL,
+    started REAL,
+    finished REAL
+)
+"""
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    status: str
+    attempt: int
+    model_sha256: str
+    model_path: str
+    options: dict[str, Any]
+    progress: str | None
+    error: str | None
+    cause: str | None
+    plan: dict[str, Any] | None
+    created: float
+    started: float | None
+    finished: float | None
+
+    @property
+    def retryable(self) -> bool:
+        """A failure that an identical request should not get back as its answer."""
+        return self.status == "failed" and self.cause != "input"
+
+    def view(self) -> dict[str, Any]:
+        """The job as GET /v1/plans/{id} shows it."""
+        return {"id": self.id, "status": self.status, "progress": self.progress,
+                "error": self.error, "plan": self.plan}  # fmt: skip
+
+
+_JOB_COLUMNS = (
+    "id, status, attempt, model_sha256, model_path, options, progress, error, cause, plan, "
+    "created, started, finished"
+)
+
+
+class Store:
+    """Thread-safe access to the jobs table (one connection, one lock per process)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(_SCHEMA)
+        self._db.commit()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, self._db:
+            yield self._db
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- reading --
+
+    def get(self, job_id: str) -> Job | None:
+        with self._tx() as db:
+            row = db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            return None
+        (id_, status, attempt, sha, path, options, progress, error, cause, plan) = row[:10]
+        return Job(
+            id_, status, attempt, sha, path, json.loads(options), progress, error, cause,
+            json.loads(plan) if plan else None, *row[10:],
+        )  # fmt: skip
+
+    def artifact(self, job_id: str, column: str) -> tuple[str | None, str | None]:
+        """(text, error) of an artifact column: `spmd` (with `spmd_error`) or `report`."""
+        error_column = {"spmd": "spmd_error", "report": "NULL"}[column]
+        with self._tx() as db:
+            row = db.execute(
+                f"SELECT {column}, {error_column} FROM jobs WHERE id = ?", (job_id,)
+            ).fetchone()
+        return (row[0], row[1]) if row else (None, None)
+
+    def counts(self) -> dict[str, int]:
+        with self._tx() as db:
+            rows = db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
+        return {status: 0 for status in STATUSES} | dict(rows)
+
+    # -- the server's writes --
+
+    def create(
+        self, job_id: str, model_sha256: str, model_path: str, options: dict[str, Any]
+    ) -> bool:
+        """Queue a new job; False if a job with this id exists already."""
+        with self._tx() as db:
+            cursor = db.execute(
+                "INSERT OR IGNORE INTO jobs (id, status, model_sha256, model_path, options, "
+                "created) VALUES (?, 'queued', ?, ?, ?, ?)",
+                (job_id, model_sha256, model_path, json.dumps(options), time.time()),
+            )
+            return cursor.rowcount == 1
+
+    def requeue(self, job_id: str) -> int | None:
+        """Queue a retryable failed job again; its new attempt, or None if it is not one."""
+        with self._tx() as db:
+            cursor = db.execute(
+                "UPDATE jobs SET status = 'queued', attempt = attempt + 1, progress = NULL, "
+                "error = NULL, cause = NULL, started = NULL, finished = NULL "
+                "WHERE id = ? AND status = 'failed' AND cause != 'input'",
+                (job_id,),
+            )
+            if cursor.rowcount != 1:
+                return None
+            row = db.execute("SELECT attempt FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            return int(row[0])
+
+    def recover(self) -> list[Job]:
+        """At startup: a job left `running` by a crash fails with the reason; the queued ones
+        are returned to be queued again."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE jobs SET status = 'failed', cause = 'interrupted', finished = ?, "
+                "error = 'the server stopped while this job was running (crash or restart); "
+                "submit the same request again to retry' WHERE status = 'running'",
+                (time.time(),),
+            )
+            ids = [r[0] for r in db.execute("SELECT id FROM jobs WHERE status = 'queued'")]
+        return [job for job in map(self.get, ids) if job is not None]
+
+    # -- a worker's writes: each applies only to the attempt the worker was given --
+
+    def start(self, job_id: str, attempt: int) -> bool:
+        with self._tx() as db:
+            cursor = db.execute(
+                "UPDATE jobs SET status = 'running', started = ? "
+                "WHERE id = ? AND attempt = ? AND status = 'queued'",
+                (time.time(), job_id, attempt),
+            )
+            return cursor.rowcount == 1
+
+    def progress(self, job_id: str, attempt: int, message: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE jobs SET progress = ? WHERE id = ? AND attempt = ? AND status = 'running'",
+                (message, job_id, attempt),
+            )
+
+    def finish(
+        self,
+        job_id: str,
+        attempt: int,
+        plan: dict[str, Any],
+        spmd: str | None,
+        spmd_error: str | None,
+        report: str,
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE jobs SET status = 'done', plan = ?, spmd = ?, spmd_error = ?, "
+                "report = ?, finished = ? WHERE id = ? AND attempt = ? AND status = 'running'",
+                (json.dumps(plan), spmd, spmd_error, report, time.time(), job_id, attempt),
+            )
+
+    def fail(self, job_id: str, attempt: int, error: str, cause: str) -> None:
+        """Fail a queued or running attempt (a worker that died fails it before it started)."""
+        assert cause in CAUSES, cause
+        with self._tx() as db:
+            db.execute(
+                "UPDATE jobs SET status = 'failed', error = ?, cause = ?, finished = ? "
+                "WHERE id = ? AND attempt = ? AND status IN ('queued', 'running')",
+                (error, cause, time.time(), job_id, attempt),
+            )

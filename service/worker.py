@@ -1,0 +1,152 @@
+"""The solver pool: plan jobs run in worker processes, as many as the CPUs; the rest queue.
+
+Why processes: a solve is mostly Python (import, candidate building, lowering, partition)
+that holds the GIL; CP-SAT itself releases it, but threads would still serialize the rest.
+Measured on 2 cores: two CP-SAT solves of ~3.9 s each take 7.8 s in a row and 6.0 s on two
+threads, while the pipeline around them does not overlap at all.
+
+Workers write their job's progress and result to the store themselves, so a result survives
+the server even if the server dies right after; each write names the job's attempt (see
+store.py). On Linux a worker is killed with its server (PR_SET_PDEATHSIG), so a crashed server
+leaves no orphan solving on; every pool submission is made from the event-loop thread, the
+thread whose exit would send that signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+
+from autoshard.errors import AutoshardError
+from service.options import PlanOptions
+from service.store import Store
+
+log = logging.getLogger("autoshard.service")
+
+_store: Store | None = None  # the worker process's connection (one per process)
+
+
+def _init_worker(db_path: str, parent: int) -> None:
+    global _store
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the server died before the signal was armed
+            os._exit(1)
+    _store = Store(db_path)
+
+
+def run_job(job_id: str, attempt: int, model_path: str, options_json: dict) -> None:
+    """Solve one job in a worker process and store its plan, SPMD program and report."""
+    from autoshard.artifacts import Built, print_spmd
+    from autoshard.passes.partition import partition
+    from autoshard.pipeline import plan_request
+    from autoshard.report import plan_markdown
+
+    store = _store
+    assert store is not None, "run_job runs in a pool worker"
+    if not store.start(job_id, attempt):
+        return  # a newer attempt owns the job
+    options = PlanOptions.from_json(options_json)
+    try:
+        store.progress(job_id, attempt, "importing the model")
+        requested = plan_request(
+            model_path, options.mesh, dict(options.dims), options.device, options.bandwidth,
+            options.latency, options.memory, None, options.parsed_annotations(),
+            options.objective, options.time_limit,
+            lambda message: store.progress(job_id, attempt, message),
+        )  # fmt: skip
+        spmd = spmd_error = None
+        try:
+            program = requested.planned.program
+            built = Built(requested.graph, program, partition(program, requested.graph))
+            spmd = print_spmd(built, "mesh")
+        except AutoshardError as error:  # the plan stands; only its SPMD program is missing
+            spmd_error = f"cannot partition the plan: {error}"
+        document = requested.document
+        store.finish(job_id, attempt, document, spmd, spmd_error, plan_markdown(document))
+    except AutoshardError as error:  # the message names the model as the user did
+        store.fail(job_id, attempt, str(error).replace(model_path, Path(model_path).name), "input")
+    except Exception as error:
+        log.error("job %s failed:\n%s", job_id, traceback.format_exc())
+        store.fail(job_id, attempt, f"internal error: {type(error).__name__}: {error}", "internal")
+
+
+class Pool:
+    """A process pool for plan jobs; submit from the event-loop thread only."""
+
+    def __init__(self, store: Store, workers: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.store, self.workers, self.loop = store, workers, loop
+        self._executor = self._start()
+
+    def _start(self) -> ProcessPoolExecutor:
+        # spawn, not fork: forking a process that runs an event loop and threads is unsafe.
+        return ProcessPoolExecutor(
+            self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(str(self.store.path), os.getpid()),
+        )
+
+    def submit(self, job_id: str, attempt: int, model_path: Path | str, options: dict) -> None:
+        if getattr(self._executor, "_broken", False):
+            self._executor = self._start()
+        future = self._executor.submit(run_job, job_id, attempt, str(model_path), options)
+        future.add_done_callback(self._on_done(job_id, attempt, str(model_path), options))
+
+    def _on_done(
+        self, job_id: str, attempt: int, model_path: str, options: dict
+    ) -> Callable[[Future[None]], None]:
+        def done(future: Future[None]) -> None:
+            # Cancelled at shutdown: the job stays queued and is queued again at startup.
+            if future.cancelled() or future.exception() is None:
+                return
+            error = future.exception()
+            log.error("job %s: worker failed: %r", job_id, error)
+            if self.loop.is_closed():
+                self._died(job_id, attempt, error)
+            else:  # submit again from the event-loop thread (see the module docstring)
+                self.loop.call_soon_threadsafe(self._retry, job_id, attempt, model_path, options,
+                                               error)  # fmt: skip
+
+        return done
+
+    def _retry(
+        self,
+        job_id: str,
+        attempt: int,
+        model_path: str,
+        options: dict,
+        error: BaseException | None,
+    ) -> None:
+        """A worker died (killed, out of memory): the job it was running fails; a job the
+        broken pool had not started yet goes to a new pool."""
+        job = self.store.get(job_id)
+        if job is not None and job.attempt == attempt and job.status == "queued":
+            self.submit(job_id, attempt, model_path, options)
+        else:
+            self._died(job_id, attempt, error)
+
+    def _died(self, job_id: str, attempt: int, error: BaseException | None) -> None:
+        self.store.fail(
+            job_id, attempt, f"the worker process solving this job died ({error})", "internal"
+        )
+
+    def shutdown(self) -> None:
+        """Stop now: queued jobs stay queued (the next start queues them again), running ones
+        are killed (the next start marks them failed, with the reason)."""
+        executor = self._executor
+        processes = list(getattr(executor, "_processes", {}).values())
+        executor.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.kill()

@@ -1,0 +1,130 @@
+"""The REST service over real HTTP: `autoshard serve` started as a subprocess on a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "models"
+UPLOAD_LIMIT = 1 << 20  # 1 MiB: the bundled models fit, a 2 MiB upload does not
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """One `python -m autoshard serve` process on `data`."""
+
+    def __init__(self, data: Path, workers: int = 2) -> None:
+        self.data, self.workers = data, workers
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = data.parent / f"{data.name}-server-{self.port}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Server:
+        command = [
+            sys.executable, "-m", "autoshard", "serve", "--port", str(self.port), "--data",
+            str(self.data), "--max-upload", str(UPLOAD_LIMIT), "--workers", str(self.workers),
+        ]  # fmt: skip
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"server exited: {self.log.read_text()}"
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise AssertionError(f"server did not start: {self.log.read_text()}")
+
+    def children(self) -> list[int]:
+        assert self.process is not None
+        pid = self.process.pid
+        found = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, no shutdown code runs."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    # -- the API --
+
+    def submit(
+        self, model: Path | bytes, fields: Mapping[str, str], filename: str = "model.onnx"
+    ) -> httpx.Response:
+        if isinstance(model, Path):
+            filename, model = model.name, model.read_bytes()
+        return httpx.post(
+            f"{self.url}/v1/plans", files={"model": (filename, model)}, data=dict(fields),
+            timeout=60,
+        )  # fmt: skip
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(f"{self.url}{path}", timeout=30)
+
+    def wait(self, job_id: str, until: tuple[str, ...] = ("done", "failed"), timeout: float = 45):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job: dict[str, Any] = self.get(f"/v1/plans/{job_id}").json()
+            if job["status"] in until:
+                return job
+            time.sleep(0.02)
+        raise AssertionError(f"job {job_id} still {job['status']} after {timeout} s")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ")[1][0] != "Z"
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    started = Server(tmp_path_factory.mktemp("service") / "data").start()
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def new_server(tmp_path: Path) -> Iterator[Any]:
+    """Servers of one test, stopped after it."""
+    made: list[Server] = []
+
+    def make(data: Path | None = None, workers: int = 2) -> Server:
+        made.append(Server(data or tmp_path / "data", workers).start())
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.stop()

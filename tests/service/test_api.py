@@ -1,0 +1,287 @@
+"""POST /v1/plans, polling, the plan, its SPMD program and report, identical-request reuse, a
+burst of concurrent submissions, and every kind of bad input, over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from autoshard.cli import main
+from autoshard.ir.mlir import parse_module
+
+from .conftest import MODELS, UPLOAD_LIMIT, Server
+
+MLP = MODELS / "mlp.onnx"
+# 100 KB per device: replicated weights (DP) do not fit, so the plan splits the batch over
+# mesh axis 0 and the weights' rows over axis 1, and all-gathers the hidden activation over
+# axis 1 before the second Gemm.
+FIELDS = {"mesh": "2x2", "dims": '{"batch": 8}', "memory": "100KB"}
+CLI_FLAGS = ["--mesh", "2x2", "--dim", "batch=8", "--memory", "100KB"]
+
+
+def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def untimed(plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan without the two wall-clock figures, which differ run to run."""
+    plan = json.loads(json.dumps(plan))
+    plan["solver"]["wall_s"] = plan["search"]["build_s"] = None
+    return plan
+
+
+@pytest.fixture(scope="module")
+def done(server: Server) -> dict[str, Any]:
+    response = server.submit(MLP, FIELDS)
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert body == {"id": body["id"], "status": "queued"}
+    return server.wait(body["id"])
+
+
+def test_plan_is_what_autoshard_plan_json_prints(
+    done: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert done["status"] == "done" and done["error"] is None
+    assert done["progress"].startswith("solved: OPTIMAL")
+    code, out, _ = cli(["plan", str(MLP), *CLI_FLAGS, "--json"], capsys)
+    assert code == 0
+    assert untimed(done["plan"]) == untimed(json.loads(out))
+    collectives = [
+        (c["kind"], c["mesh_axes"], c["bytes_per_device"]) for c in done["plan"]["collectives"]
+    ]
+    assert collectives == [("all_gather", [1], 2048)]
+
+
+def test_spmd_program(server: Server, done: dict[str, Any]) -> None:
+    response = server.get(f"/v1/plans/{done['id']}/spmd.mlir")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    assert "mesh.mesh @mesh0(shape = 2x2)" in text
+    # Per-device types: x [8, 64] split 2 ways, the weights' rows 2 ways.
+    assert (
+        "func.func @main_graph(%arg0: tensor<4x64xf32>, %arg1: tensor<128x64xf32>, "
+        "%arg2: tensor<128xf32>, %arg3: tensor<32x256xf32>, %arg4: tensor<32xf32>) "
+        "-> tensor<4x32xf32> {"
+    ) in text
+    gathers = [line.strip() for line in text.splitlines() if "mesh.all_gather" in line]
+    assert gathers == [
+        "%3 = mesh.all_gather %_1_Relu_output_0 on @mesh0 mesh_axes = [1] gather_axis = 1 : "
+        "tensor<4x128xf32> -> tensor<4x256xf32>"
+    ]
+    module = parse_module(text)
+    assert str(module.to_program().mesh) == "2x2"
+
+
+def test_report(server: Server, done: dict[str, Any]) -> None:
+    response = server.get(f"/v1/plans/{done['id']}/report.md")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/markdown")
+    lines = response.text.splitlines()
+    assert lines[0] == "# Plan: mlp.onnx batch=8 on mesh 2x2"
+    assert "| memory | 71.62 KiB of 97.66 KiB (73.3%) |" in lines
+    assert "## Collectives (1)" in lines
+    for name, op in done["plan"]["ops"].items():
+        assert f"| `{name}` | {op['type']} | `{op['sharding_option']}` |" in lines
+
+
+def test_identical_request_reuses_the_job(server: Server, done: dict[str, Any]) -> None:
+    before = server.get("/healthz").json()["jobs"]
+    # The same options spelled differently are the same request.
+    again = server.submit(MLP, {**FIELDS, "dims": '{ "batch":8 }', "time_limit": "60"})
+    assert again.status_code == 200
+    assert again.json() == done  # the stored plan, its solver time included: no second solve
+    assert server.get("/healthz").json()["jobs"] == before
+    other = server.submit(MLP, {**FIELDS, "objective": "bytes"})
+    assert other.status_code == 202 and other.json()["id"] != done["id"]
+    assert server.wait(other.json()["id"])["status"] == "done"
+
+
+def test_twenty_concurrent_submissions_all_complete(server: Server) -> None:
+    requests = [
+        {"mesh": mesh, "dims": json.dumps({"batch": batch})}
+        for mesh in ("2x2", "4", "2x4", "8")
+        for batch in (3, 5, 8, 16, 24)
+    ]
+    with ThreadPoolExecutor(20) as threads:
+        responses = list(threads.map(lambda f: server.submit(MLP, f), requests))
+    assert [r.status_code for r in responses] == [202] * 20
+    ids = [r.json()["id"] for r in responses]
+    assert len(set(ids)) == 20
+    jobs = [server.wait(i) for i in ids]
+    for fields, job in zip(requests, jobs, strict=True):
+        assert job["status"] == "done", job["error"]
+        assert job["plan"]["mesh"] == fields["mesh"]
+        assert job["plan"]["model"]["dims"] == json.loads(fields["dims"])
+    # The pool ran at most `workers` solves at once; the rest queued.
+    with sqlite3.connect(server.data / "jobs.sqlite3") as db:
+        spans = db.execute(
+            f"SELECT started, finished FROM jobs WHERE id IN ({','.join('?' * 20)})", ids
+        ).fetchall()
+    most = max(sum(s <= t < f for s, f in spans) for t, _ in spans)
+    assert 1 <= most <= server.workers
+
+
+RANDOM = bytes(range(256)) * 40
+TRUNCATED = MLP.read_bytes()[:60000]
+
+
+def _annotation(value: str, sharding: str) -> dict[str, str]:
+    return {"annotations": json.dumps({"annotations": [{"value": value, "sharding": sharding}]})}
+
+
+BATCH8 = ["--dim", "batch=8"]
+
+
+@pytest.mark.parametrize(
+    ("filename", "content", "fields", "flags"),
+    [
+        pytest.param("random.onnx", RANDOM, {"mesh": "2x2"}, ["--mesh", "2x2"], id="random-bytes"),
+        pytest.param("truncated.onnx", TRUNCATED, FIELDS, CLI_FLAGS, id="truncated"),
+        pytest.param(
+            "mlp.onnx", None, {**FIELDS, "mesh": "2xq"}, ["--mesh", "2xq", *BATCH8], id="bad-mesh"
+        ),
+        pytest.param("mlp.onnx", None, {"mesh": "2x2"}, ["--mesh", "2x2"], id="unbound-dim"),
+        pytest.param(
+            "mlp.onnx", None, {**FIELDS, "device": "abacus"}, [*CLI_FLAGS, "--device", "abacus"],
+            id="bad-device",
+        ),
+        pytest.param(
+            "mlp.onnx", None, {**FIELDS, **_annotation("nope", "[[0]]")},
+            [*CLI_FLAGS, "--annotate", "nope=[[0]]"], id="annotation-of-unknown-value",
+        ),
+        pytest.param(
+            "mlp.onnx", None, {**FIELDS, **_annotation("x", "[[5]]")},
+            [*CLI_FLAGS, "--annotate", "x=[[5]]"], id="annotation-bad-axis",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_input_is_422_with_the_cli_message(
+    server: Server, tmp_path, capsys, filename, content, fields, flags
+) -> None:
+    model = tmp_path / filename
+    model.write_bytes(MLP.read_bytes() if content is None else content)
+    code, _, err = cli(["plan", str(model), *flags], capsys)
+    assert code == 2 and err.startswith("autoshard: error: ")
+    message = err.removeprefix("autoshard: error: ").strip().replace(str(model), filename)
+    response = server.submit(model, fields)
+    assert (response.status_code, response.json()) == (422, {"detail": message})
+
+
+def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys) -> None:
+    annotations = {"annotations": [{"value": "x", "sharding": "[[0]]", "for": "everyone"}]}
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(annotations))
+    _, _, err = cli(["plan", str(MLP), *CLI_FLAGS, "--annotations", str(path)], capsys)
+    cli_message = err.removeprefix("autoshard: error: ").strip()
+    response = server.submit(MLP, {**FIELDS, "annotations": json.dumps(annotations)})
+    assert response.status_code == 422
+    # The CLI names the file; the service's source is the form field.
+    assert cli_message == response.json()["detail"].replace(
+        "annotations: ", f"annotations file '{path}': ", 1
+    )
+    assert response.json()["detail"] == (
+        "annotations: annotation 0 (x): 'for' is 'everyone'; valid: result, users"
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "message"),
+    [
+        pytest.param(
+            {**FIELDS, "annotations": "[1"}, 400,
+            "form field 'annotations' is not JSON: Expecting ',' delimiter: line 1 column 3 "
+            "(char 2)",
+            id="annotations-not-json",
+        ),
+        pytest.param(
+            {**FIELDS, "dims": '["batch"]'}, 422,
+            'dims must be a JSON object of NAME: SIZE, e.g. {"batch": 8}', id="dims-not-object",
+        ),
+        pytest.param(
+            {**FIELDS, "dims": '{"batch": 0}'}, 422,
+            "dims: size of 'batch' must be an integer >= 1, not 0", id="dims-zero",
+        ),
+        pytest.param(
+            {**FIELDS, "objective": "speed"}, 422, "objective 'speed' is not one of: time, bytes",
+            id="objective",
+        ),
+        pytest.param(
+            {**FIELDS, "time_limit": "1e9"}, 422,
+            "time_limit 1e9 must be > 0 and <= 600 seconds (the server's --max-time-limit)",
+            id="time-limit",
+        ),
+        pytest.param(
+            {**FIELDS, "colour": "blue"}, 400,
+            "unknown form field 'colour'; valid: model, mesh, dims, device, bandwidth, latency, "
+            "memory, annotations, objective, time_limit",
+            id="unknown-field",
+        ),
+        pytest.param(
+            {"dims": '{"batch": 8}'}, 422,
+            "form field 'mesh' is required (a device mesh, e.g. 4x8)", id="no-mesh",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_form_fields(server: Server, fields, status, message) -> None:
+    response = server.submit(MLP, fields)
+    assert (response.status_code, response.json()) == (status, {"detail": message})
+
+
+def test_oversized_upload_is_413(server: Server) -> None:
+    response = server.submit(b"\0" * (2 * UPLOAD_LIMIT), {"mesh": "2x2"}, "big.onnx")
+    assert response.status_code == 413
+    assert response.json() == {
+        "detail": f"model upload is larger than the limit of {UPLOAD_LIMIT} bytes "
+        "(the server's --max-upload)"
+    }
+    assert list((server.data / "uploads").iterdir()) == []  # nothing left behind
+
+
+def test_not_a_form(server: Server) -> None:
+    import httpx
+
+    no_model = httpx.post(f"{server.url}/v1/plans", files={"mesh": (None, "2x2")})
+    assert (no_model.status_code, no_model.json()) == (
+        400, {"detail": "the form has no 'model' file field (the ONNX model)"},
+    )  # fmt: skip
+    as_json = httpx.post(f"{server.url}/v1/plans", json={"mesh": "2x2"})
+    assert as_json.status_code == 415
+
+
+def test_infeasible_budget(server: Server, capsys) -> None:
+    fields = {**FIELDS, "memory": "1KiB"}
+    _, _, err = cli(["plan", str(MLP), "--mesh", "2x2", *BATCH8, "--memory", "1KiB"], capsys)
+    message = err.removeprefix("autoshard: error: ").strip()
+    assert message.startswith("no plan fits 1024 bytes per device; the lowest feasible budget is")
+    # Found only by solving: the job fails with the CLI's message...
+    response = server.submit(MLP, fields)
+    assert response.status_code == 202
+    job = server.wait(response.json()["id"])
+    assert (job["status"], job["error"], job["plan"]) == ("failed", message, None)
+    # ...its artifacts answer 422 with it, and so does the identical request.
+    for path in ("spmd.mlir", "report.md"):
+        fetched = server.get(f"/v1/plans/{job['id']}/{path}")
+        assert (fetched.status_code, fetched.json()) == (422, {"detail": message})
+    again = server.submit(MLP, fields)
+    assert (again.status_code, again.json()) == (422, {"detail": message})
+
+
+def test_unknown_plan_and_docs(server: Server) -> None:
+    assert server.get("/v1/plans/0123456789abcdef0123").status_code == 404
+    assert server.get("/v1/plans/../etc").status_code == 404
+    assert server.get("/docs").status_code == 200
+    paths = server.get("/openapi.json").json()["paths"]
+    assert sorted(paths) == [
+        "/healthz", "/v1/plans", "/v1/plans/{job_id}", "/v1/plans/{job_id}/report.md",
+        "/v1/plans/{job_id}/spmd.mlir",
+    ]  # fmt: skip
+    form = paths["/v1/plans"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert form["schema"]["required"] == ["model", "mesh"]
