@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -32,6 +33,7 @@ from service.store import Store
 
 log = logging.getLogger("autoshard.service")
 
+SHUTDOWN_GRACE_S = 1.0
 _store: Store | None = None  # the worker process's connection (one per process)
 
 
@@ -148,5 +150,8 @@ class Pool:
         executor = self._executor
         processes = list(getattr(executor, "_processes", {}).values())
         executor.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.kill()
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        for process in processes:  # idle workers exit cleanly at once; busy ones are killed
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
