@@ -52,12 +52,35 @@ COMMUTES_WITH = {
 """Elementwise ops f with f(reduce(x_i), reduce(y_i)) = reduce(f(x_i, y_i)) for the reduction."""
 
 
+class _Steps(list[Step]):
+    """The steps being rewritten; every change bumps `version`, so the producer and reader
+    index is rebuilt only when the steps changed (the passes ask far more than they change)."""
+
+    version = 0
+
+    def _changed(self) -> None:
+        self.version += 1
+
+    def __setitem__(self, key, value):  # type: ignore[no-untyped-def]
+        self._changed()
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key):  # type: ignore[no-untyped-def]
+        self._changed()
+        super().__delitem__(key)
+
+    def remove(self, value: Step) -> None:
+        self._changed()
+        super().remove(value)
+
+
 class _Rewrite:
     """A mutable copy of a program's steps and tensors, for one pass."""
 
     def __init__(self, program: Program, graph: Graph) -> None:
         self.program, self.graph = program, graph
-        self.steps: list[Step] = list(program.steps)
+        self.steps: _Steps = _Steps(program.steps)
+        self._index: tuple[tuple[int, int, tuple[str, ...]], dict, dict] | None = None
         self.tensors: dict[str, Tensor] = dict(program.tensors)
         self.counter = itertools.count(1)
 
@@ -86,13 +109,28 @@ class _Rewrite:
                 self.steps[i] = dataclasses.replace(step, source=new)
         self.program = dataclasses.replace(self.program, outputs=swap(self.program.outputs))
 
+    def index(self) -> tuple[dict[str, int], dict[str, list[int]]]:
+        """Producer and readers (-1 for each graph output) of every tensor."""
+        key = (id(self.steps), self.steps.version, self.program.outputs)
+        if self._index is None or self._index[0] != key:
+            made: dict[str, int] = {}
+            read: dict[str, list[int]] = {}
+            for i, step in enumerate(self.steps):
+                for name in step.outputs:
+                    made.setdefault(name, i)
+                for name in step.inputs:
+                    read.setdefault(name, []).append(i)
+            for name in self.program.outputs:
+                read.setdefault(name, []).append(-1)
+            self._index = (key, made, read)
+        return self._index[1], self._index[2]
+
     def producer(self, tensor: str) -> int | None:
-        return next((i for i, s in enumerate(self.steps) if tensor in s.outputs), None)
+        return self.index()[0].get(tensor)
 
     def readers(self, tensor: str) -> list[int]:
         """Indices of the steps reading `tensor`; -1 for each graph output it is."""
-        found = [i for i, s in enumerate(self.steps) if tensor in s.inputs]
-        return found + [-1 for name in self.program.outputs if name == tensor]
+        return list(self.index()[1].get(tensor, []))
 
     def sole_reader(self, tensor: str) -> int | None:
         readers = set(self.readers(tensor))
@@ -339,7 +377,7 @@ def _decompose(index: int, rw: _Rewrite) -> bool:
             continue
         trial.steps[index : index + 1] = [*down, *up]
         if _move_down(index + 1, trial):
-            rw.steps, rw.tensors = trial.steps, trial.tensors
+            rw.steps, rw.tensors = _Steps(trial.steps), trial.tensors
             return True
     return False
 
