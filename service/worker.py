@@ -2,8 +2,8 @@
 
 Why processes: a solve is mostly Python (import, candidate building, lowering, partition)
 that holds the GIL; CP-SAT itself releases it, but threads would still serialize the rest.
-Measured on 2 cores: two CP-SAT solves of ~3.9 s each take 7.8 s in a row and 6.0 s on two
-threads, while the pipeline around them does not overlap at all.
+Measured on 2 (shared) cores: two CP-SAT solves of ~3.9 s each took 7.8 s in a row and
+6.0 s on two threads, so CP-SAT does release the GIL; the Python around it does not.
 
 Workers write their job's progress and result to the store themselves, so a result survives
 the server even if the server dies right after; each write names the job's attempt (see
