@@ -157,8 +157,11 @@ def plan_document(
             "choices": problem.variables,
             "edges": len(problem.edges),
             "memory_rows": len(problem.memory),
-            "repeated_layers": {"first_op": repeats.start, "ops_per_layer": repeats.period,
-                                "layers": repeats.count},  # fmt: skip
+            "repeated_layers": {
+                "first_op": repeats.start,
+                "ops_per_layer": repeats.period,
+                "layers": repeats.count,
+            },  # fmt: skip
             "build_s": round(planned.build_s, 3),
         }
     return {
