@@ -332,8 +332,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cluster_flags(parser: argparse.ArgumentParser, mesh_required: bool) -> None:
-    del mesh_required  # --mesh is declared by the command; a cluster file may hold it
+def _model_flags(parser: argparse.ArgumentParser, mesh_required: bool) -> None:
+    """The model, its mesh, bound dims and annotations: what propagate, plan and partition
+    share."""
+    parser.add_argument("model", help="path to an .onnx file")
+    mesh_help = "device mesh, e.g. 4x8" + ("" if mesh_required else " (or in --cluster)")
+    parser.add_argument("--mesh", required=mesh_required, help=mesh_help)
+    parser.add_argument(
+        "--dim", action="append", type=_dim, metavar="NAME=SIZE", help="bind a symbolic dim"
+    )
+    parser.add_argument(
+        "--annotate",
+        action="append",
+        metavar="VALUE=SHARDING",
+        help="required result annotation, e.g. x='[[0]]' (repeatable)",
+    )
+    parser.add_argument("--annotations", metavar="FILE", help="annotations JSON file")
+
+
+def _cluster_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="device preset: h100, a100, mi300x, tpu-v5e, l4")
     parser.add_argument(
         "--bandwidth", help="link bandwidth per mesh axis, e.g. 25GB/s,450GB/s (or one for all)"
@@ -359,20 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     propagate = commands.add_parser(
         "propagate", help="complete shardings from annotations and list the collectives"
     )
-    propagate.add_argument("model", help="path to an .onnx file")
-    propagate.add_argument("--mesh", required=True, help="device mesh, e.g. 2x4")
-    propagate.add_argument(
-        "--dim", action="append", type=_dim, metavar="NAME=SIZE", help="bind a symbolic dim"
-    )
-    propagate.add_argument(
-        "--annotate",
-        action="append",
-        metavar="VALUE=SHARDING",
-        help="required result annotation, e.g. x='[[0]]' (repeatable)",
-    )
-    propagate.add_argument("--annotations", metavar="FILE", help="annotations JSON file")
+    _model_flags(propagate, mesh_required=True)
     propagate.add_argument("--json", action="store_true", help="machine-readable output")
-    _cluster_flags(propagate, mesh_required=True)
+    _cluster_flags(propagate)
     propagate.add_argument(
         "--emit",
         choices=("summary", "mlir"),
@@ -388,16 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     propagate.set_defaults(run=cmd_propagate)
 
     plan = commands.add_parser("plan", help="search the cheapest sharding plan (CP-SAT)")
-    plan.add_argument("model", help="path to an .onnx file")
-    plan.add_argument("--mesh", help="device mesh, e.g. 4x8 (or in --cluster)")
-    plan.add_argument(
-        "--dim", action="append", type=_dim, metavar="NAME=SIZE", help="bind a symbolic dim"
-    )
-    plan.add_argument(
-        "--annotate", action="append", metavar="VALUE=SHARDING", help="required annotation"
-    )
-    plan.add_argument("--annotations", metavar="FILE", help="annotations JSON file")
-    _cluster_flags(plan, mesh_required=False)
+    _model_flags(plan, mesh_required=False)
+    _cluster_flags(plan)
     plan.add_argument(
         "--objective", choices=("time", "bytes"), default="time",
         help="minimize compute + communication time (default) or communication bytes",
@@ -426,18 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     partition = commands.add_parser(
         "partition", help="write each device's program and weights (SPMD IR, safetensors)"
     )
-    partition.add_argument("model", help="path to an .onnx file")
-    partition.add_argument("--mesh", required=True, help="device mesh, e.g. 2x4")
-    partition.add_argument(
-        "--dim", action="append", type=_dim, metavar="NAME=SIZE", help="bind a symbolic dim"
-    )
-    partition.add_argument(
-        "--annotate",
-        action="append",
-        metavar="VALUE=SHARDING",
-        help="required result annotation, e.g. x='[[0]]' (repeatable)",
-    )
-    partition.add_argument("--annotations", metavar="FILE", help="annotations JSON file")
+    _model_flags(partition, mesh_required=True)
     partition.add_argument(
         "--plan", metavar="PLAN.json", help="partition this plan (from autoshard plan -o)"
     )
