@@ -23,7 +23,7 @@ from typing import Any
 
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster, make_cluster
-from autoshard.cost.model import Cost, memory, price
+from autoshard.cost.model import Cost, Memory, memory, price
 from autoshard.errors import AutoshardError
 from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import import_onnx
@@ -78,23 +78,38 @@ def auto_plan(
     )
     # The ILP counts each value once; the program also holds reshard buffers (the result of
     # an all_reduce next to its partial input). When those push the program over the budget,
-    # the ILP's budget is lowered by the excess and it solves again.
-    budget = cluster.memory
+    # the ILP's budget is lowered by the excess and it solves again. The first solve stays the
+    # bound: the ILP undercounts memory, so every plan that really fits is feasible for it.
+    budget, bound = cluster.memory, None
     for _ in range(_BUDGET_ROUNDS):
         try:
             solution = solve(dataclasses.replace(problem, budget=budget), time_limit)
         except InfeasibleError:
-            raise _infeasible(graph, cluster, search, time_limit) from None
+            break
+        bound = bound if bound is not None else solution.bound
         plan = search.plan(graph, cluster, solution.choice)
         program = lower(graph, plan)
         peak = memory(program).peak
         if peak <= cluster.memory:
-            break
+            if solution.objective > bound:  # proven for the lowered budget only
+                solution = dataclasses.replace(solution, status="FEASIBLE", bound=bound)
+            say(f"solved: {solution.status}, gap {solution.gap:.2%} ({solution.wall_s:.1f} s)")
+            return Planned(plan, program, price(program, graph, cluster), solution, search, built)
         budget -= peak - cluster.memory
         say(f"the program needs {peak} bytes with its reshard buffers; solving again")
-    else:
-        raise _infeasible(graph, cluster, search, time_limit)
-    say(f"solved: {solution.status}, gap {solution.gap:.2%} ({solution.wall_s:.1f} s)")
+    # The rounds found nothing that fits: the plans of least memory decide.
+    usage, choice = _least_memory(graph, cluster, search, time_limit)
+    if usage.peak > cluster.memory:
+        biggest = ", ".join(f"{name} ({size} B)" for name, size in usage.live[:5])
+        raise InfeasibleError(
+            f"no plan fits {cluster.memory} bytes per device; the lowest feasible budget is "
+            f"{usage.peak} bytes (--memory {usage.peak}); the largest tensors live at its "
+            f"peak: {biggest}"
+        )
+    plan = search.plan(graph, cluster, choice)
+    program = lower(graph, plan)
+    solution = Solution(choice, "FEASIBLE", problem.objective(choice), bound or 0.0, 0.0, 0, 0)
+    say(f"solved: {solution.status}, gap {solution.gap:.2%} (the plan of least memory)")
     return Planned(plan, program, price(program, graph, cluster), solution, search, built)
 
 
@@ -102,31 +117,27 @@ _BUDGET_ROUNDS = 5
 _BUDGET_PROBES = 6
 
 
-def _infeasible(
+def _least_memory(
     graph: Graph, cluster: Cluster, search: Search, time_limit: float
-) -> InfeasibleError:
-    """The error for a budget no plan fits: the lowest budget a plan of the search reaches
-    (its program's real peak, reshard buffers included: the plans the ILP finds under a few
-    budgets between its own lowest peak and that plan's real peak), and the largest tensors
-    live at that plan's peak."""
+) -> tuple[Memory, tuple[int, ...]]:
+    """When the budget rounds fail: the ILP's own least-memory plan and the plans it finds
+    under a few budgets between that plan's ILP peak and its real peak (reshard buffers
+    included). Of those that fit the budget, the cheapest; if none fits, the least memory."""
     problem = search.problem
     lowest, choice = lowest_budget(problem, time_limit)
-    best = memory(lower(graph, search.plan(graph, cluster, choice)))
+    found = [(memory(lower(graph, search.plan(graph, cluster, choice))), choice)]
+    top = found[0][0].peak
     for step in range(1, _BUDGET_PROBES + 1):
-        budget = lowest + (best.peak - lowest) * step // (_BUDGET_PROBES + 1)
+        budget = lowest + (top - lowest) * step // (_BUDGET_PROBES + 1)
         try:
-            found = solve(dataclasses.replace(problem, budget=budget), time_limit)
+            choice = solve(dataclasses.replace(problem, budget=budget), time_limit).choice
         except InfeasibleError:
             continue
-        usage = memory(lower(graph, search.plan(graph, cluster, found.choice)))
-        if usage.peak < best.peak:
-            best = usage
-    biggest = ", ".join(f"{name} ({size} B)" for name, size in best.live[:5])
-    return InfeasibleError(
-        f"no plan fits {cluster.memory} bytes per device; the lowest feasible budget is "
-        f"{best.peak} bytes (--memory {-(-best.peak // 2**20)}MiB); the largest tensors "
-        f"live at its peak: {biggest}"
-    )
+        found.append((memory(lower(graph, search.plan(graph, cluster, choice))), choice))
+    fitting = [f for f in found if f[0].peak <= cluster.memory]
+    if fitting:
+        return min(fitting, key=lambda f: (problem.objective(f[1]), f[1]))
+    return min(found, key=lambda f: (f[0].peak, f[1]))
 
 
 def plan_document(
