@@ -37,3 +37,7 @@ class UnboundDimError(ModelError):
 
 class GraphError(AutoshardError):
     """A graph that breaks an invariant of the IR (found by `verify`)."""
+
+
+class MlirError(AutoshardError, ValueError):
+    """MLIR text that is not autoshard's notation, or a program the notation cannot express."""

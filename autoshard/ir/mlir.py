@@ -46,13 +46,12 @@ from typing import Any
 
 import numpy as np
 
-from autoshard.errors import AutoshardError
+from autoshard.errors import AutoshardError, MlirError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Attrs, Op
 from autoshard.ir.mlir_syntax import (
     NUMPY,
     Cursor,
-    MlirError,
     MlirOp,
     TensorType,
     attr_dict,

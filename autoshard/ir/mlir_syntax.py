@@ -17,13 +17,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from autoshard.errors import AutoshardError
+from autoshard.errors import MlirError
 from autoshard.ir import dtypes
-
-
-class MlirError(AutoshardError, ValueError):
-    """MLIR text that is not autoshard's notation, or a program the notation cannot express."""
-
 
 ELEMENT = {
     **{f"float{b}": f"f{b}" for b in (16, 32, 64)},
