@@ -32,9 +32,10 @@ class _Builder:
 
     def define(self, value: str, sharding: Sharding) -> str:
         info = self.graph.values[value]
-        name = value if value not in self.tensors else f"{value}~{len(self.held[value])}"
+        held = self.held.setdefault(value, {})
+        name = f"{value}~{len(held)}" if held else value
         self.tensors[name] = Tensor(name, value, info.shape, info.dtype, sharding)
-        self.held.setdefault(value, {})[sharding] = name
+        held[sharding] = name
         self.home.setdefault(value, name)
         return name
 
@@ -50,6 +51,9 @@ class _Builder:
         for collective in plan_reshard(
             self.tensors[start].sharding, sharding, info.shape, self.mesh, size
         ):
+            if collective.dst in held:  # a step already taken for another user: reuse it
+                current = held[collective.dst]
+                continue
             target = self.define(value, collective.dst)
             self.steps.append(Communicate(current, target, collective))
             current = target

@@ -361,3 +361,37 @@ def test_a_chain_back_to_its_start_vanishes():
         assert all(not name or name in defined for name in step.inputs), step
         defined |= set(step.outputs)
     assert set(program.outputs) <= defined
+
+
+def test_a_reshard_through_a_sharding_already_held_reuses_it(tmp_path):
+    """h is produced [[1]] partial = sum[0]; relu1 reads it [[1]] (all_reduce [0]); relu2
+    reads it whole, which the planner reaches through [[1]] again: the all_reduce is not
+    repeated and every tensor is defined once."""
+    rng = np.random.default_rng(5)
+    graph = write_model(
+        tmp_path / "fork.onnx",
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="dot"),
+            helper.make_node("Relu", ["h"], ["y1"], name="relu1"),
+            helper.make_node("Relu", ["h"], ["y2"], name="relu2"),
+        ],
+        [("x", [8, 8])],
+        [("y1", [8, 8]), ("y2", [8, 8])],
+        [("w", rng.standard_normal((8, 8)))],
+    )
+    options = {
+        "dot": ShardingOption.parse("[[1], [], [0]]", 3),
+        "relu1": ShardingOption.parse("[[1]]", 2),
+        "relu2": ShardingOption.parse("[[]]", 2),
+    }
+    program = materialize(graph, propagate(graph, MESH, [], options))
+    assert steps(program) == [
+        "MatMul",
+        "all_reduce mesh_axes = [0] reduction = sum",
+        "Relu",
+        "all_gather mesh_axes = [1] gather_axis = 0",
+        "Relu",
+    ]
+    defined = [name for step in program.steps for name in step.outputs]
+    assert len(defined) == len(set(defined))
+    check_same_meaning(graph, program, optimize_collectives(program, graph))
