@@ -40,6 +40,7 @@ from autoshard.rules.base import (
 )
 from autoshard.rules.einsum import BIAS_ONCE
 from autoshard.rules.registry import register
+from autoshard.rules.shape import axis_attr
 from autoshard.sharding import ReductionKind
 
 LOCAL_GROUP = "local_group"
@@ -68,10 +69,9 @@ def layer_norm(op: Op, graph: Graph) -> OpRule | None:
     """Axes from `axis` on are normalized (invalid); scale and bias broadcast onto them; the
     Mean and InvStdDev results ([..., 1, 1]) follow the leading loops."""
     shape = _shape(graph, op.inputs[0])
-    axis = op.attr("axis", -1)
-    if not isinstance(axis, int) or not -len(shape) <= axis < len(shape):
+    axis = axis_attr(op, len(shape), -1)
+    if axis is None:
         return None
-    axis %= len(shape)
     loops = tuple(invalid(d) if k >= axis else Loop(d) for k, d in enumerate(shape))
     params = tuple(
         broadcast_map(_shape(graph, name), len(shape)) if name else None for name in op.inputs[1:]

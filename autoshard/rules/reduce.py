@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from autoshard.ir.graph import Graph, Op
 from autoshard.rules.base import IndexingMap, Loop, OpRule, invalid, reduction
 from autoshard.rules.registry import register
-from autoshard.rules.shape import constant_ints, normalize_axes
+from autoshard.rules.shape import axis_attr, constant_ints, normalize_axes
 from autoshard.sharding import ReductionKind
 
 REDUCTION_KINDS: dict[str, ReductionKind | None] = {
@@ -75,19 +75,13 @@ def reduce(op: Op, graph: Graph) -> OpRule | None:
     return OpRule(loops, (IndexingMap.of(*range(len(shape))), *params), (IndexingMap.of(*out),))
 
 
-def _axis(op: Op, rank: int, default: int) -> int | None:
-    axis = op.attr("axis", default)
-    axes = normalize_axes((axis,), rank) if isinstance(axis, int) else None
-    return axes[0] if axes else None
-
-
 @register("Softmax", "LogSoftmax", "Hardmax")
 def softmax(op: Op, graph: Graph) -> OpRule | None:
     """Opset 13 semantics: one axis (default -1). Before 13 the input was coerced to 2-D at
     `axis` (default 1), so every dim from the axis on is read whole."""
     shape = graph.values[op.inputs[0]].shape
     old = 0 < graph.opset < 13
-    axis = _axis(op, len(shape), 1 if old else -1)
+    axis = axis_attr(op, len(shape), 1 if old else -1)
     if axis is None:
         return None
     bad = set(range(axis, len(shape))) if old else {axis}
@@ -99,7 +93,7 @@ def softmax(op: Op, graph: Graph) -> OpRule | None:
 @register("ArgMax", "ArgMin")
 def arg_reduce(op: Op, graph: Graph) -> OpRule | None:
     shape = graph.values[op.inputs[0]].shape
-    axis = _axis(op, len(shape), 0)
+    axis = axis_attr(op, len(shape), 0)
     if axis is None:
         return None
     loops = tuple(invalid(d) if k == axis else Loop(d) for k, d in enumerate(shape))
@@ -112,7 +106,7 @@ def arg_reduce(op: Op, graph: Graph) -> OpRule | None:
 def top_k(op: Op, graph: Graph) -> OpRule | None:
     """Values and indices keep the input's rank; their axis dim (size K) follows no loop."""
     shape = graph.values[op.inputs[0]].shape
-    axis = _axis(op, len(shape), -1)
+    axis = axis_attr(op, len(shape), -1)
     if axis is None:
         return None
     loops = tuple(invalid(d) if k == axis else Loop(d) for k, d in enumerate(shape))

@@ -193,7 +193,8 @@ def _with_invalid(shape: Sequence[int], axes: set[int]) -> tuple[Loop, ...]:
     return tuple(invalid(d) if k in axes else Loop(d) for k, d in enumerate(shape))
 
 
-def _axis(op: Op, rank: int, default: int = 0) -> int | None:
+def axis_attr(op: Op, rank: int, default: int = 0) -> int | None:
+    """The op's `axis` attribute in [0, rank); None if it is not an int or out of range."""
     axis = op.attr("axis", default)
     if not isinstance(axis, int):
         return None
@@ -204,7 +205,7 @@ def _axis(op: Op, rank: int, default: int = 0) -> int | None:
 @register("Concat")
 def concat(op: Op, graph: Graph) -> OpRule | None:
     shape = _shape(graph, op.outputs[0])
-    axis = _axis(op, len(shape))
+    axis = axis_attr(op, len(shape))
     if axis is None:
         return None
     maps = tuple(_identity(len(shape)) if name else None for name in op.inputs)
@@ -214,7 +215,7 @@ def concat(op: Op, graph: Graph) -> OpRule | None:
 @register("Split")
 def split(op: Op, graph: Graph) -> OpRule | None:
     shape = _shape(graph, op.inputs[0])
-    axis = _axis(op, len(shape))
+    axis = axis_attr(op, len(shape))
     if axis is None:
         return None
     identity = _identity(len(shape))
@@ -274,7 +275,7 @@ def gather(op: Op, graph: Graph) -> OpRule | None:
     maps  (d3, d2)  (d0, d1)  ->  (d0, d1, d2),  note "masked_lookup"
     """
     data, ids = _shape(graph, op.inputs[0]), _shape(graph, op.inputs[1])
-    axis = _axis(op, len(data))
+    axis = axis_attr(op, len(data))
     if axis is None:
         return None
     out = _shape(graph, op.outputs[0])
@@ -327,7 +328,7 @@ def gather_elements(op: Op, graph: Graph) -> OpRule | None:
     """Loops are the result's (= indices') dims; the axis is invalid, and so is any other dim
     where data and indices differ in size (positions there must line up)."""
     data, ids = _shape(graph, op.inputs[0]), _shape(graph, op.inputs[1])
-    axis = _axis(op, len(data))
+    axis = axis_attr(op, len(data))
     if axis is None or len(ids) != len(data):
         return None
     bad = {k for k, (d, i) in enumerate(zip(data, ids, strict=True)) if k == axis or d != i}
@@ -406,7 +407,7 @@ def scatter_elements(op: Op, graph: Graph) -> OpRule | None:
     """Loops are data's dims plus the indices' axis dim (invalid); data's axis is invalid, and
     so is any other dim where data and indices differ in size."""
     data, ids = _shape(graph, op.inputs[0]), _shape(graph, op.inputs[1])
-    axis = _axis(op, len(data))
+    axis = axis_attr(op, len(data))
     if axis is None or len(ids) != len(data):
         return None
     bad = {k for k, (d, i) in enumerate(zip(data, ids, strict=True)) if k == axis or d != i}
@@ -484,7 +485,7 @@ def cumsum(op: Op, graph: Graph) -> OpRule | None:
 def one_hot(op: Op, graph: Graph) -> OpRule | None:
     """The depth axis is invalid (a split would need offset indices); index dims parallel."""
     out = _shape(graph, op.outputs[0])
-    axis = _axis(op, len(out), default=-1)
+    axis = axis_attr(op, len(out), default=-1)
     if axis is None:
         return None
     ids = [k for k in range(len(out)) if k != axis]
