@@ -10,7 +10,7 @@ by several tensors (`x`, then `x~1` after an all_gather); `Tensor.value` names t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -71,6 +71,24 @@ class Communicate:
 Step = Compute | Communicate
 
 
+def step_index(
+    steps: Sequence[Step], outputs: Sequence[str]
+) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """The step defining each tensor, and the steps reading it (-1 for each graph output it
+    is; a step reading it twice is listed twice)."""
+    producers: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
+    for i, step in enumerate(steps):
+        for name in step.outputs:
+            producers.setdefault(name, i)
+        for name in step.inputs:
+            if name:
+                readers.setdefault(name, []).append(i)
+    for name in outputs:
+        readers.setdefault(name, []).append(-1)
+    return producers, readers
+
+
 @dataclass(frozen=True)
 class Program:
     """`inputs` are the graph inputs then the weights, held as `tensors` says; `constants` are
@@ -98,21 +116,10 @@ class Program:
     def bytes_per_device(self) -> int:
         return sum(s.collective.bytes_per_device for s in self.communications)
 
-    def users(self) -> dict[str, list[int]]:
-        """Tensor name -> indices of the steps reading it (an output counts as index -1)."""
-        users: dict[str, list[int]] = {}
-        for i, step in enumerate(self.steps):
-            for name in step.inputs:
-                if name:
-                    users.setdefault(name, []).append(i)
-        for name in self.outputs:
-            users.setdefault(name, []).append(-1)
-        return users
-
     def collectives_json(self) -> list[dict[str, object]]:
         """The collectives of `autoshard propagate --json`: each with the graph value it moves
         and the op that reads its result (null when it feeds an output or another collective)."""
-        users = self.users()
+        users = step_index(self.steps, self.outputs)[1]
         ops = [s.op.name if isinstance(s, Compute) else None for s in self.steps]
         out = []
         for step in self.communications:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
 from autoshard.plan import ShardingOption
-from autoshard.program import Communicate, Compute, Program, Step, Tensor
+from autoshard.program import Communicate, Compute, Program, Step, Tensor, step_index
 from autoshard.propagate import operand_sharding
 from autoshard.reshard import Collective, CollectiveKind, plan_reshard
 from autoshard.rules import IteratorType, OpRule, rule_for
@@ -113,16 +113,7 @@ class _Rewrite:
         """Producer and readers (-1 for each graph output) of every tensor."""
         key = (id(self.steps), self.steps.version, self.program.outputs)
         if self._index is None or self._index[0] != key:
-            made: dict[str, int] = {}
-            read: dict[str, list[int]] = {}
-            for i, step in enumerate(self.steps):
-                for name in step.outputs:
-                    made.setdefault(name, i)
-                for name in step.inputs:
-                    read.setdefault(name, []).append(i)
-            for name in self.program.outputs:
-                read.setdefault(name, []).append(-1)
-            self._index = (key, made, read)
+            self._index = (key, *step_index(self.steps, self.program.outputs))
         return self._index[1], self._index[2]
 
     def producer(self, tensor: str) -> int | None:
