@@ -85,7 +85,8 @@ def _symbolic_dims(model: ModelProto, weights: Collection[str] = ()) -> dict[str
     return found
 
 
-def _check_opset(model: ModelProto, path: object) -> int:
+def check_opset(model: ModelProto, path: object) -> int:
+    """The model's default-domain opset; ModelError if it has none or one below MIN_OPSET."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:
         raise ModelError(f"model '{path}' imports no default-domain opset")
@@ -307,7 +308,7 @@ def import_onnx(path: str | os.PathLike[str], dims: Mapping[str, int] | None = N
     unbound dims) naming the model, op or value at fault.
     """
     model = load_model(path)
-    opset = _check_opset(model, path)
+    opset = check_opset(model, path)
     if model.graph.sparse_initializer:
         raise ModelError(f"model '{path}': sparse initializers are not supported")
     weights = file_weights(model, path)

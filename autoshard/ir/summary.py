@@ -16,7 +16,7 @@ from onnx import ModelProto
 from autoshard.errors import UnboundDimError
 from autoshard.ir.dtypes import dtype_name
 from autoshard.ir.graph import Graph, Weight
-from autoshard.ir.onnx_import import file_weights, import_onnx, load_model
+from autoshard.ir.onnx_import import check_opset, file_weights, import_onnx, load_model
 
 SUMMARY_KEYS = (
     "model",
@@ -63,7 +63,7 @@ def inspect_model(path: str | os.PathLike[str], dims: Mapping[str, int]) -> dict
         return summarize(import_onnx(path, dims))
     except UnboundDimError as error:
         model = load_model(path)
-        opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+        opset = check_opset(model, path)
         return summarize_unbound(model, file_weights(model, path), opset, error.unbound, dims)
 
 
