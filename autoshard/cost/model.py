@@ -60,7 +60,12 @@ def op_flops(
     return per_device * (2 if multiply_add else 1)
 
 
-def compute_time(flops: int, dtype: str, cluster: Cluster) -> float:
+def compute_time(
+    op: Op, rule: OpRule | None, option: ShardingOption | None, graph: Graph, cluster: Cluster
+) -> float:
+    """Seconds one device computes `op` with `option`, at the peak for its result dtype."""
+    flops = op_flops(op, rule, option, graph, cluster.mesh)
+    dtype = graph.values[op.outputs[0]].dtype if op.outputs and op.outputs[0] else "float32"
     return flops / cluster.device.peak(dtype)
 
 
@@ -159,7 +164,5 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
         elif isinstance(step, Compute):
             op = graph.op_by_name[step.op.name]
             rule = rule_for(op, graph) if step.option is not None else None
-            flops = op_flops(op, rule, step.option, graph, program.mesh)
-            dtype = graph.values[op.outputs[0]].dtype if op.outputs else "float32"
-            compute += compute_time(flops, dtype, cluster)
+            compute += compute_time(op, rule, step.option, graph, cluster)
     return Cost(comm_bytes, comm_time, compute, memory(program).peak, dict(sorted(by_axes.items())))

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
-from autoshard.cost.model import collective_time, compute_time, op_flops, shard_bytes
+from autoshard.cost.model import collective_time, compute_time, shard_bytes
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
@@ -355,13 +355,7 @@ class _Builder:
         if self.objective == "bytes":
             return 0.0
         rule = self.rules[op.name]
-        flops = op_flops(op, rule, option, self.graph, self.mesh)  # type: ignore[arg-type]
-        dtype = self.graph.values[op.outputs[0]].dtype if op.outputs else "float32"
-        return compute_time(flops, dtype, self.cluster)
-
-    def value_sharding(self, name: str, decision: Decision, k: int) -> Sharding:
-        """How `name` is held under its deciding group's choice k."""
-        return self.held(name, decision)[k]
+        return compute_time(op, rule, option, self.graph, self.cluster)  # type: ignore[arg-type]
 
     def held(self, name: str, decision: Decision) -> tuple[Sharding, ...]:
         """How `name` is held under each choice of its deciding group; copies of a value in

@@ -102,3 +102,23 @@ def test_cluster_file(tmp_path):
 def test_bad_cluster_flags(flags, message):
     with pytest.raises(ClusterError, match=message.replace("(", r"\(")):
         make_cluster(**flags)
+
+
+def test_compute_time_of_a_local_shard(tmp_path):
+    """Seed MLP dot1: x [2, 4, 8] @ w1 [8, 32], loops b 2, m 4, n 32, k 8 (reduction). With n
+    over axis 1 and k over axis 0 of 2x2, a device runs 2*4*16*4 = 512 multiply-adds: 1024
+    FLOPs at the H100's 67 TFLOP/s float32. The max (no reduction loop) of [2, 4, 32]
+    replicated: 256 FLOPs."""
+    from autoshard.cost.model import compute_time
+    from autoshard.ir.onnx_import import import_onnx
+    from autoshard.plan import ShardingOption
+    from autoshard.rules import rule_for
+    from tests.golden.seed_models import write_seed_mlp
+
+    graph = import_onnx(write_seed_mlp(tmp_path / "mlp.onnx"))
+    cluster = make_cluster(mesh="2x2")
+    dot, maximum = graph.op_by_name["dot1"], graph.op_by_name["max"]
+    option = ShardingOption.parse("[[], [], [1], [0]]", 4)
+    seconds = compute_time(dot, rule_for(dot, graph), option, graph, cluster)
+    assert seconds == pytest.approx(1024 / 67e12)
+    assert compute_time(maximum, None, None, graph, cluster) == pytest.approx(256 / 67e12)
