@@ -18,14 +18,13 @@ Exit status 1 if any plan fails or misses its expectation.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 from autoshard.errors import AutoshardError
-from autoshard.ir.onnx_import import import_onnx
+from autoshard.ir.onnx_import import import_onnx, unbound_dims
 from autoshard.mesh import Mesh
 from autoshard.passes.materialize import materialize
 from autoshard.propagate import propagate
@@ -58,7 +57,7 @@ def plans(graph):
 
 
 def run(path: Path, name: str) -> list[dict[str, object]]:
-    graph = import_onnx(path, {d: DIMS[d] for d in _dims(path)})
+    graph = import_onnx(path, {d: DIMS[d] for d in unbound_dims(path)})
     rows = []
     for mesh, label, annotate in plans(graph):
         row: dict[str, object] = {"model": path.stem, "mesh": "x".join(map(str, mesh.shape))}
@@ -87,14 +86,6 @@ def run(path: Path, name: str) -> list[dict[str, object]]:
             row["want"] = want
         rows.append(row)
     return rows
-
-
-def _dims(path: Path) -> list[str]:
-    entries = json.loads((path.parent / "zoo.json").read_text())["results"]
-    for entry in entries:
-        if entry.get("file") == path.name and entry.get("status") == "ok":
-            return list(entry["dims"])
-    return ["batch"]
 
 
 def main(argv: list[str] | None = None) -> int:
