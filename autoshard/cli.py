@@ -146,15 +146,9 @@ def _cluster(args: argparse.Namespace) -> Any:
     )
 
 
-def _size(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.2f} {unit}"
-        count /= 1024
-    return f"{count} B"  # pragma: no cover
-
-
 def _cost_summary(cost: Any, cluster: Any) -> str:
+    from autoshard.report import format_bytes as _size
+
     lines = [
         f"memory per device: {_size(cost.memory_bytes_per_device)} of {_size(cluster.memory)} "
         f"({cost.memory_bytes_per_device / cluster.memory:.1%})",
@@ -170,7 +164,7 @@ def _cost_summary(cost: Any, cluster: Any) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from autoshard.pipeline import plan_request
+    from autoshard.pipeline import PlanRequest, plan_request
 
     started = time.perf_counter()
 
@@ -178,10 +172,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if time.perf_counter() - started > 1.0 or args.verbose:
             print(f"autoshard: {message}", file=sys.stderr, flush=True)
 
-    requested = plan_request(
+    request = PlanRequest(
         args.model, args.mesh, _dims(args.dim), args.device, args.bandwidth, args.latency,
-        args.memory, args.cluster, _annotations(args), args.objective, args.time_limit, progress,
+        args.memory, args.cluster, _annotations(args), args.objective, args.time_limit,
     )  # fmt: skip
+    requested = plan_request(request, progress)
     document, planned, cluster = requested.document, requested.planned, requested.cluster
     if args.out:
         from autoshard.artifacts import write_atomic
