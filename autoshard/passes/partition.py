@@ -85,25 +85,15 @@ class LocalCompute:
 
 
 @dataclass(frozen=True)
-class LocalCollective:
-    """This device's part of a program collective: `group` lists the linear indices of the
-    devices it runs with, in seed 003's group order (its own position is `rank`). A permute
-    has no group: `collective.pairs` says who sends to whom."""
+class LocalCollective(Communicate):
+    """This device's part of a program collective (the program's `Communicate`, with where it
+    runs): `group` lists the linear indices of the devices it runs with, in seed 003's group
+    order (its own position is `rank`). A permute has no group: `collective.pairs` says who
+    sends to whom."""
 
-    source: str
-    target: str
-    collective: Collective
     step: int
     group: tuple[int, ...]
     rank: int
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.source,)
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return (self.target,)
 
     def __str__(self) -> str:
         where = (
