@@ -64,15 +64,18 @@ def run_collective(
     for group in mesh.device_groups(c.mesh_axes):
         inputs = [local[d] for d in group]
         n = len(group)
+        # The group's gathered or reduced value, computed once (the devices only read it).
+        if c.kind is CollectiveKind.ALL_GATHER:
+            whole = np.concatenate(inputs, axis=c.gather_axis)
+        elif c.kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
+            whole = reduce(c.reduction, inputs)  # type: ignore[arg-type]
         for i, device in enumerate(group):
-            if c.kind is CollectiveKind.ALL_GATHER:
-                out[device] = np.concatenate(inputs, axis=c.gather_axis)
+            if c.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.ALL_REDUCE):
+                out[device] = whole
             elif c.kind is CollectiveKind.ALL_SLICE:
                 out[device] = piece(inputs[i], c.slice_axis, i, n)  # type: ignore[arg-type]
-            elif c.kind is CollectiveKind.ALL_REDUCE:
-                out[device] = reduce(c.reduction, inputs)  # type: ignore[arg-type]
             elif c.kind is CollectiveKind.REDUCE_SCATTER:
-                out[device] = piece(reduce(c.reduction, inputs), c.scatter_axis, i, n)  # type: ignore[arg-type]
+                out[device] = piece(whole, c.scatter_axis, i, n)  # type: ignore[arg-type]
             elif c.kind is CollectiveKind.ALL_TO_ALL:
                 received = [piece(x, c.split_axis, i, n) for x in inputs]  # type: ignore[arg-type]
                 out[device] = np.concatenate(received, axis=c.concat_axis)
