@@ -28,6 +28,7 @@ import numpy as np
 from autoshard.annotations import Annotation, AnnotationError, parse_annotations
 from autoshard.errors import AutoshardError
 from autoshard.ir.graph import Graph
+from autoshard.ir.mlir import print_program
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.passes.partition import Partitioned, partition
@@ -114,19 +115,14 @@ def _slices_json(region: Sequence[tuple[int, int]]) -> list[list[int]]:
     return [[a, b] for a, b in region]
 
 
-def print_spmd(built: Built, dialect: str) -> str | None:
-    """The SPMD program as MLIR text, or None while the printer is not there."""
-    try:
-        from autoshard.ir.mlir import print_program  # type: ignore[import-not-found]
-    except ImportError:  # TODO(lead): the MLIR printer (autoshard/ir/mlir.py) is being written
-        return None
+def print_spmd(built: Built, dialect: str) -> str:
+    """The SPMD program as MLIR text."""
     partitioned = built.partitioned
     # Device 0's values of the program's rewritten constants (a local rewrite's own constants,
     # such as a masked lookup's row offset, are not in the program).
     own = partitioned.devices[0].constants if partitioned.devices else {}
     constants = {k: v for k, v in own.items() if k in partitioned.program.constants}
-    text: str = print_program(partitioned.program, dialect=dialect, constants=constants)
-    return text
+    return print_program(partitioned.program, dialect=dialect, constants=constants)
 
 
 def write_partition(setup: Setup, out: str | os.PathLike[str], dialect: str = "mesh") -> dict:
@@ -173,9 +169,7 @@ def write_partition(setup: Setup, out: str | os.PathLike[str], dialect: str = "m
         if entry["file"] is not None:
             entry["sha256"], entry["bytes"] = next(written)
     _remove_stale(folder / WEIGHTS, {d["file"] for d in devices})
-    text = print_spmd(built, dialect)
-    if text is not None:
-        write_atomic(folder / SPMD, text.encode())
+    write_atomic(folder / SPMD, print_spmd(built, dialect).encode())
     manifest = {
         "format": FORMAT,
         "model": {"path": str(setup.model), "sha256": sha256_file(setup.model)},
@@ -199,7 +193,7 @@ def write_partition(setup: Setup, out: str | os.PathLike[str], dialect: str = "m
         "devices": devices,
         "collectives": partitioned.collectives_json(),
         "bytes_per_device": program.bytes_per_device,
-        "spmd": {"file": SPMD, "dialect": dialect} if text is not None else None,
+        "spmd": {"file": SPMD, "dialect": dialect},
         "unruled": list(program.unruled),
     }
     write_atomic(folder / MANIFEST, manifest_text(manifest).encode())
