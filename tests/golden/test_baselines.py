@@ -14,10 +14,12 @@ from autoshard.annotations import Annotation
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.passes.materialize import materialize
+from autoshard.passes.partition import partition
 from autoshard.plan import RETURN
 from autoshard.propagate import propagate
 from autoshard.search.baselines import BaselineError, data_parallel, dp_tp, megatron
 from autoshard.sharding import Sharding
+from autoshard.verify import model_weights, verify
 
 from .seed_models import write_seed_mlp
 
@@ -287,25 +289,6 @@ def test_propagated_partial_output_is_reduced_on_return(tmp_path):
 # ---- numerics: every device runs its program --------------------------------------------------
 
 
-def device_weights(graph, found):
-    """Device k's slice of every weight, as the program holds it."""
-    full = {name: np.asarray(w.load()) for name, w in graph.weights.items()}
-    devices = list(found.mesh.devices())
-
-    def weights(k):
-        out = {}
-        for name, array in full.items():
-            tensor = found.tensors.get(name)
-            if tensor is None:
-                out[name] = array
-                continue
-            region = tensor.sharding.slices(found.mesh, array.shape, devices[k])
-            out[name] = array[tuple(slice(a, b) for a, b in region)]
-        return out
-
-    return weights
-
-
 @pytest.mark.parametrize(
     "name, mesh, plan",
     [
@@ -316,17 +299,10 @@ def device_weights(graph, found):
     ],
 )
 def test_megatron_runs_like_the_model(name, mesh, plan):
-    partition = pytest.importorskip("autoshard.passes.partition")
-    verify = pytest.importorskip("autoshard.verify")
     graph = model(name)
     annotations = megatron(graph, mesh, 0) if plan == "megatron" else dp_tp(graph, mesh)
-    found = program(graph, mesh, annotations)
-    report = verify.verify(
-        partition.partition(found, graph),
-        graph,
-        MODELS / f"{name}.onnx",
-        device_weights(graph, found),
-    )
+    partitioned = partition(program(graph, mesh, annotations), graph)
+    report = verify(partitioned, graph, MODELS / f"{name}.onnx", model_weights(graph, partitioned))
     for output, check in report.outputs.items():
         assert check.max_rel_err <= check.tolerance, (output, check)
         assert check.max_replica_err == 0.0, (output, check)
@@ -402,10 +378,6 @@ def test_grouped_query_attention_through_transposed_weights(tmp_path):
     assert collectives(graph, FLAT, annotations) == [("all_reduce", "o")]
     # On 4 devices the 2 key/value heads do not divide: the whole block is left alone.
     assert megatron(graph, Mesh((4,)), 0) == []
-    partition = pytest.importorskip("autoshard.passes.partition")
-    verify = pytest.importorskip("autoshard.verify")
-    found = program(graph, FLAT, annotations)
-    report = verify.verify(
-        partition.partition(found, graph), graph, path, device_weights(graph, found)
-    )
+    partitioned = partition(program(graph, FLAT, annotations), graph)
+    report = verify(partitioned, graph, path, model_weights(graph, partitioned))
     assert report.outputs["y"].max_rel_err <= report.outputs["y"].tolerance
