@@ -25,6 +25,7 @@ from autoshard.rules import IteratorType, rule_for
 from autoshard.search.baselines import dp_tp
 from autoshard.sharding import Sharding
 from autoshard.verify import model_weights, random_inputs, reference_outputs, verify
+from tests.golden import seed_models
 
 from .helpers import model_path
 
@@ -50,24 +51,15 @@ def options(**loops):
 
 
 def write_seed_mlp(path):
-    """Seed 001's MLP (tests/golden/seed_models.py) with random weights, so that numbers
-    would show a wrong slice."""
+    """Seed 001's MLP (tests/golden/seed_models.py) with random weights instead of ones, so
+    that numbers would show a wrong slice."""
+    seed_models.write_seed_mlp(path)
+    model = onnx.load(path)
+    model.ir_version = 10  # what onnxruntime reads
     rng = np.random.default_rng(1)
-    weights = [
-        numpy_helper.from_array(rng.standard_normal((8, 32)).astype(np.float32), "w1"),
-        numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "w2"),
-    ]
-    zero = numpy_helper.from_array(np.zeros((2, 4, 32), np.float32))
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h"], name="dot1"),
-        helper.make_node("Constant", [], ["zero"], value=zero),
-        helper.make_node("Max", ["h", "zero"], ["r"], name="max"),
-        helper.make_node("MatMul", ["r", "w2"], ["y"], name="dot2"),
-    ]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8])
-    graph = helper.make_graph(nodes, "mlp", [x], [y], weights)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    for weight in model.graph.initializer:
+        values = rng.standard_normal(tuple(weight.dims)).astype(np.float32)
+        weight.CopyFrom(numpy_helper.from_array(values, weight.name))
     onnx.save(model, path)
     return path
 
