@@ -30,7 +30,7 @@ import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -659,6 +659,18 @@ def verify(name: str, built: Built) -> dict[tuple[int, int], float]:
     return errors
 
 
+def selected_names(
+    parser: argparse.ArgumentParser, names: list[str], known: Iterable[str]
+) -> list[str]:
+    """The models named on the command line (all `known` when none); a parser error naming
+    the unknown ones and the choices."""
+    choices = list(known)
+    unknown = sorted(set(names) - set(choices))
+    if unknown:
+        parser.error(f"unknown model(s): {', '.join(unknown)}; choose from {', '.join(choices)}")
+    return names or choices
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -668,10 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"models to regenerate (default: all): {', '.join(BUILDERS)}",
     )
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.names) - set(BUILDERS))
-    if unknown:
-        parser.error(f"unknown model(s): {', '.join(unknown)}; choose from {', '.join(BUILDERS)}")
-    for name in args.names or list(BUILDERS):
+    for name in selected_names(parser, args.names, BUILDERS):
         built = BUILDERS[name]()
         errors = verify(name, built)  # before writing: a bad export never replaces a good file
         path = MODELS_DIR / f"{name}.onnx"

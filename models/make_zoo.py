@@ -55,6 +55,7 @@ from make_models import (  # sibling script: shared export conventions and helpe
     float_feeds,
     jitter_parameters,
     save_atomic,
+    selected_names,
     strip_stack_traces,
     token_feeds,
     torch_reference,
@@ -718,14 +719,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="print export tracebacks")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.names) - set(MODELS))
-    if unknown:
-        parser.error(f"unknown model(s): {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    names = selected_names(parser, args.names, MODELS)
     args.out.mkdir(parents=True, exist_ok=True)
 
     start = time.perf_counter()
     results: list[Result] = []
-    for name in args.names or list(MODELS):
+    for name in names:
         for exporter in args.exporter or EXPORTERS:
             for r in build_one(name, exporter, args.out, args.verbose):
                 results.append(r)
