@@ -208,49 +208,50 @@ class RequestedPlan:
     cluster: Cluster
 
 
-def plan_inputs(
-    model_path: str | Path,
-    mesh: str | None,
-    dims: Mapping[str, int],
-    device: str | None = None,
-    bandwidth: str | Sequence[str] | None = None,
-    latency: str | Sequence[str] | None = None,
-    memory: str | None = None,
-    cluster_file: str | Path | None = None,
-    annotations: Sequence[Annotation] = (),
-) -> tuple[Graph, Cluster]:
+@dataclass(frozen=True)
+class PlanRequest:
+    """What `autoshard plan` is asked, flag by flag: built by the CLI from its flags and by
+    the REST service from its form (`service.options.PlanOptions.request`)."""
+
+    model_path: str | Path
+    mesh: str | None
+    dims: Mapping[str, int]
+    device: str | None = None
+    bandwidth: str | Sequence[str] | None = None
+    latency: str | Sequence[str] | None = None
+    memory: str | None = None
+    cluster_file: str | Path | None = None
+    annotations: Sequence[Annotation] = ()
+    objective: str = "time"
+    time_limit: float = 60.0
+
+
+def plan_inputs(request: PlanRequest) -> tuple[Graph, Cluster]:
     """The checked inputs of a plan request: the cluster, the imported model, and annotations
     that name values of the model and fit it. Every bad input raises its one-line
     AutoshardError here, before any search: the service calls this to answer 4xx at once."""
-    cluster = make_cluster(mesh, device, bandwidth, latency, memory, cluster_file)
-    graph = import_onnx(model_path, dims)
-    check_annotations(annotations, {n: v.shape for n, v in graph.values.items()}, cluster.mesh)
+    cluster = make_cluster(
+        request.mesh, request.device, request.bandwidth, request.latency, request.memory,
+        request.cluster_file,
+    )  # fmt: skip
+    graph = import_onnx(request.model_path, request.dims)
+    shapes = {name: value.shape for name, value in graph.values.items()}
+    check_annotations(request.annotations, shapes, cluster.mesh)
     return graph, cluster
 
 
 def plan_request(
-    model_path: str | Path,
-    mesh: str | None,
-    dims: Mapping[str, int],
-    device: str | None = None,
-    bandwidth: str | Sequence[str] | None = None,
-    latency: str | Sequence[str] | None = None,
-    memory: str | None = None,
-    cluster_file: str | Path | None = None,
-    annotations: Sequence[Annotation] = (),
-    objective: str = "time",
-    time_limit: float = 60.0,
-    progress: Callable[[str], None] | None = None,
+    request: PlanRequest, progress: Callable[[str], None] | None = None
 ) -> RequestedPlan:
     """`autoshard plan` from start to end, shared by the CLI and the REST service so that the
     service's plan is, by construction, what `autoshard plan --json` prints (timings aside)."""
-    graph, cluster = plan_inputs(
-        model_path, mesh, dims, device, bandwidth, latency, memory, cluster_file, annotations
+    graph, cluster = plan_inputs(request)
+    planned = auto_plan(
+        graph, cluster, request.annotations, request.objective, request.time_limit, progress
     )
-    planned = auto_plan(graph, cluster, annotations, objective, time_limit, progress)
     document = plan_document(
         graph, cluster, planned.plan, planned.program, planned.cost,
-        model_info(model_path, graph, dims), planned,
+        model_info(request.model_path, graph, request.dims), planned,
     )  # fmt: skip
     return RequestedPlan(document, planned, graph, cluster)
 

@@ -17,10 +17,12 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from autoshard.annotations import Annotation, parse_annotations
 from autoshard.errors import AutoshardError
+from autoshard.pipeline import PlanRequest
 
 FIELDS = (
     "mesh", "dims", "device", "bandwidth", "latency", "memory", "annotations", "objective",
@@ -72,6 +74,13 @@ class PlanOptions:
         if not self.annotations:
             return ()
         return parse_annotations(json.loads(self.annotations), "annotations")
+
+    def request(self, model_path: str | Path) -> PlanRequest:
+        """The request of `autoshard plan MODEL` with these options as its flags."""
+        return PlanRequest(
+            model_path, self.mesh, dict(self.dims), self.device, self.bandwidth, self.latency,
+            self.memory, None, self.parsed_annotations(), self.objective, self.time_limit,
+        )  # fmt: skip
 
     def job_id(self, model_sha256: str) -> str:
         """The id of the job for this model and these options (the same for an identical

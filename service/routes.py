@@ -150,10 +150,7 @@ def _check(model: Path, options: PlanOptions) -> None:
     """What `autoshard plan` checks before it searches (model, mesh, cluster, annotations),
     with the message it prints for `autoshard plan NAME.onnx`: the model by its own name."""
     try:
-        plan_inputs(
-            model, options.mesh, dict(options.dims), options.device, options.bandwidth,
-            options.latency, options.memory, None, options.parsed_annotations(),
-        )  # fmt: skip
+        plan_inputs(options.request(model))
     except AutoshardError as error:
         raise RequestError(str(error).replace(str(model), model.name)) from None
 

@@ -63,11 +63,8 @@ def run_job(job_id: str, attempt: int, model_path: str, options_json: dict) -> N
     try:
         store.progress(job_id, attempt, "importing the model")
         requested = plan_request(
-            model_path, options.mesh, dict(options.dims), options.device, options.bandwidth,
-            options.latency, options.memory, None, options.parsed_annotations(),
-            options.objective, options.time_limit,
-            lambda message: store.progress(job_id, attempt, message),
-        )  # fmt: skip
+            options.request(model_path), lambda message: store.progress(job_id, attempt, message)
+        )
         spmd = spmd_error = None
         try:
             program = requested.planned.program
