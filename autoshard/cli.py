@@ -267,8 +267,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     else:
         total = sum(d["bytes"] for d in devices)
         print(f"weights: {len(devices)} files in {args.out}/weights ({total} bytes)")
-    if manifest["spmd"]:
-        print(f"SPMD program: {args.out}/{manifest['spmd']['file']} ({args.dialect} dialect)")
+    print(f"SPMD program: {args.out}/{manifest['spmd']['file']} ({args.dialect} dialect)")
     print(f"manifest: {args.out}/manifest.json")
     return 0
 

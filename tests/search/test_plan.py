@@ -20,7 +20,7 @@ from autoshard.propagate import propagate
 from autoshard.reshard import ring_bytes
 from autoshard.search.baselines import data_parallel, dp_tp, megatron
 from autoshard.search.ilp import InfeasibleError
-from autoshard.verify import verify
+from autoshard.verify import model_weights, verify
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -143,15 +143,7 @@ def test_gpt2_on_4x8_beats_the_hand_plans_and_verifies(tmp_path):
     assert planned.cost.memory_bytes_per_device <= cluster.memory
     assert planned.cost.objective <= min(costs.values()) * (1 + 1e-9)
     parts = partition(planned.program, graph)
-    weights = {name: np.asarray(w.load()) for name, w in graph.weights.items()}
-
-    def load(k):
-        return {
-            name: array[tuple(slice(a, b) for a, b in parts.slices(name, k))]
-            for name, array in weights.items()
-        }
-
-    report = verify(parts, graph, model, load)
+    report = verify(parts, graph, model, model_weights(graph, parts))
     assert report.ok, report.to_json()
 
 
