@@ -350,8 +350,7 @@ def plan_markdown(document: Mapping[str, Any]) -> str:
     """One plan document as a Markdown report: model, cluster, cost, solver, collectives and
     every op's sharding option."""
     model, cluster, cost = document["model"], document["cluster"], document["cost"]
-    budget = cluster.get("memory_bytes") or 0
-    share = f" of {format_bytes(budget)} ({cost['memory_bytes_per_device'] / budget:.1%})"
+    memory, budget = cost["memory_bytes_per_device"], cluster["memory_bytes"]  # budget > 0
     lines = [
         f"# Plan: {model_label(model)} on mesh {document['mesh']}",
         "",
@@ -361,7 +360,7 @@ def plan_markdown(document: Mapping[str, Any]) -> str:
         f"latency {', '.join(format_seconds(t) for t in cluster.get('latency_s', []))}.",
         "",
         *_table(("cost per device", "value"), 1, [
-            ("memory", format_bytes(cost["memory_bytes_per_device"]) + (share if budget else "")),
+            ("memory", f"{format_bytes(memory)} of {format_bytes(budget)} ({memory / budget:.1%})"),
             ("compute time", format_seconds(cost["compute_time_s"])),
             ("communication", f"{format_bytes(cost['comm_bytes_per_device'])} in "
                               f"{format_seconds(cost['comm_time_s'])}"),

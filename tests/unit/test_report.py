@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from autoshard.cli import main
+from autoshard.pipeline import SCHEMA
 from autoshard.report import (
     ReportError,
     compare,
@@ -26,7 +27,7 @@ def plan(
 ) -> dict[str, Any]:  # fmt: skip
     """The parts of a plan document (`autoshard plan --json`) that the report reads."""
     return {
-        "schema": "autoshard.plan/1",
+        "schema": SCHEMA,  # what `autoshard plan` writes, so the two schemas cannot drift
         "model": {"name": "main_graph", "file": file, "sha256": "0" * 64, "dims": dims},
         "mesh": mesh,
         "cost": {"objective": comm_s + compute_s, "comm_bytes_per_device": comm_bytes,
