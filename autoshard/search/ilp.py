@@ -68,9 +68,7 @@ def solve(problem: Problem, time_limit: float = 60.0) -> Solution:
 
 def _cp_sat(problem: Problem, time_limit: float, memory: bool) -> Solution:
     model = cp_model.CpModel()
-    x = [[model.new_bool_var(f"x{g}_{k}") for k in range(n)] for g, n in enumerate(problem.sizes)]
-    for one_hot in x:
-        model.add_exactly_one(one_hot)
+    x = _one_hot(model, problem)
     objective = [
         cost * var
         for costs, row in zip(problem.node_costs, x, strict=True)
@@ -124,6 +122,14 @@ def _cp_sat(problem: Problem, time_limit: float, memory: bool) -> Solution:
     )
 
 
+def _one_hot(model: cp_model.CpModel, problem: Problem) -> list[list[cp_model.IntVar]]:
+    """x[g][k]: group g takes choice k; exactly one per group."""
+    x = [[model.new_bool_var(f"x{g}_{k}") for k in range(n)] for g, n in enumerate(problem.sizes)]
+    for one_hot in x:
+        model.add_exactly_one(one_hot)
+    return x
+
+
 def _solver(time_limit: float) -> cp_model.CpSolver:
     """Deterministic settings. Probing is off (on these one-hot models it costs seconds of
     presolve and finds nothing) and the LP is the full linearization (its bound is what proves
@@ -140,9 +146,7 @@ def _solver(time_limit: float) -> cp_model.CpSolver:
 def lowest_budget(problem: Problem, time_limit: float = 60.0) -> tuple[int, tuple[int, ...]]:
     """The smallest peak memory any choice reaches, and that choice."""
     model = cp_model.CpModel()
-    x = [[model.new_bool_var(f"x{g}_{k}") for k in range(n)] for g, n in enumerate(problem.sizes)]
-    for one_hot in x:
-        model.add_exactly_one(one_hot)
+    x = _one_hot(model, problem)
     top = sum(max((b for _, _, b in terms), default=0) for terms in problem.memory) or 1
     peak = model.new_int_var(0, top, "peak")
     for terms in problem.memory:
