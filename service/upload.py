@@ -146,19 +146,13 @@ async def receive_form(
         async for chunk in stream:
             parser.write(chunk)
         parser.finalize()
-    except RequestError as error:
+    except BaseException as error:  # nothing of a refused or broken upload stays on disk
         parts.close()
         discard(parts.form)
-        if error.status == 413:
+        if isinstance(error, FormParserError):
+            raise RequestError("malformed multipart/form-data body", 400) from None
+        if isinstance(error, RequestError) and error.status == 413:
             await _drain(stream)
-        raise
-    except FormParserError:
-        parts.close()
-        discard(parts.form)
-        raise RequestError("malformed multipart/form-data body", 400) from None
-    except BaseException:
-        parts.close()
-        discard(parts.form)
         raise
     if parts.form.path is None or not parts.form.sha256:
         discard(parts.form)
