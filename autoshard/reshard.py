@@ -14,14 +14,19 @@ Seed 002's basis, each step changing the sharding of one tensor dim:
 Only the innermost axes of a dim can be gathered: on mesh 2x2x2, `[[0], [1, 2]] -> [[0], [2]]`
 is not one all_gather over axis 1 (seed 002), but `[[0], [1, 2]] -> [[0], [1]]` is one over 2.
 
-The planner searches (Dijkstra) over shardings reachable with these steps, each step only making
-progress towards the target, and returns the sequence moving the fewest bytes per device, then
-the fewest collectives. A step is taken only when it is *exact*: when the dim does not divide
-evenly, shards are ceil-sized (seed 002) and, e.g., gathering the inner axis of a 5-row dim
-split 2x2 (shards 2, 2, 1, 0) does not give the 3-row shards of a 2-way split (3, 2). Such a
-dim is gathered whole and sliced from the full extent, which is always exact. Upstream MLIR's
-one-step resharding gets multi-step cases on 2-D meshes wrong; this one is tested against an
-execution of every planned sequence on all devices (`autoshard.simulate`).
+The planner works on the graph of every sharding of the tensor over the mesh axes the two
+shardings use (an axis neither uses stays out: detours through links of unknown speed are not
+taken), joined by these steps, and returns the sequence moving the fewest bytes per device,
+then the fewest collectives. A step is taken only when it is *exact*: when the dim does not
+divide evenly, shards are ceil-sized (seed 002) and, e.g., gathering the inner axis of a 5-row
+dim split 2x2 (shards 2, 2, 1, 0) does not give the 3-row shards of a 2-way split (3, 2); such a
+dim is gathered whole and sliced from the full extent, which is always exact. The shortest path
+between every two shardings is computed once per (shape, mesh, itemsize, axes) with
+Floyd-Warshall (ties go to the first path found, states in sorted order, so plans are
+deterministic): materialization walks one path, the search prices all pairs of a tensor's
+candidate shardings from the same table (`ReshardPrices`). Upstream MLIR's one-step resharding
+gets multi-step cases on 2-D meshes wrong; this one is tested against an execution of every
+planned sequence on all devices (`autoshard.simulate`).
 
 Bytes per device follow the ring algorithms of DESIGN.md (`ring_bytes`, the only place the
 formulas are written) with n devices per group and the largest local shard; a permute sends
@@ -30,13 +35,13 @@ whole shards, one per device it serves.
 
 from __future__ import annotations
 
-import collections
 import enum
 import functools
-import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
@@ -139,20 +144,92 @@ def plan_reshard(
 ) -> tuple[Collective, ...]:
     """The cheapest exact sequence of collectives from `src` to `dst` (empty if equal)."""
     shape = tuple(shape)
-    src.check(mesh, shape)
-    dst.check(mesh, shape)
-    for s in (src, dst):
-        if s.halo_sizes or s.sharded_dims_offsets:
-            raise ShardingError(
-                f"resharding {s} is not supported: halos and explicit offsets are not planned"
-            )
+    _check_one(src, shape, mesh)
+    _check_one(dst, shape, mesh)
+    _check_pair(src, dst)
+    return _plan(src, dst, shape, mesh, itemsize)
+
+
+class ReshardPrices:
+    """What `plan_reshard`'s plans cost under one `price` per collective, for many pairs of
+    shardings at once: the search asks for every pair of a tensor's candidate shardings.
+
+    The paths are plan_reshard's own. Per tensor graph every step starting some path is priced
+    once, and the cost of every pair follows from the shortest-path table, shortest paths
+    first: cost(i, j) = price(i -> k) + cost(k, j), k the state the path goes to first.
+    A price may depend on a collective's kind, mesh axes and bytes (as time and volume do), not
+    on the order or reduction of partial axes: the steps are priced with sorted sum partials."""
+
+    def __init__(self, mesh: Mesh, price: Callable[[Collective], float]) -> None:
+        self.mesh, self.price = mesh, price
+        self.tables: dict[_Graph, np.ndarray] = {}
+
+    def matrix(
+        self,
+        srcs: Sequence[Sharding],
+        dsts: Sequence[Sharding],
+        shape: Sequence[int],
+        itemsize: int,
+    ) -> np.ndarray:
+        """Costs from each of `srcs` (rows) to each of `dsts` (columns)."""
+        shape = tuple(shape)
+        for s in {*srcs, *dsts}:
+            _check_one(s, shape, self.mesh)
+        rank = len(shape)
+        out = np.empty((len(srcs), len(dsts)))
+        used = [set(d.mesh_axes) for d in dsts]
+        targets = [_state(d, rank) for d in dsts]
+        for r, src in enumerate(srcs):
+            for dst in dsts:
+                if dst.partial_axes:
+                    _check_pair(src, dst)
+            start = _state(src, rank)
+            columns: dict[_Graph, list[int]] = {}
+            for c, axes in enumerate(used):
+                graph = _graph_of(src, axes, shape, self.mesh, itemsize)
+                columns.setdefault(graph, []).append(c)
+            for graph, cs in columns.items():
+                table = self.table(graph)
+                row = table[graph.index[start]]
+                out[r, cs] = row[[graph.index[targets[c]] for c in cs]]
+        return out
+
+    def table(self, graph: _Graph) -> np.ndarray:
+        if graph not in self.tables:
+            order = tuple(range(self.mesh.ndim))
+            count = len(graph.states)
+            reachable = graph.length < _UNREACHABLE
+            steps = np.where(reachable, graph.length % _STEP, 0)
+            first = graph.next.astype(np.int64)
+            hops = np.unique((np.arange(count)[:, None] * count + first)[steps > 0])
+            price = np.zeros((count, count))
+            for hop in hops.tolist():
+                i, k = divmod(hop, count)
+                price[i, k] = self.price(graph.collective(i, k, order, ReductionKind.SUM))
+            cost = np.where(reachable, 0.0, np.nan)
+            for level in range(1, int(steps.max(initial=0)) + 1):
+                i, j = np.nonzero(steps == level)
+                k = first[i, j]
+                cost[i, j] = price[i, k] + cost[k, j]
+            self.tables[graph] = cost
+        return self.tables[graph]
+
+
+def _check_one(sharding: Sharding, shape: tuple[int, ...], mesh: Mesh) -> None:
+    sharding.check(mesh, shape)
+    if sharding.halo_sizes or sharding.sharded_dims_offsets:
+        raise ShardingError(
+            f"resharding {sharding} is not supported: halos and explicit offsets are not planned"
+        )
+
+
+def _check_pair(src: Sharding, dst: Sharding) -> None:
     if not set(dst.partial_axes) <= set(src.partial_axes):
         raise ShardingError(
             f"cannot reshard {src} to {dst}: a value cannot become partial over new mesh axes"
         )
     if dst.partial_axes and src.partial_type != dst.partial_type:
         raise ShardingError(f"cannot reshard {src} to {dst}: the partial reductions differ")
-    return _plan(src, dst, shape, mesh, itemsize)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -161,47 +238,307 @@ def _plan(
 ) -> tuple[Collective, ...]:
     if src == dst:
         return ()
-    rank = len(shape)
-    search = _Search(dst, shape, mesh, itemsize, src.partial_type)
-    start = _pad(src.split_axes, rank), tuple(src.partial_axes)
-    goal = _pad(dst.split_axes, rank), tuple(dst.partial_axes)
-    # Dijkstra on (bytes, steps, tie-break text); the tie-break makes the choice deterministic.
-    frontier: list[tuple[int, int, str, int, tuple[Split, tuple[int, ...]], tuple[Collective, ...]]]
-    frontier = [(0, 0, "", 0, start, ())]
-    done: set[tuple[Split, tuple[int, ...]]] = set()
-    pushed = itertools.count(1)
-    while frontier:
-        cost, steps, key, _, state, path = heapq.heappop(frontier)
-        if _same(state, goal):
-            return path
-        if state in done:
-            continue
-        done.add(state)
-        for step in search.moves(*state):
-            nxt = _pad(step.dst.split_axes, rank), tuple(step.dst.partial_axes)
-            if nxt not in done:
-                heapq.heappush(
-                    frontier,
-                    (
-                        cost + step.bytes_per_device,
-                        steps + 1,
-                        f"{key}{step} -> {step.dst};",
-                        next(pushed),
-                        nxt,
-                        (*path, step),
-                    ),
-                )
-    raise ShardingError(
-        f"no exact resharding from {src} to {dst} on mesh {mesh}"
-    )  # pragma: no cover
+    graph = _graph_of(src, set(dst.mesh_axes), shape, mesh, itemsize)
+    i, j = graph.index[_state(src, len(shape))], graph.index[_state(dst, len(shape))]
+    steps = []
+    while i != j:
+        k = graph.next_step(i, j)
+        steps.append(graph.collective(i, k, src.partial_axes, src.partial_type))
+        i = k
+    return tuple(steps)
+
+
+# ---- the graph of shardings --------------------------------------------------------------------
+
+State = tuple[Split, tuple[int, ...]]
+"""A sharding as the planner sees it: split axes per dim (padded to the rank) and the partial
+axes, sorted."""
+
+
+def _state(sharding: Sharding, rank: int) -> State:
+    return _pad(sharding.split_axes, rank), tuple(sorted(sharding.partial_axes))
 
 
 def _pad(split: Split, rank: int) -> Split:
     return tuple(split) + ((),) * (rank - len(split))
 
 
-def _same(a: tuple[Split, tuple[int, ...]], b: tuple[Split, tuple[int, ...]]) -> bool:
-    return a[0] == b[0] and set(a[1]) == set(b[1])
+@dataclass(frozen=True)
+class _Step:
+    """One basis collective between two states: what `Collective` says, less the shardings."""
+
+    kind: CollectiveKind
+    mesh_axes: tuple[int, ...]
+    bytes_per_device: int
+    fields: tuple[tuple[str, int], ...] = ()
+    pairs: tuple[tuple[int, int], ...] = ()
+
+
+_STEP = 1 << 10
+"""A path's length is `bytes * _STEP + collectives`: fewest bytes first, then fewest steps."""
+_UNREACHABLE = 1 << 61  # twice it still fits in int64
+
+
+def _graph_of(
+    src: Sharding, dst_axes: set[int], shape: tuple[int, ...], mesh: Mesh, itemsize: int
+) -> _Graph:
+    """The graph a reshard from `src` to a sharding using `dst_axes` is planned in: over the
+    mesh axes the two use. An axis neither uses stays unused on the way, so a reshard never
+    detours through other axes' links (slicing over one to shrink an all_reduce, gathering
+    it back after), whose speed it does not know."""
+    axes = tuple(sorted(set(src.mesh_axes) | dst_axes))
+    return _graph(shape, mesh, itemsize, axes, bool(src.partial_axes))
+
+
+@functools.lru_cache(maxsize=256)
+def _graph(
+    shape: tuple[int, ...], mesh: Mesh, itemsize: int, axes: tuple[int, ...], partial: bool
+) -> _Graph:
+    return _Graph(shape, mesh, itemsize, axes, partial)
+
+
+class _Graph:
+    """Every sharding of one tensor on one mesh (with partial axes or without), the basis steps
+    between them, and the shortest path between every two (Floyd-Warshall on
+    `bytes * _STEP + steps`; ties go to the path found first, states taken in sorted order).
+
+    Built once per (shape, mesh, itemsize), it answers every pair of shardings of the tensor
+    by a table walk: the search prices thousands of pairs per edge of the model."""
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        mesh: Mesh,
+        itemsize: int,
+        axes: tuple[int, ...],
+        partial: bool,
+    ) -> None:
+        self.shape, self.mesh, self.itemsize, self.axes = shape, mesh, itemsize, axes
+        self.states = _states(len(shape), axes, partial)
+        self.index = {s: i for i, s in enumerate(self.states)}
+        self.local: dict[Split, int] = {}
+        self.steps: dict[tuple[int, int], _Step] = {}
+        for i, state in enumerate(self.states):
+            for step, after in self.moves(*state):
+                self.add(i, self.index[after], step)
+        self.add_permutes()
+        self.length, self.next = _shortest_paths(len(self.states), self.steps)
+        self.collectives: dict[tuple, Collective] = {}
+
+    def add(self, i: int, j: int, step: _Step) -> None:
+        known = self.steps.get((i, j))
+        if known is None or step.bytes_per_device < known.bytes_per_device:
+            self.steps[(i, j)] = step
+
+    def next_step(self, i: int, j: int) -> int:
+        if self.length[i, j] >= _UNREACHABLE:  # pragma: no cover - gather all, slice reaches all
+            raise ShardingError(
+                f"no exact resharding from {self.states[i]} to {self.states[j]} on {self.mesh}"
+            )
+        return int(self.next[i, j])
+
+    def collective(
+        self, i: int, j: int, order: tuple[int, ...], reduction: ReductionKind
+    ) -> Collective:
+        """Step i -> j as a collective; partial axes keep the source's `order`."""
+        key = (i, j, order, reduction)
+        if key not in self.collectives:
+            step = self.steps[(i, j)]
+            (split_i, partial_i), (split_j, partial_j) = self.states[i], self.states[j]
+            fields: dict[str, object] = dict(step.fields)
+            axes = step.mesh_axes
+            if step.kind is CollectiveKind.ALL_REDUCE:
+                axes = tuple(a for a in order if a in axes)
+            if step.kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
+                fields["reduction"] = reduction
+            self.collectives[key] = Collective(
+                step.kind,
+                axes,
+                _sharding(split_i, tuple(a for a in order if a in partial_i), reduction),
+                _sharding(split_j, tuple(a for a in order if a in partial_j), reduction),
+                self.shape,
+                step.bytes_per_device,
+                pairs=step.pairs,
+                **fields,  # type: ignore[arg-type]
+            )
+        return self.collectives[key]
+
+    # -- the basis steps out of one state --
+
+    def local_bytes(self, split: Split) -> int:
+        if split not in self.local:
+            elements = 1
+            for size, axes in zip(self.shape, split, strict=True):
+                elements *= -(-size // self.mesh.group_size(axes)) if axes else size
+            self.local[split] = elements * self.itemsize
+        return self.local[split]
+
+    def moves(self, split: Split, partial: tuple[int, ...]) -> Iterator[tuple[_Step, State]]:
+        mesh, shape = self.mesh, self.shape
+        n = mesh.group_size
+        used = {a for axes in split for a in axes} | set(partial)
+        free = [a for a in self.axes if a not in used]
+        local = self.local_bytes(split)
+
+        def replaced(dim: int, axes: tuple[int, ...], other: int = -1, more: tuple = ()) -> Split:
+            new = list(split)
+            new[dim] = axes
+            if other >= 0:
+                new[other] = more
+            return tuple(new)
+
+        def exact(dim: int, fine: tuple[int, ...], keep: int, slicing: bool) -> bool:
+            check = _slice_exact if slicing else _gather_exact
+            return check(shape[dim], n(fine), n(fine[:keep]))
+
+        for dim, axes in enumerate(split):
+            # all_slice: append free axes to a dim, locally.
+            for k in range(1, len(free) + 1):
+                for added in itertools.permutations(free, k):
+                    if exact(dim, axes + added, len(axes), True):
+                        yield (
+                            _Step(CollectiveKind.ALL_SLICE, added, 0, (("slice_axis", dim),)),
+                            (replaced(dim, axes + added), partial),
+                        )
+            for k in range(1, len(axes) + 1):
+                if not exact(dim, axes, len(axes) - k, False):
+                    continue
+                moved = axes[-k:]
+                # all_gather: drop the k innermost axes of a dim.
+                yield (
+                    _Step(
+                        CollectiveKind.ALL_GATHER,
+                        moved,
+                        ring_bytes(CollectiveKind.ALL_GATHER, n(moved), local),
+                        (("gather_axis", dim),),
+                    ),
+                    (replaced(dim, axes[:-k]), partial),
+                )
+                # all_to_all: move them to the end of another dim.
+                for other, there in enumerate(split):
+                    if other != dim and exact(other, there + moved, len(there), True):
+                        yield (
+                            _Step(
+                                CollectiveKind.ALL_TO_ALL,
+                                moved,
+                                ring_bytes(CollectiveKind.ALL_TO_ALL, n(moved), local),
+                                (("split_axis", other), ("concat_axis", dim)),
+                            ),
+                            (replaced(dim, axes[:-k], other, there + moved), partial),
+                        )
+        for k in range(1, len(partial) + 1):
+            # all_reduce over some partial axes.
+            for reduced in itertools.combinations(partial, k):
+                rest = tuple(a for a in partial if a not in reduced)
+                yield (
+                    _Step(
+                        CollectiveKind.ALL_REDUCE,
+                        reduced,
+                        ring_bytes(CollectiveKind.ALL_REDUCE, n(reduced), local),
+                    ),
+                    (split, rest),
+                )
+            # reduce_scatter: reduce some partial axes into a dim's split.
+            for reduced in itertools.permutations(partial, k):
+                rest = tuple(a for a in partial if a not in reduced)
+                for dim, axes in enumerate(split):
+                    if exact(dim, axes + reduced, len(axes), True):
+                        yield (
+                            _Step(
+                                CollectiveKind.REDUCE_SCATTER,
+                                reduced,
+                                ring_bytes(CollectiveKind.REDUCE_SCATTER, n(reduced), local),
+                                (("scatter_axis", dim),),
+                            ),
+                            (replaced(dim, axes + reduced), rest),
+                        )
+
+    def add_permutes(self) -> None:
+        """permute: every device's new shard is some device's current shard (same size); each
+        device takes it from the (me mod k)-th of its k holders. Partial values stay put: their
+        pieces are not shards.
+
+        A split's shards are every combination of its dims' shards (the dims' axes differ), so
+        the new shards are all held when, dim by dim, the new dim's shards are among the old."""
+        n = self.mesh.group_size
+        by_size: dict[int, list[int]] = {}
+        for i, (split, partial) in enumerate(self.states):
+            if not partial:
+                by_size.setdefault(self.local_bytes(split), []).append(i)
+        coordinates = np.array(list(self.mesh.devices()), dtype=np.int64).reshape(
+            -1, self.mesh.ndim
+        )
+        devices = np.arange(len(coordinates))
+        shard_ids: dict[Bounds, int] = {}
+        for members in by_size.values():
+            shards, ids = {}, {}
+            for i in members:
+                split = self.states[i][0]
+                shards[i] = [
+                    frozenset(_bounds(s, n(a))) for s, a in zip(self.shape, split, strict=True)
+                ]
+                ids[i] = np.array(
+                    [shard_ids.setdefault(b, len(shard_ids)) for b in self.bounds(split)]
+                )
+            for i in members:
+                order = np.argsort(ids[i], kind="stable")
+                held = ids[i][order]
+                for j in members:
+                    if i == j or not all(a <= b for a, b in zip(shards[j], shards[i], strict=True)):
+                        continue
+                    wanted = ids[j]
+                    first = np.searchsorted(held, wanted, "left")
+                    count = np.searchsorted(held, wanted, "right") - first
+                    source = order[first + devices % count]
+                    moving = ids[i] != wanted
+                    sends = np.bincount(source[moving]).max(initial=0) if moving.any() else 0
+                    crossed = (coordinates[source[moving]] != coordinates[devices[moving]]).any(0)
+                    step = _Step(
+                        CollectiveKind.PERMUTE,
+                        tuple(np.flatnonzero(crossed).tolist()),
+                        int(sends) * self.local_bytes(self.states[i][0]),
+                        (),
+                        tuple(zip(source[moving].tolist(), devices[moving].tolist(), strict=True)),
+                    )
+                    self.add(i, j, step)
+
+    def bounds(self, split: Split) -> tuple[Bounds, ...]:
+        return _device_bounds(split, self.shape, self.mesh)
+
+
+def _states(rank: int, axes: tuple[int, ...], partial: bool) -> list[State]:
+    """Every placement of `axes`: on no dim, on one dim (in every order), or partial."""
+    found: set[State] = set()
+    places = rank + 2 if partial else rank + 1  # the dims, unused, partial
+    for placement in itertools.product(range(places), repeat=len(axes)):
+        on = dict(zip(axes, placement, strict=True))
+        per_dim = [[a for a in axes if on[a] == d] for d in range(rank)]
+        partial_axes = tuple(a for a in axes if on[a] == rank + 1)
+        for split in itertools.product(*(itertools.permutations(p) for p in per_dim)):
+            found.add((tuple(split), partial_axes))
+    return sorted(found)
+
+
+def _shortest_paths(
+    count: int, steps: Mapping[tuple[int, int], _Step]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Floyd-Warshall: the length of the shortest path between every two states and the state
+    it goes to first."""
+    length = np.full((count, count), _UNREACHABLE, dtype=np.int64)
+    nxt = np.full((count, count), -1, dtype=np.int32)
+    diagonal = np.arange(count)
+    length[diagonal, diagonal] = 0
+    nxt[diagonal, diagonal] = diagonal
+    for (i, j), step in steps.items():
+        length[i, j] = step.bytes_per_device * _STEP + 1
+        nxt[i, j] = j
+    better = np.empty((count, count), dtype=bool)
+    for k in range(count):
+        via = length[:, k, None] + length[k]
+        np.less(via, length, out=better)
+        np.copyto(length, via, where=better)
+        np.copyto(nxt, nxt[:, k, None], where=better)
+    return length, nxt
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -216,7 +553,7 @@ def _device_bounds(split: Split, shape: tuple[int, ...], mesh: Mesh) -> tuple[Bo
     `Sharding.slices` gives, computed once per split for the permute search."""
     per_dim = []
     for size, axes in zip(shape, _pad(split, len(shape)), strict=True):
-        per_dim.append(_bounds(size, mesh, axes) if axes else [(0, size)])
+        per_dim.append(_bounds(size, mesh.group_size(axes)) if axes else [(0, size)])
     out = []
     for device in mesh.devices():
         out.append(
@@ -235,231 +572,33 @@ def _group_position(device: tuple[int, ...], mesh: Mesh, axes: Sequence[int]) ->
     return index
 
 
-def _bounds(size: int, mesh: Mesh, axes: Sequence[int]) -> list[tuple[int, int]]:
-    """Shard i of a dim of `size` split over `axes`: [i*S, (i+1)*S) clipped, S = ceil(size/n)."""
-    n = mesh.group_size(axes)
+def _bounds(size: int, n: int) -> list[tuple[int, int]]:
+    """Shard i of a dim of `size` split n ways: [i*S, (i+1)*S) clipped, S = ceil(size/n)."""
     step = -(-size // n)
     return [(min(i * step, size), min((i + 1) * step, size)) for i in range(n)]
 
 
-def _gather_exact(size: int, mesh: Mesh, axes: Sequence[int], keep: int) -> bool:
-    """Does concatenating the shards of the dropped inner axes give the coarser shards?"""
-    fine, coarse = _bounds(size, mesh, axes), _bounds(size, mesh, axes[:keep])
-    g = len(fine) // len(coarse)
-    return all((fine[i * g][0], fine[i * g + g - 1][1]) == coarse[i] for i in range(len(coarse)))
+@functools.lru_cache(maxsize=1 << 14)
+def _gather_exact(size: int, fine: int, coarse: int) -> bool:
+    """Does concatenating the shards of an n=`fine` split, g = fine/coarse at a time, give the
+    shards of the `coarse` split?"""
+    small, big = _bounds(size, fine), _bounds(size, coarse)
+    g = fine // coarse
+    return all((small[i * g][0], small[i * g + g - 1][1]) == big[i] for i in range(coarse))
 
 
-def _slice_exact(size: int, mesh: Mesh, axes: Sequence[int], keep: int) -> bool:
-    """Does chunking each coarse shard locally (ceil-sized chunks) give the finer shards?"""
-    fine, coarse = _bounds(size, mesh, axes), _bounds(size, mesh, axes[:keep])
-    g = len(fine) // len(coarse)
-    for i, (start, stop) in enumerate(coarse):
+@functools.lru_cache(maxsize=1 << 14)
+def _slice_exact(size: int, fine: int, coarse: int) -> bool:
+    """Does chunking each `coarse` shard locally (ceil-sized chunks) give the `fine` shards?"""
+    small, big = _bounds(size, fine), _bounds(size, coarse)
+    g = fine // coarse
+    for i, (start, stop) in enumerate(big):
         chunk = -(-(stop - start) // g)
         for j in range(g):
             mine = (
                 start + min(j * chunk, stop - start),
                 start + min((j + 1) * chunk, stop - start),
             )
-            if mine != fine[i * g + j]:
+            if mine != small[i * g + j]:
                 return False
     return True
-
-
-class _Search:
-    """The progress-making basis steps out of one state (split axes, partial axes)."""
-
-    def __init__(
-        self,
-        dst: Sharding,
-        shape: tuple[int, ...],
-        mesh: Mesh,
-        itemsize: int,
-        reduction: ReductionKind,
-    ) -> None:
-        self.target = _pad(dst.split_axes, len(shape))
-        self.target_partial = set(dst.partial_axes)
-        self.shape, self.mesh, self.itemsize, self.reduction = shape, mesh, itemsize, reduction
-        self.sizes: dict[Split, int] = {}
-
-    def local_bytes(self, split: Split) -> int:
-        if split not in self.sizes:
-            elements = 1
-            for size, axes in zip(self.shape, split, strict=True):
-                elements *= -(-size // self.mesh.group_size(axes)) if axes else size
-            self.sizes[split] = elements * self.itemsize
-        return self.sizes[split]
-
-    def make(
-        self,
-        kind: CollectiveKind,
-        axes: Sequence[int],
-        before: tuple[Split, tuple[int, ...]],
-        after: tuple[Split, tuple[int, ...]],
-        **fields: object,
-    ) -> Collective:
-        src = _sharding(before[0], before[1], self.reduction)
-        dst = _sharding(after[0], after[1], self.reduction)
-        sent = ring_bytes(kind, self.mesh.group_size(axes), self.local_bytes(before[0]))
-        return Collective(kind, tuple(axes), src, dst, self.shape, sent, **fields)  # type: ignore[arg-type]
-
-    def wanted(self, split: Split, dim: int) -> tuple[int, ...] | None:
-        """The axes dim still needs appended, or None if its list is not a prefix of the target."""
-        have, want = split[dim], self.target[dim]
-        return want[len(have) :] if want[: len(have)] == have else None
-
-    def moves(self, split: Split, partial: tuple[int, ...]) -> list[Collective]:
-        mesh, shape = self.mesh, self.shape
-        state = (split, partial)
-        used = {a for axes in split for a in axes} | set(partial)
-        local = self.local_bytes(split)
-        out: list[Collective] = []
-
-        def replaced(
-            dim: int,
-            axes: tuple[int, ...],
-            other: int | None = None,
-            other_axes: tuple[int, ...] = (),
-        ) -> Split:
-            new = list(split)
-            new[dim] = axes
-            if other is not None:
-                new[other] = other_axes
-            return tuple(new)
-
-        # all_slice: append the next wanted free axes (one or several) to a dim.
-        for dim in range(len(shape)):
-            want = self.wanted(split, dim)
-            free = list(itertools.takewhile(lambda a: a not in used, want or ()))
-            for k in range(1, len(free) + 1):
-                axes = split[dim] + tuple(free[:k])
-                if _slice_exact(shape[dim], mesh, axes, len(split[dim])):
-                    after = replaced(dim, axes)
-                    out.append(
-                        self.make(
-                            CollectiveKind.ALL_SLICE,
-                            free[:k],
-                            state,
-                            (after, partial),
-                            slice_axis=dim,
-                        )
-                    )
-        # all_gather: drop the k innermost axes of a dim.
-        for dim, axes in enumerate(split):
-            for k in range(1, len(axes) + 1):
-                if _gather_exact(shape[dim], mesh, axes, len(axes) - k):
-                    after = replaced(dim, axes[:-k])
-                    out.append(
-                        self.make(
-                            CollectiveKind.ALL_GATHER,
-                            axes[-k:],
-                            state,
-                            (after, partial),
-                            gather_axis=dim,
-                        )
-                    )
-        # all_to_all: move the k innermost axes of dim to the end of another dim that wants them.
-        for dim, axes in enumerate(split):
-            for other in range(len(shape)):
-                want = self.wanted(split, other) if other != dim else None
-                for k in range(1, len(axes) + 1):
-                    moved = axes[-k:]
-                    if not want or want[:k] != moved:
-                        continue
-                    grown = split[other] + moved
-                    if _gather_exact(shape[dim], mesh, axes, len(axes) - k) and _slice_exact(
-                        shape[other], mesh, grown, len(split[other])
-                    ):
-                        after = replaced(dim, axes[:-k], other, grown)
-                        out.append(
-                            self.make(
-                                CollectiveKind.ALL_TO_ALL,
-                                moved,
-                                state,
-                                (after, partial),
-                                split_axis=other,
-                                concat_axis=dim,
-                            )
-                        )
-        # Reductions of partial axes the target does not keep.
-        pending = tuple(a for a in partial if a not in self.target_partial)
-        if pending:
-            kept = tuple(a for a in partial if a in self.target_partial)
-            out.append(
-                self.make(
-                    CollectiveKind.ALL_REDUCE,
-                    pending,
-                    state,
-                    (split, kept),
-                    reduction=self.reduction,
-                )
-            )
-            for dim in range(len(shape)):
-                want = self.wanted(split, dim) or ()
-                run = list(itertools.takewhile(lambda a: a in pending, want))
-                for k in range(1, len(run) + 1):
-                    axes = split[dim] + tuple(run[:k])
-                    if not _slice_exact(shape[dim], mesh, axes, len(split[dim])):
-                        continue
-                    rest = tuple(a for a in partial if a not in run[:k])
-                    after = replaced(dim, axes)
-                    out.append(
-                        self.make(
-                            CollectiveKind.REDUCE_SCATTER,
-                            run[:k],
-                            state,
-                            (after, rest),
-                            scatter_axis=dim,
-                            reduction=self.reduction,
-                        )
-                    )
-        # permute: every device's new shard is some device's current shard. Tried towards the
-        # target and, as in seed 002's `[[0], [1, 2]] -> [[0], [2, 1]] -> [[0], [2]]`, to any
-        # reordering of one dim's axes. Partial values stay put (their pieces are not shards).
-        if not partial:
-            goals = [] if self.target_partial else [self.target]
-            for dim, axes in enumerate(split):
-                goals += [
-                    replaced(dim, order) for order in itertools.permutations(axes) if order != axes
-                ]
-            if goals:
-                holders = self.holders(split)
-                for goal in goals:
-                    step = self.permute(split, goal, local, holders)
-                    if step is not None:
-                        out.append(step)
-        return out
-
-    def holders(self, split: Split) -> dict[Bounds, list[int]]:
-        """Each distinct shard of `split` -> the linear indices of the devices holding it."""
-        found: dict[Bounds, list[int]] = {}
-        for index, bounds in enumerate(_device_bounds(split, self.shape, self.mesh)):
-            found.setdefault(bounds, []).append(index)
-        return found
-
-    def permute(
-        self,
-        split: Split,
-        goal: Split,
-        local: int,
-        holders: dict[Bounds, list[int]],
-    ) -> Collective | None:
-        mesh, shape = self.mesh, self.shape
-        current = _sharding(split, (), ReductionKind.SUM)
-        target = _sharding(goal, (), ReductionKind.SUM)
-        if current == target or self.local_bytes(goal) != local:
-            return None
-        pairs = []
-        for me, bounds in enumerate(_device_bounds(goal, shape, mesh)):
-            sources = holders.get(bounds)
-            if sources is None:
-                return None
-            if me not in sources:
-                pairs.append((sources[me % len(sources)], me))
-        sends = max(collections.Counter(s for s, _ in pairs).values(), default=0)
-        devices = list(mesh.devices())
-        axes = tuple(
-            a for a in range(mesh.ndim) if any(devices[s][a] != devices[t][a] for s, t in pairs)
-        )
-        return Collective(
-            CollectiveKind.PERMUTE, axes, current, target, shape, sends * local, pairs=tuple(pairs)
-        )

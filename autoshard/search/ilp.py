@@ -189,9 +189,10 @@ def eliminate(problem: Problem) -> tuple[Problem, list[int], list[_Eliminated]]:
     """Remove groups of degree <= 2 by exact min-sum elimination (variable elimination on the
     pairwise cost graph): a leaf g of neighbour h adds min_kg (node_g + M[kh][kg]) to h; a
     chain link g between h1 and h2 adds min_kg (node_g + M1[k1][kg] + M2[kg][k2]) as an edge
-    (h1, h2). The optimum of the rest, plus the recorded argmins, is the optimum of the whole.
-    Only valid without memory rows (they couple groups beyond the edges). Returns the reduced
-    problem, the original group of each of its groups, and the eliminations in order."""
+    (h1, h2); a group with one choice adds its edges to its neighbours, whatever its degree.
+    The optimum of the rest, plus the recorded argmins, is the optimum of the whole. Only valid
+    without memory rows (they couple groups beyond the edges). Returns the reduced problem, the
+    original group of each of its groups, and the eliminations in order."""
     node = [np.array(c, dtype=np.int64) for c in problem.node_costs]
     edges: dict[tuple[int, int], np.ndarray] = {}
 
@@ -219,9 +220,13 @@ def eliminate(problem: Problem) -> tuple[Problem, list[int], list[_Eliminated]]:
         progress = False
         for g in sorted(alive):
             near = neighbours(g)
-            if len(near) > 2:
+            if len(node[g]) == 1:  # no choice: its edges are costs of its neighbours' choices
+                for h in near:
+                    node[h] = node[h] + matrix(g, h)[:, 0]
+                near, best = [], np.zeros(1, dtype=np.int64)
+            elif len(near) > 2:
                 continue
-            if not near:
+            elif not near:
                 best = np.array([int(np.argmin(node[g]))])
             elif len(near) == 1:
                 (h,) = near

@@ -14,7 +14,8 @@ Costs, all per device:
   reshards between members of the same group (a constant per choice);
 - edge: for a value produced in one group and read in another, the time (or bytes) of
   `plan_reshard` from the sharding produced to the sharding read, as a matrix over the two
-  groups' choices; copies of an edge in repeated layers add up.
+  groups' choices (all priced at once from the planner's tables, `ReshardPrices`); copies of
+  an edge in repeated layers add up.
 - memory: at each op of the program order, the bytes of the values live there (the largest
   shard of each), a linear function of the choices; identical rows are kept once.
 
@@ -38,7 +39,7 @@ from autoshard.ir.graph import Graph, Op
 from autoshard.mesh import Mesh
 from autoshard.plan import RETURN, Plan, ShardingOption
 from autoshard.propagate import operand_sharding, result_sharding
-from autoshard.reshard import plan_reshard
+from autoshard.reshard import Collective, ReshardPrices
 from autoshard.rules import OpRule, rule_for
 from autoshard.rules.elementwise import BROADCAST, UNARY
 from autoshard.search.candidates import candidates
@@ -192,6 +193,7 @@ class _Builder:
         self.hints = [a for a in annotations if not a.required]
         self.producer = {o: op for op in graph.ops for o in op.outputs if o}
         self.matrices: dict[tuple, list[list[float]]] = {}
+        self.prices = ReshardPrices(self.mesh, self.price)
         self.held_cache: dict[tuple, tuple[Sharding, ...]] = {}
         self.need_cache: dict[tuple[str, int], tuple[Sharding, ...]] = {}
         self.compute_cache: dict[str, list[float]] = {}
@@ -330,25 +332,24 @@ class _Builder:
 
     # -- costs --
 
-    def reshard_cost(self, value: str, src: Sharding, dst: Sharding) -> float:
-        if src == dst:
-            return 0.0
-        info = self.graph.values[value]
-        plan = plan_reshard(src, dst, info.shape, self.mesh, dtypes.nbytes(info.dtype, 1))
+    def price(self, collective: Collective) -> float:
         if self.objective == "bytes":
-            return float(sum(c.bytes_per_device for c in plan))
-        return sum(collective_time(c, self.cluster) for c in plan)
+            return float(collective.bytes_per_device)
+        return collective_time(collective, self.cluster)
+
+    def reshard_cost(self, value: str, src: Sharding, dst: Sharding) -> float:
+        return self.matrix(value, (src,), (dst,))[0][0]
 
     def matrix(
         self, value: str, held: tuple[Sharding, ...], need: tuple[Sharding, ...]
     ) -> list[list[float]]:
         """Reshard costs from each held to each needed sharding; repeated layers ask for the
-        same matrix again, and rows and columns repeat within one: each cost is planned once."""
+        same matrix again."""
         info = self.graph.values[value]
         key = (info.shape, info.dtype, held, need)
         if key not in self.matrices:
-            cost = {(h, n): self.reshard_cost(value, h, n) for h in set(held) for n in set(need)}
-            self.matrices[key] = [[cost[(h, n)] for n in need] for h in held]
+            size = dtypes.nbytes(info.dtype, 1)
+            self.matrices[key] = self.prices.matrix(held, need, info.shape, size).tolist()
         return self.matrices[key]
 
     def compute_cost(self, op: Op, option: Choice) -> float:

@@ -87,6 +87,27 @@ def test_elimination_is_exact_on_a_cycle_with_tails():
     assert solve(problem).objective == brute_force(problem)
 
 
+def test_a_group_without_choice_is_eliminated_whatever_its_degree():
+    """A one-choice hub joined to a 4-cycle (as the decoder's shape constant is read by every
+    head reshape): its edges become costs of the others' choices, the cycle then goes link by
+    link, and nothing is left for CP-SAT."""
+    rng = np.random.default_rng(3)
+    sizes = (1, 3, 3, 3, 3)
+    pairs = [(0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (2, 3), (3, 4), (1, 4)]
+    edges = tuple(
+        (
+            a,
+            b,
+            tuple(tuple(int(c) for c in row) for row in rng.integers(0, 50, (sizes[a], sizes[b]))),
+        )
+        for a, b in pairs
+    )
+    node = tuple(tuple(int(c) for c in rng.integers(0, 50, n)) for n in sizes)
+    problem = Problem(sizes, node, edges, (), 0, 1.0)
+    assert eliminate(problem)[1] == []
+    assert solve(problem).objective == brute_force(problem)
+
+
 @pytest.mark.parametrize("mesh, coarsen", [("2", False), ("2x2", True)])
 def test_real_graph_equals_exhaustive_search(tmp_path, mesh, coarsen):
     """Seed 001's MLP (dot, max, dot) priced on a real cluster: every combination of
