@@ -172,25 +172,33 @@ class ReshardPrices:
         itemsize: int,
     ) -> np.ndarray:
         """Costs from each of `srcs` (rows) to each of `dsts` (columns)."""
-        shape = tuple(shape)
+        rows: dict[Sharding, int] = {}
+        columns: dict[Sharding, int] = {}
+        row_of = [rows.setdefault(s, len(rows)) for s in srcs]
+        column_of = [columns.setdefault(d, len(columns)) for d in dsts]
+        distinct = self.distinct(list(rows), list(columns), tuple(shape), itemsize)
+        return distinct[np.ix_(row_of, column_of)]
+
+    def distinct(
+        self, srcs: list[Sharding], dsts: list[Sharding], shape: tuple[int, ...], itemsize: int
+    ) -> np.ndarray:
         for s in {*srcs, *dsts}:
             _check_one(s, shape, self.mesh)
         rank = len(shape)
         out = np.empty((len(srcs), len(dsts)))
-        used = [set(d.mesh_axes) for d in dsts]
+        masks = [_mask(d) for d in dsts]
         targets = [_state(d, rank) for d in dsts]
         for r, src in enumerate(srcs):
             for dst in dsts:
                 if dst.partial_axes:
                     _check_pair(src, dst)
-            start = _state(src, rank)
-            columns: dict[_Graph, list[int]] = {}
-            for c, axes in enumerate(used):
-                graph = _graph_of(src, axes, shape, self.mesh, itemsize)
-                columns.setdefault(graph, []).append(c)
-            for graph, cs in columns.items():
-                table = self.table(graph)
-                row = table[graph.index[start]]
+            start, used = _state(src, rank), _mask(src)
+            columns: dict[int, list[int]] = {}
+            for c, mask in enumerate(masks):
+                columns.setdefault(used | mask, []).append(c)
+            for mask, cs in columns.items():
+                graph = _graph(shape, self.mesh, itemsize, _axes(mask), bool(src.partial_axes))
+                row = self.table(graph)[graph.index[start]]
                 out[r, cs] = row[[graph.index[targets[c]] for c in cs]]
         return out
 
@@ -238,7 +246,7 @@ def _plan(
 ) -> tuple[Collective, ...]:
     if src == dst:
         return ()
-    graph = _graph_of(src, set(dst.mesh_axes), shape, mesh, itemsize)
+    graph = _graph_of(src, dst, shape, mesh, itemsize)
     i, j = graph.index[_state(src, len(shape))], graph.index[_state(dst, len(shape))]
     steps = []
     while i != j:
@@ -280,14 +288,23 @@ _UNREACHABLE = 1 << 61  # twice it still fits in int64
 
 
 def _graph_of(
-    src: Sharding, dst_axes: set[int], shape: tuple[int, ...], mesh: Mesh, itemsize: int
+    src: Sharding, dst: Sharding, shape: tuple[int, ...], mesh: Mesh, itemsize: int
 ) -> _Graph:
-    """The graph a reshard from `src` to a sharding using `dst_axes` is planned in: over the
-    mesh axes the two use. An axis neither uses stays unused on the way, so a reshard never
-    detours through other axes' links (slicing over one to shrink an all_reduce, gathering
-    it back after), whose speed it does not know."""
-    axes = tuple(sorted(set(src.mesh_axes) | dst_axes))
+    """The graph a reshard from `src` to `dst` is planned in: over the mesh axes the two use.
+    An axis neither uses stays unused on the way, so a reshard never detours through other
+    axes' links (slicing over one to shrink an all_reduce, gathering it back after), whose
+    speed it does not know."""
+    axes = _axes(_mask(src) | _mask(dst))
     return _graph(shape, mesh, itemsize, axes, bool(src.partial_axes))
+
+
+def _mask(sharding: Sharding) -> int:
+    """The mesh axes a sharding uses, as bits."""
+    return sum(1 << a for a in sharding.mesh_axes)
+
+
+def _axes(mask: int) -> tuple[int, ...]:
+    return tuple(a for a in range(mask.bit_length()) if mask >> a & 1)
 
 
 @functools.lru_cache(maxsize=256)
@@ -469,28 +486,41 @@ class _Graph:
             -1, self.mesh.ndim
         )
         devices = np.arange(len(coordinates))
-        shard_ids: dict[Bounds, int] = {}
+        ids: dict[int, np.ndarray] = {}
+
+        def shard_ids(i: int) -> np.ndarray:
+            """Each device's shard in state i, numbered alike across states."""
+            if i not in ids:
+                bounds = self.bounds(self.states[i][0])
+                ids[i] = np.array([numbers.setdefault(b, len(numbers)) for b in bounds])
+            return ids[i]
+
+        numbers: dict[Bounds, int] = {}
         for members in by_size.values():
-            shards, ids = {}, {}
-            for i in members:
-                split = self.states[i][0]
-                shards[i] = [
-                    frozenset(_bounds(s, n(a))) for s, a in zip(self.shape, split, strict=True)
+            shards = {
+                i: [
+                    frozenset(_bounds(s, n(a)))
+                    for s, a in zip(self.shape, self.states[i][0], strict=True)
                 ]
-                ids[i] = np.array(
-                    [shard_ids.setdefault(b, len(shard_ids)) for b in self.bounds(split)]
-                )
+                for i in members
+            }
             for i in members:
-                order = np.argsort(ids[i], kind="stable")
-                held = ids[i][order]
-                for j in members:
-                    if i == j or not all(a <= b for a, b in zip(shards[j], shards[i], strict=True)):
-                        continue
-                    wanted = ids[j]
-                    first = np.searchsorted(held, wanted, "left")
-                    count = np.searchsorted(held, wanted, "right") - first
+                targets = [
+                    j
+                    for j in members
+                    if j != i and all(a <= b for a, b in zip(shards[j], shards[i], strict=True))
+                ]
+                if not targets:
+                    continue
+                held = shard_ids(i)
+                order = np.argsort(held, kind="stable")
+                ranked = held[order]
+                for j in targets:
+                    wanted = shard_ids(j)
+                    first = np.searchsorted(ranked, wanted, "left")
+                    count = np.searchsorted(ranked, wanted, "right") - first
                     source = order[first + devices % count]
-                    moving = ids[i] != wanted
+                    moving = held != wanted
                     sends = np.bincount(source[moving]).max(initial=0) if moving.any() else 0
                     crossed = (coordinates[source[moving]] != coordinates[devices[moving]]).any(0)
                     step = _Step(

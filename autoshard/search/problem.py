@@ -30,6 +30,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.model import collective_time, compute_time, shard_bytes
@@ -490,45 +492,49 @@ class _Builder:
             last[name] = len(graph.ops)
         resident = [n for n, d in found.items() if not d.is_op]
 
-        sizes_of: dict[tuple, tuple[int, list[int]]] = {}
+        # A row is a vector over every (group, choice), groups one after another.
+        offsets = np.cumsum([0, *sizes])
+        vectors: dict[tuple, np.ndarray] = {}
 
-        def bytes_of(name: str) -> tuple[int, list[int]]:
-            key = self.representative(name)
-            if key not in sizes_of:
-                info = graph.values[name]
-                d = found[self.producer[name].name] if name in self.producer else found[name]
-                sizes_of[key] = (
-                    d.group,
-                    [
+        def vector(names: Iterable[str]) -> np.ndarray:
+            out = np.zeros(offsets[-1], dtype=np.int64)
+            for name in names:
+                key = self.representative(name)
+                if key not in vectors:
+                    info = graph.values[name]
+                    d = found[self.producer[name].name] if name in self.producer else found[name]
+                    vectors[key] = np.zeros(offsets[-1], dtype=np.int64)
+                    vectors[key][offsets[d.group] : offsets[d.group + 1]] = [
                         shard_bytes(info.shape, info.dtype, held, self.mesh)
                         for held in self.held(name, d)
-                    ],
-                )
-            return sizes_of[key]
-
-        def terms(names: Iterable[str]) -> dict[tuple[int, int], int]:
-            out: dict[tuple[int, int], int] = {}
-            for name in names:
-                group, per_choice = bytes_of(name)
-                for k, size in enumerate(per_choice):
-                    out[(group, k)] = out.get((group, k), 0) + size
+                    ]
+                out += vectors[key]
             return out
 
-        base = terms(resident)
-        constants = sum(graph.values[c].nbytes for c in graph.constants if c in graph.values)
-        rows: dict[tuple[tuple[int, int, int], ...], None] = {}
+        base = vector(resident)
+        # Constants: replicated everywhere; a fixed term spread over group 0's choices.
+        base[offsets[0] : offsets[1]] += sum(
+            graph.values[c].nbytes for c in graph.constants if c in graph.values
+        )
+        group_of = np.repeat(np.arange(len(sizes)), sizes)
+        choice_of = np.arange(offsets[-1]) - offsets[group_of]
+        rows: dict[bytes, tuple[tuple[int, int, int], ...]] = {}
         live: set[str] = set()
         for index, op in enumerate(graph.ops):
             live |= {o for o in op.outputs if o}
-            row = dict(base)
-            for key, b in terms(sorted(live)).items():
-                row[key] = row.get(key, 0) + b
-            # Constants: replicated everywhere; a fixed term spread over group 0's choices.
-            for k in range(sizes[0] if sizes else 0):
-                row[(0, k)] = row.get((0, k), 0) + constants
-            rows[tuple(sorted((g, k, b) for (g, k), b in row.items() if b))] = None
+            row = base + vector(sorted(live))
+            if row.tobytes() not in rows:
+                (terms,) = np.nonzero(row)
+                rows[row.tobytes()] = tuple(
+                    zip(
+                        group_of[terms].tolist(),
+                        choice_of[terms].tolist(),
+                        row[terms].tolist(),
+                        strict=True,
+                    )
+                )
             live = {n for n in live if last.get(n, -1) > index}
-        return tuple(rows)
+        return tuple(rows.values())
 
 
 def build_search(
