@@ -80,12 +80,15 @@ def auto_plan(
     # an all_reduce next to its partial input). When those push the program over the budget,
     # the ILP's budget is lowered by the excess and it solves again. The first solve stays the
     # bound: the ILP undercounts memory, so every plan that really fits is feasible for it.
-    budget, bound = cluster.memory, None
+    budget, bound, spent = cluster.memory, None, 0.0
+    hint: tuple[int, ...] = ()
     for _ in range(_BUDGET_ROUNDS):
+        left = max(time_limit - spent, time_limit / 10)
         try:
-            solution = solve(dataclasses.replace(problem, budget=budget), time_limit)
+            solution = solve(dataclasses.replace(problem, budget=budget), left, hint)
         except InfeasibleError:
             break
+        spent += solution.work
         bound = bound if bound is not None else solution.bound
         plan = search.plan(graph, cluster, solution.choice)
         program = lower(graph, plan)
@@ -95,7 +98,9 @@ def auto_plan(
                 solution = dataclasses.replace(solution, status="FEASIBLE", bound=bound)
             say(f"solved: {solution.status}, gap {solution.gap:.2%} ({solution.wall_s:.1f} s)")
             return Planned(plan, program, price(program, graph, cluster), solution, search, built)
-        budget -= peak - cluster.memory
+        # Below what this plan's values take, by what its buffers add: the next plan differs.
+        budget = min(budget, problem.peak(solution.choice)) - (peak - cluster.memory)
+        hint = solution.choice
         say(f"the program needs {peak} bytes with its reshard buffers; solving again")
     # The rounds found nothing that fits: the plans of least memory decide.
     usage, choice = _least_memory(graph, cluster, search, time_limit)

@@ -41,19 +41,21 @@ class Solution:
     wall_s: float
     variables: int
     constraints: int
+    work: float = 0.0  # deterministic seconds the solver spent (what --time-limit bounds)
 
     @property
     def gap(self) -> float:
         return (self.objective - self.bound) / self.objective if self.objective > 0 else 0.0
 
 
-def solve(problem: Problem, time_limit: float = 60.0) -> Solution:
+def solve(problem: Problem, time_limit: float = 60.0, hint: Sequence[int] = ()) -> Solution:
     """The best choice per group; `InfeasibleError` when the budget cannot hold any plan.
 
     First without the memory rows, after exact elimination of the groups of degree <= 2
     (a transformer layer reduces to its residual-stream hub and a few neighbours): if that
     optimum fits the budget it is the optimum. Otherwise the whole problem, memory rows
-    included, goes to CP-SAT.
+    included, goes to CP-SAT, starting from `hint` (or that optimum). `time_limit` bounds the
+    deterministic time of both.
     """
     reduced, kept, order = eliminate(problem)
     relaxed = _cp_sat(reduced, time_limit, memory=False)
@@ -63,12 +65,19 @@ def solve(problem: Problem, time_limit: float = 60.0) -> Solution:
         proven = relaxed.status == "OPTIMAL"
         bound = objective if proven else relaxed.bound
         return dataclasses.replace(relaxed, choice=choice, objective=objective, bound=bound)
-    return _cp_sat(problem, time_limit, memory=True)
+    left = max(time_limit - relaxed.work, time_limit / 10)
+    solution = _cp_sat(problem, left, memory=True, hint=hint or choice)
+    return dataclasses.replace(solution, work=solution.work + relaxed.work)
 
 
-def _cp_sat(problem: Problem, time_limit: float, memory: bool) -> Solution:
+def _cp_sat(
+    problem: Problem, time_limit: float, memory: bool, hint: Sequence[int] = ()
+) -> Solution:
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
+    for row, k in zip(x, hint, strict=False):
+        for j, var in enumerate(row):
+            model.add_hint(var, j == k)
     objective = [
         cost * var
         for costs, row in zip(problem.node_costs, x, strict=True)
@@ -119,6 +128,7 @@ def _cp_sat(problem: Problem, time_limit: float, memory: bool) -> Solution:
         wall,
         len(proto.variables),
         len(proto.constraints),
+        solver.response_proto.deterministic_time,
     )
 
 
