@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import heapq
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -198,6 +199,11 @@ class ReshardPrices:
                 columns.setdefault(used | mask, []).append(c)
             for mask, cs in columns.items():
                 graph = _graph(shape, self.mesh, itemsize, _axes(mask), bool(src.partial_axes))
+                if graph is None:
+                    for c in cs:
+                        plan = _plan(src, dsts[c], shape, self.mesh, itemsize)
+                        out[r, c] = sum(self.price(step) for step in plan)
+                    continue
                 row = self.table(graph)[graph.index[start]]
                 out[r, cs] = row[[graph.index[targets[c]] for c in cs]]
         return out
@@ -213,7 +219,7 @@ class ReshardPrices:
             price = np.zeros((count, count))
             for hop in hops.tolist():
                 i, k = divmod(hop, count)
-                price[i, k] = self.price(graph.collective(i, k, order, ReductionKind.SUM))
+                price[i, k] = self.price(graph.collective_of(i, k, order, ReductionKind.SUM))
             cost = np.where(reachable, 0.0, np.nan)
             for level in range(1, int(steps.max(initial=0)) + 1):
                 i, j = np.nonzero(steps == level)
@@ -247,13 +253,82 @@ def _plan(
     if src == dst:
         return ()
     graph = _graph_of(src, dst, shape, mesh, itemsize)
+    if graph is None:
+        return _directed(src, dst, shape, mesh, itemsize)
     i, j = graph.index[_state(src, len(shape))], graph.index[_state(dst, len(shape))]
     steps = []
     while i != j:
         k = graph.next_step(i, j)
-        steps.append(graph.collective(i, k, src.partial_axes, src.partial_type))
+        steps.append(graph.collective_of(i, k, src.partial_axes, src.partial_type))
         i = k
     return tuple(steps)
+
+
+def _directed(
+    src: Sharding, dst: Sharding, shape: tuple[int, ...], mesh: Mesh, itemsize: int
+) -> tuple[Collective, ...]:
+    """Dijkstra from `src` over the steps making progress towards `dst`: slices, all-to-alls
+    and reduce-scatters extending a dim towards its axes in `dst`, any gather, one all_reduce
+    of the partial axes `dst` drops, permutes to `dst` or reordering one dim's axes."""
+    rank = len(shape)
+    basis = _basis(shape, mesh, itemsize, _axes(_mask(src) | _mask(dst)))
+    (target, kept), start = _state(dst, rank), _state(src, rank)
+
+    def extends(split: Split, dim: int) -> bool:
+        return target[dim][: len(split[dim])] == split[dim]
+
+    def progress(step: _Step, before: State, after: State) -> bool:
+        fields = dict(step.fields)
+        if step.kind in (CollectiveKind.ALL_SLICE, CollectiveKind.ALL_TO_ALL):
+            return extends(after[0], fields.get("slice_axis", fields.get("split_axis", 0)))
+        if step.kind is CollectiveKind.ALL_REDUCE:
+            return set(after[1]) == set(before[1]) & set(kept)
+        if step.kind is CollectiveKind.REDUCE_SCATTER:
+            return extends(after[0], fields["scatter_axis"]) and not set(step.mesh_axes) & set(kept)
+        return True
+
+    frontier: list[tuple[int, int, int, State, tuple]] = [(0, 0, 0, start, ())]
+    done: set[State] = set()
+    pushed = itertools.count(1)
+    while frontier:
+        cost, count, _, state, path = heapq.heappop(frontier)
+        if state == (target, kept):
+            order, reduction = src.partial_axes, src.partial_type
+            return tuple(basis.collective(a, b, step, order, reduction) for a, b, step in path)
+        if state in done:
+            continue
+        done.add(state)
+        split, partial = state
+        moves = [
+            (s, after) for s, after in basis.moves(split, partial) if progress(s, state, after)
+        ]
+        if not partial:
+            goals = [] if kept else [target]
+            for dim, axes in enumerate(split):
+                goals += [
+                    tuple(order if d == dim else a for d, a in enumerate(split))
+                    for order in itertools.permutations(axes)
+                    if order != axes
+                ]
+            for goal in goals:
+                step = basis.permute(split, goal)
+                if step is not None:
+                    moves.append((step, (goal, ())))
+        for step, after in moves:
+            if after not in done:
+                heapq.heappush(
+                    frontier,
+                    (
+                        cost + step.bytes_per_device,
+                        count + 1,
+                        next(pushed),
+                        after,
+                        (*path, (state, after, step)),
+                    ),
+                )
+    raise ShardingError(  # pragma: no cover - gather all, slice reaches all
+        f"no exact resharding from {src} to {dst} on mesh {mesh}"
+    )
 
 
 # ---- the graph of shardings --------------------------------------------------------------------
@@ -289,13 +364,18 @@ _UNREACHABLE = 1 << 61  # twice it still fits in int64
 
 def _graph_of(
     src: Sharding, dst: Sharding, shape: tuple[int, ...], mesh: Mesh, itemsize: int
-) -> _Graph:
+) -> _Graph | None:
     """The graph a reshard from `src` to `dst` is planned in: over the mesh axes the two use.
     An axis neither uses stays unused on the way, so a reshard never detours through other
     axes' links (slicing over one to shrink an all_reduce, gathering it back after), whose
-    speed it does not know."""
-    axes = _axes(_mask(src) | _mask(dst))
-    return _graph(shape, mesh, itemsize, axes, bool(src.partial_axes))
+    speed it does not know. None when the graph is too big to tabulate."""
+    return _graph(shape, mesh, itemsize, _axes(_mask(src) | _mask(dst)), bool(src.partial_axes))
+
+
+_TABULATED = 700
+"""States of the largest graph given a shortest-path table (Floyd-Warshall is cubic: 0.1 s at
+300 states, 1 s at 700; 3-axis meshes stay below up to rank 6). Bigger graphs (4-axis meshes
+from rank 3 on) are searched pair by pair (`_directed`)."""
 
 
 def _mask(sharding: Sharding) -> int:
@@ -310,58 +390,49 @@ def _axes(mask: int) -> tuple[int, ...]:
 @functools.lru_cache(maxsize=256)
 def _graph(
     shape: tuple[int, ...], mesh: Mesh, itemsize: int, axes: tuple[int, ...], partial: bool
-) -> _Graph:
+) -> _Graph | None:
+    if len(_states(len(shape), axes, partial)) > _TABULATED:
+        return None
     return _Graph(shape, mesh, itemsize, axes, partial)
 
 
-class _Graph:
-    """Every sharding of one tensor on one mesh (with partial axes or without), the basis steps
-    between them, and the shortest path between every two (Floyd-Warshall on
-    `bytes * _STEP + steps`; ties go to the path found first, states taken in sorted order).
+@functools.lru_cache(maxsize=64)
+def _basis(shape: tuple[int, ...], mesh: Mesh, itemsize: int, axes: tuple[int, ...]) -> _Basis:
+    return _Basis(shape, mesh, itemsize, axes)
 
-    Built once per (shape, mesh, itemsize), it answers every pair of shardings of the tensor
-    by a table walk: the search prices thousands of pairs per edge of the model."""
+
+class _Basis:
+    """The basis steps of one tensor (shape, itemsize) over some of the mesh's axes."""
 
     def __init__(
-        self,
-        shape: tuple[int, ...],
-        mesh: Mesh,
-        itemsize: int,
-        axes: tuple[int, ...],
-        partial: bool,
+        self, shape: tuple[int, ...], mesh: Mesh, itemsize: int, axes: tuple[int, ...]
     ) -> None:
         self.shape, self.mesh, self.itemsize, self.axes = shape, mesh, itemsize, axes
-        self.states = _states(len(shape), axes, partial)
-        self.index = {s: i for i, s in enumerate(self.states)}
         self.local: dict[Split, int] = {}
-        self.steps: dict[tuple[int, int], _Step] = {}
-        for i, state in enumerate(self.states):
-            for step, after in self.moves(*state):
-                self.add(i, self.index[after], step)
-        self.add_permutes()
-        self.length, self.next = _shortest_paths(len(self.states), self.steps)
+        self.ids: dict[Split, np.ndarray] = {}
+        self.numbers: dict[Bounds, int] = {}
+        self.coordinates = np.array(list(mesh.devices()), dtype=np.int64).reshape(-1, mesh.ndim)
         self.collectives: dict[tuple, Collective] = {}
 
-    def add(self, i: int, j: int, step: _Step) -> None:
-        known = self.steps.get((i, j))
-        if known is None or step.bytes_per_device < known.bytes_per_device:
-            self.steps[(i, j)] = step
-
-    def next_step(self, i: int, j: int) -> int:
-        if self.length[i, j] >= _UNREACHABLE:  # pragma: no cover - gather all, slice reaches all
-            raise ShardingError(
-                f"no exact resharding from {self.states[i]} to {self.states[j]} on {self.mesh}"
-            )
-        return int(self.next[i, j])
+    def local_bytes(self, split: Split) -> int:
+        if split not in self.local:
+            elements = 1
+            for size, axes in zip(self.shape, split, strict=True):
+                elements *= -(-size // self.mesh.group_size(axes)) if axes else size
+            self.local[split] = elements * self.itemsize
+        return self.local[split]
 
     def collective(
-        self, i: int, j: int, order: tuple[int, ...], reduction: ReductionKind
+        self,
+        before: State,
+        after: State,
+        step: _Step,
+        order: tuple[int, ...],
+        reduction: ReductionKind,
     ) -> Collective:
-        """Step i -> j as a collective; partial axes keep the source's `order`."""
-        key = (i, j, order, reduction)
+        """A step as a collective; partial axes keep the source's `order`."""
+        key = (before, after, step, order, reduction)
         if key not in self.collectives:
-            step = self.steps[(i, j)]
-            (split_i, partial_i), (split_j, partial_j) = self.states[i], self.states[j]
             fields: dict[str, object] = dict(step.fields)
             axes = step.mesh_axes
             if step.kind is CollectiveKind.ALL_REDUCE:
@@ -371,24 +442,14 @@ class _Graph:
             self.collectives[key] = Collective(
                 step.kind,
                 axes,
-                _sharding(split_i, tuple(a for a in order if a in partial_i), reduction),
-                _sharding(split_j, tuple(a for a in order if a in partial_j), reduction),
+                _sharding(before[0], tuple(a for a in order if a in before[1]), reduction),
+                _sharding(after[0], tuple(a for a in order if a in after[1]), reduction),
                 self.shape,
                 step.bytes_per_device,
                 pairs=step.pairs,
                 **fields,  # type: ignore[arg-type]
             )
         return self.collectives[key]
-
-    # -- the basis steps out of one state --
-
-    def local_bytes(self, split: Split) -> int:
-        if split not in self.local:
-            elements = 1
-            for size, axes in zip(self.shape, split, strict=True):
-                elements *= -(-size // self.mesh.group_size(axes)) if axes else size
-            self.local[split] = elements * self.itemsize
-        return self.local[split]
 
     def moves(self, split: Split, partial: tuple[int, ...]) -> Iterator[tuple[_Step, State]]:
         mesh, shape = self.mesh, self.shape
@@ -470,73 +531,103 @@ class _Graph:
                             (replaced(dim, axes + reduced), rest),
                         )
 
-    def add_permutes(self) -> None:
+    def permute(self, old: Split, new: Split) -> _Step | None:
         """permute: every device's new shard is some device's current shard (same size); each
-        device takes it from the (me mod k)-th of its k holders. Partial values stay put: their
-        pieces are not shards.
-
-        A split's shards are every combination of its dims' shards (the dims' axes differ), so
-        the new shards are all held when, dim by dim, the new dim's shards are among the old."""
+        device takes it from the (me mod k)-th of its k holders. None when some new shard is
+        held nowhere. (A split's shards are every combination of its dims' shards, the dims'
+        axes being distinct, so they are all held when, dim by dim, they are.)"""
         n = self.mesh.group_size
-        by_size: dict[int, list[int]] = {}
-        for i, (split, partial) in enumerate(self.states):
-            if not partial:
-                by_size.setdefault(self.local_bytes(split), []).append(i)
-        coordinates = np.array(list(self.mesh.devices()), dtype=np.int64).reshape(
-            -1, self.mesh.ndim
+        if old == new or self.local_bytes(old) != self.local_bytes(new):
+            return None
+        for size, a, b in zip(self.shape, old, new, strict=True):
+            if not _shards(size, n(b)) <= _shards(size, n(a)):
+                return None
+        held, wanted = self.shard_ids(old), self.shard_ids(new)
+        order = np.argsort(held, kind="stable")
+        ranked = held[order]
+        first = np.searchsorted(ranked, wanted, "left")
+        count = np.searchsorted(ranked, wanted, "right") - first
+        devices = np.arange(len(held))
+        source = order[first + devices % count]
+        moving = held != wanted
+        sends = np.bincount(source[moving]).max(initial=0) if moving.any() else 0
+        crossed = (self.coordinates[source[moving]] != self.coordinates[devices[moving]]).any(0)
+        return _Step(
+            CollectiveKind.PERMUTE,
+            tuple(np.flatnonzero(crossed).tolist()),
+            int(sends) * self.local_bytes(old),
+            (),
+            tuple(zip(source[moving].tolist(), devices[moving].tolist(), strict=True)),
         )
-        devices = np.arange(len(coordinates))
-        ids: dict[int, np.ndarray] = {}
 
-        def shard_ids(i: int) -> np.ndarray:
-            """Each device's shard in state i, numbered alike across states."""
-            if i not in ids:
-                bounds = self.bounds(self.states[i][0])
-                ids[i] = np.array([numbers.setdefault(b, len(numbers)) for b in bounds])
-            return ids[i]
-
-        numbers: dict[Bounds, int] = {}
-        for members in by_size.values():
-            shards = {
-                i: [
-                    frozenset(_bounds(s, n(a)))
-                    for s, a in zip(self.shape, self.states[i][0], strict=True)
-                ]
-                for i in members
-            }
-            for i in members:
-                targets = [
-                    j
-                    for j in members
-                    if j != i and all(a <= b for a, b in zip(shards[j], shards[i], strict=True))
-                ]
-                if not targets:
-                    continue
-                held = shard_ids(i)
-                order = np.argsort(held, kind="stable")
-                ranked = held[order]
-                for j in targets:
-                    wanted = shard_ids(j)
-                    first = np.searchsorted(ranked, wanted, "left")
-                    count = np.searchsorted(ranked, wanted, "right") - first
-                    source = order[first + devices % count]
-                    moving = held != wanted
-                    sends = np.bincount(source[moving]).max(initial=0) if moving.any() else 0
-                    crossed = (coordinates[source[moving]] != coordinates[devices[moving]]).any(0)
-                    step = _Step(
-                        CollectiveKind.PERMUTE,
-                        tuple(np.flatnonzero(crossed).tolist()),
-                        int(sends) * self.local_bytes(self.states[i][0]),
-                        (),
-                        tuple(zip(source[moving].tolist(), devices[moving].tolist(), strict=True)),
-                    )
-                    self.add(i, j, step)
-
-    def bounds(self, split: Split) -> tuple[Bounds, ...]:
-        return _device_bounds(split, self.shape, self.mesh)
+    def shard_ids(self, split: Split) -> np.ndarray:
+        """Each device's shard, numbered alike across splits."""
+        if split not in self.ids:
+            bounds = _device_bounds(split, self.shape, self.mesh)
+            self.ids[split] = np.array(
+                [self.numbers.setdefault(b, len(self.numbers)) for b in bounds]
+            )
+        return self.ids[split]
 
 
-def _states(rank: int, axes: tuple[int, ...], partial: bool) -> list[State]:
+class _Graph(_Basis):
+    """Every sharding of one tensor over some mesh axes (with partial axes or without), the
+    basis steps between them, and the shortest path between every two (Floyd-Warshall on
+    `bytes * _STEP + steps`; ties go to the path found first, states taken in sorted order).
+
+    Built once per (shape, mesh, itemsize, axes), it answers every pair of shardings of the
+    tensor by a table walk: the search prices thousands of pairs per edge of the model."""
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        mesh: Mesh,
+        itemsize: int,
+        axes: tuple[int, ...],
+        partial: bool,
+    ) -> None:
+        super().__init__(shape, mesh, itemsize, axes)
+        self.states = _states(len(shape), axes, partial)
+        self.index = {s: i for i, s in enumerate(self.states)}
+        self.steps: dict[tuple[int, int], _Step] = {}
+        for i, state in enumerate(self.states):
+            for step, after in self.moves(*state):
+                self.add(i, self.index[after], step)
+        # Permutes, between splits whose shards (dim by dim) are among the other's.
+        alike: dict[tuple, list[Split]] = {}
+        for split, partial_axes in self.states:
+            if not partial_axes:  # partial values stay put: their pieces are not shards
+                n = self.mesh.group_size
+                shards = tuple(_shards(s, n(a)) for s, a in zip(shape, split, strict=True))
+                alike.setdefault(shards, []).append(split)
+        for have, want in itertools.product(alike, repeat=2):
+            if all(w <= h for w, h in zip(want, have, strict=True)):
+                for old, new in itertools.product(alike[have], alike[want]):
+                    permute = self.permute(old, new)
+                    if permute is not None:
+                        self.add(self.index[(old, ())], self.index[(new, ())], permute)
+        self.length, self.next = _shortest_paths(len(self.states), self.steps)
+
+    def add(self, i: int, j: int, step: _Step) -> None:
+        known = self.steps.get((i, j))
+        if known is None or step.bytes_per_device < known.bytes_per_device:
+            self.steps[(i, j)] = step
+
+    def next_step(self, i: int, j: int) -> int:
+        if self.length[i, j] >= _UNREACHABLE:  # pragma: no cover - gather all, slice reaches all
+            raise ShardingError(
+                f"no exact resharding from {self.states[i]} to {self.states[j]} on {self.mesh}"
+            )
+        return int(self.next[i, j])
+
+    def collective_of(
+        self, i: int, j: int, order: tuple[int, ...], reduction: ReductionKind
+    ) -> Collective:
+        return self.collective(self.states[i], self.states[j], self.steps[(i, j)], order, reduction)
+
+
+@functools.lru_cache(maxsize=1024)
+def _states(rank: int, axes: tuple[int, ...], partial: bool) -> tuple[State, ...]:
     """Every placement of `axes`: on no dim, on one dim (in every order), or partial."""
     found: set[State] = set()
     places = rank + 2 if partial else rank + 1  # the dims, unused, partial
@@ -546,7 +637,7 @@ def _states(rank: int, axes: tuple[int, ...], partial: bool) -> list[State]:
         partial_axes = tuple(a for a in axes if on[a] == rank + 1)
         for split in itertools.product(*(itertools.permutations(p) for p in per_dim)):
             found.add((tuple(split), partial_axes))
-    return sorted(found)
+    return tuple(sorted(found))
 
 
 def _shortest_paths(
@@ -606,6 +697,11 @@ def _bounds(size: int, n: int) -> list[tuple[int, int]]:
     """Shard i of a dim of `size` split n ways: [i*S, (i+1)*S) clipped, S = ceil(size/n)."""
     step = -(-size // n)
     return [(min(i * step, size), min((i + 1) * step, size)) for i in range(n)]
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _shards(size: int, n: int) -> frozenset[tuple[int, int]]:
+    return frozenset(_bounds(size, n))
 
 
 @functools.lru_cache(maxsize=1 << 14)

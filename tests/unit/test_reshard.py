@@ -181,6 +181,27 @@ def test_a_reshard_uses_only_the_axes_of_its_two_shardings():
     ]
 
 
+def test_a_graph_too_big_to_tabulate_is_searched_pair_by_pair():
+    # Rank 4 over the four axes of 2x2x2x2: 1457 shardings (2424 with partial axes), too many
+    # for the shortest-path table; the pair is searched alone, over the steps that make
+    # progress towards the target, and the plan still computes it.
+    mesh, shape = Mesh.parse("2x2x2x2"), (4, 4, 4, 4)
+    cases = {
+        ("[[0, 1, 2, 3]]", "[[], [3, 2, 1, 0]]"): [
+            "permute mesh_axes = [0, 1, 2, 3] | 64",
+            "all_to_all mesh_axes = [3, 2, 1, 0] split_axis = 1 concat_axis = 0 | 60",
+        ],
+        ("[[]] partial = sum[0, 1]", "[[2], [3], [0, 1]]"): [
+            "all_slice mesh_axes = [2] slice_axis = 0 | 0",
+            "all_slice mesh_axes = [3] slice_axis = 1 | 0",
+            "reduce_scatter mesh_axes = [0, 1] reduction = sum scatter_axis = 2 | 48",
+        ],
+    }
+    for (src, dst), expected in cases.items():
+        assert steps(src, dst, shape, "2x2x2x2") == expected
+        _check_execution(mesh, shape, Sharding.parse(src), Sharding.parse(dst))
+
+
 def test_cannot_create_partial():
     with pytest.raises(ShardingError, match="cannot become partial over new mesh axes"):
         plan_reshard(
