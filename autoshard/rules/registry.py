@@ -4,6 +4,7 @@ module (einsum, elementwise, reduce, shape, nn), imported here once."""
 from __future__ import annotations
 
 import importlib
+import weakref
 from collections.abc import Callable
 
 from autoshard.ir.graph import Graph, Op
@@ -13,6 +14,9 @@ Rule = Callable[[Op, Graph], OpRule | None]
 _RULES: dict[str, Rule] = {}
 _FAMILIES = ("einsum", "elementwise", "reduce", "shape", "nn")
 _loaded = False
+_KNOWN: weakref.WeakKeyDictionary[Graph, dict[int, tuple[Op, OpRule | None]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def register(*op_types: str) -> Callable[[Rule], Rule]:
@@ -38,12 +42,16 @@ def _load() -> None:
 
 
 def rule_for(op: Op, graph: Graph) -> OpRule | None:
-    """The op's rule, or None when no rule covers it (it is then computed replicated)."""
-    _load()
-    if op.domain not in ("", "ai.onnx"):
-        return None
-    rule = _RULES.get(op.type)
-    return rule(op, graph) if rule is not None else None
+    """The op's rule, or None when no rule covers it (it is then computed replicated). Made
+    once per op object and graph: search, lowering and pricing all ask for it (ops may not be
+    hashable: their attributes can hold tensors)."""
+    known = _KNOWN.setdefault(graph, {})
+    entry = known.get(id(op))
+    if entry is None or entry[0] is not op:  # the entry holds its op: ids are not reused
+        _load()
+        rule = _RULES.get(op.type) if op.domain in ("", "ai.onnx") else None
+        entry = known[id(op)] = (op, rule(op, graph) if rule is not None else None)
+    return entry[1]
 
 
 def supported_op_types() -> frozenset[str]:

@@ -257,16 +257,31 @@ class _Builder:
             copies[op.name] = first.name
             choices = found[first.name].choices if first is not op else self.op_choices(op)
             found[op.name] = Decision(op.name, True, choices)
-        sources = sorted(readers, key=lambda n: list(graph.values).index(n))
+        position = {name: i for i, name in enumerate(graph.values)}
+        sources = sorted(readers, key=position.__getitem__)
+        # A weight of a repeated layer is decided as its first copy is (unless annotated).
+        annotated = {a.value for a in self.required}
+        by_key: dict[tuple, str] = {}
+        first_copy: dict[str, str] = {}
         for name in sources:
-            found[name] = Decision(name, False, self.source_choices(name, readers[name]))
+            key = self.representative(name)
+            alike = key[0] == "source" and name not in annotated
+            first_copy[name] = by_key.setdefault(key, name) if alike else name
+            if first_copy[name] == name:
+                found[name] = Decision(name, False, self.source_choices(name, readers[name]))
+            else:
+                found[name] = Decision(name, False, found[first_copy[name]].choices)
         # Leaders: who each decision follows (itself when it leads a group), with the map from
         # the leader's choices to its own.
         leader: dict[str, tuple[str, tuple[int, ...]]] = {}
         for op in graph.ops:
             leader[op.name] = self.follow(op, found, leader, copies)
         for name in sources:
-            leader[name] = self.follow_source(name, readers[name], found, leader)
+            copied = first_copy[name]
+            if copied != name and leader[copied][0] != copied:
+                leader[name] = leader[copied]
+            else:
+                leader[name] = self.follow_source(name, readers[name], found, leader)
         groups: list[str] = []
         index_of: dict[str, int] = {}
         for name in [op.name for op in graph.ops] + sources:
