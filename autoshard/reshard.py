@@ -409,9 +409,6 @@ class _Basis:
     ) -> None:
         self.shape, self.mesh, self.itemsize, self.axes = shape, mesh, itemsize, axes
         self.local: dict[Split, int] = {}
-        self.ids: dict[Split, np.ndarray] = {}
-        self.numbers: dict[Bounds, int] = {}
-        self.coordinates = np.array(list(mesh.devices()), dtype=np.int64).reshape(-1, mesh.ndim)
         self.collectives: dict[tuple, Collective] = {}
 
     def local_bytes(self, split: Split) -> int:
@@ -532,42 +529,7 @@ class _Basis:
                         )
 
     def permute(self, old: Split, new: Split) -> _Step | None:
-        """permute: every device's new shard is some device's current shard (same size); each
-        device takes it from the (me mod k)-th of its k holders. None when some new shard is
-        held nowhere. (A split's shards are every combination of its dims' shards, the dims'
-        axes being distinct, so they are all held when, dim by dim, they are.)"""
-        n = self.mesh.group_size
-        if old == new or self.local_bytes(old) != self.local_bytes(new):
-            return None
-        for size, a, b in zip(self.shape, old, new, strict=True):
-            if not _shards(size, n(b)) <= _shards(size, n(a)):
-                return None
-        held, wanted = self.shard_ids(old), self.shard_ids(new)
-        order = np.argsort(held, kind="stable")
-        ranked = held[order]
-        first = np.searchsorted(ranked, wanted, "left")
-        count = np.searchsorted(ranked, wanted, "right") - first
-        devices = np.arange(len(held))
-        source = order[first + devices % count]
-        moving = held != wanted
-        sends = np.bincount(source[moving]).max(initial=0) if moving.any() else 0
-        crossed = (self.coordinates[source[moving]] != self.coordinates[devices[moving]]).any(0)
-        return _Step(
-            CollectiveKind.PERMUTE,
-            tuple(np.flatnonzero(crossed).tolist()),
-            int(sends) * self.local_bytes(old),
-            (),
-            tuple(zip(source[moving].tolist(), devices[moving].tolist(), strict=True)),
-        )
-
-    def shard_ids(self, split: Split) -> np.ndarray:
-        """Each device's shard, numbered alike across splits."""
-        if split not in self.ids:
-            bounds = _device_bounds(split, self.shape, self.mesh)
-            self.ids[split] = np.array(
-                [self.numbers.setdefault(b, len(self.numbers)) for b in bounds]
-            )
-        return self.ids[split]
+        return _permute(old, new, self.shape, self.mesh, self.itemsize)
 
 
 class _Graph(_Basis):
@@ -624,6 +586,48 @@ class _Graph(_Basis):
         self, i: int, j: int, order: tuple[int, ...], reduction: ReductionKind
     ) -> Collective:
         return self.collective(self.states[i], self.states[j], self.steps[(i, j)], order, reduction)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _permute(
+    old: Split, new: Split, shape: tuple[int, ...], mesh: Mesh, itemsize: int
+) -> _Step | None:
+    """permute: every device's new shard is some device's current shard (same size); each
+    device takes it from the (me mod k)-th of its k holders. None when some new shard is held
+    nowhere. (A split's shards are every combination of its dims' shards, the dims' axes being
+    distinct, so they are all held when, dim by dim, they are.) The graphs over different axis
+    sets of one tensor share these."""
+    n = mesh.group_size
+    if old == new:
+        return None
+    for size, a, b in zip(shape, old, new, strict=True):
+        if -(-size // n(a)) != -(-size // n(b)) or not _shards(size, n(b)) <= _shards(size, n(a)):
+            return None
+    numbers: dict[Bounds, int] = {}
+    held, wanted = (
+        np.array([numbers.setdefault(b, len(numbers)) for b in _device_bounds(s, shape, mesh)])
+        for s in (old, new)
+    )
+    order = np.argsort(held, kind="stable")
+    ranked = held[order]
+    first = np.searchsorted(ranked, wanted, "left")
+    count = np.searchsorted(ranked, wanted, "right") - first
+    devices = np.arange(len(held))
+    source = order[first + devices % count]
+    moving = held != wanted
+    sends = np.bincount(source[moving]).max(initial=0) if moving.any() else 0
+    coordinates = np.array(list(mesh.devices()), dtype=np.int64).reshape(-1, mesh.ndim)
+    crossed = (coordinates[source[moving]] != coordinates[devices[moving]]).any(0)
+    local = itemsize
+    for size, axes in zip(shape, old, strict=True):
+        local *= -(-size // n(axes)) if axes else size
+    return _Step(
+        CollectiveKind.PERMUTE,
+        tuple(np.flatnonzero(crossed).tolist()),
+        int(sends) * local,
+        (),
+        tuple(zip(source[moving].tolist(), devices[moving].tolist(), strict=True)),
+    )
 
 
 @functools.lru_cache(maxsize=1024)
