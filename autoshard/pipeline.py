@@ -33,7 +33,7 @@ from autoshard.passes.materialize import materialize
 from autoshard.plan import Plan, ShardingOption, describe
 from autoshard.program import Program
 from autoshard.rules import rule_for
-from autoshard.search.ilp import InfeasibleError, Solution, lowest_budget, solve
+from autoshard.search.ilp import InfeasibleError, Solution, lowest_budget, solve, time_left
 from autoshard.search.problem import Search, build_search, plan_from_options
 from autoshard.sharding import Sharding
 
@@ -83,8 +83,8 @@ def auto_plan(
     budget, bound, spent = cluster.memory, None, 0.0
     hint: tuple[int, ...] = ()
     for _ in range(_BUDGET_ROUNDS):
-        left = max(time_limit - spent, time_limit / 10)
         try:
+            left = time_left(time_limit, spent)
             solution = solve(dataclasses.replace(problem, budget=budget), left, hint)
         except InfeasibleError:
             break
@@ -131,13 +131,16 @@ def _least_memory(
     problem = search.problem
     lowest, choice = lowest_budget(problem, time_limit)
     found = [(memory(lower(graph, search.plan(graph, cluster, choice))), choice)]
-    top = found[0][0].peak
+    top, spent = found[0][0].peak, 0.0
     for step in range(1, _BUDGET_PROBES + 1):
         budget = lowest + (top - lowest) * step // (_BUDGET_PROBES + 1)
         try:
-            choice = solve(dataclasses.replace(problem, budget=budget), time_limit).choice
+            left = time_left(time_limit, spent)
+            solution = solve(dataclasses.replace(problem, budget=budget), left, choice)
         except InfeasibleError:
             continue
+        spent += solution.work
+        choice = solution.choice
         found.append((memory(lower(graph, search.plan(graph, cluster, choice))), choice))
     fitting = [f for f in found if f[0].peak <= cluster.memory]
     if fitting:

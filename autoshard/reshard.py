@@ -252,9 +252,10 @@ def _plan(
 ) -> tuple[Collective, ...]:
     if src == dst:
         return ()
-    graph = _graph_of(src, dst, shape, mesh, itemsize)
+    axes = _axes(_mask(src) | _mask(dst))
+    graph = _graph(shape, mesh, itemsize, axes, bool(src.partial_axes))
     if graph is None:
-        return _directed(src, dst, shape, mesh, itemsize)
+        return _directed(src, dst, _basis(shape, mesh, itemsize, axes))
     i, j = graph.index[_state(src, len(shape))], graph.index[_state(dst, len(shape))]
     steps = []
     while i != j:
@@ -264,14 +265,11 @@ def _plan(
     return tuple(steps)
 
 
-def _directed(
-    src: Sharding, dst: Sharding, shape: tuple[int, ...], mesh: Mesh, itemsize: int
-) -> tuple[Collective, ...]:
+def _directed(src: Sharding, dst: Sharding, basis: _Basis) -> tuple[Collective, ...]:
     """Dijkstra from `src` over the steps making progress towards `dst`: slices, all-to-alls
     and reduce-scatters extending a dim towards its axes in `dst`, any gather, one all_reduce
     of the partial axes `dst` drops, permutes to `dst` or reordering one dim's axes."""
-    rank = len(shape)
-    basis = _basis(shape, mesh, itemsize, _axes(_mask(src) | _mask(dst)))
+    rank = len(basis.shape)
     (target, kept), start = _state(dst, rank), _state(src, rank)
 
     def extends(split: Split, dim: int) -> bool:
@@ -327,7 +325,7 @@ def _directed(
                     ),
                 )
     raise ShardingError(  # pragma: no cover - gather all, slice reaches all
-        f"no exact resharding from {src} to {dst} on mesh {mesh}"
+        f"no exact resharding from {src} to {dst} on mesh {basis.mesh}"
     )
 
 
@@ -362,16 +360,6 @@ _STEP = 1 << 10
 _UNREACHABLE = 1 << 61  # twice it still fits in int64
 
 
-def _graph_of(
-    src: Sharding, dst: Sharding, shape: tuple[int, ...], mesh: Mesh, itemsize: int
-) -> _Graph | None:
-    """The graph a reshard from `src` to `dst` is planned in: over the mesh axes the two use.
-    An axis neither uses stays unused on the way, so a reshard never detours through other
-    axes' links (slicing over one to shrink an all_reduce, gathering it back after), whose
-    speed it does not know. None when the graph is too big to tabulate."""
-    return _graph(shape, mesh, itemsize, _axes(_mask(src) | _mask(dst)), bool(src.partial_axes))
-
-
 _TABULATED = 700
 """States of the largest graph given a shortest-path table (Floyd-Warshall is cubic: 0.1 s at
 300 states, 1 s at 700; 3-axis meshes stay below up to rank 6). Bigger graphs (4-axis meshes
@@ -391,6 +379,10 @@ def _axes(mask: int) -> tuple[int, ...]:
 def _graph(
     shape: tuple[int, ...], mesh: Mesh, itemsize: int, axes: tuple[int, ...], partial: bool
 ) -> _Graph | None:
+    """The graph of a tensor's shardings over `axes`, the mesh axes a reshard's two shardings
+    use: an axis neither uses stays unused on the way, so a reshard never detours through
+    other axes' links (slicing over one to shrink an all_reduce, gathering it back after),
+    whose speed it does not know. None when it is too big to tabulate."""
     if len(_states(len(shape), axes, partial)) > _TABULATED:
         return None
     return _Graph(shape, mesh, itemsize, axes, partial)
@@ -408,16 +400,7 @@ class _Basis:
         self, shape: tuple[int, ...], mesh: Mesh, itemsize: int, axes: tuple[int, ...]
     ) -> None:
         self.shape, self.mesh, self.itemsize, self.axes = shape, mesh, itemsize, axes
-        self.local: dict[Split, int] = {}
         self.collectives: dict[tuple, Collective] = {}
-
-    def local_bytes(self, split: Split) -> int:
-        if split not in self.local:
-            elements = 1
-            for size, axes in zip(self.shape, split, strict=True):
-                elements *= -(-size // self.mesh.group_size(axes)) if axes else size
-            self.local[split] = elements * self.itemsize
-        return self.local[split]
 
     def collective(
         self,
@@ -453,7 +436,7 @@ class _Basis:
         n = mesh.group_size
         used = {a for axes in split for a in axes} | set(partial)
         free = [a for a in self.axes if a not in used]
-        local = self.local_bytes(split)
+        local = _local_bytes(split, shape, mesh, self.itemsize)
 
         def replaced(dim: int, axes: tuple[int, ...], other: int = -1, more: tuple = ()) -> Split:
             new = list(split)
@@ -465,6 +448,9 @@ class _Basis:
         def exact(dim: int, fine: tuple[int, ...], keep: int, slicing: bool) -> bool:
             check = _slice_exact if slicing else _gather_exact
             return check(shape[dim], n(fine), n(fine[:keep]))
+
+        def ring(kind: CollectiveKind, axes: tuple[int, ...], **fields: int) -> _Step:
+            return _Step(kind, axes, ring_bytes(kind, n(axes), local), tuple(fields.items()))
 
         for dim, axes in enumerate(split):
             # all_slice: append free axes to a dim, locally.
@@ -481,23 +467,15 @@ class _Basis:
                 moved = axes[-k:]
                 # all_gather: drop the k innermost axes of a dim.
                 yield (
-                    _Step(
-                        CollectiveKind.ALL_GATHER,
-                        moved,
-                        ring_bytes(CollectiveKind.ALL_GATHER, n(moved), local),
-                        (("gather_axis", dim),),
-                    ),
+                    ring(CollectiveKind.ALL_GATHER, moved, gather_axis=dim),
                     (replaced(dim, axes[:-k]), partial),
                 )
                 # all_to_all: move them to the end of another dim.
                 for other, there in enumerate(split):
                     if other != dim and exact(other, there + moved, len(there), True):
                         yield (
-                            _Step(
-                                CollectiveKind.ALL_TO_ALL,
-                                moved,
-                                ring_bytes(CollectiveKind.ALL_TO_ALL, n(moved), local),
-                                (("split_axis", other), ("concat_axis", dim)),
+                            ring(
+                                CollectiveKind.ALL_TO_ALL, moved, split_axis=other, concat_axis=dim
                             ),
                             (replaced(dim, axes[:-k], other, there + moved), partial),
                         )
@@ -505,26 +483,14 @@ class _Basis:
             # all_reduce over some partial axes.
             for reduced in itertools.combinations(partial, k):
                 rest = tuple(a for a in partial if a not in reduced)
-                yield (
-                    _Step(
-                        CollectiveKind.ALL_REDUCE,
-                        reduced,
-                        ring_bytes(CollectiveKind.ALL_REDUCE, n(reduced), local),
-                    ),
-                    (split, rest),
-                )
+                yield ring(CollectiveKind.ALL_REDUCE, reduced), (split, rest)
             # reduce_scatter: reduce some partial axes into a dim's split.
             for reduced in itertools.permutations(partial, k):
                 rest = tuple(a for a in partial if a not in reduced)
                 for dim, axes in enumerate(split):
                     if exact(dim, axes + reduced, len(axes), True):
                         yield (
-                            _Step(
-                                CollectiveKind.REDUCE_SCATTER,
-                                reduced,
-                                ring_bytes(CollectiveKind.REDUCE_SCATTER, n(reduced), local),
-                                (("scatter_axis", dim),),
-                            ),
+                            ring(CollectiveKind.REDUCE_SCATTER, reduced, scatter_axis=dim),
                             (replaced(dim, axes + reduced), rest),
                         )
 
@@ -616,18 +582,30 @@ def _permute(
     source = order[first + devices % count]
     moving = held != wanted
     sends = np.bincount(source[moving]).max(initial=0) if moving.any() else 0
-    coordinates = np.array(list(mesh.devices()), dtype=np.int64).reshape(-1, mesh.ndim)
+    coordinates = _coordinates(mesh)
     crossed = (coordinates[source[moving]] != coordinates[devices[moving]]).any(0)
-    local = itemsize
-    for size, axes in zip(shape, old, strict=True):
-        local *= -(-size // n(axes)) if axes else size
     return _Step(
         CollectiveKind.PERMUTE,
         tuple(np.flatnonzero(crossed).tolist()),
-        int(sends) * local,
+        int(sends) * _local_bytes(old, shape, mesh, itemsize),
         (),
         tuple(zip(source[moving].tolist(), devices[moving].tolist(), strict=True)),
     )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _local_bytes(split: Split, shape: tuple[int, ...], mesh: Mesh, itemsize: int) -> int:
+    """Bytes of a device's largest shard (ceil-sized on every split dim)."""
+    elements = 1
+    for size, axes in zip(shape, split, strict=True):
+        elements *= -(-size // mesh.group_size(axes)) if axes else size
+    return elements * itemsize
+
+
+@functools.lru_cache(maxsize=64)
+def _coordinates(mesh: Mesh) -> np.ndarray:
+    """Each device's mesh coordinates, by linear index."""
+    return np.array(list(mesh.devices()), dtype=np.int64).reshape(-1, mesh.ndim)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -65,9 +65,15 @@ def solve(problem: Problem, time_limit: float = 60.0, hint: Sequence[int] = ()) 
         proven = relaxed.status == "OPTIMAL"
         bound = objective if proven else relaxed.bound
         return dataclasses.replace(relaxed, choice=choice, objective=objective, bound=bound)
-    left = max(time_limit - relaxed.work, time_limit / 10)
+    left = time_left(time_limit, relaxed.work)
     solution = _cp_sat(problem, left, memory=True, hint=hint or choice)
     return dataclasses.replace(solution, work=solution.work + relaxed.work)
+
+
+def time_left(time_limit: float, spent: float) -> float:
+    """What a later solve may use of `time_limit` after `spent`: the rest, and at least a
+    tenth (a solve given nothing finds nothing)."""
+    return max(time_limit - spent, time_limit / 10)
 
 
 def _cp_sat(
