@@ -528,7 +528,7 @@ class _Builder:
 
         base = vector(resident)
         # Constants: replicated everywhere; a fixed term spread over group 0's choices.
-        base[offsets[0] : offsets[1]] += sum(
+        base[: sizes[0] if sizes else 0] += sum(
             graph.values[c].nbytes for c in graph.constants if c in graph.values
         )
         group_of = np.repeat(np.arange(len(sizes)), sizes)
@@ -537,10 +537,11 @@ class _Builder:
         live: set[str] = set()
         for index, op in enumerate(graph.ops):
             live |= {o for o in op.outputs if o}
-            row = base + vector(sorted(live))
-            if row.tobytes() not in rows:
+            row = base + vector(live)
+            key = row.tobytes()
+            if key not in rows:
                 (terms,) = np.nonzero(row)
-                rows[row.tobytes()] = tuple(
+                rows[key] = tuple(
                     zip(
                         group_of[terms].tolist(),
                         choice_of[terms].tolist(),
