@@ -17,9 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +25,11 @@ import numpy as np
 
 from autoshard.annotations import Annotation, AnnotationError, parse_annotations
 from autoshard.errors import AutoshardError
-from autoshard.ir.graph import Graph
-from autoshard.ir.mlir import print_program
-from autoshard.ir.onnx_import import import_onnx
+from autoshard.files import sha256_file, write_atomic
 from autoshard.mesh import Mesh
-from autoshard.passes.partition import Partitioned, partition
-from autoshard.pipeline import lower, plan_from_document
-from autoshard.program import Program
-from autoshard.propagate import propagate
+from autoshard.pipeline import AfterStage, Built, Setup, build_setup, print_spmd
 from autoshard.verify import Report, verify
-from autoshard.weights import (
-    Entry,
-    File,
-    public_mode,
-    read_safetensors,
-    sha256_file,
-    write_safetensors,
-)
+from autoshard.weights import Entry, File, read_safetensors, write_safetensors
 
 FORMAT = "autoshard-partition/1"
 MANIFEST = "manifest.json"
@@ -54,52 +40,6 @@ DIALECTS = ("mesh", "shard")
 
 class PartitionFolderError(AutoshardError):
     """A partition folder that is missing, malformed, or made from another model or setup."""
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What determines a partition: the model, the mesh, bound dims, and either annotations
-    (propagated) or a plan document's `ops` and `values` (`autoshard plan -o`)."""
-
-    model: Path
-    mesh: Mesh
-    dims: Mapping[str, int]
-    annotations: tuple[Annotation, ...]
-    plan: Mapping[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class Built:
-    graph: Graph
-    program: Program
-    partitioned: Partitioned
-
-
-def build(setup: Setup) -> Built:
-    """Import, propagate (or take the plan), lower (materialize and the CCL passes),
-    partition."""
-    graph = import_onnx(setup.model, setup.dims)
-    if setup.plan is not None:
-        plan = plan_from_document(setup.plan, graph, setup.mesh, "the plan")
-    else:
-        plan = propagate(graph, setup.mesh, setup.annotations)
-    program = lower(graph, plan)
-    return Built(graph, program, partition(program, graph))
-
-
-# ---- writing ----------------------------------------------------------------------------------
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as f:
-            f.write(data)
-        os.chmod(temp, public_mode())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 def _annotation_json(a: Annotation) -> dict[str, object]:
@@ -115,21 +55,16 @@ def _slices_json(region: Sequence[tuple[int, int]]) -> list[list[int]]:
     return [[a, b] for a, b in region]
 
 
-def print_spmd(built: Built, dialect: str) -> str:
-    """The SPMD program as MLIR text."""
-    partitioned = built.partitioned
-    # Device 0's values of the program's rewritten constants (a local rewrite's own constants,
-    # such as a masked lookup's row offset, are not in the program).
-    own = partitioned.devices[0].constants if partitioned.devices else {}
-    constants = {k: v for k, v in own.items() if k in partitioned.program.constants}
-    return print_program(partitioned.program, dialect=dialect, constants=constants)
-
-
-def write_partition(setup: Setup, out: str | os.PathLike[str], dialect: str = "mesh") -> dict:
+def write_partition(
+    setup: Setup,
+    out: str | os.PathLike[str],
+    dialect: str = "mesh",
+    after: AfterStage | None = None,
+) -> dict:
     """Partition the model as `setup` says and write the folder `out`; return the manifest."""
     if dialect not in DIALECTS:
         raise PartitionFolderError(f"unknown dialect {dialect!r}; valid: {', '.join(DIALECTS)}")
-    built = build(setup)
+    built = build_setup(setup, after)
     graph, partitioned = built.graph, built.partitioned
     program = partitioned.program
     folder = Path(out)
@@ -169,7 +104,7 @@ def write_partition(setup: Setup, out: str | os.PathLike[str], dialect: str = "m
         if entry["file"] is not None:
             entry["sha256"], entry["bytes"] = next(written)
     _remove_stale(folder / WEIGHTS, {d["file"] for d in devices})
-    write_atomic(folder / SPMD, print_spmd(built, dialect).encode())
+    write_atomic(folder / SPMD, print_spmd(partitioned, dialect).encode())
     manifest = {
         "format": FORMAT,
         "model": {"path": str(setup.model), "sha256": sha256_file(setup.model)},
@@ -265,7 +200,10 @@ def setup_of(
         annotations = parse_annotations({"annotations": manifest["annotations"]}, "manifest")
     except AnnotationError as error:
         raise PartitionFolderError(str(error)) from None
-    return Setup(Path(model), mesh, saved, annotations, manifest.get("plan"))
+    return Setup(
+        model=Path(model), mesh=mesh, dims=saved, annotations=annotations,
+        plan=manifest.get("plan"),
+    )  # fmt: skip
 
 
 def load_partition(
@@ -274,7 +212,7 @@ def load_partition(
     """Rebuild the partition a folder records and a loader of each device's own weight file
     (checked against the manifest's sha256 and the rebuilt slices)."""
     manifest = read_manifest(out)
-    built = build(setup_of(manifest, model, dims))
+    built = build_setup(setup_of(manifest, model, dims))
     program = built.partitioned.program
     for name, info in manifest["weights"].items():
         if name not in program.tensors:

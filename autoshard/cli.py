@@ -18,6 +18,8 @@ from typing import Any, NoReturn
 from autoshard import __version__
 from autoshard.errors import AutoshardError
 from autoshard.mesh import Mesh
+from autoshard.passes import Stage
+from autoshard.search.options import Objective
 from autoshard.sharding import Sharding
 
 EXIT_USAGE = 2
@@ -96,17 +98,14 @@ def cmd_layout(args: argparse.Namespace) -> int:
 
 def cmd_propagate(args: argparse.Namespace) -> int:
     from autoshard.cost.model import price
-    from autoshard.ir.onnx_import import import_onnx
-    from autoshard.pipeline import lower
-    from autoshard.plan import describe
-    from autoshard.propagate import propagate
+    from autoshard.document import describe
+    from autoshard.pipeline import propagated
 
     cluster = _cluster(args)
     mesh = cluster.mesh
     annotations = _annotations(args)
-    graph = import_onnx(args.model, _dims(args.dim))
-    result = propagate(graph, mesh, annotations)
-    program = lower(graph, result)
+    lowered = propagated(args.model, _dims(args.dim), mesh, annotations, _dump_after(args))
+    graph, result, program = lowered.graph, lowered.plan, lowered.program
     if args.emit == "mlir":
         from autoshard.ir.mlir import print_program
 
@@ -164,6 +163,15 @@ def _cost_summary(cost: Any, cluster: Any) -> str:
     return "\n".join(lines)
 
 
+def _dump_after(args: argparse.Namespace) -> Any:
+    """The dump points asked for with --dump-after, printing in the command's dialect."""
+    if not args.dump_after:
+        return None
+    from autoshard.pipeline import dump_after
+
+    return dump_after(set(args.dump_after), getattr(args, "dialect", "mesh"))
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from autoshard.pipeline import PlanRequest, plan_request
 
@@ -174,15 +182,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"autoshard: {message}", file=sys.stderr, flush=True)
 
     request = PlanRequest(
-        args.model, args.mesh, _dims(args.dim), args.device, args.bandwidth, args.latency,
-        args.memory, args.cluster, _annotations(args), args.objective, args.time_limit,
+        model_path=args.model, mesh=args.mesh, dims=_dims(args.dim), device=args.device,
+        bandwidth=args.bandwidth, latency=args.latency, memory=args.memory,
+        cluster_file=args.cluster, annotations=_annotations(args),
+        objective=Objective(args.objective), time_limit=args.time_limit,
     )  # fmt: skip
-    requested = plan_request(request, progress)
+    requested = plan_request(request, progress, _dump_after(args))
     document, planned, cluster = requested.document, requested.planned, requested.cluster
     if args.out:
-        from autoshard.artifacts import write_atomic
+        from autoshard.document import write_document
 
-        write_atomic(Path(args.out), (json.dumps(document, indent=2) + "\n").encode())
+        write_document(args.out, document)
     if args.json:
         _emit(document)
         return 0
@@ -234,19 +244,23 @@ def _annotations(args: argparse.Namespace) -> list[Any]:
 def cmd_partition(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from autoshard.artifacts import Setup, write_partition
+    from autoshard.artifacts import write_partition
+    from autoshard.pipeline import Setup
 
     mesh = Mesh.parse(args.mesh)
     annotations = tuple(_annotations(args))
     plan = None
     if args.plan:
-        from autoshard.pipeline import read_plan_document
+        from autoshard.document import read_plan_document
 
         if annotations:
             raise AutoshardError("give either --plan or annotations, not both")
         plan = read_plan_document(args.plan, mesh)
-    setup = Setup(Path(args.model), mesh, _dims(args.dim), annotations, plan)
-    manifest = write_partition(setup, args.out, args.dialect)
+    setup = Setup(
+        model=Path(args.model), mesh=mesh, dims=_dims(args.dim), annotations=annotations,
+        plan=plan,
+    )  # fmt: skip
+    manifest = write_partition(setup, args.out, args.dialect, _dump_after(args))
     if args.json:
         _emit(
             {k: v for k, v in manifest.items() if k != "devices"}
@@ -294,7 +308,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autoshard.artifacts import write_atomic
+    from autoshard.files import write_atomic
     from autoshard.report import (
         compare,
         comparison_json,
@@ -343,6 +357,10 @@ def _model_flags(parser: argparse.ArgumentParser, mesh_required: bool) -> None:
         help="required result annotation, e.g. x='[[0]]' (repeatable)",
     )
     parser.add_argument("--annotations", metavar="FILE", help="annotations JSON file")
+    parser.add_argument(
+        "--dump-after", action="append", choices=[str(s) for s in Stage], metavar="STAGE",
+        help=f"print the program as MLIR to stderr after STAGE ({', '.join(Stage)}; repeatable)",
+    )  # fmt: skip
 
 
 def _cluster_flags(parser: argparse.ArgumentParser) -> None:
@@ -392,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_flags(plan, mesh_required=False)
     _cluster_flags(plan)
     plan.add_argument(
-        "--objective", choices=("time", "bytes"), default="time",
+        "--objective", choices=[str(o) for o in Objective], default=str(Objective.TIME),
         help="minimize compute + communication time (default) or communication bytes",
     )  # fmt: skip
     plan.add_argument(

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from autoshard.errors import AutoshardError
-from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding
 
@@ -53,25 +52,3 @@ class Plan:
     produced: Mapping[str, Sharding]
     needs: Mapping[tuple[str, int], Sharding]
     unruled: tuple[str, ...] = field(default=())
-
-
-def describe(plan: Plan, graph: Graph) -> dict[str, object]:
-    """The JSON of `autoshard propagate` (values and ops; collectives come from materialize)."""
-    values = {}
-    for name, value in graph.values.items():
-        sharding = plan.values[name]
-        partial = (
-            f"{sharding.partial_type}{list(sharding.partial_axes)}"
-            if sharding.partial_axes
-            else None
-        )
-        values[name] = {
-            "sharding": Sharding(sharding.split_axes).text(len(value.shape)),
-            "partial": partial,
-        }
-    ops = {
-        op.name: {"type": op.type, "sharding_option": str(option) if option is not None else None}
-        for op in graph.ops
-        for option in [plan.options[op.name]]
-    }
-    return {"values": values, "ops": ops, "unruled": list(plan.unruled)}

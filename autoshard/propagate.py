@@ -37,7 +37,7 @@ from autoshard.mesh import Mesh
 from autoshard.plan import RETURN, Plan, ShardingOption
 from autoshard.rules import IteratorType, OpRule, rule_for
 from autoshard.rules.base import IndexingMap
-from autoshard.sharding import ReductionKind, Sharding
+from autoshard.sharding import Sharding
 
 
 class ConflictError(AutoshardError):
@@ -63,30 +63,6 @@ class Mark:
     source: Source
     origin: str  # the value whose annotation this is, for messages
     binding: bool = True
-
-
-def operand_sharding(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
-    indexing = rule.operands[index]
-    if indexing is None:
-        return Sharding()
-    return Sharding(_split(indexing, option))
-
-
-def result_sharding(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
-    partial: list[int] = []
-    kind = ReductionKind.SUM
-    for loop, axes in zip(rule.loops, option.loops, strict=True):
-        if loop.kind is IteratorType.REDUCTION and axes:
-            partial += axes
-            kind = loop.reduction  # type: ignore[assignment]
-    return Sharding(_split(rule.results[index], option), tuple(partial), kind)
-
-
-def _split(indexing: IndexingMap, option: ShardingOption) -> tuple[tuple[int, ...], ...]:
-    return tuple(
-        tuple(a for loop in indexing.loops(dim) for a in option.loops[loop])
-        for dim in range(len(indexing.dims))
-    )
 
 
 class _State:
@@ -237,10 +213,10 @@ class _State:
         rewritten (the forward pass refines what the backward pass guessed); user marks never."""
         for j, name in enumerate(op.outputs):
             if name and self._guessed(self.result.get(name)):
-                self.result[name] = Mark(result_sharding(rule, option, j), Source.PROPAGATED, name)
+                self.result[name] = Mark(rule.result_sharding(option, j), Source.PROPAGATED, name)
         for i, name in enumerate(op.inputs):
             if name and i < len(rule.operands) and self._guessed(self.use.get((op.name, i))):
-                sharding = operand_sharding(rule, option, i)
+                sharding = rule.operand_sharding(option, i)
                 self.use[(op.name, i)] = Mark(sharding, Source.PROPAGATED, name)
 
     @staticmethod
@@ -287,31 +263,7 @@ def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) 
     held as annotated, else as their first user needs them; constants stay replicated. Graph
     outputs are returned as annotated for their users, else as held, reduced unless a user
     required them partial."""
-    options: dict[str, ShardingOption | None] = {}
-    produced: dict[str, Sharding] = {}
-    needs: dict[tuple[str, int], Sharding] = {}
-    unruled = []
-    for op in graph.ops:
-        rule = state.rules[op.name]
-        if rule is None:
-            options[op.name] = None
-            unruled.append(op.name)
-            for name in op.outputs:
-                produced[name] = Sharding()
-            for i, name in enumerate(op.inputs):
-                if name:
-                    needs[(op.name, i)] = Sharding()
-            continue
-        option = state.options[op.name]
-        options[op.name] = option
-        for j, name in enumerate(op.outputs):
-            if name:
-                produced[name] = result_sharding(rule, option, j)
-        for i, name in enumerate(op.inputs):
-            if name:
-                needs[(op.name, i)] = (
-                    operand_sharding(rule, option, i) if i < len(rule.operands) else Sharding()
-                )
+    produced, needs, unruled = _computed(graph, state.options, state.rules)
     values: dict[str, Sharding] = {}
     for name in graph.values:
         mark = user.get(name)
@@ -335,4 +287,58 @@ def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) 
             # A partial sum is no value to return: a propagated partial output is reduced
             # (Megatron's MLP ends in the row projection's all_reduce), its splits kept.
             needs[(RETURN, i)] = Sharding(values[name].split_axes)
-    return Plan(mesh, options, values, produced, needs, tuple(unruled))
+    options = {op.name: state.options.get(op.name) for op in graph.ops}
+    return Plan(mesh, options, values, produced, needs, unruled)
+
+
+def plan_from_options(
+    graph: Graph,
+    mesh: Mesh,
+    options: Mapping[str, ShardingOption | None],
+    held: Mapping[str, Sharding],
+) -> Plan:
+    """The plan of an option per op (a saved plan's, the search's): values held as produced;
+    producer-less values as `held`, replicated by default; constants replicated; graph outputs
+    `returned`."""
+    rules = {op.name: rule_for(op, graph) for op in graph.ops}
+    produced, needs, unruled = _computed(graph, options, rules)
+    values = dict(produced)
+    for name in graph.values:
+        values.setdefault(name, held.get(name, Sharding()))
+    for i, name in enumerate(graph.outputs):
+        needs[(RETURN, i)] = returned(values[name])
+    return Plan(mesh, options, values, dict(values), needs, unruled)
+
+
+def returned(sharding: Sharding) -> Sharding:
+    """How a graph output held in `sharding` is returned: complete (a partial result reduced,
+    its split kept)."""
+    return Sharding(sharding.split_axes)
+
+
+def _computed(
+    graph: Graph,
+    options: Mapping[str, ShardingOption | None],
+    rules: Mapping[str, OpRule | None],
+) -> tuple[dict[str, Sharding], dict[tuple[str, int], Sharding], tuple[str, ...]]:
+    """How each op computes with its option (replicated without a rule or an option): its
+    results as produced, its operands as needed; and the ops without a rule."""
+    produced: dict[str, Sharding] = {}
+    needs: dict[tuple[str, int], Sharding] = {}
+    unruled = []
+    for op in graph.ops:
+        rule, option = rules[op.name], options.get(op.name)
+        if rule is None or option is None:
+            unruled += [op.name] if rule is None else []
+            produced |= {name: Sharding() for name in op.outputs if name}
+            needs |= {(op.name, i): Sharding() for i, name in enumerate(op.inputs) if name}
+            continue
+        produced |= {
+            name: rule.result_sharding(option, j) for j, name in enumerate(op.outputs) if name
+        }
+        needs |= {
+            (op.name, i): rule.operand_sharding(option, i) if i < len(rule.operands) else Sharding()
+            for i, name in enumerate(op.inputs)
+            if name
+        }
+    return produced, needs, tuple(unruled)

@@ -18,16 +18,14 @@ a deterministic time limit), so on the same inputs they repeat exactly.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoshard.document import read_document
 from autoshard.errors import AutoshardError
-
-SCHEMA = "autoshard.plan/1"  # the plan document's schema (autoshard.pipeline.SCHEMA)
 
 
 class ReportError(AutoshardError):
@@ -126,8 +124,6 @@ def model_label(model: Mapping[str, Any]) -> str:
 
 def entry_of(document: Mapping[str, Any], file: str) -> Entry:
     """The metrics of a plan document; `file` names it in errors."""
-    if not isinstance(document, Mapping) or document.get("schema") != SCHEMA:
-        raise ReportError(f"{file} is not an autoshard plan (schema {SCHEMA})")
     values: dict[str, float] = {}
     for m in METRICS:
         section = document.get(m.path[0])
@@ -152,13 +148,7 @@ def load_entries(path: str | Path) -> dict[tuple[str, str], Entry]:
         raise ReportError(f"{path}: no such file or directory")
     entries: dict[tuple[str, str], Entry] = {}
     for file in files:
-        try:
-            document = json.loads(file.read_text())
-        except OSError as error:
-            raise ReportError(f"cannot read {file}: {error.strerror}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ReportError(f"{file} is not JSON: {error}") from None
-        entry = entry_of(document, str(file))
+        entry = entry_of(read_document(file), str(file))
         if entry.key in entries:
             raise ReportError(
                 f"{file} and {entries[entry.key].file} are both plans of {entry.model} on mesh "

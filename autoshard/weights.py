@@ -31,6 +31,7 @@ import numpy as np
 from onnx import numpy_helper
 
 from autoshard.errors import AutoshardError
+from autoshard.files import public_mode
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Weight
 from autoshard.sharding import Slice
@@ -131,13 +132,6 @@ def _chunks(array: np.ndarray, region: tuple[Slice, ...]) -> Iterator[bytes]:
         yield view[start : start + step].tobytes()
 
 
-def public_mode() -> int:
-    """rw-r--r-- under the usual umask: what a plain `open` would give (mkstemp gives 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 @dataclass(frozen=True)
 class File:
     """One safetensors file to write: its path, tensors and metadata."""
@@ -230,11 +224,3 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
         else:
             out[name] = np.memmap(path, numpy_type, "r", start + begin, shape)
     return out
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -3,7 +3,7 @@
     python bench/partition_verify.py                 # models/ on meshes 2x4 (dp_tp, megatron)
     python bench/partition_verify.py --zoo /tmp/autoshard-zoo
 
-For each model and plan: import, propagate, lower (materialize + CCL passes), partition, the
+For each model and plan: import, propagate, materialize, the CCL passes, partition, the
 MLIR print of the SPMD program, and the all-devices verification against onnxruntime (local
 sessions built, the number of distinct sessions, max relative error). The shape-only 32-layer
 decoder (hidden 4096, 6.7 B parameters) is partitioned and printed but not run (it has no
@@ -17,11 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from autoshard.ir.mlir import print_program
 from autoshard.ir.onnx_import import import_onnx, unbound_dims
 from autoshard.mesh import Mesh
-from autoshard.passes.partition import partition
-from autoshard.pipeline import lower
+from autoshard.pipeline import build, print_spmd
 from autoshard.propagate import propagate
 from autoshard.search.baselines import dp_tp, megatron
 from autoshard.verify import model_weights, verify
@@ -32,23 +30,18 @@ LARGE = {"batch": 8, "seq": 256}
 
 
 def row(path: Path, mesh: Mesh, plan: str, dims: dict[str, int]) -> tuple[list[str], bool]:
-    times = []
-    start = time.perf_counter()
+    started = time.perf_counter()
     wanted = unbound_dims(path)
     graph = import_onnx(path, {k: v for k, v in dims.items() if k in wanted})
-    times.append(time.perf_counter() - start)
     annotations = dp_tp(graph, mesh) if plan == "dp_tp" else megatron(graph, mesh, mesh.ndim - 1)
-    for stage in ("propagate", "lower", "partition", "print"):
-        start = time.perf_counter()
-        if stage == "propagate":
-            result = propagate(graph, mesh, annotations)
-        elif stage == "lower":
-            program = lower(graph, result)
-        elif stage == "partition":
-            partitioned = partition(program, graph)
-        else:
-            print_program(partitioned.program, "mesh", None)
-        times.append(time.perf_counter() - start)
+    ended = [time.perf_counter()]  # import
+    decided = propagate(graph, mesh, annotations)
+    ended.append(time.perf_counter())
+    built = build(graph, decided, lambda stage, result: ended.append(time.perf_counter()))
+    print_spmd(built.partitioned, "mesh")
+    ended.append(time.perf_counter())
+    times = [b - a for a, b in zip([started, *ended], ended, strict=False)]
+    program, partitioned = built.program, built.partitioned
     ok = True
     verified = ["-", "-", "-"]
     if all(w.has_data for w in graph.weights.values()):
@@ -71,8 +64,8 @@ def main() -> int:
     paths = [MODELS / f"{n}.onnx" for n in ("mlp", "cnn", "gpt2", "gpt2_dynamo", "bert")]
     if args.zoo:
         paths += sorted(args.zoo.glob("*.onnx"))
-    head = ["model", "mesh", "plan", "ops", "colls", "import", "propagate", "lower",
-            "partition", "print", "verify", "sessions", "rel err"]  # fmt: skip
+    head = ["model", "mesh", "plan", "ops", "colls", "import", "propagate", "materialize",
+            "ccl", "partition", "print", "verify", "sessions", "rel err"]  # fmt: skip
     rows, failed = [], 0
     for path in paths:
         for plan in ("dp_tp", "megatron"):

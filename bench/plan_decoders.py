@@ -22,7 +22,8 @@ import onnx
 
 from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx
-from autoshard.pipeline import auto_plan
+from autoshard.search.budget import auto_plan
+from autoshard.search.options import SolverOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "models"))
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             for mesh in args.meshes:
                 started = time.perf_counter()
                 graph = import_onnx(path, {"batch": 8, "seq": args.seq})
-                planned = auto_plan(graph, make_cluster(mesh=mesh), time_limit=args.time_limit)
+                options = SolverOptions(time_limit=args.time_limit)
+                planned = auto_plan(graph, make_cluster(mesh=mesh), options=options)
                 wall = time.perf_counter() - started
                 problem, solution = planned.search.problem, planned.solution
                 print(

@@ -23,12 +23,12 @@ from typing import Any
 from autoshard.annotations import Annotation, parse_annotations
 from autoshard.errors import AutoshardError
 from autoshard.pipeline import PlanRequest
+from autoshard.search.options import Objective
 
 FIELDS = (
     "mesh", "dims", "device", "bandwidth", "latency", "memory", "annotations", "objective",
     "time_limit",
 )  # fmt: skip
-OBJECTIVES = ("time", "bytes")
 DEFAULT_TIME_LIMIT = 60.0  # `autoshard plan --time-limit`'s default
 
 
@@ -40,7 +40,7 @@ class RequestError(AutoshardError):
         self.status = status
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlanOptions:
     mesh: str
     dims: tuple[tuple[str, int], ...]
@@ -49,7 +49,7 @@ class PlanOptions:
     latency: str | None = None
     memory: str | None = None
     annotations: str | None = None  # canonical JSON text of the annotations document
-    objective: str = "time"
+    objective: Objective = Objective.TIME
     time_limit: float = DEFAULT_TIME_LIMIT
 
     def to_json(self) -> dict[str, Any]:
@@ -63,11 +63,14 @@ class PlanOptions:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PlanOptions:
         annotations = data.get("annotations")
+        canonical = json.dumps(annotations, sort_keys=True) if annotations is not None else None
         return cls(
-            data["mesh"], tuple(sorted(data["dims"].items())), data.get("device"),
-            data.get("bandwidth"), data.get("latency"), data.get("memory"),
-            json.dumps(annotations, sort_keys=True) if annotations is not None else None,
-            data.get("objective", "time"), float(data.get("time_limit", DEFAULT_TIME_LIMIT)),
+            mesh=data["mesh"], dims=tuple(sorted(data["dims"].items())),
+            device=data.get("device"), bandwidth=data.get("bandwidth"),
+            latency=data.get("latency"), memory=data.get("memory"),
+            annotations=canonical,
+            objective=Objective(data.get("objective", Objective.TIME)),
+            time_limit=float(data.get("time_limit", DEFAULT_TIME_LIMIT)),
         )  # fmt: skip
 
     def parsed_annotations(self) -> tuple[Annotation, ...]:
@@ -78,8 +81,10 @@ class PlanOptions:
     def request(self, model_path: str | Path) -> PlanRequest:
         """The request of `autoshard plan MODEL` with these options as its flags."""
         return PlanRequest(
-            model_path, self.mesh, dict(self.dims), self.device, self.bandwidth, self.latency,
-            self.memory, None, self.parsed_annotations(), self.objective, self.time_limit,
+            model_path=model_path, mesh=self.mesh, dims=dict(self.dims), device=self.device,
+            bandwidth=self.bandwidth, latency=self.latency, memory=self.memory,
+            annotations=self.parsed_annotations(), objective=self.objective,
+            time_limit=self.time_limit,
         )  # fmt: skip
 
     def job_id(self, model_sha256: str) -> str:
@@ -122,9 +127,9 @@ def parse_options(fields: Mapping[str, str], max_time_limit: float) -> PlanOptio
         data = _json(given, "annotations")
         parse_annotations(data, "annotations")  # AnnotationError: one line, as the CLI says it
         annotations = json.dumps(data, sort_keys=True)
-    objective = given.get("objective", "time")
-    if objective not in OBJECTIVES:
-        raise RequestError(f"objective {objective!r} is not one of: {', '.join(OBJECTIVES)}")
+    objective = given.get("objective", Objective.TIME)
+    if objective not in set(Objective):
+        raise RequestError(f"objective {objective!r} is not one of: {', '.join(Objective)}")
     time_limit = DEFAULT_TIME_LIMIT
     if "time_limit" in given:
         try:
@@ -139,6 +144,8 @@ def parse_options(fields: Mapping[str, str], max_time_limit: float) -> PlanOptio
                 "seconds (the server's --max-time-limit)"
             )
     return PlanOptions(
-        given["mesh"], dims, given.get("device"), given.get("bandwidth"), given.get("latency"),
-        given.get("memory"), annotations, objective, time_limit,
+        mesh=given["mesh"], dims=dims, device=given.get("device"),
+        bandwidth=given.get("bandwidth"), latency=given.get("latency"),
+        memory=given.get("memory"), annotations=annotations, objective=Objective(objective),
+        time_limit=time_limit,
     )  # fmt: skip

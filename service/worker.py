@@ -50,9 +50,7 @@ def _init_worker(db_path: str, parent: int) -> None:
 
 def run_job(job_id: str, attempt: int, model_path: str, options_json: dict) -> None:
     """Solve one job in a worker process and store its plan, SPMD program and report."""
-    from autoshard.artifacts import Built, print_spmd
-    from autoshard.passes.partition import partition
-    from autoshard.pipeline import plan_request
+    from autoshard.pipeline import plan_request, print_spmd
     from autoshard.report import plan_markdown
 
     store = _store
@@ -67,9 +65,7 @@ def run_job(job_id: str, attempt: int, model_path: str, options_json: dict) -> N
         )
         spmd = spmd_error = None
         try:
-            program = requested.planned.program
-            built = Built(requested.graph, program, partition(program, requested.graph))
-            spmd = print_spmd(built, "mesh")
+            spmd = print_spmd(requested.partition(), "mesh")
         except AutoshardError as error:  # the plan stands; only its SPMD program is missing
             spmd_error = f"cannot partition the plan: {error}"
         document = requested.document

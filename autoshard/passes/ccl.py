@@ -36,7 +36,6 @@ from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
 from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program, Step, Tensor, step_index
-from autoshard.propagate import operand_sharding
 from autoshard.reshard import Collective, CollectiveKind, plan_reshard
 from autoshard.rules import IteratorType, OpRule, rule_for
 from autoshard.rules.elementwise import BROADCAST, UNARY
@@ -324,7 +323,7 @@ def _move_down(index: int, rw: _Rewrite) -> bool:
         if name == gather.target:
             inputs[i] = gather.source
             continue
-        need = operand_sharding(rule, option, i)
+        need = rule.operand_sharding(option, i)
         chain = rw.chain(name, need)
         if any(c.collective.kind is not CollectiveKind.ALL_SLICE for c in chain):
             return False

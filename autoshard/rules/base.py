@@ -19,7 +19,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autoshard.sharding import ReductionKind
+from autoshard.plan import ShardingOption
+from autoshard.sharding import ReductionKind, Sharding
 
 
 class IteratorType(enum.StrEnum):
@@ -95,6 +96,31 @@ class OpRule:
         loops = ", ".join(f"d{i}: {loop}" for i, loop in enumerate(self.loops))
         maps = [str(m) if m is not None else "-" for m in self.operands]
         return f"loops [{loops}] operands {maps} results {[str(m) for m in self.results]}"
+
+    def operand_sharding(self, option: ShardingOption, index: int) -> Sharding:
+        """How `option` shards operand `index` (a parameter operand is never sharded)."""
+        indexing = self.operands[index]
+        if indexing is None:
+            return Sharding()
+        return Sharding(_split(indexing, option))
+
+    def result_sharding(self, option: ShardingOption, index: int) -> Sharding:
+        """How `option` shards result `index`: partial over the axes of its split reductions."""
+        partial: list[int] = []
+        kind = ReductionKind.SUM
+        for loop, axes in zip(self.loops, option.loops, strict=True):
+            if loop.kind is IteratorType.REDUCTION and axes:
+                partial += axes
+                kind = loop.reduction or kind
+        return Sharding(_split(self.results[index], option), tuple(partial), kind)
+
+
+def _split(indexing: IndexingMap, option: ShardingOption) -> tuple[tuple[int, ...], ...]:
+    """The mesh axes of each dim: those of the loops that index it, in order."""
+    return tuple(
+        tuple(a for loop in indexing.loops(dim) for a in option.loops[loop])
+        for dim in range(len(indexing.dims))
+    )
 
 
 def parallel(*sizes: int) -> tuple[Loop, ...]:

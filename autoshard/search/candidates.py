@@ -19,7 +19,6 @@ import itertools
 
 from autoshard.mesh import Mesh
 from autoshard.plan import ShardingOption
-from autoshard.propagate import operand_sharding, result_sharding
 from autoshard.rules import IteratorType, OpRule
 
 
@@ -53,6 +52,6 @@ def _splittable(rule: OpRule, loop: int, axes: list[int], mesh: Mesh) -> bool:
 def _boundary(rule: OpRule, option: ShardingOption) -> tuple:
     """What the rest of the graph sees of an option: its operand and result shardings."""
     return (
-        tuple(operand_sharding(rule, option, i) for i in range(len(rule.operands))),
-        tuple(result_sharding(rule, option, j) for j in range(len(rule.results))),
+        tuple(rule.operand_sharding(option, i) for i in range(len(rule.operands))),
+        tuple(rule.result_sharding(option, j) for j in range(len(rule.results))),
     )

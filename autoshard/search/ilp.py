@@ -17,6 +17,7 @@ the same problem gives the same solution on any machine.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,10 +33,18 @@ class InfeasibleError(AutoshardError):
     """No plan fits the memory budget."""
 
 
-@dataclass(frozen=True)
+class SolverStatus(enum.StrEnum):
+    """OPTIMAL: proven; FEASIBLE: the best found when the time limit or the budget policy
+    stopped the search, with its proven gap (CP-SAT's names)."""
+
+    OPTIMAL = "OPTIMAL"
+    FEASIBLE = "FEASIBLE"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Solution:
     choice: tuple[int, ...]
-    status: str
+    status: SolverStatus
     objective: int
     bound: float
     wall_s: float
@@ -62,7 +71,7 @@ def solve(problem: Problem, time_limit: float = 60.0, hint: Sequence[int] = ()) 
     choice = _expand(relaxed.choice, kept, order, len(problem.sizes))
     if problem.peak(choice) <= problem.budget:
         objective = problem.objective(choice)
-        proven = relaxed.status == "OPTIMAL"
+        proven = relaxed.status is SolverStatus.OPTIMAL
         bound = objective if proven else relaxed.bound
         return dataclasses.replace(relaxed, choice=choice, objective=objective, bound=bound)
     left = time_left(time_limit, relaxed.work)
@@ -127,14 +136,14 @@ def _cp_sat(
     choice = tuple(next(k for k, v in enumerate(row) if solver.value(v)) for row in x)
     proto = model.proto
     return Solution(
-        choice,
-        solver.status_name(status),
-        problem.objective(choice),
-        solver.best_objective_bound,
-        wall,
-        len(proto.variables),
-        len(proto.constraints),
-        solver.response_proto.deterministic_time,
+        choice=choice,
+        status=SolverStatus(solver.status_name(status)),
+        objective=problem.objective(choice),
+        bound=solver.best_objective_bound,
+        wall_s=wall,
+        variables=len(proto.variables),
+        constraints=len(proto.constraints),
+        work=solver.response_proto.deterministic_time,
     )
 
 

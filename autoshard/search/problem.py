@@ -39,13 +39,14 @@ from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
 from autoshard.mesh import Mesh
-from autoshard.plan import RETURN, Plan, ShardingOption
-from autoshard.propagate import operand_sharding, result_sharding
+from autoshard.plan import Plan, ShardingOption
+from autoshard.propagate import plan_from_options, returned
 from autoshard.reshard import Collective, ReshardPrices
 from autoshard.rules import OpRule, rule_for
 from autoshard.rules.elementwise import BROADCAST, UNARY
 from autoshard.search.candidates import candidates
 from autoshard.search.coarsen import NONE, Repeats, find_repeats
+from autoshard.search.options import Objective
 from autoshard.sharding import Sharding
 
 SCALE = 10**9
@@ -57,12 +58,12 @@ FOLLOWERS = (UNARY | BROADCAST) - {"Expand"}
 
 @functools.lru_cache(maxsize=1 << 16)
 def _result(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
-    return result_sharding(rule, option, index)
+    return rule.result_sharding(option, index)
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def _operand(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
-    return operand_sharding(rule, option, index)
+    return rule.operand_sharding(option, index)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -133,45 +134,6 @@ class Search:
             else:
                 held[d.name] = picked  # type: ignore[assignment]
         return plan_from_options(graph, cluster.mesh, options, held)
-
-
-def plan_from_options(
-    graph: Graph,
-    mesh: Mesh,
-    options: Mapping[str, ShardingOption | None],
-    held: Mapping[str, Sharding],
-) -> Plan:
-    """The plan of an option per op (values held as produced; producer-less values as `held`,
-    replicated by default; constants replicated)."""
-    values: dict[str, Sharding] = {}
-    needs: dict[tuple[str, int], Sharding] = {}
-    unruled = []
-    for op in graph.ops:
-        rule = rule_for(op, graph)
-        option = options.get(op.name)
-        if rule is None or option is None:
-            unruled += [op.name] if rule is None else []
-            values |= {o: Sharding() for o in op.outputs if o}
-            needs |= {(op.name, i): Sharding() for i, x in enumerate(op.inputs) if x}
-            continue
-        values |= {o: result_sharding(rule, option, j) for j, o in enumerate(op.outputs) if o}
-        needs |= {
-            (op.name, i): operand_sharding(rule, option, i)
-            if i < len(rule.operands)
-            else Sharding()
-            for i, x in enumerate(op.inputs)
-            if x
-        }
-    for name in graph.values:
-        values.setdefault(name, held.get(name, Sharding()))
-    for i, name in enumerate(graph.outputs):
-        needs[(RETURN, i)] = _returned(values[name])
-    return Plan(mesh, options, values, dict(values), needs, tuple(unruled))
-
-
-def _returned(sharding: Sharding) -> Sharding:
-    """Outputs are returned complete: a partial result is reduced first (its split kept)."""
-    return Sharding(sharding.split_axes)
 
 
 # ---- building -----------------------------------------------------------------------------------
@@ -459,7 +421,7 @@ class _Builder:
             if name in self.producer:
                 d = found[self.producer[name].name]
                 for k, held_k in enumerate(self.held(name, d)):
-                    node[d.group][k] += self.reshard_cost(name, held_k, _returned(held_k))
+                    node[d.group][k] += self.reshard_cost(name, held_k, returned(held_k))
         # Hints: a small penalty on every choice that holds a hinted value otherwise (a
         # tie-breaker, not a constraint).
         unit = self.unit(node, edges)
@@ -557,9 +519,7 @@ def build_search(
     graph: Graph,
     cluster: Cluster,
     annotations: Sequence[Annotation] = (),
-    objective: str = "time",
+    objective: Objective = Objective.TIME,
     coarsen: bool = True,
 ) -> Search:
-    if objective not in ("time", "bytes"):
-        raise SearchError(f"unknown objective {objective!r}; valid: time, bytes")
     return _Builder(graph, cluster, annotations, objective, coarsen).build()

@@ -14,11 +14,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from autoshard.annotations import Annotation
-from autoshard.artifacts import Setup, write_partition
+from autoshard.artifacts import write_partition
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
+from autoshard.passes.lower import lower
 from autoshard.passes.partition import LocalCollective, LocalCompute, PartitionError, partition
-from autoshard.pipeline import lower
+from autoshard.pipeline import Setup
 from autoshard.plan import ShardingOption
 from autoshard.propagate import propagate
 from autoshard.rules import IteratorType, rule_for
@@ -410,7 +411,10 @@ def test_shape_only_32_layer_decoder_partitions_in_seconds(tmp_path):
     dims = {"batch": 8, "seq": 256}
     graph = import_onnx(model_path("decoder_32l_shape_only"), dims)
     mesh = Mesh((2, 4))
-    setup = Setup(model_path("decoder_32l_shape_only"), mesh, dims, tuple(dp_tp(graph, mesh)))
+    setup = Setup(
+        model=model_path("decoder_32l_shape_only"), mesh=mesh, dims=dims,
+        annotations=tuple(dp_tp(graph, mesh)),
+    )  # fmt: skip
     start = time.perf_counter()
     manifest = write_partition(setup, tmp_path / "out")
     seconds = time.perf_counter() - start

@@ -5,10 +5,11 @@ materialization needs (planned by the same `plan_reshard` that prices them)."""
 import pytest
 
 from autoshard.annotations import Annotation
+from autoshard.document import describe
 from autoshard.errors import AutoshardError
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
-from autoshard.plan import RETURN, ShardingOption, describe
+from autoshard.plan import RETURN, ShardingOption
 from autoshard.propagate import ConflictError, propagate
 from autoshard.reshard import plan_reshard
 from autoshard.sharding import Sharding

@@ -14,11 +14,12 @@ from autoshard.cli import main
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.model import price
 from autoshard.ir.onnx_import import import_onnx
+from autoshard.passes.lower import lower
 from autoshard.passes.partition import LocalCollective, partition
-from autoshard.pipeline import auto_plan, lower
 from autoshard.propagate import propagate
 from autoshard.reshard import ring_bytes
 from autoshard.search.baselines import data_parallel, dp_tp, megatron
+from autoshard.search.budget import auto_plan
 from autoshard.search.ilp import InfeasibleError
 from autoshard.verify import model_weights, verify
 

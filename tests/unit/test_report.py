@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from autoshard.cli import main
-from autoshard.pipeline import SCHEMA
+from autoshard.document import SCHEMA
 from autoshard.report import (
     ReportError,
     compare,

@@ -1,0 +1,170 @@
+"""The plan document: what `autoshard plan --json` prints, `-o plan.json` writes, the REST
+API's `plan` holds and `autoshard partition --plan` and `autoshard report` read. Versioned by
+its schema, written and read here only:
+
+    {"schema": "autoshard.plan/1", "model": {...}, "mesh": "4x8", "cluster": {...},
+     "values": {name: {"sharding", "partial"}}, "ops": {name: {"type", "sharding_option"}},
+     "unruled": [...], "collectives": [...], "cost": {...}, "solver": {...} | null,
+     "search": {...} | null}
+
+A saved plan is decided by its `ops` (each op's sharding option) and its `values` (how inputs
+and weights are held): the rest follows from the rules (`propagate.plan_from_options`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autoshard.cost.cluster import Cluster
+from autoshard.cost.model import Cost
+from autoshard.errors import AutoshardError
+from autoshard.files import sha256_file, write_atomic
+from autoshard.ir.graph import Graph
+from autoshard.mesh import Mesh
+from autoshard.plan import Plan, ShardingOption
+from autoshard.program import Program
+from autoshard.propagate import plan_from_options
+from autoshard.rules import rule_for
+from autoshard.sharding import Sharding
+
+if TYPE_CHECKING:  # only for the figures it reports; reading a plan needs no search
+    from autoshard.search.budget import Planned
+
+SCHEMA = "autoshard.plan/1"
+
+
+class DocumentError(AutoshardError):
+    """A plan file that cannot be read, is not a plan, or is for another model or mesh."""
+
+
+def describe(plan: Plan, graph: Graph) -> dict[str, object]:
+    """The plan's `values` and `ops` (also the JSON of `autoshard propagate`)."""
+    values = {}
+    for name, value in graph.values.items():
+        sharding = plan.values[name]
+        partial = (
+            f"{sharding.partial_type}{list(sharding.partial_axes)}"
+            if sharding.partial_axes
+            else None
+        )
+        values[name] = {
+            "sharding": Sharding(sharding.split_axes).text(len(value.shape)),
+            "partial": partial,
+        }
+    ops = {
+        op.name: {"type": op.type, "sharding_option": str(option) if option is not None else None}
+        for op in graph.ops
+        for option in [plan.options[op.name]]
+    }
+    return {"values": values, "ops": ops, "unruled": list(plan.unruled)}
+
+
+def plan_document(
+    graph: Graph,
+    cluster: Cluster,
+    plan: Plan,
+    program: Program,
+    cost: Cost,
+    model: Mapping[str, object],
+    planned: Planned | None = None,
+) -> dict[str, Any]:
+    """The plan JSON; `planned` adds the solver's and the search problem's figures."""
+    solver = search = None
+    if planned is not None:
+        s, problem = planned.solution, planned.search.problem
+        solver = {
+            "status": s.status,
+            "objective": s.objective * problem.unit,
+            "bound": s.bound * problem.unit,
+            "gap": s.gap,
+            "wall_s": round(s.wall_s, 3),
+            "variables": s.variables,
+            "constraints": s.constraints,
+        }
+        repeats = planned.search.repeats
+        search = {
+            "groups": len(problem.sizes),
+            "choices": problem.variables,
+            "edges": len(problem.edges),
+            "memory_rows": len(problem.memory),
+            "repeated_layers": {
+                "first_op": repeats.start,
+                "ops_per_layer": repeats.period,
+                "layers": repeats.count,
+            },  # fmt: skip
+            "build_s": round(planned.build_s, 3),
+        }
+    return {
+        "schema": SCHEMA,
+        "model": dict(model),
+        "mesh": str(cluster.mesh),
+        "cluster": cluster.to_json(),
+        **describe(plan, graph),
+        "collectives": program.collectives_json(),
+        "cost": cost.to_json(),
+        "solver": solver,
+        "search": search,
+    }
+
+
+def model_info(path: str | Path, graph: Graph, dims: Mapping[str, int]) -> dict[str, object]:
+    """The document's `model`: what identifies the model a plan is for."""
+    return {"name": graph.name or Path(path).stem, "file": Path(path).name,
+            "sha256": sha256_file(path), "dims": dict(sorted(dims.items()))}  # fmt: skip
+
+
+def write_document(path: str | Path, document: Mapping[str, Any]) -> None:
+    write_atomic(Path(path), (json.dumps(document, indent=2) + "\n").encode())
+
+
+def read_document(path: str | Path) -> dict[str, Any]:
+    """A plan document from a file, checked to be one (its schema)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as error:
+        raise DocumentError(f"cannot read plan {path}: {error.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DocumentError(f"plan {path} is not JSON: {error}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise DocumentError(f"{path} is not an autoshard plan (schema {SCHEMA})")
+    return data
+
+
+def read_plan_document(path: str | Path, mesh: Mesh) -> dict[str, Any]:
+    """What decides a plan in a plan file for `mesh`: its `ops` and `values`."""
+    data = read_document(path)
+    if data.get("mesh") != str(mesh):
+        raise DocumentError(f"plan {path} is for mesh {data.get('mesh')}, not {mesh}")
+    return {"ops": data.get("ops", {}), "values": data.get("values", {})}
+
+
+def plan_from_document(
+    data: Mapping[str, Any], graph: Graph, mesh: Mesh, source: str = "plan"
+) -> Plan:
+    """The plan of a plan document's `ops` (sharding options) and `values` (how inputs and
+    weights are held): the rest follows from the rules."""
+    ops, values = data.get("ops", {}), data.get("values", {})
+    options: dict[str, ShardingOption | None] = {}
+    try:
+        for op in graph.ops:
+            entry = ops.get(op.name)
+            if entry is None:
+                raise DocumentError(f"{source} has no op {op.name!r}: is it for this model?")
+            rule = rule_for(op, graph)
+            text = entry.get("sharding_option")
+            options[op.name] = (
+                ShardingOption.parse(text, len(rule.loops)) if rule and text is not None else None
+            )
+        held = {
+            name: Sharding.parse(
+                v["sharding"] + (f" partial = {v['partial']}" if v.get("partial") else "")
+            ).check(mesh, graph.values[name].shape)
+            for name, v in values.items()
+            if name in graph.values and graph.producer(name) is None
+        }
+    except (AttributeError, KeyError, TypeError) as error:
+        raise DocumentError(f"{source} is malformed: {error!r}") from None
+    return plan_from_options(graph, mesh, options, held)

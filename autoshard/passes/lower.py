@@ -1,0 +1,33 @@
+"""Lowering: a plan becomes the sharded program that runs it. Materialize inserts a reshard
+wherever a value is held otherwise than a use needs it, as the collectives of `plan_reshard`;
+the CCL passes then fuse, reassociate and move those collectives (seed 001).
+
+Both the pipeline and the search's budget policy lower (the budget policy measures a plan's
+program), so lowering lives here, below both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from autoshard.ir.graph import Graph
+from autoshard.passes import Stage
+from autoshard.passes.ccl import optimize_collectives
+from autoshard.passes.materialize import materialize
+from autoshard.plan import Plan
+from autoshard.program import Program
+
+AfterStage = Callable[[Stage, Program], None]
+"""Told each stage and the program it leaves (dump points, timings)."""
+
+
+def lower(graph: Graph, plan: Plan, after: AfterStage | None = None) -> Program:
+    """The sharded program of a plan: reshards inserted and lowered to collectives, then the
+    CCL passes."""
+    program = materialize(graph, plan)
+    if after is not None:
+        after(Stage.MATERIALIZE, program)
+    program = optimize_collectives(program, graph)
+    if after is not None:
+        after(Stage.CCL, program)
+    return program
