@@ -28,9 +28,9 @@ import numpy as np
 from autoshard.annotations import Annotation, AnnotationError, parse_annotations
 from autoshard.errors import AutoshardError
 from autoshard.ir.graph import Graph
-from autoshard.ir.mlir import print_program
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
+from autoshard.mlir import print_program
 from autoshard.passes.partition import Partitioned, partition
 from autoshard.pipeline import lower, plan_from_document
 from autoshard.program import Program

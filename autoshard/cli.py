@@ -108,7 +108,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     result = propagate(graph, mesh, annotations)
     program = lower(graph, result)
     if args.emit == "mlir":
-        from autoshard.ir.mlir import print_program
+        from autoshard.mlir import print_program
 
         print(print_program(program, args.dialect), end="")
         return 0

@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from autoshard.ir.mlir import print_program
 from autoshard.ir.onnx_import import import_onnx, unbound_dims
 from autoshard.mesh import Mesh
+from autoshard.mlir import print_program
 from autoshard.passes.partition import partition
 from autoshard.pipeline import lower
 from autoshard.propagate import propagate
