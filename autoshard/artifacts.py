@@ -27,6 +27,7 @@ from autoshard.annotations import Annotation, AnnotationError, parse_annotations
 from autoshard.errors import AutoshardError
 from autoshard.files import sha256_file, write_atomic
 from autoshard.mesh import Mesh
+from autoshard.mlir import DIALECTS, Dialect
 from autoshard.pipeline import AfterStage, Built, Setup, build_setup, print_spmd
 from autoshard.verify import Report, verify
 from autoshard.weights import Entry, File, read_safetensors, write_safetensors
@@ -35,7 +36,6 @@ FORMAT = "autoshard-partition/1"
 MANIFEST = "manifest.json"
 SPMD = "spmd.mlir"
 WEIGHTS = "weights"
-DIALECTS = ("mesh", "shard")
 
 
 class PartitionFolderError(AutoshardError):
@@ -58,12 +58,12 @@ def _slices_json(region: Sequence[tuple[int, int]]) -> list[list[int]]:
 def write_partition(
     setup: Setup,
     out: str | os.PathLike[str],
-    dialect: str = "mesh",
+    dialect: str = Dialect.MESH,
     after: AfterStage | None = None,
 ) -> dict:
     """Partition the model as `setup` says and write the folder `out`; return the manifest."""
     if dialect not in DIALECTS:
-        raise PartitionFolderError(f"unknown dialect {dialect!r}; valid: {', '.join(DIALECTS)}")
+        raise PartitionFolderError(f"unknown dialect {dialect!r}; valid: {', '.join(Dialect)}")
     built = build_setup(setup, after)
     graph, partitioned = built.graph, built.partitioned
     program = partitioned.program

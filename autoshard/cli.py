@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from autoshard import __version__
 from autoshard.errors import AutoshardError
 from autoshard.mesh import Mesh
+from autoshard.mlir.syntax import Dialect
 from autoshard.passes import Stage
 from autoshard.search.options import Objective
 from autoshard.sharding import Sharding
@@ -104,10 +105,13 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     mesh = cluster.mesh
     annotations = _annotations(args)
-    lowered = propagated(args.model, _dims(args.dim), mesh, annotations, _dump_after(args))
+    partition = Stage.PARTITION in (args.dump_after or ())  # only to print it
+    lowered = propagated(
+        args.model, _dims(args.dim), mesh, annotations, _dump_after(args), partition
+    )
     graph, result, program = lowered.graph, lowered.plan, lowered.program
     if args.emit == "mlir":
-        from autoshard.ir.mlir import print_program
+        from autoshard.mlir import print_program
 
         print(print_program(program, args.dialect), end="")
         return 0
@@ -400,8 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     propagate.add_argument(
         "--dialect",
-        choices=("mesh", "shard"),
-        default="mesh",
+        choices=[str(d) for d in Dialect],
+        default=str(Dialect.MESH),
         help="MLIR spelling for --emit mlir: seed 003's mesh or upstream LLVM 22's shard",
     )
     propagate.set_defaults(run=cmd_propagate)
@@ -444,8 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
     partition.add_argument("-o", "--out", required=True, metavar="OUT", help="output folder")
     partition.add_argument(
         "--dialect",
-        choices=("mesh", "shard"),
-        default="mesh",
+        choices=[str(d) for d in Dialect],
+        default=str(Dialect.MESH),
         help="MLIR spelling of OUT/spmd.mlir: seed 003's mesh or upstream LLVM 22's shard",
     )
     partition.add_argument("--json", action="store_true", help="machine-readable output")

@@ -21,9 +21,9 @@ from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster, make_cluster
 from autoshard.document import model_info, plan_document, plan_from_document
 from autoshard.ir.graph import Graph
-from autoshard.ir.mlir import print_program
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
+from autoshard.mlir import print_program
 from autoshard.passes import Stage
 from autoshard.passes.lower import lower
 from autoshard.passes.partition import Partitioned, partition
@@ -96,9 +96,13 @@ def propagated(
     mesh: Mesh,
     annotations: Sequence[Annotation],
     after: AfterStage | None = None,
+    partition: bool = False,
 ) -> Lowered:
+    """Import, propagate the annotations, lower; and partition, when asked."""
     graph = import_onnx(model, dims)
     plan = propagate(graph, mesh, annotations)
+    if partition:
+        return build(graph, plan, after)
     return Lowered(graph=graph, plan=plan, program=lower(graph, plan, after))
 
 

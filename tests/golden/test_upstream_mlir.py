@@ -39,9 +39,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from autoshard.annotations import Annotation
-from autoshard.ir.mlir import parse_module, print_program
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
+from autoshard.mlir import parse_module, print_program
 from autoshard.passes.materialize import materialize
 from autoshard.propagate import propagate
 from autoshard.sharding import Sharding

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from autoshard.cli import main
-from autoshard.ir.mlir import parse_module
+from autoshard.mlir import parse_module
 
 from .conftest import MODELS, UPLOAD_LIMIT, Server
 

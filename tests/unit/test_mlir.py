@@ -1,4 +1,4 @@
-"""The MLIR notation (autoshard.ir.mlir): seed 001's MLP printed exactly, print -> parse ->
+"""The MLIR notation (autoshard.mlir): seed 001's MLP printed exactly, print -> parse ->
 the same program in both spellings, local types of uneven shards, every attribute kind, seed
 003's examples read verbatim, `autoshard propagate --emit mlir`. Upstream mlir-opt-22 checks
 are in tests/golden/test_upstream_mlir.py."""
@@ -14,10 +14,10 @@ from autoshard.annotations import Annotation
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Op
-from autoshard.ir.mlir import MlirError, parse_module, print_program
-from autoshard.ir.mlir_syntax import SymbolRef, TensorType
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
+from autoshard.mlir import MlirError, parse_module, print_program
+from autoshard.mlir.syntax import SymbolRef, TensorType
 from autoshard.passes.materialize import materialize
 from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program, Tensor

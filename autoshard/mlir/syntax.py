@@ -1,5 +1,6 @@
 """MLIR's textual syntax, as much as autoshard's notation uses: builtin types and attributes,
-tokens, statements, locations. `autoshard.ir.mlir` builds the mesh/shard notation on it.
+tokens, statements, locations. `autoshard.mlir.print` and `autoshard.mlir.parse` build the
+mesh/shard notation on it; the few words of it they share (dialects, collective fields) are here.
 
 Attributes map to python values both ways: `3 : i64` <-> 3, `1.5 : f32` <-> 1.5 (f32 values
 exact: printed shortest, read back through float32), `"a/b"` <-> "a/b", `[1, 2]` <-> (1, 2),
@@ -10,6 +11,7 @@ printed in hex (`0x7FC00000`), as MLIR requires.
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +21,9 @@ import numpy as np
 
 from autoshard.errors import MlirError
 from autoshard.ir import dtypes
+from autoshard.mesh import Mesh
+from autoshard.reshard import CollectiveKind
+from autoshard.sharding import Sharding
 
 ELEMENT = {
     **{f"float{b}": f"f{b}" for b in (16, 32, 64)},
@@ -72,7 +77,7 @@ class SymbolRef:
 
 @dataclass(frozen=True)
 class MlirOp:
-    """One operation. `attrs` hold python values (`autoshard.ir.mlir` puts the fields of the
+    """One operation. `attrs` hold python values (`autoshard.mlir.parse` puts the fields of the
     mesh/shard ops' custom syntax there too); ops in a custom syntax of another dialect (linalg,
     tosa) keep only their name, results and operands. `loc` holds the names of a name location:
     `loc("x~1"("x"))` -> ("x~1", "x")."""
@@ -87,6 +92,41 @@ class MlirOp:
     @property
     def kind(self) -> str:
         return self.name.split(".", 1)[-1]
+
+
+# ---- the words of the mesh/shard notation, shared by the printer and the parser --------------
+
+
+class Dialect(enum.StrEnum):
+    """The spelling of the mesh ops: seed 003's `mesh`, or upstream LLVM 22's rename `shard`."""
+
+    MESH = "mesh"
+    SHARD = "shard"
+
+
+DIALECTS = frozenset(Dialect)  # a StrEnum member is equal to its spelling: "mesh" in DIALECTS
+
+# Collective kind -> its attribute fields after `mesh_axes`, in the dialect's order.
+COLLECTIVES: dict[CollectiveKind, tuple[str, ...]] = {
+    CollectiveKind.ALL_GATHER: ("gather_axis",),
+    CollectiveKind.ALL_SLICE: ("slice_axis",),
+    CollectiveKind.ALL_TO_ALL: ("split_axis", "concat_axis"),
+    CollectiveKind.ALL_REDUCE: ("reduction",),
+    CollectiveKind.REDUCE_SCATTER: ("reduction", "scatter_axis"),
+    CollectiveKind.PERMUTE: ("source_target_pairs",),
+}
+PERMUTE_OP = "autoshard.permute"
+RESERVED = ("sharding", "onnx_domain")  # op attributes that are not ONNX attributes
+
+
+def ceil_offsets(sharding: Sharding, mesh: Mesh, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """`sharded_dims_offsets` of the ceil-sized shards: 5 split 2 ways -> [0, 3, 5]."""
+    out: list[int] = []
+    for dim in sharding.sharded_dims:
+        size, count = shape[dim], sharding.shard_count(mesh, dim)
+        step = -(-size // count)
+        out += [min(s * step, size) for s in range(count)] + [size]
+    return tuple(out)
 
 
 # ---- printing --------------------------------------------------------------------------------
