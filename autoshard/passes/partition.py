@@ -50,8 +50,8 @@ from autoshard.ir.graph import Attrs, Graph, Op
 from autoshard.mesh import Device, Mesh
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
 from autoshard.reshard import Collective, CollectiveKind
-from autoshard.rules import IteratorType, OpRule, rule_for
-from autoshard.rules.shape import MASKED_LOOKUP, constant, normalize_axes
+from autoshard.rules import IteratorType, Note, OpRule, rule_for
+from autoshard.rules.shape import constant, normalize_axes
 from autoshard.sharding import ReductionKind, Sharding, Slice
 
 Shape = tuple[int, ...]
@@ -439,7 +439,7 @@ class _Partitioner:
                     "not the mean",
                 )
 
-        if rule.note == MASKED_LOOKUP:
+        if rule.note is Note.MASKED_LOOKUP:
             self.check_lookup(op, option.loops, rule)
 
     def check_lookup(self, op: Op, split: tuple[tuple[int, ...], ...], rule: OpRule) -> None:
