@@ -20,6 +20,9 @@ A `Program` is SSA over *global* tensors held in shardings. Partitioning gives e
   empty shard) becomes a ConstantOfShape: no values, or the reduction's identity (zeros for a
   sum), which is exactly that device's partial result.
 
+The per-op rewrites (shape operands, rule notes) are tables in passes/local_rewrites.py: this
+pass walks the program and looks each op up, by op type and by its rule's note.
+
 Replicated constants a user needs split stay replicated on every device; materialization
 already cut them with an `all_slice` (a local slice, no communication).
 
@@ -48,13 +51,12 @@ from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Attrs, Graph, Op
 from autoshard.mesh import Device, Mesh
+from autoshard.passes.local_rewrites import NOTE_REWRITES, SHAPE_REWRITES, Shape
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
 from autoshard.reshard import Collective, CollectiveKind
-from autoshard.rules import IteratorType, OpRule, rule_for
-from autoshard.rules.shape import MASKED_LOOKUP, constant, normalize_axes
+from autoshard.rules import IteratorType, Note, OpRule, rule_for
+from autoshard.rules.shape import constant
 from autoshard.sharding import ReductionKind, Sharding, Slice
-
-Shape = tuple[int, ...]
 
 
 class PartitionError(AutoshardError):
@@ -207,13 +209,7 @@ def partition(program: Program, graph: Graph) -> Partitioned:
     return _Partitioner(program, graph).run()
 
 
-_SHAPE_OPERAND = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0, "Resize": 3}
-"""Op type -> the operand that is the result's shape: rewritten to the local result shape."""
-
 _RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
-_BIAS = {"Gemm": 2, "Conv": 2}
-"""Op type -> its bias operand, added once per reduction group when the reduction is split."""
-_GROUPS = {"Conv": "group", "GroupNormalization": "num_groups"}
 
 
 class _Partitioner:
@@ -238,6 +234,10 @@ class _Partitioner:
     def local(self, name: str) -> tuple[Shape, ...]:
         t = self.tensors[name]
         return local_shapes(t.sharding, t.shape, self.mesh)
+
+    def regions(self, name: str) -> tuple[tuple[Slice, ...], ...]:
+        t = self.tensors[name]
+        return device_slices(t.sharding, t.shape, self.mesh)
 
     def sharding(self, name: str) -> Sharding:
         return self.tensors[name].sharding
@@ -359,24 +359,22 @@ class _Partitioner:
             )
 
     def compute(self, step: Compute) -> tuple[Op, list[list[Op]]]:
-        """The program's op (shape operands split out) and each device's local ops."""
+        """The program's op (shape operands split out) and each device's local ops: the
+        rewrites of passes/local_rewrites.py, looked up by op type and by the rule's note."""
         op = step.op
-        self.check(step)
-        if op.type in _SHAPE_OPERAND:
-            op = self.result_shape_operand(op, _SHAPE_OPERAND[op.type])
-        elif op.type == "Slice":
-            op = self.slice_bounds(op)
-        elif op.type == "Squeeze":
-            op = self.squeeze_axes(op)
-        per_device: list[list[Op]] = [[op] for _ in range(self.count)]
-        if op.type in _GROUPS:
-            per_device = [[o] for o in self.local_groups(op)]
-        if op.type in _BIAS:
-            per_device = [[o] for o in self.bias_once(op, [ops[0] for ops in per_device])]
-        if op.type == "Gather":
-            per_device = self.masked_lookup(op)
-        if op.type == "GatherND":
-            per_device = self.local_positions(op)
+        source = self.graph.op_by_name.get(op.name)
+        rule = rule_for(source, self.graph) if source is not None else None
+        self.check(step, source, rule)
+        shape_rewrite = SHAPE_REWRITES.get(op.type)
+        if shape_rewrite is not None:
+            op = shape_rewrite(self, op)
+        note = rule.note if rule is not None else Note.NONE
+        local_rewrite = NOTE_REWRITES.get((note, op.type))
+        per_device = (
+            local_rewrite(self, op)
+            if local_rewrite is not None
+            else [[op] for _ in range(self.count)]
+        )
         result = self.sharding(op.outputs[0]) if op.outputs[0] else Sharding()
         partial = result.partial_type if result.partial_axes else None
         for k in range(self.count):
@@ -411,13 +409,12 @@ class _Partitioner:
 
     # -- checks --
 
-    def check(self, step: Compute) -> None:
-        """Refuse splits whose local op would not be exact (see the module docstring)."""
+    def check(self, step: Compute, source: Op | None, rule: OpRule | None) -> None:
+        """Refuse splits whose local op would not be exact (see the module docstring).
+        `source` is the graph's op of the step, `rule` its rule."""
         op, option = step.op, step.option
         if option is None or not any(option.loops):
             return
-        source = self.graph.op_by_name.get(op.name)
-        rule = rule_for(source, self.graph) if source is not None else None
         if source is None or rule is None or len(rule.loops) != len(option.loops):
             return
         for d, (loop, axes) in enumerate(zip(rule.loops, option.loops, strict=True)):
@@ -439,7 +436,7 @@ class _Partitioner:
                     "not the mean",
                 )
 
-        if rule.note == MASKED_LOOKUP:
+        if rule.note is Note.MASKED_LOOKUP:
             self.check_lookup(op, option.loops, rule)
 
     def check_lookup(self, op: Op, split: tuple[tuple[int, ...], ...], rule: OpRule) -> None:
@@ -491,251 +488,6 @@ class _Partitioner:
             if mine.size and (mine.min() < lo or mine.max() >= hi):
                 return False
         return True
-
-    # -- shape-carrying operands --
-
-    def result_shape_operand(self, op: Op, index: int) -> Op:
-        """Operand `index` becomes each device's local shape of result 0."""
-        if index >= len(op.inputs) or not op.inputs[index]:
-            return op
-        result = op.outputs[0]
-        shapes = self.local(result)
-        global_shape = self.tensors[result].shape
-        if all(s == global_shape for s in shapes):
-            return op
-        values = [np.array(s, np.int64) for s in shapes]
-        op = self.replace_operand(op, index, values, np.array(global_shape, np.int64))
-        if op.type == "Reshape" and any(0 in s for s in shapes):
-            # An explicit 0 (an empty shard) means "copy the input dim" unless allowzero.
-            if self.graph.opset and self.graph.opset < 14:
-                raise self.fail(op, "an empty shard needs Reshape's allowzero (opset >= 14)")
-            op = dataclasses.replace(op, attrs=Attrs({**op.attrs, "allowzero": 1}))
-        return op
-
-    def slice_bounds(self, op: Op) -> Op:
-        """Slice bounds on split dims become [0, local size): the rule only lets a Slice keep
-        whole (step 1, full range) the dims it splits."""
-        data = op.inputs[0]
-        split_dims = self.sharding(data).sharded_dims
-        if not split_dims:
-            return op
-        inputs = [*op.inputs, "", "", ""]
-        starts, ends = self.constant_value(inputs[1]), self.constant_value(inputs[2])
-        rank = len(self.tensors[data].shape)
-        if starts is None or ends is None:
-            raise self.fail(op, "its bounds are not constants but a split dim needs them local")
-        raw_axes = self.constant_value(inputs[3]) if inputs[3] else np.arange(len(starts))
-        axes = normalize_axes([int(a) for a in np.asarray(raw_axes).reshape(-1)], rank)
-        if axes is None:
-            raise self.fail(op, f"axes {np.asarray(raw_axes).tolist()} are out of range")
-        listed = [k for k, a in enumerate(axes) if a in split_dims]
-        if not listed:
-            return op
-        steps = self.constant_value(inputs[4]) if inputs[4] else np.ones(len(axes), np.int64)
-        global_shape = self.tensors[data].shape
-        for k in listed:
-            size = global_shape[axes[k]]
-            start, end, stride = int(starts[k]), int(ends[k]), int(steps[k])  # type: ignore[index]
-            begin = min(max(start + size if start < 0 else start, 0), size)
-            stop = min(max(end + size if end < 0 else end, 0), size)
-            if (begin, stop, stride) != (0, size, 1):
-                raise self.fail(op, f"it slices dim {axes[k]}, which is split")
-        locals_ = self.local(data)
-        new_starts, new_ends = [], []
-        for shape in locals_:
-            s = np.array(starts, np.int64).reshape(-1).copy()
-            e = np.array(ends, np.int64).reshape(-1).copy()
-            for k in listed:
-                s[k], e[k] = 0, shape[axes[k]]
-            new_starts.append(s)
-            new_ends.append(e)
-        g_starts = np.array(starts, np.int64).reshape(-1)
-        g_ends = np.array(ends, np.int64).reshape(-1).copy()
-        for k in listed:
-            g_ends[k] = global_shape[axes[k]]
-        op = self.replace_operand(op, 1, new_starts, g_starts)
-        return self.replace_operand(op, 2, new_ends, g_ends)
-
-    def squeeze_axes(self, op: Op) -> Op:
-        """A Squeeze without axes squeezes every size-1 dim: a split can make a local dim 1,
-        so the global size-1 dims are written out."""
-        if len(op.inputs) > 1 and op.inputs[1] or "axes" in op.attrs:
-            return op
-        data = op.inputs[0]
-        if not self.sharding(data).sharded_dims:
-            return op
-        axes = [d for d, size in enumerate(self.tensors[data].shape) if size == 1]
-        name = self.shared_constant(f"{op.name}.axes", np.array(axes, np.int64), "int64", True)
-        return dataclasses.replace(op, inputs=(data, name))
-
-    # -- rule notes --
-
-    def local_groups(self, op: Op) -> list[Op]:
-        """Conv `group` / GroupNormalization `num_groups`: the groups a device holds."""
-        attr = _GROUPS[op.type]
-        groups = op.attr(attr, 1)
-        x = op.inputs[0]
-        channels = self.tensors[x].shape[1] if len(self.tensors[x].shape) > 1 else 0
-        if not isinstance(groups, int) or groups <= 1 or 1 not in self.sharding(x).sharded_dims:
-            return [op] * self.count
-        per_group = channels // groups
-        out = []
-        for shape in self.local(x):
-            if shape[1] % per_group:
-                raise self.fail(
-                    op,
-                    f"a device holds {shape[1]} of {channels} channels, not whole groups of "
-                    f"{per_group}",
-                )
-            out.append(
-                dataclasses.replace(op, attrs=Attrs({**op.attrs, attr: shape[1] // per_group}))
-            )
-        return out
-
-    def bias_once(self, op: Op, ops: list[Op]) -> list[Op]:
-        """With its reduction split, the bias is added by each reduction group's first device
-        only (the others drop the optional operand): the partial sums then count it once."""
-        index = _BIAS[op.type]
-        partial = self.sharding(op.outputs[0]).partial_axes
-        if not partial or len(op.inputs) <= index or not op.inputs[index]:
-            return ops
-        out = []
-        for k, local_op in enumerate(ops):
-            device = self.mesh.multi_index(k)
-            if any(device[a] for a in partial):
-                local_op = dataclasses.replace(local_op, inputs=local_op.inputs[:index])
-            out.append(local_op)
-        return out
-
-    def masked_lookup(self, op: Op) -> list[list[Op]]:
-        """Gather from a table split along the gathered axis (rule note "masked_lookup").
-
-        A device holding rows [lo, hi) of the V rows computes
-
-            ids'  = (ids < 0 ? ids + V : ids) - lo
-            hit   = 0 <= ids' < hi - lo
-            out   = hit ? Gather(table, hit ? ids' : 0) : 0
-
-        so the devices' results are partial sums of the global lookup. A device holding no rows
-        gets zeros (a Gather from an empty table would fail even where masked). When the result
-        is not partial, the ids are block-local (rules/shape.py): every id of a device falls in
-        its rows, and `out = Gather(table, ids')` is all it takes.
-        """
-        data, ids = op.inputs[0], op.inputs[1]
-        rank = len(self.tensors[data].shape)
-        axis = op.attr("axis", 0)
-        assert isinstance(axis, int)
-        axis %= rank
-        if not self.sharding(data).axes_of(axis):
-            return [[op] for _ in range(self.count)]
-        out = op.outputs[0]
-        vocab = self.tensors[data].shape[axis]
-        id_type, table_type = self.dtypes[ids], self.dtypes[data]
-        regions = device_slices(self.sharding(data), self.tensors[data].shape, self.mesh)
-        bounds = [region[axis] for region in regions]
-        out_shapes, id_shapes = self.local(out), self.local(ids)
-        base = op.name
-        # The rewrite's constants are the devices' own: the program keeps its one Gather.
-        lo = self.device_constant(f"{base}.lo", id_type, [np.array(a) for a, _ in bounds])
-        scalar = functools.partial(self.shared_constant, dtype=id_type, in_program=False)
-        zero, size = scalar(f"{base}.zero", np.array(0)), scalar(f"{base}.vocab", np.array(vocab))
-        t = {
-            key: self.fresh(f"{out}.{key}")
-            for key in ("negative", "wrapped", "normal", "shifted", "low", "high", "hit",
-                        "safe", "rows_read", "mask")
-        }  # fmt: skip
-        for key in ("negative", "low", "high", "hit"):
-            self.temporary(t[key], "bool", id_shapes)
-        for key in ("wrapped", "normal", "shifted", "safe"):
-            self.temporary(t[key], id_type, id_shapes)
-
-        def node(suffix: str, kind: str, inputs: Sequence[str], output: str, **attrs: object) -> Op:
-            return Op(f"{base}/{suffix}", kind, "", tuple(inputs), (output,), attrs)  # type: ignore[arg-type]
-
-        lookup = [
-            node("negative", "Less", (ids, zero), t["negative"]),
-            node("wrap", "Add", (ids, size), t["wrapped"]),
-            node("normal", "Where", (t["negative"], t["wrapped"], ids), t["normal"]),
-            node("shift", "Sub", (t["normal"], lo), t["shifted"]),
-        ]
-        if not self.sharding(out).partial_axes:
-            lookup.append(node("gather", "Gather", (data, t["shifted"]), out, axis=axis))
-            return [lookup] * self.count
-        self.temporary(t["rows_read"], table_type, out_shapes)
-        rows = self.device_constant(f"{base}.rows", id_type, [np.array(b - a) for a, b in bounds])
-        lookup += [
-            node("low", "GreaterOrEqual", (t["shifted"], zero), t["low"]),
-            node("high", "Less", (t["shifted"], rows), t["high"]),
-            node("hit", "And", (t["low"], t["high"]), t["hit"]),
-            node("safe", "Where", (t["hit"], t["shifted"], zero), t["safe"]),
-            node("gather", "Gather", (data, t["safe"]), t["rows_read"], axis=axis),
-        ]
-        mask = t["hit"]
-        id_rank = len(self.tensors[ids].shape)
-        unsqueeze = [*range(axis), *range(axis + id_rank, rank - 1 + id_rank)]
-        if unsqueeze:  # the hit mask broadcast over the looked-up rows
-            mask = t["mask"]
-            shapes = [(1,) * axis + shape + (1,) * (rank - axis - 1) for shape in id_shapes]
-            self.temporary(mask, "bool", shapes)
-            axes = scalar(f"{base}.mask_axes", np.array(unsqueeze), dtype="int64")
-            lookup.append(node("mask", "Unsqueeze", (t["hit"], axes), mask))
-        if table_type == "bool":  # (onnxruntime has no boolean Where)
-            lookup.append(node("select", "And", (mask, t["rows_read"]), out))
-        else:
-            nothing = scalar(f"{base}.nothing", np.array(0), dtype=table_type)
-            lookup.append(node("select", "Where", (mask, t["rows_read"], nothing), out))
-        if all(b > a for a, b in bounds):
-            return [lookup] * self.count
-        out_shape = self.device_constant(
-            f"{base}.out_shape", "int64", [np.array(s, np.int64) for s in out_shapes]
-        )
-        zeros = np.zeros((1,), dtypes.numpy_dtype(table_type))
-        empty = [node("zeros", "ConstantOfShape", (out_shape,), out, value=zeros)]
-        return [lookup if b > a else empty for a, b in bounds]
-
-    def local_positions(self, op: Op) -> list[list[Op]]:
-        """GatherND whose indexed data dims are split (rule note "masked_lookup": constant ids
-        local to blocks of a row dim): each device subtracts its rows' start from that
-        component of the ids, after normalizing negative ids by the dim's size.
-
-            ids'  = (ids < 0 ? ids + sizes : ids) - starts       (per component, last dim)
-            out   = GatherND(data, ids')
-        """
-        data, ids = op.inputs[0], op.inputs[1]
-        batch = op.attr("batch_dims", 0)
-        assert isinstance(batch, int)
-        k = self.tensors[ids].shape[-1]
-        indexed = range(batch, batch + k)
-        sharding = self.sharding(data)
-        if not any(sharding.axes_of(d) for d in indexed):
-            return [[op] for _ in range(self.count)]
-        shape = self.tensors[data].shape
-        regions = device_slices(sharding, shape, self.mesh)
-        id_type, base = self.dtypes[ids], op.name
-        starts = self.device_constant(
-            f"{base}.starts", id_type, [np.array([r[d][0] for d in indexed]) for r in regions]
-        )
-        sizes = self.shared_constant(
-            f"{base}.sizes", np.array([shape[d] for d in indexed]), id_type, False
-        )
-        zero = self.shared_constant(f"{base}.zero", np.array(0), id_type, False)
-        t = {key: self.fresh(f"{ids}.{key}") for key in ("negative", "wrapped", "normal", "local")}
-        id_shapes = self.local(ids)
-        self.temporary(t["negative"], "bool", id_shapes)
-        for key in ("wrapped", "normal", "local"):
-            self.temporary(t[key], id_type, id_shapes)
-
-        def node(suffix: str, kind: str, inputs: Sequence[str], output: str) -> Op:
-            return Op(f"{base}/{suffix}", kind, "", tuple(inputs), (output,))
-
-        rewritten = [
-            node("negative", "Less", (ids, zero), t["negative"]),
-            node("wrap", "Add", (ids, sizes), t["wrapped"]),
-            node("normal", "Where", (t["negative"], t["wrapped"], ids), t["normal"]),
-            node("local", "Sub", (t["normal"], starts), t["local"]),
-            dataclasses.replace(op, inputs=(data, t["local"], *op.inputs[2:])),
-        ]
-        return [rewritten] * self.count
 
 
 def _identity(kind: ReductionKind, dtype: np.dtype) -> object:

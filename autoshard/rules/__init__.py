@@ -1,13 +1,14 @@
 """Operator sharding rules (seed 001's ShardingInterface): a registry from ONNX op type to a
 pure function `(op, graph) -> OpRule`. Rules see shapes and attributes, never the mesh."""
 
-from autoshard.rules.base import IndexingMap, IteratorType, Loop, OpRule
+from autoshard.rules.base import IndexingMap, IteratorType, Loop, Note, OpRule
 from autoshard.rules.registry import register, rule_for, supported_op_types
 
 __all__ = [
     "IndexingMap",
     "IteratorType",
     "Loop",
+    "Note",
     "OpRule",
     "register",
     "rule_for",

@@ -29,6 +29,21 @@ class IteratorType(enum.StrEnum):
     INVALID = "invalid"
 
 
+class Note(enum.StrEnum):
+    """The local rewrite a split of the op needs beyond its shards (passes/local_rewrites.py).
+
+    The values are the words docs and tests use: `masked_lookup` (a Gather or GatherND whose
+    table is split along what it looks up), `bias_once` (a Gemm or Conv bias, which a split
+    reduction would add once per device), `local_group` (a Conv `group` or GroupNormalization
+    `num_groups`, which counts the groups a device holds).
+    """
+
+    NONE = ""
+    MASKED_LOOKUP = "masked_lookup"
+    BIAS_ONCE = "bias_once"
+    LOCAL_GROUP = "local_group"
+
+
 @dataclass(frozen=True)
 class Loop:
     """One loop of an op: its trip count, kind and, for a reduction, how partials combine."""
@@ -84,13 +99,14 @@ class OpRule:
 
     An operand map of None marks an input that is not data but a parameter of the op (a
     Reshape's target shape, Slice bounds, axes): it is never sharded. `note` tells later stages
-    of a local rewrite the split needs (e.g. "masked_lookup" for a vocabulary-split Gather).
+    of a local rewrite the split needs (e.g. `Note.MASKED_LOOKUP` for a vocabulary-split
+    Gather).
     """
 
     loops: tuple[Loop, ...]
     operands: tuple[IndexingMap | None, ...]
     results: tuple[IndexingMap, ...]
-    note: str = ""
+    note: Note = Note.NONE
 
     def __str__(self) -> str:
         loops = ", ".join(f"d{i}: {loop}" for i, loop in enumerate(self.loops))

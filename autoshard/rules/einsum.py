@@ -22,10 +22,16 @@ import dataclasses
 from collections.abc import Sequence
 
 from autoshard.ir.graph import Graph, Op
-from autoshard.rules.base import IndexingMap, Loop, OpRule, broadcast_map, invalid, reduction
+from autoshard.rules.base import (
+    IndexingMap,
+    Loop,
+    Note,
+    OpRule,
+    broadcast_map,
+    invalid,
+    reduction,
+)
 from autoshard.rules.registry import register
-
-BIAS_ONCE = "bias_once"
 
 
 def _terms(equation: str) -> tuple[list[str], str | None]:
@@ -148,7 +154,9 @@ def gemm(op: Op, graph: Graph) -> OpRule | None:
     if len(c) > 2:
         return None
     # loops 0 and 1 are m and n (output labels come first): C broadcasts onto them.
-    return dataclasses.replace(rule, operands=(*rule.operands, broadcast_map(c, 2)), note=BIAS_ONCE)
+    return dataclasses.replace(
+        rule, operands=(*rule.operands, broadcast_map(c, 2)), note=Note.BIAS_ONCE
+    )
 
 
 @register("Einsum")

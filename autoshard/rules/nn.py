@@ -32,18 +32,16 @@ from autoshard.rules.base import (
     DimExpr,
     IndexingMap,
     Loop,
+    Note,
     OpRule,
     broadcast_map,
     invalid,
     parallel,
     reduction,
 )
-from autoshard.rules.einsum import BIAS_ONCE
 from autoshard.rules.registry import register
 from autoshard.rules.shape import axis_attr
 from autoshard.sharding import ReductionKind
-
-LOCAL_GROUP = "local_group"
 
 
 def _shape(graph: Graph, name: str) -> tuple[int, ...]:
@@ -116,7 +114,7 @@ def group_norm(op: Op, graph: Graph) -> OpRule | None:
     loops = (Loop(shape[0]), Loop(groups), *(invalid(d) for d in shape[2:]))
     identity = IndexingMap.of(*range(len(shape)))
     return OpRule(
-        loops, (identity, IndexingMap.of(1), IndexingMap.of(1)), (identity,), note=LOCAL_GROUP
+        loops, (identity, IndexingMap.of(1), IndexingMap.of(1)), (identity,), note=Note.LOCAL_GROUP
     )
 
 
@@ -152,11 +150,11 @@ def conv(op: Op, graph: Graph) -> OpRule | None:
     if group == 1:
         channel: Loop = reduction(x[1])
         x_map = IndexingMap((((1, 0),), ((1, channel_loop),), *windows))
-        note = BIAS_ONCE if bias else ""
+        note = Note.BIAS_ONCE if bias else Note.NONE
     else:  # loop 1 is the group index; X's channel dim follows it (see the module docstring)
         channel = invalid(w[1])
         x_map = IndexingMap((((1, 0),), ((1, 1),), *windows))
-        note = LOCAL_GROUP
+        note = Note.LOCAL_GROUP
     loops = (
         Loop(x[0]),
         Loop(w[0] if group == 1 else group),

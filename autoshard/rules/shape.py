@@ -43,10 +43,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from autoshard.ir.graph import Graph, Op
-from autoshard.rules.base import IndexingMap, Loop, OpRule, invalid, parallel, reduction
+from autoshard.rules.base import IndexingMap, Loop, Note, OpRule, invalid, parallel, reduction
 from autoshard.rules.registry import register
 
-MASKED_LOOKUP = "masked_lookup"
 _CONSTANT_LIMIT = 4096  # elements: parameters (targets, axes, bounds) are small
 
 
@@ -290,12 +289,12 @@ def gather(op: Op, graph: Graph) -> OpRule | None:
         shared = axis + dim
         loops = tuple(Loop(size) if k == shared else Loop(d) for k, d in enumerate(out))
         data_map = IndexingMap.of(*range(axis), shared, *rest)
-        return OpRule(loops, (data_map, ids_map), (_identity(len(out)),), note=MASKED_LOOKUP)
+        return OpRule(loops, (data_map, ids_map), (_identity(len(out)),), note=Note.MASKED_LOOKUP)
     return OpRule(
         (*parallel(*out), reduction(data[axis])),
         (IndexingMap.of(*range(axis), len(out), *rest), ids_map),
         (_identity(len(out)),),
-        note=MASKED_LOOKUP,
+        note=Note.MASKED_LOOKUP,
     )
 
 
@@ -371,7 +370,7 @@ def gather_nd(op: Op, graph: Graph) -> OpRule | None:
     loops = tuple(Loop(n) if j < out_rank else invalid(n) for j, n in enumerate(sizes))
     data_map = IndexingMap.of(*range(batch), *indexed, *range(batch + rows, out_rank))
     ids_map = IndexingMap.of(*range(batch + rows), None)
-    note = MASKED_LOOKUP if any(j < out_rank for j in indexed) else ""
+    note = Note.MASKED_LOOKUP if any(j < out_rank for j in indexed) else Note.NONE
     return OpRule(loops, (data_map, ids_map), (_identity(out_rank),), note=note)
 
 

@@ -17,12 +17,13 @@ from autoshard.annotations import Annotation
 from autoshard.artifacts import write_partition
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
+from autoshard.passes.local_rewrites import NOTE_REWRITES
 from autoshard.passes.lower import lower
 from autoshard.passes.partition import LocalCollective, LocalCompute, PartitionError, partition
 from autoshard.pipeline import Setup
 from autoshard.plan import ShardingOption
 from autoshard.propagate import propagate
-from autoshard.rules import IteratorType, rule_for
+from autoshard.rules import IteratorType, Note, rule_for
 from autoshard.search.baselines import dp_tp
 from autoshard.sharding import Sharding
 from autoshard.verify import model_weights, random_inputs, reference_outputs, verify
@@ -135,6 +136,10 @@ def test_reshape_targets_are_each_devices_explicit_local_shape(name):
 
 
 # ---- rule notes -------------------------------------------------------------------------------
+
+
+def test_every_rule_note_has_a_local_rewrite():
+    assert sorted({note for note, _ in NOTE_REWRITES}) == sorted(set(Note) - {Note.NONE})
 
 
 def test_vocabulary_split_embedding_is_a_masked_partial_lookup():
