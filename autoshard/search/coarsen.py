@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoshard.ir.graph import Graph, Op
+from autoshard.ir.graph import Graph
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,3 @@ def find_repeats(graph: Graph, min_period: int = 2) -> Repeats:
                 best, covered = Repeats(int(s), period, int(count)), count * period
     return best
 
-
-def shared_op(repeats: Repeats, graph: Graph, op: Op) -> Op:
-    """The op of the first repeat whose variables `op` shares."""
-    index = graph.ops.index(op)
-    return graph.ops[repeats.first(index)]
