@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from autoshard.ir.graph import Graph, Op
-from autoshard.rules.elementwise import BROADCAST, UNARY
+from autoshard.rules.elementwise import BROADCAST, ELEMENTWISE, UNARY
 
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 _WEIGHT_VIEWS = frozenset({"Transpose", "Cast", "Identity"})
@@ -377,7 +377,7 @@ def expert_downs(graph: Graph) -> list[tuple[str, int]]:
                 lhs = user.inputs[0] == rows  # W[t] @ x[t]: contracts the table's last dim
                 experts[user.name] = (table, 2 if lhs else 1, user.inputs[1 if lhs else 0])
     outputs = {graph.op_by_name[name].outputs[0] for name in experts}
-    local = UNARY | BROADCAST | _VIEWS | {"Slice", "Split"}
+    local = ELEMENTWISE | _VIEWS | {"Slice", "Split"}
     found = []
     for table, dim, data in experts.values():
         stack, seen = [data], set()

@@ -43,7 +43,7 @@ from autoshard.plan import RETURN, Plan, ShardingOption
 from autoshard.propagate import operand_sharding, result_sharding
 from autoshard.reshard import Collective, ReshardPrices
 from autoshard.rules import OpRule, rule_for
-from autoshard.rules.elementwise import BROADCAST, UNARY
+from autoshard.rules.elementwise import ELEMENTWISE
 from autoshard.search.candidates import candidates
 from autoshard.search.coarsen import NONE, Repeats, find_repeats
 from autoshard.sharding import Sharding
@@ -51,8 +51,6 @@ from autoshard.sharding import Sharding
 SCALE = 10**9
 """The largest cost coefficient after scaling: fine enough to separate plans, small enough to
 keep CP-SAT's arithmetic exact."""
-
-FOLLOWERS = (UNARY | BROADCAST) - {"Expand"}
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -308,7 +306,7 @@ class _Builder:
         source = self.producer.get(op.inputs[0]) if op.inputs else None
         rule, source_rule = self.rules[op.name], self.rules[source.name] if source else None
         if (
-            op.type not in FOLLOWERS
+            op.type not in ELEMENTWISE
             or source is None
             or rule is None
             or source_rule is None
