@@ -15,12 +15,14 @@ nor result does not exist in the rules.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 from autoshard.mesh import Mesh
 from autoshard.plan import ShardingOption
 from autoshard.propagate import operand_sharding, result_sharding
 from autoshard.rules import IteratorType, OpRule
+from autoshard.sharding import Sharding
 
 
 def candidates(rule: OpRule, mesh: Mesh) -> tuple[ShardingOption, ...]:
@@ -41,6 +43,19 @@ def candidates(rule: OpRule, mesh: Mesh) -> tuple[ShardingOption, ...]:
             if key not in seen:
                 seen[key] = option
     return tuple(seen.values())
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def option_reads(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
+    """The sharding `option` reads operand `index` in (`operand_sharding`, cached: the search
+    asks for every candidate of every op, and again for the copies in repeated layers)."""
+    return operand_sharding(rule, option, index)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def option_writes(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
+    """The sharding `option` writes result `index` in (`result_sharding`, cached alike)."""
+    return result_sharding(rule, option, index)
 
 
 def _splittable(rule: OpRule, loop: int, axes: list[int], mesh: Mesh) -> bool:
