@@ -38,10 +38,8 @@ from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program, Step, Tensor, step_index
 from autoshard.reshard import Collective, CollectiveKind, plan_reshard
 from autoshard.rules import IteratorType, OpRule, rule_for
-from autoshard.rules.elementwise import BROADCAST, UNARY
+from autoshard.rules.elementwise import ELEMENTWISE
 from autoshard.sharding import ReductionKind, Sharding
-
-ELEMENTWISE = (UNARY | BROADCAST) - {"Expand"}
 
 COMMUTES_WITH = {
     ReductionKind.SUM: frozenset({"Add", "Sub", "Sum", "Neg", "Identity"}),

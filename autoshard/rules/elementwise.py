@@ -36,6 +36,12 @@ BROADCAST = frozenset(
 )  # fmt: skip
 """Ops whose inputs are all data, broadcast against each other like numpy (Where: three)."""
 
+ELEMENTWISE = UNARY | BROADCAST
+"""The elementwise family: each element of the result comes from the same element of the
+(broadcast) data inputs. Expand shares their rule but is left out on purpose: its result is
+larger than its input, which neither the CCL passes (moving a collective across the op) nor
+the search's followers (an op computing where its input lies) are meant for."""
+
 
 def elementwise_rule(op: Op, graph: Graph, data_inputs: int) -> OpRule | None:
     """Loops over the result; the first `data_inputs` inputs broadcast onto them, the others

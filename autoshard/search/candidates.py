@@ -15,11 +15,13 @@ nor result does not exist in the rules.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 from autoshard.mesh import Mesh
 from autoshard.plan import ShardingOption
 from autoshard.rules import IteratorType, OpRule
+from autoshard.sharding import Sharding
 
 
 def candidates(rule: OpRule, mesh: Mesh) -> tuple[ShardingOption, ...]:
@@ -40,6 +42,19 @@ def candidates(rule: OpRule, mesh: Mesh) -> tuple[ShardingOption, ...]:
             if key not in seen:
                 seen[key] = option
     return tuple(seen.values())
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def option_reads(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
+    """The sharding `option` reads operand `index` in (`OpRule.operand_sharding`, cached: the
+    search asks for every candidate of every op, and again for the copies in repeated layers)."""
+    return rule.operand_sharding(option, index)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def option_writes(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
+    """The sharding `option` writes result `index` in (`OpRule.result_sharding`, cached alike)."""
+    return rule.result_sharding(option, index)
 
 
 def _splittable(rule: OpRule, loop: int, axes: list[int], mesh: Mesh) -> bool:

@@ -1,9 +1,19 @@
-"""Repeated layers: find the structurally identical blocks of a graph so the search solves one.
+"""Coarsening: tie the search's decisions into groups, so the ILP solves far fewer of them.
 
-Each op gets a structural signature: its type, attributes, the shapes and dtypes of its inputs
-and outputs, and for each input where it comes from (a weight, a constant of some value, a
-graph input, or an op). Ops of identical layers have identical signatures at the same offsets,
-so the layers are a periodic run of the signature sequence:
+Decisions are the ops (which sharding option) and the producer-less values the ops read (graph
+inputs and weights: which sharding they are held in). `group_decisions` ties them into *groups*
+sharing one one-hot variable vector, each member mapping the group's choice to one of its own:
+
+- ops of repeated layers share the variables of the first layer (`find_repeats`), and a weight
+  of a repeated layer is decided as its copy in the first layer is (unless annotated);
+- a weight or input read by one op follows that op: it is held as the op reads it;
+- an elementwise op follows the producer of its first operand when it can compute in the
+  sharding that producer gives (the chain runs where its data lies, as in Alpa).
+
+Repeated layers. Each op gets a structural signature: its type, attributes, the shapes and
+dtypes of its inputs and outputs, and for each input where it comes from (a weight, a constant
+of some value, a graph input, or an op). Ops of identical layers have identical signatures at
+the same offsets, so the layers are a periodic run of the signature sequence:
 
     signatures   E E | a b c d | a b c d | a b c d | h     period 4, three repeats from op 2
 
@@ -18,12 +28,20 @@ computed once and read by every layer is fine.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from autoshard.ir.graph import Graph, Op
+from autoshard.plan import ShardingOption
+from autoshard.rules import OpRule
+from autoshard.rules.elementwise import ELEMENTWISE
+from autoshard.search.candidates import option_reads, option_writes
+from autoshard.sharding import Sharding
 
 
 @dataclass(frozen=True)
@@ -101,7 +119,226 @@ def find_repeats(graph: Graph, min_period: int = 2) -> Repeats:
     return best
 
 
-def shared_op(repeats: Repeats, graph: Graph, op: Op) -> Op:
-    """The op of the first repeat whose variables `op` shares."""
-    index = graph.ops.index(op)
-    return graph.ops[repeats.first(index)]
+# ---- decisions and groups ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpDecision:
+    """Which candidate option op `name` computes in (an op without a rule has one choice, None:
+    it runs unsharded). Grouped, choice k of its `group` is its choice `pick[k]`."""
+
+    name: str
+    choices: tuple[ShardingOption | None, ...]
+    group: int = -1
+    pick: tuple[int, ...] = ()
+
+    @property
+    def options(self) -> tuple[ShardingOption, ...]:
+        """The choices that are sharding options: all of them for an op with a rule."""
+        return tuple(c for c in self.choices if c is not None)
+
+    @property
+    def picked(self) -> tuple[ShardingOption | None, ...]:
+        """Its choice under each choice of its group."""
+        return tuple(self.choices[p] for p in self.pick)
+
+    def chosen(self, choice: Sequence[int]) -> ShardingOption | None:
+        """Its choice when each group g makes choice `choice[g]`."""
+        return self.choices[self.pick[choice[self.group]]]
+
+
+@dataclass(frozen=True)
+class ValueDecision:
+    """Which sharding the producer-less value `name` (a graph input, a weight) is held in;
+    grouped as an op is."""
+
+    name: str
+    choices: tuple[Sharding, ...]
+    group: int = -1
+    pick: tuple[int, ...] = ()
+
+    @property
+    def picked(self) -> tuple[Sharding, ...]:
+        """Its sharding under each choice of its group."""
+        return tuple(self.choices[p] for p in self.pick)
+
+    def chosen(self, choice: Sequence[int]) -> Sharding:
+        """Its sharding when each group g makes choice `choice[g]`."""
+        return self.choices[self.pick[choice[self.group]]]
+
+
+Decision = OpDecision | ValueDecision
+_D = TypeVar("_D", OpDecision, ValueDecision)
+
+Reader = tuple[Op, int]
+"""An op reading a value, and the operand it reads it as."""
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """The decisions of a graph tied into groups: those of the ops (in graph order) and of the
+    producer-less values they read (in value order), the decision leading each group (in group
+    order), and each op's copy in the first repeated layer (itself outside the repeats)."""
+
+    repeats: Repeats
+    ops: Mapping[str, OpDecision]
+    values: Mapping[str, ValueDecision]
+    groups: tuple[str, ...]
+    copies: Mapping[str, str]
+    representatives: Mapping[str, tuple]  # of the values with a key of their own (not "value")
+
+    def decision(self, name: str) -> Decision:
+        """The decision of op or value `name`."""
+        return self.ops[name] if name in self.ops else self.values[name]
+
+    def representative(self, value: str) -> tuple:
+        """The same key for a value and its copies in the other repeated layers: the copy in
+        the first layer of its producer (or of its only reader, for a producer-less value)."""
+        key = self.representatives.get(value)
+        return key if key is not None else ("value", value)
+
+
+def group_decisions(
+    graph: Graph,
+    rules: Mapping[str, OpRule | None],
+    op_choices: Callable[[Op], tuple[ShardingOption | None, ...]],
+    source_choices: Callable[[str, Sequence[Reader]], tuple[Sharding, ...]],
+    annotated: Collection[str],
+    coarsen: bool = True,
+) -> Grouping:
+    """The decisions of `graph`, with the choices `op_choices` and `source_choices` give them,
+    tied into groups (see the module docstring); `annotated` values (required annotations) are
+    never decided as another's copy. Without `coarsen`, every decision is a group of its own."""
+    return _Grouper(graph, rules, coarsen).group(op_choices, source_choices, annotated)
+
+
+Leader = tuple[str, tuple[int, ...]]
+"""The decision a decision follows (itself when it leads its group), and the choice it makes
+under each of the leader's group choices."""
+
+
+class _Grouper:
+    def __init__(self, graph: Graph, rules: Mapping[str, OpRule | None], coarsen: bool) -> None:
+        self.graph, self.rules, self.coarsen = graph, rules, coarsen
+        self.repeats = find_repeats(graph) if coarsen else NONE
+        ops = graph.ops
+        self.copies = {op.name: ops[self.repeats.first(i)].name for i, op in enumerate(ops)}
+        # The producer-less values decided, and who reads them.
+        self.readers: dict[str, list[Reader]] = {}
+        for op in ops:
+            for i, name in enumerate(op.inputs):
+                if name and graph.producer(name) is None and name not in graph.constants:
+                    self.readers.setdefault(name, []).append((op, i))
+        # A value's key, shared with its copies in the other layers (see `Grouping`).
+        keys: dict[str, tuple] = {}
+        for op in ops:
+            for name in op.outputs:
+                if name and graph.producer(name) is op:
+                    keys[name] = ("op", self.copies[op.name], op.outputs.index(name))
+        for name, readers in self.readers.items():
+            if len(readers) == 1:
+                op, i = readers[0]
+                keys[name] = ("source", self.copies[op.name], i)
+        self.representatives = keys
+        self.ops: dict[str, OpDecision] = {}
+        self.values: dict[str, ValueDecision] = {}
+        self.leader: dict[str, Leader] = {}
+
+    def group(
+        self,
+        op_choices: Callable[[Op], tuple[ShardingOption | None, ...]],
+        source_choices: Callable[[str, Sequence[Reader]], tuple[Sharding, ...]],
+        annotated: Collection[str],
+    ) -> Grouping:
+        graph, copies = self.graph, self.copies
+        for op in graph.ops:
+            first = copies[op.name]
+            choices = self.ops[first].choices if first != op.name else op_choices(op)
+            self.ops[op.name] = OpDecision(op.name, choices)
+        position = {name: i for i, name in enumerate(graph.values)}
+        sources = sorted(self.readers, key=position.__getitem__)
+        # A weight of a repeated layer is decided as its first copy is (unless annotated).
+        by_key: dict[tuple, str] = {}
+        first_copy: dict[str, str] = {}
+        for name in sources:
+            key = self.representatives.get(name, ("value", name))
+            alike = key[0] == "source" and name not in annotated
+            first_copy[name] = by_key.setdefault(key, name) if alike else name
+            if first_copy[name] == name:
+                shardings = source_choices(name, self.readers[name])
+            else:
+                shardings = self.values[first_copy[name]].choices
+            self.values[name] = ValueDecision(name, shardings)
+        # Leaders: who each decision follows, ops first (a follower's producer comes before
+        # it), then the values (each follows its reader).
+        leader = self.leader
+        for op in graph.ops:
+            leader[op.name] = self.follow(op)
+        for name in sources:
+            copied = first_copy[name]
+            if copied != name and leader[copied][0] != copied:
+                leader[name] = leader[copied]
+            else:
+                leader[name] = self.follow_source(name)
+        groups: list[str] = []
+        index_of: dict[str, int] = {}
+
+        def grouped(decision: _D) -> _D:
+            head, pick = leader[decision.name]
+            if head == decision.name:
+                index_of[head] = len(groups)
+                groups.append(head)
+            return dataclasses.replace(decision, group=index_of[head], pick=pick)
+
+        ops = {name: grouped(d) for name, d in self.ops.items()}
+        values = {name: grouped(d) for name, d in self.values.items()}
+        return Grouping(self.repeats, ops, values, tuple(groups), copies, self.representatives)
+
+    def follow(self, op: Op) -> Leader:
+        """An elementwise op follows the producer of its first operand when, under each choice
+        of the producer's group, it can compute in the sharding the producer gives (partial
+        sums reduced first); a copy in a repeated layer follows what its first copy follows."""
+        me = self.ops[op.name]
+        identity = (op.name, tuple(range(len(me.choices))))
+        if not self.coarsen:
+            return identity
+        if self.copies[op.name] != op.name:
+            return self.leader[self.copies[op.name]]
+        source = self.graph.producer(op.inputs[0]) if op.inputs else None
+        rule, source_rule = self.rules[op.name], self.rules[source.name] if source else None
+        values = self.graph.values
+        if (
+            op.type not in ELEMENTWISE
+            or source is None
+            or rule is None
+            or source_rule is None
+            or values[op.inputs[0]].shape != values[op.outputs[0]].shape
+        ):
+            return identity
+        head, head_pick = self.leader[source.name]
+        position = {option_reads(rule, c, 0): k for k, c in enumerate(me.options)}
+        out = source.outputs.index(op.inputs[0])
+        source_options = self.ops[source.name].options
+        pick = []
+        for k in head_pick:
+            produced = option_writes(source_rule, source_options[k], out)
+            k_me = position.get(Sharding(produced.split_axes))
+            if k_me is None:
+                return identity
+            pick.append(k_me)
+        return head, tuple(pick)
+
+    def follow_source(self, name: str) -> Leader:
+        """A producer-less value read by one op (with a rule) is held as that op reads it."""
+        me, readers = self.values[name], self.readers[name]
+        identity = (name, tuple(range(len(me.choices))))
+        if not self.coarsen or len(readers) != 1 or len(me.choices) == 1:
+            return identity
+        op, i = readers[0]
+        rule = self.rules[op.name]
+        if rule is None:
+            return identity
+        head, head_pick = self.leader[op.name]
+        position = {c: k for k, c in enumerate(me.choices)}
+        options = self.ops[op.name].options
+        return head, tuple(position[option_reads(rule, options[k], i)] for k in head_pick)

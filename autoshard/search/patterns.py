@@ -12,10 +12,11 @@ function of the graph; none sees the mesh.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from autoshard.ir.graph import Graph, Op
-from autoshard.rules.elementwise import BROADCAST, UNARY
+from autoshard.rules.elementwise import BROADCAST, ELEMENTWISE, UNARY
 
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 _WEIGHT_VIEWS = frozenset({"Transpose", "Cast", "Identity"})
@@ -117,6 +118,29 @@ def _bias(op: Op, graph: Graph, features: int) -> str:
     return ""
 
 
+# ---- walks ------------------------------------------------------------------------------------
+
+
+def _walk(starts: Iterable[str], step: Callable[[str], list[str] | None]) -> bool:
+    """Walk values depth first from `starts`, each once: `step(value)` looks at the ops around
+    `value` and names the values to go on to (the last named is walked first), or returns None
+    to stop the walk there. True when the walk ran out of values, False when a step stopped it.
+
+    Every finder below is one such walk: forward through a value's consumers (head Reshapes,
+    attention regions, MLP and conv regions) or back through its producer (MoE experts)."""
+    stack, seen = list(starts), set()
+    while stack:
+        value = stack.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        following = step(value)
+        if following is None:
+            return False
+        stack += following
+    return True
+
+
 # ---- the feature dim through the graph --------------------------------------------------------
 
 
@@ -149,13 +173,11 @@ def _head_reshapes(graph: Graph, projection: Projection) -> tuple[list[tuple[str
     (op name, heads); and whether a Split lies on the way."""
     found: list[tuple[str, int]] = []
     fused = False
-    stack, seen = [projection.output], set()
-    while stack:
-        value = stack.pop()
-        if value in seen:
-            continue
-        seen.add(value)
+
+    def step(value: str) -> list[str]:
+        nonlocal fused
         shape = shape_of(graph, value)
+        following = []
         for op in graph.consumers(value):
             if op.type == "Reshape" and op.inputs[0] == value:
                 out = shape_of(graph, op.outputs[0])
@@ -165,9 +187,12 @@ def _head_reshapes(graph: Graph, projection: Projection) -> tuple[list[tuple[str
             last = op.attr("axis", 0) in (-1, len(shape) - 1)
             if op.type == "Split" and op.inputs[0] == value and last:
                 fused = True
-                stack += [name for name in op.outputs if name]
+                following += [name for name in op.outputs if name]
             elif _keeps_features(op, graph, value, params_only=True):
-                stack += [name for name in op.outputs if name]
+                following += [name for name in op.outputs if name]
+        return following
+
+    _walk([projection.output], step)
     return found, fused
 
 
@@ -206,17 +231,8 @@ def attention_blocks(graph: Graph, projections: dict[str, Projection]) -> list[A
         reshapes, fused = _head_reshapes(graph, projection)
         if not reshapes:
             continue
-        region: set[str] = set()
-        ends: set[str] = set()
-        stack = [graph.op_by_name[op].outputs[0] for op, _ in reshapes]
-        while stack:
-            value = stack.pop()
-            for op in graph.consumers(value):
-                if op.name in projections and op.inputs[0] == value:
-                    ends.add(op.name)
-                elif op.name not in region:
-                    region.add(op.name)
-                    stack += [out for out in op.outputs if out]
+        starts = [graph.op_by_name[op].outputs[0] for op, _ in reshapes]
+        region, ends = _attention_region(graph, projections, starts)
         block = AttentionBlock(
             frozenset({name}),
             frozenset({name} if fused else ()),
@@ -229,6 +245,28 @@ def attention_blocks(graph: Graph, projections: dict[str, Projection]) -> list[A
             block |= other
         blocks.append(block)
     return blocks
+
+
+def _attention_region(
+    graph: Graph, projections: dict[str, Projection], starts: list[str]
+) -> tuple[set[str], set[str]]:
+    """The ops reachable from `starts` without entering a projection, and the projections
+    reached (reading the region as their input features)."""
+    region: set[str] = set()
+    ends: set[str] = set()
+
+    def step(value: str) -> list[str]:
+        following = []
+        for op in graph.consumers(value):
+            if op.name in projections and op.inputs[0] == value:
+                ends.add(op.name)
+            elif op.name not in region:
+                region.add(op.name)
+                following += [out for out in op.outputs if out]
+        return following
+
+    _walk(starts, step)
+    return region, ends
 
 
 def mlp_block(
@@ -246,12 +284,13 @@ def mlp_block(
     features = start.out_features
     by_output = {p.output: p for p in projections.values()}
     firsts, seconds = {start.op: start}, {}
-    stack, region = [start.output], {start.output}
+    region = {start.output}  # the values reached, walked or still to walk
     foreign: set[str] = set()  # other operands, which must turn out to be in the region
-    while stack:
-        value = stack.pop()
+
+    def step(value: str) -> list[str] | None:
         if value in graph.outputs:
             return None
+        following = []
         for op in graph.consumers(value):
             projection = projections.get(op.name)
             if projection is not None and op.inputs[0] == value:
@@ -272,11 +311,15 @@ def mlp_block(
                         foreign.add(name)
                     continue
                 region.add(name)
-                stack.append(name)
+                following.append(name)
             for name in op.outputs:
                 if name and name not in region:
                     region.add(name)
-                    stack.append(name)
+                    following.append(name)
+        return following
+
+    if not _walk([start.output], step):
+        return None
     # An operand from outside with features of its own (a residual) makes it no MLP.
     if not seconds or set(firsts) & set(seconds) or foreign - region:
         return None
@@ -304,29 +347,38 @@ def conv_pairs(graph: Graph) -> list[tuple[Op, list[Op]]]:
     for op in graph.ops:
         if not _plain_conv(op, graph) or op.name in claimed:
             continue
-        channels = shape_of(graph, op.inputs[1])[0]
-        stack, seconds, closed = [op.outputs[0]], [], True
-        while stack and closed:
-            value = stack.pop()
-            closed = value not in graph.outputs
-            for user in graph.consumers(value) if closed else ():
-                if _plain_conv(user, graph) and user.inputs[0] == value:
-                    seconds.append(user)
-                    continue
-                others = [name for name in user.inputs[1:] if not _is_param(graph, name)]
-                local = user.type in _CHANNEL_LOCAL or user.type in BROADCAST and not others
-                results = [name for name in user.outputs if name]
-                if not local or user.inputs[0] != value or len(results) != 1:
-                    closed = False
-                    break
-                if shape_of(graph, results[0])[1:2] != (channels,):
-                    closed = False
-                    break
-                stack.append(results[0])
-        if closed and seconds and not claimed & {s.name for s in seconds}:
+        seconds = _row_convs(graph, op)
+        if seconds and not claimed & {s.name for s in seconds}:
             pairs.append((op, seconds))
             claimed |= {op.name, *(s.name for s in seconds)}
     return pairs
+
+
+def _row_convs(graph: Graph, conv: Op) -> list[Op] | None:
+    """The Convs `conv`'s result reaches through channel-local ops, or None when the region
+    between is not closed."""
+    channels = shape_of(graph, conv.inputs[1])[0]
+    seconds: list[Op] = []
+
+    def step(value: str) -> list[str] | None:
+        if value in graph.outputs:
+            return None
+        following = []
+        for user in graph.consumers(value):
+            if _plain_conv(user, graph) and user.inputs[0] == value:
+                seconds.append(user)
+                continue
+            others = [name for name in user.inputs[1:] if not _is_param(graph, name)]
+            local = user.type in _CHANNEL_LOCAL or user.type in BROADCAST and not others
+            results = [name for name in user.outputs if name]
+            if not local or user.inputs[0] != value or len(results) != 1:
+                return None
+            if shape_of(graph, results[0])[1:2] != (channels,):
+                return None
+            following.append(results[0])
+        return following
+
+    return seconds if _walk([conv.outputs[0]], step) else None
 
 
 def _computed(graph: Graph) -> set[str]:
@@ -377,18 +429,16 @@ def expert_downs(graph: Graph) -> list[tuple[str, int]]:
                 lhs = user.inputs[0] == rows  # W[t] @ x[t]: contracts the table's last dim
                 experts[user.name] = (table, 2 if lhs else 1, user.inputs[1 if lhs else 0])
     outputs = {graph.op_by_name[name].outputs[0] for name in experts}
-    local = UNARY | BROADCAST | _VIEWS | {"Slice", "Split"}
-    found = []
-    for table, dim, data in experts.values():
-        stack, seen = [data], set()
-        while stack:
-            value = stack.pop()
-            producer = graph.producer(value)
-            if value in outputs:
-                found.append((table, dim))
-                break
-            if value in seen or producer is None or producer.type not in local:
-                continue
-            seen.add(value)
-            stack += [name for name in producer.inputs if name and not _is_param(graph, name)]
-    return found
+    local = ELEMENTWISE | _VIEWS | {"Slice", "Split"}
+
+    def step(value: str) -> list[str] | None:
+        """Back through feature-local producers; None (stop) at another expert matmul."""
+        if value in outputs:
+            return None
+        producer = graph.producer(value)
+        if producer is None or producer.type not in local:
+            return []
+        return [name for name in producer.inputs if name and not _is_param(graph, name)]
+
+    # A walk stopped by `step` reached the output of another expert matmul.
+    return [(table, dim) for table, dim, data in experts.values() if not _walk([data], step)]

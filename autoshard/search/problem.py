@@ -1,13 +1,10 @@
 """The search problem: decisions, their candidates, and integer costs, ready for the ILP.
 
 Decisions are the ops (which sharding option) and the producer-less values the ops read (graph
-inputs and weights: which sharding they are held in). Coarsening ties decisions together into
-*groups* sharing one one-hot variable vector:
-
-- a weight or input read by one op follows that op: it is held as the op reads it;
-- an elementwise op follows the producer of its first operand when it can compute in the
-  sharding that producer gives (the chain runs where its data lies, as in Alpa);
-- ops of repeated layers share the variables of the first layer (`coarsen.find_repeats`).
+inputs and weights: which sharding they are held in). Their candidates are built here (the
+required annotations remove some); `coarsen.group_decisions` ties them into *groups* sharing
+one one-hot variable vector (repeated layers, weights following their reader, elementwise ops
+following their producer).
 
 Costs, all per device:
 - node: the compute time of each member op under the group's choice (`cost.model`), plus the
@@ -24,7 +21,6 @@ Costs are scaled once to integers for CP-SAT: the largest becomes `SCALE`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -43,27 +39,21 @@ from autoshard.plan import Plan, ShardingOption
 from autoshard.propagate import plan_from_options, returned
 from autoshard.reshard import Collective, ReshardPrices
 from autoshard.rules import OpRule, rule_for
-from autoshard.rules.elementwise import BROADCAST, UNARY
-from autoshard.search.candidates import candidates
-from autoshard.search.coarsen import NONE, Repeats, find_repeats
+from autoshard.search.candidates import candidates, option_reads, option_writes
+from autoshard.search.coarsen import (
+    Decision,
+    Grouping,
+    OpDecision,
+    Reader,
+    Repeats,
+    group_decisions,
+)
 from autoshard.search.options import Objective
 from autoshard.sharding import Sharding
 
 SCALE = 10**9
 """The largest cost coefficient after scaling: fine enough to separate plans, small enough to
 keep CP-SAT's arithmetic exact."""
-
-FOLLOWERS = (UNARY | BROADCAST) - {"Expand"}
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _result(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
-    return rule.result_sharding(option, index)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _operand(rule: OpRule, option: ShardingOption, index: int) -> Sharding:
-    return rule.operand_sharding(option, index)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -73,9 +63,6 @@ def _candidates(rule: OpRule, mesh: Mesh) -> tuple[ShardingOption, ...]:
 
 class SearchError(AutoshardError):
     """The annotations leave no candidate, or the problem cannot be built."""
-
-
-Choice = ShardingOption | Sharding | None
 
 
 @dataclass(frozen=True)
@@ -104,35 +91,19 @@ class Problem:
 
 
 @dataclass(frozen=True)
-class Decision:
-    """One op or producer-less value: its candidates, and (group, choice index per group
-    choice) once coarsened."""
-
-    name: str
-    is_op: bool
-    choices: tuple[Choice, ...]
-    group: int = -1
-    pick: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
 class Search:
-    """A problem and how to read its solution back as a plan."""
+    """A problem and how to read its solution (a choice per group) back as a plan."""
 
     problem: Problem
-    decisions: Mapping[str, Decision]
-    repeats: Repeats
-    groups: tuple[str, ...]  # the decision leading each group
+    grouping: Grouping
+
+    @property
+    def repeats(self) -> Repeats:
+        return self.grouping.repeats
 
     def plan(self, graph: Graph, cluster: Cluster, choice: Sequence[int]) -> Plan:
-        options: dict[str, ShardingOption | None] = {}
-        held: dict[str, Sharding] = {}
-        for d in self.decisions.values():
-            picked = d.choices[d.pick[choice[d.group]]]
-            if d.is_op:
-                options[d.name] = picked  # type: ignore[assignment]
-            else:
-                held[d.name] = picked  # type: ignore[assignment]
+        options = {name: d.chosen(choice) for name, d in self.grouping.ops.items()}
+        held = {name: d.chosen(choice) for name, d in self.grouping.values.items()}
         return plan_from_options(graph, cluster.mesh, options, held)
 
 
@@ -145,14 +116,12 @@ class _Builder:
         graph: Graph,
         cluster: Cluster,
         annotations: Sequence[Annotation],
-        objective: str,
+        objective: Objective,
         coarsen: bool,
     ) -> None:
         self.graph, self.cluster, self.mesh = graph, cluster, cluster.mesh
         self.objective = objective
         self.rules: dict[str, OpRule | None] = {op.name: rule_for(op, graph) for op in graph.ops}
-        self.repeats = find_repeats(graph) if coarsen else NONE
-        self.coarsen = coarsen
         self.required = [a for a in annotations if a.required]
         self.hints = [a for a in annotations if not a.required]
         self.producer = {o: op for op in graph.ops for o in op.outputs if o}
@@ -161,15 +130,18 @@ class _Builder:
         self.held_cache: dict[tuple, tuple[Sharding, ...]] = {}
         self.need_cache: dict[tuple[str, int], tuple[Sharding, ...]] = {}
         self.compute_cache: dict[str, list[float]] = {}
-        self.copies: dict[str, str] = {}
-        self.readers: dict[str, list[tuple[Op, int]]] = {}
+        annotated = {a.value for a in self.required}
+        self.grouping = group_decisions(
+            graph, self.rules, self.op_choices, self.source_choices, annotated, coarsen
+        )
 
     # -- candidates, restricted by required annotations --
 
-    def op_choices(self, op: Op) -> tuple[Choice, ...]:
+    def op_choices(self, op: Op) -> tuple[ShardingOption | None, ...]:
         rule = self.rules[op.name]
-        if rule is None:
-            return (None,)
+        return (None,) if rule is None else self.options(op, rule)
+
+    def options(self, op: Op, rule: OpRule) -> tuple[ShardingOption, ...]:
         found = [c for c in _candidates(rule, self.mesh) if self.allowed(op, rule, c)]
         if not found:
             raise SearchError(
@@ -181,15 +153,15 @@ class _Builder:
         for a in self.required:
             if a.for_users:
                 for i, name in enumerate(op.inputs):
-                    if name == a.value and _operand(rule, option, i) != a.sharding:
+                    if name == a.value and option_reads(rule, option, i) != a.sharding:
                         return False
             else:
                 for j, name in enumerate(op.outputs):
-                    if name == a.value and _result(rule, option, j) != a.sharding:
+                    if name == a.value and option_writes(rule, option, j) != a.sharding:
                         return False
         return True
 
-    def source_choices(self, name: str, readers: Iterable[tuple[Op, int]]) -> tuple[Choice, ...]:
+    def source_choices(self, name: str, readers: Iterable[Reader]) -> tuple[Sharding, ...]:
         fixed = [a.sharding for a in self.required if a.value == name and not a.for_users]
         if fixed:
             return (fixed[0],)
@@ -198,121 +170,14 @@ class _Builder:
             rule = self.rules[op.name]
             if rule is None:
                 continue
-            for option in self.op_choices(op):
-                found[_operand(rule, option, i)] = None  # type: ignore[arg-type]
+            for option in self.options(op, rule):
+                found[option_reads(rule, option, i)] = None
         return tuple(found)
-
-    # -- decisions and groups --
-
-    def decisions(self) -> tuple[dict[str, Decision], list[str]]:
-        graph = self.graph
-        readers: dict[str, list[tuple[Op, int]]] = {}
-        for op in graph.ops:
-            for i, name in enumerate(op.inputs):
-                if name and name not in self.producer and name not in graph.constants:
-                    readers.setdefault(name, []).append((op, i))
-        self.readers = readers
-        found: dict[str, Decision] = {}
-        copies = self.copies  # op -> the op of the first repeat it copies
-        for index, op in enumerate(graph.ops):
-            first = graph.ops[self.repeats.first(index)]
-            copies[op.name] = first.name
-            choices = found[first.name].choices if first is not op else self.op_choices(op)
-            found[op.name] = Decision(op.name, True, choices)
-        position = {name: i for i, name in enumerate(graph.values)}
-        sources = sorted(readers, key=position.__getitem__)
-        # A weight of a repeated layer is decided as its first copy is (unless annotated).
-        annotated = {a.value for a in self.required}
-        by_key: dict[tuple, str] = {}
-        first_copy: dict[str, str] = {}
-        for name in sources:
-            key = self.representative(name)
-            alike = key[0] == "source" and name not in annotated
-            first_copy[name] = by_key.setdefault(key, name) if alike else name
-            if first_copy[name] == name:
-                found[name] = Decision(name, False, self.source_choices(name, readers[name]))
-            else:
-                found[name] = Decision(name, False, found[first_copy[name]].choices)
-        # Leaders: who each decision follows (itself when it leads a group), with the map from
-        # the leader's choices to its own.
-        leader: dict[str, tuple[str, tuple[int, ...]]] = {}
-        for op in graph.ops:
-            leader[op.name] = self.follow(op, found, leader, copies)
-        for name in sources:
-            copied = first_copy[name]
-            if copied != name and leader[copied][0] != copied:
-                leader[name] = leader[copied]
-            else:
-                leader[name] = self.follow_source(name, readers[name], found, leader)
-        groups: list[str] = []
-        index_of: dict[str, int] = {}
-        for name in [op.name for op in graph.ops] + sources:
-            head, pick = leader[name]
-            if head == name:
-                index_of[name] = len(groups)
-                groups.append(name)
-            found[name] = dataclasses.replace(found[name], group=index_of[head], pick=pick)
-        return found, groups
-
-    def follow(
-        self,
-        op: Op,
-        found: Mapping[str, Decision],
-        leader: Mapping[str, tuple[str, tuple[int, ...]]],
-        copies: Mapping[str, str],
-    ) -> tuple[str, tuple[int, ...]]:
-        me = found[op.name]
-        identity = tuple(range(len(me.choices)))
-        if not self.coarsen:
-            return op.name, identity
-        if copies[op.name] != op.name:
-            return leader[copies[op.name]]
-        source = self.producer.get(op.inputs[0]) if op.inputs else None
-        rule, source_rule = self.rules[op.name], self.rules[source.name] if source else None
-        if (
-            op.type not in FOLLOWERS
-            or source is None
-            or rule is None
-            or source_rule is None
-            or self.graph.values[op.inputs[0]].shape != self.graph.values[op.outputs[0]].shape
-        ):
-            return op.name, identity
-        head, head_pick = leader[source.name]
-        position = {_operand(rule, c, 0): k for k, c in enumerate(me.choices)}  # type: ignore[arg-type]
-        out = source.outputs.index(op.inputs[0])
-        pick = []
-        for k in head_pick:
-            produced = _result(source_rule, found[source.name].choices[k], out)  # type: ignore[arg-type]
-            k_me = position.get(Sharding(produced.split_axes))
-            if k_me is None:
-                return op.name, identity
-            pick.append(k_me)
-        return head, tuple(pick)
-
-    def follow_source(
-        self,
-        name: str,
-        readers: Sequence[tuple[Op, int]],
-        found: Mapping[str, Decision],
-        leader: Mapping[str, tuple[str, tuple[int, ...]]],
-    ) -> tuple[str, tuple[int, ...]]:
-        me = found[name]
-        identity = tuple(range(len(me.choices)))
-        if not self.coarsen or len(readers) != 1 or len(me.choices) == 1:
-            return name, identity
-        op, i = readers[0]
-        rule = self.rules[op.name]
-        if rule is None:
-            return name, identity
-        head, head_pick = leader[op.name]
-        position = {c: k for k, c in enumerate(me.choices)}
-        choices = found[op.name].choices
-        return head, tuple(position[_operand(rule, choices[k], i)] for k in head_pick)  # type: ignore[arg-type]
 
     # -- costs --
 
     def price(self, collective: Collective) -> float:
-        if self.objective == "bytes":
+        if self.objective is Objective.BYTES:
             return float(collective.bytes_per_device)
         return collective_time(collective, self.cluster)
 
@@ -331,80 +196,69 @@ class _Builder:
             self.matrices[key] = self.prices.matrix(held, need, info.shape, size).tolist()
         return self.matrices[key]
 
-    def compute_cost(self, op: Op, option: Choice) -> float:
-        if self.objective == "bytes":
+    def compute_cost(self, op: Op, option: ShardingOption | None) -> float:
+        if self.objective is Objective.BYTES:
             return 0.0
         rule = self.rules[op.name]
-        return compute_time(op, rule, option, self.graph, self.cluster)  # type: ignore[arg-type]
+        return compute_time(op, rule, option, self.graph, self.cluster)
 
     def held(self, name: str, decision: Decision) -> tuple[Sharding, ...]:
         """How `name` is held under each choice of its deciding group; copies of a value in
         repeated layers share the answer."""
-        key = self.representative(name)
+        key = self.grouping.representative(name)
         if key not in self.held_cache:
-            choices = [decision.choices[p] for p in decision.pick]
-            if decision.is_op:
+            if isinstance(decision, OpDecision):
                 op = self.producer[name]
                 rule, out = self.rules[op.name], op.outputs.index(name)
-                choices = [
-                    _result(rule, c, out) if rule and c is not None else Sharding()  # type: ignore[arg-type]
-                    for c in choices
-                ]
-            self.held_cache[key] = tuple(choices)  # type: ignore[arg-type]
+                self.held_cache[key] = tuple(
+                    option_writes(rule, c, out) if rule and c is not None else Sharding()
+                    for c in decision.picked
+                )
+            else:
+                self.held_cache[key] = decision.picked
         return self.held_cache[key]
 
-    def needs(self, op: Op, i: int, decision: Decision) -> tuple[Sharding, ...]:
+    def needs(self, op: Op, i: int, decision: OpDecision) -> tuple[Sharding, ...]:
         """The sharding `op` reads operand i in, under each choice of its group."""
-        key = (self.copies[op.name], i)
+        key = (self.grouping.copies[op.name], i)
         if key not in self.need_cache:
             rule = self.rules[op.name]
             self.need_cache[key] = tuple(
-                _operand(rule, c, i)  # type: ignore[arg-type]
+                option_reads(rule, c, i)
                 if rule is not None and c is not None and i < len(rule.operands)
                 else Sharding()
-                for c in (decision.choices[p] for p in decision.pick)
+                for c in decision.picked
             )
         return self.need_cache[key]
 
-    def computes(self, op: Op, decision: Decision) -> list[float]:
-        key = self.copies[op.name]
+    def computes(self, op: Op, decision: OpDecision) -> list[float]:
+        key = self.grouping.copies[op.name]
         if key not in self.compute_cache:
-            choices = [decision.choices[p] for p in decision.pick]
-            self.compute_cache[key] = [self.compute_cost(op, c) for c in choices]
+            self.compute_cache[key] = [self.compute_cost(op, c) for c in decision.picked]
         return self.compute_cache[key]
 
-    def representative(self, value: str) -> tuple:
-        """The same key for a value and its copies in the other repeated layers."""
-        op = self.producer.get(value)
-        if op is not None:
-            return ("op", self.copies[op.name], op.outputs.index(value))
-        readers = self.readers.get(value, [])
-        if len(readers) == 1:
-            return ("source", self.copies[readers[0][0].name], readers[0][1])
-        return ("value", value)
-
     def build(self) -> Search:
-        graph = self.graph
-        found, groups = self.decisions()
-        sizes = [len(found[g].pick) for g in groups]
+        graph, grouping = self.graph, self.grouping
+        ops, copies = grouping.ops, grouping.copies
+        sizes = [len(grouping.decision(g).pick) for g in grouping.groups]
         node = [[0.0] * n for n in sizes]
         # Edges by what they carry: a layer's edge and its copies count once, times their
         # number.
         reads: Counter[tuple[str, Op, int]] = Counter()
         first: dict[tuple, tuple[str, Op, int]] = {}
         for op in graph.ops:
-            d = found[op.name]
+            d = ops[op.name]
             for k, cost in enumerate(self.computes(op, d)):
                 node[d.group][k] += cost
             for i, name in enumerate(op.inputs):
                 if name and name not in graph.constants:
-                    src = found[self.producer[name].name] if name in self.producer else found[name]
-                    key = (src.group, d.group, self.representative(name), self.copies[op.name], i)
+                    src = self.deciding(name)
+                    key = (src.group, d.group, grouping.representative(name), copies[op.name], i)
                     reads[first.setdefault(key, (name, op, i))] += 1
         edges: dict[tuple[int, int], list[list[float]]] = {}
         for (name, op, i), count in reads.items():
-            d = found[op.name]
-            src = found[self.producer[name].name] if name in self.producer else found[name]
+            d = ops[op.name]
+            src = self.deciding(name)
             held, need = self.held(name, src), self.needs(op, i, d)
             a, b = src.group, d.group
             if a == b:
@@ -419,7 +273,7 @@ class _Builder:
                     out[kb] += count * row[kb]
         for name in graph.outputs:
             if name in self.producer:
-                d = found[self.producer[name].name]
+                d = ops[self.producer[name].name]
                 for k, held_k in enumerate(self.held(name, d)):
                     node[d.group][k] += self.reshard_cost(name, held_k, returned(held_k))
         # Hints: a small penalty on every choice that holds a hinted value otherwise (a
@@ -429,9 +283,9 @@ class _Builder:
         node_costs = [[round(c / unit) for c in row] for row in node]
         for hint in self.hints:
             value = hint.value
-            hinted = found.get(self.producer[value].name if value in self.producer else value)
-            if hinted is None:
-                continue
+            if value not in self.producer and value not in grouping.values:
+                continue  # a constant, or a value no op reads: nothing decides it
+            hinted = self.deciding(value)
             for k, held_k in enumerate(self.held(value, hinted)):
                 if held_k != hint.sharding:
                     node_costs[hinted.group][k] += penalty
@@ -442,11 +296,16 @@ class _Builder:
                 (a, b, tuple(tuple(round(c / unit) for c in row) for row in m))
                 for (a, b), m in sorted(edges.items())
             ),
-            self.memory_rows(found, sizes),
+            self.memory_rows(sizes),
             self.cluster.memory,
             unit,
         )
-        return Search(problem, found, self.repeats, tuple(groups))
+        return Search(problem, grouping)
+
+    def deciding(self, name: str) -> Decision:
+        """The decision that says how `name` is held: its producer's, or its own."""
+        op = self.producer.get(name)
+        return self.grouping.ops[op.name] if op is not None else self.grouping.values[name]
 
     @staticmethod
     def unit(node: list[list[float]], edges: Mapping[tuple[int, int], list[list[float]]]) -> float:
@@ -456,9 +315,7 @@ class _Builder:
         )
         return biggest / SCALE if biggest > 0 else 1.0
 
-    def memory_rows(
-        self, found: Mapping[str, Decision], sizes: Sequence[int]
-    ) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    def memory_rows(self, sizes: Sequence[int]) -> tuple[tuple[tuple[int, int, int], ...], ...]:
         """Per op in program order: the bytes live there, as (group, choice, bytes) terms."""
         graph = self.graph
         last: dict[str, int] = {}
@@ -467,7 +324,7 @@ class _Builder:
                 last[name] = index
         for name in graph.outputs:
             last[name] = len(graph.ops)
-        resident = [n for n, d in found.items() if not d.is_op]
+        resident = list(self.grouping.values)
 
         # A row is a vector over every (group, choice), groups one after another.
         offsets = np.cumsum([0, *sizes])
@@ -476,10 +333,10 @@ class _Builder:
         def vector(names: Iterable[str]) -> np.ndarray:
             out = np.zeros(offsets[-1], dtype=np.int64)
             for name in names:
-                key = self.representative(name)
+                key = self.grouping.representative(name)
                 if key not in vectors:
                     info = graph.values[name]
-                    d = found[self.producer[name].name] if name in self.producer else found[name]
+                    d = self.deciding(name)
                     vectors[key] = np.zeros(offsets[-1], dtype=np.int64)
                     vectors[key][offsets[d.group] : offsets[d.group + 1]] = [
                         shard_bytes(info.shape, info.dtype, held, self.mesh)
