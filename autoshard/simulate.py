@@ -66,19 +66,21 @@ def run_collective(
         n = len(group)
         # The group's gathered or reduced value, computed once (the devices only read it).
         if c.kind is CollectiveKind.ALL_GATHER:
-            whole = np.concatenate(inputs, axis=c.gather_axis)
+            whole = np.concatenate(inputs, axis=c.dim)
         elif c.kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
             whole = reduce(c.reduction, inputs)  # type: ignore[arg-type]
         for i, device in enumerate(group):
             if c.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.ALL_REDUCE):
                 out[device] = whole
+            elif c.dim is None:  # pragma: no cover - the kinds left cut a dim, reshard names it
+                raise ValueError(f"{c} names no tensor dim to cut")
             elif c.kind is CollectiveKind.ALL_SLICE:
-                out[device] = piece(inputs[i], c.slice_axis, i, n)  # type: ignore[arg-type]
+                out[device] = piece(inputs[i], c.dim, i, n)
             elif c.kind is CollectiveKind.REDUCE_SCATTER:
-                out[device] = piece(whole, c.scatter_axis, i, n)  # type: ignore[arg-type]
+                out[device] = piece(whole, c.dim, i, n)
             elif c.kind is CollectiveKind.ALL_TO_ALL:
-                received = [piece(x, c.split_axis, i, n) for x in inputs]  # type: ignore[arg-type]
-                out[device] = np.concatenate(received, axis=c.concat_axis)
+                received = [piece(x, c.dim, i, n) for x in inputs]
+                out[device] = np.concatenate(received, axis=c.to_dim)
             else:  # pragma: no cover
                 raise NotImplementedError(c.kind)
     return out

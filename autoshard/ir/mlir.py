@@ -72,7 +72,7 @@ from autoshard.ir.mlir_syntax import (
 from autoshard.mesh import Mesh
 from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
-from autoshard.reshard import Collective, CollectiveKind, ring_bytes
+from autoshard.reshard import AXIS_NAMES, Collective, CollectiveKind, ring_bytes
 from autoshard.sharding import ReductionKind, Sharding, parse_sharding
 
 __all__ = ["COLLECTIVES", "MlirError", "MlirOp", "Module", "parse_module", "print_program"]
@@ -277,8 +277,10 @@ class _Printer:
         c, source, lines = step.collective, self.ref(step.source), []
         src, dst = self.local(step.source), self.local(step.target)
         n = self.mesh.group_size(c.mesh_axes)
-        grow = [a for a in (c.gather_axis, c.concat_axis) if a is not None]
-        shrink = [a for a in (c.slice_axis, c.scatter_axis, c.split_axis) if a is not None]
+        # all_gather grows its dim; the other kinds cut theirs, and all_to_all grows `to_dim`
+        gathers = c.kind is CollectiveKind.ALL_GATHER
+        grow = [a for a in (c.dim if gathers else c.to_dim,) if a is not None]
+        shrink = [a for a in (c.dim,) if a is not None and not gathers]
 
         def exact(axis: int, big: TensorType, small: TensorType) -> bool:
             b, s = big.shape[axis], small.shape[axis]
@@ -310,9 +312,9 @@ class _Printer:
             return f'"{PERMUTE_OP}"({source}) {{{attrs}}} : ({src}) -> {dst}'
         fields = f" {axes} = {list(c.mesh_axes)}"
         for name in COLLECTIVES[c.kind]:
-            value = getattr(c, name)
+            value: object = c.axis_attrs.get(name)
             if name == "reduction":
-                value = f"<{value}>" if d == "mesh" else value
+                value = f"<{c.reduction}>" if d == "mesh" else c.reduction
             fields += f" {name} = {value}"
         return f"{d}.{c.kind} {source} on @{self.mesh.name}{fields} : {src} -> {dst}"
 
@@ -556,8 +558,8 @@ class _Rebuild:
                 fields[name] = ReductionKind(value)
             elif name == "source_target_pairs":
                 fields["pairs"] = tuple(tuple(int(x) for x in p) for p in np.asarray(value))
-            else:
-                fields[name] = value
+            else:  # a tensor dim; all_to_all's second (concat_axis) is `to_dim`
+                fields[("dim", "to_dim")[AXIS_NAMES[kind].index(name)]] = value
         axes = tuple(op.attrs.get("mesh_axes", ()))
         local = dtypes.nbytes(src.dtype, 1)  # the largest local shard, as reshard counts it
         for dim, size in enumerate(src.shape):
