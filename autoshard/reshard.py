@@ -47,7 +47,7 @@ import numpy as np
 
 from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
-from autoshard.sharding import ReductionKind, Sharding
+from autoshard.sharding import ReductionKind, Sharding, shard_bounds, shard_size
 
 Split = tuple[tuple[int, ...], ...]
 Bounds = tuple[tuple[int, int], ...]
@@ -78,7 +78,7 @@ def ring_bytes(kind: CollectiveKind, n: int, local: int) -> int:
     """Bytes one device sends in a ring collective over n devices, `local` its input shard's
     bytes (DESIGN.md): all_gather (n-1)/n of the n*local gathered; reduce_scatter and
     all_to_all (n-1)/n of the input; all_reduce twice that; all_slice nothing (local)."""
-    piece = -(-local // n)
+    piece = shard_size(local, n)  # the ring moves the input in n ceil-sized chunks
     return {
         CollectiveKind.ALL_GATHER: (n - 1) * local,
         CollectiveKind.REDUCE_SCATTER: (n - 1) * piece,
@@ -583,7 +583,8 @@ def _permute(
     if old == new:
         return None
     for size, a, b in zip(shape, old, new, strict=True):
-        if -(-size // n(a)) != -(-size // n(b)) or not _shards(size, n(b)) <= _shards(size, n(a)):
+        same_size = shard_size(size, n(a)) == shard_size(size, n(b))
+        if not same_size or not _shards(size, n(b)) <= _shards(size, n(a)):
             return None
     numbers: dict[Bounds, int] = {}
     held, wanted = (
@@ -613,7 +614,7 @@ def _local_bytes(split: Split, shape: tuple[int, ...], mesh: Mesh, itemsize: int
     """Bytes of a device's largest shard (ceil-sized on every split dim)."""
     elements = 1
     for size, axes in zip(shape, split, strict=True):
-        elements *= -(-size // mesh.group_size(axes)) if axes else size
+        elements *= shard_size(size, mesh.group_size(axes))
     return elements * itemsize
 
 
@@ -691,9 +692,8 @@ def _group_position(device: tuple[int, ...], mesh: Mesh, axes: Sequence[int]) ->
 
 
 def _bounds(size: int, n: int) -> list[tuple[int, int]]:
-    """Shard i of a dim of `size` split n ways: [i*S, (i+1)*S) clipped, S = ceil(size/n)."""
-    step = -(-size // n)
-    return [(min(i * step, size), min((i + 1) * step, size)) for i in range(n)]
+    """Every shard of a dim of `size` split n ways, in order."""
+    return [shard_bounds(size, n, i) for i in range(n)]
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -716,12 +716,7 @@ def _slice_exact(size: int, fine: int, coarse: int) -> bool:
     small, big = _bounds(size, fine), _bounds(size, coarse)
     g = fine // coarse
     for i, (start, stop) in enumerate(big):
-        chunk = -(-(stop - start) // g)
-        for j in range(g):
-            mine = (
-                start + min(j * chunk, stop - start),
-                start + min((j + 1) * chunk, stop - start),
-            )
-            if mine != small[i * g + j]:
+        for j, (low, high) in enumerate(_bounds(stop - start, g)):
+            if (start + low, start + high) != small[i * g + j]:
                 return False
     return True

@@ -15,7 +15,7 @@ import numpy as np
 
 from autoshard.mesh import Device, Mesh
 from autoshard.reshard import Collective, CollectiveKind
-from autoshard.sharding import ReductionKind, Sharding
+from autoshard.sharding import ReductionKind, Sharding, shard_bounds
 
 Locals = dict[Device, np.ndarray]
 
@@ -37,9 +37,7 @@ def reduce(kind: ReductionKind, arrays: list[np.ndarray]) -> np.ndarray:
 
 def piece(array: np.ndarray, axis: int, index: int, count: int) -> np.ndarray:
     """Piece `index` of `count` ceil-sized pieces of `array` along `axis`."""
-    size = array.shape[axis]
-    step = -(-size // count)
-    start, stop = min(index * step, size), min((index + 1) * step, size)
+    start, stop = shard_bounds(array.shape[axis], count, index)
     return np.take(array, np.arange(start, stop), axis=axis)
 
 

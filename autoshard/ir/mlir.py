@@ -73,7 +73,7 @@ from autoshard.mesh import Mesh
 from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
 from autoshard.reshard import AXIS_NAMES, Collective, CollectiveKind, ring_bytes
-from autoshard.sharding import ReductionKind, Sharding, parse_sharding
+from autoshard.sharding import ReductionKind, Sharding, parse_sharding, shard_bounds, shard_size
 
 __all__ = ["COLLECTIVES", "MlirError", "MlirOp", "Module", "parse_module", "print_program"]
 
@@ -347,8 +347,7 @@ def _ceil_offsets(sharding: Sharding, mesh: Mesh, shape: tuple[int, ...]) -> tup
     out: list[int] = []
     for dim in sharding.sharded_dims:
         size, count = shape[dim], sharding.shard_count(mesh, dim)
-        step = -(-size // count)
-        out += [min(s * step, size) for s in range(count)] + [size]
+        out += [shard_bounds(size, count, s)[0] for s in range(count)] + [size]
     return tuple(out)
 
 
@@ -563,7 +562,7 @@ class _Rebuild:
         axes = tuple(op.attrs.get("mesh_axes", ()))
         local = dtypes.nbytes(src.dtype, 1)  # the largest local shard, as reshard counts it
         for dim, size in enumerate(src.shape):
-            local *= -(-size // src.sharding.shard_count(self.mesh, dim))
+            local *= shard_size(size, src.sharding.shard_count(self.mesh, dim))
         if kind is CollectiveKind.PERMUTE:
             sources = [s for s, _ in fields["pairs"]]
             sent = max((sources.count(s) for s in sources), default=0) * local
