@@ -298,7 +298,7 @@ class _Parser:
         if token is None or (expected is not None and token != expected):
             self.fail(f"expected {expected!r}" if expected else "unexpected end")
         self.at += 1
-        return token  # type: ignore[return-value]
+        return token
 
     def integer(self) -> int:
         token = self.peek()
@@ -307,7 +307,7 @@ class _Parser:
         if token is None or not token.lstrip("-").isdigit():
             self.fail("expected an integer")
         self.at += 1
-        return int(token)  # type: ignore[arg-type]
+        return int(token)
 
     def separator(self) -> None:
         """After a list item: `,` continues the list, `]` ends it (left for the caller)."""
