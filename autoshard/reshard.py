@@ -41,12 +41,13 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
 from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
-from autoshard.sharding import ReductionKind, Sharding
+from autoshard.sharding import ReductionKind, Sharding, shard_bounds, shard_size
 
 Split = tuple[tuple[int, ...], ...]
 Bounds = tuple[tuple[int, int], ...]
@@ -61,14 +62,23 @@ class CollectiveKind(enum.StrEnum):
     PERMUTE = "permute"
 
 
-_AXIS_FIELDS = ("gather_axis", "slice_axis", "scatter_axis", "split_axis", "concat_axis")
+AXIS_NAMES: Mapping[CollectiveKind, tuple[str, ...]] = MappingProxyType(
+    {
+        CollectiveKind.ALL_GATHER: ("gather_axis",),
+        CollectiveKind.ALL_SLICE: ("slice_axis",),
+        CollectiveKind.REDUCE_SCATTER: ("scatter_axis",),
+        CollectiveKind.ALL_TO_ALL: ("split_axis", "concat_axis"),
+    }
+)
+"""The mesh dialect's names of a collective's `dim` and `to_dim`, by kind: what the text, the
+JSON and the MLIR of a collective call them."""
 
 
 def ring_bytes(kind: CollectiveKind, n: int, local: int) -> int:
     """Bytes one device sends in a ring collective over n devices, `local` its input shard's
     bytes (DESIGN.md): all_gather (n-1)/n of the n*local gathered; reduce_scatter and
     all_to_all (n-1)/n of the input; all_reduce twice that; all_slice nothing (local)."""
-    piece = -(-local // n)
+    piece = shard_size(local, n)  # the ring moves the input in n ceil-sized chunks
     return {
         CollectiveKind.ALL_GATHER: (n - 1) * local,
         CollectiveKind.REDUCE_SCATTER: (n - 1) * piece,
@@ -95,9 +105,10 @@ def ring_steps(kind: CollectiveKind, n: int) -> int:
 class Collective:
     """One communication step on a tensor of global `shape`, from sharding `src` to `dst`.
 
-    Tensor-axis fields are set per kind, as in the mesh dialect: `gather_axis` (all_gather),
-    `slice_axis` (all_slice), `scatter_axis` (reduce_scatter), `split_axis` and `concat_axis`
-    (all_to_all). `pairs` lists (source, target) linear device indices of a permute.
+    `dim` is the tensor dim an all_gather gathers, an all_slice slices, a reduce_scatter
+    scatters or an all_to_all splits; `to_dim` the dim an all_to_all concatenates. They print
+    under the dialect's names (`AXIS_NAMES`). `pairs` lists (source, target) linear device
+    indices of a permute.
     """
 
     kind: CollectiveKind
@@ -106,20 +117,24 @@ class Collective:
     dst: Sharding
     shape: tuple[int, ...]
     bytes_per_device: int
-    gather_axis: int | None = None
-    slice_axis: int | None = None
-    scatter_axis: int | None = None
-    split_axis: int | None = None
-    concat_axis: int | None = None
+    dim: int | None = None
+    to_dim: int | None = None
     reduction: ReductionKind | None = None
     pairs: tuple[tuple[int, int], ...] = ()
 
+    @property
+    def axis_attrs(self) -> dict[str, int]:
+        """The dims set, under the dialect's names: `{'split_axis': 1, 'concat_axis': 0}`."""
+        names = AXIS_NAMES.get(self.kind, ())
+        dims = (self.dim, self.to_dim)
+        return {name: d for name, d in zip(names, dims, strict=False) if d is not None}
+
     def __str__(self) -> str:
         text = f"{self.kind} mesh_axes = [{', '.join(map(str, self.mesh_axes))}]"
-        for name in ("reduction", *_AXIS_FIELDS):
-            value = getattr(self, name)
-            if value is not None:
-                text += f" {name} = {value}"
+        if self.reduction is not None:
+            text += f" reduction = {self.reduction}"
+        for name, dim in self.axis_attrs.items():
+            text += f" {name} = {dim}"
         return text
 
     def to_json(self) -> dict[str, object]:
@@ -130,9 +145,7 @@ class Collective:
             "to": self.dst.text(len(self.shape)),
             "bytes_per_device": self.bytes_per_device,
         }
-        for name in _AXIS_FIELDS:
-            if getattr(self, name) is not None:
-                data[name] = getattr(self, name)
+        data.update(self.axis_attrs)
         if self.reduction is not None:
             data["reduction"] = self.reduction.value
         if self.pairs:
@@ -272,17 +285,16 @@ def _directed(src: Sharding, dst: Sharding, basis: _Basis) -> tuple[Collective, 
     rank = len(basis.shape)
     (target, kept), start = _state(dst, rank), _state(src, rank)
 
-    def extends(split: Split, dim: int) -> bool:
-        return target[dim][: len(split[dim])] == split[dim]
+    def extends(split: Split, dim: int | None) -> bool:
+        return dim is not None and target[dim][: len(split[dim])] == split[dim]
 
     def progress(step: _Step, before: State, after: State) -> bool:
-        fields = dict(step.fields)
         if step.kind in (CollectiveKind.ALL_SLICE, CollectiveKind.ALL_TO_ALL):
-            return extends(after[0], fields.get("slice_axis", fields.get("split_axis", 0)))
+            return extends(after[0], step.dim)
         if step.kind is CollectiveKind.ALL_REDUCE:
             return set(after[1]) == set(before[1]) & set(kept)
         if step.kind is CollectiveKind.REDUCE_SCATTER:
-            return extends(after[0], fields["scatter_axis"]) and not set(step.mesh_axes) & set(kept)
+            return extends(after[0], step.dim) and not set(step.mesh_axes) & set(kept)
         return True
 
     frontier: list[tuple[int, int, int, State, tuple]] = [(0, 0, 0, start, ())]
@@ -351,7 +363,8 @@ class _Step:
     kind: CollectiveKind
     mesh_axes: tuple[int, ...]
     bytes_per_device: int
-    fields: tuple[tuple[str, int], ...] = ()
+    dim: int | None = None
+    to_dim: int | None = None
     pairs: tuple[tuple[int, int], ...] = ()
 
 
@@ -413,12 +426,10 @@ class _Basis:
         """A step as a collective; partial axes keep the source's `order`."""
         key = (before, after, step, order, reduction)
         if key not in self.collectives:
-            fields: dict[str, object] = dict(step.fields)
             axes = step.mesh_axes
             if step.kind is CollectiveKind.ALL_REDUCE:
                 axes = tuple(a for a in order if a in axes)
-            if step.kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
-                fields["reduction"] = reduction
+            reduces = step.kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER)
             self.collectives[key] = Collective(
                 step.kind,
                 axes,
@@ -426,8 +437,10 @@ class _Basis:
                 _sharding(after[0], tuple(a for a in order if a in after[1]), reduction),
                 self.shape,
                 step.bytes_per_device,
+                dim=step.dim,
+                to_dim=step.to_dim,
+                reduction=reduction if reduces else None,
                 pairs=step.pairs,
-                **fields,  # type: ignore[arg-type]
             )
         return self.collectives[key]
 
@@ -449,8 +462,13 @@ class _Basis:
             check = _slice_exact if slicing else _gather_exact
             return check(shape[dim], n(fine), n(fine[:keep]))
 
-        def ring(kind: CollectiveKind, axes: tuple[int, ...], **fields: int) -> _Step:
-            return _Step(kind, axes, ring_bytes(kind, n(axes), local), tuple(fields.items()))
+        def ring(
+            kind: CollectiveKind,
+            axes: tuple[int, ...],
+            dim: int | None = None,
+            to_dim: int | None = None,
+        ) -> _Step:
+            return _Step(kind, axes, ring_bytes(kind, n(axes), local), dim, to_dim)
 
         for dim, axes in enumerate(split):
             # all_slice: append free axes to a dim, locally.
@@ -458,7 +476,7 @@ class _Basis:
                 for added in itertools.permutations(free, k):
                     if exact(dim, axes + added, len(axes), True):
                         yield (
-                            _Step(CollectiveKind.ALL_SLICE, added, 0, (("slice_axis", dim),)),
+                            _Step(CollectiveKind.ALL_SLICE, added, 0, dim),
                             (replaced(dim, axes + added), partial),
                         )
             for k in range(1, len(axes) + 1):
@@ -467,16 +485,14 @@ class _Basis:
                 moved = axes[-k:]
                 # all_gather: drop the k innermost axes of a dim.
                 yield (
-                    ring(CollectiveKind.ALL_GATHER, moved, gather_axis=dim),
+                    ring(CollectiveKind.ALL_GATHER, moved, dim),
                     (replaced(dim, axes[:-k]), partial),
                 )
                 # all_to_all: move them to the end of another dim.
                 for other, there in enumerate(split):
                     if other != dim and exact(other, there + moved, len(there), True):
                         yield (
-                            ring(
-                                CollectiveKind.ALL_TO_ALL, moved, split_axis=other, concat_axis=dim
-                            ),
+                            ring(CollectiveKind.ALL_TO_ALL, moved, dim=other, to_dim=dim),
                             (replaced(dim, axes[:-k], other, there + moved), partial),
                         )
         for k in range(1, len(partial) + 1):
@@ -490,7 +506,7 @@ class _Basis:
                 for dim, axes in enumerate(split):
                     if exact(dim, axes + reduced, len(axes), True):
                         yield (
-                            ring(CollectiveKind.REDUCE_SCATTER, reduced, scatter_axis=dim),
+                            ring(CollectiveKind.REDUCE_SCATTER, reduced, dim),
                             (replaced(dim, axes + reduced), rest),
                         )
 
@@ -567,7 +583,8 @@ def _permute(
     if old == new:
         return None
     for size, a, b in zip(shape, old, new, strict=True):
-        if -(-size // n(a)) != -(-size // n(b)) or not _shards(size, n(b)) <= _shards(size, n(a)):
+        same_size = shard_size(size, n(a)) == shard_size(size, n(b))
+        if not same_size or not _shards(size, n(b)) <= _shards(size, n(a)):
             return None
     numbers: dict[Bounds, int] = {}
     held, wanted = (
@@ -588,8 +605,7 @@ def _permute(
         CollectiveKind.PERMUTE,
         tuple(np.flatnonzero(crossed).tolist()),
         int(sends) * _local_bytes(old, shape, mesh, itemsize),
-        (),
-        tuple(zip(source[moving].tolist(), devices[moving].tolist(), strict=True)),
+        pairs=tuple(zip(source[moving].tolist(), devices[moving].tolist(), strict=True)),
     )
 
 
@@ -598,7 +614,7 @@ def _local_bytes(split: Split, shape: tuple[int, ...], mesh: Mesh, itemsize: int
     """Bytes of a device's largest shard (ceil-sized on every split dim)."""
     elements = 1
     for size, axes in zip(shape, split, strict=True):
-        elements *= -(-size // mesh.group_size(axes)) if axes else size
+        elements *= shard_size(size, mesh.group_size(axes))
     return elements * itemsize
 
 
@@ -676,9 +692,8 @@ def _group_position(device: tuple[int, ...], mesh: Mesh, axes: Sequence[int]) ->
 
 
 def _bounds(size: int, n: int) -> list[tuple[int, int]]:
-    """Shard i of a dim of `size` split n ways: [i*S, (i+1)*S) clipped, S = ceil(size/n)."""
-    step = -(-size // n)
-    return [(min(i * step, size), min((i + 1) * step, size)) for i in range(n)]
+    """Every shard of a dim of `size` split n ways, in order."""
+    return [shard_bounds(size, n, i) for i in range(n)]
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -701,12 +716,7 @@ def _slice_exact(size: int, fine: int, coarse: int) -> bool:
     small, big = _bounds(size, fine), _bounds(size, coarse)
     g = fine // coarse
     for i, (start, stop) in enumerate(big):
-        chunk = -(-(stop - start) // g)
-        for j in range(g):
-            mine = (
-                start + min(j * chunk, stop - start),
-                start + min((j + 1) * chunk, stop - start),
-            )
-            if mine != small[i * g + j]:
+        for j, (low, high) in enumerate(_bounds(stop - start, g)):
+            if (start + low, start + high) != small[i * g + j]:
                 return False
     return True

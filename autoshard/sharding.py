@@ -8,8 +8,9 @@ split dim) replace the even split with explicit bounds. The two are mutually exc
 
 Shard bounds follow the index maps of seed 002: a dim of size K split over axes of total size M
 has shards of S = ceil(K / M); shard s covers [s*S, (s+1)*S) clipped to K, so the last shards
-may be smaller or empty. A device's shard index on a dim is its in-group index over that dim's
-axes, outer to inner: on mesh 2x3 with `[[0, 1]]`, device (m, n) holds shard 3*m + n.
+may be smaller or empty. `shard_bounds` and `shard_size` are the only place this is written.
+A device's shard index on a dim is its in-group index over that dim's axes, outer to inner: on
+mesh 2x3 with `[[0, 1]]`, device (m, n) holds shard 3*m + n.
 
 Text forms, one printer and one parser for both:
     terse  `[[0], [1, 2]] partial = sum[1]`
@@ -29,6 +30,19 @@ from autoshard.mesh import Device, Mesh
 
 Slice = tuple[int, int]
 """Half-open [start, stop) range of a tensor dim."""
+
+
+def shard_size(size: int, n: int) -> int:
+    """The length of the largest of n ceil-sized shards of a dim of `size`: ceil(size / n)."""
+    return -(-size // n)
+
+
+def shard_bounds(size: int, n: int, index: int) -> Slice:
+    """[start, stop) of shard `index` of a dim of `size` split n ways: shards are
+    `shard_size(size, n)` long and clipped to the dim, so the last ones may be smaller or empty
+    (5 split 4 ways: [0, 2), [2, 4), [4, 5), [5, 5))."""
+    step = shard_size(size, n)
+    return min(index * step, size), min((index + 1) * step, size)
 
 
 class ReductionKind(enum.StrEnum):
@@ -154,8 +168,7 @@ class Sharding:
         if self.sharded_dims_offsets:
             offsets = self._offsets_by_dim(mesh, shape)[dim]
             return (offsets[index], offsets[index + 1])
-        step = -(-size // mesh.group_size(axes))
-        return (min(index * step, size), min((index + 1) * step, size))
+        return shard_bounds(size, mesh.group_size(axes), index)
 
     def slices(self, mesh: Mesh, shape: Sequence[int], device: Device) -> tuple[Slice, ...]:
         """The part of the global tensor `device` holds, one [start, stop) per dim.
@@ -285,7 +298,7 @@ class _Parser:
         if token is None or (expected is not None and token != expected):
             self.fail(f"expected {expected!r}" if expected else "unexpected end")
         self.at += 1
-        return token  # type: ignore[return-value]
+        return token
 
     def integer(self) -> int:
         token = self.peek()
@@ -294,7 +307,7 @@ class _Parser:
         if token is None or not token.lstrip("-").isdigit():
             self.fail("expected an integer")
         self.at += 1
-        return int(token)  # type: ignore[arg-type]
+        return int(token)
 
     def separator(self) -> None:
         """After a list item: `,` continues the list, `]` ends it (left for the caller)."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from autoshard.mesh import Device, Mesh
 from autoshard.reshard import Collective, CollectiveKind
-from autoshard.sharding import ReductionKind, Sharding
+from autoshard.sharding import ReductionKind, Sharding, shard_bounds
 
 Locals = dict[Device, np.ndarray]
 
@@ -37,9 +37,7 @@ def reduce(kind: ReductionKind, arrays: list[np.ndarray]) -> np.ndarray:
 
 def piece(array: np.ndarray, axis: int, index: int, count: int) -> np.ndarray:
     """Piece `index` of `count` ceil-sized pieces of `array` along `axis`."""
-    size = array.shape[axis]
-    step = -(-size // count)
-    start, stop = min(index * step, size), min((index + 1) * step, size)
+    start, stop = shard_bounds(array.shape[axis], count, index)
     return np.take(array, np.arange(start, stop), axis=axis)
 
 
@@ -66,19 +64,21 @@ def run_collective(
         n = len(group)
         # The group's gathered or reduced value, computed once (the devices only read it).
         if c.kind is CollectiveKind.ALL_GATHER:
-            whole = np.concatenate(inputs, axis=c.gather_axis)
+            whole = np.concatenate(inputs, axis=c.dim)
         elif c.kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
             whole = reduce(c.reduction, inputs)  # type: ignore[arg-type]
         for i, device in enumerate(group):
             if c.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.ALL_REDUCE):
                 out[device] = whole
+            elif c.dim is None:  # pragma: no cover - the kinds left cut a dim, reshard names it
+                raise ValueError(f"{c} names no tensor dim to cut")
             elif c.kind is CollectiveKind.ALL_SLICE:
-                out[device] = piece(inputs[i], c.slice_axis, i, n)  # type: ignore[arg-type]
+                out[device] = piece(inputs[i], c.dim, i, n)
             elif c.kind is CollectiveKind.REDUCE_SCATTER:
-                out[device] = piece(whole, c.scatter_axis, i, n)  # type: ignore[arg-type]
+                out[device] = piece(whole, c.dim, i, n)
             elif c.kind is CollectiveKind.ALL_TO_ALL:
-                received = [piece(x, c.split_axis, i, n) for x in inputs]  # type: ignore[arg-type]
-                out[device] = np.concatenate(received, axis=c.concat_axis)
+                received = [piece(x, c.dim, i, n) for x in inputs]
+                out[device] = np.concatenate(received, axis=c.to_dim)
             else:  # pragma: no cover
                 raise NotImplementedError(c.kind)
     return out

@@ -36,7 +36,7 @@ from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program, Tensor
 from autoshard.reshard import Collective, ring_steps
 from autoshard.rules import IteratorType, OpRule, rule_for
-from autoshard.sharding import Sharding
+from autoshard.sharding import Sharding, shard_size
 
 
 def collective_time(collective: Collective, cluster: Cluster) -> float:
@@ -55,7 +55,7 @@ def op_flops(
         return sum(math.prod(graph.values[o].shape) for o in op.outputs if o)
     per_device = 1
     for loop, axes in zip(rule.loops, option.loops, strict=True):
-        per_device *= -(-loop.size // mesh.group_size(axes)) if axes else loop.size
+        per_device *= shard_size(loop.size, mesh.group_size(axes))
     multiply_add = any(loop.kind is IteratorType.REDUCTION for loop in rule.loops)
     return per_device * (2 if multiply_add else 1)
 
@@ -73,8 +73,7 @@ def shard_bytes(shape: Sequence[int], dtype: str, sharding: Sharding, mesh: Mesh
     """Bytes of the largest shard of a tensor."""
     elements = 1
     for dim, size in enumerate(shape):
-        axes = sharding.axes_of(dim)
-        elements *= -(-size // mesh.group_size(axes)) if axes else size
+        elements *= shard_size(size, sharding.shard_count(mesh, dim))
     return dtypes.nbytes(dtype, elements)
 
 

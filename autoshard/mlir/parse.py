@@ -40,8 +40,8 @@ from autoshard.mlir.syntax import (
 )
 from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
-from autoshard.reshard import Collective, CollectiveKind, ring_bytes
-from autoshard.sharding import ReductionKind, Sharding, parse_sharding
+from autoshard.reshard import AXIS_NAMES, Collective, CollectiveKind, ring_bytes
+from autoshard.sharding import ReductionKind, Sharding, parse_sharding, shard_size
 
 __all__ = ["MlirError", "MlirOp", "Module", "parse_module"]
 
@@ -279,12 +279,12 @@ class _Rebuild:
                 fields[name] = ReductionKind(value)
             elif name == "source_target_pairs":
                 fields["pairs"] = tuple(tuple(int(x) for x in p) for p in np.asarray(value))
-            else:
-                fields[name] = value
+            else:  # a tensor dim; all_to_all's second (concat_axis) is `to_dim`
+                fields[("dim", "to_dim")[AXIS_NAMES[kind].index(name)]] = value
         axes = tuple(op.attrs.get("mesh_axes", ()))
         local = dtypes.nbytes(src.dtype, 1)  # the largest local shard, as reshard counts it
         for dim, size in enumerate(src.shape):
-            local *= -(-size // src.sharding.shard_count(self.mesh, dim))
+            local *= shard_size(size, src.sharding.shard_count(self.mesh, dim))
         if kind is CollectiveKind.PERMUTE:
             sources = [s for s, _ in fields["pairs"]]
             sent = max((sources.count(s) for s in sources), default=0) * local

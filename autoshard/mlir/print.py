@@ -216,8 +216,10 @@ class _Printer:
         c, source, lines = step.collective, self.ref(step.source), []
         src, dst = self.local(step.source), self.local(step.target)
         n = self.mesh.group_size(c.mesh_axes)
-        grow = [a for a in (c.gather_axis, c.concat_axis) if a is not None]
-        shrink = [a for a in (c.slice_axis, c.scatter_axis, c.split_axis) if a is not None]
+        # all_gather grows its dim; the other kinds cut theirs, and all_to_all grows `to_dim`
+        gathers = c.kind is CollectiveKind.ALL_GATHER
+        grow = [a for a in (c.dim if gathers else c.to_dim,) if a is not None]
+        shrink = [a for a in (c.dim,) if a is not None and not gathers]
 
         def exact(axis: int, big: TensorType, small: TensorType) -> bool:
             b, s = big.shape[axis], small.shape[axis]
@@ -249,9 +251,9 @@ class _Printer:
             return f'"{PERMUTE_OP}"({source}) {{{attrs}}} : ({src}) -> {dst}'
         fields = f" {axes} = {list(c.mesh_axes)}"
         for name in COLLECTIVES[c.kind]:
-            value = getattr(c, name)
+            value: object = c.axis_attrs.get(name)
             if name == "reduction":
-                value = f"<{value}>" if d == "mesh" else value
+                value = f"<{c.reduction}>" if d == "mesh" else c.reduction
             fields += f" {name} = {value}"
         return f"{d}.{c.kind} {source} on @{self.mesh.name}{fields} : {src} -> {dst}"
 

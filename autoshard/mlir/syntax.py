@@ -23,7 +23,7 @@ from autoshard.errors import MlirError
 from autoshard.ir import dtypes
 from autoshard.mesh import Mesh
 from autoshard.reshard import CollectiveKind
-from autoshard.sharding import Sharding
+from autoshard.sharding import Sharding, shard_bounds
 
 ELEMENT = {
     **{f"float{b}": f"f{b}" for b in (16, 32, 64)},
@@ -124,8 +124,7 @@ def ceil_offsets(sharding: Sharding, mesh: Mesh, shape: tuple[int, ...]) -> tupl
     out: list[int] = []
     for dim in sharding.sharded_dims:
         size, count = shape[dim], sharding.shard_count(mesh, dim)
-        step = -(-size // count)
-        out += [min(s * step, size) for s in range(count)] + [size]
+        out += [shard_bounds(size, count, s)[0] for s in range(count)] + [size]
     return tuple(out)
 
 
