@@ -400,3 +400,27 @@ def test_cli_emit_mlir(tmp_path, dialect):
     assert program.name == "mlp" and program.inputs == ("x", "w1", "w2")
     assert program.tensors["x"].sharding == S("[[], [], [0]]")
     assert result.stdout.splitlines()[1].strip().startswith(f"{dialect}.")
+
+
+def test_cli_dump_after_each_stage(tmp_path, capsys):
+    """--dump-after prints, to stderr and in stage order whatever the flags' order, the program
+    after materialize, after the CCL passes, and after partition (what `partition` writes to
+    spmd.mlir)."""
+    from autoshard.cli import main
+    from autoshard.passes.lower import lower
+
+    model = write_seed_mlp(tmp_path / "mlp.onnx")
+    ann = ["--annotate", "x=[[], [], [0]]"]
+    stages = ["--dump-after", "partition", "--dump-after", "materialize", "--dump-after", "ccl"]
+    assert main(["propagate", str(model), "--mesh", "2", *ann, "--json", *stages]) == 0
+    dumps = capsys.readouterr().err.split("// -----// IR Dump After ")[1:]
+    assert [d.split(" ", 1)[0] for d in dumps] == ["materialize", "ccl", "partition"]
+    texts = [d.split("\n", 1)[1] for d in dumps]
+    graph = import_onnx(model)
+    plan = propagate(graph, Mesh((2,)), [Annotation("x", S("[[], [], [0]]"))])
+    assert texts[0] == print_program(materialize(graph, plan))
+    assert texts[1] == print_program(lower(graph, plan))
+    out = tmp_path / "out"
+    assert main(["partition", str(model), "--mesh", "2", *ann, "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert texts[2] == (out / "spmd.mlir").read_text()
