@@ -151,7 +151,7 @@ def _cluster(args: argparse.Namespace) -> Any:
 
 
 def _cost_summary(cost: Any, cluster: Any) -> str:
-    from autoshard.report import format_bytes as _size
+    from autoshard.cost.cluster import format_bytes as _size
 
     lines = [
         f"memory per device: {_size(cost.memory_bytes_per_device)} of {_size(cluster.memory)} "

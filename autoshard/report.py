@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoshard.cost.cluster import format_bytes
 from autoshard.document import read_document
 from autoshard.errors import AutoshardError
 
@@ -196,16 +197,6 @@ def compare(
 
 
 # ---- formatting -------------------------------------------------------------------------------
-
-
-def format_bytes(count: float) -> str:
-    """`85312` -> `83.31 KiB`; below 1 KiB exact: `100 B`."""
-    sign, count = ("-" if count < 0 else ""), abs(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024:
-            return f"{sign}{count:.0f} {unit}" if unit == "B" else f"{sign}{count:.2f} {unit}"
-        count /= 1024
-    return f"{sign}{count:.2f} TiB"
 
 
 def format_seconds(seconds: float) -> str:

@@ -154,6 +154,16 @@ def parse_size(text: str, what: str = "memory") -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
+def format_bytes(count: float) -> str:
+    """`85312` -> `83.31 KiB`; below 1 KiB exact: `100 B`."""
+    sign, count = ("-" if count < 0 else ""), abs(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024:
+            return f"{sign}{count:.0f} {unit}" if unit == "B" else f"{sign}{count:.2f} {unit}"
+        count /= 1024
+    return f"{sign}{count:.2f} TiB"
+
+
 def parse_bandwidth(text: str) -> float:
     """`25GB/s`, `450 GB/s`, `100Gbit/s` -> bytes per second."""
     match = re.fullmatch(_NUMBER + r"([a-zA-Z]*)(?:/s)?\s*", str(text))

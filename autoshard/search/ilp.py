@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autoshard.errors import AutoshardError
+from autoshard.search.memory import Chosen
 from autoshard.search.problem import Problem
 
 
@@ -119,8 +121,8 @@ def _cp_sat(
             if rows[r][column_members[0]]
         ]
     if memory:
-        for terms in problem.memory:
-            model.add(sum(b * x[g][k] for g, k, b in terms) <= problem.budget)
+        for bytes_live in _memory_rows(model, problem, x):
+            model.add(bytes_live <= problem.budget)
     model.minimize(sum(objective))
     solver = _solver(time_limit)
     started = time.perf_counter()
@@ -155,6 +157,37 @@ def _one_hot(model: cp_model.CpModel, problem: Problem) -> list[list[cp_model.In
     return x
 
 
+def _memory_rows(
+    model: cp_model.CpModel, problem: Problem, x: list[list[cp_model.IntVar]]
+) -> list[cp_model.LinearExprT]:
+    """The bytes of each memory row as a linear expression. An indicator is a variable bounded
+    from below only (an AND by the sum of its literals less their number plus one, an OR by
+    each literal): it appears with positive coefficients in rows bounded from above, so any
+    plan that fits can set it to its true value (`search.memory`)."""
+    made: list[cp_model.IntVar] = []
+
+    def literal(lit: Chosen | int) -> cp_model.LinearExprT:
+        if isinstance(lit, Chosen):
+            return cp_model.LinearExpr.sum([x[lit.group][k] for k in sorted(lit.choices)])
+        return made[lit]
+
+    for i, ind in enumerate(problem.indicators):
+        var = model.new_bool_var(f"m{i}")
+        terms = [literal(lit) for lit in ind.literals]
+        if ind.every:
+            model.add(var >= sum(terms) - (len(terms) - 1))
+        else:
+            for term in terms:
+                model.add(var >= term)
+        made.append(var)
+    return [
+        row.fixed
+        + sum(b * x[g][k] for g, k, b in row.terms)
+        + sum(b * made[i] for i, b in row.indicated)
+        for row in problem.memory
+    ]
+
+
 def _solver(time_limit: float) -> cp_model.CpSolver:
     """Deterministic settings. Probing is off (on these one-hot models it costs seconds of
     presolve and finds nothing) and the LP is the full linearization (its bound is what proves
@@ -168,19 +201,45 @@ def _solver(time_limit: float) -> cp_model.CpSolver:
     return solver
 
 
-def lowest_budget(problem: Problem, time_limit: float = 60.0) -> tuple[int, tuple[int, ...]]:
-    """The smallest peak memory any choice reaches, and that choice."""
+@dataclass(frozen=True, kw_only=True)
+class LowestBudget:
+    """The least memory per device any plan needs (`peak`, reached by `choice`) and the bound
+    the solver proved: OPTIMAL when `bound == peak`."""
+
+    peak: int
+    bound: int
+    status: SolverStatus
+    choice: tuple[int, ...]
+    work: float
+
+
+def lowest_budget(problem: Problem, time_limit: float = 60.0) -> LowestBudget:
+    """The smallest peak memory any choice reaches: the ILP whose objective is the peak."""
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
-    top = sum(max((b for _, _, b in terms), default=0) for terms in problem.memory) or 1
-    peak = model.new_int_var(0, top, "peak")
-    for terms in problem.memory:
-        model.add(sum(b * x[g][k] for g, k, b in terms) <= peak)
+    top = max(
+        (row.fixed + sum(b for *_, b in row.terms) + sum(b for _, b in row.indicated)
+         for row in problem.memory),
+        default=0,
+    )  # fmt: skip
+    peak = model.new_int_var(0, max(top, 1), "peak")
+    for bytes_live in _memory_rows(model, problem, x):
+        model.add(bytes_live <= peak)
     model.minimize(peak)
     solver = _solver(time_limit)
-    solver.solve(model)
+    status = solver.solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise AutoshardError(
+            f"the solver found no plan within {time_limit} s ({solver.status_name(status)}); "
+            "raise --time-limit"
+        )
     choice = tuple(next(k for k, v in enumerate(row) if solver.value(v)) for row in x)
-    return problem.peak(choice), choice
+    reached = problem.peak(choice)
+    bound = min(reached, math.ceil(solver.best_objective_bound))
+    return LowestBudget(
+        peak=reached, bound=bound, choice=choice, work=solver.response_proto.deterministic_time,
+        status=SolverStatus.OPTIMAL if bound == reached else SolverStatus.FEASIBLE,
+    )  # fmt: skip
 
 
 def _classes(rows: Sequence[Sequence[int]]) -> tuple[list[tuple[int, ...]], list[int]]:

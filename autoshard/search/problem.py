@@ -26,11 +26,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
-from autoshard.cost.model import collective_time, compute_time, shard_bytes
+from autoshard.cost.model import collective_time, compute_time
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
@@ -47,6 +45,16 @@ from autoshard.search.coarsen import (
     Reader,
     Repeats,
     group_decisions,
+)
+from autoshard.search.memory import (
+    Held,
+    Indicator,
+    MemoryModel,
+    MemoryRow,
+    Read,
+    indicator_values,
+    memory_model,
+    row_bytes,
 )
 from autoshard.search.options import Objective
 from autoshard.sharding import Sharding
@@ -68,14 +76,16 @@ class SearchError(AutoshardError):
 @dataclass(frozen=True)
 class Problem:
     """Groups with `sizes[g]` candidates; `node_costs[g][k]`; `edges` (a, b, matrix[ka][kb]);
-    `memory` rows of (group, choice, bytes) terms, each row <= `budget`."""
+    `memory` rows (`search.memory`: bytes live at a program step, over the choices and the
+    `indicators`), each row <= `budget`."""
 
     sizes: tuple[int, ...]
     node_costs: tuple[tuple[int, ...], ...]
     edges: tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...]
-    memory: tuple[tuple[tuple[int, int, int], ...], ...]
+    memory: tuple[MemoryRow, ...]
     budget: int
     unit: float  # seconds (or bytes) per integer cost unit
+    indicators: tuple[Indicator, ...] = ()
 
     @property
     def variables(self) -> int:
@@ -87,7 +97,9 @@ class Problem:
         return total + sum(m[choice[a]][choice[b]] for a, b, m in self.edges)
 
     def peak(self, choice: Sequence[int]) -> int:
-        return max((sum(b for g, k, b in row if choice[g] == k) for row in self.memory), default=0)
+        """The most bytes live at one step of the program of this choice."""
+        indicated = indicator_values(self.indicators, choice)
+        return max((row_bytes(row, choice, indicated) for row in self.memory), default=0)
 
 
 @dataclass(frozen=True)
@@ -289,6 +301,7 @@ class _Builder:
             for k, held_k in enumerate(self.held(value, hinted)):
                 if held_k != hint.sharding:
                     node_costs[hinted.group][k] += penalty
+        memory = self.memory_model(sizes)
         problem = Problem(
             tuple(sizes),
             tuple(tuple(r) for r in node_costs),
@@ -296,9 +309,10 @@ class _Builder:
                 (a, b, tuple(tuple(round(c / unit) for c in row) for row in m))
                 for (a, b), m in sorted(edges.items())
             ),
-            self.memory_rows(sizes),
+            memory.rows,
             self.cluster.memory,
             unit,
+            memory.indicators,
         )
         return Search(problem, grouping)
 
@@ -315,61 +329,31 @@ class _Builder:
         )
         return biggest / SCALE if biggest > 0 else 1.0
 
-    def memory_rows(self, sizes: Sequence[int]) -> tuple[tuple[tuple[int, int, int], ...], ...]:
-        """Per op in program order: the bytes live there, as (group, choice, bytes) terms."""
-        graph = self.graph
-        last: dict[str, int] = {}
-        for index, op in enumerate(graph.ops):
-            for name in op.inputs:
-                last[name] = index
+    def memory_model(self, sizes: Sequence[int]) -> MemoryModel:
+        """The bytes live at each step of the program, as `search.memory` models them."""
+        graph, grouping = self.graph, self.grouping
+        replicated: Held = (None, (Sharding(),))
+        held: dict[str, Held] = {}
+        reads: dict[str, list[Read]] = {name: [] for name in graph.values}
+        for p, op in enumerate(graph.ops):
+            d = grouping.ops[op.name]
+            for i, name in enumerate(op.inputs):
+                if name:
+                    reads[name].append((p, d.group, self.needs(op, i, d)))
+        for name in graph.values:
+            if name in self.producer or name in grouping.values:
+                decision = self.deciding(name)
+                held[name] = (decision.group, self.held(name, decision))
+            else:  # constants, and inputs no op reads: replicated
+                held[name] = replicated
+        end = len(graph.ops)
         for name in graph.outputs:
-            last[name] = len(graph.ops)
-        resident = list(self.grouping.values)
-
-        # A row is a vector over every (group, choice), groups one after another.
-        offsets = np.cumsum([0, *sizes])
-        vectors: dict[tuple, np.ndarray] = {}
-
-        def vector(names: Iterable[str]) -> np.ndarray:
-            out = np.zeros(offsets[-1], dtype=np.int64)
-            for name in names:
-                key = self.grouping.representative(name)
-                if key not in vectors:
-                    info = graph.values[name]
-                    d = self.deciding(name)
-                    vectors[key] = np.zeros(offsets[-1], dtype=np.int64)
-                    vectors[key][offsets[d.group] : offsets[d.group + 1]] = [
-                        shard_bytes(info.shape, info.dtype, held, self.mesh)
-                        for held in self.held(name, d)
-                    ]
-                out += vectors[key]
-            return out
-
-        base = vector(resident)
-        # Constants: replicated everywhere; a fixed term spread over group 0's choices.
-        base[: sizes[0] if sizes else 0] += sum(
-            graph.values[c].nbytes for c in graph.constants if c in graph.values
-        )
-        group_of = np.repeat(np.arange(len(sizes)), sizes)
-        choice_of = np.arange(offsets[-1]) - offsets[group_of]
-        rows: dict[bytes, tuple[tuple[int, int, int], ...]] = {}
-        live: set[str] = set()
-        for index, op in enumerate(graph.ops):
-            live |= {o for o in op.outputs if o}
-            row = base + vector(live)
-            key = row.tobytes()
-            if key not in rows:
-                (terms,) = np.nonzero(row)
-                rows[key] = tuple(
-                    zip(
-                        group_of[terms].tolist(),
-                        choice_of[terms].tolist(),
-                        row[terms].tolist(),
-                        strict=True,
-                    )
-                )
-            live = {n for n in live if last.get(n, -1) > index}
-        return tuple(rows.values())
+            group, shardings = held[name]
+            reads[name].append((end, group, tuple(returned(s) for s in shardings)))
+        return memory_model(
+            graph, self.mesh, sizes, held.__getitem__, reads.__getitem__,
+            grouping.representative,
+        )  # fmt: skip
 
 
 def build_search(

@@ -14,7 +14,8 @@ from autoshard.mesh import Mesh
 from autoshard.rules import rule_for
 from autoshard.search.candidates import candidates
 from autoshard.search.coarsen import find_repeats
-from autoshard.search.ilp import InfeasibleError, eliminate, solve
+from autoshard.search.ilp import InfeasibleError, eliminate, lowest_budget, solve
+from autoshard.search.memory import Chosen, Indicator, MemoryRow
 from autoshard.search.problem import Problem, build_search
 from tests.golden.seed_models import write_seed_mlp
 
@@ -39,15 +40,32 @@ def random_problem(seed, groups=5, memory=False):
         if rng.random() < 0.5:
             m = rng.integers(0, 100, (sizes[a], sizes[b]))
             edges.append((a, b, tuple(tuple(int(c) for c in row) for row in m)))
-    rows = ()
+    rows: tuple[MemoryRow, ...] = ()
+    indicators: list[Indicator] = []
     if memory:
+        # Indicators as the memory model makes them: ANDs and ORs of "group g chose one of K"
+        # and of earlier indicators (reshard buffers live when held != s and read so).
+        def literal():
+            if indicators and rng.random() < 0.3:
+                return int(rng.integers(0, len(indicators)))
+            g = int(rng.integers(0, groups))
+            ks = frozenset(int(k) for k in range(sizes[g]) if rng.random() < 0.5) or {0}
+            return Chosen(g, frozenset(ks))
+
+        for _ in range(4):
+            indicators.append(Indicator(bool(rng.random() < 0.6), (literal(), literal())))
         rows = tuple(
-            tuple((g, k, int(rng.integers(1, 50))) for g in range(groups) for k in range(sizes[g])
-                  if rng.random() < 0.6)
+            MemoryRow(
+                int(rng.integers(0, 10)),
+                tuple((g, k, int(rng.integers(1, 50))) for g in range(groups)
+                      for k in range(sizes[g]) if rng.random() < 0.6),
+                tuple((i, int(rng.integers(1, 30))) for i in range(len(indicators))
+                      if rng.random() < 0.5),
+            )
             for _ in range(3)
         )  # fmt: skip
     node = tuple(tuple(int(c) for c in rng.integers(0, 100, n)) for n in sizes)
-    return Problem(sizes, node, tuple(edges), rows, 80, 1.0)
+    return Problem(sizes, node, tuple(edges), rows, 80, 1.0, tuple(indicators))
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -67,6 +85,17 @@ def test_random_problems_with_memory(seed):
         solution = solve(problem)
         assert solution.objective == expected
         assert problem.peak(solution.choice) <= problem.budget
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_lowest_budget_is_the_least_peak(seed):
+    problem = random_problem(seed, memory=True)
+    least = min(
+        problem.peak(choice) for choice in itertools.product(*(range(n) for n in problem.sizes))
+    )
+    lowest = lowest_budget(problem)
+    assert (lowest.peak, lowest.bound, lowest.status) == (least, least, "OPTIMAL")
+    assert problem.peak(lowest.choice) == least
 
 
 def test_elimination_is_exact_on_a_cycle_with_tails():

@@ -1,0 +1,399 @@
+"""The search's memory model: the bytes each device holds at every step of the program a plan
+lowers to, as a linear function of the choices, so that the ILP's memory is the program's.
+
+Materialization (`passes/materialize.py`) emits, for each op in graph order, the reshards of
+its operands and then the op. So the program has, per op p, a few reshard steps and one compute
+step; the model has two rows per op, PRE(p) (bounding every reshard step of p) and AT(p) (its
+compute step), and one row END for the reshards of the graph outputs. What is live in them:
+
+- resident tensors (graph inputs, weights, constants): at their held sharding, in every row;
+- a value an op produces: its held shard, from AT(producer) to its last reader; at AT(last) only
+  if the last reader reads it as held (otherwise the reshard before it was its last use);
+- reshard buffers: a value read in a sharding s other than the one it is held in is resharded
+  once, before the first op that reads it so, and the buffer lives until the last op that reads
+  it so. With P(t) "some read up to t needs s" and Q(t) "some read from t on needs s", the
+  buffer is live at t exactly when held != s and P(t) and Q(t);
+- the intermediate tensors of a reshard of several collectives: the most they add over the
+  final buffer, at PRE of the reader.
+
+"Group g chose a choice in K" is a sum of g's one-hot variables (`Chosen`); the buffers' live
+conditions are ANDs and ORs of those (`Indicator`). They only ever appear with positive
+coefficients in rows bounded from above, so the ILP needs only their lower bounds (an AND is at
+least the sum of its literals minus their number plus one, an OR at least each literal): a
+solver keeping rows under a budget sets each to its true value or makes its own life harder.
+Repeated layers ask for the same conditions and share them, and their rows coincide (rows are
+kept once).
+
+Exact for the materialized program but for what the model leaves conservative (more than the
+program holds, never less): a value resharded for a later reader is counted live until that
+reader even when the reshard made earlier was its last use, PRE rows count all of an op's
+buffers at each of its reshard steps, and a reshard reusing another's intermediate tensors is
+counted as its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.cost.model import shard_bytes
+from autoshard.ir import dtypes
+from autoshard.ir.graph import Graph
+from autoshard.mesh import Mesh
+from autoshard.reshard import plan_reshard
+from autoshard.sharding import Sharding
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """1 when group `group` takes one of `choices`."""
+
+    group: int
+    choices: frozenset[int]
+
+
+Literal = Chosen | int  # an int is the index of an Indicator
+
+
+@dataclass(frozen=True)
+class Indicator:
+    """1 when all (`every`) or any of `literals` are 1."""
+
+    every: bool
+    literals: tuple[Literal, ...]
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """Bytes live at one program step: `fixed`, plus `bytes` for each (group, choice, bytes)
+    term whose choice is taken, plus `bytes` for each (indicator, bytes) term that holds."""
+
+    fixed: int
+    terms: tuple[tuple[int, int, int], ...]
+    indicated: tuple[tuple[int, int], ...]
+
+
+def indicator_values(indicators: Sequence[Indicator], choice: Sequence[int]) -> list[bool]:
+    """Each indicator's value under one choice per group (operands come before their users)."""
+    values: list[bool] = []
+
+    def value(literal: Literal) -> bool:
+        if isinstance(literal, Chosen):
+            return choice[literal.group] in literal.choices
+        return values[literal]
+
+    for ind in indicators:
+        found = (value(lit) for lit in ind.literals)
+        values.append(all(found) if ind.every else any(found))
+    return values
+
+
+def row_bytes(row: MemoryRow, choice: Sequence[int], indicated: Sequence[bool]) -> int:
+    return (
+        row.fixed
+        + sum(b for g, k, b in row.terms if choice[g] == k)
+        + sum(b for i, b in row.indicated if indicated[i])
+    )
+
+
+# ---- building ---------------------------------------------------------------------------------
+
+Held = tuple[int | None, tuple[Sharding, ...]]
+"""How a value is held: its deciding group and its sharding under each of the group's choices
+(a constant: no group, one sharding)."""
+
+Read = tuple[int, int | None, tuple[Sharding, ...]]
+"""A read: the program position of the reading op (`len(graph.ops)` for the graph outputs), its
+deciding group, and the sharding it reads in under each of the group's choices."""
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    rows: tuple[MemoryRow, ...]
+    indicators: tuple[Indicator, ...]
+
+
+def memory_model(
+    graph: Graph,
+    mesh: Mesh,
+    sizes: Sequence[int],
+    held: Callable[[str], Held],
+    reads: Callable[[str], Sequence[Read]],
+    key: Callable[[str], object],
+) -> MemoryModel:
+    """The rows of the program of every plan: `held(value)` and `reads(value)` say how each
+    value is held and read under the choices; `key(value)` is the same for a value and its
+    copies in repeated layers (their sizes and reshards are computed once)."""
+    return _Builder(graph, mesh, sizes, held, reads, key).build()
+
+
+class _Builder:
+    def __init__(
+        self,
+        graph: Graph,
+        mesh: Mesh,
+        sizes: Sequence[int],
+        held: Callable[[str], Held],
+        reads: Callable[[str], Sequence[Read]],
+        key: Callable[[str], object],
+    ) -> None:
+        self.graph, self.mesh, self.sizes = graph, mesh, list(sizes)
+        self.held, self.reads, self.key = held, reads, key
+        self.indicators: list[Indicator] = []
+        self.index: dict[tuple[bool, frozenset[Literal]], int] = {}
+        self.offsets = np.cumsum([0, *sizes])
+        self.ops = len(graph.ops)
+        slots = 2 * self.ops + 1
+        # Group terms as a difference array over slots (a term live over a range of rows is
+        # added once), indicator and fixed terms per slot.
+        self.delta = np.zeros((slots + 1, int(self.offsets[-1])), dtype=np.int64)
+        self.fixed = np.zeros(slots + 1, dtype=np.int64)
+        self.marked: list[dict[int, int]] = [{} for _ in range(slots)]
+        self.bytes_cache: dict[tuple[object, Sharding], int] = {}
+
+    # -- slots: PRE(p) = 2p, AT(p) = 2p + 1, END = 2 * ops --
+
+    def pre(self, position: int) -> int:
+        return 2 * position
+
+    def at(self, position: int) -> int:
+        return min(2 * position + 1, 2 * self.ops)
+
+    # -- literals --
+
+    def chosen(
+        self, group: int | None, choices: Sequence[Sharding], want: Callable
+    ) -> Literal | bool:
+        """Group `group` takes a choice whose sharding satisfies `want`."""
+        if group is None:
+            return bool(want(choices[0]))
+        ks = frozenset(k for k, s in enumerate(choices) if want(s))
+        if not ks:
+            return False
+        if len(ks) == self.sizes[group]:
+            return True
+        return Chosen(group, ks)
+
+    def combine(self, every: bool, literals: Sequence[Literal | bool]) -> Literal | bool:
+        """AND (`every`) or OR of literals, simplified: constants folded, literals on one group
+        merged (intersection or union of its choices), repeated conditions shared."""
+        merged: dict[int, frozenset[int]] = {}
+        rest: set[int] = set()
+        for lit in literals:
+            if isinstance(lit, bool):
+                if lit != every:  # False in an AND, True in an OR decides it
+                    return lit
+                continue
+            if isinstance(lit, Chosen):
+                have = merged.get(lit.group)
+                if have is None:
+                    merged[lit.group] = lit.choices
+                else:
+                    merged[lit.group] = have & lit.choices if every else have | lit.choices
+            else:
+                rest.add(lit)
+        found: set[Literal] = set(rest)
+        for group, ks in merged.items():
+            if not ks:
+                if every:
+                    return False
+                continue
+            if len(ks) == self.sizes[group]:
+                if not every:
+                    return True
+                continue
+            found.add(Chosen(group, ks))
+        if not found:
+            return every
+        if len(found) == 1:
+            return next(iter(found))
+        signature = (every, frozenset(found))
+        if signature not in self.index:
+            ordered = sorted(found, key=_order)
+            self.index[signature] = len(self.indicators)
+            self.indicators.append(Indicator(every, tuple(ordered)))
+        return self.index[signature]
+
+    # -- terms --
+
+    def nbytes(self, value: str, sharding: Sharding) -> int:
+        cache_key = (self.key(value), sharding)
+        if cache_key not in self.bytes_cache:
+            info = self.graph.values[value]
+            self.bytes_cache[cache_key] = shard_bytes(info.shape, info.dtype, sharding, self.mesh)
+        return self.bytes_cache[cache_key]
+
+    def add_held(self, value: str, first: int, last: int) -> None:
+        """The held shard of `value` over slots first..last."""
+        group, shardings = self.held(value)
+        if last < first:
+            return
+        if group is None:
+            amount = self.nbytes(value, shardings[0])
+            self.fixed[first] += amount
+            self.fixed[last + 1] -= amount
+            return
+        start = int(self.offsets[group])
+        vector = np.array([self.nbytes(value, s) for s in shardings], dtype=np.int64)
+        self.delta[first, start : start + len(vector)] += vector
+        self.delta[last + 1, start : start + len(vector)] -= vector
+
+    def mark(self, slot: int, literal: Literal | bool, amount: int) -> None:
+        """`amount` bytes at `slot` when `literal` holds."""
+        if literal is False or amount == 0:
+            return
+        if literal is True:
+            self.fixed[slot] += amount
+            self.fixed[slot + 1] -= amount
+        elif isinstance(literal, Chosen):  # plain terms of its group
+            columns = [int(self.offsets[literal.group]) + k for k in literal.choices]
+            self.delta[slot, columns] += amount
+            self.delta[slot + 1, columns] -= amount
+        else:
+            marks = self.marked[slot]
+            marks[literal] = marks.get(literal, 0) + amount
+
+    # -- the model --
+
+    def build(self) -> MemoryModel:
+        graph = self.graph
+        produced_at = {o: p for p, op in enumerate(graph.ops) for o in op.outputs if o}
+        end = 2 * self.ops
+        for name in graph.values:
+            readings = self.reads(name)
+            if name not in produced_at:
+                if name in graph.values and (readings or self.is_resident(name)):
+                    self.add_held(name, 0, end)
+                self.add_buffers(name, readings)
+                continue
+            first = self.at(produced_at[name])
+            positions = sorted({p for p, _, _ in readings})
+            if not positions:
+                self.add_held(name, first, first)
+                continue
+            last = positions[-1]
+            if last == self.ops:  # a graph output: held to the end
+                self.add_held(name, first, end)
+            else:
+                self.add_held(name, first, self.pre(last))
+                self.add_held_if_read(name, [r for r in readings if r[0] == last], self.at(last))
+            self.add_buffers(name, readings)
+        return self.rows()
+
+    def is_resident(self, name: str) -> bool:
+        graph = self.graph
+        return name in graph.inputs or name in graph.weights or name in graph.constants
+
+    def add_held_if_read(self, name: str, last_reads: Sequence[Read], slot: int) -> None:
+        """At its last reader's compute step a value is live only if read as it is held."""
+        group, shardings = self.held(name)
+        for s in dict.fromkeys(shardings):
+            condition = self.combine(
+                True,
+                [
+                    self.chosen(group, shardings, lambda h, s=s: h == s),
+                    self.combine(
+                        False,
+                        [
+                            self.chosen(g, needs, lambda n, s=s: n == s)
+                            for _, g, needs in last_reads
+                        ],
+                    ),
+                ],
+            )
+            self.mark(slot, condition, self.nbytes(name, s))
+
+    def add_buffers(self, name: str, readings: Sequence[Read]) -> None:
+        if not readings:
+            return
+        group, shardings = self.held(name)
+        positions = sorted({p for p, _, _ in readings})
+        needed = dict.fromkeys(s for _, _, needs in readings for s in needs)
+        for s in needed:
+            differs = self.chosen(group, shardings, lambda h, s=s: h != s)
+            if differs is False:
+                continue
+            at = {
+                p: self.combine(
+                    False,
+                    [
+                        self.chosen(g, needs, lambda n, s=s: n == s)
+                        for q, g, needs in readings
+                        if q == p
+                    ],
+                )
+                for p in positions
+            }
+            where = [p for p in positions if at[p] is not False]
+            if not where:
+                continue
+            size = self.nbytes(name, s)
+            prefix = [
+                self.combine(False, [at[q] for q in where[: j + 1]]) for j in range(len(where))
+            ]
+            suffix = [self.combine(False, [at[q] for q in where[j:]]) for j in range(len(where))]
+            for j, p in enumerate(where):
+                live = self.combine(True, [differs, prefix[j], suffix[j]])
+                for slot in (self.pre(p), self.at(p)) if p < self.ops else (self.pre(p),):
+                    self.mark(slot, live, size)
+                if j + 1 < len(where):
+                    between = self.combine(True, [differs, prefix[j], suffix[j + 1]])
+                    for slot in range(self.at(p) + 1, self.pre(where[j + 1])):
+                        self.mark(slot, between, size)
+            self.add_chain_extras(name, readings, s, at)
+
+    def add_chain_extras(
+        self, name: str, readings: Sequence[Read], s: Sharding, at: Mapping[int, Literal | bool]
+    ) -> None:
+        """What a reshard of several collectives holds beyond its final buffer, at PRE of a
+        reader that reads `s` (conservatively at every such reader)."""
+        group, shardings = self.held(name)
+        info = self.graph.values[name]
+        for h in dict.fromkeys(shardings):
+            if h == s:
+                continue
+            extra = self.chain_extra(name, h, s, info.shape, dtypes.nbytes(info.dtype, 1))
+            if extra <= 0:
+                continue
+            is_h = self.chosen(group, shardings, lambda x, h=h: x == h)
+            for p, reading in at.items():
+                self.mark(self.pre(p), self.combine(True, [is_h, reading]), extra)
+
+    def chain_extra(
+        self, name: str, src: Sharding, dst: Sharding, shape: tuple[int, ...], itemsize: int
+    ) -> int:
+        """The most a reshard holds at one of its steps beyond its final buffer: the input of a
+        step (when not the held tensor) and its output."""
+        steps = plan_reshard(src, dst, shape, self.mesh, itemsize)
+        peak, before = 0, 0
+        for c in steps:
+            after = self.nbytes(name, c.dst)
+            peak = max(peak, before + after)
+            before = after
+        return peak - self.nbytes(name, dst)
+
+    def rows(self) -> MemoryModel:
+        groups = np.repeat(np.arange(len(self.sizes)), self.sizes)
+        choices = np.arange(int(self.offsets[-1])) - self.offsets[groups]
+        vector = np.zeros(int(self.offsets[-1]), dtype=np.int64)
+        fixed = 0
+        found: dict[tuple, MemoryRow] = {}
+        for slot, marks in enumerate(self.marked):
+            vector += self.delta[slot]
+            fixed += int(self.fixed[slot])
+            (nonzero,) = np.nonzero(vector)
+            terms = tuple(
+                zip(groups[nonzero].tolist(), choices[nonzero].tolist(),
+                    vector[nonzero].tolist(), strict=True)
+            )  # fmt: skip
+            row = MemoryRow(fixed, terms, tuple(sorted(marks.items())))
+            found.setdefault((row.fixed, vector.tobytes(), row.indicated), row)
+        return MemoryModel(tuple(found.values()), tuple(self.indicators))
+
+
+def _order(literal: Literal) -> tuple:
+    if isinstance(literal, Chosen):
+        return (0, literal.group, sorted(literal.choices))
+    return (1, literal)
