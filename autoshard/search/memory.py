@@ -151,7 +151,12 @@ class _Builder:
         self.delta = np.zeros((slots + 1, int(self.offsets[-1])), dtype=np.int64)
         self.fixed = np.zeros(slots + 1, dtype=np.int64)
         self.marked: list[dict[int, int]] = [{} for _ in range(slots)]
-        self.bytes_cache: dict[tuple[object, Sharding], int] = {}
+        self.bytes_cache: dict[tuple[tuple[int, ...], str, Sharding], int] = {}
+        self.extra_cache: dict[tuple[tuple[int, ...], str, Sharding, Sharding], int] = {}
+        self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
+        self.extras: dict[tuple, list[tuple[Sharding, int]]] = {}
+        self.recording: list[tuple[int, Literal | bool, int]] = []
+        self.kept: list[tuple[Sharding, ...]] = []
 
     # -- slots: PRE(p) = 2p, AT(p) = 2p + 1, END = 2 * ops --
 
@@ -164,17 +169,32 @@ class _Builder:
     # -- literals --
 
     def chosen(
-        self, group: int | None, choices: Sequence[Sharding], want: Callable
+        self, group: int | None, choices: tuple[Sharding, ...], sharding: Sharding, equal: bool
     ) -> Literal | bool:
-        """Group `group` takes a choice whose sharding satisfies `want`."""
+        """Group `group` takes a choice whose sharding is (`equal`) or is not `sharding`."""
         if group is None:
-            return bool(want(choices[0]))
-        ks = frozenset(k for k, s in enumerate(choices) if want(s))
+            return (choices[0] == sharding) == equal
+        ks = self.choices_of(choices).get(sharding, frozenset())
+        if not equal:
+            ks = frozenset(range(self.sizes[group])) - ks
         if not ks:
             return False
         if len(ks) == self.sizes[group]:
             return True
         return Chosen(group, ks)
+
+    def choices_of(self, choices: tuple[Sharding, ...]) -> dict[Sharding, frozenset[int]]:
+        """The choices giving each sharding. The tuples of a value's copies in repeated layers
+        are one object, so this is worked out once for them."""
+        found = self.choice_sets.get(id(choices))
+        if found is None:
+            table: dict[Sharding, set[int]] = {}
+            for k, s in enumerate(choices):
+                table.setdefault(s, set()).add(k)
+            found = {s: frozenset(ks) for s, ks in table.items()}
+            self.choice_sets[id(choices)] = found
+            self.kept.append(choices)  # alive, so that its id stays its own
+        return found
 
     def combine(self, every: bool, literals: Sequence[Literal | bool]) -> Literal | bool:
         """AND (`every`) or OR of literals, simplified: constants folded, literals on one group
@@ -219,9 +239,9 @@ class _Builder:
     # -- terms --
 
     def nbytes(self, value: str, sharding: Sharding) -> int:
-        cache_key = (self.key(value), sharding)
+        info = self.graph.values[value]
+        cache_key = (info.shape, info.dtype, sharding)
         if cache_key not in self.bytes_cache:
-            info = self.graph.values[value]
             self.bytes_cache[cache_key] = shard_bytes(info.shape, info.dtype, sharding, self.mesh)
         return self.bytes_cache[cache_key]
 
@@ -241,9 +261,12 @@ class _Builder:
         self.delta[last + 1, start : start + len(vector)] -= vector
 
     def mark(self, slot: int, literal: Literal | bool, amount: int) -> None:
-        """`amount` bytes at `slot` when `literal` holds."""
-        if literal is False or amount == 0:
-            return
+        """`amount` bytes at `slot` when `literal` holds (recorded, to be replayed for the
+        copies of the value in other layers)."""
+        if literal is not False and amount:
+            self.recording.append((slot, literal, amount))
+
+    def apply(self, slot: int, literal: Literal | bool, amount: int) -> None:
         if literal is True:
             self.fixed[slot] += amount
             self.fixed[slot + 1] -= amount
@@ -261,25 +284,42 @@ class _Builder:
         graph = self.graph
         produced_at = {o: p for p, op in enumerate(graph.ops) for o in op.outputs if o}
         end = 2 * self.ops
+        replays: dict[tuple, list[tuple[int, Literal | bool, int]]] = {}
         for name in graph.values:
             readings = self.reads(name)
-            if name not in produced_at:
-                if name in graph.values and (readings or self.is_resident(name)):
-                    self.add_held(name, 0, end)
-                self.add_buffers(name, readings)
-                continue
-            first = self.at(produced_at[name])
             positions = sorted({p for p, _, _ in readings})
-            if not positions:
-                self.add_held(name, first, first)
-                continue
-            last = positions[-1]
-            if last == self.ops:  # a graph output: held to the end
-                self.add_held(name, first, end)
+            if name not in produced_at:
+                if readings or self.is_resident(name):
+                    self.add_held(name, 0, end)
+            elif not positions:
+                self.add_held(name, self.at(produced_at[name]), self.at(produced_at[name]))
+            elif positions[-1] == self.ops:  # a graph output: held to the end
+                self.add_held(name, self.at(produced_at[name]), end)
             else:
-                self.add_held(name, first, self.pre(last))
-                self.add_held_if_read(name, [r for r in readings if r[0] == last], self.at(last))
-            self.add_buffers(name, readings)
+                self.add_held(name, self.at(produced_at[name]), self.pre(positions[-1]))
+            if not positions:
+                continue
+            # The marks of a value's copy in another layer are its own, shifted: made once.
+            anchor = produced_at.get(name, positions[0])
+            group, shardings = self.held(name)
+            signature = (
+                name in produced_at, group, id(shardings), self.graph.values[name].shape,
+                self.graph.values[name].dtype,
+                tuple((p - anchor, g, id(needs)) for p, g, needs in readings),
+            )  # fmt: skip
+            cacheable = positions[-1] < self.ops
+            marks = replays.get(signature) if cacheable else None
+            if marks is None:
+                self.recording = []
+                if name in produced_at and positions[-1] < self.ops:
+                    last = [r for r in readings if r[0] == positions[-1]]
+                    self.add_held_if_read(name, last, self.at(positions[-1]))
+                self.add_buffers(name, readings)
+                marks = [(slot - 2 * anchor, lit, amount) for slot, lit, amount in self.recording]
+                if cacheable:
+                    replays[signature] = marks
+            for slot, literal, amount in marks:
+                self.apply(slot + 2 * anchor, literal, amount)
         return self.rows()
 
     def is_resident(self, name: str) -> bool:
@@ -289,19 +329,10 @@ class _Builder:
     def add_held_if_read(self, name: str, last_reads: Sequence[Read], slot: int) -> None:
         """At its last reader's compute step a value is live only if read as it is held."""
         group, shardings = self.held(name)
-        for s in dict.fromkeys(shardings):
+        for s in self.choices_of(shardings):
+            read_so = [self.chosen(g, needs, s, True) for _, g, needs in last_reads]
             condition = self.combine(
-                True,
-                [
-                    self.chosen(group, shardings, lambda h, s=s: h == s),
-                    self.combine(
-                        False,
-                        [
-                            self.chosen(g, needs, lambda n, s=s: n == s)
-                            for _, g, needs in last_reads
-                        ],
-                    ),
-                ],
+                True, [self.chosen(group, shardings, s, True), self.combine(False, read_so)]
             )
             self.mark(slot, condition, self.nbytes(name, s))
 
@@ -310,19 +341,14 @@ class _Builder:
             return
         group, shardings = self.held(name)
         positions = sorted({p for p, _, _ in readings})
-        needed = dict.fromkeys(s for _, _, needs in readings for s in needs)
+        needed = dict.fromkeys(s for _, g, needs in readings for s in self.choices_of(needs))
         for s in needed:
-            differs = self.chosen(group, shardings, lambda h, s=s: h != s)
+            differs = self.chosen(group, shardings, s, False)
             if differs is False:
                 continue
             at = {
                 p: self.combine(
-                    False,
-                    [
-                        self.chosen(g, needs, lambda n, s=s: n == s)
-                        for q, g, needs in readings
-                        if q == p
-                    ],
+                    False, [self.chosen(g, needs, s, True) for q, g, needs in readings if q == p]
                 )
                 for p in positions
             }
@@ -342,37 +368,40 @@ class _Builder:
                     between = self.combine(True, [differs, prefix[j], suffix[j + 1]])
                     for slot in range(self.at(p) + 1, self.pre(where[j + 1])):
                         self.mark(slot, between, size)
-            self.add_chain_extras(name, readings, s, at)
+            self.add_chain_extras(name, s, at)
 
-    def add_chain_extras(
-        self, name: str, readings: Sequence[Read], s: Sharding, at: Mapping[int, Literal | bool]
-    ) -> None:
+    def add_chain_extras(self, name: str, s: Sharding, at: Mapping[int, Literal | bool]) -> None:
         """What a reshard of several collectives holds beyond its final buffer, at PRE of a
         reader that reads `s` (conservatively at every such reader)."""
         group, shardings = self.held(name)
         info = self.graph.values[name]
-        for h in dict.fromkeys(shardings):
-            if h == s:
-                continue
-            extra = self.chain_extra(name, h, s, info.shape, dtypes.nbytes(info.dtype, 1))
-            if extra <= 0:
-                continue
-            is_h = self.chosen(group, shardings, lambda x, h=h: x == h)
+        cache_key = (id(shardings), info.shape, info.dtype, s)
+        extras = self.extras.get(cache_key)
+        if extras is None:
+            extras = self.extras[cache_key] = [
+                (h, extra)
+                for h in self.choices_of(shardings)
+                if h != s and (extra := self.chain_extra(name, h, s)) > 0
+            ]
+        for h, extra in extras:
+            is_h = self.chosen(group, shardings, h, True)
             for p, reading in at.items():
                 self.mark(self.pre(p), self.combine(True, [is_h, reading]), extra)
 
-    def chain_extra(
-        self, name: str, src: Sharding, dst: Sharding, shape: tuple[int, ...], itemsize: int
-    ) -> int:
+    def chain_extra(self, name: str, src: Sharding, dst: Sharding) -> int:
         """The most a reshard holds at one of its steps beyond its final buffer: the input of a
-        step (when not the held tensor) and its output."""
-        steps = plan_reshard(src, dst, shape, self.mesh, itemsize)
-        peak, before = 0, 0
-        for c in steps:
-            after = self.nbytes(name, c.dst)
-            peak = max(peak, before + after)
-            before = after
-        return peak - self.nbytes(name, dst)
+        step (when not the held tensor) and its output. Alike for every tensor of one shape."""
+        info = self.graph.values[name]
+        cache_key = (info.shape, info.dtype, src, dst)
+        if cache_key not in self.extra_cache:
+            itemsize = dtypes.nbytes(info.dtype, 1)
+            peak, before = 0, 0
+            for c in plan_reshard(src, dst, info.shape, self.mesh, itemsize):
+                after = self.nbytes(name, c.dst)
+                peak = max(peak, before + after)
+                before = after
+            self.extra_cache[cache_key] = peak - self.nbytes(name, dst)
+        return self.extra_cache[cache_key]
 
     def rows(self) -> MemoryModel:
         groups = np.repeat(np.arange(len(self.sizes)), self.sizes)
