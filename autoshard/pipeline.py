@@ -71,9 +71,10 @@ def print_spmd(partitioned: Partitioned, dialect: str) -> str:
     return print_program(partitioned.program, dialect=dialect, constants=constants)
 
 
-def dump_after(stages: Collection[Stage], dialect: str, out: IO[str] = sys.stderr) -> AfterStage:
+def dump_after(stages: Collection[Stage], dialect: str, out: IO[str] | None = None) -> AfterStage:
     """Print the program as MLIR after each of `stages`, headed as `mlir-opt
-    --mlir-print-ir-after` heads its dumps (and, like it, to stderr by default)."""
+    --mlir-print-ir-after` heads its dumps (and, like it, to stderr by default: the stderr of
+    the moment it prints)."""
 
     def dump(stage: Stage, result: Program | Partitioned) -> None:
         if stage in stages:
@@ -82,7 +83,8 @@ def dump_after(stages: Collection[Stage], dialect: str, out: IO[str] = sys.stder
                 if isinstance(result, Partitioned)
                 else print_program(result, dialect)
             )
-            print(f"// -----// IR Dump After {stage} //----- //\n{text}", file=out, end="")
+            header = f"// -----// IR Dump After {stage} //----- //\n"
+            print(header + text, file=out or sys.stderr, end="")
 
     return dump
 

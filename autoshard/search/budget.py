@@ -1,9 +1,14 @@
 """The search under a memory budget: one solve decides.
 
 The ILP's memory rows are the program's memory (`search.memory`): the plan it finds fits the
-budget as lowered, reshard buffers and all, so no plan is lowered twice. When no plan fits,
-the least memory any plan needs is an ILP of its own (`ilp.lowest_budget`), answered with its
-proof and the tensors its plan holds at the peak.
+budget as lowered, reshard buffers and all. One thing the rows leave out until a plan uses it:
+the intermediate tensors of reshards of several collectives (on a 3-axis mesh most pairs of
+candidate shardings have some, a plan few). When a plan's program holds more than its rows
+say, those reshards are counted from then on and the ILP solves again, from that plan; every
+such round counts more of the program, and none is needed unless a plan uses them.
+
+When no plan fits, the least memory any plan needs is an ILP of its own (`ilp.lowest_budget`),
+answered with its proof and the tensors its plan holds at the peak.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster, format_bytes
 from autoshard.cost.model import Cost, memory, price
 from autoshard.errors import AutoshardError
+from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
 from autoshard.passes.lower import lower
-from autoshard.plan import Plan
+from autoshard.plan import RETURN, Plan
 from autoshard.program import Program
+from autoshard.reshard import plan_reshard
 from autoshard.search.ilp import (
     InfeasibleError,
     Solution,
@@ -28,6 +35,7 @@ from autoshard.search.ilp import (
     solve,
     time_left,
 )
+from autoshard.search.memory import Chain
 from autoshard.search.options import SolverOptions
 from autoshard.search.problem import Search, build_search
 
@@ -63,23 +71,46 @@ def auto_plan(
         f"search problem: {len(problem.sizes)} groups, {problem.variables} choices, "
         f"{len(problem.edges)} edges, {len(problem.memory)} memory rows ({built:.1f} s)"
     )
-    try:
-        solution = solve(problem, options.time_limit)
-    except InfeasibleError:
-        raise _infeasible(graph, cluster, search, options.time_limit) from None
-    say(f"solved: {solution.status}, gap {solution.gap:.2%} ({solution.wall_s:.1f} s)")
-    plan = search.plan(graph, cluster, solution.choice)
-    program = lower(graph, plan)
-    held = memory(program).peak
-    if held > max(cluster.memory, problem.peak(solution.choice)):
-        raise AutoshardError(  # the memory model's promise, checked on every plan
-            f"internal error: the program holds {held} bytes per device, more than the search "
-            f"counted ({problem.peak(solution.choice)}); please report it with the model"
-        )
+    spent = 0.0
+    hint: tuple[int, ...] = ()
+    while True:
+        try:
+            left = time_left(options.time_limit, spent)
+            solution = solve(search.problem, left, hint)
+        except InfeasibleError:
+            raise _infeasible(graph, cluster, search, options.time_limit) from None
+        spent += solution.work
+        say(f"solved: {solution.status}, gap {solution.gap:.2%} ({solution.wall_s:.1f} s)")
+        plan = search.plan(graph, cluster, solution.choice)
+        program = lower(graph, plan)
+        counted, held = search.problem.peak(solution.choice), memory(program).peak
+        if held <= counted:
+            break
+        chains = search.chains | _chains(graph, plan)
+        if chains == search.chains:  # the model's promise: checked on every plan
+            raise AutoshardError(
+                f"internal error: the program holds {held} bytes per device, more than the "
+                f"search counted ({counted}); please report it with the model"
+            )
+        say(f"the program holds {held} bytes, with {len(chains)} reshards' intermediates")
+        search, hint = search.counting(chains), solution.choice
     cost = price(program, graph, cluster)
     return Planned(
         plan=plan, program=program, cost=cost, solution=solution, search=search, build_s=built
     )
+
+
+def _chains(graph: Graph, plan: Plan) -> frozenset[Chain]:
+    """The reshards of several collectives a plan makes."""
+    found = set()
+    inputs = {op.name: op.inputs for op in graph.ops}
+    for (op, i), need in plan.needs.items():
+        name = graph.outputs[i] if op == RETURN else inputs[op][i]
+        held, info = plan.values[name], graph.values[name]
+        itemsize = dtypes.nbytes(info.dtype, 1)
+        if held != need and len(plan_reshard(held, need, info.shape, plan.mesh, itemsize)) > 1:
+            found.add((info.shape, info.dtype, held, need))
+    return frozenset(found)
 
 
 def _infeasible(

@@ -33,7 +33,7 @@ counted as its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,6 +104,9 @@ Held = tuple[int | None, tuple[Sharding, ...]]
 """How a value is held: its deciding group and its sharding under each of the group's choices
 (a constant: no group, one sharding)."""
 
+Chain = tuple[tuple[int, ...], str, Sharding, Sharding]
+"""A reshard of a tensor of some shape and dtype from one sharding to another."""
+
 Read = tuple[int, int | None, tuple[Sharding, ...]]
 """A read: the program position of the reading op (`len(graph.ops)` for the graph outputs), its
 deciding group, and the sharding it reads in under each of the group's choices."""
@@ -121,12 +124,14 @@ def memory_model(
     sizes: Sequence[int],
     held: Callable[[str], Held],
     reads: Callable[[str], Sequence[Read]],
-    key: Callable[[str], object],
+    chains: Collection[Chain] = frozenset(),
 ) -> MemoryModel:
     """The rows of the program of every plan: `held(value)` and `reads(value)` say how each
-    value is held and read under the choices; `key(value)` is the same for a value and its
-    copies in repeated layers (their sizes and reshards are computed once)."""
-    return _Builder(graph, mesh, sizes, held, reads, key).build()
+    value is held and read under the choices. The intermediate tensors of a reshard of
+    several collectives are counted for the `chains` given: on a 3-axis mesh most pairs of
+    candidate shardings reshard in several steps, but a plan uses few of them, and the
+    search adds those it finds (`search.budget`)."""
+    return _Builder(graph, mesh, sizes, held, reads, frozenset(chains)).build()
 
 
 class _Builder:
@@ -137,10 +142,10 @@ class _Builder:
         sizes: Sequence[int],
         held: Callable[[str], Held],
         reads: Callable[[str], Sequence[Read]],
-        key: Callable[[str], object],
+        chains: frozenset[Chain],
     ) -> None:
         self.graph, self.mesh, self.sizes = graph, mesh, list(sizes)
-        self.held, self.reads, self.key = held, reads, key
+        self.held, self.reads, self.chains = held, reads, chains
         self.indicators: list[Indicator] = []
         self.index: dict[tuple[bool, frozenset[Literal]], int] = {}
         self.offsets = np.cumsum([0, *sizes])
@@ -381,7 +386,8 @@ class _Builder:
             extras = self.extras[cache_key] = [
                 (h, extra)
                 for h in self.choices_of(shardings)
-                if h != s and (extra := self.chain_extra(name, h, s)) > 0
+                if (info.shape, info.dtype, h, s) in self.chains
+                and (extra := self.chain_extra(name, h, s)) > 0
             ]
         for h, extra in extras:
             is_h = self.chosen(group, shardings, h, True)

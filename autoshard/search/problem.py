@@ -21,10 +21,11 @@ Costs are scaled once to integers for CP-SAT: the largest becomes `SCALE`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
@@ -47,6 +48,7 @@ from autoshard.search.coarsen import (
     group_decisions,
 )
 from autoshard.search.memory import (
+    Chain,
     Held,
     Indicator,
     MemoryModel,
@@ -108,6 +110,16 @@ class Search:
 
     problem: Problem
     grouping: Grouping
+    memory_with: Callable[[frozenset[Chain]], MemoryModel] = field(compare=False, repr=False)
+    chains: frozenset[Chain] = frozenset()  # reshards whose intermediates the rows count
+
+    def counting(self, chains: frozenset[Chain]) -> Search:
+        """The same search, its memory rows counting the intermediates of `chains` too."""
+        memory = self.memory_with(chains)
+        problem = dataclasses.replace(
+            self.problem, memory=memory.rows, indicators=memory.indicators
+        )
+        return dataclasses.replace(self, problem=problem, chains=chains)
 
     @property
     def repeats(self) -> Repeats:
@@ -301,7 +313,7 @@ class _Builder:
             for k, held_k in enumerate(self.held(value, hinted)):
                 if held_k != hint.sharding:
                     node_costs[hinted.group][k] += penalty
-        memory = self.memory_model(sizes)
+        memory = self.memory_model(sizes, frozenset())
         problem = Problem(
             tuple(sizes),
             tuple(tuple(r) for r in node_costs),
@@ -314,7 +326,7 @@ class _Builder:
             unit,
             memory.indicators,
         )
-        return Search(problem, grouping)
+        return Search(problem, grouping, functools.partial(self.memory_model, sizes))
 
     def deciding(self, name: str) -> Decision:
         """The decision that says how `name` is held: its producer's, or its own."""
@@ -329,7 +341,7 @@ class _Builder:
         )
         return biggest / SCALE if biggest > 0 else 1.0
 
-    def memory_model(self, sizes: Sequence[int]) -> MemoryModel:
+    def memory_model(self, sizes: Sequence[int], chains: frozenset[Chain]) -> MemoryModel:
         """The bytes live at each step of the program, as `search.memory` models them."""
         graph, grouping = self.graph, self.grouping
         replicated: Held = (None, (Sharding(),))
@@ -350,10 +362,7 @@ class _Builder:
         for name in graph.outputs:
             group, shardings = held[name]
             reads[name].append((end, group, tuple(returned(s) for s in shardings)))
-        return memory_model(
-            graph, self.mesh, sizes, held.__getitem__, reads.__getitem__,
-            grouping.representative,
-        )  # fmt: skip
+        return memory_model(graph, self.mesh, sizes, held.__getitem__, reads.__getitem__, chains)
 
 
 def build_search(
