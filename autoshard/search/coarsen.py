@@ -5,8 +5,9 @@ inputs and weights: which sharding they are held in). `group_decisions` ties the
 sharing one one-hot variable vector, each member mapping the group's choice to one of its own:
 
 - ops of repeated layers share the variables of the first layer (`find_repeats`), and a weight
-  of a repeated layer is decided as its copy in the first layer is (unless annotated);
-- a weight or input read by one op follows that op: it is held as the op reads it;
+  of a repeated layer is held as its copy in the first layer is (unless annotated);
+- how a weight or input is held is a decision of its own, apart from how its readers read it
+  (held split further and gathered before use: FSDP, ZeRO-3);
 - an elementwise op follows the producer of its first operand when it can compute in the
   sharding that producer gives (the chain runs where its data lies, as in Alpa).
 
@@ -269,17 +270,14 @@ class _Grouper:
             else:
                 shardings = self.values[first_copy[name]].choices
             self.values[name] = ValueDecision(name, shardings)
-        # Leaders: who each decision follows, ops first (a follower's producer comes before
-        # it), then the values (each follows its reader).
+        # Leaders: who each decision follows (a follower's producer comes before it); a value
+        # leads its own group, shared by its copies.
         leader = self.leader
         for op in graph.ops:
             leader[op.name] = self.follow(op)
         for name in sources:
-            copied = first_copy[name]
-            if copied != name and leader[copied][0] != copied:
-                leader[name] = leader[copied]
-            else:
-                leader[name] = self.follow_source(name)
+            own = (name, tuple(range(len(self.values[name].choices))))
+            leader[name] = leader[first_copy[name]] if first_copy[name] != name else own
         groups: list[str] = []
         index_of: dict[str, int] = {}
 
@@ -327,18 +325,3 @@ class _Grouper:
                 return identity
             pick.append(k_me)
         return head, tuple(pick)
-
-    def follow_source(self, name: str) -> Leader:
-        """A producer-less value read by one op (with a rule) is held as that op reads it."""
-        me, readers = self.values[name], self.readers[name]
-        identity = (name, tuple(range(len(me.choices))))
-        if not self.coarsen or len(readers) != 1 or len(me.choices) == 1:
-            return identity
-        op, i = readers[0]
-        rule = self.rules[op.name]
-        if rule is None:
-            return identity
-        head, head_pick = self.leader[op.name]
-        position = {c: k for k, c in enumerate(me.choices)}
-        options = self.ops[op.name].options
-        return head, tuple(position[option_reads(rule, options[k], i)] for k in head_pick)

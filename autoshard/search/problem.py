@@ -27,6 +27,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.model import collective_time, compute_time
@@ -69,6 +71,31 @@ keep CP-SAT's arithmetic exact."""
 @functools.lru_cache(maxsize=1024)
 def _candidates(rule: OpRule, mesh: Mesh) -> tuple[ShardingOption, ...]:
     return candidates(rule, mesh)
+
+
+def _differ(held: Sequence[Sharding], need: Sequence[Sharding]) -> np.ndarray:
+    """1 where `held[i]` differs from `need[j]` (compared as integer ids, in bulk)."""
+    index: dict[Sharding, int] = {}
+    rows = np.array([index.setdefault(s, len(index)) for s in held])
+    columns = np.array([index.setdefault(s, len(index)) for s in need])
+    return np.not_equal.outer(rows, columns).astype(np.int64)
+
+
+def _split_further(sharding: Sharding, shape: tuple[int, ...], mesh: Mesh) -> list[Sharding]:
+    """Storage that splits a value further than a reader reads it (then gathers it before the
+    read): the mesh axes `sharding` leaves unused, all of them (FSDP, ZeRO-3) or each alone,
+    added to one dim they divide exactly."""
+    used = {a for axes in sharding.split_axes for a in axes}
+    unused = tuple(a for a in range(mesh.ndim) if a not in used)
+    found = []
+    for extra in dict.fromkeys([unused, *((a,) for a in unused)]):
+        for dim, size in enumerate(shape):
+            axes = (*sharding.axes_of(dim), *extra)
+            if extra and size % mesh.group_size(axes) == 0:
+                split = [sharding.axes_of(d) for d in range(len(shape))]
+                split[dim] = axes
+                found.append(Sharding(tuple(split)))
+    return found
 
 
 class SearchError(AutoshardError):
@@ -196,6 +223,9 @@ class _Builder:
                 continue
             for option in self.options(op, rule):
                 found[option_reads(rule, option, i)] = None
+        shape = self.graph.values[name].shape
+        for read in list(found):
+            found |= dict.fromkeys(_split_further(read, shape, self.mesh))
         return tuple(found)
 
     # -- costs --
@@ -280,6 +310,11 @@ class _Builder:
                     key = (src.group, d.group, grouping.representative(name), copies[op.name], i)
                     reads[first.setdefault(key, (name, op, i))] += 1
         edges: dict[tuple[int, int], list[list[float]]] = {}
+        # Reshards per choice: one unit each on top of the scaled costs, so that of plans
+        # costing the same the one resharding least wins (a value held as it is read, not
+        # held whole and sliced for free).
+        node_moves = [[0] * n for n in sizes]
+        edge_moves: dict[tuple[int, int], np.ndarray] = {}
         for (name, op, i), count in reads.items():
             d = ops[op.name]
             src = self.deciding(name)
@@ -288,6 +323,7 @@ class _Builder:
             if a == b:
                 for k in range(sizes[a]):
                     node[a][k] += count * self.reshard_cost(name, held[k], need[k])
+                    node_moves[a][k] += count * (held[k] != need[k])
                 continue
             cell = self.matrix(name, held, need)
             matrix = edges.setdefault((a, b), [[0.0] * sizes[b] for _ in range(sizes[a])])
@@ -295,6 +331,8 @@ class _Builder:
                 row, out = cell[ka], matrix[ka]
                 for kb in range(sizes[b]):
                     out[kb] += count * row[kb]
+            moves = edge_moves.setdefault((a, b), np.zeros((sizes[a], sizes[b]), np.int64))
+            moves += count * _differ(held, need)
         for name in graph.outputs:
             if name in self.producer:
                 d = ops[self.producer[name].name]
@@ -304,7 +342,10 @@ class _Builder:
         # tie-breaker, not a constraint).
         unit = self.unit(node, edges)
         penalty = max(1, SCALE // 1000)
-        node_costs = [[round(c / unit) for c in row] for row in node]
+        node_costs = [
+            [round(c / unit) + moved for c, moved in zip(row, moves, strict=True)]
+            for row, moves in zip(node, node_moves, strict=True)
+        ]
         for hint in self.hints:
             value = hint.value
             if value not in self.producer and value not in grouping.values:
@@ -318,7 +359,17 @@ class _Builder:
             tuple(sizes),
             tuple(tuple(r) for r in node_costs),
             tuple(
-                (a, b, tuple(tuple(round(c / unit) for c in row) for row in m))
+                (
+                    a,
+                    b,
+                    tuple(
+                        tuple(
+                            round(c / unit) + int(moved)
+                            for c, moved in zip(row, moves, strict=True)
+                        )
+                        for row, moves in zip(m, edge_moves[(a, b)], strict=True)
+                    ),
+                )
                 for (a, b), m in sorted(edges.items())
             ),
             memory.rows,

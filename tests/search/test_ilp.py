@@ -2,6 +2,7 @@
 (with the exact elimination of low-degree groups, and with memory rows) equals the best of all
 choices."""
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -9,8 +10,10 @@ import numpy as np
 import pytest
 
 from autoshard.cost.cluster import make_cluster
+from autoshard.cost.model import memory
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
+from autoshard.passes.lower import lower
 from autoshard.rules import rule_for
 from autoshard.search.candidates import candidates
 from autoshard.search.coarsen import find_repeats
@@ -137,16 +140,25 @@ def test_a_group_without_choice_is_eliminated_whatever_its_degree():
     assert solve(problem).objective == brute_force(problem)
 
 
-@pytest.mark.parametrize("mesh, coarsen", [("2", False), ("2x2", True)])
+@pytest.mark.parametrize("mesh, coarsen", [("2", False), ("2", True), ("4", True)])
 def test_real_graph_equals_exhaustive_search(tmp_path, mesh, coarsen):
-    """Seed 001's MLP (dot, max, dot) priced on a real cluster: every combination of
-    candidates enumerated (on 2x2 with weights following their dot, 25 M combinations
-    otherwise)."""
+    """Seed 001's MLP (dot, max, dot) priced on a real cluster, x and the weights held as the
+    search likes (split further than read included): every combination of candidates
+    enumerated, with no budget, at the least memory any plan needs, and between the two; the
+    ILP's peak is the lowered program's."""
     graph = import_onnx(write_seed_mlp(tmp_path / "mlp.onnx"))
-    search = build_search(graph, make_cluster(mesh=mesh), coarsen=coarsen)
-    problem = search.problem
-    assert 1 < np.prod(problem.sizes) < 200_000
-    assert solve(problem).objective == brute_force(problem)
+    cluster = make_cluster(mesh=mesh)
+    search = build_search(graph, cluster, coarsen=coarsen)
+    free = search.problem
+    assert 1 < np.prod(free.sizes) < 5_000
+    top, least = free.peak(solve(free).choice), lowest_budget(free).peak
+    assert least < top
+    for budget in (top, (top + least) // 2, least):
+        problem = dataclasses.replace(free, budget=budget)
+        solution = solve(problem)
+        assert solution.objective == brute_force(problem)
+        program = lower(graph, search.plan(graph, cluster, solution.choice))
+        assert problem.peak(solution.choice) == memory(program).peak <= budget
 
 
 def test_candidates_of_a_matmul_on_2x2():

@@ -10,9 +10,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from autoshard.annotations import Annotation
 from autoshard.cli import main
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.model import price
+from autoshard.cost.model import memory, price
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
 from autoshard.passes.partition import LocalCollective, partition
@@ -20,7 +21,9 @@ from autoshard.propagate import propagate
 from autoshard.reshard import ring_bytes
 from autoshard.search.baselines import data_parallel, dp_tp, megatron
 from autoshard.search.budget import auto_plan
-from autoshard.search.ilp import InfeasibleError
+from autoshard.search.ilp import InfeasibleError, lowest_budget
+from autoshard.search.problem import build_search
+from autoshard.sharding import Sharding
 from autoshard.verify import model_weights, verify
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -88,16 +91,17 @@ def test_a_budget_below_the_replicated_weights_gives_megatron(mlp):
 
 
 def test_an_infeasible_budget_names_the_lowest_one(mlp):
-    """The least memory is Megatron's at the all_reduce of y: x and the returned y replicated
-    (8 MiB each) next to the partial y it reduces (8 MiB), and the 16 + 16 MiB of weights
-    split 8 ways: 28 MiB, proven by the ILP whose objective is the peak."""
+    """The least memory is Megatron's at the all_reduce of y: the returned y (8 MiB) next to
+    the partial y it reduces (8 MiB), the 16 + 16 MiB of weights split 8 ways, and x held
+    split 8 ways (gathered before fc1, that buffer gone by then): 21 MiB, proven by the ILP
+    whose objective is the peak."""
     with pytest.raises(InfeasibleError) as error:
         auto_plan(import_onnx(mlp), make_cluster(mesh="8", memory="16MiB"))
     assert str(error.value) == (
         "no plan fits 16777216 bytes (16.00 MiB) per device; the lowest feasible budget is "
-        "29360128 bytes (28.00 MiB, proven optimal; --memory 29360128); the largest tensors "
-        "live at its peak: x (8.00 MiB), y (8.00 MiB), y~1 (8.00 MiB), w1 (2.00 MiB), "
-        "w2 (2.00 MiB)"
+        "22020096 bytes (21.00 MiB, proven optimal; --memory 22020096); the largest tensors "
+        "live at its peak: y (8.00 MiB), y~1 (8.00 MiB), w1 (2.00 MiB), w2 (2.00 MiB), "
+        "x (1.00 MiB)"
     )
 
 
@@ -170,3 +174,59 @@ def test_partition_of_a_plan_file_verifies(mlp, tmp_path, capsys):
     assert report["ok"] and report["devices"] == 8
     assert main(["partition", str(mlp), "--mesh", "4", "--plan", str(plan), "-o", str(out)]) == 2
     assert "is for mesh 8, not 4" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def small_mlp(tmp_path_factory):
+    """256 tokens, hidden 256, FFN 1024: two 1 MiB float32 weights."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2"),
+    ]
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((256, 1024)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal((1024, 256)).astype(np.float32), "w2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 256])],
+        weights,
+    )
+    path = tmp_path_factory.mktemp("small_mlp") / "mlp.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.save(model, path)
+    return path
+
+
+def test_weights_held_split_further_than_read(small_mlp):
+    """FSDP by hand on 2x4 (x and y batch-split on axis 0, both weights held split 8 ways and
+    gathered whole before use) holds 2 MiB at its peak, fc2: w2 gathered (1 MiB), the 512 KiB
+    half of r, the 128 KiB halves of x (an input: held throughout) and y, and the two 128 KiB
+    weight shards. Under that budget the search
+    finds a plan no dearer; at the least memory any plan needs it holds w1 split over both
+    axes while fc1 reads it split over one (an all_gather before fc1), and the ILP's peak is
+    the program's."""
+    graph = import_onnx(small_mlp)
+    S = Sharding.parse
+    io = [Annotation("x", S("[[0]]")), Annotation("y", S("[[0]]"))]
+    fsdp = [*io, Annotation("w1", S("[[0, 1]]")), Annotation("w2", S("[[0, 1]]"))]
+    cluster = make_cluster(mesh="2x4")
+    hand = lower(graph, propagate(graph, cluster.mesh, [*fsdp, Annotation("h", S("[[0]]"))]))
+    assert memory(hand).peak == 2 * 2**20
+    assert collectives(hand) == ["all_gather mesh_axes = [0, 1] gather_axis = 0"] * 2
+    planned = auto_plan(graph, make_cluster(mesh="2x4", memory="2MiB"), io)
+    assert planned.cost.memory_bytes_per_device <= 2 * 2**20
+    assert planned.cost.objective <= price(hand, graph, cluster).objective
+    search = build_search(graph, cluster, io)
+    least = lowest_budget(search.problem)
+    assert least.status == "OPTIMAL" and least.peak < 2 * 2**20
+    tight = auto_plan(graph, make_cluster(mesh="2x4", memory=str(least.peak)), io)
+    held, read = tight.plan.values["w1"], tight.plan.needs[("fc1", 1)]
+    used = {a for axes in read.split_axes for a in axes}
+    assert used < {a for axes in held.split_axes for a in axes}
+    assert memory(tight.program).peak == least.peak
+    assert tight.search.problem.peak(tight.solution.choice) == least.peak
