@@ -200,13 +200,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         _emit(document)
         return 0
-    solver, search = document["solver"], document["search"]
+    solver, search, timing = document["solver"], document["search"], document["timing"]
     layers = search["repeated_layers"]
     print(f"plan for {args.model} on mesh {cluster.mesh} ({cluster.mesh.size} devices)")
     print(_cost_summary(planned.cost, cluster))
     print(
         f"collectives: {len(document['collectives'])}; solver {solver['status']}, gap "
-        f"{solver['gap']:.2%}, {solver['wall_s']:.2f} s; problem {search['groups']} groups, "
+        f"{solver['gap']:.2%}, {timing['solve_s']:.2f} s; problem {search['groups']} groups, "
         f"{search['choices']} choices"
         + (f" ({layers['layers']} repeated layers solved once)" if layers["layers"] > 1 else "")
     )

@@ -5,7 +5,10 @@ its schema, written and read here only:
     {"schema": "autoshard.plan/1", "model": {...}, "mesh": "4x8", "cluster": {...},
      "values": {name: {"sharding", "partial"}}, "ops": {name: {"type", "sharding_option"}},
      "unruled": [...], "collectives": [...], "cost": {...}, "solver": {...} | null,
-     "search": {...} | null}
+     "search": {...} | null, "timing": {"build_s", "solve_s"} | null}
+
+Everything but `timing` is a function of the request: two runs write the same bytes once the
+wall-clock figures, all in `timing`, are dropped.
 
 A saved plan is decided by its `ops` (each op's sharding option) and its `values` (how inputs
 and weights are held): the rest follows from the rules (`propagate.plan_from_options`).
@@ -72,7 +75,7 @@ def plan_document(
     planned: Planned | None = None,
 ) -> dict[str, Any]:
     """The plan JSON; `planned` adds the solver's and the search problem's figures."""
-    solver = search = None
+    solver = search = timing = None
     if planned is not None:
         s, problem = planned.solution, planned.search.problem
         solver = {
@@ -80,7 +83,6 @@ def plan_document(
             "objective": s.objective * problem.unit,
             "bound": s.bound * problem.unit,
             "gap": s.gap,
-            "wall_s": round(s.wall_s, 3),
             "variables": s.variables,
             "constraints": s.constraints,
         }
@@ -95,8 +97,8 @@ def plan_document(
                 "ops_per_layer": repeats.period,
                 "layers": repeats.count,
             },  # fmt: skip
-            "build_s": round(planned.build_s, 3),
         }
+        timing = {"build_s": round(planned.build_s, 3), "solve_s": round(planned.solve_s, 3)}
     return {
         "schema": SCHEMA,
         "model": dict(model),
@@ -107,6 +109,7 @@ def plan_document(
         "cost": cost.to_json(),
         "solver": solver,
         "search": search,
+        "timing": timing,
     }
 
 

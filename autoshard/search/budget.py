@@ -50,6 +50,7 @@ class Planned:
     solution: Solution
     search: Search
     build_s: float
+    solve_s: float  # wall-clock seconds in the solver, every solve of the search
 
 
 def auto_plan(
@@ -71,7 +72,7 @@ def auto_plan(
         f"search problem: {len(problem.sizes)} groups, {problem.variables} choices, "
         f"{len(problem.edges)} edges, {len(problem.memory)} memory rows ({built:.1f} s)"
     )
-    spent = 0.0
+    spent, solve_s = 0.0, 0.0
     hint: tuple[int, ...] = ()
     while True:
         try:
@@ -79,7 +80,7 @@ def auto_plan(
             solution = solve(search.problem, left, hint)
         except InfeasibleError:
             raise _infeasible(graph, cluster, search, options.time_limit) from None
-        spent += solution.work
+        spent, solve_s = spent + solution.work, solve_s + solution.wall_s
         say(f"solved: {solution.status}, gap {solution.gap:.2%} ({solution.wall_s:.1f} s)")
         plan = search.plan(graph, cluster, solution.choice)
         program = lower(graph, plan)
@@ -96,8 +97,9 @@ def auto_plan(
         search, hint = search.counting(chains), solution.choice
     cost = price(program, graph, cluster)
     return Planned(
-        plan=plan, program=program, cost=cost, solution=solution, search=search, build_s=built
-    )
+        plan=plan, program=program, cost=cost, solution=solution, search=search,
+        build_s=built, solve_s=solve_s,
+    )  # fmt: skip
 
 
 def _chains(graph: Graph, plan: Plan) -> frozenset[Chain]:

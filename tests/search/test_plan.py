@@ -106,19 +106,21 @@ def test_an_infeasible_budget_names_the_lowest_one(mlp):
 
 
 def test_plan_command_is_deterministic_and_its_bytes_are_the_programs(mlp, tmp_path, capsys):
-    """Two runs write the same plan (but the solver's wall time); the plan's communication
-    bytes are those of the collectives of its partitioned program."""
+    """Two runs write the same bytes up to the wall-clock figures, all in `timing`, the last
+    block; the plan's communication bytes are those of the collectives of its partitioned
+    program."""
     args = ["plan", str(mlp), "--mesh", "8", "--memory", "30MiB"]
     assert main([*args, "-o", str(tmp_path / "a.json")]) == 0
     assert main([*args, "-o", str(tmp_path / "b.json")]) == 0
-    a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
-    for doc in (a, b):
-        doc["solver"]["wall_s"] = doc["search"]["build_s"] = 0
-    assert a == b
+    texts = [(tmp_path / f).read_text() for f in ("a.json", "b.json")]
+    untimed = [text.split('\n  "timing": ')[0] for text in texts]
+    assert untimed[0] == untimed[1] and len(untimed[0]) > 1000
+    a, b = (json.loads(text) for text in texts)
+    assert list(a)[-1] == "timing" and set(a["timing"]) == {"build_s", "solve_s"}
     assert a["schema"] == "autoshard.plan/1"
     assert set(a["cost"]) >= {"objective", "comm_bytes_per_device", "comm_time_s",
                               "compute_time_s", "memory_bytes_per_device"}  # fmt: skip
-    assert set(a["solver"]) == {"status", "objective", "bound", "gap", "wall_s", "variables",
+    assert set(a["solver"]) == {"status", "objective", "bound", "gap", "variables",
                                 "constraints"}  # fmt: skip
     graph = import_onnx(mlp)
     planned = auto_plan(graph, make_cluster(mesh="8", memory="30MiB"))
