@@ -29,9 +29,8 @@ from autoshard.verify import model_weights, verify
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
-@pytest.fixture(scope="module")
-def mlp(tmp_path_factory):
-    """2048 tokens, hidden 1024, FFN 4096: 32 MiB of float32 weights."""
+def write_mlp(path: Path, tokens: int, hidden: int, ffn: int) -> Path:
+    """x [tokens, hidden] -> MatMul w1 -> Relu -> MatMul w2 -> y, float32 weights."""
     rng = np.random.default_rng(0)
     nodes = [
         helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
@@ -39,20 +38,31 @@ def mlp(tmp_path_factory):
         helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2"),
     ]
     weights = [
-        numpy_helper.from_array(rng.standard_normal((1024, 4096)).astype(np.float32), "w1"),
-        numpy_helper.from_array(rng.standard_normal((4096, 1024)).astype(np.float32), "w2"),
+        numpy_helper.from_array(rng.standard_normal((hidden, ffn)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal((ffn, hidden)).astype(np.float32), "w2"),
     ]
     graph = helper.make_graph(
         nodes,
         "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2048, 1024])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2048, 1024])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [tokens, hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [tokens, hidden])],
         weights,
     )
-    path = tmp_path_factory.mktemp("mlp") / "mlp.onnx"
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     onnx.save(model, path)
     return path
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    """2048 tokens, hidden 1024, FFN 4096: 32 MiB of float32 weights."""
+    return write_mlp(tmp_path_factory.mktemp("mlp") / "mlp.onnx", 2048, 1024, 4096)
+
+
+@pytest.fixture(scope="module")
+def small_mlp(tmp_path_factory):
+    """256 tokens, hidden 256, FFN 1024: two 1 MiB float32 weights."""
+    return write_mlp(tmp_path_factory.mktemp("small_mlp") / "mlp.onnx", 256, 256, 1024)
 
 
 def collectives(program):
@@ -176,32 +186,6 @@ def test_partition_of_a_plan_file_verifies(mlp, tmp_path, capsys):
     assert report["ok"] and report["devices"] == 8
     assert main(["partition", str(mlp), "--mesh", "4", "--plan", str(plan), "-o", str(out)]) == 2
     assert "is for mesh 8, not 4" in capsys.readouterr().err
-
-
-@pytest.fixture(scope="module")
-def small_mlp(tmp_path_factory):
-    """256 tokens, hidden 256, FFN 1024: two 1 MiB float32 weights."""
-    rng = np.random.default_rng(0)
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
-        helper.make_node("Relu", ["h"], ["r"], name="relu"),
-        helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2"),
-    ]
-    weights = [
-        numpy_helper.from_array(rng.standard_normal((256, 1024)).astype(np.float32), "w1"),
-        numpy_helper.from_array(rng.standard_normal((1024, 256)).astype(np.float32), "w2"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 256])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 256])],
-        weights,
-    )
-    path = tmp_path_factory.mktemp("small_mlp") / "mlp.onnx"
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    onnx.save(model, path)
-    return path
 
 
 def test_weights_held_split_further_than_read(small_mlp):
