@@ -14,7 +14,8 @@ compute step), and one row END for the reshards of the graph outputs. What is li
   it so. With P(t) "some read up to t needs s" and Q(t) "some read from t on needs s", the
   buffer is live at t exactly when held != s and P(t) and Q(t);
 - the intermediate tensors of a reshard of several collectives: the most they add over the
-  final buffer, at PRE of the reader.
+  final buffer, at PRE of the reader, for the reshards (`chains`) the search has seen a plan
+  make (most pairs of candidates on a 3-axis mesh take several steps, a plan few of them).
 
 "Group g chose a choice in K" is a sum of g's one-hot variables (`Chosen`); the buffers' live
 conditions are ANDs and ORs of those (`Indicator`). They only ever appear with positive

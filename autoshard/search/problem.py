@@ -3,8 +3,9 @@
 Decisions are the ops (which sharding option) and the producer-less values the ops read (graph
 inputs and weights: which sharding they are held in). Their candidates are built here (the
 required annotations remove some); `coarsen.group_decisions` ties them into *groups* sharing
-one one-hot variable vector (repeated layers, weights following their reader, elementwise ops
-following their producer).
+one one-hot variable vector (repeated layers, elementwise ops following their producer).
+A weight's or input's candidates include shardings split further than any reader reads it:
+held so, it is gathered before each use.
 
 Costs, all per device:
 - node: the compute time of each member op under the group's choice (`cost.model`), plus the
@@ -13,8 +14,12 @@ Costs, all per device:
   `plan_reshard` from the sharding produced to the sharding read, as a matrix over the two
   groups' choices (all priced at once from the planner's tables, `ReshardPrices`); copies of
   an edge in repeated layers add up.
-- memory: at each op of the program order, the bytes of the values live there (the largest
-  shard of each), a linear function of the choices; identical rows are kept once.
+- memory: at each step of the program, the bytes live there (`search.memory`: held shards,
+  activations, reshard buffers), linear in the choices and in indicator variables; identical
+  rows are kept once.
+
+Of plans costing the same, the one resharding least wins: each reshard adds one unit to the
+scaled costs.
 
 Costs are scaled once to integers for CP-SAT: the largest becomes `SCALE`.
 """
