@@ -27,7 +27,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autoshard.errors import AutoshardError
-from autoshard.search.memory import Chosen
+from autoshard.search.memory import Chosen, MemoryRow
 from autoshard.search.problem import Problem
 
 
@@ -159,7 +159,7 @@ def _one_hot(model: cp_model.CpModel, problem: Problem) -> list[list[cp_model.In
 
 def _memory_rows(
     model: cp_model.CpModel, problem: Problem, x: list[list[cp_model.IntVar]]
-) -> list[cp_model.LinearExprT]:
+) -> list[cp_model.LinearExpr]:
     """The bytes of each memory row as a linear expression. An indicator is a variable bounded
     from below only (an AND by the sum of its literals less their number plus one, an OR by
     each literal): it appears with positive coefficients in rows bounded from above, so any
@@ -180,12 +180,34 @@ def _memory_rows(
             for term in terms:
                 model.add(var >= term)
         made.append(var)
-    return [
-        row.fixed
-        + sum(b * x[g][k] for g, k, b in row.terms)
-        + sum(b * made[i] for i, b in row.indicated)
-        for row in problem.memory
-    ]
+
+    # A group's bytes in a row (the values of that group live there) as one variable, shared
+    # by every row holding the same: rows of a term per group, not per choice.
+    held: dict[tuple[int, tuple[tuple[int, int], ...]], cp_model.IntVar] = {}
+
+    def group_bytes(group: int, terms: tuple[tuple[int, int], ...]) -> cp_model.IntVar:
+        if (group, terms) not in held:
+            var = model.new_int_var(0, max(b for _, b in terms), f"g{group}_{len(held)}")
+            model.add(var == sum(b * x[group][k] for k, b in terms))
+            held[(group, terms)] = var
+        return held[(group, terms)]
+
+    def bytes_of(row: MemoryRow) -> cp_model.LinearExpr:
+        by_group: dict[int, list[tuple[int, int]]] = {}
+        for g, k, b in row.terms:
+            by_group.setdefault(g, []).append((k, b))
+        groups = [group_bytes(g, tuple(terms)) for g, terms in by_group.items()]
+        indicated = [made[i] for i, _ in row.indicated]
+        weights = [1] * len(groups) + [b for _, b in row.indicated]
+        return cp_model.LinearExpr.weighted_sum(groups + indicated, weights) + row.fixed
+
+    base = bytes_of(problem.memory_base)
+    return [base + bytes_of(row) for row in problem.memory]
+
+
+def _most(row: MemoryRow) -> int:
+    """An upper bound of a row's bytes."""
+    return row.fixed + sum(b for *_, b in row.terms) + sum(b for _, b in row.indicated)
 
 
 def _solver(time_limit: float) -> cp_model.CpSolver:
@@ -217,11 +239,7 @@ def lowest_budget(problem: Problem, time_limit: float = 60.0) -> LowestBudget:
     """The smallest peak memory any choice reaches: the ILP whose objective is the peak."""
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
-    top = max(
-        (row.fixed + sum(b for *_, b in row.terms) + sum(b for _, b in row.indicated)
-         for row in problem.memory),
-        default=0,
-    )  # fmt: skip
+    top = _most(problem.memory_base) + max(map(_most, problem.memory), default=0)
     peak = model.new_int_var(0, max(top, 1), "peak")
     for bytes_live in _memory_rows(model, problem, x):
         model.add(bytes_live <= peak)

@@ -115,6 +115,9 @@ deciding group, and the sharding it reads in under each of the group's choices."
 
 @dataclass(frozen=True)
 class MemoryModel:
+    """Bytes live at each program step: `base` (live at every step) plus one of `rows`."""
+
+    base: MemoryRow
     rows: tuple[MemoryRow, ...]
     indicators: tuple[Indicator, ...]
 
@@ -411,22 +414,28 @@ class _Builder:
         return self.extra_cache[cache_key]
 
     def rows(self) -> MemoryModel:
-        groups = np.repeat(np.arange(len(self.sizes)), self.sizes)
-        choices = np.arange(int(self.offsets[-1])) - self.offsets[groups]
-        vector = np.zeros(int(self.offsets[-1]), dtype=np.int64)
-        fixed = 0
+        vectors = np.cumsum(self.delta[:-1], axis=0)
+        fixed = np.cumsum(self.fixed[:-1])
+        # What every row holds (the resident shards, mostly) is stated once, as `base`: rows
+        # of a few terms each instead of every weight's in each (CP-SAT's LP is far lighter).
+        common = vectors.min(axis=0)
+        base = self.row(common, int(fixed.min()), {})
         found: dict[tuple, MemoryRow] = {}
         for slot, marks in enumerate(self.marked):
-            vector += self.delta[slot]
-            fixed += int(self.fixed[slot])
-            (nonzero,) = np.nonzero(vector)
-            terms = tuple(
-                zip(groups[nonzero].tolist(), choices[nonzero].tolist(),
-                    vector[nonzero].tolist(), strict=True)
-            )  # fmt: skip
-            row = MemoryRow(fixed, terms, tuple(sorted(marks.items())))
-            found.setdefault((row.fixed, vector.tobytes(), row.indicated), row)
-        return MemoryModel(tuple(found.values()), tuple(self.indicators))
+            rest = vectors[slot] - common
+            key = (int(fixed[slot]), rest.tobytes(), tuple(sorted(marks.items())))
+            if key not in found:
+                found[key] = self.row(rest, key[0] - base.fixed, marks)
+        return MemoryModel(base, tuple(found.values()), tuple(self.indicators))
+
+    def row(self, vector: np.ndarray, fixed: int, marks: Mapping[int, int]) -> MemoryRow:
+        (nonzero,) = np.nonzero(vector)
+        group = np.searchsorted(self.offsets, nonzero, side="right") - 1
+        terms = tuple(
+            zip(group.tolist(), (nonzero - self.offsets[group]).tolist(),
+                vector[nonzero].tolist(), strict=True)
+        )  # fmt: skip
+        return MemoryRow(fixed, terms, tuple(sorted(marks.items())))
 
 
 def _order(literal: Literal) -> tuple:

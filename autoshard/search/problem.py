@@ -120,6 +120,7 @@ class Problem:
     budget: int
     unit: float  # seconds (or bytes) per integer cost unit
     indicators: tuple[Indicator, ...] = ()
+    memory_base: MemoryRow = MemoryRow(0, (), ())  # live at every step, added to each row
 
     @property
     def variables(self) -> int:
@@ -133,7 +134,8 @@ class Problem:
     def peak(self, choice: Sequence[int]) -> int:
         """The most bytes live at one step of the program of this choice."""
         indicated = indicator_values(self.indicators, choice)
-        return max((row_bytes(row, choice, indicated) for row in self.memory), default=0)
+        base = row_bytes(self.memory_base, choice, indicated)
+        return base + max((row_bytes(row, choice, indicated) for row in self.memory), default=0)
 
 
 @dataclass(frozen=True)
@@ -149,8 +151,9 @@ class Search:
         """The same search, its memory rows counting the intermediates of `chains` too."""
         memory = self.memory_with(chains)
         problem = dataclasses.replace(
-            self.problem, memory=memory.rows, indicators=memory.indicators
-        )
+            self.problem, memory=memory.rows, indicators=memory.indicators,
+            memory_base=memory.base,
+        )  # fmt: skip
         return dataclasses.replace(self, problem=problem, chains=chains)
 
     @property
@@ -381,6 +384,7 @@ class _Builder:
             self.cluster.memory,
             unit,
             memory.indicators,
+            memory.base,
         )
         return Search(problem, grouping, functools.partial(self.memory_model, sizes))
 
