@@ -468,21 +468,39 @@ def build_decoder_32l_shape_only() -> Built:
     return build_decoder_shape_only(BIG_LAYERS)
 
 
-def build_decoder_shape_only(layers: int) -> Built:
-    """Llama-7B-sized decoder graph (`layers` layers, 32 in the bundled model; hidden 4096, 32
-    heads, SwiGLU 11008, vocab 32000) built with ``onnx.helper``; weights are external
-    references to a file that does not exist, so the graph is usable for shape/cost planning
-    only, never for running.
+def build_decoder_shape_only(
+    layers: int,
+    *,
+    hidden: int = BIG_HIDDEN,
+    heads: int = BIG_HEADS,
+    kv_heads: int | None = None,
+    ffn: int = BIG_FFN,
+    vocab: int = BIG_VOCAB,
+) -> Built:
+    """Llama-style decoder graph (`layers` layers, 32 in the bundled model) built with
+    ``onnx.helper``; the widths default to Llama-7B's (hidden 4096, 32 heads, SwiGLU 11008,
+    vocab 32000), and bigger ones give the 70B and 405B shapes the large-model bench plans.
+    Weights are external references to a file that does not exist, so the graph is usable for
+    shape/cost planning only, never for running.
 
     Per layer: RMSNorm decomposition (Pow/ReduceMean/Add/Sqrt/Div/Mul), Q/K/V MatMuls,
-    Reshape to [0, 0, 32, 128] (torch-style 0/-1 targets), Transpose, QK^T MatMul, Div by
-    sqrt(128), Add causal mask, Softmax, MatMul V, Transpose back, Reshape [0, 0, 4096],
-    output MatMul, residual Add, RMSNorm, SwiGLU MLP (gate/up MatMul, Sigmoid*x, Mul, down
-    MatMul), residual Add.  The causal mask is computed in-graph from Shape(input_ids) so shape
-    folding is exercised.  No rotary embedding (irrelevant for shapes/costs).
+    Reshape to [0, 0, heads, head_dim] (torch-style 0/-1 targets), Transpose, QK^T MatMul, Div
+    by sqrt(head_dim), Add causal mask, Softmax, MatMul V, Transpose back, Reshape
+    [0, 0, hidden], output MatMul, residual Add, RMSNorm, SwiGLU MLP (gate/up MatMul,
+    Sigmoid*x, Mul, down MatMul), residual Add.  The causal mask is computed in-graph from
+    Shape(input_ids) so shape folding is exercised.  No rotary embedding (irrelevant for
+    shapes/costs).
+
+    Grouped-query attention (`kv_heads` < `heads`; None means `heads`, plain multi-head): K
+    and V project to kv_heads * head_dim and each KV head is repeated for its group as
+    Hugging Face's ``repeat_kv`` exports it (Unsqueeze, Expand, Reshape).  Multi-head graphs
+    are built exactly as before, so the bundled model regenerates byte for byte.
     """
-    h, nh, ffn, vocab = BIG_HIDDEN, BIG_HEADS, BIG_FFN, BIG_VOCAB
+    h, nh, kv = hidden, heads, heads if kv_heads is None else kv_heads
+    if h % nh or nh % kv:
+        raise ValueError(f"hidden {h}, heads {nh}, kv_heads {kv}: need heads | hidden, kv | heads")
     hd = h // nh
+    group = nh // kv
     np_dt = helper.tensor_dtype_to_np_dtype(BIG_DTYPE)
     weights = _ExternalWeights(f"{BIG_NAME}.weights", BIG_DTYPE)
     nodes: list[onnx.NodeProto] = []
@@ -505,6 +523,13 @@ def build_decoder_shape_only(layers: int) -> Built:
         numpy_helper.from_array(np.array(1e-5, np_dt), "eps"),
         numpy_helper.from_array(np.array(math.sqrt(hd), np_dt), "sqrt_head_dim"),
     ]
+    if group > 1:  # only GQA graphs carry these, so MHA graphs stay byte-identical
+        small += [
+            numpy_helper.from_array(np.array([0, 0, kv, hd], np.int64), "shape_kv_heads"),
+            numpy_helper.from_array(np.array([2], np.int64), "axes_2"),
+            numpy_helper.from_array(np.array([1, 1, group, 1, 1], np.int64), "kv_repeat"),
+            numpy_helper.from_array(np.array([0, nh, -1, hd], np.int64), "shape_kv_merged"),
+        ]
 
     def rms_norm(x: str, prefix: str) -> str:
         w = weights.add(f"{prefix}.weight", [h])
@@ -531,18 +556,32 @@ def build_decoder_shape_only(layers: int) -> Built:
     embed = weights.add("embed_tokens.weight", [vocab, h])
     x = node("Gather", [embed, "input_ids"], "embed.out", axis=0)
 
+    def repeat_kv(x: str, prefix: str) -> str:
+        """[b, kv, s, hd] -> [b, nh, s, hd], each KV head repeated `group` times."""
+        x = node("Unsqueeze", [x, "axes_2"], f"{prefix}.unsqueeze")  # [b, kv, 1, s, hd]
+        x = node("Expand", [x, "kv_repeat"], f"{prefix}.expand")  # [b, kv, group, s, hd]
+        return node("Reshape", [x, "shape_kv_merged"], f"{prefix}.merge")
+
     for i in range(layers):
         p = f"layers.{i}"
         a = rms_norm(x, f"{p}.input_norm")
         q = linear(a, f"{p}.attn.q_proj", h, h)
-        k = linear(a, f"{p}.attn.k_proj", h, h)
-        v = linear(a, f"{p}.attn.v_proj", h, h)
+        k = linear(a, f"{p}.attn.k_proj", h, kv * hd)
+        v = linear(a, f"{p}.attn.v_proj", h, kv * hd)
+        kv_shape = "shape_heads" if group == 1 else "shape_kv_heads"
         q = node("Reshape", [q, "shape_heads"], f"{p}.attn.q_heads")
-        k = node("Reshape", [k, "shape_heads"], f"{p}.attn.k_heads")
-        v = node("Reshape", [v, "shape_heads"], f"{p}.attn.v_heads")
+        k = node("Reshape", [k, kv_shape], f"{p}.attn.k_heads")
+        v = node("Reshape", [v, kv_shape], f"{p}.attn.v_heads")
         q = node("Transpose", [q], f"{p}.attn.q_t", perm=[0, 2, 1, 3])  # [b, nh, s, hd]
-        kt = node("Transpose", [k], f"{p}.attn.k_t", perm=[0, 2, 3, 1])  # [b, nh, hd, s]
-        v = node("Transpose", [v], f"{p}.attn.v_t", perm=[0, 2, 1, 3])  # [b, nh, s, hd]
+        if group == 1:
+            kt = node("Transpose", [k], f"{p}.attn.k_t", perm=[0, 2, 3, 1])  # [b, nh, hd, s]
+            v = node("Transpose", [v], f"{p}.attn.v_t", perm=[0, 2, 1, 3])  # [b, nh, s, hd]
+        else:
+            k = node("Transpose", [k], f"{p}.attn.k_t", perm=[0, 2, 1, 3])  # [b, kv, s, hd]
+            k = repeat_kv(k, f"{p}.attn.k_rep")
+            kt = node("Transpose", [k], f"{p}.attn.k_rep_t", perm=[0, 1, 3, 2])  # [b, nh, hd, s]
+            v = node("Transpose", [v], f"{p}.attn.v_t", perm=[0, 2, 1, 3])  # [b, kv, s, hd]
+            v = repeat_kv(v, f"{p}.attn.v_rep")
         scores = node("MatMul", [q, kt], f"{p}.attn.scores")
         scores = node("Div", [scores, "sqrt_head_dim"], f"{p}.attn.scaled")
         scores = node("Add", [scores, mask], f"{p}.attn.masked")
