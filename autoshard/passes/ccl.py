@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
 from autoshard.plan import ShardingOption
-from autoshard.program import Communicate, Compute, Program, Step, Tensor, step_index
+from autoshard.program import Communicate, Compute, Program, Step, Tensor
 from autoshard.reshard import Collective, CollectiveKind, plan_reshard
 from autoshard.rules import IteratorType, OpRule, rule_for
 from autoshard.rules.elementwise import ELEMENTWISE
@@ -49,44 +50,60 @@ COMMUTES_WITH = {
 """Elementwise ops f with f(reduce(x_i), reduce(y_i)) = reduce(f(x_i, y_i)) for the reduction."""
 
 
-class _Steps(list[Step]):
-    """The steps being rewritten; every change bumps `version`, so the producer and reader
-    index is rebuilt only when the steps changed (the passes ask far more than they change)."""
-
-    version = 0
-
-    def _changed(self) -> None:
-        self.version += 1
-
-    def __setitem__(self, key, value):  # type: ignore[no-untyped-def]
-        self._changed()
-        super().__setitem__(key, value)
-
-    def __delitem__(self, key):  # type: ignore[no-untyped-def]
-        self._changed()
-        super().__delitem__(key)
-
-    def remove(self, value: Step) -> None:
-        self._changed()
-        super().remove(value)
-
-
 class _Rewrite:
-    """A mutable copy of a program's steps and tensors, for one pass."""
+    """A mutable copy of a program's steps and tensors, for one pass.
+
+    The producer and the readers of every tensor are kept up to date as steps are spliced in
+    and out (`splice`), so the passes, which ask far more than they change, never rebuild them:
+    rebuilding after every rewrite made lowering grow with collectives x steps. Only the
+    position of each step is recomputed, lazily, after a splice (one enumerate).
+    """
 
     def __init__(self, program: Program, graph: Graph) -> None:
         self.program, self.graph = program, graph
-        self.steps: _Steps = _Steps(program.steps)
-        self._index: tuple[tuple[int, int, tuple[str, ...]], dict, dict] | None = None
+        self._steps: list[Step] = []
         self.tensors: dict[str, Tensor] = dict(program.tensors)
         self.counter = itertools.count(1)
+        self._producer: dict[str, Step] = {}
+        self._readers: dict[str, list[Step | None]] = {}  # None: the tensor is a graph output
+        self._position: dict[int, int] | None = None  # id(step) -> its index in _steps
+        for name in program.outputs:
+            self._readers.setdefault(name, []).append(None)
+        self.splice(0, 0, program.steps)
+
+    @property
+    def steps(self) -> Sequence[Step]:
+        """The steps, in order; changed through `splice` only."""
+        return self._steps
+
+    def splice(self, start: int, stop: int, new: Sequence[Step]) -> None:
+        """Replace steps[start:stop] by `new`."""
+        for step in self._steps[start:stop]:
+            for name in step.outputs:
+                if self._producer.get(name) is step:
+                    del self._producer[name]
+            for name in set(step.inputs) - {""}:
+                self._readers[name] = [r for r in self._readers[name] if r is not step]
+        for step in new:
+            for name in step.outputs:
+                self._producer.setdefault(name, step)
+            for name in step.inputs:
+                if name:
+                    self._readers.setdefault(name, []).append(step)
+        self._steps[start:stop] = new
+        self._position = None
+
+    def position(self, step: Step) -> int:
+        if self._position is None:
+            self._position = {id(s): i for i, s in enumerate(self._steps)}
+        return self._position[id(step)]
 
     def result(self) -> Program:
-        return dataclasses.replace(self.program, steps=tuple(self.steps), tensors=self.live())
+        return dataclasses.replace(self.program, steps=tuple(self._steps), tensors=self.live())
 
     def live(self) -> dict[str, Tensor]:
         used = set(self.program.inputs) | set(self.program.constants) | set(self.program.outputs)
-        used |= {name for step in self.steps for name in (*step.inputs, *step.outputs)}
+        used |= {name for step in self._steps for name in (*step.inputs, *step.outputs)}
         return {name: t for name, t in self.tensors.items() if name in used}
 
     def rename(self, old: str, new: str) -> None:
@@ -95,34 +112,39 @@ class _Rewrite:
         def swap(names: tuple[str, ...]) -> tuple[str, ...]:
             return tuple(new if n == old else n for n in names)
 
-        for i, step in enumerate(self.steps):
-            if old not in step.inputs:
-                continue
+        readers = {id(r): r for r in self._readers.get(old, []) if r is not None}
+        for step in readers.values():
+            at = self.position(step)
             if isinstance(step, Compute):
-                self.steps[i] = dataclasses.replace(
-                    step, op=dataclasses.replace(step.op, inputs=swap(step.op.inputs))
-                )
+                op = dataclasses.replace(step.op, inputs=swap(step.op.inputs))
+                self.splice(at, at + 1, [dataclasses.replace(step, op=op)])
             else:
-                self.steps[i] = dataclasses.replace(step, source=new)
+                self.splice(at, at + 1, [dataclasses.replace(step, source=new)])
+        outputs = self._readers.pop(old, [])
+        self._readers.setdefault(new, []).extend(outputs)  # the graph outputs left (None)
         self.program = dataclasses.replace(self.program, outputs=swap(self.program.outputs))
 
-    def index(self) -> tuple[dict[str, int], dict[str, list[int]]]:
-        """Producer and readers (-1 for each graph output) of every tensor."""
-        key = (id(self.steps), self.steps.version, self.program.outputs)
-        if self._index is None or self._index[0] != key:
-            self._index = (key, *step_index(self.steps, self.program.outputs))
-        return self._index[1], self._index[2]
-
     def producer(self, tensor: str) -> int | None:
-        return self.index()[0].get(tensor)
+        step = self._producer.get(tensor)
+        return self.position(step) if step is not None else None
 
-    def readers(self, tensor: str) -> list[int]:
-        """Indices of the steps reading `tensor`; -1 for each graph output it is."""
-        return list(self.index()[1].get(tensor, []))
+    def producers(self, tensors: Iterable[str]) -> list[int]:
+        """Indices of the collectives defining `tensors` (those defined by a collective)."""
+        steps = (self._producer.get(name) for name in tensors)
+        return [self.position(s) for s in steps if isinstance(s, Communicate)]
+
+    def read(self, tensor: str) -> bool:
+        """Whether a step or the graph's outputs read `tensor`."""
+        return bool(self._readers.get(tensor))
 
     def sole_reader(self, tensor: str) -> int | None:
-        readers = set(self.readers(tensor))
-        return readers.pop() if len(readers) == 1 and -1 not in readers else None
+        """The index of the one step reading `tensor` (maybe twice), if it is not an output."""
+        readers = self._readers.get(tensor, [])
+        if not readers or any(r is None or r is not readers[0] for r in readers):
+            return None
+        step = readers[0]
+        assert step is not None
+        return self.position(step)
 
     def fresh(self, like: str, sharding: Sharding) -> str:
         old = self.tensors[like]
@@ -131,8 +153,9 @@ class _Rewrite:
         self.tensors[name] = dataclasses.replace(old, name=name, sharding=sharding)
         return name
 
-    def plan(self, source: str, sharding: Sharding) -> tuple[Collective, ...]:
-        tensor = self.tensors[source]
+    def plan(self, source: str | Tensor, sharding: Sharding) -> tuple[Collective, ...]:
+        """The collectives taking `source` (a tensor, or its name) to `sharding`."""
+        tensor = self.tensors[source] if isinstance(source, str) else source
         size = dtypes.nbytes(tensor.dtype, 1)
         return plan_reshard(tensor.sharding, sharding, tensor.shape, self.program.mesh, size)
 
@@ -140,9 +163,15 @@ class _Rewrite:
         self, source: str, sharding: Sharding, target: str | None = None
     ) -> list[Communicate]:
         """Communicate steps from `source` to `sharding`, the last one defining `target`."""
+        return self.name_chain(source, self.plan(source, sharding), target)
+
+    def name_chain(
+        self, source: str, collectives: Sequence[Collective], target: str | None = None
+    ) -> list[Communicate]:
+        """Communicate steps running `collectives` from `source`, the last one defining
+        `target` (a fresh tensor when None), the others fresh tensors."""
         steps: list[Communicate] = []
         current = source
-        collectives = self.plan(source, sharding)
         for k, collective in enumerate(collectives):
             last = k == len(collectives) - 1
             name = target if last and target else self.fresh(source, collective.dst)
@@ -181,9 +210,9 @@ def fuse_reshards(program: Program, graph: Graph) -> Program:
     collectives nobody reads (a value held as required but read only in another sharding)."""
     rw = _Rewrite(program, graph)
     while dead := [i for i, s in enumerate(rw.steps) if isinstance(s, Communicate)
-                   and not rw.readers(s.target)]:  # fmt: skip
+                   and not rw.read(s.target)]:  # fmt: skip
         for i in reversed(dead):
-            del rw.steps[i]
+            rw.splice(i, i + 1, ())
     i = 0
     while i < len(rw.steps):
         first = rw.steps[i]
@@ -198,11 +227,11 @@ def fuse_reshards(program: Program, graph: Graph) -> Program:
         if len(members) > 1:
             target = rw.steps[members[-1]].outputs[0]
             replanned = rw.chain(first.source, rw.tensors[target].sharding, target)
-            old = [step for k in members if isinstance(step := rw.steps[k], Communicate)]
-            if _cost(replanned) < _cost(old):
-                for k in reversed(members):
-                    del rw.steps[k]
-                rw.steps[members[0] : members[0]] = replanned
+            old = [step.collective for k in members if isinstance(step := rw.steps[k], Communicate)]
+            if _cost([s.collective for s in replanned]) < _cost(old):
+                for k in reversed(members):  # a chain runs forward: members ascend
+                    rw.splice(k, k + 1, ())
+                rw.splice(members[0], members[0], replanned)
                 if not replanned:  # the chain comes back to where it started
                     rw.rename(target, first.source)
                 continue  # the replanned chain may fuse further
@@ -210,8 +239,8 @@ def fuse_reshards(program: Program, graph: Graph) -> Program:
     return rw.result()
 
 
-def _cost(steps: Sequence[Communicate]) -> tuple[int, int]:
-    return sum(s.collective.bytes_per_device for s in steps), len(steps)
+def _cost(collectives: Sequence[Collective]) -> tuple[int, int]:
+    return sum(c.bytes_per_device for c in collectives), len(collectives)
 
 
 # ---- 2. reassociate --------------------------------------------------------------------------
@@ -219,19 +248,26 @@ def _cost(steps: Sequence[Communicate]) -> tuple[int, int]:
 
 def reassociate(program: Program, graph: Graph) -> Program:
     """`f(c(x), c(y))` -> `c(f(x, y))` for an all_reduce or reduce_scatter c that f commutes
-    with."""
+    with.
+
+    One forward walk. A rewrite changes the readers of the collectives' sources only, and an
+    op before the rewritten one cannot read those collectives (they fed the rewritten op
+    alone), so no earlier op can become rewritable: the walk goes on from the moved op, which
+    may now read collectives itself, as a walk restarted from the first step would.
+    """
     rw = _Rewrite(program, graph)
-    changed = True
-    while changed:
-        changed = False
-        for i, step in enumerate(rw.steps):
-            if (rule := _elementwise(step, rw)) is not None and _reassociate_at(i, rule, rw):
-                changed = True
-                break
+    i = 0
+    while i < len(rw.steps):
+        step = rw.steps[i]
+        if (rule := _elementwise(step, rw)) is None or (moved := _reassociate_at(i, rule, rw)) < 0:
+            i += 1
+        else:
+            i = moved
     return rw.result()
 
 
-def _reassociate_at(index: int, rule: OpRule, rw: _Rewrite) -> bool:
+def _reassociate_at(index: int, rule: OpRule, rw: _Rewrite) -> int:
+    """Rewrite the op at `index` if it can be; the index of the moved op, else -1."""
     step = rw.steps[index]
     assert isinstance(step, Compute)
     data = [i for i, m in enumerate(rule.operands) if m is not None and step.inputs[i]]
@@ -240,22 +276,22 @@ def _reassociate_at(index: int, rule: OpRule, rw: _Rewrite) -> bool:
         at = rw.producer(step.inputs[i])
         found = rw.steps[at] if at is not None else None
         if not isinstance(found, Communicate) or rw.sole_reader(found.target) != index:
-            return False
+            return -1
         comms.append(found)
     if not comms:
-        return False
+        return -1
     first = comms[0].collective
     if first.kind not in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
-        return False
+        return -1
     if step.op.type not in COMMUTES_WITH.get(first.reduction or ReductionKind.SUM, ()):
-        return False
+        return -1
     output = step.outputs[0]
     for c in comms:
         same = (c.collective.kind, c.collective.mesh_axes, c.collective.src, c.collective.dst)
         if same != (first.kind, first.mesh_axes, first.src, first.dst):
-            return False
+            return -1
         if rw.tensors[c.source].shape != rw.tensors[output].shape:
-            return False  # a broadcast operand would be reduced once per copy
+            return -1  # a broadcast operand would be reduced once per copy
     partial = rw.fresh(output, first.src)
     inputs = list(step.inputs)
     for i, c in zip(data, comms, strict=True):
@@ -265,10 +301,11 @@ def _reassociate_at(index: int, rule: OpRule, rw: _Rewrite) -> bool:
         dataclasses.replace(step.op, inputs=tuple(inputs), outputs=(partial,)),
         _option(first.src, rank),
     )
-    rw.steps[index : index + 1] = [moved, *rw.chain(partial, first.dst, output)]
+    rw.splice(index, index + 1, [moved, *rw.chain(partial, first.dst, output)])
     for c in comms:
-        rw.steps.remove(c)
-    return True
+        at = rw.position(c)
+        rw.splice(at, at + 1, ())
+    return rw.position(moved)
 
 
 # ---- 3. move_all_gathers_down ----------------------------------------------------------------
@@ -276,102 +313,153 @@ def _reassociate_at(index: int, rule: OpRule, rw: _Rewrite) -> bool:
 
 def move_all_gathers_down(program: Program, graph: Graph) -> Program:
     """Move all_gathers below the elementwise ops reading them; split all_reduces into
-    reduce_scatter + all_gather where that lets the all_gather move."""
+    reduce_scatter + all_gather where that lets the all_gather move.
+
+    One forward walk that rewrites the first collective it can, as a walk restarted from the
+    first step after every rewrite would (the order decides the program), without the
+    restarts. A rewrite changes the readers of the moved op's operands only, so the only
+    earlier collectives that may move now are those defining the operands: the walk steps
+    back to the first of them. Worked example, relu(all_gather(all_reduce(p))): the all_reduce
+    cannot split first (its reader is the all_gather, not an elementwise op); once the
+    all_gather moves below relu, relu reads the all_reduce, which splits into reduce_scatter
+    + all_gather, and that all_gather moves below relu too.
+    """
     rw = _Rewrite(program, graph)
-    changed = True
-    while changed:
-        changed = False
-        for i, step in enumerate(rw.steps):
-            if not isinstance(step, Communicate):
-                continue
-            kind = step.collective.kind
-            if kind is CollectiveKind.ALL_GATHER and _move_down(i, rw):
-                changed = True
-                break
-            if kind is CollectiveKind.ALL_REDUCE and _decompose(i, rw):
-                changed = True
-                break
+    i = 0
+    while i < len(rw.steps):
+        step = rw.steps[i]
+        rerouted: list[str] | None = None
+        if isinstance(step, Communicate) and step.collective.kind is CollectiveKind.ALL_GATHER:
+            rerouted = _move_down(i, rw)
+        elif isinstance(step, Communicate) and step.collective.kind is CollectiveKind.ALL_REDUCE:
+            rerouted = _decompose(i, rw)
+        if rerouted is None:
+            i += 1
+        else:
+            i = min([i, *rw.producers(rerouted)])
     return rw.result()
 
 
-def _move_down(index: int, rw: _Rewrite) -> bool:
-    """Move the all_gather at `index` below its only reader, if that is an elementwise op whose
-    other operands reach the finer sharding for free and whose result is no bigger."""
-    gather = rw.steps[index]
-    assert isinstance(gather, Communicate)
-    reader = rw.sole_reader(gather.target)
+@dataclass(frozen=True)
+class _Move:
+    """How an elementwise op computes below an all_gather of one of its operands: the op at
+    `reader` computes its result in `fine` (the all_gather's source sharding) with `option`;
+    `inputs[i]` is None for the gathered operand, else the operand and the all_slices taking
+    it to `fine` (none for an absent or shape operand, or one already there); `after` gathers
+    the result back."""
+
+    reader: int
+    fine: Sharding
+    option: ShardingOption
+    inputs: tuple[tuple[str, tuple[Collective, ...]] | None, ...]
+    after: tuple[Collective, ...]
+
+
+def _plan_move(gathered: str, gather: Collective, rw: _Rewrite) -> _Move | None:
+    """How the only reader of `gathered`, the result of `gather`, computes below it: when that
+    is an elementwise op whose other operands reach the finer sharding for free and whose
+    result is no bigger. Plans only: nothing is named or changed."""
+    reader = rw.sole_reader(gathered)
     if reader is None:
-        return False
+        return None
     step = rw.steps[reader]
     rule = _elementwise(step, rw)
     if rule is None or not isinstance(step, Compute):
-        return False
-    fine, coarse = gather.collective.src, gather.collective.dst
-    output = step.outputs[0]
-    out = rw.tensors[output]
-    if fine.partial_axes or out.shape != rw.tensors[gather.target].shape:
-        return False
-    if out.sharding != coarse:
-        return False
+        return None
+    fine, coarse = gather.src, gather.dst
+    out = rw.tensors[step.outputs[0]]
+    if fine.partial_axes or out.shape != rw.tensors[gathered].shape or out.sharding != coarse:
+        return None
     option = _option(fine, len(out.shape))
-    inputs, slices = list(step.inputs), []
+    inputs: list[tuple[str, tuple[Collective, ...]] | None] = []
     for i, name in enumerate(step.inputs):
         if not name or rule.operands[i] is None:
-            continue
-        if name == gather.target:
-            inputs[i] = gather.source
-            continue
-        need = rule.operand_sharding(option, i)
-        chain = rw.chain(name, need)
-        if any(c.collective.kind is not CollectiveKind.ALL_SLICE for c in chain):
-            return False
-        slices += chain
-        inputs[i] = chain[-1].outputs[0] if chain else name
-    computed = rw.fresh(output, fine)
-    after = rw.chain(computed, coarse, output)
+            inputs.append((name, ()))
+        elif name == gathered:
+            inputs.append(None)
+        else:
+            slices = rw.plan(name, rule.operand_sharding(option, i))
+            if any(c.kind is not CollectiveKind.ALL_SLICE for c in slices):
+                return None
+            inputs.append((name, slices))
+    after = rw.plan(dataclasses.replace(out, sharding=fine), coarse)
     if _cost(after) > _cost([gather]):
-        return False
-    moved = Compute(dataclasses.replace(step.op, inputs=tuple(inputs), outputs=(computed,)), option)
-    rw.steps[reader : reader + 1] = [*slices, moved, *after]
-    del rw.steps[index]
-    return True
+        return None
+    return _Move(reader, fine, option, tuple(inputs), after)
 
 
-def _decompose(index: int, rw: _Rewrite) -> bool:
+def _commit_move(move: _Move, source: str, rw: _Rewrite) -> list[str]:
+    """Replace the reader by the slices of its operands, itself computing on shards (reading
+    the gather's `source`), and the gather of its result; the operands it re-routes."""
+    step = rw.steps[move.reader]
+    assert isinstance(step, Compute)
+    inputs, slices = [], []
+    for planned in move.inputs:
+        if planned is None:
+            inputs.append(source)
+            continue
+        name, collectives = planned
+        chain = rw.name_chain(name, collectives)
+        slices += chain
+        inputs.append(chain[-1].target if chain else name)
+    output = step.outputs[0]
+    computed = rw.fresh(output, move.fine)
+    after = rw.name_chain(computed, move.after, output)
+    op = dataclasses.replace(step.op, inputs=tuple(inputs), outputs=(computed,))
+    rw.splice(move.reader, move.reader + 1, [*slices, Compute(op, move.option), *after])
+    return [source, *step.inputs]
+
+
+def _move_down(index: int, rw: _Rewrite) -> list[str] | None:
+    """Move the all_gather at `index` below its only reader when `_plan_move` finds how; the
+    operands re-routed, else None."""
+    gather = rw.steps[index]
+    assert isinstance(gather, Communicate)
+    move = _plan_move(gather.target, gather.collective, rw)
+    if move is None:
+        return None
+    rerouted = _commit_move(move, gather.source, rw)
+    rw.splice(index, index + 1, ())  # the reader came after the gather: its index holds
+    return rerouted
+
+
+def _decompose(index: int, rw: _Rewrite) -> list[str] | None:
     """Replace the all_reduce at `index` by reduce_scatter + all_gather when the all_gather then
-    moves down. The scatter dim: one the value is already split on (its shards stay contiguous
-    pieces of the same rows), else the largest; the first that works."""
+    moves down; the operands re-routed, else None. The scatter dim: one the value is already
+    split on (its shards stay contiguous pieces of the same rows), else the largest; the first
+    that works."""
     reduce = rw.steps[index]
     assert isinstance(reduce, Communicate)
     reader = rw.sole_reader(reduce.target)
     if reader is None or _elementwise(rw.steps[reader], rw) is None:
-        return False
+        return None
     dst = reduce.collective.dst
-    shape = rw.tensors[reduce.target].shape
-    axes = reduce.collective.mesh_axes
+    whole = rw.tensors[reduce.target]
+    shape, axes = whole.shape, reduce.collective.mesh_axes
     order = sorted(range(len(shape)), key=lambda d: (not dst.axes_of(d), -shape[d], d))
     for dim in order:
         split = list(dst.split_axes) + [()] * (len(shape) - len(dst.split_axes))
         split[dim] = tuple(split[dim]) + tuple(axes)
         scattered = dataclasses.replace(dst, split_axes=tuple(split))
-        trial = _Rewrite(rw.result(), rw.graph)
-        trial.counter = rw.counter
-        middle = trial.fresh(reduce.target, scattered)
-        down = trial.chain(reduce.source, scattered, middle)
-        up = trial.chain(middle, dst, reduce.target)
+        down = rw.plan(reduce.source, scattered)
+        up = rw.plan(dataclasses.replace(whole, sharding=scattered), dst)
         if not _single(down, CollectiveKind.REDUCE_SCATTER) or not _single(
             up, CollectiveKind.ALL_GATHER
         ):
             continue
-        trial.steps[index : index + 1] = [*down, *up]
-        if _move_down(index + 1, trial):
-            rw.steps, rw.tensors = _Steps(trial.steps), trial.tensors
-            return True
-    return False
+        # The all_gather would make reduce.target again: its reader is the all_reduce's.
+        move = _plan_move(reduce.target, up[0], rw)
+        if move is None:
+            continue
+        middle = rw.fresh(reduce.target, scattered)
+        rerouted = _commit_move(move, middle, rw)
+        rw.splice(index, index + 1, [Communicate(reduce.source, middle, down[0])])
+        return rerouted
+    return None
 
 
-def _single(steps: Sequence[Communicate], kind: CollectiveKind) -> bool:
-    return len(steps) == 1 and steps[0].collective.kind is kind
+def _single(collectives: Sequence[Collective], kind: CollectiveKind) -> bool:
+    return len(collectives) == 1 and collectives[0].kind is kind
 
 
 # ---- the pipeline ----------------------------------------------------------------------------

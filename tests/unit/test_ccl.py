@@ -295,6 +295,34 @@ def test_all_gather_moves_below_elementwise_ops(tmp_path):
     check_same_meaning(graph, before, after)
 
 
+def test_a_collective_above_a_moved_all_gather_moves_next(dot):
+    """The dot sums over axis 1 with rows split over axis 0; relu reads h whole: all_reduce
+    [1], then all_gather [0]. The all_reduce cannot split while the all_gather reads it; once
+    the all_gather moves below relu, relu reads the all_reduce, which splits and its
+    all_gather moves too: the walk steps back to it (seed 004's pair, one step removed)."""
+    options = {
+        "dot": ShardingOption.parse("[[0], [], [1]]", 3),
+        "relu": ShardingOption.parse("[[]]", 2),
+    }
+    before = materialize(dot, propagate(dot, MESH, [], options))
+    assert steps(before) == [
+        "MatMul",
+        "all_reduce mesh_axes = [1] reduction = sum",
+        "all_gather mesh_axes = [0] gather_axis = 0",
+        "Relu",
+    ]
+    after = move_all_gathers_down(before, dot)
+    assert steps(after) == [
+        "MatMul",
+        "reduce_scatter mesh_axes = [1] reduction = sum scatter_axis = 0",
+        "Relu",
+        "all_gather mesh_axes = [1] gather_axis = 0",
+        "all_gather mesh_axes = [0] gather_axis = 0",
+    ]
+    assert after.bytes_per_device == before.bytes_per_device
+    check_same_meaning(dot, before, after)
+
+
 def test_all_gather_stays_above_a_broadcast(tmp_path):
     """y = x + c with x [1, 4] broadcast to c's [8, 4]: moving the gather down would send 8x
     the bytes, so it stays."""
