@@ -1,0 +1,91 @@
+"""Time `autoshard plan` on shape-only decoders the size of Llama-3 70B and 405B.
+
+    python bench/plan_large.py [--models 70b 405b] [--seq 2048] [--time-limit 60]
+
+Each decoder (float16, weights absent; grouped-query attention with 8 KV heads) is written to
+a temporary folder by models/make_models.py, then planned as `autoshard plan` does: import
+with batch 8, build the search problem, solve it with CP-SAT, lower the plan to its program
+(materialize + CCL passes) and price it. `wall s` is all of that, end to end; `solve s` is
+CP-SAT's part and `lower s` one lowering of the chosen plan, timed again afterwards (the
+search lowers the plan it picks once). Target (2 cores): each <= 10 s end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from autoshard.cost.cluster import make_cluster
+from autoshard.ir.onnx_import import import_onnx
+from autoshard.passes.lower import lower
+from autoshard.search.budget import auto_plan
+from autoshard.search.options import SolverOptions
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "models"))
+
+from make_models import build_decoder_shape_only  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A decoder's size and the mesh it is planned on."""
+
+    mesh: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+
+
+SHAPES = {
+    "70b": Shape("8x8", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256),
+    "405b": Shape("16x8", layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    print(f"{'model':>5} {'mesh':>5} {'layers':>6} {'hidden':>6} {'wall s':>7} {'solve s':>7} "
+          f"{'lower s':>7} {'status':>8} {'gap':>6}")  # fmt: skip
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.models:
+            shape = SHAPES[name]
+            path = Path(folder) / f"decoder_{name}.onnx"
+            built = build_decoder_shape_only(
+                shape.layers, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads,
+                ffn=shape.ffn, vocab=shape.vocab,
+            )  # fmt: skip
+            onnx.save(built.proto, path)
+            started = time.perf_counter()
+            graph = import_onnx(path, {"batch": 8, "seq": args.seq})
+            options = SolverOptions(time_limit=args.time_limit)
+            planned = auto_plan(graph, make_cluster(mesh=shape.mesh), options=options)
+            wall = time.perf_counter() - started
+            lowering = time.perf_counter()
+            lower(graph, planned.plan)
+            lowered = time.perf_counter() - lowering
+            solution = planned.solution
+            print(
+                f"{name:>5} {shape.mesh:>5} {shape.layers:>6} {shape.hidden:>6} {wall:>7.2f} "
+                f"{solution.wall_s:>7.2f} {lowered:>7.2f} {solution.status:>8} "
+                f"{solution.gap:>6.2%}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
