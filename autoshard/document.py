@@ -44,8 +44,18 @@ class DocumentError(AutoshardError):
 
 
 def describe(plan: Plan, graph: Graph) -> dict[str, object]:
-    """The plan's `values` and `ops` (also the JSON of `autoshard propagate`)."""
-    values = {}
+    """The plan's `values` and `ops` (also the JSON of `autoshard propagate`). A graph input's
+    or weight's entry says how it is held and, in `read_as`, how each op reads it (held split
+    further than read: gathered before that op)."""
+    read_as: dict[str, dict[str, str]] = {}
+    for op in graph.ops:
+        for i, name in enumerate(op.inputs):
+            if name and graph.producer(name) is None and name not in graph.constants:
+                rank = len(graph.values[name].shape)
+                read_as.setdefault(name, {}).setdefault(
+                    op.name, plan.needs[(op.name, i)].text(rank)
+                )
+    values: dict[str, dict[str, object]] = {}
     for name, value in graph.values.items():
         sharding = plan.values[name]
         partial = (
@@ -57,6 +67,8 @@ def describe(plan: Plan, graph: Graph) -> dict[str, object]:
             "sharding": Sharding(sharding.split_axes).text(len(value.shape)),
             "partial": partial,
         }
+        if name in read_as:
+            values[name]["read_as"] = read_as[name]
     ops = {
         op.name: {"type": op.type, "sharding_option": str(option) if option is not None else None}
         for op in graph.ops

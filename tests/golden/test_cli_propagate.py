@@ -45,7 +45,11 @@ def test_seed_001_through_the_cli(seed_mlp):
     result = run(str(model), "--mesh", "2", "--annotations", str(annotations), "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["values"]["w1"] == {"sharding": "[[], [0]]", "partial": None}
+    assert data["values"]["w1"] == {
+        "sharding": "[[], [0]]",
+        "partial": None,
+        "read_as": {"dot1": "[[], [0]]"},
+    }
     assert data["values"]["y"] == {"sharding": "[[], [], []]", "partial": "sum[0]"}
     assert data["ops"]["dot2"] == {"type": "MatMul", "sharding_option": "[[], [], [], [0]]"}
     # 2x4x4 floats gathered from the other device; half of 2x4x8 floats reduce-scattered.

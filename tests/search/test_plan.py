@@ -14,6 +14,7 @@ from autoshard.annotations import Annotation
 from autoshard.cli import main
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.model import memory, price
+from autoshard.document import describe
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
 from autoshard.passes.partition import LocalCollective, partition
@@ -214,5 +215,7 @@ def test_weights_held_split_further_than_read(small_mlp):
     held, read = tight.plan.values["w1"], tight.plan.needs[("fc1", 1)]
     used = {a for axes in read.split_axes for a in axes}
     assert used < {a for axes in held.split_axes for a in axes}
+    entry = describe(tight.plan, graph)["values"]["w1"]  # the plan document says both
+    assert (entry["sharding"], entry["read_as"]) == (held.text(2), {"fc1": read.text(2)})
     assert memory(tight.program).peak == least.peak
     assert tight.search.problem.peak(tight.solution.choice) == least.peak
