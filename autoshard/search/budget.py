@@ -120,7 +120,7 @@ def _infeasible(
 ) -> InfeasibleError:
     """No plan fits: the lowest feasible budget, how sure the solver is of it, and the largest
     tensors the plan reaching it holds at its peak."""
-    lowest = lowest_budget(search.problem, time_left(time_limit, 0.0))
+    lowest = lowest_budget(search.problem, time_limit)
     usage = memory(lower(graph, search.plan(graph, cluster, lowest.choice)))
     proof = (
         "proven optimal"
