@@ -166,6 +166,8 @@ class _Builder:
         self.extras: dict[tuple, list[tuple[Sharding, int]]] = {}
         self.recording: list[tuple[int, Literal | bool, int]] = []
         self.kept: list[tuple[Sharding, ...]] = []
+        self.columns: dict[Chosen, np.ndarray] = {}
+        self.chosen_marks: list[tuple[int, np.ndarray, int]] = []
 
     # -- slots: PRE(p) = 2p, AT(p) = 2p + 1, END = 2 * ops --
 
@@ -279,10 +281,12 @@ class _Builder:
         if literal is True:
             self.fixed[slot] += amount
             self.fixed[slot + 1] -= amount
-        elif isinstance(literal, Chosen):  # plain terms of its group
-            columns = [int(self.offsets[literal.group]) + k for k in literal.choices]
-            self.delta[slot, columns] += amount
-            self.delta[slot + 1, columns] -= amount
+        elif isinstance(literal, Chosen):  # plain terms of its group, added in bulk by `rows`
+            columns = self.columns.get(literal)
+            if columns is None:
+                start = int(self.offsets[literal.group])
+                columns = self.columns[literal] = np.array(sorted(literal.choices)) + start
+            self.chosen_marks.append((slot, columns, amount))
         else:
             marks = self.marked[slot]
             marks[literal] = marks.get(literal, 0) + amount
@@ -414,6 +418,13 @@ class _Builder:
         return self.extra_cache[cache_key]
 
     def rows(self) -> MemoryModel:
+        if self.chosen_marks:
+            lengths = [len(c) for _, c, _ in self.chosen_marks]
+            slots = np.repeat([s for s, _, _ in self.chosen_marks], lengths)
+            columns = np.concatenate([c for _, c, _ in self.chosen_marks])
+            amounts = np.repeat(np.array([a for *_, a in self.chosen_marks], np.int64), lengths)
+            np.add.at(self.delta, (slots, columns), amounts)
+            np.add.at(self.delta, (slots + 1, columns), -amounts)
         vectors = np.cumsum(self.delta[:-1], axis=0)
         fixed = np.cumsum(self.fixed[:-1])
         # What every row holds (the resident shards, mostly) is stated once, as `base`: rows
