@@ -4,12 +4,17 @@ the CCL passes then fuse, reassociate and move those collectives (seed 001).
 
 Both the pipeline and the search's budget policy lower (the budget policy measures a plan's
 program), so lowering lives here, below both.
+
+The CCL passes trade no memory for communication: a rewrite of the program that would hold
+more at its peak than the materialized one is not taken (the search counts the materialized
+program's memory, so the program it gets never holds more than it counted).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from autoshard.cost.model import memory
 from autoshard.ir.graph import Graph
 from autoshard.passes import Stage
 from autoshard.passes.ccl import optimize_collectives
@@ -27,7 +32,9 @@ def lower(graph: Graph, plan: Plan, after: AfterStage | None = None) -> Program:
     program = materialize(graph, plan)
     if after is not None:
         after(Stage.MATERIALIZE, program)
-    program = optimize_collectives(program, graph)
+    optimized = optimize_collectives(program, graph)
+    if memory(optimized).peak <= memory(program).peak:
+        program = optimized
     if after is not None:
         after(Stage.CCL, program)
     return program
