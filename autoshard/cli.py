@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from autoshard import __version__
 from autoshard.errors import AutoshardError
@@ -22,6 +22,9 @@ from autoshard.mlir.syntax import Dialect
 from autoshard.passes import Stage
 from autoshard.search.options import Objective
 from autoshard.sharding import Sharding
+
+if TYPE_CHECKING:  # the pipeline is imported by the commands that run it, not at startup
+    from autoshard.pipeline import AfterStage
 
 EXIT_USAGE = 2
 
@@ -167,7 +170,7 @@ def _cost_summary(cost: Any, cluster: Any) -> str:
     return "\n".join(lines)
 
 
-def _dump_after(args: argparse.Namespace) -> Any:
+def _dump_after(args: argparse.Namespace) -> AfterStage | None:
     """The dump points asked for with --dump-after, printing in the command's dialect."""
     if not args.dump_after:
         return None
