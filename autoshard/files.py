@@ -8,6 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from autoshard.errors import AutoshardError
+
 
 def public_mode() -> int:
     """rw-r--r-- under the usual umask: what a plain `open` would give (mkstemp gives 0600)."""
@@ -16,15 +18,28 @@ def public_mode() -> int:
     return 0o666 & ~umask
 
 
+class FileWriteError(AutoshardError):
+    """An output that cannot be written where the user asked."""
+
+
 def write_atomic(path: Path, data: bytes) -> None:
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    """Write `data` to `path` whole or not at all; a path that cannot be written (a folder, a
+    missing or read-only folder) is a clear error, and leaves nothing behind."""
+    if path.is_dir():
+        raise FileWriteError(f"cannot write '{path}': it is a directory; name a file in it")
+    try:
+        handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as error:
+        raise FileWriteError(f"cannot write '{path}': {error.strerror}") from None
     try:
         with os.fdopen(handle, "wb") as f:
             f.write(data)
         os.chmod(temp, public_mode())
         os.replace(temp, path)
-    except BaseException:
+    except BaseException as error:
         Path(temp).unlink(missing_ok=True)
+        if isinstance(error, OSError):  # a full disk, a folder that vanished
+            raise FileWriteError(f"cannot write '{path}': {error.strerror}") from None
         raise
 
 

@@ -240,6 +240,14 @@ def make_cluster(
         DEVICES[name],
         tuple(parse_bandwidth(b) for b in _list(keys["bandwidth"])) if "bandwidth" in keys else (),
         tuple(parse_latency(t) for t in _list(keys["latency"])) if "latency" in keys else (),
-        parse_size(str(keys["memory"])) if "memory" in keys else 0,
+        _budget(str(keys["memory"])) if "memory" in keys else 0,
         keys,
     )
+
+
+def _budget(text: str) -> int:
+    """A memory budget: a size above zero (0 would otherwise read as "the device's memory")."""
+    size = parse_size(text)
+    if size <= 0:
+        raise ClusterError(f"memory {text!r} is no budget: give a size above 0, like 16GiB")
+    return size
