@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             solution = planned.solution
             print(
                 f"{name:>5} {shape.mesh:>5} {shape.layers:>6} {shape.hidden:>6} {wall:>7.2f} "
-                f"{solution.wall_s:>7.2f} {lowered:>7.2f} {solution.status:>8} "
+                f"{planned.solve_s:>7.2f} {lowered:>7.2f} {solution.status:>8} "
                 f"{solution.gap:>6.2%}",
                 flush=True,
             )

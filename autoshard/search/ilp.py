@@ -130,12 +130,7 @@ def _cp_sat(
     wall = time.perf_counter() - started
     if status == cp_model.INFEASIBLE:
         raise InfeasibleError("no plan fits the memory budget")
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise AutoshardError(
-            f"the solver found no plan within {time_limit} s ({solver.status_name(status)}); "
-            "raise --time-limit"
-        )
-    choice = tuple(next(k for k, v in enumerate(row) if solver.value(v)) for row in x)
+    choice = _chosen(solver, status, x, time_limit)
     proto = model.proto
     return Solution(
         choice=choice,
@@ -210,6 +205,21 @@ def _most(row: MemoryRow) -> int:
     return row.fixed + sum(b for *_, b in row.terms) + sum(b for _, b in row.indicated)
 
 
+def _chosen(
+    solver: cp_model.CpSolver,
+    status: cp_model.CpSolverStatus,
+    x: list[list[cp_model.IntVar]],
+    time_limit: float,
+) -> tuple[int, ...]:
+    """The choice per group of a solve that found a plan."""
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise AutoshardError(
+            f"the solver found no plan within {time_limit} s ({solver.status_name(status)}); "
+            "raise --time-limit"
+        )
+    return tuple(next(k for k, v in enumerate(row) if solver.value(v)) for row in x)
+
+
 def _solver(time_limit: float) -> cp_model.CpSolver:
     """Deterministic settings. Probing is off (on these one-hot models it costs seconds of
     presolve and finds nothing) and the LP is the full linearization (its bound is what proves
@@ -232,7 +242,6 @@ class LowestBudget:
     bound: int
     status: SolverStatus
     choice: tuple[int, ...]
-    work: float
 
 
 def lowest_budget(problem: Problem, time_limit: float = 60.0) -> LowestBudget:
@@ -245,17 +254,11 @@ def lowest_budget(problem: Problem, time_limit: float = 60.0) -> LowestBudget:
         model.add(bytes_live <= peak)
     model.minimize(peak)
     solver = _solver(time_limit)
-    status = solver.solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise AutoshardError(
-            f"the solver found no plan within {time_limit} s ({solver.status_name(status)}); "
-            "raise --time-limit"
-        )
-    choice = tuple(next(k for k, v in enumerate(row) if solver.value(v)) for row in x)
+    choice = _chosen(solver, solver.solve(model), x, time_limit)
     reached = problem.peak(choice)
     bound = min(reached, math.ceil(solver.best_objective_bound))
     return LowestBudget(
-        peak=reached, bound=bound, choice=choice, work=solver.response_proto.deterministic_time,
+        peak=reached, bound=bound, choice=choice,
         status=SolverStatus.OPTIMAL if bound == reached else SolverStatus.FEASIBLE,
     )  # fmt: skip
 

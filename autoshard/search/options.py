@@ -5,8 +5,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from autoshard.errors import AutoshardError
-
 
 class Objective(enum.StrEnum):
     """What the search minimizes: the step's time (compute + communication), or the bytes
@@ -14,14 +12,6 @@ class Objective(enum.StrEnum):
 
     TIME = "time"
     BYTES = "bytes"
-
-    @classmethod
-    def parse(cls, text: str) -> Objective:
-        try:
-            return cls(text)
-        except ValueError:
-            valid = ", ".join(o.value for o in cls)
-            raise AutoshardError(f"unknown objective {text!r}; valid: {valid}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
