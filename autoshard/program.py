@@ -93,7 +93,8 @@ def step_index(
 class Program:
     """`inputs` are the graph inputs then the weights, held as `tensors` says; `constants` are
     replicated values known at compile time (their data here); `outputs` the returned tensors
-    in graph output order."""
+    in graph output order. The `replaced` inputs are written over by a training step's update
+    (`Graph.updates`): live until their last reader, not throughout."""
 
     name: str
     mesh: Mesh
@@ -103,6 +104,7 @@ class Program:
     steps: tuple[Step, ...]
     constants: Mapping[str, np.ndarray] = field(default_factory=dict)
     unruled: tuple[str, ...] = ()
+    replaced: frozenset[str] = frozenset()  # inputs a training step writes over
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))

@@ -286,7 +286,7 @@ def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) 
         else:
             # A partial sum is no value to return: a propagated partial output is reduced
             # (Megatron's MLP ends in the row projection's all_reduce), its splits kept.
-            needs[(RETURN, i)] = Sharding(values[name].split_axes)
+            needs[(RETURN, i)] = returned_as(graph, values, name)
     options = {op.name: state.options.get(op.name) for op in graph.ops}
     return Plan(mesh, options, values, produced, needs, unruled)
 
@@ -306,8 +306,15 @@ def plan_from_options(
     for name in graph.values:
         values.setdefault(name, held.get(name, Sharding()))
     for i, name in enumerate(graph.outputs):
-        needs[(RETURN, i)] = returned(values[name])
+        needs[(RETURN, i)] = returned_as(graph, values, name)
     return Plan(mesh, options, values, dict(values), needs, unruled)
+
+
+def returned_as(graph: Graph, values: Mapping[str, Sharding], output: str) -> Sharding:
+    """How graph output `output` is returned: a training step's next weight or optimizer
+    state where the old is held, any other `returned`."""
+    old = graph.updates.get(output)
+    return values[old] if old is not None else returned(values[output])
 
 
 def returned(sharding: Sharding) -> Sharding:

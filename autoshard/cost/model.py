@@ -93,8 +93,9 @@ def memory(program: Program) -> Memory:
     def size(t: Tensor) -> int:
         return shard_bytes(t.shape, t.dtype, t.sharding, mesh)
 
-    resident = [*program.inputs, *program.constants]
+    resident = [n for n in (*program.inputs, *program.constants) if n not in program.replaced]
     base = sum(size(program.tensors[n]) for n in resident)
+    base += sum(size(program.tensors[n]) for n in program.replaced)  # live from the start
     last: dict[str, int] = {}
     for i, step in enumerate(program.steps):
         for name in step.inputs:
@@ -102,8 +103,8 @@ def memory(program: Program) -> Memory:
                 last[name] = i
     for name in program.outputs:
         last[name] = len(program.steps)
-    live: dict[str, int] = {}
-    peak, where, at_peak = base, -1, dict.fromkeys(resident, 0)
+    live = {n: size(program.tensors[n]) for n in sorted(program.replaced)}
+    peak, where, at_peak = base, -1, dict(live) | dict.fromkeys(resident, 0)
     current = base
     for i, step in enumerate(program.steps):
         for name in step.outputs:

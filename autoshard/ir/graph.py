@@ -25,6 +25,9 @@ from autoshard.ir import dtypes
 
 AttrValue = int | float | str | bytes | tuple | np.ndarray
 
+FORWARD = "forward"
+"""The phase of every op outside a training step (see `Graph.phases`)."""
+
 ROLES = ("input", "weight", "constant", "activation", "output")
 """Roles of a value in `Graph.role` / `to_networkx`, in order of precedence."""
 
@@ -220,6 +223,12 @@ class Graph:
     (ONNX `Constant` nodes, folded shape subgraphs). `nodes_in_file` is the node count of the
     imported file before inlining and folding (None when not imported). Compared by identity:
     it is a large container, not a small value.
+
+    A training step (`autoshard.training`) also says which outputs are the next value of a
+    weight or input (`updates`: output -> the value it replaces, returned in the sharding that
+    value is held in, and written over it: the old value is dead after its last reader) and
+    the phase of each op (`phases`: op name -> "forward", "backward", "gradient_sync" or
+    "optimizer"; ops not listed are forward).
     """
 
     name: str
@@ -231,6 +240,8 @@ class Graph:
     constants: Mapping[str, np.ndarray] = field(default_factory=dict)
     opset: int = 0
     nodes_in_file: int | None = None
+    updates: Mapping[str, str] = field(default_factory=dict)
+    phases: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ops", tuple(self.ops))
@@ -240,6 +251,17 @@ class Graph:
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
         consts = {k: _frozen_array(np.asarray(v)) for k, v in self.constants.items()}
         object.__setattr__(self, "constants", MappingProxyType(consts))
+        object.__setattr__(self, "updates", MappingProxyType(dict(self.updates)))
+        object.__setattr__(self, "phases", MappingProxyType(dict(self.phases)))
+
+    def phase(self, op_name: str) -> str:
+        """The phase of the training step op `op_name` runs in ("forward" outside training)."""
+        return self.phases.get(op_name, FORWARD)
+
+    @cached_property
+    def replaced(self) -> frozenset[str]:
+        """The weights and inputs a training step writes over (`updates`)."""
+        return frozenset(self.updates.values())
 
     @cached_property
     def _producers(self) -> Mapping[str, Op]:
@@ -360,3 +382,8 @@ def verify(graph: Graph) -> None:
     for name in graph.outputs:
         if name not in graph.values:
             raise GraphError(f"graph output {name!r} is not a value of the graph")
+    for new, old in graph.updates.items():
+        if new not in graph.outputs or old not in (*graph.inputs, *graph.weights):
+            raise GraphError(f"update {new!r} -> {old!r} is not an output replacing an input")
+        if graph.values[new].shape != graph.values[old].shape:
+            raise GraphError(f"update {new!r} has another shape than {old!r}")

@@ -5,7 +5,8 @@ and lowered to collectives by `plan_reshard` (the planner that also prices it). 
 in program order: a value whose required result annotation differs from what its producer
 computes is resharded right after the producer; each use then gets what its op needs. Uses
 that need the same sharding of a value share one reshard, so the bytes counted are the bytes
-the program sends.
+the program sends; but a training step's backward reshards a weight or input again rather
+than keep the forward's buffer alive (FSDP gathers a weight before each use).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from autoshard.ir import dtypes
-from autoshard.ir.graph import Graph
+from autoshard.ir.graph import FORWARD, Graph
 from autoshard.plan import RETURN, Plan
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
 from autoshard.reshard import plan_reshard
@@ -29,11 +30,13 @@ class _Builder:
         self.steps: list[Step] = []
         self.held: dict[str, dict[Sharding, str]] = {}  # value -> sharding -> tensor name
         self.home: dict[str, str] = {}  # value -> the tensor holding it as `values` says
+        self.made: dict[str, int] = {}  # value -> tensors made of it
 
     def define(self, value: str, sharding: Sharding) -> str:
         info = self.graph.values[value]
         held = self.held.setdefault(value, {})
-        name = f"{value}~{len(held)}" if held else value
+        made = self.made[value] = self.made.get(value, -1) + 1
+        name = f"{value}~{made}" if made else value
         self.tensors[name] = Tensor(name, value, info.shape, info.dtype, sharding)
         held[sharding] = name
         self.home.setdefault(value, name)
@@ -68,7 +71,13 @@ def materialize(graph: Graph, plan: Plan) -> Program:
     for name in inputs + tuple(graph.constants):
         if name in graph.values:
             build.define(name, values[name])
-    for op in graph.ops:
+    sources = [n for n in inputs if n in graph.values]
+    for position, op in enumerate(graph.ops):
+        if position and graph.phase(op.name) != FORWARD == graph.phase(graph.ops[position - 1].name):
+            # The backward gathers a weight again (FSDP): the forward's buffers are gone.
+            for name in sources:
+                home = build.home[name]
+                build.held[name] = {build.tensors[home].sharding: home}
         renamed = tuple(
             build.reach(name, needs[(op.name, i)]) if name else ""
             for i, name in enumerate(op.inputs)
@@ -93,4 +102,5 @@ def materialize(graph: Graph, plan: Plan) -> Program:
         tuple(build.steps),
         {n: a for n, a in graph.constants.items() if n in graph.values},
         plan.unruled,
+        frozenset(graph.replaced & set(inputs)),
     )

@@ -11,22 +11,23 @@ from autoshard.ir.graph import Graph, Op
 from autoshard.rules.base import OpRule
 
 Rule = Callable[[Op, Graph], OpRule | None]
-_RULES: dict[str, Rule] = {}
-_FAMILIES = ("einsum", "elementwise", "reduce", "shape", "nn")
+_RULES: dict[tuple[str, str], Rule] = {}
+_FAMILIES = ("einsum", "elementwise", "reduce", "shape", "nn", "gradient")
+_ONNX = ("", "ai.onnx")
 _loaded = False
 _KNOWN: weakref.WeakKeyDictionary[Graph, dict[int, tuple[Op, OpRule | None]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def register(*op_types: str) -> Callable[[Rule], Rule]:
-    """Register a rule for ONNX op types of the default domain."""
+def register(*op_types: str, domain: str = "") -> Callable[[Rule], Rule]:
+    """Register a rule for op types of `domain` (the default ONNX domain unless told)."""
 
     def add(rule: Rule) -> Rule:
         for op_type in op_types:
-            if op_type in _RULES:
-                raise ValueError(f"two rules for {op_type}")
-            _RULES[op_type] = rule
+            if (domain, op_type) in _RULES:
+                raise ValueError(f"two rules for {domain}.{op_type}")
+            _RULES[(domain, op_type)] = rule
         return rule
 
     return add
@@ -49,11 +50,11 @@ def rule_for(op: Op, graph: Graph) -> OpRule | None:
     entry = known.get(id(op))
     if entry is None or entry[0] is not op:  # the entry holds its op: ids are not reused
         _load()
-        rule = _RULES.get(op.type) if op.domain in ("", "ai.onnx") else None
+        rule = _RULES.get(("" if op.domain in _ONNX else op.domain, op.type))
         entry = known[id(op)] = (op, rule(op, graph) if rule is not None else None)
     return entry[1]
 
 
 def supported_op_types() -> frozenset[str]:
     _load()
-    return frozenset(_RULES)
+    return frozenset(op_type for domain, op_type in _RULES if domain == "")

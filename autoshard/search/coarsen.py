@@ -37,50 +37,86 @@ from typing import TypeVar
 
 import numpy as np
 
-from autoshard.ir.graph import Graph, Op
+from autoshard.ir.graph import Attrs, Graph, Op
 from autoshard.plan import ShardingOption
 from autoshard.rules import OpRule
+from autoshard.rules.gradient import computed_with
 from autoshard.rules.elementwise import ELEMENTWISE
 from autoshard.search.candidates import option_reads, option_writes
 from autoshard.sharding import Sharding
 
 
 @dataclass(frozen=True)
-class Repeats:
+class Run:
     """Ops `start + j*period + k` for j < count are copies of op `start + k`."""
 
     start: int
     period: int
     count: int
 
-    def first(self, index: int) -> int:
-        """The op of the first repeat that op `index` copies (itself outside the run)."""
-        offset = index - self.start
-        if offset < 0 or offset >= self.period * self.count:
-            return index
-        return self.start + offset % self.period
-
     @property
     def ops(self) -> int:
         return self.period * self.count
 
+    def __contains__(self, index: int) -> bool:
+        return self.start <= index < self.start + self.ops
 
-NONE = Repeats(0, 1, 1)
+
+@dataclass(frozen=True)
+class Repeats:
+    """The periodic runs of a graph's ops, largest first (a training step has three: the
+    forward layers, their backward, their updates). `start`, `period` and `count` describe
+    the largest."""
+
+    runs: tuple[Run, ...] = ()
+
+    def first(self, index: int) -> int:
+        """The op of the first repeat that op `index` copies (itself outside the runs)."""
+        for run in self.runs:
+            if index in run:
+                return run.start + (index - run.start) % run.period
+        return index
+
+    @property
+    def start(self) -> int:
+        return self.runs[0].start if self.runs else 0
+
+    @property
+    def period(self) -> int:
+        return self.runs[0].period if self.runs else 1
+
+    @property
+    def count(self) -> int:
+        return self.runs[0].count if self.runs else 1
+
+    @property
+    def ops(self) -> int:
+        return sum(run.ops for run in self.runs)
+
+
+NONE = Repeats()
 
 
 def signatures(graph: Graph) -> list[int]:
+    """Each op's structural signature (see the module docstring). A gradient op is known by
+    its forward op's signature, not its name."""
     produced = {out for op in graph.ops for out in op.outputs if out}
     table: dict[tuple, int] = {}
     result = []
+    of_op: dict[str, int] = {}
     for op in graph.ops:
+        forward = computed_with(op)
+        attrs = {k: v for k, v in op.attrs.items() if k != "op"}
         key = (
             op.type,
             op.domain,
-            hash(op.attrs),
+            hash(Attrs(attrs)),
+            of_op.get(forward, -1) if forward else -1,
             tuple(_origin(graph, name, produced) for name in op.inputs),
             tuple(_type(graph, name) for name in op.outputs),
         )
-        result.append(table.setdefault(key, len(table)))
+        of_op[op.name] = table.setdefault(key, len(table))
+        result.append(of_op[op.name])
     return result
 
 
@@ -104,11 +140,23 @@ def _origin(graph: Graph, name: str, produced: set[str]) -> tuple:
 
 
 def find_repeats(graph: Graph, min_period: int = 2) -> Repeats:
-    """The periodic run of op signatures covering the most ops (ties: the shortest period,
-    then the earliest start); `NONE` when nothing repeats."""
+    """The periodic runs of op signatures: the run covering the most ops (ties: the shortest
+    period, then the earliest start), then the same in what is left before and after it."""
     seq = np.array(signatures(graph), dtype=np.int64)
+    runs: list[Run] = []
+    segments = [(0, len(seq))]
+    while segments:
+        lo, hi = segments.pop()
+        run = _best_run(seq[lo:hi], min_period)
+        if run is not None:
+            runs.append(Run(lo + run.start, run.period, run.count))
+            segments += [(lo, lo + run.start), (lo + run.start + run.ops, hi)]
+    return Repeats(tuple(sorted(runs, key=lambda r: (-r.ops, r.start))))
+
+
+def _best_run(seq: np.ndarray, min_period: int) -> Run | None:
     n = len(seq)
-    best, covered = NONE, 0
+    best, covered = None, 0
     for period in range(min_period, n // 2 + 1):
         same = seq[:-period] == seq[period:]
         # Runs of `same`: a run of length r starting at s makes ops s .. s+r+period-1 periodic.
@@ -116,7 +164,7 @@ def find_repeats(graph: Graph, min_period: int = 2) -> Repeats:
         for s, e in zip(edges[::2], edges[1::2], strict=True):
             count = (e - s + period) // period
             if count >= 2 and count * period > covered:
-                best, covered = Repeats(int(s), period, int(count)), count * period
+                best, covered = Run(int(s), period, int(count)), count * period
     return best
 
 
@@ -237,9 +285,7 @@ class _Grouper:
                 if name and graph.producer(name) is op:
                     keys[name] = ("op", self.copies[op.name], op.outputs.index(name))
         for name, readers in self.readers.items():
-            if len(readers) == 1:
-                op, i = readers[0]
-                keys[name] = ("source", self.copies[op.name], i)
+            keys[name] = ("source", tuple((self.copies[op.name], i) for op, i in readers))
         self.representatives = keys
         self.ops: dict[str, OpDecision] = {}
         self.values: dict[str, ValueDecision] = {}
@@ -254,7 +300,11 @@ class _Grouper:
         graph, copies = self.graph, self.copies
         for op in graph.ops:
             first = copies[op.name]
-            choices = self.ops[first].choices if first != op.name else op_choices(op)
+            forward = computed_with(op)
+            if forward:  # a gradient computes with its forward op's option
+                choices = self.ops[forward].choices
+            else:
+                choices = self.ops[first].choices if first != op.name else op_choices(op)
             self.ops[op.name] = OpDecision(op.name, choices)
         position = {name: i for i, name in enumerate(graph.values)}
         sources = sorted(self.readers, key=position.__getitem__)
@@ -298,6 +348,9 @@ class _Grouper:
         sums reduced first); a copy in a repeated layer follows what its first copy follows."""
         me = self.ops[op.name]
         identity = (op.name, tuple(range(len(me.choices))))
+        forward = computed_with(op)
+        if forward:
+            return self.leader[forward]
         if not self.coarsen:
             return identity
         if self.copies[op.name] != op.name:

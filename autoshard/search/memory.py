@@ -41,7 +41,7 @@ import numpy as np
 
 from autoshard.cost.model import shard_bytes
 from autoshard.ir import dtypes
-from autoshard.ir.graph import Graph
+from autoshard.ir.graph import FORWARD, Graph
 from autoshard.mesh import Mesh
 from autoshard.reshard import plan_reshard
 from autoshard.sharding import Sharding
@@ -301,7 +301,9 @@ class _Builder:
         for name in graph.values:
             readings = self.reads(name)
             positions = sorted({p for p, _, _ in readings})
-            if name not in produced_at:
+            if name in graph.replaced and positions and positions[-1] < self.ops:
+                self.add_held(name, 0, self.pre(positions[-1]))  # written over by its update
+            elif name not in produced_at:
                 if readings or self.is_resident(name):
                     self.add_held(name, 0, end)
             elif not positions:
@@ -316,7 +318,8 @@ class _Builder:
             anchor = produced_at.get(name, positions[0])
             group, shardings = self.held(name)
             signature = (
-                name in produced_at, group, id(shardings), self.graph.values[name].shape,
+                name in produced_at, name in graph.replaced, group, id(shardings),
+                self.graph.values[name].shape,
                 self.graph.values[name].dtype,
                 tuple((p - anchor, g, id(needs)) for p, g, needs in readings),
             )  # fmt: skip
@@ -324,16 +327,26 @@ class _Builder:
             marks = replays.get(signature) if cacheable else None
             if marks is None:
                 self.recording = []
-                if name in produced_at and positions[-1] < self.ops:
+                transient = name in produced_at or name in graph.replaced
+                if transient and positions[-1] < self.ops:
                     last = [r for r in readings if r[0] == positions[-1]]
                     self.add_held_if_read(name, last, self.at(positions[-1]))
-                self.add_buffers(name, readings)
+                if name in produced_at:
+                    self.add_buffers(name, readings)
+                else:  # a weight is gathered for the forward, and again for the backward
+                    for forward in (True, False):
+                        self.add_buffers(
+                            name, [r for r in readings if self.in_forward(r[0]) == forward]
+                        )
                 marks = [(slot - 2 * anchor, lit, amount) for slot, lit, amount in self.recording]
                 if cacheable:
                     replays[signature] = marks
             for slot, literal, amount in marks:
                 self.apply(slot + 2 * anchor, literal, amount)
         return self.rows()
+
+    def in_forward(self, position: int) -> bool:
+        return position < self.ops and self.graph.phase(self.graph.ops[position].name) == FORWARD
 
     def is_resident(self, name: str) -> bool:
         graph = self.graph

@@ -103,6 +103,10 @@ def _split_further(sharding: Sharding, shape: tuple[int, ...], mesh: Mesh) -> li
     return found
 
 
+_UPDATE = Op("<update>", "<update>")
+"""The reader of a training step's next weights and optimizer state: where the old are held."""
+
+
 class SearchError(AutoshardError):
     """The annotations leave no candidate, or the problem cannot be built."""
 
@@ -317,6 +321,17 @@ class _Builder:
                     src = self.deciding(name)
                     key = (src.group, d.group, grouping.representative(name), copies[op.name], i)
                     reads[first.setdefault(key, (name, op, i))] += 1
+        for name in graph.outputs:
+            if name in graph.updates:
+                # A next weight or optimizer state goes back where the old one is held (a
+                # ZeRO-1 update gathers the updated shards); a copy per layer, as edges are.
+                d, old = ops[self.producer[name].name], self.deciding(graph.updates[name])
+                key = (d.group, old.group, grouping.representative(name), "update")
+                reads[first.setdefault(key, (name, _UPDATE, 0))] += 1
+            elif name in self.producer:
+                d = ops[self.producer[name].name]
+                for k, held_k in enumerate(self.held(name, d)):
+                    node[d.group][k] += self.reshard_cost(name, held_k, returned(held_k))
         edges: dict[tuple[int, int], list[list[float]]] = {}
         # Reshards per choice: one unit each on top of the scaled costs, so that of plans
         # costing the same the one resharding least wins (a value held as it is read, not
@@ -324,9 +339,14 @@ class _Builder:
         node_moves = [[0] * n for n in sizes]
         edge_moves: dict[tuple[int, int], np.ndarray] = {}
         for (name, op, i), count in reads.items():
-            d = ops[op.name]
             src = self.deciding(name)
-            held, need = self.held(name, src), self.needs(op, i, d)
+            if op is _UPDATE:
+                d = self.deciding(graph.updates[name])
+                need = self.held(graph.updates[name], d)
+            else:
+                d = ops[op.name]
+                need = self.needs(op, i, d)
+            held = self.held(name, src)
             a, b = src.group, d.group
             if a == b:
                 for k in range(sizes[a]):
@@ -341,11 +361,6 @@ class _Builder:
                     out[kb] += count * row[kb]
             moves = edge_moves.setdefault((a, b), np.zeros((sizes[a], sizes[b]), np.int64))
             moves += count * _differ(held, need)
-        for name in graph.outputs:
-            if name in self.producer:
-                d = ops[self.producer[name].name]
-                for k, held_k in enumerate(self.held(name, d)):
-                    node[d.group][k] += self.reshard_cost(name, held_k, returned(held_k))
         # Hints: a small penalty on every choice that holds a hinted value otherwise (a
         # tie-breaker, not a constraint).
         unit = self.unit(node, edges)
@@ -420,8 +435,11 @@ class _Builder:
                 held[name] = replicated
         end = len(graph.ops)
         for name in graph.outputs:
-            group, shardings = held[name]
-            reads[name].append((end, group, tuple(returned(s) for s in shardings)))
+            if name in graph.updates:
+                reads[name].append((end, *held[graph.updates[name]]))
+            else:
+                group, shardings = held[name]
+                reads[name].append((end, group, tuple(returned(s) for s in shardings)))
         return memory_model(graph, self.mesh, sizes, held.__getitem__, reads.__getitem__, chains)
 
 

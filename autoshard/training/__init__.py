@@ -1,0 +1,24 @@
+"""Training mode: the training step as one graph (forward, backward, gradient sync,
+optimizer), planned by the same search as inference."""
+
+from autoshard.training.options import (
+    Mode,
+    Optimizer,
+    Precision,
+    Recompute,
+    Training,
+    TrainingError,
+)
+from autoshard.training.step import PHASES, TrainingGraphError, training_graph
+
+__all__ = [
+    "PHASES",
+    "Mode",
+    "Optimizer",
+    "Precision",
+    "Recompute",
+    "Training",
+    "TrainingError",
+    "TrainingGraphError",
+    "training_graph",
+]

@@ -1,0 +1,247 @@
+"""The training step as one graph: the forward ops, then the backward derived from them, the
+gradient sync and the optimizer update (`training_graph`).
+
+The search, lowering and pricing then see ops with rules like any other (`rules.gradient`),
+so a backward reshard is priced and emitted by the same `plan_reshard` as a forward one, and
+the memory of the step (activations kept for backward, gradients, optimizer state, gathered
+weights) is counted by the same liveness as inference.
+
+    forward   y = MatMul(x, w)
+    backward  y@grad0 = LossGrad(y)                       (the loss's gradient, given y)
+              w@grad0 = Grad[op=MatMul, operand=1](x, "", y@grad0)      dW: reads x, dY
+              w@grad = GradSync(w@grad0)        kept until the update, in its own sharding
+    optimizer w@next, w@state_next = Update(w@grad, w, w@state)
+
+- Which values need a gradient: float weights (the parameters; a float initializer is
+  trainable) and every float value computed from one. Integer and mask paths need none.
+- What a gradient op reads (the activations kept for backward): the gradients of the op's
+  results, the op's integer operands (indices, masks) and, by op family, its float operands:
+  a linear op (Add, Reshape, Transpose, Concat, Slice, ...) none, a multilinear one (MatMul,
+  Einsum, Mul, Conv, ...) the operands other than the one differentiated, any other op all.
+- A value read by several ops gets one gradient contribution from each; they are summed
+  (`Sum`) once the last is made (tied embedding and LM head included).
+- Every weight's gradient is synchronized (`GradSync`) as soon as it is complete, then kept
+  until the optimizer's update at the end of the step; the update reads the weight and its
+  optimizer state (`Training.state_planes` fp32 planes: master copy, moments), and its
+  results replace them (`Graph.updates`), each returned in the sharding it is held in.
+- Precision: every float value is computed in the precision's dtype (a model exported in
+  fp32 trains in bf16 under bf16-mixed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from autoshard.errors import AutoshardError
+from autoshard.ir import dtypes
+from autoshard.ir.graph import Graph, Op, Value, verify
+from autoshard.rules import rule_for
+from autoshard.rules.gradient import TRAIN, TrainOp
+from autoshard.training.options import Optimizer, Training
+
+LINEAR = frozenset(
+    {
+        "Add", "Sub", "Neg", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
+        "Transpose", "Concat", "Split", "Slice", "Expand", "Tile", "Pad", "ReduceSum",
+        "ReduceMean", "Gather", "GatherElements", "GatherND", "Cast", "CastLike", "Dropout",
+        "Sum", "Mean", "DepthToSpace", "SpaceToDepth",
+    }
+)  # fmt: skip
+"""Ops whose gradient is a linear map of the results' gradients alone."""
+
+MULTILINEAR = frozenset({"MatMul", "Gemm", "Einsum", "Mul", "Conv", "ConvTranspose"})
+"""Ops linear in each float operand: the gradient of one reads the others."""
+
+PHASES = ("forward", "backward", "gradient_sync", "optimizer")
+
+
+class TrainingGraphError(AutoshardError):
+    """The model cannot be trained as asked (no output depends on a parameter)."""
+
+
+def training_graph(graph: Graph, training: Training) -> Graph:
+    """The training step of `graph` (see the module docstring), its ops in program order:
+    forward, backward (gradient syncs among it), optimizer."""
+    return _Step(graph, training).build()
+
+
+def gradient_name(value: str) -> str:
+    """The value holding `value`'s synchronized gradient (for a weight) or total gradient."""
+    return f"{value}@grad"
+
+
+def state_name(weight: str) -> str:
+    return f"{weight}@state"
+
+
+class _Step:
+    def __init__(self, graph: Graph, training: Training) -> None:
+        self.graph, self.training = graph, training
+        self.dtype = training.precision.dtype
+        self.values: dict[str, Value] = {
+            name: self.recast(v) for name, v in graph.values.items()
+        }
+        self.ops: list[Op] = list(graph.ops)
+        self.phases: dict[str, str] = {}
+        self.contributions: dict[str, list[str]] = {}
+        self.states: list[str] = []  # optimizer state: inputs of the step, like the batch
+        self.updates: dict[str, str] = {}
+        self.rules = {op.name: rule_for(op, graph) for op in graph.ops}
+        self.trainable = self.find_trainable()
+        self.needs = self.find_needs()
+
+    def recast(self, value: Value) -> Value:
+        if value.dtype in dtypes.FLOAT_DTYPES and not value.dtype.startswith("complex"):
+            return dataclasses.replace(value, dtype=self.dtype)
+        return value
+
+    # -- analysis --
+
+    def is_data(self, op: Op, index: int) -> bool:
+        """Whether operand `index` is data (not a shape, axes or other parameter)."""
+        rule = self.rules[op.name]
+        if rule is None:
+            return True
+        return index < len(rule.operands) and rule.operands[index] is not None
+
+    def is_float(self, name: str) -> bool:
+        return self.graph.values[name].dtype in dtypes.FLOAT_DTYPES
+
+    def find_trainable(self) -> list[str]:
+        """Float weights read as data, in the order the forward first reads them."""
+        found: dict[str, None] = {}
+        for op in self.graph.ops:
+            for i, name in enumerate(op.inputs):
+                if name in self.graph.weights and self.is_float(name) and self.is_data(op, i):
+                    found[name] = None
+        return list(found)
+
+    def find_needs(self) -> set[str]:
+        """The values needing a gradient: trainable weights and float values computed from
+        one (through data operands)."""
+        needs = set(self.trainable)
+        for op in self.graph.ops:
+            if any(n in needs and self.is_data(op, i) for i, n in enumerate(op.inputs) if n):
+                needs |= {o for o in op.outputs if o and self.is_float(o)}
+        return needs
+
+    def keeps(self, op: Op, operand: int, index: int) -> bool:
+        """Whether the gradient of operand `operand` reads operand `index`."""
+        name = op.inputs[index]
+        if not name:
+            return False
+        if not self.is_data(op, index) or not self.is_float(name):
+            return True  # shapes, axes, indices, masks
+        if op.type in LINEAR:
+            return False
+        if op.type in MULTILINEAR:
+            return index != operand
+        return True
+
+    # -- building --
+
+    def add(self, op: Op, phase: str, *outputs: Value) -> None:
+        self.ops.append(op)
+        self.phases[op.name] = phase
+        for value in outputs:
+            self.values[value.name] = value
+
+    def like(self, name: str, new: str, dtype: str | None = None) -> Value:
+        value = self.values[name]
+        return Value(new, value.shape, dtype or value.dtype)
+
+    def contribute(self, name: str) -> str:
+        """A fresh value for one more gradient contribution to `name`."""
+        made = self.contributions.setdefault(name, [])
+        made.append(f"{name}@grad{len(made)}")
+        self.values[made[-1]] = self.like(name, made[-1])
+        return made[-1]
+
+    def total(self, name: str) -> str:
+        """The gradient of `name`: its only contribution, or their sum ("" when none)."""
+        made = self.contributions.get(name, [])
+        if len(made) <= 1:
+            return made[0] if made else ""
+        total = f"{name}@gradsum"
+        op = Op(f"{name}@gradsum", "Sum", inputs=tuple(made), outputs=(total,))
+        self.add(op, "backward", self.like(name, total))
+        return total
+
+    def build(self) -> Graph:
+        graph = self.graph
+        if not self.trainable:
+            raise TrainingGraphError(
+                f"model {graph.name or '(unnamed)'} has no float weights to train"
+            )
+        seeds = [o for o in graph.outputs if o in self.needs]
+        if not seeds:
+            raise TrainingGraphError("no model output depends on a weight: nothing to train")
+        for out in seeds:
+            seed = self.contribute(out)
+            op = Op(f"{out}@loss_grad", TrainOp.LOSS_GRAD, TRAIN, (out,), (seed,))
+            self.add(op, "backward")
+        first_reader = {w: self.first_reader(w) for w in self.trainable}
+        synced: dict[str, str] = {}
+        for op in reversed(graph.ops):
+            self.differentiate(op)
+            for name in dict.fromkeys(op.inputs):
+                if first_reader.get(name) == op.name:
+                    synced[name] = self.sync(name)
+        outputs = self.optimize(synced)
+        new = Graph(
+            graph.name, tuple(self.ops), self.values, (*graph.inputs, *self.states), outputs,
+            graph.weights,
+            graph.constants, graph.opset, graph.nodes_in_file,
+            updates=self.updates, phases=self.phases,
+        )  # fmt: skip
+        verify(new)
+        return new
+
+    def first_reader(self, weight: str) -> str:
+        return next(op.name for op in self.graph.ops if weight in op.inputs)
+
+    def differentiate(self, op: Op) -> None:
+        gradients = tuple(self.total(o) if o else "" for o in op.outputs)
+        if not any(gradients):
+            return
+        for i, name in enumerate(op.inputs):
+            if not name or name not in self.needs or not self.is_data(op, i):
+                continue
+            reads = tuple(n if self.keeps(op, i, j) else "" for j, n in enumerate(op.inputs))
+            out = self.contribute(name)
+            attrs = {"op": op.name, "operand": i}
+            grad = Op(f"{op.name}@grad{i}", TrainOp.GRAD, TRAIN, reads + gradients, (out,), attrs)
+            self.add(grad, "backward")
+
+    def sync(self, weight: str) -> str:
+        total = self.total(weight)
+        synced = gradient_name(weight)
+        op = Op(f"{weight}@sync", TrainOp.GRAD_SYNC, TRAIN, (total,), (synced,))
+        self.add(op, "gradient_sync", self.like(weight, synced))
+        return synced
+
+    def optimize(self, synced: dict[str, str]) -> tuple[str, ...]:
+        """The update of every weight (in forward order), and the step's outputs."""
+        planes = self.training.state_planes
+        if self.training.optimizer is Optimizer.NONE or planes == 0:
+            return tuple(synced[w] for w in self.trainable if w in synced)
+        outputs: list[str] = []
+        for weight in self.trainable:
+            if weight not in synced:
+                continue  # no output depends on it
+            shape = self.values[weight].shape
+            state = Value(state_name(weight), (planes, *shape), "float32")
+            self.values[state.name] = state
+            self.states.append(state.name)
+            new_weight = self.like(weight, f"{weight}@next")
+            new_state = Value(f"{state.name}_next", state.shape, state.dtype)
+            op = Op(
+                f"{weight}@update", TrainOp.UPDATE, TRAIN,
+                (synced[weight], weight, state.name), (new_weight.name, new_state.name),
+                {"optimizer": str(self.training.optimizer)},
+            )  # fmt: skip
+            self.add(op, "optimizer", new_weight, new_state)
+            self.updates |= {new_weight.name: weight, new_state.name: state.name}
+            outputs += [new_weight.name, new_state.name]
+        return tuple(outputs)
