@@ -106,14 +106,18 @@ def memory(program: Program) -> Memory:
     live = {n: size(program.tensors[n]) for n in sorted(program.replaced)}
     peak, where, at_peak = base, -1, dict(live) | dict.fromkeys(resident, 0)
     current = base
+    freed: dict[int, list[str]] = {}  # step -> tensors dead after it
+    for name in live:
+        freed.setdefault(last.get(name, -1), []).append(name)
     for i, step in enumerate(program.steps):
         for name in step.outputs:
             if name and name not in live and name not in resident:
                 live[name] = size(program.tensors[name])
                 current += live[name]
+                freed.setdefault(max(last.get(name, i), i), []).append(name)
         if current > peak:
             peak, where, at_peak = current, i, dict(live) | dict.fromkeys(resident, 0)
-        for name in [n for n in live if last.get(n, -1) <= i]:
+        for name in freed.pop(i, []) + freed.pop(-1, []):
             current -= live.pop(name)
     sizes = {n: size(program.tensors[n]) for n in at_peak}
     top = sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0]))

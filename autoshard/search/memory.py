@@ -108,6 +108,10 @@ Held = tuple[int | None, tuple[Sharding, ...]]
 Chain = tuple[tuple[int, ...], str, Sharding, Sharding]
 """A reshard of a tensor of some shape and dtype from one sharding to another."""
 
+Ref = tuple[int, int]
+"""Slot `2 * positions[u] + offset` as (u, offset), `positions` the reading positions of the
+value a mark is made for (PRE of a position p is slot 2p, AT slot 2p + 1)."""
+
 Read = tuple[int, int | None, tuple[Sharding, ...]]
 """A read: the program position of the reading op (`len(graph.ops)` for the graph outputs), its
 deciding group, and the sharding it reads in under each of the group's choices."""
@@ -159,15 +163,16 @@ class _Builder:
         # added once), indicator and fixed terms per slot.
         self.delta = np.zeros((slots + 1, int(self.offsets[-1])), dtype=np.int64)
         self.fixed = np.zeros(slots + 1, dtype=np.int64)
-        self.marked: list[dict[int, int]] = [{} for _ in range(slots)]
+        self.indicated: list[tuple[int, int, int, int]] = []  # first, last, indicator, bytes
         self.bytes_cache: dict[tuple[tuple[int, ...], str, Sharding], int] = {}
         self.extra_cache: dict[tuple[tuple[int, ...], str, Sharding, Sharding], int] = {}
         self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
         self.extras: dict[tuple, list[tuple[Sharding, int]]] = {}
-        self.recording: list[tuple[int, Literal | bool, int]] = []
+        self.recording: list[tuple[Ref, Ref, Literal | bool, int]] = []
+        self.rank: dict[int, int] = {}  # the reading positions of the value being marked
         self.kept: list[tuple[Sharding, ...]] = []
         self.columns: dict[Chosen, np.ndarray] = {}
-        self.chosen_marks: list[tuple[int, np.ndarray, int]] = []
+        self.chosen_marks: list[tuple[int, int, np.ndarray, int]] = []
 
     # -- slots: PRE(p) = 2p, AT(p) = 2p + 1, END = 2 * ops --
 
@@ -271,25 +276,28 @@ class _Builder:
         self.delta[first, start : start + len(vector)] += vector
         self.delta[last + 1, start : start + len(vector)] -= vector
 
-    def mark(self, slot: int, literal: Literal | bool, amount: int) -> None:
-        """`amount` bytes at `slot` when `literal` holds (recorded, to be replayed for the
-        copies of the value in other layers)."""
-        if literal is not False and amount:
-            self.recording.append((slot, literal, amount))
+    def ref(self, position: int, offset: int) -> Ref:
+        """Slot `2 * position + offset` of a reading position of the value being marked."""
+        return (self.rank[position], offset)
 
-    def apply(self, slot: int, literal: Literal | bool, amount: int) -> None:
+    def mark(self, first: Ref, last: Ref, literal: Literal | bool, amount: int) -> None:
+        """`amount` bytes at slots first..last when `literal` holds (recorded relative to the
+        value's reading positions, to be replayed for its copies in other layers)."""
+        if literal is not False and amount:
+            self.recording.append((first, last, literal, amount))
+
+    def apply(self, first: int, last: int, literal: Literal | bool, amount: int) -> None:
         if literal is True:
-            self.fixed[slot] += amount
-            self.fixed[slot + 1] -= amount
+            self.fixed[first] += amount
+            self.fixed[last + 1] -= amount
         elif isinstance(literal, Chosen):  # plain terms of its group, added in bulk by `rows`
             columns = self.columns.get(literal)
             if columns is None:
                 start = int(self.offsets[literal.group])
                 columns = self.columns[literal] = np.array(sorted(literal.choices)) + start
-            self.chosen_marks.append((slot, columns, amount))
+            self.chosen_marks.append((first, last, columns, amount))
         else:
-            marks = self.marked[slot]
-            marks[literal] = marks.get(literal, 0) + amount
+            self.indicated.append((first, last, literal, amount))
 
     # -- the model --
 
@@ -297,7 +305,7 @@ class _Builder:
         graph = self.graph
         produced_at = {o: p for p, op in enumerate(graph.ops) for o in op.outputs if o}
         end = 2 * self.ops
-        replays: dict[tuple, list[tuple[int, Literal | bool, int]]] = {}
+        replays: dict[tuple, list[tuple[Ref, Ref, Literal | bool, int]]] = {}
         for name in graph.values:
             readings = self.reads(name)
             positions = sorted({p for p, _, _ in readings})
@@ -314,23 +322,24 @@ class _Builder:
                 self.add_held(name, self.at(produced_at[name]), self.pre(positions[-1]))
             if not positions:
                 continue
-            # The marks of a value's copy in another layer are its own, shifted: made once.
-            anchor = produced_at.get(name, positions[0])
+            # The marks of a value's copy in another layer are its own, at its own reading
+            # positions: made once. (A forward layer's activation and its backward are at
+            # other distances in each layer.)
+            self.rank = {p: u for u, p in enumerate(positions)}
             group, shardings = self.held(name)
             signature = (
                 name in produced_at, name in graph.replaced, group, id(shardings),
-                self.graph.values[name].shape,
-                self.graph.values[name].dtype,
-                tuple((p - anchor, g, id(needs)) for p, g, needs in readings),
+                self.graph.values[name].shape, self.graph.values[name].dtype,
+                tuple((self.rank[p], g, id(needs)) for p, g, needs in readings),
+                tuple((p == self.ops, self.in_forward(p)) for p in positions),
             )  # fmt: skip
-            cacheable = positions[-1] < self.ops
-            marks = replays.get(signature) if cacheable else None
+            marks = replays.get(signature)
             if marks is None:
                 self.recording = []
                 transient = name in produced_at or name in graph.replaced
                 if transient and positions[-1] < self.ops:
                     last = [r for r in readings if r[0] == positions[-1]]
-                    self.add_held_if_read(name, last, self.at(positions[-1]))
+                    self.add_held_if_read(name, last, self.ref(positions[-1], 1))
                 if name in produced_at:
                     self.add_buffers(name, readings)
                 else:  # a weight is gathered for the forward, and again for the backward
@@ -338,11 +347,11 @@ class _Builder:
                         self.add_buffers(
                             name, [r for r in readings if self.in_forward(r[0]) == forward]
                         )
-                marks = [(slot - 2 * anchor, lit, amount) for slot, lit, amount in self.recording]
-                if cacheable:
-                    replays[signature] = marks
-            for slot, literal, amount in marks:
-                self.apply(slot + 2 * anchor, literal, amount)
+                marks = replays[signature] = self.recording
+            for (u, a), (v, b), literal, amount in marks:
+                first, last = 2 * positions[u] + a, 2 * positions[v] + b
+                if first <= last:
+                    self.apply(first, last, literal, amount)
         return self.rows()
 
     def in_forward(self, position: int) -> bool:
@@ -352,7 +361,7 @@ class _Builder:
         graph = self.graph
         return name in graph.inputs or name in graph.weights or name in graph.constants
 
-    def add_held_if_read(self, name: str, last_reads: Sequence[Read], slot: int) -> None:
+    def add_held_if_read(self, name: str, last_reads: Sequence[Read], slot: Ref) -> None:
         """At its last reader's compute step a value is live only if read as it is held."""
         group, shardings = self.held(name)
         for s in self.choices_of(shardings):
@@ -360,7 +369,7 @@ class _Builder:
             condition = self.combine(
                 True, [self.chosen(group, shardings, s, True), self.combine(False, read_so)]
             )
-            self.mark(slot, condition, self.nbytes(name, s))
+            self.mark(slot, slot, condition, self.nbytes(name, s))
 
     def add_buffers(self, name: str, readings: Sequence[Read]) -> None:
         if not readings:
@@ -388,12 +397,10 @@ class _Builder:
             suffix = [self.combine(False, [at[q] for q in where[j:]]) for j in range(len(where))]
             for j, p in enumerate(where):
                 live = self.combine(True, [differs, prefix[j], suffix[j]])
-                for slot in (self.pre(p), self.at(p)) if p < self.ops else (self.pre(p),):
-                    self.mark(slot, live, size)
+                self.mark(self.ref(p, 0), self.ref(p, 1 if p < self.ops else 0), live, size)
                 if j + 1 < len(where):
                     between = self.combine(True, [differs, prefix[j], suffix[j + 1]])
-                    for slot in range(self.at(p) + 1, self.pre(where[j + 1])):
-                        self.mark(slot, between, size)
+                    self.mark(self.ref(p, 2), self.ref(where[j + 1], -1), between, size)
             self.add_chain_extras(name, s, at)
 
     def add_chain_extras(self, name: str, s: Sharding, at: Mapping[int, Literal | bool]) -> None:
@@ -413,7 +420,8 @@ class _Builder:
         for h, extra in extras:
             is_h = self.chosen(group, shardings, h, True)
             for p, reading in at.items():
-                self.mark(self.pre(p), self.combine(True, [is_h, reading]), extra)
+                condition = self.combine(True, [is_h, reading])
+                self.mark(self.ref(p, 0), self.ref(p, 0), condition, extra)
 
     def chain_extra(self, name: str, src: Sharding, dst: Sharding) -> int:
         """The most a reshard holds at one of its steps beyond its final buffer: the input of a
@@ -432,34 +440,50 @@ class _Builder:
 
     def rows(self) -> MemoryModel:
         if self.chosen_marks:
-            lengths = [len(c) for _, c, _ in self.chosen_marks]
-            slots = np.repeat([s for s, _, _ in self.chosen_marks], lengths)
-            columns = np.concatenate([c for _, c, _ in self.chosen_marks])
+            lengths = [len(c) for _, _, c, _ in self.chosen_marks]
+            firsts = np.repeat([f for f, _, _, _ in self.chosen_marks], lengths)
+            lasts = np.repeat([t for _, t, _, _ in self.chosen_marks], lengths)
+            columns = np.concatenate([c for _, _, c, _ in self.chosen_marks])
             amounts = np.repeat(np.array([a for *_, a in self.chosen_marks], np.int64), lengths)
-            np.add.at(self.delta, (slots, columns), amounts)
-            np.add.at(self.delta, (slots + 1, columns), -amounts)
+            np.add.at(self.delta, (firsts, columns), amounts)
+            np.add.at(self.delta, (lasts + 1, columns), -amounts)
         vectors = np.cumsum(self.delta[:-1], axis=0)
         fixed = np.cumsum(self.fixed[:-1])
         # What every row holds (the resident shards, mostly) is stated once, as `base`: rows
         # of a few terms each instead of every weight's in each (CP-SAT's LP is far lighter).
         common = vectors.min(axis=0)
-        base = self.row(common, int(fixed.min()), {})
+        base = self.row(common, int(fixed.min()), ())
+        # Indicator terms by slot, swept over their ranges.
+        events: dict[int, list[tuple[int, int]]] = {}
+        for first, last, literal, amount in self.indicated:
+            events.setdefault(first, []).append((literal, amount))
+            events.setdefault(last + 1, []).append((literal, -amount))
+        live: dict[int, int] = {}
+        marks: tuple[tuple[int, int], ...] = ()
         found: dict[tuple, MemoryRow] = {}
-        for slot, marks in enumerate(self.marked):
+        for slot in range(len(vectors)):
+            if slot in events:
+                for literal, amount in events[slot]:
+                    live[literal] = live.get(literal, 0) + amount
+                    if not live[literal]:
+                        del live[literal]
+                marks = tuple(sorted(live.items()))
             rest = vectors[slot] - common
-            key = (int(fixed[slot]), rest.tobytes(), tuple(sorted(marks.items())))
+            key = (int(fixed[slot]), rest.tobytes(), marks)
             if key not in found:
                 found[key] = self.row(rest, key[0] - base.fixed, marks)
         return MemoryModel(base, tuple(found.values()), tuple(self.indicators))
 
-    def row(self, vector: np.ndarray, fixed: int, marks: Mapping[int, int]) -> MemoryRow:
+    def row(
+        self, vector: np.ndarray, fixed: int, marks: tuple[tuple[int, int], ...]
+    ) -> MemoryRow:
         (nonzero,) = np.nonzero(vector)
         group = np.searchsorted(self.offsets, nonzero, side="right") - 1
         terms = tuple(
             zip(group.tolist(), (nonzero - self.offsets[group]).tolist(),
                 vector[nonzero].tolist(), strict=True)
         )  # fmt: skip
-        return MemoryRow(fixed, terms, tuple(sorted(marks.items())))
+        return MemoryRow(fixed, terms, marks)
 
 
 def _order(literal: Literal) -> tuple:
