@@ -25,6 +25,7 @@ import numpy as np
 
 from autoshard.annotations import Annotation, AnnotationError, parse_annotations
 from autoshard.errors import AutoshardError
+from autoshard.document import training_of
 from autoshard.files import sha256_file, write_atomic
 from autoshard.mesh import Mesh
 from autoshard.mlir import DIALECTS, Dialect
@@ -116,6 +117,7 @@ def write_partition(
         "dims": dict(sorted(setup.dims.items())),
         "annotations": [_annotation_json(a) for a in setup.annotations],
         "plan": setup.plan,
+        **({"training": setup.training.to_json()} if setup.training else {}),
         "shape_only": shape_only,
         "weights": {
             n: {
@@ -202,7 +204,7 @@ def setup_of(
         raise PartitionFolderError(str(error)) from None
     return Setup(
         model=Path(model), mesh=mesh, dims=saved, annotations=annotations,
-        plan=manifest.get("plan"),
+        plan=manifest.get("plan"), training=training_of(manifest, "the manifest"),
     )  # fmt: skip
 
 
@@ -265,6 +267,11 @@ def verify_folder(
 ) -> Report:
     """Rebuild the partition of folder `out`, run it on every device with each device's own
     weight file, and compare with onnxruntime on `model`."""
+    if "training" in read_manifest(out):
+        raise PartitionFolderError(
+            f"'{out}' is the partition of a training step; verify runs forward passes only "
+            "(partition the model without --mode training to verify it)"
+        )
     built, weights, _ = load_partition(out, model, dims)
     return verify(built.partitioned, built.graph, model, weights, inputs, rtol)
 

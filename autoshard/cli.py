@@ -110,8 +110,9 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     annotations = _annotations(args)
     partition = Stage.PARTITION in (args.dump_after or ())  # only to print it
     lowered = propagated(
-        args.model, _dims(args.dim), mesh, annotations, _dump_after(args), partition
-    )
+        args.model, _dims(args.dim), mesh, annotations, _dump_after(args), partition,
+        _training(args),
+    )  # fmt: skip
     graph, result, program = lowered.graph, lowered.plan, lowered.program
     if args.emit == "mlir":
         from autoshard.mlir import print_program
@@ -167,7 +168,35 @@ def _cost_summary(cost: Any, cluster: Any) -> str:
         if sent:
             lines.append(f"  mesh axes {axes}: {_size(sent)}, {seconds * 1e3:.3f} ms")
     lines.append(f"objective (compute + communication): {cost.objective * 1e3:.3f} ms")
+    if cost.phases:
+        lines.append("training step by phase:")
+        for name, phase in cost.phases.items():
+            lines.append(
+                f"  {name}: {(phase.compute_time_s + phase.comm_time_s) * 1e3:.3f} ms "
+                f"(compute {phase.compute_time_s * 1e3:.3f} ms, communication "
+                f"{_size(phase.comm_bytes_per_device)}, {phase.comm_time_s * 1e3:.3f} ms)"
+            )
+        held = ", ".join(f"{k} {_size(v)}" for k, v in cost.memory_by_kind.items() if v)
+        lines.append(f"memory at the peak: {held}")
     return "\n".join(lines)
+
+
+def _training(args: argparse.Namespace) -> Any:
+    """The training step the flags ask for (None: the forward pass)."""
+    from autoshard.training import Mode, Training
+    from autoshard.training.options import parse_choice
+
+    if parse_choice(Mode, args.mode, "mode") is Mode.INFERENCE:
+        given = [f for f in ("optimizer", "precision", "micro_batches", "recompute")
+                 if getattr(args, f) is not None]  # fmt: skip
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise AutoshardError(f"{flag} plans a training step: add --mode training")
+        return None
+    return Training.parse(
+        args.optimizer or "adam", args.precision or "bf16-mixed", args.micro_batches or 1,
+        args.recompute or "none",
+    )  # fmt: skip
 
 
 def _dump_after(args: argparse.Namespace) -> AfterStage | None:
@@ -193,6 +222,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         bandwidth=args.bandwidth, latency=args.latency, memory=args.memory,
         cluster_file=args.cluster, annotations=_annotations(args),
         objective=Objective(args.objective), time_limit=args.time_limit,
+        training=_training(args),
     )  # fmt: skip
     requested = plan_request(request, progress, _dump_after(args))
     document, planned, cluster = requested.document, requested.planned, requested.cluster
@@ -256,16 +286,23 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
     mesh = Mesh.parse(args.mesh)
     annotations = tuple(_annotations(args))
-    plan = None
+    plan, training = None, _training(args)
     if args.plan:
-        from autoshard.document import read_plan_document
+        from autoshard.document import read_plan_document, training_of
 
         if annotations:
             raise AutoshardError("give either --plan or annotations, not both")
         plan = read_plan_document(args.plan, mesh)
+        planned = training_of(plan, args.plan)
+        if args.mode == "training" and planned != training:
+            raise AutoshardError(
+                f"plan {args.plan} is for {planned or 'the forward pass'}, not {training}; "
+                "leave out --mode and the training flags to partition it as planned"
+            )
+        training = planned
     setup = Setup(
         model=Path(args.model), mesh=mesh, dims=_dims(args.dim), annotations=annotations,
-        plan=plan,
+        plan=plan, training=training,
     )  # fmt: skip
     manifest = write_partition(setup, args.out, args.dialect, _dump_after(args))
     if args.json:
@@ -370,6 +407,28 @@ def _model_flags(parser: argparse.ArgumentParser, mesh_required: bool) -> None:
     )  # fmt: skip
 
 
+def _training_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("training step (with --mode training)")
+    group.add_argument(
+        "--mode", default="inference", metavar="MODE",
+        help="inference (the forward pass, default) or training (forward, backward, gradient "
+        "sync, optimizer step)",
+    )  # fmt: skip
+    group.add_argument("--optimizer", help="adam (default), adamw, sgd (momentum) or none")
+    group.add_argument(
+        "--precision", help="bf16-mixed (default), fp16-mixed or fp32: the dtype of weights, "
+        "activations and gradients; mixed keeps fp32 master weights and moments",
+    )  # fmt: skip
+    group.add_argument(
+        "--micro-batches", type=int, metavar="N",
+        help="gradient accumulation: forward and backward N times per gradient sync",
+    )  # fmt: skip
+    group.add_argument(
+        "--recompute", help="none (default) or layers: recompute each repeated layer's "
+        "activations in its backward",
+    )  # fmt: skip
+
+
 def _cluster_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="device preset: h100, a100, mi300x, tpu-v5e, l4")
     parser.add_argument(
@@ -399,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_flags(propagate, mesh_required=True)
     propagate.add_argument("--json", action="store_true", help="machine-readable output")
     _cluster_flags(propagate)
+    _training_flags(propagate)
     propagate.add_argument(
         "--emit",
         choices=("summary", "mlir"),
@@ -416,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="search the cheapest sharding plan (CP-SAT)")
     _model_flags(plan, mesh_required=False)
     _cluster_flags(plan)
+    _training_flags(plan)
     plan.add_argument(
         "--objective", choices=[str(o) for o in Objective], default=str(Objective.TIME),
         help="minimize compute + communication time (default) or communication bytes",
@@ -456,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="MLIR spelling of OUT/spmd.mlir: seed 003's mesh or upstream LLVM 22's shard",
     )
     partition.add_argument("--json", action="store_true", help="machine-readable output")
+    _training_flags(partition)
     partition.set_defaults(run=cmd_partition)
 
     verify = commands.add_parser(

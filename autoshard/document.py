@@ -32,6 +32,7 @@ from autoshard.program import Program
 from autoshard.propagate import plan_from_options
 from autoshard.rules import rule_for
 from autoshard.sharding import Sharding
+from autoshard.training import Training
 
 if TYPE_CHECKING:  # only for the figures it reports; reading a plan needs no search
     from autoshard.search.budget import Planned
@@ -85,8 +86,10 @@ def plan_document(
     cost: Cost,
     model: Mapping[str, object],
     planned: Planned | None = None,
+    training: Training | None = None,
 ) -> dict[str, Any]:
-    """The plan JSON; `planned` adds the solver's and the search problem's figures."""
+    """The plan JSON; `planned` adds the solver's and the search problem's figures; a
+    training step's plan says so (`mode`, `training`)."""
     solver = search = timing = None
     if planned is not None:
         s, problem = planned.solution, planned.search.problem
@@ -111,9 +114,11 @@ def plan_document(
             },  # fmt: skip
         }
         timing = {"build_s": round(planned.build_s, 3), "solve_s": round(planned.solve_s, 3)}
+    trained = {} if training is None else {"mode": "training", "training": training.to_json()}
     return {
         "schema": SCHEMA,
         "model": dict(model),
+        **trained,
         "mesh": str(cluster.mesh),
         "cluster": cluster.to_json(),
         **describe(plan, graph),
@@ -149,11 +154,28 @@ def read_document(path: str | Path) -> dict[str, Any]:
 
 
 def read_plan_document(path: str | Path, mesh: Mesh) -> dict[str, Any]:
-    """What decides a plan in a plan file for `mesh`: its `ops` and `values`."""
+    """What decides a plan in a plan file for `mesh`: its `ops` and `values`, and the
+    training step it plans (None: the forward pass), as `training`."""
     data = read_document(path)
     if data.get("mesh") != str(mesh):
         raise DocumentError(f"plan {path} is for mesh {data.get('mesh')}, not {mesh}")
-    return {"ops": data.get("ops", {}), "values": data.get("values", {})}
+    plan = {"ops": data.get("ops", {}), "values": data.get("values", {})}
+    if "training" in data:
+        plan["training"] = data["training"]
+        training_of(plan, str(path))  # checked now: a bad block is the plan's fault
+    return plan
+
+
+def training_of(plan: Mapping[str, Any], source: str = "the plan") -> Training | None:
+    """The training step a plan (or manifest) decides, from its `training` block (None: the
+    forward pass)."""
+    block = plan.get("training")
+    if block is None:
+        return None
+    try:
+        return Training.parse(**block)
+    except TypeError as error:
+        raise DocumentError(f"{source} has a malformed training block: {error}") from None
 
 
 def plan_from_document(

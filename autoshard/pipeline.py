@@ -32,6 +32,7 @@ from autoshard.program import Program
 from autoshard.propagate import propagate
 from autoshard.search.budget import Planned, auto_plan
 from autoshard.search.options import Objective, SolverOptions
+from autoshard.training import Training, training_graph
 
 AfterStage = Callable[[Stage, Program | Partitioned], None]
 """Told each stage after a plan is decided and what it left (dump points, timings)."""
@@ -89,6 +90,12 @@ def dump_after(stages: Collection[Stage], dialect: str, out: IO[str] | None = No
     return dump
 
 
+def load_graph(model: str | Path, dims: Mapping[str, int], training: Training | None) -> Graph:
+    """The graph planned: the model's forward, or its training step."""
+    graph = import_onnx(model, dims)
+    return graph if training is None else training_graph(graph, training)
+
+
 # ---- `autoshard propagate`: annotations decide ----------------------------------------------
 
 
@@ -99,9 +106,10 @@ def propagated(
     annotations: Sequence[Annotation],
     after: AfterStage | None = None,
     partition: bool = False,
+    training: Training | None = None,
 ) -> Lowered:
     """Import, propagate the annotations, lower; and partition, when asked."""
-    graph = import_onnx(model, dims)
+    graph = load_graph(model, dims, training)
     plan = propagate(graph, mesh, annotations)
     if partition:
         return build(graph, plan, after)
@@ -127,6 +135,7 @@ class PlanRequest:
     annotations: Sequence[Annotation] = ()
     objective: Objective = Objective.TIME
     time_limit: float = 60.0
+    training: Training | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +161,7 @@ def plan_inputs(request: PlanRequest) -> tuple[Graph, Cluster]:
         request.mesh, request.device, request.bandwidth, request.latency, request.memory,
         request.cluster_file,
     )  # fmt: skip
-    graph = import_onnx(request.model_path, request.dims)
+    graph = load_graph(request.model_path, request.dims, request.training)
     shapes = {name: value.shape for name, value in graph.values.items()}
     check_annotations(request.annotations, shapes, cluster.mesh)
     return graph, cluster
@@ -174,7 +183,7 @@ def plan_request(
         build(graph, planned.plan, after)
     document = plan_document(
         graph, cluster, planned.plan, planned.program, planned.cost,
-        model_info(request.model_path, graph, request.dims), planned,
+        model_info(request.model_path, graph, request.dims), planned, request.training,
     )  # fmt: skip
     return RequestedPlan(document=document, planned=planned, graph=graph, cluster=cluster)
 
@@ -192,11 +201,12 @@ class Setup:
     dims: Mapping[str, int]
     annotations: tuple[Annotation, ...]
     plan: Mapping[str, Any] | None = None
+    training: Training | None = None
 
 
 def build_setup(setup: Setup, after: AfterStage | None = None) -> Built:
     """Import, decide (the saved plan, else propagate the annotations), lower, partition."""
-    graph = import_onnx(setup.model, setup.dims)
+    graph = load_graph(setup.model, setup.dims, setup.training)
     if setup.plan is not None:
         plan = plan_from_document(setup.plan, graph, setup.mesh, "the plan")
     else:

@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 
 from autoshard.cost.cluster import Cluster
 from autoshard.ir import dtypes
-from autoshard.ir.graph import Graph, Op
+from autoshard.ir.graph import PHASES, Graph, Op
 from autoshard.mesh import Mesh
 from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program, Tensor
 from autoshard.reshard import Collective, ring_steps
 from autoshard.rules import IteratorType, OpRule, rule_for
+from autoshard.rules.gradient import TRAIN, TrainOp
 from autoshard.sharding import Sharding, shard_size
 
 
@@ -125,14 +126,34 @@ def memory(program: Program) -> Memory:
 
 
 @dataclass(frozen=True)
+class PhaseCost:
+    """What one phase of a training step costs per device, every micro-batch counted."""
+
+    compute_time_s: float = 0.0
+    comm_time_s: float = 0.0
+    comm_bytes_per_device: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "time_s": self.compute_time_s + self.comm_time_s,
+            "compute_time_s": self.compute_time_s,
+            "comm_time_s": self.comm_time_s,
+            "comm_bytes_per_device": self.comm_bytes_per_device,
+        }
+
+
+@dataclass(frozen=True)
 class Cost:
-    """What a program costs on a cluster (per device)."""
+    """What a program costs on a cluster (per device). A training step's also says what each
+    phase costs and what the memory at the peak holds, by kind."""
 
     comm_bytes_per_device: int
     comm_time_s: float
     compute_time_s: float
     memory_bytes_per_device: int
     by_axes: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    phases: Mapping[str, PhaseCost] = field(default_factory=dict)
+    memory_by_kind: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def objective(self) -> float:
@@ -140,7 +161,7 @@ class Cost:
         return self.compute_time_s + self.comm_time_s
 
     def to_json(self) -> dict[str, object]:
-        return {
+        found: dict[str, object] = {
             "objective": self.objective,
             "comm_bytes_per_device": self.comm_bytes_per_device,
             "comm_time_s": self.comm_time_s,
@@ -150,23 +171,90 @@ class Cost:
                 axes: {"bytes_per_device": b, "time_s": t} for axes, (b, t) in self.by_axes.items()
             },
         }
+        if self.phases:
+            found["phases"] = {name: phase.to_json() for name, phase in self.phases.items()}
+            found["memory_by_kind"] = dict(self.memory_by_kind)
+        return found
+
+
+MEMORY_KINDS = ("weights", "gradients", "optimizer_state", "activations", "inputs", "buffers")
+"""What a device holds, by kind: `buffers` are the results of collectives (a gathered weight,
+a resharded activation)."""
+
+
+def memory_kinds(graph: Graph) -> dict[str, str]:
+    """The kind of every graph value (`MEMORY_KINDS` but buffers, which are program tensors):
+    weights and their next values; optimizer state and its next; gradients (what the loss
+    gradient, gradient ops, their sums and syncs make); inputs; every other value an
+    activation."""
+    kinds = dict.fromkeys(graph.values, "activations")
+    kinds |= dict.fromkeys(graph.inputs, "inputs")
+    kinds |= dict.fromkeys(graph.weights, "weights")
+    for op in graph.ops:
+        if op.domain == TRAIN and op.type == TrainOp.UPDATE:
+            weight, state = op.inputs[1], op.inputs[2]
+            kinds |= {weight: "weights", op.outputs[0]: "weights"}
+            kinds |= {state: "optimizer_state", op.outputs[1]: "optimizer_state"}
+        elif (op.domain == TRAIN) or (
+            op.type == "Sum" and all(kinds.get(i) == "gradients" for i in op.inputs)
+        ):
+            kinds |= dict.fromkeys(op.outputs, "gradients")
+    return kinds
 
 
 def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
-    """The cost of a sharded program: its collectives, its ops' local compute, its memory."""
+    """The cost of a sharded program: its collectives, its ops' local compute, its memory.
+    Each step counts as many times as it runs per step of the model (`Graph.runs`: the
+    forward and backward of a training step once per micro-batch); a collective runs with the
+    op it serves (the next op), the ones after the last op with that one."""
     comm_bytes, comm_time, compute = 0, 0.0, 0.0
     by_axes: dict[str, tuple[int, float]] = {}
-    for step in program.steps:
+    phases: dict[str, PhaseCost] = {}
+    serves, served = [""] * len(program.steps), _last_op(program)
+    for i in reversed(range(len(program.steps))):
+        step = program.steps[i]
+        served = step.op.name if isinstance(step, Compute) else served
+        serves[i] = served
+    for step, op_name in zip(program.steps, serves, strict=True):
+        runs, phase = graph.runs(op_name), graph.phase(op_name)
+        spent = phases.get(phase, PhaseCost())
         if isinstance(step, Communicate):
             c = step.collective
-            seconds = collective_time(c, cluster)
-            comm_bytes += c.bytes_per_device
+            seconds = runs * collective_time(c, cluster)
+            sent = runs * c.bytes_per_device
+            comm_bytes += sent
             comm_time += seconds
             key = str(list(c.mesh_axes))
             b, t = by_axes.get(key, (0, 0.0))
-            by_axes[key] = (b + c.bytes_per_device, t + seconds)
-        elif isinstance(step, Compute):
+            by_axes[key] = (b + sent, t + seconds)
+            spent = PhaseCost(
+                spent.compute_time_s, spent.comm_time_s + seconds,
+                spent.comm_bytes_per_device + sent,
+            )  # fmt: skip
+        else:
             op = graph.op_by_name[step.op.name]
             rule = rule_for(op, graph) if step.option is not None else None
-            compute += compute_time(op, rule, step.option, graph, cluster)
-    return Cost(comm_bytes, comm_time, compute, memory(program).peak, dict(sorted(by_axes.items())))
+            seconds = runs * compute_time(op, rule, step.option, graph, cluster)
+            compute += seconds
+            spent = PhaseCost(
+                spent.compute_time_s + seconds, spent.comm_time_s, spent.comm_bytes_per_device
+            )
+        phases[phase] = spent
+    peak = memory(program)
+    by_kind: dict[str, int] = {}
+    if graph.phases:
+        kinds = memory_kinds(graph)
+        by_kind = dict.fromkeys(MEMORY_KINDS, 0)
+        for name, size in peak.live:
+            tensor = program.tensors[name]
+            kind = "buffers" if tensor.name != tensor.value else kinds[tensor.value]
+            by_kind[kind] += size
+    return Cost(
+        comm_bytes, comm_time, compute, peak.peak, dict(sorted(by_axes.items())),
+        {p: phases[p] for p in PHASES if p in phases} if graph.phases else {}, by_kind,
+    )  # fmt: skip
+
+
+def _last_op(program: Program) -> str:
+    computes = [s for s in program.steps if isinstance(s, Compute)]
+    return computes[-1].op.name if computes else ""

@@ -25,8 +25,11 @@ from autoshard.ir import dtypes
 
 AttrValue = int | float | str | bytes | tuple | np.ndarray
 
-FORWARD = "forward"
-"""The phase of every op outside a training step (see `Graph.phases`)."""
+PHASES = ("forward", "backward", "gradient_sync", "optimizer")
+"""The phases of a training step, in order (`Graph.phases`)."""
+
+FORWARD = PHASES[0]
+"""The phase of every op outside a training step."""
 
 ROLES = ("input", "weight", "constant", "activation", "output")
 """Roles of a value in `Graph.role` / `to_networkx`, in order of precedence."""
@@ -228,7 +231,8 @@ class Graph:
     weight or input (`updates`: output -> the value it replaces, returned in the sharding that
     value is held in, and written over it: the old value is dead after its last reader) and
     the phase of each op (`phases`: op name -> "forward", "backward", "gradient_sync" or
-    "optimizer"; ops not listed are forward).
+    "optimizer"; ops not listed are forward), and how many times the forward and backward
+    run per step (`micro_batches`: gradients accumulate, then are synchronized once).
     """
 
     name: str
@@ -242,6 +246,7 @@ class Graph:
     nodes_in_file: int | None = None
     updates: Mapping[str, str] = field(default_factory=dict)
     phases: Mapping[str, str] = field(default_factory=dict)
+    micro_batches: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ops", tuple(self.ops))
@@ -257,6 +262,10 @@ class Graph:
     def phase(self, op_name: str) -> str:
         """The phase of the training step op `op_name` runs in ("forward" outside training)."""
         return self.phases.get(op_name, FORWARD)
+
+    def runs(self, op_name: str) -> int:
+        """How many times op `op_name` runs per step."""
+        return self.micro_batches if self.phase(op_name) in PHASES[:2] else 1
 
     @cached_property
     def replaced(self) -> frozenset[str]:

@@ -313,14 +313,14 @@ class _Builder:
         reads: Counter[tuple[str, Op, int]] = Counter()
         first: dict[tuple, tuple[str, Op, int]] = {}
         for op in graph.ops:
-            d = ops[op.name]
+            d, runs = ops[op.name], graph.runs(op.name)
             for k, cost in enumerate(self.computes(op, d)):
-                node[d.group][k] += cost
+                node[d.group][k] += runs * cost
             for i, name in enumerate(op.inputs):
                 if name and name not in graph.constants:
                     src = self.deciding(name)
                     key = (src.group, d.group, grouping.representative(name), copies[op.name], i)
-                    reads[first.setdefault(key, (name, op, i))] += 1
+                    reads[first.setdefault(key, (name, op, i))] += runs
         for name in graph.outputs:
             if name in graph.updates:
                 # A next weight or optimizer state goes back where the old one is held (a

@@ -1,6 +1,7 @@
 """Training mode: the training step as one graph (forward, backward, gradient sync,
 optimizer), planned by the same search as inference."""
 
+from autoshard.ir.graph import PHASES
 from autoshard.training.options import (
     Mode,
     Optimizer,
@@ -9,7 +10,7 @@ from autoshard.training.options import (
     Training,
     TrainingError,
 )
-from autoshard.training.step import PHASES, TrainingGraphError, training_graph
+from autoshard.training.step import TrainingGraphError, training_graph
 
 __all__ = [
     "PHASES",

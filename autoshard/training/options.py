@@ -87,6 +87,29 @@ class Training:
             return 0
         return self.optimizer.moments + int(self.precision.master_copy)
 
+    def to_json(self) -> dict[str, object]:
+        return {
+            "optimizer": str(self.optimizer),
+            "precision": str(self.precision),
+            "micro_batches": self.micro_batches,
+            "recompute": str(self.recompute),
+        }
+
+    @staticmethod
+    def parse(
+        optimizer: str = "adam",
+        precision: str = "bf16-mixed",
+        micro_batches: object = 1,
+        recompute: str = "none",
+    ) -> Training:
+        """Options as a user gives them (flags, a form, a plan document's `training`)."""
+        return Training(
+            optimizer=parse_choice(Optimizer, str(optimizer), "optimizer"),
+            precision=parse_choice(Precision, str(precision), "precision"),
+            micro_batches=micro_batches,  # type: ignore[arg-type]  # checked in __post_init__
+            recompute=parse_choice(Recompute, str(recompute), "recompute"),
+        )
+
     def __str__(self) -> str:
         return (
             f"training: {self.optimizer} optimizer, {self.precision}, "

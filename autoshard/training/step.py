@@ -53,8 +53,6 @@ LINEAR = frozenset(
 MULTILINEAR = frozenset({"MatMul", "Gemm", "Einsum", "Mul", "Conv", "ConvTranspose"})
 """Ops linear in each float operand: the gradient of one reads the others."""
 
-PHASES = ("forward", "backward", "gradient_sync", "optimizer")
-
 
 class TrainingGraphError(AutoshardError):
     """The model cannot be trained as asked (no output depends on a parameter)."""
@@ -193,7 +191,7 @@ class _Step:
             graph.name, tuple(self.ops), self.values, (*graph.inputs, *self.states), outputs,
             graph.weights,
             graph.constants, graph.opset, graph.nodes_in_file,
-            updates=self.updates, phases=self.phases,
+            updates=self.updates, phases=self.phases, micro_batches=self.training.micro_batches,
         )  # fmt: skip
         verify(new)
         return new
