@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from autoshard.annotations import Annotation, AnnotationError, parse_annotations
-from autoshard.errors import AutoshardError
 from autoshard.document import training_of
+from autoshard.errors import AutoshardError
 from autoshard.files import sha256_file, write_atomic
 from autoshard.mesh import Mesh
 from autoshard.mlir import DIALECTS, Dialect

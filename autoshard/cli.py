@@ -193,8 +193,9 @@ def _training(args: argparse.Namespace) -> Any:
             flag = "--" + given[0].replace("_", "-")
             raise AutoshardError(f"{flag} plans a training step: add --mode training")
         return None
+    micro_batches = 1 if args.micro_batches is None else args.micro_batches
     return Training.parse(
-        args.optimizer or "adam", args.precision or "bf16-mixed", args.micro_batches or 1,
+        args.optimizer or "adam", args.precision or "bf16-mixed", micro_batches,
         args.recompute or "none",
     )  # fmt: skip
 

@@ -24,11 +24,14 @@ from autoshard.annotations import Annotation, parse_annotations
 from autoshard.errors import AutoshardError
 from autoshard.pipeline import PlanRequest
 from autoshard.search.options import Objective
+from autoshard.training import Mode, Training
+from autoshard.training.options import parse_choice
 
 FIELDS = (
     "mesh", "dims", "device", "bandwidth", "latency", "memory", "annotations", "objective",
-    "time_limit",
+    "time_limit", "mode", "optimizer", "precision", "micro_batches", "recompute",
 )  # fmt: skip
+TRAINING_FIELDS = FIELDS[-4:]
 DEFAULT_TIME_LIMIT = 60.0  # `autoshard plan --time-limit`'s default
 
 
@@ -51,13 +54,18 @@ class PlanOptions:
     annotations: str | None = None  # canonical JSON text of the annotations document
     objective: Objective = Objective.TIME
     time_limit: float = DEFAULT_TIME_LIMIT
+    training: Training | None = None  # mode "training"
 
     def to_json(self) -> dict[str, Any]:
+        trained = (
+            {} if self.training is None
+            else {"mode": str(Mode.TRAINING), "training": self.training.to_json()}
+        )  # fmt: skip
         return {
             "mesh": self.mesh, "dims": dict(self.dims), "device": self.device,
             "bandwidth": self.bandwidth, "latency": self.latency, "memory": self.memory,
             "annotations": json.loads(self.annotations) if self.annotations else None,
-            "objective": self.objective, "time_limit": self.time_limit,
+            "objective": self.objective, "time_limit": self.time_limit, **trained,
         }  # fmt: skip
 
     @classmethod
@@ -71,6 +79,7 @@ class PlanOptions:
             annotations=canonical,
             objective=Objective(data.get("objective", Objective.TIME)),
             time_limit=float(data.get("time_limit", DEFAULT_TIME_LIMIT)),
+            training=Training.parse(**data["training"]) if data.get("training") else None,
         )  # fmt: skip
 
     def parsed_annotations(self) -> tuple[Annotation, ...]:
@@ -84,7 +93,7 @@ class PlanOptions:
             model_path=model_path, mesh=self.mesh, dims=dict(self.dims), device=self.device,
             bandwidth=self.bandwidth, latency=self.latency, memory=self.memory,
             annotations=self.parsed_annotations(), objective=self.objective,
-            time_limit=self.time_limit,
+            time_limit=self.time_limit, training=self.training,
         )  # fmt: skip
 
     def job_id(self, model_sha256: str) -> str:
@@ -147,5 +156,23 @@ def parse_options(fields: Mapping[str, str], max_time_limit: float) -> PlanOptio
         mesh=given["mesh"], dims=dims, device=given.get("device"),
         bandwidth=given.get("bandwidth"), latency=given.get("latency"),
         memory=given.get("memory"), annotations=annotations, objective=Objective(objective),
-        time_limit=time_limit,
+        time_limit=time_limit, training=_training(given),
+    )  # fmt: skip
+
+
+def _training(given: Mapping[str, str]) -> Training | None:
+    """The training step of fields `mode` (default inference) and its options."""
+    mode = parse_choice(Mode, given.get("mode", str(Mode.INFERENCE)), "mode")
+    if mode is Mode.INFERENCE:
+        if extra := [f for f in TRAINING_FIELDS if f in given]:
+            raise RequestError(f"form field {extra[0]!r} plans a training step: add mode=training")
+        return None
+    micro_batches = given.get("micro_batches", "1")
+    try:
+        count = int(micro_batches)
+    except ValueError:
+        raise RequestError(f"micro_batches {micro_batches!r} is not an integer") from None
+    return Training.parse(
+        given.get("optimizer", "adam"), given.get("precision", "bf16-mixed"), count,
+        given.get("recompute", "none"),
     )  # fmt: skip

@@ -70,6 +70,11 @@ _FORM_SCHEMA = {
         "annotations": {"type": "string", "description": 'JSON: {"annotations": [...]}'},
         "objective": {"type": "string", "enum": ["time", "bytes"]},
         "time_limit": {"type": "number", "example": 60},
+        "mode": {"type": "string", "enum": ["inference", "training"]},
+        "optimizer": {"type": "string", "enum": ["adam", "adamw", "sgd", "none"]},
+        "precision": {"type": "string", "enum": ["bf16-mixed", "fp16-mixed", "fp32"]},
+        "micro_batches": {"type": "integer", "example": 1, "description": "per gradient sync"},
+        "recompute": {"type": "string", "enum": ["none", "layers"]},
     },
 }
 assert set(_FORM_SCHEMA["properties"]) == {MODEL_FIELD, *FIELDS}  # type: ignore[arg-type]

@@ -111,6 +111,10 @@ def memory(program: Program) -> Memory:
     for name in live:
         freed.setdefault(last.get(name, -1), []).append(name)
     for i, step in enumerate(program.steps):
+        if isinstance(step, Compute):  # an update writes over what it replaces
+            for name in [n for n in freed.get(i, ()) if n in program.replaced]:
+                freed[i].remove(name)
+                current -= live.pop(name)
         for name in step.outputs:
             if name and name not in live and name not in resident:
                 live[name] = size(program.tensors[name])

@@ -71,10 +71,13 @@ def materialize(graph: Graph, plan: Plan) -> Program:
     for name in inputs + tuple(graph.constants):
         if name in graph.values:
             build.define(name, values[name])
-    sources = [n for n in inputs if n in graph.values]
+    sources = [n for n in inputs + tuple(graph.constants) if n in graph.values]
     for position, op in enumerate(graph.ops):
-        if position and graph.phase(op.name) != FORWARD == graph.phase(graph.ops[position - 1].name):
-            # The backward gathers a weight again (FSDP): the forward's buffers are gone.
+        if position and graph.phase(op.name) != FORWARD == graph.phase(
+            graph.ops[position - 1].name
+        ):
+            # The backward gathers a weight (an input, a constant) again, as FSDP does: the
+            # forward's buffers of it are gone.
             for name in sources:
                 home = build.home[name]
                 build.held[name] = {build.tensors[home].sharding: home}

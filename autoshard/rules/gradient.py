@@ -55,7 +55,8 @@ def grad_rule(op: Op, graph: Graph) -> OpRule | None:
     left empty), then the gradient of each forward result."""
     forward = graph.op_by_name[str(op.attr("op"))]
     rule = rule_for(forward, graph)
-    operand = int(op.attr("operand", 0) or 0)
+    operand = op.attr("operand", 0)
+    assert isinstance(operand, int)
     if rule is None:
         return None
     operands = rule.operands + (None,) * (len(forward.inputs) - len(rule.operands))
@@ -63,9 +64,7 @@ def grad_rule(op: Op, graph: Graph) -> OpRule | None:
     if target is None:
         return None
     indexes = {loop for dim in range(len(target.dims)) for loop in target.loops(dim)}
-    loops = tuple(
-        _gradient_loop(loop, k in indexes) for k, loop in enumerate(rule.loops)
-    )
+    loops = tuple(_gradient_loop(loop, k in indexes) for k, loop in enumerate(rule.loops))
     return OpRule(loops, operands + rule.results, (target,))
 
 

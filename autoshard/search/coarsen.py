@@ -40,8 +40,8 @@ import numpy as np
 from autoshard.ir.graph import Attrs, Graph, Op
 from autoshard.plan import ShardingOption
 from autoshard.rules import OpRule
-from autoshard.rules.gradient import computed_with
 from autoshard.rules.elementwise import ELEMENTWISE
+from autoshard.rules.gradient import computed_with
 from autoshard.search.candidates import option_reads, option_writes
 from autoshard.sharding import Sharding
 

@@ -336,8 +336,9 @@ class _Builder:
             marks = replays.get(signature)
             if marks is None:
                 self.recording = []
-                transient = name in produced_at or name in graph.replaced
-                if transient and positions[-1] < self.ops:
+                # A weight or optimizer state is written over by its update: gone at the
+                # update's compute step, where its next value takes its place.
+                if name in produced_at and positions[-1] < self.ops:
                     last = [r for r in readings if r[0] == positions[-1]]
                     self.add_held_if_read(name, last, self.ref(positions[-1], 1))
                 if name in produced_at:
@@ -349,9 +350,9 @@ class _Builder:
                         )
                 marks = replays[signature] = self.recording
             for (u, a), (v, b), literal, amount in marks:
-                first, last = 2 * positions[u] + a, 2 * positions[v] + b
-                if first <= last:
-                    self.apply(first, last, literal, amount)
+                start, stop = 2 * positions[u] + a, 2 * positions[v] + b
+                if start <= stop:
+                    self.apply(start, stop, literal, amount)
         return self.rows()
 
     def in_forward(self, position: int) -> bool:
@@ -474,9 +475,7 @@ class _Builder:
                 found[key] = self.row(rest, key[0] - base.fixed, marks)
         return MemoryModel(base, tuple(found.values()), tuple(self.indicators))
 
-    def row(
-        self, vector: np.ndarray, fixed: int, marks: tuple[tuple[int, int], ...]
-    ) -> MemoryRow:
+    def row(self, vector: np.ndarray, fixed: int, marks: tuple[tuple[int, int], ...]) -> MemoryRow:
         (nonzero,) = np.nonzero(vector)
         group = np.searchsorted(self.offsets, nonzero, side="right") - 1
         terms = tuple(

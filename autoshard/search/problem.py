@@ -325,8 +325,8 @@ class _Builder:
             if name in graph.updates:
                 # A next weight or optimizer state goes back where the old one is held (a
                 # ZeRO-1 update gathers the updated shards); a copy per layer, as edges are.
-                d, old = ops[self.producer[name].name], self.deciding(graph.updates[name])
-                key = (d.group, old.group, grouping.representative(name), "update")
+                producer, old = ops[self.producer[name].name], self.deciding(graph.updates[name])
+                key = (producer.group, old.group, grouping.representative(name), "update", 0)
                 reads[first.setdefault(key, (name, _UPDATE, 0))] += 1
             elif name in self.producer:
                 d = ops[self.producer[name].name]
@@ -341,13 +341,13 @@ class _Builder:
         for (name, op, i), count in reads.items():
             src = self.deciding(name)
             if op is _UPDATE:
-                d = self.deciding(graph.updates[name])
-                need = self.held(graph.updates[name], d)
+                reader = self.deciding(graph.updates[name])
+                need = self.held(graph.updates[name], reader)
             else:
-                d = ops[op.name]
-                need = self.needs(op, i, d)
+                reader = ops[op.name]
+                need = self.needs(op, i, reader)
             held = self.held(name, src)
-            a, b = src.group, d.group
+            a, b = src.group, reader.group
             if a == b:
                 for k in range(sizes[a]):
                     node[a][k] += count * self.reshard_cost(name, held[k], need[k])

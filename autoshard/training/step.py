@@ -31,11 +31,10 @@ weights) is counted by the same liveness as inference.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
-from autoshard.ir.graph import Graph, Op, Value, verify
+from autoshard.ir.graph import Attrs, Graph, Op, Value, verify
 from autoshard.rules import rule_for
 from autoshard.rules.gradient import TRAIN, TrainOp
 from autoshard.training.options import Optimizer, Training
@@ -77,9 +76,7 @@ class _Step:
     def __init__(self, graph: Graph, training: Training) -> None:
         self.graph, self.training = graph, training
         self.dtype = training.precision.dtype
-        self.values: dict[str, Value] = {
-            name: self.recast(v) for name, v in graph.values.items()
-        }
+        self.values: dict[str, Value] = {name: self.recast(v) for name, v in graph.values.items()}
         self.ops: list[Op] = list(graph.ops)
         self.phases: dict[str, str] = {}
         self.contributions: dict[str, list[str]] = {}
@@ -208,7 +205,7 @@ class _Step:
                 continue
             reads = tuple(n if self.keeps(op, i, j) else "" for j, n in enumerate(op.inputs))
             out = self.contribute(name)
-            attrs = {"op": op.name, "operand": i}
+            attrs = Attrs([("op", op.name), ("operand", i)])
             grad = Op(f"{op.name}@grad{i}", TrainOp.GRAD, TRAIN, reads + gradients, (out,), attrs)
             self.add(grad, "backward")
 
@@ -237,7 +234,7 @@ class _Step:
             op = Op(
                 f"{weight}@update", TrainOp.UPDATE, TRAIN,
                 (synced[weight], weight, state.name), (new_weight.name, new_state.name),
-                {"optimizer": str(self.training.optimizer)},
+                Attrs({"optimizer": str(self.training.optimizer)}),
             )  # fmt: skip
             self.add(op, "optimizer", new_weight, new_state)
             self.updates |= {new_weight.name: weight, new_state.name: state.name}

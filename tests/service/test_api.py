@@ -219,7 +219,8 @@ def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys
         pytest.param(
             {**FIELDS, "colour": "blue"}, 400,
             "unknown form field 'colour'; valid: model, mesh, dims, device, bandwidth, latency, "
-            "memory, annotations, objective, time_limit",
+            "memory, annotations, objective, time_limit, mode, optimizer, precision, "
+            "micro_batches, recompute",
             id="unknown-field",
         ),
         pytest.param(

@@ -1,0 +1,303 @@
+"""Training mode: the backward derived from the forward rules, gradient sync to the storage
+sharding, the optimizer's state, and what a training step costs, against hand counts."""
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autoshard.annotations import Annotation
+from autoshard.cli import main
+from autoshard.cost.cluster import make_cluster
+from autoshard.cost.model import memory, op_flops
+from autoshard.ir.onnx_import import import_onnx
+from autoshard.passes.lower import lower
+from autoshard.plan import ShardingOption
+from autoshard.reshard import CollectiveKind, ring_bytes
+from autoshard.rules import IteratorType, rule_for
+from autoshard.search.budget import auto_plan
+from autoshard.search.ilp import solve
+from autoshard.search.problem import build_search
+from autoshard.sharding import Sharding
+from autoshard.training import Training, TrainingError, training_graph
+from tests.golden.seed_models import write_seed_mlp
+from tests.search.test_ilp import brute_force
+from tests.search.test_plan import write_mlp
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+T, H, F = 64, 32, 128  # tokens, hidden, FFN of the MLP x -> fc1 -> relu -> fc2 -> y
+P = 2 * H * F  # parameters
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    return write_mlp(tmp_path_factory.mktemp("mlp") / "mlp.onnx", T, H, F)
+
+
+@pytest.fixture(scope="module")
+def step(mlp):
+    return training_graph(import_onnx(mlp), Training())
+
+
+def _op(graph, name):
+    return graph.op_by_name[name]
+
+
+# ---- the backward, derived from the forward rules ---------------------------------------------
+
+
+def test_the_step_of_an_mlp(step):
+    """Gradients of the weights and of the activations on their path (not of the input x);
+    a gradient op reads only what it needs; each weight's gradient is synchronized as soon as
+    complete; the updates come last and replace the weights and their state."""
+    assert [str(op) for op in step.ops[3:]] == [
+        "y@grad0 = autoshard.train.LossGrad(y)",
+        "r@grad0 = autoshard.train.Grad(, w2, y@grad0)",
+        "w2@grad0 = autoshard.train.Grad(r, , y@grad0)",
+        "w2@grad = autoshard.train.GradSync(w2@grad0)",
+        "h@grad0 = autoshard.train.Grad(h, r@grad0)",
+        "w1@grad0 = autoshard.train.Grad(x, , h@grad0)",
+        "w1@grad = autoshard.train.GradSync(w1@grad0)",
+        "w1@next, w1@state_next = autoshard.train.Update(w1@grad, w1, w1@state)",
+        "w2@next, w2@state_next = autoshard.train.Update(w2@grad, w2, w2@state)",
+    ]
+    assert step.updates == {
+        "w1@next": "w1", "w1@state_next": "w1@state",
+        "w2@next": "w2", "w2@state_next": "w2@state",
+    }  # fmt: skip
+    # bf16-mixed Adam: bf16 weights and activations, three fp32 planes of state.
+    assert step.values["h"].dtype == step.values["w1"].dtype == "bfloat16"
+    assert step.values["w1@state"].shape == (3, H, F)
+    assert step.values["w1@state"].dtype == "float32"
+    assert [step.phase(op.name) for op in step.ops[-3:]] == [
+        "gradient_sync", "optimizer", "optimizer",
+    ]  # fmt: skip
+
+
+def test_gradient_rules_sum_over_the_loops_their_operand_lacks(step):
+    """fc1 = x[T, H] · w1[H, F], loops (m, n, k): dW sums over m (partial over the batch's
+    axes: the data-parallel sync), dX over n (Megatron's column-parallel all_reduce)."""
+    forward = rule_for(_op(step, "fc1"), step)
+    assert [loop.kind for loop in forward.loops] == ["parallel", "parallel", "reduction"]
+    d_w = rule_for(_op(step, "fc1@grad1"), step)
+    assert [loop.kind for loop in d_w.loops] == ["reduction", "parallel", "parallel"]
+    d_r = rule_for(_op(step, "fc2@grad0"), step)
+    assert [loop.kind for loop in d_r.loops] == ["parallel", "reduction", "parallel"]
+    batch_split = ShardingOption(((0,), (), ()))
+    assert d_w.result_sharding(batch_split, 0) == Sharding(((), ()), (0,))
+    feature_split = ShardingOption(((), (0,), ()))
+    assert d_r.result_sharding(feature_split, 0) == Sharding(((), ()), (0,))
+    assert d_r.result_sharding(batch_split, 0) == Sharding(((0,), ()))
+    relu = rule_for(_op(step, "relu@grad0"), step)
+    assert all(loop.kind is IteratorType.PARALLEL for loop in relu.loops)
+
+
+def test_backward_flops_come_from_the_gradient_ops_loops(step):
+    """A contraction costs 2x its forward when both operands need a gradient (fc2), 1x when one
+    is an input (fc1: no dx)."""
+    mesh = make_cluster(mesh="8").mesh
+    option = ShardingOption(((0,), (), ()))
+
+    def flops(name):
+        op = _op(step, name)
+        return op_flops(op, rule_for(op, step), option, step, mesh)
+
+    matmul = 2 * (T // 8) * H * F
+    assert flops("fc1") == flops("fc2") == matmul
+    backward = [op.name for op in step.ops if op.attr("op") in ("fc1", "fc2")]
+    assert backward == ["fc2@grad0", "fc2@grad1", "fc1@grad1"]
+    assert sum(flops(name) for name in backward) == 3 * matmul
+
+
+# ---- plans against hand counts ----------------------------------------------------------------
+
+_DP = [
+    Annotation("x", Sharding(((0,), ()))),
+    Annotation("x", Sharding(((0,), ())), for_users=True),
+    *(Annotation(name, Sharding()) for name in ("w1", "w2", "w1@grad", "w2@grad")),
+    *(Annotation(name, Sharding()) for name in ("w1@next", "w2@next")),
+]
+
+
+def test_data_parallel_adam_by_hand(step):
+    """Mesh 8, x split on its batch, every weight replicated (DDP): one all_reduce of each
+    gradient, 2 (n-1)/n of its bf16 bytes; per device 16 bytes per parameter plus, at the peak
+    (the first layer's gradient synchronized), the all_reduce's result beside its input, and
+    x's shard."""
+    cluster = make_cluster(mesh="8")
+    planned = auto_plan(step, cluster, _DP)
+    moved = [(c.source, c.collective.kind) for c in planned.program.communications]
+    assert moved == [
+        ("w2@grad0", CollectiveKind.ALL_REDUCE), ("w1@grad0", CollectiveKind.ALL_REDUCE),
+    ]  # fmt: skip
+    w = H * F * 2  # bf16 bytes of one weight
+    sync = 2 * ring_bytes(CollectiveKind.ALL_REDUCE, 8, w)
+    assert sync == 2 * (2 * 7 * w // 8)
+    assert planned.cost.comm_bytes_per_device == sync
+    assert planned.cost.phases["gradient_sync"].comm_bytes_per_device == sync
+    x = (T // 8) * H * 2
+    assert planned.cost.memory_bytes_per_device == 16 * P + w + x
+    assert dict(planned.cost.memory_by_kind) == {
+        "weights": 2 * P, "gradients": 2 * P, "optimizer_state": 12 * P, "activations": 0,
+        "inputs": x, "buffers": w,
+    }  # fmt: skip
+    assert planned.search.problem.peak(planned.solution.choice) == memory(planned.program).peak
+
+
+def test_fsdp_when_the_replicated_weights_do_not_fit(step):
+    """Under a budget of 4 bytes per parameter the weights, gradients and optimizer state are
+    held split over the mesh (ZeRO-3 / FSDP): each weight gathered before its forward use and
+    again for the backward that reads it (fc2's dx), each gradient reduce-scattered."""
+    cluster = make_cluster(mesh="8", memory=str(4 * P))
+    planned = auto_plan(step, cluster, _DP[:2])
+    plan, w = planned.plan, H * F * 2
+    for name in ("w1", "w2", "w1@state", "w2@grad", "w1@grad"):
+        assert plan.values[name].split_axes in (((0,),), ((), (0,))), name
+    moved = [(c.source, c.collective.kind) for c in planned.program.communications]
+    assert sorted(moved) == sorted(
+        [
+            ("w1", CollectiveKind.ALL_GATHER), ("w2", CollectiveKind.ALL_GATHER),
+            ("w2", CollectiveKind.ALL_GATHER),
+            ("w2@grad0", CollectiveKind.REDUCE_SCATTER),
+            ("w1@grad0", CollectiveKind.REDUCE_SCATTER),
+        ]
+    )  # fmt: skip
+    gather = ring_bytes(CollectiveKind.ALL_GATHER, 8, w // 8)
+    scatter = ring_bytes(CollectiveKind.REDUCE_SCATTER, 8, w)
+    assert gather == scatter == 7 * w // 8
+    assert planned.cost.comm_bytes_per_device == 3 * gather + 2 * scatter
+    assert planned.cost.memory_bytes_per_device <= 4 * P
+    assert planned.search.problem.peak(planned.solution.choice) == memory(planned.program).peak
+
+
+def test_micro_batches_run_forward_and_backward_each_time_and_sync_once(mlp):
+    """Four micro-batches: four times the forward and backward compute, one gradient sync."""
+    cluster = make_cluster(mesh="8")
+    costs = {}
+    for n in (1, 4):
+        step = training_graph(import_onnx(mlp), Training(micro_batches=n))
+        costs[n] = auto_plan(step, cluster, _DP).cost
+    for phase in ("forward", "backward"):
+        assert costs[4].phases[phase].compute_time_s == pytest.approx(
+            4 * costs[1].phases[phase].compute_time_s
+        )
+    assert costs[4].phases["gradient_sync"] == costs[1].phases["gradient_sync"]
+
+
+@pytest.mark.parametrize("budget", ["free", "middle", "least"])
+def test_exhaustive_search_equals_the_ilp_on_a_training_step(tmp_path, budget):
+    """Seed 001's MLP trained on mesh 2 (x, the state and the synchronized gradients pinned, to
+    keep the enumeration small): the ILP's optimum is the best of every combination, and its
+    peak is the program's."""
+    graph = training_graph(import_onnx(write_seed_mlp(tmp_path / "mlp.onnx")), Training())
+    cluster = make_cluster(mesh="2")
+    pins = [
+        Annotation(name, Sharding()) for name in ("x", "w1@state", "w2@state", "w1@grad", "w2@grad")
+    ]
+    search = build_search(graph, cluster, pins)
+    free = search.problem
+    assert 100 < np.prod(free.sizes) < 20_000
+    choices = list(itertools.product(*(range(n) for n in free.sizes)))
+    peaks = [free.peak(c) for c in choices]
+    top, least = free.peak(solve(free).choice), min(peaks)
+    limit = {"free": top, "middle": (top + least) // 2, "least": least}[budget]
+    problem = dataclasses.replace(free, budget=limit)
+    solution = solve(problem)
+    assert solution.objective == brute_force(problem)
+    program = lower(graph, search.plan(graph, cluster, solution.choice))
+    assert problem.peak(solution.choice) == memory(program).peak <= limit
+
+
+# ---- every bundled model ----------------------------------------------------------------------
+
+_DIMS = {"cnn": ["batch=8"], "mlp": ["batch=8"]}
+
+
+@pytest.mark.parametrize(
+    "model", sorted(p.stem for p in MODELS.glob("*.onnx") if "32l" not in p.stem)
+)
+def test_training_plans_are_deterministic_and_list_the_programs_collectives(
+    model, tmp_path, capsys
+):
+    dims = _DIMS.get(model, ["batch=8", "seq=32"])
+    flags = [f for d in dims for f in ("--dim", d)]
+    documents = []
+    for run in range(2):
+        out = tmp_path / f"{run}.json"
+        args = ["plan", str(MODELS / f"{model}.onnx"), "--mesh", "2x2", *flags]
+        assert main([*args, "--mode", "training", "-o", str(out), "--json"]) == 0
+        capsys.readouterr()
+        documents.append(json.loads(out.read_text()))
+    first, second = ({k: v for k, v in d.items() if k != "timing"} for d in documents)
+    assert first == second
+    assert first["mode"] == "training"
+    assert first["training"] == {
+        "optimizer": "adam", "precision": "bf16-mixed", "micro_batches": 1, "recompute": "none",
+    }  # fmt: skip
+    listed = sum(c["bytes_per_device"] for c in first["collectives"])
+    assert listed == first["cost"]["comm_bytes_per_device"]
+    phases = first["cost"]["phases"]
+    assert sum(p["comm_bytes_per_device"] for p in phases.values()) == listed
+    assert sum(first["cost"]["memory_by_kind"].values()) == first["cost"]["memory_bytes_per_device"]
+
+
+# ---- the faces --------------------------------------------------------------------------------
+
+
+def test_plan_summary_shows_the_phases_and_the_memory_by_kind(mlp, capsys):
+    args = ["plan", str(mlp), "--mesh", "8", "--mode", "training", "--optimizer", "sgd"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "training step by phase:" in out
+    for phase in ("forward:", "backward:", "gradient_sync:", "optimizer:"):
+        assert phase in out
+    assert "memory at the peak: weights" in out
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--optimizer", "sgd"], "--optimizer plans a training step: add --mode training"),
+        (["--mode", "train"], "unknown mode 'train'; choose one of: inference, training"),
+        (
+            ["--mode", "training", "--precision", "fp8"],
+            "unknown precision 'fp8'; choose one of: bf16-mixed, fp16-mixed, fp32",
+        ),
+        (
+            ["--mode", "training", "--micro-batches", "0"],
+            "--micro-batches must be at least 1, got 0",
+        ),
+    ],
+    ids=["flag-without-mode", "bad-mode", "bad-precision", "zero-micro-batches"],
+)
+def test_bad_training_flags_are_one_line(mlp, capsys, flags, message):
+    assert main(["plan", str(mlp), "--mesh", "8", *flags]) == 2
+    assert capsys.readouterr().err == f"autoshard: error: {message}\n"
+
+
+def test_a_training_plan_partitions_as_planned_and_verify_refuses_it(mlp, tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    args = ["--mesh", "2x2", "--mode", "training", "--optimizer", "adamw"]
+    assert main(["plan", str(mlp), *args, "-o", str(plan)]) == 0
+    out = tmp_path / "out"
+    assert main(["partition", str(mlp), "--mesh", "2x2", "--plan", str(plan), "-o", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["training"]["optimizer"] == "adamw"
+    assert '"onnx.Grad"' in (out / "spmd.mlir").read_text()
+    capsys.readouterr()
+    assert main(["verify", str(out), "--model", str(mlp)]) == 2
+    assert "is the partition of a training step" in capsys.readouterr().err
+    wrong = ["partition", str(mlp), "--mesh", "2x2", "--plan", str(plan), "-o", str(out)]
+    assert main([*wrong, "--mode", "training", "--optimizer", "sgd"]) == 2
+    assert "leave out --mode and the training flags" in capsys.readouterr().err
+
+
+def test_training_options_name_the_valid_choices():
+    with pytest.raises(TrainingError, match="choose one of: adam, adamw, sgd, none"):
+        Training.parse(optimizer="lion")
+    assert Training.parse("sgd", "fp32").state_planes == 1  # momentum only
+    assert Training.parse("adam", "fp32").state_planes == 2
+    assert Training.parse("none").state_planes == 0
