@@ -11,6 +11,7 @@ stage and what it left.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,9 @@ from autoshard.program import Program
 from autoshard.propagate import propagate
 from autoshard.search.budget import Planned, auto_plan
 from autoshard.search.options import Objective, SolverOptions
-from autoshard.training import Training, training_graph
+from autoshard.search.coarsen import find_repeats
+from autoshard.search.ilp import InfeasibleError
+from autoshard.training import Recompute, Training, training_graph
 
 AfterStage = Callable[[Stage, Program | Partitioned], None]
 """Told each stage after a plan is decided and what it left (dump points, timings)."""
@@ -91,9 +94,15 @@ def dump_after(stages: Collection[Stage], dialect: str, out: IO[str] | None = No
 
 
 def load_graph(model: str | Path, dims: Mapping[str, int], training: Training | None) -> Graph:
-    """The graph planned: the model's forward, or its training step."""
+    """The graph planned: the model's forward, or its training step (recomputing the layers
+    `find_repeats` finds, when asked)."""
     graph = import_onnx(model, dims)
-    return graph if training is None else training_graph(graph, training)
+    if training is None:
+        return graph
+    run = find_repeats(graph).runs[:1]
+    layers = [range(r.start + j * r.period, r.start + (j + 1) * r.period)
+              for r in run for j in range(r.count)]  # fmt: skip
+    return training_graph(graph, training, layers)
 
 
 # ---- `autoshard propagate`: annotations decide ----------------------------------------------
@@ -176,6 +185,15 @@ def plan_request(
     service's plan is, by construction, what `autoshard plan --json` prints (timings aside).
     `after` sees the stages of the chosen plan (the budget policy lowers its candidates too,
     unseen), partition included."""
+    training = request.training
+    if training is not None and training.recompute is Recompute.AUTO:
+        # Recompute only when the step does not fit without it.
+        try:
+            return plan_request(
+                dataclasses.replace(request, training=training.but(Recompute.NONE)), progress, after
+            )
+        except InfeasibleError:
+            request = dataclasses.replace(request, training=training.but(Recompute.LAYERS))
     graph, cluster = plan_inputs(request)
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
     planned = auto_plan(graph, cluster, request.annotations, options, progress)

@@ -40,12 +40,16 @@ class TrainOp(enum.StrEnum):
     UPDATE = "Update"  # (gradient, weight, state) -> (next weight, next state)
 
 
+RECOMPUTE_OF = "recompute_of"
+"""The attribute naming the forward op an op recomputes (activation checkpointing)."""
+
+
 def computed_with(op: Op) -> str:
-    """The op whose sharding option `op` computes with: a gradient's forward op ("" for any
-    other op, which has an option of its own)."""
+    """The op whose sharding option `op` computes with: a gradient's forward op, the op a
+    recomputation repeats ("" for any other op, which has an option of its own)."""
     if op.domain == TRAIN and op.type == TrainOp.GRAD:
         return str(op.attr("op"))
-    return ""
+    return str(op.attr(RECOMPUTE_OF, ""))
 
 
 @register(TrainOp.GRAD, domain=TRAIN)

@@ -41,7 +41,7 @@ from autoshard.ir.graph import Attrs, Graph, Op
 from autoshard.plan import ShardingOption
 from autoshard.rules import OpRule
 from autoshard.rules.elementwise import ELEMENTWISE
-from autoshard.rules.gradient import computed_with
+from autoshard.rules.gradient import RECOMPUTE_OF, computed_with
 from autoshard.search.candidates import option_reads, option_writes
 from autoshard.sharding import Sharding
 
@@ -106,7 +106,7 @@ def signatures(graph: Graph) -> list[int]:
     of_op: dict[str, int] = {}
     for op in graph.ops:
         forward = computed_with(op)
-        attrs = {k: v for k, v in op.attrs.items() if k != "op"}
+        attrs = {k: v for k, v in op.attrs.items() if k not in ("op", RECOMPUTE_OF)}
         key = (
             op.type,
             op.domain,

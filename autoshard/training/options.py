@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import TypeVar
@@ -49,6 +50,7 @@ class Precision(enum.StrEnum):
 class Recompute(enum.StrEnum):
     NONE = "none"
     LAYERS = "layers"  # each repeated layer's activations recomputed in its backward
+    AUTO = "auto"  # layers only when the step does not fit without
 
 
 E = TypeVar("E", bound=enum.StrEnum)
@@ -86,6 +88,9 @@ class Training:
         if self.optimizer is Optimizer.NONE:
             return 0
         return self.optimizer.moments + int(self.precision.master_copy)
+
+    def but(self, recompute: Recompute) -> Training:
+        return dataclasses.replace(self, recompute=recompute)
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -31,13 +31,14 @@ weights) is counted by the same liveness as inference.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Attrs, Graph, Op, Value, verify
 from autoshard.rules import rule_for
-from autoshard.rules.gradient import TRAIN, TrainOp
-from autoshard.training.options import Optimizer, Training
+from autoshard.rules.gradient import RECOMPUTE_OF, TRAIN, TrainOp
+from autoshard.training.options import Optimizer, Recompute, Training
 
 LINEAR = frozenset(
     {
@@ -57,10 +58,13 @@ class TrainingGraphError(AutoshardError):
     """The model cannot be trained as asked (no output depends on a parameter)."""
 
 
-def training_graph(graph: Graph, training: Training) -> Graph:
+def training_graph(graph: Graph, training: Training, layers: Sequence[range] = ()) -> Graph:
     """The training step of `graph` (see the module docstring), its ops in program order:
-    forward, backward (gradient syncs among it), optimizer."""
-    return _Step(graph, training).build()
+    forward, backward (gradient syncs among it), optimizer. With `Recompute.LAYERS`, the ops
+    of each of `layers` (ranges of op positions: the repeated layers) run again at the start
+    of their backward, which reads what they recompute: of a layer's activations only its
+    inputs are kept from the forward."""
+    return _Step(graph, training, layers).build()
 
 
 def gradient_name(value: str) -> str:
@@ -73,8 +77,11 @@ def state_name(weight: str) -> str:
 
 
 class _Step:
-    def __init__(self, graph: Graph, training: Training) -> None:
+    def __init__(self, graph: Graph, training: Training, layers: Sequence[range]) -> None:
         self.graph, self.training = graph, training
+        recompute = training.recompute is Recompute.LAYERS
+        self.layer_ending = {layer[-1]: layer for layer in layers if recompute and layer}
+        self.recomputed: dict[str, str] = {}  # value -> its recomputed value
         self.dtype = training.precision.dtype
         self.values: dict[str, Value] = {name: self.recast(v) for name, v in graph.values.items()}
         self.ops: list[Op] = list(graph.ops)
@@ -159,8 +166,9 @@ class _Step:
         if len(made) <= 1:
             return made[0] if made else ""
         total = f"{name}@gradsum"
-        op = Op(f"{name}@gradsum", "Sum", inputs=tuple(made), outputs=(total,))
-        self.add(op, "backward", self.like(name, total))
+        if total not in self.values:
+            op = Op(f"{name}@gradsum", "Sum", inputs=tuple(made), outputs=(total,))
+            self.add(op, "backward", self.like(name, total))
         return total
 
     def build(self) -> Graph:
@@ -178,7 +186,12 @@ class _Step:
             self.add(op, "backward")
         first_reader = {w: self.first_reader(w) for w in self.trainable}
         synced: dict[str, str] = {}
-        for op in reversed(graph.ops):
+        for index in reversed(range(len(graph.ops))):
+            op = graph.ops[index]
+            if index in self.layer_ending:  # the layer's gradient first, as without recompute
+                for name in op.outputs:
+                    self.total(name)
+                self.recompute(self.layer_ending[index])
             self.differentiate(op)
             for name in dict.fromkeys(op.inputs):
                 if first_reader.get(name) == op.name:
@@ -203,11 +216,29 @@ class _Step:
         for i, name in enumerate(op.inputs):
             if not name or name not in self.needs or not self.is_data(op, i):
                 continue
-            reads = tuple(n if self.keeps(op, i, j) else "" for j, n in enumerate(op.inputs))
+            reads = tuple(
+                self.recomputed.get(n, n) if self.keeps(op, i, j) else ""
+                for j, n in enumerate(op.inputs)
+            )
             out = self.contribute(name)
             attrs = Attrs([("op", op.name), ("operand", i)])
             grad = Op(f"{op.name}@grad{i}", TrainOp.GRAD, TRAIN, reads + gradients, (out,), attrs)
             self.add(grad, "backward")
+
+    def recompute(self, layer: range) -> None:
+        """The ops of `layer` again, each with its own option, reading the layer's inputs as
+        kept and what the layer computes as recomputed."""
+        for op in self.graph.ops[layer.start : layer.stop]:
+            outputs = tuple(f"{o}@re" if o else "" for o in op.outputs)
+            copy = dataclasses.replace(
+                op,
+                name=f"{op.name}@recompute",
+                inputs=tuple(self.recomputed.get(n, n) for n in op.inputs),
+                outputs=outputs,
+                attrs=Attrs({**op.attrs, RECOMPUTE_OF: op.name}),
+            )
+            self.add(copy, "backward", *(self.like(o, n) for o, n in zip(op.outputs, outputs) if o))
+            self.recomputed |= {o: n for o, n in zip(op.outputs, outputs, strict=True) if o}
 
     def sync(self, weight: str) -> str:
         total = self.total(weight)
