@@ -244,6 +244,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"{search['choices']} choices"
         + (f" ({layers['layers']} repeated layers solved once)" if layers["layers"] > 1 else "")
     )
+    if "strategy" in document:
+        counts = document["strategy"]["counts"]
+        print("weights: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
     if planned.plan.unruled:
         print(f"computed replicated (no rule): {', '.join(planned.plan.unruled)}")
     if args.out:

@@ -33,6 +33,7 @@ from autoshard.propagate import plan_from_options
 from autoshard.rules import rule_for
 from autoshard.sharding import Sharding
 from autoshard.training import Training
+from autoshard.training.strategy import strategy_counts, weight_strategies
 
 if TYPE_CHECKING:  # only for the figures it reports; reading a plan needs no search
     from autoshard.search.budget import Planned
@@ -114,7 +115,14 @@ def plan_document(
             },  # fmt: skip
         }
         timing = {"build_s": round(planned.build_s, 3), "solve_s": round(planned.solve_s, 3)}
-    trained = {} if training is None else {"mode": "training", "training": training.to_json()}
+    trained = {}
+    if training is not None:
+        strategies = weight_strategies(graph, plan)
+        trained = {
+            "mode": "training",
+            "training": training.to_json(),
+            "strategy": {"counts": strategy_counts(strategies), "weights": strategies},
+        }
     return {
         "schema": SCHEMA,
         "model": dict(model),

@@ -12,8 +12,8 @@ weights) is counted by the same liveness as inference.
               w@grad = GradSync(w@grad0)        kept until the update, in its own sharding
     optimizer w@next, w@state_next = Update(w@grad, w, w@state)
 
-- Which values need a gradient: float weights (the parameters; a float initializer is
-  trainable) and every float value computed from one. Integer and mask paths need none.
+- Which values need a gradient: float weights (the parameters: every float initializer
+  but scalars) and every float value computed from one. Integer and mask paths need none.
 - What a gradient op reads (the activations kept for backward): the gradients of the op's
   results, the op's integer operands (indices, masks) and, by op family, its float operands:
   a linear op (Add, Reshape, Transpose, Concat, Slice, ...) none, a multilinear one (MatMul,
@@ -111,12 +111,15 @@ class _Step:
         return self.graph.values[name].dtype in dtypes.FLOAT_DTYPES
 
     def find_trainable(self) -> list[str]:
-        """Float weights read as data, in the order the forward first reads them."""
+        """Float weights read as data, in the order the forward first reads them; a scalar
+        (an epsilon, a scale) is a constant of the model, not a parameter."""
+        weights = self.graph.weights
         found: dict[str, None] = {}
         for op in self.graph.ops:
             for i, name in enumerate(op.inputs):
-                if name in self.graph.weights and self.is_float(name) and self.is_data(op, i):
-                    found[name] = None
+                if name in weights and weights[name].size > 1 and self.is_float(name):
+                    if self.is_data(op, i):
+                        found[name] = None
         return list(found)
 
     def find_needs(self) -> set[str]:
