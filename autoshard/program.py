@@ -94,7 +94,8 @@ class Program:
     """`inputs` are the graph inputs then the weights, held as `tensors` says; `constants` are
     replicated values known at compile time (their data here); `outputs` the returned tensors
     in graph output order. The `replaced` inputs are written over by a training step's update
-    (`Graph.updates`): live until their last reader, not throughout."""
+    (`Graph.updates`): live until their last reader, not throughout; the `accumulated`
+    gradients of several micro-batches are live from the start."""
 
     name: str
     mesh: Mesh
@@ -105,6 +106,7 @@ class Program:
     constants: Mapping[str, np.ndarray] = field(default_factory=dict)
     unruled: tuple[str, ...] = ()
     replaced: frozenset[str] = frozenset()  # inputs a training step writes over
+    accumulated: frozenset[str] = frozenset()  # gradients held from the start (micro-batches)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))

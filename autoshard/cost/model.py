@@ -95,8 +95,6 @@ def memory(program: Program) -> Memory:
         return shard_bytes(t.shape, t.dtype, t.sharding, mesh)
 
     resident = [n for n in (*program.inputs, *program.constants) if n not in program.replaced]
-    base = sum(size(program.tensors[n]) for n in resident)
-    base += sum(size(program.tensors[n]) for n in program.replaced)  # live from the start
     last: dict[str, int] = {}
     for i, step in enumerate(program.steps):
         for name in step.inputs:
@@ -104,9 +102,11 @@ def memory(program: Program) -> Memory:
                 last[name] = i
     for name in program.outputs:
         last[name] = len(program.steps)
-    live = {n: size(program.tensors[n]) for n in sorted(program.replaced)}
-    peak, where, at_peak = base, -1, dict(live) | dict.fromkeys(resident, 0)
-    current = base
+    # Replaced inputs and accumulated gradients: live from the start until their last reader.
+    early = sorted(program.replaced | program.accumulated)
+    live = {n: size(program.tensors[n]) for n in early}
+    current = sum(size(program.tensors[n]) for n in resident) + sum(live.values())
+    peak, where, at_peak = current, -1, dict(live) | dict.fromkeys(resident, 0)
     freed: dict[int, list[str]] = {}  # step -> tensors dead after it
     for name in live:
         freed.setdefault(last.get(name, -1), []).append(name)

@@ -18,6 +18,7 @@ from autoshard.ir.graph import FORWARD, Graph
 from autoshard.plan import RETURN, Plan
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
 from autoshard.reshard import plan_reshard
+from autoshard.rules.gradient import accumulated_gradients
 from autoshard.sharding import Sharding
 
 
@@ -106,4 +107,5 @@ def materialize(graph: Graph, plan: Plan) -> Program:
         {n: a for n, a in graph.constants.items() if n in graph.values},
         plan.unruled,
         frozenset(graph.replaced & set(inputs)),
+        accumulated_gradients(graph),
     )

@@ -52,6 +52,16 @@ def computed_with(op: Op) -> str:
     return str(op.attr(RECOMPUTE_OF, ""))
 
 
+def accumulated_gradients(graph: Graph) -> frozenset[str]:
+    """The gradients a training step of several micro-batches accumulates (what its gradient
+    syncs read): held from the step's start, through every micro-batch's forward."""
+    if graph.micro_batches == 1:
+        return frozenset()
+    return frozenset(
+        op.inputs[0] for op in graph.ops if op.domain == TRAIN and op.type == TrainOp.GRAD_SYNC
+    )
+
+
 @register(TrainOp.GRAD, domain=TRAIN)
 def grad_rule(op: Op, graph: Graph) -> OpRule | None:
     """The forward op's loops, results' maps and operands' maps; reductions over every loop

@@ -44,6 +44,7 @@ from autoshard.ir import dtypes
 from autoshard.ir.graph import FORWARD, Graph
 from autoshard.mesh import Mesh
 from autoshard.reshard import plan_reshard
+from autoshard.rules.gradient import accumulated_gradients
 from autoshard.sharding import Sharding
 
 
@@ -304,6 +305,7 @@ class _Builder:
     def build(self) -> MemoryModel:
         graph = self.graph
         produced_at = {o: p for p, op in enumerate(graph.ops) for o in op.outputs if o}
+        accumulated = accumulated_gradients(graph)
         end = 2 * self.ops
         replays: dict[tuple, list[tuple[Ref, Ref, Literal | bool, int]]] = {}
         for name in graph.values:
@@ -316,10 +318,11 @@ class _Builder:
                     self.add_held(name, 0, end)
             elif not positions:
                 self.add_held(name, self.at(produced_at[name]), self.at(produced_at[name]))
-            elif positions[-1] == self.ops:  # a graph output: held to the end
-                self.add_held(name, self.at(produced_at[name]), end)
             else:
-                self.add_held(name, self.at(produced_at[name]), self.pre(positions[-1]))
+                # A gradient accumulated over micro-batches is held from the step's start.
+                start = 0 if name in accumulated else self.at(produced_at[name])
+                last = end if positions[-1] == self.ops else self.pre(positions[-1])
+                self.add_held(name, start, last)
             if not positions:
                 continue
             # The marks of a value's copy in another layer are its own, at its own reading
