@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from autoshard import __version__
+from autoshard.cost.cluster import CLUSTERS
 from autoshard.errors import AutoshardError
 from autoshard.mesh import Mesh
 from autoshard.mlir.syntax import Dialect
@@ -120,7 +121,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
         return 0
     cost = price(program, graph, cluster)
     data: dict[str, Any] = {
-        **describe(result, graph),
+        **describe(result, graph, cost),
         "collectives": program.collectives_json(),
         "cost": cost.to_json(),
     }
@@ -159,7 +160,9 @@ def _cost_summary(cost: Any, cluster: Any) -> str:
     lines = [
         f"memory per device: {_size(cost.memory_bytes_per_device)} of {_size(cluster.memory)} "
         f"({cost.memory_bytes_per_device / cluster.memory:.1%})",
-        f"compute: {cost.compute_time_s * 1e3:.3f} ms per device on {cluster.device.name}",
+        f"compute: {cost.compute_time_s * 1e3:.3f} ms per device on {cluster.device.name} "
+        "(roofline per op)",
+        "links: " + "; ".join(cluster.describe_links()),
         f"communication: {_size(cost.comm_bytes_per_device)} per device, "
         f"{cost.comm_time_s * 1e3:.3f} ms",
     ]
@@ -377,7 +380,11 @@ def _cluster_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--latency", help="link latency per mesh axis, e.g. 5us,1us")
     parser.add_argument("--memory", help="memory budget per device, e.g. 16GiB")
-    parser.add_argument("--cluster", metavar="FILE", help="cluster file (JSON or YAML)")
+    parser.add_argument(
+        "--cluster",
+        metavar="FILE|PRESET",
+        help=f"cluster file (JSON or YAML) or preset: {', '.join(CLUSTERS)}",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
