@@ -339,6 +339,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 1 if comparison.regressed else 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from autoshard.cost.calibrate import calibrate
+    from autoshard.files import write_atomic
+
+    def progress(message: str) -> None:
+        print(f"autoshard: {message}", file=sys.stderr, flush=True)
+
+    data = calibrate(args.quick, progress).to_json()
+    write_atomic(Path(args.out), (json.dumps(data, indent=2) + "\n").encode())
+    if args.json:
+        _emit(data)
+    else:
+        print(f"cluster file written to {args.out}: plan with --cluster {args.out} --mesh N")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from autoshard.cost.cluster import parse_size
     from service.app import Settings, serve
@@ -434,6 +450,16 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan JSON")
     plan.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     plan.set_defaults(run=cmd_plan)
+
+    calibrate = commands.add_parser(
+        "calibrate", help="measure this machine's device and write a cluster file for plan"
+    )
+    calibrate.add_argument(
+        "-o", "--out", default="cluster.json", metavar="FILE", help="default cluster.json"
+    )
+    calibrate.add_argument("--quick", action="store_true", help="small shapes, about 2 s")
+    calibrate.add_argument("--json", action="store_true", help="print the cluster file")
+    calibrate.set_defaults(run=cmd_calibrate)
 
     reshard = commands.add_parser(
         "reshard", help="the collectives that turn one sharding of a tensor into another"

@@ -24,12 +24,14 @@ Link bandwidths are per direction.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from autoshard.errors import AutoshardError
 from autoshard.mesh import Mesh
@@ -322,7 +324,7 @@ def load_cluster_file(path: str | Path) -> dict[str, object]:
         raise ClusterError(f"cluster file {path} is not valid JSON/YAML: {error}") from None
     if not isinstance(data, dict):
         raise ClusterError(f"cluster file {path} must hold a mapping of keys")
-    known = {"mesh", "bandwidth", "latency", "device", "memory"}
+    known = {"mesh", "bandwidth", "latency", "device", "memory", "calibration"}
     if unknown := sorted(set(data) - known):
         raise ClusterError(f"unknown key(s) {unknown} in {path}; valid: {sorted(known)}")
     return data
@@ -348,17 +350,53 @@ def make_cluster(
         keys["memory"] = memory
     if "mesh" not in keys:
         raise ClusterError("no mesh: give --mesh (e.g. 4x8) or a cluster file with a mesh key")
-    name = str(keys.get("device", DEFAULT_DEVICE)).lower()
-    if name not in DEVICES:
-        raise ClusterError(f"unknown device {name!r}; presets: {', '.join(sorted(DEVICES))}")
     return Cluster(
         Mesh.parse(str(keys["mesh"])),
-        DEVICES[name],
+        device_kind(keys.get("device", DEFAULT_DEVICE)),
         tuple(parse_bandwidth(b) for b in _list(keys["bandwidth"])) if "bandwidth" in keys else (),
         tuple(parse_latency(t) for t in _list(keys["latency"])) if "latency" in keys else (),
         _budget(str(keys["memory"])) if "memory" in keys else 0,
         keys,
     )
+
+
+def device_kind(spec: object) -> DeviceKind:
+    """A preset's name, or a device described field by field (what `autoshard calibrate`
+    writes: `{"name": ..., "flops": {"float32": 1e12}, "default_flops": ..., ...}`)."""
+    if not isinstance(spec, Mapping):
+        name = str(spec).lower()
+        if name not in DEVICES:
+            raise ClusterError(f"unknown device {name!r}; presets: {', '.join(sorted(DEVICES))}")
+        return DEVICES[name]
+    fields = {f.name: f for f in dataclasses.fields(DeviceKind)}
+    if unknown := sorted(set(spec) - set(fields)):
+        raise ClusterError(f"unknown device key(s) {unknown}; valid: {sorted(fields)}")
+    required = [n for n, f in fields.items() if f.default is dataclasses.MISSING]
+    required.append("hbm_bandwidth")  # its default is a placeholder, not this device's
+    if missing := [n for n in required if n not in spec]:
+        raise ClusterError(f"device is missing {missing}; a described device needs {required}")
+    values: dict[str, Any] = {}
+    try:
+        for key, value in spec.items():
+            if key == "name" or key == "scale_up":
+                values[key] = str(value)
+            elif key == "flops":
+                values[key] = {str(d): float(v) for d, v in dict(value).items()}
+            elif key in ("memory", "matmul_half_dim", "node_size"):
+                values[key] = int(value)
+            else:
+                values[key] = float(value)
+    except (TypeError, ValueError) as error:
+        raise ClusterError(f"device key {key!r} has a bad value {value!r}: {error}") from None
+    times = ("launch_s", "link_latency", "network_latency")  # may be 0; the rest may not
+    rates = [*values["flops"].values()] + [
+        v for k, v in values.items() if k not in ("name", "scale_up", "flops", *times)
+    ]
+    if any(v <= 0 for v in rates) or any(values.get(k, 0) < 0 for k in times):
+        raise ClusterError(
+            f"device {values['name']!r}: rates, sizes and efficiencies must be > 0, times >= 0"
+        )
+    return DeviceKind(**values)
 
 
 def _budget(text: str) -> int:

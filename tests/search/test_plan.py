@@ -133,6 +133,18 @@ def test_plan_command_is_deterministic_and_its_bytes_are_the_programs(mlp, tmp_p
                               "compute_time_s", "memory_bytes_per_device"}  # fmt: skip
     assert set(a["solver"]) == {"status", "objective", "bound", "gap", "variables",
                                 "constraints"}  # fmt: skip
+    # Per op, what a device spends; they add up to the plan's compute. fc1, column-split 8
+    # ways: M 2048, N 512, K 1024 float32, compute-bound at 67e12 · 0.8 · s(M) s(N) s(K).
+    ops = a["ops"]
+    assert math.fsum(o["compute_s"] for o in ops.values()) == pytest.approx(
+        a["cost"]["compute_time_s"], rel=1e-12
+    )
+    efficiency = 0.8 * (2048 / 2112) * (512 / 576) * (1024 / 1088)
+    assert ops["fc1"] == {
+        "type": "MatMul", "sharding_option": "[[], [0]]", "flops": 2 * 2048 * 512 * 1024,
+        "bytes": (2048 * 1024 + 1024 * 512 + 2048 * 512) * 4,
+        "compute_s": pytest.approx(2 * 2048 * 512 * 1024 / (67e12 * efficiency) + 2e-6),
+    }  # fmt: skip
     graph = import_onnx(mlp)
     planned = auto_plan(graph, make_cluster(mesh="8", memory="30MiB"))
     parts = partition(planned.program, graph)
