@@ -27,6 +27,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -69,7 +70,7 @@ class Calibration:
 
     def to_json(self) -> dict[str, object]:
         """The cluster file: the measured device, and the raw figures under `calibration`."""
-        name = f"{platform.processor() or platform.machine()} (calibrated, numpy float32)"
+        name = f"{processor_name()} (calibrated, numpy float32)"
         return {
             "device": self.device(name),
             "calibration": {
@@ -83,14 +84,29 @@ class Calibration:
         }
 
 
-def best_time(run: Callable[[], object], repeats: int) -> float:
+def best_time(run: Callable[[], object], repeats: int, budget: float = 0.05) -> float:
+    """The fastest of at least `repeats` runs, and of as many as fit in `budget` seconds: on a
+    shared machine the best run is the one least disturbed."""
     run()  # warm up: first-touch pages, thread pools
-    times = []
-    for _ in range(repeats):
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < repeats or spent < budget:
         started = time.perf_counter()
         run()
         times.append(time.perf_counter() - started)
+        spent += times[-1]
     return min(times)
+
+
+def processor_name() -> str:
+    """The CPU's model name (Linux), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def fit_half_dim(

@@ -18,8 +18,9 @@ two nodes, all of it at the network's speed.
 
 Device presets are dense (no sparsity) peak FLOP/s, memory, HBM bandwidth and links from the
 vendors' datasheets (cited at each), and the fractions of peak real kernels reach (typical
-measured figures, not datasheet ones: `autoshard calibrate`-style measurement refines them).
-Link bandwidths are per direction.
+measured figures, not datasheet ones). A cluster file's `device` may instead describe a device
+field by field, as `autoshard calibrate` writes it for the machine it measured. Link
+bandwidths are per direction.
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ class Cluster:
     def describe_links(self) -> list[str]:
         """One line per mesh axis: its bandwidth, latency and which link the default is."""
         return [
-            f"axis {a} ({size}): {format_rate(b)}, {t * 1e6:g} us "
+            f"axis {a} ({size}): {format_rate(b)}, {t * 1e6:.3g} us "
             f"({self.device.scale_up + ' in a node' if up else 'network across nodes'})"
             for a, (size, b, t, up) in enumerate(
                 zip(self.mesh.shape, self.bandwidth, self.latency, self.scale_up, strict=True)

@@ -84,29 +84,18 @@ class OpKind:
     view: bool = False
 
 
-_MOVE = OpKind(flops=0)
+VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity",
+                   "Shape", "Size"})  # fmt: skip
+"""No kernel: a view of the same buffer, or metadata read on the host."""
+
+MOVES = frozenset({"Transpose", "Concat", "Split", "Slice", "Pad", "Tile", "Expand", "Trilu",
+                   "Resize", "ConstantOfShape", "Range", "OneHot", "ScatterND",
+                   "ScatterElements"})  # fmt: skip
+"""Kernels that move (or fill) data and compute nothing."""
+
 OP_KINDS: Mapping[str, OpKind] = {
-    **dict.fromkeys(("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"), OpKind(view=True)),
-    **dict.fromkeys(("Shape", "Size"), OpKind(view=True)),  # metadata: no kernel on the device
-    **dict.fromkeys(
-        (
-            "Transpose",
-            "Concat",
-            "Split",
-            "Slice",
-            "Pad",
-            "Tile",
-            "Expand",
-            "Trilu",
-            "Resize",
-            "ConstantOfShape",
-            "Range",
-            "OneHot",
-            "ScatterND",
-            "ScatterElements",
-        ),
-        _MOVE,
-    ),  # fmt: skip
+    **dict.fromkeys(VIEWS, OpKind(view=True)),
+    **dict.fromkeys(MOVES, OpKind(flops=0)),
     **dict.fromkeys(("Gather", "GatherElements", "GatherND"), OpKind(flops=0, lookup=True)),
     # Softmax: max, subtract, exp, sum, divide per element; a pass for the row statistics and
     # one normalizing (eager kernels keep short rows in registers, long rows are read again).
@@ -132,6 +121,11 @@ class OpCost:
     flops: int
     bytes: int
     seconds: float
+
+    def __add__(self, other: OpCost) -> OpCost:
+        return OpCost(
+            self.flops + other.flops, self.bytes + other.bytes, self.seconds + other.seconds
+        )
 
     def to_json(self) -> dict[str, object]:
         return {"flops": self.flops, "bytes": self.bytes, "compute_s": self.seconds}
@@ -173,13 +167,8 @@ def op_bytes(
     if kind.view:
         return 0
     if rule is None or option is None:
-        tensors = [
-            *((n, Sharding()) for n in op.inputs if n),
-            *((n, Sharding()) for n in op.outputs if n),
-        ]
-        return sum(
-            shard_bytes(graph.values[n].shape, graph.values[n].dtype, s, mesh) for n, s in tensors
-        )
+        whole = [graph.values[n] for n in (*op.inputs, *op.outputs) if n]
+        return sum(dtypes.nbytes(v.dtype, math.prod(v.shape)) for v in whole)
     results = [
         (graph.values[name], _elements(graph.values[name].shape, rule.results[i], option, mesh))
         for i, name in enumerate(op.outputs)
@@ -363,12 +352,7 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
             op = graph.op_by_name[step.op.name]
             rule = rule_for(op, graph) if step.option is not None else None
             cost = op_cost(op, rule, step.option, graph, cluster)
-            if op.name in ops:  # an op computed in several steps: their sum
-                was = ops[op.name]
-                cost = OpCost(
-                    was.flops + cost.flops, was.bytes + cost.bytes, was.seconds + cost.seconds
-                )
-            ops[op.name] = cost
+            ops[op.name] = ops[op.name] + cost if op.name in ops else cost
             compute += cost.seconds
     peak = memory(program).peak
     return Cost(comm_bytes, comm_time, compute, peak, dict(sorted(by_axes.items())), ops)
