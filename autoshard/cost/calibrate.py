@@ -65,7 +65,7 @@ class Calibration:
             "node_size": cores,
             "network_bandwidth": self.copy_bandwidth,
             "network_latency": self.launch_s,
-            "scale_up": "host memory",
+            "link_name": "host memory",
         }
 
     def to_json(self) -> dict[str, object]:

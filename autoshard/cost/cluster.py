@@ -70,7 +70,7 @@ class DeviceKind:
     node_size: int = 8
     network_bandwidth: float = 50e9
     network_latency: float = 5e-6
-    scale_up: str = "NVLink"
+    link_name: str = "NVLink"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -121,7 +121,7 @@ DEVICES = {
         hbm_bandwidth=5.3e12,
         matmul_efficiency=0.6,
         memory_efficiency=0.8,
-        scale_up="Infinity Fabric",
+        link_name="Infinity Fabric",
     ),
     # TPU v5e (Google Cloud docs): 197 TFLOP/s bf16 (394 int8), 16 GB HBM2e at 819 GB/s, ICI
     # 1600 Gbps per chip; a pod is 256 chips on ICI. Between slices (DCN) no per-chip figure is
@@ -136,7 +136,7 @@ DEVICES = {
         matmul_efficiency=0.85,
         node_size=256,
         network_bandwidth=25e9,
-        scale_up="ICI",
+        link_name="ICI",
     ),
     # L4 datasheet: 121 TFLOP/s bf16/fp16 dense, 30.3 fp32, 24 GB GDDR6 at 300 GB/s, PCIe
     # Gen4 x16 (~32 GB/s per direction). A g2-standard-96 node holds 8 L4s on PCIe and one
@@ -150,7 +150,7 @@ DEVICES = {
         hbm_bandwidth=300e9,
         matmul_efficiency=0.7,
         network_bandwidth=12.5e9 / 8,
-        scale_up="PCIe",
+        link_name="PCIe",
     ),
 }
 DEFAULT_DEVICE = "h100"
@@ -172,13 +172,12 @@ class Cluster:
 
     def __post_init__(self) -> None:
         n = len(self.mesh.shape)
-        scale_up = self.scale_up
-        device = self.device
+        in_node, device = self.in_node, self.device
         bandwidth = self.bandwidth or tuple(
-            device.link_bandwidth if up else device.network_bandwidth for up in scale_up
+            device.link_bandwidth if inside else device.network_bandwidth for inside in in_node
         )
         latency = self.latency or tuple(
-            device.link_latency if up else device.network_latency for up in scale_up
+            device.link_latency if inside else device.network_latency for inside in in_node
         )
         object.__setattr__(self, "bandwidth", _per_axis(bandwidth, n, "bandwidth"))
         object.__setattr__(self, "latency", _per_axis(latency, n, "latency"))
@@ -190,7 +189,7 @@ class Cluster:
             raise ClusterError("latency must be >= 0 and memory > 0")
 
     @property
-    def scale_up(self) -> tuple[bool, ...]:
+    def in_node(self) -> tuple[bool, ...]:
         """Per mesh axis: inside one node (the scale-up link) rather than across nodes. From
         the last axis out, an axis is in a node while the devices of it and of the axes
         inside it fit in one (the module's docstring)."""
@@ -204,9 +203,9 @@ class Cluster:
         """One line per mesh axis: its bandwidth, latency and which link the default is."""
         return [
             f"axis {a} ({size}): {format_rate(b)}, {t * 1e6:.3g} us "
-            f"({self.device.scale_up + ' in a node' if up else 'network across nodes'})"
-            for a, (size, b, t, up) in enumerate(
-                zip(self.mesh.shape, self.bandwidth, self.latency, self.scale_up, strict=True)
+            f"({self.device.link_name + ' in a node' if inside else 'network across nodes'})"
+            for a, (size, b, t, inside) in enumerate(
+                zip(self.mesh.shape, self.bandwidth, self.latency, self.in_node, strict=True)
             )
         ]
 
@@ -224,7 +223,7 @@ class Cluster:
             "latency_s": list(self.latency),
             "memory_bytes": self.memory,
             "node_size": self.device.node_size,
-            "scale_up": list(self.scale_up),
+            "in_node": list(self.in_node),
             "hbm_bandwidth_bytes_per_s": self.device.hbm_bandwidth,
         }
 
@@ -379,7 +378,7 @@ def device_kind(spec: object) -> DeviceKind:
     values: dict[str, Any] = {}
     try:
         for key, value in spec.items():
-            if key == "name" or key == "scale_up":
+            if key in ("name", "link_name"):
                 values[key] = str(value)
             elif key == "flops":
                 values[key] = {str(d): float(v) for d, v in dict(value).items()}
@@ -391,7 +390,7 @@ def device_kind(spec: object) -> DeviceKind:
         raise ClusterError(f"device key {key!r} has a bad value {value!r}: {error}") from None
     times = ("launch_s", "link_latency", "network_latency")  # may be 0; the rest may not
     rates = [*values["flops"].values()] + [
-        v for k, v in values.items() if k not in ("name", "scale_up", "flops", *times)
+        v for k, v in values.items() if k not in ("name", "link_name", "flops", *times)
     ]
     if any(v <= 0 for v in rates) or any(values.get(k, 0) < 0 for k in times):
         raise ClusterError(
