@@ -142,7 +142,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
         )
     if result.unruled:
         print(f"computed replicated (no rule): {', '.join(result.unruled)}")
-    print(_cost_summary(cost, cluster))
+    print(_cost_summary(cost, cluster, data["ops"]))
     return 0
 
 
@@ -154,14 +154,19 @@ def _cluster(args: argparse.Namespace) -> Any:
     )
 
 
-def _cost_summary(cost: Any, cluster: Any) -> str:
+def _cost_summary(cost: Any, cluster: Any, ops: dict[str, dict[str, Any]]) -> str:
     from autoshard.cost.cluster import format_bytes as _size
 
+    by_type: dict[str, float] = {}
+    for op in ops.values():
+        by_type[op["type"]] = by_type.get(op["type"], 0.0) + op.get("compute_s", 0.0)
+    top = sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))[:4]
+    share = [f"{t} {s / (cost.compute_time_s or 1):.0%}" for t, s in top if s]
     lines = [
         f"memory per device: {_size(cost.memory_bytes_per_device)} of {_size(cluster.memory)} "
         f"({cost.memory_bytes_per_device / cluster.memory:.1%})",
         f"compute: {cost.compute_time_s * 1e3:.3f} ms per device on {cluster.device.name} "
-        "(roofline per op)",
+        f"(roofline per op; {', '.join(share) or 'no op'})",
         "links: " + "; ".join(cluster.describe_links()),
         f"communication: {_size(cost.comm_bytes_per_device)} per device, "
         f"{cost.comm_time_s * 1e3:.3f} ms",
@@ -209,7 +214,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     solver, search, timing = document["solver"], document["search"], document["timing"]
     layers = search["repeated_layers"]
     print(f"plan for {args.model} on mesh {cluster.mesh} ({cluster.mesh.size} devices)")
-    print(_cost_summary(planned.cost, cluster))
+    print(_cost_summary(planned.cost, cluster, document["ops"]))
     print(
         f"collectives: {len(document['collectives'])}; solver {solver['status']}, gap "
         f"{solver['gap']:.2%}, {timing['solve_s']:.2f} s; problem {search['groups']} groups, "

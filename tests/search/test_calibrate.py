@@ -13,6 +13,7 @@ from autoshard.cost.cluster import ClusterError, device_kind, make_cluster
 from autoshard.cost.model import OpCost, op_cost
 from autoshard.plan import ShardingOption
 from autoshard.rules import rule_for
+from tests.search.test_plan import MODELS
 from tests.search.test_roofline import one_op
 
 
@@ -78,7 +79,8 @@ def test_calibrate_writes_a_cluster_file_plan_reads(tmp_path, capsys):
     assert len(data["calibration"]["matmul_flops"]) == 8
     assert "matmul 1024x1024x1024" in capsys.readouterr().err  # progress, shown as it runs
     out = tmp_path / "plan.json"
-    args = ["plan", "models/mlp.onnx", "--mesh", "2", "--dim", "batch=8", "--cluster", str(path)]
+    args = ["plan", str(MODELS / "mlp.onnx"), "--mesh", "2", "--dim", "batch=8", "--cluster"]
+    args.append(str(path))
     assert main([*args, "-o", str(out)]) == 0
     plan = json.loads(out.read_text())
     assert plan["cluster"]["device"] == device["name"]
