@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from autoshard import __version__
+from autoshard.cost.cluster import CLUSTERS
 from autoshard.errors import AutoshardError
 from autoshard.mesh import Mesh
 from autoshard.mlir.syntax import Dialect
@@ -121,7 +122,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
         return 0
     cost = price(program, graph, cluster)
     data: dict[str, Any] = {
-        **describe(result, graph),
+        **describe(result, graph, cost),
         "collectives": program.collectives_json(),
         "cost": cost.to_json(),
     }
@@ -142,7 +143,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
         )
     if result.unruled:
         print(f"computed replicated (no rule): {', '.join(result.unruled)}")
-    print(_cost_summary(cost, cluster))
+    print(_cost_summary(cost, cluster, data["ops"]))
     return 0
 
 
@@ -154,13 +155,20 @@ def _cluster(args: argparse.Namespace) -> Any:
     )
 
 
-def _cost_summary(cost: Any, cluster: Any) -> str:
+def _cost_summary(cost: Any, cluster: Any, ops: dict[str, dict[str, Any]]) -> str:
     from autoshard.cost.cluster import format_bytes as _size
 
+    by_type: dict[str, float] = {}
+    for op in ops.values():
+        by_type[op["type"]] = by_type.get(op["type"], 0.0) + op.get("compute_s", 0.0)
+    top = sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))[:4]
+    share = [f"{t} {s / (cost.compute_time_s or 1):.0%}" for t, s in top if s]
     lines = [
         f"memory per device: {_size(cost.memory_bytes_per_device)} of {_size(cluster.memory)} "
         f"({cost.memory_bytes_per_device / cluster.memory:.1%})",
-        f"compute: {cost.compute_time_s * 1e3:.3f} ms per device on {cluster.device.name}",
+        f"compute: {cost.compute_time_s * 1e3:.3f} ms per device on {cluster.device.name} "
+        f"(roofline per op; {', '.join(share) or 'no op'})",
+        "links: " + "; ".join(cluster.describe_links()),
         f"communication: {_size(cost.comm_bytes_per_device)} per device, "
         f"{cost.comm_time_s * 1e3:.3f} ms",
     ]
@@ -237,7 +245,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     solver, search, timing = document["solver"], document["search"], document["timing"]
     layers = search["repeated_layers"]
     print(f"plan for {args.model} on mesh {cluster.mesh} ({cluster.mesh.size} devices)")
-    print(_cost_summary(planned.cost, cluster))
+    print(_cost_summary(planned.cost, cluster, document["ops"]))
     print(
         f"collectives: {len(document['collectives'])}; solver {solver['status']}, gap "
         f"{solver['gap']:.2%}, {timing['solve_s']:.2f} s; problem {search['groups']} groups, "
@@ -377,6 +385,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 1 if comparison.regressed else 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from autoshard.cost.calibrate import calibrate
+    from autoshard.files import write_atomic
+
+    def progress(message: str) -> None:
+        print(f"autoshard: {message}", file=sys.stderr, flush=True)
+
+    data = calibrate(args.quick, progress).to_json()
+    write_atomic(Path(args.out), (json.dumps(data, indent=2) + "\n").encode())
+    if args.json:
+        _emit(data)
+    else:
+        print(f"cluster file written to {args.out}: plan with --cluster {args.out} --mesh N")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from autoshard.cost.cluster import parse_size
     from service.app import Settings, serve
@@ -440,7 +464,11 @@ def _cluster_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--latency", help="link latency per mesh axis, e.g. 5us,1us")
     parser.add_argument("--memory", help="memory budget per device, e.g. 16GiB")
-    parser.add_argument("--cluster", metavar="FILE", help="cluster file (JSON or YAML)")
+    parser.add_argument(
+        "--cluster",
+        metavar="FILE|PRESET",
+        help=f"cluster file (JSON or YAML) or preset: {', '.join(CLUSTERS)}",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -492,6 +520,16 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan JSON")
     plan.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     plan.set_defaults(run=cmd_plan)
+
+    calibrate = commands.add_parser(
+        "calibrate", help="measure this machine's device and write a cluster file for plan"
+    )
+    calibrate.add_argument(
+        "-o", "--out", default="cluster.json", metavar="FILE", help="default cluster.json"
+    )
+    calibrate.add_argument("--quick", action="store_true", help="small shapes, about 2 s")
+    calibrate.add_argument("--json", action="store_true", help="print the cluster file")
+    calibrate.set_defaults(run=cmd_calibrate)
 
     reshard = commands.add_parser(
         "reshard", help="the collectives that turn one sharding of a tensor into another"

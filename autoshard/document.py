@@ -3,7 +3,8 @@ API's `plan` holds and `autoshard partition --plan` and `autoshard report` read.
 its schema, written and read here only:
 
     {"schema": "autoshard.plan/1", "model": {...}, "mesh": "4x8", "cluster": {...},
-     "values": {name: {"sharding", "partial"}}, "ops": {name: {"type", "sharding_option"}},
+     "values": {name: {"sharding", "partial"}},
+     "ops": {name: {"type", "sharding_option", "flops", "bytes", "compute_s"}},
      "unruled": [...], "collectives": [...], "cost": {...}, "solver": {...} | null,
      "search": {...} | null, "timing": {"build_s", "solve_s"} | null}
 
@@ -45,10 +46,11 @@ class DocumentError(AutoshardError):
     """A plan file that cannot be read, is not a plan, or is for another model or mesh."""
 
 
-def describe(plan: Plan, graph: Graph) -> dict[str, object]:
+def describe(plan: Plan, graph: Graph, cost: Cost | None = None) -> dict[str, object]:
     """The plan's `values` and `ops` (also the JSON of `autoshard propagate`). A graph input's
     or weight's entry says how it is held and, in `read_as`, how each op reads it (held split
-    further than read: gathered before that op)."""
+    further than read: gathered before that op). With `cost`, each op's entry adds what one
+    device spends on it: `flops`, `bytes` (read and written) and `compute_s`."""
     read_as: dict[str, dict[str, str]] = {}
     for op in graph.ops:
         for i, name in enumerate(op.inputs):
@@ -71,11 +73,15 @@ def describe(plan: Plan, graph: Graph) -> dict[str, object]:
         }
         if name in read_as:
             values[name]["read_as"] = read_as[name]
-    ops = {
-        op.name: {"type": op.type, "sharding_option": str(option) if option is not None else None}
-        for op in graph.ops
-        for option in [plan.options[op.name]]
-    }
+    ops: dict[str, dict[str, object]] = {}
+    for op in graph.ops:
+        option = plan.options[op.name]
+        ops[op.name] = {
+            "type": op.type,
+            "sharding_option": str(option) if option is not None else None,
+        }
+        if cost is not None and op.name in cost.ops:
+            ops[op.name] |= cost.ops[op.name].to_json()
     return {"values": values, "ops": ops, "unruled": list(plan.unruled)}
 
 
@@ -129,7 +135,7 @@ def plan_document(
         **trained,
         "mesh": str(cluster.mesh),
         "cluster": cluster.to_json(),
-        **describe(plan, graph),
+        **describe(plan, graph, cost),
         "collectives": program.collectives_json(),
         "cost": cost.to_json(),
         "solver": solver,

@@ -1,24 +1,38 @@
 """The cluster a plan is priced on: a mesh whose axes have their own links, and a device kind.
 
-    --mesh 4x8 --bandwidth 25GB/s,450GB/s --latency 5us,1us --device h100 --memory 16GiB
+    --mesh 4x8 --bandwidth 50GB/s,450GB/s --latency 5us,1us --device h100 --memory 16GiB
 
-Axis 0 (4 nodes) talks over 25 GB/s links with 5 us latency, axis 1 (8 GPUs in a node) over
-450 GB/s NVLink with 1 us. One value applies to every axis. A cluster file (JSON or YAML) holds
-the same keys: {"mesh": "4x8", "bandwidth": ["25GB/s", "450GB/s"], "latency": "1us",
-"device": "h100", "memory": "16GiB"}; command-line flags override the file.
+Axis 0 (4 nodes) talks over 50 GB/s network links with 5 us latency, axis 1 (8 GPUs in a node)
+over 450 GB/s NVLink with 1 us. One value applies to every axis. A cluster file (JSON or YAML)
+holds the same keys: {"mesh": "4x8", "bandwidth": ["50GB/s", "450GB/s"], "latency": "1us",
+"device": "h100", "memory": "16GiB"}; command-line flags override the file. `--cluster` also
+takes a preset name (`dgx-h100`, ...: `CLUSTERS`), the node its device preset describes.
 
-Device presets are dense (no sparsity) peak FLOP/s and memory from the vendors' datasheets.
-Bandwidth defaults to the device's scale-up link, per direction.
+Default links: a mesh's last axis is the scale-up domain (NVLink within a node), outer axes the
+scale-out network, as a job is laid out on nodes of `node_size` devices: walking the axes from
+the last, an axis whose devices together with the inner axes' fit in one node
+(cumulative size <= node_size) runs on the scale-up link, every other axis on the network (a
+ring crossing nodes is as slow as its slowest hop). So 4x8 H100 = 4 nodes of 8 (axis 0 at the
+network's 50 GB/s, axis 1 at NVLink's 450 GB/s), 2x4 is one node, and a flat mesh of 16 is
+two nodes, all of it at the network's speed.
+
+Device presets are dense (no sparsity) peak FLOP/s, memory, HBM bandwidth and links from the
+vendors' datasheets (cited at each), and the fractions of peak real kernels reach (typical
+measured figures, not datasheet ones). A cluster file's `device` may instead describe a device
+field by field, as `autoshard calibrate` writes it for the machine it measured. Link
+bandwidths are per direction.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from autoshard.errors import AutoshardError
 from autoshard.mesh import Mesh
@@ -30,7 +44,17 @@ class ClusterError(AutoshardError, ValueError):
 
 @dataclass(frozen=True)
 class DeviceKind:
-    """Peak dense FLOP/s per dtype (others fall back to `default_flops`), memory, link."""
+    """A device and the node it comes in.
+
+    flops: peak dense FLOP/s of its matrix units per dtype; `default_flops` is the vector
+    (non-tensor-core) rate, used for other dtypes and for every op that is not a contraction.
+    hbm_bandwidth: bytes/s of its memory. matmul_efficiency / memory_efficiency: the fraction
+    of those peaks a large matmul / a streaming kernel reaches. matmul_half_dim: the matmul
+    dim at which a kernel reaches half its large-shape efficiency (`cost.model`). launch_s:
+    the shortest time a kernel takes. node_size devices share the scale-up link
+    (`link_bandwidth`, `link_latency`); nodes talk over the network (`network_bandwidth`,
+    `network_latency`), per device.
+    """
 
     name: str
     flops: Mapping[str, float]
@@ -38,6 +62,15 @@ class DeviceKind:
     memory: int
     link_bandwidth: float
     link_latency: float = 1e-6
+    hbm_bandwidth: float = 2e12
+    matmul_efficiency: float = 0.8
+    memory_efficiency: float = 0.85
+    matmul_half_dim: int = 64
+    launch_s: float = 2e-6
+    node_size: int = 8
+    network_bandwidth: float = 50e9
+    network_latency: float = 5e-6
+    link_name: str = "NVLink"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -48,40 +81,82 @@ class DeviceKind:
 
 GiB = 1 << 30
 DEVICES = {
-    # H100 SXM5: 989 TFLOP/s bf16/fp16 dense, 67 fp32 (494 tf32), 80 GB HBM3, NVLink 450 GB/s.
+    # H100 SXM5 datasheet: 989 TFLOP/s bf16/fp16 dense (1979 fp8/int8), 67 fp32 (non-tensor),
+    # 80 GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s bidirectional = 450 per direction. DGX H100:
+    # 8 GPUs, one ConnectX-7 400 Gb/s NIC each = 50 GB/s. cuBLAS bf16 GEMMs of 8192^3 reach
+    # ~0.8 of peak; a streaming copy ~0.85 of HBM bandwidth.
     "h100": DeviceKind(
         "NVIDIA H100 SXM5 80GB",
         {"bfloat16": 989e12, "float16": 989e12, "float8e4m3fn": 1979e12, "int8": 1979e12},
         67e12,
         80 * 10**9,
         450e9,
+        hbm_bandwidth=3.35e12,
+        matmul_efficiency=0.8,
+        memory_efficiency=0.85,
     ),
-    # A100 SXM4: 312 TFLOP/s bf16/fp16, 19.5 fp32 (156 tf32), 80 GB, NVLink 300 GB/s.
+    # A100 SXM4 80GB datasheet: 312 TFLOP/s bf16/fp16 (624 int8), 19.5 fp32, HBM2e at
+    # 2.039 TB/s, NVLink 3 600 GB/s bidirectional = 300 per direction. DGX A100: 8 GPUs, one
+    # ConnectX-6 200 Gb/s HDR NIC each = 25 GB/s. cuBLAS reaches ~0.85 of peak.
     "a100": DeviceKind(
         "NVIDIA A100 SXM4 80GB",
         {"bfloat16": 312e12, "float16": 312e12, "int8": 624e12},
         19.5e12,
         80 * 10**9,
         300e9,
+        hbm_bandwidth=2.039e12,
+        matmul_efficiency=0.85,
+        network_bandwidth=25e9,
     ),
-    # MI300X: 1307 TFLOP/s bf16/fp16 dense, 163.4 fp32, 192 GB HBM3, Infinity Fabric 448 GB/s.
+    # MI300X datasheet: 1307 TFLOP/s bf16/fp16 dense (2615 int8), 163.4 fp32, 192 GB HBM3 at
+    # 5.3 TB/s, Infinity Fabric 7 links x 64 GB/s = 448 GB/s per GPU. 8-GPU OAM platform with
+    # a 400 Gb/s NIC per GPU = 50 GB/s. hipBLASLt bf16 GEMMs reach ~0.6 of peak, copies ~0.8
+    # of HBM bandwidth.
     "mi300x": DeviceKind(
         "AMD Instinct MI300X",
         {"bfloat16": 1307e12, "float16": 1307e12, "int8": 2615e12},
         163.4e12,
         192 * 10**9,
         448e9,
+        hbm_bandwidth=5.3e12,
+        matmul_efficiency=0.6,
+        memory_efficiency=0.8,
+        link_name="Infinity Fabric",
     ),
-    # TPU v5e: 197 TFLOP/s bf16, 16 GB HBM2e, ICI 400 GB/s (1600 Gbps) per chip.
+    # TPU v5e (Google Cloud docs): 197 TFLOP/s bf16 (394 int8), 16 GB HBM2e at 819 GB/s, ICI
+    # 1600 Gbps per chip; a pod is 256 chips on ICI. Between slices (DCN) no per-chip figure is
+    # published: 25 GB/s is an assumption, give --bandwidth for a multislice job.
     "tpu-v5e": DeviceKind(
-        "Google TPU v5e", {"bfloat16": 197e12, "int8": 394e12}, 98.5e12, 16 * GiB, 200e9
-    ),  # fmt: skip
-    # L4: 121 TFLOP/s bf16/fp16 dense, 30.3 fp32, 24 GB, PCIe Gen4 x16 32 GB/s.
+        "Google TPU v5e",
+        {"bfloat16": 197e12, "int8": 394e12},
+        98.5e12,
+        16 * GiB,
+        200e9,
+        hbm_bandwidth=819e9,
+        matmul_efficiency=0.85,
+        node_size=256,
+        network_bandwidth=25e9,
+        link_name="ICI",
+    ),
+    # L4 datasheet: 121 TFLOP/s bf16/fp16 dense, 30.3 fp32, 24 GB GDDR6 at 300 GB/s, PCIe
+    # Gen4 x16 (~32 GB/s per direction). A g2-standard-96 node holds 8 L4s on PCIe and one
+    # 100 Gb/s NIC shared by the 8 = 1.5625 GB/s per GPU. At 72 W it clocks down: ~0.7 of peak.
     "l4": DeviceKind(
-        "NVIDIA L4", {"bfloat16": 121e12, "float16": 121e12}, 30.3e12, 24 * 10**9, 32e9
+        "NVIDIA L4",
+        {"bfloat16": 121e12, "float16": 121e12},
+        30.3e12,
+        24 * 10**9,
+        32e9,
+        hbm_bandwidth=300e9,
+        matmul_efficiency=0.7,
+        network_bandwidth=12.5e9 / 8,
+        link_name="PCIe",
     ),
 }
 DEFAULT_DEVICE = "h100"
+CLUSTERS = {"dgx-h100": "h100", "dgx-a100": "a100", "mi300x-8": "mi300x",
+            "tpu-v5e-256": "tpu-v5e", "g2-l4-8": "l4"}  # fmt: skip
+"""`--cluster NAME`: the node each device preset describes (node size, scale-up link, NIC)."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +172,13 @@ class Cluster:
 
     def __post_init__(self) -> None:
         n = len(self.mesh.shape)
-        bandwidth = self.bandwidth or (self.device.link_bandwidth,)
-        latency = self.latency or (self.device.link_latency,)
+        in_node, device = self.in_node, self.device
+        bandwidth = self.bandwidth or tuple(
+            device.link_bandwidth if inside else device.network_bandwidth for inside in in_node
+        )
+        latency = self.latency or tuple(
+            device.link_latency if inside else device.network_latency for inside in in_node
+        )
         object.__setattr__(self, "bandwidth", _per_axis(bandwidth, n, "bandwidth"))
         object.__setattr__(self, "latency", _per_axis(latency, n, "latency"))
         if not self.memory:
@@ -107,6 +187,27 @@ class Cluster:
             raise ClusterError(f"bandwidth must be positive, got {self.bandwidth}")
         if any(t < 0 for t in self.latency) or self.memory <= 0:
             raise ClusterError("latency must be >= 0 and memory > 0")
+
+    @property
+    def in_node(self) -> tuple[bool, ...]:
+        """Per mesh axis: inside one node (the scale-up link) rather than across nodes. From
+        the last axis out, an axis is in a node while the devices of it and of the axes
+        inside it fit in one (the module's docstring)."""
+        inside, fits = 1, []
+        for size in reversed(self.mesh.shape):
+            inside *= size
+            fits.append(inside <= self.device.node_size)
+        return tuple(reversed(fits))
+
+    def describe_links(self) -> list[str]:
+        """One line per mesh axis: its bandwidth, latency and which link the default is."""
+        return [
+            f"axis {a} ({size}): {format_rate(b)}, {t * 1e6:.3g} us "
+            f"({self.device.link_name + ' in a node' if inside else 'network across nodes'})"
+            for a, (size, b, t, inside) in enumerate(
+                zip(self.mesh.shape, self.bandwidth, self.latency, self.in_node, strict=True)
+            )
+        ]
 
     def link(self, mesh_axes: Sequence[int]) -> tuple[float, float]:
         """(bandwidth, latency) of a group over `mesh_axes`: its slowest axis bounds a ring."""
@@ -121,6 +222,9 @@ class Cluster:
             "bandwidth_bytes_per_s": list(self.bandwidth),
             "latency_s": list(self.latency),
             "memory_bytes": self.memory,
+            "node_size": self.device.node_size,
+            "in_node": list(self.in_node),
+            "hbm_bandwidth_bytes_per_s": self.device.hbm_bandwidth,
         }
 
 
@@ -164,6 +268,14 @@ def format_bytes(count: float) -> str:
     return f"{sign}{count:.2f} TiB"
 
 
+def format_rate(bytes_per_s: float) -> str:
+    """`450e9` -> `450 GB/s` (decimal units, like the datasheets)."""
+    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.4g} {unit}"
+    return f"{bytes_per_s:.4g} B/s"
+
+
 def parse_bandwidth(text: str) -> float:
     """`25GB/s`, `450 GB/s`, `100Gbit/s` -> bytes per second."""
     match = re.fullmatch(_NUMBER + r"([a-zA-Z]*)(?:/s)?\s*", str(text))
@@ -198,7 +310,9 @@ def load_cluster_file(path: str | Path) -> dict[str, object]:
     try:
         text = path.read_text()
     except OSError as error:
-        raise ClusterError(f"cannot read cluster file {path}: {error.strerror}") from None
+        raise ClusterError(
+            f"cannot read cluster file {path}: {error.strerror} (presets: {', '.join(CLUSTERS)})"
+        ) from None
     try:
         if path.suffix.lower() in (".yaml", ".yml"):
             import yaml
@@ -210,7 +324,7 @@ def load_cluster_file(path: str | Path) -> dict[str, object]:
         raise ClusterError(f"cluster file {path} is not valid JSON/YAML: {error}") from None
     if not isinstance(data, dict):
         raise ClusterError(f"cluster file {path} must hold a mapping of keys")
-    known = {"mesh", "bandwidth", "latency", "device", "memory"}
+    known = {"mesh", "bandwidth", "latency", "device", "memory", "calibration"}
     if unknown := sorted(set(data) - known):
         raise ClusterError(f"unknown key(s) {unknown} in {path}; valid: {sorted(known)}")
     return data
@@ -225,24 +339,64 @@ def make_cluster(
     file: str | Path | None = None,
 ) -> Cluster:
     """A cluster from flag values, over the keys of a cluster file if given."""
-    keys: dict[str, object] = dict(load_cluster_file(file)) if file else {}
+    keys: dict[str, object] = {}
+    if file and str(file) in CLUSTERS and not Path(file).exists():
+        keys["device"] = CLUSTERS[str(file)]
+    elif file:
+        keys = dict(load_cluster_file(file))
     given = {"mesh": mesh, "device": device, "bandwidth": bandwidth, "latency": latency}
     keys |= {k: v for k, v in given.items() if v is not None}
     if memory is not None:
         keys["memory"] = memory
     if "mesh" not in keys:
         raise ClusterError("no mesh: give --mesh (e.g. 4x8) or a cluster file with a mesh key")
-    name = str(keys.get("device", DEFAULT_DEVICE)).lower()
-    if name not in DEVICES:
-        raise ClusterError(f"unknown device {name!r}; presets: {', '.join(sorted(DEVICES))}")
     return Cluster(
         Mesh.parse(str(keys["mesh"])),
-        DEVICES[name],
+        device_kind(keys.get("device", DEFAULT_DEVICE)),
         tuple(parse_bandwidth(b) for b in _list(keys["bandwidth"])) if "bandwidth" in keys else (),
         tuple(parse_latency(t) for t in _list(keys["latency"])) if "latency" in keys else (),
         _budget(str(keys["memory"])) if "memory" in keys else 0,
         keys,
     )
+
+
+def device_kind(spec: object) -> DeviceKind:
+    """A preset's name, or a device described field by field (what `autoshard calibrate`
+    writes: `{"name": ..., "flops": {"float32": 1e12}, "default_flops": ..., ...}`)."""
+    if not isinstance(spec, Mapping):
+        name = str(spec).lower()
+        if name not in DEVICES:
+            raise ClusterError(f"unknown device {name!r}; presets: {', '.join(sorted(DEVICES))}")
+        return DEVICES[name]
+    fields = {f.name: f for f in dataclasses.fields(DeviceKind)}
+    if unknown := sorted(set(spec) - set(fields)):
+        raise ClusterError(f"unknown device key(s) {unknown}; valid: {sorted(fields)}")
+    required = [n for n, f in fields.items() if f.default is dataclasses.MISSING]
+    required.append("hbm_bandwidth")  # its default is a placeholder, not this device's
+    if missing := [n for n in required if n not in spec]:
+        raise ClusterError(f"device is missing {missing}; a described device needs {required}")
+    values: dict[str, Any] = {}
+    try:
+        for key, value in spec.items():
+            if key in ("name", "link_name"):
+                values[key] = str(value)
+            elif key == "flops":
+                values[key] = {str(d): float(v) for d, v in dict(value).items()}
+            elif key in ("memory", "matmul_half_dim", "node_size"):
+                values[key] = int(value)
+            else:
+                values[key] = float(value)
+    except (TypeError, ValueError) as error:
+        raise ClusterError(f"device key {key!r} has a bad value {value!r}: {error}") from None
+    times = ("launch_s", "link_latency", "network_latency")  # may be 0; the rest may not
+    rates = [*values["flops"].values()] + [
+        v for k, v in values.items() if k not in ("name", "link_name", "flops", *times)
+    ]
+    if any(v <= 0 for v in rates) or any(values.get(k, 0) < 0 for k in times):
+        raise ClusterError(
+            f"device {values['name']!r}: rates, sizes and efficiencies must be > 0, times >= 0"
+        )
+    return DeviceKind(**values)
 
 
 def _budget(text: str) -> int:

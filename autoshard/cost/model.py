@@ -11,10 +11,34 @@ A group over several mesh axes is as fast as its slowest axis: B = min, α = max
 (every ring hop crosses some link of each axis in turn). Bytes come from the very collectives
 that materialization emits (`plan_reshard`), so a plan's estimated bytes are its program's.
 
-Compute. An op with loops of sizes s_i split over g_i devices each runs Π ceil(s_i / g_i)
-iterations per device, 2 FLOPs (multiply and add) when it has a reduction loop, else 1; its
-time is FLOPs / the device's peak for the result dtype. An op without a rule runs whole on
-every device (its result elements, once each).
+Compute: a roofline per op (`op_cost`). An op with loops of sizes s_i split over g_i devices
+runs Π ceil(s_i / g_i) iterations per device (its local shard), so
+
+    FLOPs   = iterations · flops per iteration (2, a multiply and an add, when it has a
+              reduction loop, else 1; 0 for an op that only moves data: `OP_KINDS`)
+    bytes   = reads · Σ operand shards + writes · Σ result shards (each tensor's local shard
+              through the rule's maps, at its dtype; parameter operands are not data). A lookup
+              (Gather) reads of its table only the rows its result holds: at most the result's
+              elements at the table's dtype. `reads`, `writes` count passes (`OP_KINDS`).
+    time    = max(FLOPs / (peak · efficiency), bytes / (HBM bandwidth · memory efficiency))
+              + launch
+
+the larger of the time its arithmetic and its memory traffic need at the rates real kernels
+reach, plus the shortest time any kernel takes. Pure views (Reshape, Squeeze, ...) launch no
+kernel and cost nothing. A *contraction* (a reduction loop and two data operands: MatMul,
+Gemm, Einsum, Conv, and gradient ops derived from them) runs on the matrix units at
+`peak(dtype)`; everything else at the vector rate `default_flops`. A contraction's
+efficiency falls for small and thin shapes and for misaligned ones: with M, N, K the local
+sizes of its loops indexing the first data operand only, the second only, and its reductions,
+
+    efficiency = matmul_efficiency · s(M) · s(N) · s(K) · (1/2 if M, N or K is not a multiple
+                 of 16 bytes' worth of elements), s(d) = d / (d + h)
+
+where h (`matmul_half_dim`, 64 on GPUs: half a 128-wide tile) is the dim at which a kernel
+runs at half speed: a 128x128 output tile fed a dim of 64 idles half its lanes, while dims of
+thousands give s ≈ 1. Tensor cores need 16-byte aligned leading dims; cuBLAS falls back to
+slower kernels otherwise (about 2x). An op without a rule runs whole on every device: its
+outputs' elements as FLOPs, all its inputs and outputs as bytes.
 
 Memory. A tensor takes, per device, the bytes of its largest shard: Π ceil(d_i / g_i) elements.
 Walking the program in order, a tensor is live from the step defining it to the last step
@@ -28,14 +52,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autoshard.cost.cluster import Cluster
+from autoshard.cost.cluster import Cluster, DeviceKind
 from autoshard.ir import dtypes
 from autoshard.ir.graph import PHASES, Graph, Op
 from autoshard.mesh import Mesh
 from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program, Tensor
 from autoshard.reshard import Collective, ring_steps
-from autoshard.rules import IteratorType, OpRule, rule_for
+from autoshard.rules import IndexingMap, IteratorType, OpRule, rule_for
 from autoshard.rules.gradient import TRAIN, TrainOp
 from autoshard.sharding import Sharding, shard_size
 
@@ -48,26 +72,187 @@ def collective_time(collective: Collective, cluster: Cluster) -> float:
     return ring_steps(collective.kind, n) * latency + collective.bytes_per_device / bandwidth
 
 
+@dataclass(frozen=True)
+class OpKind:
+    """How an op type computes, beyond its loops: FLOPs per iteration (None: 2 with a reduction
+    loop, else 1), passes over its operands and results, whether operand 0 is a table it looks
+    rows up in, and whether it is a view (no kernel at all)."""
+
+    flops: int | None = None
+    reads: float = 1.0
+    writes: float = 1.0
+    lookup: bool = False
+    view: bool = False
+
+
+VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity",
+                   "Shape", "Size"})  # fmt: skip
+"""No kernel: a view of the same buffer, or metadata read on the host."""
+
+MOVES = frozenset({"Transpose", "Concat", "Split", "Slice", "Pad", "Tile", "Expand", "Trilu",
+                   "Resize", "ConstantOfShape", "Range", "OneHot", "ScatterND",
+                   "ScatterElements"})  # fmt: skip
+"""Kernels that move (or fill) data and compute nothing."""
+
+OP_KINDS: Mapping[str, OpKind] = {
+    **dict.fromkeys(VIEWS, OpKind(view=True)),
+    **dict.fromkeys(MOVES, OpKind(flops=0)),
+    **dict.fromkeys(("Gather", "GatherElements", "GatherND"), OpKind(flops=0, lookup=True)),
+    # Softmax: max, subtract, exp, sum, divide per element; a pass for the row statistics and
+    # one normalizing (eager kernels keep short rows in registers, long rows are read again).
+    **dict.fromkeys(("Softmax", "LogSoftmax"), OpKind(flops=5, reads=2)),
+    # Layer and RMS norms: one pass for the mean / mean square, one to normalize and scale.
+    "LayerNormalization": OpKind(flops=8, reads=2),
+    "RMSNormalization": OpKind(flops=4, reads=2),
+    "GroupNormalization": OpKind(flops=8, reads=2),
+    "InstanceNormalization": OpKind(flops=8, reads=2),
+    "BatchNormalization": OpKind(flops=2),  # inference: a scale and a shift per element
+}
+"""Op types whose cost differs from the default `OpKind()`: one pass over the data at the
+FLOPs the loops imply. Any other type, a derived gradient op included, is priced by the
+default from its own rule."""
+
+_DEFAULT = OpKind()
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """What one device spends on one op: FLOPs, bytes read and written, seconds."""
+
+    flops: int
+    bytes: int
+    seconds: float
+
+    def __add__(self, other: OpCost) -> OpCost:
+        return OpCost(
+            self.flops + other.flops, self.bytes + other.bytes, self.seconds + other.seconds
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {"flops": self.flops, "bytes": self.bytes, "compute_s": self.seconds}
+
+
+def op_kind(op: Op) -> OpKind:
+    return OP_KINDS.get(op.type, _DEFAULT)
+
+
+def _local_loops(rule: OpRule, option: ShardingOption, mesh: Mesh) -> list[int]:
+    return [
+        shard_size(loop.size, mesh.group_size(axes))
+        for loop, axes in zip(rule.loops, option.loops, strict=True)
+    ]
+
+
 def op_flops(
     op: Op, rule: OpRule | None, option: ShardingOption | None, graph: Graph, mesh: Mesh
 ) -> int:
     """FLOPs one device runs for `op` computed with `option` (None: whole on every device)."""
+    kind = op_kind(op)
+    if kind.view:
+        return 0
     if rule is None or option is None:
         return sum(math.prod(graph.values[o].shape) for o in op.outputs if o)
-    per_device = 1
-    for loop, axes in zip(rule.loops, option.loops, strict=True):
-        per_device *= shard_size(loop.size, mesh.group_size(axes))
+    per_device = math.prod(_local_loops(rule, option, mesh))
+    if kind.flops is not None:
+        return per_device * kind.flops
     multiply_add = any(loop.kind is IteratorType.REDUCTION for loop in rule.loops)
     return per_device * (2 if multiply_add else 1)
+
+
+def op_bytes(
+    op: Op, rule: OpRule | None, option: ShardingOption | None, graph: Graph, mesh: Mesh
+) -> int:
+    """Bytes one device reads and writes for `op` computed with `option`: the local shard of
+    every data operand and result through the rule's maps, times the op kind's passes."""
+    kind = op_kind(op)
+    if kind.view:
+        return 0
+    if rule is None or option is None:
+        whole = [graph.values[n] for n in (*op.inputs, *op.outputs) if n]
+        return sum(dtypes.nbytes(v.dtype, math.prod(v.shape)) for v in whole)
+    results = [
+        (graph.values[name], _elements(graph.values[name].shape, rule.results[i], option, mesh))
+        for i, name in enumerate(op.outputs)
+        if name
+    ]
+    written = sum(dtypes.nbytes(value.dtype, count) for value, count in results)
+    read = 0
+    for i, (name, indexing) in enumerate(zip(op.inputs, rule.operands, strict=False)):
+        if not name or indexing is None:
+            continue
+        value = graph.values[name]
+        count = _elements(value.shape, indexing, option, mesh)
+        if kind.lookup and i == 0 and results:
+            count = min(count, results[0][1])  # the rows it reads, not the table
+        read += dtypes.nbytes(value.dtype, count)
+    return round(kind.reads * read + kind.writes * written)
+
+
+def _elements(
+    shape: Sequence[int], indexing: IndexingMap, option: ShardingOption, mesh: Mesh
+) -> int:
+    """Elements of the local shard of a tensor of `shape` read through `indexing`."""
+    count = 1
+    for dim, size in enumerate(shape):
+        axes = [a for loop in indexing.loops(dim) for a in option.loops[loop]]
+        count *= shard_size(size, mesh.group_size(axes))
+    return count
+
+
+def matmul_efficiency(
+    rule: OpRule, option: ShardingOption, mesh: Mesh, dtype: str, device: DeviceKind
+) -> float | None:
+    """The fraction of the matrix units' peak a contraction reaches at its local shape (the
+    module's docstring); None if the op is no contraction (no reduction loop, or fewer than
+    two data operands)."""
+    data = [m for m in rule.operands if m is not None]
+    reductions = [i for i, loop in enumerate(rule.loops) if loop.kind is IteratorType.REDUCTION]
+    if len(data) < 2 or not reductions:
+        return None
+    local = _local_loops(rule, option, mesh)
+    first = {loop for dim in range(len(data[0].dims)) for loop in data[0].loops(dim)}
+    second = {loop for dim in range(len(data[1].dims)) for loop in data[1].loops(dim)}
+    parallel = set(range(len(local))) - set(reductions)
+    m = math.prod(local[i] for i in parallel & first - second)
+    n = math.prod(local[i] for i in parallel & second - first)
+    k = math.prod(local[i] for i in reductions)
+    half = device.matmul_half_dim
+    efficiency = device.matmul_efficiency
+    for size in (m, n, k):
+        efficiency *= size / (size + half)
+    align = max(1, 128 // max(1, dtypes.bits(dtype)))
+    if any(size % align for size in (m, n, k)):
+        efficiency *= MISALIGNED
+    return efficiency
+
+
+MISALIGNED = 0.5
+"""A contraction whose M, N or K is not a multiple of 16 bytes runs about twice as slow."""
+
+
+def op_cost(
+    op: Op, rule: OpRule | None, option: ShardingOption | None, graph: Graph, cluster: Cluster
+) -> OpCost:
+    """The roofline of `op` computed with `option` on one device (the module's docstring)."""
+    if op_kind(op).view:
+        return OpCost(0, 0, 0.0)
+    device, mesh = cluster.device, cluster.mesh
+    flops = op_flops(op, rule, option, graph, mesh)
+    moved = op_bytes(op, rule, option, graph, mesh)
+    dtype = graph.values[op.outputs[0]].dtype if op.outputs and op.outputs[0] else "float32"
+    efficiency = None
+    if rule is not None and option is not None and flops:
+        efficiency = matmul_efficiency(rule, option, mesh, dtype, device)
+    rate = device.default_flops if efficiency is None else device.peak(dtype) * efficiency
+    seconds = max(flops / rate, moved / (device.hbm_bandwidth * device.memory_efficiency))
+    return OpCost(flops, moved, seconds + device.launch_s)
 
 
 def compute_time(
     op: Op, rule: OpRule | None, option: ShardingOption | None, graph: Graph, cluster: Cluster
 ) -> float:
-    """Seconds one device computes `op` with `option`, at the peak for its result dtype."""
-    flops = op_flops(op, rule, option, graph, cluster.mesh)
-    dtype = graph.values[op.outputs[0]].dtype if op.outputs and op.outputs[0] else "float32"
-    return flops / cluster.device.peak(dtype)
+    """Seconds one device computes `op` with `option`: its roofline (`op_cost`)."""
+    return op_cost(op, rule, option, graph, cluster).seconds
 
 
 def shard_bytes(shape: Sequence[int], dtype: str, sharding: Sharding, mesh: Mesh) -> int:
@@ -156,6 +341,9 @@ class Cost:
     compute_time_s: float
     memory_bytes_per_device: int
     by_axes: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    ops: Mapping[str, OpCost] = field(default_factory=dict)
+    """Per op: its roofline, times the runs per step; `compute_time_s` is the sum of their
+    seconds, in program order."""
     phases: Mapping[str, PhaseCost] = field(default_factory=dict)
     memory_by_kind: Mapping[str, int] = field(default_factory=dict)
 
@@ -213,6 +401,7 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
     op it serves (the next op), the ones after the last op with that one."""
     comm_bytes, comm_time, compute = 0, 0.0, 0.0
     by_axes: dict[str, tuple[int, float]] = {}
+    ops: dict[str, OpCost] = {}
     phases: dict[str, PhaseCost] = {}
     serves, served = [""] * len(program.steps), _last_op(program)
     for i in reversed(range(len(program.steps))):
@@ -238,7 +427,10 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
         else:
             op = graph.op_by_name[step.op.name]
             rule = rule_for(op, graph) if step.option is not None else None
-            seconds = runs * compute_time(op, rule, step.option, graph, cluster)
+            once = op_cost(op, rule, step.option, graph, cluster)
+            cost = OpCost(runs * once.flops, runs * once.bytes, runs * once.seconds)
+            ops[op.name] = ops[op.name] + cost if op.name in ops else cost
+            seconds = cost.seconds
             compute += seconds
             spent = PhaseCost(
                 spent.compute_time_s + seconds, spent.comm_time_s, spent.comm_bytes_per_device
@@ -254,7 +446,7 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
             kind = "buffers" if tensor.name != tensor.value else kinds[tensor.value]
             by_kind[kind] += size
     return Cost(
-        comm_bytes, comm_time, compute, peak.peak, dict(sorted(by_axes.items())),
+        comm_bytes, comm_time, compute, peak.peak, dict(sorted(by_axes.items())), ops,
         {p: phases[p] for p in PHASES if p in phases} if graph.phases else {}, by_kind,
     )  # fmt: skip
 

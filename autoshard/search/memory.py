@@ -342,8 +342,8 @@ class _Builder:
                 # A weight or optimizer state is written over by its update: gone at the
                 # update's compute step, where its next value takes its place.
                 if name in produced_at and positions[-1] < self.ops:
-                    last = [r for r in readings if r[0] == positions[-1]]
-                    self.add_held_if_read(name, last, self.ref(positions[-1], 1))
+                    final = [r for r in readings if r[0] == positions[-1]]
+                    self.add_held_if_read(name, final, self.ref(positions[-1], 1))
                 if name in produced_at:
                     self.add_buffers(name, readings)
                 else:  # a weight is gathered for the forward, and again for the backward

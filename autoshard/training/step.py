@@ -117,9 +117,9 @@ class _Step:
         found: dict[str, None] = {}
         for op in self.graph.ops:
             for i, name in enumerate(op.inputs):
-                if name in weights and weights[name].size > 1 and self.is_float(name):
-                    if self.is_data(op, i):
-                        found[name] = None
+                weight = weights.get(name)
+                if weight and weight.size > 1 and self.is_float(name) and self.is_data(op, i):
+                    found[name] = None
         return list(found)
 
     def find_needs(self) -> set[str]:
@@ -240,8 +240,9 @@ class _Step:
                 outputs=outputs,
                 attrs=Attrs({**op.attrs, RECOMPUTE_OF: op.name}),
             )
-            self.add(copy, "backward", *(self.like(o, n) for o, n in zip(op.outputs, outputs) if o))
-            self.recomputed |= {o: n for o, n in zip(op.outputs, outputs, strict=True) if o}
+            made = {o: n for o, n in zip(op.outputs, outputs, strict=True) if o}
+            self.add(copy, "backward", *(self.like(o, n) for o, n in made.items()))
+            self.recomputed |= made
 
     def sync(self, weight: str) -> str:
         total = self.total(weight)

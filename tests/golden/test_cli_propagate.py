@@ -51,7 +51,14 @@ def test_seed_001_through_the_cli(seed_mlp):
         "read_as": {"dot1": "[[], [0]]"},
     }
     assert data["values"]["y"] == {"sharding": "[[], [], []]", "partial": "sum[0]"}
-    assert data["ops"]["dot2"] == {"type": "MatMul", "sharding_option": "[[], [], [], [0]]"}
+    # Each op's entry also says what a device spends on it (issue 12's per-op costs): dot2's
+    # local shard runs b 2 x m 4 x n 8 x k 16 multiply-adds on [2, 4, 16] @ [16, 8] floats.
+    efficiency = 0.8 * (8 / 72) * (8 / 72) * (16 / 80)  # M = b·m 8, N 8, K 16: tiny and thin
+    assert data["ops"]["dot2"] == {
+        "type": "MatMul", "sharding_option": "[[], [], [], [0]]", "flops": 2048,
+        "bytes": (128 + 128 + 64) * 4,
+        "compute_s": pytest.approx(2048 / (67e12 * efficiency) + 2e-6),
+    }  # fmt: skip
     # 2x4x4 floats gathered from the other device; half of 2x4x8 floats reduce-scattered.
     assert [
         (c["kind"], c["value"], c["mesh_axes"], c["bytes_per_device"]) for c in data["collectives"]

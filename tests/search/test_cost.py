@@ -73,10 +73,48 @@ def test_bandwidth_units():
     assert parse_bandwidth("100Gbit/s") == 100e9 / 8
 
 
+@pytest.mark.parametrize(
+    "mesh, flags, bandwidth, latency",
+    [
+        ("4x8", {}, (50e9, 450e9), (5e-6, 1e-6)),  # 4 DGX H100 nodes of 8: NIC, then NVLink
+        ("2x4", {}, (450e9, 450e9), (1e-6, 1e-6)),  # 8 devices: one node
+        ("16", {}, (50e9,), (5e-6,)),  # a ring over two nodes runs at the network's speed
+        ("2x4x8", {}, (50e9, 50e9, 450e9), (5e-6, 5e-6, 1e-6)),
+        ("2x2x2", {}, (450e9,) * 3, (1e-6,) * 3),
+        ("4x8", {"file": "dgx-a100"}, (25e9, 300e9), (5e-6, 1e-6)),  # preset: HDR 200G NICs
+        ("4x8", {"device": "tpu-v5e"}, (200e9, 200e9), (1e-6, 1e-6)),  # a 256-chip ICI pod
+        ("4x8", {"bandwidth": "100GB/s"}, (100e9, 100e9), (5e-6, 1e-6)),  # flags override
+        ("4x8", {"latency": "3us,2us"}, (50e9, 450e9), (3e-6, 2e-6)),
+    ],
+    ids=lambda v: str(v).replace(" ", ""),
+)
+def test_default_links_follow_the_nodes(mesh, flags, bandwidth, latency):
+    """The last axis is the scale-up domain while the devices inside fit one node (8 on a DGX);
+    outer axes run on the network."""
+    cluster = make_cluster(mesh=mesh, **flags)
+    assert (cluster.bandwidth, cluster.latency) == (bandwidth, latency)
+
+
+def test_a_dgx_h100_prices_axis_0_on_the_network_and_axis_1_on_nvlink():
+    """4x8 on the dgx-h100 preset, 1024x1024 float32: an all_gather of 1 MiB shards over axis
+    0 (4 nodes) sends 3 MiB at 50 GB/s in 3 steps of 5 us; over axis 1 (8 GPUs of a node) 7
+    shards of 512 KiB at 450 GB/s in 7 steps of 1 us."""
+    dgx = make_cluster(mesh="4x8", file="dgx-h100")
+    outer = only("[[0]]", "[[]]", (1024, 1024))
+    inner = only("[[1]]", "[[]]", (1024, 1024))
+    assert collective_time(outer, dgx) == pytest.approx(3 * 5e-6 + 3 * 2**20 / 50e9)
+    assert collective_time(inner, dgx) == pytest.approx(7 * 1e-6 + 7 * 2**19 / 450e9)
+    assert dgx.describe_links() == [
+        "axis 0 (4): 50 GB/s, 5 us (network across nodes)",
+        "axis 1 (8): 450 GB/s, 1 us (NVLink in a node)",
+    ]
+
+
 def test_presets_and_defaults():
     cluster = make_cluster(mesh="2x4", device="a100")
     assert cluster.memory == 80 * 10**9
-    assert cluster.bandwidth == (300e9, 300e9)
+    assert cluster.bandwidth == (300e9, 300e9)  # 8 devices: one DGX A100 node
+    assert cluster.device.hbm_bandwidth == 2.039e12
     assert cluster.device.peak("bfloat16") == 312e12
     assert cluster.device.peak("float32") == 19.5e12
 
@@ -102,23 +140,3 @@ def test_cluster_file(tmp_path):
 def test_bad_cluster_flags(flags, message):
     with pytest.raises(ClusterError, match=message.replace("(", r"\(")):
         make_cluster(**flags)
-
-
-def test_compute_time_of_a_local_shard(tmp_path):
-    """Seed MLP dot1: x [2, 4, 8] @ w1 [8, 32], loops b 2, m 4, n 32, k 8 (reduction). With n
-    over axis 1 and k over axis 0 of 2x2, a device runs 2*4*16*4 = 512 multiply-adds: 1024
-    FLOPs at the H100's 67 TFLOP/s float32. The max (no reduction loop) of [2, 4, 32]
-    replicated: 256 FLOPs."""
-    from autoshard.cost.model import compute_time
-    from autoshard.ir.onnx_import import import_onnx
-    from autoshard.plan import ShardingOption
-    from autoshard.rules import rule_for
-    from tests.golden.seed_models import write_seed_mlp
-
-    graph = import_onnx(write_seed_mlp(tmp_path / "mlp.onnx"))
-    cluster = make_cluster(mesh="2x2")
-    dot, maximum = graph.op_by_name["dot1"], graph.op_by_name["max"]
-    option = ShardingOption.parse("[[], [], [1], [0]]", 4)
-    seconds = compute_time(dot, rule_for(dot, graph), option, graph, cluster)
-    assert seconds == pytest.approx(1024 / 67e12)
-    assert compute_time(maximum, None, None, graph, cluster) == pytest.approx(256 / 67e12)

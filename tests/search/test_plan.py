@@ -133,6 +133,18 @@ def test_plan_command_is_deterministic_and_its_bytes_are_the_programs(mlp, tmp_p
                               "compute_time_s", "memory_bytes_per_device"}  # fmt: skip
     assert set(a["solver"]) == {"status", "objective", "bound", "gap", "variables",
                                 "constraints"}  # fmt: skip
+    # Per op, what a device spends; they add up to the plan's compute. fc1, column-split 8
+    # ways: M 2048, N 512, K 1024 float32, compute-bound at 67e12 · 0.8 · s(M) s(N) s(K).
+    ops = a["ops"]
+    assert math.fsum(o["compute_s"] for o in ops.values()) == pytest.approx(
+        a["cost"]["compute_time_s"], rel=1e-12
+    )
+    efficiency = 0.8 * (2048 / 2112) * (512 / 576) * (1024 / 1088)
+    assert ops["fc1"] == {
+        "type": "MatMul", "sharding_option": "[[], [0]]", "flops": 2 * 2048 * 512 * 1024,
+        "bytes": (2048 * 1024 + 1024 * 512 + 2048 * 512) * 4,
+        "compute_s": pytest.approx(2 * 2048 * 512 * 1024 / (67e12 * efficiency) + 2e-6),
+    }  # fmt: skip
     graph = import_onnx(mlp)
     planned = auto_plan(graph, make_cluster(mesh="8", memory="30MiB"))
     parts = partition(planned.program, graph)
@@ -219,3 +231,27 @@ def test_weights_held_split_further_than_read(small_mlp):
     assert (entry["sharding"], entry["read_as"]) == (held.text(2), {"fc1": read.text(2)})
     assert memory(tight.program).peak == least.peak
     assert tight.search.problem.peak(tight.solution.choice) == least.peak
+
+
+def test_a_dgx_h100_plan_prices_axis_0_on_the_network_and_axis_1_on_nvlink(mlp, tmp_path):
+    """4x8 on the dgx-h100 preset, 8 MiB per device: the plan gathers over both axes and
+    all_reduces over axis 1. Each collective's time is its ring steps times the latency plus its
+    bytes over the bandwidth of its axis: 5 us and 50 GB/s across the 4 nodes (axis 0), 1 us
+    and 450 GB/s in a node (axis 1)."""
+    out = tmp_path / "plan.json"
+    args = ["plan", str(mlp), "--mesh", "4x8", "--cluster", "dgx-h100", "--memory", "8MiB"]
+    assert main([*args, "-o", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    links = {0: (50e9, 5e-6, 4), 1: (450e9, 1e-6, 8)}  # bandwidth, latency, devices
+    steps = {"all_gather": 1, "reduce_scatter": 1, "all_to_all": 1, "all_reduce": 2}
+    expected: dict[str, float] = {}
+    for c in plan["collectives"]:
+        if c["bytes_per_device"]:
+            ((axis,),) = [c["mesh_axes"]]
+            bandwidth, latency, n = links[axis]
+            seconds = steps[c["kind"]] * (n - 1) * latency + c["bytes_per_device"] / bandwidth
+            expected[f"[{axis}]"] = expected.get(f"[{axis}]", 0.0) + seconds
+    assert set(expected) == {"[0]", "[1]"}
+    for axes, seconds in expected.items():
+        assert plan["cost"]["comm_by_mesh_axes"][axes]["time_s"] == pytest.approx(seconds)
+    assert plan["cluster"]["bandwidth_bytes_per_s"] == [50e9, 450e9]
