@@ -200,12 +200,20 @@ def _elements(
 
 
 def matmul_efficiency(
-    rule: OpRule, option: ShardingOption, mesh: Mesh, dtype: str, device: DeviceKind
+    rule: OpRule,
+    option: ShardingOption,
+    mesh: Mesh,
+    dtype: str,
+    device: DeviceKind,
+    inputs: Sequence[str] = (),
 ) -> float | None:
     """The fraction of the matrix units' peak a contraction reaches at its local shape (the
-    module's docstring); None if the op is no contraction (no reduction loop, or fewer than
-    two data operands)."""
-    data = [m for m in rule.operands if m is not None]
+    module's docstring); None if the op is no contraction: no reduction loop, fewer than two
+    data operands (of those present, when the op's `inputs` are given: a gradient op leaves
+    out what it does not read), or an M or N of one (a reduction, a matrix-vector product:
+    vector work)."""
+    present = [bool(name) for name in inputs] or [True] * len(rule.operands)
+    data = [m for m, here in zip(rule.operands, present, strict=False) if m is not None and here]
     reductions = [i for i, loop in enumerate(rule.loops) if loop.kind is IteratorType.REDUCTION]
     if len(data) < 2 or not reductions:
         return None
@@ -213,6 +221,8 @@ def matmul_efficiency(
     first = {loop for dim in range(len(data[0].dims)) for loop in data[0].loops(dim)}
     second = {loop for dim in range(len(data[1].dims)) for loop in data[1].loops(dim)}
     parallel = set(range(len(local))) - set(reductions)
+    if not parallel & first - second or not parallel & second - first:
+        return None
     m = math.prod(local[i] for i in parallel & first - second)
     n = math.prod(local[i] for i in parallel & second - first)
     k = math.prod(local[i] for i in reductions)
@@ -242,7 +252,7 @@ def op_cost(
     dtype = graph.values[op.outputs[0]].dtype if op.outputs and op.outputs[0] else "float32"
     efficiency = None
     if rule is not None and option is not None and flops:
-        efficiency = matmul_efficiency(rule, option, mesh, dtype, device)
+        efficiency = matmul_efficiency(rule, option, mesh, dtype, device, op.inputs)
     rate = device.default_flops if efficiency is None else device.peak(dtype) * efficiency
     seconds = max(flops / rate, moved / (device.hbm_bandwidth * device.memory_efficiency))
     return OpCost(flops, moved, seconds + device.launch_s)
