@@ -348,6 +348,8 @@ def plan_markdown(document: Mapping[str, Any]) -> str:
             ("objective (compute + communication)", format_seconds(cost["objective"])),
         ]),
     ]  # fmt: skip
+    if "training" in document:
+        lines += ["", *_training_markdown(document)]
     solver, timing = document.get("solver"), document.get("timing") or {}
     if solver:
         lines += [
@@ -379,3 +381,28 @@ def plan_markdown(document: Mapping[str, Any]) -> str:
         *_table(("op", "type", "sharding option"), 3, op_rows),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _training_markdown(document: Mapping[str, Any]) -> list[str]:
+    """A training plan's step by phase, memory at the peak by kind, and weights by strategy."""
+    training, cost = document["training"], document["cost"]
+    phases = [
+        (name, format_seconds(p["time_s"]), format_seconds(p["compute_time_s"]),
+         format_bytes(p["comm_bytes_per_device"]), format_seconds(p["comm_time_s"]))
+        for name, p in cost.get("phases", {}).items()
+    ]  # fmt: skip
+    kinds = [(kind, format_bytes(size)) for kind, size in cost.get("memory_by_kind", {}).items()]
+    weights = [
+        (f"`{name}`", w["strategy"], f"`{w['stored']}`", f"`{w['used']}`", f"`{w['state']}`")
+        for name, w in document.get("strategy", {}).get("weights", {}).items()
+    ]
+    return [
+        f"## Training step: {training['optimizer']}, {training['precision']}, "
+        f"{training['micro_batches']} micro-batch(es), recompute {training['recompute']}",
+        "",
+        *_table(("phase", "time", "compute", "communication", "its time"), 1, phases),
+        "",
+        *_table(("memory at the peak", "bytes"), 1, kinds),
+        "",
+        *_table(("weight", "strategy", "held", "used", "optimizer state"), 5, weights),
+    ]

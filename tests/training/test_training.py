@@ -16,6 +16,7 @@ from autoshard.cost.model import memory, op_flops
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
 from autoshard.plan import ShardingOption
+from autoshard.report import plan_markdown
 from autoshard.reshard import CollectiveKind, ring_bytes
 from autoshard.rules import IteratorType, rule_for
 from autoshard.search.budget import auto_plan
@@ -288,6 +289,10 @@ def test_a_training_plan_partitions_as_planned_and_verify_refuses_it(mlp, tmp_pa
     plan = tmp_path / "plan.json"
     args = ["--mesh", "2x2", "--mode", "training", "--optimizer", "adamw"]
     assert main(["plan", str(mlp), *args, "-o", str(plan)]) == 0
+    report = plan_markdown(json.loads(plan.read_text()))
+    assert "## Training step: adamw, bf16-mixed, 1 micro-batch(es), recompute none" in report
+    assert "| gradient_sync |" in report and "| optimizer_state |" in report
+    assert "| `w1` | ddp | `[[], []]` | `[[], []]` | `[[], []]` |" in report
     out = tmp_path / "out"
     assert main(["partition", str(mlp), "--mesh", "2x2", "--plan", str(plan), "-o", str(out)]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
