@@ -52,9 +52,7 @@ def _child(
         result = run_rank(folder, manifest, rank, feed, backend, rendezvous, progress, sha256)
         conn.send(("ok", result))
     except StepFailure as failure:
-        steps = manifest["devices"][rank]["steps"]
-        own = failure.step < 0 or "run" in steps[failure.step]
-        conn.send(("error", str(failure), own))
+        conn.send(("error", str(failure), failure.own))
         code = 1
     except BaseException as error:  # anything else still ends as a message, not a hang
         conn.send(("error", f"rank {rank} failed: {type(error).__name__}: {error}", True))

@@ -41,7 +41,12 @@ class StepFailure(RunError):
     def __init__(self, rank: int, step: int, what: str, cause: str) -> None:
         where = f"step {step} ({what})" if step >= 0 else what
         super().__init__(f"rank {rank} failed at {where}: {cause}")
-        self.rank, self.step = rank, step
+        self.rank, self.step, self.what = rank, step, what
+
+    @property
+    def own(self) -> bool:
+        """Its own cause (loading, a segment), not a peer's echo (a collective that failed)."""
+        return self.what == "loading" or self.what.startswith("segment ")
 
 
 @dataclass
