@@ -139,6 +139,25 @@ def model(
     return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION)
 
 
+def constants_model(values: Mapping[str, Any], opset: int) -> onnx.ModelProto:
+    """A model of no inputs that returns `values` (the constants a collective reads)."""
+    nodes = [
+        helper.make_node("Constant", [], [n], f"{n}/constant",
+                         value=numpy_helper.from_array(np.asarray(v), n))
+        for n, v in values.items()
+    ]  # fmt: skip
+    outputs = [
+        helper.make_tensor_value_info(
+            n, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), list(np.shape(v))
+        )
+        for n, v in values.items()
+    ]
+    graph = helper.make_graph(nodes, "constants", [], outputs)
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION
+    )
+
+
 def _attribute(op: Op, key: str, value: Any, opset: int) -> onnx.AttributeProto:
     if isinstance(value, np.ndarray):
         return helper.make_attribute(key, numpy_helper.from_array(value))

@@ -65,18 +65,32 @@ def steps_manifest(
                 "target_shapes": [list(d.shapes[step.target]) for d in partitioned.devices],
             }
         )
+    # Constants a collective or the outputs read (not a segment): the device makes them first.
+    loose = {step.source for step in communications} | set(program.outputs)
+
+    def add(blob: bytes) -> str:
+        path = f"{SEGMENTS}/{hashlib.sha256(blob).hexdigest()[:20]}.onnx"
+        files[path] = blob
+        return path
+
     devices = []
     for device in partitioned.devices:
         steps: list[dict[str, Any]] = []
         count = 0
+        held = sorted(n for n in loose if n in program.constants or n in device.constants)
+        if held:
+            values = {n: device.constants.get(n, program.constants.get(n)) for n in held}
+            blob = segments.constants_model(values, graph.opset).SerializeToString()
+            steps.append({"run": add(blob), "inputs": [], "outputs": held})
         for segment in segments.cut(partitioned, device):
             if not segment.empty:
                 data = segments.model(partitioned, device, segment, graph.opset)
-                blob = data.SerializeToString()
-                path = f"{SEGMENTS}/{hashlib.sha256(blob).hexdigest()[:20]}.onnx"
-                files[path] = blob
                 steps.append(
-                    {"run": path, "inputs": list(segment.inputs), "outputs": list(segment.outputs)}
+                    {
+                        "run": add(data.SerializeToString()),
+                        "inputs": list(segment.inputs),
+                        "outputs": list(segment.outputs),
+                    }
                 )
             if isinstance(segment.collective, LocalCollective):
                 steps.append({"collective": count})
