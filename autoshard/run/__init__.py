@@ -147,6 +147,7 @@ def run_partition(
         rendezvous = Rendezvous(
             os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500")),
             timeout_s, host_store=rank == 0 and "TORCHELASTIC_USE_AGENT_STORE" not in os.environ,
+            watch=True,
         )  # fmt: skip
         result = run_rank(folder, steps, rank, feed, backend, rendezvous, None, sha256[rank])
         if result is None:

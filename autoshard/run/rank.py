@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
+import threading
 import time
 from collections.abc import Mapping, MutableSequence
 from dataclasses import dataclass, field
@@ -179,6 +181,36 @@ class Rendezvous:
     port: int
     timeout_s: float
     host_store: bool = False  # this rank serves the store (rank 0 outside a launcher)
+    watch: bool = False  # no launcher watches the ranks (torchrun): they watch each other
+
+    def store(self, world: int, master: bool = False) -> Any:
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        client = dist.TCPStore(self.host, self.port, world, master, timeout=timeout)
+        # Keys apart from those of whoever else uses the store (torchrun's agent).
+        return dist.PrefixStore("autoshard", client)
+
+
+ABORT = "abort"
+WATCH_S = 0.25
+"""How often a rank looks whether another one failed (under torchrun)."""
+
+
+def _watch(rendezvous: Rendezvous, rank: int, world: int, failed: threading.Event) -> None:
+    """Under torchrun no launcher stops the ranks: a failing rank leaves its message in the
+    store, and every rank's watcher thread ends its process when it sees one (or loses the
+    store, served by rank 0), within a fraction of a second, instead of waiting out a
+    collective's timeout."""
+    try:
+        store = rendezvous.store(world)
+        while not store.check([ABORT]):
+            time.sleep(WATCH_S)
+        message = store.get(ABORT).decode()
+    except Exception:  # the store is gone: its host (rank 0) ended
+        message = f"the rendezvous store at {rendezvous.host}:{rendezvous.port} is gone"
+    if failed.is_set():  # this rank's own failure: its main thread tells it
+        return
+    print(f"autoshard: error: rank {rank} stopped: {message}", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def run_rank(
@@ -196,13 +228,16 @@ def run_rank(
     world = len(manifest["devices"])
     timeout = datetime.timedelta(seconds=rendezvous.timeout_s)
     try:
-        store = dist.TCPStore(
-            rendezvous.host, rendezvous.port, world, rendezvous.host_store, timeout=timeout
-        )
+        store = rendezvous.store(world, rendezvous.host_store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
         collectives = Executor(manifest, rank, backend)
     except Exception as error:  # torch's own errors
         raise StepFailure(rank, -1, "joining the process group", _first_line(error)) from None
+    failed = threading.Event()
+    if rendezvous.watch:
+        watcher = threading.Thread(target=_watch, args=(rendezvous, rank, world, failed))
+        watcher.daemon = True
+        watcher.start()
     try:
         outputs, timing = execute(folder, manifest, rank, feed, collectives, progress, sha256)
         gathered: list[Any] | None = [None] * world if rank == 0 else None
@@ -211,5 +246,10 @@ def run_rank(
         except Exception as error:  # torch's own errors
             raise StepFailure(rank, -1, "gathering outputs to rank 0", _first_line(error)) from None
         return gathered
+    except StepFailure as failure:
+        if rendezvous.watch:
+            failed.set()
+            store.set(ABORT, str(failure))
+        raise
     finally:
         dist.destroy_process_group()

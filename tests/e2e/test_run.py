@@ -247,3 +247,30 @@ def test_seed_001_mlp_runs_as_separate_processes(tmp_path, capsys):
     assert {k: v["count"] for k, v in kinds.items()} == {
         "all_gather": 1, "all_slice": 1, "reduce_scatter": 1,
     }  # fmt: skip
+
+
+def test_under_torchrun_a_failing_rank_stops_the_others(tmp_path):
+    """The same command as torchrun's workers (RANK, WORLD_SIZE, MASTER_ADDR/PORT): no launcher
+    of ours watches them, so the failing rank's message in the store stops its peers."""
+    import socket
+
+    out = tmp_path / "out"
+    partition_cli(out, "mlp", "2", "tensor")
+    (out / "weights" / "device-1.safetensors").write_bytes(b"broken")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(port), "-m", "autoshard", "run", str(out)],
+        env=env, capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert time.monotonic() - started < 45
+    assert done.returncode != 0
+    cause = "rank 1 failed at loading: weight file "
+    assert f"autoshard: error: {cause}" in done.stderr
+    assert f"autoshard: error: rank 0 stopped: {cause}" in done.stderr
