@@ -227,26 +227,41 @@ def test_a_killed_rank_ends_the_run_within_seconds(tmp_path):
     assert leftovers.stdout == ""
 
 
-def test_seed_001_mlp_runs_as_separate_processes(tmp_path, capsys):
-    from .test_partition import write_seed_mlp
-
-    model = write_seed_mlp(tmp_path / "mlp.onnx")
-    spec = tmp_path / "annotations.json"
-    spec.write_text(json.dumps({"annotations": [
+SEEDS = {
+    # Seed 001: mesh [2], x split on its last dim, y reduce-scattered back to it.
+    "001": ("2", [
         {"value": "x", "sharding": "[[], [], [0]]"},
         {"value": "y", "sharding": "[[]] partial = sum[0]"},
         {"value": "y", "sharding": "[[], [], [0]]", "for": "users"},
-    ]}))  # fmt: skip
+    ], {"all_gather": 1, "all_slice": 1, "reduce_scatter": 1}),
+    # Seed 004: the 2-D weight-stationary MLP on 2x2x2 (8 processes). After the CCL passes
+    # h's all_reduce over [0] is a reduce_scatter, its all_gather moved past the Max; the
+    # constant is sliced over [1, 2, 0], a group order unlike torch's rank order.
+    "004": ("2x2x2", [
+        {"value": "x", "sharding": "[[], [], [0, 1, 2]]"},
+        {"value": "h", "sharding": "[[], [], [1, 2]] partial = sum[0]"},
+        {"value": "y", "sharding": "[[], [], [0]] partial = sum[1, 2]"},
+        {"value": "y", "sharding": "[[], [], [0, 1, 2]]", "for": "users"},
+    ], {"all_gather": 2, "all_slice": 1, "reduce_scatter": 2}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", list(SEEDS))
+def test_seed_mlps_run_as_separate_processes(tmp_path, capsys, seed):
+    from .test_partition import write_seed_mlp
+
+    mesh, annotations, kinds = SEEDS[seed]
+    model = write_seed_mlp(tmp_path / "mlp.onnx")
+    spec = tmp_path / "annotations.json"
+    spec.write_text(json.dumps({"annotations": annotations}))
     out = tmp_path / "out"
-    assert cli("partition", model, "--mesh", "2", "--annotations", spec, "-o", out) == 0
+    assert cli("partition", model, "--mesh", mesh, "--annotations", spec, "-o", out) == 0
     capsys.readouterr()
     assert cli("run", out, "--check", model, "--json") == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["outputs"]["y"]["max_rel_err"] <= 1e-5
-    kinds = report["timing"]["ranks"][1]["collectives"]
-    assert {k: v["count"] for k, v in kinds.items()} == {
-        "all_gather": 1, "all_slice": 1, "reduce_scatter": 1,
-    }  # fmt: skip
+    for rank in report["timing"]["ranks"]:
+        assert {k: v["count"] for k, v in rank["collectives"].items()} == kinds
 
 
 def test_under_torchrun_a_failing_rank_stops_the_others(tmp_path):
