@@ -166,11 +166,8 @@ def read_manifest(out: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
-def setup_of(
-    manifest: Mapping[str, Any], model: str | os.PathLike[str], dims: Mapping[str, int]
-) -> Setup:
-    """The setup a manifest records, for `model` (checked to be the model it was made from);
-    `dims` given again must agree with the recorded ones."""
+def check_model(manifest: Mapping[str, Any], model: str | os.PathLike[str]) -> None:
+    """`model` must be the model the partition was made from (by sha256)."""
     recorded = manifest["model"]["sha256"]
     try:
         actual = sha256_file(model)
@@ -181,6 +178,14 @@ def setup_of(
             f"model '{model}' is not the model this partition was made from "
             f"({manifest['model']['path']}, sha256 {recorded[:12]}…)"
         )
+
+
+def setup_of(
+    manifest: Mapping[str, Any], model: str | os.PathLike[str], dims: Mapping[str, int]
+) -> Setup:
+    """The setup a manifest records, for `model` (checked to be the model it was made from);
+    `dims` given again must agree with the recorded ones."""
+    check_model(manifest, model)
     saved = {k: int(v) for k, v in manifest["dims"].items()}
     for name, size in dims.items():
         if saved.get(name) != size:

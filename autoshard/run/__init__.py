@@ -24,9 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from autoshard.artifacts import PartitionFolderError, read_manifest
+from autoshard.artifacts import check_model, read_manifest
 from autoshard.errors import AutoshardError
-from autoshard.files import sha256_file
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding
 from autoshard.steps import read_steps
@@ -81,7 +80,7 @@ class RunReport:
         }
 
 
-def input_specs(steps: Mapping[str, Any]) -> list[InputSpec]:
+def _input_specs(steps: Mapping[str, Any]) -> list[InputSpec]:
     return [InputSpec(i["name"], i["dtype"], tuple(i["shape"]), i["high"]) for i in steps["inputs"]]
 
 
@@ -109,15 +108,7 @@ def run_partition(
     partition = read_manifest(folder)
     steps = read_steps(folder)
     if check is not None:
-        try:
-            actual = sha256_file(check)
-        except OSError as error:
-            raise PartitionFolderError(f"cannot read model '{check}': {error.strerror}") from None
-        if actual != partition["model"]["sha256"]:
-            raise PartitionFolderError(
-                f"model '{check}' is not the model this partition was made from "
-                f"({partition['model']['path']})"
-            )
+        check_model(partition, check)
     try:
         import torch.distributed as dist
     except ImportError:
@@ -126,7 +117,7 @@ def run_partition(
         raise RunSetupError("this torch has no gloo backend; valid here: nccl")
     if backend == "nccl" and not dist.is_nccl_available():
         raise RunSetupError("this torch has no nccl backend (a CPU build?); use --backend gloo")
-    specs = input_specs(steps)
+    specs = _input_specs(steps)
     feed = check_inputs(specs, inputs) if inputs is not None else random_inputs(specs, seed)
     world = len(steps["devices"])
     sha256 = [d.get("sha256") for d in partition["devices"]]

@@ -302,3 +302,23 @@ def test_as_torchrun_workers_a_failing_rank_stops_the_others(tmp_path):
     cause = "rank 1 failed at loading: weight file "
     assert errors[1].startswith(f"autoshard: error: {cause}")
     assert errors[0].startswith("autoshard: error: rank 0 ")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (lambda out, tmp: [tmp / "nothing"], "is not a partition folder: no manifest.json"),
+        (lambda out, tmp: [out, "--check", model_path("cnn")],
+         "is not the model this partition was made from"),
+        (lambda out, tmp: [out, "--inputs", tmp / "bad.npz"],
+         "input 'x' has shape [2, 64]; the partition was made for [4, 64]"),
+    ],
+)  # fmt: skip
+def test_run_errors_are_one_line(tmp_path, capsys, args, message):
+    out = tmp_path / "out"
+    partition_cli(out, "mlp", "2", "data")
+    np.savez(tmp_path / "bad.npz", x=np.zeros((2, 64), np.float32))
+    capsys.readouterr()
+    assert cli("run", *args(out, tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and err.startswith("autoshard: error: ")
