@@ -16,6 +16,7 @@ not import it; running does.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from autoshard.verify import (
 )
 
 BACKENDS = ("gloo", "nccl")
+EXIT_FAILED = 2
+"""A torchrun worker's exit status when it fails (the CLI's for any error)."""
 DEFAULT_TIMEOUT_S = 60.0
 
 
@@ -128,7 +131,7 @@ def run_partition(
 
         gathered = launch(folder, steps, feed, backend, timeout_s, sha256)
     else:
-        from autoshard.run.rank import Rendezvous, run_rank
+        from autoshard.run.rank import Rendezvous, RunError, run_rank
 
         rank, size = torchrun
         if size != world:
@@ -140,7 +143,13 @@ def run_partition(
             timeout_s, host_store=rank == 0 and "TORCHELASTIC_USE_AGENT_STORE" not in os.environ,
             watch=True,
         )  # fmt: skip
-        result = run_rank(folder, steps, rank, feed, backend, rendezvous, None, sha256[rank])
+        try:
+            result = run_rank(folder, steps, rank, feed, backend, rendezvous, None, sha256[rank])
+        except RunError as failure:
+            # Said now, and the process ended at once: tearing torch down while peers are
+            # gone may abort the interpreter (SIGABRT) after the message, or wait on them.
+            print(f"autoshard: error: {failure}", file=sys.stderr, flush=True)
+            os._exit(EXIT_FAILED)
         if result is None:
             return None
         gathered = result

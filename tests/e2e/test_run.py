@@ -298,10 +298,12 @@ def test_as_torchrun_workers_a_failing_rank_stops_the_others(tmp_path):
     ]
     errors = [rank.communicate(timeout=90)[1] for rank in ranks]
     assert time.monotonic() - started < 30  # not the 60 s collective timeout
-    assert [rank.returncode for rank in ranks] == [1, 2]
+    assert ranks[1].returncode == 2, errors
     cause = "rank 1 failed at loading: weight file "
     assert errors[1].startswith(f"autoshard: error: {cause}")
-    assert errors[0].startswith("autoshard: error: rank 0 ")
+    # Rank 0 stops on the message in the store (exit 1) or on its lost peer (exit 2).
+    assert ranks[0].returncode in (1, 2), errors
+    assert errors[0].startswith("autoshard: error: rank 0 "), errors
 
 
 @pytest.mark.parametrize(
