@@ -6,6 +6,9 @@
                                          collectives with their device groups and bytes
     OUT/weights/device-<k>.safetensors   device k's slice of every initializer, nothing else
     OUT/spmd.mlir                        the SPMD program (MLIR text, `mesh` or `shard` dialect)
+    OUT/steps.json, OUT/segments/        the same program as `autoshard run` executes it: ONNX
+                                         segments between collectives and the steps of each
+                                         device (autoshard/steps.py); not for a shape-only model
 
 Every file is written to a temporary name and renamed, and nothing in it depends on time or
 on the order a dict happened to be filled: running the command twice gives the same bytes.
@@ -16,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,10 +28,11 @@ import numpy as np
 from autoshard.annotations import Annotation, AnnotationError, parse_annotations
 from autoshard.document import training_of
 from autoshard.errors import AutoshardError
-from autoshard.files import sha256_file, write_atomic
+from autoshard.files import json_text, sha256_file, write_atomic
 from autoshard.mesh import Mesh
 from autoshard.mlir import DIALECTS, Dialect
 from autoshard.pipeline import AfterStage, Built, Setup, build_setup, print_spmd
+from autoshard.steps import STEPS, write_steps
 from autoshard.verify import Report, verify
 from autoshard.weights import Entry, File, read_safetensors, write_safetensors
 
@@ -106,6 +109,8 @@ def write_partition(
             entry["sha256"], entry["bytes"] = next(written)
     _remove_stale(folder / WEIGHTS, {d["file"] for d in devices})
     write_atomic(folder / SPMD, print_spmd(partitioned, dialect).encode())
+    if not shape_only:
+        write_steps(folder, partitioned, graph, {d["index"]: d["file"] for d in devices})
     manifest = {
         "format": FORMAT,
         "model": {"path": str(setup.model), "sha256": sha256_file(setup.model)},
@@ -131,22 +136,11 @@ def write_partition(
         "collectives": partitioned.collectives_json(),
         "bytes_per_device": program.bytes_per_device,
         "spmd": {"file": SPMD, "dialect": dialect},
+        "steps": None if shape_only else STEPS,
         "unruled": list(program.unruled),
     }
-    write_atomic(folder / MANIFEST, manifest_text(manifest).encode())
+    write_atomic(folder / MANIFEST, json_text(manifest).encode())
     return manifest
-
-
-_FLAT_LIST = re.compile(r"\[\s+([^\[\]{}\"]*?)\s+\]")
-_LIST_OF_FLAT = re.compile(r"\[\s+((?:\[[^\[\]{}\"]*\],?\s*)+?)\s*\]")
-
-
-def manifest_text(manifest: Mapping[str, Any]) -> str:
-    """Indented JSON with lists of numbers, and lists of those, on one line (`[[0, 8], [0, 4]]`)."""
-    text = json.dumps(manifest, indent=1)
-    text = _FLAT_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m[1].split(",")) + "]", text)
-    text = _LIST_OF_FLAT.sub(lambda m: "[" + re.sub(r"\],\s*\[", "], [", m[1].strip()) + "]", text)
-    return text + "\n"
 
 
 def _remove_stale(folder: Path, keep: set[str | None]) -> None:
@@ -174,11 +168,8 @@ def read_manifest(out: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
-def setup_of(
-    manifest: Mapping[str, Any], model: str | os.PathLike[str], dims: Mapping[str, int]
-) -> Setup:
-    """The setup a manifest records, for `model` (checked to be the model it was made from);
-    `dims` given again must agree with the recorded ones."""
+def check_model(manifest: Mapping[str, Any], model: str | os.PathLike[str]) -> None:
+    """`model` must be the model the partition was made from (by sha256)."""
     recorded = manifest["model"]["sha256"]
     try:
         actual = sha256_file(model)
@@ -189,6 +180,14 @@ def setup_of(
             f"model '{model}' is not the model this partition was made from "
             f"({manifest['model']['path']}, sha256 {recorded[:12]}…)"
         )
+
+
+def setup_of(
+    manifest: Mapping[str, Any], model: str | os.PathLike[str], dims: Mapping[str, int]
+) -> Setup:
+    """The setup a manifest records, for `model` (checked to be the model it was made from);
+    `dims` given again must agree with the recorded ones."""
+    check_model(manifest, model)
     saved = {k: int(v) for k, v in manifest["dims"].items()}
     for name, size in dims.items():
         if saved.get(name) != size:

@@ -343,23 +343,69 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from autoshard.artifacts import load_inputs, verify_folder
+    from autoshard.artifacts import load_inputs, read_manifest, setup_of, verify_folder
 
     inputs = load_inputs(args.inputs) if args.inputs else None
-    report = verify_folder(args.out, args.model, _dims(args.dim), inputs, args.rtol)
+    if args.distributed:
+        from autoshard.run import run_partition
+
+        setup_of(read_manifest(args.out), args.model, _dims(args.dim))  # the same model, dims
+        run = run_partition(
+            args.out, args.backend, inputs, args.model, args.timeout, rtol=args.rtol
+        )
+        assert run is not None  # not under torchrun: this process is the launcher
+        checks, devices, data = run.checks, run.devices, run.to_json()
+    else:
+        report = verify_folder(args.out, args.model, _dims(args.dim), inputs, args.rtol)
+        checks, devices, data = report.outputs, report.devices, report.to_json()
+    ok = all(c.ok for c in checks.values())
+    if args.json:
+        _emit(data)
+    else:
+        how = f" as {devices} processes ({args.backend})" if args.distributed else ""
+        print(f"verify {args.out} on {devices} devices{how}: {'ok' if ok else 'FAILED'}")
+        _print_checks(checks)
+    return 0 if ok else 1
+
+
+def _print_checks(checks: Any) -> None:
+    for name, check in checks.items():
+        replica = (
+            f", replicas differ by {check.max_replica_err:.3g}" if check.max_replica_err else ""
+        )
+        print(
+            f"  {name}: max abs err {check.max_abs_err:.3g}, max rel err "
+            f"{check.max_rel_err:.3g} (tolerance {check.tolerance:g}){replica}"
+            f"  {'ok' if check.ok else 'FAILED'}"
+        )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from autoshard.artifacts import load_inputs
+    from autoshard.run import run_partition
+
+    inputs = load_inputs(args.inputs) if args.inputs else None
+    report = run_partition(args.out, args.backend, inputs, args.check, args.timeout)
+    if report is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return 0
     if args.json:
         _emit(report.to_json())
+        return 0 if report.ok else 1
+    status = "" if not report.checks else (": ok" if report.ok else ": FAILED")
+    print(f"ran {args.out} as {report.devices} processes ({report.backend}){status}")
+    if report.checks:
+        _print_checks(report.checks)
     else:
-        print(f"verify {args.out} on {report.devices} devices: {'ok' if report.ok else 'FAILED'}")
-        for name, check in report.outputs.items():
-            replica = (
-                f", replicas differ by {check.max_replica_err:.3g}" if check.max_replica_err else ""
-            )
-            print(
-                f"  {name}: max abs err {check.max_abs_err:.3g}, max rel err "
-                f"{check.max_rel_err:.3g} (tolerance {check.tolerance:g}){replica}"
-                f"  {'ok' if check.ok else 'FAILED'}"
-            )
+        for name, value in report.outputs.items():
+            print(f"  {name}: {'x'.join(map(str, value.shape))} {value.dtype}")
+    print(f"wall time {report.wall_s:.2f} s; per rank (compute, then collectives by kind):")
+    for rank in report.ranks:
+        kinds = ", ".join(
+            f"{kind} {c['count']}x {c['seconds'] * 1e3:.2f} ms"
+            for kind, c in rank["collectives"].items()  # type: ignore[attr-defined]
+        )
+        compute = rank["compute_s"] * 1e3  # type: ignore[operator]
+        print(f"  rank {rank['rank']}: compute {compute:.2f} ms; {kinds or 'no collectives'}")
     return 0 if report.ok else 1
 
 
@@ -454,6 +500,17 @@ def _training_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--recompute", help="none (default) or layers: recompute each repeated layer's "
         "activations in its backward",
+    )  # fmt: skip
+
+
+def _run_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend", choices=("gloo", "nccl"), default="gloo",
+        help="torch.distributed backend (default gloo; nccl on GPUs)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, metavar="S",
+        help="seconds a collective may wait for its peers (default 60)",
     )  # fmt: skip
 
 
@@ -580,8 +637,26 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="relative tolerance (default 1e-5 for float32, 1e-2 for 16-bit floats)",
     )
+    verify.add_argument(
+        "--distributed",
+        action="store_true",
+        help="run as one process per device on torch.distributed (autoshard run), not in-process",
+    )
+    _run_flags(verify)
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(run=cmd_verify)
+
+    run = commands.add_parser(
+        "run", help="run a partition as one process per device on torch.distributed"
+    )
+    run.add_argument("out", metavar="OUT", help="folder written by autoshard partition")
+    run.add_argument("--inputs", metavar="NPZ", help="inputs by name (default: seeded random)")
+    run.add_argument(
+        "--check", metavar="MODEL", help="compare the outputs with onnxruntime on this model"
+    )
+    _run_flags(run)
+    run.add_argument("--json", action="store_true", help="machine-readable output")
+    run.set_defaults(run=cmd_run)
 
     layout = commands.add_parser("layout", help="draw which device holds which part of a tensor")
     layout.add_argument("--mesh", required=True, help="device mesh, e.g. 2x3 or dp=2,tp=3")

@@ -4,9 +4,13 @@ name, then renamed), readable like a plainly opened file, identified by their sh
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from autoshard.errors import AutoshardError
 
@@ -49,3 +53,15 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         while block := f.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
+
+
+_FLAT_LIST = re.compile(r"\[\s+([^\[\]{}\"]*?)\s+\]")
+_LIST_OF_FLAT = re.compile(r"\[\s+((?:\[[^\[\]{}\"]*\],?\s*)+?)\s*\]")
+
+
+def json_text(data: Mapping[str, Any]) -> str:
+    """Indented JSON with lists of numbers, and lists of those, on one line (`[[0, 8], [0, 4]]`)."""
+    text = json.dumps(data, indent=1)
+    text = _FLAT_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m[1].split(",")) + "]", text)
+    text = _LIST_OF_FLAT.sub(lambda m: "[" + re.sub(r"\],\s*\[", "], [", m[1].strip()) + "]", text)
+    return text + "\n"

@@ -21,19 +21,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import helper, numpy_helper
 
+from autoshard import segments
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
-from autoshard.ir.graph import Graph, Op
-from autoshard.passes.partition import DeviceProgram, LocalCollective, LocalCompute, Partitioned
+from autoshard.ir.graph import Graph
+from autoshard.mesh import Mesh
+from autoshard.passes.partition import DeviceProgram, Partitioned, device_slices
 from autoshard.reshard import Collective, CollectiveKind
+from autoshard.segments import Segment
 from autoshard.sharding import Sharding
 from autoshard.simulate import run_collective
 from autoshard.weights import weight_array
@@ -117,44 +118,65 @@ def id_bound(graph: Graph, name: str) -> int | None:
     return bound
 
 
-def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+@dataclass(frozen=True)
+class InputSpec:
+    """A graph input as a partition expects it; `high` bounds random ids (the rows of the
+    table they index)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    high: int | None = None
+
+
+def input_specs(graph: Graph) -> tuple[InputSpec, ...]:
+    return tuple(
+        InputSpec(n, graph.values[n].dtype, graph.values[n].shape, id_bound(graph, n))
+        for n in graph.inputs
+    )
+
+
+def random_inputs(graph: Graph | Sequence[InputSpec], seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded inputs: floats standard normal, ids below the table they index, other integers
     and booleans 0 or 1 (masks)."""
+    specs = input_specs(graph) if isinstance(graph, Graph) else graph
     rng = np.random.default_rng(seed)
     out = {}
-    for name in graph.inputs:
-        value = graph.values[name]
-        numpy_type = dtypes.numpy_dtype(value.dtype)
+    for spec in specs:
+        numpy_type = dtypes.numpy_dtype(spec.dtype)
         if numpy_type.kind == "f":
-            out[name] = rng.standard_normal(value.shape).astype(numpy_type)
+            out[spec.name] = rng.standard_normal(spec.shape).astype(numpy_type)
         elif numpy_type.kind in "iu":
-            high = id_bound(graph, name) or 2
-            out[name] = rng.integers(0, high, value.shape).astype(numpy_type)
+            out[spec.name] = rng.integers(0, spec.high or 2, spec.shape).astype(numpy_type)
         elif numpy_type.kind == "b":
-            out[name] = rng.integers(0, 2, value.shape).astype(bool)
+            out[spec.name] = rng.integers(0, 2, spec.shape).astype(bool)
         else:
-            raise VerifyError(f"cannot make random values for input {name!r} of {value.dtype}")
+            raise VerifyError(f"cannot make random values for input {spec.name!r} of {spec.dtype}")
     return out
 
 
-def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def check_inputs(
+    graph: Graph | Sequence[InputSpec], inputs: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """The given inputs, checked against the graph's (bound) input shapes and dtypes."""
-    missing = [n for n in graph.inputs if n not in inputs]
+    specs = input_specs(graph) if isinstance(graph, Graph) else graph
+    names = [s.name for s in specs]
+    missing = [n for n in names if n not in inputs]
     if missing:
         raise VerifyError(
-            f"inputs lack {', '.join(missing)}; the model's inputs: {', '.join(graph.inputs)}"
+            f"inputs lack {', '.join(missing)}; the model's inputs: {', '.join(names)}"
         )
     out = {}
-    for name in graph.inputs:
-        value, array = graph.values[name], np.asarray(inputs[name])
-        if array.shape != value.shape:
+    for spec in specs:
+        array = np.asarray(inputs[spec.name])
+        if array.shape != tuple(spec.shape):
             raise VerifyError(
-                f"input {name!r} has shape {list(array.shape)}; the partition was made for "
-                f"{list(value.shape)}"
+                f"input {spec.name!r} has shape {list(array.shape)}; the partition was made for "
+                f"{list(spec.shape)}"
             )
-        if array.dtype != dtypes.numpy_dtype(value.dtype):
-            raise VerifyError(f"input {name!r} is {array.dtype}; the model takes {value.dtype}")
-        out[name] = array
+        if array.dtype != dtypes.numpy_dtype(spec.dtype):
+            raise VerifyError(f"input {spec.name!r} is {array.dtype}; the model takes {spec.dtype}")
+        out[spec.name] = array
     return out
 
 
@@ -176,7 +198,7 @@ def model_weights(graph: Graph, partitioned: Partitioned) -> Callable[[int], dic
 # ---- onnxruntime ------------------------------------------------------------------------------
 
 
-def _session_options() -> ort.SessionOptions:
+def session_options() -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
@@ -190,7 +212,7 @@ def reference_outputs(
     """onnxruntime on the original model file."""
     try:
         session = ort.InferenceSession(
-            os.fspath(model), _session_options(), providers=["CPUExecutionProvider"]
+            os.fspath(model), session_options(), providers=["CPUExecutionProvider"]
         )
     except Exception as error:  # onnxruntime raises its own exception types
         # onnxruntime's message ends with the reason after its C++ location: keep that.
@@ -201,115 +223,20 @@ def reference_outputs(
     return dict(zip(names, session.run(names, feed), strict=True))
 
 
-def _attribute(op: Op, key: str, value: Any, opset: int) -> onnx.AttributeProto:
-    if isinstance(value, np.ndarray):
-        return helper.make_attribute(key, numpy_helper.from_array(value))
-    if isinstance(value, tuple) and value and isinstance(value[0], np.ndarray):
-        return helper.make_attribute(key, [numpy_helper.from_array(v) for v in value])
-    if isinstance(value, tuple) and not value:  # an empty list: its type is in the schema
-        schema = onnx.defs.get_schema(op.type, opset, op.domain)
-        kind: Any = schema.attributes[key].type
-        return helper.make_attribute(key, [], attr_type=kind.value)
-    return helper.make_attribute(key, list(value) if isinstance(value, tuple) else value)
-
-
-def _node(op: Op, opset: int) -> onnx.NodeProto:
-    node = helper.make_node(op.type, list(op.inputs), list(op.outputs), op.name, domain=op.domain)
-    node.attribute.extend(_attribute(op, k, v, opset) for k, v in op.attrs.items())
-    return node
-
-
-def _info(name: str, dtype: str, shape: Sequence[int]) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, dtypes.onnx_type(dtype), list(shape))
-
-
-@dataclass
-class _Segment:
-    """The local ops of one device between two collectives, as one session's work."""
-
-    ops: tuple[Op, ...]
-    inputs: tuple[str, ...]  # fed at run time
-    embedded: tuple[str, ...]  # program constants, built into the model
-    outputs: tuple[str, ...]  # read after the segment
-    collective: LocalCollective | None  # the collective that follows
-    key: tuple[Any, ...] = field(default=())
-
-
 class _Executor:
     def __init__(self, partitioned: Partitioned, opset: int) -> None:
         self.partitioned, self.opset = partitioned, opset
         self.program = partitioned.program
         self.sessions: dict[tuple[Any, ...], ort.InferenceSession] = {}
 
-    def segments(self, device: DeviceProgram) -> list[_Segment]:
-        steps = device.steps
-        last_use: dict[str, int] = {}
-        for i, step in enumerate(steps):
-            for name in step.inputs:
-                if name:
-                    last_use[name] = i
-        for name in self.program.outputs:
-            last_use[name] = len(steps)
-        out: list[_Segment] = []
-        start = 0
-        for end in range(len(steps) + 1):
-            if end < len(steps) and isinstance(steps[end], LocalCompute):
-                continue
-            collective = steps[end] if end < len(steps) else None
-            assert collective is None or isinstance(collective, LocalCollective)
-            ops = tuple(s.op for s in steps[start:end] if isinstance(s, LocalCompute))
-            out.append(self.segment(device, ops, end, last_use, collective))
-            start = end + 1
-        return out
-
-    def segment(
-        self,
-        device: DeviceProgram,
-        ops: tuple[Op, ...],
-        end: int,
-        last_use: Mapping[str, int],
-        collective: LocalCollective | None,
-    ) -> _Segment:
-        produced: set[str] = set()
-        reads: dict[str, None] = {}
-        for op in ops:
-            for name in op.inputs:
-                if name and name not in produced:
-                    reads[name] = None
-            produced.update(n for n in op.outputs if n)
-        constants = self.program.constants
-        embedded = tuple(n for n in reads if n in constants and n not in device.constants)
-        inputs = tuple(n for n in reads if n not in embedded)
-        outputs = tuple(n for op in ops for n in op.outputs if n and last_use.get(n, -1) >= end)
-        shapes, types = device.shapes, self.partitioned.dtypes
-        key = (
-            ops,
-            tuple((n, shapes[n], types[n]) for n in inputs),
-            embedded,
-            tuple((n, shapes[n]) for n in outputs),
-        )
-        return _Segment(ops, inputs, embedded, outputs, collective, key)
-
-    def session(self, device: DeviceProgram, segment: _Segment) -> ort.InferenceSession:
+    def session(self, device: DeviceProgram, segment: Segment) -> ort.InferenceSession:
         cached = self.sessions.get(segment.key)
         if cached is not None:
             return cached
-        shapes, types = device.shapes, self.partitioned.dtypes
-        domains = {op.domain for op in segment.ops if op.domain not in ("", "ai.onnx")}
-        graph = helper.make_graph(
-            [_node(op, self.opset) for op in segment.ops],
-            "segment",
-            [_info(n, types[n], shapes[n]) for n in segment.inputs],
-            [_info(n, types[n], shapes[n]) for n in segment.outputs],
-            [numpy_helper.from_array(np.asarray(self.program.constants[n]), n)
-             for n in segment.embedded],
-        )  # fmt: skip
-        opsets = [helper.make_opsetid("", self.opset)]
-        opsets += [helper.make_opsetid(d, 1) for d in sorted(domains)]
-        model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+        model = segments.model(self.partitioned, device, segment, self.opset)
         try:
             session = ort.InferenceSession(
-                model.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"]
+                model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"]
             )
         except Exception as error:  # onnxruntime raises its own untyped errors
             first = segment.ops[0].name if segment.ops else "?"
@@ -343,11 +270,11 @@ class _Executor:
                     raise VerifyError(f"device {device.index} has no weight {name!r}")
                 self.expect(device, name, env[name])
             envs.append(env)
-        plans = [self.segments(d) for d in partitioned.devices]
+        plans = [segments.cut(partitioned, d) for d in partitioned.devices]
         for k in range(len(plans[0])):
             for device, plan, env in zip(partitioned.devices, plans, envs, strict=True):
                 segment = plan[k]
-                if not segment.outputs:  # nothing, or nothing anyone reads
+                if segment.empty:
                     continue
                 session = self.session(device, segment)
                 feed = {n: env[n] for n in segment.inputs}
@@ -390,28 +317,33 @@ def assemble(
 ) -> tuple[np.ndarray, float]:
     """The global value of tensor `name` from every device's local array (partial values
     reduced over their axes first); also the largest difference between replicas."""
-    mesh = partitioned.mesh
     tensor = partitioned.program.tensors[name]
-    sharding = tensor.sharding
+    return assemble_value(partitioned.mesh, tensor.sharding, tensor.shape, local)
+
+
+def assemble_value(
+    mesh: Mesh, sharding: Sharding, shape: tuple[int, ...], local: Sequence[np.ndarray]
+) -> tuple[np.ndarray, float]:
+    """A global tensor of `shape` held in `sharding` from every device's local array, in
+    linear device order; also the largest difference between replicas."""
     arrays = list(local)
+    devices = list(mesh.devices())
     if sharding.partial_axes:
         reduce = Collective(
             CollectiveKind.ALL_REDUCE,
             sharding.partial_axes,
             sharding,
             Sharding(sharding.split_axes),
-            tensor.shape,
+            shape,
             0,
             reduction=sharding.partial_type,
         )
-        devices = list(mesh.devices())
         reduced = run_collective(reduce, mesh, dict(zip(devices, arrays, strict=True)))
         arrays = [reduced[d] for d in devices]
-    out = np.zeros(tensor.shape, arrays[0].dtype)
+    out = np.zeros(shape, arrays[0].dtype)
     seen: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
     replica = 0.0
-    for index, array in enumerate(arrays):
-        region = partitioned.slices(name, index)
+    for region, array in zip(device_slices(sharding, shape, mesh), arrays, strict=True):
         if region in seen:
             replica = max(replica, _max_abs(array, seen[region]))
             continue

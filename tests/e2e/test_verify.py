@@ -153,7 +153,10 @@ def test_running_twice_writes_the_same_bytes(tmp_path):
         partition_cli(second, "gpt2", "2x4", kind)
         files = sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file())
         assert files == sorted(p.relative_to(second) for p in second.rglob("*") if p.is_file())
-        assert len(files) == 2 + 8  # manifest, spmd.mlir, one weight file a device
+        steps = json.loads((first / "steps.json").read_text())
+        segments = {s["run"] for d in steps["devices"] for s in d["steps"] if "run" in s}
+        # manifest, spmd.mlir, steps.json, one weight file a device, each distinct segment once
+        assert len(files) == 3 + 8 + len(segments)
         for path in files:
             assert (first / path).read_bytes() == (second / path).read_bytes(), path
     # Into the same folder again, on a smaller mesh: no stale device files are left behind.
@@ -162,6 +165,9 @@ def test_running_twice_writes_the_same_bytes(tmp_path):
         "device-0.safetensors",
         "device-1.safetensors",
     ]
+    steps = json.loads((first / "steps.json").read_text())
+    segments = {s["run"] for d in steps["devices"] for s in d["steps"] if "run" in s}
+    assert sorted(f"segments/{p.name}" for p in (first / "segments").iterdir()) == sorted(segments)
 
 
 def test_seed_001_mlp_verifies(tmp_path):

@@ -1,0 +1,187 @@
+"""`autoshard run`: start one process per device, watch them, reassemble and check the outputs.
+
+On one host the ranks are child processes (multiprocessing's forkserver: torch and
+onnxruntime are imported once, in the server, and each rank is a fork of it). They meet at a
+TCP store the launcher serves on a port the kernel picks free (port 0), so concurrent runs
+never collide. Under `torchrun` (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) the same
+command runs the one rank of this process and meets the others at MASTER_ADDR:MASTER_PORT.
+
+Failure: every rank sends the launcher one message, its result or its failure (rank, step,
+cause). On the first failure, or a rank that dies without a word (killed: its step is read
+from a shared array the ranks update), the launcher stops every other rank (SIGTERM, then
+SIGKILL after a grace period) and raises one error naming the rank, the step and the cause.
+Of several failures the rank's own (loading, a segment) is told before those of its peers
+(a collective that lost its partner). Collectives time out after `timeout_s` (gloo and NCCL
+honour the process group's timeout), so a lost rank never hangs the others for long. No
+child outlives the launcher: they are daemons, and the launcher's `finally` kills them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Mapping, MutableSequence, Sequence
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autoshard.run.rank import Rendezvous, RunError, StepFailure, describe, run_rank
+
+Gathered = list[tuple[dict[str, np.ndarray], dict[str, object]]]
+GRACE_S = 3.0
+"""How long a stopped rank has to end after SIGTERM before SIGKILL."""
+
+
+def _child(
+    folder: Path,
+    manifest: Mapping[str, Any],
+    rank: int,
+    feed: Mapping[str, np.ndarray],
+    backend: str,
+    rendezvous: Rendezvous,
+    progress: MutableSequence[int],
+    sha256: str | None,
+    conn: Connection,
+) -> None:
+    code = 0
+    try:
+        result = run_rank(folder, manifest, rank, feed, backend, rendezvous, progress, sha256)
+        conn.send(("ok", result))
+    except StepFailure as failure:
+        conn.send(("error", str(failure), failure.own))
+        code = 1
+    except BaseException as error:  # anything else still ends as a message, not a hang
+        conn.send(("error", f"rank {rank} failed: {type(error).__name__}: {error}", True))
+        code = 1
+    finally:
+        conn.close()
+    os._exit(code)  # skip interpreter teardown: torch's atexit hooks may wait on peers
+
+
+def launch(
+    folder: Path,
+    manifest: Mapping[str, Any],
+    feed: Mapping[str, np.ndarray],
+    backend: str,
+    timeout_s: float,
+    sha256: Sequence[str | None],
+) -> Gathered:
+    """Run every rank as a child process on this host; rank 0's gathered result."""
+    import datetime
+
+    import torch.distributed as dist
+
+    world = len(manifest["devices"])
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["autoshard.run.rank"])
+    store = dist.TCPStore(
+        "127.0.0.1", 0, world, True, timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )  # fmt: skip
+    rendezvous = Rendezvous("127.0.0.1", store.port, timeout_s)
+    progress = context.Array("i", [-1] * world, lock=False)
+    pipes: list[Connection] = []
+    processes = []
+    try:
+        for rank in range(world):
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(
+                target=_child,
+                args=(folder, manifest, rank, feed, backend, rendezvous, progress,
+                      sha256[rank], sender),
+                name=f"autoshard-rank-{rank}",
+                daemon=True,
+            )  # fmt: skip
+            process.start()
+            sender.close()
+            pipes.append(receiver)
+            processes.append(process)
+        return _watch(manifest, processes, pipes, progress)
+    finally:
+        _stop(processes)
+        del store
+
+
+def _watch(
+    manifest: Mapping[str, Any],
+    processes: Sequence[Any],
+    pipes: Sequence[Connection],
+    progress: Sequence[int],
+) -> Gathered:
+    world = len(processes)
+    messages: dict[int, Any] = {}
+    failures: list[tuple[int, float, str]] = []  # (priority, when, message)
+    finished: set[int] = set()
+    first_failure: float | None = None
+    while len(finished) < world:
+        live = [r for r in range(world) if r not in finished]
+        wait(
+            [pipes[r] for r in live if r not in messages] + [processes[r].sentinel for r in live],
+            0.5,
+        )
+        for rank in live:
+            if rank not in messages and pipes[rank].poll():
+                try:
+                    messages[rank] = pipes[rank].recv()
+                except EOFError:
+                    messages[rank] = None
+            if processes[rank].is_alive():
+                continue
+            processes[rank].join()
+            finished.add(rank)
+            message = messages.get(rank)
+            if message is None and pipes[rank].poll():
+                try:
+                    message = messages[rank] = pipes[rank].recv()
+                except EOFError:
+                    message = None
+            if message is not None and message[0] == "ok":
+                continue
+            now = time.monotonic()
+            if message is not None:
+                failures.append((0 if message[2] else 2, now, message[1]))
+            else:
+                failures.append((1, now, _died(manifest, rank, processes[rank].exitcode, progress)))
+        if failures:
+            first_failure = first_failure or time.monotonic()
+            # A moment for the peers' messages, so the cause is told before its echoes.
+            if time.monotonic() - first_failure > 0.5:
+                break
+    if failures:
+        _stop(processes)
+        failures.sort()
+        raise RunError(f"{failures[0][2]} (all {world} ranks stopped)")
+    ok = messages[0]
+    assert ok is not None and ok[0] == "ok"
+    return ok[1]
+
+
+def _died(manifest: Mapping[str, Any], rank: int, code: int | None, progress: Sequence[int]) -> str:
+    how = (
+        f"killed by {signal.Signals(-code).name}"
+        if code is not None and code < 0
+        else f"exited with code {code} without a word"
+    )
+    step = progress[rank]
+    steps = manifest["devices"][rank]["steps"]
+    where = (
+        f"step {step} ({describe(steps[step], manifest)})" if 0 <= step < len(steps) else "start"
+    )
+    return f"rank {rank} died at {where}: {how}"
+
+
+def _stop(processes: Sequence[Any]) -> None:
+    """SIGTERM every rank still running, SIGKILL those still there after the grace period."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + GRACE_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
