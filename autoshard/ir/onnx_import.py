@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import os
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
@@ -23,10 +24,11 @@ import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import AttributeProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from autoshard.errors import ModelError, UnboundDimError
+from autoshard.errors import LimitError, ModelError, UnboundDimError
 from autoshard.ir import dtypes
 from autoshard.ir.fold import FOLD_LIMIT, FoldResult, fold_shapes, inference_error
 from autoshard.ir.graph import Attrs, AttrValue, Graph, Op, Value, Weight, verify
+from autoshard.limits import MAX_ELEMENTS, check_elements
 
 MIN_OPSET = 13
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
@@ -126,6 +128,41 @@ def _name_nodes(nodes: Iterable[NodeProto]) -> None:
         node.name = name
 
 
+def _check_unique_sources(model: ModelProto, path: object) -> None:
+    """Initializers and graph inputs each named once: onnxruntime would refuse the file, and
+    the IR would silently keep one of the two."""
+    graph = model.graph
+    for kind, entries in (("initializer", graph.initializer), ("graph input", graph.input)):
+        seen: set[str] = set()
+        for entry in entries:
+            if entry.name in seen:
+                raise ModelError(f"model '{path}' has two {kind}s named {entry.name!r}")
+            seen.add(entry.name)
+
+
+def _check_single_producers(
+    nodes: Iterable[NodeProto], weights: Collection[str], path: object
+) -> None:
+    """Every value is produced by one node, and not by a node and as a weight."""
+    producer: dict[str, NodeProto] = {}
+    for node in nodes:
+        for name in node.output:
+            if not name:
+                continue
+            if name in weights:
+                raise ModelError(
+                    f"model '{path}': value {name!r} is both an initializer and the result of "
+                    f"op '{node.name}' ({node.op_type})"
+                )
+            if name in producer:
+                first = producer[name]
+                raise ModelError(
+                    f"model '{path}': value {name!r} is the result of two ops, "
+                    f"'{first.name}' ({first.op_type}) and '{node.name}' ({node.op_type})"
+                )
+            producer[name] = node
+
+
 def _reject_control_flow(nodes: Iterable[NodeProto]) -> None:
     for node in nodes:
         has_graph = any(
@@ -193,6 +230,11 @@ def _bind_dims(
             raise ModelError(f"model '{path}' has no symbolic dim {name!r}; its dims: {choices}")
         if isinstance(size, bool) or not isinstance(size, int | np.integer) or size <= 0:
             raise ModelError(f"dim {name!r} must be a positive int, got {size!r}")
+        if size > MAX_ELEMENTS:
+            raise LimitError(
+                f"dim {name!r} = {size} is more than autoshard's limit of MAX_ELEMENTS = "
+                f"{MAX_ELEMENTS} elements per tensor"
+            )
     unbound = {name: where for name, where in present.items() if name not in dims}
     if unbound:
         listed = ", ".join(f"{name} ({', '.join(where)})" for name, where in unbound.items())
@@ -234,16 +276,43 @@ def _weight(tensor: TensorProto, base: Path) -> Weight:
     if tensor.data_location != TensorProto.EXTERNAL:
         return Weight(tensor.name, shape, dtype, has_data=True, tensor=tensor)
     info = {entry.key: entry.value for entry in tensor.external_data}
-    file = (base / info.get("location", "")).resolve()
+    if not info.get("location"):
+        raise ModelError(f"weight {tensor.name!r} has external data but no location")
+    file = (base / info["location"]).resolve()
     if not file.is_relative_to(base):
         # A model must not make us read (or, in the REST service, leak) files outside its folder.
         raise ModelError(
-            f"weight {tensor.name!r} points outside the model's folder: {info.get('location')!r}"
+            f"weight {tensor.name!r} points outside the model's folder: {info['location']!r}"
         )
-    offset, length = int(info.get("offset", 0)), int(info.get("length", -1))
-    need = offset + (length if length >= 0 else dtypes.nbytes(dtype, int(np.prod(shape))))
-    has_data = file.is_file() and file.stat().st_size >= need
-    return Weight(tensor.name, shape, dtype, has_data, file, offset, length)
+    check_elements(shape, f"weight {tensor.name!r}")
+    offset, length = _byte_field(tensor, info, "offset", 0), _byte_field(tensor, info, "length", -1)
+    nbytes = dtypes.nbytes(dtype, math.prod(shape))
+    if length >= 0 and length != nbytes:
+        raise ModelError(
+            f"weight {tensor.name!r}: its external data length is {length} bytes, but its "
+            f"shape {list(shape)} of {dtype} needs {nbytes}"
+        )
+    if not file.is_file():
+        # No data file at all: a shape-only model, which still plans.
+        return Weight(tensor.name, shape, dtype, False, file, offset, length)
+    size = file.stat().st_size
+    if size < offset + nbytes:
+        raise ModelError(
+            f"weight {tensor.name!r} needs bytes {offset}..{offset + nbytes} of its external "
+            f"data file '{info['location']}', which has {size} bytes (truncated?)"
+        )
+    return Weight(tensor.name, shape, dtype, True, file, offset, length)
+
+
+def _byte_field(tensor: TensorProto, info: Mapping[str, str], key: str, default: int) -> int:
+    text = info.get(key)
+    if text is None:
+        return default
+    if not text.strip().isdigit():
+        raise ModelError(
+            f"weight {tensor.name!r}: external data {key} {text!r} is not a byte count"
+        )
+    return int(text)
 
 
 def _is_fold_source(weight: Weight) -> bool:
@@ -311,10 +380,12 @@ def import_onnx(path: str | os.PathLike[str], dims: Mapping[str, int] | None = N
     opset = check_opset(model, path)
     if model.graph.sparse_initializer:
         raise ModelError(f"model '{path}': sparse initializers are not supported")
+    _check_unique_sources(model, path)
     weights = file_weights(model, path)
     light = _light_model(model)
     nodes = list(light.graph.node)
     _name_nodes(nodes)
+    _check_single_producers(nodes, weights, path)
     _reject_control_flow(nodes)
     _bind_dims(light, dims or {}, weights, path)
     inputs = [info for info in light.graph.input if info.name not in weights]
@@ -373,4 +444,6 @@ def _build_graph(
     for name in outputs:
         if name not in values:
             raise ModelError(f"graph output {name!r} is not computed by any op of '{path}'")
+    for value in values.values():
+        check_elements(value.shape, f"value {value.name!r}")
     return Graph("", ops, values, tuple(inputs), tuple(outputs), weights, constants)

@@ -129,7 +129,8 @@ def _infeasible(
     )
     biggest = ", ".join(f"{name} ({format_bytes(size)})" for name, size in usage.live[:5])
     return InfeasibleError(
-        f"no plan fits {cluster.memory} bytes ({format_bytes(cluster.memory)}) per device; "
+        f"infeasible budget: no plan fits {cluster.memory} bytes "
+        f"({format_bytes(cluster.memory)}) per device; "
         f"the lowest feasible budget is {lowest.peak} bytes ({format_bytes(lowest.peak)}, "
         f"{proof}; --memory {lowest.peak}); the largest tensors live at its peak: {biggest}"
     )

@@ -109,7 +109,8 @@ def test_an_infeasible_budget_names_the_lowest_one(mlp):
     with pytest.raises(InfeasibleError) as error:
         auto_plan(import_onnx(mlp), make_cluster(mesh="8", memory="16MiB"))
     assert str(error.value) == (
-        "no plan fits 16777216 bytes (16.00 MiB) per device; the lowest feasible budget is "
+        "infeasible budget: no plan fits 16777216 bytes (16.00 MiB) per device; the lowest "
+        "feasible budget is "
         "22020096 bytes (21.00 MiB, proven optimal; --memory 22020096); the largest tensors "
         "live at its peak: y (8.00 MiB), y~1 (8.00 MiB), w1 (2.00 MiB), w2 (2.00 MiB), "
         "x (1.00 MiB)"
