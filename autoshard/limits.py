@@ -19,6 +19,14 @@ MAX_DEVICES = 1 << 16
 """Devices per mesh (65,536: the largest training clusters have about 100,000 GPUs, in
 meshes whose every axis is far smaller)."""
 
+MAX_MESH_AXES = 6
+"""Axes per mesh: the resharding planner's shortest-path tables grow with the placements of
+the axes on a tensor's dims (8 axes take minutes)."""
+
+MAX_SEARCH_AXES = 4
+"""Mesh axes `autoshard plan` searches over: its candidates are every assignment of axes to an
+op's loops (on 5 axes a 2-layer MLP takes minutes). Larger meshes propagate annotations."""
+
 MAX_ELEMENTS = 1 << 42
 """Elements per tensor (4,398,046,511,104: 16 TiB of float32; a 405B model's largest weight has
 about 2 * 10^9)."""
@@ -32,6 +40,21 @@ def check_devices(count: int, what: str) -> None:
         raise LimitError(
             f"{what} has {count} devices; autoshard's limit is MAX_DEVICES = {MAX_DEVICES} "
             "devices per mesh"
+        )
+
+
+def check_axes(count: int, what: str) -> None:
+    if count > MAX_MESH_AXES:
+        raise LimitError(
+            f"{what} has {count} axes; autoshard's limit is MAX_MESH_AXES = {MAX_MESH_AXES}"
+        )
+
+
+def check_search_axes(count: int, what: str) -> None:
+    if count > MAX_SEARCH_AXES:
+        raise LimitError(
+            f"{what} has {count} axes; autoshard plan searches at most MAX_SEARCH_AXES = "
+            f"{MAX_SEARCH_AXES} (propagate annotations on a larger mesh)"
         )
 
 

@@ -14,7 +14,13 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_factory import F32, model, save, tensor
 
 from autoshard.cli import main
-from autoshard.limits import MAX_DEVICES, MAX_ELEMENTS, MAX_LAYOUT_DEVICES
+from autoshard.limits import (
+    MAX_DEVICES,
+    MAX_ELEMENTS,
+    MAX_LAYOUT_DEVICES,
+    MAX_MESH_AXES,
+    MAX_SEARCH_AXES,
+)
 
 MLP = str(Path(__file__).resolve().parents[2] / "models" / "mlp.onnx")
 BIG = 1 << 40
@@ -80,6 +86,25 @@ CASES = {
         lambda tmp: ["reshard", "--mesh", "a=65537", "--shape", "4", "--from", "[]", "--to", "[]"],
         "mesh a=65537 has 65537 devices",
     ),
+    "mesh-of-8-axes": (
+        lambda tmp: [
+            "reshard",
+            "--mesh",
+            "2x2x2x2x2x2x2x2",
+            "--shape",
+            "4",
+            "--from",
+            "[]",
+            "--to",
+            "[]",
+        ],  # fmt: skip
+        f"mesh 2x2x2x2x2x2x2x2 has 8 axes; autoshard's limit is MAX_MESH_AXES = {MAX_MESH_AXES}",
+    ),
+    "plan-search-on-5-axes": (
+        lambda tmp: ["plan", MLP, "--mesh", "2x2x2x2x2", "--dim", "batch=8"],
+        f"mesh 2x2x2x2x2 has 5 axes; autoshard plan searches at most MAX_SEARCH_AXES = "
+        f"{MAX_SEARCH_AXES} (propagate annotations on a larger mesh)",
+    ),
     "layout-drawing-too-many-devices": (
         lambda tmp: ["layout", "--mesh", "128x64", "--shape", "4x6", "--sharding", "[[0], [1]]"],
         f"mesh 128x64 has 8192 devices; a layout draws at most MAX_LAYOUT_DEVICES = "
@@ -125,6 +150,23 @@ CASES = {
     "dim-bound-to-2^80": (
         lambda tmp: ["inspect", MLP, "--dim", f"batch={BIG * BIG}"],
         f"dim 'batch' = {BIG * BIG} is more than autoshard's limit of MAX_ELEMENTS",
+    ),
+    # ---- meaningless options
+    "memory-beyond-floats": (
+        lambda tmp: ["plan", MLP, "--mesh", "2", "--dim", "batch=8", "--memory", "1e400GB"],
+        "memory '1e400GB' is not a finite size",
+    ),
+    "bandwidth-beyond-floats": (
+        lambda tmp: ["plan", MLP, "--mesh", "2", "--dim", "batch=8", "--bandwidth=1e400GB/s"],
+        "bandwidth '1e400GB/s' is not a finite rate",
+    ),
+    "time-limit-nan": (
+        lambda tmp: ["plan", MLP, "--mesh", "2", "--dim", "batch=8", "--time-limit", "nan"],
+        "time limit nan is not a positive number of seconds, like 60",
+    ),
+    "time-limit-negative": (
+        lambda tmp: ["plan", MLP, "--mesh", "2", "--dim", "batch=8", "--time-limit=-1"],
+        "time limit -1.0 is not a positive number of seconds",
     ),
     # ---- malformed notation: the position of the error
     "sharding-trailing-comma": (
