@@ -6,8 +6,11 @@ the shardings already known around it (getShardingOption) and `annotate` writes 
 shardings on its operands and results that lack one (setShardingAnnotations).
 
 What an op reads, in order (the seed's "results first, then operands"):
-  1. its results: the result-side mark of each, then the marks its users put on it;
-  2. its operands: the mark for this use, then the operand's own result-side mark.
+  1. its results: the result-side mark of each, then the marks propagated from its users;
+  2. its operands: the mark for this use, then the operand's own result-side mark;
+  3. the for-users annotations of its results: how the users read them, which a reshard after
+     the op can give (upstream partitions a K-split matmul whose result users want split into
+     a partial result and a reduce_scatter), so they never bind the op.
 Within each, user marks (required, then hints) come before propagated ones. A dim's mesh axes
 fix the loop the dim's map names; a later mark that disagrees is skipped, unless it and the
 earlier one are both required: then the annotations conflict and the error names the op, the
@@ -104,8 +107,19 @@ class _State:
             return self.checked(op, rule, self.fixed[op.name])
         marks: list[tuple[int, int, int, Mark, IndexingMap]] = []
         for j, name in enumerate(op.outputs):
-            found = [self.result.get(name)] + [self.use.get(u) for u in self.uses(name)]
-            marks += [(0, -m.source, k, m, rule.results[j]) for k, m in enumerate(found) if m]
+            marks += [(0, -m.source, 0, m, rule.results[j]) for m in [self.result.get(name)] if m]
+            for k, use in enumerate(self.uses(name), 1):
+                mark = self.use.get(use)
+                if mark is None:
+                    continue
+                if mark.source is Source.PROPAGATED:
+                    marks.append((0, -mark.source, k, mark, rule.results[j]))
+                else:
+                    # A user's for-users mark says how the users read the result, not how the
+                    # op makes it (a reshard may come between: seed 001's annotate_for_users):
+                    # it guides the op after its operands' marks and binds it to nothing.
+                    unbound = dataclasses.replace(mark, binding=False)
+                    marks.append((2, -mark.source, k, unbound, rule.results[j]))
         for i, name in enumerate(op.inputs):
             indexing = rule.operands[i] if i < len(rule.operands) else None
             if not name or indexing is None:
@@ -116,7 +130,7 @@ class _State:
         loops: list[tuple[int, ...] | None] = [None] * len(rule.loops)
         owners: list[Mark | None] = [None] * len(rule.loops)
         for side, _, _, mark, indexing in sorted(marks, key=lambda m: m[:3]):
-            self.apply(op, rule, mark, indexing, side == 0, loops, owners)
+            self.apply(op, rule, mark, indexing, side != 1, loops, owners)
         return ShardingOption(tuple(axes or () for axes in loops))
 
     def checked(self, op: Op, rule: OpRule, option: ShardingOption) -> ShardingOption:
