@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from autoshard import __version__
 from autoshard.cost.cluster import CLUSTERS
-from autoshard.errors import AutoshardError
+from autoshard.errors import AutoshardError, LimitError
+from autoshard.limits import check_elements
 from autoshard.mesh import Mesh
 from autoshard.mlir.syntax import Dialect
 from autoshard.passes import Stage
@@ -59,6 +60,10 @@ def _shape(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"shape {text!r} is not like 4x6") from None
     if any(d < 0 for d in dims):
         raise argparse.ArgumentTypeError(f"shape {text!r} has a negative dim")
+    try:
+        check_elements(dims, f"--shape {text}")
+    except LimitError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     return dims
 
 
@@ -304,7 +309,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
         if annotations:
             raise AutoshardError("give either --plan or annotations, not both")
-        plan = read_plan_document(args.plan, mesh)
+        plan = read_plan_document(args.plan, mesh, args.model, _dims(args.dim))
         planned = training_of(plan, args.plan)
         if args.mode == "training" and planned != training:
             raise AutoshardError(

@@ -167,10 +167,30 @@ def read_document(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def read_plan_document(path: str | Path, mesh: Mesh) -> dict[str, Any]:
-    """What decides a plan in a plan file for `mesh`: its `ops` and `values`, and the
-    training step it plans (None: the forward pass), as `training`."""
+def read_plan_document(
+    path: str | Path, mesh: Mesh, model: str | Path, dims: Mapping[str, int]
+) -> dict[str, Any]:
+    """What decides a plan in a plan file for `model` with `dims` on `mesh`: its `ops` and
+    `values`, and the training step it plans (None: the forward pass), as `training`. A plan
+    made for another model (its sha256), other dims or another mesh is refused, naming what
+    differs."""
     data = read_document(path)
+    model_entry = data.get("model")
+    made_for: dict[str, Any] = model_entry if isinstance(model_entry, dict) else {}
+    try:
+        sha256 = sha256_file(model)
+    except OSError as error:
+        raise DocumentError(f"cannot read ONNX model '{model}': {error.strerror}") from None
+    if made_for.get("sha256") != sha256:
+        raise DocumentError(
+            f"plan {path} is for another model: {made_for.get('file')!r} with sha256 "
+            f"{made_for.get('sha256')}, not '{model}' with sha256 {sha256}"
+        )
+    if made_for.get("dims") != dict(sorted(dims.items())):
+        raise DocumentError(
+            f"plan {path} is for dims {_dims_text(made_for.get('dims'))}, "
+            f"not {_dims_text(dims)}; give the plan's --dim values or plan again"
+        )
     if data.get("mesh") != str(mesh):
         raise DocumentError(f"plan {path} is for mesh {data.get('mesh')}, not {mesh}")
     plan = {"ops": data.get("ops", {}), "values": data.get("values", {})}
@@ -190,6 +210,12 @@ def training_of(plan: Mapping[str, Any], source: str = "the plan") -> Training |
         return Training.parse(**block)
     except TypeError as error:
         raise DocumentError(f"{source} has a malformed training block: {error}") from None
+
+
+def _dims_text(dims: object) -> str:
+    if not isinstance(dims, Mapping) or not dims:
+        return "none"
+    return " ".join(f"{name}={size}" for name, size in sorted(dims.items()))
 
 
 def plan_from_document(

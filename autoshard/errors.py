@@ -20,6 +20,11 @@ class ShardingError(AutoshardError, ValueError):
     """A sharding that is malformed or does not fit its mesh or tensor."""
 
 
+class LimitError(AutoshardError, ValueError):
+    """An input beyond one of autoshard's explicit limits (`autoshard/limits.py`), named in the
+    message."""
+
+
 class ModelError(AutoshardError):
     """A model file that cannot be imported: unreadable, malformed or unsupported."""
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from autoshard.errors import LimitError
+from autoshard.limits import MAX_LAYOUT_DEVICES
 from autoshard.mesh import Device, Mesh
 from autoshard.sharding import Sharding, Slice
 
@@ -40,6 +42,11 @@ class DeviceShard:
 
 def device_shards(mesh: Mesh, shape: tuple[int, ...], sharding: Sharding) -> list[DeviceShard]:
     """Every device's shard, in linear-index order."""
+    if mesh.size > MAX_LAYOUT_DEVICES:
+        raise LimitError(
+            f"mesh {mesh} has {mesh.size} devices; a layout draws at most MAX_LAYOUT_DEVICES = "
+            f"{MAX_LAYOUT_DEVICES} (one line each)"
+        )
     sharding.check(mesh, shape)
     partial = bool(sharding.partial_axes)
     return [

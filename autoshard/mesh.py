@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from autoshard.errors import MeshError
+from autoshard.limits import check_axes, check_devices
 
 Device = tuple[int, ...]
 """A device's multi-index on the mesh."""
@@ -56,6 +57,8 @@ class Mesh:
                 raise MeshError(f"mesh axis names repeat: {', '.join(self.axis_names)}")
         if not _NAME.match(self.name):
             raise MeshError(f"mesh name {self.name!r} is not an identifier")
+        check_devices(math.prod(self.shape), f"mesh {self}")
+        check_axes(len(self.shape), f"mesh {self}")
 
     # ---- text -------------------------------------------------------------------------------
 

@@ -52,3 +52,31 @@ class Plan:
     produced: Mapping[str, Sharding]
     needs: Mapping[tuple[str, int], Sharding]
     unruled: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        """A mesh axis of one device splits and reduces nothing: it is dropped from every
+        sharding and option, so that no collective (of zero bytes) is made over it."""
+        trivial = frozenset(a for a, size in enumerate(self.mesh.shape) if size == 1)
+        if not trivial:
+            return
+
+        def drop(axes: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(a for a in axes if a not in trivial)
+
+        def canonical(sharding: Sharding) -> Sharding:
+            if sharding.halo_sizes or sharding.sharded_dims_offsets:
+                return sharding  # their counts follow the split dims: kept as given
+            return Sharding(
+                tuple(drop(axes) for axes in sharding.split_axes),
+                drop(sharding.partial_axes),
+                sharding.partial_type,
+            )
+
+        options = {
+            op: None if option is None else ShardingOption(tuple(map(drop, option.loops)))
+            for op, option in self.options.items()
+        }
+        object.__setattr__(self, "options", options)
+        for name in ("values", "produced", "needs"):
+            table: Mapping[object, Sharding] = getattr(self, name)
+            object.__setattr__(self, name, {k: canonical(v) for k, v in table.items()})

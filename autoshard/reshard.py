@@ -50,7 +50,6 @@ from autoshard.mesh import Mesh
 from autoshard.sharding import ReductionKind, Sharding, shard_bounds, shard_size
 
 Split = tuple[tuple[int, ...], ...]
-Bounds = tuple[tuple[int, int], ...]
 
 
 class CollectiveKind(enum.StrEnum):
@@ -365,7 +364,6 @@ class _Step:
     bytes_per_device: int
     dim: int | None = None
     to_dim: int | None = None
-    pairs: tuple[tuple[int, int], ...] = ()
 
 
 _STEP = 1 << 10
@@ -440,7 +438,11 @@ class _Basis:
                 dim=step.dim,
                 to_dim=step.to_dim,
                 reduction=reduction if reduces else None,
-                pairs=step.pairs,
+                pairs=(
+                    _permute_pairs(before[0], after[0], self.shape, self.mesh)
+                    if step.kind is CollectiveKind.PERMUTE
+                    else ()
+                ),
             )
         return self.collectives[key]
 
@@ -542,10 +544,10 @@ class _Graph(_Basis):
         for split, partial_axes in self.states:
             if not partial_axes:  # partial values stay put: their pieces are not shards
                 n = self.mesh.group_size
-                shards = tuple(_shards(s, n(a)) for s, a in zip(shape, split, strict=True))
+                shards = tuple(_Shards.of(s, n(a)) for s, a in zip(shape, split, strict=True))
                 alike.setdefault(shards, []).append(split)
         for have, want in itertools.product(alike, repeat=2):
-            if all(w <= h for w, h in zip(want, have, strict=True)):
+            if all(w.within(h) for w, h in zip(want, have, strict=True)):
                 for old, new in itertools.product(alike[have], alike[want]):
                     permute = self.permute(old, new)
                     if permute is not None:
@@ -583,14 +585,24 @@ def _permute(
     if old == new:
         return None
     for size, a, b in zip(shape, old, new, strict=True):
-        same_size = shard_size(size, n(a)) == shard_size(size, n(b))
-        if not same_size or not _shards(size, n(b)) <= _shards(size, n(a)):
+        if not _Shards.of(size, n(b)).within(_Shards.of(size, n(a))):
             return None
-    numbers: dict[Bounds, int] = {}
-    held, wanted = (
-        np.array([numbers.setdefault(b, len(numbers)) for b in _device_bounds(s, shape, mesh)])
-        for s in (old, new)
+    source, target = _permute_moves(old, new, shape, mesh)
+    sends = np.bincount(source).max(initial=0)
+    coordinates = _coordinates(mesh)
+    crossed = (coordinates[source] != coordinates[target]).any(0)
+    return _Step(
+        CollectiveKind.PERMUTE,
+        tuple(np.flatnonzero(crossed).tolist()),
+        int(sends) * _local_bytes(old, shape, mesh, itemsize),
     )
+
+
+def _permute_moves(
+    old: Split, new: Split, shape: tuple[int, ...], mesh: Mesh
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (source, target) devices of a permute's moving shards, as two arrays."""
+    held, wanted = _device_shards(old, shape, mesh), _device_shards(new, shape, mesh)
     order = np.argsort(held, kind="stable")
     ranked = held[order]
     first = np.searchsorted(ranked, wanted, "left")
@@ -598,15 +610,15 @@ def _permute(
     devices = np.arange(len(held))
     source = order[first + devices % count]
     moving = held != wanted
-    sends = np.bincount(source[moving]).max(initial=0) if moving.any() else 0
-    coordinates = _coordinates(mesh)
-    crossed = (coordinates[source[moving]] != coordinates[devices[moving]]).any(0)
-    return _Step(
-        CollectiveKind.PERMUTE,
-        tuple(np.flatnonzero(crossed).tolist()),
-        int(sends) * _local_bytes(old, shape, mesh, itemsize),
-        pairs=tuple(zip(source[moving].tolist(), devices[moving].tolist(), strict=True)),
-    )
+    return source[moving], devices[moving]
+
+
+def _permute_pairs(
+    old: Split, new: Split, shape: tuple[int, ...], mesh: Mesh
+) -> tuple[tuple[int, int], ...]:
+    """A permute's (source, target) pairs, listed only for an emitted one: pricing needs none."""
+    source, target = _permute_moves(old, new, shape, mesh)
+    return tuple(zip(source.tolist(), target.tolist(), strict=True))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -666,57 +678,70 @@ def _sharding(split: Split, partial: tuple[int, ...], reduction: ReductionKind) 
     return Sharding(split, partial, reduction)
 
 
-@functools.lru_cache(maxsize=4096)
-def _device_bounds(split: Split, shape: tuple[int, ...], mesh: Mesh) -> tuple[Bounds, ...]:
-    """The [start, stop) per dim of every device's shard (ceil-sized), in linear order; what
-    `Sharding.slices` gives, computed once per split for the permute search."""
-    per_dim = []
+@functools.lru_cache(maxsize=64)
+def _device_shards(split: Split, shape: tuple[int, ...], mesh: Mesh) -> np.ndarray:
+    """Every device's shard as one number, in linear order: equal numbers for equal shards of
+    splits with the same shard size on each dim (as `_permute` compares), computed per device
+    with numpy. On a dim of `size` in chunks of c, a device at position p of its group holds
+    chunk min(p, ceil(size/c)) (the empty ones alike); the dims' chunks make one mixed-radix
+    number."""
+    coordinates = _coordinates(mesh)
+    number = np.zeros(mesh.size, dtype=np.int64)
     for size, axes in zip(shape, _pad(split, len(shape)), strict=True):
-        per_dim.append(_bounds(size, mesh.group_size(axes)) if axes else [(0, size)])
-    out = []
-    for device in mesh.devices():
-        out.append(
-            tuple(
-                bounds[_group_position(device, mesh, axes)] if axes else bounds[0]
-                for bounds, axes in zip(per_dim, _pad(split, len(shape)), strict=True)
-            )
-        )
-    return tuple(out)
+        position = np.zeros(mesh.size, dtype=np.int64)
+        for a in axes:  # the device's index in its group, axes outer to inner
+            position = position * mesh.shape[a] + coordinates[:, a]
+        chunk = shard_size(size, mesh.group_size(axes))
+        chunks = -(-size // chunk) if chunk else 0
+        number = number * (chunks + 1) + np.minimum(position, chunks)
+    return number
 
 
-def _group_position(device: tuple[int, ...], mesh: Mesh, axes: Sequence[int]) -> int:
-    index = 0
-    for a in axes:
-        index = index * mesh.shape[a] + device[a]
-    return index
+@dataclass(frozen=True)
+class _Shards:
+    """The set of shards of a dim split n ways, without listing them: every ceil-sized chunk
+    of the dim, plus an empty shard when there are more devices than chunks."""
 
+    chunk: int
+    empty: bool
 
-def _bounds(size: int, n: int) -> list[tuple[int, int]]:
-    """Every shard of a dim of `size` split n ways, in order."""
-    return [shard_bounds(size, n, i) for i in range(n)]
+    @staticmethod
+    def of(size: int, n: int) -> _Shards:
+        chunk = shard_size(size, n)
+        return _Shards(chunk, n > (-(-size // chunk) if chunk else 0))
 
-
-@functools.lru_cache(maxsize=1 << 14)
-def _shards(size: int, n: int) -> frozenset[tuple[int, int]]:
-    return frozenset(_bounds(size, n))
+    def within(self, other: _Shards) -> bool:
+        """Is every shard of this set one of `other`?"""
+        return self.chunk == other.chunk and (other.empty or not self.empty)
 
 
 @functools.lru_cache(maxsize=1 << 14)
 def _gather_exact(size: int, fine: int, coarse: int) -> bool:
     """Does concatenating the shards of an n=`fine` split, g = fine/coarse at a time, give the
-    shards of the `coarse` split?"""
-    small, big = _bounds(size, fine), _bounds(size, coarse)
-    g = fine // coarse
-    return all((small[i * g][0], small[i * g + g - 1][1]) == big[i] for i in range(coarse))
+    shards of the `coarse` split? Boundary i of the first is min(i*g*ceil(size/fine), size),
+    of the second min(i*ceil(size/coarse), size): the same for every i when the steps are
+    equal, or when one coarse shard holds everything (the first step is never the smaller)."""
+    step = shard_size(size, coarse)
+    return (fine // coarse) * shard_size(size, fine) == step or step >= size
 
 
 @functools.lru_cache(maxsize=1 << 14)
 def _slice_exact(size: int, fine: int, coarse: int) -> bool:
-    """Does chunking each `coarse` shard locally (ceil-sized chunks) give the `fine` shards?"""
-    small, big = _bounds(size, fine), _bounds(size, coarse)
+    """Does chunking each `coarse` shard locally (ceil-sized chunks) give the `fine` shards?
+
+    Both sides are piecewise linear in the coarse shard i, with breaks only where shards
+    reach the end of the dim: the full shards, then at most one partial one, then empty ones.
+    So it suffices to compare the first full shards, those around the partial one and the
+    last, not all of them."""
     g = fine // coarse
-    for i, (start, stop) in enumerate(big):
-        for j, (low, high) in enumerate(_bounds(stop - start, g)):
-            if (start + low, start + high) != small[i * g + j]:
+    step = shard_size(size, coarse)
+    full = size // step if step else coarse
+    for i in sorted({0, 1, 2, full - 2, full - 1, full, full + 1, coarse - 1}):
+        if not 0 <= i < coarse:
+            continue
+        start, stop = shard_bounds(size, coarse, i)
+        for j in range(g):
+            low, high = shard_bounds(stop - start, g, j)
+            if (start + low, start + high) != shard_bounds(size, fine, i * g + j):
                 return False
     return True

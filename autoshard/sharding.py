@@ -313,13 +313,18 @@ class _Parser:
         """After a list item: `,` continues the list, `]` ends it (left for the caller)."""
         if self.peek() == ",":
             self.take()
+            if self.peek() == "]":  # a trailing comma: `[[0],]` is not the notation
+                self.fail("expected a list item after ','")
         elif self.peek() != "]":
             self.fail("expected ',' or ']'")
 
     def int_list(self) -> tuple[int, ...]:
+        """A list of non-negative integers (mesh axes, sizes, offsets)."""
         self.take("[")
         values: list[int] = []
         while self.peek() != "]":
+            if (self.peek() or "").startswith("-"):
+                self.fail("expected an integer >= 0")
             values.append(self.integer())
             self.separator()
         self.take("]")
@@ -366,6 +371,4 @@ class _Parser:
             self.take("!mesh.sharding")
         if self.peek() is not None:
             self.fail(f"unexpected {self.peek()!r}")
-        if any(a < 0 for axes in split for a in axes):
-            self.fail("mesh axes must be >= 0", 0)
         return mesh_name, Sharding(tuple(split), **fields)  # type: ignore[arg-type]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -255,7 +256,10 @@ def parse_size(text: str, what: str = "memory") -> int:
             f"{what} {text!r} is not a size like 16GiB or 80GB (units: B, KB, MB, GB, TB, KiB, "
             "MiB, GiB, TiB)"
         )
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    value = float(match.group(1)) * _SIZE_UNITS[unit]
+    if not math.isfinite(value):
+        raise ClusterError(f"{what} {text!r} is not a finite size")
+    return int(value)
 
 
 def format_bytes(count: float) -> str:
@@ -286,6 +290,8 @@ def parse_bandwidth(text: str) -> float:
     if not match or unit not in _SIZE_UNITS:
         raise ClusterError(f"bandwidth {text!r} is not like 25GB/s, 450GB/s or 100Gbit/s")
     value = float(match.group(1)) * _SIZE_UNITS[unit]
+    if not math.isfinite(value):
+        raise ClusterError(f"bandwidth {text!r} is not a finite rate")
     return value / 8 if bits else value
 
 

@@ -185,7 +185,7 @@ class Weight(TensorLike):
 
     `external` is the resolved data file, `offset`/`length` the byte range inside it (length
     -1 = to the end); for embedded data `tensor` is the initializer proto. `has_data` is False when
-    the external file is absent or too short: the model is then shape-only and still plans.
+    the external file is absent: the model is then shape-only and still plans.
     """
 
     name: str

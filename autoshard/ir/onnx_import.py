@@ -1,8 +1,9 @@
 """Import an ONNX model file into the IR: `import_onnx(path, dims) -> Graph`.
 
 Steps, each failing with a one-line `ModelError` naming the culprit:
-load without weight data → check opset ≥ 13 → inline model-local functions → name every node
-(`MatMul_12`: type and position, for unnamed nodes) → reject control flow → bind the symbolic
+load without weight data → upgrade opsets 7-12 to 13 (`opset.py`) → reject duplicate
+initializers or inputs → inline model-local functions → name every node (`MatMul_12`: type
+and position, for unnamed nodes) → one producer per value → reject control flow → bind the symbolic
 input dims → shape inference and folding (`fold.py`) → build the `Graph`, every shape static.
 
 Symbolic dims are named by their `dim_param` (`batch`); an input dim with neither a value nor a
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import os
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
@@ -21,14 +23,22 @@ import numpy as np
 import onnx
 import onnx.inliner
 from google.protobuf.message import DecodeError
-from onnx import AttributeProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+from onnx import (
+    AttributeProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    helper,
+    numpy_helper,
+)
 
-from autoshard.errors import ModelError, UnboundDimError
+from autoshard.errors import LimitError, ModelError, UnboundDimError
 from autoshard.ir import dtypes
 from autoshard.ir.fold import FOLD_LIMIT, FoldResult, fold_shapes, inference_error
 from autoshard.ir.graph import Attrs, AttrValue, Graph, Op, Value, Weight, verify
+from autoshard.ir.opset import upgrade_opset
+from autoshard.limits import MAX_ELEMENTS, check_elements
 
-MIN_OPSET = 13
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 # Results whose shape depends on tensor data: named in the error when such a shape stays unknown.
 DATA_DEPENDENT = frozenset({"NonZero", "Unique", "NonMaxSuppression", "Compress", "TopK"})
@@ -85,19 +95,6 @@ def _symbolic_dims(model: ModelProto, weights: Collection[str] = ()) -> dict[str
     return found
 
 
-def check_opset(model: ModelProto, path: object) -> int:
-    """The model's default-domain opset; ModelError if it has none or one below MIN_OPSET."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is None:
-        raise ModelError(f"model '{path}' imports no default-domain opset")
-    if opset < MIN_OPSET:
-        raise ModelError(
-            f"model '{path}' uses opset {opset}; autoshard needs opset >= {MIN_OPSET} "
-            "(re-export with a newer opset)"
-        )
-    return opset
-
-
 def _light_model(model: ModelProto) -> ModelProto:
     """A copy without initializer data: what inlining and inference need, cheap to copy."""
     light = ModelProto(ir_version=model.ir_version, producer_name=model.producer_name)
@@ -124,6 +121,41 @@ def _name_nodes(nodes: Iterable[NodeProto]) -> None:
             name = f"{base}_{k}"
         used.add(name)
         node.name = name
+
+
+def _check_unique_sources(model: ModelProto, path: object) -> None:
+    """Initializers and graph inputs each named once: onnxruntime would refuse the file, and
+    the IR would silently keep one of the two."""
+    graph = model.graph
+    for kind, entries in (("initializer", graph.initializer), ("graph input", graph.input)):
+        seen: set[str] = set()
+        for entry in entries:
+            if entry.name in seen:
+                raise ModelError(f"model '{path}' has two {kind}s named {entry.name!r}")
+            seen.add(entry.name)
+
+
+def _check_single_producers(
+    nodes: Iterable[NodeProto], weights: Collection[str], path: object
+) -> None:
+    """Every value is produced by one node, and not by a node and as a weight."""
+    producer: dict[str, NodeProto] = {}
+    for node in nodes:
+        for name in node.output:
+            if not name:
+                continue
+            if name in weights:
+                raise ModelError(
+                    f"model '{path}': value {name!r} is both an initializer and the result of "
+                    f"op '{node.name}' ({node.op_type})"
+                )
+            if name in producer:
+                first = producer[name]
+                raise ModelError(
+                    f"model '{path}': value {name!r} is the result of two ops, "
+                    f"'{first.name}' ({first.op_type}) and '{node.name}' ({node.op_type})"
+                )
+            producer[name] = node
 
 
 def _reject_control_flow(nodes: Iterable[NodeProto]) -> None:
@@ -193,6 +225,11 @@ def _bind_dims(
             raise ModelError(f"model '{path}' has no symbolic dim {name!r}; its dims: {choices}")
         if isinstance(size, bool) or not isinstance(size, int | np.integer) or size <= 0:
             raise ModelError(f"dim {name!r} must be a positive int, got {size!r}")
+        if size > MAX_ELEMENTS:
+            raise LimitError(
+                f"dim {name!r} = {size} is more than autoshard's limit of MAX_ELEMENTS = "
+                f"{MAX_ELEMENTS} elements per tensor"
+            )
     unbound = {name: where for name, where in present.items() if name not in dims}
     if unbound:
         listed = ", ".join(f"{name} ({', '.join(where)})" for name, where in unbound.items())
@@ -234,16 +271,43 @@ def _weight(tensor: TensorProto, base: Path) -> Weight:
     if tensor.data_location != TensorProto.EXTERNAL:
         return Weight(tensor.name, shape, dtype, has_data=True, tensor=tensor)
     info = {entry.key: entry.value for entry in tensor.external_data}
-    file = (base / info.get("location", "")).resolve()
+    if not info.get("location"):
+        raise ModelError(f"weight {tensor.name!r} has external data but no location")
+    file = (base / info["location"]).resolve()
     if not file.is_relative_to(base):
         # A model must not make us read (or, in the REST service, leak) files outside its folder.
         raise ModelError(
-            f"weight {tensor.name!r} points outside the model's folder: {info.get('location')!r}"
+            f"weight {tensor.name!r} points outside the model's folder: {info['location']!r}"
         )
-    offset, length = int(info.get("offset", 0)), int(info.get("length", -1))
-    need = offset + (length if length >= 0 else dtypes.nbytes(dtype, int(np.prod(shape))))
-    has_data = file.is_file() and file.stat().st_size >= need
-    return Weight(tensor.name, shape, dtype, has_data, file, offset, length)
+    check_elements(shape, f"weight {tensor.name!r}")
+    offset, length = _byte_field(tensor, info, "offset", 0), _byte_field(tensor, info, "length", -1)
+    nbytes = dtypes.nbytes(dtype, math.prod(shape))
+    if length >= 0 and length != nbytes:
+        raise ModelError(
+            f"weight {tensor.name!r}: its external data length is {length} bytes, but its "
+            f"shape {list(shape)} of {dtype} needs {nbytes}"
+        )
+    if not file.is_file():
+        # No data file at all: a shape-only model, which still plans.
+        return Weight(tensor.name, shape, dtype, False, file, offset, length)
+    size = file.stat().st_size
+    if size < offset + nbytes:
+        raise ModelError(
+            f"weight {tensor.name!r} needs bytes {offset}..{offset + nbytes} of its external "
+            f"data file '{info['location']}', which has {size} bytes (truncated?)"
+        )
+    return Weight(tensor.name, shape, dtype, True, file, offset, length)
+
+
+def _byte_field(tensor: TensorProto, info: Mapping[str, str], key: str, default: int) -> int:
+    text = info.get(key)
+    if text is None:
+        return default
+    if not text.strip().isdigit():
+        raise ModelError(
+            f"weight {tensor.name!r}: external data {key} {text!r} is not a byte count"
+        )
+    return int(text)
 
 
 def _is_fold_source(weight: Weight) -> bool:
@@ -307,14 +371,15 @@ def import_onnx(path: str | os.PathLike[str], dims: Mapping[str, int] | None = N
     directory and may be absent (a shape-only model). Raises ModelError (UnboundDimError for
     unbound dims) naming the model, op or value at fault.
     """
-    model = load_model(path)
-    opset = check_opset(model, path)
+    model, opset = upgrade_opset(load_model(path), path)
     if model.graph.sparse_initializer:
         raise ModelError(f"model '{path}': sparse initializers are not supported")
+    _check_unique_sources(model, path)
     weights = file_weights(model, path)
     light = _light_model(model)
     nodes = list(light.graph.node)
     _name_nodes(nodes)
+    _check_single_producers(nodes, weights, path)
     _reject_control_flow(nodes)
     _bind_dims(light, dims or {}, weights, path)
     inputs = [info for info in light.graph.input if info.name not in weights]
@@ -373,4 +438,6 @@ def _build_graph(
     for name in outputs:
         if name not in values:
             raise ModelError(f"graph output {name!r} is not computed by any op of '{path}'")
+    for value in values.values():
+        check_elements(value.shape, f"value {value.name!r}")
     return Graph("", ops, values, tuple(inputs), tuple(outputs), weights, constants)

@@ -16,7 +16,8 @@ from onnx import ModelProto
 from autoshard.errors import UnboundDimError
 from autoshard.ir.dtypes import dtype_name
 from autoshard.ir.graph import Graph, Weight
-from autoshard.ir.onnx_import import check_opset, file_weights, import_onnx, load_model
+from autoshard.ir.onnx_import import file_weights, import_onnx, load_model
+from autoshard.ir.opset import check_opset
 
 SUMMARY_KEYS = (
     "model",

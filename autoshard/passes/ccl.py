@@ -1,6 +1,7 @@
 """The collective-communication (CCL) passes of seed 001, as rewrites of a sharded `Program`.
 
-Run in this order by `optimize_collectives`:
+Run in this order by `optimize_collectives` (twice: without and with the all_reduce split of
+step 3, keeping the program that sends fewer bytes, then has fewer collectives):
 
 1. `fuse_reshards` — a chain of collectives on one value whose intermediate tensors nobody else
    reads is replanned from its first sharding to its last by `plan_reshard`. This one rule is
@@ -29,6 +30,7 @@ devices) and never adds bytes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -311,9 +313,9 @@ def _reassociate_at(index: int, rule: OpRule, rw: _Rewrite) -> int:
 # ---- 3. move_all_gathers_down ----------------------------------------------------------------
 
 
-def move_all_gathers_down(program: Program, graph: Graph) -> Program:
-    """Move all_gathers below the elementwise ops reading them; split all_reduces into
-    reduce_scatter + all_gather where that lets the all_gather move.
+def move_all_gathers_down(program: Program, graph: Graph, split: bool = True) -> Program:
+    """Move all_gathers below the elementwise ops reading them; with `split`, split
+    all_reduces into reduce_scatter + all_gather where that lets the all_gather move.
 
     One forward walk that rewrites the first collective it can, as a walk restarted from the
     first step after every rewrite would (the order decides the program), without the
@@ -331,7 +333,11 @@ def move_all_gathers_down(program: Program, graph: Graph) -> Program:
         rerouted: list[str] | None = None
         if isinstance(step, Communicate) and step.collective.kind is CollectiveKind.ALL_GATHER:
             rerouted = _move_down(i, rw)
-        elif isinstance(step, Communicate) and step.collective.kind is CollectiveKind.ALL_REDUCE:
+        elif (
+            split
+            and isinstance(step, Communicate)
+            and step.collective.kind is CollectiveKind.ALL_REDUCE
+        ):
             rerouted = _decompose(i, rw)
         if rerouted is None:
             i += 1
@@ -464,16 +470,37 @@ def _single(collectives: Sequence[Collective], kind: CollectiveKind) -> bool:
 
 # ---- the pipeline ----------------------------------------------------------------------------
 
-PASSES: tuple[Callable[[Program, Graph], Program], ...] = (
-    fuse_reshards,
-    reassociate,
-    move_all_gathers_down,
-    fuse_reshards,
-)
+
+def passes(split: bool) -> tuple[Callable[[Program, Graph], Program], ...]:
+    """The CCL passes in order; `split`: may all_reduces split to let all_gathers move."""
+    return (
+        fuse_reshards,
+        reassociate,
+        functools.partial(move_all_gathers_down, split=split),
+        fuse_reshards,
+    )
 
 
 def optimize_collectives(program: Program, graph: Graph) -> Program:
-    """Seed 001's CCL passes, in order."""
-    for run in PASSES:
-        program = run(program, graph)
-    return program
+    """Seed 001's CCL passes, in order, without and then with splitting all_reduces. A split
+    pays only when the moved all_gather then fuses with a later reshard; otherwise it sends the
+    same bytes in two collectives where upstream MLIR and XLA send one all_reduce. So the two
+    programs are compared by bytes sent, then collectives (free all_slices not counted), and
+    the unsplit one wins a tie."""
+    candidates = []
+    for split in (False, True):
+        if split and not any(
+            c.collective.kind is CollectiveKind.ALL_REDUCE for c in program.communications
+        ):
+            break  # nothing to split: the same program again
+        optimized = program
+        for run in passes(split):
+            optimized = run(optimized, graph)
+        candidates.append(optimized)
+    return min(candidates, key=_traffic)
+
+
+def _traffic(program: Program) -> tuple[int, int]:
+    """Bytes a device sends, then the collectives that send them."""
+    sent = [c.collective for c in program.communications if c.collective.bytes_per_device]
+    return sum(c.bytes_per_device for c in sent), len(sent)

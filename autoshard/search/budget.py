@@ -23,6 +23,7 @@ from autoshard.cost.model import Cost, memory, price
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
+from autoshard.limits import check_search_axes
 from autoshard.passes.lower import lower
 from autoshard.plan import RETURN, Plan
 from autoshard.program import Program
@@ -65,6 +66,7 @@ def auto_plan(
     started = time.perf_counter()
     say = progress or (lambda _: None)
     options = options or SolverOptions()
+    check_search_axes(cluster.mesh.ndim, f"mesh {cluster.mesh}")
     search = build_search(graph, cluster, annotations, options.objective)
     built = time.perf_counter() - started
     problem = search.problem
@@ -129,7 +131,8 @@ def _infeasible(
     )
     biggest = ", ".join(f"{name} ({format_bytes(size)})" for name, size in usage.live[:5])
     return InfeasibleError(
-        f"no plan fits {cluster.memory} bytes ({format_bytes(cluster.memory)}) per device; "
+        f"infeasible budget: no plan fits {cluster.memory} bytes "
+        f"({format_bytes(cluster.memory)}) per device; "
         f"the lowest feasible budget is {lowest.peak} bytes ({format_bytes(lowest.peak)}, "
         f"{proof}; --memory {lowest.peak}); the largest tensors live at its peak: {biggest}"
     )

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
+
+from autoshard.errors import AutoshardError
 
 
 class Objective(enum.StrEnum):
@@ -21,3 +24,9 @@ class SolverOptions:
 
     objective: Objective = Objective.TIME
     time_limit: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.time_limit < math.inf:  # also false for nan
+            raise AutoshardError(
+                f"time limit {self.time_limit!r} is not a positive number of seconds, like 60"
+            )

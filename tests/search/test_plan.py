@@ -18,6 +18,7 @@ from autoshard.document import describe
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
 from autoshard.passes.partition import LocalCollective, partition
+from autoshard.plan import ShardingOption
 from autoshard.propagate import propagate
 from autoshard.reshard import ring_bytes
 from autoshard.search.baselines import data_parallel, dp_tp, megatron
@@ -109,7 +110,8 @@ def test_an_infeasible_budget_names_the_lowest_one(mlp):
     with pytest.raises(InfeasibleError) as error:
         auto_plan(import_onnx(mlp), make_cluster(mesh="8", memory="16MiB"))
     assert str(error.value) == (
-        "no plan fits 16777216 bytes (16.00 MiB) per device; the lowest feasible budget is "
+        "infeasible budget: no plan fits 16777216 bytes (16.00 MiB) per device; the lowest "
+        "feasible budget is "
         "22020096 bytes (21.00 MiB, proven optimal; --memory 22020096); the largest tensors "
         "live at its peak: y (8.00 MiB), y~1 (8.00 MiB), w1 (2.00 MiB), w2 (2.00 MiB), "
         "x (1.00 MiB)"
@@ -214,7 +216,9 @@ def test_weights_held_split_further_than_read(small_mlp):
     io = [Annotation("x", S("[[0]]")), Annotation("y", S("[[0]]"))]
     fsdp = [*io, Annotation("w1", S("[[0, 1]]")), Annotation("w2", S("[[0, 1]]"))]
     cluster = make_cluster(mesh="2x4")
-    hand = lower(graph, propagate(graph, cluster.mesh, [*fsdp, Annotation("h", S("[[0]]"))]))
+    # The ops' options fixed: propagation alone would read the weights split, moving fewer bytes.
+    batch = {fc: ShardingOption.parse("[[0]]", 3) for fc in ("fc1", "fc2")}
+    hand = lower(graph, propagate(graph, cluster.mesh, [*fsdp, Annotation("h", S("[[0]]"))], batch))
     assert memory(hand).peak == 2 * 2**20
     assert collectives(hand) == ["all_gather mesh_axes = [0, 1] gather_axis = 0"] * 2
     planned = auto_plan(graph, make_cluster(mesh="2x4", memory="2MiB"), io)

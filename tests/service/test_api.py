@@ -260,7 +260,8 @@ def test_infeasible_budget(server: Server, capsys) -> None:
     _, _, err = cli(["plan", str(MLP), "--mesh", "2x2", *BATCH8, "--memory", "1KiB"], capsys)
     message = err.removeprefix("autoshard: error: ").strip()
     assert message.startswith(
-        "no plan fits 1024 bytes (1.00 KiB) per device; the lowest feasible budget is"
+        "infeasible budget: no plan fits 1024 bytes (1.00 KiB) per device; the lowest feasible "
+        "budget is"
     )
     # Found only by solving: the job fails with the CLI's message...
     response = server.submit(MLP, fields)

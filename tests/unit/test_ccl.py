@@ -14,6 +14,7 @@ from autoshard.passes.ccl import (
     fuse_reshards,
     move_all_gathers_down,
     optimize_collectives,
+    passes,
     reassociate,
 )
 from autoshard.passes.materialize import materialize
@@ -107,7 +108,8 @@ def test_seed_004_all_reduce_decomposed_and_all_gather_moved_below_the_max(tmp_p
     partial = sum[0] (device (0, 0, 1) holds partial columns 8..16 but would need 4..8); the
     reduce_scatter appends axis 0 innermost, [[], [], [1, 2, 0]]. And it writes tensor_axis = 1
     for a split of dim 2. Bytes are unchanged (256 = 128 + 128): the max computes a quarter
-    less."""
+    less, but for two collectives instead of one, so `optimize_collectives` keeps the
+    all_reduce (as upstream MLIR and XLA do); the split is taken when it saves bytes."""
     from tests.golden.seed_models import write_seed_mlp
 
     graph = import_onnx(write_seed_mlp(tmp_path / "mlp.onnx", "mlp_2d_weight_stationary"))
@@ -118,7 +120,9 @@ def test_seed_004_all_reduce_decomposed_and_all_gather_moved_below_the_max(tmp_p
         Annotation("y", S("[[], [], [0, 1, 2]]"), for_users=True),
     ]
     before = materialize(graph, propagate(graph, Mesh((2, 2, 2)), annotations))
-    after = optimize_collectives(before, graph)
+    after = before
+    for run in passes(split=True):
+        after = run(after, graph)
     assert steps(after) == [
         "all_gather mesh_axes = [1, 2] gather_axis = 2",
         "MatMul",
@@ -139,6 +143,18 @@ def test_seed_004_all_reduce_decomposed_and_all_gather_moved_below_the_max(tmp_p
     assert [c.collective.bytes_per_device for c in after.communications] == [96, 128, 0, 128, 96]
     assert before.bytes_per_device == after.bytes_per_device == 448
     check_same_meaning(graph, before, after)
+    # The same bytes in two collectives where upstream sends one: the passes keep the all_reduce.
+    chosen = optimize_collectives(before, graph)
+    assert steps(chosen) == [
+        "all_gather mesh_axes = [1, 2] gather_axis = 2",
+        "MatMul",
+        "all_reduce mesh_axes = [0] reduction = sum",
+        "all_slice mesh_axes = [1, 2] slice_axis = 2",
+        "Max",
+        "MatMul",
+        "reduce_scatter mesh_axes = [1, 2] reduction = sum scatter_axis = 2",
+    ]
+    assert chosen.bytes_per_device == 448
 
 
 # ---- fuse_reshards -------------------------------------------------------------------------------
