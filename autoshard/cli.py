@@ -535,9 +535,11 @@ def build_parser() -> argparse.ArgumentParser:
         "export", help="a plan as DTensor placements, JAX PartitionSpecs or ONNX sharding"
     )
     export.add_argument("plan", metavar="PLAN.json", help="a plan from autoshard plan -o")
-    export.add_argument("--to", required=True, choices=["dtensor", "jax", "onnx"],
-                        help="dtensor: -o writes an apply_plan(model, mesh) module; jax: the "
-                        "PartitionSpecs JSON; onnx: the model with IR v11 sharding metadata")  # fmt: skip
+    export.add_argument(
+        "--to", required=True, choices=["dtensor", "jax", "onnx"],
+        help="dtensor: -o writes an apply_plan(model, mesh) module; jax: the PartitionSpecs "
+        "JSON; onnx: the model with IR v11 sharding metadata",
+    )  # fmt: skip
     export.add_argument(
         "--model", help="the .onnx file of the plan (default: its model.file beside the plan)"
     )

@@ -48,9 +48,9 @@ def export_plan(
 
         document = jax_export(held)
         return Exported(target, document, (json.dumps(document, indent=2) + "\n").encode())
+    from autoshard.document import read_document
     from autoshard.export.held import find_model
     from autoshard.export.to_onnx import onnx_export
-    from autoshard.document import read_document
 
     path = find_model(plan_path, read_document(plan_path), model)
     proto, warnings = onnx_export(held, path)

@@ -44,7 +44,10 @@ def shard_index(sharding: Sharding, mesh: Mesh, device: Sequence[int]) -> tuple[
     return tuple(out)
 
 
-def sharding_spec(name: str, sharding: Sharding, shape: Sequence[int], mesh: Mesh) -> ShardingSpecProto:
+def sharding_spec(
+    name: str, sharding: Sharding, shape: Sequence[int], mesh: Mesh
+) -> ShardingSpecProto:
+    """The spec of tensor `name` of `shape` held as `sharding` (see the module's docstring)."""
     spec = ShardingSpecProto(tensor_name=name)
     counts = []
     for dim, axes in enumerate(sharding.split_axes):
@@ -71,7 +74,7 @@ def sharding_spec(name: str, sharding: Sharding, shape: Sequence[int], mesh: Mes
 def _issues(what: str, sharding: Sharding, shape: Sequence[int], mesh: Mesh) -> list[str]:
     out = []
     if sharding.partial_axes:
-        out.append(f"{what}: partial over mesh axes {list(sharding.partial_axes)} (not expressible)")
+        out.append(f"{what}: partial over mesh axes {list(sharding.partial_axes)} (not said)")
     for dim, axes in enumerate(sharding.split_axes):
         if axes and shape[dim] % math.prod(mesh.shape[a] for a in axes):
             out.append(f"{what}: dim {dim} of {shape[dim]} splits unevenly")
@@ -115,4 +118,3 @@ def onnx_export(held: Held, model_path: str | Path) -> tuple[ModelProto, list[st
 def _external_warning(model: ModelProto, warnings: list[str]) -> None:
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         warnings.append("weights stay in the model's external data files (paths relative to it)")
-

@@ -5,8 +5,6 @@ ranks gives the single-process output."""
 from __future__ import annotations
 
 import importlib.util
-import itertools
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +48,9 @@ def _python(placement):  # our Placement -> the torch object its text builds
     return eval(str(placement), names)  # the text is what the generated module writes
 
 
-@pytest.mark.parametrize(("mesh_text", "shape", "text"), CASES, ids=[c[2] + "@" + c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("mesh_text", "shape", "text"), CASES, ids=[f"{c[2]}@{c[0]}" for c in CASES]
+)
 def test_placements_round_trip(mesh_text, shape, text):
     mesh = Mesh.parse(mesh_text)
     sharding = Sharding.parse(text).check(mesh, shape)

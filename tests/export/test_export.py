@@ -150,7 +150,8 @@ def test_onnx_sharding_metadata(plan, tmp_path):
             checked += bool(needs.split_axes)
     assert checked >= 2
     matmul = next(n for n in model.graph.node if "val_2" in n.input)
-    spec = next(s for s in matmul.device_configurations[0].sharding_spec if s.tensor_name == "val_2")
+    (config,) = matmul.device_configurations
+    spec = next(s for s in config.sharding_spec if s.tensor_name == "val_2")
     # dim 1 over tp then dp: device (dp=i, tp=j) holds shard 2j + i; one device per shard.
     assert [(d.axis, d.simple_sharding[0].num_shards) for d in spec.sharded_dim] == [(1, 4)]
     assert list(spec.device) == [0, 2, 1, 3]
@@ -162,8 +163,10 @@ def test_onnx_sharding_metadata(plan, tmp_path):
         (["--to", "onnx"], "--to onnx writes a model: give -o OUT.onnx"),
         (["--to", "jax", "--model", "MODELS/mlp.onnx"],
          "model 'MODELS/mlp.onnx' is not the one plan PLAN was made from (sha256 differs)"),
-        (["--to", "jax", "--model", "nope.onnx"], "cannot read ONNX model 'nope.onnx': no such file"),
-        (["--to", "jax", "--checkpoint", "nope.pt"], "cannot read checkpoint 'nope.pt': no such file"),
+        (["--to", "jax", "--model", "nope.onnx"],
+         "cannot read ONNX model 'nope.onnx': no such file"),
+        (["--to", "jax", "--checkpoint", "nope.pt"],
+         "cannot read checkpoint 'nope.pt': no such file"),
     ],
 )  # fmt: skip
 def test_errors(plan, capsys, args, message):

@@ -141,7 +141,8 @@ def test_the_checkpoint_narrows_to_the_graphs_names():
 
 def test_a_torch_state_dict(tmp_path):
     torch = pytest.importorskip("torch")
-    arrays = {t.name: numpy_helper.to_array(t) for t in onnx.load(MODELS / "mlp.onnx").graph.initializer}
+    model = onnx.load(MODELS / "mlp.onnx")
+    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     torch.save({"state_dict": {k: torch.from_numpy(v.copy()) for k, v in arrays.items()}},
                tmp_path / "mlp.pt")  # fmt: skip
     found = names_of(MODELS / "mlp.onnx", load_checkpoint(tmp_path / "mlp.pt"))
