@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.export.held import held_params
+from autoshard.document import read_document
+from autoshard.export.held import find_model, held_params
 
 
 class Target(enum.StrEnum):
@@ -36,31 +38,40 @@ def export_plan(
     model: str | None = None,
     checkpoint: str | None = None,
 ) -> Exported:
-    """Export the plan at `plan_path` (its model found beside it, or `model`) to `target`."""
-    held = held_params(plan_path, model, checkpoint)
+    """Export the plan file at `plan_path` (its model found beside it, or `model`)."""
+    document = read_document(plan_path)
+    path = find_model(plan_path, document, model)
+    return export_document(document, path, target, checkpoint, Path(plan_path).name)
+
+
+def export_document(
+    document: Mapping[str, Any],
+    model: str | Path,
+    target: Target,
+    checkpoint: str | None = None,
+    source: str = "plan.json",
+) -> Exported:
+    """Export a plan document made from the ONNX model at `model` to `target`."""
+    held = held_params(document, model, checkpoint, f"plan {source}")
     if target is Target.DTENSOR:
         from autoshard.export.to_dtensor import dtensor_export, dtensor_module
 
-        document = dtensor_export(held)
-        return Exported(target, document, dtensor_module(document, Path(plan_path).name).encode())
+        exported = dtensor_export(held)
+        return Exported(target, exported, dtensor_module(exported, source).encode())
     if target is Target.JAX:
         from autoshard.export.to_jax import jax_export
 
-        document = jax_export(held)
-        return Exported(target, document, (json.dumps(document, indent=2) + "\n").encode())
-    from autoshard.document import read_document
-    from autoshard.export.held import find_model
+        exported = jax_export(held)
+        return Exported(target, exported, (json.dumps(exported, indent=2) + "\n").encode())
     from autoshard.export.to_onnx import onnx_export
 
-    path = find_model(plan_path, read_document(plan_path), model)
-    proto, warnings = onnx_export(held, path)
-    annotated = sum(1 for n in proto.graph.node if n.device_configurations)
-    document = {
+    proto, warnings = onnx_export(held, model)
+    exported = {
         "schema": "autoshard.export.onnx/1",
         "ir_version": proto.ir_version,
         "devices": held.mesh.size,
-        "nodes_annotated": annotated,
+        "nodes_annotated": sum(1 for n in proto.graph.node if n.device_configurations),
         "nodes": len(proto.graph.node),
         "warnings": warnings,
     }
-    return Exported(target, document, proto.SerializeToString())
+    return Exported(target, exported, proto.SerializeToString())

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.document import plan_from_document, read_document
+from autoshard.document import plan_from_document
 from autoshard.errors import AutoshardError
 from autoshard.export.names import NameSource, WeightName, load_checkpoint, recover_names
 from autoshard.files import sha256_file
@@ -89,16 +89,17 @@ def find_model(plan_path: str | Path, document: Mapping[str, Any], model: str | 
 
 
 def held_params(
-    plan_path: str | Path, model: str | None = None, checkpoint: str | None = None
+    document: Mapping[str, Any],
+    path: str | Path,
+    checkpoint: str | None = None,
+    source: str = "the plan",
 ) -> Held:
-    """Read a plan and its model (and the checkpoint, when given); every named parameter with
-    the sharding its weight is held in."""
-    document = read_document(plan_path)
-    path = find_model(plan_path, document, model)
+    """A plan document on its model (and the checkpoint, when given): every named parameter
+    with the sharding its weight is held in."""
     mesh = Mesh.parse(str(document.get("mesh")))
     dims = (document.get("model") or {}).get("dims") or {}
     graph = import_onnx(path, dims)
-    plan = plan_from_document(document, graph, mesh, f"plan {plan_path}")
+    plan = plan_from_document(document, graph, mesh, source)
     proto = load_model(path)
     weights = file_weights(proto, path)
     names = recover_names(proto, weights, load_checkpoint(checkpoint) if checkpoint else None)

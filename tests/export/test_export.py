@@ -126,6 +126,7 @@ def _read_back(spec, mesh: Mesh, shape) -> dict[int, tuple[int, ...]]:
 
 
 def test_onnx_sharding_metadata(plan, tmp_path):
+    from autoshard.document import read_document
     from autoshard.export.held import held_params
     from autoshard.export.to_onnx import shard_index
 
@@ -135,7 +136,7 @@ def test_onnx_sharding_metadata(plan, tmp_path):
     onnx.checker.check_model(model, full_check=True)
     assert model.ir_version == 11
     assert [(c.name, c.num_devices) for c in model.configuration] == [("autoshard", 4)]
-    held = held_params(plan)
+    held = held_params(read_document(plan), plan.parent / "block_dynamo.onnx")
     checked = 0
     for node in model.graph.node:
         op = held.graph.op_by_name[node.name]
