@@ -107,9 +107,15 @@ placement of every parameter on a DeviceMesh of shape {shape} (dims {names}).
 
     mesh = init_device_mesh("cuda", {shape}, mesh_dim_names={names})
     apply_plan(model, mesh)   # every planned parameter becomes a DTensor, in place
+    with implicit_replication():  # plain tensors (inputs, masks) read as replicated
+        out = model(inputs)
+
+(`from torch.distributed.tensor.experimental import implicit_replication`.)
 
 `_StridedShard` (a dim split over several mesh dims, minor one first) is private torch API.
 """
+
+import warnings
 
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -134,16 +140,21 @@ def apply_plan(model: torch.nn.Module, mesh) -> torch.nn.Module:
     done = {{}}
     for name, placements in PLACEMENTS.items():
         module, leaf, tensor = _lookup(model, name)
-        if id(tensor) not in done:
-            if isinstance(tensor, DTensor):
-                continue
+        if isinstance(tensor, DTensor) and id(tensor) not in done:
+            continue
+        if id(tensor) in done:  # tied to a parameter distributed before: it stays tied
+            first, new = done[id(tensor)]
+            if tuple(placements) != tuple(new.placements):
+                warnings.warn(f"{{name}} is tied to {{first}}: it keeps {{first}}'s placements "
+                              f"{{tuple(new.placements)}}, not the planned {{placements}}")
+        else:
             local = distribute_tensor(tensor.detach(), mesh, placements)
-            done[id(tensor)] = (
+            new = (
                 torch.nn.Parameter(local, requires_grad=tensor.requires_grad)
                 if isinstance(tensor, torch.nn.Parameter)
                 else local
             )
-        new = done[id(tensor)]
+            done[id(tensor)] = (name, new)
         if isinstance(new, torch.nn.Parameter):
             module.register_parameter(leaf, new)
         else:
