@@ -159,26 +159,35 @@ def _role(node: NodeProto, index: int) -> tuple[str, bool] | None:
     return leaf, transposed
 
 
-def _scoped(model: ModelProto, weight: Weight) -> list[Param]:
-    """The parameters the readers of `weight` name: module path + operand role."""
-    found: dict[str, Param] = {}
+Readers = Mapping[str, list[tuple[NodeProto, int]]]
+"""Value name -> the nodes reading it, with the operand index."""
+
+
+def _readers(model: ModelProto) -> Readers:
+    readers: dict[str, list[tuple[NodeProto, int]]] = {}
     for node in model.graph.node:
         for index, name in enumerate(node.input):
-            if name != weight.name:
-                continue
-            role, module = _role(node, index), module_path(node)
-            if role is None or module is None:
-                continue
-            leaf, transposed = role
-            transposed = transposed and len(weight.shape) == 2
-            if leaf == "weight" and node.op_type in ("Add", "Mul") and len(weight.shape) != 1:
-                continue  # an Add/Mul operand is a bias or a norm scale: 1-D
-            found.setdefault(f"{module}.{leaf}", Param(f"{module}.{leaf}", transposed,
-                                                       NameSource.NAME_SCOPE))  # fmt: skip
+            readers.setdefault(name, []).append((node, index))
+    return readers
+
+
+def _scoped(readers: Readers, weight: Weight) -> list[Param]:
+    """The parameters the readers of `weight` name: module path + operand role."""
+    found: dict[str, Param] = {}
+    for node, index in readers.get(weight.name, ()):
+        role, module = _role(node, index), module_path(node)
+        if role is None or module is None:
+            continue
+        if node.op_type in ("Add", "Mul") and len(weight.shape) != 1:
+            continue  # an Add/Mul operand that is a parameter is a bias or a norm scale: 1-D
+        leaf, transposed = role
+        name = f"{module}.{leaf}"
+        found.setdefault(name, Param(name, transposed and len(weight.shape) == 2,
+                                     NameSource.NAME_SCOPE))  # fmt: skip
     return list(found.values())
 
 
-def _graph_params(model: ModelProto, weight: Weight, meta: Mapping[str, str]) -> list[Param]:
+def _graph_params(readers: Readers, weight: Weight, meta: Mapping[str, str]) -> list[Param]:
     """Every name the graph gives `weight`: its folded source or its own name, then the
     parameters its readers' scopes name (aliases of a deduplicated or tied weight share the
     leaf: a `weight` stays a `weight`)."""
@@ -190,7 +199,7 @@ def _graph_params(model: ModelProto, weight: Weight, meta: Mapping[str, str]) ->
         own = Param(folded[0], len(weight.shape) == 2, NameSource.FOLDED_FROM)
     elif _PATH.match(weight.name):
         own = Param(weight.name, False, NameSource.INITIALIZER)
-    scoped = _scoped(model, weight)
+    scoped = _scoped(readers, weight)
     if own is None:
         return scoped
     leaf = own.name.rsplit(".", 1)[1]
@@ -279,11 +288,12 @@ def recover_names(
     for t in model.graph.initializer:
         meta.setdefault(t.name, {}).update(_meta(t.metadata_props))
     index = _content_index(checkpoint) if checkpoint is not None else None
+    readers = _readers(model)
     out: dict[str, WeightName] = {}
     for name, weight in weights.items():
         if is_constant(weight):
             continue
-        graph = _graph_params(model, weight, meta.get(name, {}))
+        graph = _graph_params(readers, weight, meta.get(name, {}))
         note = ""
         params = graph
         if index is not None and not weight.has_data:

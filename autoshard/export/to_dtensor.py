@@ -20,6 +20,7 @@ listed in the warnings.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -32,36 +33,43 @@ from autoshard.sharding import Sharding
 SCHEMA = "autoshard.export.dtensor/1"
 
 
+class Kind(enum.Enum):
+    SHARD = "Shard"
+    STRIDED = "_StridedShard"
+    REPLICATE = "Replicate"
+    PARTIAL = "Partial"
+
+
 @dataclass(frozen=True)
 class Placement:
     """One mesh axis's DTensor placement; `str` is the Python that builds it."""
 
-    kind: str  # "shard", "strided", "replicate", "partial"
+    kind: Kind
     dim: int = 0
     split_factor: int = 1
 
     def __str__(self) -> str:
-        if self.kind == "shard":
+        if self.kind is Kind.SHARD:
             return f"Shard({self.dim})"
-        if self.kind == "strided":
+        if self.kind is Kind.STRIDED:
             return f"_StridedShard({self.dim}, split_factor={self.split_factor})"
-        return "Replicate()" if self.kind == "replicate" else "Partial()"
+        return f"{self.kind.value}()"
 
 
 def placements(sharding: Sharding, mesh: Mesh, transposed: bool = False) -> tuple[Placement, ...]:
     """The DTensor placements of a tensor held as `sharding` (see the module's docstring)."""
-    out = [Placement("replicate")] * mesh.ndim
+    out = [Placement(Kind.REPLICATE)] * mesh.ndim
     for dim, axes in enumerate(sharding.split_axes):
         torch_dim = 1 - dim if transposed else dim
         for i, axis in enumerate(axes):
             higher = [a for a in axes[:i] if a > axis]
             out[axis] = (
-                Placement("strided", torch_dim, math.prod(mesh.shape[a] for a in higher))
+                Placement(Kind.STRIDED, torch_dim, math.prod(mesh.shape[a] for a in higher))
                 if higher
-                else Placement("shard", torch_dim)
+                else Placement(Kind.SHARD, torch_dim)
             )
     for axis in sharding.partial_axes:
-        out[axis] = Placement("partial")
+        out[axis] = Placement(Kind.PARTIAL)
     return tuple(out)
 
 
