@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT / "models"))
 BUDGET = {2: "600KB", 4: "300KB"}  # below the replicated weights (~700 KB): the plan splits
 
 
-def _worker(rank, world, port, module_path, model, feeds, out) -> None:
+def _worker(rank, world, port, module_path, name, feeds, out) -> None:
+    import make_zoo
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
@@ -49,6 +50,7 @@ def _worker(rank, world, port, module_path, model, feeds, out) -> None:
         mesh = torch.distributed.device_mesh.init_device_mesh(
             "cpu", generated.MESH_SHAPE, mesh_dim_names=generated.MESH_DIM_NAMES
         )
+        model = make_zoo.MODELS[name][0](None).model  # seeded: the same weights in every rank
         with torch.no_grad():
             expected = model(*feeds)
             with warnings.catch_warnings(record=True) as caught:
@@ -83,6 +85,10 @@ def main() -> int:
 
     import make_zoo
     import torch
+
+    # Ranks fork from a server that imported torch only: a fork of this process, which has
+    # run torch ops, can hang in OpenMP.
+    torch.multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor"])
 
     from autoshard.cli import main as autoshard
     from autoshard.mesh import Mesh
@@ -126,10 +132,9 @@ def main() -> int:
                     )
                     out = folder / "result.json"
                     started = time.perf_counter()
-                    model = make_zoo.MODELS[name][0](None).model
                     torch.multiprocessing.start_processes(
-                        _worker, args=(mesh.size, _port(), str(module), model, feeds, str(out)),
-                        nprocs=mesh.size, start_method="fork",
+                        _worker, args=(mesh.size, _port(), str(module), name, feeds, str(out)),
+                        nprocs=mesh.size, start_method="forkserver",
                     )  # fmt: skip
                     run_s = time.perf_counter() - started
                     r = json.loads(out.read_text())

@@ -142,10 +142,14 @@ def test_apply_plan_on_gloo(tmp_path, capsys):
                  "-o", str(plan)]) == 0  # fmt: skip
     assert main(["export", str(plan), "--to", "dtensor", "--model", model, "-o", str(module)]) == 0
     out = tmp_path / "result.txt"
-    # fork: the ranks share the parent's imported torch (spawn would import it 4 times)
+    # A forkserver that imported torch once: the ranks start fast (spawn imports torch per
+    # rank) and never inherit this process's thread pools (a fork of a process that has run
+    # torch ops can hang in OpenMP).
+    torch.multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor"])
     torch.multiprocessing.start_processes(
-        _worker, args=(4, _free_port(), str(module), str(out)), nprocs=4, start_method="fork"
-    )
+        _worker, args=(4, _free_port(), str(module), str(out)), nprocs=4,
+        start_method="forkserver",
+    )  # fmt: skip
     result = eval(out.read_text())
     # 0.weight [256, 64] held [[1, 0]]: tp-major rows, so dp's Shard is strided by |tp|.
     assert result["planned"]["0.weight"] == ["_StridedShard(dim=0, sf=2)", "Shard(dim=0)"]
