@@ -185,3 +185,33 @@ def test_the_model_must_be_found(tmp_path, plan, capsys):
         f"autoshard: error: plan {lone} was made from block_dynamo.onnx, which is not beside it "
         "nor here: give it with --model\n"
     )
+
+
+def test_what_the_targets_cannot_hold_is_warned(tmp_path):
+    """6 columns over 2x2 ([[], [0, 1]]): the plan cuts 2/2/2/0, DTensor's nested chunks
+    2/1/2/1, JAX refuses."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.arange(36, dtype=np.float32).reshape(6, 6), "fc.weight")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "fc.weight"], ["y"], name="/fc/MatMul")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6])], [weight],
+    )  # fmt: skip
+    model = tmp_path / "fc.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    plan = tmp_path / "plan.json"
+    assert main(["plan", str(model), "--mesh", "2x2", "--annotate", "fc.weight=[[], [0, 1]]",
+                 "-o", str(plan)]) == 0  # fmt: skip
+    dtensor = export_plan(plan, Target.DTENSOR).document
+    assert dtensor["parameters"]["fc.weight"]["placements"] == ["Shard(1)", "Shard(1)"]
+    assert dtensor["warnings"] == [
+        "fc.weight: [[], [0, 1]] on shape [6, 6] is uneven; DTensor cuts it by nested "
+        "torch.chunk, not the plan's ceil-div"
+    ]
+    assert export_plan(plan, Target.JAX).document["warnings"] == [
+        "fc.weight: dim 1 of 6 does not divide over axis0, axis1; JAX shards evenly only"
+    ]
+    # The MatMul reads it gathered over axis 1 (`[[], [0]]`, even): nothing for ONNX to say.
+    assert export_plan(plan, Target.ONNX).document["warnings"] == []
