@@ -132,10 +132,18 @@ def main() -> int:
                     )
                     out = folder / "result.json"
                     started = time.perf_counter()
-                    torch.multiprocessing.start_processes(
-                        _worker, args=(mesh.size, _port(), str(module), name, feeds, str(out)),
-                        nprocs=mesh.size, start_method="forkserver",
-                    )  # fmt: skip
+                    try:
+                        torch.multiprocessing.start_processes(
+                            _worker, args=(mesh.size, _port(), str(module), name, feeds, str(out)),
+                            nprocs=mesh.size, start_method="forkserver",
+                        )  # fmt: skip
+                    except Exception as error:  # torch's DTensor refused the program: say so
+                        why = str(error).strip().splitlines()[-1]
+                        row = f"{plan_s:.1f} | - | - | torch failed: {why}"
+                        print(f"| {name} | {exporter} | {mesh_text} | {split}/"
+                              f"{len(document['parameters'])} | {len(document['unnamed'])} | "
+                              f"{row} |", flush=True)  # fmt: skip
+                        continue
                     run_s = time.perf_counter() - started
                     r = json.loads(out.read_text())
                     placements = "as planned" if r["same"] else "DIFFER"

@@ -15,7 +15,7 @@ from typing import Any
 
 from autoshard.document import plan_from_document
 from autoshard.errors import AutoshardError
-from autoshard.export.names import NameSource, WeightName, load_checkpoint, recover_names
+from autoshard.export.names import NameSource, load_checkpoint, recover_names
 from autoshard.files import sha256_file
 from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import file_weights, import_onnx, load_model
@@ -51,7 +51,6 @@ class Held:
     mesh: Mesh
     graph: Graph
     plan: Plan
-    names: Mapping[str, WeightName]
     params: tuple[ParamPlacement, ...]
     shapes: Mapping[str, tuple[int, ...]]
     unnamed: dict[str, str]
@@ -124,4 +123,4 @@ def held_params(
                 )
     unnamed = {w: e.note for w, e in names.items() if not e.params}
     shapes = {w: tuple(weights[w].shape) for w in names}
-    return Held(mesh, graph, plan, names, tuple(params), shapes, unnamed, tuple(warnings))
+    return Held(mesh, graph, plan, tuple(params), shapes, unnamed, tuple(warnings))

@@ -104,16 +104,6 @@ class WeightName:
     params: tuple[Param, ...]
     note: str = ""
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "shape": list(self.shape),
-            "params": [
-                {"name": p.name, "transposed": p.transposed, "source": str(p.source)}
-                for p in self.params
-            ],
-            "note": self.note or None,
-        }
-
 
 def is_constant(weight: Weight) -> bool:
     """Shapes, axes, epsilons: not parameters (integer, or a float scalar)."""

@@ -74,7 +74,8 @@ def sharding_spec(
 def _issues(what: str, sharding: Sharding, shape: Sequence[int], mesh: Mesh) -> list[str]:
     out = []
     if sharding.partial_axes:
-        out.append(f"{what}: partial over mesh axes {list(sharding.partial_axes)} (not said)")
+        partial = list(sharding.partial_axes)
+        out.append(f"{what}: partial over mesh axes {partial}; ONNX reads it as reduced")
     for dim, axes in enumerate(sharding.split_axes):
         if axes and shape[dim] % math.prod(mesh.shape[a] for a in axes):
             out.append(f"{what}: dim {dim} of {shape[dim]} splits unevenly")
