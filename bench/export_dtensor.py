@@ -138,6 +138,7 @@ def main() -> int:
                             nprocs=mesh.size, start_method="forkserver",
                         )  # fmt: skip
                     except Exception as error:  # torch's DTensor refused the program: say so
+                        print(error, file=sys.stderr)
                         why = str(error).strip().splitlines()[-1]
                         row = f"{plan_s:.1f} | - | - | torch failed: {why}"
                         print(f"| {name} | {exporter} | {mesh_text} | {split}/"
