@@ -452,6 +452,39 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from autoshard.export import Target, export_plan
+    from autoshard.files import write_atomic
+
+    target = Target(args.to)
+    if target is Target.ONNX and not args.out:
+        raise AutoshardError("--to onnx writes a model: give -o OUT.onnx")
+    exported = export_plan(args.plan, target, args.model, args.checkpoint)
+    if args.out:
+        write_atomic(Path(args.out), exported.payload)
+    document = exported.document
+    if args.json:
+        _emit(document)
+        return 0
+    if target is Target.ONNX:
+        print(
+            f"{document['nodes_annotated']} of {document['nodes']} nodes annotated for "
+            f"{document['devices']} devices (IR version {document['ir_version']})"
+        )
+    else:
+        key = "placements" if target is Target.DTENSOR else "text"
+        for name, entry in document["parameters"].items():
+            value = entry[key]
+            print(f"  {name}: {', '.join(value) if isinstance(value, list) else value}")
+        for weight, why in document["unnamed"].items():
+            print(f"  ONNX weight {weight}: {why}")
+    for warning in document["warnings"]:
+        print(f"warning: {warning}")
+    if args.out:
+        print(f"{target} export written to {args.out}")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from autoshard.cost.cluster import parse_size
     from service.app import Settings, serve
@@ -681,6 +714,26 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--markdown", metavar="OUT.md", help="also write the Markdown report")
     report.add_argument("--json", action="store_true", help="print the comparison as JSON")
     report.set_defaults(run=cmd_report)
+
+    export = commands.add_parser(
+        "export", help="a plan as DTensor placements, JAX PartitionSpecs or ONNX sharding"
+    )
+    export.add_argument("plan", metavar="PLAN.json", help="a plan from autoshard plan -o")
+    export.add_argument(
+        "--to", required=True, choices=["dtensor", "jax", "onnx"],
+        help="dtensor: -o writes an apply_plan(model, mesh) module; jax: the PartitionSpecs "
+        "JSON; onnx: the model with IR v11 sharding metadata",
+    )  # fmt: skip
+    export.add_argument(
+        "--model", help="the .onnx file of the plan (default: its model.file beside the plan)"
+    )
+    export.add_argument(
+        "--checkpoint", metavar="FILE",
+        help="the source model's weights (.safetensors or a torch state_dict): names by content",
+    )  # fmt: skip
+    export.add_argument("-o", "--out", metavar="OUT", help="write the export here")
+    export.add_argument("--json", action="store_true", help="print the export as JSON")
+    export.set_defaults(run=cmd_export)
 
     serve = commands.add_parser("serve", help="run the REST service (FastAPI on uvicorn)")
     serve.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")

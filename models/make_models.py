@@ -623,6 +623,48 @@ def build_decoder_shape_only(
     return Built(model, "onnx.helper (hand-built)")
 
 
+def build_block_dynamo() -> Built:
+    """Two pre-norm blocks (LayerNorm(32), Linear 32->64, ReLU, Linear 64->32, residual) exported
+    with the dynamo exporter, kept as it writes them: the Linear weights are folded transposes
+    `val_N` [in, out] whose value metadata `pkg.onnxscript.optimizer.folded_from` names the
+    parameter, and the two fresh LayerNorms (ones, zeros: left at their init on purpose) are
+    deduplicated into one pair of initializers read by both blocks. Nodes carry their
+    `pkg.torch.onnx.name_scopes`. The export tests recover every parameter name from these.
+    """
+    import torch
+    from torch import nn
+    from torch.export import Dim
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(32)
+            self.up = nn.Linear(32, 64)
+            self.down = nn.Linear(64, 32, bias=False)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(self.norm(x))))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(), Block()).eval()
+    x = torch.randn(BATCH, SEQ, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            model, (x,), dynamo=True, opset_version=DYNAMO_OPSET, input_names=["x"],
+            output_names=["y"], optimize=True, verbose=False,
+            dynamic_shapes={"input": {0: Dim("batch", max=1024), 1: Dim("seq", max=128)}},
+        )  # fmt: skip
+    proto = program.model_proto
+    strip_stack_traces(proto)
+    return Built(proto, "torch.onnx.export(dynamo=True)", _block_feeds, torch_reference(model, ["x"]))
+
+
+def _block_feeds(batch: int, seq: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {"x": rng.standard_normal((batch, seq, 32), dtype=np.float32)}
+
+
 # --------------------------------------------------------------------------------------------
 # verification and driver
 # --------------------------------------------------------------------------------------------
@@ -633,6 +675,7 @@ BUILDERS: dict[str, Callable[[], Built]] = {
     "gpt2_dynamo": build_gpt2_dynamo,
     "bert": build_bert,
     "cnn": build_cnn,
+    "block_dynamo": build_block_dynamo,
     BIG_NAME: build_decoder_32l_shape_only,
 }
 

@@ -18,10 +18,11 @@ from typing import Any, Literal
 
 import anyio
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from autoshard.errors import AutoshardError
+from autoshard.export import Target, export_document
 from autoshard.pipeline import plan_inputs
 from service.options import FIELDS, PlanOptions, RequestError, parse_options
 from service.store import Job, Store
@@ -216,6 +217,30 @@ async def get_report(request: Request, job_id: str) -> PlainTextResponse:
     return PlainTextResponse(
         _artifact(request, job_id, "report"), media_type="text/markdown; charset=utf-8"
     )
+
+
+_EXPORT_MEDIA = {"dtensor": "text/x-python", "jax": "application/json",
+                 "onnx": "application/octet-stream"}  # fmt: skip
+
+
+@router.get(
+    "/v1/plans/{job_id}/export/{target}",
+    responses=_TEXT_ERRORS,
+    summary="The plan as autoshard export writes it: dtensor (an apply_plan module), jax "
+    "(PartitionSpecs JSON) or onnx (the model with IR v11 sharding metadata)",
+)
+async def get_export(request: Request, job_id: str, target: Target) -> Response:
+    job = _job(request, job_id)
+    _artifact(request, job_id, "report")  # done, or the job's error
+    assert job.plan is not None
+    try:
+        exported = await anyio.to_thread.run_sync(
+            export_document, job.plan, job.model_path, target, None, f"{job_id}.json"
+        )
+    except AutoshardError as error:
+        message = str(error).replace(job.model_path, Path(job.model_path).name)
+        raise HTTPException(422, message) from None
+    return Response(exported.payload, media_type=_EXPORT_MEDIA[target])
 
 
 @router.get("/healthz", summary="Liveness, the worker count and the jobs by status")

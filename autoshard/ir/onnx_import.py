@@ -109,7 +109,7 @@ def _light_model(model: ModelProto) -> ModelProto:
     return light
 
 
-def _name_nodes(nodes: Iterable[NodeProto]) -> None:
+def name_nodes(nodes: Iterable[NodeProto]) -> None:
     """Give every node a unique name: its own, else `Type_index` by position; clashes get
     `_1`, `_2`... in file order, so names are deterministic."""
     used: set[str] = set()
@@ -378,7 +378,7 @@ def import_onnx(path: str | os.PathLike[str], dims: Mapping[str, int] | None = N
     weights = file_weights(model, path)
     light = _light_model(model)
     nodes = list(light.graph.node)
-    _name_nodes(nodes)
+    name_nodes(nodes)
     _check_single_producers(nodes, weights, path)
     _reject_control_flow(nodes)
     _bind_dims(light, dims or {}, weights, path)

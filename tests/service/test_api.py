@@ -90,6 +90,26 @@ def test_report(server: Server, done: dict[str, Any]) -> None:
         assert f"| `{name}` | {op['type']} | `{op['sharding_option']}` |" in lines
 
 
+def test_exports(server: Server, done: dict[str, Any], tmp_path, capsys) -> None:
+    import onnx
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(done["plan"]))
+    for target in ("dtensor", "jax", "onnx"):
+        response = server.get(f"/v1/plans/{done['id']}/export/{target}")
+        assert response.status_code == 200, response.text
+        out = tmp_path / f"export.{target}"
+        assert cli(["export", str(plan), "--to", target, "--model", str(MLP), "-o", str(out)],
+                   capsys)[0] == 0  # fmt: skip
+        if target == "onnx":
+            onnx.checker.check_model(onnx.load_from_string(response.content))
+        else:  # the module names the plan it came from: the job's id here
+            expected = out.read_text().replace("plan.json", f"{done['id']}.json")
+            assert response.text == expected
+    assert "0.weight" in json.loads(out.with_suffix(".jax").read_text())["parameters"]
+    assert server.get(f"/v1/plans/{done['id']}/export/tf").status_code == 422
+
+
 def test_identical_request_reuses_the_job(server: Server, done: dict[str, Any]) -> None:
     before = server.get("/healthz").json()["jobs"]
     # The same options spelled differently are the same request.
@@ -282,8 +302,8 @@ def test_unknown_plan_and_docs(server: Server) -> None:
     assert server.get("/docs").status_code == 200
     paths = server.get("/openapi.json").json()["paths"]
     assert sorted(paths) == [
-        "/healthz", "/v1/plans", "/v1/plans/{job_id}", "/v1/plans/{job_id}/report.md",
-        "/v1/plans/{job_id}/spmd.mlir",
+        "/healthz", "/v1/plans", "/v1/plans/{job_id}", "/v1/plans/{job_id}/export/{target}",
+        "/v1/plans/{job_id}/report.md", "/v1/plans/{job_id}/spmd.mlir",
     ]  # fmt: skip
     form = paths["/v1/plans"]["post"]["requestBody"]["content"]["multipart/form-data"]
     assert form["schema"]["required"] == ["model", "mesh"]

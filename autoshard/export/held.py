@@ -1,0 +1,126 @@
+"""What every export starts from: a saved plan on its model, and each source-model parameter
+with the sharding its ONNX weight is held in (`Held`).
+
+The plan names ONNX weights; `names.recover_names` maps them to parameters. A parameter that
+several ONNX weights hold (the TorchScript exporter's transposed copy of a tied embedding) gets
+the sharding of the most trusted one, and a warning when the others are held differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoshard.document import plan_from_document
+from autoshard.errors import AutoshardError
+from autoshard.export.names import NameSource, load_checkpoint, recover_names
+from autoshard.files import sha256_file
+from autoshard.ir.graph import Graph
+from autoshard.ir.onnx_import import file_weights, import_onnx, load_model
+from autoshard.mesh import Mesh
+from autoshard.plan import Plan
+from autoshard.sharding import Sharding
+
+
+class ExportError(AutoshardError):
+    """A plan that cannot be exported as asked: its model not found, or not the plan's."""
+
+
+@dataclass(frozen=True)
+class ParamPlacement:
+    """A source-model parameter, the ONNX weight holding it and how that weight is held."""
+
+    param: str
+    weight: str
+    sharding: Sharding
+    transposed: bool
+    source: NameSource
+
+    def torch_split(self) -> tuple[tuple[int, ...], ...]:
+        """The split axes per dim of the parameter itself (swapped when transposed)."""
+        split = self.sharding.split_axes + ((),) * (2 - len(self.sharding.split_axes))
+        return (split[1], split[0]) if self.transposed else self.sharding.split_axes
+
+
+@dataclass(frozen=True, eq=False)
+class Held:
+    """A plan's parameters with their held shardings; `unnamed`: weight -> why it has no name."""
+
+    mesh: Mesh
+    graph: Graph
+    plan: Plan
+    params: tuple[ParamPlacement, ...]
+    shapes: Mapping[str, tuple[int, ...]]
+    unnamed: dict[str, str]
+    warnings: tuple[str, ...]
+
+
+def mesh_dim_names(mesh: Mesh) -> tuple[str, ...]:
+    """The mesh's axis names (`dp`, `tp`), else `axis0`, `axis1`, ..."""
+    return mesh.axis_names or tuple(f"axis{i}" for i in range(mesh.ndim))
+
+
+def find_model(plan_path: str | Path, document: Mapping[str, Any], model: str | None) -> Path:
+    """The ONNX model a plan was made from: `model` when given, else the plan's `model.file`
+    beside the plan or in the working folder; its sha256 must be the plan's."""
+    info = document.get("model") or {}
+    file, digest = info.get("file"), info.get("sha256")
+    if model is not None:
+        path = Path(model)
+        if not path.is_file():
+            raise ExportError(f"cannot read ONNX model '{model}': no such file")
+    else:
+        places = [Path(plan_path).parent / str(file), Path(str(file))] if file else []
+        found = next((p for p in places if p.is_file()), None)
+        if found is None:
+            raise ExportError(
+                f"plan {plan_path} was made from {file or 'a model'}, which is not beside it "
+                "nor here: give it with --model"
+            )
+        path = found
+    if digest and sha256_file(path) != digest:
+        raise ExportError(
+            f"model '{path}' is not the one plan {plan_path} was made from (sha256 differs)"
+        )
+    return path
+
+
+def held_params(
+    document: Mapping[str, Any],
+    path: str | Path,
+    checkpoint: str | None = None,
+    source: str = "the plan",
+) -> Held:
+    """A plan document on its model (and the checkpoint, when given): every named parameter
+    with the sharding its weight is held in."""
+    mesh = Mesh.parse(str(document.get("mesh")))
+    dims = (document.get("model") or {}).get("dims") or {}
+    graph = import_onnx(path, dims)
+    plan = plan_from_document(document, graph, mesh, source)
+    proto = load_model(path)
+    weights = file_weights(proto, path)
+    names = recover_names(proto, weights, load_checkpoint(checkpoint) if checkpoint else None)
+    claims: dict[str, list[ParamPlacement]] = {}
+    for weight, entry in names.items():
+        sharding = plan.values.get(weight, Sharding())
+        for p in entry.params:
+            claims.setdefault(p.name, []).append(
+                ParamPlacement(p.name, weight, sharding, p.transposed, p.source)
+            )
+    order = list(NameSource)
+    params, warnings = [], []
+    for name in sorted(claims):
+        ranked = sorted(claims[name], key=lambda c: (order.index(c.source), c.transposed, c.weight))
+        first = ranked[0]
+        params.append(first)
+        for other in ranked[1:]:
+            if other.torch_split() != first.torch_split():
+                warnings.append(
+                    f"{name}: held as {first.weight} {first.sharding} (exported) and as "
+                    f"{other.weight} {other.sharding}{' transposed' if other.transposed else ''}"
+                )
+    unnamed = {w: e.note for w, e in names.items() if not e.params}
+    shapes = {w: tuple(weights[w].shape) for w in names}
+    return Held(mesh, graph, plan, tuple(params), shapes, unnamed, tuple(warnings))

@@ -1,0 +1,69 @@
+"""A plan as JAX `PartitionSpec`s per parameter, on a `Mesh` with the plan's axis names.
+
+A dim split over one mesh axis is that axis's name; over several, a tuple of names major to
+minor, which is the plan's split_axes order (`[[1, 0]]` on dp=2,tp=2 is `P(('tp', 'dp'))`).
+Specs are in the parameter's own layout (an ONNX weight that is its transpose swaps them).
+JAX splits evenly only: a dim a spec does not divide is listed in the warnings (`device_put`
+refuses it).
+"""
+
+from __future__ import annotations
+
+import math
+
+from autoshard.export.held import Held, mesh_dim_names
+
+SCHEMA = "autoshard.export.jax/1"
+
+Spec = list[None | str | list[str]]
+
+
+def partition_spec(split: tuple[tuple[int, ...], ...], rank: int, names: tuple[str, ...]) -> Spec:
+    """Per dim: None, an axis name, or a list of names major to minor (JSON for a tuple)."""
+    padded = split + ((),) * (rank - len(split))
+    return [
+        None if not axes else names[axes[0]] if len(axes) == 1 else [names[a] for a in axes]
+        for axes in padded
+    ]
+
+
+def spec_text(spec: Spec) -> str:
+    """The Python of a spec: `PartitionSpec(None, ('dp', 'tp'))`."""
+    parts = [
+        "None" if s is None else repr(s) if isinstance(s, str) else repr(tuple(s)) for s in spec
+    ]
+    return f"PartitionSpec({', '.join(parts)})"
+
+
+def jax_export(held: Held) -> dict[str, object]:
+    mesh, names = held.mesh, mesh_dim_names(held.mesh)
+    parameters: dict[str, dict[str, object]] = {}
+    warnings = list(held.warnings)
+    for p in held.params:
+        shape = held.shapes[p.weight]
+        shape = shape[::-1] if p.transposed else shape
+        split = p.torch_split()
+        spec = partition_spec(split, len(shape), names)
+        parameters[p.param] = {
+            "spec": spec,
+            "text": spec_text(spec),
+            "shape": list(shape),
+            "onnx_weight": p.weight,
+            "transposed": p.transposed,
+            "source": str(p.source),
+        }
+        for dim, axes in enumerate(split):
+            if axes and shape[dim] % math.prod(mesh.shape[a] for a in axes):
+                warnings.append(
+                    f"{p.param}: dim {dim} of {shape[dim]} does not divide over "
+                    f"{', '.join(names[a] for a in axes)}; JAX shards evenly only"
+                )
+        if p.sharding.partial_axes:
+            warnings.append(f"{p.param}: a partial value has no PartitionSpec; exported unsplit")
+    return {
+        "schema": SCHEMA,
+        "mesh": {"shape": list(mesh.shape), "axis_names": list(names)},
+        "parameters": parameters,
+        "unnamed": held.unnamed,
+        "warnings": warnings,
+    }

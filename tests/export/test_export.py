@@ -1,0 +1,217 @@
+"""`autoshard export`: a plan of block_dynamo.onnx on dp=2,tp=2 with its first up-projection
+split tp-major over both axes and the second down-projection over tp, as DTensor placements,
+JAX PartitionSpecs (run by JAX on 4 CPU devices when jax is installed) and ONNX IR v11 sharding
+metadata (checked by onnx.checker and read back)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+from autoshard.cli import main
+from autoshard.export import Target, export_plan
+from autoshard.mesh import Mesh
+from autoshard.sharding import Sharding
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+MESH = Mesh.parse("dp=2,tp=2")
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("export")
+    shutil.copy(MODELS / "block_dynamo.onnx", folder)  # found beside the plan
+    path = folder / "plan.json"
+    code = main([
+        "plan", str(folder / "block_dynamo.onnx"), "--mesh", str(MESH), "--dim", "batch=4",
+        "--dim", "seq=8", "--annotate", "val_2=[[], [1, 0]]", "--annotate", "val_9=[[1], []]",
+        "-o", str(path),
+    ])  # fmt: skip
+    assert code == 0
+    return path
+
+
+def test_dtensor(plan):
+    document = export_plan(plan, Target.DTENSOR).document
+    params = document["parameters"]
+    # val_2 = 0.up.weight.T [32, 64] split [[], [1, 0]]: the Linear's dim 0, tp-major.
+    assert params["0.up.weight"] == {
+        "placements": ["_StridedShard(0, split_factor=2)", "Shard(0)"],
+        "onnx_weight": "val_2", "transposed": True, "source": "folded_from",
+    }  # fmt: skip
+    assert params["1.down.weight"]["placements"] == ["Replicate()", "Shard(1)"]
+    assert params["1.norm.weight"]["onnx_weight"] == "0.norm.weight"  # deduplicated
+    assert document["mesh"] == {"shape": [2, 2], "dim_names": ["dp", "tp"]}
+    assert len(params) == 10 and document["unnamed"] == {} and document["warnings"] == []
+
+
+def test_dtensor_module_is_deterministic(plan):
+    first, second = (export_plan(plan, Target.DTENSOR).payload for _ in range(2))
+    assert first == second
+    text = first.decode()
+    assert '    "0.up.weight": (_StridedShard(0, split_factor=2), Shard(0),),\n' in text
+    compile(text, "apply_plan.py", "exec")
+
+
+def test_jax_specs(plan):
+    params = export_plan(plan, Target.JAX).document["parameters"]
+    assert params["0.up.weight"]["spec"] == [["tp", "dp"], None]
+    assert params["0.up.weight"]["text"] == "PartitionSpec(('tp', 'dp'), None)"
+    assert params["0.up.weight"]["shape"] == [64, 32]
+    assert params["1.down.weight"]["text"] == "PartitionSpec(None, 'tp')"
+
+
+JAX_CHECK = """
+import json, sys
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+export = json.load(open(sys.argv[1]))
+mesh = Mesh(np.array(jax.devices()[:4]).reshape(export["mesh"]["shape"]),
+            tuple(export["mesh"]["axis_names"]))
+out = {}
+for name, entry in export["parameters"].items():
+    spec = PartitionSpec(*(tuple(s) if isinstance(s, list) else s for s in entry["spec"]))
+    array = jax.device_put(np.zeros(entry["shape"], np.float32), NamedSharding(mesh, spec))
+    ids = {d.id: i for i, d in enumerate(mesh.devices.flat)}
+    out[name] = {ids[s.device.id]: [[sl.start or 0, sl.stop if sl.stop is not None else n]
+                                     for sl, n in zip(s.index, entry["shape"])]
+                 for s in array.addressable_shards}
+print(json.dumps(out))
+"""
+
+
+def test_jax_places_the_plans_shards(plan, tmp_path):
+    pytest.importorskip("jax")
+    path = tmp_path / "jax.json"
+    assert main(["export", str(plan), "--to", "jax", "-o", str(path)]) == 0
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "JAX_PLATFORMS": "cpu"}  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", JAX_CHECK, str(path)], env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    placed = json.loads(run.stdout)
+    export = json.loads(path.read_text())
+    document = json.loads(plan.read_text())
+    for name, entry in export["parameters"].items():
+        held = Sharding.parse(document["values"][entry["onnx_weight"]]["sharding"])
+        onnx_shape = entry["shape"][::-1] if entry["transposed"] else entry["shape"]
+        for device in MESH.devices():
+            region = [list(r) for r in held.slices(MESH, onnx_shape, device)]
+            region = region[::-1] if entry["transposed"] else region
+            assert placed[name][str(MESH.linear_index(device))] == region, (name, device)
+
+
+def _read_back(spec, mesh: Mesh, shape) -> dict[int, tuple[int, ...]]:
+    """Device -> the shard index tuple a ShardingSpecProto gives it."""
+    groups = {e.key: list(e.value) for e in spec.index_to_device_group_map}
+    counts = [d.simple_sharding[0].num_shards for d in spec.sharded_dim]
+    for d in spec.sharded_dim:
+        assert d.simple_sharding[0].dim_value == shape[d.axis]
+    out = {}
+    for flat, key in enumerate(spec.device):
+        index, rest = [], flat
+        for count in reversed(counts):
+            index.append(rest % count)
+            rest //= count
+        for device in groups.get(key, [key]):
+            out[device] = tuple(reversed(index))
+    assert sorted(out) == list(range(mesh.size))
+    return out
+
+
+def test_onnx_sharding_metadata(plan, tmp_path):
+    from autoshard.document import read_document
+    from autoshard.export.held import held_params
+    from autoshard.export.to_onnx import shard_index
+
+    out = tmp_path / "sharded.onnx"
+    assert main(["export", str(plan), "--to", "onnx", "-o", str(out)]) == 0
+    model = onnx.load(out)
+    onnx.checker.check_model(model, full_check=True)
+    assert model.ir_version == 11
+    assert [(c.name, c.num_devices) for c in model.configuration] == [("autoshard", 4)]
+    held = held_params(read_document(plan), plan.parent / "block_dynamo.onnx")
+    checked = 0
+    for node in model.graph.node:
+        op = held.graph.op_by_name[node.name]
+        (config,) = node.device_configurations
+        specs = {s.tensor_name: s for s in config.sharding_spec}
+        for i, name in enumerate(op.inputs):
+            shape = held.graph.values[name].shape
+            needs = held.plan.needs[(op.name, i)]
+            got = _read_back(specs[name], MESH, shape)
+            for device in MESH.devices():
+                assert got[MESH.linear_index(device)] == shard_index(needs, MESH, device)
+            checked += bool(needs.split_axes)
+    assert checked >= 2
+    matmul = next(n for n in model.graph.node if "val_2" in n.input)
+    (config,) = matmul.device_configurations
+    spec = next(s for s in config.sharding_spec if s.tensor_name == "val_2")
+    # dim 1 over tp then dp: device (dp=i, tp=j) holds shard 2j + i; one device per shard.
+    assert [(d.axis, d.simple_sharding[0].num_shards) for d in spec.sharded_dim] == [(1, 4)]
+    assert list(spec.device) == [0, 2, 1, 3]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--to", "onnx"], "--to onnx writes a model: give -o OUT.onnx"),
+        (["--to", "jax", "--model", "MODELS/mlp.onnx"],
+         "model 'MODELS/mlp.onnx' is not the one plan PLAN was made from (sha256 differs)"),
+        (["--to", "jax", "--model", "nope.onnx"],
+         "cannot read ONNX model 'nope.onnx': no such file"),
+        (["--to", "jax", "--checkpoint", "nope.pt"],
+         "cannot read checkpoint 'nope.pt': no such file"),
+    ],
+)  # fmt: skip
+def test_errors(plan, capsys, args, message):
+    args = [a.replace("MODELS", str(MODELS)) for a in args]
+    assert main(["export", str(plan), *args]) == 2
+    expected = message.replace("MODELS", str(MODELS)).replace("PLAN", str(plan))
+    assert capsys.readouterr().err == f"autoshard: error: {expected}\n"
+
+
+def test_the_model_must_be_found(tmp_path, plan, capsys):
+    lone = tmp_path / "plan.json"
+    shutil.copy(plan, lone)
+    assert main(["export", str(lone), "--to", "jax"]) == 2
+    assert capsys.readouterr().err == (
+        f"autoshard: error: plan {lone} was made from block_dynamo.onnx, which is not beside it "
+        "nor here: give it with --model\n"
+    )
+
+
+def test_what_the_targets_cannot_hold_is_warned(tmp_path):
+    """6 columns over 2x2 ([[], [0, 1]]): the plan cuts 2/2/2/0, DTensor's nested chunks
+    2/1/2/1, JAX refuses."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.arange(36, dtype=np.float32).reshape(6, 6), "fc.weight")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "fc.weight"], ["y"], name="/fc/MatMul")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6])], [weight],
+    )  # fmt: skip
+    model = tmp_path / "fc.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    plan = tmp_path / "plan.json"
+    assert main(["plan", str(model), "--mesh", "2x2", "--annotate", "fc.weight=[[], [0, 1]]",
+                 "-o", str(plan)]) == 0  # fmt: skip
+    dtensor = export_plan(plan, Target.DTENSOR).document
+    assert dtensor["parameters"]["fc.weight"]["placements"] == ["Shard(1)", "Shard(1)"]
+    assert dtensor["warnings"] == [
+        "fc.weight: [[], [0, 1]] on shape [6, 6] is uneven; DTensor cuts it by nested "
+        "torch.chunk, not the plan's ceil-div"
+    ]
+    assert export_plan(plan, Target.JAX).document["warnings"] == [
+        "fc.weight: dim 1 of 6 does not divide over axis0, axis1; JAX shards evenly only"
+    ]
+    # The MatMul reads it gathered over axis 1 (`[[], [0]]`, even): nothing for ONNX to say.
+    assert export_plan(plan, Target.ONNX).document["warnings"] == []
