@@ -234,15 +234,15 @@ SEEDS = {
         {"value": "y", "sharding": "[[]] partial = sum[0]"},
         {"value": "y", "sharding": "[[], [], [0]]", "for": "users"},
     ], {"all_gather": 1, "all_slice": 1, "reduce_scatter": 1}),
-    # Seed 004: the 2-D weight-stationary MLP on 2x2x2 (8 processes). After the CCL passes
-    # h's all_reduce over [0] is a reduce_scatter, its all_gather moved past the Max; the
-    # constant is sliced over [1, 2, 0], a group order unlike torch's rank order.
+    # Seed 004: the 2-D weight-stationary MLP on 2x2x2 (8 processes). h's all_reduce over
+    # [0] stays one all_reduce (split into reduce_scatter + all_gather it would send no fewer
+    # bytes); the constant is sliced over [1, 2, 0], a group order unlike torch's rank order.
     "004": ("2x2x2", [
         {"value": "x", "sharding": "[[], [], [0, 1, 2]]"},
         {"value": "h", "sharding": "[[], [], [1, 2]] partial = sum[0]"},
         {"value": "y", "sharding": "[[], [], [0]] partial = sum[1, 2]"},
         {"value": "y", "sharding": "[[], [], [0, 1, 2]]", "for": "users"},
-    ], {"all_gather": 2, "all_slice": 1, "reduce_scatter": 2}),
+    ], {"all_gather": 1, "all_slice": 1, "all_reduce": 1, "reduce_scatter": 1}),
 }  # fmt: skip
 
 
