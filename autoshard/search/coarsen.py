@@ -4,8 +4,11 @@ Decisions are the ops (which sharding option) and the producer-less values the o
 inputs and weights: which sharding they are held in). `group_decisions` ties them into *groups*
 sharing one one-hot variable vector, each member mapping the group's choice to one of its own:
 
-- ops of repeated layers share the variables of the first layer (`find_repeats`), and a weight
-  of a repeated layer is held as its copy in the first layer is (unless annotated);
+- ops of repeated layers share the variables of the first layer (`find_repeats`: a training
+  step has several periodic runs, its forward layers, their backward and their updates), and a
+  weight of a repeated layer is held as its copy in the first layer is (unless annotated);
+- a gradient op computes with its forward op's option, a recomputed op with its original's
+  (`rules.gradient.computed_with`): they share its variables, coarsened or not;
 - how a weight or input is held is a decision of its own, apart from how its readers read it
   (held split further and gathered before use: FSDP, ZeRO-3);
 - an elementwise op follows the producer of its first operand when it can compute in the
@@ -242,7 +245,8 @@ class Grouping:
 
     def representative(self, value: str) -> tuple:
         """The same key for a value and its copies in the other repeated layers: the copy in
-        the first layer of its producer (or of its only reader, for a producer-less value)."""
+        the first layer of its producer (for a producer-less value: the copies of its readers,
+        so a weight read by a layer's forward, backward and update is tied across layers)."""
         key = self.representatives.get(value)
         return key if key is not None else ("value", value)
 

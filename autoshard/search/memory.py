@@ -7,12 +7,17 @@ step; the model has two rows per op, PRE(p) (bounding every reshard step of p) a
 compute step), and one row END for the reshards of the graph outputs. What is live in them:
 
 - resident tensors (graph inputs, weights, constants): at their held sharding, in every row;
+  but in a training step a weight or optimizer state its update writes over is live until
+  that update (where its next value takes its place), and a gradient accumulated over
+  micro-batches is live from the first row;
 - a value an op produces: its held shard, from AT(producer) to its last reader; at AT(last) only
   if the last reader reads it as held (otherwise the reshard before it was its last use);
 - reshard buffers: a value read in a sharding s other than the one it is held in is resharded
   once, before the first op that reads it so, and the buffer lives until the last op that reads
   it so. With P(t) "some read up to t needs s" and Q(t) "some read from t on needs s", the
   buffer is live at t exactly when held != s and P(t) and Q(t);
+- a weight (an input, a constant) is resharded again for a training step's backward, not kept
+  from its forward (FSDP gathers a weight before each use): its buffers are counted apart;
 - the intermediate tensors of a reshard of several collectives: the most they add over the
   final buffer, at PRE of the reader, for the reshards (`chains`) the search has seen a plan
   make (most pairs of candidates on a 3-axis mesh take several steps, a plan few of them).

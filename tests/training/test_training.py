@@ -312,3 +312,26 @@ def test_training_options_name_the_valid_choices():
     assert Training.parse("sgd", "fp32").state_planes == 1  # momentum only
     assert Training.parse("adam", "fp32").state_planes == 2
     assert Training.parse("none").state_planes == 0
+
+
+def test_recomputed_layers_keep_only_their_inputs():
+    """GPT-2's two layers recomputed in their backward: the recomputed ops compute with their
+    originals' options, the activations at the peak shrink, and the ILP's peak is still the
+    program's."""
+    from autoshard.pipeline import load_graph
+    from autoshard.rules.gradient import computed_with
+    from autoshard.training import Recompute
+
+    dims, cluster = {"batch": 8, "seq": 32}, make_cluster(mesh="2x2")
+    peaks = {}
+    for recompute in (Recompute.NONE, Recompute.LAYERS):
+        graph = load_graph(MODELS / "gpt2.onnx", dims, Training(recompute=recompute))
+        planned = auto_plan(graph, cluster)
+        recomputed = [op for op in graph.ops if op.name.endswith("@recompute")]
+        assert bool(recomputed) == (recompute is Recompute.LAYERS)
+        for op in recomputed:
+            assert planned.plan.options[op.name] == planned.plan.options[computed_with(op)]
+            assert graph.phase(op.name) == "backward"
+        assert planned.search.problem.peak(planned.solution.choice) == memory(planned.program).peak
+        peaks[recompute] = planned.cost.memory_by_kind["activations"]
+    assert peaks[Recompute.LAYERS] < peaks[Recompute.NONE]
