@@ -133,7 +133,10 @@ def entry_of(document: Mapping[str, Any], file: str) -> Entry:
             raise ReportError(f"{file}: plan has no {'.'.join(m.path)}")
         if value is not None:
             values[m.key] = float(value)
-    return Entry(model_label(document.get("model") or {}), str(document.get("mesh")), file, values)
+    label = model_label(document.get("model") or {})
+    if document.get("mode") == "training":  # a training step is another plan of the model
+        label += " (training)"
+    return Entry(label, str(document.get("mesh")), file, values)
 
 
 def load_entries(path: str | Path) -> dict[tuple[str, str], Entry]:

@@ -29,3 +29,5 @@ plan gpt2-4x8          gpt2 --mesh 4x8 --dim batch=8 --dim seq=128
 plan gpt2_dynamo-4x8   gpt2_dynamo --mesh 4x8 --dim batch=8 --dim seq=128
 plan bert-2x4-900KB    bert --mesh 2x4 --dim batch=8 --dim seq=128 --memory 900KB
 plan decoder_32l-4x8   decoder_32l_shape_only --mesh 4x8 --dim batch=8 --dim seq=2048
+plan gpt2-2x4-training gpt2 --mesh 2x4 --dim batch=8 --dim seq=128 --mode training
+plan decoder_32l-4x8-training decoder_32l_shape_only --mesh 4x8 --dim batch=32 --dim seq=2048 --mode training

@@ -197,3 +197,11 @@ def test_errors_are_one_line(tmp_path: Path, capsys) -> None:
     for path, message in cases.items():
         assert main(["report", "--baseline", path, "--current", path]) == 2
         assert capsys.readouterr().err == f"autoshard: error: {message}\n"
+
+
+def test_a_training_plan_is_compared_with_the_training_plan(tmp_path: Path) -> None:
+    """The training step of a model is another plan than its forward pass, on the same mesh."""
+    forward = plan(*MLP, 100, 0, 0.0, 1e-9, 0.1)
+    step = plan(*MLP, 300, 64, 1e-6, 3e-9, 0.1) | {"mode": "training"}
+    entries = load_entries(write(tmp_path / "a", {"f": forward, "t": step}))
+    assert sorted(entries) == [("mlp.onnx batch=8", "2x2"), ("mlp.onnx batch=8 (training)", "2x2")]
