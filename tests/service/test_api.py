@@ -247,6 +247,16 @@ def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys
             {"dims": '{"batch": 8}'}, 422,
             "form field 'mesh' is required (a device mesh, e.g. 4x8)", id="no-mesh",
         ),
+        pytest.param(
+            {**FIELDS, "optimizer": "sgd"}, 422,
+            "form field 'optimizer' plans a training step: add mode=training",
+            id="training-field-without-mode",
+        ),
+        pytest.param(
+            {**FIELDS, "mode": "training", "precision": "fp8"}, 422,
+            "unknown precision 'fp8'; choose one of: bf16-mixed, fp16-mixed, fp32",
+            id="training-precision",
+        ),
     ],
 )  # fmt: skip
 def test_bad_form_fields(server: Server, fields, status, message) -> None:
@@ -307,3 +317,18 @@ def test_unknown_plan_and_docs(server: Server) -> None:
     ]  # fmt: skip
     form = paths["/v1/plans"]["post"]["requestBody"]["content"]["multipart/form-data"]
     assert form["schema"]["required"] == ["model", "mesh"]
+
+
+def test_a_training_plan_is_what_autoshard_plan_mode_training_prints(
+    server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fields = {"mesh": "2x2", "dims": '{"batch": 8}', "mode": "training", "optimizer": "sgd"}
+    response = server.submit(MLP, fields)
+    assert response.status_code == 202, response.text
+    job = server.wait(response.json()["id"])
+    assert job["status"] == "done", job["error"]
+    flags = ["--mesh", "2x2", "--dim", "batch=8", "--mode", "training", "--optimizer", "sgd"]
+    code, out, _ = cli(["plan", str(MLP), *flags, "--json"], capsys)
+    assert code == 0
+    assert untimed(job["plan"]) == untimed(json.loads(out))
+    assert job["plan"]["training"]["optimizer"] == "sgd"
