@@ -9,6 +9,7 @@
     OUT/steps.json, OUT/segments/        the same program as `autoshard run` executes it: ONNX
                                          segments between collectives and the steps of each
                                          device (autoshard/steps.py); not for a shape-only model
+                                         nor a training step
 
 Every file is written to a temporary name and renamed, and nothing in it depends on time or
 on the order a dict happened to be filled: running the command twice gives the same bytes.
@@ -109,7 +110,10 @@ def write_partition(
             entry["sha256"], entry["bytes"] = next(written)
     _remove_stale(folder / WEIGHTS, {d["file"] for d in devices})
     write_atomic(folder / SPMD, print_spmd(partitioned, dialect).encode())
-    if not shape_only:
+    # Runnable steps of a forward pass with weights (a training step's gradient ops are no
+    # ONNX ops: its program is the MLIR text only).
+    runnable = not shape_only and setup.training is None
+    if runnable:
         write_steps(folder, partitioned, graph, {d["index"]: d["file"] for d in devices})
     manifest = {
         "format": FORMAT,
@@ -136,7 +140,7 @@ def write_partition(
         "collectives": partitioned.collectives_json(),
         "bytes_per_device": program.bytes_per_device,
         "spmd": {"file": SPMD, "dialect": dialect},
-        "steps": None if shape_only else STEPS,
+        "steps": STEPS if runnable else None,
         "unruled": list(program.unruled),
     }
     write_atomic(folder / MANIFEST, json_text(manifest).encode())

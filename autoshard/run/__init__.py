@@ -109,6 +109,11 @@ def run_partition(
         raise RunSetupError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     folder = Path(out)
     partition = read_manifest(folder)
+    if "training" in partition:
+        raise RunSetupError(
+            f"'{out}' is the partition of a training step; autoshard run executes forward "
+            "passes only (partition the model without --mode training to run it)"
+        )
     steps = read_steps(folder)
     if check is not None:
         check_model(partition, check)

@@ -298,9 +298,12 @@ def test_a_training_plan_partitions_as_planned_and_verify_refuses_it(mlp, tmp_pa
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["training"]["optimizer"] == "adamw"
     assert '"onnx.Grad"' in (out / "spmd.mlir").read_text()
+    assert manifest["steps"] is None and not (out / "steps.json").exists()  # not runnable
     capsys.readouterr()
     assert main(["verify", str(out), "--model", str(mlp)]) == 2
     assert "is the partition of a training step" in capsys.readouterr().err
+    assert main(["run", str(out)]) == 2
+    assert "autoshard run executes forward passes only" in capsys.readouterr().err
     wrong = ["partition", str(mlp), "--mesh", "2x2", "--plan", str(plan), "-o", str(out)]
     assert main([*wrong, "--mode", "training", "--optimizer", "sgd"]) == 2
     assert "leave out --mode and the training flags" in capsys.readouterr().err
