@@ -147,6 +147,8 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=["mlp", "gpt2", "bert"])
     parser.add_argument("--mesh", default="2")
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE")
+    parser.add_argument("--worst", type=int, default=0, metavar="N",
+                        help="also list each model's N ops the estimate misses most")  # fmt: skip
     args = parser.parse_args()
     dims = DIMS | {k: int(v) for k, v in (d.split("=") for d in args.dim)}
     cluster = args.cluster
@@ -167,6 +169,10 @@ def main() -> int:
             ratio = f"{e / m:.2f}" if m else "-"
             table.append([model, kind, str(len(rows[kind])), f"{m * 1e3:.3f}", f"{e * 1e3:.3f}",
                           ratio])  # fmt: skip
+        misses = sorted((abs(m - e), n, m, e) for r in rows.values() for n, m, e in r)
+        for _, name, m, e in reversed(misses[-args.worst :] if args.worst else []):
+            op = name.rsplit("/", 1)[-1]
+            print(f"{model}: {op} measured {m * 1e6:.1f} us, estimated {e * 1e6:.1f} us")
         count = str(sum(len(r) for r in rows.values()))
         table.append([model, "total", count, f"{total_m * 1e3:.3f}", f"{total_e * 1e3:.3f}",
                       f"{total_e / total_m:.2f}"])  # fmt: skip
