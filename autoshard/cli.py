@@ -445,10 +445,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"autoshard: {message}", file=sys.stderr, flush=True)
 
     ranks = measure.check_ranks(args.ranks)
+    backend = args.backend or measure.default_backend()
+    if ranks:
+        measure.check_backend(ranks, backend)
     calibration = calibrate(args.quick, progress)
     if ranks:
         sizes, repeats = (measure.QUICK_SIZES, 5) if args.quick else (measure.SIZES, 10)
-        backend = args.backend or measure.default_backend()
         links = measure.measure_links(ranks, backend, sizes, repeats, progress=progress)
         calibration = calibration.with_links(links)
     else:

@@ -147,6 +147,22 @@ def default_backend() -> str:
     return "nccl" if _cuda_devices() else "gloo"
 
 
+def check_backend(ranks: int, backend: str) -> None:
+    """Refuse, before any work, what this machine cannot measure."""
+    if backend not in BACKENDS:
+        raise RunSetupError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    check_ranks(ranks)
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        raise RunSetupError("measuring links needs torch: pip install 'autoshard[run]'") from None
+    if backend == "nccl" and not (dist.is_nccl_available() and _cuda_devices() >= ranks):
+        raise RunSetupError(
+            f"--backend nccl needs {ranks} CUDA GPUs; this machine has {_cuda_devices()}: use "
+            "--backend gloo or fewer --ranks"
+        )
+
+
 def measure_links(
     ranks: int,
     backend: str = "gloo",
@@ -156,13 +172,9 @@ def measure_links(
     progress: Callable[[str], None] = lambda _: None,
 ) -> Links:
     """Time the collectives over `ranks` local processes and fit the link (module docstring)."""
-    if backend not in BACKENDS:
-        raise RunSetupError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
-    check_ranks(ranks)
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        raise RunSetupError("measuring links needs torch: pip install 'autoshard[run]'") from None
+    check_backend(ranks, backend)
+    import torch.distributed as dist
+
     from autoshard.run.launch import _stop
     from autoshard.run.rank import Rendezvous, RunError
 

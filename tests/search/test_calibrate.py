@@ -179,3 +179,17 @@ def test_calibrate_measures_the_links_on_gloo_and_plan_prices_with_them(tmp_path
         if c["bytes_per_device"]
     )
     assert plan["collectives"] and plan["cost"]["comm_time_s"] == pytest.approx(expected)
+
+
+def test_calibrate_refuses_nccl_without_gpus_before_any_work(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs")
+    path = tmp_path / "c.json"
+    assert main(["calibrate", "--ranks", "2", "--backend", "nccl", "-o", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "autoshard: error: --backend nccl needs 2 CUDA GPUs; this machine has 0: use "
+        "--backend gloo or fewer --ranks\n"
+    )
+    assert not path.exists()
