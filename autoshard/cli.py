@@ -439,11 +439,23 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from autoshard.cost.calibrate import calibrate
     from autoshard.files import write_atomic
+    from autoshard.run import measure
 
     def progress(message: str) -> None:
         print(f"autoshard: {message}", file=sys.stderr, flush=True)
 
-    data = calibrate(args.quick, progress).to_json()
+    ranks = measure.check_ranks(args.ranks)
+    backend = args.backend or measure.default_backend()
+    if ranks:
+        measure.check_backend(ranks, backend)
+    calibration = calibrate(args.quick, progress)
+    if ranks:
+        sizes, repeats = (measure.QUICK_SIZES, 5) if args.quick else (measure.SIZES, 10)
+        links = measure.measure_links(ranks, backend, sizes, repeats, progress=progress)
+        calibration = calibration.with_links(links)
+    else:
+        progress("links not measured (--ranks 0, or no torch): the host's copy rate stands in")
+    data = calibration.to_json()
     write_atomic(Path(args.out), (json.dumps(data, indent=2) + "\n").encode())
     if args.json:
         _emit(data)
@@ -623,6 +635,14 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--out", default="cluster.json", metavar="FILE", help="default cluster.json"
     )
     calibrate.add_argument("--quick", action="store_true", help="small shapes, about 2 s")
+    calibrate.add_argument(
+        "--ranks", type=int, metavar="N",
+        help="local processes to time collectives over (default: one per GPU, 4 on CPU; "
+        "0: links not measured)",
+    )  # fmt: skip
+    calibrate.add_argument(
+        "--backend", choices=("gloo", "nccl"), help="default nccl with GPUs, else gloo"
+    )
     calibrate.add_argument("--json", action="store_true", help="print the cluster file")
     calibrate.set_defaults(run=cmd_calibrate)
 

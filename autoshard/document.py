@@ -4,7 +4,7 @@ its schema, written and read here only:
 
     {"schema": "autoshard.plan/1", "model": {...}, "mesh": "4x8", "cluster": {...},
      "values": {name: {"sharding", "partial"}},
-     "ops": {name: {"type", "sharding_option", "flops", "bytes", "compute_s"}},
+     "ops": {name: {"type", "sharding_option", "flops", "bytes", "compute_s"[, "phase"]}},
      "unruled": [...], "collectives": [...], "cost": {...}, "solver": {...} | null,
      "search": {...} | null, "timing": {"build_s", "solve_s"} | null}
 
@@ -50,7 +50,8 @@ def describe(plan: Plan, graph: Graph, cost: Cost | None = None) -> dict[str, ob
     """The plan's `values` and `ops` (also the JSON of `autoshard propagate`). A graph input's
     or weight's entry says how it is held and, in `read_as`, how each op reads it (held split
     further than read: gathered before that op). With `cost`, each op's entry adds what one
-    device spends on it: `flops`, `bytes` (read and written) and `compute_s`."""
+    device spends on it: `flops`, `bytes` (read and written) and `compute_s`; a training
+    step's op also says its `phase` (forward, backward, gradient_sync, optimizer)."""
     read_as: dict[str, dict[str, str]] = {}
     for op in graph.ops:
         for i, name in enumerate(op.inputs):
@@ -82,6 +83,8 @@ def describe(plan: Plan, graph: Graph, cost: Cost | None = None) -> dict[str, ob
         }
         if cost is not None and op.name in cost.ops:
             ops[op.name] |= cost.ops[op.name].to_json()
+        if graph.phases:  # a training step's op says its phase, so its cost can be split by it
+            ops[op.name]["phase"] = graph.phase(op.name)
     return {"values": values, "ops": ops, "unruled": list(plan.unruled)}
 
 

@@ -12,9 +12,23 @@ What it measures, with numpy on the CPU (the kernels a CPU run of a plan would u
 - launch floor: the median time of `np.add` on one element (the per-op overhead).
 - memory: the machine's physical memory.
 
-What it does not measure: links. Processes on one host exchange data through its memory, so
-the file gives the scale-up link the measured copy rate and calls the host one node; a
-multi-host cluster needs `--bandwidth`/`--latency` (or the file's keys) from elsewhere.
+- links (`autoshard.run.measure`, with torch): all_gather, all_reduce, reduce_scatter and
+  all_to_all over N local processes on torch.distributed (gloo on CPU, nccl on GPUs), at
+  several sizes, fitted to the α–β model the planner prices collectives with
+  (`cost.model.collective_time`): a collective of kind k over n ranks, each holding `local`
+  bytes, takes
+
+      t = ring_steps(k, n) · α + ring_bytes(k, n, local) / β
+
+  so every sample is a row (steps, bytes) · (α, 1/β) = t, solved by least squares on relative
+  errors (`fit_link`: a sample of 10 us weighs as much as one of 10 ms). The fit becomes the
+  file's `bandwidth` and `latency` and the device's scale-up link (the N processes are one
+  node); the samples and the fit of each kind alone are kept under `calibration.links`.
+  Without torch (or with `--ranks 0`) the links are not measured: the host's copy rate
+  stands in, as one node.
+
+What it does not measure: the network between hosts; a multi-host cluster needs
+`--bandwidth`/`--latency` (or the file's keys) from elsewhere.
 """
 
 from __future__ import annotations
@@ -26,10 +40,13 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+
+from autoshard.cost.cluster import ClusterError
+from autoshard.reshard import CollectiveKind, ring_bytes, ring_steps
 
 SQUARE = (256, 512, 1024, 2048)
 THIN = ((2048, 32, 2048), (2048, 2048, 32), (32, 2048, 2048), (2048, 128, 2048))
@@ -46,10 +63,18 @@ class Calibration:
     copy_bandwidth: float
     launch_s: float
     memory: int
+    links: Links | None = None
+
+    def with_links(self, links: Links | None) -> Calibration:
+        return replace(self, links=links)
 
     def device(self, name: str) -> dict[str, object]:
         """The cluster file's `device` (`cost.cluster.device_kind` reads it)."""
         cores = os.cpu_count() or 1
+        # The host is one node; measured links are its scale-up link, else its copy rate.
+        bandwidth, latency = self.copy_bandwidth, self.launch_s
+        if self.links is not None:
+            bandwidth, latency = self.links.fit.bandwidth, self.links.fit.latency
         return {
             "name": name,
             "flops": {"float32": self.peak},
@@ -60,28 +85,126 @@ class Calibration:
             "memory_efficiency": 1.0,
             "matmul_half_dim": self.half_dim,
             "launch_s": self.launch_s,
-            "link_bandwidth": self.copy_bandwidth,
-            "link_latency": self.launch_s,
-            "node_size": cores,
-            "network_bandwidth": self.copy_bandwidth,
-            "network_latency": self.launch_s,
-            "link_name": "host memory",
+            "link_bandwidth": bandwidth,
+            "link_latency": latency,
+            "node_size": max(cores, self.links.ranks if self.links else 1),
+            "network_bandwidth": bandwidth,
+            "network_latency": latency,
+            "link_name": self.links.backend if self.links else "host memory",
         }
 
     def to_json(self) -> dict[str, object]:
         """The cluster file: the measured device, and the raw figures under `calibration`."""
         name = f"{processor_name()} (calibrated, numpy float32)"
-        return {
-            "device": self.device(name),
-            "calibration": {
-                "matmul_flops": [
-                    {"m": m, "k": k, "n": n, "flops_per_s": rate} for (m, k, n), rate in self.matmul
-                ],
-                "copy_bytes_per_s": self.copy_bandwidth,
-                "launch_s": self.launch_s,
-                "links": "not measured: one host, the copy rate",
-            },
+        found: dict[str, object] = {"device": self.device(name)}
+        if self.links is not None:  # the file's links: every axis, as flags would give them
+            found["bandwidth"] = f"{self.links.fit.bandwidth / 1e9:.6g}GB/s"
+            found["latency"] = f"{self.links.fit.latency * 1e6:.6g}us"
+        found["calibration"] = {
+            "matmul_flops": [
+                {"m": m, "k": k, "n": n, "flops_per_s": rate} for (m, k, n), rate in self.matmul
+            ],
+            "copy_bytes_per_s": self.copy_bandwidth,
+            "launch_s": self.launch_s,
+            "links": self.links.to_json() if self.links else "not measured: the host's copy rate",
         }
+        return found
+
+
+@dataclass(frozen=True)
+class LinkSample:
+    """One timed collective: its kind over `ranks` processes, each holding `local` bytes."""
+
+    kind: CollectiveKind
+    ranks: int
+    local: int
+    seconds: float
+
+    @property
+    def steps(self) -> int:
+        return ring_steps(self.kind, self.ranks)
+
+    @property
+    def sent(self) -> int:
+        """Bytes each rank sends, as the planner counts them (`reshard.ring_bytes`)."""
+        return ring_bytes(self.kind, self.ranks, self.local)
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """A link of the α–β model: bandwidth β (bytes/s) and latency α (s) per ring step."""
+
+    bandwidth: float
+    latency: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"bandwidth_bytes_per_s": self.bandwidth, "latency_s": self.latency}
+
+
+@dataclass(frozen=True)
+class Links:
+    """The collectives measured over `ranks` local processes on `backend`, and their fit:
+    `fit` over every sample (the link), `by_kind` each kind's alone (how far they agree)."""
+
+    backend: str
+    ranks: int
+    samples: tuple[LinkSample, ...]
+    fit: LinkFit
+    by_kind: tuple[tuple[CollectiveKind, LinkFit], ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "backend": self.backend,
+            "ranks": self.ranks,
+            **self.fit.to_json(),
+            "by_kind": {str(kind): fit.to_json() for kind, fit in self.by_kind},
+            "samples": [
+                {
+                    "kind": str(s.kind),
+                    "local_bytes": s.local,
+                    "sent_bytes": s.sent,
+                    "steps": s.steps,
+                    "seconds": s.seconds,
+                }
+                for s in self.samples
+            ],  # fmt: skip
+        }
+
+
+def fit_link(samples: Sequence[LinkSample]) -> LinkFit:
+    """α and β minimising Σ ((steps·α + sent/β - t) / t)² (the module's docstring): the 2x2
+    normal equations of the rows (steps/t, sent/t) against 1, with α held at 0 if the free
+    fit makes it negative (latency below the timer's noise)."""
+    rows = [(s.steps / s.seconds, s.sent / s.seconds) for s in samples if s.seconds > 0]
+    saa = math.fsum(a * a for a, _ in rows)
+    sab = math.fsum(a * b for a, b in rows)
+    sbb = math.fsum(b * b for _, b in rows)
+    sa, sb = math.fsum(a for a, _ in rows), math.fsum(b for _, b in rows)
+    det = saa * sbb - sab * sab
+    alpha, gamma = -1.0, 0.0
+    if det > 1e-12 * saa * sbb:
+        alpha, gamma = (sa * sbb - sb * sab) / det, (saa * sb - sab * sa) / det
+    if alpha < 0:
+        alpha, gamma = 0.0, (sb / sbb if sbb else 0.0)
+    if gamma <= 0:
+        raise ClusterError(
+            "collective timings do not grow with their bytes: no bandwidth to fit (measure "
+            "larger sizes, or on a quieter machine)"
+        )
+    return LinkFit(1 / gamma, alpha)
+
+
+def fit_links(backend: str, samples: Sequence[LinkSample]) -> Links:
+    """The link over every sample, and each kind's own fit (left out where a kind's few
+    timings alone show no bandwidth: noise on a shared machine)."""
+    by_kind = []
+    for kind in sorted({s.kind for s in samples}):
+        try:
+            by_kind.append((kind, fit_link([s for s in samples if s.kind is kind])))
+        except ClusterError:
+            continue
+    ranks = max(s.ranks for s in samples)
+    return Links(backend, ranks, tuple(samples), fit_link(samples), tuple(by_kind))
 
 
 def best_time(run: Callable[[], object], repeats: int, budget: float = 0.05) -> float:

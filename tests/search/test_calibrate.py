@@ -8,10 +8,11 @@ import re
 import pytest
 
 from autoshard.cli import main
-from autoshard.cost.calibrate import fit_half_dim
+from autoshard.cost.calibrate import LinkSample, fit_half_dim, fit_link, fit_links
 from autoshard.cost.cluster import ClusterError, device_kind, make_cluster
 from autoshard.cost.model import OpCost, op_cost
 from autoshard.plan import ShardingOption
+from autoshard.reshard import CollectiveKind, ring_steps
 from autoshard.rules import rule_for
 from tests.search.test_plan import MODELS
 from tests.search.test_roofline import one_op
@@ -72,7 +73,7 @@ def test_a_described_device_needs_its_rates():
 def test_calibrate_writes_a_cluster_file_plan_reads(tmp_path, capsys):
     """A quick calibration of this machine (numpy float32), then a plan priced with it."""
     path = tmp_path / "cluster.json"
-    assert main(["calibrate", "--quick", "-o", str(path)]) == 0
+    assert main(["calibrate", "--quick", "--ranks", "0", "-o", str(path)]) == 0
     data = json.loads(path.read_text())
     device = data["device"]
     assert device["hbm_bandwidth"] > 0 and device["flops"]["float32"] > 0
@@ -87,3 +88,108 @@ def test_calibrate_writes_a_cluster_file_plan_reads(tmp_path, capsys):
     assert plan["cluster"]["hbm_bandwidth_bytes_per_s"] == device["hbm_bandwidth"]
     ops = plan["ops"].values()
     assert math.fsum(o["compute_s"] for o in ops) == pytest.approx(plan["cost"]["compute_time_s"])
+
+
+# ---- links: collectives fitted to the α–β model ------------------------------------------------
+
+KINDS = (CollectiveKind.ALL_GATHER, CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER,
+         CollectiveKind.ALL_TO_ALL)  # fmt: skip
+
+
+def synthetic(alpha, beta, ranks=4, sizes=(4096, 65536, 1 << 20), kinds=KINDS):
+    """Timings drawn from the model itself: t = ring_steps·α + ring_bytes/β."""
+    samples = []
+    for kind in kinds:
+        for local in sizes:
+            probe = LinkSample(kind, ranks, local, 1.0)
+            samples.append(LinkSample(kind, ranks, local, probe.steps * alpha + probe.sent / beta))
+    return samples
+
+
+def test_the_link_fit_recovers_alpha_and_beta_exactly():
+    """Over 4 ranks an all_reduce of 1 MiB per rank is 6 steps and 1.5 MiB sent: at α = 7 us,
+    β = 3 GB/s, 42 us + 524.288 us. The fit of every kind together, and of each alone, gives
+    α and β back."""
+    samples = synthetic(7e-6, 3e9)
+    big = next(s for s in samples if s.kind is CollectiveKind.ALL_REDUCE and s.local == 1 << 20)
+    assert (big.steps, big.sent) == (6, 1572864)
+    assert big.seconds == pytest.approx(42e-6 + 524.288e-6)
+    fit = fit_link(samples)
+    assert fit.latency == pytest.approx(7e-6, rel=1e-9)
+    assert fit.bandwidth == pytest.approx(3e9, rel=1e-9)
+    links = fit_links("gloo", samples)
+    assert [str(k) for k, _ in links.by_kind] == sorted(str(k) for k in KINDS)
+    for _, one in links.by_kind:
+        assert one.latency == pytest.approx(7e-6, rel=1e-9)
+        assert one.bandwidth == pytest.approx(3e9, rel=1e-9)
+
+
+def test_a_latency_below_zero_is_held_at_zero():
+    """Timings 0.1 us below t = x/β: the free fit's α is negative, so α = 0 and 1/β is the
+    relative least squares of t = x·γ alone, Σ (x/t) / Σ (x/t)²."""
+    shifted = [
+        LinkSample(s.kind, 2, s.local, s.seconds - 1e-7) for s in synthetic(0.0, 1e9, ranks=2)
+    ]
+    ratios = [s.sent / s.seconds for s in shifted]
+    fit = fit_link(shifted)
+    assert fit.latency == 0.0
+    assert fit.bandwidth == pytest.approx(math.fsum(r * r for r in ratios) / math.fsum(ratios))
+    assert fit.bandwidth > 1e9
+
+
+def test_timings_that_do_not_grow_with_bytes_are_refused():
+    flat = [LinkSample(CollectiveKind.ALL_REDUCE, 2, size, 1e-3) for size in (4096, 8192)]
+    with pytest.raises(ClusterError, match="do not grow with their bytes"):
+        fit_link(flat)
+
+
+def test_calibrate_refuses_one_rank(tmp_path, capsys):
+    assert main(["calibrate", "--quick", "--ranks", "1", "-o", str(tmp_path / "c.json")]) == 2
+    message = "autoshard: error: --ranks 1: give 0 (links not measured) or 2 and more\n"
+    assert capsys.readouterr().err == message
+
+
+def test_calibrate_measures_the_links_on_gloo_and_plan_prices_with_them(tmp_path, capsys):
+    """Two gloo ranks, the quick sizes (~6 s: two processes start and time 12 collectives):
+    the file's links are the fit, and a plan with it prices a collective by α and β."""
+    pytest.importorskip("torch")
+    path = tmp_path / "cluster.json"
+    assert main(["calibrate", "--quick", "--ranks", "2", "--backend", "gloo", "-o", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "all_to_all of 1048576 B per rank over 2 ranks (gloo)" in err and "links fit" in err
+    data = json.loads(path.read_text())
+    links = data["calibration"]["links"]
+    assert links["ranks"] == 2 and len(links["samples"]) == 12
+    assert {s["kind"] for s in links["samples"]} == {str(k) for k in KINDS}
+    bandwidth, latency = links["bandwidth_bytes_per_s"], links["latency_s"]
+    assert data["device"]["link_bandwidth"] == bandwidth
+    assert data["bandwidth"] == f"{bandwidth / 1e9:.6g}GB/s"
+    out = tmp_path / "plan.json"
+    args = ["plan", str(MODELS / "mlp.onnx"), "--mesh", "2", "--dim", "batch=8"]
+    args += ["--annotate", "x=[[], [0]]"]  # x held split: the plan gathers it
+    assert main([*args, "--cluster", str(path), "-o", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["cluster"]["bandwidth_bytes_per_s"] == [pytest.approx(bandwidth, rel=1e-5)]
+    assert plan["cluster"]["latency_s"] == [pytest.approx(latency, rel=1e-5)]
+    # The plan's communication time is the α–β model at the measured link, collective by one.
+    (beta,), (alpha,) = plan["cluster"]["bandwidth_bytes_per_s"], plan["cluster"]["latency_s"]
+    expected = math.fsum(
+        ring_steps(CollectiveKind(c["kind"]), 2) * alpha + c["bytes_per_device"] / beta
+        for c in plan["collectives"]
+        if c["bytes_per_device"]
+    )
+    assert plan["collectives"] and plan["cost"]["comm_time_s"] == pytest.approx(expected)
+
+
+def test_calibrate_refuses_nccl_without_gpus_before_any_work(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs")
+    path = tmp_path / "c.json"
+    assert main(["calibrate", "--ranks", "2", "--backend", "nccl", "-o", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "autoshard: error: --backend nccl needs 2 CUDA GPUs; this machine has 0: use "
+        "--backend gloo or fewer --ranks\n"
+    )
+    assert not path.exists()

@@ -249,6 +249,13 @@ def test_training_plans_are_deterministic_and_list_the_programs_collectives(
     phases = first["cost"]["phases"]
     assert sum(p["comm_bytes_per_device"] for p in phases.values()) == listed
     assert sum(first["cost"]["memory_by_kind"].values()) == first["cost"]["memory_bytes_per_device"]
+    # Each op says its phase: the ops' compute summed by phase is each phase's compute.
+    by_phase: dict[str, float] = {}
+    for entry in first["ops"].values():
+        by_phase[entry["phase"]] = by_phase.get(entry["phase"], 0.0) + entry.get("compute_s", 0)
+    assert set(by_phase) == set(phases)
+    for phase, seconds in by_phase.items():
+        assert seconds == pytest.approx(phases[phase]["compute_time_s"], rel=1e-12, abs=1e-15)
 
 
 # ---- the faces --------------------------------------------------------------------------------
