@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -110,6 +111,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     from autoshard.cost.model import price
     from autoshard.document import describe
     from autoshard.pipeline import propagated
+    from autoshard.story import strategy_story
 
     cluster = _cluster(args)
     mesh = cluster.mesh
@@ -126,9 +128,11 @@ def cmd_propagate(args: argparse.Namespace) -> int:
         print(print_program(program, args.dialect), end="")
         return 0
     cost = price(program, graph, cluster)
+    collectives = program.collectives_json()
     data: dict[str, Any] = {
+        "story": strategy_story(graph, result, collectives),
         **describe(result, graph, cost),
-        "collectives": program.collectives_json(),
+        "collectives": collectives,
         "cost": cost.to_json(),
     }
     if args.json:
@@ -137,6 +141,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     print(
         f"model {graph.name} on mesh {mesh}: {len(graph.ops)} ops, {len(annotations)} annotations"
     )
+    print(textwrap.fill(data["story"], width=100))
     for name, op in data["ops"].items():
         print(f"  {name} ({op['type']}): {op['sharding_option'] or 'replicated (no rule)'}")
     collectives = data["collectives"]
@@ -250,6 +255,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     solver, search, timing = document["solver"], document["search"], document["timing"]
     layers = search["repeated_layers"]
     print(f"plan for {args.model} on mesh {cluster.mesh} ({cluster.mesh.size} devices)")
+    print(textwrap.fill(document["story"], width=100))
     print(_cost_summary(planned.cost, cluster, document["ops"]))
     print(
         f"collectives: {len(document['collectives'])}; solver {solver['status']}, gap "

@@ -328,13 +328,14 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
 
 
 def plan_markdown(document: Mapping[str, Any]) -> str:
-    """One plan document as a Markdown report: model, cluster, cost, solver, collectives and
-    every op's sharding option."""
+    """One plan document as a Markdown report: the strategy in words, model, cluster, cost,
+    solver, collectives and every op's sharding option."""
     model, cluster, cost = document["model"], document["cluster"], document["cost"]
     memory, budget = cost["memory_bytes_per_device"], cluster["memory_bytes"]  # budget > 0
     lines = [
         f"# Plan: {model_label(model)} on mesh {document['mesh']}",
         "",
+        *([document["story"], ""] if document.get("story") else []),
         f"Model `{model.get('name')}` ({model.get('file')}, sha256 `{model.get('sha256')}`); "
         f"device {cluster.get('device')}; link bandwidth per mesh axis "
         f"{', '.join(f'{b / 1e9:g} GB/s' for b in cluster.get('bandwidth_bytes_per_s', []))}; "
