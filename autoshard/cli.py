@@ -442,6 +442,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 1 if comparison.regressed else 0
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    from autoshard.diff import diff_plans, diff_text
+    from autoshard.document import read_document
+
+    diff = diff_plans(read_document(args.a), read_document(args.b))
+    if args.json:
+        _emit(diff)
+    else:
+        print(diff_text(diff))
+    return 0
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from autoshard.cost.calibrate import calibrate
     from autoshard.files import write_atomic
@@ -720,6 +732,14 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--markdown", metavar="OUT.md", help="also write the Markdown report")
     report.add_argument("--json", action="store_true", help="print the comparison as JSON")
     report.set_defaults(run=cmd_report)
+
+    diff = commands.add_parser(
+        "diff", help="what changed between two plans: shardings by layer, collectives, costs"
+    )
+    diff.add_argument("a", metavar="A.json", help="the plan to compare from")
+    diff.add_argument("b", metavar="B.json", help="the plan to compare to")
+    diff.add_argument("--json", action="store_true", help="print the diff as JSON")
+    diff.set_defaults(run=cmd_diff)
 
     export = commands.add_parser(
         "export", help="a plan as DTensor placements, JAX PartitionSpecs or ONNX sharding"

@@ -19,6 +19,7 @@ a deterministic time limit), so on the same inputs they repeat exactly.
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,8 +299,20 @@ def comparison_markdown(comparison: Comparison) -> str:
     for title, columns, right, rows in sections:
         if rows:
             lines += ["", f"### {title}", "", *_table(columns, right, rows)]
+    if regressions:
+        lines += ["", "### What changed in the regressed plans", ""]
+        lines += [f"- {cur.model} on {cur.mesh}: `{command}`" for cur, command in diff_commands(c)]
     lines += ["", SOLVE_TIME_NOTE]
     return "\n".join(lines) + "\n"
+
+
+def diff_commands(comparison: Comparison) -> list[tuple[Entry, str]]:
+    """The `autoshard diff BASELINE CURRENT` showing what changed in each regressed plan."""
+    return [
+        (cur, f"autoshard diff {shlex.quote(base.file)} {shlex.quote(cur.file)}")
+        for base, cur, changes in comparison.compared
+        if any(change.verdict == "regression" for change in changes)
+    ]
 
 
 def comparison_json(comparison: Comparison) -> dict[str, Any]:
@@ -321,6 +334,8 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
                 for e in comparison.new],
         "removed": [{"model": e.model, "mesh": e.mesh, "file": e.file, "metrics": metrics(e)}
                     for e in comparison.removed],
+        "diffs": [{"model": e.model, "mesh": e.mesh, "command": command}
+                  for e, command in diff_commands(comparison)],
     }  # fmt: skip
 
 

@@ -183,10 +183,10 @@ def _megatron(
     values they read and write (op name -> block)."""
     seen: set[frozenset[str]] = set()
     for projection in projections.values():
-        block = mlp_block(graph, projection, projections)
-        if block is None or frozenset(p.op for p in block[0]) in seen:
+        mlp = mlp_block(graph, projection, projections)
+        if mlp is None or frozenset(p.op for p in mlp[0]) in seen:
             continue
-        firsts, seconds = block
+        firsts, seconds = mlp
         seen.add(frozenset(p.op for p in firsts))
         axes = frozenset.intersection(
             *(_column(graph, plan, p) for p in firsts), *(_row(graph, plan, p) for p in seconds)
