@@ -123,11 +123,11 @@ def _grouped(changes: list[tuple[int | None, int, dict[str, Any]]]) -> list[dict
         groups.append({"layers": [], "changes": [e for _, e in by_layer[None]]})
     for group in groups:
         group.pop("signature", None)
-        first, last = (group["layers"][0], group["layers"][-1]) if group["layers"] else (0, 0)
+        span = group["layers"]
         group["where"] = (
-            OUTSIDE if not group["layers"]
-            else f"layer {first}" if first == last
-            else f"layers {first}-{last} (each alike; names of layer {first})"
+            OUTSIDE if not span
+            else f"layer {span[0]}" if len(span) == 1
+            else f"layers {span[0]}-{span[-1]} (each alike; names of layer {span[0]})"
         )  # fmt: skip
     return groups
 
