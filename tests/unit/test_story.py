@@ -221,3 +221,23 @@ def test_story_in_document_and_report():
     doc = document("bert", DPTP, dp_tp(graph("bert"), DPTP, 0, 1))
     assert doc["story"] == f"{BATCH} {LAYERS_TP.format(fused='')} {WEIGHTS['bert']}"
     assert plan_markdown(doc).split("\n")[2] == doc["story"]
+
+
+def test_ulysses():
+    """Norms split on the sequence and attention on heads over one axis: the program turns
+    sequence into heads and back with all_to_alls around each attention (Ulysses)."""
+    from autoshard.search.patterns import _head_reshapes, find_projections
+
+    g, mesh = graph("bert"), Mesh.parse("sp=2")
+    norms = [op.outputs[0] for op in g.ops if op.type == "LayerNormalization"]
+    heads = [g.op_by_name[r].outputs[0] for p in find_projections(g).values()
+             for r, _ in _head_reshapes(g, p)[0]]  # fmt: skip
+    annotations = [Annotation(v, Sharding(((), (0,)))) for v in norms]
+    annotations += [Annotation(v, Sharding(((), (), (0,)))) for v in heads]
+    text = story("bert", mesh, annotations)
+    assert text.startswith(
+        "In each of the 2 repeated layers: norms and elementwise ops split on the sequence over "
+        "axis sp (sequence parallel); heads<->sequence all_to_all around the attention over "
+        "axis sp (Ulysses). Outside the layers: norms and elementwise ops split on the sequence"
+    )
+    assert "Ulysses" not in story("bert", mesh, annotations[: len(norms)])
