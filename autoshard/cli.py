@@ -199,6 +199,30 @@ def _cost_summary(cost: Any, cluster: Any, ops: dict[str, dict[str, Any]]) -> st
     return "\n".join(lines)
 
 
+def _breakdown_summary(block: dict[str, Any]) -> str:
+    """The top lines of a plan's `breakdown`: each run of repeated layers (one layer, and all),
+    the rest, and the costliest collectives."""
+
+    def spent(s: dict[str, Any]) -> str:
+        comm = s["comm_s_by_mesh_axes"]
+        axes = ", ".join(f"axes {axes} {t * 1e3:.3f} ms" for axes, t in comm.items())
+        return f"compute {s['compute_s'] * 1e3:.3f} ms, communication " + (axes or "none")
+
+    lines = []
+    for run in block["repeated_layers"]:
+        lines.append(
+            f"{run['phase']} layers ({run['layers']} x {run['ops_per_layer']} ops): one layer "
+            f"{spent(run['one_layer'])}; all {spent(run['all_layers'])}"
+        )
+    lines.append(f"the rest: {spent(block['rest'])}")
+    for c in block["top_collectives"][:3]:
+        lines.append(
+            f"  top collective: {c['kind']} of {c['value']} over mesh axes {c['mesh_axes']} "
+            f"for {c['op']}, {c['time_s'] * 1e3:.3f} ms"
+        )
+    return "\n".join(lines)
+
+
 def _training(args: argparse.Namespace) -> Any:
     """The training step the flags ask for (None: the forward pass)."""
     from autoshard.training import Mode, Training
@@ -263,6 +287,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"{search['choices']} choices"
         + (f" ({layers['layers']} repeated layers solved once)" if layers["layers"] > 1 else "")
     )
+    print(_breakdown_summary(document["breakdown"]))
     if "strategy" in document:
         counts = document["strategy"]["counts"]
         print("weights: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))

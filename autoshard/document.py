@@ -5,12 +5,15 @@ its schema, written and read here only:
     {"schema": "autoshard.plan/1", "model": {...}, "story": "...", "mesh": "4x8", "cluster": {...},
      "values": {name: {"sharding", "partial"}},
      "ops": {name: {"type", "sharding_option", "flops", "bytes", "compute_s"}},
-     "unruled": [...], "collectives": [...], "cost": {...}, "solver": {...} | null,
+     "unruled": [...], "collectives": [...], "cost": {...}, "breakdown": {...},
+     "solver": {...} | null,
      "search": {...} | null, "timing": {"build_s", "solve_s"} | null}
 
 `story` is the strategy in words (`autoshard.story`): one paragraph naming the data, tensor,
 sequence and expert parallelism the plan uses, per repeated layer and for the rest, and how its
-weights are held; the plan summary and report.md open with it.
+weights are held; the plan summary and report.md open with it. `breakdown` regroups the cost
+(`autoshard.breakdown`): compute and communication per mesh axis of one repeated layer and of
+all of them, of the rest, compute by op type, the top collectives by time.
 
 Everything but `timing` is a function of the request: two runs write the same bytes once the
 wall-clock figures, all in `timing`, are dropped.
@@ -26,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoshard.breakdown import breakdown
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.model import Cost
 from autoshard.errors import AutoshardError
@@ -145,6 +149,7 @@ def plan_document(
         **describe(plan, graph, cost),
         "collectives": collectives,
         "cost": cost.to_json(),
+        "breakdown": breakdown(graph, cost),
         "solver": solver,
         "search": search,
         "timing": timing,

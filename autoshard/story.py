@@ -118,7 +118,7 @@ class _Findings:
             where = f"each of the {count}" if inside == count else f"{inside} of the {count}"
             out.append(f"In {where} repeated layers: {'; '.join(by_layers[inside])}.")
         if rest:
-            lead = "Outside the layers" if by_layers else "Throughout"
+            lead = "Outside the layers" if by_layers or self.run is not None else "Throughout"
             out.append(f"{lead}: {'; '.join(rest)}.")
         return out
 

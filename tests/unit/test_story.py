@@ -241,3 +241,36 @@ def test_ulysses():
         "axis sp (Ulysses). Outside the layers: norms and elementwise ops split on the sequence"
     )
     assert "Ulysses" not in story("bert", mesh, annotations[: len(norms)])
+
+
+# ---- breakdown ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("training", [None, TRAINING], ids=["forward", "training"])
+def test_breakdown_adds_up(training):
+    """The breakdown regroups the cost: the layers and the rest add up to the plan's compute
+    and communication time; one layer is the count's share of all layers (the layers are
+    alike); the top collectives are the costliest, most first."""
+    from autoshard.breakdown import breakdown
+
+    g = graph("gpt2", training)
+    plan = propagate(g, DPTP, dp_tp(graph("gpt2"), DPTP, 0, 1))
+    program = materialize(g, plan)
+    cost = price(program, g, make_cluster(str(DPTP), "h100", None, None, None, None))
+    block = breakdown(g, cost)
+    runs = block["repeated_layers"]
+    phases = [run["phase"] for run in runs]
+    assert phases == (["forward"] if training is None else sorted(phases, key=phases.index))
+    assert "forward" in phases and all(run["layers"] == 2 for run in runs)
+    parts = [run["all_layers"] for run in runs] + [block["rest"]]
+    assert sum(p["compute_s"] for p in parts) == pytest.approx(cost.compute_time_s)
+    comm = sum(t for p in parts for t in p["comm_s_by_mesh_axes"].values())
+    assert comm == pytest.approx(cost.comm_time_s)
+    forward = runs[phases.index("forward")]
+    assert 2 * forward["one_layer"]["compute_s"] == pytest.approx(
+        forward["all_layers"]["compute_s"]
+    )
+    times = [c["time_s"] for c in block["top_collectives"]]
+    assert times == sorted(times, reverse=True) and len(times) == min(5, len(cost.collectives))
+    assert times[0] == max(c.seconds for c in cost.collectives)
+    assert sum(block["compute_s_by_op_type"].values()) == pytest.approx(cost.compute_time_s)
