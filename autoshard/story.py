@@ -9,8 +9,8 @@ Everything is recognised from the plan's shardings and the graph's structure
 - *Megatron*: an MLP or attention block (`patterns.mlp_block`, `patterns.attention_blocks`)
   whose first projections produce their output features split over an axis (column) and whose
   last projections read their input features split over the same axis (row);
-- *sequence parallel*: a norm or elementwise op outside attention with dim 1 (the sequence of
-  a [batch, seq, hidden] activation) split;
+- *sequence parallel*: a norm or elementwise op outside attention with dim 1 of its 3-D result
+  (the sequence of a [batch, seq, hidden] activation) split;
 - *Ulysses*: an all_to_all of the program on a value an attention block reads or writes
   (heads <-> sequence);
 - *experts split*: an MoE expert table (`patterns.expert_downs`) split on its expert dim;
@@ -23,10 +23,10 @@ Findings are told per repeated layer (the forward's largest run of `coarsen.find
 Worked example: GPT-2 with `dp_tp` on mesh `dp=2,tp=2` reads
 
     Batch split over mesh axis dp (data parallel). In each of the 2 repeated layers: Megatron
-    column->row split of the attention (fused QKV computed whole) over axis tp; Megatron
-    column->row split of the MLP over axis tp. Outside the layers: the embedding table split by
-    vocabulary over axis tp. Weights: 6 read split (tensor parallel), 11 replicated (... of
-    the weight bytes).
+    column->row split of the MLP over axis tp; Megatron column->row split of the attention
+    (fused QKV computed whole) over axis tp. Outside the layers: the embedding table split by
+    vocabulary over axis tp. Weights: 19 replicated (20% of the weight bytes), 10 read split
+    (tensor parallel) (80% of the weight bytes).
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ def _sequence_parallel(
     for op in graph.ops:
         if op.type not in NORMS | ELEMENTWISE or op.name in regions or not op.outputs:
             continue
-        if graph.phase(op.name) != "forward" or len(graph.values[op.outputs[0]].shape) < 3:
+        if graph.phase(op.name) != "forward" or len(graph.values[op.outputs[0]].shape) != 3:
             continue
         axes = _dim_axes(plan.produced[op.outputs[0]], 1, 3)
         if axes:
