@@ -21,13 +21,15 @@ TOP = 5
 
 
 def _spent(graph: Graph, cost: Cost, ops: Iterable[str]) -> dict[str, Any]:
-    names = set(ops)
+    """Sums in program order (floats: the same plan, the same bytes)."""
+    ordered = list(ops)
+    names = set(ordered)
     comm: dict[str, float] = {}
     for c in cost.collectives:
         if c.op in names:
             comm[c.mesh_axes] = comm.get(c.mesh_axes, 0.0) + c.seconds
     return {
-        "compute_s": sum(cost.ops[n].seconds for n in names if n in cost.ops),
+        "compute_s": sum(cost.ops[n].seconds for n in ordered if n in cost.ops),
         "comm_s_by_mesh_axes": dict(sorted(comm.items())),
     }
 
