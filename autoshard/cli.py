@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -110,6 +111,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     from autoshard.cost.model import price
     from autoshard.document import describe
     from autoshard.pipeline import propagated
+    from autoshard.story import strategy_story
 
     cluster = _cluster(args)
     mesh = cluster.mesh
@@ -126,9 +128,11 @@ def cmd_propagate(args: argparse.Namespace) -> int:
         print(print_program(program, args.dialect), end="")
         return 0
     cost = price(program, graph, cluster)
+    collectives = program.collectives_json()
     data: dict[str, Any] = {
+        "story": strategy_story(graph, result, collectives),
         **describe(result, graph, cost),
-        "collectives": program.collectives_json(),
+        "collectives": collectives,
         "cost": cost.to_json(),
     }
     if args.json:
@@ -137,6 +141,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     print(
         f"model {graph.name} on mesh {mesh}: {len(graph.ops)} ops, {len(annotations)} annotations"
     )
+    print(textwrap.fill(data["story"], width=100))
     for name, op in data["ops"].items():
         print(f"  {name} ({op['type']}): {op['sharding_option'] or 'replicated (no rule)'}")
     collectives = data["collectives"]
@@ -191,6 +196,30 @@ def _cost_summary(cost: Any, cluster: Any, ops: dict[str, dict[str, Any]]) -> st
             )
         held = ", ".join(f"{k} {_size(v)}" for k, v in cost.memory_by_kind.items() if v)
         lines.append(f"memory at the peak: {held}")
+    return "\n".join(lines)
+
+
+def _breakdown_summary(block: dict[str, Any]) -> str:
+    """The top lines of a plan's `breakdown`: each run of repeated layers (one layer, and all),
+    the rest, and the costliest collectives."""
+
+    def spent(s: dict[str, Any]) -> str:
+        comm = s["comm_s_by_mesh_axes"]
+        axes = ", ".join(f"axes {axes} {t * 1e3:.3f} ms" for axes, t in comm.items())
+        return f"compute {s['compute_s'] * 1e3:.3f} ms, communication " + (axes or "none")
+
+    lines = []
+    for run in block["repeated_layers"]:
+        lines.append(
+            f"{run['phase']} layers ({run['layers']} x {run['ops_per_layer']} ops): one layer "
+            f"{spent(run['one_layer'])}; all {spent(run['all_layers'])}"
+        )
+    lines.append(f"the rest: {spent(block['rest'])}")
+    for c in block["top_collectives"][:3]:
+        lines.append(
+            f"  top collective: {c['kind']} of {c['value']} over mesh axes {c['mesh_axes']} "
+            f"for {c['op']}, {c['time_s'] * 1e3:.3f} ms"
+        )
     return "\n".join(lines)
 
 
@@ -250,6 +279,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     solver, search, timing = document["solver"], document["search"], document["timing"]
     layers = search["repeated_layers"]
     print(f"plan for {args.model} on mesh {cluster.mesh} ({cluster.mesh.size} devices)")
+    print(textwrap.fill(document["story"], width=100))
     print(_cost_summary(planned.cost, cluster, document["ops"]))
     print(
         f"collectives: {len(document['collectives'])}; solver {solver['status']}, gap "
@@ -257,6 +287,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"{search['choices']} choices"
         + (f" ({layers['layers']} repeated layers solved once)" if layers["layers"] > 1 else "")
     )
+    print(_breakdown_summary(document["breakdown"]))
     if "strategy" in document:
         counts = document["strategy"]["counts"]
         print("weights: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
@@ -434,6 +465,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         print(markdown, end="")
     return 1 if comparison.regressed else 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from autoshard.diff import diff_plans, diff_text
+    from autoshard.document import read_document
+
+    diff = diff_plans(read_document(args.a), read_document(args.b))
+    if args.json:
+        _emit(diff)
+    else:
+        print(diff_text(diff))
+    return 0
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -734,6 +777,14 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--markdown", metavar="OUT.md", help="also write the Markdown report")
     report.add_argument("--json", action="store_true", help="print the comparison as JSON")
     report.set_defaults(run=cmd_report)
+
+    diff = commands.add_parser(
+        "diff", help="what changed between two plans: shardings by layer, collectives, costs"
+    )
+    diff.add_argument("a", metavar="A.json", help="the plan to compare from")
+    diff.add_argument("b", metavar="B.json", help="the plan to compare to")
+    diff.add_argument("--json", action="store_true", help="print the diff as JSON")
+    diff.set_defaults(run=cmd_diff)
 
     export = commands.add_parser(
         "export", help="a plan as DTensor placements, JAX PartitionSpecs or ONNX sharding"

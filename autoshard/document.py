@@ -2,11 +2,22 @@
 API's `plan` holds and `autoshard partition --plan` and `autoshard report` read. Versioned by
 its schema, written and read here only:
 
-    {"schema": "autoshard.plan/1", "model": {...}, "mesh": "4x8", "cluster": {...},
+    {"schema": "autoshard.plan/1", "model": {...}, "story": "...", "mesh": "4x8",
+     "cluster": {...},
      "values": {name: {"sharding", "partial"}},
      "ops": {name: {"type", "sharding_option", "flops", "bytes", "compute_s"[, "phase"]}},
-     "unruled": [...], "collectives": [...], "cost": {...}, "solver": {...} | null,
+     "unruled": [...], "collectives": [...], "cost": {...}, "breakdown": {...},
+     "solver": {...} | null,
      "search": {...} | null, "timing": {"build_s", "solve_s"} | null}
+
+`story` is the strategy in words (`autoshard.story`): one paragraph naming the data, tensor,
+sequence and expert parallelism the plan uses, per repeated layer and for the rest, and how its
+weights are held; the plan summary and report.md open with it. `breakdown` regroups the cost
+(`autoshard.breakdown`): compute and communication per mesh axis of one repeated layer and of
+all of them, of the rest, compute by op type, the top collectives by time. A training step's
+plan also has `"mode": "training"`, its `training` options and each trained weight's
+`strategy` (`autoshard.training.strategy`: how it is held, used, its optimizer state split),
+with `cost.phases` and `cost.memory_by_kind`.
 
 Everything but `timing` is a function of the request: two runs write the same bytes once the
 wall-clock figures, all in `timing`, are dropped.
@@ -22,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoshard.breakdown import breakdown
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.model import Cost
 from autoshard.errors import AutoshardError
@@ -33,6 +45,7 @@ from autoshard.program import Program
 from autoshard.propagate import plan_from_options
 from autoshard.rules import rule_for
 from autoshard.sharding import Sharding
+from autoshard.story import strategy_story
 from autoshard.training import Training
 from autoshard.training.strategy import strategy_counts, weight_strategies
 
@@ -132,15 +145,18 @@ def plan_document(
             "training": training.to_json(),
             "strategy": {"counts": strategy_counts(strategies), "weights": strategies},
         }
+    collectives = program.collectives_json()
     return {
         "schema": SCHEMA,
         "model": dict(model),
+        "story": strategy_story(graph, plan, collectives),
         **trained,
         "mesh": str(cluster.mesh),
         "cluster": cluster.to_json(),
         **describe(plan, graph, cost),
-        "collectives": program.collectives_json(),
+        "collectives": collectives,
         "cost": cost.to_json(),
+        "breakdown": breakdown(graph, cost),
         "solver": solver,
         "search": search,
         "timing": timing,

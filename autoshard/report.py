@@ -19,6 +19,7 @@ a deterministic time limit), so on the same inputs they repeat exactly.
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -301,8 +302,20 @@ def comparison_markdown(comparison: Comparison) -> str:
     for title, columns, right, rows in sections:
         if rows:
             lines += ["", f"### {title}", "", *_table(columns, right, rows)]
+    if regressions:
+        lines += ["", "### What changed in the regressed plans", ""]
+        lines += [f"- {cur.model} on {cur.mesh}: `{command}`" for cur, command in diff_commands(c)]
     lines += ["", SOLVE_TIME_NOTE]
     return "\n".join(lines) + "\n"
+
+
+def diff_commands(comparison: Comparison) -> list[tuple[Entry, str]]:
+    """The `autoshard diff BASELINE CURRENT` showing what changed in each regressed plan."""
+    return [
+        (cur, f"autoshard diff {shlex.quote(base.file)} {shlex.quote(cur.file)}")
+        for base, cur, changes in comparison.compared
+        if any(change.verdict == "regression" for change in changes)
+    ]
 
 
 def comparison_json(comparison: Comparison) -> dict[str, Any]:
@@ -324,6 +337,8 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
                 for e in comparison.new],
         "removed": [{"model": e.model, "mesh": e.mesh, "file": e.file, "metrics": metrics(e)}
                     for e in comparison.removed],
+        "diffs": [{"model": e.model, "mesh": e.mesh, "command": command}
+                  for e, command in diff_commands(comparison)],
     }  # fmt: skip
 
 
@@ -331,13 +346,14 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
 
 
 def plan_markdown(document: Mapping[str, Any]) -> str:
-    """One plan document as a Markdown report: model, cluster, cost, solver, collectives and
-    every op's sharding option."""
+    """One plan document as a Markdown report: the strategy in words, model, cluster, cost,
+    solver, collectives and every op's sharding option."""
     model, cluster, cost = document["model"], document["cluster"], document["cost"]
     memory, budget = cost["memory_bytes_per_device"], cluster["memory_bytes"]  # budget > 0
     lines = [
         f"# Plan: {model_label(model)} on mesh {document['mesh']}",
         "",
+        *([document["story"], ""] if document.get("story") else []),
         f"Model `{model.get('name')}` ({model.get('file')}, sha256 `{model.get('sha256')}`); "
         f"device {cluster.get('device')}; link bandwidth per mesh axis "
         f"{', '.join(f'{b / 1e9:g} GB/s' for b in cluster.get('bandwidth_bytes_per_s', []))}; "

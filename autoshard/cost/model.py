@@ -342,6 +342,26 @@ class PhaseCost:
 
 
 @dataclass(frozen=True)
+class CollectiveCost:
+    """One collective of the program as priced: its place among the program's collectives
+    (`index`), the value it moves, the op it is charged to (the next op, which it serves),
+    and its bytes and seconds per device, times the runs per step."""
+
+    index: int
+    value: str
+    kind: str
+    mesh_axes: str
+    op: str
+    bytes_per_device: int
+    seconds: float
+
+    def to_json(self) -> dict[str, object]:
+        return {"value": self.value, "kind": self.kind, "mesh_axes": self.mesh_axes,
+                "op": self.op, "bytes_per_device": self.bytes_per_device,
+                "time_s": self.seconds}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Cost:
     """What a program costs on a cluster (per device). A training step's also says what each
     phase costs and what the memory at the peak holds, by kind."""
@@ -356,6 +376,8 @@ class Cost:
     seconds, in program order."""
     phases: Mapping[str, PhaseCost] = field(default_factory=dict)
     memory_by_kind: Mapping[str, int] = field(default_factory=dict)
+    collectives: tuple[CollectiveCost, ...] = ()
+    """Each collective, in program order; their seconds add up to `comm_time_s`."""
 
     @property
     def objective(self) -> float:
@@ -413,6 +435,7 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
     by_axes: dict[str, tuple[int, float]] = {}
     ops: dict[str, OpCost] = {}
     phases: dict[str, PhaseCost] = {}
+    collectives: list[CollectiveCost] = []
     serves, served = [""] * len(program.steps), _last_op(program)
     for i in reversed(range(len(program.steps))):
         step = program.steps[i]
@@ -430,6 +453,10 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
             key = str(list(c.mesh_axes))
             b, t = by_axes.get(key, (0, 0.0))
             by_axes[key] = (b + sent, t + seconds)
+            collectives.append(CollectiveCost(
+                len(collectives), program.tensors[step.source].value, str(c.kind), key, op_name,
+                sent, seconds,
+            ))  # fmt: skip
             spent = PhaseCost(
                 spent.compute_time_s, spent.comm_time_s + seconds,
                 spent.comm_bytes_per_device + sent,
@@ -458,6 +485,7 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
     return Cost(
         comm_bytes, comm_time, compute, peak.peak, dict(sorted(by_axes.items())), ops,
         {p: phases[p] for p in PHASES if p in phases} if graph.phases else {}, by_kind,
+        tuple(collectives),
     )  # fmt: skip
 
 

@@ -1,0 +1,183 @@
+"""What changed between two plans (`autoshard diff A.json B.json`): the ops whose sharding
+option changed and the weights and inputs held or read otherwise (`held`), grouped by repeated
+layer; the collectives added and removed (by value, kind and mesh axes); the cost deltas.
+
+It reads the two plan documents only (no model): a layer is the document's
+`search.repeated_layers` (op `first_op + k*ops_per_layer + j` is op j of layer k, in the
+document's op order, which is the graph's), a weight belongs to the layer of the first op
+reading it. Layers changed alike (the same changes at the same offsets) are told once:
+
+    layers 0-11 (each alike; names of layer 0): 4 ops, 2 weights
+      op /h.0/mlp/c_fc/Gemm: [[0]] -> [[], [1]]
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autoshard.cost.cluster import format_bytes
+from autoshard.report import format_seconds, model_label
+
+COSTS = (
+    ("memory_bytes_per_device", "memory per device", "bytes"),
+    ("comm_bytes_per_device", "communication per device", "bytes"),
+    ("comm_time_s", "communication time", "seconds"),
+    ("compute_time_s", "compute time", "seconds"),
+    ("objective", "objective", "seconds"),
+)
+OUTSIDE = "outside the layers"
+
+
+def _layers(document: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(first op, ops per layer, layers) of a document; (0, 1, 1) without a search block."""
+    search = document.get("search") or {}
+    layers = search.get("repeated_layers") or {}
+    return (int(layers.get("first_op", 0)), int(layers.get("ops_per_layer", 1)),
+            int(layers.get("layers", 1)))  # fmt: skip
+
+
+def _where(index: int, layers: tuple[int, int, int]) -> tuple[int | None, int]:
+    """(layer, offset in it) of op `index`; (None, index) outside the layers."""
+    first, period, count = layers
+    if count > 1 and first <= index < first + period * count:
+        return (index - first) // period, (index - first) % period
+    return None, index
+
+
+def _held(value: Mapping[str, Any]) -> str:
+    partial = value.get("partial")
+    return str(value.get("sharding")) + (f" partial = {partial}" if partial else "")
+
+
+def diff_plans(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """The changes from plan `a` to plan `b` as JSON (see the module docstring)."""
+    layers = _layers(a) if _layers(a)[2] > 1 else _layers(b)
+    ops_a, ops_b = a.get("ops") or {}, b.get("ops") or {}
+    order = {name: i for i, name in enumerate(ops_a)}
+    order |= {name: len(order) + i for i, name in enumerate(n for n in ops_b if n not in order)}
+    changes: list[tuple[int | None, int, dict[str, Any]]] = []
+    for name in order:
+        old, new = ops_a.get(name, {}), ops_b.get(name, {})
+        if old.get("sharding_option") != new.get("sharding_option") or not old or not new:
+            layer, offset = _where(order[name], layers)
+            entry = {"kind": "op", "name": name, "type": (old or new).get("type"),
+                     "a": old.get("sharding_option"), "b": new.get("sharding_option")}  # fmt: skip
+            changes.append((layer, offset, entry))
+    values_a, values_b = a.get("values") or {}, b.get("values") or {}
+    for name in sorted(values_a.keys() | values_b.keys()):
+        old, new = values_a.get(name, {}), values_b.get(name, {})
+        if "read_as" not in old and "read_as" not in new:
+            continue  # computed inside the model: its producer's op says it
+        was, now = _held(old), _held(new)
+        read_a, read_b = old.get("read_as", {}), new.get("read_as", {})
+        if was == now and read_a == read_b:
+            continue
+        first = min((order[op] for op in {**read_a, **read_b} if op in order), default=None)
+        layer, offset = _where(first, layers) if first is not None else (None, -1)
+        entry = {"kind": "held", "name": name, "a": was, "b": now}  # a weight or graph input
+        if read_a != read_b:
+            entry |= {"read_a": read_a, "read_b": read_b}
+        changes.append((layer, offset, entry))
+    return {
+        "a": {"model": model_label(a.get("model") or {}), "mesh": a.get("mesh")},
+        "b": {"model": model_label(b.get("model") or {}), "mesh": b.get("mesh")},
+        "same_model": (a.get("model") or {}).get("sha256") == (b.get("model") or {}).get("sha256"),
+        "changed": _grouped(changes),
+        "collectives": _collectives(a.get("collectives") or [], b.get("collectives") or []),
+        "cost": {
+            key: {"a": ca, "b": cb, "delta": cb - ca}
+            for key, _, _ in COSTS
+            for ca, cb in [((a.get("cost") or {}).get(key), (b.get("cost") or {}).get(key))]
+            if isinstance(ca, int | float) and isinstance(cb, int | float)
+        },
+    }
+
+
+def _grouped(changes: list[tuple[int | None, int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Changes by layer; consecutive layers whose changes are alike (same offsets, same
+    shardings) are one group, told with the names of its first layer."""
+    by_layer: dict[int | None, list[tuple[int, dict[str, Any]]]] = {}
+    for layer, offset, entry in changes:
+        by_layer.setdefault(layer, []).append((offset, entry))
+
+    def signature(items: list[tuple[int, dict[str, Any]]]) -> tuple:
+        def reads(e: Mapping[str, Any]) -> tuple[str, ...]:
+            return tuple(str(sorted(e.get(side, {}).values())) for side in ("read_a", "read_b"))
+
+        return tuple((o, e["kind"], e["a"], e["b"], *reads(e)) for o, e in items)
+
+    groups: list[dict[str, Any]] = []
+    inside = sorted(k for k in by_layer if k is not None)
+    for layer in inside:
+        items = by_layer[layer]
+        last = groups[-1] if groups and groups[-1]["layers"] else None
+        if (last is not None and last["layers"][-1] == layer - 1
+                and last["signature"] == signature(items)):  # fmt: skip
+            last["layers"].append(layer)
+            continue
+        groups.append({"layers": [layer], "signature": signature(items),
+                       "changes": [e for _, e in items]})  # fmt: skip
+    if None in by_layer:
+        groups.append({"layers": [], "changes": [e for _, e in by_layer[None]]})
+    for group in groups:
+        group.pop("signature", None)
+        span = group["layers"]
+        group["where"] = (
+            OUTSIDE if not span
+            else f"layer {span[0]}" if len(span) == 1
+            else f"layers {span[0]}-{span[-1]} (each alike; names of layer {span[0]})"
+        )  # fmt: skip
+    return groups
+
+
+def _collectives(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict:
+    """Collectives in one plan and not the other, by (value, kind, mesh axes), counted."""
+
+    def key(c: Mapping[str, Any]) -> tuple:
+        return (c["value"], c["kind"], tuple(c["mesh_axes"]), c.get("bytes_per_device", 0))
+
+    ca, cb = Counter(map(key, a)), Counter(map(key, b))
+
+    def listed(counter: Counter) -> list[dict[str, Any]]:
+        return [{"value": v, "kind": k, "mesh_axes": list(axes), "bytes_per_device": size}
+                for (v, k, axes, size), n in sorted(counter.items()) for _ in range(n)]  # fmt: skip
+
+    return {"added": listed(cb - ca), "removed": listed(ca - cb)}
+
+
+def _amount(value: float, unit: str, signed: bool = False) -> str:
+    sign = ("+" if value > 0 else "-" if value < 0 else "") if signed else ""
+    magnitude = abs(value) if signed else value
+    text = format_bytes(int(magnitude)) if unit == "bytes" else format_seconds(magnitude)
+    return sign + text
+
+
+def diff_text(diff: Mapping[str, Any]) -> str:
+    """The diff for a terminal: cost deltas, changes by layer, collectives added/removed."""
+    a, b = diff["a"], diff["b"]
+    lines = [f"A: {a['model']} on mesh {a['mesh']}", f"B: {b['model']} on mesh {b['mesh']}"]
+    if not diff["same_model"]:
+        lines.append("note: A and B are plans of different models (sha256)")
+    for key, title, unit in COSTS:
+        if key in diff["cost"]:
+            c = diff["cost"][key]
+            delta = _amount(c["delta"], unit, signed=True) if c["delta"] else "same"
+            lines.append(f"{title}: {_amount(c['a'], unit)} -> {_amount(c['b'], unit)} ({delta})")
+    groups = diff["changed"]
+    if not groups:
+        lines.append("no op or weight changed its sharding")
+    for group in groups:
+        counts = Counter(e["kind"] for e in group["changes"])
+        lines.append(f"{group['where']}: " + ", ".join(
+            f"{n} {kind}{'s' if n > 1 else ''}" for kind, n in sorted(counts.items())))  # fmt: skip
+        for e in group["changes"]:
+            lines.append(f"  {e['kind']} {e['name']}: {e['a']} -> {e['b']}")
+    coll = diff["collectives"]
+    for verb in ("added", "removed"):
+        lines.append(f"collectives {verb}: {len(coll[verb])}")
+        for c in coll[verb]:
+            lines.append(f"  {c['kind']} of {c['value']} over mesh axes {c['mesh_axes']} "
+                         f"({format_bytes(int(c['bytes_per_device']))})")  # fmt: skip
+    return "\n".join(lines)

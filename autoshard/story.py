@@ -1,0 +1,309 @@
+"""The strategy of a plan in words: one short paragraph saying what the plan does, in the terms
+ML engineers use (data parallel, Megatron tensor parallel, sequence parallel, Ulysses, expert
+parallel, FSDP/ZeRO, replicated weights).
+
+Everything is recognised from the plan's shardings and the graph's structure
+(`search.patterns`), never from names:
+
+- *batch split*: dim 0 of the graph inputs split over mesh axes (data parallel);
+- *Megatron*: an MLP or attention block (`patterns.mlp_block`, `patterns.attention_blocks`)
+  whose first projections produce their output features split over an axis (column) and whose
+  last projections read their input features split over the same axis (row);
+- *sequence parallel*: a norm or elementwise op outside attention with dim 1 of its 3-D result
+  (the sequence of a [batch, seq, hidden] activation) split;
+- *Ulysses*: an all_to_all of the program on a value an attention block reads or writes
+  (heads <-> sequence);
+- *experts split*: an MoE expert table (`patterns.expert_downs`) split on its expert dim;
+- weights: held split further than read (gathered before use: FSDP/ZeRO-3), read split
+  (tensor parallel), or replicated; a training plan counts its `strategy` per weight.
+
+Findings are told per repeated layer (the forward's largest run of `coarsen.find_repeats`:
+"in each of the 12 repeated layers", or "in 3 of 12" where layers differ) and for the rest.
+
+Worked example: GPT-2 with `dp_tp` on mesh `dp=2,tp=2` reads
+
+    Batch split over mesh axis dp (data parallel). In each of the 2 repeated layers: Megatron
+    column->row split of the MLP over axis tp; Megatron column->row split of the attention
+    (fused QKV computed whole) over axis tp. Outside the layers: the embedding table split by
+    vocabulary over axis tp. Weights: 19 replicated (20% of the weight bytes), 10 read split
+    (tensor parallel) (80% of the weight bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from autoshard.ir.graph import Graph
+from autoshard.mesh import Mesh
+from autoshard.plan import Plan
+from autoshard.rules.elementwise import ELEMENTWISE
+from autoshard.search.coarsen import Run, find_repeats
+from autoshard.search.patterns import (
+    Projection,
+    attention_blocks,
+    embedding_tables,
+    expert_downs,
+    find_projections,
+    mlp_block,
+)
+from autoshard.sharding import Sharding
+from autoshard.training.strategy import strategy_counts, weight_strategies
+
+NORMS = frozenset(
+    {"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
+     "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
+)  # fmt: skip
+"""Norm op types (a decomposed norm is elementwise and reduce ops: its elementwise ops count)."""
+
+STRATEGY_WORDS = {
+    "ddp": "replicated, gradients all-reduced (DDP)",
+    "zero": "replicated, optimizer state split (ZeRO-1/2)",
+    "fsdp": "held split and gathered before use (FSDP/ZeRO-3)",
+    "tp": "read split (tensor parallel)",
+    "tp+zero": "read split, optimizer state split further (TP+ZeRO)",
+    "tp+fsdp": "read split, held split further (TP+FSDP)",
+}
+
+
+def axes_text(mesh: Mesh, axes: Iterable[int]) -> str:
+    """`axis tp` / `axes 0, 1`: a mesh's axes by their names when it has them."""
+    ordered = sorted(set(axes))
+    labels = [mesh.axis_names[a] if mesh.axis_names else str(a) for a in ordered]
+    return ("axis " if len(labels) == 1 else "axes ") + ", ".join(labels)
+
+
+def _dim_axes(sharding: Sharding, dim: int, rank: int) -> frozenset[int]:
+    """The axes splitting `dim` (negative: from the end of `rank` dims)."""
+    split, dim = sharding.split_axes, dim % rank if rank else 0
+    return frozenset(split[dim]) if dim < len(split) else frozenset()
+
+
+def _axes(sharding: Sharding) -> frozenset[int]:
+    return frozenset(a for axes in sharding.split_axes for a in axes)
+
+
+class _Findings:
+    """Phrases with the layers they were found in (None: outside the repeated layers)."""
+
+    def __init__(self, graph: Graph, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.index = {op.name: i for i, op in enumerate(graph.ops)}
+        forward = [r for r in find_repeats(graph).runs if graph.phase(graph.ops[r.start].name)
+                   == "forward" and r.count > 1]  # fmt: skip
+        self.run: Run | None = forward[0] if forward else None
+        self.found: dict[str, set[int | None]] = {}
+
+    def layer(self, op: str) -> int | None:
+        i, run = self.index[op], self.run
+        return (i - run.start) // run.period if run is not None and i in run else None
+
+    def add(self, phrase: str, ops: Iterable[str]) -> None:
+        self.found.setdefault(phrase, set()).update(self.layer(op) for op in ops)
+
+    def sentences(self) -> list[str]:
+        """`In each of the N repeated layers: ...`, then `Outside the layers: ...`."""
+        count = self.run.count if self.run is not None else 0
+        by_layers: dict[int, list[str]] = {}
+        rest: list[str] = []
+        for phrase, layers in self.found.items():
+            inside = len(layers - {None})
+            if inside:
+                by_layers.setdefault(inside, []).append(phrase)
+            if None in layers:
+                rest.append(phrase)
+        out = []
+        for inside in sorted(by_layers, reverse=True):
+            where = f"each of the {count}" if inside == count else f"{inside} of the {count}"
+            out.append(f"In {where} repeated layers: {'; '.join(by_layers[inside])}.")
+        if rest:
+            lead = "Outside the layers" if by_layers or self.run is not None else "Throughout"
+            out.append(f"{lead}: {'; '.join(rest)}.")
+        return out
+
+
+def strategy_story(graph: Graph, plan: Plan, collectives: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The plan's strategy as one paragraph (deterministic: the same plan, the same text).
+    `collectives` are the program's (`Program.collectives_json`), for the all_to_alls."""
+    mesh = plan.mesh
+    parts = []
+    batch = frozenset().union(
+        *(_dim_axes(need, 0, 1) for name in graph.inputs
+          if graph.values[name].shape and name not in graph.replaced  # not optimizer state
+          for need in _reads(graph, plan, name))
+    )  # fmt: skip
+    if batch:
+        parts.append(f"Batch split over mesh {axes_text(mesh, batch)} (data parallel).")
+    findings = _Findings(graph, mesh)
+    forward = forward_view(graph)
+    regions = _megatron(forward, plan, find_projections(forward), findings)
+    _sequence_parallel(graph, plan, regions, findings)
+    _ulysses(graph, regions, collectives, findings)
+    _tables(graph, plan, findings)
+    parts += findings.sentences()
+    weights = _weights(graph, plan, bool(batch))
+    if not parts and not any(_axes(s) for s in plan.values.values()):
+        parts.append("Nothing is split: every device computes everything.")
+    parts.append(weights)
+    return " ".join(parts)
+
+
+def forward_view(graph: Graph) -> Graph:
+    """A training step's forward ops alone (its backward reads the activations the patterns
+    walk, which would end every MLP region); the graph itself outside training."""
+    if not graph.phases:
+        return graph
+    ops = tuple(op for op in graph.ops if graph.phase(op.name) == "forward")
+    produced = {name for op in ops for name in op.outputs}
+    outputs = tuple(name for name in graph.outputs if name in produced)
+    return replace(graph, ops=ops, outputs=outputs, updates={}, phases={})
+
+
+def _reads(graph: Graph, plan: Plan, name: str) -> list[Sharding]:
+    """How each op reading `name` computes with it."""
+    return [plan.needs[(op.name, i)] for op in graph.consumers(name)
+            for i, x in enumerate(op.inputs) if x == name]  # fmt: skip
+
+
+def _column(graph: Graph, plan: Plan, p: Projection) -> frozenset[int]:
+    """The axes splitting the projection's output features."""
+    return _dim_axes(plan.produced[p.output], -1, len(graph.values[p.output].shape))
+
+
+def _row(graph: Graph, plan: Plan, p: Projection) -> frozenset[int]:
+    """The axes splitting the features the projection contracts."""
+    return _dim_axes(plan.needs[(p.op, 0)], -1, len(graph.values[p.data].shape))
+
+
+def _megatron(
+    graph: Graph, plan: Plan, projections: dict[str, Projection], findings: _Findings
+) -> dict[str, frozenset[str]]:
+    """Megatron column->row splits of MLPs and attention; the attention regions found, with the
+    values they read and write (op name -> block)."""
+    seen: set[frozenset[str]] = set()
+    for projection in projections.values():
+        mlp = mlp_block(graph, projection, projections)
+        if mlp is None or frozenset(p.op for p in mlp[0]) in seen:
+            continue
+        firsts, seconds = mlp
+        seen.add(frozenset(p.op for p in firsts))
+        axes = frozenset.intersection(
+            *(_column(graph, plan, p) for p in firsts), *(_row(graph, plan, p) for p in seconds)
+        )
+        if axes:
+            phrase = f"Megatron column->row split of the MLP over {axes_text(plan.mesh, axes)}"
+            findings.add(phrase, [p.op for p in firsts + seconds])
+    regions: dict[str, frozenset[str]] = {}
+    for block in attention_blocks(graph, projections):
+        ops = block.region | block.inputs | block.outputs
+        for op in ops:
+            regions[op] = ops
+        column = [_column(graph, plan, projections[p]) for p in sorted(block.inputs - block.fused)]
+        rows = [_row(graph, plan, projections[p]) for p in sorted(block.outputs)]
+        axes = frozenset.intersection(*column, *rows) if rows else frozenset()
+        if axes:
+            fused = " (fused QKV computed whole)" if block.fused else ""
+            phrase = (
+                f"Megatron column->row split of the attention{fused} over "
+                f"{axes_text(plan.mesh, axes)}"
+            )
+            findings.add(phrase, sorted(block.inputs | block.outputs))
+    return regions
+
+
+def _sequence_parallel(
+    graph: Graph, plan: Plan, regions: Mapping[str, object], findings: _Findings
+) -> None:
+    """Norms and elementwise ops of [batch, seq, ...] activations with the sequence split
+    (attention's own ops hold heads on dim 1: not counted)."""
+    by_axes: dict[frozenset[int], list[str]] = {}
+    for op in graph.ops:
+        if op.type not in NORMS | ELEMENTWISE or op.name in regions or not op.outputs:
+            continue
+        if graph.phase(op.name) != "forward" or len(graph.values[op.outputs[0]].shape) != 3:
+            continue
+        axes = _dim_axes(plan.produced[op.outputs[0]], 1, 3)
+        if axes:
+            by_axes.setdefault(axes, []).append(op.name)
+    for axes, ops in sorted(by_axes.items(), key=lambda kv: sorted(kv[0])):
+        kinds = "norms and elementwise ops" if any(
+            graph.op_by_name[o].type in NORMS for o in ops
+        ) else "elementwise ops"  # fmt: skip
+        axes_words = axes_text(findings.mesh, axes)
+        findings.add(f"{kinds} split on the sequence over {axes_words} (sequence parallel)", ops)
+
+
+def _ulysses(
+    graph: Graph,
+    regions: Mapping[str, frozenset[str]],
+    collectives: Sequence[Mapping[str, Any]],
+    findings: _Findings,
+) -> None:
+    """all_to_alls on values attention reads or writes: heads <-> sequence (Ulysses)."""
+    for c in collectives:
+        if c.get("kind") != "all_to_all":
+            continue
+        producer = graph.producer(str(c["value"]))
+        user = c.get("user")
+        at = [o for o in (producer.name if producer else None, user) if o and o in regions]
+        if at:
+            axes = frozenset(c["mesh_axes"])
+            phrase = (
+                f"heads<->sequence all_to_all around the attention over "
+                f"{axes_text(findings.mesh, axes)} (Ulysses)"
+            )
+            findings.add(phrase, at[:1])
+
+
+def _tables(graph: Graph, plan: Plan, findings: _Findings) -> None:
+    """Embedding tables split by vocabulary; MoE expert tables split by expert."""
+    for table in embedding_tables(graph):
+        reader = graph.consumers(table)[0].name
+        axes = frozenset().union(*(_dim_axes(s, 0, 2) for s in _reads(graph, plan, table)))
+        if axes:
+            phrase = f"the embedding table split by vocabulary over {axes_text(plan.mesh, axes)}"
+            findings.add(phrase, [reader])
+    for table, dim in expert_downs(graph):
+        reader, reads = graph.consumers(table)[0].name, _reads(graph, plan, table)
+        axes = frozenset().union(*(_dim_axes(s, 0, 3) for s in reads))
+        if axes:
+            phrase = f"experts split over {axes_text(plan.mesh, axes)} (expert parallel)"
+            findings.add(phrase, [reader])
+        inner = frozenset().union(*(_dim_axes(s, dim, 3) for s in reads))
+        if inner:
+            phrase = f"each expert's FFN split Megatron-style over {axes_text(plan.mesh, inner)}"
+            findings.add(phrase, [reader])
+
+
+def _weights(graph: Graph, plan: Plan, batch: bool) -> str:
+    """How the weights are held: a training plan's strategies, or held vs read. A `ddp`
+    weight's gradient is all-reduced only where the `batch` is split."""
+    if any(graph.phase(op.name) != "forward" for op in graph.ops):
+        counts = strategy_counts(weight_strategies(graph, plan))
+        words = STRATEGY_WORDS | ({} if batch else {"ddp": "replicated"})
+        told = [f"{n} {words.get(kind, kind)}" for kind, n in counts.items()]
+        return f"Weights: {', '.join(told)}." if told else "No trained weights."
+    kinds: dict[str, list[str]] = {}
+    for name in sorted(graph.weights):
+        if name in graph.constants:
+            continue
+        held = _axes(plan.values[name])
+        read = frozenset().union(*map(_axes, _reads(graph, plan, name)))
+        if held - read:
+            kind = f"held split over {axes_text(plan.mesh, held - read)} further than read, " \
+                   "gathered before use (FSDP/ZeRO-3)"  # fmt: skip
+        elif read:
+            kind = "read split (tensor parallel)"
+        else:
+            kind = "replicated"
+        kinds.setdefault(kind, []).append(name)
+    total = sum(graph.values[n].nbytes for names in kinds.values() for n in names) or 1
+    told = []
+    for kind, names in sorted(kinds.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        share = sum(graph.values[n].nbytes for n in names) / total
+        told.append(
+            f"{len(names)} {kind} ({f'{share:.0%}' if share >= 0.01 else '<1%'} of "
+            "the weight bytes)"
+        )
+    return f"Weights: {', '.join(told)}." if told else "No weights."

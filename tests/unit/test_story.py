@@ -1,0 +1,276 @@
+"""The strategy in words (autoshard.story) of hand plans whose strategy is known (the baselines
+and annotations pin it), on the bundled GPT-2 and BERT, for forward and training plans; and
+`autoshard diff` of two plans (autoshard.diff), with the report's link to it."""
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+from autoshard.annotations import Annotation
+from autoshard.cli import main
+from autoshard.cost.cluster import make_cluster
+from autoshard.cost.model import price
+from autoshard.diff import diff_plans, diff_text
+from autoshard.document import model_info, plan_document, write_document
+from autoshard.mesh import Mesh
+from autoshard.passes.materialize import materialize
+from autoshard.pipeline import load_graph
+from autoshard.propagate import plan_from_options, propagate
+from autoshard.search.baselines import data_parallel, dp_tp, megatron
+from autoshard.search.coarsen import find_repeats
+from autoshard.sharding import Sharding
+from autoshard.story import strategy_story
+from autoshard.training import Training
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+DIMS = {"batch": 4, "seq": 8}
+TRAINING = Training.parse("adam", "bf16-mixed", 1, "none")
+DP, TP, DPTP = Mesh.parse("dp=2"), Mesh.parse("tp=2"), Mesh.parse("dp=2,tp=2")
+
+
+@functools.cache
+def graph(name, training=None):
+    return load_graph(MODELS / f"{name}.onnx", DIMS, training)
+
+
+def story(name, mesh, annotations, training=None):
+    g = graph(name, training)
+    plan = propagate(g, mesh, annotations)
+    return strategy_story(g, plan, materialize(g, plan).collectives_json())
+
+
+def sequence_parallel(name, mesh):
+    """dp_tp with every LayerNormalization's result split on the sequence over tp."""
+    g = graph(name)
+    norms = [op.outputs[0] for op in g.ops if op.type == "LayerNormalization"]
+    return dp_tp(g, mesh, 0, 1) + [Annotation(v, Sharding(((0,), (1,)))) for v in norms]
+
+
+LAYERS_TP = (
+    "In each of the 2 repeated layers: Megatron column->row split of the MLP over axis tp; "
+    "Megatron column->row split of the attention{fused} over axis tp. Outside the layers: the "
+    "embedding table split by vocabulary over axis tp."
+)
+WEIGHTS = {
+    "gpt2": "Weights: 19 replicated (20% of the weight bytes), 10 read split (tensor parallel) "
+    "(80% of the weight bytes).",
+    "bert": "Weights: 21 read split (tensor parallel) (91% of the weight bytes), 16 replicated "
+    "(9% of the weight bytes).",
+}
+FUSED = {"gpt2": " (fused QKV computed whole)", "bert": ""}
+BATCH = "Batch split over mesh axis dp (data parallel)."
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_data_parallel(name):
+    replicated = {"gpt2": 29, "bert": 37}[name]
+    assert story(name, DP, data_parallel(graph(name), DP)) == (
+        f"{BATCH} Weights: {replicated} replicated (100% of the weight bytes)."
+    )
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_megatron(name):
+    assert story(name, TP, megatron(graph(name), TP, 0)) == (
+        LAYERS_TP.format(fused=FUSED[name]) + " " + WEIGHTS[name]
+    )
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_dp_tp(name):
+    assert story(name, DPTP, dp_tp(graph(name), DPTP, 0, 1)) == (
+        f"{BATCH} {LAYERS_TP.format(fused=FUSED[name])} {WEIGHTS[name]}"
+    )
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_sequence_parallel(name):
+    text = story(name, DPTP, sequence_parallel(name, DPTP))
+    seq = "norms and elementwise ops split on the sequence over axis tp (sequence parallel)"
+    assert f"Megatron column->row split of the attention{FUSED[name]} over axis tp; {seq}." in text
+    assert f"Outside the layers: {seq}; the embedding table" in text
+    # dp_tp alone splits no sequence
+    assert "sequence" not in story(name, DPTP, dp_tp(graph(name), DPTP, 0, 1))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_fsdp(name):
+    """Data parallel with every weight whose rows divide held split over dp: gathered before
+    use. The embedding is read whole, so it is no vocabulary split."""
+    g = graph(name)
+    plan = propagate(g, DP, data_parallel(g, DP))
+    rows = {w: g.values[w].shape[:1] for w in g.weights if w not in g.constants}
+    held = {w: Sharding(((0,),)) for w, dim in rows.items() if dim and dim[0] % 2 == 0}
+    plan = plan_from_options(g, DP, plan.options, held)
+    held_split = {"gpt2": 29, "bert": 37}[name]
+    assert strategy_story(g, plan) == (
+        f"{BATCH} Weights: {held_split} held split over axis dp further than read, gathered "
+        "before use (FSDP/ZeRO-3) (100% of the weight bytes)."
+    )
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_training(name):
+    """A training step: patterns on its forward (the backward reads the activations too), the
+    weights by strategy; a replicated weight's gradient is all-reduced only with a batch split."""
+    g = graph(name)
+    dp = story(name, DP, data_parallel(g, DP), TRAINING)
+    tp = story(name, TP, megatron(g, TP, 0), TRAINING)
+    both = story(name, DPTP, dp_tp(g, DPTP, 0, 1), TRAINING)
+    replicated, split = {"gpt2": (29, 10), "bert": (37, 21)}[name]
+    assert dp == f"{BATCH} Weights: {replicated} replicated, gradients all-reduced (DDP)."
+    assert tp.startswith(LAYERS_TP.format(fused=FUSED[name]))
+    assert tp.endswith(f"{replicated - split} replicated.") or (
+        f"{replicated - split} replicated," in tp
+    )
+    assert "DDP" not in tp
+    assert both.startswith(f"{BATCH} {LAYERS_TP.format(fused=FUSED[name])}")
+    assert f"{replicated - split} replicated, gradients all-reduced (DDP)" in both
+    assert f"{split} read split (tensor parallel)" in both
+
+
+def test_nothing_split():
+    assert story("gpt2", DP, []) == (
+        "Nothing is split: every device computes everything. "
+        "Weights: 29 replicated (100% of the weight bytes)."
+    )
+
+
+# ---- diff ---------------------------------------------------------------------------------------
+
+
+def document(name, mesh, annotations):
+    g = graph(name)
+    plan = propagate(g, mesh, annotations)
+    program = materialize(g, plan)
+    cluster = make_cluster(str(mesh), "h100", None, None, None, None)
+    doc = plan_document(g, cluster, plan, program, price(program, g, cluster),
+                        model_info(MODELS / f"{name}.onnx", g, DIMS))  # fmt: skip
+    repeats = find_repeats(g)
+    doc["search"] = {"repeated_layers": {"first_op": repeats.start,
+                                         "ops_per_layer": repeats.period,
+                                         "layers": repeats.count}}  # fmt: skip
+    return doc
+
+
+def test_diff_of_a_plan_with_itself_is_empty():
+    doc = document("gpt2", DPTP, dp_tp(graph("gpt2"), DPTP, 0, 1))
+    diff = diff_plans(doc, doc)
+    assert diff["changed"] == []
+    assert diff["collectives"] == {"added": [], "removed": []}
+    assert all(c["delta"] == 0 for c in diff["cost"].values())
+    assert "no op or weight changed its sharding" in diff_text(diff)
+
+
+def test_diff_data_parallel_to_dp_tp():
+    """Adding Megatron over tp to data parallel: per layer, the same ops and weights change
+    (told once for both layers); the all_reduces Megatron needs are added (one for the
+    embedding, two per layer, see test_baselines)."""
+    g = graph("gpt2")
+    a = document("gpt2", DPTP, data_parallel(g, DPTP, (0,)))
+    b = document("gpt2", DPTP, dp_tp(g, DPTP, 0, 1))
+    diff = diff_plans(a, b)
+    wheres = [group["where"] for group in diff["changed"]]
+    assert wheres == ["layers 0-1 (each alike; names of layer 0)", "outside the layers"]
+    layer = diff["changed"][0]["changes"]
+    held = {e["name"]: (e["a"], e["b"]) for e in layer if e["kind"] == "held"}
+    assert held["lm.transformer.h.0.mlp.c_fc.weight"] == ("[[], []]", "[[], [1]]")
+    assert held["lm.transformer.h.0.mlp.c_proj.weight"] == ("[[], []]", "[[1], []]")
+    assert all("h.0" in e["name"] for e in layer)
+    added = [(c["kind"], c["value"], c["mesh_axes"]) for c in diff["collectives"]["added"]
+             if c["kind"] == "all_reduce"]  # fmt: skip
+    top = "/lm/transformer"
+    assert sorted(added) == sorted(
+        [("all_reduce", f"{top}/wte/Gather_output_0", [1])]
+        + [("all_reduce", f"{top}/h.{i}/{m}/c_proj/Gemm_output_0", [1])
+           for i in range(2) for m in ("attn", "mlp")]
+    )  # fmt: skip
+    assert diff["collectives"]["removed"] == []
+    cost = diff["cost"]
+    assert cost["memory_bytes_per_device"]["delta"] < 0  # weights split
+    assert cost["comm_bytes_per_device"]["a"] == 0 < cost["comm_bytes_per_device"]["b"]
+    assert cost["objective"]["delta"] == pytest.approx(
+        cost["objective"]["b"] - cost["objective"]["a"]
+    )
+
+
+def test_cli_diff_and_report_link(tmp_path, capsys):
+    g = graph("gpt2")
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    write_document(a, document("gpt2", DPTP, data_parallel(g, DPTP, (0,))))
+    write_document(b, document("gpt2", DPTP, dp_tp(g, DPTP, 0, 1)))
+    assert main(["diff", str(a), str(b), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["changed"] and data["same_model"]
+    assert main(["diff", str(a), str(a)]) == 0
+    assert "collectives added: 0" in capsys.readouterr().out
+    assert main(["diff", str(a), str(tmp_path / "none.json")]) == 2
+    # b communicates where a did not: a regression, and the report names the diff to run
+    assert main(["report", "--baseline", str(a), "--current", str(b)]) == 1
+    out = capsys.readouterr().out
+    assert f"`autoshard diff {a} {b}`" in out
+    assert main(["report", "--baseline", str(a), "--current", str(b), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["diffs"][0]["command"] == f"autoshard diff {a} {b}"
+
+
+def test_story_in_document_and_report():
+    from autoshard.report import plan_markdown
+
+    doc = document("bert", DPTP, dp_tp(graph("bert"), DPTP, 0, 1))
+    assert doc["story"] == f"{BATCH} {LAYERS_TP.format(fused='')} {WEIGHTS['bert']}"
+    assert plan_markdown(doc).split("\n")[2] == doc["story"]
+
+
+def test_ulysses():
+    """Norms split on the sequence and attention on heads over one axis: the program turns
+    sequence into heads and back with all_to_alls around each attention (Ulysses)."""
+    from autoshard.search.patterns import _head_reshapes, find_projections
+
+    g, mesh = graph("bert"), Mesh.parse("sp=2")
+    norms = [op.outputs[0] for op in g.ops if op.type == "LayerNormalization"]
+    heads = [g.op_by_name[r].outputs[0] for p in find_projections(g).values()
+             for r, _ in _head_reshapes(g, p)[0]]  # fmt: skip
+    annotations = [Annotation(v, Sharding(((), (0,)))) for v in norms]
+    annotations += [Annotation(v, Sharding(((), (), (0,)))) for v in heads]
+    text = story("bert", mesh, annotations)
+    assert text.startswith(
+        "In each of the 2 repeated layers: norms and elementwise ops split on the sequence over "
+        "axis sp (sequence parallel); heads<->sequence all_to_all around the attention over "
+        "axis sp (Ulysses). Outside the layers: norms and elementwise ops split on the sequence"
+    )
+    assert "Ulysses" not in story("bert", mesh, annotations[: len(norms)])
+
+
+# ---- breakdown ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("training", [None, TRAINING], ids=["forward", "training"])
+def test_breakdown_adds_up(training):
+    """The breakdown regroups the cost: the layers and the rest add up to the plan's compute
+    and communication time; one layer is the count's share of all layers (the layers are
+    alike); the top collectives are the costliest, most first."""
+    from autoshard.breakdown import breakdown
+
+    g = graph("gpt2", training)
+    plan = propagate(g, DPTP, dp_tp(graph("gpt2"), DPTP, 0, 1))
+    program = materialize(g, plan)
+    cost = price(program, g, make_cluster(str(DPTP), "h100", None, None, None, None))
+    block = breakdown(g, cost)
+    runs = block["repeated_layers"]
+    phases = [run["phase"] for run in runs]
+    assert phases == (["forward"] if training is None else sorted(phases, key=phases.index))
+    assert "forward" in phases and all(run["layers"] == 2 for run in runs)
+    parts = [run["all_layers"] for run in runs] + [block["rest"]]
+    assert sum(p["compute_s"] for p in parts) == pytest.approx(cost.compute_time_s)
+    comm = sum(t for p in parts for t in p["comm_s_by_mesh_axes"].values())
+    assert comm == pytest.approx(cost.comm_time_s)
+    forward = runs[phases.index("forward")]
+    assert 2 * forward["one_layer"]["compute_s"] == pytest.approx(
+        forward["all_layers"]["compute_s"]
+    )
+    times = [c["time_s"] for c in block["top_collectives"]]
+    assert times == sorted(times, reverse=True) and len(times) == min(5, len(cost.collectives))
+    assert times[0] == max(c.seconds for c in cost.collectives)
+    assert sum(block["compute_s_by_op_type"].values()) == pytest.approx(cost.compute_time_s)
