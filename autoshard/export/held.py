@@ -9,7 +9,7 @@ the sharding of the most trusted one, and a warning when the others are held dif
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,8 @@ class Held:
     shapes: Mapping[str, tuple[int, ...]]
     unnamed: dict[str, str]
     warnings: tuple[str, ...]
+    # A training plan's strategy per ONNX weight (`stored`, `used`, `state`, `strategy`).
+    strategies: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 def mesh_dim_names(mesh: Mesh) -> tuple[str, ...]:
@@ -123,4 +125,5 @@ def held_params(
                 )
     unnamed = {w: e.note for w, e in names.items() if not e.params}
     shapes = {w: tuple(weights[w].shape) for w in names}
-    return Held(mesh, graph, plan, tuple(params), shapes, unnamed, tuple(warnings))
+    strategies = (document.get("strategy") or {}).get("weights") or {}
+    return Held(mesh, graph, plan, tuple(params), shapes, unnamed, tuple(warnings), strategies)
