@@ -23,10 +23,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from autoshard.export.held import Held, ParamPlacement, mesh_dim_names
+from autoshard.export.held import Held, ParamPlacement, Split, mesh_dim_names, torch_layout
 from autoshard.sharding import Sharding
-
-Split = tuple[tuple[int, ...], ...]
 
 LINEAR_OPS = frozenset({"MatMul", "Gemm"})
 NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization"})
@@ -67,11 +65,6 @@ class Styles:
     fallback: str | None = None
 
 
-def _torch(split: Split, transposed: bool) -> Split:
-    padded = split + ((),) * (2 - len(split)) if transposed else split
-    return (padded[1], padded[0]) if transposed else split
-
-
 def _axes(split: Split) -> set[int]:
     return {a for axes in split for a in axes}
 
@@ -97,9 +90,9 @@ def _read(held: Held, p: ParamPlacement) -> _Read:
         if n == p.weight
     ]
     if not readers:
-        return _Read(Role.OTHER, _torch(p.sharding.split_axes, p.transposed), None)
+        return _Read(Role.OTHER, torch_layout(p.sharding.split_axes, p.transposed), None)
     op, index = readers[0]
-    used = _torch(held.plan.needs.get((op.name, index), p.sharding).split_axes, p.transposed)
+    used = torch_layout(held.plan.needs.get((op.name, index), p.sharding).split_axes, p.transposed)
     role, sequence = Role.OTHER, None
     if op.type in LINEAR_OPS and index == 1 and rank == 2:
         # torch's Linear holds [out, in]: a MatMul reads its transpose, a Gemm with transB.
@@ -127,9 +120,9 @@ def _module_style(reads: Mapping[str, _Read], tp: int | None) -> tuple[Style, in
     weight = reads.get("weight")
     rest = {k: r for k, r in reads.items() if k != "weight"}
     if all(not _axes(r.used) for r in reads.values()):
-        norm = weight is not None and weight.role is Role.NORM and weight.sequence
-        if norm and weight.sequence[1] == tp:
-            return Style.SEQUENCE, weight.sequence[0]
+        sequence = weight.sequence if weight is not None and weight.role is Role.NORM else None
+        if sequence is not None and sequence[1] == tp:
+            return Style.SEQUENCE, sequence[0]
         return Style.REPLICATE, None
     if weight is None or weight.role not in (Role.LINEAR, Role.EMBEDDING):
         return Style.DISTRIBUTE, None

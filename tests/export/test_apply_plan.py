@@ -145,13 +145,13 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
 def runs(tmp_path_factory) -> Path:
     """Plan and export every case, then run them all on one start of 4 gloo ranks."""
     folder = tmp_path_factory.mktemp("apply")
-    for case, (model_name, flags, annotations) in CASES.items():
+    for case, (model_name, flags, written) in CASES.items():
         path = folder / case
         path.mkdir()
         shutil.copy(MODELS / model_name, path)
         plan = path / "plan.json"
         notes = []
-        for note in annotations:  # `value=sharding`, as its users read it with `@users`
+        for note in written:  # `value=sharding`, as its users read it with `@users`
             text, _, users = note.partition("@")
             value, _, sharding = text.partition("=")
             notes.append({"value": value, "sharding": sharding, "required": True,
