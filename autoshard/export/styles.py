@@ -5,11 +5,13 @@ whose input is split on the sequence) over one mesh axis, and `fully_shard` (FSD
 for parameters held split further than they are read.
 
 A parameter is *stored* as the plan holds it (a training plan's `stored`) and *used* as its
-forward readers need it. DTensor's styles each take one mesh axis, so they apply when every
-parameter is used split over at most one axis (the tensor-parallel axis, `tp`) and what is
-stored beyond that lies on one other axis (`fsdp`), on one dim, after the used axes (FSDP2
-shards the tensor-parallel shard: tp-major). Otherwise every parameter is distributed as stored
-on the whole mesh (`distribute_tensor`), and `fallback` says why.
+forward readers need it. DTensor's styles each take one mesh dim, so they apply when every
+parameter is used split over at most one mesh axis, the tensor-parallel one (`tp`). What is
+stored split beyond that on another axis is FSDP's (`fsdp`: one axis for all, one tensor dim
+per parameter, listed last on that dim: FSDP2 shards the tensor-parallel shard, tp-major). A
+parameter held on `tp` otherwise than read (split but gathered by its reader, or whole and
+sliced) is distributed as held, and DTensor moves it when read; its module takes no style.
+Otherwise every parameter is distributed as stored on the whole mesh, and `fallback` says why.
 
 Worked example, models/mlp.onnx (Gemm, weights [out, in]) on dp=2,tp=2, `0.weight` stored
 `[[1], [0]]` and used `[[1], []]`, `0.bias` `[[1]]`, `2.weight` `[[], [1]]`, `2.bias` `[[]]`:
@@ -153,33 +155,25 @@ def choose_styles(held: Held) -> Styles:
         )
     tp = next(iter(tp_axes), None)
     fsdp: dict[str, tuple[int, int]] = {}  # parameter -> (dim, axis) FSDP shards
-    as_stored: set[str] = set()
-    for name, split in stored.items():
-        rank = len(held.shapes[next(p.weight for p in held.params if p.param == name)])
-        have, need = _dims(split, rank), _dims(used[name], rank)
-        extra = [(d, [a for a in have[d] if a not in need[d]]) for d in range(rank)]
-        extra = [(d, axes) for d, axes in extra if axes]
-        if not extra:
-            if have != need:  # held whole, sliced when read: a style would hold it split
-                as_stored.add(name)
-            continue
-        (d, axes), more = extra[0], extra[1:]
-        others = all(have[e] == need[e] for e in range(rank) if e != d)
-        if (
-            more
-            or len(axes) != 1
-            or axes[0] == tp
-            or have[d] != need[d] + tuple(axes)
-            or not others
-        ):
+    as_stored: set[str] = set()  # held on tp otherwise than read: distributed as held
+    for p in held.params:
+        rank = len(held.shapes[p.weight])
+        have, need = _dims(stored[p.param], rank), _dims(used[p.param], rank)
+        extra = [(d, a) for d in range(rank) for a in have[d] if a not in need[d] and a != tp]
+        if len(extra) > 1 or (extra and have[extra[0][0]][-1] != extra[0][1]):
             return _fallback(
                 held,
                 used,
-                f"{name} is stored {Sharding(split)} and read {Sharding(used[name])}: FSDP2 "
-                "holds one mesh dim more than read (not the tensor-parallel one), on one "
-                "tensor dim, inside its tensor-parallel split",
+                f"{p.param} is stored {Sharding(stored[p.param])} and read "
+                f"{Sharding(used[p.param])}: fully_shard splits one tensor dim over one mesh "
+                "dim more, inside the rest",
             )
-        fsdp[name] = (d, axes[0])
+        if extra:
+            fsdp[p.param] = extra[0]
+            d = extra[0][0]
+            have = (*have[:d], have[d][:-1], *have[d + 1 :])
+        if have != need:  # held split on tp but read whole, or held whole and read split
+            as_stored.add(p.param)
     fsdp_axes = {axis for _, axis in fsdp.values()}
     if len(fsdp_axes) > 1:
         return _fallback(
@@ -205,7 +199,7 @@ def choose_styles(held: Held) -> Styles:
                 f"({', '.join(sorted(sharded))}) and others not; fully_shard shards them all",
             )
         style, sequence_dim = _module_style(members, tp)
-        if style is not Style.REPLICATE and as_stored & set(names.values()):
+        if as_stored & set(names.values()):
             style, sequence_dim = Style.DISTRIBUTE, None
         modules[path] = ModuleStyle(style, sequence_dim, sharded)
         for leaf, n in names.items():

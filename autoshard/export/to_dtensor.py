@@ -191,8 +191,18 @@ def apply_plan(model: torch.nn.Module, mesh) -> torch.nn.Module:
     )
 
     compute = mesh[TP_DIM] if TP_DIM is not None else mesh
+    # A style or fully_shard would give each of two tied parameters its own copy: a module
+    # holding one is distributed instead (keeping the tie), and warned about.
+    owners = {{}}
+    for name, tensor in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(tensor), []).append(name.rpartition(".")[0])
+    tied = {{path for paths in owners.values() if len(paths) > 1 for path in paths}}
+    for path in sorted(tied & (set(STYLES) | set(FSDP))):
+        warnings.warn(f"{{path}} holds a tied parameter: distributed, not by its style")
+    styles = {{path: style for path, style in STYLES.items() if path not in tied}}
+    fsdp = {{path: dims for path, dims in FSDP.items() if path not in tied}}
     plan = {{}}
-    for path, (style, sequence_dim) in STYLES.items():
+    for path, (style, sequence_dim) in styles.items():
         module = model.get_submodule(path)
         if style == "sequence":
             wanted = Shard(sequence_dim)
@@ -207,15 +217,15 @@ def apply_plan(model: torch.nn.Module, mesh) -> torch.nn.Module:
         module.register_forward_pre_hook(_input_as(compute, wanted))
     if plan:
         parallelize_module(model, compute, plan)
-    styled = {{n for n in PLACEMENTS if n.rpartition(".")[0] in STYLES}}
-    sharded = {{n for n in PLACEMENTS if n.rpartition(".")[0] in FSDP}}
+    styled = {{n for n in PLACEMENTS if n.rpartition(".")[0] in styles}}
+    sharded = {{n for n in PLACEMENTS if n.rpartition(".")[0] in fsdp}}
     if TP_DIM is not None:
         tp = MESH_DIM_NAMES.index(TP_DIM)
         rest = {{n: (p[tp],) for n, p in PLACEMENTS.items() if n not in styled}}
     else:  # FSDP alone gathers plain tensors: only the others are DTensors
         rest = {{n: p for n, p in PLACEMENTS.items() if n not in styled | sharded}}
     _distribute(model, compute, rest)
-    for path, dims in FSDP.items():
+    for path, dims in fsdp.items():
         module = model.get_submodule(path)
         shard = {{id(getattr(module, leaf)): Shard(dim) for leaf, dim in dims.items()}}
         fully_shard(module, mesh=mesh[FSDP_DIM], reshard_after_forward=True,
