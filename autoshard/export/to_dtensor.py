@@ -199,7 +199,13 @@ def apply_plan(model: torch.nn.Module, mesh) -> torch.nn.Module:
     tied = {{path for paths in owners.values() if len(paths) > 1 for path in paths}}
     for path in sorted(tied & (set(STYLES) | set(FSDP))):
         warnings.warn(f"{{path}} holds a tied parameter: distributed, not by its style")
-    styles = {{path: style for path, style in STYLES.items() if path not in tied}}
+    # Column and row splits are torch's for nn.Linear and nn.Embedding only.
+    layers = (torch.nn.Linear, torch.nn.Embedding)
+    other = {{path for path, (style, _) in STYLES.items()
+             if style != "sequence" and not isinstance(model.get_submodule(path), layers)}}
+    for path in sorted(other - tied):
+        warnings.warn(f"{{path}} is no nn.Linear or nn.Embedding: distributed, not by its style")
+    styles = {{path: style for path, style in STYLES.items() if path not in tied | other}}
     fsdp = {{path: dims for path, dims in FSDP.items() if path not in tied}}
     plan = {{}}
     for path, (style, sequence_dim) in styles.items():

@@ -2,8 +2,9 @@
 parallel styles it chose: the MLP of models/mlp.onnx and the two pre-norm blocks of
 models/block_dynamo.onnx, each under an inference plan (Megatron's column then row split; the
 blocks' norms sequence-parallel) and a training plan storing weights split further over dp
-(FSDP2). Every rank's output is the single-process model's, and every parameter's local shard
-is the slice the plan holds on that device. All four runs share one start of 4 processes."""
+(FSDP2); and the MLP with its second weight held split but read whole (no style: distributed as
+held). Every rank's output is the single-process model's, and every parameter's local shard
+is the slice the plan holds on that device. All runs share one start of 4 processes."""
 
 from __future__ import annotations
 
@@ -49,6 +50,10 @@ CASES = {
     "mlp-training": ("mlp.onnx", ["--dim", "batch=8", "--mode", "training"],
                      ["0.weight=[[1], [0]]", "0.bias=[[1, 0]]", "2.weight=[[], [1]]",
                       "2.bias=[[]]"]),
+    # 2.weight held split on tp but read whole: distributed as held (DTensor gathers it).
+    "mlp-gathered": ("mlp.onnx", ["--dim", "batch=8"],
+                     ["x=[[0], []]", "0.weight=[[1], []]", "0.bias=[[1]]", "2.weight=[[], [1]]",
+                      "2.weight=[[], []]@users", "2.bias=[[]]"]),
     "block-inference": ("block_dynamo.onnx", ["--dim", "batch=4", "--dim", "seq=8"],
                         _MEGATRON_BLOCK),
     "block-training": ("block_dynamo.onnx",
@@ -59,6 +64,8 @@ STYLES = {
                       "2.bias": "rowwise"},
     "mlp-training": {"0.weight": "colwise+fsdp", "0.bias": "colwise+fsdp",
                      "2.weight": "rowwise", "2.bias": "rowwise"},
+    "mlp-gathered": {"0.weight": "colwise", "0.bias": "colwise", "2.weight": "distribute",
+                     "2.bias": "distribute"},
     "block-inference": {"0.up.weight": "colwise", "0.up.bias": "colwise",
                         "0.down.weight": "rowwise", "0.norm.weight": "sequence",
                         "1.norm.bias": "sequence"},
