@@ -145,7 +145,9 @@ def choose_styles(held: Held) -> Styles:
     used = {name: r.used for name, r in reads.items()}
     stored = {p.param: p.torch_split() for p in held.params}
     tp_axes = set().union(*map(_axes, used.values())) if used else set()
-    tp_axes |= {r.sequence[1] for r in reads.values() if r.sequence}
+    sequence_axes = {r.sequence[1] for r in reads.values() if r.sequence}
+    if not tp_axes and len(sequence_axes) == 1:  # sequence parallel alone
+        tp_axes = sequence_axes
     if len(tp_axes) > 1:
         return _fallback(
             held,

@@ -271,3 +271,26 @@ def test_training_plan_exports_what_is_stored(training_plan):
 def test_inference_plan_has_no_strategy(plan):
     entry = export_plan(plan, Target.JAX).document["parameters"]["0.up.weight"]
     assert "strategy" not in entry and "optimizer_state" not in entry
+
+
+def test_a_norm_split_on_another_dim_than_tp_keeps_the_styles(tmp_path):
+    """The blocks' weights split Megatron-wise over tp, their input's sequence over dp: the
+    linears keep their styles; the norms, split on a dim no style of tp holds, replicate."""
+    shutil.copy(MODELS / "block_dynamo.onnx", tmp_path)
+    plan = tmp_path / "plan.json"
+    notes = ["x=[[], [0], []]", "val_2=[[], [1]]", "0.up.bias=[[1]]", "val_4=[[1], []]",
+             "val_7=[[], [1]]", "1.up.bias=[[1]]", "val_9=[[1], []]"]  # fmt: skip
+    assert main(["plan", str(tmp_path / "block_dynamo.onnx"), "--mesh", str(MESH),
+                 "--dim", "batch=4", "--dim", "seq=8",
+                 *(a for n in notes for a in ("--annotate", n)), "-o", str(plan)]) == 0  # fmt: skip
+    document = export_plan(plan, Target.DTENSOR).document
+    assert {k: v for k, v in document["parallelize"].items() if k != "modules"} == {
+        "tp": "tp", "fsdp": None, "fallback": None
+    }  # fmt: skip
+    styles = {name: entry["style"] for name, entry in document["parameters"].items()}
+    assert styles == {
+        "0.down.weight": "rowwise", "0.norm.bias": "replicate", "0.norm.weight": "replicate",
+        "0.up.bias": "colwise", "0.up.weight": "colwise", "1.down.weight": "rowwise",
+        "1.norm.bias": "replicate", "1.norm.weight": "replicate", "1.up.bias": "colwise",
+        "1.up.weight": "colwise",
+    }  # fmt: skip
