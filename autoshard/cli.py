@@ -527,10 +527,18 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"{document['devices']} devices (IR version {document['ir_version']})"
         )
     else:
-        key = "placements" if target is Target.DTENSOR else "text"
+        if target is Target.DTENSOR and document["parallelize"]["fallback"]:
+            print(f"no parallel style applies: {document['parallelize']['fallback']}")
         for name, entry in document["parameters"].items():
-            value = entry[key]
-            print(f"  {name}: {', '.join(value) if isinstance(value, list) else value}")
+            value = entry["placements"] if target is Target.DTENSOR else entry["text"]
+            line = f"  {name}: {', '.join(value) if isinstance(value, list) else value}"
+            if "style" in entry:
+                line += f"  [{entry['style']}]"
+            if "strategy" in entry:
+                state = entry["optimizer_state"]
+                line += f"  {entry['strategy']}, optimizer state "
+                line += ", ".join(state) if isinstance(state, list) else state
+            print(line)
         for weight, why in document["unnamed"].items():
             print(f"  ONNX weight {weight}: {why}")
     for warning in document["warnings"]:

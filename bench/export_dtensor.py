@@ -9,7 +9,8 @@ memory budget that forces the weights to be split (inference), `autoshard export
 then on a gloo group of one process per device apply the generated `apply_plan` to the
 *original torch module*, run a forward pass under `implicit_replication` and compare the
 logits with the single-process module's. Columns: parameters split by the plan, weights with
-no recovered name, the largest relative error, and whether every parameter ends with the
+no recovered name, the parallel styles `apply_plan` uses (parameters per style), the largest
+relative error, and whether every parameter ends with the
 placements the export planned (a tied pair the TorchScript exporter unties keeps the first
 one's: `tied`). Needs torch, transformers and onnxscript.
 """
@@ -60,9 +61,8 @@ def _worker(rank, world, port, module_path, name, feeds, out) -> None:
                 got = model(*feeds)
         got = got.full_tensor() if isinstance(got, DTensor) else got
         error = float((got - expected).abs().max() / expected.abs().max())
-        held = {n: tuple(p.placements) for n, p in model.named_parameters()}
-        planned = {n: generated.PLACEMENTS[n] for n in held if n in generated.PLACEMENTS}
-        same = all(tuple(held[n]) == tuple(p) for n, p in planned.items())
+        held = generated.held_placements(model, mesh)
+        same = all(tuple(held[n]) == tuple(p) for n, p in generated.PLACEMENTS.items())
         tied = sum("is tied to" in str(w.message) for w in caught)
         if rank == 0:
             Path(out).write_text(json.dumps({"error": error, "same": same, "tied": tied}))
@@ -93,8 +93,9 @@ def main() -> int:
     from autoshard.cli import main as autoshard
     from autoshard.mesh import Mesh
 
-    print("| model | exporter | mesh | split | unnamed | plan s | run s | rel err | placements |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| model | exporter | mesh | split | unnamed | styles | plan s | run s | rel err | "
+          "placements |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for name in args.models:
@@ -130,6 +131,7 @@ def main() -> int:
                         any(p != "Replicate()" for p in e["placements"])
                         for e in document["parameters"].values()
                     )
+                    styles = _styles(document)
                     out = folder / "result.json"
                     started = time.perf_counter()
                     try:
@@ -140,7 +142,7 @@ def main() -> int:
                     except Exception as error:  # torch's DTensor refused the program: say so
                         print(error, file=sys.stderr)
                         why = str(error).strip().splitlines()[-1]
-                        row = f"{plan_s:.1f} | - | - | torch failed: {why}"
+                        row = f"{styles} | {plan_s:.1f} | - | - | torch failed: {why}"
                         print(f"| {name} | {exporter} | {mesh_text} | {split}/"
                               f"{len(document['parameters'])} | {len(document['unnamed'])} | "
                               f"{row} |", flush=True)  # fmt: skip
@@ -152,10 +154,21 @@ def main() -> int:
                     print(
                         f"| {name} | {exporter} | {mesh_text} | {split}/"
                         f"{len(document['parameters'])} | {len(document['unnamed'])} | "
-                        f"{plan_s:.1f} | {run_s:.1f} | {r['error']:.1e} | {placements} |",
+                        f"{styles} | {plan_s:.1f} | {run_s:.1f} | {r['error']:.1e} | "
+                        f"{placements} |",
                         flush=True,
                     )
     return 0
+
+
+def _styles(document: dict) -> str:
+    """How many parameters each parallel style applies, most first (or why none does)."""
+    if document["parallelize"]["fallback"]:
+        return "distribute (no style: " + document["parallelize"]["fallback"] + ")"
+    counts: dict[str, int] = {}
+    for entry in document["parameters"].values():
+        counts[entry["style"]] = counts.get(entry["style"], 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 class _stdout:

@@ -1,6 +1,10 @@
 """What every export starts from: a saved plan on its model, and each source-model parameter
 with the sharding its ONNX weight is held in (`Held`).
 
+A training plan holds each weight as its strategy stores it (`stored`: the plan's value
+sharding of the weight), so its exports place parameters as stored; the optimizer state's split
+comes with them (`Held.strategies`).
+
 The plan names ONNX weights; `names.recover_names` maps them to parameters. A parameter that
 several ONNX weights hold (the TorchScript exporter's transposed copy of a tied embedding) gets
 the sharding of the most trusted one, and a warning when the others are held differently.
@@ -9,7 +13,7 @@ the sharding of the most trusted one, and a warning when the others are held dif
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,17 @@ from autoshard.ir.onnx_import import file_weights, import_onnx, load_model
 from autoshard.mesh import Mesh
 from autoshard.plan import Plan
 from autoshard.sharding import Sharding
+
+Split = tuple[tuple[int, ...], ...]
+
+
+def torch_layout(split: Split, transposed: bool) -> Split:
+    """Split axes per dim of an ONNX weight, in its parameter's layout (a transposed weight's
+    two dims swapped)."""
+    if not transposed:
+        return split
+    padded = split + ((),) * (2 - len(split))
+    return (padded[1], padded[0])
 
 
 class ExportError(AutoshardError):
@@ -38,10 +53,9 @@ class ParamPlacement:
     transposed: bool
     source: NameSource
 
-    def torch_split(self) -> tuple[tuple[int, ...], ...]:
+    def torch_split(self) -> Split:
         """The split axes per dim of the parameter itself (swapped when transposed)."""
-        split = self.sharding.split_axes + ((),) * (2 - len(self.sharding.split_axes))
-        return (split[1], split[0]) if self.transposed else self.sharding.split_axes
+        return torch_layout(self.sharding.split_axes, self.transposed)
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,6 +69,8 @@ class Held:
     shapes: Mapping[str, tuple[int, ...]]
     unnamed: dict[str, str]
     warnings: tuple[str, ...]
+    # A training plan's strategy per ONNX weight (`stored`, `used`, `state`, `strategy`).
+    strategies: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 def mesh_dim_names(mesh: Mesh) -> tuple[str, ...]:
@@ -123,4 +139,5 @@ def held_params(
                 )
     unnamed = {w: e.note for w, e in names.items() if not e.params}
     shapes = {w: tuple(weights[w].shape) for w in names}
-    return Held(mesh, graph, plan, tuple(params), shapes, unnamed, tuple(warnings))
+    strategies = (document.get("strategy") or {}).get("weights") or {}
+    return Held(mesh, graph, plan, tuple(params), shapes, unnamed, tuple(warnings), strategies)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 
-from autoshard.export.held import Held, mesh_dim_names
+from autoshard.export.held import Held, mesh_dim_names, torch_layout
+from autoshard.sharding import Sharding
 
 SCHEMA = "autoshard.export.jax/1"
 
@@ -36,6 +37,8 @@ def spec_text(spec: Spec) -> str:
 
 
 def jax_export(held: Held) -> dict[str, object]:
+    """Per parameter its PartitionSpec as the plan holds it (a training plan: as stored, with
+    its strategy and the optimizer state's spec), on the mesh's axis names."""
     mesh, names = held.mesh, mesh_dim_names(held.mesh)
     parameters: dict[str, dict[str, object]] = {}
     warnings = list(held.warnings)
@@ -58,6 +61,13 @@ def jax_export(held: Held) -> dict[str, object]:
                     f"{p.param}: dim {dim} of {shape[dim]} does not divide over "
                     f"{', '.join(names[a] for a in axes)}; JAX shards evenly only"
                 )
+        strategy = held.strategies.get(p.weight)
+        if strategy is not None:  # a training plan: held as stored; the optimizer state too
+            state = torch_layout(Sharding.parse(strategy["state"]).split_axes, p.transposed)
+            state_spec = partition_spec(state, len(shape), names)
+            parameters[p.param]["strategy"] = strategy["strategy"]
+            parameters[p.param]["optimizer_state"] = spec_text(state_spec)
+            parameters[p.param]["optimizer_state_spec"] = state_spec
         if p.sharding.partial_axes:
             warnings.append(f"{p.param}: a partial value has no PartitionSpec; exported unsplit")
     return {

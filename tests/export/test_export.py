@@ -44,7 +44,14 @@ def test_dtensor(plan):
     # val_2 = 0.up.weight.T [32, 64] split [[], [1, 0]]: the Linear's dim 0, tp-major.
     assert params["0.up.weight"] == {
         "placements": ["_StridedShard(0, split_factor=2)", "Shard(0)"],
+        "used": ["_StridedShard(0, split_factor=2)", "Shard(0)"], "style": "distribute",
         "onnx_weight": "val_2", "transposed": True, "source": "folded_from",
+    }  # fmt: skip
+    # Read split over both mesh dims: no DTensor parallel style (one dim each) applies.
+    assert document["parallelize"] == {
+        "tp": None, "fsdp": None, "modules": {},
+        "fallback": "parameters are read split over mesh dims dp, tp; DTensor's parallel "
+        "styles take one",
     }  # fmt: skip
     assert params["1.down.weight"]["placements"] == ["Replicate()", "Shard(1)"]
     assert params["1.norm.weight"]["onnx_weight"] == "0.norm.weight"  # deduplicated
@@ -215,3 +222,75 @@ def test_what_the_targets_cannot_hold_is_warned(tmp_path):
     ]
     # The MatMul reads it gathered over axis 1 (`[[], [0]]`, even): nothing for ONNX to say.
     assert export_plan(plan, Target.ONNX).document["warnings"] == []
+
+
+@pytest.fixture(scope="module")
+def training_plan(tmp_path_factory) -> Path:
+    """A training step of models/mlp.onnx on dp=2,tp=2: 0.weight stored split over tp and dp
+    (read over tp alone: tp+fsdp), 2.weight over tp as read (tp), 2.bias whole with its
+    optimizer state split (zero)."""
+    folder = tmp_path_factory.mktemp("training")
+    shutil.copy(MODELS / "mlp.onnx", folder)
+    path = folder / "plan.json"
+    code = main([
+        "plan", str(folder / "mlp.onnx"), "--mesh", str(MESH), "--dim", "batch=8",
+        "--mode", "training", "--annotate", "0.weight=[[1], [0]]",
+        "--annotate", "0.bias=[[1, 0]]", "--annotate", "2.weight=[[], [1]]",
+        "--annotate", "2.bias=[[]]", "-o", str(path),
+    ])  # fmt: skip
+    assert code == 0
+    return path
+
+
+def test_training_plan_exports_what_is_stored(training_plan):
+    strategy = json.loads(training_plan.read_text())["strategy"]["weights"]
+    assert strategy["0.weight"]["strategy"] == "tp+fsdp"
+    assert strategy["2.bias"] == {"stored": "[[]]", "used": "[[]]", "state": "[[1]]",
+                                  "strategy": "zero"}  # fmt: skip
+    dtensor = export_plan(training_plan, Target.DTENSOR).document
+    weight, bias = dtensor["parameters"]["0.weight"], dtensor["parameters"]["2.bias"]
+    # Gemm weights are [out, in] as torch holds them: stored [[1], [0]], read [[1], []].
+    assert (weight["placements"], weight["used"]) == (["Shard(1)", "Shard(0)"],
+                                                      ["Replicate()", "Shard(0)"])  # fmt: skip
+    assert (weight["style"], weight["strategy"]) == ("colwise+fsdp", "tp+fsdp")
+    assert weight["optimizer_state"] == ["Shard(1)", "Shard(0)"]
+    assert bias["placements"] == ["Replicate()", "Replicate()"]
+    assert (bias["strategy"], bias["optimizer_state"]) == ("zero", ["Replicate()", "Shard(0)"])
+    assert dtensor["parallelize"]["modules"]["0"] == {
+        "style": "colwise", "fsdp_dims": {"bias": 0, "weight": 1}
+    }  # fmt: skip
+    jax = export_plan(training_plan, Target.JAX).document["parameters"]
+    assert jax["0.weight"]["text"] == "PartitionSpec('tp', 'dp')"
+    assert jax["0.bias"]["text"] == "PartitionSpec(('tp', 'dp'))"
+    assert (jax["2.bias"]["text"], jax["2.bias"]["optimizer_state"]) == (
+        "PartitionSpec(None)", "PartitionSpec('tp')"
+    )  # fmt: skip
+    assert jax["2.bias"]["strategy"] == "zero"
+
+
+def test_inference_plan_has_no_strategy(plan):
+    entry = export_plan(plan, Target.JAX).document["parameters"]["0.up.weight"]
+    assert "strategy" not in entry and "optimizer_state" not in entry
+
+
+def test_a_norm_split_on_another_dim_than_tp_keeps_the_styles(tmp_path):
+    """The blocks' weights split Megatron-wise over tp, their input's sequence over dp: the
+    linears keep their styles; the norms, split on a dim no style of tp holds, replicate."""
+    shutil.copy(MODELS / "block_dynamo.onnx", tmp_path)
+    plan = tmp_path / "plan.json"
+    notes = ["x=[[], [0], []]", "val_2=[[], [1]]", "0.up.bias=[[1]]", "val_4=[[1], []]",
+             "val_7=[[], [1]]", "1.up.bias=[[1]]", "val_9=[[1], []]"]  # fmt: skip
+    assert main(["plan", str(tmp_path / "block_dynamo.onnx"), "--mesh", str(MESH),
+                 "--dim", "batch=4", "--dim", "seq=8",
+                 *(a for n in notes for a in ("--annotate", n)), "-o", str(plan)]) == 0  # fmt: skip
+    document = export_plan(plan, Target.DTENSOR).document
+    assert {k: v for k, v in document["parallelize"].items() if k != "modules"} == {
+        "tp": "tp", "fsdp": None, "fallback": None
+    }  # fmt: skip
+    styles = {name: entry["style"] for name, entry in document["parameters"].items()}
+    assert styles == {
+        "0.down.weight": "rowwise", "0.norm.bias": "replicate", "0.norm.weight": "replicate",
+        "0.up.bias": "colwise", "0.up.weight": "colwise", "1.down.weight": "rowwise",
+        "1.norm.bias": "replicate", "1.norm.weight": "replicate", "1.up.bias": "colwise",
+        "1.up.weight": "colwise",
+    }  # fmt: skip

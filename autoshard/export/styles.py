@@ -1,0 +1,219 @@
+"""Which of torch's parallel styles apply a plan so that activations follow it, not only the
+parameters: per torch module, `ColwiseParallel` / `RowwiseParallel` (Megatron's column and row
+splits of a Linear; the vocabulary or hidden split of an Embedding), `SequenceParallel` (a norm
+whose input is split on the sequence) over one mesh axis, and `fully_shard` (FSDP2) over another
+for parameters held split further than they are read.
+
+A parameter is *stored* as the plan holds it (a training plan's `stored`) and *used* as its
+forward readers need it. DTensor's styles each take one mesh dim, so they apply when every
+parameter is used split over at most one mesh axis, the tensor-parallel one (`tp`). What is
+stored split beyond that on another axis is FSDP's (`fsdp`: one axis for all, one tensor dim
+per parameter, listed last on that dim: FSDP2 shards the tensor-parallel shard, tp-major). A
+parameter held on `tp` otherwise than read (split but gathered by its reader, or whole and
+sliced) is distributed as held, and DTensor moves it when read; its module takes no style.
+Otherwise every parameter is distributed as stored on the whole mesh, and `fallback` says why.
+
+Worked example, models/mlp.onnx (Gemm, weights [out, in]) on dp=2,tp=2, `0.weight` stored
+`[[1], [0]]` and used `[[1], []]`, `0.bias` `[[1]]`, `2.weight` `[[], [1]]`, `2.bias` `[[]]`:
+tp is axis 1, fsdp axis 0; module `0` is colwise with `weight` sharded by FSDP on dim 1, module
+`2` rowwise.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from autoshard.export.held import Held, ParamPlacement, Split, mesh_dim_names, torch_layout
+from autoshard.sharding import Sharding
+
+LINEAR_OPS = frozenset({"MatMul", "Gemm"})
+NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization"})
+
+
+class Style(enum.StrEnum):
+    COLWISE = "colwise"
+    ROWWISE = "rowwise"
+    SEQUENCE = "sequence"
+    REPLICATE = "replicate"  # no split to follow: Replicate on the tensor-parallel axis
+    DISTRIBUTE = "distribute"  # no style matches: distribute_tensor as used
+
+
+class Role(enum.Enum):
+    LINEAR = "linear"  # the [out, in] weight of a Linear and its bias
+    EMBEDDING = "embedding"
+    NORM = "norm"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class ModuleStyle:
+    """A torch module's style on the tp axis, and the dim FSDP shards each of its parameters
+    on (by leaf name; empty: not fully_shard-ed)."""
+
+    style: Style
+    sequence_dim: int | None = None
+    fsdp_dims: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Styles:
+    tp_axis: int | None
+    fsdp_axis: int | None
+    modules: Mapping[str, ModuleStyle]
+    params: Mapping[str, str]  # parameter -> its style, `colwise+fsdp`, `distribute`, ...
+    used: Mapping[str, Split]  # parameter -> its used split (torch layout)
+    fallback: str | None = None
+
+
+def _axes(split: Split) -> set[int]:
+    return {a for axes in split for a in axes}
+
+
+def _dims(split: Split, rank: int) -> Split:
+    return tuple(split) + ((),) * (rank - len(split))
+
+
+@dataclass(frozen=True)
+class _Read:
+    role: Role
+    used: Split
+    sequence: tuple[int, int] | None  # a norm's input split: (dim, axis)
+
+
+def _read(held: Held, p: ParamPlacement) -> _Read:
+    """How the forward reads a parameter: its first reader's role and need."""
+    graph, rank = held.graph, len(held.shapes[p.weight])
+    readers = [
+        (op, i)
+        for op in graph.consumers(p.weight)
+        for i, n in enumerate(op.inputs)
+        if n == p.weight
+    ]
+    if not readers:
+        return _Read(Role.OTHER, torch_layout(p.sharding.split_axes, p.transposed), None)
+    op, index = readers[0]
+    used = torch_layout(held.plan.needs.get((op.name, index), p.sharding).split_axes, p.transposed)
+    role, sequence = Role.OTHER, None
+    if op.type in LINEAR_OPS and index == 1 and rank == 2:
+        # torch's Linear holds [out, in]: a MatMul reads its transpose, a Gemm with transB.
+        out_in = p.transposed if op.type == "MatMul" else bool(op.attr("transB", 0)) != p.transposed
+        role = Role.LINEAR if out_in else Role.OTHER
+    elif op.type in LINEAR_OPS | {"Add"} and rank == 1:
+        role = Role.LINEAR  # a bias: its module decides
+    elif op.type == "Gather" and index == 0 and rank == 2 and not p.transposed:
+        role = Role.EMBEDDING
+    elif op.type in NORM_OPS:
+        role = Role.NORM
+        need = held.plan.needs.get((op.name, 0), Sharding()).split_axes
+        x_rank = len(graph.values[op.inputs[0]].shape)
+        # Split on one dim between the batch (the caller's data parallelism) and the
+        # normalized last dim: the sequence.
+        need = need + ((),) * (x_rank - len(need))
+        split = [(d, axes) for d, axes in enumerate(need[1:-1], 1) if axes]
+        if len(split) == 1 and len(split[0][1]) == 1 and not need[-1]:
+            sequence = (split[0][0], split[0][1][0])
+    return _Read(role, used, sequence)
+
+
+def _module_style(reads: Mapping[str, _Read], tp: int | None) -> tuple[Style, int | None]:
+    """The style of a module from its parameters' reads (by leaf name)."""
+    weight = reads.get("weight")
+    rest = {k: r for k, r in reads.items() if k != "weight"}
+    if all(not _axes(r.used) for r in reads.values()):
+        sequence = weight.sequence if weight is not None and weight.role is Role.NORM else None
+        if sequence is not None and sequence[1] == tp:
+            return Style.SEQUENCE, sequence[0]
+        return Style.REPLICATE, None
+    if weight is None or weight.role not in (Role.LINEAR, Role.EMBEDDING):
+        return Style.DISTRIBUTE, None
+    used = _dims(weight.used, 2)
+    biases = {k: _dims(r.used, 1) for k, r in rest.items()}
+    if set(biases) - {"bias"}:
+        return Style.DISTRIBUTE, None
+    if used == ((tp,), ()) and all(b == ((tp,),) for b in biases.values()):
+        return (Style.COLWISE if weight.role is Role.LINEAR else Style.ROWWISE), None
+    if used == ((), (tp,)) and all(b == ((),) for b in biases.values()):
+        return (Style.ROWWISE if weight.role is Role.LINEAR else Style.COLWISE), None
+    return Style.DISTRIBUTE, None
+
+
+def choose_styles(held: Held) -> Styles:
+    """The parallel style of every planned parameter (see the module's docstring)."""
+    reads = {p.param: _read(held, p) for p in held.params}
+    used = {name: r.used for name, r in reads.items()}
+    stored = {p.param: p.torch_split() for p in held.params}
+    tp_axes = set().union(*map(_axes, used.values())) if used else set()
+    sequence_axes = {r.sequence[1] for r in reads.values() if r.sequence}
+    if not tp_axes and len(sequence_axes) == 1:  # sequence parallel alone
+        tp_axes = sequence_axes
+    if len(tp_axes) > 1:
+        return _fallback(
+            held,
+            used,
+            f"parameters are read split over mesh dims {_names(held, tp_axes)}; "
+            "DTensor's parallel styles take one",
+        )
+    tp = next(iter(tp_axes), None)
+    fsdp: dict[str, tuple[int, int]] = {}  # parameter -> (dim, axis) FSDP shards
+    as_stored: set[str] = set()  # held on tp otherwise than read: distributed as held
+    for p in held.params:
+        rank = len(held.shapes[p.weight])
+        have, need = _dims(stored[p.param], rank), _dims(used[p.param], rank)
+        extra = [(d, a) for d in range(rank) for a in have[d] if a not in need[d] and a != tp]
+        if len(extra) > 1 or (extra and have[extra[0][0]][-1] != extra[0][1]):
+            return _fallback(
+                held,
+                used,
+                f"{p.param} is stored {Sharding(stored[p.param])} and read "
+                f"{Sharding(used[p.param])}: fully_shard splits one tensor dim over one mesh "
+                "dim more, inside the rest",
+            )
+        if extra:
+            fsdp[p.param] = extra[0]
+            d = extra[0][0]
+            have = (*have[:d], have[d][:-1], *have[d + 1 :])
+        if have != need:  # held split on tp but read whole, or held whole and read split
+            as_stored.add(p.param)
+    fsdp_axes = {axis for _, axis in fsdp.values()}
+    if len(fsdp_axes) > 1:
+        return _fallback(
+            held,
+            used,
+            f"parameters are stored split further over mesh dims {_names(held, fsdp_axes)}; "
+            "fully_shard here takes one",
+        )
+    by_module: dict[str, dict[str, _Read]] = {}
+    for name, r in reads.items():
+        path, _, leaf = name.rpartition(".")
+        by_module.setdefault(path, {})[leaf] = r
+    modules: dict[str, ModuleStyle] = {}
+    params: dict[str, str] = {}
+    for path, members in sorted(by_module.items()):
+        names = {leaf: f"{path}.{leaf}" if path else leaf for leaf in members}
+        sharded = {leaf: fsdp[n][0] for leaf, n in names.items() if n in fsdp}
+        if sharded and len(sharded) != len(members):
+            return _fallback(
+                held,
+                used,
+                f"module {path or '(root)'} holds parameters split further "
+                f"({', '.join(sorted(sharded))}) and others not; fully_shard shards them all",
+            )
+        style, sequence_dim = _module_style(members, tp)
+        if as_stored & set(names.values()):
+            style, sequence_dim = Style.DISTRIBUTE, None
+        modules[path] = ModuleStyle(style, sequence_dim, sharded)
+        for leaf, n in names.items():
+            params[n] = str(style) + ("+fsdp" if leaf in sharded else "")
+    fsdp_axis = next(iter(fsdp_axes), None)
+    return Styles(tp, fsdp_axis, modules, params, used)
+
+
+def _names(held: Held, axes: set[int]) -> str:
+    return ", ".join(mesh_dim_names(held.mesh)[a] for a in sorted(axes))
+
+
+def _fallback(held: Held, used: Mapping[str, Split], reason: str) -> Styles:
+    params = {p.param: str(Style.DISTRIBUTE) for p in held.params}
+    return Styles(None, None, {}, params, used, reason)
