@@ -430,65 +430,62 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
     """The cost of a sharded program: its collectives, its ops' local compute, its memory.
     Each step counts as many times as it runs per step of the model (`Graph.runs`: the
     forward and backward of a training step once per micro-batch); a collective runs with the
-    op it serves (the next op), the ones after the last op with that one."""
-    comm_bytes, comm_time, compute = 0, 0.0, 0.0
-    by_axes: dict[str, tuple[int, float]] = {}
+    op it serves (the next op), the ones after the last op with that one. Totals, per mesh
+    axes and per phase are sums of the ops' and collectives' costs, in program order."""
     ops: dict[str, OpCost] = {}
-    phases: dict[str, PhaseCost] = {}
     collectives: list[CollectiveCost] = []
-    serves, served = [""] * len(program.steps), _last_op(program)
-    for i in reversed(range(len(program.steps))):
-        step = program.steps[i]
-        served = step.op.name if isinstance(step, Compute) else served
-        serves[i] = served
-    for step, op_name in zip(program.steps, serves, strict=True):
-        runs, phase = graph.runs(op_name), graph.phase(op_name)
-        spent = phases.get(phase, PhaseCost())
+    for step, op_name in zip(program.steps, _served(program), strict=True):
+        runs = graph.runs(op_name)
         if isinstance(step, Communicate):
-            c = step.collective
-            seconds = runs * collective_time(c, cluster)
-            sent = runs * c.bytes_per_device
-            comm_bytes += sent
-            comm_time += seconds
-            key = str(list(c.mesh_axes))
-            b, t = by_axes.get(key, (0, 0.0))
-            by_axes[key] = (b + sent, t + seconds)
+            moved = step.collective
             collectives.append(CollectiveCost(
-                len(collectives), program.tensors[step.source].value, str(c.kind), key, op_name,
-                sent, seconds,
+                len(collectives), program.tensors[step.source].value, str(moved.kind),
+                str(list(moved.mesh_axes)), op_name, runs * moved.bytes_per_device,
+                runs * collective_time(moved, cluster),
             ))  # fmt: skip
-            spent = PhaseCost(
-                spent.compute_time_s, spent.comm_time_s + seconds,
-                spent.comm_bytes_per_device + sent,
-            )  # fmt: skip
         else:
             op = graph.op_by_name[step.op.name]
             rule = rule_for(op, graph) if step.option is not None else None
             once = op_cost(op, rule, step.option, graph, cluster)
             cost = OpCost(runs * once.flops, runs * once.bytes, runs * once.seconds)
             ops[op.name] = ops[op.name] + cost if op.name in ops else cost
-            seconds = cost.seconds
-            compute += seconds
-            spent = PhaseCost(
-                spent.compute_time_s + seconds, spent.comm_time_s, spent.comm_bytes_per_device
-            )
-        phases[phase] = spent
-    peak = memory(program)
-    by_kind: dict[str, int] = {}
+    by_axes: dict[str, tuple[int, float]] = {}
+    for c in collectives:
+        sent, seconds = by_axes.get(c.mesh_axes, (0, 0.0))
+        by_axes[c.mesh_axes] = (sent + c.bytes_per_device, seconds + c.seconds)
+    phases: dict[str, PhaseCost] = {}
     if graph.phases:
-        kinds = memory_kinds(graph)
-        by_kind = dict.fromkeys(MEMORY_KINDS, 0)
-        for name, size in peak.live:
-            tensor = program.tensors[name]
-            kind = "buffers" if tensor.name != tensor.value else kinds[tensor.value]
-            by_kind[kind] += size
+        for phase in PHASES:
+            mine = [c for c in collectives if graph.phase(c.op) == phase]
+            phases[phase] = PhaseCost(
+                sum(cost.seconds for name, cost in ops.items() if graph.phase(name) == phase),
+                sum(c.seconds for c in mine), sum(c.bytes_per_device for c in mine),
+            )  # fmt: skip
+    peak = memory(program)
     return Cost(
-        comm_bytes, comm_time, compute, peak.peak, dict(sorted(by_axes.items())), ops,
-        {p: phases[p] for p in PHASES if p in phases} if graph.phases else {}, by_kind,
+        sum(c.bytes_per_device for c in collectives), sum(c.seconds for c in collectives),
+        sum(cost.seconds for cost in ops.values()), peak.peak, dict(sorted(by_axes.items())),
+        ops, phases, _memory_by_kind(program, graph, peak) if graph.phases else {},
         tuple(collectives),
     )  # fmt: skip
 
 
-def _last_op(program: Program) -> str:
-    computes = [s for s in program.steps if isinstance(s, Compute)]
-    return computes[-1].op.name if computes else ""
+def _served(program: Program) -> list[str]:
+    """The op each step serves: a compute step its own, a collective the next op (the ones
+    after the last op, that one)."""
+    computes = [s.op.name for s in program.steps if isinstance(s, Compute)]
+    served, current = [], computes[-1] if computes else ""
+    for step in reversed(program.steps):
+        current = step.op.name if isinstance(step, Compute) else current
+        served.append(current)
+    return served[::-1]
+
+
+def _memory_by_kind(program: Program, graph: Graph, peak: Memory) -> dict[str, int]:
+    """The tensors live at the peak, by kind (`MEMORY_KINDS`)."""
+    kinds = memory_kinds(graph)
+    found = dict.fromkeys(MEMORY_KINDS, 0)
+    for name, size in peak.live:
+        tensor = program.tensors[name]
+        found["buffers" if tensor.name != tensor.value else kinds[tensor.value]] += size
+    return found
