@@ -225,21 +225,12 @@ def _breakdown_summary(block: dict[str, Any]) -> str:
 
 def _training(args: argparse.Namespace) -> Any:
     """The training step the flags ask for (None: the forward pass)."""
-    from autoshard.training import Mode, Training
-    from autoshard.training.options import parse_choice
+    from autoshard.training.options import OPTIONS, requested
 
-    if parse_choice(Mode, args.mode, "mode") is Mode.INFERENCE:
-        given = [f for f in ("optimizer", "precision", "micro_batches", "recompute")
-                 if getattr(args, f) is not None]  # fmt: skip
-        if given:
-            flag = "--" + given[0].replace("_", "-")
-            raise AutoshardError(f"{flag} plans a training step: add --mode training")
-        return None
-    micro_batches = 1 if args.micro_batches is None else args.micro_batches
-    return Training.parse(
-        args.optimizer or "adam", args.precision or "bf16-mixed", micro_batches,
-        args.recompute or "none",
-    )  # fmt: skip
+    given = {name: getattr(args, name) for name in OPTIONS}
+    return requested(
+        args.mode, given, lambda name: "--" + name.replace("_", "-"), "--mode training"
+    )
 
 
 def _dump_after(args: argparse.Namespace) -> AfterStage | None:

@@ -25,13 +25,12 @@ from autoshard.errors import AutoshardError
 from autoshard.pipeline import PlanRequest
 from autoshard.search.options import Objective
 from autoshard.training import Mode, Training
-from autoshard.training.options import parse_choice
+from autoshard.training.options import OPTIONS, requested
 
 FIELDS = (
     "mesh", "dims", "device", "bandwidth", "latency", "memory", "annotations", "objective",
     "time_limit", "mode", "optimizer", "precision", "micro_batches", "recompute",
 )  # fmt: skip
-TRAINING_FIELDS = FIELDS[-4:]
 DEFAULT_TIME_LIMIT = 60.0  # `autoshard plan --time-limit`'s default
 
 
@@ -162,17 +161,10 @@ def parse_options(fields: Mapping[str, str], max_time_limit: float) -> PlanOptio
 
 def _training(given: Mapping[str, str]) -> Training | None:
     """The training step of fields `mode` (default inference) and its options."""
-    mode = parse_choice(Mode, given.get("mode", str(Mode.INFERENCE)), "mode")
-    if mode is Mode.INFERENCE:
-        if extra := [f for f in TRAINING_FIELDS if f in given]:
-            raise RequestError(f"form field {extra[0]!r} plans a training step: add mode=training")
-        return None
-    micro_batches = given.get("micro_batches", "1")
-    try:
-        count = int(micro_batches)
-    except ValueError:
-        raise RequestError(f"micro_batches {micro_batches!r} is not an integer") from None
-    return Training.parse(
-        given.get("optimizer", "adam"), given.get("precision", "bf16-mixed"), count,
-        given.get("recompute", "none"),
-    )  # fmt: skip
+    options = {name: given.get(name) for name in OPTIONS}
+    return requested(
+        given.get("mode", str(Mode.INFERENCE)),
+        options,
+        lambda name: f"form field {name!r}",
+        "mode=training",
+    )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from autoshard.errors import AutoshardError
 
@@ -56,6 +57,16 @@ class Recompute(enum.StrEnum):
 E = TypeVar("E", bound=enum.StrEnum)
 
 
+def _integer(text: int | str) -> int:
+    """A count as given: an int, or the text of one (a form field)."""
+    if isinstance(text, int):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise TrainingError(f"micro-batches must be an integer, got {text!r}") from None
+
+
 def parse_choice(kind: type[E], text: str, what: str) -> E:
     """`text` as a member of `kind`, or an error naming the valid choices."""
     try:
@@ -78,9 +89,9 @@ class Training:
 
     def __post_init__(self) -> None:
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int):
-            raise TrainingError(f"--micro-batches must be an integer, got {self.micro_batches!r}")
+            raise TrainingError(f"micro-batches must be an integer, got {self.micro_batches!r}")
         if self.micro_batches < 1:
-            raise TrainingError(f"--micro-batches must be at least 1, got {self.micro_batches}")
+            raise TrainingError(f"micro-batches must be at least 1, got {self.micro_batches}")
 
     @property
     def state_planes(self) -> int:
@@ -104,14 +115,14 @@ class Training:
     def parse(
         optimizer: str = "adam",
         precision: str = "bf16-mixed",
-        micro_batches: object = 1,
+        micro_batches: int | str = 1,
         recompute: str = "none",
     ) -> Training:
         """Options as a user gives them (flags, a form, a plan document's `training`)."""
         return Training(
             optimizer=parse_choice(Optimizer, str(optimizer), "optimizer"),
             precision=parse_choice(Precision, str(precision), "precision"),
-            micro_batches=micro_batches,  # type: ignore[arg-type]  # checked in __post_init__
+            micro_batches=_integer(micro_batches),
             recompute=parse_choice(Recompute, str(recompute), "recompute"),
         )
 
@@ -121,3 +132,23 @@ class Training:
             f"{self.micro_batches} micro-batch{'es' if self.micro_batches > 1 else ''}, "
             f"recompute {self.recompute}"
         )
+
+
+OPTIONS = ("optimizer", "precision", "micro_batches", "recompute")
+"""The options of a training step, as `Training.parse` names them."""
+
+
+def requested(
+    mode: str, given: Mapping[str, Any], spelled: Callable[[str], str], training: str
+) -> Training | None:
+    """The training step asked for by `mode` and the options `given` (None where not given),
+    as the faces take them; options given without mode training are an error naming the
+    first, spelled as the face spells it (`--micro-batches`, `form field 'micro_batches'`),
+    and how the face asks for training (`--mode training`, `mode=training`)."""
+    options = {name: value for name, value in given.items() if value is not None}
+    if parse_choice(Mode, mode, "mode") is Mode.INFERENCE:
+        if options:
+            first = spelled(next(iter(options)))
+            raise TrainingError(f"{first} plans a training step: add {training}")
+        return None
+    return Training.parse(**options)

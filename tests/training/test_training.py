@@ -282,7 +282,7 @@ def test_plan_summary_shows_the_phases_and_the_memory_by_kind(mlp, capsys):
         ),
         (
             ["--mode", "training", "--micro-batches", "0"],
-            "--micro-batches must be at least 1, got 0",
+            "micro-batches must be at least 1, got 0",
         ),
     ],
     ids=["flag-without-mode", "bad-mode", "bad-precision", "zero-micro-batches"],
