@@ -20,7 +20,7 @@ TOP = 5
 """How many collectives `top_collectives` lists."""
 
 
-def _spent(graph: Graph, cost: Cost, ops: Iterable[str]) -> dict[str, Any]:
+def _spent(cost: Cost, ops: Iterable[str]) -> dict[str, Any]:
     """Sums in program order (floats: the same plan, the same bytes)."""
     ordered = list(ops)
     names = set(ordered)
@@ -46,8 +46,8 @@ def breakdown(graph: Graph, cost: Cost) -> dict[str, Any]:
         inside.update(every)
         runs.append({
             "phase": graph.phase(first[0]), "first_op": first[0], "ops_per_layer": run.period,
-            "layers": run.count, "one_layer": _spent(graph, cost, first),
-            "all_layers": _spent(graph, cost, every),
+            "layers": run.count, "one_layer": _spent(cost, first),
+            "all_layers": _spent(cost, every),
         })  # fmt: skip
     by_type: dict[str, float] = {}
     for op in graph.ops:
@@ -56,7 +56,7 @@ def breakdown(graph: Graph, cost: Cost) -> dict[str, Any]:
     top = sorted(cost.collectives, key=lambda c: (-c.seconds, c.index))[:TOP]
     return {
         "repeated_layers": runs,
-        "rest": _spent(graph, cost, (n for n in names if n not in inside)),
+        "rest": _spent(cost, (n for n in names if n not in inside)),
         "compute_s_by_op_type": dict(sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))),
         "top_collectives": [c.to_json() for c in top],
     }

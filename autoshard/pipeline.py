@@ -99,9 +99,11 @@ def load_graph(model: str | Path, dims: Mapping[str, int], training: Training | 
     graph = import_onnx(model, dims)
     if training is None:
         return graph
-    run = find_repeats(graph).runs[:1]
-    layers = [range(r.start + j * r.period, r.start + (j + 1) * r.period)
-              for r in run for j in range(r.count)]  # fmt: skip
+    layers: list[range] = []
+    if training.recompute is Recompute.LAYERS:
+        run = find_repeats(graph).runs[:1]
+        layers = [range(r.start + j * r.period, r.start + (j + 1) * r.period)
+                  for r in run for j in range(r.count)]  # fmt: skip
     return training_graph(graph, training, layers)
 
 

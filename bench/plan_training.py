@@ -32,6 +32,7 @@ from autoshard.search.ilp import InfeasibleError
 from autoshard.search.problem import SearchError
 from autoshard.sharding import Sharding
 from autoshard.training import Training
+from autoshard.training.step import gradient_name, state_name
 from autoshard.training.strategy import strategy_counts, weight_strategies
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -73,8 +74,8 @@ def recipe_annotations(graph, mesh, recipe: str) -> list[Annotation]:
                 if dims:
                     split = [everywhere if d == dims[0] else () for d in range(len(weight.shape))]
                     found.append(Annotation(name, Sharding(tuple(split))))
-                    found.append(Annotation(f"{name}@grad", Sharding(tuple(split))))
-                    found.append(Annotation(f"{name}@state", Sharding(((), *split))))
+                    found.append(Annotation(gradient_name(name), Sharding(tuple(split))))
+                    found.append(Annotation(state_name(name), Sharding(((), *split))))
         return found
     dp = data_parallel(graph, mesh, (0,))
     return dp + [Annotation(a.value, a.sharding, for_users=True) for a in megatron(graph, mesh, 1)]

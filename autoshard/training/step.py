@@ -38,7 +38,7 @@ from autoshard.ir import dtypes
 from autoshard.ir.graph import Attrs, Graph, Op, Value, verify
 from autoshard.rules import rule_for
 from autoshard.rules.gradient import RECOMPUTE_OF, TRAIN, TrainOp
-from autoshard.training.options import Optimizer, Recompute, Training
+from autoshard.training.options import Recompute, Training
 
 LINEAR = frozenset(
     {
@@ -152,9 +152,9 @@ class _Step:
         for value in outputs:
             self.values[value.name] = value
 
-    def like(self, name: str, new: str, dtype: str | None = None) -> Value:
+    def like(self, name: str, new: str) -> Value:
         value = self.values[name]
-        return Value(new, value.shape, dtype or value.dtype)
+        return Value(new, value.shape, value.dtype)
 
     def contribute(self, name: str) -> str:
         """A fresh value for one more gradient contribution to `name`."""
@@ -187,7 +187,7 @@ class _Step:
             seed = self.contribute(out)
             op = Op(f"{out}@loss_grad", TrainOp.LOSS_GRAD, TRAIN, (out,), (seed,))
             self.add(op, "backward")
-        first_reader = {w: self.first_reader(w) for w in self.trainable}
+        first_reader = {w: graph.consumers(w)[0].name for w in self.trainable}
         synced: dict[str, str] = {}
         for index in reversed(range(len(graph.ops))):
             op = graph.ops[index]
@@ -202,15 +202,11 @@ class _Step:
         outputs = self.optimize(synced)
         new = Graph(
             graph.name, tuple(self.ops), self.values, (*graph.inputs, *self.states), outputs,
-            graph.weights,
-            graph.constants, graph.opset, graph.nodes_in_file,
+            graph.weights, graph.constants, graph.opset, graph.nodes_in_file,
             updates=self.updates, phases=self.phases, micro_batches=self.training.micro_batches,
         )  # fmt: skip
         verify(new)
         return new
-
-    def first_reader(self, weight: str) -> str:
-        return next(op.name for op in self.graph.ops if weight in op.inputs)
 
     def differentiate(self, op: Op) -> None:
         gradients = tuple(self.total(o) if o else "" for o in op.outputs)
@@ -254,7 +250,7 @@ class _Step:
     def optimize(self, synced: dict[str, str]) -> tuple[str, ...]:
         """The update of every weight (in forward order), and the step's outputs."""
         planes = self.training.state_planes
-        if self.training.optimizer is Optimizer.NONE or planes == 0:
+        if planes == 0:  # no optimizer: the synchronized gradients are the step's outputs
             return tuple(synced[w] for w in self.trainable if w in synced)
         outputs: list[str] = []
         for weight in self.trainable:
