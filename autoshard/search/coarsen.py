@@ -109,11 +109,15 @@ def signatures(graph: Graph) -> list[int]:
     of_op: dict[str, int] = {}
     for op in graph.ops:
         forward = computed_with(op)
-        attrs = {k: v for k, v in op.attrs.items() if k not in ("op", RECOMPUTE_OF)}
+        attrs = (
+            Attrs({k: v for k, v in op.attrs.items() if k not in ("op", RECOMPUTE_OF)})
+            if forward
+            else op.attrs
+        )
         key = (
             op.type,
             op.domain,
-            hash(Attrs(attrs)),
+            hash(attrs),
             of_op.get(forward, -1) if forward else -1,
             tuple(_origin(graph, name, produced) for name in op.inputs),
             tuple(_type(graph, name) for name in op.outputs),
