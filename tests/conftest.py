@@ -1,0 +1,3 @@
+"""Fixtures shared by every test folder."""
+
+pytest_plugins = ["tests.browser"]
