@@ -49,7 +49,7 @@ the memory per device.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from autoshard.cost.cluster import Cluster, DeviceKind
@@ -284,6 +284,24 @@ class Memory:
 
 
 def memory(program: Program) -> Memory:
+    peak, where, at_peak = -1, -1, {}
+    for i, current, live in _walk_memory(program):
+        if current > peak:
+            peak, where, at_peak = current, i, dict(live)
+    top = sorted(at_peak.items(), key=lambda kv: (-kv[1], kv[0]))
+    return Memory(peak, where, tuple(top))
+
+
+def memory_timeline(program: Program) -> tuple[int, ...]:
+    """Bytes per device live before the first step, then at each step of the program (its
+    results held, what it read last not yet freed): the curve whose maximum is `memory`'s
+    peak (`memory_timeline(p)[memory(p).step + 1] == memory(p).peak`)."""
+    return tuple(current for _, current, _ in _walk_memory(program))
+
+
+def _walk_memory(program: Program) -> Iterator[tuple[int, int, Mapping[str, int]]]:
+    """(step, bytes live, the tensors live with their bytes) before any step (step -1), then
+    at each step; the mapping is only valid until the next item."""
     mesh = program.mesh
 
     def size(t: Tensor) -> int:
@@ -299,11 +317,13 @@ def memory(program: Program) -> Memory:
         last[name] = len(program.steps)
     # Replaced inputs and accumulated gradients: live from the start until their last reader.
     early = sorted(program.replaced | program.accumulated)
-    live = {n: size(program.tensors[n]) for n in early}
-    current = sum(size(program.tensors[n]) for n in resident) + sum(live.values())
-    peak, where, at_peak = current, -1, dict(live) | dict.fromkeys(resident, 0)
+    live = {n: size(program.tensors[n]) for n in resident}
+    held = {n: size(program.tensors[n]) for n in early}  # live, and freed after their last read
+    live |= held
+    current = sum(live.values())
+    yield -1, current, live
     freed: dict[int, list[str]] = {}  # step -> tensors dead after it
-    for name in live:
+    for name in held:
         freed.setdefault(last.get(name, -1), []).append(name)
     for i, step in enumerate(program.steps):
         if isinstance(step, Compute):  # an update writes over what it replaces
@@ -311,17 +331,13 @@ def memory(program: Program) -> Memory:
                 freed[i].remove(name)
                 current -= live.pop(name)
         for name in step.outputs:
-            if name and name not in live and name not in resident:
+            if name and name not in live:
                 live[name] = size(program.tensors[name])
                 current += live[name]
                 freed.setdefault(max(last.get(name, i), i), []).append(name)
-        if current > peak:
-            peak, where, at_peak = current, i, dict(live) | dict.fromkeys(resident, 0)
+        yield i, current, live
         for name in freed.pop(i, []) + freed.pop(-1, []):
             current -= live.pop(name)
-    sizes = {n: size(program.tensors[n]) for n in at_peak}
-    top = sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0]))
-    return Memory(peak, where, tuple(top))
 
 
 @dataclass(frozen=True)
@@ -483,9 +499,16 @@ def _served(program: Program) -> list[str]:
 
 def _memory_by_kind(program: Program, graph: Graph, peak: Memory) -> dict[str, int]:
     """The tensors live at the peak, by kind (`MEMORY_KINDS`)."""
-    kinds = memory_kinds(graph)
+    kinds = tensor_kinds(program, graph)
     found = dict.fromkeys(MEMORY_KINDS, 0)
     for name, size in peak.live:
-        tensor = program.tensors[name]
-        found["buffers" if tensor.name != tensor.value else kinds[tensor.value]] += size
+        found[kinds[name]] += size
     return found
+
+
+def tensor_kinds(program: Program, graph: Graph) -> dict[str, str]:
+    """The memory kind (`MEMORY_KINDS`) of every tensor of the program: a collective's result
+    is a buffer, any other tensor has its graph value's kind (`memory_kinds`)."""
+    kinds = memory_kinds(graph)
+    return {name: "buffers" if t.name != t.value else kinds[t.value]
+            for name, t in program.tensors.items()}  # fmt: skip
