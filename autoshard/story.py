@@ -31,8 +31,9 @@ Worked example: GPT-2 with `dp_tp` on mesh `dp=2,tp=2` reads
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autoshard.ir.graph import Graph
@@ -67,6 +68,28 @@ STRATEGY_WORDS = {
 }
 
 
+class Role(enum.StrEnum):
+    """What a mesh axis does in a plan, as the story finds it (the mesh drawing's labels)."""
+
+    DATA = "data parallel"
+    TENSOR = "tensor parallel"
+    SEQUENCE = "sequence parallel"
+    ULYSSES = "Ulysses all_to_all"
+    VOCABULARY = "vocabulary split"
+    EXPERT = "expert parallel"
+    FSDP = "FSDP/ZeRO-3"
+    ZERO = "ZeRO-1/2"
+
+
+@dataclass(frozen=True)
+class Story:
+    """The strategy paragraph and, per mesh axis, the roles it found the axis playing (in
+    `Role`'s order; an axis splitting nothing has none)."""
+
+    text: str
+    roles: Mapping[int, tuple[Role, ...]]
+
+
 def axes_text(mesh: Mesh, axes: Iterable[int]) -> str:
     """`axis tp` / `axes 0, 1`: a mesh's axes by their names when it has them."""
     ordered = sorted(set(axes))
@@ -94,13 +117,19 @@ class _Findings:
                    == "forward" and r.count > 1]  # fmt: skip
         self.run: Run | None = forward[0] if forward else None
         self.found: dict[str, set[int | None]] = {}
+        self.roles: dict[int, set[Role]] = {}
 
     def layer(self, op: str) -> int | None:
         i, run = self.index[op], self.run
         return (i - run.start) // run.period if run is not None and i in run else None
 
-    def add(self, phrase: str, ops: Iterable[str]) -> None:
+    def add(self, phrase: str, ops: Iterable[str], role: Role, axes: Iterable[int]) -> None:
         self.found.setdefault(phrase, set()).update(self.layer(op) for op in ops)
+        self.role(role, axes)
+
+    def role(self, role: Role, axes: Iterable[int]) -> None:
+        for axis in axes:
+            self.roles.setdefault(axis, set()).add(role)
 
     def sentences(self) -> list[str]:
         """`In each of the N repeated layers: ...`, then `Outside the layers: ...`."""
@@ -126,6 +155,11 @@ class _Findings:
 def strategy_story(graph: Graph, plan: Plan, collectives: Sequence[Mapping[str, Any]] = ()) -> str:
     """The plan's strategy as one paragraph (deterministic: the same plan, the same text).
     `collectives` are the program's (`Program.collectives_json`), for the all_to_alls."""
+    return recognise(graph, plan, collectives).text
+
+
+def recognise(graph: Graph, plan: Plan, collectives: Sequence[Mapping[str, Any]] = ()) -> Story:
+    """The plan's strategy paragraph and the role of each mesh axis in it."""
     mesh = plan.mesh
     parts = []
     batch = frozenset().union(
@@ -136,17 +170,19 @@ def strategy_story(graph: Graph, plan: Plan, collectives: Sequence[Mapping[str, 
     if batch:
         parts.append(f"Batch split over mesh {axes_text(mesh, batch)} (data parallel).")
     findings = _Findings(graph, mesh)
+    findings.role(Role.DATA, batch)
     forward = forward_view(graph)
     regions = _megatron(forward, plan, find_projections(forward), findings)
     _sequence_parallel(graph, plan, regions, findings)
     _ulysses(graph, regions, collectives, findings)
     _tables(graph, plan, findings)
     parts += findings.sentences()
-    weights = _weights(graph, plan, bool(batch))
+    weights = _weights(graph, plan, bool(batch), findings)
     if not parts and not any(_axes(s) for s in plan.values.values()):
         parts.append("Nothing is split: every device computes everything.")
     parts.append(weights)
-    return " ".join(parts)
+    roles = {a: tuple(r for r in Role if r in found) for a, found in findings.roles.items()}
+    return Story(" ".join(parts), dict(sorted(roles.items())))
 
 
 def forward_view(graph: Graph) -> Graph:
@@ -193,7 +229,7 @@ def _megatron(
         )
         if axes:
             phrase = f"Megatron column->row split of the MLP over {axes_text(plan.mesh, axes)}"
-            findings.add(phrase, [p.op for p in firsts + seconds])
+            findings.add(phrase, [p.op for p in firsts + seconds], Role.TENSOR, axes)
     regions: dict[str, frozenset[str]] = {}
     for block in attention_blocks(graph, projections):
         ops = block.region | block.inputs | block.outputs
@@ -208,7 +244,7 @@ def _megatron(
                 f"Megatron column->row split of the attention{fused} over "
                 f"{axes_text(plan.mesh, axes)}"
             )
-            findings.add(phrase, sorted(block.inputs | block.outputs))
+            findings.add(phrase, sorted(block.inputs | block.outputs), Role.TENSOR, axes)
     return regions
 
 
@@ -231,7 +267,8 @@ def _sequence_parallel(
             graph.op_by_name[o].type in NORMS for o in ops
         ) else "elementwise ops"  # fmt: skip
         axes_words = axes_text(findings.mesh, axes)
-        findings.add(f"{kinds} split on the sequence over {axes_words} (sequence parallel)", ops)
+        phrase = f"{kinds} split on the sequence over {axes_words} (sequence parallel)"
+        findings.add(phrase, ops, Role.SEQUENCE, axes)
 
 
 def _ulysses(
@@ -253,7 +290,7 @@ def _ulysses(
                 f"heads<->sequence all_to_all around the attention over "
                 f"{axes_text(findings.mesh, axes)} (Ulysses)"
             )
-            findings.add(phrase, at[:1])
+            findings.add(phrase, at[:1], Role.ULYSSES, axes)
 
 
 def _tables(graph: Graph, plan: Plan, findings: _Findings) -> None:
@@ -263,24 +300,29 @@ def _tables(graph: Graph, plan: Plan, findings: _Findings) -> None:
         axes = frozenset().union(*(_dim_axes(s, 0, 2) for s in _reads(graph, plan, table)))
         if axes:
             phrase = f"the embedding table split by vocabulary over {axes_text(plan.mesh, axes)}"
-            findings.add(phrase, [reader])
+            findings.add(phrase, [reader], Role.VOCABULARY, axes)
     for table, dim in expert_downs(graph):
         reader, reads = graph.consumers(table)[0].name, _reads(graph, plan, table)
         axes = frozenset().union(*(_dim_axes(s, 0, 3) for s in reads))
         if axes:
             phrase = f"experts split over {axes_text(plan.mesh, axes)} (expert parallel)"
-            findings.add(phrase, [reader])
+            findings.add(phrase, [reader], Role.EXPERT, axes)
         inner = frozenset().union(*(_dim_axes(s, dim, 3) for s in reads))
         if inner:
             phrase = f"each expert's FFN split Megatron-style over {axes_text(plan.mesh, inner)}"
-            findings.add(phrase, [reader])
+            findings.add(phrase, [reader], Role.TENSOR, inner)
 
 
-def _weights(graph: Graph, plan: Plan, batch: bool) -> str:
+def _weights(graph: Graph, plan: Plan, batch: bool, findings: _Findings) -> str:
     """How the weights are held: a training plan's strategies, or held vs read. A `ddp`
     weight's gradient is all-reduced only where the `batch` is split."""
     if any(graph.phase(op.name) != "forward" for op in graph.ops):
-        counts = strategy_counts(weight_strategies(graph, plan))
+        strategies = weight_strategies(graph, plan)
+        for s in strategies.values():
+            stored = _axes(Sharding.parse(s["stored"]))
+            findings.role(Role.FSDP, stored - _axes(Sharding.parse(s["used"])))
+            findings.role(Role.ZERO, _axes(Sharding.parse(s["state"])) - stored)
+        counts = strategy_counts(strategies)
         words = STRATEGY_WORDS | ({} if batch else {"ddp": "replicated"})
         told = [f"{n} {words.get(kind, kind)}" for kind, n in counts.items()]
         return f"Weights: {', '.join(told)}." if told else "No trained weights."
@@ -290,6 +332,7 @@ def _weights(graph: Graph, plan: Plan, batch: bool) -> str:
             continue
         held = _axes(plan.values[name])
         read = frozenset().union(*map(_axes, _reads(graph, plan, name)))
+        findings.role(Role.FSDP, held - read)
         if held - read:
             kind = f"held split over {axes_text(plan.mesh, held - read)} further than read, " \
                    "gathered before use (FSDP/ZeRO-3)"  # fmt: skip
