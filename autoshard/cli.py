@@ -117,10 +117,10 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     mesh = cluster.mesh
     annotations = _annotations(args)
     partition = Stage.PARTITION in (args.dump_after or ())  # only to print it
+    training = _training(args)
     lowered = propagated(
-        args.model, _dims(args.dim), mesh, annotations, _dump_after(args), partition,
-        _training(args),
-    )  # fmt: skip
+        args.model, _dims(args.dim), mesh, annotations, _dump_after(args), partition, training
+    )
     graph, result, program = lowered.graph, lowered.plan, lowered.program
     if args.emit == "mlir":
         from autoshard.mlir import print_program
@@ -135,6 +135,12 @@ def cmd_propagate(args: argparse.Namespace) -> int:
         "collectives": collectives,
         "cost": cost.to_json(),
     }
+    if args.html:
+        from autoshard.document import model_info, plan_document
+
+        info = model_info(args.model, graph, _dims(args.dim))
+        document = plan_document(graph, cluster, result, program, cost, info, training=training)
+        _write_html(args, document, lowered)
     if args.json:
         _emit(data)
         return 0
@@ -154,7 +160,16 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     if result.unruled:
         print(f"computed replicated (no rule): {', '.join(result.unruled)}")
     print(_cost_summary(cost, cluster, data["ops"]))
+    if args.html:
+        print(f"report written to {args.html}")
     return 0
+
+
+def _write_html(args: argparse.Namespace, document: dict[str, Any], lowered: Any) -> None:
+    """--html: the plan's HTML report, drawn from the plan just made."""
+    from autoshard.html import plan_html, write_html
+
+    write_html(args.html, plan_html(document, args.model, args.html_tensor or (), lowered))
 
 
 def _cluster(args: argparse.Namespace) -> Any:
@@ -264,6 +279,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from autoshard.document import write_document
 
         write_document(args.out, document)
+    if args.html:
+        from autoshard.pipeline import Lowered
+
+        graph, plan, program = requested.graph, planned.plan, planned.program
+        _write_html(args, document, Lowered(graph=graph, plan=plan, program=program))
     if args.json:
         _emit(document)
         return 0
@@ -286,6 +306,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"computed replicated (no rule): {', '.join(planned.plan.unruled)}")
     if args.out:
         print(f"plan written to {args.out}")
+    if args.html:
+        print(f"report written to {args.html}")
+    return 0
+
+
+def cmd_html(args: argparse.Namespace) -> int:
+    from autoshard.document import read_document
+    from autoshard.export.held import find_model
+    from autoshard.html import plan_html, write_html
+
+    document = read_document(args.plan)
+    model = find_model(args.plan, document, args.model)
+    write_html(args.out, plan_html(document, model, args.tensor or ()))
+    print(f"report written to {args.out}")
     return 0
 
 
@@ -573,6 +607,19 @@ def _model_flags(parser: argparse.ArgumentParser, mesh_required: bool) -> None:
     )  # fmt: skip
 
 
+def _html_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--html", metavar="REPORT.html",
+        help="also write the plan's HTML report (one self-contained file: strategy, mesh, time "
+        "and memory charts, weights, tensor layouts)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--html-tensor", action="append", metavar="VALUE",
+        help="draw this tensor's layout in the HTML report too (repeatable; the largest weight "
+        "is always drawn)",
+    )  # fmt: skip
+
+
 def _training_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training step (with --mode training)")
     group.add_argument(
@@ -652,6 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=str(Dialect.MESH),
         help="MLIR spelling for --emit mlir: seed 003's mesh or upstream LLVM 22's shard",
     )
+    _html_flags(propagate)
     propagate.set_defaults(run=cmd_propagate)
 
     plan = commands.add_parser("plan", help="search the cheapest sharding plan (CP-SAT)")
@@ -668,6 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("-o", "--out", metavar="PLAN.json", help="write the plan JSON here")
     plan.add_argument("--json", action="store_true", help="print the plan JSON")
     plan.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
+    _html_flags(plan)
     plan.set_defaults(run=cmd_plan)
 
     calibrate = commands.add_parser(
@@ -784,6 +833,20 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("b", metavar="B.json", help="the plan to compare to")
     diff.add_argument("--json", action="store_true", help="print the diff as JSON")
     diff.set_defaults(run=cmd_diff)
+
+    html = commands.add_parser(
+        "html", help="a saved plan's HTML report (what autoshard plan --html writes)"
+    )
+    html.add_argument("plan", metavar="PLAN.json", help="a plan from autoshard plan -o")
+    html.add_argument(
+        "--model", help="the .onnx file of the plan (default: its model.file beside the plan)"
+    )
+    html.add_argument(
+        "--tensor", action="append", metavar="VALUE",
+        help="also draw this tensor's layout (repeatable; the largest weight is always drawn)",
+    )  # fmt: skip
+    html.add_argument("-o", "--out", required=True, metavar="REPORT.html", help="write it here")
+    html.set_defaults(run=cmd_html)
 
     export = commands.add_parser(
         "export", help="a plan as DTensor placements, JAX PartitionSpecs or ONNX sharding"

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster, make_cluster
-from autoshard.document import model_info, plan_document, plan_from_document
+from autoshard.document import model_info, plan_document, plan_from_document, training_of
 from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
@@ -232,3 +232,15 @@ def build_setup(setup: Setup, after: AfterStage | None = None) -> Built:
     else:
         plan = propagate(graph, setup.mesh, setup.annotations)
     return build(graph, plan, after)
+
+
+# ---- `autoshard html`, the service's report.html: a saved plan ------------------------------
+
+
+def lower_document(document: Mapping[str, Any], model: str | Path) -> Lowered:
+    """A saved plan's graph, plan and program: the plan document (`autoshard plan -o`) decided
+    on the model it was made from (its dims and training step), lowered."""
+    graph = load_graph(model, (document.get("model") or {}).get("dims") or {},
+                       training_of(document, "the plan"))  # fmt: skip
+    plan = plan_from_document(document, graph, Mesh.parse(str(document.get("mesh"))), "the plan")
+    return Lowered(graph=graph, plan=plan, program=lower(graph, plan))

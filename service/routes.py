@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
-from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from autoshard.errors import AutoshardError
 from autoshard.export import Target, export_document
+from autoshard.html import plan_html
 from autoshard.pipeline import plan_inputs
 from service.options import FIELDS, PlanOptions, RequestError, parse_options
 from service.store import Job, Store
@@ -219,6 +220,33 @@ async def get_report(request: Request, job_id: str) -> PlainTextResponse:
     )
 
 
+@router.get(
+    "/v1/plans/{job_id}/report.html",
+    response_class=HTMLResponse,
+    responses=_TEXT_ERRORS,
+    summary="The plan as one self-contained HTML page (what autoshard plan --html writes); "
+    "tensor=NAME (repeatable) draws that tensor's layout too",
+)
+async def get_report_html(
+    request: Request,
+    job_id: str,
+    tensor: list[str] = Query(default=[]),  # noqa: B008
+) -> HTMLResponse:
+    job = _job(request, job_id)
+    _artifact(request, job_id, "report")  # done, or the job's error
+    assert job.plan is not None
+    try:
+        text = await anyio.to_thread.run_sync(plan_html, job.plan, job.model_path, tensor)
+    except AutoshardError as error:
+        raise HTTPException(422, _named(str(error), job.model_path)) from None
+    return HTMLResponse(text)
+
+
+def _named(message: str, model_path: str) -> str:
+    """An error about a stored model, naming it by its file name, not the server's path."""
+    return message.replace(model_path, Path(model_path).name)
+
+
 _EXPORT_MEDIA = {"dtensor": "text/x-python", "jax": "application/json",
                  "onnx": "application/octet-stream"}  # fmt: skip
 
@@ -238,8 +266,7 @@ async def get_export(request: Request, job_id: str, target: Target) -> Response:
             export_document, job.plan, job.model_path, target, None, f"{job_id}.json"
         )
     except AutoshardError as error:
-        message = str(error).replace(job.model_path, Path(job.model_path).name)
-        raise HTTPException(422, message) from None
+        raise HTTPException(422, _named(str(error), job.model_path)) from None
     return Response(exported.payload, media_type=_EXPORT_MEDIA[target])
 
 

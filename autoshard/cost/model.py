@@ -450,7 +450,7 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
     axes and per phase are sums of the ops' and collectives' costs, in program order."""
     ops: dict[str, OpCost] = {}
     collectives: list[CollectiveCost] = []
-    for step, op_name in zip(program.steps, _served(program), strict=True):
+    for step, op_name in zip(program.steps, served_ops(program), strict=True):
         runs = graph.runs(op_name)
         if isinstance(step, Communicate):
             moved = step.collective
@@ -486,7 +486,7 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
     )  # fmt: skip
 
 
-def _served(program: Program) -> list[str]:
+def served_ops(program: Program) -> list[str]:
     """The op each step serves: a compute step its own, a collective the next op (the ones
     after the last op, that one)."""
     computes = [s.op.name for s in program.steps if isinstance(s, Compute)]
