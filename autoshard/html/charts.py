@@ -99,8 +99,7 @@ def memory_chart(
                        height=num(plot_h), class_=f"band band-{band.name}"))  # fmt: skip
         if x1 - x0 > 60:
             out.append(tag("text", esc(band.name), x=num(x0 + 4), y=num(top + 14), class_="small"))
-    for k in range(5):
-        value = ymax * k / 4
+    for value in _ticks(ymax):
         y = y_at(value)
         out.append(tag("line", x1=num(left), x2=num(left + plot_w), y1=num(y), y2=num(y),
                        class_="grid"))  # fmt: skip
@@ -139,6 +138,15 @@ def memory_chart(
     out.append(tag("text", esc(f"{n - 1} steps"), x=num(left + plot_w), y=num(height - 8),
                    class_="label"))  # fmt: skip
     return svg(WIDTH, height, "memory per device over the program's steps", "".join(out))
+
+
+def _ticks(top: float) -> list[float]:
+    """Round byte values from 0 to `top`, at most 6: steps of 1, 2 or 5 times a power of ten
+    of a binary unit (B, KiB, MiB, GiB, TiB)."""
+    steps = [float(unit * scale) for unit in (1, 1 << 10, 1 << 20, 1 << 30, 1 << 40)
+             for scale in (1, 2, 5, 10, 20, 50, 100, 200, 500)]  # fmt: skip
+    step = next((s for s in steps if top / s <= 5), steps[-1])
+    return [k * step for k in range(int(top // step) + 1)]
 
 
 def _downsample(timeline: Sequence[int]) -> list[tuple[int, int]]:

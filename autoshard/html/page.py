@@ -31,6 +31,7 @@ from autoshard.cost.model import (
     tensor_kinds,
 )
 from autoshard.errors import AutoshardError
+from autoshard.export.names import is_constant
 from autoshard.html.charts import Band, Bar, Segment, memory_chart, stacked_bars
 from autoshard.html.markup import (
     COMPUTE,
@@ -310,12 +311,12 @@ def _weights(inputs: ReportInputs) -> str:
     doc, graph, plan = inputs.document, inputs.graph, inputs.plan
     strategies = (doc.get("strategy") or {}).get("weights") or {}
     values = doc.get("values", {})
-    header = ["weight", "parameter", "shape", "dtype", "per device", "held", "used"]
+    header = ["weight (source parameter)", "shape", "dtype", "per device", "held", "used"]
     if strategies:
         header += ["strategy", "optimizer state"]
     rows = [tag("tr", "".join(tag("th", esc(h)) for h in header))]
-    for name in graph.weights:
-        if name in graph.constants:
+    for name, weight in graph.weights.items():
+        if name in graph.constants or is_constant(weight):
             continue
         value = graph.values[name]
         rank = len(value.shape)
@@ -323,15 +324,18 @@ def _weights(inputs: ReportInputs) -> str:
         reads: dict[str, int] = {}
         for text in (values.get(name, {}).get("read_as") or {}).values():
             reads[text] = reads.get(text, 0) + 1
-        used = "; ".join(f"{t} ({n} op{'s' if n > 1 else ''})" for t, n in reads.items())
+        used = "<br>".join(
+            tag("code", esc(t)) + esc(f" ({n} op{'s' if n > 1 else ''})") for t, n in reads.items()
+        )
+        params = [p for p in inputs.names.get(name, ()) if p != name]
+        source = tag("span", esc(", ".join(params)), class_="param") if params else ""
         cells = [
-            tag("code", esc(name), class_="name"),
-            esc(", ".join(inputs.names.get(name, ())) or "-"),
+            tag("code", esc(name), class_="name") + source,
             esc("x".join(map(str, value.shape)) or "scalar"),
             esc(value.dtype),
             esc(size(shard_bytes(value.shape, value.dtype, held, plan.mesh))),
             tag("code", esc(held.text(rank))),
-            tag("code", esc(used or "not read")),
+            used or "not read",
         ]
         if strategies:
             s = strategies.get(name, {})
@@ -339,11 +343,12 @@ def _weights(inputs: ReportInputs) -> str:
         rows.append(tag("tr", "".join(tag("td", c) for c in cells)))
     count = len(rows) - 1
     note = (
-        f"{count} weights: how each is held on a device, how the ops that read it use it "
-        "(held split further than read: gathered before use)"
+        f"{count} weights (shapes and scalars left out): how each is held on a device, how the "
+        "ops that read it use it (held split further than read: gathered before use)"
         + (", and a training plan's strategy per weight." if strategies else ".")
     )
-    return tag("p", esc(note), class_="note") + tag("table", "".join(rows), class_="weights")
+    table = tag("table", "".join(rows), class_="weights")
+    return tag("p", esc(note), class_="note") + tag("div", table, class_="scroll")
 
 
 def _layouts(inputs: ReportInputs, chosen: Sequence[str]) -> str:
@@ -415,6 +420,7 @@ table{border-collapse:collapse;font-size:13px;margin:8px 0;width:100%}
 th,td{border-bottom:1px solid var(--line);padding:4px 8px;text-align:left;vertical-align:top}
 th{background:var(--bg);font-weight:600}td code{white-space:nowrap}
 td code.name{white-space:normal;overflow-wrap:anywhere}
+.param{display:block;color:var(--muted);font-size:12px}.scroll{overflow-x:auto}
 code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}
 .swatch{display:inline-block;width:10px;height:10px;margin-right:6px;border-radius:2px}
 figure{margin:12px 0 20px}figcaption{font-size:13px;color:var(--muted);margin-top:6px}

@@ -110,6 +110,20 @@ def test_exports(server: Server, done: dict[str, Any], tmp_path, capsys) -> None
     assert server.get(f"/v1/plans/{done['id']}/export/tf").status_code == 422
 
 
+def test_html_report_is_what_autoshard_html_writes(
+    server: Server, done: dict[str, Any], tmp_path, capsys
+) -> None:
+    response = server.get(f"/v1/plans/{done['id']}/report.html")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "text/html; charset=utf-8"
+    plan, out = tmp_path / "plan.json", tmp_path / "report.html"
+    plan.write_text(json.dumps(done["plan"]))
+    assert cli(["html", str(plan), "--model", str(MLP), "-o", str(out)], capsys)[0] == 0
+    assert response.content == out.read_bytes()
+    asked = server.get(f"/v1/plans/{done['id']}/report.html?tensor=nope")
+    assert asked.status_code == 422 and asked.json()["detail"].startswith("no tensor 'nope'")
+
+
 def test_identical_request_reuses_the_job(server: Server, done: dict[str, Any]) -> None:
     before = server.get("/healthz").json()["jobs"]
     # The same options spelled differently are the same request.
@@ -299,7 +313,7 @@ def test_infeasible_budget(server: Server, capsys) -> None:
     job = server.wait(response.json()["id"])
     assert (job["status"], job["error"], job["plan"]) == ("failed", message, None)
     # ...its artifacts answer 422 with it, and so does the identical request.
-    for path in ("spmd.mlir", "report.md"):
+    for path in ("spmd.mlir", "report.md", "report.html"):
         fetched = server.get(f"/v1/plans/{job['id']}/{path}")
         assert (fetched.status_code, fetched.json()) == (422, {"detail": message})
     again = server.submit(MLP, fields)
@@ -313,7 +327,8 @@ def test_unknown_plan_and_docs(server: Server) -> None:
     paths = server.get("/openapi.json").json()["paths"]
     assert sorted(paths) == [
         "/healthz", "/v1/plans", "/v1/plans/{job_id}", "/v1/plans/{job_id}/export/{target}",
-        "/v1/plans/{job_id}/report.md", "/v1/plans/{job_id}/spmd.mlir",
+        "/v1/plans/{job_id}/report.html", "/v1/plans/{job_id}/report.md",
+        "/v1/plans/{job_id}/spmd.mlir",
     ]  # fmt: skip
     form = paths["/v1/plans"]["post"]["requestBody"]["content"]["multipart/form-data"]
     assert form["schema"]["required"] == ["model", "mesh"]
