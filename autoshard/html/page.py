@@ -82,7 +82,7 @@ def html_report(inputs: ReportInputs) -> str:
     sections = [
         ("strategy", "Strategy", _strategy(inputs)),
         ("mesh", "Mesh", _mesh(inputs)),
-        ("time", "Where the time goes", _time(doc)),
+        ("time", "Where the time goes", _time(doc, inputs.plan.mesh)),
         ("memory", "Memory over the program", _memory(inputs)),
         ("weights", "Weights", _weights(inputs)),
         ("layout", "Tensor layouts", _layouts(inputs, chosen)),
@@ -96,7 +96,8 @@ def html_report(inputs: ReportInputs) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         + tag("title", esc(title)) + tag("style", CSS)
     )  # fmt: skip
-    header = tag("header", tag("h1", esc(title)) + tag("p", esc(_subtitle(doc)), class_="sub"))
+    subtitle = tag("p", esc(_subtitle(doc, inputs.plan.mesh.size)), class_="sub")
+    header = tag("header", tag("h1", esc(title)) + subtitle)
     footer = tag("footer", esc(f"autoshard {__version__} \u00b7 plan schema {doc.get('schema')}"))
     body = header + nav + tag("main", main) + footer
     page = tag("html", tag("head", head) + tag("body", body), lang="en")
@@ -122,15 +123,12 @@ def layout_tensors(graph: Graph, asked: Sequence[str]) -> list[str]:
 # ---- sections ----------------------------------------------------------------------------------
 
 
-def _subtitle(doc: Mapping[str, Any]) -> str:
+def _subtitle(doc: Mapping[str, Any], devices: int) -> str:
     model, cluster = doc.get("model") or {}, doc["cluster"]
     dims = " ".join(f"{k}={v}" for k, v in (model.get("dims") or {}).items())
     mode = "training step" if doc.get("mode") == "training" else "inference (forward pass)"
     if "training" in doc:
         mode += " (" + ", ".join(f"{k} {v}" for k, v in doc["training"].items()) + ")"
-    devices = 1
-    for n in Mesh.parse(doc["mesh"]).shape:
-        devices *= n
     return (
         f"{model.get('file', '')} {dims} \u00b7 {devices} devices of {cluster['device']} "
         f"\u00b7 {mode}"
@@ -173,7 +171,7 @@ def _mesh(inputs: ReportInputs) -> str:
     traffic = doc["cost"].get("comm_by_mesh_axes", {})
     rows = [tag("tr", "".join(tag("th", esc(h)) for h in (
         "axis", "devices", "role in this plan", "link", "bandwidth", "latency",
-        "communication over it")))]  # fmt: skip
+        "collectives over it alone")))]  # fmt: skip
     for a in range(mesh.ndim):
         link = "in a node (scale-up link)" if in_node[a] else "across nodes (network)"
         sent = traffic.get(f"[{a}]", {})
@@ -200,8 +198,7 @@ def _axes_names(mesh: Mesh, key: str) -> str:
     return ", ".join(axis_label(mesh, a) for a in axes)
 
 
-def _time(doc: Mapping[str, Any]) -> str:
-    mesh = Mesh.parse(doc["mesh"])
+def _time(doc: Mapping[str, Any], mesh: Mesh) -> str:
     breakdown = doc.get("breakdown") or {}
     keys = sorted(doc["cost"].get("comm_by_mesh_axes", {}), key=lambda k: (len(k), k))
     colour = {k: axes_colour(i) for i, k in enumerate(keys)}
