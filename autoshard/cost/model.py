@@ -284,6 +284,7 @@ class Memory:
 
 
 def memory(program: Program) -> Memory:
+    """The program's peak per device: the first step where the most bytes are live."""
     peak, where, at_peak = -1, -1, {}
     for i, current, live in _walk_memory(program):
         if current > peak:
