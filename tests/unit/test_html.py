@@ -17,6 +17,7 @@ from onnx_factory import F32, matmul_chain, model, rng_weight, save, tensor
 
 from autoshard.annotations import Annotation
 from autoshard.cli import main
+from autoshard.cost.cluster import format_bytes
 from autoshard.cost.model import memory, memory_timeline
 from autoshard.html.markup import ms
 from autoshard.html.mesh import Cell, mesh_svg
@@ -239,8 +240,6 @@ def test_gpt2_training_report_in_the_browser(gpt2_reports, page) -> None:
         row.get_attribute("data-kind"): row.locator("td").nth(1).inner_text()
         for row in opened.locator("#memory table.live tr[data-kind]").all()
     }
-    from autoshard.cost.cluster import format_bytes
-
     expected = {k: format_bytes(v) for k, v in document["cost"]["memory_by_kind"].items() if v}
     assert kinds == expected
     assert opened.locator("#memory svg rect.band-backward").count() >= 1
