@@ -110,6 +110,7 @@ def cmd_layout(args: argparse.Namespace) -> int:
 def cmd_propagate(args: argparse.Namespace) -> int:
     from autoshard.cost.model import price
     from autoshard.document import describe
+    from autoshard.export.names import parameter_names
     from autoshard.pipeline import propagated
     from autoshard.story import strategy_story
 
@@ -130,7 +131,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     cost = price(program, graph, cluster)
     collectives = program.collectives_json()
     data: dict[str, Any] = {
-        "story": strategy_story(graph, result, collectives),
+        "story": strategy_story(graph, result, collectives, parameter_names(args.model)),
         **describe(result, graph, cost),
         "collectives": collectives,
         "cost": cost.to_json(),
@@ -201,7 +202,12 @@ def _cost_summary(cost: Any, cluster: Any, ops: dict[str, dict[str, Any]]) -> st
 
 def _breakdown_summary(block: dict[str, Any]) -> str:
     """The top lines of a plan's `breakdown`: each run of repeated layers (one layer, and all),
-    the rest, and the costliest collectives."""
+    the rest, the costliest collectives, and the memory at the peak by kind."""
+
+    from autoshard.cost.cluster import format_bytes as _size
+
+    def kinds(held: dict[str, int]) -> str:
+        return ", ".join(f"{kind} {_size(n)}" for kind, n in held.items() if n) or "nothing"
 
     def spent(s: dict[str, Any]) -> str:
         comm = s["comm_s_by_mesh_axes"]
@@ -220,6 +226,17 @@ def _breakdown_summary(block: dict[str, Any]) -> str:
             f"  top collective: {c['kind']} of {c['value']} over mesh axes {c['mesh_axes']} "
             f"for {c['op']}, {c['time_s'] * 1e3:.3f} ms"
         )
+    peak = block["memory_peak"]
+    during = f", during {peak['at_op']}" if peak["at_op"] else ""
+    lines.append(f"memory at the peak: {_size(peak['bytes_per_device'])}{during}")
+    for run in block["repeated_layers"]:
+        held = run["memory_at_peak"]
+        if any(held["all_layers"].values()):
+            lines.append(
+                f"  {run['phase']} layers: {kinds(held['all_layers'])}; the most in layer "
+                f"{held['one_layer_index']}: {kinds(held['one_layer'])}"
+            )
+    lines.append(f"  the rest: {kinds(block['rest']['memory_at_peak'])}")
     return "\n".join(lines)
 
 

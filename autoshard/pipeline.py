@@ -21,6 +21,7 @@ from typing import IO, Any
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster, make_cluster
 from autoshard.document import model_info, plan_document, plan_from_document
+from autoshard.export.names import parameter_names
 from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
@@ -204,6 +205,7 @@ def plan_request(
     document = plan_document(
         graph, cluster, planned.plan, planned.program, planned.cost,
         model_info(request.model_path, graph, request.dims), planned, request.training,
+        asked=(options, request.annotations), names=parameter_names(request.model_path),
     )  # fmt: skip
     return RequestedPlan(document=document, planned=planned, graph=graph, cluster=cluster)
 

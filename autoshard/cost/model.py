@@ -434,7 +434,7 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
     axes and per phase are sums of the ops' and collectives' costs, in program order."""
     ops: dict[str, OpCost] = {}
     collectives: list[CollectiveCost] = []
-    for step, op_name in zip(program.steps, _served(program), strict=True):
+    for step, op_name in zip(program.steps, served_ops(program), strict=True):
         runs = graph.runs(op_name)
         if isinstance(step, Communicate):
             moved = step.collective
@@ -470,7 +470,7 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
     )  # fmt: skip
 
 
-def _served(program: Program) -> list[str]:
+def served_ops(program: Program) -> list[str]:
     """The op each step serves: a compute step its own, a collective the next op (the ones
     after the last op, that one)."""
     computes = [s.op.name for s in program.steps if isinstance(s, Compute)]
@@ -481,11 +481,21 @@ def _served(program: Program) -> list[str]:
     return served[::-1]
 
 
-def _memory_by_kind(program: Program, graph: Graph, peak: Memory) -> dict[str, int]:
-    """The tensors live at the peak, by kind (`MEMORY_KINDS`)."""
+def live_kinds(program: Program, graph: Graph, peak: Memory) -> list[tuple[str, str, int]]:
+    """The tensors live at the peak: (tensor, its kind in `MEMORY_KINDS`, bytes), largest
+    first. A tensor holding a graph value under another name is a collective's result: a
+    buffer."""
     kinds = memory_kinds(graph)
-    found = dict.fromkeys(MEMORY_KINDS, 0)
+    found = []
     for name, size in peak.live:
         tensor = program.tensors[name]
-        found["buffers" if tensor.name != tensor.value else kinds[tensor.value]] += size
+        found.append((name, "buffers" if tensor.name != tensor.value else kinds[tensor.value], size))
+    return found
+
+
+def _memory_by_kind(program: Program, graph: Graph, peak: Memory) -> dict[str, int]:
+    """The tensors live at the peak, by kind (`MEMORY_KINDS`)."""
+    found = dict.fromkeys(MEMORY_KINDS, 0)
+    for _, kind, size in live_kinds(program, graph, peak):
+        found[kind] += size
     return found

@@ -195,10 +195,21 @@ class _Builder:
         self.compute_cache: dict[str, list[float]] = {}
         annotated = {a.value for a in self.required}
         self.grouping = group_decisions(
-            graph, self.rules, self.op_choices, self.source_choices, annotated, coarsen
-        )
+            graph, self.rules, self.op_choices, self.source_choices, annotated, coarsen,
+            self.pinned(annotated),
+        )  # fmt: skip
 
     # -- candidates, restricted by required annotations --
+
+    def pinned(self, annotated: set[str]) -> set[str]:
+        """The ops whose candidates the required annotations restrict."""
+        return {
+            op.name
+            for op in self.graph.ops
+            if annotated & {*op.inputs, *op.outputs}
+            and (rule := self.rules[op.name]) is not None
+            and not all(self.allowed(op, rule, c) for c in _candidates(rule, self.mesh))
+        }
 
     def op_choices(self, op: Op) -> tuple[ShardingOption | None, ...]:
         rule = self.rules[op.name]
