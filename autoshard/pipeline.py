@@ -226,11 +226,21 @@ class Setup:
     training: Training | None = None
 
 
-def build_setup(setup: Setup, after: AfterStage | None = None) -> Built:
-    """Import, decide (the saved plan, else propagate the annotations), lower, partition."""
+def _decide(setup: Setup) -> tuple[Graph, Plan]:
+    """Import, then decide: the saved plan, else propagate the annotations."""
     graph = load_graph(setup.model, setup.dims, setup.training)
     if setup.plan is not None:
-        plan = plan_from_document(setup.plan, graph, setup.mesh, "the plan")
-    else:
-        plan = propagate(graph, setup.mesh, setup.annotations)
-    return build(graph, plan, after)
+        return graph, plan_from_document(setup.plan, graph, setup.mesh, "the plan")
+    return graph, propagate(graph, setup.mesh, setup.annotations)
+
+
+def build_setup(setup: Setup, after: AfterStage | None = None) -> Built:
+    """Import, decide (the saved plan, else propagate the annotations), lower, partition."""
+    return build(*_decide(setup), after)
+
+
+def lower_setup(setup: Setup) -> Lowered:
+    """Import, decide and lower, without partitioning (`autoshard explain` reads a saved
+    plan's program and cost)."""
+    graph, plan = _decide(setup)
+    return Lowered(graph=graph, plan=plan, program=lower(graph, plan))

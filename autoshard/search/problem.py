@@ -454,6 +454,14 @@ class _Builder:
         return memory_model(graph, self.mesh, sizes, held.__getitem__, reads.__getitem__, chains)
 
 
+def decision_groups(
+    graph: Graph, cluster: Cluster, annotations: Sequence[Annotation] = ()
+) -> Grouping:
+    """How `build_search` ties the decisions into groups, and who follows whom, without
+    pricing anything: what a plan's explanation needs of its search."""
+    return _Builder(graph, cluster, annotations, Objective.TIME, coarsen=True).grouping
+
+
 def build_search(
     graph: Graph,
     cluster: Cluster,
