@@ -106,6 +106,9 @@ def breakdown(graph: Graph, program: Program, cost: Cost) -> dict[str, Any]:
         "rest": _spent(cost, rest) | {"memory_at_peak": _kinds(held, [*rest, ""])},
         "compute_s_by_op_type": dict(sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))),
         "top_collectives": [c.to_json() for c in top],
-        "memory_peak": {"bytes_per_device": cost.memory_bytes_per_device, "at_op": at_op,
-                        "by_kind": _kinds(held, held)},  # fmt: skip
+        "memory_peak": {
+            "bytes_per_device": cost.memory_bytes_per_device,
+            "at_op": at_op,
+            "by_kind": _kinds(held, held),
+        },  # fmt: skip
     }

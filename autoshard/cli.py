@@ -857,7 +857,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.__class__ = _Intermixed  # `explain PLAN --model M NAME`: NAME after an option
     explain.add_argument("plan", metavar="PLAN.json", help="a plan from autoshard plan -o")
-    explain.add_argument("name", nargs="?", metavar="VALUE_OR_OP", help="the value or op to explain")
+    explain.add_argument(
+        "name", nargs="?", metavar="VALUE_OR_OP", help="the value or op to explain"
+    )
     explain.add_argument("--model", required=True, help="the .onnx file of the plan")
     explain.add_argument(
         "--why-not", metavar="NAME=SHARDING",

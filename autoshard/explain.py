@@ -214,7 +214,7 @@ def _candidate_count(saved: Saved, name: str) -> int:
     return len(candidates(rule, saved.cluster.mesh)) if rule is not None else 1
 
 
-# ---- what it costs --------------------------------------------------------------------------------
+# ---- what it costs ---------------------------------------------------------------------------
 
 
 def _collectives(saved: Saved, keep: Any) -> list[dict[str, Any]]:
@@ -318,7 +318,7 @@ def explain(saved: Saved, name: str) -> dict[str, Any]:
     return explain_value(saved, name) if kind == "value" else explain_op(saved, name)
 
 
-# ---- text -----------------------------------------------------------------------------------------
+# ---- text --------------------------------------------------------------------------------------
 
 
 def _collective_line(c: Mapping[str, Any]) -> str:

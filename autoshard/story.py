@@ -260,13 +260,13 @@ def _megatron(
             *(_column(graph, plan, p) for p in firsts), *(_row(graph, plan, p) for p in seconds)
         )
         if axes:
-            ops = [p.op for p in firsts + seconds]
-            where = findings.named([p.weight for p in firsts + seconds], ops, module=True)
+            split = [p.op for p in firsts + seconds]
+            where = findings.named([p.weight for p in firsts + seconds], split, module=True)
             phrase = (
                 f"Megatron column->row split of the MLP{_aside(where)} over "
                 f"{axes_text(plan.mesh, axes)}"
             )
-            findings.add(phrase, ops)
+            findings.add(phrase, split)
     regions: dict[str, frozenset[str]] = {}
     for block in attention_blocks(graph, projections):
         ops = block.region | block.inputs | block.outputs
@@ -276,15 +276,15 @@ def _megatron(
         rows = [_row(graph, plan, projections[p]) for p in sorted(block.outputs)]
         axes = frozenset.intersection(*column, *rows) if rows else frozenset()
         if axes:
-            ops = sorted(block.inputs | block.outputs)
-            weights = [projections[p].weight for p in ops]
-            where = findings.named(weights, ops, module=True)
+            split = sorted(block.inputs | block.outputs)
+            weights = [projections[p].weight for p in split]
+            where = findings.named(weights, split, module=True)
             fused = "fused QKV computed whole" if block.fused else ""
             phrase = (
                 f"Megatron column->row split of the attention{_aside(where, fused)} over "
                 f"{axes_text(plan.mesh, axes)}"
             )
-            findings.add(phrase, ops)
+            findings.add(phrase, split)
     return regions
 
 

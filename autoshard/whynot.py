@@ -97,7 +97,8 @@ def parse_target(graph: Graph, mesh: Mesh, text: str) -> Target:
 
 
 def _option(rule: OpRule, mesh: Mesh, name: str, spec: str) -> ShardingOption:
-    """SPEC as a sharding option of the op: its loops' mesh axes, each axis at most once."""
+    """SPEC as a sharding option of the op: its loops' mesh axes (each at most once, as the
+    sharding text requires), axes of the mesh."""
     try:
         option = ShardingOption.parse(spec, len(rule.loops))
     except ShardingError as error:
@@ -109,8 +110,6 @@ def _option(rule: OpRule, mesh: Mesh, name: str, spec: str) -> ShardingOption:
                 f"--why-not {name}: unknown mesh axis {axis} in {spec}; mesh {mesh} has axes "
                 f"0..{mesh.ndim - 1}"
             )
-    if len(set(used)) != len(used):
-        raise AnnotationError(f"--why-not {name}: {spec} uses a mesh axis twice")
     return option
 
 
@@ -157,7 +156,9 @@ def _value_refused(graph: Graph, mesh: Mesh, annotation: Annotation) -> str:
 
 def _measure(document: Mapping[str, Any], objective: Objective) -> float:
     cost = document["cost"]
-    return float(cost["objective"] if objective is Objective.TIME else cost["comm_bytes_per_device"])
+    return float(
+        cost["objective"] if objective is Objective.TIME else cost["comm_bytes_per_device"]
+    )
 
 
 def why_not(saved: Saved, text: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -171,7 +172,9 @@ def why_not(saved: Saved, text: str) -> tuple[dict[str, Any], dict[str, Any] | N
     document = None
     if not refused:
         request = saved.request
-        asked = dataclasses.replace(request, annotations=(*request.annotations, *target.annotations))
+        asked = dataclasses.replace(
+            request, annotations=(*request.annotations, *target.annotations)
+        )
         try:
             document = plan_request(asked).document
         except InfeasibleError as error:

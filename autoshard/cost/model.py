@@ -489,7 +489,9 @@ def live_kinds(program: Program, graph: Graph, peak: Memory) -> list[tuple[str, 
     found = []
     for name, size in peak.live:
         tensor = program.tensors[name]
-        found.append((name, "buffers" if tensor.name != tensor.value else kinds[tensor.value], size))
+        found.append(
+            (name, "buffers" if tensor.name != tensor.value else kinds[tensor.value], size)
+        )
     return found
 
 

@@ -239,6 +239,7 @@ class Tie(enum.StrEnum):
     ELEMENTWISE = "elementwise"  # computes in the sharding the producer of its operand gives
     GRADIENT = "gradient"  # a gradient or recomputed op, computed with its forward op's option
 
+
 Reader = tuple[Op, int]
 """An op reading a value, and the operand it reads it as."""
 
