@@ -110,5 +110,5 @@ def breakdown(graph: Graph, program: Program, cost: Cost) -> dict[str, Any]:
             "bytes_per_device": cost.memory_bytes_per_device,
             "at_op": at_op,
             "by_kind": _kinds(held, held),
-        },  # fmt: skip
+        },
     }
