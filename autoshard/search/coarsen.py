@@ -356,6 +356,8 @@ class _Grouper:
             key = self.representatives.get(name, ("value", name))
             alike = key[0] == "source" and name not in annotated
             first_copy[name] = by_key.setdefault(key, name) if alike else name
+            if name in annotated:  # held as annotated, unlike its copies: a key of its own
+                self.representatives.pop(name, None)
             if first_copy[name] != name:
                 self.ties[name] = (first_copy[name], Tie.COPY)
             if first_copy[name] == name:

@@ -85,6 +85,18 @@ def test_why_not_op_equals_value(gpt2, gpt2_why_not):
     assert answer["objective"] == gpt2_why_not[0]["objective"]
 
 
+def test_why_not_weight_of_a_later_layer(gpt2):
+    """A weight of layer 1 pinned alone (its copy in layer 0 stays the search's; this crashed
+    the search's build when the annotated weight shared its copies' key)."""
+    answer, target = why_not(gpt2, "lm.transformer.h.1.mlp.c_fc.weight=[[], [1]]")
+    assert answer["verdict"] in (Verdict.CHOSEN_CHEAPER, Verdict.SAME_COST)
+    values = target["values"]
+    assert values["lm.transformer.h.1.mlp.c_fc.weight"]["sharding"] == "[[], [1]]"
+    assert values["lm.transformer.h.0.mlp.c_fc.weight"] == (
+        gpt2.document["values"]["lm.transformer.h.0.mlp.c_fc.weight"]
+    )
+
+
 def test_why_not_no_rule_option(gpt2):
     """Softmax's axis is no loop to split: refused before any solve, naming what it can do."""
     softmax = "/lm/transformer/h.0/attn/Softmax"
