@@ -290,3 +290,22 @@ def test_breakdown_adds_up(training):
     assert sum(by_kind.values()) == block["memory_peak"]["bytes_per_device"]
     if training is not None:
         assert by_kind == cost.memory_by_kind
+
+
+def test_story_names_blocks_by_parameter_names():
+    """BERT's projections read `onnx::MatMul_*` initializers; the source model's parameter
+    names (recovered from the nodes' module scopes) name their blocks, a layer's index `*`."""
+    from autoshard.export.names import parameter_names
+
+    g = graph("bert")
+    plan = propagate(g, DPTP, dp_tp(g, DPTP, 0, 1))
+    names = parameter_names(MODELS / "bert.onnx")
+    text = strategy_story(g, plan, materialize(g, plan).collectives_json(), names)
+    assert text == (
+        f"{BATCH} "
+        + LAYERS_TP.format(
+            mlp=" (bert.encoder.layer.*)", attention=" (bert.encoder.layer.*.attention)",
+            table="bert.embeddings.word_embeddings.weight",
+        )
+        + f" {WEIGHTS['bert']}"
+    )  # fmt: skip
