@@ -21,6 +21,7 @@ compute, the collectives on its edges (charged to the op they serve), the bytes 
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,12 +106,15 @@ def load_saved(
     cluster = make_cluster(str(mesh), device, bandwidth, latency, memory_budget, cluster_file)
     _check_cluster(path, document.get("cluster") or {}, cluster.to_json())
     annotations = parse_annotations({"annotations": search["annotations"]}, f"plan {path}")
+    try:
+        objective, time_limit = Objective(search["objective"]), float(search["time_limit"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise DocumentError(f"plan {path} has a malformed search block: {error!r}") from None
     training = training_of(decided, path)
     request = PlanRequest(
         model_path=model, mesh=str(mesh), dims=dims, device=device, bandwidth=bandwidth,
         latency=latency, memory=memory_budget, cluster_file=cluster_file,
-        annotations=annotations, objective=Objective(search.get("objective", Objective.TIME)),
-        time_limit=float(search.get("time_limit", 60.0)), training=training,
+        annotations=annotations, objective=objective, time_limit=time_limit, training=training,
     )  # fmt: skip
     lowered = lower_setup(Setup(model=Path(model), mesh=mesh, dims=dims, annotations=(),
                                 plan=decided, training=training))  # fmt: skip
@@ -138,8 +142,6 @@ def resolve(graph: Graph, name: str, what: str = "") -> str:
         return "value"
     if name in graph.op_by_name:
         return "op"
-    import difflib
-
     close = difflib.get_close_matches(name, [*graph.values, *graph.op_by_name], n=3, cutoff=0.5)
     hint = f"; closest: {', '.join(close)}" if close else "; see the plan's values and ops"
     raise ExplainError(f"{what}the model has no value or op named {name!r}{hint}")
