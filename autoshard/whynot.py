@@ -179,8 +179,9 @@ def why_not(saved: Saved, text: str) -> tuple[dict[str, Any], dict[str, Any] | N
             document = plan_request(asked).document
         except InfeasibleError as error:
             refused = f"memory: {error}"
-        except SearchError as error:
-            refused = f"{error} (with the plan's annotations: {len(request.annotations)})"
+        except SearchError as error:  # it contradicts the plan's own annotations
+            own = "; ".join(map(str, request.annotations))
+            refused = f"{error}, with the plan's annotations {own}" if own else str(error)
     if document is None:
         return answer | {"verdict": str(Verdict.INFEASIBLE), "reason": refused}, None
     objective = saved.request.objective

@@ -200,6 +200,15 @@ def test_provenance_annotation_and_follower(annotated):
     ]
 
 
+def test_why_not_against_the_plans_annotation(annotated):
+    answer, target = why_not(annotated, "/0/Gemm_output_0=[[1], [0]]")
+    assert target is None and answer["verdict"] == Verdict.INFEASIBLE
+    assert answer["reason"] == (
+        "the required annotations leave op '/0/Gemm' (Gemm) no sharding option, with the "
+        "plan's annotations /0/Gemm_output_0=[[0], [1]] (required, for result)"
+    )
+
+
 def test_explain_costs(annotated):
     """The second Gemm reads the Relu's [[0], [1]] as [[0], []]: one all_gather over axis 1 of
     a [8, 256] float32 shard of [4, 128] -> [4, 256]: 4 KiB gathered, 2 KiB sent per device."""
