@@ -42,6 +42,11 @@ class Annotation:
         side = "users" if self.for_users else "result"
         return f"{self.value}={self.sharding} ({kind}, for {side})"
 
+    def to_json(self) -> dict[str, object]:
+        """Its entry in the annotations file format (`parse_annotations` reads it back)."""
+        return {"value": self.value, "sharding": str(self.sharding), "required": self.required,
+                "for": FOR_CHOICES[self.for_users]}  # fmt: skip
+
 
 def parse_annotate_flag(text: str) -> Annotation:
     """`VALUE=SPEC` from `--annotate`: a required result annotation."""

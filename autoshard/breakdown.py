@@ -1,23 +1,36 @@
-"""Where the time goes: a priced plan's compute and communication per repeated layer (a layer
-once, and times its count), per op type and per mesh axis, and its top collectives by time.
+"""Where the time and memory go: a priced plan's compute and communication per repeated layer
+(a layer once, and times its count), per op type and per mesh axis, its top collectives by
+time, and the memory live at its peak by kind, per repeated layer and for the rest.
 
 Figures are the cost model's (`cost.price`: each op's compute, each collective's time charged
-to the op it serves), regrouped, so they add up to the plan's `compute_time_s` and
-`comm_time_s`. A training step has several runs of repeated layers (the forward layers, their
-backward, their updates): each is told apart, with its phase.
+to the op it serves; `cost.memory`: the tensors live at the peak), regrouped, so they add up to
+the plan's `compute_time_s`, `comm_time_s` and `memory_bytes_per_device`. A training step has
+several runs of repeated layers (the forward layers, their backward, their updates): each is
+told apart, with its phase.
+
+A tensor live at the peak belongs to the op that computes it, a collective's result (a buffer)
+to the op it serves, and a weight, input or optimizer state to the first op reading it; so a
+layer's weights are its own, and its activations live at the peak are those it computed that
+some later op still reads. Layers are alike in what they compute but not in what is live at
+the peak (in a forward pass the peak is in one layer): `one_layer` is the layer holding the
+most, `all_layers` their sum.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autoshard.cost.model import Cost
+from autoshard.cost.model import MEMORY_KINDS, Cost, live_kinds, memory, served_ops
 from autoshard.ir.graph import Graph
+from autoshard.program import Program, step_index
 from autoshard.search.coarsen import find_repeats
 
 TOP = 5
 """How many collectives `top_collectives` lists."""
+
+Held = Mapping[str, Mapping[str, int]]
+"""Op name ("" for none) -> memory kind -> bytes it holds at the peak."""
 
 
 def _spent(cost: Cost, ops: Iterable[str]) -> dict[str, Any]:
@@ -34,9 +47,37 @@ def _spent(cost: Cost, ops: Iterable[str]) -> dict[str, Any]:
     }
 
 
-def breakdown(graph: Graph, cost: Cost) -> dict[str, Any]:
+def _kinds(held: Held, ops: Iterable[str]) -> dict[str, int]:
+    """Bytes by kind (every kind of `MEMORY_KINDS`, in its order) that `ops` hold at the peak."""
+    found = dict.fromkeys(MEMORY_KINDS, 0)
+    for op in ops:
+        for kind, size in held.get(op, {}).items():
+            found[kind] += size
+    return found
+
+
+def held_at_peak(graph: Graph, program: Program) -> tuple[dict[str, dict[str, int]], str | None]:
+    """What each op holds at the program's peak, by kind (see the module docstring), and the
+    op running at the peak (None: the peak is before the first step)."""
+    peak = memory(program)
+    served = served_ops(program)
+    defined = step_index(program.steps, program.outputs)[0]
+    held: dict[str, dict[str, int]] = {}
+    for tensor, kind, size in live_kinds(program, graph, peak):
+        if tensor in defined:
+            owner = served[defined[tensor]]
+        else:  # a weight, input or state: its first reader's
+            readers = graph.consumers(program.tensors[tensor].value)
+            owner = readers[0].name if readers else ""
+        mine = held.setdefault(owner, {})
+        mine[kind] = mine.get(kind, 0) + size
+    return held, served[peak.step] if peak.step >= 0 else None
+
+
+def breakdown(graph: Graph, program: Program, cost: Cost) -> dict[str, Any]:
     """The plan document's `breakdown` block."""
     names = [op.name for op in graph.ops]
+    held, at_op = held_at_peak(graph, program)
     runs, inside = [], set()
     for run in find_repeats(graph).runs:
         if run.count < 2:
@@ -44,19 +85,30 @@ def breakdown(graph: Graph, cost: Cost) -> dict[str, Any]:
         first = names[run.start : run.start + run.period]
         every = names[run.start : run.start + run.ops]
         inside.update(every)
+        layers = [_kinds(held, every[j * run.period : (j + 1) * run.period])
+                  for j in range(run.count)]  # fmt: skip
+        most = max(range(run.count), key=lambda j: (sum(layers[j].values()), -j))
         runs.append({
             "phase": graph.phase(first[0]), "first_op": first[0], "ops_per_layer": run.period,
             "layers": run.count, "one_layer": _spent(cost, first),
             "all_layers": _spent(cost, every),
+            "memory_at_peak": {"one_layer": layers[most], "one_layer_index": most,
+                               "all_layers": _kinds(held, every)},
         })  # fmt: skip
     by_type: dict[str, float] = {}
     for op in graph.ops:
         if op.name in cost.ops:
             by_type[op.type] = by_type.get(op.type, 0.0) + cost.ops[op.name].seconds
     top = sorted(cost.collectives, key=lambda c: (-c.seconds, c.index))[:TOP]
+    rest = [n for n in names if n not in inside]
     return {
         "repeated_layers": runs,
-        "rest": _spent(cost, (n for n in names if n not in inside)),
+        "rest": _spent(cost, rest) | {"memory_at_peak": _kinds(held, [*rest, ""])},
         "compute_s_by_op_type": dict(sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))),
         "top_collectives": [c.to_json() for c in top],
+        "memory_peak": {
+            "bytes_per_device": cost.memory_bytes_per_device,
+            "at_op": at_op,
+            "by_kind": _kinds(held, held),
+        },
     }

@@ -39,6 +39,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _Intermixed(_Parser):
+    """Positionals may follow options (argparse otherwise leaves an optional positional given
+    after an option unread)."""
+
+    _mixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._mixing:  # parse_known_intermixed_args calls back here
+            return super().parse_known_args(args, namespace)
+        self._mixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._mixing = False
+
+
 def _dim(text: str) -> tuple[str, int]:
     name, sep, size = text.partition("=")
     if not sep or not name.strip():
@@ -110,6 +126,7 @@ def cmd_layout(args: argparse.Namespace) -> int:
 def cmd_propagate(args: argparse.Namespace) -> int:
     from autoshard.cost.model import price
     from autoshard.document import describe
+    from autoshard.export.names import parameter_names
     from autoshard.pipeline import propagated
     from autoshard.story import strategy_story
 
@@ -130,7 +147,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     cost = price(program, graph, cluster)
     collectives = program.collectives_json()
     data: dict[str, Any] = {
-        "story": strategy_story(graph, result, collectives),
+        "story": strategy_story(graph, result, collectives, parameter_names(args.model)),
         **describe(result, graph, cost),
         "collectives": collectives,
         "cost": cost.to_json(),
@@ -216,7 +233,12 @@ def _cost_summary(cost: Any, cluster: Any, ops: dict[str, dict[str, Any]]) -> st
 
 def _breakdown_summary(block: dict[str, Any]) -> str:
     """The top lines of a plan's `breakdown`: each run of repeated layers (one layer, and all),
-    the rest, and the costliest collectives."""
+    the rest, the costliest collectives, and the memory at the peak by kind."""
+
+    from autoshard.cost.cluster import format_bytes as _size
+
+    def kinds(held: dict[str, int]) -> str:
+        return ", ".join(f"{kind} {_size(n)}" for kind, n in held.items() if n) or "nothing"
 
     def spent(s: dict[str, Any]) -> str:
         comm = s["comm_s_by_mesh_axes"]
@@ -235,6 +257,17 @@ def _breakdown_summary(block: dict[str, Any]) -> str:
             f"  top collective: {c['kind']} of {c['value']} over mesh axes {c['mesh_axes']} "
             f"for {c['op']}, {c['time_s'] * 1e3:.3f} ms"
         )
+    peak = block["memory_peak"]
+    during = f", during {peak['at_op']}" if peak["at_op"] else ""
+    lines.append(f"memory at the peak: {_size(peak['bytes_per_device'])}{during}")
+    for run in block["repeated_layers"]:
+        held = run["memory_at_peak"]
+        if any(held["all_layers"].values()):
+            lines.append(
+                f"  {run['phase']} layers: {kinds(held['all_layers'])}; the most in layer "
+                f"{held['one_layer_index']}: {kinds(held['one_layer'])}"
+            )
+    lines.append(f"  the rest: {kinds(block['rest']['memory_at_peak'])}")
     return "\n".join(lines)
 
 
@@ -501,6 +534,40 @@ def cmd_diff(args: argparse.Namespace) -> int:
         _emit(diff)
     else:
         print(diff_text(diff))
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from autoshard.explain import explain, explain_text, load_saved
+
+    if not args.name and not args.why_not:
+        raise AutoshardError("explain: name a value or op, or give --why-not NAME=SHARDING")
+    if args.out and not args.why_not:
+        raise AutoshardError("explain: -o writes the plan --why-not finds: give --why-not")
+    saved = load_saved(
+        args.plan, args.model, args.device, args.bandwidth, args.latency, args.memory,
+        args.cluster,
+    )  # fmt: skip
+    data: dict[str, Any] = {}
+    if args.name:
+        data["explain"] = explain(saved, args.name)
+    if args.why_not:
+        from autoshard.whynot import why_not, why_not_text
+
+        data["why_not"], target = why_not(saved, args.why_not)
+        if args.out and target is not None:
+            from autoshard.document import write_document
+
+            write_document(args.out, target)
+    if args.json:
+        _emit(data)
+        return 0
+    if "explain" in data:
+        print(explain_text(data["explain"]))
+    if "why_not" in data:
+        print(why_not_text(data["why_not"]))
+        if args.out and data["why_not"]["verdict"] != "INFEASIBLE":
+            print(f"the target plan written to {args.out} (autoshard diff {args.plan} {args.out})")
     return 0
 
 
@@ -847,6 +914,24 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     html.add_argument("-o", "--out", required=True, metavar="REPORT.html", help="write it here")
     html.set_defaults(run=cmd_html)
+    explain = commands.add_parser(
+        "explain", help="why a plan shards a value or op so, and why not another sharding"
+    )
+    explain.__class__ = _Intermixed  # `explain PLAN --model M NAME`: NAME after an option
+    explain.add_argument("plan", metavar="PLAN.json", help="a plan from autoshard plan -o")
+    explain.add_argument(
+        "name", nargs="?", metavar="VALUE_OR_OP", help="the value or op to explain"
+    )
+    explain.add_argument("--model", required=True, help="the .onnx file of the plan")
+    explain.add_argument(
+        "--why-not", metavar="NAME=SHARDING",
+        help="solve again with value NAME produced so (or op NAME computing with that option) "
+        "and compare: CHOSEN CHEAPER, TARGET CHEAPER, SAME COST or INFEASIBLE",
+    )  # fmt: skip
+    explain.add_argument("-o", "--out", metavar="TARGET.json", help="write the --why-not plan")
+    _cluster_flags(explain)
+    explain.add_argument("--json", action="store_true", help="machine-readable output")
+    explain.set_defaults(run=cmd_explain)
 
     export = commands.add_parser(
         "export", help="a plan as DTensor placements, JAX PartitionSpecs or ONNX sharding"

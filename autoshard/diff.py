@@ -160,24 +160,36 @@ def diff_text(diff: Mapping[str, Any]) -> str:
     lines = [f"A: {a['model']} on mesh {a['mesh']}", f"B: {b['model']} on mesh {b['mesh']}"]
     if not diff["same_model"]:
         lines.append("note: A and B are plans of different models (sha256)")
+    return "\n".join(lines + cost_lines(diff) + change_lines(diff))
+
+
+def cost_lines(diff: Mapping[str, Any]) -> list[str]:
+    """`title: a -> b (delta)` for each cost both plans have."""
+    lines = []
     for key, title, unit in COSTS:
         if key in diff["cost"]:
             c = diff["cost"][key]
             delta = _amount(c["delta"], unit, signed=True) if c["delta"] else "same"
             lines.append(f"{title}: {_amount(c['a'], unit)} -> {_amount(c['b'], unit)} ({delta})")
+    return lines
+
+
+def change_lines(diff: Mapping[str, Any], indent: str = "") -> list[str]:
+    """The changes by layer, then the collectives added and removed."""
+    lines = []
     groups = diff["changed"]
     if not groups:
-        lines.append("no op or weight changed its sharding")
+        lines.append(f"{indent}no op or weight changed its sharding")
     for group in groups:
         counts = Counter(e["kind"] for e in group["changes"])
-        lines.append(f"{group['where']}: " + ", ".join(
+        lines.append(f"{indent}{group['where']}: " + ", ".join(
             f"{n} {kind}{'s' if n > 1 else ''}" for kind, n in sorted(counts.items())))  # fmt: skip
         for e in group["changes"]:
-            lines.append(f"  {e['kind']} {e['name']}: {e['a']} -> {e['b']}")
+            lines.append(f"{indent}  {e['kind']} {e['name']}: {e['a']} -> {e['b']}")
     coll = diff["collectives"]
     for verb in ("added", "removed"):
-        lines.append(f"collectives {verb}: {len(coll[verb])}")
+        lines.append(f"{indent}collectives {verb}: {len(coll[verb])}")
         for c in coll[verb]:
-            lines.append(f"  {c['kind']} of {c['value']} over mesh axes {c['mesh_axes']} "
+            lines.append(f"{indent}  {c['kind']} of {c['value']} over mesh axes {c['mesh_axes']} "
                          f"({format_bytes(int(c['bytes_per_device']))})")  # fmt: skip
-    return "\n".join(lines)
+    return lines

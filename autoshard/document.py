@@ -8,13 +8,17 @@ its schema, written and read here only:
      "ops": {name: {"type", "sharding_option", "flops", "bytes", "compute_s"[, "phase"]}},
      "unruled": [...], "collectives": [...], "cost": {...}, "breakdown": {...},
      "solver": {...} | null,
-     "search": {...} | null, "timing": {"build_s", "solve_s"} | null}
+     "search": {..., "objective", "time_limit", "annotations"} | null,
+     "timing": {"build_s", "solve_s"} | null}
 
 `story` is the strategy in words (`autoshard.story`): one paragraph naming the data, tensor,
 sequence and expert parallelism the plan uses, per repeated layer and for the rest, and how its
 weights are held; the plan summary and report.md open with it. `breakdown` regroups the cost
 (`autoshard.breakdown`): compute and communication per mesh axis of one repeated layer and of
-all of them, of the rest, compute by op type, the top collectives by time. A training step's
+all of them, of the rest, compute by op type, the top collectives by time, and the memory at
+the peak by kind per repeated layer and for the rest. `search` also records what the search
+was asked (its objective, time limit and annotations), so that `autoshard explain` can solve
+again with one more annotation (`--why-not`). A training step's
 plan also has `"mode": "training"`, its `training` options and each trained weight's
 `strategy` (`autoshard.training.strategy`: how it is held, used, its optimizer state split),
 with `cost.phases` and `cost.memory_by_kind`.
@@ -29,10 +33,11 @@ and weights are held): the rest follows from the rules (`propagate.plan_from_opt
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoshard.annotations import Annotation
 from autoshard.breakdown import breakdown
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.model import Cost
@@ -44,6 +49,7 @@ from autoshard.plan import Plan, ShardingOption
 from autoshard.program import Program
 from autoshard.propagate import plan_from_options
 from autoshard.rules import rule_for
+from autoshard.search.options import SolverOptions
 from autoshard.sharding import Sharding
 from autoshard.story import strategy_story
 from autoshard.training import Training
@@ -110,9 +116,13 @@ def plan_document(
     model: Mapping[str, object],
     planned: Planned | None = None,
     training: Training | None = None,
+    *,
+    asked: tuple[SolverOptions, Sequence[Annotation]] | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The plan JSON; `planned` adds the solver's and the search problem's figures; a
-    training step's plan says so (`mode`, `training`)."""
+    """The plan JSON; `planned` adds the solver's and the search problem's figures, and
+    `asked` what it was asked (its options and annotations); a training step's plan says so
+    (`mode`, `training`). `names` are the source model's parameter names, for the story."""
     solver = search = timing = None
     if planned is not None:
         s, problem = planned.solution, planned.search.problem
@@ -136,6 +146,10 @@ def plan_document(
                 "layers": repeats.count,
             },  # fmt: skip
         }
+        if asked is not None:
+            options, annotations = asked
+            search |= {"objective": str(options.objective), "time_limit": options.time_limit,
+                       "annotations": [a.to_json() for a in annotations]}  # fmt: skip
         timing = {"build_s": round(planned.build_s, 3), "solve_s": round(planned.solve_s, 3)}
     trained = {}
     if training is not None:
@@ -149,14 +163,14 @@ def plan_document(
     return {
         "schema": SCHEMA,
         "model": dict(model),
-        "story": strategy_story(graph, plan, collectives),
+        "story": strategy_story(graph, plan, collectives, names),
         **trained,
         "mesh": str(cluster.mesh),
         "cluster": cluster.to_json(),
         **describe(plan, graph, cost),
         "collectives": collectives,
         "cost": cost.to_json(),
-        "breakdown": breakdown(graph, cost),
+        "breakdown": breakdown(graph, program, cost),
         "solver": solver,
         "search": search,
         "timing": timing,

@@ -21,6 +21,7 @@ from typing import IO, Any
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster, make_cluster
 from autoshard.document import model_info, plan_document, plan_from_document, training_of
+from autoshard.export.names import parameter_names
 from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
@@ -204,6 +205,7 @@ def plan_request(
     document = plan_document(
         graph, cluster, planned.plan, planned.program, planned.cost,
         model_info(request.model_path, graph, request.dims), planned, request.training,
+        asked=(options, request.annotations), names=parameter_names(request.model_path),
     )  # fmt: skip
     return RequestedPlan(document=document, planned=planned, graph=graph, cluster=cluster)
 
@@ -224,14 +226,24 @@ class Setup:
     training: Training | None = None
 
 
-def build_setup(setup: Setup, after: AfterStage | None = None) -> Built:
-    """Import, decide (the saved plan, else propagate the annotations), lower, partition."""
+def _decide(setup: Setup) -> tuple[Graph, Plan]:
+    """Import, then decide: the saved plan, else propagate the annotations."""
     graph = load_graph(setup.model, setup.dims, setup.training)
     if setup.plan is not None:
-        plan = plan_from_document(setup.plan, graph, setup.mesh, "the plan")
-    else:
-        plan = propagate(graph, setup.mesh, setup.annotations)
-    return build(graph, plan, after)
+        return graph, plan_from_document(setup.plan, graph, setup.mesh, "the plan")
+    return graph, propagate(graph, setup.mesh, setup.annotations)
+
+
+def build_setup(setup: Setup, after: AfterStage | None = None) -> Built:
+    """Import, decide (the saved plan, else propagate the annotations), lower, partition."""
+    return build(*_decide(setup), after)
+
+
+def lower_setup(setup: Setup) -> Lowered:
+    """Import, decide and lower, without partitioning (`autoshard explain` reads a saved
+    plan's program and cost)."""
+    graph, plan = _decide(setup)
+    return Lowered(graph=graph, plan=plan, program=lower(graph, plan))
 
 
 # ---- `autoshard html`, the service's report.html: a saved plan ------------------------------
@@ -240,7 +252,8 @@ def build_setup(setup: Setup, after: AfterStage | None = None) -> Built:
 def lower_document(document: Mapping[str, Any], model: str | Path) -> Lowered:
     """A saved plan's graph, plan and program: the plan document (`autoshard plan -o`) decided
     on the model it was made from (its dims and training step), lowered."""
-    graph = load_graph(model, (document.get("model") or {}).get("dims") or {},
-                       training_of(document, "the plan"))  # fmt: skip
-    plan = plan_from_document(document, graph, Mesh.parse(str(document.get("mesh"))), "the plan")
-    return Lowered(graph=graph, plan=plan, program=lower(graph, plan))
+    return lower_setup(Setup(
+        model=Path(model), mesh=Mesh.parse(str(document.get("mesh"))),
+        dims=(document.get("model") or {}).get("dims") or {}, annotations=(), plan=document,
+        training=training_of(document, "the plan"),
+    ))  # fmt: skip

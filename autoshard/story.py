@@ -3,9 +3,12 @@ ML engineers use (data parallel, Megatron tensor parallel, sequence parallel, Ul
 parallel, FSDP/ZeRO, replicated weights).
 
 Everything is recognised from the plan's shardings and the graph's structure
-(`search.patterns`), never from names:
+(`search.patterns`), never from names; the weights are then named by the source model's
+parameter names (`export.names`, given by the caller), else by their initializer names:
 
-- *batch split*: dim 0 of the graph inputs split over mesh axes (data parallel);
+- *batch split*: the batch (dim 0 of the graph inputs) followed through every op's rule, so
+  through the Reshapes to [batch*seq, hidden] and [batch, seq, heads, d], split by an op over
+  mesh axes (data parallel);
 - *Megatron*: an MLP or attention block (`patterns.mlp_block`, `patterns.attention_blocks`)
   whose first projections produce their output features split over an axis (column) and whose
   last projections read their input features split over the same axis (row);
@@ -27,6 +30,9 @@ Worked example: GPT-2 with `dp_tp` on mesh `dp=2,tp=2` reads
     (fused QKV computed whole) over axis tp. Outside the layers: the embedding table split by
     vocabulary over axis tp. Weights: 19 replicated (20% of the weight bytes), 10 read split
     (tensor parallel) (80% of the weight bytes).
+
+(with the blocks and tables named: "the MLP (lm.transformer.h.*.mlp)", "the embedding table
+(lm.transformer.wte.weight)"; a layer's index is `*`.)
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from typing import Any
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.plan import Plan
+from autoshard.rules import rule_for
 from autoshard.rules.elementwise import ELEMENTWISE
 from autoshard.search.coarsen import Run, find_repeats
 from autoshard.search.patterns import (
@@ -48,6 +55,7 @@ from autoshard.search.patterns import (
     expert_downs,
     find_projections,
     mlp_block,
+    weight_source,
 )
 from autoshard.sharding import Sharding
 from autoshard.training.strategy import strategy_counts, weight_strategies
@@ -110,8 +118,8 @@ def _axes(sharding: Sharding) -> frozenset[int]:
 class _Findings:
     """Phrases with the layers they were found in (None: outside the repeated layers)."""
 
-    def __init__(self, graph: Graph, mesh: Mesh) -> None:
-        self.mesh = mesh
+    def __init__(self, graph: Graph, mesh: Mesh, names: Mapping[str, str]) -> None:
+        self.mesh, self.graph, self.names = mesh, graph, names
         self.index = {op.name: i for i, op in enumerate(graph.ops)}
         forward = [r for r in find_repeats(graph).runs if graph.phase(graph.ops[r.start].name)
                    == "forward" and r.count > 1]  # fmt: skip
@@ -130,6 +138,27 @@ class _Findings:
     def role(self, role: Role, axes: Iterable[int]) -> None:
         for axis in axes:
             self.roles.setdefault(axis, set()).add(role)
+
+    def named(self, weights: Iterable[str], ops: Iterable[str], module: bool) -> str:
+        """The weights' parameter name (`module`: the module holding them all), a layer's
+        index as `*` inside the repeated layers: `lm.transformer.h.*.mlp`; "" if unnamed."""
+        paths = []
+        for weight in weights:
+            source = weight_source(self.graph, weight)
+            name = source[0] if source else weight
+            paths.append(self.names.get(name, name).split("."))
+        if module:
+            common = list(paths[0][:-1]) if paths else []
+            for path in paths[1:]:
+                same = 0
+                while same < min(len(common), len(path) - 1) and common[same] == path[same]:
+                    same += 1
+                common = common[:same]
+            paths = [common] if common else []
+        if len(paths) != 1:
+            return ""
+        inside = any(self.layer(op) is not None for op in ops)
+        return ".".join("*" if inside and part.isdigit() else part for part in paths[0])
 
     def sentences(self) -> list[str]:
         """`In each of the N repeated layers: ...`, then `Outside the layers: ...`."""
@@ -152,24 +181,31 @@ class _Findings:
         return out
 
 
-def strategy_story(graph: Graph, plan: Plan, collectives: Sequence[Mapping[str, Any]] = ()) -> str:
+def strategy_story(
+    graph: Graph,
+    plan: Plan,
+    collectives: Sequence[Mapping[str, Any]] = (),
+    names: Mapping[str, str] | None = None,
+) -> str:
     """The plan's strategy as one paragraph (deterministic: the same plan, the same text).
-    `collectives` are the program's (`Program.collectives_json`), for the all_to_alls."""
-    return recognise(graph, plan, collectives).text
+    `collectives` are the program's (`Program.collectives_json`), for the all_to_alls; `names`
+    the source model's parameter name of each weight (`export.names.parameter_names`)."""
+    return recognise(graph, plan, collectives, names).text
 
 
-def recognise(graph: Graph, plan: Plan, collectives: Sequence[Mapping[str, Any]] = ()) -> Story:
+def recognise(
+    graph: Graph,
+    plan: Plan,
+    collectives: Sequence[Mapping[str, Any]] = (),
+    names: Mapping[str, str] | None = None,
+) -> Story:
     """The plan's strategy paragraph and the role of each mesh axis in it."""
     mesh = plan.mesh
     parts = []
-    batch = frozenset().union(
-        *(_dim_axes(need, 0, 1) for name in graph.inputs
-          if graph.values[name].shape and name not in graph.replaced  # not optimizer state
-          for need in _reads(graph, plan, name))
-    )  # fmt: skip
+    batch = batch_axes(graph, plan)
     if batch:
         parts.append(f"Batch split over mesh {axes_text(mesh, batch)} (data parallel).")
-    findings = _Findings(graph, mesh)
+    findings = _Findings(graph, mesh, names or {})
     findings.role(Role.DATA, batch)
     forward = forward_view(graph)
     regions = _megatron(forward, plan, find_projections(forward), findings)
@@ -194,6 +230,43 @@ def forward_view(graph: Graph) -> Graph:
     produced = {name for op in ops for name in op.outputs}
     outputs = tuple(name for name in graph.outputs if name in produced)
     return replace(graph, ops=ops, outputs=outputs, updates={}, phases={})
+
+
+def batch_axes(graph: Graph, plan: Plan) -> frozenset[int]:
+    """The mesh axes some op splits the batch over. The batch is dim 0 of the graph inputs
+    (not a training step's optimizer state), followed through the rules: a loop indexing a
+    batch dim of an operand carries the batch to the result dims it indexes (a Reshape's loop
+    is its block's outermost factor: [B, S, H] -> [B*S, H] or [B, S, heads, d] keep the batch
+    on dim 0; a Transpose moves it; a MatMul's batch dims keep it)."""
+    carries = {name: {0} for name in graph.inputs
+               if graph.values[name].shape and name not in graph.replaced}  # fmt: skip
+    axes: set[int] = set()
+    for op in graph.ops:
+        rule, option = rule_for(op, graph), plan.options.get(op.name)
+        if rule is None:
+            continue
+        loops = {
+            loop
+            for name, indexing in zip(op.inputs, rule.operands, strict=False)
+            if indexing is not None and name in carries
+            for dim in carries[name]
+            if dim < len(indexing.dims) and (loop := indexing.loop_of(dim)) is not None
+        }
+        if not loops:
+            continue
+        if option is not None:
+            axes.update(a for loop in loops for a in option.loops[loop])
+        for name, indexing in zip(op.outputs, rule.results, strict=False):
+            dims = {d for d in range(len(indexing.dims)) if indexing.loop_of(d) in loops}
+            if name and dims:
+                carries[name] = dims
+    return frozenset(axes)
+
+
+def _aside(*notes: str) -> str:
+    """` (a, b)` of the notes given; "" when none is."""
+    told = [n for n in notes if n]
+    return f" ({', '.join(told)})" if told else ""
 
 
 def _reads(graph: Graph, plan: Plan, name: str) -> list[Sharding]:
@@ -228,8 +301,13 @@ def _megatron(
             *(_column(graph, plan, p) for p in firsts), *(_row(graph, plan, p) for p in seconds)
         )
         if axes:
-            phrase = f"Megatron column->row split of the MLP over {axes_text(plan.mesh, axes)}"
-            findings.add(phrase, [p.op for p in firsts + seconds], Role.TENSOR, axes)
+            split = [p.op for p in firsts + seconds]
+            where = findings.named([p.weight for p in firsts + seconds], split, module=True)
+            phrase = (
+                f"Megatron column->row split of the MLP{_aside(where)} over "
+                f"{axes_text(plan.mesh, axes)}"
+            )
+            findings.add(phrase, split, Role.TENSOR, axes)
     regions: dict[str, frozenset[str]] = {}
     for block in attention_blocks(graph, projections):
         ops = block.region | block.inputs | block.outputs
@@ -239,12 +317,15 @@ def _megatron(
         rows = [_row(graph, plan, projections[p]) for p in sorted(block.outputs)]
         axes = frozenset.intersection(*column, *rows) if rows else frozenset()
         if axes:
-            fused = " (fused QKV computed whole)" if block.fused else ""
+            split = sorted(block.inputs | block.outputs)
+            weights = [projections[p].weight for p in split]
+            where = findings.named(weights, split, module=True)
+            fused = "fused QKV computed whole" if block.fused else ""
             phrase = (
-                f"Megatron column->row split of the attention{fused} over "
+                f"Megatron column->row split of the attention{_aside(where, fused)} over "
                 f"{axes_text(plan.mesh, axes)}"
             )
-            findings.add(phrase, sorted(block.inputs | block.outputs), Role.TENSOR, axes)
+            findings.add(phrase, split, Role.TENSOR, axes)
     return regions
 
 
@@ -299,13 +380,17 @@ def _tables(graph: Graph, plan: Plan, findings: _Findings) -> None:
         reader = graph.consumers(table)[0].name
         axes = frozenset().union(*(_dim_axes(s, 0, 2) for s in _reads(graph, plan, table)))
         if axes:
-            phrase = f"the embedding table split by vocabulary over {axes_text(plan.mesh, axes)}"
+            phrase = (
+                f"the embedding table{_aside(findings.named([table], [reader], False))} split "
+                f"by vocabulary over {axes_text(plan.mesh, axes)}"
+            )
             findings.add(phrase, [reader], Role.VOCABULARY, axes)
     for table, dim in expert_downs(graph):
         reader, reads = graph.consumers(table)[0].name, _reads(graph, plan, table)
         axes = frozenset().union(*(_dim_axes(s, 0, 3) for s in reads))
         if axes:
-            phrase = f"experts split over {axes_text(plan.mesh, axes)} (expert parallel)"
+            named = _aside(findings.named([table], [reader], False))
+            phrase = f"experts{named} split over {axes_text(plan.mesh, axes)} (expert parallel)"
             findings.add(phrase, [reader], Role.EXPERT, axes)
         inner = frozenset().union(*(_dim_axes(s, dim, 3) for s in reads))
         if inner:

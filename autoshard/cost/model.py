@@ -498,12 +498,18 @@ def served_ops(program: Program) -> list[str]:
     return served[::-1]
 
 
+def live_kinds(program: Program, graph: Graph, peak: Memory) -> list[tuple[str, str, int]]:
+    """The tensors live at the peak: (tensor, its kind in `MEMORY_KINDS`, bytes), largest
+    first."""
+    kinds = tensor_kinds(program, graph)
+    return [(name, kinds[name], size) for name, size in peak.live]
+
+
 def _memory_by_kind(program: Program, graph: Graph, peak: Memory) -> dict[str, int]:
     """The tensors live at the peak, by kind (`MEMORY_KINDS`)."""
-    kinds = tensor_kinds(program, graph)
     found = dict.fromkeys(MEMORY_KINDS, 0)
-    for name, size in peak.live:
-        found[kinds[name]] += size
+    for _, kind, size in live_kinds(program, graph, peak):
+        found[kind] += size
     return found
 
 

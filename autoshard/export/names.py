@@ -35,6 +35,7 @@ from onnx import ModelProto, NodeProto
 
 from autoshard.errors import AutoshardError
 from autoshard.ir.graph import Weight
+from autoshard.ir.onnx_import import file_weights, load_model
 
 FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
@@ -303,3 +304,15 @@ def recover_names(
             )
         out[name] = WeightName(name, weight.shape, tuple(params), note)
     return out
+
+
+def parameter_names(path: str | Path) -> dict[str, str]:
+    """Each weight of the model file named by a source -> its most trusted parameter name
+    (what a plan's story calls it; a weight no source names keeps its initializer name)."""
+    proto = load_model(path)
+    order = list(NameSource)
+    return {
+        weight: min(entry.params, key=lambda p: (order.index(p.source), p.name)).name
+        for weight, entry in recover_names(proto, file_weights(proto, path)).items()
+        if entry.params
+    }

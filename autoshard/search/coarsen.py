@@ -6,7 +6,8 @@ sharing one one-hot variable vector, each member mapping the group's choice to o
 
 - ops of repeated layers share the variables of the first layer (`find_repeats`: a training
   step has several periodic runs, its forward layers, their backward and their updates), and a
-  weight of a repeated layer is held as its copy in the first layer is (unless annotated);
+  weight of a repeated layer is held as its copy in the first layer is; an op or weight a
+  required annotation restricts is decided on its own (annotating layer 5 pins layer 5 only);
 - a gradient op computes with its forward op's option, a recomputed op with its original's
   (`rules.gradient.computed_with`): they share its variables, coarsened or not;
 - how a weight or input is held is a decision of its own, apart from how its readers read it
@@ -28,11 +29,15 @@ first, with its costs added in (the ILP solves one layer, however deep the model
 Sharing only asks that copies have the same candidates (same rule, same shapes); the costs are
 still those of each op's own edges, so the signature need not pin the wiring: a causal mask
 computed once and read by every layer is fine.
+
+Who decides what is kept (`Grouping.ties`): each decision that follows another says which one
+and why (`Tie`), so a plan can be explained (`autoshard explain`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -226,6 +231,15 @@ class ValueDecision:
 Decision = OpDecision | ValueDecision
 _D = TypeVar("_D", OpDecision, ValueDecision)
 
+
+class Tie(enum.StrEnum):
+    """Why a decision follows another instead of being the search's own."""
+
+    COPY = "copy"  # an op or weight of a repeated layer, decided as its copy in the first
+    ELEMENTWISE = "elementwise"  # computes in the sharding the producer of its operand gives
+    GRADIENT = "gradient"  # a gradient or recomputed op, computed with its forward op's option
+
+
 Reader = tuple[Op, int]
 """An op reading a value, and the operand it reads it as."""
 
@@ -242,6 +256,8 @@ class Grouping:
     groups: tuple[str, ...]
     copies: Mapping[str, str]
     representatives: Mapping[str, tuple]  # of the values with a key of their own (not "value")
+    ties: Mapping[str, tuple[str, Tie]] = dataclasses.field(default_factory=dict)
+    """The decision each follower follows directly, and why (a leader has no entry)."""
 
     def decision(self, name: str) -> Decision:
         """The decision of op or value `name`."""
@@ -262,11 +278,13 @@ def group_decisions(
     source_choices: Callable[[str, Sequence[Reader]], tuple[Sharding, ...]],
     annotated: Collection[str],
     coarsen: bool = True,
+    pinned: Collection[str] = (),
 ) -> Grouping:
     """The decisions of `graph`, with the choices `op_choices` and `source_choices` give them,
-    tied into groups (see the module docstring); `annotated` values (required annotations) are
-    never decided as another's copy. Without `coarsen`, every decision is a group of its own."""
-    return _Grouper(graph, rules, coarsen).group(op_choices, source_choices, annotated)
+    tied into groups (see the module docstring); `annotated` values and `pinned` ops (those
+    required annotations restrict) are never decided as another's copy, nor another's as theirs.
+    Without `coarsen`, every decision is a group of its own."""
+    return _Grouper(graph, rules, coarsen, pinned).group(op_choices, source_choices, annotated)
 
 
 Leader = tuple[str, tuple[int, ...]]
@@ -275,11 +293,25 @@ under each of the leader's group choices."""
 
 
 class _Grouper:
-    def __init__(self, graph: Graph, rules: Mapping[str, OpRule | None], coarsen: bool) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        rules: Mapping[str, OpRule | None],
+        coarsen: bool,
+        pinned: Collection[str] = (),
+    ) -> None:
         self.graph, self.rules, self.coarsen = graph, rules, coarsen
         self.repeats = find_repeats(graph) if coarsen else NONE
         ops = graph.ops
-        self.copies = {op.name: ops[self.repeats.first(i)].name for i, op in enumerate(ops)}
+        # A pinned op is its own; the other copies of its layer position follow the first
+        # copy that is not pinned (its choices are not narrowed by the pin).
+        first_free: dict[int, str] = {}
+        self.copies = {}
+        for i, op in enumerate(ops):
+            if op.name in pinned:
+                self.copies[op.name] = op.name
+            else:
+                self.copies[op.name] = first_free.setdefault(self.repeats.first(i), op.name)
         # The producer-less values decided, and who reads them.
         self.readers: dict[str, list[Reader]] = {}
         for op in ops:
@@ -298,6 +330,7 @@ class _Grouper:
         self.ops: dict[str, OpDecision] = {}
         self.values: dict[str, ValueDecision] = {}
         self.leader: dict[str, Leader] = {}
+        self.ties: dict[str, tuple[str, Tie]] = {}
 
     def group(
         self,
@@ -323,6 +356,10 @@ class _Grouper:
             key = self.representatives.get(name, ("value", name))
             alike = key[0] == "source" and name not in annotated
             first_copy[name] = by_key.setdefault(key, name) if alike else name
+            if name in annotated:  # held as annotated, unlike its copies: a key of its own
+                self.representatives.pop(name, None)
+            if first_copy[name] != name:
+                self.ties[name] = (first_copy[name], Tie.COPY)
             if first_copy[name] == name:
                 shardings = source_choices(name, self.readers[name])
             else:
@@ -348,7 +385,9 @@ class _Grouper:
 
         ops = {name: grouped(d) for name, d in self.ops.items()}
         values = {name: grouped(d) for name, d in self.values.items()}
-        return Grouping(self.repeats, ops, values, tuple(groups), copies, self.representatives)
+        return Grouping(
+            self.repeats, ops, values, tuple(groups), copies, self.representatives, self.ties
+        )
 
     def follow(self, op: Op) -> Leader:
         """An elementwise op follows the producer of its first operand when, under each choice
@@ -358,10 +397,12 @@ class _Grouper:
         identity = (op.name, tuple(range(len(me.choices))))
         forward = computed_with(op)
         if forward:
+            self.ties[op.name] = (forward, Tie.GRADIENT)
             return self.leader[forward]
         if not self.coarsen:
             return identity
         if self.copies[op.name] != op.name:
+            self.ties[op.name] = (self.copies[op.name], Tie.COPY)
             return self.leader[self.copies[op.name]]
         source = self.graph.producer(op.inputs[0]) if op.inputs else None
         rule, source_rule = self.rules[op.name], self.rules[source.name] if source else None
@@ -385,4 +426,5 @@ class _Grouper:
             if k_me is None:
                 return identity
             pick.append(k_me)
+        self.ties[op.name] = (source.name, Tie.ELEMENTWISE)
         return head, tuple(pick)

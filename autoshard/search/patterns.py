@@ -64,9 +64,9 @@ def _projection(op: Op, graph: Graph) -> Projection | None:
     data, rhs = op.inputs[0], op.inputs[1]
     if not shape_of(graph, data) or len(shape_of(graph, rhs)) != 2:
         return None
-    if _weight_source(graph, data) is not None:
+    if weight_source(graph, data) is not None:
         return None
-    source = _weight_source(graph, rhs)
+    source = weight_source(graph, rhs)
     if source is None:
         return None
     weight, where = source
@@ -86,7 +86,7 @@ def _projection(op: Op, graph: Graph) -> Projection | None:
     )
 
 
-def _weight_source(graph: Graph, name: str) -> tuple[str, tuple[int, ...]] | None:
+def weight_source(graph: Graph, name: str) -> tuple[str, tuple[int, ...]] | None:
     """The initializer `name` is a view of, and where each of `name`'s dims is in it."""
     where = list(range(len(shape_of(graph, name))))
     while name not in graph.weights:

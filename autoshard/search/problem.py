@@ -195,10 +195,21 @@ class _Builder:
         self.compute_cache: dict[str, list[float]] = {}
         annotated = {a.value for a in self.required}
         self.grouping = group_decisions(
-            graph, self.rules, self.op_choices, self.source_choices, annotated, coarsen
-        )
+            graph, self.rules, self.op_choices, self.source_choices, annotated, coarsen,
+            self.pinned(annotated),
+        )  # fmt: skip
 
     # -- candidates, restricted by required annotations --
+
+    def pinned(self, annotated: set[str]) -> set[str]:
+        """The ops whose candidates the required annotations restrict."""
+        return {
+            op.name
+            for op in self.graph.ops
+            if annotated & {*op.inputs, *op.outputs}
+            and (rule := self.rules[op.name]) is not None
+            and not all(self.allowed(op, rule, c) for c in _candidates(rule, self.mesh))
+        }
 
     def op_choices(self, op: Op) -> tuple[ShardingOption | None, ...]:
         rule = self.rules[op.name]
@@ -441,6 +452,14 @@ class _Builder:
                 group, shardings = held[name]
                 reads[name].append((end, group, tuple(returned(s) for s in shardings)))
         return memory_model(graph, self.mesh, sizes, held.__getitem__, reads.__getitem__, chains)
+
+
+def decision_groups(
+    graph: Graph, cluster: Cluster, annotations: Sequence[Annotation] = ()
+) -> Grouping:
+    """How `build_search` ties the decisions into groups, and who follows whom, without
+    pricing anything: what a plan's explanation needs of its search."""
+    return _Builder(graph, cluster, annotations, Objective.TIME, coarsen=True).grouping
 
 
 def build_search(

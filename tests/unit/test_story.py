@@ -49,9 +49,9 @@ def sequence_parallel(name, mesh):
 
 
 LAYERS_TP = (
-    "In each of the 2 repeated layers: Megatron column->row split of the MLP over axis tp; "
-    "Megatron column->row split of the attention{fused} over axis tp. Outside the layers: the "
-    "embedding table split by vocabulary over axis tp."
+    "In each of the 2 repeated layers: Megatron column->row split of the MLP{mlp} over axis tp; "
+    "Megatron column->row split of the attention{attention} over axis tp. Outside the layers: "
+    "the embedding table ({table}) split by vocabulary over axis tp."
 )
 WEIGHTS = {
     "gpt2": "Weights: 19 replicated (20% of the weight bytes), 10 read split (tensor parallel) "
@@ -59,7 +59,14 @@ WEIGHTS = {
     "bert": "Weights: 21 read split (tensor parallel) (91% of the weight bytes), 16 replicated "
     "(9% of the weight bytes).",
 }
-FUSED = {"gpt2": " (fused QKV computed whole)", "bert": ""}
+# The story names blocks and tables by parameter names, here the initializers' (BERT's
+# projections read `onnx::MatMul_*` initializers: no module is named for them).
+NAMED = {
+    "gpt2": {"mlp": " (lm.transformer.h.*.mlp)",
+             "attention": " (lm.transformer.h.*.attn, fused QKV computed whole)",
+             "table": "lm.transformer.wte.weight"},
+    "bert": {"mlp": "", "attention": "", "table": "bert.embeddings.word_embeddings.weight"},
+}  # fmt: skip
 BATCH = "Batch split over mesh axis dp (data parallel)."
 
 
@@ -74,14 +81,14 @@ def test_data_parallel(name):
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
 def test_megatron(name):
     assert story(name, TP, megatron(graph(name), TP, 0)) == (
-        LAYERS_TP.format(fused=FUSED[name]) + " " + WEIGHTS[name]
+        LAYERS_TP.format(**NAMED[name]) + " " + WEIGHTS[name]
     )
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
 def test_dp_tp(name):
     assert story(name, DPTP, dp_tp(graph(name), DPTP, 0, 1)) == (
-        f"{BATCH} {LAYERS_TP.format(fused=FUSED[name])} {WEIGHTS[name]}"
+        f"{BATCH} {LAYERS_TP.format(**NAMED[name])} {WEIGHTS[name]}"
     )
 
 
@@ -89,7 +96,8 @@ def test_dp_tp(name):
 def test_sequence_parallel(name):
     text = story(name, DPTP, sequence_parallel(name, DPTP))
     seq = "norms and elementwise ops split on the sequence over axis tp (sequence parallel)"
-    assert f"Megatron column->row split of the attention{FUSED[name]} over axis tp; {seq}." in text
+    attention = NAMED[name]["attention"]
+    assert f"Megatron column->row split of the attention{attention} over axis tp; {seq}." in text
     assert f"Outside the layers: {seq}; the embedding table" in text
     # dp_tp alone splits no sequence
     assert "sequence" not in story(name, DPTP, dp_tp(graph(name), DPTP, 0, 1))
@@ -121,12 +129,12 @@ def test_training(name):
     both = story(name, DPTP, dp_tp(g, DPTP, 0, 1), TRAINING)
     replicated, split = {"gpt2": (29, 10), "bert": (37, 21)}[name]
     assert dp == f"{BATCH} Weights: {replicated} replicated, gradients all-reduced (DDP)."
-    assert tp.startswith(LAYERS_TP.format(fused=FUSED[name]))
+    assert tp.startswith(LAYERS_TP.format(**NAMED[name]))
     assert tp.endswith(f"{replicated - split} replicated.") or (
         f"{replicated - split} replicated," in tp
     )
     assert "DDP" not in tp
-    assert both.startswith(f"{BATCH} {LAYERS_TP.format(fused=FUSED[name])}")
+    assert both.startswith(f"{BATCH} {LAYERS_TP.format(**NAMED[name])}")
     assert f"{replicated - split} replicated, gradients all-reduced (DDP)" in both
     assert f"{split} read split (tensor parallel)" in both
 
@@ -219,7 +227,7 @@ def test_story_in_document_and_report():
     from autoshard.report import plan_markdown
 
     doc = document("bert", DPTP, dp_tp(graph("bert"), DPTP, 0, 1))
-    assert doc["story"] == f"{BATCH} {LAYERS_TP.format(fused='')} {WEIGHTS['bert']}"
+    assert doc["story"] == f"{BATCH} {LAYERS_TP.format(**NAMED['bert'])} {WEIGHTS['bert']}"
     assert plan_markdown(doc).split("\n")[2] == doc["story"]
 
 
@@ -257,7 +265,7 @@ def test_breakdown_adds_up(training):
     plan = propagate(g, DPTP, dp_tp(graph("gpt2"), DPTP, 0, 1))
     program = materialize(g, plan)
     cost = price(program, g, make_cluster(str(DPTP), "h100", None, None, None, None))
-    block = breakdown(g, cost)
+    block = breakdown(g, program, cost)
     runs = block["repeated_layers"]
     phases = [run["phase"] for run in runs]
     assert phases == (["forward"] if training is None else sorted(phases, key=phases.index))
@@ -274,3 +282,30 @@ def test_breakdown_adds_up(training):
     assert times == sorted(times, reverse=True) and len(times) == min(5, len(cost.collectives))
     assert times[0] == max(c.seconds for c in cost.collectives)
     assert sum(block["compute_s_by_op_type"].values()) == pytest.approx(cost.compute_time_s)
+    # The memory at the peak: the layers and the rest hold it all, exactly (bytes).
+    held = [run["memory_at_peak"]["all_layers"] for run in runs]
+    held.append(block["rest"]["memory_at_peak"])
+    assert sum(sum(h.values()) for h in held) == cost.memory_bytes_per_device
+    by_kind = block["memory_peak"]["by_kind"]
+    assert sum(by_kind.values()) == block["memory_peak"]["bytes_per_device"]
+    if training is not None:
+        assert by_kind == cost.memory_by_kind
+
+
+def test_story_names_blocks_by_parameter_names():
+    """BERT's projections read `onnx::MatMul_*` initializers; the source model's parameter
+    names (recovered from the nodes' module scopes) name their blocks, a layer's index `*`."""
+    from autoshard.export.names import parameter_names
+
+    g = graph("bert")
+    plan = propagate(g, DPTP, dp_tp(g, DPTP, 0, 1))
+    names = parameter_names(MODELS / "bert.onnx")
+    text = strategy_story(g, plan, materialize(g, plan).collectives_json(), names)
+    assert text == (
+        f"{BATCH} "
+        + LAYERS_TP.format(
+            mlp=" (bert.encoder.layer.*)", attention=" (bert.encoder.layer.*.attention)",
+            table="bert.embeddings.word_embeddings.weight",
+        )
+        + f" {WEIGHTS['bert']}"
+    )  # fmt: skip

@@ -1,0 +1,341 @@
+"""`autoshard explain`: who decided a value's or op's sharding (annotation, search, the chain a
+follower follows), what it costs, and `--why-not` (the plan's search asked again with one more
+sharding pinned); the memory at the peak per repeated layer (breakdown); the story's batch
+split found through Reshapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from onnx import helper
+
+from autoshard.annotations import Annotation
+from autoshard.breakdown import breakdown
+from autoshard.cli import main
+from autoshard.cost.cluster import make_cluster
+from autoshard.cost.model import price
+from autoshard.document import write_document
+from autoshard.explain import ExplainError, decided_by, explain, load_saved
+from autoshard.mesh import Mesh
+from autoshard.passes.materialize import materialize
+from autoshard.pipeline import PlanRequest, load_graph, plan_request
+from autoshard.plan import ShardingOption
+from autoshard.propagate import plan_from_options, propagate
+from autoshard.rules import rule_for
+from autoshard.sharding import Sharding
+from autoshard.story import strategy_story
+from autoshard.whynot import Verdict, why_not
+from tests.unit.onnx_factory import F32, model, rng_weight, save, tensor
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+GPT2 = MODELS / "gpt2.onnx"
+MLP = MODELS / "mlp.onnx"
+H1 = "/lm/transformer/h.1"
+
+
+def saved_plan(directory: Path, path: Path, mesh: str, dims: dict, memory=None, annotations=()):
+    request = PlanRequest(model_path=path, mesh=mesh, dims=dims, memory=memory,
+                          annotations=tuple(annotations))  # fmt: skip
+    out = directory / f"{path.stem}.json"
+    write_document(out, plan_request(request).document)
+    return load_saved(str(out), path, memory_budget=memory)
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    """GPT-2 on 2x4 (2 repeated layers), as `autoshard plan` finds it (about 2 s)."""
+    return saved_plan(tmp_path_factory.mktemp("gpt2"), GPT2, "2x4", {"batch": 8, "seq": 128})
+
+
+@pytest.fixture(scope="module")
+def gpt2_why_not(gpt2):
+    """Why not the MLP's first projection of layer 1 split on its output features over axis 0
+    (Megatron's column split): the plan splits it on the batch (about 3 s: a solve)."""
+    return why_not(gpt2, f"{H1}/mlp/c_fc/Gemm_output_0=[[], [0]]")
+
+
+def test_why_not_gpt2_value(gpt2, gpt2_why_not):
+    answer, target = gpt2_why_not
+    assert answer["verdict"] in (Verdict.CHOSEN_CHEAPER, Verdict.SAME_COST)
+    objective = answer["objective"]
+    assert objective["target"] >= objective["chosen"] == gpt2.document["cost"]["objective"]
+    assert objective["target"] == target["cost"]["objective"]
+    assert objective["delta"] == objective["target"] - objective["chosen"]
+    # The pin holds in layer 1 only: an annotated op of a repeated layer is decided on its own.
+    assert target["values"][f"{H1}/mlp/c_fc/Gemm_output_0"]["sharding"] == "[[], [0]]"
+    assert target["ops"][f"{H1}/mlp/c_fc/Gemm"]["sharding_option"] == "[[], [0]]"
+    changed = {e["name"]: (e["a"], e["b"]) for group in answer["changed"]
+               for e in group["changes"]}  # fmt: skip
+    assert changed[f"{H1}/mlp/c_fc/Gemm"] == ("[[0, 1]]", "[[], [0]]")
+    assert "layer 1" in [group["where"] for group in answer["changed"]]
+    for key in ("memory_bytes_per_device", "comm_bytes_per_device", "objective"):
+        cost = answer["cost"][key]
+        assert cost["a"] == gpt2.document["cost"][key] and cost["b"] == target["cost"][key]
+
+
+def test_why_not_op_equals_value(gpt2, gpt2_why_not):
+    """Pinning the op to the option that writes that sharding is the same question."""
+    answer, _ = why_not(gpt2, f"{H1}/mlp/c_fc/Gemm=[[], [0]]")
+    assert answer["kind"] == "op"
+    assert answer["annotations"] == [{"value": f"{H1}/mlp/c_fc/Gemm_output_0",
+                                      "sharding": "[[], [0]]", "required": True,
+                                      "for": "result"}]  # fmt: skip
+    assert answer["objective"] == gpt2_why_not[0]["objective"]
+
+
+def test_why_not_weight_of_a_later_layer(gpt2):
+    """A weight of layer 1 pinned alone (its copy in layer 0 stays the search's; this crashed
+    the search's build when the annotated weight shared its copies' key)."""
+    answer, target = why_not(gpt2, "lm.transformer.h.1.mlp.c_fc.weight=[[], [1]]")
+    assert answer["verdict"] in (Verdict.CHOSEN_CHEAPER, Verdict.SAME_COST)
+    values = target["values"]
+    assert values["lm.transformer.h.1.mlp.c_fc.weight"]["sharding"] == "[[], [1]]"
+    before = gpt2.document["values"]["lm.transformer.h.0.mlp.c_fc.weight"]
+    assert values["lm.transformer.h.0.mlp.c_fc.weight"] == before
+
+
+def test_why_not_no_rule_option(gpt2):
+    """Softmax's axis is no loop to split: refused before any solve, naming what it can do."""
+    softmax = "/lm/transformer/h.0/attn/Softmax"
+    answer, target = why_not(gpt2, f"{softmax}_output_0=[[], [], [], [0]]")
+    assert target is None and answer["verdict"] == Verdict.INFEASIBLE
+    assert answer["reason"].startswith(
+        f"no rule option: no option of op {softmax} (Softmax) writes {softmax}_output_0 as "
+        "[[], [], [], [0]]; it can write [[], [], [], []], [[1], [], [], []]"
+    )
+    answer, _ = why_not(gpt2, f"{softmax}=[[], [], [], [0]]")
+    assert answer["reason"] == (
+        f"no rule option: loop d3 of op {softmax} (Softmax) (invalid(128)) cannot be split"
+    )
+
+
+def test_why_not_infeasible_memory(tmp_path):
+    """On 80 KB per device the MLP's first weight must be split; held whole (64 KiB) no plan
+    fits, and the answer gives the lowest budget that does."""
+    saved = saved_plan(tmp_path, MLP, "2x2", {"batch": 8}, memory="80KB")
+    answer, target = why_not(saved, "0.weight=[[], []]")
+    assert target is None and answer["verdict"] == Verdict.INFEASIBLE
+    assert answer["reason"].startswith(
+        "memory: infeasible budget: no plan fits 80000 bytes (78.12 KiB) per device; the lowest "
+        "feasible budget is 87040 bytes"
+    )
+    # 64 KiB of 0.weight, 16 KiB of 2.weight split over one axis, the activations of the peak
+    assert answer["reason"].endswith(
+        "0.weight (64.00 KiB), 2.weight (16.00 KiB), /0/Gemm_output_0 (2.00 KiB), "
+        "/1/Relu_output_0 (2.00 KiB), x (512 B)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("/lm/transformer/h.0/attn/Softmx=[[0]]",
+         "--why-not '/lm/transformer/h.0/attn/Softmx=[[0]]': the model has no value or op named "
+         "'/lm/transformer/h.0/attn/Softmx'; closest: /lm/transformer/h.0/attn/Softmax, "
+         "/lm/transformer/h.1/attn/Softmax, /lm/transformer/h.0/attn/Split"),
+        ("input_ids=[[5]]",
+         "annotation of 'input_ids': unknown mesh axis 5 in [[5]]; mesh @mesh0 has axes 0..1"),
+        ("input_ids=[[0],",
+         "--why-not input_ids: invalid sharding '[[0],': expected '[' at column 6; write e.g. "
+         "[[0], [1, 2]] partial = sum[1]"),
+        ("input_ids", "--why-not 'input_ids' is not NAME=SHARDING (e.g. 'x=[[0], []]')"),
+        ("/lm/lm_head/MatMul=[[0], [0]]", "--why-not /lm/lm_head/MatMul: mesh axis 0 splits on "
+         "dims 0 and 1 in [[0], [0]]"),
+        ("/lm/lm_head/MatMul=[[2]]", "--why-not /lm/lm_head/MatMul: unknown mesh axis 2 in [[2]]; "
+         "mesh 2x4 has axes 0..1"),
+    ],
+    ids=["unknown-name", "bad-axis", "bad-text", "no-spec", "axis-twice", "op-bad-axis"],
+)  # fmt: skip
+def test_why_not_bad_input(gpt2, target, message):
+    with pytest.raises(Exception) as error:
+        why_not(gpt2, target)
+    assert str(error.value) == message
+
+
+def test_provenance_copy_chain(gpt2):
+    """An op of layer 1 follows its copy in layer 0, which follows its producer."""
+    found = decided_by(gpt2, f"{H1}/mlp/act/Mul")
+    h0 = "/lm/transformer/h.0/mlp"
+    assert found["by"] == "follower" and found["leader_by"] == "search"
+    assert found["chain"] == [
+        {"name": f"{H1}/mlp/act/Mul", "follows": f"{h0}/act/Mul", "tie": "copy"},
+        {"name": f"{h0}/act/Mul", "follows": f"{h0}/c_fc/Reshape_1", "tie": "elementwise"},
+    ]
+    assert found["leader"] == f"{h0}/c_fc/Reshape_1"
+    assert found["text"] == (
+        f"follower: copy of {h0}/act/Mul (repeated layer), which computes in the sharding of "
+        f"its producer {h0}/c_fc/Reshape_1; {h0}/c_fc/Reshape_1: the search chose among "
+        f"{found['candidates']} candidates"
+    )
+
+
+@pytest.fixture(scope="module")
+def annotated(tmp_path_factory):
+    """The MLP planned with its first Gemm's result pinned to [[0], [1]]."""
+    pin = Annotation("/0/Gemm_output_0", Sharding.parse("[[0], [1]]"))
+    return saved_plan(tmp_path_factory.mktemp("mlp"), MLP, "2x2", {"batch": 8}, None, [pin])
+
+
+def test_provenance_annotation_and_follower(annotated):
+    pin = "/0/Gemm_output_0=[[0], [1]] (required, for result)"
+    gemm = decided_by(annotated, "/0/Gemm")
+    assert (gemm["by"], gemm["chain"], gemm["candidates"]) == ("annotation", [], 1)
+    assert gemm["text"] == f"pinned by {pin}"
+    relu = decided_by(annotated, "/1/Relu")
+    assert relu["by"] == "follower" and relu["leader"] == "/0/Gemm"
+    assert relu["chain"] == [{"name": "/1/Relu", "follows": "/0/Gemm", "tie": "elementwise"}]
+    assert relu["text"] == (
+        f"follower: computes in the sharding of its producer /0/Gemm; /0/Gemm: pinned by {pin}"
+    )
+    last = decided_by(annotated, "/2/Gemm")
+    assert last["by"] == "search" and last["annotations"] == []
+    # A value is decided by its producer; the annotation is recorded in the plan document.
+    value = explain(annotated, "/1/Relu_output_0")
+    assert value["decided"]["text"] == f"its producer /1/Relu: {relu['text']}"
+    assert value["held"] == "[[0], [1]]" and value["producer"] == "/1/Relu"
+    assert annotated.document["search"]["annotations"] == [
+        {"value": "/0/Gemm_output_0", "sharding": "[[0], [1]]", "required": True, "for": "result"}
+    ]
+
+
+def test_why_not_against_the_plans_annotation(annotated):
+    answer, target = why_not(annotated, "/0/Gemm_output_0=[[1], [0]]")
+    assert target is None and answer["verdict"] == Verdict.INFEASIBLE
+    assert answer["reason"] == (
+        "the required annotations leave op '/0/Gemm' (Gemm) no sharding option, with the "
+        "plan's annotations /0/Gemm_output_0=[[0], [1]] (required, for result)"
+    )
+
+
+def test_explain_costs(annotated):
+    """The second Gemm reads the Relu's [[0], [1]] as [[0], []]: one all_gather over axis 1 of
+    a [8, 256] float32 shard of [4, 128] -> [4, 256]: 4 KiB gathered, 2 KiB sent per device."""
+    op = explain(annotated, "/2/Gemm")
+    (gather,) = op["collectives"]["operands"]
+    assert (gather["kind"], gather["value"], gather["mesh_axes"]) == (
+        "all_gather",
+        "/1/Relu_output_0",
+        "[1]",
+    )
+    assert gather["bytes_per_device"] == 2048
+    assert op["comm_by_mesh_axes"] == {"[1]": {"bytes_per_device": 2048,
+                                               "time_s": gather["time_s"]}}  # fmt: skip
+    entry = annotated.document["ops"]["/2/Gemm"]
+    assert op["compute"] == {k: entry[k] for k in ("flops", "bytes", "compute_s")}
+    assert op["compute"]["flops"] == 2 * 4 * 32 * 256  # [4, 256] @ [256, 64 / 2] per device
+    value = explain(annotated, "/1/Relu_output_0")
+    assert value["collectives"] == [gather]
+    assert value["readers"] == [
+        {"op": "/2/Gemm", "operand": 0, "reads": "[[0], []]", "resharded": True}
+    ]
+    assert value["memory"]["bytes_per_device"] == 4 * 128 * 4
+    with pytest.raises(ExplainError) as error:
+        explain(annotated, "/1/Relu_")
+    assert str(error.value) == (
+        "the model has no value or op named '/1/Relu_'; closest: /1/Relu, /1/Relu_output_0"
+    )
+
+
+def test_cli_explain(annotated, capsys, tmp_path):
+    args = ["explain", annotated.path, "--model", str(MLP), "/1/Relu"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("op /1/Relu (Relu, forward): [[0], [1]]\n  decided by: follower")
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["explain"]["decided"]["leader"] == "/0/Gemm"
+    target = tmp_path / "target.json"
+    assert main([*args, "--why-not", "2.weight=[[], [0]]", "-o", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "why not 2.weight=[[], [0]]: CHOSEN CHEAPER" in out
+    assert json.loads(target.read_text())["values"]["2.weight"]["sharding"] == "[[], [0]]"
+    # another cluster than the plan's: one line naming the difference
+    assert main([*args, "--memory", "1GiB"]) == 2
+    assert capsys.readouterr().err == (
+        f"autoshard: error: plan {annotated.path} was priced with cluster memory_bytes = "
+        "80000000000, these flags give 1073741824: give the --device, --bandwidth, --latency, "
+        "--memory and --cluster the plan was made with\n"
+    )
+    assert main(["explain", annotated.path, "--model", str(MLP)]) == 2
+
+
+# ---- memory at the peak per layer ----------------------------------------------------------------
+
+
+def two_layers(path: Path) -> Path:
+    """x[4, 8] -> Relu -> (MatMul W_k[8, 8] -> Relu) x 2: two repeated layers after a Relu."""
+    n = helper.make_node
+    nodes = [n("Relu", ["x"], ["p"], name="pre")]
+    for k in range(2):
+        nodes += [n("MatMul", [["p", "a0"][k], f"W{k}"], [f"h{k}"], name=f"mm{k}"),
+                  n("Relu", [f"h{k}"], [["a0", "y"][k]], name=f"relu{k}")]  # fmt: skip
+    inits = {f"W{k}": rng_weight((8, 8), k) for k in range(2)}
+    proto = model(nodes, [tensor("x", F32, [4, 8])], [tensor("y", F32, [4, 8])], inits)
+    return save(proto, path)
+
+
+def test_memory_per_layer_by_hand(tmp_path):
+    """Data parallel on 2 devices: x, each activation 2x8 floats = 64 B per device, each weight
+    replicated 256 B; x and the weights live throughout (576 B). Each op's result lives until
+    its reader ran, so the peak, 704 B, is first reached at mm0: x, W0, W1, p and h0 live.
+    W0 and h0 are layer 0's, W1 layer 1's (its first reader), x and p the rest's."""
+    graph = load_graph(two_layers(tmp_path), {}, None)
+    mesh = Mesh.parse("2")
+    plan = propagate(graph, mesh, [Annotation("x", Sharding.parse("[[0]]"))])
+    program = materialize(graph, plan)
+    cost = price(program, graph, make_cluster("2", "h100", None, None, None, None))
+    block = breakdown(graph, program, cost)
+    zero = dict.fromkeys(("gradients", "optimizer_state", "buffers"), 0)
+    (layers,) = block["repeated_layers"]
+    assert (layers["first_op"], layers["ops_per_layer"], layers["layers"]) == ("mm0", 2, 2)
+    assert layers["memory_at_peak"] == {
+        "one_layer": {"weights": 256, "activations": 64, "inputs": 0, **zero},
+        "one_layer_index": 0,
+        "all_layers": {"weights": 512, "activations": 64, "inputs": 0, **zero},
+    }
+    assert block["rest"]["memory_at_peak"] == {"weights": 0, "activations": 64, "inputs": 64,
+                                               **zero}  # fmt: skip
+    assert block["memory_peak"]["bytes_per_device"] == cost.memory_bytes_per_device == 704
+    assert block["memory_peak"]["at_op"] == "mm0"
+
+
+# ---- the story's batch split through Reshapes ----------------------------------------------------
+
+
+def reshapes(path: Path) -> Path:
+    """x[4, 6, 8] (batch, seq, hidden) read two ways: Reshape to [24, 8] (batch*seq rows) and
+    MatMul W[8, 8]; Reshape to [4, 6, 2, 4] (heads), Transpose to [4, 2, 6, 4], Relu."""
+    n = helper.make_node
+    nodes = [
+        n("Reshape", ["x", "rows"], ["r"], name="rows"),
+        n("MatMul", ["r", "W"], ["m"], name="mm"),
+        n("Reshape", ["x", "heads"], ["s"], name="heads"),
+        n("Transpose", ["s"], ["t"], perm=[0, 2, 1, 3], name="transpose"),
+        n("Relu", ["t"], ["o"], name="relu"),
+    ]
+    import numpy as np
+
+    inits = {"W": rng_weight((8, 8)), "rows": np.array([24, 8]), "heads": np.array([4, 6, 2, 4])}
+    outputs = [tensor("m", F32, [24, 8]), tensor("o", F32, [4, 2, 6, 4])]
+    return save(model(nodes, [tensor("x", F32, [4, 6, 8])], outputs, inits), path)
+
+
+@pytest.mark.parametrize(
+    ("options", "batch"),
+    [({"mm": "[[0]]"}, True), ({"relu": "[[0]]"}, True), ({"mm": "[[], [0]]"}, False),
+     ({"relu": "[[], [0]]"}, False)],
+    ids=["batch-times-seq", "heads", "hidden", "heads-dim"],
+)  # fmt: skip
+def test_story_batch_after_reshape(tmp_path, options, batch):
+    """x is held and read whole (nothing splits a graph input); the MatMul splitting the rows
+    of [batch*seq, hidden], or the Relu dim 0 of [batch, heads, seq, d], after the Reshapes is
+    a batch split; splitting the hidden or heads dim is none."""
+    graph = load_graph(reshapes(tmp_path), {}, None)
+    mesh = Mesh.parse("dp=2")
+    chosen = {op.name: ShardingOption.parse(options.get(op.name, "[[]]"), len(rule.loops))
+              for op in graph.ops if (rule := rule_for(op, graph))}  # fmt: skip
+    plan = plan_from_options(graph, mesh, chosen, {"x": Sharding(), "W": Sharding()})
+    assert all(not plan.needs[(op.name, 0)].split_axes for op in graph.consumers("x"))
+    text = strategy_story(graph, plan)
+    assert text.startswith("Batch split over mesh axis dp (data parallel).") == batch
