@@ -150,6 +150,12 @@ def _index(store: Store, values: Mapping[str, str], error: str | None = None) ->
     return _page("autoshard", body)
 
 
+@router.get("/favicon.ico")
+async def favicon() -> Response:
+    """No icon: said without an error, for the pages a browser shows without ours (JSON)."""
+    return Response(status_code=204)
+
+
 @router.get("/", response_class=HTMLResponse)
 async def index(request: Request) -> HTMLResponse:
     return HTMLResponse(_index(_store(request), {}))
