@@ -84,21 +84,22 @@ class Tracker:
 
     def stage(self, name: str, detail: str = "") -> None:
         """A stage begins (the pipeline names it: `pipeline.PipelineStage`)."""
-        self._show(Progress(stage=name, elapsed_s=0.0, detail=detail))
+        self._show(lambda _: Progress(stage=name, elapsed_s=0.0, detail=detail))
 
     def detail(self, text: str) -> None:
         """What the stage is doing now; a solve's figures start afresh after it."""
-        self._show(Progress(stage=self.current.stage, elapsed_s=0.0, detail=text))
+        self._show(lambda now: Progress(stage=now.stage, elapsed_s=0.0, detail=text))
 
     def solution(self, objective: float | None, bound: float, unit: str) -> None:
         """The solve under way found a better plan (`objective`) or proved a better bound."""
-        current = self.current
-        if (current.objective, current.bound, current.unit) != (objective, bound, unit):
-            self._show(replace(current, objective=objective, bound=bound, unit=unit))
+        self._show(lambda now: replace(now, objective=objective, bound=bound, unit=unit))
 
-    def _show(self, progress: Progress) -> None:
+    def _show(self, change: Callable[[Progress], Progress]) -> None:
         with self._lock:
-            self.current = replace(progress, elapsed_s=self._clock() - self._started)
+            changed = change(self.current)
+            if replace(changed, elapsed_s=0.0) == replace(self.current, elapsed_s=0.0):
+                return  # nothing new (CP-SAT repeats a bound)
+            self.current = replace(changed, elapsed_s=self._clock() - self._started)
             self._view(self.current)
 
 

@@ -33,7 +33,7 @@ DEFAULT_TIME_LIMIT = 60.0  # `autoshard plan --time-limit`'s default
 MODEL_FIELD = "model"
 
 
-def _choices(kind: type[enum.StrEnum] | list[str]) -> list[str]:
+def _choices(kind: type[enum.StrEnum]) -> list[str]:
     return [str(member) for member in kind]
 
 

@@ -151,7 +151,7 @@ class Store:
 
     def recent(self, limit: int) -> list[Job]:
         """The latest `limit` jobs, newest first, without their plans."""
-        columns = _JOB_COLUMNS.replace("plan", "NULL")
+        columns = _JOB_COLUMNS.replace(", plan,", ", NULL,")
         with self._tx() as db:
             rows = db.execute(
                 f"SELECT {columns} FROM jobs ORDER BY created DESC, id LIMIT ?", (limit,)

@@ -95,25 +95,23 @@ def solve(
         objective = problem.objective(choice)
         proven = relaxed.status is SolverStatus.OPTIMAL
         bound = objective if proven else relaxed.bound + offset
-        return _told(
-            dataclasses.replace(relaxed, choice=choice, objective=objective, bound=bound),
-            watch,
-        )
+        solved = dataclasses.replace(relaxed, choice=choice, objective=objective, bound=bound)
+        return _told(solved, tracker, problem.unit, unit)
     left = time_left(time_limit, relaxed.work)
     if tracker is not None:
         tracker.detail(f"its optimum does not fit the budget: CP-SAT on all {len(problem.sizes)} "
                        f"groups with {len(problem.memory)} memory rows")  # fmt: skip
         watch = _Improvements(tracker, problem.unit, unit)
     solution = _cp_sat(problem, left, memory=True, hint=hint or choice, watch=watch)
-    return _told(dataclasses.replace(solution, work=solution.work + relaxed.work), watch)
+    solved = dataclasses.replace(solution, work=solution.work + relaxed.work)
+    return _told(solved, tracker, problem.unit, unit)
 
 
-def _told(solution: Solution, watch: _Improvements | None) -> Solution:
-    """The solve's end, as the plan records it (CP-SAT's callbacks may not see the bound
-    closing on the optimum)."""
-    if watch is not None:
-        watch.best = solution.objective - watch.offset
-        watch.bound(solution.bound - watch.offset)
+def _told(solution: Solution, tracker: Tracker | None, scale: float, unit: str) -> Solution:
+    """The solve's end as the plan records it, told (CP-SAT's callbacks may not see the bound
+    close on the optimum)."""
+    if tracker is not None:
+        tracker.solution(solution.objective * scale, solution.bound * scale, unit)
     return solution
 
 
