@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from autoshard.annotations import Annotation, parse_annotations
-from autoshard.cost.cluster import DEVICES
+from autoshard.cost.cluster import DEFAULT_DEVICE, DEVICES
 from autoshard.errors import AutoshardError
 from autoshard.pipeline import PlanRequest
 from autoshard.search.options import Objective
@@ -37,6 +37,9 @@ def _choices(kind: type[enum.StrEnum]) -> list[str]:
     return [str(member) for member in kind]
 
 
+_TRAINING = Training()  # its defaults
+
+
 FORM_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": [MODEL_FIELD, "mesh"],
@@ -46,25 +49,30 @@ FORM_SCHEMA: dict[str, Any] = {
                  "description": "device mesh: sizes (4x8) or named axes (dp=4,tp=8)"},
         "dims": {"type": "string", "example": '{"batch": 8}',
                  "description": "the model's symbolic dims, a JSON object of NAME: SIZE"},
-        "device": {"type": "string", "enum": sorted(DEVICES), "description": "device preset"},
+        "device": {"type": "string", "enum": sorted(DEVICES), "default": DEFAULT_DEVICE,
+                   "description": "device preset"},
         "bandwidth": {"type": "string", "example": "25GB/s,450GB/s",
                       "description": "link bandwidth per mesh axis (or one for all)"},
         "latency": {"type": "string", "example": "5us,1us",
                     "description": "link latency per mesh axis (or one for all)"},
-        "memory": {"type": "string", "example": "16GiB", "description": "budget per device"},
+        "memory": {"type": "string", "example": "16GiB",
+                   "description": "budget per device (default: the device's memory)"},
         "annotations": {"type": "string",
                         "description": 'JSON: {"annotations": [{"value": ..., "sharding": ...}]}'},
-        "objective": {"type": "string", "enum": _choices(Objective),
+        "objective": {"type": "string", "enum": _choices(Objective), "default": Objective.TIME,
                       "description": "minimize the step's time or the bytes sent"},
-        "time_limit": {"type": "number", "example": DEFAULT_TIME_LIMIT,
+        "time_limit": {"type": "number", "default": DEFAULT_TIME_LIMIT,
                        "description": "the solver's limit, deterministic seconds"},
-        "mode": {"type": "string", "enum": _choices(Mode),
+        "mode": {"type": "string", "enum": _choices(Mode), "default": Mode.INFERENCE,
                  "description": "plan the forward pass or the training step"},
-        "optimizer": {"type": "string", "enum": _choices(Optimizer), "description": "training"},
-        "precision": {"type": "string", "enum": _choices(Precision), "description": "training"},
-        "micro_batches": {"type": "integer", "example": 1,
+        "optimizer": {"type": "string", "enum": _choices(Optimizer),
+                      "default": _TRAINING.optimizer, "description": "training"},
+        "precision": {"type": "string", "enum": _choices(Precision),
+                      "default": _TRAINING.precision, "description": "training"},
+        "micro_batches": {"type": "integer", "default": _TRAINING.micro_batches,
                           "description": "training: forward and backward N times per sync"},
         "recompute": {"type": "string", "enum": _choices(Recompute),
+                      "default": _TRAINING.recompute,
                       "description": "training: recompute each repeated layer in its backward"},
     },
 }  # fmt: skip

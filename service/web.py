@@ -76,13 +76,18 @@ def _field(name: str, spec: Mapping[str, Any], value: str, required: bool) -> st
     if spec.get("format") == "binary":
         control = f'<input type="file" id="{name}" name="{name}" accept=".onnx"{need}>'
     elif "enum" in spec:
-        options = ['<option value="">default</option>'] + [
+        default = f" ({_e(spec['default'])})" if "default" in spec else ""
+        options = [f'<option value="">default{default}</option>'] + [
             f"<option{' selected' if value == choice else ''}>{_e(choice)}</option>"
             for choice in spec["enum"]
         ]
         control = f'<select id="{name}" name="{name}">{"".join(options)}</select>'
     else:
-        example = f'placeholder="e.g. {_e(spec["example"])}"' if "example" in spec else ""
+        example = (
+            f'placeholder="default {_e(spec["default"])}"' if "default" in spec
+            else f'placeholder="e.g. {_e(spec["example"])}"' if "example" in spec
+            else ""
+        )  # fmt: skip
         control = (
             f'<input type="text" id="{name}" name="{name}" value="{_e(value)}" {example}{need}>'
         )
