@@ -32,7 +32,8 @@ from autoshard.errors import AutoshardError
 from autoshard.files import json_text, sha256_file, write_atomic
 from autoshard.mesh import Mesh
 from autoshard.mlir import DIALECTS, Dialect
-from autoshard.pipeline import AfterStage, Built, Setup, build_setup, print_spmd
+from autoshard.pipeline import AfterStage, Built, PipelineStage, Setup, build_setup, print_spmd
+from autoshard.progress import Tracker
 from autoshard.steps import STEPS, write_steps
 from autoshard.verify import Report, verify
 from autoshard.weights import Entry, File, read_safetensors, write_safetensors
@@ -65,11 +66,12 @@ def write_partition(
     out: str | os.PathLike[str],
     dialect: str = Dialect.MESH,
     after: AfterStage | None = None,
+    tracker: Tracker | None = None,
 ) -> dict:
     """Partition the model as `setup` says and write the folder `out`; return the manifest."""
     if dialect not in DIALECTS:
         raise PartitionFolderError(f"unknown dialect {dialect!r}; valid: {', '.join(Dialect)}")
-    built = build_setup(setup, after)
+    built = build_setup(setup, after, tracker)
     graph, partitioned = built.graph, built.partitioned
     program = partitioned.program
     folder = Path(out)
@@ -80,6 +82,8 @@ def write_partition(
             (folder / WEIGHTS).mkdir(exist_ok=True)
     except OSError as error:
         raise PartitionFolderError(f"cannot create '{folder}': {error.strerror}") from None
+    if tracker is not None:
+        tracker.stage(PipelineStage.WRITE, f"{len(partitioned.devices)} devices' files in {folder}")
     names = sorted(graph.weights)
     devices: list[dict[str, Any]] = []
     files: list[File] = []

@@ -11,8 +11,8 @@ import json
 import os
 import sys
 import textwrap
-import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -28,6 +28,7 @@ from autoshard.sharding import Sharding
 
 if TYPE_CHECKING:  # the pipeline is imported by the commands that run it, not at startup
     from autoshard.pipeline import AfterStage
+    from autoshard.progress import Tracker
 
 EXIT_USAGE = 2
 
@@ -290,14 +291,29 @@ def _dump_after(args: argparse.Namespace) -> AfterStage | None:
     return dump_after(set(args.dump_after), getattr(args, "dialect", "mesh"))
 
 
+PROGRESS_DELAY_S = 1.0  # a run quicker than this shows no progress (unless --verbose)
+
+
+@contextmanager
+def _progress(args: argparse.Namespace) -> Iterator[Tracker | None]:
+    """The run's progress on stderr: a line redrawn in place on a terminal, plain lines
+    otherwise (and while --dump-after prints there too); none with --quiet."""
+    if args.quiet:
+        yield None
+        return
+    from autoshard.progress import LinesView, TerminalView, Tracker
+
+    delay = 0.0 if args.verbose else PROGRESS_DELAY_S
+    terminal = sys.stderr.isatty() and not args.dump_after
+    view = TerminalView(sys.stderr, delay) if terminal else LinesView(sys.stderr, delay)
+    try:
+        yield Tracker(view)
+    finally:
+        view.close()
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from autoshard.pipeline import PlanRequest, plan_request
-
-    started = time.perf_counter()
-
-    def progress(message: str) -> None:
-        if time.perf_counter() - started > 1.0 or args.verbose:
-            print(f"autoshard: {message}", file=sys.stderr, flush=True)
 
     request = PlanRequest(
         model_path=args.model, mesh=args.mesh, dims=_dims(args.dim), device=args.device,
@@ -306,7 +322,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         objective=Objective(args.objective), time_limit=args.time_limit,
         training=_training(args),
     )  # fmt: skip
-    requested = plan_request(request, progress, _dump_after(args))
+    with _progress(args) as tracker:
+        requested = plan_request(request, tracker, _dump_after(args))
     document, planned, cluster = requested.document, requested.planned, requested.cluster
     if args.out:
         from autoshard.document import write_document
@@ -410,7 +427,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
         model=Path(args.model), mesh=mesh, dims=_dims(args.dim), annotations=annotations,
         plan=plan, training=training,
     )  # fmt: skip
-    manifest = write_partition(setup, args.out, args.dialect, _dump_after(args))
+    with _progress(args) as tracker:
+        manifest = write_partition(setup, args.out, args.dialect, _dump_after(args), tracker)
     if args.json:
         _emit(
             {k: v for k, v in manifest.items() if k != "devices"}
@@ -709,6 +727,17 @@ def _training_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _progress_flags(parser: argparse.ArgumentParser) -> None:
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress on stderr (errors still are)"
+    )
+    shown.add_argument(
+        "-v", "--verbose", action="store_true",
+        help=f"progress from the start (otherwise only once a run passes {PROGRESS_DELAY_S:g} s)",
+    )  # fmt: skip
+
+
 def _run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend", choices=("gloo", "nccl"), default="gloo",
@@ -782,7 +811,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("-o", "--out", metavar="PLAN.json", help="write the plan JSON here")
     plan.add_argument("--json", action="store_true", help="print the plan JSON")
-    plan.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
+    _progress_flags(plan)
     _html_flags(plan)
     plan.set_defaults(run=cmd_plan)
 
@@ -833,6 +862,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     partition.add_argument("--json", action="store_true", help="machine-readable output")
     _training_flags(partition)
+    _progress_flags(partition)
     partition.set_defaults(run=cmd_partition)
 
     verify = commands.add_parser(

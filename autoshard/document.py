@@ -183,8 +183,13 @@ def model_info(path: str | Path, graph: Graph, dims: Mapping[str, int]) -> dict[
             "sha256": sha256_file(path), "dims": dict(sorted(dims.items()))}  # fmt: skip
 
 
+def document_text(document: Mapping[str, Any]) -> str:
+    """A plan document as `autoshard plan -o` writes it."""
+    return json.dumps(document, indent=2) + "\n"
+
+
 def write_document(path: str | Path, document: Mapping[str, Any]) -> None:
-    write_atomic(Path(path), (json.dumps(document, indent=2) + "\n").encode())
+    write_atomic(Path(path), document_text(document).encode())
 
 
 def read_document(path: str | Path) -> dict[str, Any]:

@@ -6,12 +6,14 @@
 The faces (CLI, REST service) and the benchmarks call these functions and never chain stages
 themselves; each stage stays a pure function of its own module. After materialize, ccl and
 partition the program can be printed as MLIR (`--dump-after STAGE`): `after` is told each
-stage and what it left.
+stage and what it left. A `Tracker` is told each stage as it begins (`PipelineStage`: what
+the progress bar, its plain lines and the service's job progress name).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from autoshard.passes.lower import lower
 from autoshard.passes.partition import Partitioned, partition
 from autoshard.plan import Plan
 from autoshard.program import Program
+from autoshard.progress import Tracker
 from autoshard.propagate import propagate
 from autoshard.search.budget import Planned, auto_plan
 from autoshard.search.coarsen import find_repeats
@@ -40,6 +43,25 @@ from autoshard.training import Recompute, Training, training_graph
 
 AfterStage = Callable[[Stage, Program | Partitioned], None]
 """Told each stage after a plan is decided and what it left (dump points, timings)."""
+
+
+class PipelineStage(enum.StrEnum):
+    """The stages a run reports its progress in, in the order they run; a run goes through
+    some of them (`plan`: import, search, document; `partition`: import, propagate or the
+    saved plan, lower, partition, write; the service: a plan, then its partition)."""
+
+    IMPORT = "import"  # the model read, its shapes inferred and folded (the training step)
+    PROPAGATE = "propagate"  # annotations decide the plan
+    SEARCH = "search"  # the search decides: the problem built, CP-SAT, the budget policy
+    DOCUMENT = "document"  # the plan document: costs by layer, the strategy in words
+    LOWER = "lower"  # reshards materialized as collectives, then the CCL passes
+    PARTITION = "partition"  # each device's program and weight slices
+    WRITE = "write"  # the partition's files
+
+
+def _enter(tracker: Tracker | None, stage: PipelineStage, detail: str = "") -> None:
+    if tracker is not None:
+        tracker.stage(stage, detail)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,9 +80,13 @@ class Built(Lowered):
     partitioned: Partitioned
 
 
-def build(graph: Graph, plan: Plan, after: AfterStage | None = None) -> Built:
+def build(
+    graph: Graph, plan: Plan, after: AfterStage | None = None, tracker: Tracker | None = None
+) -> Built:
     """Lower a decided plan and partition its program."""
+    _enter(tracker, PipelineStage.LOWER)
     program = lower(graph, plan, after)
+    _enter(tracker, PipelineStage.PARTITION, f"{plan.mesh.size} devices")
     partitioned = partition(program, graph)
     if after is not None:
         after(Stage.PARTITION, partitioned)
@@ -94,9 +120,15 @@ def dump_after(stages: Collection[Stage], dialect: str, out: IO[str] | None = No
     return dump
 
 
-def load_graph(model: str | Path, dims: Mapping[str, int], training: Training | None) -> Graph:
+def load_graph(
+    model: str | Path,
+    dims: Mapping[str, int],
+    training: Training | None,
+    tracker: Tracker | None = None,
+) -> Graph:
     """The graph planned: the model's forward, or its training step (recomputing the layers
     `find_repeats` finds, when asked)."""
+    _enter(tracker, PipelineStage.IMPORT, Path(model).name)
     graph = import_onnx(model, dims)
     if training is None:
         return graph
@@ -160,12 +192,13 @@ class RequestedPlan:
     graph: Graph
     cluster: Cluster
 
-    def partition(self) -> Partitioned:
+    def partition(self, tracker: Tracker | None = None) -> Partitioned:
         """The last stage, on request: each device's part of the plan's program."""
+        _enter(tracker, PipelineStage.PARTITION, f"{self.cluster.mesh.size} devices")
         return partition(self.planned.program, self.graph)
 
 
-def plan_inputs(request: PlanRequest) -> tuple[Graph, Cluster]:
+def plan_inputs(request: PlanRequest, tracker: Tracker | None = None) -> tuple[Graph, Cluster]:
     """The checked inputs of a plan request: the cluster, the imported model, and annotations
     that name values of the model and fit it. Every bad input raises its one-line
     AutoshardError here, before any search: the service calls this to answer 4xx at once."""
@@ -173,7 +206,7 @@ def plan_inputs(request: PlanRequest) -> tuple[Graph, Cluster]:
         request.mesh, request.device, request.bandwidth, request.latency, request.memory,
         request.cluster_file,
     )  # fmt: skip
-    graph = load_graph(request.model_path, request.dims, request.training)
+    graph = load_graph(request.model_path, request.dims, request.training, tracker)
     shapes = {name: value.shape for name, value in graph.values.items()}
     check_annotations(request.annotations, shapes, cluster.mesh)
     return graph, cluster
@@ -181,32 +214,34 @@ def plan_inputs(request: PlanRequest) -> tuple[Graph, Cluster]:
 
 def plan_request(
     request: PlanRequest,
-    progress: Callable[[str], None] | None = None,
+    tracker: Tracker | None = None,
     after: AfterStage | None = None,
 ) -> RequestedPlan:
     """`autoshard plan` from start to end, shared by the CLI and the REST service so that the
     service's plan is, by construction, what `autoshard plan --json` prints (timings aside).
     `after` sees the stages of the chosen plan (the budget policy lowers its candidates too,
-    unseen), partition included."""
+    unseen), partition included; `tracker` is told the progress."""
     training = request.training
     if training is not None and training.recompute is Recompute.AUTO:
         # Recompute only when the step does not fit without it.
         try:
             return plan_request(
-                dataclasses.replace(request, training=training.but(Recompute.NONE)), progress, after
+                dataclasses.replace(request, training=training.but(Recompute.NONE)), tracker, after
             )
         except InfeasibleError:
             request = dataclasses.replace(request, training=training.but(Recompute.LAYERS))
-    graph, cluster = plan_inputs(request)
+    graph, cluster = plan_inputs(request, tracker)
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
-    planned = auto_plan(graph, cluster, request.annotations, options, progress)
-    if after is not None:
-        build(graph, planned.plan, after)
+    _enter(tracker, PipelineStage.SEARCH, "building the problem")
+    planned = auto_plan(graph, cluster, request.annotations, options, tracker)
+    _enter(tracker, PipelineStage.DOCUMENT)
     document = plan_document(
         graph, cluster, planned.plan, planned.program, planned.cost,
         model_info(request.model_path, graph, request.dims), planned, request.training,
         asked=(options, request.annotations), names=parameter_names(request.model_path),
     )  # fmt: skip
+    if after is not None:
+        build(graph, planned.plan, after, tracker)
     return RequestedPlan(document=document, planned=planned, graph=graph, cluster=cluster)
 
 
@@ -226,17 +261,20 @@ class Setup:
     training: Training | None = None
 
 
-def _decide(setup: Setup) -> tuple[Graph, Plan]:
+def _decide(setup: Setup, tracker: Tracker | None = None) -> tuple[Graph, Plan]:
     """Import, then decide: the saved plan, else propagate the annotations."""
-    graph = load_graph(setup.model, setup.dims, setup.training)
+    graph = load_graph(setup.model, setup.dims, setup.training, tracker)
     if setup.plan is not None:
         return graph, plan_from_document(setup.plan, graph, setup.mesh, "the plan")
+    _enter(tracker, PipelineStage.PROPAGATE, f"{len(setup.annotations)} annotations")
     return graph, propagate(graph, setup.mesh, setup.annotations)
 
 
-def build_setup(setup: Setup, after: AfterStage | None = None) -> Built:
+def build_setup(
+    setup: Setup, after: AfterStage | None = None, tracker: Tracker | None = None
+) -> Built:
     """Import, decide (the saved plan, else propagate the annotations), lower, partition."""
-    return build(*_decide(setup), after)
+    return build(*_decide(setup, tracker), after, tracker)
 
 
 def lower_setup(setup: Setup) -> Lowered:

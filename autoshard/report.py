@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.cost.cluster import format_bytes
+from autoshard.cost.cluster import format_bytes, format_seconds
 from autoshard.document import read_document
 from autoshard.errors import AutoshardError
 
@@ -201,17 +201,6 @@ def compare(
 
 
 # ---- formatting -------------------------------------------------------------------------------
-
-
-def format_seconds(seconds: float) -> str:
-    """Three significant digits in the unit that fits: `0.00128` -> `1.28 ms`."""
-    sign, seconds = ("-" if seconds < 0 else ""), abs(seconds)
-    if seconds == 0:
-        return "0 s"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
-        if seconds >= scale or unit == "ns":
-            return f"{sign}{seconds / scale:.3g} {unit}"
-    raise AssertionError  # pragma: no cover
 
 
 def _value(metric: str, value: float) -> str:

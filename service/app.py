@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from autoshard import __version__
 from autoshard.errors import AutoshardError
+from service import web
 from service.routes import router
 from service.store import Store
 from service.worker import Pool
@@ -97,6 +98,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.include_router(router)
+    app.include_router(web.router)
     return app
 
 

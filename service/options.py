@@ -12,6 +12,7 @@ keys) hash to the job id, so `{"batch": 8}` and `{ "batch":8 }` are the same req
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import math
@@ -21,17 +22,62 @@ from pathlib import Path
 from typing import Any
 
 from autoshard.annotations import Annotation, parse_annotations
+from autoshard.cost.cluster import DEFAULT_DEVICE, DEVICES
 from autoshard.errors import AutoshardError
 from autoshard.pipeline import PlanRequest
 from autoshard.search.options import Objective
 from autoshard.training import Mode, Training
-from autoshard.training.options import OPTIONS, requested
+from autoshard.training.options import OPTIONS, Optimizer, Precision, Recompute, requested
 
-FIELDS = (
-    "mesh", "dims", "device", "bandwidth", "latency", "memory", "annotations", "objective",
-    "time_limit", "mode", "optimizer", "precision", "micro_batches", "recompute",
-)  # fmt: skip
 DEFAULT_TIME_LIMIT = 60.0  # `autoshard plan --time-limit`'s default
+MODEL_FIELD = "model"
+
+
+def _choices(kind: type[enum.StrEnum]) -> list[str]:
+    return [str(member) for member in kind]
+
+
+_TRAINING = Training()  # its defaults
+
+
+FORM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": [MODEL_FIELD, "mesh"],
+    "properties": {
+        MODEL_FIELD: {"type": "string", "format": "binary", "description": "the ONNX model"},
+        "mesh": {"type": "string", "example": "4x8",
+                 "description": "device mesh: sizes (4x8) or named axes (dp=4,tp=8)"},
+        "dims": {"type": "string", "example": '{"batch": 8}',
+                 "description": "the model's symbolic dims, a JSON object of NAME: SIZE"},
+        "device": {"type": "string", "enum": sorted(DEVICES), "default": DEFAULT_DEVICE,
+                   "description": "device preset"},
+        "bandwidth": {"type": "string", "example": "25GB/s,450GB/s",
+                      "description": "link bandwidth per mesh axis (or one for all)"},
+        "latency": {"type": "string", "example": "5us,1us",
+                    "description": "link latency per mesh axis (or one for all)"},
+        "memory": {"type": "string", "example": "16GiB",
+                   "description": "budget per device (default: the device's memory)"},
+        "annotations": {"type": "string",
+                        "description": 'JSON: {"annotations": [{"value": ..., "sharding": ...}]}'},
+        "objective": {"type": "string", "enum": _choices(Objective), "default": Objective.TIME,
+                      "description": "minimize the step's time or the bytes sent"},
+        "time_limit": {"type": "number", "default": DEFAULT_TIME_LIMIT,
+                       "description": "the solver's limit, deterministic seconds"},
+        "mode": {"type": "string", "enum": _choices(Mode), "default": Mode.INFERENCE,
+                 "description": "plan the forward pass or the training step"},
+        "optimizer": {"type": "string", "enum": _choices(Optimizer),
+                      "default": _TRAINING.optimizer, "description": "training"},
+        "precision": {"type": "string", "enum": _choices(Precision),
+                      "default": _TRAINING.precision, "description": "training"},
+        "micro_batches": {"type": "integer", "default": _TRAINING.micro_batches,
+                          "description": "training: forward and backward N times per sync"},
+        "recompute": {"type": "string", "enum": _choices(Recompute),
+                      "default": _TRAINING.recompute,
+                      "description": "training: recompute each repeated layer in its backward"},
+    },
+}  # fmt: skip
+"""The form of POST /v1/plans, field by field (its OpenAPI schema and the web page's form)."""
+FIELDS = tuple(name for name in FORM_SCHEMA["properties"] if name != MODEL_FIELD)
 
 
 class RequestError(AutoshardError):

@@ -21,13 +21,14 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
+from autoshard.document import document_text
 from autoshard.errors import AutoshardError
 from autoshard.export import Target, export_document
 from autoshard.html import plan_html
 from autoshard.pipeline import plan_inputs
-from service.options import FIELDS, PlanOptions, RequestError, parse_options
+from service.options import FORM_SCHEMA, PlanOptions, RequestError, parse_options
 from service.store import Job, Store
-from service.upload import MODEL_FIELD, Form, discard, keep, receive_form
+from service.upload import Form, discard, keep, receive_form
 
 router = APIRouter()
 
@@ -39,8 +40,19 @@ class Submitted(BaseModel):
     status: Literal["queued", "running", "done", "failed"]
 
 
+class ProgressView(BaseModel):
+    """Where a running job is (its last, when it ended): `autoshard.progress.Progress`."""
+
+    stage: str | None  # a stage of autoshard.pipeline.PipelineStage
+    detail: str = ""
+    elapsed_s: float | None = None  # since the job started (until it finished)
+    objective: float | None = None  # the best plan's, in unit, during a solve
+    bound: float | None = None  # the proven lower bound, in unit
+    unit: str = "s"  # s (a time objective) or B (bytes)
+
+
 class JobView(Submitted):
-    progress: str | None
+    progress: ProgressView | None
     error: str | None
     plan: dict[str, Any] | None  # exactly what `autoshard plan --json` prints
 
@@ -58,28 +70,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (422, "bad input: the message autoshard plan prints"),
     )
 }
-_FORM_SCHEMA = {
-    "type": "object",
-    "required": [MODEL_FIELD, "mesh"],
-    "properties": {
-        MODEL_FIELD: {"type": "string", "format": "binary", "description": "the ONNX model"},
-        "mesh": {"type": "string", "example": "4x8", "description": "device mesh"},
-        "dims": {"type": "string", "example": '{"batch": 8}', "description": "JSON object"},
-        "device": {"type": "string", "example": "h100"},
-        "bandwidth": {"type": "string", "example": "25GB/s,450GB/s"},
-        "latency": {"type": "string", "example": "5us,1us"},
-        "memory": {"type": "string", "example": "16GiB", "description": "budget per device"},
-        "annotations": {"type": "string", "description": 'JSON: {"annotations": [...]}'},
-        "objective": {"type": "string", "enum": ["time", "bytes"]},
-        "time_limit": {"type": "number", "example": 60},
-        "mode": {"type": "string", "enum": ["inference", "training"]},
-        "optimizer": {"type": "string", "enum": ["adam", "adamw", "sgd", "none"]},
-        "precision": {"type": "string", "enum": ["bf16-mixed", "fp16-mixed", "fp32"]},
-        "micro_batches": {"type": "integer", "example": 1, "description": "per gradient sync"},
-        "recompute": {"type": "string", "enum": ["none", "layers"]},
-    },
-}
-assert set(_FORM_SCHEMA["properties"]) == {MODEL_FIELD, *FIELDS}  # type: ignore[arg-type]
 
 
 def _store(request: Request) -> Store:
@@ -99,31 +89,48 @@ def _error(status: int, message: str) -> JSONResponse:
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"multipart/form-data": {"schema": _FORM_SCHEMA}},
+            "content": {"multipart/form-data": {"schema": FORM_SCHEMA}},
         }
     },
     summary="Plan a model: upload it with the options of autoshard plan",
 )
 async def submit_plan(request: Request) -> JSONResponse:
-    settings = request.app.state.settings
     try:
-        form = await receive_form(
-            request.headers.get("content-type", ""), request.stream(), settings.uploads,
-            settings.max_upload,
-        )  # fmt: skip
+        form = await receive(request)
     except RequestError as error:
         return _error(error.status, str(error))
     try:
-        return await _submit(request, form)
+        status, body = await submit(request, form)
     except RequestError as error:
         return _error(error.status, str(error))
-    except AutoshardError as error:
-        return _error(422, str(error))
     finally:
         discard(form)
+    return JSONResponse(body, status_code=status)
 
 
-async def _submit(request: Request, form: Form) -> JSONResponse:
+async def receive(request: Request) -> Form:
+    """The multipart form of a plan request, its model streamed to the uploads folder (the
+    caller discards it); RequestError with the HTTP status when it is not one."""
+    settings = request.app.state.settings
+    return await receive_form(
+        request.headers.get("content-type", ""), request.stream(), settings.uploads,
+        settings.max_upload,
+    )  # fmt: skip
+
+
+async def submit(request: Request, form: Form) -> tuple[int, dict[str, Any]]:
+    """Check a received plan request and queue its job (202), or find an identical request's
+    job (200): the status code and the body. Bad input raises RequestError with its status
+    (an AutoshardError is a 422). POST /v1/plans and the web page's form both submit here."""
+    try:
+        return await _submit(request, form)
+    except RequestError:
+        raise
+    except AutoshardError as error:
+        raise RequestError(str(error)) from None
+
+
+async def _submit(request: Request, form: Form) -> tuple[int, dict[str, Any]]:
     settings, store = request.app.state.settings, _store(request)
     options = parse_options(form.fields, settings.max_time_limit)
     job_id = options.job_id(form.sha256)
@@ -131,7 +138,7 @@ async def _submit(request: Request, form: Form) -> JSONResponse:
     if found is not None and found.status == "failed" and found.cause == "input":
         raise RequestError(found.error or "failed")  # found solving: an infeasible budget
     if found is not None and not found.retryable:
-        return JSONResponse(found.view(), status_code=200)
+        return 200, found.view()
     if found is None:
         assert form.path is not None
         await anyio.to_thread.run_sync(_check, form.path, options)
@@ -140,17 +147,17 @@ async def _submit(request: Request, form: Form) -> JSONResponse:
         if not store.create(job_id, form.sha256, str(model), options.to_json()):
             job = store.get(job_id)  # an identical request was faster
             assert job is not None
-            return JSONResponse(job.view(), status_code=200)
+            return 200, job.view()
         attempt = 1
     else:
         requeued = store.requeue(job_id)
         if requeued is None:  # requeued by an identical request meanwhile
             job = store.get(job_id)
             assert job is not None
-            return JSONResponse(job.view(), status_code=200)
+            return 200, job.view()
         attempt = requeued
     request.app.state.pool.submit(job_id, attempt, model, options.to_json())
-    return JSONResponse({"id": job_id, "status": "queued"}, status_code=202)
+    return 202, {"id": job_id, "status": "queued"}
 
 
 def _check(model: Path, options: PlanOptions) -> None:
@@ -179,7 +186,19 @@ async def get_plan(request: Request, job_id: str) -> dict[str, Any]:
     return _job(request, job_id).view()
 
 
-def _artifact(request: Request, job_id: str, column: str) -> str:
+@router.get(
+    "/v1/plans/{job_id}/plan.json",
+    responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+    summary="The plan document alone, as autoshard plan -o writes it (for partition --plan)",
+)
+async def get_plan_document(request: Request, job_id: str) -> Response:
+    job = _done(request, job_id)
+    assert job.plan is not None
+    return Response(document_text(job.plan), media_type="application/json")
+
+
+def _done(request: Request, job_id: str) -> Job:
+    """A job that is done; else 404, 409 (not yet, or failed not for its input) or 422."""
     job = _job(request, job_id)
     if job.status == "failed":
         raise HTTPException(422 if job.cause == "input" else 409, job.error)
@@ -187,6 +206,11 @@ def _artifact(request: Request, job_id: str, column: str) -> str:
         raise HTTPException(
             409, f"plan {job_id} is {job.status}; poll GET /v1/plans/{job_id} until it is done"
         )
+    return job
+
+
+def _artifact(request: Request, job_id: str, column: str) -> str:
+    _done(request, job_id)
     text, error = _store(request).artifact(job_id, column)
     if text is None:
         raise HTTPException(422, error or f"plan {job_id} has no {column}")
@@ -258,8 +282,7 @@ _EXPORT_MEDIA = {"dtensor": "text/x-python", "jax": "application/json",
     "(PartitionSpecs JSON) or onnx (the model with IR v11 sharding metadata)",
 )
 async def get_export(request: Request, job_id: str, target: Target) -> Response:
-    job = _job(request, job_id)
-    _artifact(request, job_id, "report")  # done, or the job's error
+    job = _done(request, job_id)
     assert job.plan is not None
     try:
         exported = await anyio.to_thread.run_sync(

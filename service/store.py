@@ -5,6 +5,10 @@ A job's life: `queued` (accepted, waiting for a worker) -> `running` -> `done` |
 Each (re)queue bumps `attempt`; a worker writes only while the attempt it was given is the
 job's current one, so a worker orphaned by a crash can never overwrite a newer attempt.
 
+While it runs, a job's `progress` is the worker's last `autoshard.progress.Progress` (stage,
+what it does, a solve's objective and bound) as JSON; its `elapsed_s` is shown as the seconds
+since the job started (until it finished).
+
 Why a failure has a `cause`: an `input` failure (an infeasible memory budget, say) is a
 property of the request, so an identical request gets the same answer back; an `interrupted`
 or `internal` failure (the server stopped mid-solve, a worker died) says nothing about the
@@ -56,7 +60,7 @@ class Job:
     model_sha256: str
     model_path: str
     options: dict[str, Any]
-    progress: str | None
+    progress: dict[str, Any] | None
     error: str | None
     cause: str | None
     plan: dict[str, Any] | None
@@ -69,16 +73,52 @@ class Job:
         """A failure that an identical request should not get back as its answer."""
         return self.status == "failed" and self.cause != "input"
 
+    @property
+    def model_name(self) -> str:
+        return Path(self.model_path).name
+
+    def elapsed(self) -> float | None:
+        """Seconds since the job started, until it finished; None before it started."""
+        if self.started is None:
+            return None
+        return (self.finished or time.time()) - self.started
+
+    def progress_view(self) -> dict[str, Any] | None:
+        if self.progress is None:
+            return None
+        elapsed = self.elapsed()
+        return self.progress | ({} if elapsed is None else {"elapsed_s": round(elapsed, 3)})
+
     def view(self) -> dict[str, Any]:
         """The job as GET /v1/plans/{id} shows it."""
-        return {"id": self.id, "status": self.status, "progress": self.progress,
+        return {"id": self.id, "status": self.status, "progress": self.progress_view(),
                 "error": self.error, "plan": self.plan}  # fmt: skip
+
+
+def _progress(text: str | None) -> dict[str, Any] | None:
+    """A progress column: JSON, or the plain message a service before 2026-11 wrote."""
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    return data if isinstance(data, dict) else {"stage": None, "detail": text}
 
 
 _JOB_COLUMNS = (
     "id, status, attempt, model_sha256, model_path, options, progress, error, cause, plan, "
     "created, started, finished"
 )
+
+
+def _job(row: tuple[Any, ...]) -> Job:
+    """A job of a row of `_JOB_COLUMNS`."""
+    (id_, status, attempt, sha, path, options, progress, error, cause, plan) = row[:10]
+    return Job(
+        id_, status, attempt, sha, path, json.loads(options), _progress(progress), error,
+        cause, json.loads(plan) if plan else None, *row[10:],
+    )  # fmt: skip
 
 
 class Store:
@@ -107,13 +147,16 @@ class Store:
     def get(self, job_id: str) -> Job | None:
         with self._tx() as db:
             row = db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None:
-            return None
-        (id_, status, attempt, sha, path, options, progress, error, cause, plan) = row[:10]
-        return Job(
-            id_, status, attempt, sha, path, json.loads(options), progress, error, cause,
-            json.loads(plan) if plan else None, *row[10:],
-        )  # fmt: skip
+        return None if row is None else _job(row)
+
+    def recent(self, limit: int) -> list[Job]:
+        """The latest `limit` jobs, newest first, without their plans."""
+        columns = _JOB_COLUMNS.replace(", plan,", ", NULL,")
+        with self._tx() as db:
+            rows = db.execute(
+                f"SELECT {columns} FROM jobs ORDER BY created DESC, id LIMIT ?", (limit,)
+            ).fetchall()
+        return [_job(row) for row in rows]
 
     def artifact(self, job_id: str, column: str) -> tuple[str | None, str | None]:
         """(text, error) of an artifact column: `spmd` (with `spmd_error`) or `report`."""
@@ -181,11 +224,11 @@ class Store:
             )
             return cursor.rowcount == 1
 
-    def progress(self, job_id: str, attempt: int, message: str) -> None:
+    def progress(self, job_id: str, attempt: int, progress: dict[str, Any]) -> None:
         with self._tx() as db:
             db.execute(
                 "UPDATE jobs SET progress = ? WHERE id = ? AND attempt = ? AND status = 'running'",
-                (message, job_id, attempt),
+                (json.dumps(progress), job_id, attempt),
             )
 
     def finish(

@@ -20,11 +20,10 @@ from typing import Any, BinaryIO
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from service.options import RequestError
+from service.options import MODEL_FIELD, RequestError
 
 FIELD_LIMIT = 1 << 20  # bytes of one non-file form field (annotations are the largest)
 DRAIN_LIMIT = 64 << 20  # beyond the limit, bytes still read so the client sees the 413
-MODEL_FIELD = "model"
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -28,6 +29,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 from autoshard.errors import AutoshardError
+from autoshard.progress import Progress
 from service.options import PlanOptions
 from service.store import Store
 
@@ -48,9 +50,26 @@ def _init_worker(db_path: str, parent: int) -> None:
     _store = Store(db_path)
 
 
+class StoreView:
+    """A job's progress written to its row: a new stage or step at once, a solve's figures at
+    most every `every` seconds (each write is a transaction the server's readers see)."""
+
+    def __init__(self, store: Store, job_id: str, attempt: int, every: float = 0.5) -> None:
+        self.store, self.job_id, self.attempt, self.every = store, job_id, attempt, every
+        self._step: tuple[str, str] | None = None
+        self._written = -math.inf
+
+    def __call__(self, progress: Progress) -> None:
+        step = (progress.stage, progress.detail)
+        if step != self._step or progress.elapsed_s - self._written >= self.every:
+            self.store.progress(self.job_id, self.attempt, progress.to_json())
+            self._step, self._written = step, progress.elapsed_s
+
+
 def run_job(job_id: str, attempt: int, model_path: str, options_json: dict) -> None:
     """Solve one job in a worker process and store its plan, SPMD program and report."""
     from autoshard.pipeline import plan_request, print_spmd
+    from autoshard.progress import Tracker
     from autoshard.report import plan_markdown
 
     store = _store
@@ -58,14 +77,12 @@ def run_job(job_id: str, attempt: int, model_path: str, options_json: dict) -> N
     if not store.start(job_id, attempt):
         return  # a newer attempt owns the job
     options = PlanOptions.from_json(options_json)
+    tracker = Tracker(StoreView(store, job_id, attempt))
     try:
-        store.progress(job_id, attempt, "importing the model")
-        requested = plan_request(
-            options.request(model_path), lambda message: store.progress(job_id, attempt, message)
-        )
+        requested = plan_request(options.request(model_path), tracker)
         spmd = spmd_error = None
         try:
-            spmd = print_spmd(requested.partition(), "mesh")
+            spmd = print_spmd(requested.partition(tracker), "mesh")
         except AutoshardError as error:  # the plan stands; only its SPMD program is missing
             spmd_error = f"cannot partition the plan: {error}"
         document = requested.document

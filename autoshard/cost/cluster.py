@@ -272,6 +272,17 @@ def format_bytes(count: float) -> str:
     return f"{sign}{count:.2f} TiB"
 
 
+def format_seconds(seconds: float) -> str:
+    """Three significant digits in the unit that fits: `0.00128` -> `1.28 ms`."""
+    sign, seconds = ("-" if seconds < 0 else ""), abs(seconds)
+    if seconds == 0:
+        return "0 s"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
+        if seconds >= scale or unit == "ns":
+            return f"{sign}{seconds / scale:.3g} {unit}"
+    raise AssertionError  # pragma: no cover
+
+
 def format_rate(bytes_per_s: float) -> str:
     """`450e9` -> `450 GB/s` (decimal units, like the datasheets)."""
     for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6)):

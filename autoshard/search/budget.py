@@ -14,7 +14,7 @@ answered with its proof and the tensors its plan holds at the peak.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autoshard.annotations import Annotation
@@ -27,6 +27,7 @@ from autoshard.limits import check_search_axes
 from autoshard.passes.lower import lower
 from autoshard.plan import RETURN, Plan
 from autoshard.program import Program
+from autoshard.progress import Tracker
 from autoshard.reshard import plan_reshard
 from autoshard.search.ilp import (
     InfeasibleError,
@@ -37,7 +38,7 @@ from autoshard.search.ilp import (
     time_left,
 )
 from autoshard.search.memory import Chain
-from autoshard.search.options import SolverOptions
+from autoshard.search.options import Objective, SolverOptions
 from autoshard.search.problem import Search, build_search
 
 
@@ -59,19 +60,21 @@ def auto_plan(
     cluster: Cluster,
     annotations: Sequence[Annotation] = (),
     options: SolverOptions | None = None,
-    progress: Callable[[str], None] | None = None,
+    tracker: Tracker | None = None,
 ) -> Planned:
     """Search the cheapest plan that fits the memory budget (CP-SAT), then lower and price
-    it; `InfeasibleError` with the lowest feasible budget when none fits."""
+    it; `InfeasibleError` with the lowest feasible budget when none fits. `tracker` is told
+    what the search does and each solve's objective and bound."""
     started = time.perf_counter()
-    say = progress or (lambda _: None)
+    say = tracker.detail if tracker is not None else (lambda _: None)
     options = options or SolverOptions()
+    unit = "B" if options.objective == Objective.BYTES else "s"
     check_search_axes(cluster.mesh.ndim, f"mesh {cluster.mesh}")
     search = build_search(graph, cluster, annotations, options.objective)
     built = time.perf_counter() - started
     problem = search.problem
     say(
-        f"search problem: {len(problem.sizes)} groups, {problem.variables} choices, "
+        f"the problem: {len(problem.sizes)} groups, {problem.variables} choices, "
         f"{len(problem.edges)} edges, {len(problem.memory)} memory rows ({built:.1f} s)"
     )
     spent, solve_s = 0.0, 0.0
@@ -79,9 +82,9 @@ def auto_plan(
     while True:
         try:
             left = time_left(options.time_limit, spent)
-            solution = solve(search.problem, left, hint)
+            solution = solve(search.problem, left, hint, tracker, unit)
         except InfeasibleError:
-            raise _infeasible(graph, cluster, search, options.time_limit) from None
+            raise _infeasible(graph, cluster, search, options.time_limit, tracker) from None
         spent, solve_s = spent + solution.work, solve_s + solution.wall_s
         say(f"solved: {solution.status}, gap {solution.gap:.2%} ({solution.wall_s:.1f} s)")
         plan = search.plan(graph, cluster, solution.choice)
@@ -118,11 +121,11 @@ def _chains(graph: Graph, plan: Plan) -> frozenset[Chain]:
 
 
 def _infeasible(
-    graph: Graph, cluster: Cluster, search: Search, time_limit: float
+    graph: Graph, cluster: Cluster, search: Search, time_limit: float, tracker: Tracker | None
 ) -> InfeasibleError:
     """No plan fits: the lowest feasible budget, how sure the solver is of it, and the largest
     tensors the plan reaching it holds at its peak."""
-    lowest = lowest_budget(search.problem, time_limit)
+    lowest = lowest_budget(search.problem, time_limit, tracker)
     usage = memory(lower(graph, search.plan(graph, cluster, lowest.choice)))
     proof = (
         "proven optimal"

@@ -11,7 +11,9 @@ An edge's matrix has few distinct rows and columns (choices of a that hold the v
 choices of b that read it alike), so the pair variables are over those classes: few, and their
 linear relaxation is tight (a transportation polytope), which is what lets CP-SAT prove
 optimality fast. Deterministic: one worker, a fixed seed and a deterministic time limit, so
-the same problem gives the same solution on any machine.
+the same problem gives the same solution on any machine. A `Tracker` may watch a solve (each
+better plan and bound as CP-SAT finds them); its callbacks only read, so what is solved is the
+same.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autoshard.errors import AutoshardError
+from autoshard.progress import Tracker
 from autoshard.search.memory import Chosen, MemoryRow
 from autoshard.search.problem import Problem
 
@@ -59,26 +62,57 @@ class Solution:
         return (self.objective - self.bound) / self.objective if self.objective > 0 else 0.0
 
 
-def solve(problem: Problem, time_limit: float = 60.0, hint: Sequence[int] = ()) -> Solution:
+def solve(
+    problem: Problem,
+    time_limit: float = 60.0,
+    hint: Sequence[int] = (),
+    tracker: Tracker | None = None,
+    unit: str = "s",
+) -> Solution:
     """The best choice per group; `InfeasibleError` when the budget cannot hold any plan.
 
     First without the memory rows, after exact elimination of the groups of degree <= 2
     (a transformer layer reduces to its residual-stream hub and a few neighbours): if that
     optimum fits the budget it is the optimum. Otherwise the whole problem, memory rows
     included, goes to CP-SAT, starting from `hint` (or that optimum). `time_limit` bounds the
-    deterministic time of both.
+    deterministic time of both. `tracker` is told each solve's progress, its objective in
+    `unit` (`s` or `B`: what `problem.unit` scales the integer costs to).
     """
     reduced, kept, order = eliminate(problem)
-    relaxed = _cp_sat(reduced, time_limit, memory=False)
+    # Elimination folds the groups it removes into the rest but for a constant: the costs of
+    # those left with no neighbour. Any choice of the rest tells it.
+    zeros = [0] * len(kept)
+    offset = problem.objective(_expand(zeros, kept, order, len(problem.sizes)))
+    offset -= reduced.objective(zeros)
+    watch = None
+    if tracker is not None:
+        tracker.detail(f"CP-SAT on {len(reduced.sizes)} of {len(problem.sizes)} groups "
+                       "(the rest eliminated), memory aside")  # fmt: skip
+        watch = _Improvements(tracker, problem.unit, unit, offset)
+    relaxed = _cp_sat(reduced, time_limit, memory=False, watch=watch)
     choice = _expand(relaxed.choice, kept, order, len(problem.sizes))
     if problem.peak(choice) <= problem.budget:
         objective = problem.objective(choice)
         proven = relaxed.status is SolverStatus.OPTIMAL
-        bound = objective if proven else relaxed.bound
-        return dataclasses.replace(relaxed, choice=choice, objective=objective, bound=bound)
+        bound = objective if proven else relaxed.bound + offset
+        solved = dataclasses.replace(relaxed, choice=choice, objective=objective, bound=bound)
+        return _told(solved, tracker, problem.unit, unit)
     left = time_left(time_limit, relaxed.work)
-    solution = _cp_sat(problem, left, memory=True, hint=hint or choice)
-    return dataclasses.replace(solution, work=solution.work + relaxed.work)
+    if tracker is not None:
+        tracker.detail(f"its optimum does not fit the budget: CP-SAT on all {len(problem.sizes)} "
+                       f"groups with {len(problem.memory)} memory rows")  # fmt: skip
+        watch = _Improvements(tracker, problem.unit, unit)
+    solution = _cp_sat(problem, left, memory=True, hint=hint or choice, watch=watch)
+    solved = dataclasses.replace(solution, work=solution.work + relaxed.work)
+    return _told(solved, tracker, problem.unit, unit)
+
+
+def _told(solution: Solution, tracker: Tracker | None, scale: float, unit: str) -> Solution:
+    """The solve's end as the plan records it, told (CP-SAT's callbacks may not see the bound
+    close on the optimum)."""
+    if tracker is not None:
+        tracker.solution(solution.objective * scale, solution.bound * scale, unit)
+    return solution
 
 
 def time_left(time_limit: float, spent: float) -> float:
@@ -87,8 +121,41 @@ def time_left(time_limit: float, spent: float) -> float:
     return max(time_limit - spent, time_limit / 10)
 
 
+class _Improvements(cp_model.CpSolverSolutionCallback):
+    """Tells a tracker each better plan and each better bound of one CP-SAT solve, as
+    (CP-SAT's value + offset) * scale. It reads the solver's state and changes nothing."""
+
+    def __init__(self, tracker: Tracker, scale: float, unit: str, offset: int = 0) -> None:
+        super().__init__()
+        self.tracker, self.scale, self.unit, self.offset = tracker, scale, unit, offset
+        self.best: float | None = None
+
+    def on_solution_callback(self) -> None:
+        self.best = self.objective_value
+        self.bound(self.best_objective_bound)
+
+    def bound(self, bound: float) -> None:
+        if not math.isfinite(bound):  # no bound proven yet
+            return
+        objective = None if self.best is None else (self.best + self.offset) * self.scale
+        self.tracker.solution(objective, (bound + self.offset) * self.scale, self.unit)
+
+
+def _run(
+    solver: cp_model.CpSolver, model: cp_model.CpModel, watch: _Improvements | None
+) -> cp_model.CpSolverStatus:
+    if watch is None:
+        return solver.solve(model)
+    solver.best_bound_callback = watch.bound
+    return solver.solve(model, watch)
+
+
 def _cp_sat(
-    problem: Problem, time_limit: float, memory: bool, hint: Sequence[int] = ()
+    problem: Problem,
+    time_limit: float,
+    memory: bool,
+    hint: Sequence[int] = (),
+    watch: _Improvements | None = None,
 ) -> Solution:
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
@@ -126,7 +193,7 @@ def _cp_sat(
     model.minimize(sum(objective))
     solver = _solver(time_limit)
     started = time.perf_counter()
-    status = solver.solve(model)
+    status = _run(solver, model, watch)
     wall = time.perf_counter() - started
     if status == cp_model.INFEASIBLE:
         raise InfeasibleError("no plan fits the memory budget")
@@ -244,7 +311,9 @@ class LowestBudget:
     choice: tuple[int, ...]
 
 
-def lowest_budget(problem: Problem, time_limit: float = 60.0) -> LowestBudget:
+def lowest_budget(
+    problem: Problem, time_limit: float = 60.0, tracker: Tracker | None = None
+) -> LowestBudget:
     """The smallest peak memory any choice reaches: the ILP whose objective is the peak."""
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
@@ -254,7 +323,11 @@ def lowest_budget(problem: Problem, time_limit: float = 60.0) -> LowestBudget:
         model.add(bytes_live <= peak)
     model.minimize(peak)
     solver = _solver(time_limit)
-    choice = _chosen(solver, solver.solve(model), x, time_limit)
+    watch = None
+    if tracker is not None:
+        tracker.detail("no plan fits the budget: CP-SAT on the least memory any plan needs")
+        watch = _Improvements(tracker, 1.0, "B")
+    choice = _chosen(solver, _run(solver, model, watch), x, time_limit)
     reached = problem.peak(choice)
     bound = min(reached, math.ceil(solver.best_objective_bound))
     return LowestBudget(

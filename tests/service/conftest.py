@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,23 @@ class Server:
             if job["status"] in until:
                 return job
             time.sleep(0.02)
+        raise AssertionError(f"job {job_id} still {job['status']} after {timeout} s")
+
+    def watch(
+        self, job_id: str, timeout: float = 60, look: Callable[[dict], None] = lambda _: None
+    ) -> tuple[dict[str, Any], list[dict]]:
+        """Poll a job until it ends: the job, and each progress seen while it ran (each also
+        given to `look` as it is seen)."""
+        seen: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job: dict[str, Any] = self.get(f"/v1/plans/{job_id}").json()
+            if job["status"] in ("done", "failed"):
+                return job, seen
+            if job["progress"] is not None and job["progress"] not in seen[-1:]:
+                seen.append(job["progress"])
+                look(job["progress"])
+            time.sleep(0.1)
         raise AssertionError(f"job {job_id} still {job['status']} after {timeout} s")
 
 

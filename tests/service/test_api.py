@@ -47,7 +47,10 @@ def test_plan_is_what_autoshard_plan_json_prints(
     done: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert done["status"] == "done" and done["error"] is None
-    assert done["progress"].startswith("solved: OPTIMAL")
+    # Where it last was: the partition, after the plan; its time is the job's.
+    progress = done["progress"]
+    assert (progress["stage"], progress["detail"]) == ("partition", "4 devices")
+    assert progress["objective"] is None and progress["elapsed_s"] > 0
     code, out, _ = cli(["plan", str(MLP), *CLI_FLAGS, "--json"], capsys)
     assert code == 0
     assert untimed(done["plan"]) == untimed(json.loads(out))
@@ -55,6 +58,19 @@ def test_plan_is_what_autoshard_plan_json_prints(
         (c["kind"], c["mesh_axes"], c["bytes_per_device"]) for c in done["plan"]["collectives"]
     ]
     assert collectives == [("all_gather", [1], 2048)]
+
+
+def test_plan_json_is_what_autoshard_plan_o_writes(
+    server: Server, done: dict[str, Any], tmp_path, capsys
+) -> None:
+    written = tmp_path / "plan.json"
+    assert cli(["plan", str(MLP), *CLI_FLAGS, "-o", str(written)], capsys)[0] == 0
+    response = server.get(f"/v1/plans/{done['id']}/plan.json")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.text.endswith("}\n") and "\n  " in response.text  # indented, as -o writes
+    assert json.loads(response.text) == done["plan"]
+    assert untimed(json.loads(response.text)) == untimed(json.loads(written.read_text()))
 
 
 def test_spmd_program(server: Server, done: dict[str, Any]) -> None:
@@ -313,7 +329,7 @@ def test_infeasible_budget(server: Server, capsys) -> None:
     job = server.wait(response.json()["id"])
     assert (job["status"], job["error"], job["plan"]) == ("failed", message, None)
     # ...its artifacts answer 422 with it, and so does the identical request.
-    for path in ("spmd.mlir", "report.md", "report.html"):
+    for path in ("spmd.mlir", "report.md", "report.html", "plan.json"):
         fetched = server.get(f"/v1/plans/{job['id']}/{path}")
         assert (fetched.status_code, fetched.json()) == (422, {"detail": message})
     again = server.submit(MLP, fields)
@@ -327,7 +343,8 @@ def test_unknown_plan_and_docs(server: Server) -> None:
     paths = server.get("/openapi.json").json()["paths"]
     assert sorted(paths) == [
         "/healthz", "/v1/plans", "/v1/plans/{job_id}", "/v1/plans/{job_id}/export/{target}",
-        "/v1/plans/{job_id}/report.html", "/v1/plans/{job_id}/report.md",
+        "/v1/plans/{job_id}/plan.json", "/v1/plans/{job_id}/report.html",
+        "/v1/plans/{job_id}/report.md",
         "/v1/plans/{job_id}/spmd.mlir",
     ]  # fmt: skip
     form = paths["/v1/plans"]["post"]["requestBody"]["content"]["multipart/form-data"]

@@ -4,7 +4,11 @@ failed with the reason (and runs again when asked again), a queued one is queued
 from __future__ import annotations
 
 import json
+import re
 import time
+from itertools import groupby
+
+from autoshard.pipeline import PipelineStage
 
 from .conftest import MODELS, alive
 
@@ -52,6 +56,26 @@ def test_crash_and_restart(new_server, tmp_path) -> None:
     # Asked again, the crashed job runs again under the same id.
     again = second.submit(DECODER, DECODER_FIELDS)
     assert (again.status_code, again.json()) == (202, {"id": running, "status": "queued"})
-    finished = second.wait(running, timeout=60)
+    pages: list[str] = []  # its web page once the solver's figures are on it
+
+    def look(progress: dict) -> None:
+        if progress["objective"] is not None and not pages:
+            page = second.get(f"/plans/{running}").text
+            if "<dt>solver</dt>" in page:
+                pages.append(page)
+
+    finished, seen = second.watch(running, 180, look)  # ~7 s alone; a loaded CI runs slower
     assert finished["status"] == "done", finished["error"]
+    # Its progress while it ran: the pipeline's stages in order, the solver's figures.
+    stages = [stage for stage, _ in groupby(p["stage"] for p in seen)]
+    order = list(PipelineStage)
+    assert "search" in stages and stages[-1] == "partition"
+    assert [order.index(s) for s in stages] == sorted(order.index(s) for s in stages)
+    assert [p["elapsed_s"] for p in seen] == sorted(p["elapsed_s"] for p in seen)
+    solving = [p for p in seen if p["objective"] is not None]
+    assert solving and all(p["bound"] <= p["objective"] and p["unit"] == "s" for p in solving)
+    (page,) = pages  # polling itself while it runs, with the stage and the solver's figures
+    assert '<section id="job" data-running="1">' in page and "setTimeout(poll" in page
+    assert "<dt>stage</dt><dd>search</dd>" in page
+    assert re.search(r"<dt>solver</dt><dd>objective [\d.]+ ms, bound [\d.]+ ms \(gap", page)
     assert finished["plan"]["model"]["dims"] == {"batch": 8, "seq": 2048}

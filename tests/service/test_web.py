@@ -1,0 +1,87 @@
+"""The web page at `/`, driven through a real browser (Debian's Chromium) against a real
+`autoshard serve`: upload a model with plan options, watch the plan, find it listed with its
+links; a bad option is shown on the page in words; every user string is escaped. (A running
+plan's page, its stage and the solver's figures: test_restart.py, whose job runs long.)
+
+The real `service` package is not imported here: in this folder that name is the tests'."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from autoshard.cli import main
+
+from .conftest import MODELS, Server
+
+MLP = MODELS / "mlp.onnx"
+
+
+def untimed(plan: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in plan.items() if k != "timing"}
+
+
+def test_upload_form_plans_the_model(
+    server: Server, page: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tab, console = page
+    tab.goto(f"{server.url}/")
+    assert tab.title() == "autoshard"
+    tab.set_input_files("#model", str(MLP))
+    tab.fill("#mesh", "2x2")
+    tab.fill("#dims", '{"batch": 4}')
+    tab.select_option("#mode", "training")
+    tab.select_option("#optimizer", "sgd")
+    tab.select_option("#precision", "fp32")
+    tab.click("button[type=submit]")
+    tab.wait_for_url(re.compile(r"/plans/[0-9a-f]{20}$"))
+    job_id = tab.url.rsplit("/", 1)[1]
+    # The page polls until the plan is done, then shows its links.
+    tab.wait_for_selector("#job .done", timeout=90_000)
+    base = f"/v1/plans/{job_id}"
+    for path in ("report.html", "plan.json", "report.md", "spmd.mlir"):
+        assert tab.locator(f'#job a[href="{base}/{path}"]').count() == 1
+    assert "mlp.onnx: mesh 2x2, batch=4, training" in tab.inner_text("main")
+
+    # The form's fields are the REST API's: the plan is what the CLI plans with those flags.
+    tab.click(f'#job a[href="{base}/plan.json"]')
+    plan = json.loads(tab.inner_text("body"))
+    flags = ["--mesh", "2x2", "--dim", "batch=4", "--mode", "training", "--optimizer", "sgd",
+             "--precision", "fp32", "--json", "-q"]  # fmt: skip
+    assert main(["plan", str(MLP), *flags]) == 0
+    assert untimed(plan) == untimed(json.loads(capsys.readouterr().out))
+
+    # Listed on the front page, with its page and its report.
+    tab.goto(f"{server.url}/")
+    row = tab.locator("#plans tr", has=tab.locator(f'a[href="/plans/{job_id}"]'))
+    assert row.count() == 1
+    assert row.locator(f'a[href="{base}/report.html"]').count() == 1
+    assert "done" in row.inner_text()
+    assert console.errors == []
+
+
+def test_a_bad_option_is_shown_on_the_page_escaped(server: Server, page: Any) -> None:
+    tab, console = page
+    tab.goto(f"{server.url}/")
+    tab.set_input_files("#model", str(MLP))
+    tab.fill("#mesh", "<b>2</b>x2")
+    tab.fill("#dims", '{"batch": 8}')
+    with tab.expect_navigation() as navigation:
+        tab.click("button[type=submit]")
+    assert navigation.value.status == 422
+    error = tab.locator("#error")
+    assert error.inner_text().startswith("The plan was not started: invalid mesh '<b>2</b>x2'")
+    assert error.locator("b").count() == 0  # the user's text, not markup
+    assert tab.input_value("#mesh") == "<b>2</b>x2"  # the form as given, to correct it
+    assert tab.input_value("#dims") == '{"batch": 8}'
+    # The browser reports the 422 of the page itself; nothing else.
+    assert [e for e in console.errors if "status of 422" not in e] == []
+
+
+def test_unknown_plan_page(server: Server) -> None:
+    response = server.get("/plans/%3Cscript%3E")
+    assert response.status_code == 404
+    assert "No plan &lt;script&gt;" in response.text and "<script>" not in response.text
