@@ -60,6 +60,11 @@ def test_upload_form_plans_the_model(
     assert row.count() == 1
     assert row.locator(f'a[href="{base}/report.html"]').count() == 1
     assert "done" in row.inner_text()
+
+    # ...which opens: the HTML report of this plan, its strategy first.
+    row.locator(f'a[href="{base}/report.html"]').click()
+    tab.wait_for_url(re.compile(r"/report\.html$"))
+    assert plan["story"] in tab.inner_text("body")
     assert console.errors == []
 
 
