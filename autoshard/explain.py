@@ -32,6 +32,7 @@ from autoshard.cost.cluster import Cluster, format_bytes, make_cluster
 from autoshard.cost.model import Cost, live_kinds, memory, memory_kinds, price, shard_bytes
 from autoshard.document import DocumentError, read_document, read_plan_document, training_of
 from autoshard.errors import AutoshardError
+from autoshard.export.names import parameter_names
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.pipeline import Lowered, PlanRequest, Setup, lower_setup
@@ -67,6 +68,7 @@ class Saved:
     cost: Cost
     grouping: Grouping
     request: PlanRequest  # what the plan's search was asked: `--why-not` asks it again
+    parameters: Mapping[str, str]  # weight -> its source parameter's name
 
     @property
     def annotations(self) -> Sequence[Annotation]:
@@ -122,6 +124,7 @@ def load_saved(
         path=path, document=document, lowered=lowered, cluster=cluster,
         cost=price(lowered.program, lowered.graph, cluster),
         grouping=decision_groups(lowered.graph, cluster, annotations), request=request,
+        parameters=parameter_names(model),
     )  # fmt: skip
 
 
@@ -135,16 +138,23 @@ def _check_cluster(path: str, made: Mapping[str, Any], given: Mapping[str, Any])
             )
 
 
-def resolve(graph: Graph, name: str, what: str = "") -> str:
-    """'value' or 'op' for a name of the model (a value first); an unknown name is one line
-    naming the closest names."""
+def resolve(
+    graph: Graph, name: str, what: str = "", parameters: Mapping[str, str] | None = None
+) -> tuple[str, str]:
+    """('value' or 'op', the model's name) for a name of the model (a value first) or a source
+    parameter's name (`export.names.parameter_names`: the weight it was exported as); an
+    unknown name is one line naming the closest names."""
+    by_parameter = {p: w for w, p in (parameters or {}).items()}
+    if name not in graph.values and name not in graph.op_by_name:
+        name = by_parameter.get(name, name)
     if name in graph.values:
-        return "value"
+        return "value", name
     if name in graph.op_by_name:
-        return "op"
-    close = difflib.get_close_matches(name, [*graph.values, *graph.op_by_name], n=3, cutoff=0.5)
+        return "op", name
+    known = [*graph.values, *graph.op_by_name, *by_parameter]
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
     hint = f"; closest: {', '.join(close)}" if close else "; see the plan's values and ops"
-    raise ExplainError(f"{what}the model has no value or op named {name!r}{hint}")
+    raise ExplainError(f"{what}the model has no value, op or parameter named {name!r}{hint}")
 
 
 # ---- who decided --------------------------------------------------------------------------------
@@ -316,7 +326,7 @@ def explain_op(saved: Saved, name: str) -> dict[str, Any]:
 
 def explain(saved: Saved, name: str) -> dict[str, Any]:
     """The explanation of value or op `name` as JSON (see the module docstring)."""
-    kind = resolve(saved.graph, name)
+    kind, name = resolve(saved.graph, name, parameters=saved.parameters)
     return explain_value(saved, name) if kind == "value" else explain_op(saved, name)
 
 

@@ -67,14 +67,17 @@ class Target:
 _TARGET = re.compile(r"(?P<name>.+?)\s*=\s*(?P<spec>\[.*)", re.DOTALL)
 
 
-def parse_target(graph: Graph, mesh: Mesh, text: str) -> Target:
-    """`NAME=SPEC` for the model: a bad name or spec is one line naming it (and the closest
+def parse_target(
+    graph: Graph, mesh: Mesh, text: str, parameters: Mapping[str, str] | None = None
+) -> Target:
+    """`NAME=SPEC` for the model (NAME also a source parameter's name, SPEC then over the
+    exported weight's dims): a bad name or spec is one line naming it (and the closest
     names); a spec no rule allows is a Target with the reason it is `refused`."""
     match = _TARGET.fullmatch(text.strip())
     if match is None:
         raise ExplainError(f"--why-not {text!r} is not NAME=SHARDING (e.g. 'x=[[0], []]')")
     name, spec = match["name"], match["spec"]
-    kind = resolve(graph, name, f"--why-not {text!r}: ")
+    kind, name = resolve(graph, name, f"--why-not {text!r}: ", parameters)
     if kind == "value":
         try:
             sharding = Sharding.parse(spec)
@@ -163,7 +166,7 @@ def _measure(document: Mapping[str, Any], objective: Objective) -> float:
 
 def why_not(saved: Saved, text: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The answer as JSON, and the target plan's document (None when INFEASIBLE)."""
-    target = parse_target(saved.graph, saved.cluster.mesh, text)
+    target = parse_target(saved.graph, saved.cluster.mesh, text, saved.parameters)
     answer: dict[str, Any] = {
         "why_not": target.text, "name": target.name, "kind": target.kind,
         "annotations": [a.to_json() for a in target.annotations],

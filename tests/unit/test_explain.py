@@ -132,9 +132,10 @@ def test_why_not_infeasible_memory(tmp_path):
     ("target", "message"),
     [
         ("/lm/transformer/h.0/attn/Softmx=[[0]]",
-         "--why-not '/lm/transformer/h.0/attn/Softmx=[[0]]': the model has no value or op named "
-         "'/lm/transformer/h.0/attn/Softmx'; closest: /lm/transformer/h.0/attn/Softmax, "
-         "/lm/transformer/h.1/attn/Softmax, /lm/transformer/h.0/attn/Split"),
+         "--why-not '/lm/transformer/h.0/attn/Softmx=[[0]]': the model has no value, op or "
+         "parameter named '/lm/transformer/h.0/attn/Softmx'; closest: "
+         "/lm/transformer/h.0/attn/Softmax, /lm/transformer/h.1/attn/Softmax, "
+         "/lm/transformer/h.0/attn/Split"),
         ("input_ids=[[5]]",
          "annotation of 'input_ids': unknown mesh axis 5 in [[5]]; mesh @mesh0 has axes 0..1"),
         ("input_ids=[[0],",
@@ -152,6 +153,15 @@ def test_why_not_bad_input(gpt2, target, message):
     with pytest.raises(Exception) as error:
         why_not(gpt2, target)
     assert str(error.value) == message
+
+
+def test_source_parameter_names(gpt2):
+    """The LM head is exported as `onnx::MatMul_592`; its torch name explains the same weight,
+    and names it in --why-not too."""
+    assert gpt2.parameters["onnx::MatMul_592"] == "lm.lm_head.weight"
+    assert explain(gpt2, "lm.lm_head.weight") == explain(gpt2, "onnx::MatMul_592")
+    answer, _ = why_not(gpt2, "lm.lm_head.weight=[[], [0]]")
+    assert (answer["name"], answer["kind"]) == ("onnx::MatMul_592", "value")
 
 
 def test_provenance_copy_chain(gpt2):
@@ -234,7 +244,8 @@ def test_explain_costs(annotated):
     with pytest.raises(ExplainError) as error:
         explain(annotated, "/1/Relu_")
     assert str(error.value) == (
-        "the model has no value or op named '/1/Relu_'; closest: /1/Relu, /1/Relu_output_0"
+        "the model has no value, op or parameter named '/1/Relu_'; closest: /1/Relu, "
+        "/1/Relu_output_0"
     )
 
 
