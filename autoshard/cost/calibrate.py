@@ -1,16 +1,27 @@
 """`autoshard calibrate`: measure the device this process runs on and describe it as a cluster
 file that `autoshard plan --cluster FILE` reads.
 
-What it measures, with numpy on the CPU (the kernels a CPU run of a plan would use):
+What it measures, with the kernels a plan's program runs on (`cost.probes`): onnxruntime on
+the CPU in float32 (how `autoshard run` and `verify` execute it), or torch (`--torch`: bfloat16
+kernels on CUDA, timed with CUDA events; float32 on the CPU), each time the median of
+several runs:
 
-- matmul throughput: float32 `A @ B` over square and thin shapes, the best of several runs
-  each; fitted to the roofline's contraction model, rate = E · s(M) s(N) s(K) with
-  s(d) = d / (d + h) (`cost.model`): h by a search over a grid minimising the squared error of
-  log rates, E then in closed form (the mean of log rate - Σ log s). E becomes the device's
-  float32 peak at efficiency 1, h its `matmul_half_dim`.
-- memory bandwidth: `np.copyto` of a large array, read + written bytes over the best time.
-- launch floor: the median time of `np.add` on one element (the per-op overhead).
-- memory: the machine's physical memory.
+- matmul throughput: `A @ B` over square and thin shapes (on CUDA also 4096^3 and 8192^3,
+  where a GPU reaches its peak); fitted to the roofline's contraction model,
+  rate = E · s(M) s(N) s(K) with s(d) = d / (d + h) (`cost.model`): h by a search over a grid
+  minimising the squared error of log rates, E then in closed form (the mean of
+  log rate - Σ log s). E becomes the device's peak for that dtype at efficiency 1, h its
+  `matmul_half_dim`.
+- the vector rate (every op but a contraction): on CUDA a float32 matmul without TF32 (the
+  FMA units); on a CPU the matmul's own rate.
+- memory bandwidth: an elementwise Add of a large array, its bytes read twice + written once
+  over the time.
+- launch floor: the same Add on one element (the shortest time a kernel takes).
+- special functions: per family (exp, log, erf, tanh, pow, sqrt, trig:
+  `cost.cluster.Transcendental`), evaluations per second of one op over a large array
+  (Exp, Log, Erf, Tanh, Pow by 1.7, Sqrt, Sin): the device's `transcendental` rates, which
+  the roofline takes where they bound an op (`cost.model.special_rate`).
+- memory: the machine's physical memory, or the GPU's.
 
 - links (`autoshard.run.measure`, with torch): all_gather, all_reduce, reduce_scatter and
   all_to_all over N local processes on torch.distributed (gloo on CPU, nccl on GPUs), at
@@ -33,22 +44,20 @@ What it does not measure: the network between hosts; a multi-host cluster needs
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import platform
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
-from autoshard.cost.cluster import ClusterError
+from autoshard.cost.cluster import ClusterError, Transcendental
+from autoshard.cost.probes import OnnxRuntimeProbe, TorchProbe
 from autoshard.reshard import CollectiveKind, ring_bytes, ring_steps
 
 SQUARE = (256, 512, 1024, 2048)
+BIG_SQUARE = (4096, 8192)  # a GPU reaches its peak only on these
 THIN = ((2048, 32, 2048), (2048, 2048, 32), (32, 2048, 2048), (2048, 128, 2048))
 HALF_DIMS = tuple(range(1, 513))
 
@@ -64,6 +73,20 @@ class Calibration:
     launch_s: float
     memory: int
     links: Links | None = None
+    dtype: str = "float32"
+    vector_flops: float = 0.0
+    """Other ops' rate (0: the matmul peak, as on a CPU)."""
+    transcendental: tuple[tuple[str, float], ...] = ()
+    """Per family of special functions (`cost.cluster.Transcendental`): evaluations per s."""
+    probe: str = "onnxruntime float32"
+
+    @property
+    def processor(self) -> str:
+        if self.probe.endswith("bfloat16"):
+            import torch
+
+            return str(torch.cuda.get_device_name())
+        return processor_name()
 
     def with_links(self, links: Links | None) -> Calibration:
         return replace(self, links=links)
@@ -77,8 +100,8 @@ class Calibration:
             bandwidth, latency = self.links.fit.bandwidth, self.links.fit.latency
         return {
             "name": name,
-            "flops": {"float32": self.peak},
-            "default_flops": self.peak,
+            "flops": {self.dtype: self.peak},
+            "default_flops": self.vector_flops or self.peak,
             "memory": self.memory,
             "hbm_bandwidth": self.copy_bandwidth,
             "matmul_efficiency": 1.0,
@@ -91,11 +114,12 @@ class Calibration:
             "network_bandwidth": bandwidth,
             "network_latency": latency,
             "link_name": self.links.backend if self.links else "host memory",
+            "transcendental": dict(self.transcendental),
         }
 
     def to_json(self) -> dict[str, object]:
         """The cluster file: the measured device, and the raw figures under `calibration`."""
-        name = f"{processor_name()} (calibrated, numpy float32)"
+        name = f"{self.processor} (calibrated, {self.probe})"
         found: dict[str, object] = {"device": self.device(name)}
         if self.links is not None:  # the file's links: every axis, as flags would give them
             found["bandwidth"] = f"{self.links.fit.bandwidth / 1e9:.6g}GB/s"
@@ -104,6 +128,7 @@ class Calibration:
             "matmul_flops": [
                 {"m": m, "k": k, "n": n, "flops_per_s": rate} for (m, k, n), rate in self.matmul
             ],
+            "probe": self.probe,
             "copy_bytes_per_s": self.copy_bandwidth,
             "launch_s": self.launch_s,
             "links": self.links.to_json() if self.links else "not measured: the host's copy rate",
@@ -207,20 +232,6 @@ def fit_links(backend: str, samples: Sequence[LinkSample]) -> Links:
     return Links(backend, ranks, tuple(samples), fit_link(samples), tuple(by_kind))
 
 
-def best_time(run: Callable[[], object], repeats: int, budget: float = 0.05) -> float:
-    """The fastest of at least `repeats` runs, and of as many as fit in `budget` seconds: on a
-    shared machine the best run is the one least disturbed."""
-    run()  # warm up: first-touch pages, thread pools
-    times: list[float] = []
-    spent = 0.0
-    while len(times) < repeats or spent < budget:
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-        spent += times[-1]
-    return min(times)
-
-
 def processor_name() -> str:
     """The CPU's model name (Linux), else what `platform` knows."""
     try:
@@ -250,34 +261,51 @@ def fit_half_dim(
     return best[1], best[2]
 
 
-def calibrate(quick: bool = False, progress: Callable[[str], None] = lambda _: None) -> Calibration:
-    """Measure this machine (`quick`: smaller shapes and fewer runs, a second or two)."""
-    repeats = 3 if quick else 5
+def calibrate(
+    quick: bool = False,
+    progress: Callable[[str], None] = lambda _: None,
+    probe: OnnxRuntimeProbe | TorchProbe | None = None,
+) -> Calibration:
+    """Measure this machine's device with `probe` (default: onnxruntime on the CPU; `quick`:
+    smaller shapes and fewer runs, a few seconds)."""
+    probe = probe or OnnxRuntimeProbe(repeats=3 if quick else 5)
+    gpu = probe if isinstance(probe, TorchProbe) and probe.cuda else None
+    cuda = gpu is not None
     scale = 2 if quick else 1  # quick: half the dims, an eighth of the work
-    shapes = [(d // scale,) * 3 for d in SQUARE] + [
+    square = SQUARE + (BIG_SQUARE if cuda else ())
+    shapes = [(d // scale,) * 3 for d in square] + [
         (m // scale, k // scale, n // scale) for m, k, n in THIN
     ]
-    rng = np.random.default_rng(0)
     rates: list[tuple[tuple[int, int, int], float]] = []
     for i, (m, k, n) in enumerate(shapes, 1):
-        a = rng.standard_normal((m, k), dtype=np.float32)
-        b = rng.standard_normal((k, n), dtype=np.float32)
-        seconds = best_time(functools.partial(np.matmul, a, b), repeats)
-        rates.append(((m, k, n), 2 * m * k * n / seconds))
-        progress(f"matmul {m}x{k}x{n}: {rates[-1][1] / 1e9:.1f} GFLOP/s ({i}/{len(shapes)})")
+        seconds = probe.matmul(m, k, n)
+        rates.append(((m, k, n), 2 * m * k * n / max(seconds, 1e-9)))
+        progress(
+            f"matmul {m}x{k}x{n} ({probe.dtype}): {rates[-1][1] / 1e9:.1f} GFLOP/s "
+            f"({i}/{len(shapes)})"
+        )
     peak, half = fit_half_dim(rates)
     progress(f"matmul fit: {peak / 1e9:.1f} GFLOP/s at large shapes, half speed at dim {half}")
-    size = (16 if quick else 256) << 20
-    src, dst = np.ones(size // 4, np.float32), np.empty(size // 4, np.float32)
-    copy = 2 * size / best_time(lambda: np.copyto(dst, src), repeats)
-    progress(f"memory: {copy / 1e9:.1f} GB/s (copy of {size >> 20} MiB, read + written)")
-    one = np.ones(1, np.float32)
-    launches = []
-    for _ in range(200 if quick else 2000):
-        started = time.perf_counter()
-        np.add(one, one)
-        launches.append(time.perf_counter() - started)
-    launch = statistics.median(launches)
-    progress(f"launch floor: {launch * 1e6:.2f} us per op")
+    vector = peak
+    if gpu is not None:  # float32 without TF32 runs on the vector units: every other op's rate
+        d = 4096 // scale
+        vector = 2 * d**3 / gpu.matmul(d, d, d, dtype=gpu.torch.float32)
+        progress(f"vector rate: {vector / 1e9:.1f} GFLOP/s (float32 matmul {d}^3)")
+    size = (1 << 30 if cuda else 256 << 20) // (16 if quick else 1)
+    elements = size // 4
+    copy = 3 * size / probe.add(elements)
+    progress(f"memory: {copy / 1e9:.1f} GB/s (Add of {size >> 20} MiB, read twice + written)")
+    launch = probe.add(1)
+    progress(f"launch floor: {launch * 1e6:.2f} us per op (a one-element Add)")
+    special = []
+    count = elements // 4
+    for family in Transcendental:
+        special.append((str(family), count / probe.special(family, count)))
+        progress(f"{family}: {special[-1][1] / 1e9:.3g} G evaluations/s")
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Calibration(tuple(rates), peak, half, copy, launch, memory)
+    if gpu is not None:
+        memory = gpu.torch.cuda.get_device_properties(gpu.device).total_memory
+    return Calibration(
+        tuple(rates), peak, half, copy, launch, memory, None, probe.dtype, vector,
+        tuple(special), f"{probe.name} {probe.dtype}",
+    )  # fmt: skip

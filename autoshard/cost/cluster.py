@@ -31,6 +31,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -41,6 +42,19 @@ from autoshard.mesh import Mesh
 
 class ClusterError(AutoshardError, ValueError):
     """A bad cluster description: the message names the flag or key and the valid choices."""
+
+
+class Transcendental(StrEnum):
+    """The families of special functions an op evaluates per element, priced by their own
+    rates (`DeviceKind.transcendental`)."""
+
+    EXP = "exp"
+    LOG = "log"
+    ERF = "erf"
+    TANH = "tanh"
+    POW = "pow"
+    SQRT = "sqrt"
+    TRIG = "trig"
 
 
 @dataclass(frozen=True)
@@ -54,7 +68,10 @@ class DeviceKind:
     dim at which a kernel reaches half its large-shape efficiency (`cost.model`). launch_s:
     the shortest time a kernel takes. node_size devices share the scale-up link
     (`link_bandwidth`, `link_latency`); nodes talk over the network (`network_bandwidth`,
-    `network_latency`), per device.
+    `network_latency`), per device. transcendental: evaluations per second of each family of
+    special functions (`cost.model.Transcendental`: "exp", "erf", ...) where measured; a
+    family not listed runs at `default_flops` over the instructions it takes
+    (`cost.model.TRANSCENDENTAL_FLOPS`).
     """
 
     name: str
@@ -72,9 +89,11 @@ class DeviceKind:
     network_bandwidth: float = 50e9
     network_latency: float = 5e-6
     link_name: str = "NVLink"
+    transcendental: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
+        object.__setattr__(self, "transcendental", MappingProxyType(dict(self.transcendental)))
 
     def peak(self, dtype: str) -> float:
         return self.flops.get(dtype, self.default_flops)
@@ -377,7 +396,11 @@ def device_kind(spec: object) -> DeviceKind:
     fields = {f.name: f for f in dataclasses.fields(DeviceKind)}
     if unknown := sorted(set(spec) - set(fields)):
         raise ClusterError(f"unknown device key(s) {unknown}; valid: {sorted(fields)}")
-    required = [n for n, f in fields.items() if f.default is dataclasses.MISSING]
+    required = [
+        n
+        for n, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     required.append("hbm_bandwidth")  # its default is a placeholder, not this device's
     if missing := [n for n in required if n not in spec]:
         raise ClusterError(f"device is missing {missing}; a described device needs {required}")
@@ -386,7 +409,7 @@ def device_kind(spec: object) -> DeviceKind:
         for key, value in spec.items():
             if key in ("name", "link_name"):
                 values[key] = str(value)
-            elif key == "flops":
+            elif key in ("flops", "transcendental"):
                 values[key] = {str(d): float(v) for d, v in dict(value).items()}
             elif key in ("memory", "matmul_half_dim", "node_size"):
                 values[key] = int(value)
@@ -394,9 +417,14 @@ def device_kind(spec: object) -> DeviceKind:
                 values[key] = float(value)
     except (TypeError, ValueError) as error:
         raise ClusterError(f"device key {key!r} has a bad value {value!r}: {error}") from None
+    families = [str(f) for f in Transcendental]
+    if bad := sorted(set(values.get("transcendental", {})) - set(families)):
+        raise ClusterError(f"unknown transcendental families {bad}; valid: {families}")
     times = ("launch_s", "link_latency", "network_latency")  # may be 0; the rest may not
-    rates = [*values["flops"].values()] + [
-        v for k, v in values.items() if k not in ("name", "link_name", "flops", *times)
+    rates = [*values["flops"].values(), *values.get("transcendental", {}).values()] + [
+        v
+        for k, v in values.items()
+        if k not in ("name", "link_name", "flops", "transcendental", *times)
     ]
     if any(v <= 0 for v in rates) or any(values.get(k, 0) < 0 for k in times):
         raise ClusterError(
