@@ -15,7 +15,8 @@ with every floating tensor at the dtype the probe runs (bfloat16 on CUDA, float3
 times the runs per step: the plan's own `ops[name].compute_s` when the model is already at
 that dtype.
 
-Classes: matmul (the ops the model prices as contractions), memory-bound (every other op with
+Classes: matmul (the ops the model prices as contractions at the matrix units' rate),
+memory-bound (every other op with
 a kernel) and views (no kernel: free in the model; a runtime may still spend its per-op work
 on them). An op the probe cannot run (no torch kernel, a type the runtime refuses at the
 re-typed dtype) is listed in `skipped` with its reason, in no class.
@@ -169,7 +170,7 @@ def _torch_time(probe: TorchProbe, op_step: LocalCompute, operands: _Operands) -
         if not name:
             args.append(None)
             continue
-        array = np.ascontiguousarray(operands.data(name))
+        array = np.array(operands.data(name))  # a writable copy
         target = torch_dtype(operands.dtype_of(name), torch, probe.torch_dtype)
         source = array.astype(np.float32) if array.dtype.kind == "f" else array
         args.append(torch.from_numpy(source).to(probe.device, target))
@@ -185,7 +186,7 @@ def op_class(requested: RequestedPlan, name: str) -> str:
         return "views"
     option = requested.planned.plan.options.get(name)
     rule = rule_for(op, graph) if option is not None else None
-    if rule is None or option is None:
+    if rule is None or option is None or op_kind(op).flops == 0:  # moves, lookups
         return "memory-bound"
     dtype = graph.values[op.outputs[0]].dtype
     efficiency = matmul_efficiency(rule, option, cluster.mesh, dtype, cluster.device, op.inputs)

@@ -8,8 +8,9 @@
   matmuls ran twice as fast as onnxruntime's (MLAS) at the shapes plans give, and its
   transcendentals at other rates: a calibration must measure the kernels the program runs.
 - `TorchProbe`: torch eager kernels on CUDA (bfloat16, CUDA events around each call: the
-  kernel's device time) or on the CPU (float32, the wall time of the call: the same code,
-  testable without a GPU).
+  kernel's device time) or on the CPU (float32, the wall time of the call on one thread:
+  the same code, testable without a GPU; threads waiting on each other on a shared machine
+  take scheduler quanta, not kernel time).
 
 Each time is the median of at least `repeats` runs and of as many as fit in `budget`
 seconds, after a warm-up.
@@ -133,6 +134,8 @@ class TorchProbe:
         self.dtype = "bfloat16" if self.cuda else "float32"
         self.torch_dtype = torch.bfloat16 if self.cuda else torch.float32
         self.repeats, self.budget = repeats, budget
+        if not self.cuda:
+            torch.set_num_threads(1)
 
     def time(self, run: Callable[[], object]) -> float:
         """The median time of `run`'s kernels (CUDA: device time between events)."""

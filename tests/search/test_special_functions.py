@@ -1,0 +1,102 @@
+"""The roofline's special-function term (`cost.model.special`, `special_rate`) against
+hand-computed times: a measured rate per family where the device has one, else its vector
+rate over the instructions an evaluation takes (`TRANSCENDENTAL_FLOPS`)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from autoshard.cost.cluster import ClusterError, device_kind, make_cluster
+from autoshard.cost.model import TRANSCENDENTAL_FLOPS, OpCost, op_cost, special
+from autoshard.ir.graph import Graph, Op, Value
+from autoshard.plan import ShardingOption
+from autoshard.rules import rule_for
+from tests.search.test_calibrate import DEVICE
+from tests.search.test_roofline import one_op
+
+N = 1 << 20  # elements of every tensor below, float32
+RATES = {"erf": 1e9, "pow": 1e8, "exp": 4e9}  # evaluations/s, as calibrate writes them
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """DEVICE (10 GB/s memory, 1e11 vector FLOP/s, 1 us launch) with measured rates."""
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"device": DEVICE | {"transcendental": RATES}}))
+    return make_cluster(mesh="2", file=path)
+
+
+def priced(op, graph, cluster, option="[]"):
+    rule = rule_for(op, graph)
+    return op_cost(op, rule, ShardingOption.parse(option, len(rule.loops)), graph, cluster)
+
+
+def pow_graph(exponent):
+    """y = x ** exponent, the exponent a constant scalar."""
+    values = {"x": Value("x", (N,), "float32"), "e": Value("e", (), "float32"),
+              "y": Value("y", (N,), "float32")}  # fmt: skip
+    op = Op("op", "Pow", inputs=("x", "e"), outputs=("y",))
+    return op, Graph("g", (op,), values, ("x",), ("y",), {}, {"e": np.float32(exponent)})
+
+
+def test_an_erf_is_bound_by_its_measured_rate_not_memory(cluster):
+    """Erf of 1 Mi float32: 8 MiB read + written at 10 GB/s is 839 us; 1 Mi evaluations at
+    1e9/s is 1049 us: the special function bounds it, 1050 us with the launch."""
+    op, graph = one_op("Erf", {"x": (N,)}, (N,), dtype="float32")
+    assert priced(op, graph, cluster) == OpCost(N, 8 * N, pytest.approx(N / 1e9 + 1e-6))
+    assert N / 1e9 + 1e-6 == pytest.approx(1049.576e-6)
+    assert 8 * N / 1e10 < N / 1e9
+    # split over 2 devices: half the evaluations each
+    assert priced(op, graph, cluster, "[[0]]").seconds == pytest.approx(N / 2 / 1e9 + 1e-6)
+
+
+def test_a_softmax_evaluates_an_exp_per_element(cluster):
+    """Softmax of [1024, 1024]: 3 passes of 4 MiB = 12 MiB at 10 GB/s (1258 us) against
+    1 Mi exps at 4e9/s (262 us) and 5 Mi FLOPs at 1e11 (52 us): memory-bound still."""
+    op, graph = one_op("Softmax", {"x": (1024, 1024)}, (1024, 1024), {"axis": -1}, dtype="float32")
+    assert special(op, graph) == "exp"
+    assert priced(op, graph, cluster).seconds == pytest.approx(12 * N / 1e10 + 1e-6)
+
+
+@pytest.mark.parametrize(
+    "exponent, family, seconds",
+    [
+        # a general power: 1 Mi evaluations at 1e8/s = 10486 us
+        (1.7, "pow", N / 1e8),
+        # cubes and squares are multiplications: memory, 8 MiB at 10 GB/s = 839 us
+        (3.0, None, 8 * N / 1e10),
+        (2.0, None, 8 * N / 1e10),
+        # a square root with no measured rate: vector rate / 4 instructions = 2.5e10/s, 42 us,
+        # under memory's 839 us
+        (0.5, "sqrt", 8 * N / 1e10),
+    ],
+    ids=["x**1.7", "x**3", "x**2", "x**0.5"],
+)
+def test_a_pow_costs_what_its_exponent_asks(cluster, exponent, family, seconds):
+    op, graph = pow_graph(exponent)
+    assert special(op, graph) == family
+    assert priced(op, graph, cluster).seconds == pytest.approx(seconds + 1e-6)
+
+
+def test_without_a_measured_rate_a_family_runs_at_the_vector_rate_over_its_instructions():
+    """Tanh of 1 Mi bf16 on one H100: 12 instructions at 67 TFLOP/s = 5.58e12/s, 0.19 us;
+    4 MiB at 3.35 TB/s x 0.85 is 1.47 us: on a GPU memory bounds it, 3.47 us with launch."""
+    assert TRANSCENDENTAL_FLOPS["tanh"] == 12
+    op, graph = one_op("Tanh", {"x": (N,)}, (N,))
+    rule = rule_for(op, graph)
+    found = op_cost(op, rule, ShardingOption(((),)), graph, make_cluster(mesh="1"))
+    assert N * 12 / 67e12 < 4 * N / (3.35e12 * 0.85)
+    assert found.seconds == pytest.approx(4 * N / (3.35e12 * 0.85) + 2e-6)
+
+
+def test_an_approximate_gelu_is_a_tanh():
+    op, graph = one_op("Gelu", {"x": (8,)}, (8,), {"approximate": "tanh"})
+    assert special(op, graph) == "tanh"
+    op, graph = one_op("Gelu", {"x": (8,)}, (8,))
+    assert special(op, graph) == "erf"
+
+
+def test_an_unknown_family_is_named():
+    with pytest.raises(ClusterError, match=r"unknown transcendental families \['gamma'\]; valid"):
+        device_kind(DEVICE | {"transcendental": {"gamma": 1e9}})
