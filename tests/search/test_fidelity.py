@@ -45,7 +45,7 @@ def test_the_torch_probe_times_every_op_of_gpt2_on_the_cpu():
     found = measure(requested, TorchProbe("cpu", repeats=1, budget=0.0))
     assert found.skipped == ()
     counts = check(found, requested)
-    assert counts["matmul"] == 13 and counts["views"] == 26 and counts["memory-bound"] == 45
+    assert counts["matmul"] == 13 and counts["views"] == 26 and counts["memory-bound"] == 47
     assert {o.type for o in found.ops if o.kind == "matmul"} == {"Gemm", "MatMul"}
 
 
