@@ -489,7 +489,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         try:
             import torch  # noqa: F401
         except ImportError:
-            raise AutoshardError("calibrate --torch needs torch: pip install 'autoshard[run]'")
+            message = "calibrate --torch needs torch: pip install 'autoshard[run]'"
+            raise AutoshardError(message) from None
 
         probe = TorchProbe("cuda" if measure.cuda_devices() else "cpu")
     calibration = calibrate(args.quick, progress, probe)

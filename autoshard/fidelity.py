@@ -7,8 +7,12 @@ Device 0's program of the partition, op by op: each local op runs alone on the p
 runtime (`cost.probes`: onnxruntime on the CPU as a one-node model; torch eager kernels on
 CUDA or the CPU, `torch_ops`) with the device's local shapes and constants; weights that are
 one element and whose data the model holds (a Pow's exponent) with their data, every other
-operand random (normal floats, zeros for integers: valid indices). The time is the median of
-several runs, summed per program step (a masked lookup is several local ops of one step).
+operand random (normal floats, zeros for integers: valid indices). A Cast to a floating type
+casts to the timed one. The time is the probe's (`cost.probes`: the median of several runs
+on CUDA, the fastest on a CPU), summed per program step (a masked lookup is several local ops
+of one step).
+Integer weights (shape operands, axes, index tables) are their data too, where the device
+holds them whole.
 
 The estimate is the roofline (`cost.model.op_cost`) of the same op on the plan's cluster,
 with every floating tensor at the dtype the probe runs (bfloat16 on CUDA, float32 on a CPU),
@@ -37,7 +41,7 @@ from autoshard import segments
 from autoshard.cost.model import matmul_efficiency, op_cost, op_kind
 from autoshard.cost.probes import OnnxRuntimeProbe, TorchProbe
 from autoshard.ir import dtypes
-from autoshard.ir.graph import Graph, Value
+from autoshard.ir.graph import Attrs, Graph, Value
 from autoshard.passes.partition import LocalCompute, Partitioned
 from autoshard.pipeline import RequestedPlan
 from autoshard.program import Compute
@@ -127,9 +131,13 @@ class _Operands:
         if name in shared:
             return _as(shared[name], self.dtype)
         weight = self.graph.weights.get(name)
-        if weight is not None and weight.has_data and math.prod(weight.shape) == 1:
-            return _as(weight.load(), self.dtype).reshape(self.device.shapes[name])
-        return None
+        if weight is None or not weight.has_data or name not in self.device.shapes:
+            return None
+        small = math.prod(weight.shape) == 1
+        if not small and dtypes.numpy_dtype(weight.dtype).kind == "f":
+            return None
+        found = np.asarray(weight.load())
+        return _as(found, self.dtype) if found.shape == tuple(self.device.shapes[name]) else None
 
     def data(self, name: str) -> np.ndarray:
         known = self.constant(name)
@@ -156,6 +164,10 @@ def _ort_time(
         program=dataclasses.replace(partitioned.program, constants={}),
     )  # fmt: skip
     local = dataclasses.replace(device, constants={n: operands.data(n) for n in embedded})
+    if op.type == "Cast" and _floating(dtypes.dtype_name(int(op.attr("to", 1)))):  # type: ignore[arg-type]
+        op = dataclasses.replace(
+            op, attrs=Attrs({**op.attrs, "to": dtypes.onnx_type(operands.dtype)})
+        )
     one = segments.Segment((op,), inputs, embedded, outputs, None, ())
     proto = segments.model(typed, local, one, opset)
     return probe.run_model(proto, {n: operands.data(n) for n in inputs})
@@ -170,8 +182,15 @@ def _torch_time(probe: TorchProbe, op_step: LocalCompute, operands: _Operands) -
         if not name:
             args.append(None)
             continue
-        array = np.array(operands.data(name))  # a writable copy
         target = torch_dtype(operands.dtype_of(name), torch, probe.torch_dtype)
+        known = operands.constant(name)
+        if known is None:  # drawn where it is used: a GPU fills GBs in microseconds
+            shape = tuple(device.shapes[name])
+            floating = target.is_floating_point
+            make = torch.randn if floating else torch.zeros
+            args.append(make(shape, dtype=target, device=probe.device))
+            continue
+        array = np.array(known)  # a writable copy
         source = array.astype(np.float32) if array.dtype.kind == "f" else array
         args.append(torch.from_numpy(source).to(probe.device, target))
     shapes = [tuple(device.shapes[n]) for n in op.outputs if n]

@@ -4,7 +4,7 @@ file that `autoshard plan --cluster FILE` reads.
 What it measures, with the kernels a plan's program runs on (`cost.probes`): onnxruntime on
 the CPU in float32 (how `autoshard run` and `verify` execute it), or torch (`--torch`: bfloat16
 kernels on CUDA, timed with CUDA events; float32 on the CPU), each time the median of
-several runs:
+several runs on CUDA, the fastest on a CPU (`cost.probes`):
 
 - matmul throughput: `A @ B` over square and thin shapes (on CUDA also 4096^3 and 8192^3,
   where a GPU reaches its peak); fitted to the roofline's contraction model,
