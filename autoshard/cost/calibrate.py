@@ -14,13 +14,18 @@ several runs on CUDA, the fastest on a CPU (`cost.probes`):
   `matmul_half_dim`.
 - the vector rate (every op but a contraction): on CUDA a float32 matmul without TF32 (the
   FMA units); on a CPU the matmul's own rate.
-- memory bandwidth: an elementwise Add of a large array, its bytes read twice + written once
-  over the time.
+- memory bandwidth: an elementwise Add of two large arrays, the bytes read + written over the
+  time.
+- cache (CPUs): the same Add with a working set of a quarter of half the last-level cache,
+  less the launch floor: the rate of an op moving at most half that cache (measured here:
+  flat up to 16 of 32 MiB, 3 to 10x the rate from memory).
 - launch floor: the same Add on one element (the shortest time a kernel takes).
 - special functions: per family (exp, log, erf, tanh, pow, sqrt, trig:
-  `cost.cluster.Transcendental`), evaluations per second of one op over a large array
-  (Exp, Log, Erf, Tanh, Pow by 1.7, Sqrt, Sin): the device's `transcendental` rates, which
-  the roofline takes where they bound an op (`cost.model.special_rate`).
+  `cost.cluster.Transcendental`), evaluations per second of one op over an array the cache
+  holds (64 Ki elements on a CPU, 4 Mi on a GPU: the function's rate, not the memory's),
+  less the launch floor (Exp, Log, Erf, Tanh, Pow by 1.7, Sqrt, Sin): the device's
+  `transcendental` rates, which the roofline takes where they bound an op
+  (`cost.model.special_rate`).
 - memory: the machine's physical memory, or the GPU's.
 
 - links (`autoshard.run.measure`, with torch): all_gather, all_reduce, reduce_scatter and
@@ -52,7 +57,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autoshard.cost.cluster import ClusterError, Transcendental
+from autoshard.cost.cluster import ClusterError, Transcendental, parse_size
 from autoshard.cost.probes import OnnxRuntimeProbe, TorchProbe
 from autoshard.reshard import CollectiveKind, ring_bytes, ring_steps
 
@@ -79,6 +84,8 @@ class Calibration:
     transcendental: tuple[tuple[str, float], ...] = ()
     """Per family of special functions (`cost.cluster.Transcendental`): evaluations per s."""
     probe: str = "onnxruntime float32"
+    cache_bytes: int = 0
+    cache_bandwidth: float = 0.0
 
     @property
     def processor(self) -> str:
@@ -115,6 +122,8 @@ class Calibration:
             "network_latency": latency,
             "link_name": self.links.backend if self.links else "host memory",
             "transcendental": dict(self.transcendental),
+            "cache_bytes": self.cache_bytes,
+            "cache_bandwidth": self.cache_bandwidth,
         }
 
     def to_json(self) -> dict[str, object]:
@@ -291,21 +300,38 @@ def calibrate(
         d = 4096 // scale
         vector = 2 * d**3 / gpu.matmul(d, d, d, dtype=gpu.torch.float32)
         progress(f"vector rate: {vector / 1e9:.1f} GFLOP/s (float32 matmul {d}^3)")
-    size = (1 << 30 if cuda else 256 << 20) // (16 if quick else 1)
-    elements = size // 4
-    copy = 3 * size / probe.add(elements)
-    progress(f"memory: {copy / 1e9:.1f} GB/s (Add of {size >> 20} MiB, read twice + written)")
     launch = probe.add(1)
     progress(f"launch floor: {launch * 1e6:.2f} us per op (a one-element Add)")
+    size = (1 << 30 if cuda else 256 << 20) // (16 if quick else 1)
+    copy = 3 * size / probe.add(size // 4)
+    progress(f"memory: {copy / 1e9:.1f} GB/s (Add of {size >> 20} MiB arrays: read twice, written)")
+    cache = 0 if cuda else last_level_cache() // 2
+    cache_rate = 0.0
+    if cache:  # a quarter of the working set the cache keeps: well inside it
+        elements = cache // 4 // 12
+        cache_rate = 12 * elements / max(probe.add(elements) - launch, 1e-9)
+        progress(f"cache: {cache_rate / 1e9:.1f} GB/s up to {cache >> 20} MiB moved per op")
     special = []
-    count = elements // 4
+    count = 1 << (22 if cuda else 16)  # in the cache: the function's rate, not memory's
     for family in Transcendental:
-        special.append((str(family), count / probe.special(family, count)))
+        seconds = max(probe.special(family, count) - launch, 1e-9)
+        special.append((str(family), count / seconds))
         progress(f"{family}: {special[-1][1] / 1e9:.3g} G evaluations/s")
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if gpu is not None:
         memory = gpu.torch.cuda.get_device_properties(gpu.device).total_memory
     return Calibration(
         tuple(rates), peak, half, copy, launch, memory, None, probe.dtype, vector,
-        tuple(special), f"{probe.name} {probe.dtype}",
+        tuple(special), f"{probe.name} {probe.dtype}", cache, cache_rate,
     )  # fmt: skip
+
+
+def last_level_cache() -> int:
+    """Bytes of the CPU's largest cache (Linux sysfs; 0 where unknown)."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            sizes.append(parse_size(path.read_text().strip().replace("K", "KiB")))
+        except (OSError, ClusterError):
+            continue
+    return max(sizes, default=0)

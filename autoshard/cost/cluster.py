@@ -71,7 +71,9 @@ class DeviceKind:
     `network_latency`), per device. transcendental: evaluations per second of each family of
     special functions (`cost.model.Transcendental`: "exp", "erf", ...) where measured; a
     family not listed runs at `default_flops` over the instructions it takes
-    (`cost.model.TRANSCENDENTAL_FLOPS`).
+    (`cost.model.TRANSCENDENTAL_FLOPS`). cache_bytes, cache_bandwidth: an op moving at most
+    cache_bytes streams from a cache at cache_bandwidth instead (0: not modelled; CPUs, whose
+    last-level cache holds the activations a small forward passes from op to op).
     """
 
     name: str
@@ -90,6 +92,8 @@ class DeviceKind:
     network_latency: float = 5e-6
     link_name: str = "NVLink"
     transcendental: Mapping[str, float] = field(default_factory=dict)
+    cache_bytes: int = 0
+    cache_bandwidth: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -411,7 +415,7 @@ def device_kind(spec: object) -> DeviceKind:
                 values[key] = str(value)
             elif key in ("flops", "transcendental"):
                 values[key] = {str(d): float(v) for d, v in dict(value).items()}
-            elif key in ("memory", "matmul_half_dim", "node_size"):
+            elif key in ("memory", "matmul_half_dim", "node_size", "cache_bytes"):
                 values[key] = int(value)
             else:
                 values[key] = float(value)
@@ -420,7 +424,8 @@ def device_kind(spec: object) -> DeviceKind:
     families = [str(f) for f in Transcendental]
     if bad := sorted(set(values.get("transcendental", {})) - set(families)):
         raise ClusterError(f"unknown transcendental families {bad}; valid: {families}")
-    times = ("launch_s", "link_latency", "network_latency")  # may be 0; the rest may not
+    # times, and a cache not modelled, may be 0; the rest may not
+    times = ("launch_s", "link_latency", "network_latency", "cache_bytes", "cache_bandwidth")
     rates = [*values["flops"].values(), *values.get("transcendental", {}).values()] + [
         v
         for k, v in values.items()

@@ -22,8 +22,9 @@ runs Π ceil(s_i / g_i) iterations per device (its local shard), so
               elements at the table's dtype. `reads`, `writes` count passes (`OP_KINDS`).
     special = iterations, for an op evaluating a transcendental function per element (exp,
               erf, tanh, a general power, ...: `Transcendental`), else 0
-    time    = max(FLOPs / (peak · efficiency), bytes / (HBM bandwidth · memory efficiency),
+    time    = max(FLOPs / (peak · efficiency), bytes / (bandwidth · memory efficiency),
               special / rate(family)) + launch
+    bandwidth = the cache's if the device models one and bytes <= its size, else HBM's
 
 the largest of the times its arithmetic, its memory traffic and its special functions need
 at the rates real kernels reach, plus the shortest time any kernel takes. A special function
@@ -331,7 +332,9 @@ def op_cost(
     if rule is not None and option is not None and flops:
         efficiency = matmul_efficiency(rule, option, mesh, dtype, device, op.inputs)
     rate = device.default_flops if efficiency is None else device.peak(dtype) * efficiency
-    seconds = max(flops / rate, moved / (device.hbm_bandwidth * device.memory_efficiency))
+    cached = 0 < moved <= device.cache_bytes and device.cache_bandwidth > 0
+    bandwidth = device.cache_bandwidth if cached else device.hbm_bandwidth
+    seconds = max(flops / rate, moved / (bandwidth * device.memory_efficiency))
     family = special(op, graph)
     if family is not None:
         seconds = max(seconds, _iterations(op, rule, option, graph, mesh) / special_rate(

@@ -93,8 +93,8 @@ class OnnxRuntimeProbe:
         return self.node("MatMul", [a, b])
 
     def add(self, elements: int) -> float:
-        x = np.ones(elements, np.float32)
-        return self.node("Add", [x, x])
+        x, y = np.ones(elements, np.float32), np.ones(elements, np.float32)
+        return self.node("Add", [x, y])
 
     def special(self, family: Transcendental, elements: int) -> float:
         op_type, constant = SPECIAL_OPS[family]
@@ -167,9 +167,9 @@ class TorchProbe:
         return self.time(lambda: self.torch.matmul(a, b))
 
     def add(self, elements: int) -> float:
-        x = self.tensor(elements)
+        x, y = self.tensor(elements), self.tensor(elements)
         out = self.torch.empty_like(x)
-        return self.time(lambda: self.torch.add(x, x, out=out))
+        return self.time(lambda: self.torch.add(x, y, out=out))
 
     def special(self, family: Transcendental, elements: int) -> float:
         torch, x = self.torch, self.tensor(elements)
