@@ -11,7 +11,10 @@ several runs on CUDA, the fastest on a CPU (`cost.probes`):
   rate = E · s(M) s(N) s(K) with s(d) = d / (d + h) (`cost.model`): h by a search over a grid
   minimising the squared error of log rates, E then in closed form (the mean of
   log rate - Σ log s). E becomes the device's peak for that dtype at efficiency 1, h its
-  `matmul_half_dim`.
+  `matmul_half_dim`. On a CPU the shapes whose operands and result fit in the cores' private
+  (second-level) caches get their own E (measured here: 128^3 and 256^3 at 4x the rate of
+  1024^3 and up): the ratio is `matmul_cache_speedup`. A 1024x1024x1023 matmul against
+  1024^3 gives `misaligned_efficiency` (a CPU loses nothing; a GPU about half).
 - the vector rate (every op but a contraction): on CUDA a float32 matmul without TF32 (the
   FMA units); on a CPU the matmul's own rate.
 - memory bandwidth: an elementwise Add of two large arrays, the bytes read + written over the
@@ -61,7 +64,7 @@ from autoshard.cost.cluster import ClusterError, Transcendental, parse_size
 from autoshard.cost.probes import OnnxRuntimeProbe, TorchProbe
 from autoshard.reshard import CollectiveKind, ring_bytes, ring_steps
 
-SQUARE = (256, 512, 1024, 2048)
+SQUARE = (128, 256, 512, 1024, 2048)
 BIG_SQUARE = (4096, 8192)  # a GPU reaches its peak only on these
 THIN = ((2048, 32, 2048), (2048, 2048, 32), (32, 2048, 2048), (2048, 128, 2048))
 HALF_DIMS = tuple(range(1, 513))
@@ -86,6 +89,9 @@ class Calibration:
     probe: str = "onnxruntime float32"
     cache_bytes: int = 0
     cache_bandwidth: float = 0.0
+    misaligned_efficiency: float = 0.5
+    matmul_cache_bytes: int = 0
+    matmul_cache_speedup: float = 1.0
 
     @property
     def processor(self) -> str:
@@ -124,6 +130,9 @@ class Calibration:
             "transcendental": dict(self.transcendental),
             "cache_bytes": self.cache_bytes,
             "cache_bandwidth": self.cache_bandwidth,
+            "misaligned_efficiency": self.misaligned_efficiency,
+            "matmul_cache_bytes": self.matmul_cache_bytes,
+            "matmul_cache_speedup": self.matmul_cache_speedup,
         }
 
     def to_json(self) -> dict[str, object]:
@@ -254,20 +263,26 @@ def processor_name() -> str:
 
 def fit_half_dim(
     rates: Sequence[tuple[tuple[int, int, int], float]],
-) -> tuple[float, int]:
-    """(E, h) minimising Σ (log rate - log E - Σ log s(d))² over the grid of h (see the module's
-    docstring); E in closed form for each h."""
-    best: tuple[float, float, int] | None = None
+    cached: Callable[[tuple[int, int, int]], bool] = lambda _: False,
+) -> tuple[float, int, float]:
+    """(E, h, c) minimising Σ (log rate - log E - [cached] log c - Σ log s(d))² over the grid
+    of h (see the module's docstring): for each h, log E is the mean residual of the shapes
+    out of the cache and log E + log c that of the shapes in it (c = 1 without any)."""
+    best: tuple[float, float, int, float] | None = None
     for h in HALF_DIMS:
-        residuals = [
-            math.log(rate) - sum(math.log(d / (d + h)) for d in shape) for shape, rate in rates
-        ]
-        log_e = statistics.fmean(residuals)
-        error = sum((r - log_e) ** 2 for r in residuals)
+        groups: dict[bool, list[float]] = {False: [], True: []}
+        for shape, rate in rates:
+            residual = math.log(rate) - sum(math.log(d / (d + h)) for d in shape)
+            groups[cached(shape)].append(residual)
+        if not groups[False]:
+            groups = {False: groups[True], True: []}
+        means = {key: statistics.fmean(found) for key, found in groups.items() if found}
+        error = sum((r - means[key]) ** 2 for key, found in groups.items() for r in found)
         if best is None or error < best[0] - 1e-12:
-            best = (error, math.exp(log_e), h)
+            speedup = math.exp(means[True] - means[False]) if True in means else 1.0
+            best = (error, math.exp(means[False]), h, speedup)
     assert best is not None
-    return best[1], best[2]
+    return best[1], best[2], best[3]
 
 
 def calibrate(
@@ -293,8 +308,23 @@ def calibrate(
             f"matmul {m}x{k}x{n} ({probe.dtype}): {rates[-1][1] / 1e9:.1f} GFLOP/s "
             f"({i}/{len(shapes)})"
         )
-    peak, half = fit_half_dim(rates)
-    progress(f"matmul fit: {peak / 1e9:.1f} GFLOP/s at large shapes, half speed at dim {half}")
+    # Matmuls whose operands fit the cores' private caches (CPUs: L2 per core x cores).
+    private = 0 if cuda else private_caches()
+    bytes_per = 2 if cuda else 4
+
+    def cached(shape: tuple[int, int, int]) -> bool:
+        m, k, n = shape
+        return bytes_per * (m * k + k * n + m * n) <= private
+
+    peak, half, speedup = fit_half_dim(rates, cached)
+    progress(f"matmul fit: {peak / 1e9:.1f} GFLOP/s at large shapes, half speed at dim {half}"
+             + (f", {speedup:.2f}x within {private >> 10} KiB of private caches" if private
+                else ""))  # fmt: skip
+    d = 1024 // scale
+    aligned = next(rate for shape, rate in rates if shape == (d, d, d))
+    odd = 2 * d * d * (d - 1) / probe.matmul(d, d, d - 1)
+    misaligned = min(1.0, odd / aligned)
+    progress(f"misaligned: {misaligned:.2f} of the rate ({d}x{d}x{d - 1} against {d}^3)")
     vector = peak
     if gpu is not None:  # float32 without TF32 runs on the vector units: every other op's rate
         d = 4096 // scale
@@ -322,16 +352,32 @@ def calibrate(
         memory = gpu.torch.cuda.get_device_properties(gpu.device).total_memory
     return Calibration(
         tuple(rates), peak, half, copy, launch, memory, None, probe.dtype, vector,
-        tuple(special), f"{probe.name} {probe.dtype}", cache, cache_rate,
+        tuple(special), f"{probe.name} {probe.dtype}", cache, cache_rate, misaligned,
+        private if speedup != 1.0 else 0, speedup,
     )  # fmt: skip
 
 
-def last_level_cache() -> int:
-    """Bytes of the CPU's largest cache (Linux sysfs; 0 where unknown)."""
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+def _caches() -> dict[int, int]:
+    """Per cache level of the first CPU, its bytes (Linux sysfs; data and unified caches)."""
+    found: dict[int, int] = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
-            sizes.append(parse_size(path.read_text().strip().replace("K", "KiB")))
-        except (OSError, ClusterError):
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((index / "level").read_text())
+            size = parse_size((index / "size").read_text().strip().replace("K", "KiB"))
+        except (OSError, ValueError, ClusterError):
             continue
-    return max(sizes, default=0)
+        found[level] = max(found.get(level, 0), size)
+    return found
+
+
+def last_level_cache() -> int:
+    """Bytes of the CPU's largest cache (0 where unknown)."""
+    return max(_caches().values(), default=0)
+
+
+def private_caches() -> int:
+    """Bytes of the second-level caches of all cores (each core's own, where a matmul's blocks
+    are re-read; 0 where unknown)."""
+    return _caches().get(2, 0) * (os.cpu_count() or 1)

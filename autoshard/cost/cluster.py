@@ -74,6 +74,10 @@ class DeviceKind:
     (`cost.model.TRANSCENDENTAL_FLOPS`). cache_bytes, cache_bandwidth: an op moving at most
     cache_bytes streams from a cache at cache_bandwidth instead (0: not modelled; CPUs, whose
     last-level cache holds the activations a small forward passes from op to op).
+    misaligned_efficiency: what a matmul with a dim off 16-byte alignment keeps of its rate.
+    matmul_cache_bytes, matmul_cache_speedup: a matmul whose operands and result fit in
+    matmul_cache_bytes runs matmul_cache_speedup times faster (0, 1: not modelled; CPUs'
+    private caches).
     """
 
     name: str
@@ -94,6 +98,9 @@ class DeviceKind:
     transcendental: Mapping[str, float] = field(default_factory=dict)
     cache_bytes: int = 0
     cache_bandwidth: float = 0.0
+    misaligned_efficiency: float = 0.5
+    matmul_cache_bytes: int = 0
+    matmul_cache_speedup: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -415,7 +422,8 @@ def device_kind(spec: object) -> DeviceKind:
                 values[key] = str(value)
             elif key in ("flops", "transcendental"):
                 values[key] = {str(d): float(v) for d, v in dict(value).items()}
-            elif key in ("memory", "matmul_half_dim", "node_size", "cache_bytes"):
+            elif key in ("memory", "matmul_half_dim", "node_size", "cache_bytes",
+                         "matmul_cache_bytes"):  # fmt: skip
                 values[key] = int(value)
             else:
                 values[key] = float(value)
@@ -425,7 +433,8 @@ def device_kind(spec: object) -> DeviceKind:
     if bad := sorted(set(values.get("transcendental", {})) - set(families)):
         raise ClusterError(f"unknown transcendental families {bad}; valid: {families}")
     # times, and a cache not modelled, may be 0; the rest may not
-    times = ("launch_s", "link_latency", "network_latency", "cache_bytes", "cache_bandwidth")
+    times = ("launch_s", "link_latency", "network_latency", "cache_bytes", "cache_bandwidth",
+             "matmul_cache_bytes")  # fmt: skip
     rates = [*values["flops"].values(), *values.get("transcendental", {}).values()] + [
         v
         for k, v in values.items()

@@ -41,13 +41,18 @@ Gemm, Einsum, Conv, and gradient ops derived from them) runs on the matrix units
 efficiency falls for small and thin shapes and for misaligned ones: with M, N, K the local
 sizes of its loops indexing the first data operand only, the second only, and its reductions,
 
-    efficiency = matmul_efficiency · s(M) · s(N) · s(K) · (1/2 if M, N or K is not a multiple
-                 of 16 bytes' worth of elements), s(d) = d / (d + h)
+    efficiency = matmul_efficiency · s(M) · s(N) · s(K) · (misaligned_efficiency, 1/2 on GPUs,
+                 if M, N or K is not a multiple of 16 bytes' worth of elements)
+                 · (matmul_cache_speedup if M·K + K·N + M·N elements fit in
+                 matmul_cache_bytes), s(d) = d / (d + h)
 
 where h (`matmul_half_dim`, 64 on GPUs: half a 128-wide tile) is the dim at which a kernel
 runs at half speed: a 128x128 output tile fed a dim of 64 idles half its lanes, while dims of
 thousands give s ≈ 1. Tensor cores need 16-byte aligned leading dims; cuBLAS falls back to
-slower kernels otherwise (about 2x). An op without a rule runs whole on every device: its
+slower kernels otherwise (about 2x). A CPU's matmul whose operands and result stay in the
+cores' private caches runs several times faster than one streaming them from the shared
+cache (`autoshard calibrate` measures both; GPUs model no such level). An op without a rule
+runs whole on every device: its
 outputs' elements as FLOPs, all its inputs and outputs as bytes.
 
 Memory. A tensor takes, per device, the bytes of its largest shard: Π ceil(d_i / g_i) elements.
@@ -310,12 +315,10 @@ def matmul_efficiency(
         efficiency *= size / (size + half)
     align = max(1, 128 // max(1, dtypes.bits(dtype)))
     if any(size % align for size in (m, n, k)):
-        efficiency *= MISALIGNED
+        efficiency *= device.misaligned_efficiency
+    if dtypes.nbytes(dtype, m * k + k * n + m * n) <= device.matmul_cache_bytes:
+        efficiency *= device.matmul_cache_speedup
     return efficiency
-
-
-MISALIGNED = 0.5
-"""A contraction whose M, N or K is not a multiple of 16 bytes runs about twice as slow."""
 
 
 def op_cost(

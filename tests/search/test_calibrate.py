@@ -22,8 +22,25 @@ def test_the_fit_recovers_the_curve_it_was_drawn_from():
     """Rates drawn from E · Π d / (d + 48) with E = 1e11: the fit gives E and h = 48 back."""
     shapes = [(256,) * 3, (1024,) * 3, (2048, 32, 2048), (32, 2048, 2048), (2048, 128, 2048)]
     rates = [(s, 1e11 * math.prod(d / (d + 48) for d in s)) for s in shapes]
-    peak, half = fit_half_dim(rates)
-    assert half == 48 and peak == pytest.approx(1e11)
+    peak, half, speedup = fit_half_dim(rates)
+    assert half == 48 and peak == pytest.approx(1e11) and speedup == 1.0
+
+
+def test_the_fit_recovers_the_speedup_of_shapes_in_the_cache():
+    """The same curve, but shapes of at most 512 KiB of float32 operands run 3x faster: the
+    fit gives E, h and the speedup back."""
+    shapes = [(64,) * 3, (128,) * 3, (256,) * 3, (1024,) * 3, (2048, 32, 2048),
+              (32, 2048, 2048), (2048, 128, 2048)]  # fmt: skip
+
+    def cached(shape):
+        m, k, n = shape
+        return 4 * (m * k + k * n + m * n) <= 512 << 10
+
+    assert [s for s in shapes if cached(s)] == [(64,) * 3, (128,) * 3]
+    rates = [(s, (3 if cached(s) else 1) * 1e11 * math.prod(d / (d + 48) for d in s))
+             for s in shapes]  # fmt: skip
+    peak, half, speedup = fit_half_dim(rates, cached)
+    assert half == 48 and peak == pytest.approx(1e11) and speedup == pytest.approx(3.0)
 
 
 DEVICE = {
@@ -77,7 +94,7 @@ def test_calibrate_writes_a_cluster_file_plan_reads(tmp_path, capsys):
     data = json.loads(path.read_text())
     device = data["device"]
     assert device["hbm_bandwidth"] > 0 and device["flops"]["float32"] > 0
-    assert len(data["calibration"]["matmul_flops"]) == 8
+    assert len(data["calibration"]["matmul_flops"]) == 9
     assert "matmul 1024x1024x1024" in capsys.readouterr().err  # progress, shown as it runs
     out = tmp_path / "plan.json"
     args = ["plan", str(MODELS / "mlp.onnx"), "--mesh", "2", "--dim", "batch=8", "--cluster"]

@@ -100,3 +100,51 @@ def test_an_approximate_gelu_is_a_tanh():
 def test_an_unknown_family_is_named():
     with pytest.raises(ClusterError, match=r"unknown transcendental families \['gamma'\]; valid"):
         device_kind(DEVICE | {"transcendental": {"gamma": 1e9}})
+
+
+# ---- a CPU's caches: what `autoshard calibrate` measures and plans price with ----------------
+
+CPU = DEVICE | {"cache_bytes": 1 << 20, "cache_bandwidth": 1e11, "matmul_cache_bytes": 1 << 20,
+                "matmul_cache_speedup": 4.0, "misaligned_efficiency": 1.0}  # fmt: skip
+
+
+def described(tmp_path, device):
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"device": device}))
+    return make_cluster(mesh="1", file=path)
+
+
+def test_an_op_moving_less_than_the_cache_streams_at_its_rate(tmp_path):
+    """Add of 64 Ki float32: 768 KiB moved, within the 1 MiB cache: at 1e11 B/s, 7.86 us + 1.
+    Of 1 Mi: 12 MiB, from memory at 1e10 B/s: 1258 us + 1."""
+    cluster = described(tmp_path, CPU)
+    op, graph = one_op("Add", {"a": (1 << 16,), "b": (1 << 16,)}, (1 << 16,), dtype="float32")
+    assert priced(op, graph, cluster).seconds == pytest.approx(786432 / 1e11 + 1e-6)
+    op, graph = one_op("Add", {"a": (N,), "b": (N,)}, (N,), dtype="float32")
+    assert priced(op, graph, cluster).seconds == pytest.approx(12 * N / 1e10 + 1e-6)
+
+
+def test_a_matmul_in_the_private_caches_runs_faster(tmp_path):
+    """[128, 128] @ [128, 128] float32: 192 KiB of operands and result, within 1 MiB: 2·128³
+    FLOPs at 1e12 · (128/160)³ · 4 = 2.048 us (its 192 KiB from the cache: 1.97 us), 3.048
+    with the launch; without the cache level, 4x the compute and memory's 19.7 us."""
+    op, graph = one_op("MatMul", {"x": (128, 128), "w": (128, 128)}, (128, 128), dtype="float32")
+    flops = 2 * 128**3
+    seconds = flops / (1e12 * 0.8**3 * 4)
+    assert seconds == pytest.approx(2.048e-6) and seconds > 196608 / 1e11
+    assert priced(op, graph, described(tmp_path, CPU)).seconds == pytest.approx(seconds + 1e-6)
+    plain = priced(op, graph, described(tmp_path, DEVICE)).seconds
+    assert plain == pytest.approx(196608 / 1e10 + 1e-6)
+
+
+def test_misalignment_costs_what_the_device_says(tmp_path):
+    """[1024, 1024] @ [1024, 1023] float32 (N = 1023, not a multiple of 4): compute-bound, at
+    half the rate on the default (a GPU's cuBLAS), at the full rate where calibrate found no
+    loss (a CPU): exactly twice the compute time."""
+    op, graph = one_op("MatMul", {"x": (1024, 1024), "w": (1024, 1023)}, (1024, 1023),
+                       dtype="float32")  # fmt: skip
+    flops = 2 * 1024 * 1024 * 1023
+    full = flops / (1e12 * (1024 / 1056) ** 2 * (1023 / 1055))
+    assert priced(op, graph, described(tmp_path, CPU)).seconds == pytest.approx(full + 1e-6)
+    halved = priced(op, graph, described(tmp_path, DEVICE)).seconds
+    assert halved == pytest.approx(2 * full + 1e-6)
