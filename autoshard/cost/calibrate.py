@@ -16,7 +16,9 @@ several runs on CUDA, the fastest on a CPU (`cost.probes`):
   1024^3 and up): the ratio is `matmul_cache_speedup`. A 1024x1024x1023 matmul against
   1024^3 gives `misaligned_efficiency` (a CPU loses nothing; a GPU about half).
 - the vector rate (every op but a contraction): on CUDA a float32 matmul without TF32 (the
-  FMA units); on a CPU the matmul's own rate.
+  FMA units); on a CPU the elements per second of an Add in the cache (one flop per element
+  loaded and stored: what onnxruntime's elementwise, normalization and softmax kernels reach,
+  a tenth of the matmul's FMA rate).
 - memory bandwidth: an elementwise Add of two large arrays, the bytes read + written over the
   time.
 - cache (CPUs): the same Add with a working set of a quarter of half the last-level cache,
@@ -337,10 +339,16 @@ def calibrate(
     progress(f"memory: {copy / 1e9:.1f} GB/s (Add of {size >> 20} MiB arrays: read twice, written)")
     cache = 0 if cuda else last_level_cache() // 2
     cache_rate = 0.0
-    if cache:  # a quarter of the working set the cache keeps: well inside it
-        elements = cache // 4 // 12
-        cache_rate = 12 * elements / max(probe.add(elements) - launch, 1e-9)
-        progress(f"cache: {cache_rate / 1e9:.1f} GB/s up to {cache >> 20} MiB moved per op")
+    if not cuda:  # a quarter of the working set the cache keeps: well inside it
+        elements = (cache or 4 << 20) // 4 // 12
+        seconds = max(probe.add(elements) - launch, 1e-9)
+        cache_rate = 12 * elements / seconds if cache else 0.0
+        if cache:
+            progress(f"cache: {cache_rate / 1e9:.1f} GB/s up to {cache >> 20} MiB moved per op")
+        # A CPU's elementwise kernels: one add per element loaded and stored, not the FMA
+        # peak its matmuls reach; the rate of every op but a contraction.
+        vector = elements / seconds
+        progress(f"vector rate: {vector / 1e9:.2f} GFLOP/s (an Add of {elements} in the cache)")
     special = []
     count = 1 << (22 if cuda else 16)  # in the cache: the function's rate, not memory's
     for family in Transcendental:

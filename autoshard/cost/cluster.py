@@ -46,13 +46,16 @@ class ClusterError(AutoshardError, ValueError):
 
 class Transcendental(StrEnum):
     """The families of special functions an op evaluates per element, priced by their own
-    rates (`DeviceKind.transcendental`)."""
+    rates (`DeviceKind.transcendental`). `int_pow` is a power by a constant 2 or 3: two
+    multiplications, which some runtimes special-case without vectorizing (onnxruntime's CPU
+    Pow: 4x slower than an Add)."""
 
     EXP = "exp"
     LOG = "log"
     ERF = "erf"
     TANH = "tanh"
     POW = "pow"
+    INT_POW = "int_pow"
     SQRT = "sqrt"
     TRIG = "trig"
 

@@ -33,8 +33,8 @@ vector units are slow next to memory (CPUs: Erf runs at a quarter of Neg's rate,
 Pow at a fortieth) it, not memory, bounds the op; `rate(family)` is the device's measured
 rate (`DeviceKind.transcendental`, what `autoshard calibrate` writes) or else its vector rate
 over `TRANSCENDENTAL_FLOPS[family]`, the instructions an evaluation takes. A Pow whose
-exponent is a constant 1, 2 or 3 is multiplications (kernels special-case it) and 0.5 a
-square root. Pure views (Reshape, Squeeze, ...) launch no
+exponent is a constant 2 or 3 is multiplications (`int_pow`: kernels special-case it), 1 a
+copy and 0.5 a square root. Pure views (Reshape, Squeeze, ...) launch no
 kernel and cost nothing. A *contraction* (a reduction loop and two data operands: MatMul,
 Gemm, Einsum, Conv, and gradient ops derived from them) runs on the matrix units at
 `peak(dtype)`; everything else at the vector rate `default_flops`. A contraction's
@@ -94,12 +94,14 @@ TRANSCENDENTAL_FLOPS: Mapping[Transcendental, int] = {
     # and mantissa and a degree-8 polynomial (~10); erff a rational approximation of ~12 FMAs;
     # tanhf the same shape (~12); powf an extra-precise log, a multiply and an exp (~40:
     # glibc's and libdevice's take 5x an expf); sqrtf a hardware estimate and one Newton step
-    # (~4); sin/cos a range reduction and two polynomials (~20).
+    # (~4); sin/cos a range reduction and two polynomials (~20); x**2 and x**3 are one or two
+    # multiplications.
     Transcendental.EXP: 8,
     Transcendental.LOG: 10,
     Transcendental.ERF: 12,
     Transcendental.TANH: 12,
     Transcendental.POW: 40,
+    Transcendental.INT_POW: 2,
     Transcendental.SQRT: 4,
     Transcendental.TRIG: 20,
 }
@@ -187,10 +189,12 @@ def op_kind(op: Op) -> OpKind:
     return OP_KINDS.get(op.type, _DEFAULT)
 
 
-CHEAP_POWERS: Mapping[float, Transcendental | None] = {1.0: None, 2.0: None, 3.0: None,
-                                                       0.5: Transcendental.SQRT}  # fmt: skip
+CHEAP_POWERS: Mapping[float, Transcendental | None] = {
+    1.0: None, 2.0: Transcendental.INT_POW, 3.0: Transcendental.INT_POW,
+    0.5: Transcendental.SQRT,
+}  # fmt: skip
 """Constant exponents kernels special-case (onnxruntime's Pow: 2 and 3; torch's: 0.5, 1, 2,
-3): multiplications, or a square root."""
+3): a copy, multiplications, or a square root."""
 
 
 def special(op: Op, graph: Graph) -> Transcendental | None:

@@ -50,6 +50,7 @@ SPECIAL_OPS: Mapping[Transcendental, tuple[str, float | None]] = {
     Transcendental.ERF: ("Erf", None),
     Transcendental.TANH: ("Tanh", None),
     Transcendental.POW: ("Pow", 1.7),  # an exponent no kernel special-cases
+    Transcendental.INT_POW: ("Pow", 3.0),
     Transcendental.SQRT: ("Sqrt", None),
     Transcendental.TRIG: ("Sin", None),
 }
@@ -179,6 +180,7 @@ class TorchProbe:
             Transcendental.ERF: torch.erf,
             Transcendental.TANH: torch.tanh,
             Transcendental.POW: lambda t: torch.pow(t, SPECIAL_OPS[Transcendental.POW][1]),
+            Transcendental.INT_POW: lambda t: torch.pow(t, 3.0),
             Transcendental.SQRT: torch.sqrt,
             Transcendental.TRIG: torch.sin,
         }
