@@ -68,7 +68,7 @@ from autoshard.reshard import CollectiveKind, ring_bytes, ring_steps
 
 SQUARE = (128, 256, 512, 1024, 2048)
 BIG_SQUARE = (4096, 8192)  # a GPU reaches its peak only on these
-THIN = ((2048, 32, 2048), (2048, 2048, 32), (32, 2048, 2048), (2048, 128, 2048))
+THIN = ((2048, 32, 2048), (2048, 2048, 32), (32, 2048, 2048), (2048, 128, 2048), (128, 4096, 4096))
 HALF_DIMS = tuple(range(1, 513))
 
 
