@@ -11,9 +11,10 @@ several runs on CUDA, the fastest on a CPU (`cost.probes`):
   rate = E · s(M) s(N) s(K) with s(d) = d / (d + h) (`cost.model`): h by a search over a grid
   minimising the squared error of log rates, E then in closed form (the mean of
   log rate - Σ log s). E becomes the device's peak for that dtype at efficiency 1, h its
-  `matmul_half_dim`. On a CPU the shapes whose operands and result fit in the cores' private
-  (second-level) caches get their own E (measured here: 128^3 and 256^3 at 4x the rate of
-  1024^3 and up): the ratio is `matmul_cache_speedup`. A 1024x1024x1023 matmul against
+  `matmul_half_dim`. On a CPU the shapes whose operands and result fit in its caches get
+  their own E (measured here: up to 512^3 at 3x the rate of 1024^3 and up): the ratio is
+  `matmul_cache_speedup`, the largest working set that still runs fast (chosen by the fit,
+  `fit_matmul`) `matmul_cache_bytes`. A 1024x1024x1023 matmul against
   1024^3 gives `misaligned_efficiency` (a CPU loses nothing; a GPU about half).
 - the vector rate (every op but a contraction): on CUDA a float32 matmul without TF32 (the
   FMA units); on a CPU the elements per second of an Add in the cache (one flop per element
@@ -287,6 +288,40 @@ def fit_half_dim(
     return best[1], best[2], best[3]
 
 
+def working_set(shape: tuple[int, int, int], element: int) -> int:
+    """Bytes of a matmul's operands and result."""
+    m, k, n = shape
+    return element * (m * k + k * n + m * n)
+
+
+def fit_matmul(
+    rates: Sequence[tuple[tuple[int, int, int], float]], element: int
+) -> tuple[float, int, float, int]:
+    """(E, h, c, T): `fit_half_dim` with the shapes of at most T bytes of operands as the cached
+    ones, T the working set of a measured shape (or 0: no cache level) that fits best. A CPU
+    runs a matmul fast while its blocks stay in its caches and slows down past them (here:
+    80 GFLOP/s up to 3 MiB, 25 from 12 MiB); where exactly is measured, not read off sysfs
+    (other processes share the last level)."""
+    best: tuple[float, float, int, float, int] | None = None
+    for limit in sorted({0, *(working_set(shape, element) for shape, _ in rates)}):
+
+        def cached(shape: tuple[int, int, int], limit: int = limit) -> bool:
+            return working_set(shape, element) <= limit
+
+        peak, half, speedup = fit_half_dim(rates, cached)
+        error = 0.0
+        for shape, rate in rates:
+            model = peak * (speedup if cached(shape) else 1.0)
+            model *= math.prod(d / (d + half) for d in shape)
+            error += math.log(rate / model) ** 2
+        if speedup <= 1.0:  # a cache that does not help is no cache level
+            limit, speedup = 0, 1.0
+        if best is None or error < best[0] - 1e-12:
+            best = (error, peak, half, speedup, limit)
+    assert best is not None
+    return best[1], best[2], best[3], best[4]
+
+
 def calibrate(
     quick: bool = False,
     progress: Callable[[str], None] = lambda _: None,
@@ -294,7 +329,7 @@ def calibrate(
 ) -> Calibration:
     """Measure this machine's device with `probe` (default: onnxruntime on the CPU; `quick`:
     smaller shapes and fewer runs, a few seconds)."""
-    probe = probe or OnnxRuntimeProbe(repeats=3 if quick else 5)
+    probe = probe or OnnxRuntimeProbe(repeats=3 if quick else 5, budget=0.01 if quick else 0.05)
     gpu = probe if isinstance(probe, TorchProbe) and probe.cuda else None
     cuda = gpu is not None
     scale = 2 if quick else 1  # quick: half the dims, an eighth of the work
@@ -310,17 +345,14 @@ def calibrate(
             f"matmul {m}x{k}x{n} ({probe.dtype}): {rates[-1][1] / 1e9:.1f} GFLOP/s "
             f"({i}/{len(shapes)})"
         )
-    # Matmuls whose operands fit the cores' private caches (CPUs: L2 per core x cores).
-    private = 0 if cuda else private_caches()
-    bytes_per = 2 if cuda else 4
-
-    def cached(shape: tuple[int, int, int]) -> bool:
-        m, k, n = shape
-        return bytes_per * (m * k + k * n + m * n) <= private
-
-    peak, half, speedup = fit_half_dim(rates, cached)
+    element = 2 if cuda else 4
+    if cuda:  # GPUs model no cache level for matmuls
+        peak, half, speedup = fit_half_dim(rates)
+        private = 0
+    else:
+        peak, half, speedup, private = fit_matmul(rates, element)
     progress(f"matmul fit: {peak / 1e9:.1f} GFLOP/s at large shapes, half speed at dim {half}"
-             + (f", {speedup:.2f}x within {private >> 10} KiB of private caches" if private
+             + (f", {speedup:.2f}x up to {private >> 10} KiB of operands" if private
                 else ""))  # fmt: skip
     d = 1024 // scale
     aligned = next(rate for shape, rate in rates if shape == (d, d, d))
@@ -361,7 +393,7 @@ def calibrate(
     return Calibration(
         tuple(rates), peak, half, copy, launch, memory, None, probe.dtype, vector,
         tuple(special), f"{probe.name} {probe.dtype}", cache, cache_rate, misaligned,
-        private if speedup != 1.0 else 0, speedup,
+        private, speedup,
     )  # fmt: skip
 
 
@@ -383,9 +415,3 @@ def _caches() -> dict[int, int]:
 def last_level_cache() -> int:
     """Bytes of the CPU's largest cache (0 where unknown)."""
     return max(_caches().values(), default=0)
-
-
-def private_caches() -> int:
-    """Bytes of the second-level caches of all cores (each core's own, where a matmul's blocks
-    are re-read; 0 where unknown)."""
-    return _caches().get(2, 0) * (os.cpu_count() or 1)

@@ -8,7 +8,14 @@ import re
 import pytest
 
 from autoshard.cli import main
-from autoshard.cost.calibrate import LinkSample, fit_half_dim, fit_link, fit_links
+from autoshard.cost.calibrate import (
+    LinkSample,
+    fit_half_dim,
+    fit_link,
+    fit_links,
+    fit_matmul,
+    working_set,
+)
 from autoshard.cost.cluster import ClusterError, device_kind, make_cluster
 from autoshard.cost.model import OpCost, op_cost
 from autoshard.plan import ShardingOption
@@ -26,21 +33,24 @@ def test_the_fit_recovers_the_curve_it_was_drawn_from():
     assert half == 48 and peak == pytest.approx(1e11) and speedup == 1.0
 
 
-def test_the_fit_recovers_the_speedup_of_shapes_in_the_cache():
-    """The same curve, but shapes of at most 512 KiB of float32 operands run 3x faster: the
-    fit gives E, h and the speedup back."""
+def test_the_fit_finds_the_cache_level_and_its_speedup():
+    """The same curve, but shapes of at most 768 KiB of float32 operands and result (256^3)
+    run 3x faster: the fit gives E, h, the speedup and that limit back."""
     shapes = [(64,) * 3, (128,) * 3, (256,) * 3, (1024,) * 3, (2048, 32, 2048),
               (32, 2048, 2048), (2048, 128, 2048)]  # fmt: skip
+    limit = 4 * 3 * 256 * 256
+    assert working_set((256,) * 3, 4) == limit == 786432
 
-    def cached(shape):
-        m, k, n = shape
-        return 4 * (m * k + k * n + m * n) <= 512 << 10
+    def speed(shape):
+        return 3 if working_set(shape, 4) <= limit else 1
 
-    assert [s for s in shapes if cached(s)] == [(64,) * 3, (128,) * 3]
-    rates = [(s, (3 if cached(s) else 1) * 1e11 * math.prod(d / (d + 48) for d in s))
-             for s in shapes]  # fmt: skip
-    peak, half, speedup = fit_half_dim(rates, cached)
-    assert half == 48 and peak == pytest.approx(1e11) and speedup == pytest.approx(3.0)
+    rates = [(s, speed(s) * 1e11 * math.prod(d / (d + 48) for d in s)) for s in shapes]
+    peak, half, speedup, found = fit_matmul(rates, 4)
+    assert (half, found) == (48, limit)
+    assert peak == pytest.approx(1e11) and speedup == pytest.approx(3.0)
+    # without a faster level, none is found
+    plain = [(s, 1e11 * math.prod(d / (d + 48) for d in s)) for s in shapes]
+    assert fit_matmul(plain, 4)[2:] == (1.0, 0)
 
 
 DEVICE = {
@@ -94,7 +104,7 @@ def test_calibrate_writes_a_cluster_file_plan_reads(tmp_path, capsys):
     data = json.loads(path.read_text())
     device = data["device"]
     assert device["hbm_bandwidth"] > 0 and device["flops"]["float32"] > 0
-    assert len(data["calibration"]["matmul_flops"]) == 9
+    assert len(data["calibration"]["matmul_flops"]) == 10
     assert "matmul 1024x1024x1024" in capsys.readouterr().err  # progress, shown as it runs
     out = tmp_path / "plan.json"
     args = ["plan", str(MODELS / "mlp.onnx"), "--mesh", "2", "--dim", "batch=8", "--cluster"]
