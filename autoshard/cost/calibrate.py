@@ -17,9 +17,9 @@ several runs on CUDA, the fastest on a CPU (`cost.probes`):
   `fit_matmul`) `matmul_cache_bytes`. A 1024x1024x1023 matmul against
   1024^3 gives `misaligned_efficiency` (a CPU loses nothing; a GPU about half).
 - the vector rate (every op but a contraction): on CUDA a float32 matmul without TF32 (the
-  FMA units); on a CPU the elements per second of an Add in the cache (one flop per element
-  loaded and stored: what onnxruntime's elementwise, normalization and softmax kernels reach,
-  a tenth of the matmul's FMA rate).
+  FMA units); on a CPU a Softmax in the cache at the 5 flops an element the model counts for
+  it (what onnxruntime's softmax and normalization kernels reach: a third of the matmul's
+  FMA rate).
 - memory bandwidth: an elementwise Add of two large arrays, the bytes read + written over the
   time.
 - cache (CPUs): the same Add with a working set of a quarter of half the last-level cache,
@@ -377,10 +377,11 @@ def calibrate(
         cache_rate = 12 * elements / seconds if cache else 0.0
         if cache:
             progress(f"cache: {cache_rate / 1e9:.1f} GB/s up to {cache >> 20} MiB moved per op")
-        # A CPU's elementwise kernels: one add per element loaded and stored, not the FMA
-        # peak its matmuls reach; the rate of every op but a contraction.
-        vector = elements / seconds
-        progress(f"vector rate: {vector / 1e9:.2f} GFLOP/s (an Add of {elements} in the cache)")
+        # A CPU's row kernels (softmax, normalizations: a few flops per element loaded, the
+        # `OP_KINDS` count, 5 for a softmax), not the FMA peak its matmuls reach.
+        count = 1 << 16
+        vector = 5 * count / max(probe.softmax(count) - launch, 1e-9)
+        progress(f"vector rate: {vector / 1e9:.2f} GFLOP/s (a Softmax of {count} in the cache)")
     special = []
     count = 1 << (22 if cuda else 16)  # in the cache: the function's rate, not memory's
     for family in Transcendental:

@@ -97,6 +97,10 @@ class OnnxRuntimeProbe:
         x, y = np.ones(elements, np.float32), np.ones(elements, np.float32)
         return self.node("Add", [x, y])
 
+    def softmax(self, elements: int) -> float:
+        x = np.random.default_rng(0).standard_normal((elements // 128, 128), dtype=np.float32)
+        return self.node("Softmax", [x])
+
     def special(self, family: Transcendental, elements: int) -> float:
         op_type, constant = SPECIAL_OPS[family]
         x = np.random.default_rng(0).uniform(0.5, 2.0, elements).astype(np.float32)
@@ -171,6 +175,10 @@ class TorchProbe:
         x, y = self.tensor(elements), self.tensor(elements)
         out = self.torch.empty_like(x)
         return self.time(lambda: self.torch.add(x, y, out=out))
+
+    def softmax(self, elements: int) -> float:
+        x = self.tensor(elements // 128, 128)
+        return self.time(lambda: self.torch.softmax(x, -1))
 
     def special(self, family: Transcendental, elements: int) -> float:
         torch, x = self.torch, self.tensor(elements)
