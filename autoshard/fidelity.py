@@ -96,7 +96,7 @@ class Fidelity:
 def retyped(graph: Graph, dtype: str) -> Graph:
     """The graph with every floating tensor of `dtype` (shapes unchanged)."""
     values = {
-        name: Value(name, v.shape, dtype) if dtypes.numpy_dtype(v.dtype).kind == "f" else v
+        name: Value(name, v.shape, dtype) if _floating(v.dtype) else v
         for name, v in graph.values.items()
     }
     return dataclasses.replace(graph, values=values)
