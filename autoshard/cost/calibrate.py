@@ -116,7 +116,9 @@ class Calibration:
             bandwidth, latency = self.links.fit.bandwidth, self.links.fit.latency
         return {
             "name": name,
-            "flops": {self.dtype: self.peak},
+            # Tensor cores run float16 at bfloat16's rate: a float16 model plans on it too.
+            "flops": {self.dtype: self.peak}
+            | ({"float16": self.peak} if self.dtype == "bfloat16" else {}),
             "default_flops": self.vector_flops or self.peak,
             "memory": self.memory,
             "hbm_bandwidth": self.copy_bandwidth,
