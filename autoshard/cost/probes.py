@@ -141,13 +141,16 @@ class TorchProbe:
         self.dtype = "bfloat16" if self.cuda else "float32"
         self.torch_dtype = torch.bfloat16 if self.cuda else torch.float32
         self.repeats, self.budget = repeats, budget
-        if not self.cuda:
-            torch.set_num_threads(1)
 
     def time(self, run: Callable[[], object]) -> float:
         """The time of `run`'s kernels (CUDA: the median device time between events)."""
         if not self.cuda:
-            return best_time(run, self.repeats, self.budget)
+            threads = self.torch.get_num_threads()
+            self.torch.set_num_threads(1)
+            try:
+                return best_time(run, self.repeats, self.budget)
+            finally:
+                self.torch.set_num_threads(threads)
         torch = self.torch
         run()
         torch.cuda.synchronize(self.device)
