@@ -32,7 +32,6 @@ def check(found, requested):
     for timed in found.ops:
         assert timed.estimated == pytest.approx(ops[timed.name]["compute_s"], rel=1e-12)
         assert timed.measured >= 0
-    assert all(r.measured > 0 for r in classes if r.kind == "matmul" and r.ops)
     return {r.kind: r.ops for r in rows}
 
 
@@ -47,10 +46,12 @@ def test_the_torch_probe_times_every_op_of_gpt2_on_the_cpu():
     counts = check(found, requested)
     assert counts["matmul"] == 13 and counts["views"] == 26 and counts["memory-bound"] == 47
     assert {o.type for o in found.ops if o.kind == "matmul"} == {"Gemm", "MatMul"}
+    assert all(o.measured > 0 for o in found.ops if o.kind != "views")  # wall time, kept whole
 
 
 def test_the_onnxruntime_probe_times_the_mlp():
-    """Gemm, Relu, Gemm: two contractions and one memory-bound op."""
+    """Gemm, Relu, Gemm: two contractions and one memory-bound op (each time less a run's own
+    cost: an op faster than that noise may read 0)."""
     requested = planned("mlp", {"batch": 8})
     found = measure(requested, OnnxRuntimeProbe(repeats=1, budget=0.0))
     assert check(found, requested) == {"matmul": 2, "memory-bound": 1, "views": 0, "total": 3}
