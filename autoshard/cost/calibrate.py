@@ -14,7 +14,10 @@ several runs on CUDA, the fastest on a CPU (`cost.probes`):
   `matmul_half_dim`. On a CPU the shapes whose operands and result fit in its caches get
   their own E (measured here: up to 512^3 at 3x the rate of 1024^3 and up): the ratio is
   `matmul_cache_speedup`, the largest working set that still runs fast (chosen by the fit,
-  `fit_matmul`) `matmul_cache_bytes`. A 1024x1024x1023 matmul against
+  `fit_matmul`) `matmul_cache_bytes`. onnxruntime's CPU matmul packs B on every call, a
+  pass over its bytes: the fit takes that time off each shape's and fits its rate,
+  `pack_bandwidth` (`fit_packing`; here 3-5 GB/s: a 32x2048x2048 matmul packs as long as it
+  multiplies). A 1024x1024x1023 matmul against
   1024^3 gives `misaligned_efficiency` (a CPU loses nothing; a GPU about half).
 - the vector rate (every op but a contraction): on CUDA a float32 matmul without TF32 (the
   FMA units); on a CPU a Softmax in the cache at the 5 flops an element the model counts for
@@ -95,6 +98,7 @@ class Calibration:
     misaligned_efficiency: float = 0.5
     matmul_cache_bytes: int = 0
     matmul_cache_speedup: float = 1.0
+    pack_bandwidth: float = 0.0
 
     @property
     def processor(self) -> str:
@@ -138,6 +142,7 @@ class Calibration:
             "misaligned_efficiency": self.misaligned_efficiency,
             "matmul_cache_bytes": self.matmul_cache_bytes,
             "matmul_cache_speedup": self.matmul_cache_speedup,
+            "pack_bandwidth": self.pack_bandwidth,
         }
 
     def to_json(self) -> dict[str, object]:
@@ -324,6 +329,34 @@ def fit_matmul(
     return best[1], best[2], best[3], best[4]
 
 
+def fit_packing(
+    rates: Sequence[tuple[tuple[int, int, int], float]], element: int, rounds: int = 4
+) -> tuple[float, int, float, int, float]:
+    """`fit_matmul` with a packing pass over B: each time t = 2MKN / rate(fit) + KN·element / P.
+    Alternately: the curve fitted to the times less their packing, then 1/P by least squares
+    on what the curve leaves (Σ B·extra / Σ B², B the bytes of B); P = 0 where packing
+    explains nothing (1/P <= 0)."""
+    inverse = 0.0
+    fit = fit_matmul(rates, element)
+    for _ in range(rounds):
+        corrected = []
+        for (m, k, n), rate in rates:
+            seconds = 2 * m * k * n / rate - element * k * n * inverse
+            corrected.append(((m, k, n), 2 * m * k * n / max(seconds, 1e-12)))
+        fit = fit_matmul(corrected, element)
+        peak, half, speedup, limit = fit
+        sums = [0.0, 0.0]
+        for (m, k, n), rate in rates:
+            level = speedup if working_set((m, k, n), element) <= limit else 1.0
+            curve = peak * level * math.prod(d / (d + half) for d in (m, k, n))
+            extra = 2 * m * k * n / rate - 2 * m * k * n / curve
+            packed = element * k * n
+            sums[0] += packed * extra
+            sums[1] += packed * packed
+        inverse = max(0.0, sums[0] / sums[1])
+    return (*fit, 1 / inverse if inverse > 0 else 0.0)
+
+
 def calibrate(
     quick: bool = False,
     progress: Callable[[str], None] = lambda _: None,
@@ -348,14 +381,14 @@ def calibrate(
             f"({i}/{len(shapes)})"
         )
     element = 2 if cuda else 4
-    if cuda:  # GPUs model no cache level for matmuls
+    if cuda:  # GPUs model no cache level for matmuls, and pack nothing
         peak, half, speedup = fit_half_dim(rates)
-        private = 0
+        private, pack = 0, 0.0
     else:
-        peak, half, speedup, private = fit_matmul(rates, element)
+        peak, half, speedup, private, pack = fit_packing(rates, element)
     progress(f"matmul fit: {peak / 1e9:.1f} GFLOP/s at large shapes, half speed at dim {half}"
              + (f", {speedup:.2f}x up to {private >> 10} KiB of operands" if private
-                else ""))  # fmt: skip
+                else "") + (f", B packed at {pack / 1e9:.2f} GB/s" if pack else ""))  # fmt: skip
     d = 1024 // scale
     aligned = next(rate for shape, rate in rates if shape == (d, d, d))
     odd = 2 * d * d * (d - 1) / probe.matmul(d, d, d - 1)
@@ -396,7 +429,7 @@ def calibrate(
     return Calibration(
         tuple(rates), peak, half, copy, launch, memory, None, probe.dtype, vector,
         tuple(special), f"{probe.name} {probe.dtype}", cache, cache_rate, misaligned,
-        private, speedup,
+        private, speedup, pack,
     )  # fmt: skip
 
 

@@ -80,7 +80,8 @@ class DeviceKind:
     misaligned_efficiency: what a matmul with a dim off 16-byte alignment keeps of its rate.
     matmul_cache_bytes, matmul_cache_speedup: a matmul whose operands and result fit in
     matmul_cache_bytes runs matmul_cache_speedup times faster (0, 1: not modelled; CPUs'
-    private caches).
+    private caches). pack_bandwidth: bytes/s at which a matmul re-lays out its second operand
+    on every call (0: it does not; CPU BLAS packing).
     """
 
     name: str
@@ -104,6 +105,7 @@ class DeviceKind:
     misaligned_efficiency: float = 0.5
     matmul_cache_bytes: int = 0
     matmul_cache_speedup: float = 1.0
+    pack_bandwidth: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -437,7 +439,7 @@ def device_kind(spec: object) -> DeviceKind:
         raise ClusterError(f"unknown transcendental families {bad}; valid: {families}")
     # times, and a cache not modelled, may be 0; the rest may not
     times = ("launch_s", "link_latency", "network_latency", "cache_bytes", "cache_bandwidth",
-             "matmul_cache_bytes")  # fmt: skip
+             "matmul_cache_bytes", "pack_bandwidth")  # fmt: skip
     rates = [*values["flops"].values(), *values.get("transcendental", {}).values()] + [
         v
         for k, v in values.items()

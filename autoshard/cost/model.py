@@ -51,7 +51,10 @@ runs at half speed: a 128x128 output tile fed a dim of 64 idles half its lanes, 
 thousands give s ≈ 1. Tensor cores need 16-byte aligned leading dims; cuBLAS falls back to
 slower kernels otherwise (about 2x). A CPU's matmul whose operands and result stay in the
 cores' private caches runs several times faster than one streaming them from the shared
-cache (`autoshard calibrate` measures both; GPUs model no such level). An op without a rule
+cache (`autoshard calibrate` measures both; GPUs model no such level). A CPU's BLAS also
+re-lays out (packs) B of A @ B on every call when B is no constant, a pass over its bytes at
+`pack_bandwidth` added to the contraction's time (matmuls with few rows and a large weight
+spend as long packing as multiplying; GPUs read operands in place). An op without a rule
 runs whole on every device: its
 outputs' elements as FLOPs, all its inputs and outputs as bytes.
 
@@ -342,11 +345,25 @@ def op_cost(
     cached = 0 < moved <= device.cache_bytes and device.cache_bandwidth > 0
     bandwidth = device.cache_bandwidth if cached else device.hbm_bandwidth
     seconds = max(flops / rate, moved / (bandwidth * device.memory_efficiency))
+    if efficiency is not None and device.pack_bandwidth > 0 and rule is not None:
+        seconds += _second_operand_bytes(op, rule, option, graph, mesh) / device.pack_bandwidth
     family = special(op, graph)
     if family is not None:
         seconds = max(seconds, _iterations(op, rule, option, graph, mesh) / special_rate(
             device, family))  # fmt: skip
     return OpCost(flops, moved, seconds + device.launch_s)
+
+
+def _second_operand_bytes(
+    op: Op, rule: OpRule, option: ShardingOption | None, graph: Graph, mesh: Mesh
+) -> int:
+    """Bytes of the local shard of a contraction's second data operand (B of A @ B)."""
+    data = [(name, m) for name, m in zip(op.inputs, rule.operands, strict=False) if name and m]
+    if len(data) < 2 or option is None:
+        return 0
+    name, indexing = data[1]
+    value = graph.values[name]
+    return dtypes.nbytes(value.dtype, _elements(value.shape, indexing, option, mesh))
 
 
 def special_rate(device: DeviceKind, family: Transcendental) -> float:

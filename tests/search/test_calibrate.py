@@ -14,6 +14,7 @@ from autoshard.cost.calibrate import (
     fit_link,
     fit_links,
     fit_matmul,
+    fit_packing,
     working_set,
 )
 from autoshard.cost.cluster import ClusterError, device_kind, make_cluster
@@ -220,3 +221,23 @@ def test_calibrate_refuses_nccl_without_gpus_before_any_work(tmp_path, capsys):
         "--backend gloo or fewer --ranks\n"
     )
     assert not path.exists()
+
+
+def test_the_fit_separates_packing_from_multiplying():
+    """Times drawn from 2MKN / (5e10 · (3 in the cache) · Π d / (d + 16)) plus a pass over B
+    at 4 GB/s: the fit gives the curve, the cache level and the packing rate back (the
+    alternating fit settles within a few percent: h is on a grid)."""
+    shapes = [(128,) * 3, (256,) * 3, (512,) * 3, (1024,) * 3, (2048,) * 3, (2048, 32, 2048),
+              (2048, 2048, 32), (32, 2048, 2048), (2048, 128, 2048), (128, 4096, 4096)]  # fmt: skip
+    limit = working_set((512,) * 3, 4)
+
+    def rate(shape):
+        m, k, n = shape
+        level = 3 if working_set(shape, 4) <= limit else 1
+        curve = level * 5e10 * math.prod(d / (d + 16) for d in shape)
+        return 2 * m * k * n / (2 * m * k * n / curve + 4 * k * n / 4e9)
+
+    peak, half, speedup, found, pack = fit_packing([(s, rate(s)) for s in shapes], 4)
+    assert (half, found) == (16, limit)
+    assert peak == pytest.approx(5e10, rel=0.01) and speedup == pytest.approx(3, rel=0.01)
+    assert pack == pytest.approx(4e9, rel=0.05)
