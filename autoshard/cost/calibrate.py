@@ -14,10 +14,9 @@ several runs on CUDA, the fastest on a CPU (`cost.probes`):
   `matmul_half_dim`. On a CPU the shapes whose operands and result fit in its caches get
   their own E (measured here: up to 512^3 at 3x the rate of 1024^3 and up): the ratio is
   `matmul_cache_speedup`, the largest working set that still runs fast (chosen by the fit,
-  `fit_matmul`) `matmul_cache_bytes`. onnxruntime's CPU matmul packs B on every call, a
-  pass over its bytes: the fit takes that time off each shape's and fits its rate,
-  `pack_bandwidth` (`fit_packing`; here 3-5 GB/s: a 32x2048x2048 matmul packs as long as it
-  multiplies). A 1024x1024x1023 matmul against
+  `fit_packing`) `matmul_cache_bytes`. onnxruntime's CPU matmul packs B on every call, a
+  pass over its bytes at `pack_bandwidth`, fitted with the rest (a 32x2048x2048 matmul packs
+  about as long as it multiplies). A 1024x1024x1023 matmul against
   1024^3 gives `misaligned_efficiency` (a CPU loses nothing; a GPU about half).
 - the vector rate (every op but a contraction): on CUDA a float32 matmul without TF32 (the
   FMA units); on a CPU a Softmax in the cache at the 5 flops an element the model counts for
@@ -58,6 +57,7 @@ What it does not measure: the network between hosts; a multi-host cluster needs
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import platform
@@ -301,60 +301,49 @@ def working_set(shape: tuple[int, int, int], element: int) -> int:
     return element * (m * k + k * n + m * n)
 
 
-def fit_matmul(
-    rates: Sequence[tuple[tuple[int, int, int], float]], element: int
-) -> tuple[float, int, float, int]:
-    """(E, h, c, T): `fit_half_dim` with the shapes of at most T bytes of operands as the cached
-    ones, T the working set of a measured shape (or 0: no cache level) that fits best. A CPU
-    runs a matmul fast while its blocks stay in its caches and slows down past them (here:
-    80 GFLOP/s up to 3 MiB, 25 from 12 MiB); where exactly is measured, not read off sysfs
-    (other processes share the last level)."""
-    best: tuple[float, float, int, float, int] | None = None
-    for limit in sorted({0, *(working_set(shape, element) for shape, _ in rates)}):
+def _fits(shape: tuple[int, int, int], element: int, limit: int) -> bool:
+    return working_set(shape, element) <= limit
 
-        def cached(shape: tuple[int, int, int], limit: int = limit) -> bool:
-            return working_set(shape, element) <= limit
 
-        peak, half, speedup = fit_half_dim(rates, cached)
-        error = 0.0
-        for shape, rate in rates:
-            model = peak * (speedup if cached(shape) else 1.0)
-            model *= math.prod(d / (d + half) for d in shape)
-            error += math.log(rate / model) ** 2
-        if speedup <= 1.0:  # a cache that does not help is no cache level
-            limit, speedup = 0, 1.0
-        if best is None or error < best[0] - 1e-12:
-            best = (error, peak, half, speedup, limit)
-    assert best is not None
-    return best[1], best[2], best[3], best[4]
+PACK_RATES = (0.0, *(0.5e9 * 1.26**i for i in range(22)))
+"""The packing rates `fit_packing` tries (0: none), 0.5 to 64 GB/s a quarter-octave apart."""
 
 
 def fit_packing(
-    rates: Sequence[tuple[tuple[int, int, int], float]], element: int, rounds: int = 4
+    rates: Sequence[tuple[tuple[int, int, int], float]], element: int
 ) -> tuple[float, int, float, int, float]:
-    """`fit_matmul` with a packing pass over B: each time t = 2MKN / rate(fit) + KN·element / P.
-    Alternately: the curve fitted to the times less their packing, then 1/P by least squares
-    on what the curve leaves (Σ B·extra / Σ B², B the bytes of B); P = 0 where packing
-    explains nothing (1/P <= 0)."""
-    inverse = 0.0
-    fit = fit_matmul(rates, element)
-    for _ in range(rounds):
-        corrected = []
-        for (m, k, n), rate in rates:
-            seconds = 2 * m * k * n / rate - element * k * n * inverse
-            corrected.append(((m, k, n), 2 * m * k * n / max(seconds, 1e-12)))
-        fit = fit_matmul(corrected, element)
-        peak, half, speedup, limit = fit
-        sums = [0.0, 0.0]
-        for (m, k, n), rate in rates:
-            level = speedup if working_set((m, k, n), element) <= limit else 1.0
-            curve = peak * level * math.prod(d / (d + half) for d in (m, k, n))
-            extra = 2 * m * k * n / rate - 2 * m * k * n / curve
-            packed = element * k * n
-            sums[0] += packed * extra
-            sums[1] += packed * packed
-        inverse = max(0.0, sums[0] / sums[1])
-    return (*fit, 1 / inverse if inverse > 0 else 0.0)
+    """(E, h, c, T, P): each matmul's time t = 2MKN / (E · [c if its operands and result fit
+    in T bytes] · Π s(d)) + KN·element / P, the second term the pass packing B takes (a CPU
+    BLAS re-lays out B on every call). For each P of `PACK_RATES` and each T (the working set
+    of a measured shape, or 0: no cache level), the times less their packing are fitted by
+    `fit_half_dim`; the fit whose rates are nearest the measured ones in log (Σ log² of their
+    ratios: an outlier weighs as little as it can) wins, among those with c > 1."""
+    limits = sorted({0, *(working_set(shape, element) for shape, _ in rates)})
+    best: tuple[float, float, int, float, int, float] | None = None
+    for pack in PACK_RATES:
+        packing = [element * k * n / pack if pack else 0.0 for (m, k, n), _ in rates]
+        left = [2 * m * k * n / r - p for ((m, k, n), r), p in zip(rates, packing, strict=True)]
+        if min(left) <= 0:
+            continue  # packing alone would take longer than some matmul did
+        corrected = [((m, k, n), 2 * m * k * n / t) for ((m, k, n), _), t in zip(
+            rates, left, strict=True)]  # fmt: skip
+        for limit in limits:
+            inside = [working_set(shape, element) <= limit for shape, _ in rates]
+            if limit and (all(inside) or not any(inside)):
+                continue  # no shape on one side of it: no level to fit
+            fits = functools.partial(_fits, element=element, limit=limit)
+            peak, half, speedup = fit_half_dim(corrected, fits)
+            if limit and speedup <= 1.0:
+                continue  # a cache level that does not help
+            error = 0.0
+            for ((m, k, n), rate), fast, p in zip(rates, inside, packing, strict=True):
+                curve = peak * (speedup if fast else 1.0) * math.prod(
+                    d / (d + half) for d in (m, k, n))  # fmt: skip
+                error += math.log(2 * m * k * n / (2 * m * k * n / curve + p) / rate) ** 2
+            if best is None or error < best[0] - 1e-12:
+                best = (error, peak, half, speedup if limit else 1.0, limit, pack)
+    assert best is not None
+    return best[1], best[2], best[3], best[4], best[5]
 
 
 def calibrate(
