@@ -601,7 +601,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     backend = args.backend or measure.default_backend()
     if ranks:
         measure.check_backend(ranks, backend)
-    calibration = calibrate(args.quick, progress)
+    probe = None
+    if args.torch:
+        from autoshard.cost.probes import TorchProbe
+
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            message = "calibrate --torch needs torch: pip install 'autoshard[run]'"
+            raise AutoshardError(message) from None
+
+        probe = TorchProbe("cuda" if measure.cuda_devices() else "cpu")
+    calibration = calibrate(args.quick, progress, probe)
     if ranks:
         sizes, repeats = (measure.QUICK_SIZES, 5) if args.quick else (measure.SIZES, 10)
         links = measure.measure_links(ranks, backend, sizes, repeats, progress=progress)
@@ -830,6 +841,11 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument(
         "--backend", choices=("gloo", "nccl"), help="default nccl with GPUs, else gloo"
     )
+    calibrate.add_argument(
+        "--torch", action="store_true",
+        help="measure torch's kernels (bfloat16 on a CUDA GPU, else float32 on the CPU) "
+        "instead of onnxruntime's",
+    )  # fmt: skip
     calibrate.add_argument("--json", action="store_true", help="print the cluster file")
     calibrate.set_defaults(run=cmd_calibrate)
 

@@ -16,15 +16,14 @@ calibrate`-style measurements on the device are what either should be checked ag
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 from collections import defaultdict
 from pathlib import Path
 
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.model import matmul_efficiency, op_cost, op_kind
-from autoshard.ir.dtypes import numpy_dtype
-from autoshard.ir.graph import Graph, Op, Value
+from autoshard.fidelity import retyped
+from autoshard.ir.graph import Graph, Op
 from autoshard.ir.onnx_import import import_onnx, unbound_dims
 from autoshard.plan import ShardingOption
 from autoshard.rules import IteratorType, OpRule, rule_for
@@ -68,17 +67,6 @@ def family(op: Op, rule: OpRule | None, option: ShardingOption | None, cluster) 
     return "matmul" if contraction else "elementwise"
 
 
-def retyped(graph: Graph, dtype: str | None) -> Graph:
-    """The graph with every floating tensor of `dtype` (shapes unchanged)."""
-    if dtype is None:
-        return graph
-    values = {
-        name: Value(name, v.shape, dtype) if numpy_dtype(v.dtype).kind == "f" else v
-        for name, v in graph.values.items()
-    }
-    return dataclasses.replace(graph, values=values)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(RUNS))
@@ -95,7 +83,8 @@ def main() -> int:
         path = MODELS / f"{name}.onnx"
         wanted = unbound_dims(path)
         dims = {k: v for k, v in RUNS.get(name, {}).items() if k in wanted}
-        graph = retyped(import_onnx(path, dims), args.dtype)
+        graph = import_onnx(path, dims)
+        graph = retyped(graph, args.dtype) if args.dtype else graph
         rows: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
         for op in graph.ops:
             rule = rule_for(op, graph)

@@ -1,16 +1,40 @@
 """`autoshard calibrate`: measure the device this process runs on and describe it as a cluster
 file that `autoshard plan --cluster FILE` reads.
 
-What it measures, with numpy on the CPU (the kernels a CPU run of a plan would use):
+What it measures, with the kernels a plan's program runs on (`cost.probes`): onnxruntime on
+the CPU in float32 (how `autoshard run` and `verify` execute it), or torch (`--torch`: bfloat16
+kernels on CUDA, timed with CUDA events; float32 on the CPU), each time the median of
+several runs on CUDA, the fastest on a CPU (`cost.probes`):
 
-- matmul throughput: float32 `A @ B` over square and thin shapes, the best of several runs
-  each; fitted to the roofline's contraction model, rate = E · s(M) s(N) s(K) with
-  s(d) = d / (d + h) (`cost.model`): h by a search over a grid minimising the squared error of
-  log rates, E then in closed form (the mean of log rate - Σ log s). E becomes the device's
-  float32 peak at efficiency 1, h its `matmul_half_dim`.
-- memory bandwidth: `np.copyto` of a large array, read + written bytes over the best time.
-- launch floor: the median time of `np.add` on one element (the per-op overhead).
-- memory: the machine's physical memory.
+- matmul throughput: `A @ B` over square and thin shapes (on CUDA also 4096^3 and 8192^3,
+  where a GPU reaches its peak); fitted to the roofline's contraction model,
+  rate = E · s(M) s(N) s(K) with s(d) = d / (d + h) (`cost.model`): h by a search over a grid
+  minimising the squared error of log rates, E then in closed form (the mean of
+  log rate - Σ log s). E becomes the device's peak for that dtype at efficiency 1, h its
+  `matmul_half_dim`. On a CPU the shapes whose operands and result fit in its caches get
+  their own E (measured here: up to 512^3 at 3x the rate of 1024^3 and up): the ratio is
+  `matmul_cache_speedup`, the largest working set that still runs fast (chosen by the fit,
+  `fit_packing`) `matmul_cache_bytes`. onnxruntime's CPU matmul packs B on every call, a
+  pass over its bytes at `pack_bandwidth`, fitted with the rest (a 32x2048x2048 matmul packs
+  about as long as it multiplies). A 1024x1024x1023 matmul against
+  1024^3 gives `misaligned_efficiency` (a CPU loses nothing; a GPU about half).
+- the vector rate (every op but a contraction): on CUDA a float32 matmul without TF32 (the
+  FMA units); on a CPU a Softmax in the cache at the 5 flops an element the model counts for
+  it (what onnxruntime's softmax and normalization kernels reach: a third of the matmul's
+  FMA rate).
+- memory bandwidth: an elementwise Add of two large arrays, the bytes read + written over the
+  time.
+- cache (CPUs): the same Add with a working set of a quarter of half the last-level cache,
+  less the launch floor: the rate of an op moving at most half that cache (measured here:
+  flat up to 16 of 32 MiB, 3 to 10x the rate from memory).
+- launch floor: the same Add on one element (the shortest time a kernel takes).
+- special functions: per family (exp, log, erf, tanh, pow, sqrt, trig:
+  `cost.cluster.Transcendental`), evaluations per second of one op over an array the cache
+  holds (64 Ki elements on a CPU, 4 Mi on a GPU: the function's rate, not the memory's),
+  less the launch floor (Exp, Log, Erf, Tanh, Pow by 1.7, Sqrt, Sin): the device's
+  `transcendental` rates, which the roofline takes where they bound an op
+  (`cost.model.special_rate`).
+- memory: the machine's physical memory, or the GPU's.
 
 - links (`autoshard.run.measure`, with torch): all_gather, all_reduce, reduce_scatter and
   all_to_all over N local processes on torch.distributed (gloo on CPU, nccl on GPUs), at
@@ -38,18 +62,17 @@ import math
 import os
 import platform
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
-from autoshard.cost.cluster import ClusterError
+from autoshard.cost.cluster import ClusterError, Transcendental, parse_size
+from autoshard.cost.probes import OnnxRuntimeProbe, TorchProbe
 from autoshard.reshard import CollectiveKind, ring_bytes, ring_steps
 
-SQUARE = (256, 512, 1024, 2048)
-THIN = ((2048, 32, 2048), (2048, 2048, 32), (32, 2048, 2048), (2048, 128, 2048))
+SQUARE = (128, 256, 512, 1024, 2048)
+BIG_SQUARE = (4096, 8192)  # a GPU reaches its peak only on these
+THIN = ((2048, 32, 2048), (2048, 2048, 32), (32, 2048, 2048), (2048, 128, 2048), (128, 4096, 4096))
 HALF_DIMS = tuple(range(1, 513))
 
 
@@ -64,6 +87,26 @@ class Calibration:
     launch_s: float
     memory: int
     links: Links | None = None
+    dtype: str = "float32"
+    vector_flops: float = 0.0
+    """Other ops' rate (0: the matmul peak, as on a CPU)."""
+    transcendental: tuple[tuple[str, float], ...] = ()
+    """Per family of special functions (`cost.cluster.Transcendental`): evaluations per s."""
+    probe: str = "onnxruntime float32"
+    cache_bytes: int = 0
+    cache_bandwidth: float = 0.0
+    misaligned_efficiency: float = 0.5
+    matmul_cache_bytes: int = 0
+    matmul_cache_speedup: float = 1.0
+    pack_bandwidth: float = 0.0
+
+    @property
+    def processor(self) -> str:
+        if self.probe.endswith("bfloat16"):
+            import torch
+
+            return str(torch.cuda.get_device_name())
+        return processor_name()
 
     def with_links(self, links: Links | None) -> Calibration:
         return replace(self, links=links)
@@ -77,8 +120,10 @@ class Calibration:
             bandwidth, latency = self.links.fit.bandwidth, self.links.fit.latency
         return {
             "name": name,
-            "flops": {"float32": self.peak},
-            "default_flops": self.peak,
+            # Tensor cores run float16 at bfloat16's rate: a float16 model plans on it too.
+            "flops": {self.dtype: self.peak}
+            | ({"float16": self.peak} if self.dtype == "bfloat16" else {}),
+            "default_flops": self.vector_flops or self.peak,
             "memory": self.memory,
             "hbm_bandwidth": self.copy_bandwidth,
             "matmul_efficiency": 1.0,
@@ -91,11 +136,18 @@ class Calibration:
             "network_bandwidth": bandwidth,
             "network_latency": latency,
             "link_name": self.links.backend if self.links else "host memory",
+            "transcendental": dict(self.transcendental),
+            "cache_bytes": self.cache_bytes,
+            "cache_bandwidth": self.cache_bandwidth,
+            "misaligned_efficiency": self.misaligned_efficiency,
+            "matmul_cache_bytes": self.matmul_cache_bytes,
+            "matmul_cache_speedup": self.matmul_cache_speedup,
+            "pack_bandwidth": self.pack_bandwidth,
         }
 
     def to_json(self) -> dict[str, object]:
         """The cluster file: the measured device, and the raw figures under `calibration`."""
-        name = f"{processor_name()} (calibrated, numpy float32)"
+        name = f"{self.processor} (calibrated, {self.probe})"
         found: dict[str, object] = {"device": self.device(name)}
         if self.links is not None:  # the file's links: every axis, as flags would give them
             found["bandwidth"] = f"{self.links.fit.bandwidth / 1e9:.6g}GB/s"
@@ -104,6 +156,7 @@ class Calibration:
             "matmul_flops": [
                 {"m": m, "k": k, "n": n, "flops_per_s": rate} for (m, k, n), rate in self.matmul
             ],
+            "probe": self.probe,
             "copy_bytes_per_s": self.copy_bandwidth,
             "launch_s": self.launch_s,
             "links": self.links.to_json() if self.links else "not measured: the host's copy rate",
@@ -207,20 +260,6 @@ def fit_links(backend: str, samples: Sequence[LinkSample]) -> Links:
     return Links(backend, ranks, tuple(samples), fit_link(samples), tuple(by_kind))
 
 
-def best_time(run: Callable[[], object], repeats: int, budget: float = 0.05) -> float:
-    """The fastest of at least `repeats` runs, and of as many as fit in `budget` seconds: on a
-    shared machine the best run is the one least disturbed."""
-    run()  # warm up: first-touch pages, thread pools
-    times: list[float] = []
-    spent = 0.0
-    while len(times) < repeats or spent < budget:
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-        spent += times[-1]
-    return min(times)
-
-
 def processor_name() -> str:
     """The CPU's model name (Linux), else what `platform` knows."""
     try:
@@ -234,50 +273,170 @@ def processor_name() -> str:
 
 def fit_half_dim(
     rates: Sequence[tuple[tuple[int, int, int], float]],
-) -> tuple[float, int]:
-    """(E, h) minimising Σ (log rate - log E - Σ log s(d))² over the grid of h (see the module's
-    docstring); E in closed form for each h."""
-    best: tuple[float, float, int] | None = None
+    cached: Callable[[tuple[int, int, int]], bool] = lambda _: False,
+) -> tuple[float, int, float]:
+    """(E, h, c) minimising Σ (log rate - log E - [cached] log c - Σ log s(d))² over the grid
+    of h (see the module's docstring): for each h, log E is the mean residual of the shapes
+    out of the cache and log E + log c that of the shapes in it (c = 1 without any)."""
+    best: tuple[float, float, int, float] | None = None
     for h in HALF_DIMS:
-        residuals = [
-            math.log(rate) - sum(math.log(d / (d + h)) for d in shape) for shape, rate in rates
-        ]
-        log_e = statistics.fmean(residuals)
-        error = sum((r - log_e) ** 2 for r in residuals)
+        groups: dict[bool, list[float]] = {False: [], True: []}
+        for shape, rate in rates:
+            residual = math.log(rate) - sum(math.log(d / (d + h)) for d in shape)
+            groups[cached(shape)].append(residual)
+        if not groups[False]:
+            groups = {False: groups[True], True: []}
+        means = {key: statistics.fmean(found) for key, found in groups.items() if found}
+        error = sum((r - means[key]) ** 2 for key, found in groups.items() for r in found)
         if best is None or error < best[0] - 1e-12:
-            best = (error, math.exp(log_e), h)
+            speedup = math.exp(means[True] - means[False]) if True in means else 1.0
+            best = (error, math.exp(means[False]), h, speedup)
     assert best is not None
-    return best[1], best[2]
+    return best[1], best[2], best[3]
 
 
-def calibrate(quick: bool = False, progress: Callable[[str], None] = lambda _: None) -> Calibration:
-    """Measure this machine (`quick`: smaller shapes and fewer runs, a second or two)."""
-    repeats = 3 if quick else 5
+def working_set(shape: tuple[int, int, int], element: int) -> int:
+    """Bytes of a matmul's operands and result."""
+    m, k, n = shape
+    return element * (m * k + k * n + m * n)
+
+
+def _fits(shape: tuple[int, int, int], element: int, limit: int) -> bool:
+    return working_set(shape, element) <= limit
+
+
+PACK_RATES = (0.0, *(0.5e9 * 1.26**i for i in range(22)))
+"""The packing rates `fit_packing` tries (0: none), 0.5 to 64 GB/s a quarter-octave apart."""
+
+
+def fit_packing(
+    rates: Sequence[tuple[tuple[int, int, int], float]], element: int
+) -> tuple[float, int, float, int, float]:
+    """(E, h, c, T, P): each matmul's time t = 2MKN / (E · [c if its operands and result fit
+    in T bytes] · Π s(d)) + KN·element / P, the second term the pass packing B takes (a CPU
+    BLAS re-lays out B on every call). For each P of `PACK_RATES` and each T (the working set
+    of a measured shape, or 0: no cache level), the times less their packing are fitted by
+    `fit_half_dim`; the fit whose rates are nearest the measured ones in log (Σ log² of their
+    ratios: an outlier weighs as little as it can) wins, among those with c > 1."""
+    limits = sorted({0, *(working_set(shape, element) for shape, _ in rates)})
+    best: tuple[float, float, int, float, int, float] | None = None
+    for pack in PACK_RATES:
+        packing = [element * k * n / pack if pack else 0.0 for (m, k, n), _ in rates]
+        left = [2 * m * k * n / r - p for ((m, k, n), r), p in zip(rates, packing, strict=True)]
+        if min(left) <= 0:
+            continue  # packing alone would take longer than some matmul did
+        corrected = [((m, k, n), 2 * m * k * n / t) for ((m, k, n), _), t in zip(
+            rates, left, strict=True)]  # fmt: skip
+        for limit in limits:
+            inside = [working_set(shape, element) <= limit for shape, _ in rates]
+            if limit and (all(inside) or not any(inside)):
+                continue  # no shape on one side of it: no level to fit
+            fits = functools.partial(_fits, element=element, limit=limit)
+            peak, half, speedup = fit_half_dim(corrected, fits)
+            if limit and speedup <= 1.0:
+                continue  # a cache level that does not help
+            error = 0.0
+            for ((m, k, n), rate), fast, p in zip(rates, inside, packing, strict=True):
+                curve = peak * (speedup if fast else 1.0) * math.prod(
+                    d / (d + half) for d in (m, k, n))  # fmt: skip
+                error += math.log(2 * m * k * n / (2 * m * k * n / curve + p) / rate) ** 2
+            if best is None or error < best[0] - 1e-12:
+                best = (error, peak, half, speedup if limit else 1.0, limit, pack)
+    assert best is not None
+    return best[1], best[2], best[3], best[4], best[5]
+
+
+def calibrate(
+    quick: bool = False,
+    progress: Callable[[str], None] = lambda _: None,
+    probe: OnnxRuntimeProbe | TorchProbe | None = None,
+) -> Calibration:
+    """Measure this machine's device with `probe` (default: onnxruntime on the CPU; `quick`:
+    smaller shapes and fewer runs, a few seconds)."""
+    probe = probe or OnnxRuntimeProbe(repeats=3 if quick else 5, budget=0.01 if quick else 0.05)
+    gpu = probe if isinstance(probe, TorchProbe) and probe.cuda else None
+    cuda = gpu is not None
     scale = 2 if quick else 1  # quick: half the dims, an eighth of the work
-    shapes = [(d // scale,) * 3 for d in SQUARE] + [
+    square = SQUARE + (BIG_SQUARE if cuda else ())
+    shapes = [(d // scale,) * 3 for d in square] + [
         (m // scale, k // scale, n // scale) for m, k, n in THIN
     ]
-    rng = np.random.default_rng(0)
     rates: list[tuple[tuple[int, int, int], float]] = []
     for i, (m, k, n) in enumerate(shapes, 1):
-        a = rng.standard_normal((m, k), dtype=np.float32)
-        b = rng.standard_normal((k, n), dtype=np.float32)
-        seconds = best_time(functools.partial(np.matmul, a, b), repeats)
-        rates.append(((m, k, n), 2 * m * k * n / seconds))
-        progress(f"matmul {m}x{k}x{n}: {rates[-1][1] / 1e9:.1f} GFLOP/s ({i}/{len(shapes)})")
-    peak, half = fit_half_dim(rates)
-    progress(f"matmul fit: {peak / 1e9:.1f} GFLOP/s at large shapes, half speed at dim {half}")
-    size = (16 if quick else 256) << 20
-    src, dst = np.ones(size // 4, np.float32), np.empty(size // 4, np.float32)
-    copy = 2 * size / best_time(lambda: np.copyto(dst, src), repeats)
-    progress(f"memory: {copy / 1e9:.1f} GB/s (copy of {size >> 20} MiB, read + written)")
-    one = np.ones(1, np.float32)
-    launches = []
-    for _ in range(200 if quick else 2000):
-        started = time.perf_counter()
-        np.add(one, one)
-        launches.append(time.perf_counter() - started)
-    launch = statistics.median(launches)
-    progress(f"launch floor: {launch * 1e6:.2f} us per op")
+        seconds = probe.matmul(m, k, n)
+        rates.append(((m, k, n), 2 * m * k * n / max(seconds, 1e-9)))
+        progress(
+            f"matmul {m}x{k}x{n} ({probe.dtype}): {rates[-1][1] / 1e9:.1f} GFLOP/s "
+            f"({i}/{len(shapes)})"
+        )
+    element = 2 if cuda else 4
+    if cuda:  # GPUs model no cache level for matmuls, and pack nothing
+        peak, half, speedup = fit_half_dim(rates)
+        private, pack = 0, 0.0
+    else:
+        peak, half, speedup, private, pack = fit_packing(rates, element)
+    progress(f"matmul fit: {peak / 1e9:.1f} GFLOP/s at large shapes, half speed at dim {half}"
+             + (f", {speedup:.2f}x up to {private >> 10} KiB of operands" if private
+                else "") + (f", B packed at {pack / 1e9:.2f} GB/s" if pack else ""))  # fmt: skip
+    d = 1024 // scale
+    aligned = next(rate for shape, rate in rates if shape == (d, d, d))
+    odd = 2 * d * d * (d - 1) / probe.matmul(d, d, d - 1)
+    misaligned = min(1.0, odd / aligned)
+    progress(f"misaligned: {misaligned:.2f} of the rate ({d}x{d}x{d - 1} against {d}^3)")
+    vector = peak
+    if gpu is not None:  # float32 without TF32 runs on the vector units: every other op's rate
+        d = 4096 // scale
+        vector = 2 * d**3 / gpu.matmul(d, d, d, dtype=gpu.torch.float32)
+        progress(f"vector rate: {vector / 1e9:.1f} GFLOP/s (float32 matmul {d}^3)")
+    launch = probe.add(1)
+    progress(f"launch floor: {launch * 1e6:.2f} us per op (a one-element Add)")
+    size = (1 << 30 if cuda else 256 << 20) // (16 if quick else 1)
+    copy = 3 * size / probe.add(size // 4)
+    progress(f"memory: {copy / 1e9:.1f} GB/s (Add of {size >> 20} MiB arrays: read twice, written)")
+    cache = 0 if cuda else last_level_cache() // 2
+    cache_rate = 0.0
+    if not cuda:  # a quarter of the working set the cache keeps: well inside it
+        elements = (cache or 4 << 20) // 4 // 12
+        seconds = max(probe.add(elements) - launch, 1e-9)
+        cache_rate = 12 * elements / seconds if cache else 0.0
+        if cache:
+            progress(f"cache: {cache_rate / 1e9:.1f} GB/s up to {cache >> 20} MiB moved per op")
+        # A CPU's row kernels (softmax, normalizations: a few flops per element loaded, the
+        # `OP_KINDS` count, 5 for a softmax), not the FMA peak its matmuls reach.
+        count = 1 << 16
+        vector = 5 * count / max(probe.softmax(count) - launch, 1e-9)
+        progress(f"vector rate: {vector / 1e9:.2f} GFLOP/s (a Softmax of {count} in the cache)")
+    special = []
+    count = 1 << (22 if cuda else 16)  # in the cache: the function's rate, not memory's
+    for family in Transcendental:
+        seconds = max(probe.special(family, count) - launch, 1e-9)
+        special.append((str(family), count / seconds))
+        progress(f"{family}: {special[-1][1] / 1e9:.3g} G evaluations/s")
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Calibration(tuple(rates), peak, half, copy, launch, memory)
+    if gpu is not None:
+        memory = gpu.torch.cuda.get_device_properties(gpu.device).total_memory
+    return Calibration(
+        tuple(rates), peak, half, copy, launch, memory, None, probe.dtype, vector,
+        tuple(special), f"{probe.name} {probe.dtype}", cache, cache_rate, misaligned,
+        private, speedup, pack,
+    )  # fmt: skip
+
+
+def _caches() -> dict[int, int]:
+    """Per cache level of the first CPU, its bytes (Linux sysfs; data and unified caches)."""
+    found: dict[int, int] = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((index / "level").read_text())
+            size = parse_size((index / "size").read_text().strip().replace("K", "KiB"))
+        except (OSError, ValueError, ClusterError):
+            continue
+        found[level] = max(found.get(level, 0), size)
+    return found
+
+
+def last_level_cache() -> int:
+    """Bytes of the CPU's largest cache (0 where unknown)."""
+    return max(_caches().values(), default=0)

@@ -31,6 +31,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -41,6 +42,22 @@ from autoshard.mesh import Mesh
 
 class ClusterError(AutoshardError, ValueError):
     """A bad cluster description: the message names the flag or key and the valid choices."""
+
+
+class Transcendental(StrEnum):
+    """The families of special functions an op evaluates per element, priced by their own
+    rates (`DeviceKind.transcendental`). `int_pow` is a power by a constant 2 or 3: two
+    multiplications, which some runtimes special-case without vectorizing (onnxruntime's CPU
+    Pow: 4x slower than an Add)."""
+
+    EXP = "exp"
+    LOG = "log"
+    ERF = "erf"
+    TANH = "tanh"
+    POW = "pow"
+    INT_POW = "int_pow"
+    SQRT = "sqrt"
+    TRIG = "trig"
 
 
 @dataclass(frozen=True)
@@ -54,7 +71,17 @@ class DeviceKind:
     dim at which a kernel reaches half its large-shape efficiency (`cost.model`). launch_s:
     the shortest time a kernel takes. node_size devices share the scale-up link
     (`link_bandwidth`, `link_latency`); nodes talk over the network (`network_bandwidth`,
-    `network_latency`), per device.
+    `network_latency`), per device. transcendental: evaluations per second of each family of
+    special functions (`cost.model.Transcendental`: "exp", "erf", ...) where measured; a
+    family not listed runs at `default_flops` over the instructions it takes
+    (`cost.model.TRANSCENDENTAL_FLOPS`). cache_bytes, cache_bandwidth: an op moving at most
+    cache_bytes streams from a cache at cache_bandwidth instead (0: not modelled; CPUs, whose
+    last-level cache holds the activations a small forward passes from op to op).
+    misaligned_efficiency: what a matmul with a dim off 16-byte alignment keeps of its rate.
+    matmul_cache_bytes, matmul_cache_speedup: a matmul whose operands and result fit in
+    matmul_cache_bytes runs matmul_cache_speedup times faster (0, 1: not modelled; CPUs'
+    private caches). pack_bandwidth: bytes/s at which a matmul re-lays out its second operand
+    on every call (0: it does not; CPU BLAS packing).
     """
 
     name: str
@@ -72,9 +99,17 @@ class DeviceKind:
     network_bandwidth: float = 50e9
     network_latency: float = 5e-6
     link_name: str = "NVLink"
+    transcendental: Mapping[str, float] = field(default_factory=dict)
+    cache_bytes: int = 0
+    cache_bandwidth: float = 0.0
+    misaligned_efficiency: float = 0.5
+    matmul_cache_bytes: int = 0
+    matmul_cache_speedup: float = 1.0
+    pack_bandwidth: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
+        object.__setattr__(self, "transcendental", MappingProxyType(dict(self.transcendental)))
 
     def peak(self, dtype: str) -> float:
         return self.flops.get(dtype, self.default_flops)
@@ -388,7 +423,11 @@ def device_kind(spec: object) -> DeviceKind:
     fields = {f.name: f for f in dataclasses.fields(DeviceKind)}
     if unknown := sorted(set(spec) - set(fields)):
         raise ClusterError(f"unknown device key(s) {unknown}; valid: {sorted(fields)}")
-    required = [n for n, f in fields.items() if f.default is dataclasses.MISSING]
+    required = [
+        n
+        for n, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     required.append("hbm_bandwidth")  # its default is a placeholder, not this device's
     if missing := [n for n in required if n not in spec]:
         raise ClusterError(f"device is missing {missing}; a described device needs {required}")
@@ -397,17 +436,25 @@ def device_kind(spec: object) -> DeviceKind:
         for key, value in spec.items():
             if key in ("name", "link_name"):
                 values[key] = str(value)
-            elif key == "flops":
+            elif key in ("flops", "transcendental"):
                 values[key] = {str(d): float(v) for d, v in dict(value).items()}
-            elif key in ("memory", "matmul_half_dim", "node_size"):
+            elif key in ("memory", "matmul_half_dim", "node_size", "cache_bytes",
+                         "matmul_cache_bytes"):  # fmt: skip
                 values[key] = int(value)
             else:
                 values[key] = float(value)
     except (TypeError, ValueError) as error:
         raise ClusterError(f"device key {key!r} has a bad value {value!r}: {error}") from None
-    times = ("launch_s", "link_latency", "network_latency")  # may be 0; the rest may not
-    rates = [*values["flops"].values()] + [
-        v for k, v in values.items() if k not in ("name", "link_name", "flops", *times)
+    families = [str(f) for f in Transcendental]
+    if bad := sorted(set(values.get("transcendental", {})) - set(families)):
+        raise ClusterError(f"unknown transcendental families {bad}; valid: {families}")
+    # times, and a cache not modelled, may be 0; the rest may not
+    times = ("launch_s", "link_latency", "network_latency", "cache_bytes", "cache_bandwidth",
+             "matmul_cache_bytes", "pack_bandwidth")  # fmt: skip
+    rates = [*values["flops"].values(), *values.get("transcendental", {}).values()] + [
+        v
+        for k, v in values.items()
+        if k not in ("name", "link_name", "flops", "transcendental", *times)
     ]
     if any(v <= 0 for v in rates) or any(values.get(k, 0) < 0 for k in times):
         raise ClusterError(

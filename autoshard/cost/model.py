@@ -20,24 +20,42 @@ runs Π ceil(s_i / g_i) iterations per device (its local shard), so
               through the rule's maps, at its dtype; parameter operands are not data). A lookup
               (Gather) reads of its table only the rows its result holds: at most the result's
               elements at the table's dtype. `reads`, `writes` count passes (`OP_KINDS`).
-    time    = max(FLOPs / (peak · efficiency), bytes / (HBM bandwidth · memory efficiency))
-              + launch
+    special = iterations, for an op evaluating a transcendental function per element (exp,
+              erf, tanh, a general power, ...: `Transcendental`), else 0
+    time    = max(FLOPs / (peak · efficiency), bytes / (bandwidth · memory efficiency),
+              special / rate(family)) + launch
+    bandwidth = the cache's if the device models one and bytes <= its size, else HBM's
 
-the larger of the time its arithmetic and its memory traffic need at the rates real kernels
-reach, plus the shortest time any kernel takes. Pure views (Reshape, Squeeze, ...) launch no
+the largest of the times its arithmetic, its memory traffic and its special functions need
+at the rates real kernels reach, plus the shortest time any kernel takes. A special function
+costs many instructions per element (a polynomial after a range reduction), so where the
+vector units are slow next to memory (CPUs: Erf runs at a quarter of Neg's rate, a general
+Pow at a fortieth) it, not memory, bounds the op; `rate(family)` is the device's measured
+rate (`DeviceKind.transcendental`, what `autoshard calibrate` writes) or else its vector rate
+over `TRANSCENDENTAL_FLOPS[family]`, the instructions an evaluation takes. A Pow whose
+exponent is a constant 2 or 3 is multiplications (`int_pow`: kernels special-case it), 1 a
+copy and 0.5 a square root. Pure views (Reshape, Squeeze, ...) launch no
 kernel and cost nothing. A *contraction* (a reduction loop and two data operands: MatMul,
 Gemm, Einsum, Conv, and gradient ops derived from them) runs on the matrix units at
 `peak(dtype)`; everything else at the vector rate `default_flops`. A contraction's
 efficiency falls for small and thin shapes and for misaligned ones: with M, N, K the local
 sizes of its loops indexing the first data operand only, the second only, and its reductions,
 
-    efficiency = matmul_efficiency · s(M) · s(N) · s(K) · (1/2 if M, N or K is not a multiple
-                 of 16 bytes' worth of elements), s(d) = d / (d + h)
+    efficiency = matmul_efficiency · s(M) · s(N) · s(K) · (misaligned_efficiency, 1/2 on GPUs,
+                 if M, N or K is not a multiple of 16 bytes' worth of elements)
+                 · (matmul_cache_speedup if M·K + K·N + M·N elements fit in
+                 matmul_cache_bytes), s(d) = d / (d + h)
 
 where h (`matmul_half_dim`, 64 on GPUs: half a 128-wide tile) is the dim at which a kernel
 runs at half speed: a 128x128 output tile fed a dim of 64 idles half its lanes, while dims of
 thousands give s ≈ 1. Tensor cores need 16-byte aligned leading dims; cuBLAS falls back to
-slower kernels otherwise (about 2x). An op without a rule runs whole on every device: its
+slower kernels otherwise (about 2x). A CPU's matmul whose operands and result stay in the
+cores' private caches runs several times faster than one streaming them from the shared
+cache (`autoshard calibrate` measures both; GPUs model no such level). A CPU's BLAS also
+re-lays out (packs) B of A @ B on every call when B is no constant, a pass over its bytes at
+`pack_bandwidth` added to the contraction's time (matmuls with few rows and a large weight
+spend as long packing as multiplying; GPUs read operands in place). An op without a rule
+runs whole on every device: its
 outputs' elements as FLOPs, all its inputs and outputs as bytes.
 
 Memory. A tensor takes, per device, the bytes of its largest shard: Π ceil(d_i / g_i) elements.
@@ -52,7 +70,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autoshard.cost.cluster import Cluster, DeviceKind
+from autoshard.cost.cluster import Cluster, DeviceKind, Transcendental
 from autoshard.ir import dtypes
 from autoshard.ir.graph import PHASES, Graph, Op
 from autoshard.mesh import Mesh
@@ -72,17 +90,39 @@ def collective_time(collective: Collective, cluster: Cluster) -> float:
     return ring_steps(collective.kind, n) * latency + collective.bytes_per_device / bandwidth
 
 
+TRANSCENDENTAL_FLOPS: Mapping[Transcendental, int] = {
+    # Vector instructions per evaluation in float32, where a device has no measured rate:
+    # expf is a range reduction (2 FMAs), a degree-5 polynomial and a scale (CUDA's __expf is
+    # 2 on the SFU, libdevice's accurate expf and glibc's about 8); logf a split into exponent
+    # and mantissa and a degree-8 polynomial (~10); erff a rational approximation of ~12 FMAs;
+    # tanhf the same shape (~12); powf an extra-precise log, a multiply and an exp (~40:
+    # glibc's and libdevice's take 5x an expf); sqrtf a hardware estimate and one Newton step
+    # (~4); sin/cos a range reduction and two polynomials (~20); x**2 and x**3 are one or two
+    # multiplications.
+    Transcendental.EXP: 8,
+    Transcendental.LOG: 10,
+    Transcendental.ERF: 12,
+    Transcendental.TANH: 12,
+    Transcendental.POW: 40,
+    Transcendental.INT_POW: 2,
+    Transcendental.SQRT: 4,
+    Transcendental.TRIG: 20,
+}
+
+
 @dataclass(frozen=True)
 class OpKind:
     """How an op type computes, beyond its loops: FLOPs per iteration (None: 2 with a reduction
     loop, else 1), passes over its operands and results, whether operand 0 is a table it looks
-    rows up in, and whether it is a view (no kernel at all)."""
+    rows up in, whether it is a view (no kernel at all), and the special function it evaluates
+    once per iteration, if any."""
 
     flops: int | None = None
     reads: float = 1.0
     writes: float = 1.0
     lookup: bool = False
     view: bool = False
+    special: Transcendental | None = None
 
 
 VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity",
@@ -100,7 +140,23 @@ OP_KINDS: Mapping[str, OpKind] = {
     **dict.fromkeys(("Gather", "GatherElements", "GatherND"), OpKind(flops=0, lookup=True)),
     # Softmax: max, subtract, exp, sum, divide per element; a pass for the row statistics and
     # one normalizing (eager kernels keep short rows in registers, long rows are read again).
+    # Its exp is inside the fused row kernel, counted among the 5 (a CPU's vector rate is
+    # measured on a softmax; a GPU's softmax is memory-bound).
     **dict.fromkeys(("Softmax", "LogSoftmax"), OpKind(flops=5, reads=2)),
+    # One special function per element (Sigmoid, Softplus and the ELUs are an exp and a few
+    # flops; Gelu an erf, or a tanh when approximate: `special`).
+    **dict.fromkeys(
+        ("Exp", "Sigmoid", "Softplus", "Elu", "Selu", "Celu"), OpKind(special=Transcendental.EXP)
+    ),  # fmt: skip
+    "Log": OpKind(special=Transcendental.LOG),
+    **dict.fromkeys(("Erf", "Gelu"), OpKind(special=Transcendental.ERF)),
+    "Tanh": OpKind(special=Transcendental.TANH),
+    "Pow": OpKind(special=Transcendental.POW),
+    "Sqrt": OpKind(special=Transcendental.SQRT),
+    **dict.fromkeys(
+        ("Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh"),
+        OpKind(special=Transcendental.TRIG),
+    ),  # fmt: skip
     # Layer and RMS norms: one pass for the mean / mean square, one to normalize and scale.
     "LayerNormalization": OpKind(flops=8, reads=2),
     "RMSNormalization": OpKind(flops=4, reads=2),
@@ -136,6 +192,40 @@ def op_kind(op: Op) -> OpKind:
     return OP_KINDS.get(op.type, _DEFAULT)
 
 
+CHEAP_POWERS: Mapping[float, Transcendental | None] = {
+    1.0: None, 2.0: Transcendental.INT_POW, 3.0: Transcendental.INT_POW,
+    0.5: Transcendental.SQRT,
+}  # fmt: skip
+"""Constant exponents kernels special-case (onnxruntime's Pow: 2 and 3; torch's: 0.5, 1, 2,
+3): a copy, multiplications, or a square root."""
+
+
+def special(op: Op, graph: Graph) -> Transcendental | None:
+    """The special function `op` evaluates per element: its kind's, but a tanh for an
+    approximate Gelu and none (or a square root) for a Pow by a constant it special-cases."""
+    found = op_kind(op).special
+    if op.type == "Gelu" and op.attr("approximate", "none") == "tanh":
+        return Transcendental.TANH
+    if op.type == "Pow" and len(op.inputs) > 1:
+        exponent = _scalar(graph, op.inputs[1])
+        if exponent is not None and exponent in CHEAP_POWERS:
+            return CHEAP_POWERS[exponent]
+    return found
+
+
+def _scalar(graph: Graph, name: str) -> float | None:
+    """The value of a one-element constant, or weight whose data the file holds."""
+    if name in graph.constants:
+        array = graph.constants[name]
+    elif (weight := graph.weights.get(name)) is not None and weight.has_data:
+        if math.prod(weight.shape) != 1:
+            return None
+        array = weight.load()
+    else:
+        return None
+    return float(array.reshape(-1)[0]) if array.size == 1 else None
+
+
 def _local_loops(rule: OpRule, option: ShardingOption, mesh: Mesh) -> list[int]:
     return [
         shard_size(loop.size, mesh.group_size(axes))
@@ -150,9 +240,9 @@ def op_flops(
     kind = op_kind(op)
     if kind.view:
         return 0
+    per_device = _iterations(op, rule, option, graph, mesh)
     if rule is None or option is None:
-        return sum(math.prod(graph.values[o].shape) for o in op.outputs if o)
-    per_device = math.prod(_local_loops(rule, option, mesh))
+        return per_device
     if kind.flops is not None:
         return per_device * kind.flops
     multiply_add = any(loop.kind is IteratorType.REDUCTION for loop in rule.loops)
@@ -232,12 +322,10 @@ def matmul_efficiency(
         efficiency *= size / (size + half)
     align = max(1, 128 // max(1, dtypes.bits(dtype)))
     if any(size % align for size in (m, n, k)):
-        efficiency *= MISALIGNED
+        efficiency *= device.misaligned_efficiency
+    if dtypes.nbytes(dtype, m * k + k * n + m * n) <= device.matmul_cache_bytes:
+        efficiency *= device.matmul_cache_speedup
     return efficiency
-
-
-MISALIGNED = 0.5
-"""A contraction whose M, N or K is not a multiple of 16 bytes runs about twice as slow."""
 
 
 def op_cost(
@@ -254,8 +342,44 @@ def op_cost(
     if rule is not None and option is not None and flops:
         efficiency = matmul_efficiency(rule, option, mesh, dtype, device, op.inputs)
     rate = device.default_flops if efficiency is None else device.peak(dtype) * efficiency
-    seconds = max(flops / rate, moved / (device.hbm_bandwidth * device.memory_efficiency))
+    cached = 0 < moved <= device.cache_bytes and device.cache_bandwidth > 0
+    bandwidth = device.cache_bandwidth if cached else device.hbm_bandwidth
+    seconds = max(flops / rate, moved / (bandwidth * device.memory_efficiency))
+    if efficiency is not None and device.pack_bandwidth > 0 and rule is not None:
+        seconds += _second_operand_bytes(op, rule, option, graph, mesh) / device.pack_bandwidth
+    family = special(op, graph)
+    if family is not None:
+        seconds = max(seconds, _iterations(op, rule, option, graph, mesh) / special_rate(
+            device, family))  # fmt: skip
     return OpCost(flops, moved, seconds + device.launch_s)
+
+
+def _second_operand_bytes(
+    op: Op, rule: OpRule, option: ShardingOption | None, graph: Graph, mesh: Mesh
+) -> int:
+    """Bytes of the local shard of a contraction's second data operand (B of A @ B)."""
+    data = [(name, m) for name, m in zip(op.inputs, rule.operands, strict=False) if name and m]
+    if len(data) < 2 or option is None:
+        return 0
+    name, indexing = data[1]
+    value = graph.values[name]
+    return dtypes.nbytes(value.dtype, _elements(value.shape, indexing, option, mesh))
+
+
+def special_rate(device: DeviceKind, family: Transcendental) -> float:
+    """Evaluations per second of a special function: the device's measured rate, else its
+    vector rate over the instructions one takes (`TRANSCENDENTAL_FLOPS`)."""
+    measured = device.transcendental.get(str(family))
+    return measured if measured else device.default_flops / TRANSCENDENTAL_FLOPS[family]
+
+
+def _iterations(
+    op: Op, rule: OpRule | None, option: ShardingOption | None, graph: Graph, mesh: Mesh
+) -> int:
+    """The iterations of `op` one device runs: its local loops, or (no rule) its outputs."""
+    if rule is None or option is None:
+        return sum(math.prod(graph.values[o].shape) for o in op.outputs if o)
+    return math.prod(_local_loops(rule, option, mesh))
 
 
 def compute_time(

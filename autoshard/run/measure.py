@@ -121,7 +121,7 @@ def _rank(
     os._exit(code)  # skip interpreter teardown: torch's atexit hooks may wait on peers
 
 
-def _cuda_devices() -> int:
+def cuda_devices() -> int:
     try:
         import torch
     except ImportError:
@@ -140,11 +140,11 @@ def check_ranks(given: int | None) -> int:
         import torch.distributed  # noqa: F401
     except ImportError:
         return 0
-    return max(2, _cuda_devices()) if _cuda_devices() else 4
+    return max(2, cuda_devices()) if cuda_devices() else 4
 
 
 def default_backend() -> str:
-    return "nccl" if _cuda_devices() else "gloo"
+    return "nccl" if cuda_devices() else "gloo"
 
 
 def check_backend(ranks: int, backend: str) -> None:
@@ -156,9 +156,9 @@ def check_backend(ranks: int, backend: str) -> None:
         import torch.distributed as dist
     except ImportError:
         raise RunSetupError("measuring links needs torch: pip install 'autoshard[run]'") from None
-    if backend == "nccl" and not (dist.is_nccl_available() and _cuda_devices() >= ranks):
+    if backend == "nccl" and not (dist.is_nccl_available() and cuda_devices() >= ranks):
         raise RunSetupError(
-            f"--backend nccl needs {ranks} CUDA GPUs; this machine has {_cuda_devices()}: use "
+            f"--backend nccl needs {ranks} CUDA GPUs; this machine has {cuda_devices()}: use "
             "--backend gloo or fewer --ranks"
         )
 

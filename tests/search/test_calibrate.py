@@ -8,7 +8,15 @@ import re
 import pytest
 
 from autoshard.cli import main
-from autoshard.cost.calibrate import LinkSample, fit_half_dim, fit_link, fit_links
+from autoshard.cost.calibrate import (
+    PACK_RATES,
+    LinkSample,
+    fit_half_dim,
+    fit_link,
+    fit_links,
+    fit_packing,
+    working_set,
+)
 from autoshard.cost.cluster import ClusterError, device_kind, make_cluster
 from autoshard.cost.model import OpCost, op_cost
 from autoshard.plan import ShardingOption
@@ -22,8 +30,28 @@ def test_the_fit_recovers_the_curve_it_was_drawn_from():
     """Rates drawn from E · Π d / (d + 48) with E = 1e11: the fit gives E and h = 48 back."""
     shapes = [(256,) * 3, (1024,) * 3, (2048, 32, 2048), (32, 2048, 2048), (2048, 128, 2048)]
     rates = [(s, 1e11 * math.prod(d / (d + 48) for d in s)) for s in shapes]
-    peak, half = fit_half_dim(rates)
-    assert half == 48 and peak == pytest.approx(1e11)
+    peak, half, speedup = fit_half_dim(rates)
+    assert half == 48 and peak == pytest.approx(1e11) and speedup == 1.0
+
+
+def test_the_fit_finds_the_cache_level_and_its_speedup():
+    """The same curve, but shapes of at most 768 KiB of float32 operands and result (256^3)
+    run 3x faster: the fit gives E, h, the speedup and that limit back."""
+    shapes = [(64,) * 3, (128,) * 3, (256,) * 3, (1024,) * 3, (2048, 32, 2048),
+              (32, 2048, 2048), (2048, 128, 2048)]  # fmt: skip
+    limit = 4 * 3 * 256 * 256
+    assert working_set((256,) * 3, 4) == limit == 786432
+
+    def speed(shape):
+        return 3 if working_set(shape, 4) <= limit else 1
+
+    rates = [(s, speed(s) * 1e11 * math.prod(d / (d + 48) for d in s)) for s in shapes]
+    peak, half, speedup, found, pack = fit_packing(rates, 4)
+    assert (half, found, pack) == (48, limit, 0.0)
+    assert peak == pytest.approx(1e11) and speedup == pytest.approx(3.0)
+    # without a faster level, none is found
+    plain = [(s, 1e11 * math.prod(d / (d + 48) for d in s)) for s in shapes]
+    assert fit_packing(plain, 4)[2:] == (1.0, 0, 0.0)
 
 
 DEVICE = {
@@ -77,7 +105,7 @@ def test_calibrate_writes_a_cluster_file_plan_reads(tmp_path, capsys):
     data = json.loads(path.read_text())
     device = data["device"]
     assert device["hbm_bandwidth"] > 0 and device["flops"]["float32"] > 0
-    assert len(data["calibration"]["matmul_flops"]) == 8
+    assert len(data["calibration"]["matmul_flops"]) == 10
     assert "matmul 1024x1024x1024" in capsys.readouterr().err  # progress, shown as it runs
     out = tmp_path / "plan.json"
     args = ["plan", str(MODELS / "mlp.onnx"), "--mesh", "2", "--dim", "batch=8", "--cluster"]
@@ -193,3 +221,23 @@ def test_calibrate_refuses_nccl_without_gpus_before_any_work(tmp_path, capsys):
         "--backend gloo or fewer --ranks\n"
     )
     assert not path.exists()
+
+
+def test_the_fit_separates_packing_from_multiplying():
+    """Times drawn from 2MKN / (5e10 · (3 in the cache) · Π d / (d + 16)) plus a pass over B
+    at 4.0 GB/s (on the grid of packing rates: 0.5 · 1.26^9): the fit gives the curve, the
+    cache level and the packing rate back."""
+    shapes = [(128,) * 3, (256,) * 3, (512,) * 3, (1024,) * 3, (2048,) * 3, (2048, 32, 2048),
+              (2048, 2048, 32), (32, 2048, 2048), (2048, 128, 2048), (128, 4096, 4096)]  # fmt: skip
+    limit = working_set((512,) * 3, 4)
+
+    def rate(shape):
+        m, k, n = shape
+        level = 3 if working_set(shape, 4) <= limit else 1
+        curve = level * 5e10 * math.prod(d / (d + 16) for d in shape)
+        return 2 * m * k * n / (2 * m * k * n / curve + 4 * k * n / PACK_RATES[10])
+
+    peak, half, speedup, found, pack = fit_packing([(s, rate(s)) for s in shapes], 4)
+    assert (half, found) == (16, limit)
+    assert peak == pytest.approx(5e10) and speedup == pytest.approx(3)
+    assert pack == PACK_RATES[10] == pytest.approx(4.0e9, rel=1e-3)

@@ -1,0 +1,199 @@
+"""What one kernel takes on this machine, in the runtime a plan's program runs in: the probes
+`autoshard calibrate` measures the device with and the fidelity bench times ops with.
+
+- `OnnxRuntimeProbe`: onnxruntime on the CPU, float32, one single-node model per kernel (the
+  way `autoshard run` and `verify` execute a device's program), all cores. A run's own cost
+  (binding inputs, Python to C++: the fastest run of a one-element Identity, ~10 us) is taken
+  off every time, so what is left is the kernel's; numpy was the CPU's probe before, but its
+  matmuls ran twice as fast as onnxruntime's (MLAS) at the shapes plans give, and its
+  transcendentals at other rates: a calibration must measure the kernels the program runs.
+- `TorchProbe`: torch eager kernels on CUDA (bfloat16, CUDA events around each call: the
+  kernel's device time) or on the CPU (float32, the wall time of the call on one thread:
+  the same code, testable without a GPU; threads waiting on each other on a shared machine
+  take scheduler quanta, not kernel time).
+
+Each time is taken over at least `repeats` runs and as many as fit in `budget` seconds,
+after a warm-up: on CUDA their median (device time, which other processes barely move); on
+a CPU the fastest (wall time on shared cores only ever grows by what other processes take:
+the least disturbed run is the kernel's).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from autoshard.cost.cluster import Transcendental
+
+REPEATS = 5
+BUDGET = 0.05
+
+
+def best_time(run: Callable[[], object], repeats: int = REPEATS, budget: float = BUDGET) -> float:
+    """The fastest wall time of `run`: at least `repeats` runs, more while within `budget`."""
+    run()  # warm up: first-touch pages, thread pools, kernel selection
+    times: list[float] = []
+    while len(times) < repeats or (sum(times) < budget and len(times) < 200):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+SPECIAL_OPS: Mapping[Transcendental, tuple[str, float | None]] = {
+    Transcendental.EXP: ("Exp", None),
+    Transcendental.LOG: ("Log", None),
+    Transcendental.ERF: ("Erf", None),
+    Transcendental.TANH: ("Tanh", None),
+    Transcendental.POW: ("Pow", 1.7),  # an exponent no kernel special-cases
+    Transcendental.INT_POW: ("Pow", 3.0),
+    Transcendental.SQRT: ("Sqrt", None),
+    Transcendental.TRIG: ("Sin", None),
+}
+"""The ONNX op (and constant exponent) each family's rate is measured with."""
+
+
+class OnnxRuntimeProbe:
+    """Kernels of onnxruntime's CPU provider, float32 (the module's docstring)."""
+
+    name = "onnxruntime"
+    dtype = "float32"
+
+    def __init__(self, repeats: int = REPEATS, budget: float = BUDGET) -> None:
+        import onnxruntime as ort
+
+        self.repeats, self.budget = repeats, budget
+        self.options = ort.SessionOptions()
+        self.options.log_severity_level = 3
+        self.overhead = 0.0
+        one = np.ones(1, np.float32)
+        self.overhead = self.run_model(single_node("Identity", [one]), {"x0": one})
+
+    def run_model(self, proto: Any, feed: Mapping[str, np.ndarray]) -> float:
+        """The fastest run of an ONNX model on `feed`, less a run's own cost."""
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(proto.SerializeToString(), self.options)
+        seconds = best_time(lambda: session.run(None, dict(feed)), self.repeats, self.budget)
+        return max(0.0, seconds - self.overhead)
+
+    def node(
+        self, op_type: str, inputs: Sequence[np.ndarray], constant: float | None = None
+    ) -> float:
+        proto = single_node(op_type, inputs, constant)
+        return self.run_model(proto, {f"x{i}": a for i, a in enumerate(inputs)})
+
+    def matmul(self, m: int, k: int, n: int) -> float:
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        return self.node("MatMul", [a, b])
+
+    def add(self, elements: int) -> float:
+        x, y = np.ones(elements, np.float32), np.ones(elements, np.float32)
+        return self.node("Add", [x, y])
+
+    def softmax(self, elements: int) -> float:
+        x = np.random.default_rng(0).standard_normal((elements // 128, 128), dtype=np.float32)
+        return self.node("Softmax", [x])
+
+    def special(self, family: Transcendental, elements: int) -> float:
+        op_type, constant = SPECIAL_OPS[family]
+        x = np.random.default_rng(0).uniform(0.5, 2.0, elements).astype(np.float32)
+        return self.node(op_type, [x], constant)
+
+
+def single_node(op_type: str, inputs: Sequence[np.ndarray], constant: float | None = None) -> Any:
+    """A model of one node reading inputs x0.. (and a constant scalar operand) into y."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    names = [f"x{i}" for i in range(len(inputs))]
+    initializers = []
+    if constant is not None:
+        initializers.append(numpy_helper.from_array(np.array(constant, np.float32), "c"))
+    node = helper.make_node(op_type, [*names, *(["c"] if constant is not None else [])], ["y"])
+    graph = helper.make_graph(
+        [node], "probe",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in zip(
+            names, inputs, strict=True)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializers,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+class TorchProbe:
+    """torch eager kernels on `device` ("cuda": bfloat16 with CUDA events; "cpu": float32 with
+    the wall time of each call)."""
+
+    name = "torch"
+
+    def __init__(self, device: str = "cpu", repeats: int = REPEATS, budget: float = BUDGET) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.dtype = "bfloat16" if self.cuda else "float32"
+        self.torch_dtype = torch.bfloat16 if self.cuda else torch.float32
+        self.repeats, self.budget = repeats, budget
+
+    def time(self, run: Callable[[], object]) -> float:
+        """The time of `run`'s kernels (CUDA: the median device time between events)."""
+        if not self.cuda:
+            threads = self.torch.get_num_threads()
+            self.torch.set_num_threads(1)
+            try:
+                return best_time(run, self.repeats, self.budget)
+            finally:
+                self.torch.set_num_threads(threads)
+        torch = self.torch
+        run()
+        torch.cuda.synchronize(self.device)
+        times: list[float] = []
+        while len(times) < self.repeats or (sum(times) < self.budget and len(times) < 200):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return statistics.median(times)
+
+    def tensor(self, *shape: int, dtype: Any = None) -> Any:
+        generator = self.torch.Generator().manual_seed(0)
+        x = self.torch.rand(*shape, generator=generator) * 1.5 + 0.5
+        return x.to(self.device, dtype or self.torch_dtype)
+
+    def matmul(self, m: int, k: int, n: int, dtype: Any = None) -> float:
+        a, b = self.tensor(m, k, dtype=dtype), self.tensor(k, n, dtype=dtype)
+        return self.time(lambda: self.torch.matmul(a, b))
+
+    def add(self, elements: int) -> float:
+        x, y = self.tensor(elements), self.tensor(elements)
+        out = self.torch.empty_like(x)
+        return self.time(lambda: self.torch.add(x, y, out=out))
+
+    def softmax(self, elements: int) -> float:
+        x = self.tensor(elements // 128, 128)
+        return self.time(lambda: self.torch.softmax(x, -1))
+
+    def special(self, family: Transcendental, elements: int) -> float:
+        torch, x = self.torch, self.tensor(elements)
+        functions: Mapping[Transcendental, Callable[[Any], Any]] = {
+            Transcendental.EXP: torch.exp,
+            Transcendental.LOG: torch.log,
+            Transcendental.ERF: torch.erf,
+            Transcendental.TANH: torch.tanh,
+            Transcendental.POW: lambda t: torch.pow(t, SPECIAL_OPS[Transcendental.POW][1]),
+            Transcendental.INT_POW: lambda t: torch.pow(t, 3.0),
+            Transcendental.SQRT: torch.sqrt,
+            Transcendental.TRIG: torch.sin,
+        }
+        function = functions[family]
+        return self.time(lambda: function(x))

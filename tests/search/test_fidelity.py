@@ -1,0 +1,82 @@
+"""The fidelity bench's measurement (`autoshard.fidelity`): every op of device 0's program
+timed by a probe, in one class each, with the plan's own estimate; and `calibrate --torch`."""
+
+import json
+import math
+
+import pytest
+
+from autoshard.cli import main
+from autoshard.cost.probes import OnnxRuntimeProbe, TorchProbe
+from autoshard.fidelity import CLASSES, measure
+from autoshard.pipeline import PlanRequest, plan_request
+from tests.search.test_plan import MODELS
+
+
+def planned(model, dims):
+    request = PlanRequest(model_path=MODELS / f"{model}.onnx", mesh="2", dims=dims,
+                          time_limit=10.0)  # fmt: skip
+    return plan_request(request)
+
+
+def check(found, requested):
+    """A row per class then the total, which is their sum; each op's estimate is the plan's
+    (the model is float32, as the probe): the bench compares what the plan says."""
+    rows = found.classes()
+    assert [r.kind for r in rows] == [*CLASSES, "total"]
+    *classes, total = rows
+    assert total.ops == sum(r.ops for r in classes) == len(found.ops)
+    assert total.measured == pytest.approx(math.fsum(r.measured for r in classes))
+    assert total.estimated == pytest.approx(math.fsum(r.estimated for r in classes))
+    ops = requested.document["ops"]
+    for timed in found.ops:
+        assert timed.estimated == pytest.approx(ops[timed.name]["compute_s"], rel=1e-12)
+        assert timed.measured >= 0
+    return {r.kind: r.ops for r in rows}
+
+
+def test_the_torch_probe_times_every_op_of_gpt2_on_the_cpu():
+    """GPT-2 (2 layers) on 2 devices: its 13 contractions (4 Gemms a layer, QK^T and PV, the
+    LM head), the memory-bound rest (the embedding lookups too), the 26 Reshapes apart;
+    every op has a torch kernel."""
+    pytest.importorskip("torch")
+    requested = planned("gpt2", {"batch": 2, "seq": 16})
+    found = measure(requested, TorchProbe("cpu", repeats=1, budget=0.0))
+    assert found.skipped == ()
+    counts = check(found, requested)
+    assert counts["matmul"] == 13 and counts["views"] == 26 and counts["memory-bound"] == 47
+    assert {o.type for o in found.ops if o.kind == "matmul"} == {"Gemm", "MatMul"}
+    assert all(o.measured > 0 for o in found.ops if o.kind != "views")  # wall time, kept whole
+
+
+def test_the_onnxruntime_probe_times_the_mlp():
+    """Gemm, Relu, Gemm: two contractions and one memory-bound op (each time less a run's own
+    cost: an op faster than that noise may read 0)."""
+    requested = planned("mlp", {"batch": 8})
+    found = measure(requested, OnnxRuntimeProbe(repeats=1, budget=0.0))
+    assert check(found, requested) == {"matmul": 2, "memory-bound": 1, "views": 0, "total": 3}
+
+
+def test_calibrate_with_torch_on_the_cpu_writes_a_cluster_file_plan_reads(tmp_path, capsys):
+    """The torch probe's quick calibration (float32 on the CPU): a matmul curve, memory, a
+    launch floor and a rate per special-function family; `plan --cluster` prices with it."""
+    pytest.importorskip("torch")
+    path = tmp_path / "cluster.json"
+    assert main(["calibrate", "--torch", "--quick", "--ranks", "0", "-o", str(path)]) == 0
+    assert "matmul 1024x1024x1024 (float32)" in capsys.readouterr().err
+    data = json.loads(path.read_text())
+    device = data["device"]
+    assert data["calibration"]["probe"] == "torch float32"
+    assert "(calibrated, torch float32)" in device["name"]
+    assert sorted(device["transcendental"]) == sorted(
+        ["exp", "log", "erf", "tanh", "pow", "int_pow", "sqrt", "trig"]
+    )
+    assert all(rate > 0 for rate in device["transcendental"].values())
+    out = tmp_path / "plan.json"
+    args = ["plan", str(MODELS / "gpt2.onnx"), "--mesh", "2", "--dim", "batch=2"]
+    assert main([*args, "--dim", "seq=16", "--cluster", str(path), "-o", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["cluster"]["device"] == device["name"]
+    # the launch floor is in every op with a kernel: the plan's compute is at least that
+    kernels = [o for o in plan["ops"].values() if o["compute_s"] > 0]
+    assert plan["cost"]["compute_time_s"] >= len(kernels) * device["launch_s"]
