@@ -80,7 +80,8 @@ import json, sys
 import jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 export = json.load(open(sys.argv[1]))
-mesh = Mesh(np.array(jax.devices()[:4]).reshape(export["mesh"]["shape"]),
+shape = export["mesh"]["shape"]
+mesh = Mesh(np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape),
             tuple(export["mesh"]["axis_names"]))
 out = {}
 for name, entry in export["parameters"].items():
