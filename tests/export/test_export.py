@@ -79,31 +79,39 @@ JAX_CHECK = """
 import json, sys
 import jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-export = json.load(open(sys.argv[1]))
-shape = export["mesh"]["shape"]
-mesh = Mesh(np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape),
-            tuple(export["mesh"]["axis_names"]))
-out = {}
-for name, entry in export["parameters"].items():
-    spec = PartitionSpec(*(tuple(s) if isinstance(s, list) else s for s in entry["spec"]))
-    array = jax.device_put(np.zeros(entry["shape"], np.float32), NamedSharding(mesh, spec))
+placed = {}
+for path in sys.argv[1:]:  # each a jax export: its parameters placed, each device's region
+    export = json.load(open(path))
+    shape = export["mesh"]["shape"]
+    mesh = Mesh(np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape),
+                tuple(export["mesh"]["axis_names"]))
     ids = {d.id: i for i, d in enumerate(mesh.devices.flat)}
-    out[name] = {ids[s.device.id]: [[sl.start or 0, sl.stop if sl.stop is not None else n]
-                                     for sl, n in zip(s.index, entry["shape"])]
-                 for s in array.addressable_shards}
-print(json.dumps(out))
+    out = placed[path] = {}
+    for name, entry in export["parameters"].items():
+        spec = PartitionSpec(*(tuple(s) if isinstance(s, list) else s for s in entry["spec"]))
+        array = jax.device_put(np.zeros(entry["shape"], np.float32), NamedSharding(mesh, spec))
+        out[name] = {ids[s.device.id]: [[sl.start or 0, sl.stop if sl.stop is not None else n]
+                                         for sl, n in zip(s.index, entry["shape"])]
+                     for s in array.addressable_shards}
+print(json.dumps(placed))
 """
+
+
+def jax_placed(*paths: Path) -> dict[str, dict]:
+    """Each jax export's parameters `device_put` by JAX on 4 CPU devices: per file, parameter
+    and device, the region of the parameter that device holds."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "JAX_PLATFORMS": "cpu"}  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", JAX_CHECK, *map(str, paths)], env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(run.stdout)
 
 
 def test_jax_places_the_plans_shards(plan, tmp_path):
     pytest.importorskip("jax")
     path = tmp_path / "jax.json"
     assert main(["export", str(plan), "--to", "jax", "-o", str(path)]) == 0
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-           "JAX_PLATFORMS": "cpu"}  # fmt: skip
-    run = subprocess.run([sys.executable, "-c", JAX_CHECK, str(path)], env=env,
-                         capture_output=True, text=True, check=True)  # fmt: skip
-    placed = json.loads(run.stdout)
+    placed = jax_placed(path)[str(path)]
     export = json.loads(path.read_text())
     document = json.loads(plan.read_text())
     for name, entry in export["parameters"].items():
