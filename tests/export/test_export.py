@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 import onnx
+import onnx_ir as ir
 import pytest
+from onnx import numpy_helper
 
 from autoshard.cli import main
 from autoshard.export import Target, export_plan
@@ -172,6 +174,15 @@ def test_onnx_sharding_metadata(plan, tmp_path):
     # dim 1 over tp then dp: device (dp=i, tp=j) holds shard 2j + i; one device per shard.
     assert [(d.axis, d.simple_sharding[0].num_shards) for d in spec.sharded_dim] == [(1, 4)]
     assert list(spec.device) == [0, 2, 1, 3]
+    # Otherwise the model is the original, and onnx_ir reads the export back unchanged.
+    original = onnx.load(plan.parent / "block_dynamo.onnx")
+    assert [(n.op_type, n.input, n.output, n.attribute) for n in model.graph.node] == [
+        (n.op_type, n.input, n.output, n.attribute) for n in original.graph.node
+    ]
+    assert [(t.name, numpy_helper.to_array(t).tobytes()) for t in model.graph.initializer] == [
+        (t.name, numpy_helper.to_array(t).tobytes()) for t in original.graph.initializer
+    ]
+    assert ir.to_proto(ir.from_proto(model)) == model
 
 
 @pytest.mark.parametrize(

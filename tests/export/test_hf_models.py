@@ -196,7 +196,7 @@ def test_forward_matches_and_placements_are_the_plans(runs, case):
             if " is tied to " in message:
                 name, _, rest = message.partition(" is tied to ")
                 tied[name] = rest.partition(":")[0]
-        for name, placements in planned.items():
+        for name in planned:
             want = planned[tied.get(name, name)]
             assert result["held"][name] == repr(tuple(_placement(p) for p in want)), (case, name)
         # An embedding table split on the vocabulary is looked up by masked rows and a sum.
