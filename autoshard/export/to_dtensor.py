@@ -149,7 +149,9 @@ Activations follow the plan through torch's parallel styles over the mesh dim TP
 ColwiseParallel / RowwiseParallel / SequenceParallel per module), and FSDP2's `fully_shard` over
 FSDP_DIM holds the parameters the plan stores split further than they are read (FSDP: the dim
 per parameter); every other parameter is distributed with `distribute_tensor`. When no style
-applies (FALLBACK says why) each parameter is distributed as stored over the whole mesh.
+applies (FALLBACK says why) each parameter is distributed as stored over the whole mesh, and
+DTensor lays out the activations op by op. An nn.Embedding distributed split on its vocabulary
+looks tokens up in its own rows and sums over the mesh dims that split them (`_vocab_parallel`).
 Data parallelism is the caller's: feed each data-parallel group its slice of the batch.
 
 `_StridedShard` (a dim split over several mesh dims, minor one first) is private torch API.
