@@ -34,14 +34,14 @@ BATCH, SEQ = 4, 16
 
 # name -> (model, mesh, planning flags): each memory budget is below what the replicated plan
 # needs, so the plan splits weights; a deterministic --time-limit keeps the 2x2 solves short.
-# One plan is made to split GPT-2's token embedding over both mesh axes (which DTensor's own
-# embedding rule cannot look up).
+# One plan is made to split Llama's token embedding over both mesh axes, tp-major (which
+# DTensor's own embedding rule cannot look up).
 CASES = {
     "gpt2-tp2-inference": ("gpt2", "tp=2", ["--memory", "400KB"]),
-    "gpt2-2x2-inference": ("gpt2", "dp=2,tp=2", ["--memory", "300KB", "--time-limit", "2",
-                           "--annotate", "lm.transformer.wte.weight=[[0, 1], []]"]),
+    "gpt2-2x2-inference": ("gpt2", "dp=2,tp=2", ["--memory", "300KB", "--time-limit", "2"]),
     "llama-tp2-inference": ("llama", "tp=2", ["--memory", "300KB"]),
-    "llama-2x2-inference": ("llama", "dp=2,tp=2", ["--memory", "300KB", "--time-limit", "2"]),
+    "llama-2x2-inference": ("llama", "dp=2,tp=2", ["--memory", "300KB", "--time-limit", "2",
+                            "--annotate", "lm.model.embed_tokens.weight=[[1, 0], []]"]),
     "gpt2-tp2-training": ("gpt2", "tp=2", ["--mode", "training", "--memory", "1.2MB"]),
     "gpt2-2x2-training": ("gpt2", "dp=2,tp=2", ["--mode", "training", "--memory", "1.2MB",
                           "--time-limit", "2"]),
@@ -160,12 +160,10 @@ def runs(tmp_path_factory) -> Path:
         argv = ["plan", str(folder / f"{name}.onnx"), "--mesh", mesh, *flags, "-o", str(plan)]
         assert main(argv) == 0, case
         model = str(folder / f"{name}.onnx")
-        assert main(["export", str(plan), "--to", "dtensor", "--model", model,
-                     "-o", str(path / "apply.py")]) == 0  # fmt: skip
-        assert main(["export", str(plan), "--to", "jax", "--model", model,
-                     "-o", str(path / "jax.json")]) == 0  # fmt: skip
-        document = export_plan(plan, Target.DTENSOR, model).document
-        (path / "export.json").write_text(json.dumps(document))
+        dtensor = export_plan(plan, Target.DTENSOR, model)  # what `autoshard export` writes
+        (path / "apply.py").write_bytes(dtensor.payload)
+        (path / "export.json").write_text(json.dumps(dtensor.document))
+        (path / "jax.json").write_bytes(export_plan(plan, Target.JAX, model).payload)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -203,8 +201,10 @@ def test_forward_matches_and_placements_are_the_plans(runs, case):
         for module, masked in result["masked"].items():
             held = planned[tied.get(f"{module}.weight", f"{module}.weight")]
             assert masked == any(p.startswith(("Shard(0)", "_StridedShard(0")) for p in held)
-    if case == "gpt2-2x2-inference":  # the annotated table: its vocabulary over both axes
-        assert planned["lm.transformer.wte.weight"] == ["Shard(0)", "Shard(0)"]
+    if case == "llama-2x2-inference":  # the annotated table: its vocabulary over both axes
+        want = ["_StridedShard(0, split_factor=2)", "Shard(0)"]
+        assert planned["lm.model.embed_tokens.weight"] == want
+        assert result["masked"] == {"lm.model.embed_tokens": True}
 
 
 def _placement(text: str):
