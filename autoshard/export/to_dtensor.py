@@ -307,7 +307,7 @@ def _vocab_parallel(model, styled):
     for path, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if (isinstance(module, torch.nn.Embedding) and path not in styled
-                and isinstance(weight, DTensor)
+                and module.max_norm is None and isinstance(weight, DTensor)
                 and any(getattr(p, "dim", None) == 0 for p in weight.placements)):
             module.forward = _masked_lookup(module)
 
@@ -324,7 +324,10 @@ def _masked_lookup(module):
         table = weight.to_local()
         outside = (ids < start) | (ids >= start + rows)
         if rows:
-            local = torch.nn.functional.embedding(torch.where(outside, 0, ids - start), table)
+            pad = module.padding_idx  # its row gets no gradient: the rank holding it says so
+            pad = pad - start if pad is not None and start <= pad < start + rows else None
+            local = torch.nn.functional.embedding(
+                torch.where(outside, 0, ids - start), table, padding_idx=pad)
             local = local.masked_fill(outside.unsqueeze(-1), 0)
         else:
             local = table.new_zeros((*ids.shape, table.shape[1]))
