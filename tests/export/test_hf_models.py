@@ -35,16 +35,17 @@ BATCH, SEQ = 4, 16
 # name -> (model, mesh, planning flags): each memory budget is below what the replicated plan
 # needs, so the plan splits weights; a deterministic --time-limit keeps the 2x2 solves short.
 # One plan is made to split Llama's token embedding over both mesh axes, tp-major (which
-# DTensor's own embedding rule cannot look up).
+# DTensor's own embedding rule cannot look up): an annotation, no budget (a quick solve).
 CASES = {
     "gpt2-tp2-inference": ("gpt2", "tp=2", ["--memory", "400KB"]),
-    "gpt2-2x2-inference": ("gpt2", "dp=2,tp=2", ["--memory", "300KB", "--time-limit", "2"]),
+    "gpt2-2x2-inference": ("gpt2", "dp=2,tp=2", ["--memory", "300KB", "--time-limit", "1"]),
     "llama-tp2-inference": ("llama", "tp=2", ["--memory", "300KB"]),
-    "llama-2x2-inference": ("llama", "dp=2,tp=2", ["--memory", "300KB", "--time-limit", "2",
-                            "--annotate", "lm.model.embed_tokens.weight=[[1, 0], []]"]),
+    "llama-2x2-inference": ("llama", "dp=2,tp=2", ["--memory", "300KB", "--time-limit", "2"]),
+    "llama-2x2-embedding": ("llama", "dp=2,tp=2",
+                            ["--annotate", "lm.model.embed_tokens.weight=[[1, 0], []]"]),
     "gpt2-tp2-training": ("gpt2", "tp=2", ["--mode", "training", "--memory", "1.2MB"]),
     "gpt2-2x2-training": ("gpt2", "dp=2,tp=2", ["--mode", "training", "--memory", "1.2MB",
-                          "--time-limit", "2"]),
+                          "--time-limit", "1"]),
     "llama-tp2-training": ("llama", "tp=2", ["--mode", "training", "--memory", "1.2MB"]),
 }  # fmt: skip
 
@@ -201,7 +202,7 @@ def test_forward_matches_and_placements_are_the_plans(runs, case):
         for module, masked in result["masked"].items():
             held = planned[tied.get(f"{module}.weight", f"{module}.weight")]
             assert masked == any(p.startswith(("Shard(0)", "_StridedShard(0")) for p in held)
-    if case == "llama-2x2-inference":  # the annotated table: its vocabulary over both axes
+    if case == "llama-2x2-embedding":  # the annotated table: its vocabulary over both axes
         want = ["_StridedShard(0, split_factor=2)", "Shard(0)"]
         assert planned["lm.model.embed_tokens.weight"] == want
         assert result["masked"] == {"lm.model.embed_tokens": True}
