@@ -149,7 +149,9 @@ Activations follow the plan through torch's parallel styles over the mesh dim TP
 ColwiseParallel / RowwiseParallel / SequenceParallel per module), and FSDP2's `fully_shard` over
 FSDP_DIM holds the parameters the plan stores split further than they are read (FSDP: the dim
 per parameter); every other parameter is distributed with `distribute_tensor`. When no style
-applies (FALLBACK says why) each parameter is distributed as stored over the whole mesh.
+applies (FALLBACK says why) each parameter is distributed as stored over the whole mesh, and
+DTensor lays out the activations op by op. An nn.Embedding distributed split on its vocabulary
+looks tokens up in its own rows and sums over the mesh dims that split them (`_vocab_parallel`).
 Data parallelism is the caller's: feed each data-parallel group its slice of the batch.
 
 `_StridedShard` (a dim split over several mesh dims, minor one first) is private torch API.
@@ -159,6 +161,7 @@ import warnings
 
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import _StridedShard
 
 MESH_SHAPE = {shape}
@@ -184,6 +187,7 @@ def apply_plan(model: torch.nn.Module, mesh) -> torch.nn.Module:
         raise KeyError(f"model has no parameter or buffer {{missing[0]!r}} ({{len(missing)}})")
     if FALLBACK is not None:
         _distribute(model, mesh, PLACEMENTS)
+        _vocab_parallel(model, styled=set())
         return model
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import (
@@ -231,6 +235,7 @@ def apply_plan(model: torch.nn.Module, mesh) -> torch.nn.Module:
     else:  # FSDP alone gathers plain tensors: only the others are DTensors
         rest = {{n: p for n, p in PLACEMENTS.items() if n not in styled | sharded}}
     _distribute(model, compute, rest)
+    _vocab_parallel(model, styled=set(styles))
     for path, dims in fsdp.items():
         module = model.get_submodule(path)
         shard = {{id(getattr(module, leaf)): Shard(dim) for leaf, dim in dims.items()}}
@@ -290,6 +295,56 @@ def _distribute(model, mesh, table):
             module.register_parameter(leaf, new)
         else:
             module.register_buffer(leaf, new)
+
+
+def _vocab_parallel(model, styled):
+    """Each nn.Embedding (not given a style) whose weight is distributed split on the
+    vocabulary (dim 0) looks its tokens up as the plan's program does: every rank in its own
+    rows, the other tokens masked to zero, then a sum over the mesh dims that split the
+    vocabulary. DTensor's own rule (`_MaskPartial`) takes the rows of one mesh dim: over two,
+    both dims share one mask ("MaskBuffer has been materialized with conflicting data") and
+    offset the tokens by the whole table."""
+    for path, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if (isinstance(module, torch.nn.Embedding) and path not in styled
+                and module.max_norm is None and isinstance(weight, DTensor)
+                and any(getattr(p, "dim", None) == 0 for p in weight.placements)):
+            module.forward = _masked_lookup(module)
+
+
+def _masked_lookup(module):
+    def forward(ids):
+        weight = module.weight
+        mesh, placements = weight.device_mesh, weight.placements
+        if isinstance(ids, DTensor):
+            ids = ids.full_tensor()
+        # The plan's shards of a dim are contiguous rows: the first one's index and the count.
+        (rows, _), (start, _) = compute_local_shape_and_global_offset(
+            weight.shape, mesh, placements)
+        table = weight.to_local()
+        outside = (ids < start) | (ids >= start + rows)
+        if rows:
+            pad = module.padding_idx  # its row gets no gradient: the rank holding it says so
+            pad = pad - start if pad is not None and start <= pad < start + rows else None
+            local = torch.nn.functional.embedding(
+                torch.where(outside, 0, ids - start), table, padding_idx=pad)
+            local = local.masked_fill(outside.unsqueeze(-1), 0)
+        else:
+            local = table.new_zeros((*ids.shape, table.shape[1]))
+        out = []
+        for p in placements:  # a vocabulary split sums; a hidden split splits the output
+            if getattr(p, "dim", None) == 0:
+                p = Partial()
+            elif isinstance(p, _StridedShard):
+                p = _StridedShard(ids.dim(), split_factor=p.split_factor)
+            elif isinstance(p, Shard):
+                p = Shard(ids.dim())
+            out.append(p)
+        result = DTensor.from_local(local, mesh, out, run_check=False)
+        return result.redistribute(
+            mesh, [Replicate() if isinstance(p, Partial) else p for p in out])
+
+    return forward
 
 
 def _lookup(model, name):

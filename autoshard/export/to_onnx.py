@@ -1,4 +1,6 @@
-"""A plan as ONNX multi-device sharding metadata (IR version 11, onnx >= 1.18).
+"""A plan as ONNX multi-device sharding metadata (IR version 11, onnx >= 1.18), written with
+onnx_ir's multi-device API (`Model.add_device_configuration`, `ShardingSpec` bound to the
+values it shards) and serialized to the protos below.
 
 The model gets one `DeviceConfigurationProto` (the mesh's devices, named by their mesh
 coordinates) in `ModelProto.configuration`, and every planned node a
@@ -21,7 +23,8 @@ from pathlib import Path
 
 import onnx
 import onnx.inliner
-from onnx import ModelProto, ShardingSpecProto
+import onnx_ir as ir
+from onnx import ModelProto
 
 from autoshard.export.held import Held
 from autoshard.ir.onnx_import import load_model, name_nodes
@@ -45,17 +48,16 @@ def shard_index(sharding: Sharding, mesh: Mesh, device: Sequence[int]) -> tuple[
 
 
 def sharding_spec(
-    name: str, sharding: Sharding, shape: Sequence[int], mesh: Mesh
-) -> ShardingSpecProto:
-    """The spec of tensor `name` of `shape` held as `sharding` (see the module's docstring)."""
-    spec = ShardingSpecProto(tensor_name=name)
-    counts = []
+    value: ir.Value, sharding: Sharding, shape: Sequence[int], mesh: Mesh
+) -> ir.ShardingSpec:
+    """The spec of `value` of `shape` held as `sharding` (see the module's docstring)."""
+    dims, counts = [], []
     for dim, axes in enumerate(sharding.split_axes):
         if axes:
             count = math.prod(mesh.shape[a] for a in axes)
             counts.append(count)
-            sharded = spec.sharded_dim.add(axis=dim)
-            sharded.simple_sharding.add(dim_value=shape[dim], num_shards=count)
+            simple = ir.SimpleShardedDim(dim=shape[dim], num_shards=count)
+            dims.append(ir.ShardedDim(axis=dim, simple_shardings=(simple,)))
     holders: dict[tuple[int, ...], list[int]] = {}
     for device in mesh.devices():
         holders.setdefault(shard_index(sharding, mesh, device), []).append(
@@ -63,12 +65,11 @@ def sharding_spec(
         )
     shards = list(itertools.product(*(range(c) for c in counts)))
     if all(len(holders[s]) == 1 for s in shards):
-        spec.device.extend(holders[s][0] for s in shards)
-    else:
-        for k, s in enumerate(shards, start=1):
-            spec.device.append(-k)
-            spec.index_to_device_group_map.add(key=-k, value=holders[s])
-    return spec
+        return ir.ShardingSpec(value, tuple(holders[s][0] for s in shards), (), tuple(dims))
+    groups = tuple(
+        ir.IndexToDeviceGroupMapEntry(-k, tuple(holders[s])) for k, s in enumerate(shards, 1)
+    )
+    return ir.ShardingSpec(value, tuple(g.key for g in groups), groups, tuple(dims))
 
 
 def _issues(what: str, sharding: Sharding, shape: Sequence[int], mesh: Mesh) -> list[str]:
@@ -85,37 +86,35 @@ def _issues(what: str, sharding: Sharding, shape: Sequence[int], mesh: Mesh) -> 
 def onnx_export(held: Held, model_path: str | Path) -> tuple[ModelProto, list[str]]:
     """The model with the plan as sharding metadata, and what the format could not say."""
     graph, plan, mesh = held.graph, held.plan, held.mesh
-    model = load_model(model_path)
-    if model.functions:
-        model = onnx.inliner.inline_local_functions(model)
-    name_nodes(model.graph.node)
+    proto = load_model(model_path)
+    if proto.functions:
+        proto = onnx.inliner.inline_local_functions(proto)
+    name_nodes(proto.graph.node)  # the names the plan gives its ops
+    model = ir.from_proto(proto)
     model.ir_version = max(model.ir_version, IR_VERSION)
-    del model.configuration[:]
-    model.configuration.add(
-        name=CONFIGURATION,
-        num_devices=mesh.size,
-        device=["(" + ",".join(map(str, d)) + ")" for d in mesh.devices()],
+    model.device_configurations = ()
+    config = model.add_device_configuration(
+        CONFIGURATION, device_names=["(" + ",".join(map(str, d)) + ")" for d in mesh.devices()]
     )
     warnings: list[str] = []
-    for node in model.graph.node:
-        op = graph.op_by_name.get(node.name)
+    for node in model.graph:
+        op = graph.op_by_name.get(node.name or "")
         if op is None:  # folded away by the importer (a shape computation): not planned
             continue
-        config = node.device_configurations.add(configuration_id=CONFIGURATION)
-        for i, name in enumerate(node.input):
-            if name and i < len(op.inputs) and op.inputs[i]:
+        specs: dict[str, ir.ShardingSpec] = {}  # one per value, though read twice
+        for i, value in enumerate(node.inputs):
+            if value is not None and value.name and i < len(op.inputs) and op.inputs[i]:
                 needs = plan.needs[(op.name, i)]
                 shape = graph.values[op.inputs[i]].shape
-                config.sharding_spec.append(sharding_spec(name, needs, shape, mesh))
-                warnings += _issues(f"{node.name} input {name}", needs, shape, mesh)
-        for name in (n for n in node.output if n and n in graph.values):
-            produced, shape = plan.produced[name], graph.values[name].shape
-            config.sharding_spec.append(sharding_spec(name, produced, shape, mesh))
-            warnings += _issues(f"{node.name} output {name}", produced, shape, mesh)
-    _external_warning(model, warnings)
-    return model, warnings
-
-
-def _external_warning(model: ModelProto, warnings: list[str]) -> None:
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+                specs.setdefault(value.name, sharding_spec(value, needs, shape, mesh))
+                warnings += _issues(f"{node.name} input {value.name}", needs, shape, mesh)
+        for value in node.outputs:
+            if value.name and value.name in graph.values:
+                produced, shape = plan.produced[value.name], graph.values[value.name].shape
+                specs[value.name] = sharding_spec(value, produced, shape, mesh)
+                warnings += _issues(f"{node.name} output {value.name}", produced, shape, mesh)
+        node.device_configurations = (ir.NodeDeviceConfiguration(config, tuple(specs.values())),)
+    out = ir.to_proto(model)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in out.graph.initializer):
         warnings.append("weights stay in the model's external data files (paths relative to it)")
+    return out, warnings

@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 import onnx
+import onnx_ir as ir
 import pytest
+from onnx import numpy_helper
 
 from autoshard.cli import main
 from autoshard.export import Target, export_plan
@@ -79,30 +81,39 @@ JAX_CHECK = """
 import json, sys
 import jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-export = json.load(open(sys.argv[1]))
-mesh = Mesh(np.array(jax.devices()[:4]).reshape(export["mesh"]["shape"]),
-            tuple(export["mesh"]["axis_names"]))
-out = {}
-for name, entry in export["parameters"].items():
-    spec = PartitionSpec(*(tuple(s) if isinstance(s, list) else s for s in entry["spec"]))
-    array = jax.device_put(np.zeros(entry["shape"], np.float32), NamedSharding(mesh, spec))
+placed = {}
+for path in sys.argv[1:]:  # each a jax export: its parameters placed, each device's region
+    export = json.load(open(path))
+    shape = export["mesh"]["shape"]
+    mesh = Mesh(np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape),
+                tuple(export["mesh"]["axis_names"]))
     ids = {d.id: i for i, d in enumerate(mesh.devices.flat)}
-    out[name] = {ids[s.device.id]: [[sl.start or 0, sl.stop if sl.stop is not None else n]
-                                     for sl, n in zip(s.index, entry["shape"])]
-                 for s in array.addressable_shards}
-print(json.dumps(out))
+    out = placed[path] = {}
+    for name, entry in export["parameters"].items():
+        spec = PartitionSpec(*(tuple(s) if isinstance(s, list) else s for s in entry["spec"]))
+        array = jax.device_put(np.zeros(entry["shape"], np.float32), NamedSharding(mesh, spec))
+        out[name] = {ids[s.device.id]: [[sl.start or 0, sl.stop if sl.stop is not None else n]
+                                         for sl, n in zip(s.index, entry["shape"])]
+                     for s in array.addressable_shards}
+print(json.dumps(placed))
 """
+
+
+def jax_placed(*paths: Path) -> dict[str, dict]:
+    """Each jax export's parameters `device_put` by JAX on 4 CPU devices: per file, parameter
+    and device, the region of the parameter that device holds."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "JAX_PLATFORMS": "cpu"}  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", JAX_CHECK, *map(str, paths)], env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(run.stdout)
 
 
 def test_jax_places_the_plans_shards(plan, tmp_path):
     pytest.importorskip("jax")
     path = tmp_path / "jax.json"
     assert main(["export", str(plan), "--to", "jax", "-o", str(path)]) == 0
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-           "JAX_PLATFORMS": "cpu"}  # fmt: skip
-    run = subprocess.run([sys.executable, "-c", JAX_CHECK, str(path)], env=env,
-                         capture_output=True, text=True, check=True)  # fmt: skip
-    placed = json.loads(run.stdout)
+    placed = jax_placed(path)[str(path)]
     export = json.loads(path.read_text())
     document = json.loads(plan.read_text())
     for name, entry in export["parameters"].items():
@@ -163,6 +174,15 @@ def test_onnx_sharding_metadata(plan, tmp_path):
     # dim 1 over tp then dp: device (dp=i, tp=j) holds shard 2j + i; one device per shard.
     assert [(d.axis, d.simple_sharding[0].num_shards) for d in spec.sharded_dim] == [(1, 4)]
     assert list(spec.device) == [0, 2, 1, 3]
+    # Otherwise the model is the original, and onnx_ir reads the export back unchanged.
+    original = onnx.load(plan.parent / "block_dynamo.onnx")
+    assert [(n.op_type, n.input, n.output, n.attribute) for n in model.graph.node] == [
+        (n.op_type, n.input, n.output, n.attribute) for n in original.graph.node
+    ]
+    assert [(t.name, numpy_helper.to_array(t).tobytes()) for t in model.graph.initializer] == [
+        (t.name, numpy_helper.to_array(t).tobytes()) for t in original.graph.initializer
+    ]
+    assert ir.to_proto(ir.from_proto(model)) == model
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,236 @@
+"""The exports checked on Hugging Face GPT-2 and Llama, built from tiny configs (seeded random
+weights, nothing downloaded) and exported with the TorchScript exporter: each is planned on
+meshes tp=2 and dp=2,tp=2 for inference, and for training (Llama's 2x2 training solve is too
+slow for CI), under a memory budget below its replicated footprint (so the plan splits
+weights); the `dtensor` export's `apply_plan` is run
+on the *original torch module* on one start of 4 gloo ranks (a tp=2 plan on ranks 0 and 1),
+whose forward must give the single-process logits (rel <= 1e-5) with every parameter held with
+the placements the plan stores; and the `jax` export is `device_put` on 4 CPU devices, every
+shard the plan's."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import socket
+import warnings
+from pathlib import Path
+
+import pytest
+
+from autoshard.cli import main
+from autoshard.export import Target, export_plan
+from autoshard.mesh import Mesh
+from autoshard.sharding import Sharding
+from tests.export.test_export import jax_placed
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+tensor_api = pytest.importorskip("torch.distributed.tensor")
+transformers = pytest.importorskip("transformers")
+
+VOCAB, HIDDEN, FFN, LAYERS, HEADS, POSITIONS = 128, 64, 128, 2, 4, 32
+BATCH, SEQ = 4, 16
+
+# name -> (model, mesh, planning flags): each memory budget is below what the replicated plan
+# needs, so the plan splits weights; a deterministic --time-limit keeps the 2x2 solves short.
+# One plan is made to split Llama's token embedding over both mesh axes, tp-major (which
+# DTensor's own embedding rule cannot look up): an annotation, no budget (a quick solve).
+CASES = {
+    "gpt2-tp2-inference": ("gpt2", "tp=2", ["--memory", "400KB"]),
+    "gpt2-2x2-inference": ("gpt2", "dp=2,tp=2", ["--memory", "300KB", "--time-limit", "1"]),
+    "llama-tp2-inference": ("llama", "tp=2", ["--memory", "300KB"]),
+    "llama-2x2-inference": ("llama", "dp=2,tp=2", ["--memory", "300KB", "--time-limit", "2"]),
+    "llama-2x2-embedding": ("llama", "dp=2,tp=2",
+                            ["--annotate", "lm.model.embed_tokens.weight=[[1, 0], []]"]),
+    "gpt2-tp2-training": ("gpt2", "tp=2", ["--mode", "training", "--memory", "1.2MB"]),
+    "gpt2-2x2-training": ("gpt2", "dp=2,tp=2", ["--mode", "training", "--memory", "1.2MB",
+                          "--time-limit", "1"]),
+    "llama-tp2-training": ("llama", "tp=2", ["--mode", "training", "--memory", "1.2MB"]),
+}  # fmt: skip
+
+
+class Logits(torch.nn.Module):
+    """The LM's logits alone (no KV cache); an all-ones mask keeps transformers off its
+    packed-sequence detection, which the TorchScript exporter cannot export."""
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids):
+        mask = torch.ones_like(ids)
+        return self.lm(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+
+def build(name: str) -> torch.nn.Module:
+    """The tiny model, the same weights in every process (seeded, plus seeded noise so no two
+    parameters are equal and the exporter merges none)."""
+    if name == "gpt2":
+        config = transformers.GPT2Config(
+            vocab_size=VOCAB, n_positions=POSITIONS, n_embd=HIDDEN, n_layer=LAYERS,
+            n_head=HEADS, use_cache=False, tie_word_embeddings=True, bos_token_id=VOCAB - 1,
+            eos_token_id=VOCAB - 1,
+        )  # fmt: skip
+        cls = transformers.GPT2LMHeadModel
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN,
+            num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=2,
+            max_position_embeddings=POSITIONS, use_cache=False,
+        )  # fmt: skip
+        cls = transformers.LlamaForCausalLM
+    config._attn_implementation = "eager"  # explicit MatMul / Softmax / MatMul
+    torch.manual_seed(0)
+    lm = cls(config)
+    with torch.no_grad():
+        for param in lm.parameters():
+            param.add_(torch.randn_like(param) * 0.02)
+    return Logits(lm).eval()
+
+
+def tokens():
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+
+
+def _worker(rank: int, world: int, port: int, folder: str) -> None:
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        for case, (name, _, _) in CASES.items():
+            path = Path(folder) / case
+            spec = importlib.util.spec_from_file_location(f"apply_{case}", path / "apply.py")
+            generated = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(generated)
+            size = 1
+            for n in generated.MESH_SHAPE:
+                size *= n
+            # Every rank builds every mesh (its groups are collective); the ranks outside a
+            # smaller one skip its run.
+            mesh = torch.distributed.device_mesh.DeviceMesh(
+                "cpu",
+                torch.arange(size).reshape(generated.MESH_SHAPE),
+                mesh_dim_names=generated.MESH_DIM_NAMES,
+            )
+            if rank >= size:
+                continue
+            model = build(name)
+            ids = tokens()
+            with torch.no_grad():
+                expected = model(ids)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    generated.apply_plan(model, mesh)
+                with implicit_replication():
+                    got = model(ids)
+            got = got.full_tensor() if isinstance(got, tensor_api.DTensor) else got
+            torch.save(
+                {
+                    "error": float((got - expected).abs().max() / expected.abs().max()),
+                    "held": {k: repr(tuple(v))
+                             for k, v in generated.held_placements(model, mesh).items()},
+                    "warnings": [str(w.message) for w in caught],
+                    # each nn.Embedding: does it look tokens up by apply_plan's masked lookup
+                    "masked": {path: "forward" in vars(m) for path, m in model.named_modules()
+                               if isinstance(m, torch.nn.Embedding)},
+                },
+                path / f"rank{rank}.pt",
+            )  # fmt: skip
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Export each model, plan and export every case, then run them all on 4 gloo ranks."""
+    folder = tmp_path_factory.mktemp("hf")
+    for name in sorted({c[0] for c in CASES.values()}):
+        buffer = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+            torch.onnx.export(build(name), (tokens(),), buffer, dynamo=False, opset_version=17,
+                              input_names=["input_ids"], output_names=["logits"])  # fmt: skip
+        (folder / f"{name}.onnx").write_bytes(buffer.getvalue())
+    for case, (name, mesh, flags) in CASES.items():
+        path = folder / case
+        path.mkdir()
+        plan = path / "plan.json"
+        argv = ["plan", str(folder / f"{name}.onnx"), "--mesh", mesh, *flags, "-o", str(plan)]
+        assert main(argv) == 0, case
+        model = str(folder / f"{name}.onnx")
+        dtensor = export_plan(plan, Target.DTENSOR, model)  # what `autoshard export` writes
+        (path / "apply.py").write_bytes(dtensor.payload)
+        (path / "export.json").write_text(json.dumps(dtensor.document))
+        (path / "jax.json").write_bytes(export_plan(plan, Target.JAX, model).payload)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # Ranks fork from a server that imported torch only (a fork of this process, which has run
+    # torch ops, can hang in OpenMP).
+    torch.multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor"])
+    torch.multiprocessing.start_processes(
+        _worker, args=(4, port, str(folder)), nprocs=4, start_method="forkserver"
+    )
+    return folder
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_matches_and_placements_are_the_plans(runs, case):
+    path = runs / case
+    export = json.loads((path / "export.json").read_text())
+    assert not export["unnamed"]
+    planned = {n: e["placements"] for n, e in export["parameters"].items()}
+    assert any(p != ["Replicate()"] * len(p) for p in planned.values()), "nothing split"
+    size = Mesh.parse(CASES[case][1]).size
+    for rank in range(size):
+        result = torch.load(path / f"rank{rank}.pt", weights_only=False)
+        assert result["error"] <= 1e-5, (case, rank, result["error"])
+        # Torch ties GPT-2's LM head to its token embedding; the TorchScript export holds two
+        # weights the plan may place apart: the second keeps the first's, and is warned of.
+        tied = {}
+        for message in result["warnings"]:
+            if " is tied to " in message:
+                name, _, rest = message.partition(" is tied to ")
+                tied[name] = rest.partition(":")[0]
+        for name in planned:
+            want = planned[tied.get(name, name)]
+            assert result["held"][name] == repr(tuple(_placement(p) for p in want)), (case, name)
+        # An embedding table split on the vocabulary is looked up by masked rows and a sum.
+        for module, masked in result["masked"].items():
+            held = planned[tied.get(f"{module}.weight", f"{module}.weight")]
+            assert masked == any(p.startswith(("Shard(0)", "_StridedShard(0")) for p in held)
+    if case == "llama-2x2-embedding":  # the annotated table: its vocabulary over both axes
+        want = ["_StridedShard(0, split_factor=2)", "Shard(0)"]
+        assert planned["lm.model.embed_tokens.weight"] == want
+        assert result["masked"] == {"lm.model.embed_tokens": True}
+
+
+def _placement(text: str):
+    names = {**vars(tensor_api), "_StridedShard": tensor_api.placement_types._StridedShard}
+    return eval(text, names)  # the text is what the generated module writes
+
+
+@pytest.fixture(scope="module")
+def jax_runs(runs) -> dict[str, dict]:
+    pytest.importorskip("jax")
+    return jax_placed(*(runs / case / "jax.json" for case in CASES))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_jax_places_the_plans_shards(runs, jax_runs, case):
+    path = runs / case
+    mesh = Mesh.parse(CASES[case][1])
+    placed = jax_runs[str(path / "jax.json")]
+    export = json.loads((path / "jax.json").read_text())
+    document = json.loads((path / "plan.json").read_text())
+    for name, entry in export["parameters"].items():
+        held = Sharding.parse(document["values"][entry["onnx_weight"]]["sharding"])
+        onnx_shape = entry["shape"][::-1] if entry["transposed"] else entry["shape"]
+        for device in mesh.devices():
+            region = [list(r) for r in held.slices(mesh, onnx_shape, device)]
+            region = region[::-1] if entry["transposed"] else region
+            assert placed[name][str(mesh.linear_index(device))] == region, (name, device)
