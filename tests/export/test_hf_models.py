@@ -1,8 +1,7 @@
 """The exports checked on Hugging Face GPT-2 and Llama, built from tiny configs (seeded random
 weights, nothing downloaded) and exported with the TorchScript exporter: each is planned on
-meshes tp=2 and dp=2,tp=2 for inference, and for training (Llama's 2x2 training solve is too
-slow for CI), under a memory budget below its replicated footprint (so the plan splits
-weights); the `dtensor` export's `apply_plan` is run
+meshes tp=2 and dp=2,tp=2 for inference and for training, under a memory budget below its
+replicated footprint (so the plan splits weights); the `dtensor` export's `apply_plan` is run
 on the *original torch module* on one start of 4 gloo ranks (a tp=2 plan on ranks 0 and 1),
 whose forward must give the single-process logits (rel <= 1e-5) with every parameter held with
 the placements the plan stores; and the `jax` export is `device_put` on 4 CPU devices, every
@@ -48,6 +47,8 @@ CASES = {
     "gpt2-2x2-training": ("gpt2", "dp=2,tp=2", ["--mode", "training", "--memory", "1.2MB",
                           "--time-limit", "1"]),
     "llama-tp2-training": ("llama", "tp=2", ["--mode", "training", "--memory", "1.2MB"]),
+    "llama-2x2-training": ("llama", "dp=2,tp=2", ["--mode", "training", "--memory", "1.2MB",
+                           "--time-limit", "10"]),
 }  # fmt: skip
 
 
