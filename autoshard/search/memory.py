@@ -39,7 +39,7 @@ counted as its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,6 +82,88 @@ class MemoryRow:
     indicated: tuple[tuple[int, int], ...]
 
 
+@dataclass(frozen=True, eq=False)
+class MemoryRows:
+    """Memory rows as arrays, compressed by row (a 3-axis mesh's training step has thousands
+    of rows of hundreds of terms: tuples of them took a minute to build and to sum). Row r is
+    `self[r]`: `fixed[r]`, plus `amounts[j]` for each term j in `starts[r]:starts[r + 1]` whose
+    choice `choices[j]` of group `groups[j]` is taken, plus `indicated_amounts[j]` for each j
+    in `indicated_starts[r]:indicated_starts[r + 1]` whose indicator `indicated[j]` holds.
+    A row's terms run by group, then choice."""
+
+    fixed: np.ndarray
+    starts: np.ndarray
+    groups: np.ndarray
+    choices: np.ndarray
+    amounts: np.ndarray
+    indicated_starts: np.ndarray
+    indicated: np.ndarray
+    indicated_amounts: np.ndarray
+
+    @staticmethod
+    def of(rows: Sequence[MemoryRow]) -> MemoryRows:
+        """Rows written out one by one, as arrays."""
+
+        def column(values: Sequence[tuple[int, ...]], at: int) -> np.ndarray:
+            return np.array([v[at] for v in values], np.int64)
+
+        terms = [t for row in rows for t in row.terms]
+        marks = [m for row in rows for m in row.indicated]
+        return MemoryRows(
+            column([(row.fixed,) for row in rows], 0),
+            _starts([len(row.terms) for row in rows]),
+            column(terms, 0), column(terms, 1), column(terms, 2),
+            _starts([len(row.indicated) for row in rows]),
+            column(marks, 0), column(marks, 1),
+        )  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.fixed)
+
+    def __getitem__(self, r: int) -> MemoryRow:
+        a, b = self.starts[r], self.starts[r + 1]
+        terms = zip(self.groups[a:b].tolist(), self.choices[a:b].tolist(),
+                    self.amounts[a:b].tolist(), strict=True)  # fmt: skip
+        i, j = self.indicated_starts[r], self.indicated_starts[r + 1]
+        marks = zip(self.indicated[i:j].tolist(), self.indicated_amounts[i:j].tolist(), strict=True)
+        return MemoryRow(int(self.fixed[r]), tuple(terms), tuple(marks))
+
+    def bytes(self, choice: Sequence[int], indicated: Sequence[bool]) -> np.ndarray:
+        """Each row's bytes under one choice per group and the indicators' values."""
+        taken = np.asarray(choice, np.int64)[self.groups] == self.choices
+        holds = np.asarray(indicated, bool)[self.indicated]
+        return (
+            self.fixed
+            + _sums(np.where(taken, self.amounts, 0), self.starts)
+            + _sums(np.where(holds, self.indicated_amounts, 0), self.indicated_starts)
+        )
+
+    def most(self) -> np.ndarray:
+        """An upper bound of each row's bytes: every term taken."""
+        return (
+            self.fixed
+            + _sums(self.amounts, self.starts)
+            + _sums(self.indicated_amounts, self.indicated_starts)
+        )
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+def _starts(lengths: Sequence[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+
+
+def _sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The sum of `values[starts[r]:starts[r + 1]]` for each r (exact integers)."""
+    total = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
+    return total[starts[1:]] - total[starts[:-1]]
+
+
+NO_ROWS = MemoryRows.of(())
+ZERO_ROW = MemoryRows.of((MemoryRow(0, (), ()),))
+
+
 def indicator_values(indicators: Sequence[Indicator], choice: Sequence[int]) -> list[bool]:
     """Each indicator's value under one choice per group (operands come before their users)."""
     values: list[bool] = []
@@ -95,14 +177,6 @@ def indicator_values(indicators: Sequence[Indicator], choice: Sequence[int]) -> 
         found = (value(lit) for lit in ind.literals)
         values.append(all(found) if ind.every else any(found))
     return values
-
-
-def row_bytes(row: MemoryRow, choice: Sequence[int], indicated: Sequence[bool]) -> int:
-    return (
-        row.fixed
-        + sum(b for g, k, b in row.terms if choice[g] == k)
-        + sum(b for i, b in row.indicated if indicated[i])
-    )
 
 
 # ---- building ---------------------------------------------------------------------------------
@@ -125,10 +199,11 @@ deciding group, and the sharding it reads in under each of the group's choices."
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """Bytes live at each program step: `base` (live at every step) plus one of `rows`."""
+    """Bytes live at each program step: `base` (one row: live at every step) plus one of
+    `rows`."""
 
-    base: MemoryRow
-    rows: tuple[MemoryRow, ...]
+    base: MemoryRows
+    rows: MemoryRows
     indicators: tuple[Indicator, ...]
 
 
@@ -165,9 +240,9 @@ class _Builder:
         self.offsets = np.cumsum([0, *sizes])
         self.ops = len(graph.ops)
         slots = 2 * self.ops + 1
-        # Group terms as a difference array over slots (a term live over a range of rows is
-        # added once), indicator and fixed terms per slot.
-        self.delta = np.zeros((slots + 1, int(self.offsets[-1])), dtype=np.int64)
+        # Group terms as spans of slots (first, last, columns of choices, bytes), fixed terms
+        # as a difference array over slots, indicator terms per slot.
+        self.held_spans: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         self.fixed = np.zeros(slots + 1, dtype=np.int64)
         self.indicated: list[tuple[int, int, int, int]] = []  # first, last, indicator, bytes
         self.bytes_cache: dict[tuple[tuple[int, ...], str, Sharding], int] = {}
@@ -279,8 +354,7 @@ class _Builder:
             return
         start = int(self.offsets[group])
         vector = np.array([self.nbytes(value, s) for s in shardings], dtype=np.int64)
-        self.delta[first, start : start + len(vector)] += vector
-        self.delta[last + 1, start : start + len(vector)] -= vector
+        self.held_spans.append((first, last, np.arange(start, start + len(vector)), vector))
 
     def ref(self, position: int, offset: int) -> Ref:
         """Slot `2 * position + offset` of a reading position of the value being marked."""
@@ -448,20 +522,22 @@ class _Builder:
         return self.extra_cache[cache_key]
 
     def rows(self) -> MemoryModel:
-        if self.chosen_marks:
-            lengths = [len(c) for _, _, c, _ in self.chosen_marks]
-            firsts = np.repeat([f for f, _, _, _ in self.chosen_marks], lengths)
-            lasts = np.repeat([t for _, t, _, _ in self.chosen_marks], lengths)
-            columns = np.concatenate([c for _, _, c, _ in self.chosen_marks])
-            amounts = np.repeat(np.array([a for *_, a in self.chosen_marks], np.int64), lengths)
-            np.add.at(self.delta, (firsts, columns), amounts)
-            np.add.at(self.delta, (lasts + 1, columns), -amounts)
-        vectors = np.cumsum(self.delta[:-1], axis=0)
+        """The distinct rows, in the order of the first slot holding each, swept slot by slot
+        over the group terms' events (+bytes at a span's first slot, -bytes after its last):
+        one vector of the choices' bytes, never a matrix of slots x choices."""
+        slots = 2 * self.ops + 1
+        at, columns, amounts = self.events()
+        bounds = np.searchsorted(at, np.arange(slots + 1))
         fixed = np.cumsum(self.fixed[:-1])
         # What every row holds (the resident shards, mostly) is stated once, as `base`: rows
         # of a few terms each instead of every weight's in each (CP-SAT's LP is far lighter).
-        common = vectors.min(axis=0)
-        base = self.row(common, int(fixed.min()), ())
+        common = np.zeros(int(self.offsets[-1]), np.int64)
+        for slot, vector in self.sweep(slots, bounds, columns, amounts):
+            if slot:
+                np.minimum(common, vector, out=common)
+            else:
+                np.copyto(common, vector)
+        base_fixed = int(fixed.min())
         # Indicator terms by slot, swept over their ranges.
         events: dict[int, list[tuple[int, int]]] = {}
         for first, last, literal, amount in self.indicated:
@@ -469,28 +545,78 @@ class _Builder:
             events.setdefault(last + 1, []).append((literal, -amount))
         live: dict[int, int] = {}
         marks: tuple[tuple[int, int], ...] = ()
-        found: dict[tuple, MemoryRow] = {}
-        for slot in range(len(vectors)):
+        found: dict[tuple, tuple[np.ndarray, np.ndarray, int, tuple[tuple[int, int], ...]]] = {}
+        changed = set(events) | set(np.flatnonzero(self.fixed[:slots]).tolist())
+        for slot, vector in self.sweep(slots, bounds, columns, amounts, changed):
             if slot in events:
                 for literal, amount in events[slot]:
                     live[literal] = live.get(literal, 0) + amount
                     if not live[literal]:
                         del live[literal]
                 marks = tuple(sorted(live.items()))
-            rest = vectors[slot] - common
-            key = (int(fixed[slot]), rest.tobytes(), marks)
+            rest = vector - common
+            (nonzero,) = np.nonzero(rest)
+            key = (int(fixed[slot]), nonzero.tobytes(), rest[nonzero].tobytes(), marks)
             if key not in found:
-                found[key] = self.row(rest, key[0] - base.fixed, marks)
-        return MemoryModel(base, tuple(found.values()), tuple(self.indicators))
+                found[key] = (nonzero, rest[nonzero], key[0] - base_fixed, marks)
+        (held,) = np.nonzero(common)
+        base = self.compress([(held, common[held], base_fixed, ())])
+        return MemoryModel(base, self.compress(list(found.values())), tuple(self.indicators))
 
-    def row(self, vector: np.ndarray, fixed: int, marks: tuple[tuple[int, int], ...]) -> MemoryRow:
-        (nonzero,) = np.nonzero(vector)
-        group = np.searchsorted(self.offsets, nonzero, side="right") - 1
-        terms = tuple(
-            zip(group.tolist(), (nonzero - self.offsets[group]).tolist(),
-                vector[nonzero].tolist(), strict=True)
-        )  # fmt: skip
-        return MemoryRow(fixed, terms, marks)
+    def events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The group terms' events, by slot: (slot, column of a choice, bytes added)."""
+        spans = [(f, t, c, a) for f, t, c, a in self.held_spans]
+        spans += [(f, t, c, np.full(len(c), a, np.int64)) for f, t, c, a in self.chosen_marks]
+        if not spans:
+            return _NONE, _NONE, _NONE
+        lengths = [len(c) for _, _, c, _ in spans]
+        firsts = np.repeat([f for f, _, _, _ in spans], lengths)
+        lasts = np.repeat([t for _, t, _, _ in spans], lengths)
+        columns = np.concatenate([c for _, _, c, _ in spans])
+        amounts = np.concatenate([a for *_, a in spans])
+        at = np.concatenate([firsts, lasts + 1])
+        order = np.argsort(at, kind="stable")
+        return (
+            at[order],
+            np.concatenate([columns, columns])[order],
+            np.concatenate([amounts, -amounts])[order],
+        )
+
+    def sweep(
+        self,
+        slots: int,
+        bounds: np.ndarray,
+        columns: np.ndarray,
+        amounts: np.ndarray,
+        changes: Collection[int] = (),
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """Each slot and its vector of group-term bytes, for the first slot and those where
+        the vector changes or `changes` names (the vector is one array, updated in place)."""
+        vector = np.zeros(int(self.offsets[-1]), np.int64)
+        for slot in range(slots):
+            first, last = bounds[slot], bounds[slot + 1]
+            if first < last:
+                np.add.at(vector, columns[first:last], amounts[first:last])
+            if first < last or slot == 0 or slot in changes:
+                yield slot, vector
+
+    def compress(
+        self, rows: Sequence[tuple[np.ndarray, np.ndarray, int, tuple[tuple[int, int], ...]]]
+    ) -> MemoryRows:
+        """Rows given as (columns of their choices, bytes, fixed, indicator terms), as arrays."""
+        columns = np.concatenate([c for c, *_ in rows]) if rows else _NONE
+        group = np.searchsorted(self.offsets, columns, side="right") - 1
+        marks = [m for *_, row_marks in rows for m in row_marks]
+        return MemoryRows(
+            np.array([f for _, _, f, _ in rows], np.int64),
+            _starts([len(c) for c, *_ in rows]),
+            group.astype(np.int64),
+            (columns - self.offsets[group]).astype(np.int64),
+            np.concatenate([a for _, a, *_ in rows]) if rows else _NONE,
+            _starts([len(m) for *_, m in rows]),
+            np.array([i for i, _ in marks], np.int64),
+            np.array([b for _, b in marks], np.int64),
+        )
 
 
 def _order(literal: Literal) -> tuple:

@@ -55,15 +55,15 @@ from autoshard.search.coarsen import (
     group_decisions,
 )
 from autoshard.search.memory import (
+    ZERO_ROW,
     Chain,
     Held,
     Indicator,
     MemoryModel,
-    MemoryRow,
+    MemoryRows,
     Read,
     indicator_values,
     memory_model,
-    row_bytes,
 )
 from autoshard.search.options import Objective
 from autoshard.sharding import Sharding
@@ -120,11 +120,11 @@ class Problem:
     sizes: tuple[int, ...]
     node_costs: tuple[tuple[int, ...], ...]
     edges: tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...]
-    memory: tuple[MemoryRow, ...]
+    memory: MemoryRows
     budget: int
     unit: float  # seconds (or bytes) per integer cost unit
     indicators: tuple[Indicator, ...] = ()
-    memory_base: MemoryRow = MemoryRow(0, (), ())  # live at every step, added to each row
+    memory_base: MemoryRows = ZERO_ROW  # one row: live at every step, added to each row
 
     @property
     def variables(self) -> int:
@@ -138,8 +138,9 @@ class Problem:
     def peak(self, choice: Sequence[int]) -> int:
         """The most bytes live at one step of the program of this choice."""
         indicated = indicator_values(self.indicators, choice)
-        base = row_bytes(self.memory_base, choice, indicated)
-        return base + max((row_bytes(row, choice, indicated) for row in self.memory), default=0)
+        base = int(self.memory_base.bytes(choice, indicated)[0])
+        rows = self.memory.bytes(choice, indicated)
+        return base + (int(rows.max()) if len(rows) else 0)
 
 
 @dataclass(frozen=True)
