@@ -176,12 +176,13 @@ def _memory_rows(
                 model.add(var >= term)
         made.append(var)
 
-    # A group's bytes in a row (the values of that group live there) as one variable, shared
-    # by every row holding the same: rows of a term per group, not per choice.
+    # A group's bytes in a row (a run: the values of that group live there) as one variable,
+    # shared by every row holding the same: rows of a term per group, not per choice.
     held: dict[tuple[int, bytes, bytes], cp_model.IntVar] = {}
 
-    def group_bytes(rows: MemoryRows, first: int, last: int) -> cp_model.IntVar:
-        group = int(rows.groups[first])
+    def run_bytes(rows: MemoryRows, run: int) -> cp_model.IntVar:
+        group = int(rows.run_group[run])
+        first, last = rows.run_starts[run], rows.run_starts[run + 1]
         choices, amounts = rows.choices[first:last], rows.amounts[first:last]
         key = (group, choices.tobytes(), amounts.tobytes())
         if key not in held:
@@ -192,19 +193,17 @@ def _memory_rows(
         return held[key]
 
     def bytes_of(rows: MemoryRows) -> list[cp_model.LinearExpr]:
-        # A row's terms run by group: a group's run starts at a row's start or a new group.
-        new = np.ones(len(rows.groups), bool)
-        new[1:] = rows.groups[1:] != rows.groups[:-1]
-        new[rows.starts[:-1][rows.starts[:-1] < len(new)]] = True
-        runs = np.append(np.flatnonzero(new), len(new)).tolist()
-        starts, marks = rows.starts.tolist(), rows.indicated_starts.tolist()
-        indices, amounts = rows.indicated.tolist(), rows.indicated_amounts.tolist()
-        found, run = [], 0
+        made_runs: dict[int, cp_model.IntVar] = {}
+        runs, starts = rows.runs.tolist(), rows.starts.tolist()
+        marks, indices = rows.indicated_starts.tolist(), rows.indicated.tolist()
+        amounts = rows.indicated_amounts.tolist()
+        found = []
         for r in range(len(rows)):
             groups = []
-            while run + 1 < len(runs) and runs[run] < starts[r + 1]:
-                groups.append(group_bytes(rows, runs[run], runs[run + 1]))
-                run += 1
+            for u in runs[starts[r] : starts[r + 1]]:
+                if u not in made_runs:
+                    made_runs[u] = run_bytes(rows, u)
+                groups.append(made_runs[u])
             indicated = [made[i] for i in indices[marks[r] : marks[r + 1]]]
             weights = [1] * len(groups) + amounts[marks[r] : marks[r + 1]]
             expr = cp_model.LinearExpr.weighted_sum(groups + indicated, weights)

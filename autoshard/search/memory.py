@@ -84,16 +84,21 @@ class MemoryRow:
 
 @dataclass(frozen=True, eq=False)
 class MemoryRows:
-    """Memory rows as arrays, compressed by row (a 3-axis mesh's training step has thousands
-    of rows of hundreds of terms: tuples of them took a minute to build and to sum). Row r is
-    `self[r]`: `fixed[r]`, plus `amounts[j]` for each term j in `starts[r]:starts[r + 1]` whose
-    choice `choices[j]` of group `groups[j]` is taken, plus `indicated_amounts[j]` for each j
-    in `indicated_starts[r]:indicated_starts[r + 1]` whose indicator `indicated[j]` holds.
-    A row's terms run by group, then choice."""
+    """Memory rows as arrays. A 3-axis mesh's training step has thousands of rows of thousands
+    of terms (tuples of them took a minute to build and to sum), but a row's terms fall in
+    *runs*, the bytes one group's values hold at the step under each of its choices, and runs
+    recur from row to row: each is stored once, and a row is its runs (by group).
+
+    Row r is `self[r]`: `fixed[r]`; plus, for each run u in `runs[starts[r]:starts[r + 1]]`,
+    `amounts[j]` for each j in `run_starts[u]:run_starts[u + 1]` if group `run_group[u]` takes
+    choice `choices[j]`; plus `indicated_amounts[j]` for each j in
+    `indicated_starts[r]:indicated_starts[r + 1]` whose indicator `indicated[j]` holds."""
 
     fixed: np.ndarray
     starts: np.ndarray
-    groups: np.ndarray
+    runs: np.ndarray
+    run_group: np.ndarray
+    run_starts: np.ndarray
     choices: np.ndarray
     amounts: np.ndarray
     indicated_starts: np.ndarray
@@ -103,47 +108,92 @@ class MemoryRows:
     @staticmethod
     def of(rows: Sequence[MemoryRow]) -> MemoryRows:
         """Rows written out one by one, as arrays."""
-
-        def column(values: Sequence[tuple[int, ...]], at: int) -> np.ndarray:
-            return np.array([v[at] for v in values], np.int64)
-
-        terms = [t for row in rows for t in row.terms]
-        marks = [m for row in rows for m in row.indicated]
-        return MemoryRows(
-            column([(row.fixed,) for row in rows], 0),
-            _starts([len(row.terms) for row in rows]),
-            column(terms, 0), column(terms, 1), column(terms, 2),
-            _starts([len(row.indicated) for row in rows]),
-            column(marks, 0), column(marks, 1),
-        )  # fmt: skip
+        table = RunTable()
+        runs = []
+        for row in rows:
+            by_group: dict[int, list[tuple[int, int]]] = {}
+            for g, k, b in row.terms:
+                by_group.setdefault(g, []).append((k, b))
+            runs.append([table.add(g, *(np.array(c, np.int64) for c in zip(*terms, strict=True)))
+                         for g, terms in by_group.items()])  # fmt: skip
+        return table.rows([row.fixed for row in rows], runs, [row.indicated for row in rows])
 
     def __len__(self) -> int:
         return len(self.fixed)
 
     def __getitem__(self, r: int) -> MemoryRow:
-        a, b = self.starts[r], self.starts[r + 1]
-        terms = zip(self.groups[a:b].tolist(), self.choices[a:b].tolist(),
-                    self.amounts[a:b].tolist(), strict=True)  # fmt: skip
+        terms = []
+        for u in self.runs[self.starts[r] : self.starts[r + 1]].tolist():
+            first, last = self.run_starts[u], self.run_starts[u + 1]
+            choices, amounts = self.choices[first:last].tolist(), self.amounts[first:last].tolist()
+            group = int(self.run_group[u])
+            terms += [(group, k, b) for k, b in zip(choices, amounts, strict=True)]
         i, j = self.indicated_starts[r], self.indicated_starts[r + 1]
         marks = zip(self.indicated[i:j].tolist(), self.indicated_amounts[i:j].tolist(), strict=True)
         return MemoryRow(int(self.fixed[r]), tuple(terms), tuple(marks))
 
     def bytes(self, choice: Sequence[int], indicated: Sequence[bool]) -> np.ndarray:
         """Each row's bytes under one choice per group and the indicators' values."""
-        taken = np.asarray(choice, np.int64)[self.groups] == self.choices
+        group = np.repeat(self.run_group, np.diff(self.run_starts))
+        taken = np.asarray(choice, np.int64)[group] == self.choices
+        run_bytes = _sums(np.where(taken, self.amounts, 0), self.run_starts)
         holds = np.asarray(indicated, bool)[self.indicated]
         return (
             self.fixed
-            + _sums(np.where(taken, self.amounts, 0), self.starts)
+            + _sums(run_bytes[self.runs], self.starts)
             + _sums(np.where(holds, self.indicated_amounts, 0), self.indicated_starts)
         )
 
     def most(self) -> np.ndarray:
         """An upper bound of each row's bytes: every term taken."""
+        run_bytes = _sums(self.amounts, self.run_starts)
         return (
             self.fixed
-            + _sums(self.amounts, self.starts)
+            + _sums(run_bytes[self.runs], self.starts)
             + _sums(self.indicated_amounts, self.indicated_starts)
+        )
+
+
+class RunTable:
+    """Runs, each stored once: a group and the (choice, bytes) its values hold under each of
+    its choices that holds any."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple[int, bytes, bytes], int] = {}
+        self.group: list[int] = []
+        self.choices: list[np.ndarray] = []
+        self.amounts: list[np.ndarray] = []
+
+    def add(self, group: int, choices: np.ndarray, amounts: np.ndarray) -> int:
+        """The run's index (a new one, or the same run's seen before)."""
+        key = (group, choices.tobytes(), amounts.tobytes())
+        found = self.index.get(key)
+        if found is None:
+            found = self.index[key] = len(self.group)
+            self.group.append(group)
+            self.choices.append(choices)
+            self.amounts.append(amounts)
+        return found
+
+    def rows(
+        self,
+        fixed: Sequence[int],
+        runs: Sequence[Sequence[int]],
+        indicated: Sequence[Sequence[tuple[int, int]]],
+    ) -> MemoryRows:
+        """Rows of these runs (each row's by group), with their fixed and indicator terms."""
+        marks = [m for row in indicated for m in row]
+        return MemoryRows(
+            np.array(fixed, np.int64).reshape(-1),
+            _starts([len(r) for r in runs]),
+            np.array([u for r in runs for u in r], np.int64),
+            np.array(self.group, np.int64),
+            _starts([len(c) for c in self.choices]),
+            np.concatenate(self.choices).astype(np.int64) if self.choices else _NONE,
+            np.concatenate(self.amounts).astype(np.int64) if self.amounts else _NONE,
+            _starts([len(m) for m in indicated]),
+            np.array([i for i, _ in marks], np.int64),
+            np.array([b for _, b in marks], np.int64),
         )
 
 
@@ -524,19 +574,28 @@ class _Builder:
     def rows(self) -> MemoryModel:
         """The distinct rows, in the order of the first slot holding each, swept slot by slot
         over the group terms' events (+bytes at a span's first slot, -bytes after its last):
-        one vector of the choices' bytes, never a matrix of slots x choices."""
-        slots = 2 * self.ops + 1
+        one vector of the choices' bytes, never a matrix of slots x choices, and at each slot
+        only the runs of the groups whose bytes changed are looked up again."""
+        slots, groups = 2 * self.ops + 1, len(self.sizes)
         at, columns, amounts = self.events()
         bounds = np.searchsorted(at, np.arange(slots + 1))
         fixed = np.cumsum(self.fixed[:-1])
         # What every row holds (the resident shards, mostly) is stated once, as `base`: rows
         # of a few terms each instead of every weight's in each (CP-SAT's LP is far lighter).
         common = np.zeros(int(self.offsets[-1]), np.int64)
-        for slot, vector in self.sweep(slots, bounds, columns, amounts):
+        for slot, vector, _ in self.sweep(slots, bounds, columns, amounts):
             if slot:
                 np.minimum(common, vector, out=common)
             else:
                 np.copyto(common, vector)
+        table = RunTable()
+
+        def run(group: int, vector: np.ndarray) -> int:
+            start = int(self.offsets[group])
+            (nonzero,) = np.nonzero(vector[start : int(self.offsets[group + 1])])
+            return table.add(group, nonzero, vector[start + nonzero]) if len(nonzero) else -1
+
+        base_runs = [u for g in range(groups) if (u := run(g, common)) >= 0]
         base_fixed = int(fixed.min())
         # Indicator terms by slot, swept over their ranges.
         events: dict[int, list[tuple[int, int]]] = {}
@@ -545,9 +604,11 @@ class _Builder:
             events.setdefault(last + 1, []).append((literal, -amount))
         live: dict[int, int] = {}
         marks: tuple[tuple[int, int], ...] = ()
-        found: dict[tuple, tuple[np.ndarray, np.ndarray, int, tuple[tuple[int, int], ...]]] = {}
+        runs = np.full(groups, -1, np.int64)  # each group's run at this slot (-1: none)
+        group_of = np.repeat(np.arange(groups), self.sizes)
+        found: dict[tuple, tuple[int, list[int], tuple[tuple[int, int], ...]]] = {}
         changed = set(events) | set(np.flatnonzero(self.fixed[:slots]).tolist())
-        for slot, vector in self.sweep(slots, bounds, columns, amounts, changed):
+        for slot, vector, moved in self.sweep(slots, bounds, columns, amounts, changed):
             if slot in events:
                 for literal, amount in events[slot]:
                     live[literal] = live.get(literal, 0) + amount
@@ -555,13 +616,17 @@ class _Builder:
                         del live[literal]
                 marks = tuple(sorted(live.items()))
             rest = vector - common
-            (nonzero,) = np.nonzero(rest)
-            key = (int(fixed[slot]), nonzero.tobytes(), rest[nonzero].tobytes(), marks)
+            for g in range(groups) if slot == 0 else np.unique(group_of[moved]).tolist():
+                runs[g] = run(g, rest)
+            key = (int(fixed[slot]), runs.tobytes(), marks)
             if key not in found:
-                found[key] = (nonzero, rest[nonzero], key[0] - base_fixed, marks)
-        (held,) = np.nonzero(common)
-        base = self.compress([(held, common[held], base_fixed, ())])
-        return MemoryModel(base, self.compress(list(found.values())), tuple(self.indicators))
+                found[key] = (key[0] - base_fixed, runs[runs >= 0].tolist(), marks)
+        rows = list(found.values())
+        return MemoryModel(
+            table.rows([base_fixed], [base_runs], [()]),
+            table.rows([f for f, _, _ in rows], [r for _, r, _ in rows], [m for *_, m in rows]),
+            tuple(self.indicators),
+        )
 
     def events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The group terms' events, by slot: (slot, column of a choice, bytes added)."""
@@ -589,34 +654,17 @@ class _Builder:
         columns: np.ndarray,
         amounts: np.ndarray,
         changes: Collection[int] = (),
-    ) -> Iterator[tuple[int, np.ndarray]]:
-        """Each slot and its vector of group-term bytes, for the first slot and those where
-        the vector changes or `changes` names (the vector is one array, updated in place)."""
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Each slot, its vector of group-term bytes and the columns changed there, for the
+        first slot and those where the vector changes or `changes` names (the vector is one
+        array, updated in place)."""
         vector = np.zeros(int(self.offsets[-1]), np.int64)
         for slot in range(slots):
             first, last = bounds[slot], bounds[slot + 1]
             if first < last:
                 np.add.at(vector, columns[first:last], amounts[first:last])
             if first < last or slot == 0 or slot in changes:
-                yield slot, vector
-
-    def compress(
-        self, rows: Sequence[tuple[np.ndarray, np.ndarray, int, tuple[tuple[int, int], ...]]]
-    ) -> MemoryRows:
-        """Rows given as (columns of their choices, bytes, fixed, indicator terms), as arrays."""
-        columns = np.concatenate([c for c, *_ in rows]) if rows else _NONE
-        group = np.searchsorted(self.offsets, columns, side="right") - 1
-        marks = [m for *_, row_marks in rows for m in row_marks]
-        return MemoryRows(
-            np.array([f for _, _, f, _ in rows], np.int64),
-            _starts([len(c) for c, *_ in rows]),
-            group.astype(np.int64),
-            (columns - self.offsets[group]).astype(np.int64),
-            np.concatenate([a for _, a, *_ in rows]) if rows else _NONE,
-            _starts([len(m) for *_, m in rows]),
-            np.array([i for i, _ in marks], np.int64),
-            np.array([b for _, b in marks], np.int64),
-        )
+                yield slot, vector, columns[first:last]
 
 
 def _order(literal: Literal) -> tuple:
