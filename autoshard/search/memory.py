@@ -116,7 +116,12 @@ class MemoryRows:
                 by_group.setdefault(g, []).append((k, b))
             runs.append([table.add(g, *(np.array(c, np.int64) for c in zip(*terms, strict=True)))
                          for g, terms in by_group.items()])  # fmt: skip
-        return table.rows([row.fixed for row in rows], runs, [row.indicated for row in rows])
+        marks = [
+            (np.array([i for i, _ in row.indicated], np.int64),
+             np.array([b for _, b in row.indicated], np.int64))
+            for row in rows
+        ]  # fmt: skip
+        return table.rows([row.fixed for row in rows], runs, marks)
 
     def __len__(self) -> int:
         return len(self.fixed)
@@ -179,22 +184,26 @@ class RunTable:
         self,
         fixed: Sequence[int],
         runs: Sequence[Sequence[int]],
-        indicated: Sequence[Sequence[tuple[int, int]]],
+        indicated: Sequence[tuple[np.ndarray, np.ndarray]],
     ) -> MemoryRows:
-        """Rows of these runs (each row's by group), with their fixed and indicator terms."""
-        marks = [m for row in indicated for m in row]
+        """Rows of these runs (each row's by group), with their fixed terms and their indicator
+        terms (indicators, ascending, and their bytes)."""
         return MemoryRows(
             np.array(fixed, np.int64).reshape(-1),
             _starts([len(r) for r in runs]),
             np.array([u for r in runs for u in r], np.int64),
             np.array(self.group, np.int64),
             _starts([len(c) for c in self.choices]),
-            np.concatenate(self.choices).astype(np.int64) if self.choices else _NONE,
-            np.concatenate(self.amounts).astype(np.int64) if self.amounts else _NONE,
-            _starts([len(m) for m in indicated]),
-            np.array([i for i, _ in marks], np.int64),
-            np.array([b for _, b in marks], np.int64),
+            _concatenate(self.choices),
+            _concatenate(self.amounts),
+            _starts([len(i) for i, _ in indicated]),
+            _concatenate([i for i, _ in indicated]),
+            _concatenate([b for _, b in indicated]),
         )
+
+
+def _concatenate(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays).astype(np.int64) if arrays else _NONE
 
 
 _NONE = np.zeros(0, np.int64)
@@ -296,6 +305,10 @@ class _Builder:
         self.fixed = np.zeros(slots + 1, dtype=np.int64)
         self.indicated: list[tuple[int, int, int, int]] = []  # first, last, indicator, bytes
         self.bytes_cache: dict[tuple[tuple[int, ...], str, Sharding], int] = {}
+        self.vectors: dict[tuple[int, tuple[int, ...], str], np.ndarray] = {}
+        self.chain_sources: dict[tuple[tuple[int, ...], str, Sharding], set[Sharding]] = {}
+        for shape, dtype, src, dst in chains:
+            self.chain_sources.setdefault((shape, dtype, dst), set()).add(src)
         self.extra_cache: dict[tuple[tuple[int, ...], str, Sharding, Sharding], int] = {}
         self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
         self.extras: dict[tuple, list[tuple[Sharding, int]]] = {}
@@ -403,7 +416,13 @@ class _Builder:
             self.fixed[last + 1] -= amount
             return
         start = int(self.offsets[group])
-        vector = np.array([self.nbytes(value, s) for s in shardings], dtype=np.int64)
+        info = self.graph.values[value]
+        cache_key = (id(shardings), info.shape, info.dtype)  # alike in repeated layers
+        vector = self.vectors.get(cache_key)
+        if vector is None:
+            vector = np.array([self.nbytes(value, s) for s in shardings], dtype=np.int64)
+            self.vectors[cache_key] = vector
+            self.kept.append(shardings)  # alive, so that its id stays its own
         self.held_spans.append((first, last, np.arange(start, start + len(vector)), vector))
 
     def ref(self, position: int, offset: int) -> Ref:
@@ -544,11 +563,11 @@ class _Builder:
         cache_key = (id(shardings), info.shape, info.dtype, s)
         extras = self.extras.get(cache_key)
         if extras is None:
+            sources = self.chain_sources.get((info.shape, info.dtype, s), ())
             extras = self.extras[cache_key] = [
                 (h, extra)
-                for h in self.choices_of(shardings)
-                if (info.shape, info.dtype, h, s) in self.chains
-                and (extra := self.chain_extra(name, h, s)) > 0
+                for h in (self.choices_of(shardings) if sources else ())
+                if h in sources and (extra := self.chain_extra(name, h, s)) > 0
             ]
         for h, extra in extras:
             is_h = self.chosen(group, shardings, h, True)
@@ -597,33 +616,30 @@ class _Builder:
 
         base_runs = [u for g in range(groups) if (u := run(g, common)) >= 0]
         base_fixed = int(fixed.min())
-        # Indicator terms by slot, swept over their ranges.
-        events: dict[int, list[tuple[int, int]]] = {}
-        for first, last, literal, amount in self.indicated:
-            events.setdefault(first, []).append((literal, amount))
-            events.setdefault(last + 1, []).append((literal, -amount))
-        live: dict[int, int] = {}
-        marks: tuple[tuple[int, int], ...] = ()
+        # Indicator terms as events too, over a vector of the indicators' bytes.
+        marked = self.marked()
+        marked_bounds = np.searchsorted(marked[0], np.arange(slots + 1))
+        live = np.zeros(len(self.indicators), np.int64)
+        marks = (_NONE, _NONE)
         runs = np.full(groups, -1, np.int64)  # each group's run at this slot (-1: none)
         group_of = np.repeat(np.arange(groups), self.sizes)
-        found: dict[tuple, tuple[int, list[int], tuple[tuple[int, int], ...]]] = {}
-        changed = set(events) | set(np.flatnonzero(self.fixed[:slots]).tolist())
+        found: dict[tuple, tuple[int, list[int], tuple[np.ndarray, np.ndarray]]] = {}
+        changed = set(np.flatnonzero(self.fixed[:slots] | np.diff(marked_bounds)).tolist())
         for slot, vector, moved in self.sweep(slots, bounds, columns, amounts, changed):
-            if slot in events:
-                for literal, amount in events[slot]:
-                    live[literal] = live.get(literal, 0) + amount
-                    if not live[literal]:
-                        del live[literal]
-                marks = tuple(sorted(live.items()))
+            first, last = marked_bounds[slot], marked_bounds[slot + 1]
+            if first < last:
+                np.add.at(live, marked[1][first:last], marked[2][first:last])
+                (held,) = np.nonzero(live)
+                marks = (held, live[held])
             rest = vector - common
             for g in range(groups) if slot == 0 else np.unique(group_of[moved]).tolist():
                 runs[g] = run(g, rest)
-            key = (int(fixed[slot]), runs.tobytes(), marks)
+            key = (int(fixed[slot]), runs.tobytes(), marks[0].tobytes(), marks[1].tobytes())
             if key not in found:
                 found[key] = (key[0] - base_fixed, runs[runs >= 0].tolist(), marks)
         rows = list(found.values())
         return MemoryModel(
-            table.rows([base_fixed], [base_runs], [()]),
+            table.rows([base_fixed], [base_runs], [(_NONE, _NONE)]),
             table.rows([f for f, _, _ in rows], [r for _, r, _ in rows], [m for *_, m in rows]),
             tuple(self.indicators),
         )
@@ -632,20 +648,18 @@ class _Builder:
         """The group terms' events, by slot: (slot, column of a choice, bytes added)."""
         spans = [(f, t, c, a) for f, t, c, a in self.held_spans]
         spans += [(f, t, c, np.full(len(c), a, np.int64)) for f, t, c, a in self.chosen_marks]
-        if not spans:
-            return _NONE, _NONE, _NONE
         lengths = [len(c) for _, _, c, _ in spans]
-        firsts = np.repeat([f for f, _, _, _ in spans], lengths)
-        lasts = np.repeat([t for _, t, _, _ in spans], lengths)
-        columns = np.concatenate([c for _, _, c, _ in spans])
-        amounts = np.concatenate([a for *_, a in spans])
-        at = np.concatenate([firsts, lasts + 1])
-        order = np.argsort(at, kind="stable")
-        return (
-            at[order],
-            np.concatenate([columns, columns])[order],
-            np.concatenate([amounts, -amounts])[order],
+        return _events(
+            np.repeat(np.array([f for f, _, _, _ in spans], np.int64), lengths),
+            np.repeat(np.array([t for _, t, _, _ in spans], np.int64), lengths),
+            _concatenate([c for _, _, c, _ in spans]),
+            _concatenate([a for *_, a in spans]),
         )
+
+    def marked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The indicator terms' events, by slot: (slot, indicator, bytes added)."""
+        columns = [np.array(c, np.int64) for c in zip(*self.indicated, strict=True)]
+        return _events(*columns) if columns else (_NONE, _NONE, _NONE)
 
     def sweep(
         self,
@@ -665,6 +679,20 @@ class _Builder:
                 np.add.at(vector, columns[first:last], amounts[first:last])
             if first < last or slot == 0 or slot in changes:
                 yield slot, vector, columns[first:last]
+
+
+def _events(
+    firsts: np.ndarray, lasts: np.ndarray, columns: np.ndarray, amounts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Terms live over spans of slots (first..last, a column, bytes) as events sorted by slot:
+    (slot, column, bytes added), +bytes at a span's first slot and -bytes after its last."""
+    at = np.concatenate([firsts, lasts + 1]).astype(np.int64)
+    order = np.argsort(at, kind="stable")
+    return (
+        at[order],
+        np.concatenate([columns, columns]).astype(np.int64)[order],
+        np.concatenate([amounts, -amounts]).astype(np.int64)[order],
+    )
 
 
 def _order(literal: Literal) -> tuple:
