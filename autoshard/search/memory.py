@@ -63,6 +63,8 @@ class Chosen:
 
 Literal = Chosen | int  # an int is the index of an Indicator
 
+_NONE = np.zeros(0, np.int64)
+
 
 @dataclass(frozen=True)
 class Indicator:
@@ -114,13 +116,8 @@ class MemoryRows:
             by_group: dict[int, list[tuple[int, int]]] = {}
             for g, k, b in row.terms:
                 by_group.setdefault(g, []).append((k, b))
-            runs.append([table.add(g, *(np.array(c, np.int64) for c in zip(*terms, strict=True)))
-                         for g, terms in by_group.items()])  # fmt: skip
-        marks = [
-            (np.array([i for i, _ in row.indicated], np.int64),
-             np.array([b for _, b in row.indicated], np.int64))
-            for row in rows
-        ]  # fmt: skip
+            runs.append([table.add(g, *_columns(terms)) for g, terms in by_group.items()])
+        marks = [_columns(row.indicated) for row in rows]
         return table.rows([row.fixed for row in rows], runs, marks)
 
     def __len__(self) -> int:
@@ -206,7 +203,9 @@ def _concatenate(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate(arrays).astype(np.int64) if arrays else _NONE
 
 
-_NONE = np.zeros(0, np.int64)
+def _columns(pairs: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) pairs as an array of the a's and one of the b's."""
+    return np.array([a for a, _ in pairs], np.int64), np.array([b for _, b in pairs], np.int64)
 
 
 def _starts(lengths: Sequence[int]) -> np.ndarray:
@@ -293,14 +292,15 @@ class _Builder:
         chains: frozenset[Chain],
     ) -> None:
         self.graph, self.mesh, self.sizes = graph, mesh, list(sizes)
-        self.held, self.reads, self.chains = held, reads, chains
+        self.held, self.reads = held, reads
         self.indicators: list[Indicator] = []
         self.index: dict[tuple[bool, frozenset[Literal]], int] = {}
         self.offsets = np.cumsum([0, *sizes])
         self.ops = len(graph.ops)
         slots = 2 * self.ops + 1
         # Group terms as spans of slots (first, last, columns of choices, bytes), fixed terms
-        # as a difference array over slots, indicator terms per slot.
+        # as a difference array over slots, indicator terms as spans (first, last, indicator,
+        # bytes).
         self.held_spans: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         self.fixed = np.zeros(slots + 1, dtype=np.int64)
         self.indicated: list[tuple[int, int, int, int]] = []  # first, last, indicator, bytes
@@ -646,7 +646,7 @@ class _Builder:
 
     def events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The group terms' events, by slot: (slot, column of a choice, bytes added)."""
-        spans = [(f, t, c, a) for f, t, c, a in self.held_spans]
+        spans = list(self.held_spans)
         spans += [(f, t, c, np.full(len(c), a, np.int64)) for f, t, c, a in self.chosen_marks]
         lengths = [len(c) for _, _, c, _ in spans]
         return _events(
