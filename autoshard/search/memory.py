@@ -646,20 +646,22 @@ class _Builder:
 
     def events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The group terms' events, by slot: (slot, column of a choice, bytes added)."""
-        spans = list(self.held_spans)
-        spans += [(f, t, c, np.full(len(c), a, np.int64)) for f, t, c, a in self.chosen_marks]
-        lengths = [len(c) for _, _, c, _ in spans]
+        held, chosen = self.held_spans, self.chosen_marks
+        lengths = [len(c) for _, _, c, _ in held] + [len(c) for _, _, c, _ in chosen]
+        per_span = [(f, t) for f, t, _, _ in held] + [(f, t) for f, t, _, _ in chosen]
+        spans = np.array(per_span, np.int64).reshape(-1, 2)
+        chosen_bytes = np.array([a for *_, a in chosen], np.int64)
         return _events(
-            np.repeat(np.array([f for f, _, _, _ in spans], np.int64), lengths),
-            np.repeat(np.array([t for _, t, _, _ in spans], np.int64), lengths),
-            _concatenate([c for _, _, c, _ in spans]),
-            _concatenate([a for *_, a in spans]),
+            np.repeat(spans[:, 0], lengths),
+            np.repeat(spans[:, 1], lengths),
+            _concatenate([c for _, _, c, _ in held] + [c for _, _, c, _ in chosen]),
+            _concatenate([*(a for *_, a in held), np.repeat(chosen_bytes, lengths[len(held) :])]),
         )
 
     def marked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The indicator terms' events, by slot: (slot, indicator, bytes added)."""
-        columns = [np.array(c, np.int64) for c in zip(*self.indicated, strict=True)]
-        return _events(*columns) if columns else (_NONE, _NONE, _NONE)
+        first, last, indicator, amount = np.array(self.indicated, np.int64).reshape(-1, 4).T
+        return _events(first, last, indicator, amount)
 
     def sweep(
         self,
