@@ -52,60 +52,97 @@ COMMUTES_WITH = {
 """Elementwise ops f with f(reduce(x_i), reduce(y_i)) = reduce(f(x_i, y_i)) for the reduction."""
 
 
+Position = tuple[int, int]
+"""Where a step is during a pass: (slot, offset), slot k holding the steps that replaced the
+program's k-th step, in order. Positions compare in program order."""
+
+
 class _Rewrite:
     """A mutable copy of a program's steps and tensors, for one pass.
 
     The producer and the readers of every tensor are kept up to date as steps are spliced in
-    and out (`splice`), so the passes, which ask far more than they change, never rebuild them:
-    rebuilding after every rewrite made lowering grow with collectives x steps. Only the
-    position of each step is recomputed, lazily, after a splice (one enumerate).
+    and out (`splice`), so the passes, which ask far more than they change, never rebuild them.
+    Positions are kept up to date too, without renumbering: the program's k-th step starts in
+    slot k, and a splice changes one slot's few steps (every rewrite replaces a step by a few,
+    or removes one), so a step's position is its slot and its place among them. (Numbering the
+    steps again after every rewrite made lowering a 405B-class decoder grow with collectives x
+    steps.)
     """
 
     def __init__(self, program: Program, graph: Graph) -> None:
         self.program, self.graph = program, graph
-        self._steps: list[Step] = []
+        self._slots: list[list[Step]] = [[step] for step in program.steps]
+        self._slot: dict[int, int] = {}  # id(step) -> its slot
         self.tensors: dict[str, Tensor] = dict(program.tensors)
         self.counter = itertools.count(1)
         self._producer: dict[str, Step] = {}
         self._readers: dict[str, list[Step | None]] = {}  # None: the tensor is a graph output
-        self._position: dict[int, int] | None = None  # id(step) -> its index in _steps
         for name in program.outputs:
             self._readers.setdefault(name, []).append(None)
-        self.splice(0, 0, program.steps)
+        for k, step in enumerate(program.steps):
+            self._add(step, k)
 
     @property
-    def steps(self) -> Sequence[Step]:
+    def steps(self) -> list[Step]:
         """The steps, in order; changed through `splice` only."""
-        return self._steps
+        return [step for slot in self._slots for step in slot]
 
-    def splice(self, start: int, stop: int, new: Sequence[Step]) -> None:
-        """Replace steps[start:stop] by `new`."""
-        for step in self._steps[start:stop]:
+    def walk(self) -> list[tuple[Position, Step]]:
+        """Every step with its position, in order."""
+        return [((slot, k), step) for slot, steps in enumerate(self._slots)
+                for k, step in enumerate(steps)]  # fmt: skip
+
+    def at(self, position: Position) -> tuple[Position, Step] | None:
+        """The first step at or after `position`, with its position; None past the last."""
+        slot, offset = position
+        while slot < len(self._slots) and offset >= len(self._slots[slot]):
+            slot, offset = slot + 1, 0
+        return ((slot, offset), self._slots[slot][offset]) if slot < len(self._slots) else None
+
+    def step(self, position: Position) -> Step:
+        slot, offset = position
+        return self._slots[slot][offset]
+
+    @staticmethod
+    def after(position: Position) -> Position:
+        """The position just after `position` (normalized by `at`)."""
+        return position[0], position[1] + 1
+
+    def splice(self, position: Position, removed: int, new: Sequence[Step]) -> None:
+        """Replace the `removed` steps (0 or 1) at `position` by `new`."""
+        slot, offset = position
+        steps = self._slots[slot]
+        for step in steps[offset : offset + removed]:
+            del self._slot[id(step)]
             for name in step.outputs:
                 if self._producer.get(name) is step:
                     del self._producer[name]
             for name in set(step.inputs) - {""}:
                 self._readers[name] = [r for r in self._readers[name] if r is not step]
         for step in new:
-            for name in step.outputs:
-                self._producer.setdefault(name, step)
-            for name in step.inputs:
-                if name:
-                    self._readers.setdefault(name, []).append(step)
-        self._steps[start:stop] = new
-        self._position = None
+            self._add(step, slot)
+        steps[offset : offset + removed] = new
 
-    def position(self, step: Step) -> int:
-        if self._position is None:
-            self._position = {id(s): i for i, s in enumerate(self._steps)}
-        return self._position[id(step)]
+    def _add(self, step: Step, slot: int) -> None:
+        """Index a step placed in `slot`."""
+        self._slot[id(step)] = slot
+        for name in step.outputs:
+            self._producer.setdefault(name, step)
+        for name in step.inputs:
+            if name:
+                self._readers.setdefault(name, []).append(step)
+
+    def position(self, step: Step) -> Position:
+        slot = self._slot[id(step)]
+        return slot, next(k for k, s in enumerate(self._slots[slot]) if s is step)
 
     def result(self) -> Program:
-        return dataclasses.replace(self.program, steps=tuple(self._steps), tensors=self.live())
+        steps = self.steps
+        return dataclasses.replace(self.program, steps=tuple(steps), tensors=self.live(steps))
 
-    def live(self) -> dict[str, Tensor]:
+    def live(self, steps: Sequence[Step]) -> dict[str, Tensor]:
         used = set(self.program.inputs) | set(self.program.constants) | set(self.program.outputs)
-        used |= {name for step in self._steps for name in (*step.inputs, *step.outputs)}
+        used |= {name for step in steps for name in (*step.inputs, *step.outputs)}
         return {name: t for name, t in self.tensors.items() if name in used}
 
     def rename(self, old: str, new: str) -> None:
@@ -119,19 +156,19 @@ class _Rewrite:
             at = self.position(step)
             if isinstance(step, Compute):
                 op = dataclasses.replace(step.op, inputs=swap(step.op.inputs))
-                self.splice(at, at + 1, [dataclasses.replace(step, op=op)])
+                self.splice(at, 1, [dataclasses.replace(step, op=op)])
             else:
-                self.splice(at, at + 1, [dataclasses.replace(step, source=new)])
+                self.splice(at, 1, [dataclasses.replace(step, source=new)])
         outputs = self._readers.pop(old, [])
         self._readers.setdefault(new, []).extend(outputs)  # the graph outputs left (None)
         self.program = dataclasses.replace(self.program, outputs=swap(self.program.outputs))
 
-    def producer(self, tensor: str) -> int | None:
+    def producer(self, tensor: str) -> Position | None:
         step = self._producer.get(tensor)
         return self.position(step) if step is not None else None
 
-    def producers(self, tensors: Iterable[str]) -> list[int]:
-        """Indices of the collectives defining `tensors` (those defined by a collective)."""
+    def producers(self, tensors: Iterable[str]) -> list[Position]:
+        """Positions of the collectives defining `tensors` (those defined by a collective)."""
         steps = (self._producer.get(name) for name in tensors)
         return [self.position(s) for s in steps if isinstance(s, Communicate)]
 
@@ -139,8 +176,9 @@ class _Rewrite:
         """Whether a step or the graph's outputs read `tensor`."""
         return bool(self._readers.get(tensor))
 
-    def sole_reader(self, tensor: str) -> int | None:
-        """The index of the one step reading `tensor` (maybe twice), if it is not an output."""
+    def sole_reader(self, tensor: str) -> Position | None:
+        """The position of the one step reading `tensor` (maybe twice), if it is not an
+        output."""
         readers = self._readers.get(tensor, [])
         if not readers or any(r is None or r is not readers[0] for r in readers):
             return None
@@ -211,33 +249,33 @@ def fuse_reshards(program: Program, graph: Graph) -> Program:
     """Replan every chain of collectives whose intermediate tensors have no other reader; drop
     collectives nobody reads (a value held as required but read only in another sharding)."""
     rw = _Rewrite(program, graph)
-    while dead := [i for i, s in enumerate(rw.steps) if isinstance(s, Communicate)
+    while dead := [at for at, s in rw.walk() if isinstance(s, Communicate)
                    and not rw.read(s.target)]:  # fmt: skip
-        for i in reversed(dead):
-            rw.splice(i, i + 1, ())
-    i = 0
-    while i < len(rw.steps):
-        first = rw.steps[i]
+        for at in reversed(dead):
+            rw.splice(at, 1, ())
+    i: Position = (0, 0)
+    while (found := rw.at(i)) is not None:
+        i, first = found
         if not isinstance(first, Communicate):
-            i += 1
+            i = rw.after(i)
             continue
         members = [i]
-        while (nxt := rw.sole_reader(rw.steps[members[-1]].outputs[0])) is not None and isinstance(
-            rw.steps[nxt], Communicate
+        while (nxt := rw.sole_reader(rw.step(members[-1]).outputs[0])) is not None and isinstance(
+            rw.step(nxt), Communicate
         ):
             members.append(nxt)
         if len(members) > 1:
-            target = rw.steps[members[-1]].outputs[0]
+            target = rw.step(members[-1]).outputs[0]
             replanned = rw.chain(first.source, rw.tensors[target].sharding, target)
-            old = [step.collective for k in members if isinstance(step := rw.steps[k], Communicate)]
+            old = [step.collective for k in members if isinstance(step := rw.step(k), Communicate)]
             if _cost([s.collective for s in replanned]) < _cost(old):
                 for k in reversed(members):  # a chain runs forward: members ascend
-                    rw.splice(k, k + 1, ())
-                rw.splice(members[0], members[0], replanned)
+                    rw.splice(k, 1, ())
+                rw.splice(members[0], 0, replanned)
                 if not replanned:  # the chain comes back to where it started
                     rw.rename(target, first.source)
                 continue  # the replanned chain may fuse further
-        i += 1
+        i = rw.after(i)
     return rw.result()
 
 
@@ -258,42 +296,41 @@ def reassociate(program: Program, graph: Graph) -> Program:
     may now read collectives itself, as a walk restarted from the first step would.
     """
     rw = _Rewrite(program, graph)
-    i = 0
-    while i < len(rw.steps):
-        step = rw.steps[i]
-        if (rule := _elementwise(step, rw)) is None or (moved := _reassociate_at(i, rule, rw)) < 0:
-            i += 1
-        else:
-            i = moved
+    i: Position = (0, 0)
+    while (found := rw.at(i)) is not None:
+        i, step = found
+        rule = _elementwise(step, rw)
+        moved = _reassociate_at(i, rule, rw) if rule is not None else None
+        i = rw.after(i) if moved is None else moved
     return rw.result()
 
 
-def _reassociate_at(index: int, rule: OpRule, rw: _Rewrite) -> int:
-    """Rewrite the op at `index` if it can be; the index of the moved op, else -1."""
-    step = rw.steps[index]
+def _reassociate_at(index: Position, rule: OpRule, rw: _Rewrite) -> Position | None:
+    """Rewrite the op at `index` if it can be; the position of the moved op, else None."""
+    step = rw.step(index)
     assert isinstance(step, Compute)
     data = [i for i, m in enumerate(rule.operands) if m is not None and step.inputs[i]]
     comms: list[Communicate] = []
     for i in data:
         at = rw.producer(step.inputs[i])
-        found = rw.steps[at] if at is not None else None
+        found = rw.step(at) if at is not None else None
         if not isinstance(found, Communicate) or rw.sole_reader(found.target) != index:
-            return -1
+            return None
         comms.append(found)
     if not comms:
-        return -1
+        return None
     first = comms[0].collective
     if first.kind not in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
-        return -1
+        return None
     if step.op.type not in COMMUTES_WITH.get(first.reduction or ReductionKind.SUM, ()):
-        return -1
+        return None
     output = step.outputs[0]
     for c in comms:
         same = (c.collective.kind, c.collective.mesh_axes, c.collective.src, c.collective.dst)
         if same != (first.kind, first.mesh_axes, first.src, first.dst):
-            return -1
+            return None
         if rw.tensors[c.source].shape != rw.tensors[output].shape:
-            return -1  # a broadcast operand would be reduced once per copy
+            return None  # a broadcast operand would be reduced once per copy
     partial = rw.fresh(output, first.src)
     inputs = list(step.inputs)
     for i, c in zip(data, comms, strict=True):
@@ -303,10 +340,9 @@ def _reassociate_at(index: int, rule: OpRule, rw: _Rewrite) -> int:
         dataclasses.replace(step.op, inputs=tuple(inputs), outputs=(partial,)),
         _option(first.src, rank),
     )
-    rw.splice(index, index + 1, [moved, *rw.chain(partial, first.dst, output)])
+    rw.splice(index, 1, [moved, *rw.chain(partial, first.dst, output)])
     for c in comms:
-        at = rw.position(c)
-        rw.splice(at, at + 1, ())
+        rw.splice(rw.position(c), 1, ())
     return rw.position(moved)
 
 
@@ -327,9 +363,9 @@ def move_all_gathers_down(program: Program, graph: Graph, split: bool = True) ->
     + all_gather, and that all_gather moves below relu too.
     """
     rw = _Rewrite(program, graph)
-    i = 0
-    while i < len(rw.steps):
-        step = rw.steps[i]
+    i: Position = (0, 0)
+    while (found := rw.at(i)) is not None:
+        i, step = found
         rerouted: list[str] | None = None
         if isinstance(step, Communicate) and step.collective.kind is CollectiveKind.ALL_GATHER:
             rerouted = _move_down(i, rw)
@@ -339,10 +375,7 @@ def move_all_gathers_down(program: Program, graph: Graph, split: bool = True) ->
             and step.collective.kind is CollectiveKind.ALL_REDUCE
         ):
             rerouted = _decompose(i, rw)
-        if rerouted is None:
-            i += 1
-        else:
-            i = min([i, *rw.producers(rerouted)])
+        i = rw.after(i) if rerouted is None else min([i, *rw.producers(rerouted)])
     return rw.result()
 
 
@@ -354,7 +387,7 @@ class _Move:
     it to `fine` (none for an absent or shape operand, or one already there); `after` gathers
     the result back."""
 
-    reader: int
+    reader: Position
     fine: Sharding
     option: ShardingOption
     inputs: tuple[tuple[str, tuple[Collective, ...]] | None, ...]
@@ -368,7 +401,7 @@ def _plan_move(gathered: str, gather: Collective, rw: _Rewrite) -> _Move | None:
     reader = rw.sole_reader(gathered)
     if reader is None:
         return None
-    step = rw.steps[reader]
+    step = rw.step(reader)
     rule = _elementwise(step, rw)
     if rule is None or not isinstance(step, Compute):
         return None
@@ -397,7 +430,7 @@ def _plan_move(gathered: str, gather: Collective, rw: _Rewrite) -> _Move | None:
 def _commit_move(move: _Move, source: str, rw: _Rewrite) -> list[str]:
     """Replace the reader by the slices of its operands, itself computing on shards (reading
     the gather's `source`), and the gather of its result; the operands it re-routes."""
-    step = rw.steps[move.reader]
+    step = rw.step(move.reader)
     assert isinstance(step, Compute)
     inputs, slices = [], []
     for planned in move.inputs:
@@ -412,32 +445,32 @@ def _commit_move(move: _Move, source: str, rw: _Rewrite) -> list[str]:
     computed = rw.fresh(output, move.fine)
     after = rw.name_chain(computed, move.after, output)
     op = dataclasses.replace(step.op, inputs=tuple(inputs), outputs=(computed,))
-    rw.splice(move.reader, move.reader + 1, [*slices, Compute(op, move.option), *after])
+    rw.splice(move.reader, 1, [*slices, Compute(op, move.option), *after])
     return [source, *step.inputs]
 
 
-def _move_down(index: int, rw: _Rewrite) -> list[str] | None:
+def _move_down(index: Position, rw: _Rewrite) -> list[str] | None:
     """Move the all_gather at `index` below its only reader when `_plan_move` finds how; the
     operands re-routed, else None."""
-    gather = rw.steps[index]
+    gather = rw.step(index)
     assert isinstance(gather, Communicate)
     move = _plan_move(gather.target, gather.collective, rw)
     if move is None:
         return None
     rerouted = _commit_move(move, gather.source, rw)
-    rw.splice(index, index + 1, ())  # the reader came after the gather: its index holds
+    rw.splice(index, 1, ())  # the reader came after the gather: its position holds
     return rerouted
 
 
-def _decompose(index: int, rw: _Rewrite) -> list[str] | None:
+def _decompose(index: Position, rw: _Rewrite) -> list[str] | None:
     """Replace the all_reduce at `index` by reduce_scatter + all_gather when the all_gather then
     moves down; the operands re-routed, else None. The scatter dim: one the value is already
     split on (its shards stay contiguous pieces of the same rows), else the largest; the first
     that works."""
-    reduce = rw.steps[index]
+    reduce = rw.step(index)
     assert isinstance(reduce, Communicate)
     reader = rw.sole_reader(reduce.target)
-    if reader is None or _elementwise(rw.steps[reader], rw) is None:
+    if reader is None or _elementwise(rw.step(reader), rw) is None:
         return None
     dst = reduce.collective.dst
     whole = rw.tensors[reduce.target]
@@ -459,7 +492,7 @@ def _decompose(index: int, rw: _Rewrite) -> list[str] | None:
             continue
         middle = rw.fresh(reduce.target, scattered)
         rerouted = _commit_move(move, middle, rw)
-        rw.splice(index, index + 1, [Communicate(reduce.source, middle, down[0])])
+        rw.splice(index, 1, [Communicate(reduce.source, middle, down[0])])
         return rerouted
     return None
 

@@ -33,7 +33,8 @@ def lower(graph: Graph, plan: Plan, after: AfterStage | None = None) -> Program:
     if after is not None:
         after(Stage.MATERIALIZE, program)
     optimized = optimize_collectives(program, graph)
-    if memory(optimized).peak <= memory(program).peak:
+    # Unchanged steps hold the same memory: price the two programs only when they differ.
+    if optimized.steps == program.steps or memory(optimized).peak <= memory(program).peak:
         program = optimized
     if after is not None:
         after(Stage.CCL, program)

@@ -30,7 +30,7 @@ from ortools.sat.python import cp_model
 
 from autoshard.errors import AutoshardError
 from autoshard.progress import Tracker
-from autoshard.search.memory import Chosen, MemoryRow
+from autoshard.search.memory import NO_ROWS, Chosen, MemoryRows
 from autoshard.search.problem import Problem
 
 
@@ -243,33 +243,42 @@ def _memory_rows(
                 model.add(var >= term)
         made.append(var)
 
-    # A group's bytes in a row (the values of that group live there) as one variable, shared
-    # by every row holding the same: rows of a term per group, not per choice.
-    held: dict[tuple[int, tuple[tuple[int, int], ...]], cp_model.IntVar] = {}
+    # A group's bytes in a row (a run: the values of that group live there) as one variable,
+    # shared by every row holding the same: rows of a term per group, not per choice.
+    held: dict[tuple[int, bytes, bytes], cp_model.IntVar] = {}
 
-    def group_bytes(group: int, terms: tuple[tuple[int, int], ...]) -> cp_model.IntVar:
-        if (group, terms) not in held:
-            var = model.new_int_var(0, max(b for _, b in terms), f"g{group}_{len(held)}")
+    def run_bytes(rows: MemoryRows, run: int) -> cp_model.IntVar:
+        group = int(rows.run_group[run])
+        first, last = rows.run_starts[run], rows.run_starts[run + 1]
+        choices, amounts = rows.choices[first:last], rows.amounts[first:last]
+        key = (group, choices.tobytes(), amounts.tobytes())
+        if key not in held:
+            var = model.new_int_var(0, int(amounts.max()), f"g{group}_{len(held)}")
+            terms = zip(choices.tolist(), amounts.tolist(), strict=True)
             model.add(var == sum(b * x[group][k] for k, b in terms))
-            held[(group, terms)] = var
-        return held[(group, terms)]
+            held[key] = var
+        return held[key]
 
-    def bytes_of(row: MemoryRow) -> cp_model.LinearExpr:
-        by_group: dict[int, list[tuple[int, int]]] = {}
-        for g, k, b in row.terms:
-            by_group.setdefault(g, []).append((k, b))
-        groups = [group_bytes(g, tuple(terms)) for g, terms in by_group.items()]
-        indicated = [made[i] for i, _ in row.indicated]
-        weights = [1] * len(groups) + [b for _, b in row.indicated]
-        return cp_model.LinearExpr.weighted_sum(groups + indicated, weights) + row.fixed
+    def bytes_of(rows: MemoryRows) -> list[cp_model.LinearExpr]:
+        made_runs: dict[int, cp_model.IntVar] = {}
+        runs, starts = rows.runs.tolist(), rows.starts.tolist()
+        marks, indices = rows.indicated_starts.tolist(), rows.indicated.tolist()
+        amounts = rows.indicated_amounts.tolist()
+        found = []
+        for r in range(len(rows)):
+            groups = []
+            for u in runs[starts[r] : starts[r + 1]]:
+                if u not in made_runs:
+                    made_runs[u] = run_bytes(rows, u)
+                groups.append(made_runs[u])
+            indicated = [made[i] for i in indices[marks[r] : marks[r + 1]]]
+            weights = [1] * len(groups) + amounts[marks[r] : marks[r + 1]]
+            expr = cp_model.LinearExpr.weighted_sum(groups + indicated, weights)
+            found.append(expr + int(rows.fixed[r]))
+        return found
 
-    base = bytes_of(problem.memory_base)
-    return [base + bytes_of(row) for row in problem.memory]
-
-
-def _most(row: MemoryRow) -> int:
-    """An upper bound of a row's bytes."""
-    return row.fixed + sum(b for *_, b in row.terms) + sum(b for _, b in row.indicated)
+    (base,) = bytes_of(problem.memory_base)
+    return [base + row for row in bytes_of(problem.memory)]
 
 
 def _chosen(
@@ -317,7 +326,8 @@ def lowest_budget(
     """The smallest peak memory any choice reaches: the ILP whose objective is the peak."""
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
-    top = _most(problem.memory_base) + max(map(_most, problem.memory), default=0)
+    most = problem.memory.most()
+    top = int(problem.memory_base.most()[0]) + (int(most.max()) if len(most) else 0)
     peak = model.new_int_var(0, max(top, 1), "peak")
     for bytes_live in _memory_rows(model, problem, x):
         model.add(bytes_live <= peak)
@@ -433,7 +443,7 @@ def eliminate(problem: Problem) -> tuple[Problem, list[int], list[_Eliminated]]:
             (index[a], index[b], tuple(tuple(int(c) for c in row) for row in m))
             for (a, b), m in sorted(edges.items())
         ),
-        (),
+        NO_ROWS,
         problem.budget,
         problem.unit,
     )

@@ -39,7 +39,7 @@ counted as its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +63,8 @@ class Chosen:
 
 Literal = Chosen | int  # an int is the index of an Indicator
 
+_NONE = np.zeros(0, np.int64)
+
 
 @dataclass(frozen=True)
 class Indicator:
@@ -82,6 +84,144 @@ class MemoryRow:
     indicated: tuple[tuple[int, int], ...]
 
 
+@dataclass(frozen=True, eq=False)
+class MemoryRows:
+    """Memory rows as arrays. A 3-axis mesh's training step has thousands of rows of thousands
+    of terms (tuples of them took a minute to build and to sum), but a row's terms fall in
+    *runs*, the bytes one group's values hold at the step under each of its choices, and runs
+    recur from row to row: each is stored once, and a row is its runs (by group).
+
+    Row r is `self[r]`: `fixed[r]`; plus, for each run u in `runs[starts[r]:starts[r + 1]]`,
+    `amounts[j]` for each j in `run_starts[u]:run_starts[u + 1]` if group `run_group[u]` takes
+    choice `choices[j]`; plus `indicated_amounts[j]` for each j in
+    `indicated_starts[r]:indicated_starts[r + 1]` whose indicator `indicated[j]` holds."""
+
+    fixed: np.ndarray
+    starts: np.ndarray
+    runs: np.ndarray
+    run_group: np.ndarray
+    run_starts: np.ndarray
+    choices: np.ndarray
+    amounts: np.ndarray
+    indicated_starts: np.ndarray
+    indicated: np.ndarray
+    indicated_amounts: np.ndarray
+
+    @staticmethod
+    def of(rows: Sequence[MemoryRow]) -> MemoryRows:
+        """Rows written out one by one, as arrays."""
+        table = RunTable()
+        runs = []
+        for row in rows:
+            by_group: dict[int, list[tuple[int, int]]] = {}
+            for g, k, b in row.terms:
+                by_group.setdefault(g, []).append((k, b))
+            runs.append([table.add(g, *_columns(terms)) for g, terms in by_group.items()])
+        marks = [_columns(row.indicated) for row in rows]
+        return table.rows([row.fixed for row in rows], runs, marks)
+
+    def __len__(self) -> int:
+        return len(self.fixed)
+
+    def __getitem__(self, r: int) -> MemoryRow:
+        terms = []
+        for u in self.runs[self.starts[r] : self.starts[r + 1]].tolist():
+            first, last = self.run_starts[u], self.run_starts[u + 1]
+            choices, amounts = self.choices[first:last].tolist(), self.amounts[first:last].tolist()
+            group = int(self.run_group[u])
+            terms += [(group, k, b) for k, b in zip(choices, amounts, strict=True)]
+        i, j = self.indicated_starts[r], self.indicated_starts[r + 1]
+        marks = zip(self.indicated[i:j].tolist(), self.indicated_amounts[i:j].tolist(), strict=True)
+        return MemoryRow(int(self.fixed[r]), tuple(terms), tuple(marks))
+
+    def bytes(self, choice: Sequence[int], indicated: Sequence[bool]) -> np.ndarray:
+        """Each row's bytes under one choice per group and the indicators' values."""
+        group = np.repeat(self.run_group, np.diff(self.run_starts))
+        taken = np.asarray(choice, np.int64)[group] == self.choices
+        run_bytes = _sums(np.where(taken, self.amounts, 0), self.run_starts)
+        holds = np.asarray(indicated, bool)[self.indicated]
+        return (
+            self.fixed
+            + _sums(run_bytes[self.runs], self.starts)
+            + _sums(np.where(holds, self.indicated_amounts, 0), self.indicated_starts)
+        )
+
+    def most(self) -> np.ndarray:
+        """An upper bound of each row's bytes: every term taken."""
+        run_bytes = _sums(self.amounts, self.run_starts)
+        return (
+            self.fixed
+            + _sums(run_bytes[self.runs], self.starts)
+            + _sums(self.indicated_amounts, self.indicated_starts)
+        )
+
+
+class RunTable:
+    """Runs, each stored once: a group and the (choice, bytes) its values hold under each of
+    its choices that holds any."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple[int, bytes, bytes], int] = {}
+        self.group: list[int] = []
+        self.choices: list[np.ndarray] = []
+        self.amounts: list[np.ndarray] = []
+
+    def add(self, group: int, choices: np.ndarray, amounts: np.ndarray) -> int:
+        """The run's index (a new one, or the same run's seen before)."""
+        key = (group, choices.tobytes(), amounts.tobytes())
+        found = self.index.get(key)
+        if found is None:
+            found = self.index[key] = len(self.group)
+            self.group.append(group)
+            self.choices.append(choices)
+            self.amounts.append(amounts)
+        return found
+
+    def rows(
+        self,
+        fixed: Sequence[int],
+        runs: Sequence[Sequence[int]],
+        indicated: Sequence[tuple[np.ndarray, np.ndarray]],
+    ) -> MemoryRows:
+        """Rows of these runs (each row's by group), with their fixed terms and their indicator
+        terms (indicators, ascending, and their bytes)."""
+        return MemoryRows(
+            np.array(fixed, np.int64).reshape(-1),
+            _starts([len(r) for r in runs]),
+            np.array([u for r in runs for u in r], np.int64),
+            np.array(self.group, np.int64),
+            _starts([len(c) for c in self.choices]),
+            _concatenate(self.choices),
+            _concatenate(self.amounts),
+            _starts([len(i) for i, _ in indicated]),
+            _concatenate([i for i, _ in indicated]),
+            _concatenate([b for _, b in indicated]),
+        )
+
+
+def _concatenate(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays).astype(np.int64) if arrays else _NONE
+
+
+def _columns(pairs: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) pairs as an array of the a's and one of the b's."""
+    return np.array([a for a, _ in pairs], np.int64), np.array([b for _, b in pairs], np.int64)
+
+
+def _starts(lengths: Sequence[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+
+
+def _sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The sum of `values[starts[r]:starts[r + 1]]` for each r (exact integers)."""
+    total = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
+    return total[starts[1:]] - total[starts[:-1]]
+
+
+NO_ROWS = MemoryRows.of(())
+ZERO_ROW = MemoryRows.of((MemoryRow(0, (), ()),))
+
+
 def indicator_values(indicators: Sequence[Indicator], choice: Sequence[int]) -> list[bool]:
     """Each indicator's value under one choice per group (operands come before their users)."""
     values: list[bool] = []
@@ -95,14 +235,6 @@ def indicator_values(indicators: Sequence[Indicator], choice: Sequence[int]) -> 
         found = (value(lit) for lit in ind.literals)
         values.append(all(found) if ind.every else any(found))
     return values
-
-
-def row_bytes(row: MemoryRow, choice: Sequence[int], indicated: Sequence[bool]) -> int:
-    return (
-        row.fixed
-        + sum(b for g, k, b in row.terms if choice[g] == k)
-        + sum(b for i, b in row.indicated if indicated[i])
-    )
 
 
 # ---- building ---------------------------------------------------------------------------------
@@ -125,10 +257,11 @@ deciding group, and the sharding it reads in under each of the group's choices."
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """Bytes live at each program step: `base` (live at every step) plus one of `rows`."""
+    """Bytes live at each program step: `base` (one row: live at every step) plus one of
+    `rows`."""
 
-    base: MemoryRow
-    rows: tuple[MemoryRow, ...]
+    base: MemoryRows
+    rows: MemoryRows
     indicators: tuple[Indicator, ...]
 
 
@@ -159,18 +292,23 @@ class _Builder:
         chains: frozenset[Chain],
     ) -> None:
         self.graph, self.mesh, self.sizes = graph, mesh, list(sizes)
-        self.held, self.reads, self.chains = held, reads, chains
+        self.held, self.reads = held, reads
         self.indicators: list[Indicator] = []
         self.index: dict[tuple[bool, frozenset[Literal]], int] = {}
         self.offsets = np.cumsum([0, *sizes])
         self.ops = len(graph.ops)
         slots = 2 * self.ops + 1
-        # Group terms as a difference array over slots (a term live over a range of rows is
-        # added once), indicator and fixed terms per slot.
-        self.delta = np.zeros((slots + 1, int(self.offsets[-1])), dtype=np.int64)
+        # Group terms as spans of slots (first, last, columns of choices, bytes), fixed terms
+        # as a difference array over slots, indicator terms as spans (first, last, indicator,
+        # bytes).
+        self.held_spans: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         self.fixed = np.zeros(slots + 1, dtype=np.int64)
         self.indicated: list[tuple[int, int, int, int]] = []  # first, last, indicator, bytes
         self.bytes_cache: dict[tuple[tuple[int, ...], str, Sharding], int] = {}
+        self.vectors: dict[tuple[int, tuple[int, ...], str], np.ndarray] = {}
+        self.chain_sources: dict[tuple[tuple[int, ...], str, Sharding], set[Sharding]] = {}
+        for shape, dtype, src, dst in chains:
+            self.chain_sources.setdefault((shape, dtype, dst), set()).add(src)
         self.extra_cache: dict[tuple[tuple[int, ...], str, Sharding, Sharding], int] = {}
         self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
         self.extras: dict[tuple, list[tuple[Sharding, int]]] = {}
@@ -278,9 +416,14 @@ class _Builder:
             self.fixed[last + 1] -= amount
             return
         start = int(self.offsets[group])
-        vector = np.array([self.nbytes(value, s) for s in shardings], dtype=np.int64)
-        self.delta[first, start : start + len(vector)] += vector
-        self.delta[last + 1, start : start + len(vector)] -= vector
+        info = self.graph.values[value]
+        cache_key = (id(shardings), info.shape, info.dtype)  # alike in repeated layers
+        vector = self.vectors.get(cache_key)
+        if vector is None:
+            vector = np.array([self.nbytes(value, s) for s in shardings], dtype=np.int64)
+            self.vectors[cache_key] = vector
+            self.kept.append(shardings)  # alive, so that its id stays its own
+        self.held_spans.append((first, last, np.arange(start, start + len(vector)), vector))
 
     def ref(self, position: int, offset: int) -> Ref:
         """Slot `2 * position + offset` of a reading position of the value being marked."""
@@ -420,11 +563,11 @@ class _Builder:
         cache_key = (id(shardings), info.shape, info.dtype, s)
         extras = self.extras.get(cache_key)
         if extras is None:
+            sources = self.chain_sources.get((info.shape, info.dtype, s), ())
             extras = self.extras[cache_key] = [
                 (h, extra)
-                for h in self.choices_of(shardings)
-                if (info.shape, info.dtype, h, s) in self.chains
-                and (extra := self.chain_extra(name, h, s)) > 0
+                for h in (self.choices_of(shardings) if sources else ())
+                if h in sources and (extra := self.chain_extra(name, h, s)) > 0
             ]
         for h, extra in extras:
             is_h = self.chosen(group, shardings, h, True)
@@ -448,49 +591,110 @@ class _Builder:
         return self.extra_cache[cache_key]
 
     def rows(self) -> MemoryModel:
-        if self.chosen_marks:
-            lengths = [len(c) for _, _, c, _ in self.chosen_marks]
-            firsts = np.repeat([f for f, _, _, _ in self.chosen_marks], lengths)
-            lasts = np.repeat([t for _, t, _, _ in self.chosen_marks], lengths)
-            columns = np.concatenate([c for _, _, c, _ in self.chosen_marks])
-            amounts = np.repeat(np.array([a for *_, a in self.chosen_marks], np.int64), lengths)
-            np.add.at(self.delta, (firsts, columns), amounts)
-            np.add.at(self.delta, (lasts + 1, columns), -amounts)
-        vectors = np.cumsum(self.delta[:-1], axis=0)
+        """The distinct rows, in the order of the first slot holding each, swept slot by slot
+        over the group terms' events (+bytes at a span's first slot, -bytes after its last):
+        one vector of the choices' bytes, never a matrix of slots x choices, and at each slot
+        only the runs of the groups whose bytes changed are looked up again."""
+        slots, groups = 2 * self.ops + 1, len(self.sizes)
+        at, columns, amounts = self.events()
+        bounds = np.searchsorted(at, np.arange(slots + 1))
         fixed = np.cumsum(self.fixed[:-1])
         # What every row holds (the resident shards, mostly) is stated once, as `base`: rows
         # of a few terms each instead of every weight's in each (CP-SAT's LP is far lighter).
-        common = vectors.min(axis=0)
-        base = self.row(common, int(fixed.min()), ())
-        # Indicator terms by slot, swept over their ranges.
-        events: dict[int, list[tuple[int, int]]] = {}
-        for first, last, literal, amount in self.indicated:
-            events.setdefault(first, []).append((literal, amount))
-            events.setdefault(last + 1, []).append((literal, -amount))
-        live: dict[int, int] = {}
-        marks: tuple[tuple[int, int], ...] = ()
-        found: dict[tuple, MemoryRow] = {}
-        for slot in range(len(vectors)):
-            if slot in events:
-                for literal, amount in events[slot]:
-                    live[literal] = live.get(literal, 0) + amount
-                    if not live[literal]:
-                        del live[literal]
-                marks = tuple(sorted(live.items()))
-            rest = vectors[slot] - common
-            key = (int(fixed[slot]), rest.tobytes(), marks)
-            if key not in found:
-                found[key] = self.row(rest, key[0] - base.fixed, marks)
-        return MemoryModel(base, tuple(found.values()), tuple(self.indicators))
+        common = np.zeros(int(self.offsets[-1]), np.int64)
+        for slot, vector, _ in self.sweep(slots, bounds, columns, amounts):
+            if slot:
+                np.minimum(common, vector, out=common)
+            else:
+                np.copyto(common, vector)
+        table = RunTable()
 
-    def row(self, vector: np.ndarray, fixed: int, marks: tuple[tuple[int, int], ...]) -> MemoryRow:
-        (nonzero,) = np.nonzero(vector)
-        group = np.searchsorted(self.offsets, nonzero, side="right") - 1
-        terms = tuple(
-            zip(group.tolist(), (nonzero - self.offsets[group]).tolist(),
-                vector[nonzero].tolist(), strict=True)
-        )  # fmt: skip
-        return MemoryRow(fixed, terms, marks)
+        def run(group: int, vector: np.ndarray) -> int:
+            start = int(self.offsets[group])
+            (nonzero,) = np.nonzero(vector[start : int(self.offsets[group + 1])])
+            return table.add(group, nonzero, vector[start + nonzero]) if len(nonzero) else -1
+
+        base_runs = [u for g in range(groups) if (u := run(g, common)) >= 0]
+        base_fixed = int(fixed.min())
+        # Indicator terms as events too, over a vector of the indicators' bytes.
+        marked = self.marked()
+        marked_bounds = np.searchsorted(marked[0], np.arange(slots + 1))
+        live = np.zeros(len(self.indicators), np.int64)
+        marks = (_NONE, _NONE)
+        runs = np.full(groups, -1, np.int64)  # each group's run at this slot (-1: none)
+        group_of = np.repeat(np.arange(groups), self.sizes)
+        found: dict[tuple, tuple[int, list[int], tuple[np.ndarray, np.ndarray]]] = {}
+        changed = set(np.flatnonzero(self.fixed[:slots] | np.diff(marked_bounds)).tolist())
+        for slot, vector, moved in self.sweep(slots, bounds, columns, amounts, changed):
+            first, last = marked_bounds[slot], marked_bounds[slot + 1]
+            if first < last:
+                np.add.at(live, marked[1][first:last], marked[2][first:last])
+                (held,) = np.nonzero(live)
+                marks = (held, live[held])
+            rest = vector - common
+            for g in range(groups) if slot == 0 else np.unique(group_of[moved]).tolist():
+                runs[g] = run(g, rest)
+            key = (int(fixed[slot]), runs.tobytes(), marks[0].tobytes(), marks[1].tobytes())
+            if key not in found:
+                found[key] = (key[0] - base_fixed, runs[runs >= 0].tolist(), marks)
+        rows = list(found.values())
+        return MemoryModel(
+            table.rows([base_fixed], [base_runs], [(_NONE, _NONE)]),
+            table.rows([f for f, _, _ in rows], [r for _, r, _ in rows], [m for *_, m in rows]),
+            tuple(self.indicators),
+        )
+
+    def events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The group terms' events, by slot: (slot, column of a choice, bytes added)."""
+        held, chosen = self.held_spans, self.chosen_marks
+        lengths = [len(c) for _, _, c, _ in held] + [len(c) for _, _, c, _ in chosen]
+        per_span = [(f, t) for f, t, _, _ in held] + [(f, t) for f, t, _, _ in chosen]
+        spans = np.array(per_span, np.int64).reshape(-1, 2)
+        chosen_bytes = np.array([a for *_, a in chosen], np.int64)
+        return _events(
+            np.repeat(spans[:, 0], lengths),
+            np.repeat(spans[:, 1], lengths),
+            _concatenate([c for _, _, c, _ in held] + [c for _, _, c, _ in chosen]),
+            _concatenate([*(a for *_, a in held), np.repeat(chosen_bytes, lengths[len(held) :])]),
+        )
+
+    def marked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The indicator terms' events, by slot: (slot, indicator, bytes added)."""
+        first, last, indicator, amount = np.array(self.indicated, np.int64).reshape(-1, 4).T
+        return _events(first, last, indicator, amount)
+
+    def sweep(
+        self,
+        slots: int,
+        bounds: np.ndarray,
+        columns: np.ndarray,
+        amounts: np.ndarray,
+        changes: Collection[int] = (),
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Each slot, its vector of group-term bytes and the columns changed there, for the
+        first slot and those where the vector changes or `changes` names (the vector is one
+        array, updated in place)."""
+        vector = np.zeros(int(self.offsets[-1]), np.int64)
+        for slot in range(slots):
+            first, last = bounds[slot], bounds[slot + 1]
+            if first < last:
+                np.add.at(vector, columns[first:last], amounts[first:last])
+            if first < last or slot == 0 or slot in changes:
+                yield slot, vector, columns[first:last]
+
+
+def _events(
+    firsts: np.ndarray, lasts: np.ndarray, columns: np.ndarray, amounts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Terms live over spans of slots (first..last, a column, bytes) as events sorted by slot:
+    (slot, column, bytes added), +bytes at a span's first slot and -bytes after its last."""
+    at = np.concatenate([firsts, lasts + 1]).astype(np.int64)
+    order = np.argsort(at, kind="stable")
+    return (
+        at[order],
+        np.concatenate([columns, columns]).astype(np.int64)[order],
+        np.concatenate([amounts, -amounts]).astype(np.int64)[order],
+    )
 
 
 def _order(literal: Literal) -> tuple:

@@ -55,15 +55,15 @@ from autoshard.search.coarsen import (
     group_decisions,
 )
 from autoshard.search.memory import (
+    ZERO_ROW,
     Chain,
     Held,
     Indicator,
     MemoryModel,
-    MemoryRow,
+    MemoryRows,
     Read,
     indicator_values,
     memory_model,
-    row_bytes,
 )
 from autoshard.search.options import Objective
 from autoshard.sharding import Sharding
@@ -120,11 +120,11 @@ class Problem:
     sizes: tuple[int, ...]
     node_costs: tuple[tuple[int, ...], ...]
     edges: tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...]
-    memory: tuple[MemoryRow, ...]
+    memory: MemoryRows
     budget: int
     unit: float  # seconds (or bytes) per integer cost unit
     indicators: tuple[Indicator, ...] = ()
-    memory_base: MemoryRow = MemoryRow(0, (), ())  # live at every step, added to each row
+    memory_base: MemoryRows = ZERO_ROW  # one row: live at every step, added to each row
 
     @property
     def variables(self) -> int:
@@ -138,8 +138,9 @@ class Problem:
     def peak(self, choice: Sequence[int]) -> int:
         """The most bytes live at one step of the program of this choice."""
         indicated = indicator_values(self.indicators, choice)
-        base = row_bytes(self.memory_base, choice, indicated)
-        return base + max((row_bytes(row, choice, indicated) for row in self.memory), default=0)
+        base = int(self.memory_base.bytes(choice, indicated)[0])
+        rows = self.memory.bytes(choice, indicated)
+        return base + (int(rows.max()) if len(rows) else 0)
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ class _Builder:
         self.required = [a for a in annotations if a.required]
         self.hints = [a for a in annotations if not a.required]
         self.producer = {o: op for op in graph.ops for o in op.outputs if o}
-        self.matrices: dict[tuple, list[list[float]]] = {}
+        self.matrices: dict[tuple, np.ndarray] = {}
         self.prices = ReshardPrices(self.mesh, self.price)
         self.held_cache: dict[tuple, tuple[Sharding, ...]] = {}
         self.need_cache: dict[tuple[str, int], tuple[Sharding, ...]] = {}
@@ -259,18 +260,18 @@ class _Builder:
         return collective_time(collective, self.cluster)
 
     def reshard_cost(self, value: str, src: Sharding, dst: Sharding) -> float:
-        return self.matrix(value, (src,), (dst,))[0][0]
+        return float(self.matrix(value, (src,), (dst,))[0, 0])
 
     def matrix(
         self, value: str, held: tuple[Sharding, ...], need: tuple[Sharding, ...]
-    ) -> list[list[float]]:
+    ) -> np.ndarray:
         """Reshard costs from each held to each needed sharding; repeated layers ask for the
         same matrix again."""
         info = self.graph.values[value]
         key = (info.shape, info.dtype, held, need)
         if key not in self.matrices:
             size = dtypes.nbytes(info.dtype, 1)
-            self.matrices[key] = self.prices.matrix(held, need, info.shape, size).tolist()
+            self.matrices[key] = self.prices.matrix(held, need, info.shape, size)
         return self.matrices[key]
 
     def compute_cost(self, op: Op, option: ShardingOption | None) -> float:
@@ -343,7 +344,7 @@ class _Builder:
                 d = ops[self.producer[name].name]
                 for k, held_k in enumerate(self.held(name, d)):
                     node[d.group][k] += self.reshard_cost(name, held_k, returned(held_k))
-        edges: dict[tuple[int, int], list[list[float]]] = {}
+        edges: dict[tuple[int, int], np.ndarray] = {}
         # Reshards per choice: one unit each on top of the scaled costs, so that of plans
         # costing the same the one resharding least wins (a value held as it is read, not
         # held whole and sliced for free).
@@ -364,12 +365,8 @@ class _Builder:
                     node[a][k] += count * self.reshard_cost(name, held[k], need[k])
                     node_moves[a][k] += count * (held[k] != need[k])
                 continue
-            cell = self.matrix(name, held, need)
-            matrix = edges.setdefault((a, b), [[0.0] * sizes[b] for _ in range(sizes[a])])
-            for ka in range(sizes[a]):
-                row, out = cell[ka], matrix[ka]
-                for kb in range(sizes[b]):
-                    out[kb] += count * row[kb]
+            matrix = edges.setdefault((a, b), np.zeros((sizes[a], sizes[b])))
+            matrix += count * self.matrix(name, held, need)
             moves = edge_moves.setdefault((a, b), np.zeros((sizes[a], sizes[b]), np.int64))
             moves += count * _differ(held, need)
         # Hints: a small penalty on every choice that holds a hinted value otherwise (a
@@ -393,15 +390,15 @@ class _Builder:
             tuple(sizes),
             tuple(tuple(r) for r in node_costs),
             tuple(
+                # np.rint rounds half to even, as round does.
                 (
                     a,
                     b,
                     tuple(
-                        tuple(
-                            round(c / unit) + int(moved)
-                            for c, moved in zip(row, moves, strict=True)
+                        map(
+                            tuple,
+                            (np.rint(m / unit).astype(np.int64) + edge_moves[(a, b)]).tolist(),
                         )
-                        for row, moves in zip(m, edge_moves[(a, b)], strict=True)
                     ),
                 )
                 for (a, b), m in sorted(edges.items())
@@ -420,9 +417,9 @@ class _Builder:
         return self.grouping.ops[op.name] if op is not None else self.grouping.values[name]
 
     @staticmethod
-    def unit(node: list[list[float]], edges: Mapping[tuple[int, int], list[list[float]]]) -> float:
+    def unit(node: list[list[float]], edges: Mapping[tuple[int, int], np.ndarray]) -> float:
         biggest = max(
-            [c for row in node for c in row] + [c for m in edges.values() for r in m for c in r],
+            [c for row in node for c in row] + [float(m.max()) for m in edges.values() if m.size],
             default=0.0,
         )
         return biggest / SCALE if biggest > 0 else 1.0

@@ -4,6 +4,7 @@ choices."""
 
 import dataclasses
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,14 @@ from autoshard.rules import rule_for
 from autoshard.search.candidates import candidates
 from autoshard.search.coarsen import find_repeats
 from autoshard.search.ilp import InfeasibleError, eliminate, lowest_budget, solve
-from autoshard.search.memory import Chosen, Indicator, MemoryRow
+from autoshard.search.memory import (
+    NO_ROWS,
+    Chosen,
+    Indicator,
+    MemoryRow,
+    MemoryRows,
+    indicator_values,
+)
 from autoshard.search.problem import Problem, build_search
 from tests.golden.seed_models import write_seed_mlp
 
@@ -68,7 +76,7 @@ def random_problem(seed, groups=5, memory=False):
             for _ in range(3)
         )  # fmt: skip
     node = tuple(tuple(int(c) for c in rng.integers(0, 100, n)) for n in sizes)
-    return Problem(sizes, node, tuple(edges), rows, 80, 1.0, tuple(indicators))
+    return Problem(sizes, node, tuple(edges), MemoryRows.of(rows), 80, 1.0, tuple(indicators))
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -113,7 +121,7 @@ def test_elimination_is_exact_on_a_cycle_with_tails():
         for a, b in pairs
     )
     node = tuple(tuple(int(c) for c in rng.integers(0, 50, 3)) for _ in sizes)
-    problem = Problem(sizes, node, edges, (), 0, 1.0)
+    problem = Problem(sizes, node, edges, NO_ROWS, 0, 1.0)
     reduced, kept, _ = eliminate(problem)
     assert len(kept) < 4
     assert solve(problem).objective == brute_force(problem)
@@ -135,7 +143,7 @@ def test_a_group_without_choice_is_eliminated_whatever_its_degree():
         for a, b in pairs
     )
     node = tuple(tuple(int(c) for c in rng.integers(0, 50, n)) for n in sizes)
-    problem = Problem(sizes, node, edges, (), 0, 1.0)
+    problem = Problem(sizes, node, edges, NO_ROWS, 0, 1.0)
     assert eliminate(problem)[1] == []
     assert solve(problem).objective == brute_force(problem)
 
@@ -181,3 +189,36 @@ def test_repeated_layers_of_the_32_layer_decoder():
     repeats = find_repeats(graph)
     assert (repeats.period, repeats.count) == (37, 32)
     assert repeats.start + repeats.ops <= len(graph.ops)
+
+
+def _written(row):
+    return MemoryRow(row["fixed"], tuple(map(tuple, row["terms"])),
+                     tuple(map(tuple, row["indicated"])))  # fmt: skip
+
+
+def test_memory_rows_as_arrays_are_the_rows_of_tuples():
+    """The MLP on 2x4 (storage decisions, reshard buffers as indicators): the rows built as
+    arrays are, term for term, the rows the tuple builder made (saved from it, as
+    `MemoryRow`s), and summing them under any choice gives each row's bytes."""
+    saved = json.loads((Path(__file__).parent / "memory_rows_mlp_2x4.json").read_text())
+    graph = import_onnx(MODELS / "mlp.onnx", {"batch": 8})
+    problem = build_search(graph, make_cluster(mesh="2x4")).problem
+    rows = [_written(row) for row in saved["rows"]]
+    assert [problem.memory[r] for r in range(len(problem.memory))] == rows
+    assert problem.memory_base[0] == _written(saved["base"])
+    assert len(problem.indicators) == 65 and sum(len(row.indicated) for row in rows) == 119
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        choice = [int(rng.integers(0, n)) for n in problem.sizes]
+        held = indicator_values(problem.indicators, choice)
+        by_hand = [
+            row.fixed
+            + sum(b for g, k, b in row.terms if choice[g] == k)
+            + sum(b for i, b in row.indicated if held[i])
+            for row in rows
+        ]
+        assert problem.memory.bytes(choice, held).tolist() == by_hand
+        assert MemoryRows.of(rows).bytes(choice, held).tolist() == by_hand
+    assert problem.memory.most().tolist() == [
+        row.fixed + sum(b for *_, b in row.terms) + sum(b for _, b in row.indicated) for row in rows
+    ]

@@ -11,6 +11,9 @@ from autoshard.annotations import Annotation
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.passes.ccl import (
+    _decompose,
+    _move_down,
+    _Rewrite,
     fuse_reshards,
     move_all_gathers_down,
     optimize_collectives,
@@ -21,6 +24,7 @@ from autoshard.passes.materialize import materialize
 from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program
 from autoshard.propagate import propagate
+from autoshard.reshard import CollectiveKind
 from autoshard.sharding import Sharding
 from autoshard.simulate import run_collective, shard
 
@@ -337,6 +341,61 @@ def test_a_collective_above_a_moved_all_gather_moves_next(dot):
     ]
     assert after.bytes_per_device == before.bytes_per_device
     check_same_meaning(dot, before, after)
+
+
+def restarting(program, graph, split):
+    """`move_all_gathers_down` as first written, the oracle of its one walk: rewrite the first
+    collective that can move (or split), then start again from the first step."""
+    rw = _Rewrite(program, graph)
+    while True:
+        for at, step in rw.walk():
+            if not isinstance(step, Communicate):
+                continue
+            kind = step.collective.kind
+            if kind is CollectiveKind.ALL_GATHER and _move_down(at, rw) is not None:
+                break
+            if split and kind is CollectiveKind.ALL_REDUCE and _decompose(at, rw) is not None:
+                break
+        else:
+            return rw.result()
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["moves", "splits and moves"])
+def test_one_walk_rewrites_as_restarting_after_every_rewrite(tmp_path, split):
+    """Three layers of y = relu(x @ w) + b, each dot summing over axis 1 with rows split over
+    axis 0, relu and add reading whole: each layer's all_gather moves below relu and then
+    below add; with `split`, each all_reduce splits once its all_gather has moved (the walk
+    steps back to it), and that all_gather moves twice too. The one walk gives the program
+    the restarting walk gives, step for step and tensor for tensor (fresh names follow the
+    order of the rewrites)."""
+    rng = np.random.default_rng(5)
+    nodes, weights, options, x = [], [], {}, "x"
+    for i in range(3):
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"dot{i}"),
+            helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}"),
+            helper.make_node("Add", [f"r{i}", f"b{i}"], [f"y{i}"], name=f"add{i}"),
+        ]
+        weights += [(f"w{i}", rng.standard_normal((8, 8))), (f"b{i}", rng.standard_normal((4, 8)))]
+        options[f"dot{i}"] = ShardingOption.parse("[[0], [], [1]]", 3)
+        options[f"relu{i}"] = options[f"add{i}"] = ShardingOption.parse("[[]]", 2)
+        x = f"y{i}"
+    graph = write_model(tmp_path / "layers.onnx", nodes, [("x", [4, 8])], [("y2", [4, 8])], weights)
+    before = materialize(graph, propagate(graph, MESH, [], options))
+    layer = ["MatMul", "all_reduce mesh_axes = [1] reduction = sum",
+             "all_gather mesh_axes = [0] gather_axis = 0", "Relu", "Add"]  # fmt: skip
+    assert steps(before)[:5] == layer
+    after = move_all_gathers_down(before, graph, split)
+    expected = restarting(before, graph, split)
+    assert (after.steps, after.tensors) == (expected.steps, expected.tensors)
+    gathers = ["all_gather mesh_axes = [1] gather_axis = 0"] * split + [
+        "all_gather mesh_axes = [0] gather_axis = 0"
+    ]
+    assert steps(after)[-len(gathers) - 1 :] == ["Add", *gathers]
+    assert steps(after).count("Relu") == 3 and steps(after).count(gathers[-1]) == 3
+    first_add = steps(after).index("Add")
+    assert not any("all_gather" in s for s in steps(after)[:first_add])
+    check_same_meaning(graph, before, after)
 
 
 def test_all_gather_stays_above_a_broadcast(tmp_path):
