@@ -32,24 +32,37 @@ transformers = pytest.importorskip("transformers")
 VOCAB, HIDDEN, FFN, LAYERS, HEADS, POSITIONS = 128, 64, 128, 2, 4, 32
 BATCH, SEQ = 4, 16
 
-# name -> (model, mesh, planning flags): each memory budget is below what the replicated plan
-# needs, so the plan splits weights; a deterministic --time-limit keeps the 2x2 solves short.
-# One plan is made to split Llama's token embedding over both mesh axes, tp-major (which
-# DTensor's own embedding rule cannot look up): an annotation, no budget (a quick solve).
+# name -> (model, torch exporter, mesh, planning flags): each memory budget is below what the
+# replicated plan needs, so the plan splits weights; a deterministic --time-limit keeps the 2x2
+# solves short. One plan is made to split Llama's token embedding over both mesh axes, tp-major
+# (which DTensor's own embedding rule cannot look up): an annotation, no budget (a quick solve).
 CASES = {
-    "gpt2-tp2-inference": ("gpt2", "tp=2", ["--memory", "400KB"]),
-    "gpt2-2x2-inference": ("gpt2", "dp=2,tp=2", ["--memory", "300KB", "--time-limit", "1"]),
-    "llama-tp2-inference": ("llama", "tp=2", ["--memory", "300KB"]),
-    "llama-2x2-inference": ("llama", "dp=2,tp=2", ["--memory", "300KB", "--time-limit", "2"]),
-    "llama-2x2-embedding": ("llama", "dp=2,tp=2",
+    "gpt2-tp2-inference": ("gpt2", "ts", "tp=2", ["--memory", "400KB"]),
+    "gpt2-2x2-inference": ("gpt2", "ts", "dp=2,tp=2", ["--memory", "300KB", "--time-limit", "1"]),
+    "llama-tp2-inference": ("llama", "ts", "tp=2", ["--memory", "300KB"]),
+    "llama-2x2-inference": ("llama", "ts", "dp=2,tp=2",
+                            ["--memory", "300KB", "--time-limit", "2"]),
+    "llama-2x2-embedding": ("llama", "ts", "dp=2,tp=2",
                             ["--annotate", "lm.model.embed_tokens.weight=[[1, 0], []]"]),
-    "gpt2-tp2-training": ("gpt2", "tp=2", ["--mode", "training", "--memory", "1.2MB"]),
-    "gpt2-2x2-training": ("gpt2", "dp=2,tp=2", ["--mode", "training", "--memory", "1.2MB",
+    "gpt2-tp2-training": ("gpt2", "ts", "tp=2", ["--mode", "training", "--memory", "1.2MB"]),
+    "gpt2-2x2-training": ("gpt2", "ts", "dp=2,tp=2", ["--mode", "training", "--memory", "1.2MB",
                           "--time-limit", "1"]),
-    "llama-tp2-training": ("llama", "tp=2", ["--mode", "training", "--memory", "1.2MB"]),
-    "llama-2x2-training": ("llama", "dp=2,tp=2", ["--mode", "training", "--memory", "1.2MB",
+    "llama-tp2-training": ("llama", "ts", "tp=2", ["--mode", "training", "--memory", "1.2MB"]),
+    "llama-2x2-training": ("llama", "ts", "dp=2,tp=2", ["--mode", "training", "--memory", "1.2MB",
                            "--time-limit", "10"]),
+    "gpt2-dynamo-tp2-inference": ("gpt2", "dynamo", "tp=2", ["--memory", "400KB"]),
+    "gpt2-dynamo-2x2-inference": ("gpt2", "dynamo", "dp=2,tp=2",
+                                  ["--memory", "300KB", "--time-limit", "1"]),
+    "llama-dynamo-tp2-inference": ("llama", "dynamo", "tp=2", ["--memory", "300KB"]),
+    "llama-dynamo-tp2-training": ("llama", "dynamo", "tp=2",
+                                  ["--mode", "training", "--memory", "1.2MB"]),
 }  # fmt: skip
+# The dynamo exporter needs onnxscript (in the dev extra); without it, its cases skip.
+RUN = {k: v for k, v in CASES.items() if v[1] == "ts" or importlib.util.find_spec("onnxscript")}
+PARAMS = [
+    pytest.param(case, marks=pytest.mark.skipif(case not in RUN, reason="needs onnxscript"))
+    for case in CASES
+]
 
 
 class Logits(torch.nn.Module):
@@ -95,6 +108,26 @@ def tokens():
     return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
 
 
+def export(model: torch.nn.Module, exporter: str) -> bytes:
+    """The ONNX model of one torch exporter: TorchScript (static shapes, opset 17), or dynamo
+    with its optimizer on (folded transposed weights that carry `folded_from` metadata, node
+    name scopes). Dynamo's batch and sequence are dynamic, as users export: with static shapes
+    it folds GPT-2's position-embedding lookup, the causal mask and Llama's rotary tables into
+    constants that no parameter names (GPT-2's `wpe.weight` would be absent from the plan)."""
+    buffer = io.BytesIO()
+    names = {"input_names": ["input_ids"], "output_names": ["logits"]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        if exporter == "ts":
+            torch.onnx.export(model, (tokens(),), buffer, dynamo=False, opset_version=17, **names)
+            return buffer.getvalue()
+        Dim = torch.export.Dim
+        shapes = ({0: Dim("batch", min=1, max=1024), 1: Dim("seq", max=POSITIONS)},)
+        program = torch.onnx.export(model, (tokens(),), dynamo=True, dynamic_shapes=shapes,
+                                    optimize=True, verbose=False, **names)  # fmt: skip
+    return program.model_proto.SerializeToString()
+
+
 def _worker(rank: int, world: int, port: int, folder: str) -> None:
     from torch.distributed.tensor.experimental import implicit_replication
 
@@ -102,7 +135,7 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     try:
-        for case, (name, _, _) in CASES.items():
+        for case, (name, _, _, _) in RUN.items():
             path = Path(folder) / case
             spec = importlib.util.spec_from_file_location(f"apply_{case}", path / "apply.py")
             generated = importlib.util.module_from_spec(spec)
@@ -149,20 +182,15 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
 def runs(tmp_path_factory) -> Path:
     """Export each model, plan and export every case, then run them all on 4 gloo ranks."""
     folder = tmp_path_factory.mktemp("hf")
-    for name in sorted({c[0] for c in CASES.values()}):
-        buffer = io.BytesIO()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-            torch.onnx.export(build(name), (tokens(),), buffer, dynamo=False, opset_version=17,
-                              input_names=["input_ids"], output_names=["logits"])  # fmt: skip
-        (folder / f"{name}.onnx").write_bytes(buffer.getvalue())
-    for case, (name, mesh, flags) in CASES.items():
+    for name, exporter in sorted({c[:2] for c in RUN.values()}):
+        (folder / f"{name}-{exporter}.onnx").write_bytes(export(build(name), exporter))
+    for case, (name, exporter, mesh, flags) in RUN.items():
         path = folder / case
         path.mkdir()
         plan = path / "plan.json"
-        argv = ["plan", str(folder / f"{name}.onnx"), "--mesh", mesh, *flags, "-o", str(plan)]
-        assert main(argv) == 0, case
-        model = str(folder / f"{name}.onnx")
+        model = str(folder / f"{name}-{exporter}.onnx")
+        dims = ["--dim", f"batch={BATCH}", "--dim", f"seq={SEQ}"] if exporter == "dynamo" else []
+        assert main(["plan", model, "--mesh", mesh, *dims, *flags, "-o", str(plan)]) == 0, case
         dtensor = export_plan(plan, Target.DTENSOR, model)  # what `autoshard export` writes
         (path / "apply.py").write_bytes(dtensor.payload)
         (path / "export.json").write_text(json.dumps(dtensor.document))
@@ -179,14 +207,14 @@ def runs(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", PARAMS)
 def test_forward_matches_and_placements_are_the_plans(runs, case):
     path = runs / case
     export = json.loads((path / "export.json").read_text())
     assert not export["unnamed"]
     planned = {n: e["placements"] for n, e in export["parameters"].items()}
     assert any(p != ["Replicate()"] * len(p) for p in planned.values()), "nothing split"
-    size = Mesh.parse(CASES[case][1]).size
+    size = Mesh.parse(CASES[case][2]).size
     for rank in range(size):
         result = torch.load(path / f"rank{rank}.pt", weights_only=False)
         assert result["error"] <= 1e-5, (case, rank, result["error"])
@@ -210,6 +238,31 @@ def test_forward_matches_and_placements_are_the_plans(runs, case):
         assert result["masked"] == {"lm.model.embed_tokens": True}
 
 
+@pytest.mark.parametrize("case", PARAMS)
+def test_every_parameter_is_named_by_the_graph(runs, case):
+    """Each weight of the plan is named, from the ONNX graph alone (no checkpoint), by a name of
+    the torch module's with its layout; the module's every parameter is named. Dynamo's names
+    come from its metadata: a folded (transposed) Linear weight from `folded_from`, a weight
+    read under another module's name scope (GPT-2's tied embedding) from that scope."""
+    name, exporter = CASES[case][:2]
+    export = json.loads((runs / case / "export.json").read_text())
+    assert not export["unnamed"]
+    module = build(name)
+    tensors = {**dict(module.named_parameters(remove_duplicate=False)),
+               **dict(module.named_buffers())}  # fmt: skip
+    layouts = json.loads((runs / case / "jax.json").read_text())["parameters"]
+    assert layouts.keys() == export["parameters"].keys()
+    for param, entry in layouts.items():
+        assert list(tensors[param].shape) == entry["shape"], param
+    assert {n for n, _ in module.named_parameters(remove_duplicate=False)} <= layouts.keys()
+    if exporter == "dynamo":
+        for param, entry in export["parameters"].items():
+            own = entry["onnx_weight"] == param
+            want = "initializer" if own else "folded_from" if entry["transposed"] else "name_scope"
+            assert entry["source"] == want, (param, entry)
+        assert any(e["source"] == "folded_from" for e in export["parameters"].values())
+
+
 def _placement(text: str):
     names = {**vars(tensor_api), "_StridedShard": tensor_api.placement_types._StridedShard}
     return eval(text, names)  # the text is what the generated module writes
@@ -218,13 +271,13 @@ def _placement(text: str):
 @pytest.fixture(scope="module")
 def jax_runs(runs) -> dict[str, dict]:
     pytest.importorskip("jax")
-    return jax_placed(*(runs / case / "jax.json" for case in CASES))
+    return jax_placed(*(runs / case / "jax.json" for case in RUN))
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", PARAMS)
 def test_jax_places_the_plans_shards(runs, jax_runs, case):
     path = runs / case
-    mesh = Mesh.parse(CASES[case][1])
+    mesh = Mesh.parse(CASES[case][2])
     placed = jax_runs[str(path / "jax.json")]
     export = json.loads((path / "jax.json").read_text())
     document = json.loads((path / "plan.json").read_text())
