@@ -128,14 +128,15 @@ def export(model: torch.nn.Module, exporter: str) -> bytes:
     return program.model_proto.SerializeToString()
 
 
-def _worker(rank: int, world: int, port: int, folder: str) -> None:
+def _worker(rank: int, world: int, port: int, folder: str, cases: list[str]) -> None:
     from torch.distributed.tensor.experimental import implicit_replication
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     try:
-        for case, (name, _, _, _) in RUN.items():
+        for case in cases:
+            name = CASES[case][0]
             path = Path(folder) / case
             spec = importlib.util.spec_from_file_location(f"apply_{case}", path / "apply.py")
             generated = importlib.util.module_from_spec(spec)
@@ -202,7 +203,7 @@ def runs(tmp_path_factory) -> Path:
     # torch ops, can hang in OpenMP).
     torch.multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor"])
     torch.multiprocessing.start_processes(
-        _worker, args=(4, port, str(folder)), nprocs=4, start_method="forkserver"
+        _worker, args=(4, port, str(folder), list(RUN)), nprocs=4, start_method="forkserver"
     )
     return folder
 
