@@ -8,10 +8,8 @@ is the slice the plan holds on that device. All runs share one start of 4 proces
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ from autoshard.cli import main
 from autoshard.document import read_document
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding
+from tests.export.gloo import load_module, run_on_ranks
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -109,43 +108,35 @@ def _input(name: str):
     return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32))
 
 
-def _worker(rank: int, world: int, port: int, folder: str) -> None:
+def _worker(rank: int, folder: str) -> None:
     from torch.distributed.tensor.experimental import implicit_replication
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
-        for case, (model_name, _, _) in CASES.items():
-            path = Path(folder) / case
-            spec = importlib.util.spec_from_file_location(f"apply_{rank}", path / "apply.py")
-            generated = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(generated)
-            mesh = torch.distributed.device_mesh.init_device_mesh(
-                "cpu", generated.MESH_SHAPE, mesh_dim_names=generated.MESH_DIM_NAMES
-            )
-            export = json.loads((path / "export.json").read_text())
-            reference, model = _torch_model(model_name, export), _torch_model(model_name, export)
-            generated.apply_plan(model, mesh)
-            x = _input(model_name)
-            with torch.no_grad(), implicit_replication():
-                y = model(x)
-                y = y.full_tensor() if isinstance(y, tensor_api.DTensor) else y
-                expected = reference(x)
-            local = {}
-            for name in generated.PLACEMENTS:
-                tensor = generated._lookup(model, name)[2]
-                local[name] = (tensor.to_local() if isinstance(tensor, tensor_api.DTensor)
-                               else tensor).detach().numpy().copy()  # fmt: skip
-            torch.save(
-                {"error": float((y - expected).abs().max() / expected.abs().max()),
-                 "local": local,
-                 "held": {k: (tuple(v) == tuple(generated.PLACEMENTS[k]), repr(v))
-                          for k, v in generated.held_placements(model, mesh).items()}},
-                path / f"rank{rank}.pt",
-            )  # fmt: skip
-    finally:
-        dist.destroy_process_group()
+    for case, (model_name, _, _) in CASES.items():
+        path = Path(folder) / case
+        generated = load_module(path / "apply.py", f"apply_{rank}")
+        mesh = torch.distributed.device_mesh.init_device_mesh(
+            "cpu", generated.MESH_SHAPE, mesh_dim_names=generated.MESH_DIM_NAMES
+        )
+        export = json.loads((path / "export.json").read_text())
+        reference, model = _torch_model(model_name, export), _torch_model(model_name, export)
+        generated.apply_plan(model, mesh)
+        x = _input(model_name)
+        with torch.no_grad(), implicit_replication():
+            y = model(x)
+            y = y.full_tensor() if isinstance(y, tensor_api.DTensor) else y
+            expected = reference(x)
+        local = {}
+        for name in generated.PLACEMENTS:
+            tensor = generated._lookup(model, name)[2]
+            local[name] = (tensor.to_local() if isinstance(tensor, tensor_api.DTensor)
+                           else tensor).detach().numpy().copy()  # fmt: skip
+        torch.save(
+            {"error": float((y - expected).abs().max() / expected.abs().max()),
+             "local": local,
+             "held": {k: (tuple(v) == tuple(generated.PLACEMENTS[k]), repr(v))
+                      for k, v in generated.held_placements(model, mesh).items()}},
+            path / f"rank{rank}.pt",
+        )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -172,15 +163,7 @@ def runs(tmp_path_factory) -> Path:
 
         document = export_plan(plan, Target.DTENSOR).document
         (path / "export.json").write_text(json.dumps(document))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # A forkserver that imported torch once: ranks start fast and never inherit this
-    # process's thread pools (a fork of a process that has run torch ops can hang in OpenMP).
-    torch.multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor"])
-    torch.multiprocessing.start_processes(
-        _worker, args=(4, port, str(folder)), nprocs=4, start_method="forkserver"
-    )
+    run_on_ranks(_worker, 4, str(folder))
     return folder
 
 

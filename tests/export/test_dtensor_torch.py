@@ -4,7 +4,6 @@ ranks gives the single-process output."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from autoshard.cli import main
 from autoshard.export.to_dtensor import placements
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding
+from tests.export.gloo import load_module, run_on_ranks
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -97,41 +97,25 @@ def _mlp_from_onnx():
     return model.eval()
 
 
-def _worker(rank: int, world: int, port: int, module_path: str, out: str) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+def _worker(rank: int, module_path: str, out: str) -> None:
+    generated = load_module(module_path, "apply_mlp")
+    mesh = torch.distributed.device_mesh.init_device_mesh(
+        "cpu", generated.MESH_SHAPE, mesh_dim_names=generated.MESH_DIM_NAMES
     )
-    try:
-        spec = importlib.util.spec_from_file_location("apply_mlp", module_path)
-        generated = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(generated)
-        mesh = torch.distributed.device_mesh.init_device_mesh(
-            "cpu", generated.MESH_SHAPE, mesh_dim_names=generated.MESH_DIM_NAMES
-        )
-        reference, model = _mlp_from_onnx(), _mlp_from_onnx()
-        generated.apply_plan(model, mesh)
-        held = {n: tuple(p.placements) for n, p in model.named_parameters()}
-        x = torch.from_numpy(np.random.default_rng(0).standard_normal((8, 64), dtype=np.float32))
-        replicated = [tensor_api.Replicate()] * mesh.ndim
-        with torch.no_grad():
-            y = model(tensor_api.distribute_tensor(x, mesh, replicated)).full_tensor()
-            expected = reference(x)
-        error = float((y - expected).abs().max() / expected.abs().max())
-        if rank == 0:
-            Path(out).write_text(repr({"held": {k: [repr(p) for p in v] for k, v in held.items()},
-                                       "planned": {k: [repr(p) for p in v]
-                                                   for k, v in generated.PLACEMENTS.items()},
-                                       "error": error}))  # fmt: skip
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    reference, model = _mlp_from_onnx(), _mlp_from_onnx()
+    generated.apply_plan(model, mesh)
+    held = {n: tuple(p.placements) for n, p in model.named_parameters()}
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((8, 64), dtype=np.float32))
+    replicated = [tensor_api.Replicate()] * mesh.ndim
+    with torch.no_grad():
+        y = model(tensor_api.distribute_tensor(x, mesh, replicated)).full_tensor()
+        expected = reference(x)
+    error = float((y - expected).abs().max() / expected.abs().max())
+    if rank == 0:
+        Path(out).write_text(repr({"held": {k: [repr(p) for p in v] for k, v in held.items()},
+                                   "planned": {k: [repr(p) for p in v]
+                                               for k, v in generated.PLACEMENTS.items()},
+                                   "error": error}))  # fmt: skip
 
 
 def test_apply_plan_on_gloo(tmp_path, capsys):
@@ -142,14 +126,7 @@ def test_apply_plan_on_gloo(tmp_path, capsys):
                  "-o", str(plan)]) == 0  # fmt: skip
     assert main(["export", str(plan), "--to", "dtensor", "--model", model, "-o", str(module)]) == 0
     out = tmp_path / "result.txt"
-    # A forkserver that imported torch once: the ranks start fast (spawn imports torch per
-    # rank) and never inherit this process's thread pools (a fork of a process that has run
-    # torch ops can hang in OpenMP).
-    torch.multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor"])
-    torch.multiprocessing.start_processes(
-        _worker, args=(4, _free_port(), str(module), str(out)), nprocs=4,
-        start_method="forkserver",
-    )  # fmt: skip
+    run_on_ranks(_worker, 4, str(module), str(out))
     result = eval(out.read_text())
     # 0.weight [256, 64] held [[1, 0]]: tp-major rows, so dp's Shard is strided by |tp|.
     assert result["planned"]["0.weight"] == ["_StridedShard(dim=0, sf=2)", "Shard(dim=0)"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
-import socket
 import warnings
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from autoshard.cli import main
 from autoshard.export import Target, export_plan
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding
+from tests.export.gloo import load_module, run_on_ranks
 from tests.export.test_export import jax_placed
 
 torch = pytest.importorskip("torch")
@@ -128,55 +128,47 @@ def export(model: torch.nn.Module, exporter: str) -> bytes:
     return program.model_proto.SerializeToString()
 
 
-def _worker(rank: int, world: int, port: int, folder: str, cases: list[str]) -> None:
+def _worker(rank: int, folder: str, cases: list[str]) -> None:
     from torch.distributed.tensor.experimental import implicit_replication
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
-        for case in cases:
-            name = CASES[case][0]
-            path = Path(folder) / case
-            spec = importlib.util.spec_from_file_location(f"apply_{case}", path / "apply.py")
-            generated = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(generated)
-            size = 1
-            for n in generated.MESH_SHAPE:
-                size *= n
-            # Every rank builds every mesh (its groups are collective); the ranks outside a
-            # smaller one skip its run.
-            mesh = torch.distributed.device_mesh.DeviceMesh(
-                "cpu",
-                torch.arange(size).reshape(generated.MESH_SHAPE),
-                mesh_dim_names=generated.MESH_DIM_NAMES,
-            )
-            if rank >= size:
-                continue
-            model = build(name)
-            ids = tokens()
-            with torch.no_grad():
-                expected = model(ids)
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    generated.apply_plan(model, mesh)
-                with implicit_replication():
-                    got = model(ids)
-            got = got.full_tensor() if isinstance(got, tensor_api.DTensor) else got
-            torch.save(
-                {
-                    "error": float((got - expected).abs().max() / expected.abs().max()),
-                    "held": {k: repr(tuple(v))
-                             for k, v in generated.held_placements(model, mesh).items()},
-                    "warnings": [str(w.message) for w in caught],
-                    # each nn.Embedding: does it look tokens up by apply_plan's masked lookup
-                    "masked": {path: "forward" in vars(m) for path, m in model.named_modules()
-                               if isinstance(m, torch.nn.Embedding)},
-                },
-                path / f"rank{rank}.pt",
-            )  # fmt: skip
-    finally:
-        dist.destroy_process_group()
+    for case in cases:
+        name = CASES[case][0]
+        path = Path(folder) / case
+        generated = load_module(path / "apply.py", f"apply_{case}")
+        size = 1
+        for n in generated.MESH_SHAPE:
+            size *= n
+        # Every rank builds every mesh (its groups are collective); the ranks outside a
+        # smaller one skip its run.
+        mesh = torch.distributed.device_mesh.DeviceMesh(
+            "cpu",
+            torch.arange(size).reshape(generated.MESH_SHAPE),
+            mesh_dim_names=generated.MESH_DIM_NAMES,
+        )
+        if rank >= size:
+            continue
+        model = build(name)
+        ids = tokens()
+        with torch.no_grad():
+            expected = model(ids)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                generated.apply_plan(model, mesh)
+            with implicit_replication():
+                got = model(ids)
+        got = got.full_tensor() if isinstance(got, tensor_api.DTensor) else got
+        torch.save(
+            {
+                "error": float((got - expected).abs().max() / expected.abs().max()),
+                "held": {k: repr(tuple(v))
+                         for k, v in generated.held_placements(model, mesh).items()},
+                "warnings": [str(w.message) for w in caught],
+                # each nn.Embedding: does it look tokens up by apply_plan's masked lookup
+                "masked": {path: "forward" in vars(m) for path, m in model.named_modules()
+                           if isinstance(m, torch.nn.Embedding)},
+            },
+            path / f"rank{rank}.pt",
+        )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -196,15 +188,7 @@ def runs(tmp_path_factory) -> Path:
         (path / "apply.py").write_bytes(dtensor.payload)
         (path / "export.json").write_text(json.dumps(dtensor.document))
         (path / "jax.json").write_bytes(export_plan(plan, Target.JAX, model).payload)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # Ranks fork from a server that imported torch only (a fork of this process, which has run
-    # torch ops, can hang in OpenMP).
-    torch.multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor"])
-    torch.multiprocessing.start_processes(
-        _worker, args=(4, port, str(folder), list(RUN)), nprocs=4, start_method="forkserver"
-    )
+    run_on_ranks(_worker, 4, str(folder), list(RUN))
     return folder
 
 
