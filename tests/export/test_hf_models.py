@@ -1,11 +1,12 @@
 """The exports checked on Hugging Face GPT-2 and Llama, built from tiny configs (seeded random
 weights, nothing downloaded) and exported with the TorchScript exporter: each is planned on
 meshes tp=2 and dp=2,tp=2 for inference and for training, under a memory budget below its
-replicated footprint (so the plan splits weights); the `dtensor` export's `apply_plan` is run
-on the *original torch module* on one start of 4 gloo ranks (a tp=2 plan on ranks 0 and 1),
-whose forward must give the single-process logits (rel <= 1e-5) with every parameter held with
-the placements the plan stores; and the `jax` export is `device_put` on 4 CPU devices, every
-shard the plan's."""
+replicated footprint (so the plan splits weights); the dynamo exporter's exports too, on fewer
+plans (tp=2 and 2x2 inference, a training plan), their parameter names from dynamo's metadata
+alone. For every plan, the `dtensor` export's `apply_plan` is run on the *original torch
+module* on one start of 4 gloo ranks (a tp=2 plan on ranks 0 and 1), whose forward must give
+the single-process logits (rel <= 1e-5) with every parameter held with the placements the plan
+stores; and the `jax` export is `device_put` on 4 CPU devices, every shard the plan's."""
 
 from __future__ import annotations
 
