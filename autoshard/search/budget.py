@@ -82,14 +82,15 @@ def auto_plan(
     while True:
         try:
             left = time_left(options.time_limit, spent)
-            solution = solve(search.problem, left, hint, tracker, unit)
+            solution = solve(search.problem, left, hint, tracker, unit, options.time_limit)
         except InfeasibleError:
             raise _infeasible(graph, cluster, search, options.time_limit, tracker) from None
         spent, solve_s = spent + solution.work, solve_s + solution.wall_s
         say(f"solved: {solution.status}, gap {solution.gap:.2%} ({solution.wall_s:.1f} s)")
         plan = search.plan(graph, cluster, solution.choice)
         program = lower(graph, plan)
-        counted, held = search.problem.peak(solution.choice), memory(program).peak
+        usage = memory(program)
+        counted, held = search.problem.peak(solution.choice), usage.peak
         if held <= counted:
             break
         chains = search.chains | _chains(graph, plan)
@@ -100,7 +101,7 @@ def auto_plan(
             )
         say(f"the program holds {held} bytes, with {len(chains)} reshards' intermediates")
         search, hint = search.counting(chains), solution.choice
-    cost = price(program, graph, cluster)
+    cost = price(program, graph, cluster, usage)
     return Planned(
         plan=plan, program=program, cost=cost, solution=solution, search=search,
         build_s=built, solve_s=solve_s,

@@ -282,7 +282,6 @@ def mlp_block(
     add, a norm, a graph output: not an MLP.
     """
     features = start.out_features
-    by_output = {p.output: p for p in projections.values()}
     firsts, seconds = {start.op: start}, {}
     region = {start.output}  # the values reached, walked or still to walk
     foreign: set[str] = set()  # other operands, which must turn out to be in the region
@@ -315,8 +314,9 @@ def mlp_block(
             for name in op.inputs:
                 if name in region or _is_param(graph, name) or op.type in _VIEWS | UNARY:
                     continue
-                other = by_output.get(name)
-                if other is not None and other.out_features == features:
+                producer = graph.producer(name)
+                other = projections.get(producer.name) if producer is not None else None
+                if other is not None and other.output == name and other.out_features == features:
                     firsts[other.op] = other
                 else:
                     if shape_of(graph, name)[-1:] not in ((), (1,)):
