@@ -24,7 +24,7 @@ from typing import Any
 from autoshard.cost.model import MEMORY_KINDS, Cost, live_kinds, memory, served_ops
 from autoshard.ir.graph import Graph
 from autoshard.program import Program, step_index
-from autoshard.search.coarsen import find_repeats
+from autoshard.search.coarsen import Repeats, find_repeats
 
 TOP = 5
 """How many collectives `top_collectives` lists."""
@@ -74,12 +74,16 @@ def held_at_peak(graph: Graph, program: Program) -> tuple[dict[str, dict[str, in
     return held, served[peak.step] if peak.step >= 0 else None
 
 
-def breakdown(graph: Graph, program: Program, cost: Cost) -> dict[str, Any]:
-    """The plan document's `breakdown` block."""
+def breakdown(
+    graph: Graph, program: Program, cost: Cost, repeats: Repeats | None = None
+) -> dict[str, Any]:
+    """The plan document's `breakdown` block; `repeats` are the graph's (`find_repeats`), when
+    the caller has them."""
     names = [op.name for op in graph.ops]
     held, at_op = held_at_peak(graph, program)
     runs, inside = [], set()
-    for run in find_repeats(graph).runs:
+    repeats = find_repeats(graph) if repeats is None else repeats
+    for run in repeats.runs:
         if run.count < 2:
             continue
         first = names[run.start : run.start + run.period]
