@@ -47,12 +47,12 @@ def _lower(graph: Graph, plan: Plan, after: AfterStage | None) -> tuple[Program,
     if after is not None:
         after(Stage.MATERIALIZE, program)
     optimized = optimize_collectives(program, graph)
-    usage = None
+    chosen, usage = optimized, None
     # Unchanged steps hold the same memory: price the two programs only when they differ.
     if optimized.steps != program.steps:
         usage, held = memory(optimized), memory(program)
         if usage.peak > held.peak:
-            optimized, usage = program, held
+            chosen, usage = program, held
     if after is not None:
-        after(Stage.CCL, optimized)
-    return optimized, usage
+        after(Stage.CCL, chosen)
+    return chosen, usage
