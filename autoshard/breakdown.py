@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autoshard.cost.model import MEMORY_KINDS, Cost, live_kinds, memory, served_ops
+from autoshard.cost.model import MEMORY_KINDS, Cost, Memory, live_kinds, memory, served_ops
 from autoshard.ir.graph import Graph
 from autoshard.program import Program, step_index
-from autoshard.search.coarsen import find_repeats
+from autoshard.search.coarsen import Repeats, find_repeats
 
 TOP = 5
 """How many collectives `top_collectives` lists."""
@@ -56,10 +56,13 @@ def _kinds(held: Held, ops: Iterable[str]) -> dict[str, int]:
     return found
 
 
-def held_at_peak(graph: Graph, program: Program) -> tuple[dict[str, dict[str, int]], str | None]:
-    """What each op holds at the program's peak, by kind (see the module docstring), and the
-    op running at the peak (None: the peak is before the first step)."""
-    peak = memory(program)
+def held_at_peak(
+    graph: Graph, program: Program, peak: Memory | None = None
+) -> tuple[dict[str, dict[str, int]], str | None]:
+    """What each op holds at the program's peak (`peak`: its `memory`, when the caller has it),
+    by kind (see the module docstring), and the op running at the peak (None: the peak is
+    before the first step)."""
+    peak = memory(program) if peak is None else peak
     served = served_ops(program)
     defined = step_index(program.steps, program.outputs)[0]
     held: dict[str, dict[str, int]] = {}
@@ -74,12 +77,20 @@ def held_at_peak(graph: Graph, program: Program) -> tuple[dict[str, dict[str, in
     return held, served[peak.step] if peak.step >= 0 else None
 
 
-def breakdown(graph: Graph, program: Program, cost: Cost) -> dict[str, Any]:
-    """The plan document's `breakdown` block."""
+def breakdown(
+    graph: Graph,
+    program: Program,
+    cost: Cost,
+    repeats: Repeats | None = None,
+    peak: Memory | None = None,
+) -> dict[str, Any]:
+    """The plan document's `breakdown` block; `repeats` (the graph's `find_repeats`) and
+    `peak` (the program's `memory`) when the caller has them."""
     names = [op.name for op in graph.ops]
-    held, at_op = held_at_peak(graph, program)
+    held, at_op = held_at_peak(graph, program, peak)
     runs, inside = [], set()
-    for run in find_repeats(graph).runs:
+    repeats = find_repeats(graph) if repeats is None else repeats
+    for run in repeats.runs:
         if run.count < 2:
             continue
         first = names[run.start : run.start + run.period]

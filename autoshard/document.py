@@ -123,7 +123,7 @@ def plan_document(
     """The plan JSON; `planned` adds the solver's and the search problem's figures, and
     `asked` what it was asked (its options and annotations); a training step's plan says so
     (`mode`, `training`). `names` are the source model's parameter names, for the story."""
-    solver = search = timing = None
+    solver = search = timing = repeats = usage = None
     if planned is not None:
         s, problem = planned.solution, planned.search.problem
         solver = {
@@ -134,7 +134,7 @@ def plan_document(
             "variables": s.variables,
             "constraints": s.constraints,
         }
-        repeats = planned.search.repeats
+        repeats, usage = planned.search.repeats, planned.usage
         search = {
             "groups": len(problem.sizes),
             "choices": problem.variables,
@@ -163,14 +163,14 @@ def plan_document(
     return {
         "schema": SCHEMA,
         "model": dict(model),
-        "story": strategy_story(graph, plan, collectives, names),
+        "story": strategy_story(graph, plan, collectives, names, repeats),
         **trained,
         "mesh": str(cluster.mesh),
         "cluster": cluster.to_json(),
         **describe(plan, graph, cost),
         "collectives": collectives,
         "cost": cost.to_json(),
-        "breakdown": breakdown(graph, program, cost),
+        "breakdown": breakdown(graph, program, cost, repeats, usage),
         "solver": solver,
         "search": search,
         "timing": timing,

@@ -47,7 +47,7 @@ from autoshard.mesh import Mesh
 from autoshard.plan import Plan
 from autoshard.rules import rule_for
 from autoshard.rules.elementwise import ELEMENTWISE
-from autoshard.search.coarsen import Run, find_repeats
+from autoshard.search.coarsen import Repeats, Run, find_repeats
 from autoshard.search.patterns import (
     Projection,
     attention_blocks,
@@ -118,10 +118,13 @@ def _axes(sharding: Sharding) -> frozenset[int]:
 class _Findings:
     """Phrases with the layers they were found in (None: outside the repeated layers)."""
 
-    def __init__(self, graph: Graph, mesh: Mesh, names: Mapping[str, str]) -> None:
+    def __init__(
+        self, graph: Graph, mesh: Mesh, names: Mapping[str, str], repeats: Repeats | None
+    ) -> None:
         self.mesh, self.graph, self.names = mesh, graph, names
         self.index = {op.name: i for i, op in enumerate(graph.ops)}
-        forward = [r for r in find_repeats(graph).runs if graph.phase(graph.ops[r.start].name)
+        repeats = find_repeats(graph) if repeats is None else repeats
+        forward = [r for r in repeats.runs if graph.phase(graph.ops[r.start].name)
                    == "forward" and r.count > 1]  # fmt: skip
         self.run: Run | None = forward[0] if forward else None
         self.found: dict[str, set[int | None]] = {}
@@ -186,11 +189,13 @@ def strategy_story(
     plan: Plan,
     collectives: Sequence[Mapping[str, Any]] = (),
     names: Mapping[str, str] | None = None,
+    repeats: Repeats | None = None,
 ) -> str:
     """The plan's strategy as one paragraph (deterministic: the same plan, the same text).
     `collectives` are the program's (`Program.collectives_json`), for the all_to_alls; `names`
-    the source model's parameter name of each weight (`export.names.parameter_names`)."""
-    return recognise(graph, plan, collectives, names).text
+    the source model's parameter name of each weight (`export.names.parameter_names`);
+    `repeats` the graph's repeated layers (`find_repeats`), when the caller has them."""
+    return recognise(graph, plan, collectives, names, repeats).text
 
 
 def recognise(
@@ -198,6 +203,7 @@ def recognise(
     plan: Plan,
     collectives: Sequence[Mapping[str, Any]] = (),
     names: Mapping[str, str] | None = None,
+    repeats: Repeats | None = None,
 ) -> Story:
     """The plan's strategy paragraph and the role of each mesh axis in it."""
     mesh = plan.mesh
@@ -205,7 +211,7 @@ def recognise(
     batch = batch_axes(graph, plan)
     if batch:
         parts.append(f"Batch split over mesh {axes_text(mesh, batch)} (data parallel).")
-    findings = _Findings(graph, mesh, names or {})
+    findings = _Findings(graph, mesh, names or {}, repeats)
     findings.role(Role.DATA, batch)
     forward = forward_view(graph)
     regions = _megatron(forward, plan, find_projections(forward), findings)

@@ -567,8 +567,9 @@ def memory_kinds(graph: Graph) -> dict[str, str]:
     return kinds
 
 
-def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
-    """The cost of a sharded program: its collectives, its ops' local compute, its memory.
+def price(program: Program, graph: Graph, cluster: Cluster, usage: Memory | None = None) -> Cost:
+    """The cost of a sharded program: its collectives, its ops' local compute, its memory
+    (`usage`: `memory(program)`, when the caller has it already).
     Each step counts as many times as it runs per step of the model (`Graph.runs`: the
     forward and backward of a training step once per micro-batch); a collective runs with the
     op it serves (the next op), the ones after the last op with that one. Totals, per mesh
@@ -602,7 +603,7 @@ def price(program: Program, graph: Graph, cluster: Cluster) -> Cost:
                 sum(cost.seconds for name, cost in ops.items() if graph.phase(name) == phase),
                 sum(c.seconds for c in mine), sum(c.bytes_per_device for c in mine),
             )  # fmt: skip
-    peak = memory(program)
+    peak = usage if usage is not None else memory(program)
     return Cost(
         sum(c.bytes_per_device for c in collectives), sum(c.seconds for c in collectives),
         sum(cost.seconds for cost in ops.values()), peak.peak, dict(sorted(by_axes.items())),

@@ -11,7 +11,10 @@ Equal, ConstantOfShape, Expand...). So `fold_shapes` alternates two steps:
    the static shape of its operand: `Shape`, `Size`) and whose results are small, and turn its
    results into constants;
 
-until a pass folds nothing. Worked example (batch bound to 2, x: float32[2, 12]):
+until a pass folds nothing. When inference already knew every result's type, the round after a
+pass is known without running it (inference would learn nothing; a pass over the same types
+folds nothing more), so a model whose shapes inference sees through costs one inference, not
+two. Worked example (batch bound to 2, x: float32[2, 12]):
 
     s = Shape(x)           → round 1 folds s = [2, 12]
     b = Gather(s, 0)       → same pass: b = 2 (its operands are now constant)
@@ -268,6 +271,10 @@ def _conform(
     return conformed
 
 
+def _known(known: TensorType | None) -> bool:
+    return known is not None and known.static and known.elem_type != 0
+
+
 def fold_shapes(
     model: ModelProto, sources: Mapping[str, np.ndarray], limit: int = FOLD_LIMIT
 ) -> FoldResult:
@@ -286,12 +293,23 @@ def fold_shapes(
     nodes = list(work.graph.node)
     failures: dict[str, str] = {}
     rounds = 0
+    types = infer_types(work)
     while True:
         rounds += 1
-        types = infer_types(work)
+        known = all(_known(types.get(name)) for node in nodes for name in node.output if name)
         nodes, new = _fold_pass(nodes, constants, types, opset, limit, failures)
         if not new:
             return FoldResult(tuple(nodes), constants, types, failures, rounds, work)
         del work.graph.node[:]
         work.graph.node.extend(nodes)
-        work.graph.initializer.extend(numpy_helper.from_array(a, name) for name, a in new.items())
+        added = [numpy_helper.from_array(a, name) for name, a in new.items()]
+        work.graph.initializer.extend(added)
+        if known:
+            # Every result's type was known: inference learns nothing from the new constants,
+            # and a pass over the same types folds nothing more (the pass already folds what
+            # the constants it makes allow). That last round is derived, not run: its types
+            # are these, the folded values typed as the initializers they became.
+            types |= {t.name: TensorType(t.data_type, tuple(t.dims)) for t in added}
+            rounds += 1
+            return FoldResult(tuple(nodes), constants, types, failures, rounds, work)
+        types = infer_types(work)

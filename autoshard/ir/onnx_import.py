@@ -13,10 +13,11 @@ name is named `INPUT.AXIS` (`input_ids.1`) and is bound by that name.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 import os
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,15 @@ def unbound_dims(path: str | os.PathLike[str]) -> dict[str, list[str]]:
 def file_weights(model: ModelProto, path: str | os.PathLike[str]) -> dict[str, Weight]:
     """The model's initializers as lazy weights (external data relative to the model's folder)."""
     base = Path(path).resolve().parent
-    return {t.name: _weight(t, base) for t in model.graph.initializer}
+    # Weights share few data files: look each up once (a 405B decoder has 2,300 weights).
+    located = functools.cache(_located)
+    return {t.name: _weight(t, base, located) for t in model.graph.initializer}
+
+
+def _located(file: Path) -> tuple[Path, int | None]:
+    """The file resolved, and its size in bytes (None: no such file)."""
+    file = file.resolve()
+    return file, file.stat().st_size if file.is_file() else None
 
 
 def _symbolic_dims(model: ModelProto, weights: Collection[str] = ()) -> dict[str, list[str]]:
@@ -265,7 +274,9 @@ def _named_params(model: ModelProto) -> set[str]:
     }
 
 
-def _weight(tensor: TensorProto, base: Path) -> Weight:
+def _weight(
+    tensor: TensorProto, base: Path, located: Callable[[Path], tuple[Path, int | None]]
+) -> Weight:
     shape = tuple(int(d) for d in tensor.dims)
     dtype = dtypes.dtype_name(tensor.data_type)
     if tensor.data_location != TensorProto.EXTERNAL:
@@ -273,7 +284,7 @@ def _weight(tensor: TensorProto, base: Path) -> Weight:
     info = {entry.key: entry.value for entry in tensor.external_data}
     if not info.get("location"):
         raise ModelError(f"weight {tensor.name!r} has external data but no location")
-    file = (base / info["location"]).resolve()
+    file, size = located(base / info["location"])
     if not file.is_relative_to(base):
         # A model must not make us read (or, in the REST service, leak) files outside its folder.
         raise ModelError(
@@ -287,10 +298,9 @@ def _weight(tensor: TensorProto, base: Path) -> Weight:
             f"weight {tensor.name!r}: its external data length is {length} bytes, but its "
             f"shape {list(shape)} of {dtype} needs {nbytes}"
         )
-    if not file.is_file():
+    if size is None:
         # No data file at all: a shape-only model, which still plans.
         return Weight(tensor.name, shape, dtype, False, file, offset, length)
-    size = file.stat().st_size
     if size < offset + nbytes:
         raise ModelError(
             f"weight {tensor.name!r} needs bytes {offset}..{offset + nbytes} of its external "

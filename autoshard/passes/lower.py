@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from autoshard.cost.model import memory
+from autoshard.cost.model import Memory, memory
 from autoshard.ir.graph import Graph
 from autoshard.passes import Stage
 from autoshard.passes.ccl import optimize_collectives
@@ -29,13 +29,30 @@ AfterStage = Callable[[Stage, Program], None]
 def lower(graph: Graph, plan: Plan, after: AfterStage | None = None) -> Program:
     """The sharded program of a plan: reshards inserted and lowered to collectives, then the
     CCL passes."""
+    return _lower(graph, plan, after)[0]
+
+
+def lower_measured(
+    graph: Graph, plan: Plan, after: AfterStage | None = None
+) -> tuple[Program, Memory]:
+    """`lower`, with the program's `memory` (lowering measures it when the CCL passes change
+    the program: measured once, for both)."""
+    program, usage = _lower(graph, plan, after)
+    return program, memory(program) if usage is None else usage
+
+
+def _lower(graph: Graph, plan: Plan, after: AfterStage | None) -> tuple[Program, Memory | None]:
+    """The program, and its memory when measured."""
     program = materialize(graph, plan)
     if after is not None:
         after(Stage.MATERIALIZE, program)
     optimized = optimize_collectives(program, graph)
+    chosen, usage = optimized, None
     # Unchanged steps hold the same memory: price the two programs only when they differ.
-    if optimized.steps == program.steps or memory(optimized).peak <= memory(program).peak:
-        program = optimized
+    if optimized.steps != program.steps:
+        usage, held = memory(optimized), memory(program)
+        if usage.peak > held.peak:
+            chosen, usage = program, held
     if after is not None:
-        after(Stage.CCL, program)
-    return program
+        after(Stage.CCL, chosen)
+    return chosen, usage

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster, format_bytes
-from autoshard.cost.model import Cost, memory, price
+from autoshard.cost.model import Cost, Memory, price
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
 from autoshard.limits import check_search_axes
-from autoshard.passes.lower import lower
+from autoshard.passes.lower import lower_measured
 from autoshard.plan import RETURN, Plan
 from autoshard.program import Program
 from autoshard.progress import Tracker
@@ -49,6 +49,7 @@ class Planned:
     plan: Plan
     program: Program
     cost: Cost
+    usage: Memory  # the program's memory (`cost.model.memory`)
     solution: Solution
     search: Search
     build_s: float
@@ -82,14 +83,14 @@ def auto_plan(
     while True:
         try:
             left = time_left(options.time_limit, spent)
-            solution = solve(search.problem, left, hint, tracker, unit)
+            solution = solve(search.problem, left, hint, tracker, unit, options.time_limit)
         except InfeasibleError:
             raise _infeasible(graph, cluster, search, options.time_limit, tracker) from None
         spent, solve_s = spent + solution.work, solve_s + solution.wall_s
         say(f"solved: {solution.status}, gap {solution.gap:.2%} ({solution.wall_s:.1f} s)")
         plan = search.plan(graph, cluster, solution.choice)
-        program = lower(graph, plan)
-        counted, held = search.problem.peak(solution.choice), memory(program).peak
+        program, usage = lower_measured(graph, plan)
+        counted, held = search.problem.peak(solution.choice), usage.peak
         if held <= counted:
             break
         chains = search.chains | _chains(graph, plan)
@@ -100,9 +101,9 @@ def auto_plan(
             )
         say(f"the program holds {held} bytes, with {len(chains)} reshards' intermediates")
         search, hint = search.counting(chains), solution.choice
-    cost = price(program, graph, cluster)
+    cost = price(program, graph, cluster, usage)
     return Planned(
-        plan=plan, program=program, cost=cost, solution=solution, search=search,
+        plan=plan, program=program, cost=cost, usage=usage, solution=solution, search=search,
         build_s=built, solve_s=solve_s,
     )  # fmt: skip
 
@@ -126,7 +127,7 @@ def _infeasible(
     """No plan fits: the lowest feasible budget, how sure the solver is of it, and the largest
     tensors the plan reaching it holds at its peak."""
     lowest = lowest_budget(search.problem, time_limit, tracker)
-    usage = memory(lower(graph, search.plan(graph, cluster, lowest.choice)))
+    usage = lower_measured(graph, search.plan(graph, cluster, lowest.choice))[1]
     proof = (
         "proven optimal"
         if lowest.status is SolverStatus.OPTIMAL

@@ -68,6 +68,7 @@ def solve(
     hint: Sequence[int] = (),
     tracker: Tracker | None = None,
     unit: str = "s",
+    limit: float | None = None,
 ) -> Solution:
     """The best choice per group; `InfeasibleError` when the budget cannot hold any plan.
 
@@ -76,8 +77,11 @@ def solve(
     optimum fits the budget it is the optimum. Otherwise the whole problem, memory rows
     included, goes to CP-SAT, starting from `hint` (or that optimum). `time_limit` bounds the
     deterministic time of both. `tracker` is told each solve's progress, its objective in
-    `unit` (`s` or `B`: what `problem.unit` scales the integer costs to).
+    `unit` (`s` or `B`: what `problem.unit` scales the integer costs to). `limit` is the
+    user's `--time-limit`, of which `time_limit` is what is left to this solve (all of it by
+    default): what the error says when a solve stops without a plan.
     """
+    limit = time_limit if limit is None else limit
     reduced, kept, order = eliminate(problem)
     # Elimination folds the groups it removes into the rest but for a constant: the costs of
     # those left with no neighbour. Any choice of the rest tells it.
@@ -89,7 +93,7 @@ def solve(
         tracker.detail(f"CP-SAT on {len(reduced.sizes)} of {len(problem.sizes)} groups "
                        "(the rest eliminated), memory aside")  # fmt: skip
         watch = _Improvements(tracker, problem.unit, unit, offset)
-    relaxed = _cp_sat(reduced, time_limit, memory=False, watch=watch)
+    relaxed = _cp_sat(reduced, _Limit(time_limit, limit, "memory-aside"), memory=False, watch=watch)
     choice = _expand(relaxed.choice, kept, order, len(problem.sizes))
     if problem.peak(choice) <= problem.budget:
         objective = problem.objective(choice)
@@ -102,7 +106,9 @@ def solve(
         tracker.detail(f"its optimum does not fit the budget: CP-SAT on all {len(problem.sizes)} "
                        f"groups with {len(problem.memory)} memory rows")  # fmt: skip
         watch = _Improvements(tracker, problem.unit, unit)
-    solution = _cp_sat(problem, left, memory=True, hint=hint or choice, watch=watch)
+    solution = _cp_sat(
+        problem, _Limit(left, limit, "memory-bound"), memory=True, hint=hint or choice, watch=watch
+    )
     solved = dataclasses.replace(solution, work=solution.work + relaxed.work)
     return _told(solved, tracker, problem.unit, unit)
 
@@ -150,9 +156,19 @@ def _run(
     return solver.solve(model, watch)
 
 
+@dataclass(frozen=True)
+class _Limit:
+    """The deterministic seconds one solve may use, the user's `--time-limit` they are part of,
+    and which solve it is: what the error says when the solve stops without a plan."""
+
+    seconds: float
+    of: float
+    solve: str
+
+
 def _cp_sat(
     problem: Problem,
-    time_limit: float,
+    limit: _Limit,
     memory: bool,
     hint: Sequence[int] = (),
     watch: _Improvements | None = None,
@@ -191,13 +207,13 @@ def _cp_sat(
         for bytes_live in _memory_rows(model, problem, x):
             model.add(bytes_live <= problem.budget)
     model.minimize(sum(objective))
-    solver = _solver(time_limit)
+    solver = _solver(limit.seconds)
     started = time.perf_counter()
     status = _run(solver, model, watch)
     wall = time.perf_counter() - started
     if status == cp_model.INFEASIBLE:
         raise InfeasibleError("no plan fits the memory budget")
-    choice = _chosen(solver, status, x, time_limit)
+    choice = _chosen(solver, status, x, limit)
     proto = model.proto
     return Solution(
         choice=choice,
@@ -285,12 +301,14 @@ def _chosen(
     solver: cp_model.CpSolver,
     status: cp_model.CpSolverStatus,
     x: list[list[cp_model.IntVar]],
-    time_limit: float,
+    limit: _Limit,
 ) -> tuple[int, ...]:
     """The choice per group of a solve that found a plan."""
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        share = f"{limit.seconds:.2g} s left for the {limit.solve} solve, "
         raise AutoshardError(
-            f"the solver found no plan within {time_limit} s ({solver.status_name(status)}); "
+            f"the solver found no plan within --time-limit {limit.of:g} s "
+            f"({share if limit.seconds < limit.of else ''}{solver.status_name(status)}); "
             "raise --time-limit"
         )
     return tuple(next(k for k, v in enumerate(row) if solver.value(v)) for row in x)
@@ -337,7 +355,8 @@ def lowest_budget(
     if tracker is not None:
         tracker.detail("no plan fits the budget: CP-SAT on the least memory any plan needs")
         watch = _Improvements(tracker, 1.0, "B")
-    choice = _chosen(solver, _run(solver, model, watch), x, time_limit)
+    limit = _Limit(time_limit, time_limit, "lowest-budget")
+    choice = _chosen(solver, _run(solver, model, watch), x, limit)
     reached = problem.peak(choice)
     bound = min(reached, math.ceil(solver.best_objective_bound))
     return LowestBudget(

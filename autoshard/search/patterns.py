@@ -282,29 +282,41 @@ def mlp_block(
     add, a norm, a graph output: not an MLP.
     """
     features = start.out_features
-    by_output = {p.output: p for p in projections.values()}
     firsts, seconds = {start.op: start}, {}
     region = {start.output}  # the values reached, walked or still to walk
     foreign: set[str] = set()  # other operands, which must turn out to be in the region
 
-    def step(value: str) -> list[str] | None:
+    def ends(value: str) -> bool:
+        """Whether `value` ends every MLP it is in: a graph output, or read by an op that
+        neither keeps its features nor projects them from `features`. A property of the value
+        alone, so the walk checks it on each value it is about to take (a residual stream's
+        norm stops the walk at once, not after the stream's remaining layers)."""
         if value in graph.outputs:
+            return True
+        for op in graph.consumers(value):
+            projection = projections.get(op.name)
+            if projection is not None and op.inputs[0] == value:
+                if projection.in_features != features:
+                    return True
+            elif not _keeps_features(op, graph, value):
+                return True
+        return False
+
+    def step(value: str) -> list[str] | None:
+        if ends(value):
             return None
         following = []
         for op in graph.consumers(value):
             projection = projections.get(op.name)
             if projection is not None and op.inputs[0] == value:
-                if projection.in_features != features:
-                    return None
                 seconds[op.name] = projection
                 continue
-            if not _keeps_features(op, graph, value):
-                return None
             for name in op.inputs:
                 if name in region or _is_param(graph, name) or op.type in _VIEWS | UNARY:
                     continue
-                other = by_output.get(name)
-                if other is not None and other.out_features == features:
+                producer = graph.producer(name)
+                other = projections.get(producer.name) if producer is not None else None
+                if other is not None and other.output == name and other.out_features == features:
                     firsts[other.op] = other
                 else:
                     if shape_of(graph, name)[-1:] not in ((), (1,)):
@@ -316,7 +328,7 @@ def mlp_block(
                 if name and name not in region:
                     region.add(name)
                     following.append(name)
-        return following
+        return None if any(ends(name) for name in following) else following
 
     if not _walk([start.output], step):
         return None

@@ -90,6 +90,34 @@ def test_range_result_needs_a_second_round(tmp_path):
     assert result.types["y"] == TensorType(1, (5,))
 
 
+def test_the_last_round_is_derived_when_inference_knew_every_type(monkeypatch):
+    """Inference sees through Shape -> Gather -> Concat -> Reshape (data propagation): every
+    type is known in round 1, so round 2 is derived, not run, and its types are what running
+    inference on the folded model gives (the folded values typed as their initializers)."""
+    nodes = [
+        n("Shape", ["x"], ["s"], name="shape"),
+        n("Gather", ["s", "zero"], ["b"], axis=0, name="gather"),
+        n("Unsqueeze", ["b", "zero1"], ["b1"], name="unsqueeze"),
+        n("Concat", ["b1", "tail"], ["t"], axis=0, name="concat"),
+        n("Reshape", ["x", "t"], ["y"], name="reshape"),
+    ]
+    proto = model(nodes, [tensor("x", F32, [2, 12])], [tensor("y", F32, None)])
+    sources = {"zero": np.array(0, np.int64), "zero1": np.array([0], np.int64),
+               "tail": np.array([3, 4], np.int64)}  # fmt: skip
+    proto.graph.input.extend(
+        [tensor("zero", I64, []), tensor("zero1", I64, [1]), tensor("tail", I64, [2])]
+    )
+    inferred = []
+    infer_types = fold.infer_types
+    monkeypatch.setattr(fold, "infer_types", lambda m: inferred.append(m) or infer_types(m))
+    result = fold_shapes(proto, sources)
+    assert [node.name for node in result.nodes] == ["reshape"]
+    assert result.rounds == 2 and len(inferred) == 1
+    assert result.types["y"] == TensorType(1, (2, 3, 4))
+    assert result.types["t"] == TensorType(7, (3,))
+    assert result.types == fold.infer_types(result.model)
+
+
 def test_node_the_evaluator_cannot_run_stays_and_says_why(tmp_path):
     nodes = [n("Gather", ["table", "idx"], ["g"], axis=0, name="gather")]
     proto = model(nodes, [], [tensor("g", I64, None)])
