@@ -468,10 +468,9 @@ class _Builder:
                 self.add_held(name, self.at(produced_at[name]), self.at(produced_at[name]))
             else:
                 # A gradient accumulated over micro-batches is held from the step's start.
-                # Up to its first reader's reshards every plan holds it; after them, only
-                # while a reader still needs it (`add_held_while_needed`).
                 start = 0 if name in accumulated else self.at(produced_at[name])
-                self.add_held(name, start, self.pre(positions[0]))
+                last = end if positions[-1] == self.ops else self.pre(positions[-1])
+                self.add_held(name, start, last)
             if not positions:
                 continue
             # The marks of a value's copy in another layer are its own, at its own reading
@@ -488,8 +487,12 @@ class _Builder:
             marks = replays.get(signature)
             if marks is None:
                 self.recording = []
+                # A weight or optimizer state is written over by its update: gone at the
+                # update's compute step, where its next value takes its place.
+                if name in produced_at and positions[-1] < self.ops:
+                    final = [r for r in readings if r[0] == positions[-1]]
+                    self.add_held_if_read(name, final, self.ref(positions[-1], 1))
                 if name in produced_at:
-                    self.add_held_while_needed(name, readings)
                     self.add_buffers(name, readings)
                 else:  # a weight is gathered for the forward, and again for the backward
                     for forward in (True, False):
@@ -510,42 +513,15 @@ class _Builder:
         graph = self.graph
         return name in graph.inputs or name in graph.weights or name in graph.constants
 
-    def add_held_while_needed(self, name: str, readings: Sequence[Read]) -> None:
-        """A value's held shard from its first reader's compute step on: live while a reader
-        at or after the step still reads it, as held or by a reshard made there (to a sharding
-        no earlier reader read: `materialize` reshards a value once per sharding, and a later
-        reader of that sharding reads the buffer, not the value)."""
+    def add_held_if_read(self, name: str, last_reads: Sequence[Read], slot: Ref) -> None:
+        """At its last reader's compute step a value is live only if read as it is held."""
         group, shardings = self.held(name)
-        positions = sorted({p for p, _, _ in readings})
-        needed = dict.fromkeys(s for _, _, needs in readings for s in self.choices_of(needs))
-
-        def reads(p: int, s: Sharding) -> Literal | bool:
-            return self.combine(
-                False, [self.chosen(g, needs, s, True) for q, g, needs in readings if q == p]
+        for s in self.choices_of(shardings):
+            read_so = [self.chosen(g, needs, s, True) for _, g, needs in last_reads]
+            condition = self.combine(
+                True, [self.chosen(group, shardings, s, True), self.combine(False, read_so)]
             )
-
-        def first_read(p: int, s: Sharding) -> Literal | bool:
-            earlier = [self.chosen(g, needs, s, False) for q, g, needs in readings if q < p]
-            return self.combine(True, [reads(p, s), *earlier])
-
-        for h in self.choices_of(shardings):
-            is_h = self.chosen(group, shardings, h, True)
-            if is_h is False:
-                continue
-            direct = [reads(p, h) for p in positions]
-            fresh = [
-                self.combine(False, [d, *(first_read(p, s) for s in needed if s != h)])
-                for p, d in zip(positions, direct, strict=True)
-            ]
-            size = self.nbytes(name, h)
-            for j, p in enumerate(positions):
-                later = self.combine(False, fresh[j + 1 :])
-                if p < self.ops:  # its compute step
-                    live = self.combine(True, [is_h, self.combine(False, [direct[j], later])])
-                    self.mark(self.ref(p, 1), self.ref(p, 1), live, size)
-                if j + 1 < len(positions):
-                    live = self.combine(True, [is_h, later])
-                    self.mark(self.ref(p, 2), self.ref(positions[j + 1], 0), live, size)
+            self.mark(slot, slot, condition, self.nbytes(name, s))
 
     def add_buffers(self, name: str, readings: Sequence[Read]) -> None:
         if not readings:
