@@ -31,10 +31,14 @@ Repeated layers ask for the same conditions and share them, and their rows coinc
 kept once).
 
 Exact for the materialized program but for what the model leaves conservative (more than the
-program holds, never less): a value resharded for a later reader is counted live until that
-reader even when the reshard made earlier was its last use, PRE rows count all of an op's
-buffers at each of its reshard steps, and a reshard reusing another's intermediate tensors is
-counted as its own.
+program holds): a value resharded for a later reader is counted live until that reader even
+when the reshard made earlier was its last use (exact liveness is an AND of the held choice
+with the readers', weak in the LP relaxation: a solve under a tight budget went from 9 s
+optimal to a 39 % gap at 60 s), PRE rows count all of an op's buffers at each of its reshard
+steps, and a reshard reusing another's intermediate tensors is counted as its own. And one
+thing it counts short: an intermediate tensor of a reshard that a later reader of that
+sharding reuses is live from that reshard to the reader, counted only at both ends
+(`tests/search/test_memory_exact.py`, the two-axis case); the budget policy checks every plan.
 """
 
 from __future__ import annotations
