@@ -315,7 +315,9 @@ class _Builder:
         for shape, dtype, src, dst in chains:
             self.chain_sources.setdefault((shape, dtype, dst), set()).add(src)
         self.extra_cache: dict[tuple[tuple[int, ...], str, Sharding, Sharding], int] = {}
-        self.steps_cache: dict[tuple[tuple[int, ...], str, Sharding, Sharding], tuple] = {}
+        self.steps_cache: dict[
+            tuple[tuple[int, ...], str, Sharding, Sharding], tuple[Sharding, ...]
+        ] = {}
         self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
         self.extras: dict[tuple, list[tuple[Sharding, int]]] = {}
         self.recording: list[tuple[Ref, Ref, Literal | bool, int]] = []
@@ -571,11 +573,10 @@ class _Builder:
             suffix = [self.combine(False, [used[q] for q in where[j:]]) for j in range(len(where))]
             for j, p in enumerate(where):
                 later = suffix[j + 1] if j + 1 < len(where) else False
-                if via[p] is False or p == self.ops:  # PRE and AT alike
-                    live = self.combine(True, [differs, prefix[j], suffix[j]])
+                live = self.combine(True, [differs, prefix[j], suffix[j]])
+                if via[p] is False or p == self.ops:  # made for a read here: PRE and AT alike
                     self.mark(self.ref(p, 0), self.ref(p, 1 if p < self.ops else 0), live, size)
                 else:  # at AT only if read there or kept for later
-                    live = self.combine(True, [differs, prefix[j], suffix[j]])
                     self.mark(self.ref(p, 0), self.ref(p, 0), live, size)
                     kept = self.combine(False, [at[p], later])
                     live = self.combine(True, [differs, prefix[j], kept])
