@@ -31,10 +31,15 @@ Repeated layers ask for the same conditions and share them, and their rows coinc
 kept once).
 
 Exact for the materialized program but for what the model leaves conservative (more than the
-program holds, never less): a value resharded for a later reader is counted live until that
-reader even when the reshard made earlier was its last use, PRE rows count all of an op's
-buffers at each of its reshard steps, and a reshard reusing another's intermediate tensors is
-counted as its own.
+program holds): a value resharded for a later reader is counted live until that reader even
+when the reshard made earlier was its last use (exact liveness is an AND of the held choice
+with the readers', weak in the LP relaxation: a solve under a tight budget went from 9 s
+optimal to a 39 % gap at 60 s), PRE rows count all of an op's buffers at each of its reshard
+steps, and a reshard reusing another's intermediate tensors is counted as its own. The
+intermediate tensors `materialize` keeps (a reshard's, reused by a later reader of that
+sharding or a later reshard passing the same way) are counted from the first reshard making
+them to the last reading them, for the reshards counted (`chains`); as a later reshard may
+not happen (its sharding made already), that too is counted more, never less.
 """
 
 from __future__ import annotations
@@ -310,6 +315,9 @@ class _Builder:
         for shape, dtype, src, dst in chains:
             self.chain_sources.setdefault((shape, dtype, dst), set()).add(src)
         self.extra_cache: dict[tuple[tuple[int, ...], str, Sharding, Sharding], int] = {}
+        self.steps_cache: dict[
+            tuple[tuple[int, ...], str, Sharding, Sharding], tuple[Sharding, ...]
+        ] = {}
         self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
         self.extras: dict[tuple, list[tuple[Sharding, int]]] = {}
         self.recording: list[tuple[Ref, Ref, Literal | bool, int]] = []
@@ -529,31 +537,78 @@ class _Builder:
         group, shardings = self.held(name)
         positions = sorted({p for p, _, _ in readings})
         needed = dict.fromkeys(s for _, g, needs in readings for s in self.choices_of(needs))
-        for s in needed:
-            differs = self.chosen(group, shardings, s, False)
-            if differs is False:
-                continue
-            at = {
+        reads = {
+            s: {
                 p: self.combine(
                     False, [self.chosen(g, needs, s, True) for q, g, needs in readings if q == p]
                 )
                 for p in positions
             }
-            where = [p for p in positions if at[p] is not False]
-            if not where:
+            for s in needed
+        }
+        # A reshard of several collectives makes tensors on its way, and `materialize` keeps
+        # them: for this sharding's readers, and for a later reshard passing the same way.
+        passing = self.passing_through(name, needed)
+        for s in [*needed, *(m for m in passing if m not in needed)]:
+            differs = self.chosen(group, shardings, s, False)
+            if differs is False:
                 continue
+            at = reads.get(s, dict.fromkeys(positions, False))
+            via = {
+                p: self.combine(
+                    False,
+                    [
+                        self.combine(True, [self.chosen(group, shardings, h, True), reads[t][p]])
+                        for h, t in passing.get(s, ())
+                    ],
+                )
+                for p in positions
+            }
+            used = {p: self.combine(False, [at[p], via[p]]) for p in positions}
+            where = [p for p in positions if used[p] is not False]
             size = self.nbytes(name, s)
             prefix = [
-                self.combine(False, [at[q] for q in where[: j + 1]]) for j in range(len(where))
+                self.combine(False, [used[q] for q in where[: j + 1]]) for j in range(len(where))
             ]
-            suffix = [self.combine(False, [at[q] for q in where[j:]]) for j in range(len(where))]
+            suffix = [self.combine(False, [used[q] for q in where[j:]]) for j in range(len(where))]
             for j, p in enumerate(where):
+                later = suffix[j + 1] if j + 1 < len(where) else False
                 live = self.combine(True, [differs, prefix[j], suffix[j]])
-                self.mark(self.ref(p, 0), self.ref(p, 1 if p < self.ops else 0), live, size)
+                if via[p] is False or p == self.ops:  # made for a read here: PRE and AT alike
+                    self.mark(self.ref(p, 0), self.ref(p, 1 if p < self.ops else 0), live, size)
+                else:  # at AT only if read there or kept for later
+                    self.mark(self.ref(p, 0), self.ref(p, 0), live, size)
+                    kept = self.combine(False, [at[p], later])
+                    live = self.combine(True, [differs, prefix[j], kept])
+                    self.mark(self.ref(p, 1), self.ref(p, 1), live, size)
                 if j + 1 < len(where):
-                    between = self.combine(True, [differs, prefix[j], suffix[j + 1]])
+                    between = self.combine(True, [differs, prefix[j], later])
                     self.mark(self.ref(p, 2), self.ref(where[j + 1], -1), between, size)
-            self.add_chain_extras(name, s, at)
+            if s in needed:
+                self.add_chain_extras(name, s, at)
+
+    def passing_through(
+        self, name: str, needed: Collection[Sharding]
+    ) -> dict[Sharding, list[tuple[Sharding, Sharding]]]:
+        """For each sharding that a counted reshard of several collectives (held h to needed
+        t) makes on its way and a reader needs or another such reshard makes too, those
+        (h, t)."""
+        info = self.graph.values[name]
+        found: dict[Sharding, list[tuple[Sharding, Sharding]]] = {}
+        for t in needed:
+            for h in sorted(self.chain_sources.get((info.shape, info.dtype, t), ()), key=str):
+                for m in self.intermediates(name, h, t):
+                    found.setdefault(m, []).append((h, t))
+        return {m: ways for m, ways in found.items() if m in needed or len(ways) > 1}
+
+    def intermediates(self, name: str, src: Sharding, dst: Sharding) -> tuple[Sharding, ...]:
+        info = self.graph.values[name]
+        cache_key = (info.shape, info.dtype, src, dst)
+        if cache_key not in self.steps_cache:
+            itemsize = dtypes.nbytes(info.dtype, 1)
+            steps = plan_reshard(src, dst, info.shape, self.mesh, itemsize)
+            self.steps_cache[cache_key] = tuple(c.dst for c in steps[:-1])
+        return self.steps_cache[cache_key]
 
     def add_chain_extras(self, name: str, s: Sharding, at: Mapping[int, Literal | bool]) -> None:
         """What a reshard of several collectives holds beyond its final buffer, at PRE of a
