@@ -289,6 +289,8 @@ def explain_value(saved: Saved, name: str) -> dict[str, Any]:
         "held": plan.values[name].text(rank), "produced": plan.produced[name].text(rank),
         "readers": readers, "decided": decided, "collectives": moved,
         "comm_by_mesh_axes": _by_axes(moved), "memory": _memory(saved, [name]),
+        "parameter": saved.parameters.get(name),
+        "training": ((saved.document.get("strategy") or {}).get("weights") or {}).get(name),
     }  # fmt: skip
 
 
@@ -359,6 +361,12 @@ def explain_text(found: Mapping[str, Any]) -> str:
             f"  produced by: {found['producer'] or 'none (a graph input or weight)'}",
             f"  decided by: {decided['text']}",
         ]
+        if found["parameter"] not in (None, found["name"]):
+            lines.insert(1, f"  source parameter: {found['parameter']}")
+        if found["training"]:  # a training plan's weight: how its step treats it
+            t = found["training"]
+            lines.append(f"  training: {t['strategy']} (stored {t['stored']}, used {t['used']}, "
+                         f"optimizer state {t['state']})")  # fmt: skip
         for r in found["readers"]:
             how = "resharded" if r["resharded"] else "as held"
             lines.append(f"  read by {r['op']} (operand {r['operand']}): {r['reads']} ({how})")

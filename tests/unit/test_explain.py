@@ -17,7 +17,7 @@ from autoshard.cli import main
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.model import price
 from autoshard.document import write_document
-from autoshard.explain import ExplainError, decided_by, explain, load_saved
+from autoshard.explain import ExplainError, decided_by, explain, explain_text, load_saved
 from autoshard.mesh import Mesh
 from autoshard.passes.materialize import materialize
 from autoshard.pipeline import PlanRequest, load_graph, plan_request
@@ -26,6 +26,7 @@ from autoshard.propagate import plan_from_options, propagate
 from autoshard.rules import rule_for
 from autoshard.sharding import Sharding
 from autoshard.story import strategy_story
+from autoshard.training.options import Optimizer, Training
 from autoshard.whynot import Verdict, why_not
 from tests.unit.onnx_factory import F32, model, rng_weight, save, tensor
 
@@ -162,6 +163,25 @@ def test_source_parameter_names(gpt2):
     assert explain(gpt2, "lm.lm_head.weight") == explain(gpt2, "onnx::MatMul_592")
     answer, _ = why_not(gpt2, "lm.lm_head.weight=[[], [0]]")
     assert (answer["name"], answer["kind"]) == ("onnx::MatMul_592", "value")
+    text = explain_text(explain(gpt2, "onnx::MatMul_592")).splitlines()
+    assert text[1] == "  source parameter: lm.lm_head.weight"
+
+
+def test_training_weight_says_its_strategy(tmp_path):
+    """A training plan's weight: the strategy the step gives it, as the plan's strategy block
+    says (MLP on 2x2 under a budget that splits the optimizer state)."""
+    request = PlanRequest(model_path=MLP, mesh="2x2", dims={"batch": 8}, memory="200KB",
+                          training=Training(optimizer=Optimizer.ADAM))  # fmt: skip
+    out = tmp_path / "mlp-training.json"
+    write_document(out, plan_request(request).document)
+    saved = load_saved(str(out), MLP, memory_budget="200KB")
+    entry = saved.document["strategy"]["weights"]["0.weight"]
+    found = explain(saved, "0.weight")
+    assert found["training"] == entry and found["parameter"] == "0.weight"
+    line = (f"  training: {entry['strategy']} (stored {entry['stored']}, used {entry['used']}, "
+            f"optimizer state {entry['state']})")  # fmt: skip
+    assert line in explain_text(found).splitlines()
+    assert "source parameter" not in explain_text(found)  # the weight's own name
 
 
 def test_provenance_copy_chain(gpt2):
