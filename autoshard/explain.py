@@ -35,7 +35,7 @@ from autoshard.errors import AutoshardError
 from autoshard.export.names import parameter_names
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
-from autoshard.pipeline import Lowered, PlanRequest, Setup, lower_setup
+from autoshard.pipeline import Lowered, PlanRequest, lower_document
 from autoshard.plan import RETURN
 from autoshard.program import Program
 from autoshard.report import format_seconds
@@ -118,8 +118,7 @@ def load_saved(
         latency=latency, memory=memory_budget, cluster_file=cluster_file,
         annotations=annotations, objective=objective, time_limit=time_limit, training=training,
     )  # fmt: skip
-    lowered = lower_setup(Setup(model=Path(model), mesh=mesh, dims=dims, annotations=(),
-                                plan=decided, training=training))  # fmt: skip
+    lowered = lower_document(document, model)
     return Saved(
         path=path, document=document, lowered=lowered, cluster=cluster,
         cost=price(lowered.program, lowered.graph, cluster),

@@ -277,21 +277,16 @@ def build_setup(
     return build(*_decide(setup, tracker), after, tracker)
 
 
-def lower_setup(setup: Setup) -> Lowered:
-    """Import, decide and lower, without partitioning (`autoshard explain` reads a saved
-    plan's program and cost)."""
-    graph, plan = _decide(setup)
-    return Lowered(graph=graph, plan=plan, program=lower(graph, plan))
-
-
-# ---- `autoshard html`, the service's report.html: a saved plan ------------------------------
+# ---- `autoshard html`, `explain`, the service's report.html: a saved plan -------------------
 
 
 def lower_document(document: Mapping[str, Any], model: str | Path) -> Lowered:
     """A saved plan's graph, plan and program: the plan document (`autoshard plan -o`) decided
-    on the model it was made from (its dims and training step), lowered."""
-    return lower_setup(Setup(
+    on the model it was made from (its dims and training step), lowered (`autoshard html`,
+    `explain`, the service's report.html)."""
+    graph, plan = _decide(Setup(
         model=Path(model), mesh=Mesh.parse(str(document.get("mesh"))),
         dims=(document.get("model") or {}).get("dims") or {}, annotations=(), plan=document,
         training=training_of(document, "the plan"),
     ))  # fmt: skip
+    return Lowered(graph=graph, plan=plan, program=lower(graph, plan))
