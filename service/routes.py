@@ -24,7 +24,6 @@ from pydantic import BaseModel
 from autoshard.document import document_text
 from autoshard.errors import AutoshardError
 from autoshard.export import Target, export_document
-from autoshard.html import plan_html
 from autoshard.pipeline import plan_inputs
 from service.options import FORM_SCHEMA, PlanOptions, RequestError, parse_options
 from service.store import Job, Store
@@ -258,11 +257,12 @@ async def get_report_html(
 ) -> HTMLResponse:
     job = _job(request, job_id)
     _artifact(request, job_id, "report")  # done, or the job's error
-    assert job.plan is not None
-    try:
-        text = await anyio.to_thread.run_sync(plan_html, job.plan, job.model_path, tensor)
-    except AutoshardError as error:
-        raise HTTPException(422, _named(str(error), job.model_path)) from None
+    text = _store(request).report_html(job_id, tensor)  # built by the job, or asked before
+    if text is None:
+        try:
+            text = await request.app.state.pool.report(job_id, tuple(tensor))
+        except AutoshardError as error:
+            raise HTTPException(422, _named(str(error), job.model_path)) from None
     return HTMLResponse(text)
 
 

@@ -126,18 +126,47 @@ def test_exports(server: Server, done: dict[str, Any], tmp_path, capsys) -> None
     assert server.get(f"/v1/plans/{done['id']}/export/tf").status_code == 422
 
 
+def kept_reports(server: Server, job_id: str) -> dict[str, str]:
+    """The HTML reports the store keeps for a job, by the tensors they draw."""
+    with sqlite3.connect(server.data / "jobs.sqlite3") as db:
+        rows = db.execute("SELECT tensors, html FROM reports WHERE job_id = ?", (job_id,))
+        return dict(rows.fetchall())
+
+
 def test_html_report_is_what_autoshard_html_writes(
     server: Server, done: dict[str, Any], tmp_path, capsys
 ) -> None:
-    response = server.get(f"/v1/plans/{done['id']}/report.html")
+    job_id = done["id"]
+    # The job built its report with the plan, before anyone asked for it.
+    assert list(kept_reports(server, job_id)) == ["[]"]
+    response = server.get(f"/v1/plans/{job_id}/report.html")
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "text/html; charset=utf-8"
     plan, out = tmp_path / "plan.json", tmp_path / "report.html"
     plan.write_text(json.dumps(done["plan"]))
     assert cli(["html", str(plan), "--model", str(MLP), "-o", str(out)], capsys)[0] == 0
-    assert response.content == out.read_bytes()
-    asked = server.get(f"/v1/plans/{done['id']}/report.html?tensor=nope")
+    assert response.content == out.read_bytes() == kept_reports(server, job_id)["[]"].encode()
+    # A report drawing a tensor: built on its first request, the CLI's bytes, and kept.
+    tensor = "/1/Relu_output_0"
+    first = server.get(f"/v1/plans/{job_id}/report.html?tensor={tensor}")
+    assert first.status_code == 200, first.text
+    drawn = tmp_path / "drawn.html"
+    flags = ["html", str(plan), "--model", str(MLP), "--tensor", tensor, "-o", str(drawn)]
+    assert cli(flags, capsys)[0] == 0
+    assert first.content == drawn.read_bytes() != out.read_bytes()
+    assert kept_reports(server, job_id) == {"[]": out.read_text(), f'["{tensor}"]': first.text}
+    # The second request is served from the store, not built again: what the store holds.
+    kept = kept_reports(server, job_id)
+    with sqlite3.connect(server.data / "jobs.sqlite3") as db:
+        db.execute("UPDATE reports SET html = 'kept ' || tensors WHERE job_id = ?", (job_id,))
+    for path, key in (("report.html", "[]"), (f"report.html?tensor={tensor}", f'["{tensor}"]')):
+        assert server.get(f"/v1/plans/{job_id}/{path}").text == f"kept {key}"
+    with sqlite3.connect(server.data / "jobs.sqlite3") as db:
+        db.executemany("UPDATE reports SET html = ? WHERE job_id = ? AND tensors = ?",
+                       [(html, job_id, key) for key, html in kept.items()])  # fmt: skip
+    asked = server.get(f"/v1/plans/{job_id}/report.html?tensor=nope")
     assert asked.status_code == 422 and asked.json()["detail"].startswith("no tensor 'nope'")
+    assert set(kept_reports(server, job_id)) == {"[]", f'["{tensor}"]'}
 
 
 def test_identical_request_reuses_the_job(server: Server, done: dict[str, Any]) -> None:
