@@ -25,7 +25,13 @@ from autoshard.document import document_text
 from autoshard.errors import AutoshardError
 from autoshard.export import Target, export_document
 from autoshard.pipeline import plan_inputs
-from service.options import FORM_SCHEMA, PlanOptions, RequestError, parse_options
+from service.options import (
+    FORM_SCHEMA,
+    PlanOptions,
+    RequestError,
+    in_form_words,
+    parse_options,
+)
 from service.store import Job, Store
 from service.upload import Form, discard, keep, receive_form
 
@@ -77,7 +83,7 @@ def _store(request: Request) -> Store:
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"detail": message}, status_code=status)
+    return JSONResponse({"detail": in_form_words(message)}, status_code=status)
 
 
 @router.post(
@@ -182,7 +188,8 @@ def _job(request: Request, job_id: str) -> Job:
     summary="A plan job: status, progress, error, and the plan when done",
 )
 async def get_plan(request: Request, job_id: str) -> dict[str, Any]:
-    return _job(request, job_id).view()
+    view = _job(request, job_id).view()
+    return view | {"error": view["error"] and in_form_words(view["error"])}
 
 
 @router.get(
@@ -200,7 +207,7 @@ def _done(request: Request, job_id: str) -> Job:
     """A job that is done; else 404, 409 (not yet, or failed not for its input) or 422."""
     job = _job(request, job_id)
     if job.status == "failed":
-        raise HTTPException(422 if job.cause == "input" else 409, job.error)
+        raise HTTPException(422 if job.cause == "input" else 409, in_form_words(job.error or ""))
     if job.status != "done":
         raise HTTPException(
             409, f"plan {job_id} is {job.status}; poll GET /v1/plans/{job_id} until it is done"

@@ -3,11 +3,14 @@ burst of concurrent submissions, and every kind of bad input, over real HTTP."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import pytest
 
 from autoshard.cli import main
@@ -334,8 +337,6 @@ def test_oversized_upload_is_413(server: Server) -> None:
 
 
 def test_not_a_form(server: Server) -> None:
-    import httpx
-
     no_model = httpx.post(f"{server.url}/v1/plans", files={"mesh": (None, "2x2")})
     assert (no_model.status_code, no_model.json()) == (
         400, {"detail": "the form has no 'model' file field (the ONNX model)"},
@@ -352,17 +353,35 @@ def test_infeasible_budget(server: Server, capsys) -> None:
         "infeasible budget: no plan fits 1024 bytes (1.00 KiB) per device; the lowest feasible "
         "budget is"
     )
-    # Found only by solving: the job fails with the CLI's message...
+    # The CLI names its flag; the REST API and the web page their form field.
+    (lowest,) = re.findall(r"; --memory (\d+)\)", message)
+    api = message.replace(f"--memory {lowest}", f"memory={lowest}")
+    web = message.replace(f"--memory {lowest}", f"the memory field, {lowest}")
+    assert "--" not in api and api != message and "--" not in web
+    # Found only by solving: the job fails with the CLI's message in the API's words...
     response = server.submit(MLP, fields)
     assert response.status_code == 202
     job = server.wait(response.json()["id"])
-    assert (job["status"], job["error"], job["plan"]) == ("failed", message, None)
+    assert (job["status"], job["error"], job["plan"]) == ("failed", api, None)
     # ...its artifacts answer 422 with it, and so does the identical request.
     for path in ("spmd.mlir", "report.md", "report.html", "plan.json"):
         fetched = server.get(f"/v1/plans/{job['id']}/{path}")
-        assert (fetched.status_code, fetched.json()) == (422, {"detail": message})
+        assert (fetched.status_code, fetched.json()) == (422, {"detail": api})
     again = server.submit(MLP, fields)
-    assert (again.status_code, again.json()) == (422, {"detail": message})
+    assert (again.status_code, again.json()) == (422, {"detail": api})
+    # The web page: the plan's page, and the form sent again (refused, shown with the form).
+    shown = server.get(f"/plans/{job['id']}")
+    assert error_paragraph(shown.text) == web
+    files = {"model": (MLP.name, MLP.read_bytes())}
+    refused = httpx.post(f"{server.url}/", files=files, data=fields, timeout=60)
+    assert refused.status_code == 422
+    assert error_paragraph(refused.text) == f"The plan was not started: {web}"
+
+
+def error_paragraph(page: str) -> str:
+    """The text of a web page's error paragraph."""
+    (found,) = re.findall(r'<p class="error" id="error"[^>]*>(.*?)</p>', page, re.S)
+    return html.unescape(found)
 
 
 def test_unknown_plan_and_docs(server: Server) -> None:
