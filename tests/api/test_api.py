@@ -378,6 +378,31 @@ def test_infeasible_budget(server: Server, capsys) -> None:
     assert error_paragraph(refused.text) == f"The plan was not started: {web}"
 
 
+@pytest.mark.parametrize(
+    ("message", "api", "web"),
+    [
+        ("budget is 37888 bytes (37.00 KiB, proven optimal; --memory 37888); the largest",
+         "budget is 37888 bytes (37.00 KiB, proven optimal; memory=37888); the largest",
+         "budget is 37888 bytes (37.00 KiB, proven optimal; the memory field, 37888); the largest"),
+        ("no plan within --time-limit 2 s (UNKNOWN); raise --time-limit",
+         "no plan within time_limit=2 s (UNKNOWN); raise time_limit",
+         "no plan within the time_limit field, 2 s (UNKNOWN); raise the time_limit field"),
+        ("--micro-batches 0 must be >= 1", "micro_batches=0 must be >= 1",
+         "the micro_batches field, 0 must be >= 1"),
+        # No field of the form: the serve flag and the CLI's own options stay as they are.
+        ("--max-time-limit 600; give --dim batch=8", "--max-time-limit 600; give --dim batch=8",
+         "--max-time-limit 600; give --dim batch=8"),
+    ],
+    ids=["memory", "time-limit", "micro-batches", "not-a-field"],
+)  # fmt: skip
+def test_messages_in_the_forms_words(message: str, api: str, web: str) -> None:
+    """In process: the service package itself (tests/api does not shadow it)."""
+    from service.options import in_form_words
+
+    assert in_form_words(message) == api
+    assert in_form_words(message, web=True) == web
+
+
 def error_paragraph(page: str) -> str:
     """The text of a web page's error paragraph."""
     (found,) = re.findall(r'<p class="error" id="error"[^>]*>(.*?)</p>', page, re.S)
