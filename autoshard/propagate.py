@@ -47,7 +47,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autoshard.annotations import Annotation, check_annotations
+from autoshard.annotations import Annotation, check_annotations, unread
 from autoshard.errors import AutoshardError, ShardingError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
@@ -380,10 +380,7 @@ def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) 
             op = graph.op_by_name[name]
             option = state.options.get(name)
             how = f"its option {option} reads it as {needs[(name, i)]}" if option else "no rule"
-            raise ConflictError(
-                f"op '{op.name}' ({op.type}) cannot read {asked.origin!r} as its required "
-                f"annotation for users asks, {asked.sharding}: {how}"
-            )
+            raise ConflictError(unread(op.name, op.type, asked.origin, asked.sharding, how))
     values: dict[str, Sharding] = {}
     for name in graph.values:
         mark = user.get(name)

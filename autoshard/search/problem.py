@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoshard.annotations import Annotation
+from autoshard.annotations import Annotation, unread
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.model import collective_time, compute_time
 from autoshard.errors import AutoshardError
@@ -226,10 +226,7 @@ class _Builder:
                 continue
             for op in self.graph.consumers(a.value):
                 if self.rules[op.name] is None:
-                    raise SearchError(
-                        f"op '{op.name}' ({op.type}) cannot read {a.value!r} as its required "
-                        f"annotation for users asks, {a.sharding}: no rule"
-                    )
+                    raise SearchError(unread(op.name, op.type, a.value, a.sharding, "no rule"))
 
     def returned(self, name: str, held: Sharding) -> Sharding:
         """How graph output `name`, held so, is returned."""
