@@ -214,10 +214,11 @@ def test_forward_matches_and_placements_are_the_plans(runs, case):
         for name in planned:
             want = planned[tied.get(name, name)]
             assert result["held"][name] == repr(tuple(_placement(p) for p in want)), (case, name)
-        # An embedding table split on the vocabulary is looked up by masked rows and a sum.
+        # An embedding table read split on the vocabulary is looked up by masked rows and a
+        # sum (one held split but gathered before use, FSDP, is looked up whole).
         for module, masked in result["masked"].items():
-            held = planned[tied.get(f"{module}.weight", f"{module}.weight")]
-            assert masked == any(p.startswith(("Shard(0)", "_StridedShard(0")) for p in held)
+            used = export["parameters"][tied.get(f"{module}.weight", f"{module}.weight")]["used"]
+            assert masked == any(p.startswith(("Shard(0)", "_StridedShard(0")) for p in used)
     if case == "llama-2x2-embedding":  # the annotated table: its vocabulary over both axes
         want = ["_StridedShard(0, split_factor=2)", "Shard(0)"]
         assert planned["lm.model.embed_tokens.weight"] == want
@@ -247,6 +248,22 @@ def test_every_parameter_is_named_by_the_graph(runs, case):
             want = "initializer" if own else "folded_from" if entry["transposed"] else "name_scope"
             assert entry["source"] == want, (param, entry)
         assert any(e["source"] == "folded_from" for e in export["parameters"].values())
+
+
+@pytest.mark.parametrize("case", [p for p in PARAMS if "training" in p.values[0]])
+def test_a_training_plan_trains_the_parameters_alone(runs, case):
+    """Every trained ONNX weight holds a parameter of the module and every parameter is
+    trained: dynamo's Llama export holds the non-persistent buffer `rotary_emb.inv_freq` as a
+    weight, marked a BUFFER in its metadata, and it gets no gradient nor optimizer state."""
+    plan = json.loads((runs / case / "plan.json").read_text())
+    names = json.loads((runs / case / "export.json").read_text())["parameters"]
+    params = {n for n, _ in build(CASES[case][0]).named_parameters(remove_duplicate=False)}
+    holding = {e["onnx_weight"]: param for param, e in names.items()}
+    trained = set(plan["strategy"]["weights"])
+    assert all(holding[weight] in params for weight in trained), trained
+    assert {names[param]["onnx_weight"] for param in params} == trained
+    if case == "llama-dynamo-tp2-training":
+        assert names["lm.model.rotary_emb.inv_freq"]["onnx_weight"] not in trained
 
 
 def _placement(text: str):
