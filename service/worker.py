@@ -73,7 +73,7 @@ class StoreView:
 def run_job(job_id: str, attempt: int, model_path: str, options_json: dict) -> None:
     """Solve one job in a worker process and store its plan, SPMD program and reports."""
     from autoshard.html import plan_html
-    from autoshard.pipeline import Lowered, plan_request, print_spmd
+    from autoshard.pipeline import plan_request, print_spmd
     from autoshard.progress import Tracker
     from autoshard.report import plan_markdown
 
@@ -90,9 +90,8 @@ def run_job(job_id: str, attempt: int, model_path: str, options_json: dict) -> N
             spmd = print_spmd(requested.partition(tracker), "mesh")
         except AutoshardError as error:  # the plan stands; only its SPMD program is missing
             spmd_error = f"cannot partition the plan: {error}"
-        document, planned = requested.document, requested.planned
-        lowered = Lowered(graph=requested.graph, plan=planned.plan, program=planned.program)
-        html = plan_html(document, model_path, (), lowered)  # what `autoshard html` writes
+        document = requested.document
+        html = plan_html(document, model_path, (), requested.lowered)  # `autoshard html`'s
         store.finish(job_id, attempt, document, spmd, spmd_error, plan_markdown(document), html)
     except AutoshardError as error:  # the message names the model as the user did
         store.fail(job_id, attempt, str(error).replace(model_path, Path(model_path).name), "input")
