@@ -20,28 +20,9 @@ from autoshard.pipeline import PlanRequest, plan_request
 from autoshard.plan import RETURN
 from autoshard.propagate import propagate
 from autoshard.sharding import Sharding
-from tests.unit.onnx_factory import F32, model, rng_weight, save, tensor
+from tests.unit.onnx_factory import F32, model, reshapes, save, tensor
 
 n = helper.make_node
-
-
-def reshapes(path):
-    """x[4, 6, 8] (batch, seq, hidden) read two ways: Reshape to [24, 8] and MatMul W[8, 8]
-    (m); Reshape to [4, 6, 2, 4] (heads), Transpose to [4, 2, 6, 4], Relu (o). The Reshape
-    ops are named like their shape initializers, as ONNX allows (nodes and values are named
-    apart)."""
-    import numpy as np
-
-    nodes = [
-        n("Reshape", ["x", "rows"], ["r"], name="rows"),
-        n("MatMul", ["r", "W"], ["m"], name="mm"),
-        n("Reshape", ["x", "heads"], ["s"], name="heads"),
-        n("Transpose", ["s"], ["t"], perm=[0, 2, 1, 3], name="transpose"),
-        n("Relu", ["t"], ["o"], name="relu"),
-    ]
-    inits = {"W": rng_weight((8, 8)), "rows": np.array([24, 8]), "heads": np.array([4, 6, 2, 4])}
-    outputs = [tensor("m", F32, [24, 8]), tensor("o", F32, [4, 2, 6, 4])]
-    return save(model(nodes, [tensor("x", F32, [4, 6, 8])], outputs, inits), path)
 
 
 def held(value, text):
@@ -85,14 +66,14 @@ def assert_read_as_annotated(graph, plan, annotations):
 
 @pytest.mark.parametrize("annotations", CASES.values(), ids=CASES)
 def test_propagate_reads_as_annotated_for_users(tmp_path, annotations):
-    graph = import_onnx(reshapes(tmp_path))
+    graph = import_onnx(save(reshapes(), tmp_path))
     plan = propagate(graph, Mesh.parse("2"), annotations)
     assert_read_as_annotated(graph, plan, annotations)
 
 
 @pytest.mark.parametrize("annotations", CASES.values(), ids=CASES)
 def test_plan_reads_as_annotated_for_users(tmp_path, annotations):
-    path = reshapes(tmp_path)
+    path = save(reshapes(), tmp_path)
     requested = plan_request(PlanRequest(model_path=path, mesh="2", dims={},
                                          annotations=tuple(annotations)))  # fmt: skip
     graph, plan = requested.graph, requested.planned.plan
@@ -105,7 +86,7 @@ def test_plan_reads_as_annotated_for_users(tmp_path, annotations):
 def test_the_reshard_comes_after_the_reader(tmp_path):
     """The heads case lowered: x is read whole by both Reshapes; the split to o's batch is one
     free all_slice of s (the heads Reshape's result), and nothing moves x."""
-    graph = import_onnx(reshapes(tmp_path))
+    graph = import_onnx(save(reshapes(), tmp_path))
     program = lower(graph, propagate(graph, Mesh.parse("2"), CASES["heads"]))
     moved = [
         (program.tensors[c.source].value, c.collective.kind.value, c.collective.bytes_per_device)
@@ -117,7 +98,7 @@ def test_the_reshard_comes_after_the_reader(tmp_path):
 def test_split_read_reshards_after_the_reader(tmp_path):
     """x read split on the batch, o held split on the heads: the heads Reshape reads x as
     required and an all_to_all (1/2 of a 384 B shard sent) brings its result to the heads."""
-    graph = import_onnx(reshapes(tmp_path))
+    graph = import_onnx(save(reshapes(), tmp_path))
     plan = propagate(graph, Mesh.parse("2"), CASES["split-read"])
     program = lower(graph, plan)
     moved = [(c.collective.kind.value, c.collective.bytes_per_device)
