@@ -64,8 +64,10 @@ def test_a_watched_solve_improves_monotonically_to_the_plan_it_returns() -> None
     assert any(d == "exact elimination of 7 groups, memory aside" for d, _ in steps)
     solves = [[p for p in step if p.bound is not None] for _, step in steps]
     solves = [s for s in solves if s]
-    assert len(solves) == 1  # the exact optimum does not fit: one solve watched
-    (solve,) = solves
+    assert len(solves) == 2  # the exact optimum does not fit: one solve watched, and its end
+    solve, (end,) = solves
+    assert end.detail.startswith("solved: OPTIMAL (")  # its figures kept
+    assert (end.objective, end.bound) == (solve[-1].objective, solve[-1].bound)
     assert solve[0].detail.startswith("its optimum does not fit the budget: CP-SAT on all 7")
     objectives = [p.objective for p in solve if p.objective is not None]
     bounds = [p.bound for p in solve]
@@ -83,14 +85,15 @@ def test_a_watched_solve_improves_monotonically_to_the_plan_it_returns() -> None
 
 def test_an_exact_solve_is_told_once_with_the_plans_figures() -> None:
     """BERT on 2x4, memory no object: exact elimination answers at once, its figures the
-    plan's, proven (bound = objective)."""
+    plan's, proven (bound = objective), and kept shown while the plan is lowered."""
     request = PlanRequest(model_path=BERT, mesh="2x4", dims={"batch": 8, "seq": 128})
     seen: list[Progress] = []
     document = plan_request(request, Tracker(seen.append)).document
     figures = [p for p in seen if p.bound is not None]
-    assert {p.detail for p in figures} == {"exact elimination of 59 groups, memory aside"}
+    assert [p.detail.split(" (")[0] for p in figures] == [
+        "exact elimination of 59 groups, memory aside", "solved: OPTIMAL"]  # fmt: skip
     solver = document["solver"]
-    assert [(p.objective, p.bound) for p in figures] == [(solver["objective"], solver["bound"])]
+    assert {(p.objective, p.bound) for p in figures} == {(solver["objective"], solver["bound"])}
     assert solver["objective"] == solver["bound"] and solver["status"] == "OPTIMAL"
 
 
