@@ -37,8 +37,9 @@ from autoshard.search.problem import Problem
 
 MAX_ENTRIES = 2**24
 """The largest table `minimize` builds by default (a minimum over an eliminated group's
-neighbours): 128 MiB of int64; a step holds a few such (the tables it sums, the minimum, the
-slice being summed)."""
+neighbours): 128 MiB of int64. Measured at the cap (a clique of 5 groups of 64 choices, one
+step of 64^4 entries, 64 passes over it): 480 MB resident, ~20 s on a loaded 2-core machine;
+the decoders' largest is 145,692 entries (2x4x8)."""
 
 
 @dataclass(frozen=True, eq=False)
