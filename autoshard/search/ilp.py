@@ -14,6 +14,11 @@ optimality fast. Deterministic: one worker, a fixed seed and a deterministic tim
 the same problem gives the same solution on any machine. A `Tracker` may watch a solve (each
 better plan and bound as CP-SAT finds them); its callbacks only read, so what is solved is the
 same.
+
+Without the memory rows the objective is a sum of tables over one or two groups, and exact
+min-sum elimination (`search.factors`) solves it in well under a second where CP-SAT needed
+seconds to prove it (a 3-axis mesh's cycles of groups with hundreds of choices); CP-SAT is
+left the memory-bound problem, and the rare graph whose elimination needs too large a table.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from ortools.sat.python import cp_model
 
 from autoshard.errors import AutoshardError
 from autoshard.progress import Tracker
+from autoshard.search.factors import minimize, problem_factors
 from autoshard.search.memory import NO_ROWS, Chosen, MemoryRows
 from autoshard.search.problem import Problem
 
@@ -72,16 +78,48 @@ def solve(
 ) -> Solution:
     """The best choice per group; `InfeasibleError` when the budget cannot hold any plan.
 
-    First without the memory rows, after exact elimination of the groups of degree <= 2
-    (a transformer layer reduces to its residual-stream hub and a few neighbours): if that
-    optimum fits the budget it is the optimum. Otherwise the whole problem, memory rows
-    included, goes to CP-SAT, starting from `hint` (or that optimum). `time_limit` bounds the
-    deterministic time of both. `tracker` is told each solve's progress, its objective in
-    `unit` (`s` or `B`: what `problem.unit` scales the integer costs to). `limit` is the
-    user's `--time-limit`, of which `time_limit` is what is left to this solve (all of it by
-    default): what the error says when a solve stops without a plan.
+    First without the memory rows (`_memory_aside`: exact elimination, or CP-SAT where its
+    tables would be too large): if that optimum fits the budget it is the optimum. Otherwise
+    the whole problem, memory rows included, goes to CP-SAT, starting from `hint` (or that
+    optimum). `time_limit` bounds the deterministic time of both. `tracker` is told each
+    solve's progress, its objective in `unit` (`s` or `B`: what `problem.unit` scales the
+    integer costs to). `limit` is the user's `--time-limit`, of which `time_limit` is what is
+    left to this solve (all of it by default): what the error says when a solve stops without
+    a plan.
     """
     limit = time_limit if limit is None else limit
+    relaxed = _memory_aside(problem, _Limit(time_limit, limit, "memory-aside"), tracker, unit)
+    choice = relaxed.choice
+    if problem.peak(choice) <= problem.budget:
+        return _told(relaxed, tracker, problem.unit, unit)
+    left = time_left(time_limit, relaxed.work)
+    watch = None
+    if tracker is not None:
+        tracker.detail(f"its optimum does not fit the budget: CP-SAT on all {len(problem.sizes)} "
+                       f"groups with {len(problem.memory)} memory rows")  # fmt: skip
+        watch = _Improvements(tracker, problem.unit, unit)
+    solution = _cp_sat(
+        problem, _Limit(left, limit, "memory-bound"), memory=True, hint=hint or choice, watch=watch
+    )
+    solved = dataclasses.replace(solution, work=solution.work + relaxed.work)
+    return _told(solved, tracker, problem.unit, unit)
+
+
+def _memory_aside(problem: Problem, limit: _Limit, tracker: Tracker | None, unit: str) -> Solution:
+    """The optimum with memory aside: exact elimination (`factors.minimize`) where its tables
+    stay under its cap; else CP-SAT on what is left once the groups of degree <= 2 are
+    eliminated (the 32-layer decoder's training step on 2x4x8: its min-size order needs a
+    table of 25 M entries, and even the best order of its core ~8e9 additions)."""
+    started = time.perf_counter()
+    if tracker is not None:
+        tracker.detail(f"exact elimination of {len(problem.sizes)} groups, memory aside")
+    exact = minimize(problem.sizes, problem_factors(problem))
+    if exact is not None:
+        objective = problem.objective(exact.choice)
+        return Solution(
+            choice=exact.choice, status=SolverStatus.OPTIMAL, objective=objective,
+            bound=objective, wall_s=time.perf_counter() - started, variables=0, constraints=0,
+        )  # fmt: skip
     reduced, kept, order = eliminate(problem)
     # Elimination folds the groups it removes into the rest but for a constant: the costs of
     # those left with no neighbour. Any choice of the rest tells it.
@@ -93,24 +131,12 @@ def solve(
         tracker.detail(f"CP-SAT on {len(reduced.sizes)} of {len(problem.sizes)} groups "
                        "(the rest eliminated), memory aside")  # fmt: skip
         watch = _Improvements(tracker, problem.unit, unit, offset)
-    relaxed = _cp_sat(reduced, _Limit(time_limit, limit, "memory-aside"), memory=False, watch=watch)
+    relaxed = _cp_sat(reduced, limit, memory=False, watch=watch)
     choice = _expand(relaxed.choice, kept, order, len(problem.sizes))
-    if problem.peak(choice) <= problem.budget:
-        objective = problem.objective(choice)
-        proven = relaxed.status is SolverStatus.OPTIMAL
-        bound = objective if proven else relaxed.bound + offset
-        solved = dataclasses.replace(relaxed, choice=choice, objective=objective, bound=bound)
-        return _told(solved, tracker, problem.unit, unit)
-    left = time_left(time_limit, relaxed.work)
-    if tracker is not None:
-        tracker.detail(f"its optimum does not fit the budget: CP-SAT on all {len(problem.sizes)} "
-                       f"groups with {len(problem.memory)} memory rows")  # fmt: skip
-        watch = _Improvements(tracker, problem.unit, unit)
-    solution = _cp_sat(
-        problem, _Limit(left, limit, "memory-bound"), memory=True, hint=hint or choice, watch=watch
-    )
-    solved = dataclasses.replace(solution, work=solution.work + relaxed.work)
-    return _told(solved, tracker, problem.unit, unit)
+    objective = problem.objective(choice)
+    proven = relaxed.status is SolverStatus.OPTIMAL
+    bound = objective if proven else relaxed.bound + offset
+    return dataclasses.replace(relaxed, choice=choice, objective=objective, bound=bound)
 
 
 def _told(solution: Solution, tracker: Tracker | None, scale: float, unit: str) -> Solution:
