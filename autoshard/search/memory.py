@@ -44,12 +44,13 @@ not happen (its sharding made already), that too is counted more, never less.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from autoshard.cost.model import shard_bytes
+from autoshard.errors import ShardingError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import FORWARD, Graph
 from autoshard.mesh import Mesh
@@ -304,9 +305,24 @@ class _Builder:
         self.index: dict[tuple[bool, frozenset[Literal]], int] = {}
         self.offsets = np.cumsum([0, *sizes])
         self.ops = len(graph.ops)
-        # PRE(p, i) for each operand i of op p (its reshard steps), then AT(p); at the end
-        # END(i) for each graph output i.
-        widths = [max(1, len(op.inputs)) for op in graph.ops] + [max(1, len(graph.outputs))]
+        self.steps_cache: dict[
+            tuple[tuple[int, ...], str, Sharding, Sharding], tuple[Sharding, ...]
+        ] = {}
+        self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
+        self.kept: list[tuple[Sharding, ...]] = []
+        self.longest_cache: dict[tuple, int] = {}
+        # PRE(p, i, k) for each operand i of op p and each step k of its reshard, then AT(p);
+        # at the end END(i, k) for each graph output i.
+        self.steps: dict[tuple[int, int], int] = {}
+        for name in graph.values:
+            _, shardings = held(name)
+            for p, i, _, needs in reads(name):
+                self.steps[(p, i)] = max(self.steps.get((p, i), 1), self.longest(name, needs))
+        widths, self.starts = [], []
+        for p, count in enumerate([len(op.inputs) for op in graph.ops] + [len(graph.outputs)]):
+            lengths = [self.steps.get((p, i), 1) for i in range(max(1, count))]
+            self.starts.append(np.concatenate([[0], np.cumsum(lengths)]).astype(int).tolist())
+            widths.append(sum(lengths))
         self.widths = widths
         spans = [w + 1 for w in widths[:-1]] + widths[-1:]
         self.first = np.concatenate([[0], np.cumsum(spans)]).astype(np.int64).tolist()
@@ -319,19 +335,11 @@ class _Builder:
         self.indicated: list[tuple[int, int, int, int]] = []  # first, last, indicator, bytes
         self.bytes_cache: dict[tuple[tuple[int, ...], str, Sharding], int] = {}
         self.vectors: dict[tuple[int, tuple[int, ...], str], np.ndarray] = {}
-        self.chain_sources: dict[tuple[tuple[int, ...], str, Sharding], set[Sharding]] = {}
-        for shape, dtype, src, dst in chains:
-            self.chain_sources.setdefault((shape, dtype, dst), set()).add(src)
         self.extra_cache: dict[tuple[tuple[int, ...], str, Sharding, Sharding], int] = {}
-        self.steps_cache: dict[
-            tuple[tuple[int, ...], str, Sharding, Sharding], tuple[Sharding, ...]
-        ] = {}
-        self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
-        self.extras: dict[tuple, list[tuple[Sharding, int]]] = {}
+        self.passing_cache: dict[tuple, dict[Sharding, list[tuple[Sharding, Sharding]]]] = {}
         self.recording: list[tuple[Ref, Ref, Literal | bool, int]] = []
         self.rank: dict[int, int] = {}  # the reading positions of the value being marked
         self.positions: list[int] = []
-        self.kept: list[tuple[Sharding, ...]] = []
         self.columns: dict[Chosen, np.ndarray] = {}
         self.chosen_marks: list[tuple[int, int, np.ndarray, int]] = []
 
@@ -503,10 +511,11 @@ class _Builder:
             marks = replays.get(signature)
             if marks is None:
                 self.recording = []
+                savings: dict[int, dict[Sharding, list[Literal]]] = {}
                 if home is not None:
-                    self.add_home(name, readings, over, name not in produced_at)
+                    savings = self.add_home(name, readings, over, name not in produced_at)
                 if name in produced_at:
-                    self.add_buffers(name, readings)
+                    self.add_buffers(name, readings, savings)
                 else:  # a weight is gathered for the forward, and again for the backward
                     for forward in (True, False):
                         self.add_buffers(
@@ -533,9 +542,24 @@ class _Builder:
         u, offset = ref
         return self.first[self.positions[u]] + offset
 
-    def pre_ref(self, read: Read) -> Ref:
-        """PRE(p, i) of a read: where `materialize` reshards the operand."""
-        return (self.rank[read[0]], read[1])
+    def pre_ref(self, read: Read, step: int = 0) -> Ref:
+        """PRE(p, i, step) of a read: where `materialize` reshards the operand."""
+        return (self.rank[read[0]], self.starts[read[0]][read[1]] + step)
+
+    def longest(self, name: str, needs: tuple[Sharding, ...]) -> int:
+        """The most collectives a reshard of `name` to one of `needs` takes, from any of the
+        shardings it may be held in."""
+        _, shardings = self.held(name)
+        info = self.graph.values[name]
+        cache_key = (id(shardings), id(needs), info.shape, info.dtype)
+        if cache_key not in self.longest_cache:
+            self.kept += [shardings, needs]  # alive, so that their ids stay their own
+            self.longest_cache[cache_key] = max(
+                len(self.intermediates(name, h, t)) + 1
+                for h in self.choices_of(shardings)
+                for t in self.choices_of(needs)
+            )
+        return self.longest_cache[cache_key]
 
     def at_ref(self, read: Read, over: bool = False) -> Ref:
         """Where a read as held reads the home tensor: the reader's compute step; but an update
@@ -543,7 +567,7 @@ class _Builder:
         last reshard step."""
         p = read[0]
         if over and p == self.positions[-1]:
-            return (self.rank[p], self.widths[p] - 1)
+            return (self.rank[p], self.widths[p] - 1)  # its last reshard step
         return (self.rank[p], self.at_offset(p))
 
     def last_home_read(self, readings: Sequence[Read], over: bool) -> Ref:
@@ -555,7 +579,9 @@ class _Builder:
         (an input, a constant; `phased`) gathered again for the backward."""
         return not phased or self.in_forward(a[0]) == self.in_forward(b[0])
 
-    def add_home(self, name: str, readings: Sequence[Read], over: bool, phased: bool) -> None:
+    def add_home(
+        self, name: str, readings: Sequence[Read], over: bool, phased: bool
+    ) -> dict[int, dict[Sharding, list[Literal]]]:
         """The home tensor after its first read: `build` counts it up to its last possible
         read; here, as savings (negative terms), the slots after which no read of it follows.
 
@@ -568,51 +594,64 @@ class _Builder:
         below (the live condition) is not (a tight budget's solve went from 9 s optimal to a
         39 % gap at 60 s with it)."""
         group, shardings = self.held(name)
+        pre = {id(r): self.slot(self.pre_ref(r)) for r in readings}
+        at = {id(r): self.slot(self.at_ref(r, over)) for r in readings}
+        slots = sorted({*pre.values(), *at.values()})
+        refs = {
+            self.slot(ref): ref for r in readings for ref in (self.pre_ref(r), self.at_ref(r, over))
+        }
+        savings: dict[int, dict[Sharding, list[Literal]]] = {}
         for h in self.choices_of(shardings):
             is_h = self.chosen(group, shardings, h, True)
             if is_h is False:
                 continue
-            # At each slot where a read may read the home, the condition that none does.
-            quiet: dict[Ref, list[Literal | bool]] = {}
-            for k, read in enumerate(readings):
-                _, _, g, needs = read
-                earlier = [r for r in readings[:k] if self.same_segment(r, read, phased)]
-                served = [
-                    self.combine(
-                        True,
-                        [
-                            self.chosen(g, needs, s, True),
-                            self.combine(
-                                False, [self.chosen(r[2], r[3], s, True) for r in earlier]
-                            ),
-                        ],
-                    )
-                    for s in self.choices_of(needs)
-                    if s != h
-                ]
-                as_held = self.chosen(g, needs, h, True)
-                quiet.setdefault(self.pre_ref(read), []).append(
-                    self.combine(False, [as_held, *served])
-                )
-                quiet.setdefault(self.at_ref(read, over), []).append(
-                    self.chosen(g, needs, h, False)
-                )
-            slots = sorted(quiet, key=self.slot)
             size = self.nbytes(name, h)
-            dead: Literal | bool = True  # no read at the slots after the current one
-            for j in range(len(slots) - 1, 0, -1):
-                dead = self.combine(True, [dead, *quiet[slots[j]]])
-                if dead is False:
-                    break
-                saving = self.combine(True, [is_h, dead])
-                before = slots[j - 1]
-                self.mark((before[0], before[1] + 1), slots[j], saving, -size)
+            for before, until in zip(slots, slots[1:], strict=False):
+                # Dead over (before, until]: the reads whose reshard is done read a buffer
+                # at their compute step, and the reads to come all read one sharding s made
+                # already (by a read up to `before`).
+                done = [
+                    self.chosen(r[2], r[3], h, False)
+                    for r in readings
+                    if pre[id(r)] < until <= at[id(r)]
+                ]
+                later = [r for r in readings if pre[id(r)] >= until]
+                if not later:
+                    saving = self.combine(True, [is_h, *done])
+                else:
+                    made = [r for r in readings if pre[id(r)] <= before]
+                    if phased:  # a weight's buffers are made again for the backward
+                        segment = {self.in_forward(r[0]) for r in later}
+                        if len(segment) > 1:
+                            continue
+                        made = [r for r in made if self.in_forward(r[0]) in segment]
+                    shared = set.intersection(*(set(self.choices_of(r[3])) for r in later)) - {h}
+                    ways = []
+                    for s in sorted(shared, key=str):
+                        reading = [self.chosen(r[2], r[3], s, True) for r in later]
+                        made_s = [self.chosen(r[2], r[3], s, True) for r in made]
+                        way = self.combine(
+                            True, [is_h, *done, *reading, self.combine(False, made_s)]
+                        )
+                        ways.append(way)
+                        if not isinstance(way, bool):
+                            savings.setdefault(until, {}).setdefault(s, []).append(way)
+                    saving = self.combine(False, ways)
+                first = refs[before]
+                self.mark((first[0], first[1] + 1), refs[until], saving, -size)
+        return savings
 
-    def add_buffers(self, name: str, readings: Sequence[Read]) -> None:
+    def add_buffers(
+        self,
+        name: str,
+        readings: Sequence[Read],
+        savings: Mapping[int, Mapping[Sharding, Sequence[Literal]]] | None = None,
+    ) -> None:
         """The buffers of the reshards of a value: one per sharding read other than the held
-        one, made at the first read of it (PRE) and live to the last (AT); and the tensors on
-        the way of a reshard of several collectives that `materialize` keeps, for a reader
-        of that sharding or a later reshard passing the same way."""
+        one, made at the first read of it (its reshard's last step) and live to the last
+        (AT); the tensors on the way of a reshard of several collectives, live from the step
+        making one to the step reading it; and those `materialize` keeps, for a reader of
+        that sharding or a later reshard passing the same way, live to their last use."""
         if not readings:
             return
         group, shardings = self.held(name)
@@ -622,106 +661,134 @@ class _Builder:
             differs = self.chosen(group, shardings, s, False)
             if differs is False:
                 continue
-            # (slot, made there, read there)
-            events: dict[Ref, tuple[list[Literal | bool], list[Literal | bool]]] = {}
-            for read in readings:
+            # (slot, the buffer is made there, it is read there)
+            found: list[tuple[Ref, Literal | bool, Literal | bool]] = []
+            for k, read in enumerate(readings):
                 _, _, g, needs = read
                 reads_s = self.chosen(g, needs, s, True)
-                via = self.combine(
-                    False,
-                    [
-                        self.combine(
-                            True,
-                            [
-                                self.chosen(group, shardings, h, True),
-                                self.chosen(g, needs, t, True),
-                            ],
+                # Made by the last step of the reshard from each held sharding.
+                by_steps: dict[int, list[Literal | bool]] = {}
+                for h in self.choices_of(shardings):
+                    if h != s:
+                        steps = len(self.intermediates(name, h, s)) + 1
+                        by_steps.setdefault(steps, []).append(
+                            self.chosen(group, shardings, h, True)
                         )
-                        for h, t in passing.get(s, ())
-                    ],
-                )
-                made, used = events.setdefault(self.pre_ref(read), ([], []))
-                made += [reads_s, via]
-                used.append(via)
-                events.setdefault(self.at_ref(read), ([], []))[1].append(reads_s)
+                for steps, held_so in by_steps.items():
+                    made = (
+                        reads_s
+                        if len(by_steps) == 1
+                        else self.combine(True, [reads_s, self.combine(False, held_so)])
+                    )
+                    found.append((self.pre_ref(read, steps - 1), made, False))
+                found.append((self.at_ref(read), False, reads_s))
+                # Made on the way of a reshard to t, read by its next step.
+                # (A reshard to t is made at the first read of t only.)
+                for h, t in passing.get(s, ()):
+                    step = self.intermediates(name, h, t).index(s)
+                    first = [self.chosen(r[2], r[3], t, False) for r in readings[:k]]
+                    way = self.combine(
+                        True,
+                        [
+                            self.chosen(group, shardings, h, True),
+                            self.chosen(g, needs, t, True),
+                            *first,
+                        ],
+                    )
+                    found.append((self.pre_ref(read, step), way, way))
+                    found.append((self.pre_ref(read, step + 1), False, way))
+            events: dict[Ref, tuple[list[Literal | bool], list[Literal | bool]]] = {}
+            for ref, made, used in found:
+                made_at, used_at = events.setdefault(ref, ([], []))
+                made_at.append(made)
+                used_at.append(used)
             slots = sorted(events, key=self.slot)
             made_by = [self.combine(False, events[r][0]) for r in slots]
-            used_at = [self.combine(False, events[r][1]) for r in slots]
+            used_by = [self.combine(False, events[r][1]) for r in slots]
             prefix = [self.combine(False, made_by[: j + 1]) for j in range(len(slots))]
-            suffix = [self.combine(False, used_at[j:]) for j in range(len(slots))]
+            suffix = [self.combine(False, used_by[j:]) for j in range(len(slots))]
             size = self.nbytes(name, s)
+            # Where the home is saved because the reads to come read `s` (`add_home`), the
+            # buffer of `s` is live: said as a second way for it to be (the same in every
+            # plan), it ties the savings to the buffers in the ILP's linear relaxation.
+            saved = {until: ways.get(s, ()) for until, ways in (savings or {}).items()}
             for j, ref in enumerate(slots):
-                self.mark(ref, ref, self.combine(True, [differs, prefix[j], suffix[j]]), size)
+                live = self.combine(True, [differs, prefix[j], suffix[j]])
+                live = self.combine(False, [live, *saved.get(self.slot(ref), ())])
+                self.mark(ref, ref, live, size)
                 if j + 1 < len(slots):
                     between = self.combine(True, [differs, prefix[j], suffix[j + 1]])
                     after, until = (ref[0], ref[1] + 1), slots[j + 1]
+                    between = self.combine(False, [between, *saved.get(self.slot(until), ())])
                     self.mark(after, (until[0], until[1] - 1), between, size)
-            if s in needed:
-                self.add_chain_extras(name, s, readings)
+        self.add_on_the_way(name, readings, needed, passing)
 
     def passing_through(
         self, name: str, needed: Collection[Sharding]
     ) -> dict[Sharding, list[tuple[Sharding, Sharding]]]:
-        """For each sharding that a counted reshard of several collectives (held h to needed
-        t) makes on its way and a reader needs or another such reshard makes too, those
-        (h, t)."""
+        """For each sharding that a reshard of several collectives (held h to needed t) makes
+        on its way and a reader needs or another such reshard makes too, those (h, t): the
+        tensors `materialize` may keep."""
         info = self.graph.values[name]
-        found: dict[Sharding, list[tuple[Sharding, Sharding]]] = {}
-        for t in needed:
-            for h in sorted(self.chain_sources.get((info.shape, info.dtype, t), ()), key=str):
-                for m in self.intermediates(name, h, t):
-                    found.setdefault(m, []).append((h, t))
-        return {m: ways for m, ways in found.items() if m in needed or len(ways) > 1}
+        _, shardings = self.held(name)
+        cache_key = (id(shardings), info.shape, info.dtype, tuple(needed))
+        if cache_key not in self.passing_cache:
+            found: dict[Sharding, list[tuple[Sharding, Sharding]]] = {}
+            for t in needed:
+                for h in self.choices_of(shardings):
+                    for m in self.intermediates(name, h, t):
+                        found.setdefault(m, []).append((h, t))
+            self.passing_cache[cache_key] = {
+                m: ways for m, ways in found.items() if m in needed or len(ways) > 1
+            }
+        return self.passing_cache[cache_key]
 
     def intermediates(self, name: str, src: Sharding, dst: Sharding) -> tuple[Sharding, ...]:
+        """The shardings a reshard from `src` to `dst` makes on its way (its steps' results
+        but the last)."""
         info = self.graph.values[name]
         cache_key = (info.shape, info.dtype, src, dst)
         if cache_key not in self.steps_cache:
             itemsize = dtypes.nbytes(info.dtype, 1)
-            steps = plan_reshard(src, dst, info.shape, self.mesh, itemsize)
+            try:
+                steps = plan_reshard(src, dst, info.shape, self.mesh, itemsize)
+            except ShardingError:  # no plan holds and reads it so (the search prices it)
+                steps = ()
             self.steps_cache[cache_key] = tuple(c.dst for c in steps[:-1])
         return self.steps_cache[cache_key]
 
-    def add_chain_extras(self, name: str, s: Sharding, readings: Sequence[Read]) -> None:
-        """What a reshard of several collectives holds beyond its final buffer, at PRE of the
-        first read of `s` (where it is made): counted at every read of `s`, less (a saving)
-        at those with an earlier one."""
+    def add_on_the_way(
+        self,
+        name: str,
+        readings: Sequence[Read],
+        needed: Collection[Sharding],
+        passing: Mapping[Sharding, Sequence[tuple[Sharding, Sharding]]],
+    ) -> None:
+        """The tensors a reshard of several collectives makes on its way and nothing keeps:
+        each live at the step making it and the next, reading it. Counted at every read of
+        the sharding made, less (a saving) at a read after an earlier one (the reshard is
+        made once)."""
         group, shardings = self.held(name)
-        info = self.graph.values[name]
-        cache_key = (id(shardings), info.shape, info.dtype, s)
-        extras = self.extras.get(cache_key)
-        if extras is None:
-            sources = self.chain_sources.get((info.shape, info.dtype, s), ())
-            extras = self.extras[cache_key] = [
-                (h, extra)
-                for h in (self.choices_of(shardings) if sources else ())
-                if h in sources and (extra := self.chain_extra(name, h, s)) > 0
-            ]
-        for h, extra in extras:
-            is_h = self.chosen(group, shardings, h, True)
-            for k, (_, _, g, needs) in enumerate(readings):
-                reading = self.combine(True, [is_h, self.chosen(g, needs, s, True)])
-                where = self.pre_ref(readings[k])
-                self.mark(where, where, reading, extra)
-                before = self.combine(
-                    False, [self.chosen(r[2], r[3], s, True) for r in readings[:k]]
-                )
-                self.mark(where, where, self.combine(True, [reading, before]), -extra)
-
-    def chain_extra(self, name: str, src: Sharding, dst: Sharding) -> int:
-        """The most a reshard holds at one of its steps beyond its final buffer: the input of a
-        step (when not the held tensor) and its output. Alike for every tensor of one shape."""
-        info = self.graph.values[name]
-        cache_key = (info.shape, info.dtype, src, dst)
-        if cache_key not in self.extra_cache:
-            itemsize = dtypes.nbytes(info.dtype, 1)
-            peak, before = 0, 0
-            for c in plan_reshard(src, dst, info.shape, self.mesh, itemsize):
-                after = self.nbytes(name, c.dst)
-                peak = max(peak, before + after)
-                before = after
-            self.extra_cache[cache_key] = peak - self.nbytes(name, dst)
-        return self.extra_cache[cache_key]
+        for t in needed:
+            for h in self.choices_of(shardings):
+                way = self.intermediates(name, h, t)
+                if not way:
+                    continue
+                is_h = self.chosen(group, shardings, h, True)
+                for k, read in enumerate(readings):
+                    _, _, g, needs = read
+                    making = self.combine(True, [is_h, self.chosen(g, needs, t, True)])
+                    if making is False:
+                        continue
+                    earlier = [self.chosen(r[2], r[3], t, True) for r in readings[:k]]
+                    again = self.combine(True, [making, self.combine(False, earlier)])
+                    for step, m in enumerate(way):
+                        if m in passing:
+                            continue
+                        size = self.nbytes(name, m)
+                        first, last = self.pre_ref(read, step), self.pre_ref(read, step + 1)
+                        self.mark(first, last, making, size)
+                        self.mark(first, last, again, -size)
 
     def rows(self) -> MemoryModel:
         """The distinct rows, in the order of the first slot holding each, swept slot by slot
