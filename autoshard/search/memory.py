@@ -300,7 +300,8 @@ class _Builder:
         chains: frozenset[Chain],
     ) -> None:
         self.graph, self.mesh, self.sizes = graph, mesh, list(sizes)
-        self.held, self.reads = held, reads
+        self.held, self.reads, self.chains = held, reads, chains
+        self.targets = {(shape, dtype, dst) for shape, dtype, _, dst in chains}
         self.indicators: list[Indicator] = []
         self.index: dict[tuple[bool, frozenset[Literal]], int] = {}
         self.offsets = np.cumsum([0, *sizes])
@@ -336,6 +337,7 @@ class _Builder:
         self.bytes_cache: dict[tuple[tuple[int, ...], str, Sharding], int] = {}
         self.vectors: dict[tuple[int, tuple[int, ...], str], np.ndarray] = {}
         self.extra_cache: dict[tuple[tuple[int, ...], str, Sharding, Sharding], int] = {}
+        self.steps_to_cache: dict[tuple, dict[int, Literal | bool]] = {}
         self.passing_cache: dict[tuple, dict[Sharding, list[tuple[Sharding, Sharding]]]] = {}
         self.recording: list[tuple[Ref, Ref, Literal | bool, int]] = []
         self.rank: dict[int, int] = {}  # the reading positions of the value being marked
@@ -511,11 +513,10 @@ class _Builder:
             marks = replays.get(signature)
             if marks is None:
                 self.recording = []
-                savings: dict[int, dict[Sharding, list[Literal]]] = {}
                 if home is not None:
-                    savings = self.add_home(name, readings, over, name not in produced_at)
+                    self.add_home(name, readings, over, name not in produced_at)
                 if name in produced_at:
-                    self.add_buffers(name, readings, savings)
+                    self.add_buffers(name, readings)
                 else:  # a weight is gathered for the forward, and again for the backward
                     for forward in (True, False):
                         self.add_buffers(
@@ -554,10 +555,15 @@ class _Builder:
         cache_key = (id(shardings), id(needs), info.shape, info.dtype)
         if cache_key not in self.longest_cache:
             self.kept += [shardings, needs]  # alive, so that their ids stay their own
-            self.longest_cache[cache_key] = max(
-                len(self.intermediates(name, h, t)) + 1
-                for h in self.choices_of(shardings)
-                for t in self.choices_of(needs)
+            self.longest_cache[cache_key] = (
+                max(
+                    len(self.intermediates(name, h, t)) + 1
+                    for t in self.choices_of(needs)
+                    if (info.shape, info.dtype, t) in self.targets
+                    for h in self.choices_of(shardings)
+                )
+                if any((info.shape, info.dtype, t) in self.targets for t in needs)
+                else 1
             )
         return self.longest_cache[cache_key]
 
@@ -574,25 +580,23 @@ class _Builder:
         """The last slot where some plan reads the home tensor."""
         return max((self.at_ref(r, over) for r in readings), key=self.slot)
 
-    def same_segment(self, a: Read, b: Read, phased: bool) -> bool:
-        """Whether a reshard made for read `a` serves read `b` too: always, but for a weight
-        (an input, a constant; `phased`) gathered again for the backward."""
-        return not phased or self.in_forward(a[0]) == self.in_forward(b[0])
-
-    def add_home(
-        self, name: str, readings: Sequence[Read], over: bool, phased: bool
-    ) -> dict[int, dict[Sharding, list[Literal]]]:
+    def add_home(self, name: str, readings: Sequence[Read], over: bool, phased: bool) -> None:
         """The home tensor after its first read: `build` counts it up to its last possible
         read; here, as savings (negative terms), the slots after which no read of it follows.
 
         A read (p, i) in sharding s reads the home at AT(p) when s is the held sharding h, at
         PRE(p, i) when it is the first read of s (the reshard is made there; later reads of s
-        read its buffer). So the home is dead after slot t when every later read is of h at
-        no compute step after t and of another sharding read before. Savings are ANDs of the
-        held choice with those conditions, bounded from above in the ILP (`ilp._memory_rows`):
-        its linear relaxation then stays close to the plain count, which an AND counted from
-        below (the live condition) is not (a tight budget's solve went from 9 s optimal to a
-        39 % gap at 60 s with it)."""
+        read its buffer). So the home is dead after slot t when the reads whose reshard is
+        done read no h at their compute step and every read to come reads one sharding made
+        already. Savings are ANDs of the held choice with those conditions, bounded from
+        above in the ILP (`ilp._memory_rows`).
+
+        Only within the op reading it last: a saving across ops (the home of a value whose
+        readers, after the first, all read the buffer it made) is an AND of several readers'
+        choices that the LP relaxes badly (all exact, bert 4x8 at 30 %: 2.9 s -> 17.6 s; see
+        the commit before this one's). So a value read after its last read as held only in a
+        sharding an earlier op made is counted live to that read: the rows may count more
+        than the program holds there, never less."""
         group, shardings = self.held(name)
         pre = {id(r): self.slot(self.pre_ref(r)) for r in readings}
         at = {id(r): self.slot(self.at_ref(r, over)) for r in readings}
@@ -600,53 +604,42 @@ class _Builder:
         refs = {
             self.slot(ref): ref for r in readings for ref in (self.pre_ref(r), self.at_ref(r, over))
         }
-        savings: dict[int, dict[Sharding, list[Literal]]] = {}
-        for h in self.choices_of(shardings):
-            is_h = self.chosen(group, shardings, h, True)
-            if is_h is False:
+        for before, until in zip(slots, slots[1:], strict=False):
+            # Dead over (before, until]: the reads whose reshard is done read a buffer at
+            # their compute step, and the reads to come all read one sharding s made already
+            # (by a read up to `before`, of the same op).
+            last = self.positions[refs[until][0]]
+            later = [r for r in readings if pre[id(r)] >= until]
+            if any(r[0] != last for r in later):
                 continue
-            size = self.nbytes(name, h)
-            for before, until in zip(slots, slots[1:], strict=False):
-                # Dead over (before, until]: the reads whose reshard is done read a buffer
-                # at their compute step, and the reads to come all read one sharding s made
-                # already (by a read up to `before`).
+            made = [r for r in readings if pre[id(r)] <= before and r[0] == last]
+            for h in self.choices_of(shardings):
                 done = [
                     self.chosen(r[2], r[3], h, False)
                     for r in readings
                     if pre[id(r)] < until <= at[id(r)]
                 ]
-                later = [r for r in readings if pre[id(r)] >= until]
-                if not later:
-                    saving = self.combine(True, [is_h, *done])
-                else:
-                    made = [r for r in readings if pre[id(r)] <= before]
-                    if phased:  # a weight's buffers are made again for the backward
-                        segment = {self.in_forward(r[0]) for r in later}
-                        if len(segment) > 1:
-                            continue
-                        made = [r for r in made if self.in_forward(r[0]) in segment]
-                    shared = set.intersection(*(set(self.choices_of(r[3])) for r in later)) - {h}
-                    ways = []
-                    for s in sorted(shared, key=str):
-                        reading = [self.chosen(r[2], r[3], s, True) for r in later]
-                        made_s = [self.chosen(r[2], r[3], s, True) for r in made]
-                        way = self.combine(
-                            True, [is_h, *done, *reading, self.combine(False, made_s)]
+                ways = [self.combine(True, [self.chosen(group, shardings, h, True), *done])]
+                if later:
+                    shared = set.intersection(*(set(self.choices_of(r[3])) for r in later))
+                    ways = [
+                        self.combine(
+                            True,
+                            [
+                                ways[0],
+                                *(self.chosen(r[2], r[3], s, True) for r in later),
+                                self.combine(
+                                    False, [self.chosen(r[2], r[3], s, True) for r in made]
+                                ),
+                            ],
                         )
-                        ways.append(way)
-                        if not isinstance(way, bool):
-                            savings.setdefault(until, {}).setdefault(s, []).append(way)
-                    saving = self.combine(False, ways)
+                        for s in sorted(shared - {h}, key=str)
+                    ]
                 first = refs[before]
-                self.mark((first[0], first[1] + 1), refs[until], saving, -size)
-        return savings
+                saving = self.combine(False, ways)
+                self.mark((first[0], first[1] + 1), refs[until], saving, -self.nbytes(name, h))
 
-    def add_buffers(
-        self,
-        name: str,
-        readings: Sequence[Read],
-        savings: Mapping[int, Mapping[Sharding, Sequence[Literal]]] | None = None,
-    ) -> None:
+    def add_buffers(self, name: str, readings: Sequence[Read]) -> None:
         """The buffers of the reshards of a value: one per sharding read other than the held
         one, made at the first read of it (its reshard's last step) and live to the last
         (AT); the tensors on the way of a reshard of several collectives, live from the step
@@ -667,19 +660,9 @@ class _Builder:
                 _, _, g, needs = read
                 reads_s = self.chosen(g, needs, s, True)
                 # Made by the last step of the reshard from each held sharding.
-                by_steps: dict[int, list[Literal | bool]] = {}
-                for h in self.choices_of(shardings):
-                    if h != s:
-                        steps = len(self.intermediates(name, h, s)) + 1
-                        by_steps.setdefault(steps, []).append(
-                            self.chosen(group, shardings, h, True)
-                        )
+                by_steps = self.steps_to(name, s)
                 for steps, held_so in by_steps.items():
-                    made = (
-                        reads_s
-                        if len(by_steps) == 1
-                        else self.combine(True, [reads_s, self.combine(False, held_so)])
-                    )
+                    made = reads_s if len(by_steps) == 1 else self.combine(True, [reads_s, held_so])
                     found.append((self.pre_ref(read, steps - 1), made, False))
                 found.append((self.at_ref(read), False, reads_s))
                 # Made on the way of a reshard to t, read by its next step.
@@ -708,20 +691,31 @@ class _Builder:
             prefix = [self.combine(False, made_by[: j + 1]) for j in range(len(slots))]
             suffix = [self.combine(False, used_by[j:]) for j in range(len(slots))]
             size = self.nbytes(name, s)
-            # Where the home is saved because the reads to come read `s` (`add_home`), the
-            # buffer of `s` is live: said as a second way for it to be (the same in every
-            # plan), it ties the savings to the buffers in the ILP's linear relaxation.
-            saved = {until: ways.get(s, ()) for until, ways in (savings or {}).items()}
             for j, ref in enumerate(slots):
-                live = self.combine(True, [differs, prefix[j], suffix[j]])
-                live = self.combine(False, [live, *saved.get(self.slot(ref), ())])
-                self.mark(ref, ref, live, size)
+                self.mark(ref, ref, self.combine(True, [differs, prefix[j], suffix[j]]), size)
                 if j + 1 < len(slots):
                     between = self.combine(True, [differs, prefix[j], suffix[j + 1]])
                     after, until = (ref[0], ref[1] + 1), slots[j + 1]
-                    between = self.combine(False, [between, *saved.get(self.slot(until), ())])
                     self.mark(after, (until[0], until[1] - 1), between, size)
         self.add_on_the_way(name, readings, needed, passing)
+
+    def steps_to(self, name: str, s: Sharding) -> dict[int, Literal | bool]:
+        """How many steps a reshard of `name` to `s` takes, and when (its held choices)."""
+        group, shardings = self.held(name)
+        info = self.graph.values[name]
+        cache_key = (id(shardings), info.shape, info.dtype, s)
+        if (info.shape, info.dtype, s) not in self.targets:
+            return {1: True}
+        if cache_key not in self.steps_to_cache:
+            by_steps: dict[int, list[Literal | bool]] = {}
+            for h in self.choices_of(shardings):
+                if h != s:
+                    steps = len(self.intermediates(name, h, s)) + 1
+                    by_steps.setdefault(steps, []).append(self.chosen(group, shardings, h, True))
+            self.steps_to_cache[cache_key] = {
+                steps: self.combine(False, held_so) for steps, held_so in by_steps.items()
+            }
+        return self.steps_to_cache[cache_key]
 
     def passing_through(
         self, name: str, needed: Collection[Sharding]
@@ -735,6 +729,8 @@ class _Builder:
         if cache_key not in self.passing_cache:
             found: dict[Sharding, list[tuple[Sharding, Sharding]]] = {}
             for t in needed:
+                if (info.shape, info.dtype, t) not in self.targets:
+                    continue
                 for h in self.choices_of(shardings):
                     for m in self.intermediates(name, h, t):
                         found.setdefault(m, []).append((h, t))
@@ -745,9 +741,11 @@ class _Builder:
 
     def intermediates(self, name: str, src: Sharding, dst: Sharding) -> tuple[Sharding, ...]:
         """The shardings a reshard from `src` to `dst` makes on its way (its steps' results
-        but the last)."""
+        but the last), for the reshards counted (`chains`)."""
         info = self.graph.values[name]
         cache_key = (info.shape, info.dtype, src, dst)
+        if cache_key not in self.chains:
+            return ()
         if cache_key not in self.steps_cache:
             itemsize = dtypes.nbytes(info.dtype, 1)
             try:
@@ -769,7 +767,10 @@ class _Builder:
         the sharding made, less (a saving) at a read after an earlier one (the reshard is
         made once)."""
         group, shardings = self.held(name)
+        info = self.graph.values[name]
         for t in needed:
+            if (info.shape, info.dtype, t) not in self.targets:
+                continue
             for h in self.choices_of(shardings):
                 way = self.intermediates(name, h, t)
                 if not way:
