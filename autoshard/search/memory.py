@@ -2,44 +2,47 @@
 lowers to, as a linear function of the choices, so that the ILP's memory is the program's.
 
 Materialization (`passes/materialize.py`) emits, for each op in graph order, the reshards of
-its operands and then the op. So the program has, per op p, a few reshard steps and one compute
-step; the model has two rows per op, PRE(p) (bounding every reshard step of p) and AT(p) (its
-compute step), and one row END for the reshards of the graph outputs. What is live in them:
+its operands one by one, each a few collectives, and then the op; then the reshards of the
+graph outputs. The model has a slot per program step: PRE(p, i, k) for step k of the reshard
+of op p's operand i (as many k as the longest reshard counted there), AT(p) for its compute
+step, END(i, k) for the outputs' reshards; and a row per distinct slot. What is live there:
 
-- resident tensors (graph inputs, weights, constants): at their held sharding, in every row;
+- resident tensors (graph inputs, weights, constants): at their held sharding, in every slot;
   but in a training step a weight or optimizer state its update writes over is live until
   that update (where its next value takes its place), and a gradient accumulated over
-  micro-batches is live from the first row;
-- a value an op produces: its held shard, from AT(producer) to its last reader; at AT(last) only
-  if the last reader reads it as held (otherwise the reshard before it was its last use);
+  micro-batches is live from the first slot;
+- a value's home tensor (as held): from where it is made to its last read, less savings where
+  no later read reads it (`add_home`): a read of s at (p, i) reads the home at AT(p) when s is
+  the held sharding, at PRE(p, i, 0) when it is the first read of s, else not at all;
 - reshard buffers: a value read in a sharding s other than the one it is held in is resharded
-  once, before the first op that reads it so, and the buffer lives until the last op that reads
-  it so. With P(t) "some read up to t needs s" and Q(t) "some read from t on needs s", the
-  buffer is live at t exactly when held != s and P(t) and Q(t);
+  once, at the first read of s (made by the reshard's last step), and the buffer lives until
+  the last read of s. With P(t) "made at or before t" and Q(t) "read at or after t", it is
+  live at t exactly when held != s and P(t) and Q(t);
 - a weight (an input, a constant) is resharded again for a training step's backward, not kept
   from its forward (FSDP gathers a weight before each use): its buffers are counted apart;
-- the intermediate tensors of a reshard of several collectives: the most they add over the
-  final buffer, at PRE of the reader, for the reshards (`chains`) the search has seen a plan
-  make (most pairs of candidates on a 3-axis mesh take several steps, a plan few of them).
+- the tensors a reshard of several collectives makes on its way: live at the step making one
+  and the next (reading it); those `materialize` keeps (a reader needs that sharding, or a
+  later reshard passes the same way) as buffers, to their last use. For the reshards counted
+  (`chains`): most pairs of candidates on a 3-axis mesh take several steps, a plan uses few,
+  and counting them all makes the model many times larger (gpt2 on 2x4: 1,110 indicators
+  become 18,457); `search.budget` adds those a plan makes.
 
-"Group g chose a choice in K" is a sum of g's one-hot variables (`Chosen`); the buffers' live
-conditions are ANDs and ORs of those (`Indicator`). They only ever appear with positive
-coefficients in rows bounded from above, so the ILP needs only their lower bounds (an AND is at
-least the sum of its literals minus their number plus one, an OR at least each literal): a
-solver keeping rows under a budget sets each to its true value or makes its own life harder.
-Repeated layers ask for the same conditions and share them, and their rows coincide (rows are
-kept once).
+"Group g chose a choice in K" is a sum of g's one-hot variables (`Chosen`); live conditions are
+ANDs and ORs of those (`Indicator`). Where they add bytes to rows bounded from above, the ILP
+needs only their lower bounds (an AND is at least the sum of its literals minus their number
+plus one, an OR at least each literal); where they take bytes off (savings), only their upper
+bounds: either way a solver keeping rows under a budget sets each to its true value or makes
+its own life harder (`ilp._memory_rows`). Repeated layers ask for the same conditions and share
+them, and their rows coincide (rows are kept once).
 
-Exact for the materialized program but for what the model leaves conservative (more than the
-program holds): a value resharded for a later reader is counted live until that reader even
-when the reshard made earlier was its last use (exact liveness is an AND of the held choice
-with the readers', weak in the LP relaxation: a solve under a tight budget went from 9 s
-optimal to a 39 % gap at 60 s), PRE rows count all of an op's buffers at each of its reshard
-steps, and a reshard reusing another's intermediate tensors is counted as its own. The
-intermediate tensors `materialize` keeps (a reshard's, reused by a later reader of that
-sharding or a later reshard passing the same way) are counted from the first reshard making
-them to the last reading them, for the reshards counted (`chains`); as a later reshard may
-not happen (its sharding made already), that too is counted more, never less.
+Exact for the materialized program (random plans on 1-, 2- and 3-axis meshes: rows == program)
+but for what the model leaves conservative (more than the program holds): the home of a value
+whose reads after some op all read buffers made by then (bert's embeddings: read by the query
+MatMul resharded, by key and value as held, by the residual Add from the query's buffer) is
+counted live to its last read (exact, it is an AND of several readers' choices that the LP
+relaxes badly: bert 4x8 at 30 % went from 2.9 s to 17.6 s of deterministic solve), and a
+reshard that starts from another's intermediate tensor (or finds its target made on another's
+way) is counted as made from the home.
 """
 
 from __future__ import annotations
@@ -316,13 +319,12 @@ class _Builder:
         # at the end END(i, k) for each graph output i.
         self.steps: dict[tuple[int, int], int] = {}
         for name in graph.values:
-            _, shardings = held(name)
             for p, i, _, needs in reads(name):
                 self.steps[(p, i)] = max(self.steps.get((p, i), 1), self.longest(name, needs))
         widths, self.starts = [], []
         for p, count in enumerate([len(op.inputs) for op in graph.ops] + [len(graph.outputs)]):
             lengths = [self.steps.get((p, i), 1) for i in range(max(1, count))]
-            self.starts.append(np.concatenate([[0], np.cumsum(lengths)]).astype(int).tolist())
+            self.starts.append([0, *np.cumsum(lengths).tolist()])
             widths.append(sum(lengths))
         self.widths = widths
         spans = [w + 1 for w in widths[:-1]] + widths[-1:]
@@ -336,7 +338,6 @@ class _Builder:
         self.indicated: list[tuple[int, int, int, int]] = []  # first, last, indicator, bytes
         self.bytes_cache: dict[tuple[tuple[int, ...], str, Sharding], int] = {}
         self.vectors: dict[tuple[int, tuple[int, ...], str], np.ndarray] = {}
-        self.extra_cache: dict[tuple[tuple[int, ...], str, Sharding, Sharding], int] = {}
         self.steps_to_cache: dict[tuple, dict[int, Literal | bool]] = {}
         self.passing_cache: dict[tuple, dict[Sharding, list[tuple[Sharding, Sharding]]]] = {}
         self.recording: list[tuple[Ref, Ref, Literal | bool, int]] = []
@@ -345,7 +346,7 @@ class _Builder:
         self.columns: dict[Chosen, np.ndarray] = {}
         self.chosen_marks: list[tuple[int, int, np.ndarray, int]] = []
 
-    # -- slots: PRE(p, i) = first[p] + i, AT(p) = first[p] + widths[p], END(i) = first[ops] + i
+    # -- slots: PRE(p, i, k) = first[p] + starts[p][i] + k, AT(p) = first[p] + widths[p] --
 
     def at_offset(self, position: int) -> int:
         """The offset of AT(p) in its position's slots (at the end: the last END slot, where
