@@ -265,9 +265,12 @@ def _memory_rows(
     model: cp_model.CpModel, problem: Problem, x: list[list[cp_model.IntVar]]
 ) -> list[cp_model.LinearExpr]:
     """The bytes of each memory row as a linear expression. An indicator is a variable bounded
-    from below only (an AND by the sum of its literals less their number plus one, an OR by
-    each literal): it appears with positive coefficients in rows bounded from above, so any
-    plan that fits can set it to its true value (`search.memory`)."""
+    on one side only: where rows add its bytes (bounded from above by the budget), from below
+    (an AND by the sum of its literals less their number plus one, an OR by each literal);
+    where they take bytes off (`search.memory`'s savings), from above (an AND by each literal,
+    an OR by their sum). Either way any plan that fits can set it to its true value, and a
+    solver setting it otherwise only makes its rows larger (`search.memory`). The literals of
+    an indicator are bounded as it is (ANDs and ORs are monotone)."""
     made: list[cp_model.IntVar] = []
 
     def literal(lit: Chosen | int) -> cp_model.LinearExprT:
@@ -275,14 +278,22 @@ def _memory_rows(
             return cp_model.LinearExpr.sum([x[lit.group][k] for k in sorted(lit.choices)])
         return made[lit]
 
+    adds, takes = _polarity(problem)
     for i, ind in enumerate(problem.indicators):
         var = model.new_bool_var(f"m{i}")
         terms = [literal(lit) for lit in ind.literals]
-        if ind.every:
-            model.add(var >= sum(terms) - (len(terms) - 1))
-        else:
-            for term in terms:
-                model.add(var >= term)
+        if adds[i]:
+            if ind.every:
+                model.add(var >= sum(terms) - (len(terms) - 1))
+            else:
+                for term in terms:
+                    model.add(var >= term)
+        if takes[i]:
+            if ind.every:
+                for term in terms:
+                    model.add(var <= term)
+            else:
+                model.add(var <= sum(terms))
         made.append(var)
 
     # A group's bytes in a row (a run: the values of that group live there) as one variable,
@@ -295,7 +306,8 @@ def _memory_rows(
         choices, amounts = rows.choices[first:last], rows.amounts[first:last]
         key = (group, choices.tobytes(), amounts.tobytes())
         if key not in held:
-            var = model.new_int_var(0, int(amounts.max()), f"g{group}_{len(held)}")
+            low, high = min(0, int(amounts.min())), max(0, int(amounts.max()))
+            var = model.new_int_var(low, high, f"g{group}_{len(held)}")
             terms = zip(choices.tolist(), amounts.tolist(), strict=True)
             model.add(var == sum(b * x[group][k] for k, b in terms))
             held[key] = var
@@ -321,6 +333,22 @@ def _memory_rows(
 
     (base,) = bytes_of(problem.memory_base)
     return [base + row for row in bytes_of(problem.memory)]
+
+
+def _polarity(problem: Problem) -> tuple[list[bool], list[bool]]:
+    """For each indicator, whether some row adds bytes when it holds, and whether some row
+    takes bytes off, directly or through an indicator it is a literal of."""
+    adds, takes = [False] * len(problem.indicators), [False] * len(problem.indicators)
+    for rows in (problem.memory_base, problem.memory):
+        for i, amount in zip(rows.indicated.tolist(), rows.indicated_amounts.tolist(), strict=True):
+            adds[i] |= amount > 0
+            takes[i] |= amount < 0
+    for i in reversed(range(len(problem.indicators))):  # users come after their literals
+        for lit in problem.indicators[i].literals:
+            if not isinstance(lit, Chosen):
+                adds[lit] |= adds[i]
+                takes[lit] |= takes[i]
+    return adds, takes
 
 
 def _chosen(

@@ -2,44 +2,47 @@
 lowers to, as a linear function of the choices, so that the ILP's memory is the program's.
 
 Materialization (`passes/materialize.py`) emits, for each op in graph order, the reshards of
-its operands and then the op. So the program has, per op p, a few reshard steps and one compute
-step; the model has two rows per op, PRE(p) (bounding every reshard step of p) and AT(p) (its
-compute step), and one row END for the reshards of the graph outputs. What is live in them:
+its operands one by one, each a few collectives, and then the op; then the reshards of the
+graph outputs. The model has a slot per program step: PRE(p, i, k) for step k of the reshard
+of op p's operand i (as many k as the longest reshard counted there), AT(p) for its compute
+step, END(i, k) for the outputs' reshards; and a row per distinct slot. What is live there:
 
-- resident tensors (graph inputs, weights, constants): at their held sharding, in every row;
+- resident tensors (graph inputs, weights, constants): at their held sharding, in every slot;
   but in a training step a weight or optimizer state its update writes over is live until
   that update (where its next value takes its place), and a gradient accumulated over
-  micro-batches is live from the first row;
-- a value an op produces: its held shard, from AT(producer) to its last reader; at AT(last) only
-  if the last reader reads it as held (otherwise the reshard before it was its last use);
+  micro-batches is live from the first slot;
+- a value's home tensor (as held): from where it is made to its last read, less savings where
+  no later read reads it (`add_home`): a read of s at (p, i) reads the home at AT(p) when s is
+  the held sharding, at PRE(p, i, 0) when it is the first read of s, else not at all;
 - reshard buffers: a value read in a sharding s other than the one it is held in is resharded
-  once, before the first op that reads it so, and the buffer lives until the last op that reads
-  it so. With P(t) "some read up to t needs s" and Q(t) "some read from t on needs s", the
-  buffer is live at t exactly when held != s and P(t) and Q(t);
+  once, at the first read of s (made by the reshard's last step), and the buffer lives until
+  the last read of s. With P(t) "made at or before t" and Q(t) "read at or after t", it is
+  live at t exactly when held != s and P(t) and Q(t);
 - a weight (an input, a constant) is resharded again for a training step's backward, not kept
   from its forward (FSDP gathers a weight before each use): its buffers are counted apart;
-- the intermediate tensors of a reshard of several collectives: the most they add over the
-  final buffer, at PRE of the reader, for the reshards (`chains`) the search has seen a plan
-  make (most pairs of candidates on a 3-axis mesh take several steps, a plan few of them).
+- the tensors a reshard of several collectives makes on its way: live at the step making one
+  and the next (reading it); those `materialize` keeps (a reader needs that sharding, or a
+  later reshard passes the same way) as buffers, to their last use. For the reshards counted
+  (`chains`): most pairs of candidates on a 3-axis mesh take several steps, a plan uses few,
+  and counting them all makes the model many times larger (gpt2 on 2x4: 1,110 indicators
+  become 18,457); `search.budget` adds those a plan makes.
 
-"Group g chose a choice in K" is a sum of g's one-hot variables (`Chosen`); the buffers' live
-conditions are ANDs and ORs of those (`Indicator`). They only ever appear with positive
-coefficients in rows bounded from above, so the ILP needs only their lower bounds (an AND is at
-least the sum of its literals minus their number plus one, an OR at least each literal): a
-solver keeping rows under a budget sets each to its true value or makes its own life harder.
-Repeated layers ask for the same conditions and share them, and their rows coincide (rows are
-kept once).
+"Group g chose a choice in K" is a sum of g's one-hot variables (`Chosen`); live conditions are
+ANDs and ORs of those (`Indicator`). Where they add bytes to rows bounded from above, the ILP
+needs only their lower bounds (an AND is at least the sum of its literals minus their number
+plus one, an OR at least each literal); where they take bytes off (savings), only their upper
+bounds: either way a solver keeping rows under a budget sets each to its true value or makes
+its own life harder (`ilp._memory_rows`). Repeated layers ask for the same conditions and share
+them, and their rows coincide (rows are kept once).
 
-Exact for the materialized program but for what the model leaves conservative (more than the
-program holds): a value resharded for a later reader is counted live until that reader even
-when the reshard made earlier was its last use (exact liveness is an AND of the held choice
-with the readers', weak in the LP relaxation: a solve under a tight budget went from 9 s
-optimal to a 39 % gap at 60 s), PRE rows count all of an op's buffers at each of its reshard
-steps, and a reshard reusing another's intermediate tensors is counted as its own. The
-intermediate tensors `materialize` keeps (a reshard's, reused by a later reader of that
-sharding or a later reshard passing the same way) are counted from the first reshard making
-them to the last reading them, for the reshards counted (`chains`); as a later reshard may
-not happen (its sharding made already), that too is counted more, never less.
+Exact for the materialized program (random plans on 1-, 2- and 3-axis meshes: rows == program)
+but for what the model leaves conservative (more than the program holds): the home of a value
+whose reads after some op all read buffers made by then (bert's embeddings: read by the query
+MatMul resharded, by key and value as held, by the residual Add from the query's buffer) is
+counted live to its last read (exact, it is an AND of several readers' choices that the LP
+relaxes badly: bert 4x8 at 30 % went from 2.9 s to 17.6 s of deterministic solve), and a
+reshard that starts from another's intermediate tensor (or finds its target made on another's
+way) is counted as made from the home.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.cost.model import shard_bytes
+from autoshard.errors import ShardingError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import FORWARD, Graph
 from autoshard.mesh import Mesh
@@ -152,12 +156,13 @@ class MemoryRows:
         )
 
     def most(self) -> np.ndarray:
-        """An upper bound of each row's bytes: every term taken."""
-        run_bytes = _sums(self.amounts, self.run_starts)
+        """An upper bound of each row's bytes: every term that adds bytes taken, none that
+        takes bytes off."""
+        run_bytes = _sums(np.maximum(self.amounts, 0), self.run_starts)
         return (
             self.fixed
             + _sums(run_bytes[self.runs], self.starts)
-            + _sums(self.indicated_amounts, self.indicated_starts)
+            + _sums(np.maximum(self.indicated_amounts, 0), self.indicated_starts)
         )
 
 
@@ -252,12 +257,13 @@ Chain = tuple[tuple[int, ...], str, Sharding, Sharding]
 """A reshard of a tensor of some shape and dtype from one sharding to another."""
 
 Ref = tuple[int, int]
-"""Slot `2 * positions[u] + offset` as (u, offset), `positions` the reading positions of the
-value a mark is made for (PRE of a position p is slot 2p, AT slot 2p + 1)."""
+"""Slot `first[positions[u]] + offset` as (u, offset), `positions` the reading positions of the
+value a mark is made for and `first[p]` the first slot of position p (PRE(p, 0))."""
 
-Read = tuple[int, int | None, tuple[Sharding, ...]]
-"""A read: the program position of the reading op (`len(graph.ops)` for the graph outputs), its
-deciding group, and the sharding it reads in under each of the group's choices."""
+Read = tuple[int, int, int | None, tuple[Sharding, ...]]
+"""A read: the program position of the reading op (`len(graph.ops)` for the graph outputs),
+the operand it is (the output, at the end), the reader's deciding group, and the sharding it
+reads in under each of the group's choices."""
 
 
 @dataclass(frozen=True)
@@ -297,12 +303,33 @@ class _Builder:
         chains: frozenset[Chain],
     ) -> None:
         self.graph, self.mesh, self.sizes = graph, mesh, list(sizes)
-        self.held, self.reads = held, reads
+        self.held, self.reads, self.chains = held, reads, chains
+        self.targets = {(shape, dtype, dst) for shape, dtype, _, dst in chains}
         self.indicators: list[Indicator] = []
         self.index: dict[tuple[bool, frozenset[Literal]], int] = {}
         self.offsets = np.cumsum([0, *sizes])
         self.ops = len(graph.ops)
-        slots = 2 * self.ops + 1
+        self.steps_cache: dict[
+            tuple[tuple[int, ...], str, Sharding, Sharding], tuple[Sharding, ...]
+        ] = {}
+        self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
+        self.kept: list[tuple[Sharding, ...]] = []
+        self.longest_cache: dict[tuple, int] = {}
+        # PRE(p, i, k) for each operand i of op p and each step k of its reshard, then AT(p);
+        # at the end END(i, k) for each graph output i.
+        self.steps: dict[tuple[int, int], int] = {}
+        for name in graph.values:
+            for p, i, _, needs in reads(name):
+                self.steps[(p, i)] = max(self.steps.get((p, i), 1), self.longest(name, needs))
+        widths, self.starts = [], []
+        for p, count in enumerate([len(op.inputs) for op in graph.ops] + [len(graph.outputs)]):
+            lengths = [self.steps.get((p, i), 1) for i in range(max(1, count))]
+            self.starts.append([0, *np.cumsum(lengths).tolist()])
+            widths.append(sum(lengths))
+        self.widths = widths
+        spans = [w + 1 for w in widths[:-1]] + widths[-1:]
+        self.first = np.concatenate([[0], np.cumsum(spans)]).astype(np.int64).tolist()
+        self.slots = slots = int(self.first[-1])
         # Group terms as spans of slots (first, last, columns of choices, bytes), fixed terms
         # as a difference array over slots, indicator terms as spans (first, last, indicator,
         # bytes).
@@ -311,28 +338,23 @@ class _Builder:
         self.indicated: list[tuple[int, int, int, int]] = []  # first, last, indicator, bytes
         self.bytes_cache: dict[tuple[tuple[int, ...], str, Sharding], int] = {}
         self.vectors: dict[tuple[int, tuple[int, ...], str], np.ndarray] = {}
-        self.chain_sources: dict[tuple[tuple[int, ...], str, Sharding], set[Sharding]] = {}
-        for shape, dtype, src, dst in chains:
-            self.chain_sources.setdefault((shape, dtype, dst), set()).add(src)
-        self.extra_cache: dict[tuple[tuple[int, ...], str, Sharding, Sharding], int] = {}
-        self.steps_cache: dict[
-            tuple[tuple[int, ...], str, Sharding, Sharding], tuple[Sharding, ...]
-        ] = {}
-        self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
-        self.extras: dict[tuple, list[tuple[Sharding, int]]] = {}
+        self.steps_to_cache: dict[tuple, dict[int, Literal | bool]] = {}
+        self.passing_cache: dict[tuple, dict[Sharding, list[tuple[Sharding, Sharding]]]] = {}
         self.recording: list[tuple[Ref, Ref, Literal | bool, int]] = []
         self.rank: dict[int, int] = {}  # the reading positions of the value being marked
-        self.kept: list[tuple[Sharding, ...]] = []
+        self.positions: list[int] = []
         self.columns: dict[Chosen, np.ndarray] = {}
         self.chosen_marks: list[tuple[int, int, np.ndarray, int]] = []
 
-    # -- slots: PRE(p) = 2p, AT(p) = 2p + 1, END = 2 * ops --
+    # -- slots: PRE(p, i, k) = first[p] + starts[p][i] + k, AT(p) = first[p] + widths[p] --
 
-    def pre(self, position: int) -> int:
-        return 2 * position
+    def at_offset(self, position: int) -> int:
+        """The offset of AT(p) in its position's slots (at the end: the last END slot, where
+        everything returned is live)."""
+        return self.widths[position] - (position == self.ops)
 
     def at(self, position: int) -> int:
-        return min(2 * position + 1, 2 * self.ops)
+        return self.first[position] + self.at_offset(position)
 
     # -- literals --
 
@@ -433,10 +455,6 @@ class _Builder:
             self.kept.append(shardings)  # alive, so that its id stays its own
         self.held_spans.append((first, last, np.arange(start, start + len(vector)), vector))
 
-    def ref(self, position: int, offset: int) -> Ref:
-        """Slot `2 * position + offset` of a reading position of the value being marked."""
-        return (self.rank[position], offset)
-
     def mark(self, first: Ref, last: Ref, literal: Literal | bool, amount: int) -> None:
         """`amount` bytes at slots first..last when `literal` holds (recorded relative to the
         value's reading positions, to be replayed for its copies in other layers)."""
@@ -462,44 +480,42 @@ class _Builder:
         graph = self.graph
         produced_at = {o: p for p, op in enumerate(graph.ops) for o in op.outputs if o}
         accumulated = accumulated_gradients(graph)
-        end = 2 * self.ops
         replays: dict[tuple, list[tuple[Ref, Ref, Literal | bool, int]]] = {}
         for name in graph.values:
-            readings = self.reads(name)
-            positions = sorted({p for p, _, _ in readings})
-            if name in graph.replaced and positions and positions[-1] < self.ops:
-                self.add_held(name, 0, self.pre(positions[-1]))  # written over by its update
-            elif name not in produced_at:
-                if readings or self.is_resident(name):
-                    self.add_held(name, 0, end)
-            elif not positions:
-                self.add_held(name, self.at(produced_at[name]), self.at(produced_at[name]))
-            else:
-                # A gradient accumulated over micro-batches is held from the step's start.
-                start = 0 if name in accumulated else self.at(produced_at[name])
-                last = end if positions[-1] == self.ops else self.pre(positions[-1])
-                self.add_held(name, start, last)
+            readings = sorted(self.reads(name), key=lambda r: (r[0], r[1]))
+            positions = sorted({r[0] for r in readings})
+            # The home tensor (the value as held): from where it is made (a resident one,
+            # or a gradient accumulated over micro-batches: from the start) to its last read,
+            # `add_home`'s; a resident one that nothing writes over: always.
+            over = name in graph.replaced and bool(positions) and positions[-1] < self.ops
+            home: int | None = None
+            if name in produced_at:
+                home = 0 if name in accumulated else self.at(produced_at[name])
+                if not positions:
+                    self.add_held(name, home, home)
+            elif over:
+                home = 0
+            elif readings or self.is_resident(name):
+                self.add_held(name, 0, self.slots - 1)
             if not positions:
                 continue
             # The marks of a value's copy in another layer are its own, at its own reading
             # positions: made once. (A forward layer's activation and its backward are at
             # other distances in each layer.)
             self.rank = {p: u for u, p in enumerate(positions)}
+            self.positions = positions
             group, shardings = self.held(name)
             signature = (
-                name in produced_at, name in graph.replaced, group, id(shardings),
+                name in produced_at, over, group, id(shardings),
                 self.graph.values[name].shape, self.graph.values[name].dtype,
-                tuple((self.rank[p], g, id(needs)) for p, g, needs in readings),
-                tuple((p == self.ops, self.in_forward(p)) for p in positions),
+                tuple((self.rank[p], i, g, id(needs)) for p, i, g, needs in readings),
+                tuple((self.widths[p], p == self.ops, self.in_forward(p)) for p in positions),
             )  # fmt: skip
             marks = replays.get(signature)
             if marks is None:
                 self.recording = []
-                # A weight or optimizer state is written over by its update: gone at the
-                # update's compute step, where its next value takes its place.
-                if name in produced_at and positions[-1] < self.ops:
-                    final = [r for r in readings if r[0] == positions[-1]]
-                    self.add_held_if_read(name, final, self.ref(positions[-1], 1))
+                if home is not None:
+                    self.add_home(name, readings, over, name not in produced_at)
                 if name in produced_at:
                     self.add_buffers(name, readings)
                 else:  # a weight is gathered for the forward, and again for the backward
@@ -508,8 +524,10 @@ class _Builder:
                             name, [r for r in readings if self.in_forward(r[0]) == forward]
                         )
                 marks = replays[signature] = self.recording
+            if home is not None:
+                self.add_held(name, home, self.slot(self.last_home_read(readings, over)))
             for (u, a), (v, b), literal, amount in marks:
-                start, stop = 2 * positions[u] + a, 2 * positions[v] + b
+                start, stop = self.first[positions[u]] + a, self.first[positions[v]] + b
                 if start <= stop:
                     self.apply(start, stop, literal, amount)
         return self.rows()
@@ -521,136 +539,265 @@ class _Builder:
         graph = self.graph
         return name in graph.inputs or name in graph.weights or name in graph.constants
 
-    def add_held_if_read(self, name: str, last_reads: Sequence[Read], slot: Ref) -> None:
-        """At its last reader's compute step a value is live only if read as it is held."""
-        group, shardings = self.held(name)
-        for s in self.choices_of(shardings):
-            read_so = [self.chosen(g, needs, s, True) for _, g, needs in last_reads]
-            condition = self.combine(
-                True, [self.chosen(group, shardings, s, True), self.combine(False, read_so)]
+    def slot(self, ref: Ref) -> int:
+        """The slot a reference names, at the reading positions of the value being marked."""
+        u, offset = ref
+        return self.first[self.positions[u]] + offset
+
+    def pre_ref(self, read: Read, step: int = 0) -> Ref:
+        """PRE(p, i, step) of a read: where `materialize` reshards the operand."""
+        return (self.rank[read[0]], self.starts[read[0]][read[1]] + step)
+
+    def longest(self, name: str, needs: tuple[Sharding, ...]) -> int:
+        """The most collectives a reshard of `name` to one of `needs` takes, from any of the
+        shardings it may be held in."""
+        _, shardings = self.held(name)
+        info = self.graph.values[name]
+        cache_key = (id(shardings), id(needs), info.shape, info.dtype)
+        if cache_key not in self.longest_cache:
+            self.kept += [shardings, needs]  # alive, so that their ids stay their own
+            self.longest_cache[cache_key] = (
+                max(
+                    len(self.intermediates(name, h, t)) + 1
+                    for t in self.choices_of(needs)
+                    if (info.shape, info.dtype, t) in self.targets
+                    for h in self.choices_of(shardings)
+                )
+                if any((info.shape, info.dtype, t) in self.targets for t in needs)
+                else 1
             )
-            self.mark(slot, slot, condition, self.nbytes(name, s))
+        return self.longest_cache[cache_key]
+
+    def at_ref(self, read: Read, over: bool = False) -> Ref:
+        """Where a read as held reads the home tensor: the reader's compute step; but an update
+        writing over the value (`over`, the last reader) frees it before its results, so its
+        last reshard step."""
+        p = read[0]
+        if over and p == self.positions[-1]:
+            return (self.rank[p], self.widths[p] - 1)  # its last reshard step
+        return (self.rank[p], self.at_offset(p))
+
+    def last_home_read(self, readings: Sequence[Read], over: bool) -> Ref:
+        """The last slot where some plan reads the home tensor."""
+        return max((self.at_ref(r, over) for r in readings), key=self.slot)
+
+    def add_home(self, name: str, readings: Sequence[Read], over: bool, phased: bool) -> None:
+        """The home tensor after its first read: `build` counts it up to its last possible
+        read; here, as savings (negative terms), the slots after which no read of it follows.
+
+        A read (p, i) in sharding s reads the home at AT(p) when s is the held sharding h, at
+        PRE(p, i) when it is the first read of s (the reshard is made there; later reads of s
+        read its buffer). So the home is dead after slot t when the reads whose reshard is
+        done read no h at their compute step and every read to come reads one sharding made
+        already. Savings are ANDs of the held choice with those conditions, bounded from
+        above in the ILP (`ilp._memory_rows`).
+
+        Only within the op reading it last: a saving across ops (the home of a value whose
+        readers, after the first, all read the buffer it made) is an AND of several readers'
+        choices that the LP relaxes badly (all exact, bert 4x8 at 30 %: 2.9 s -> 17.6 s; see
+        the commit before this one's). So a value read after its last read as held only in a
+        sharding an earlier op made is counted live to that read: the rows may count more
+        than the program holds there, never less."""
+        group, shardings = self.held(name)
+        pre = {id(r): self.slot(self.pre_ref(r)) for r in readings}
+        at = {id(r): self.slot(self.at_ref(r, over)) for r in readings}
+        slots = sorted({*pre.values(), *at.values()})
+        refs = {
+            self.slot(ref): ref for r in readings for ref in (self.pre_ref(r), self.at_ref(r, over))
+        }
+        for before, until in zip(slots, slots[1:], strict=False):
+            # Dead over (before, until]: the reads whose reshard is done read a buffer at
+            # their compute step, and the reads to come all read one sharding s made already
+            # (by a read up to `before`, of the same op).
+            last = self.positions[refs[until][0]]
+            later = [r for r in readings if pre[id(r)] >= until]
+            if any(r[0] != last for r in later):
+                continue
+            made = [r for r in readings if pre[id(r)] <= before and r[0] == last]
+            for h in self.choices_of(shardings):
+                done = [
+                    self.chosen(r[2], r[3], h, False)
+                    for r in readings
+                    if pre[id(r)] < until <= at[id(r)]
+                ]
+                ways = [self.combine(True, [self.chosen(group, shardings, h, True), *done])]
+                if later:
+                    shared = set.intersection(*(set(self.choices_of(r[3])) for r in later))
+                    ways = [
+                        self.combine(
+                            True,
+                            [
+                                ways[0],
+                                *(self.chosen(r[2], r[3], s, True) for r in later),
+                                self.combine(
+                                    False, [self.chosen(r[2], r[3], s, True) for r in made]
+                                ),
+                            ],
+                        )
+                        for s in sorted(shared - {h}, key=str)
+                    ]
+                first = refs[before]
+                saving = self.combine(False, ways)
+                self.mark((first[0], first[1] + 1), refs[until], saving, -self.nbytes(name, h))
 
     def add_buffers(self, name: str, readings: Sequence[Read]) -> None:
+        """The buffers of the reshards of a value: one per sharding read other than the held
+        one, made at the first read of it (its reshard's last step) and live to the last
+        (AT); the tensors on the way of a reshard of several collectives, live from the step
+        making one to the step reading it; and those `materialize` keeps, for a reader of
+        that sharding or a later reshard passing the same way, live to their last use."""
         if not readings:
             return
         group, shardings = self.held(name)
-        positions = sorted({p for p, _, _ in readings})
-        needed = dict.fromkeys(s for _, g, needs in readings for s in self.choices_of(needs))
-        reads = {
-            s: {
-                p: self.combine(
-                    False, [self.chosen(g, needs, s, True) for q, g, needs in readings if q == p]
-                )
-                for p in positions
-            }
-            for s in needed
-        }
-        # A reshard of several collectives makes tensors on its way, and `materialize` keeps
-        # them: for this sharding's readers, and for a later reshard passing the same way.
+        needed = dict.fromkeys(s for *_, needs in readings for s in self.choices_of(needs))
         passing = self.passing_through(name, needed)
         for s in [*needed, *(m for m in passing if m not in needed)]:
             differs = self.chosen(group, shardings, s, False)
             if differs is False:
                 continue
-            at = reads.get(s, dict.fromkeys(positions, False))
-            via = {
-                p: self.combine(
-                    False,
-                    [
-                        self.combine(True, [self.chosen(group, shardings, h, True), reads[t][p]])
-                        for h, t in passing.get(s, ())
-                    ],
-                )
-                for p in positions
-            }
-            used = {p: self.combine(False, [at[p], via[p]]) for p in positions}
-            where = [p for p in positions if used[p] is not False]
+            # (slot, the buffer is made there, it is read there)
+            found: list[tuple[Ref, Literal | bool, Literal | bool]] = []
+            for k, read in enumerate(readings):
+                _, _, g, needs = read
+                reads_s = self.chosen(g, needs, s, True)
+                # Made by the last step of the reshard from each held sharding.
+                by_steps = self.steps_to(name, s)
+                for steps, held_so in by_steps.items():
+                    made = reads_s if len(by_steps) == 1 else self.combine(True, [reads_s, held_so])
+                    found.append((self.pre_ref(read, steps - 1), made, False))
+                found.append((self.at_ref(read), False, reads_s))
+                # Made on the way of a reshard to t, read by its next step.
+                # (A reshard to t is made at the first read of t only.)
+                for h, t in passing.get(s, ()):
+                    step = self.intermediates(name, h, t).index(s)
+                    first = [self.chosen(r[2], r[3], t, False) for r in readings[:k]]
+                    way = self.combine(
+                        True,
+                        [
+                            self.chosen(group, shardings, h, True),
+                            self.chosen(g, needs, t, True),
+                            *first,
+                        ],
+                    )
+                    found.append((self.pre_ref(read, step), way, way))
+                    found.append((self.pre_ref(read, step + 1), False, way))
+            events: dict[Ref, tuple[list[Literal | bool], list[Literal | bool]]] = {}
+            for ref, made, used in found:
+                made_at, used_at = events.setdefault(ref, ([], []))
+                made_at.append(made)
+                used_at.append(used)
+            slots = sorted(events, key=self.slot)
+            made_by = [self.combine(False, events[r][0]) for r in slots]
+            used_by = [self.combine(False, events[r][1]) for r in slots]
+            prefix = [self.combine(False, made_by[: j + 1]) for j in range(len(slots))]
+            suffix = [self.combine(False, used_by[j:]) for j in range(len(slots))]
             size = self.nbytes(name, s)
-            prefix = [
-                self.combine(False, [used[q] for q in where[: j + 1]]) for j in range(len(where))
-            ]
-            suffix = [self.combine(False, [used[q] for q in where[j:]]) for j in range(len(where))]
-            for j, p in enumerate(where):
-                later = suffix[j + 1] if j + 1 < len(where) else False
-                live = self.combine(True, [differs, prefix[j], suffix[j]])
-                if via[p] is False or p == self.ops:  # made for a read here: PRE and AT alike
-                    self.mark(self.ref(p, 0), self.ref(p, 1 if p < self.ops else 0), live, size)
-                else:  # at AT only if read there or kept for later
-                    self.mark(self.ref(p, 0), self.ref(p, 0), live, size)
-                    kept = self.combine(False, [at[p], later])
-                    live = self.combine(True, [differs, prefix[j], kept])
-                    self.mark(self.ref(p, 1), self.ref(p, 1), live, size)
-                if j + 1 < len(where):
-                    between = self.combine(True, [differs, prefix[j], later])
-                    self.mark(self.ref(p, 2), self.ref(where[j + 1], -1), between, size)
-            if s in needed:
-                self.add_chain_extras(name, s, at)
+            for j, ref in enumerate(slots):
+                self.mark(ref, ref, self.combine(True, [differs, prefix[j], suffix[j]]), size)
+                if j + 1 < len(slots):
+                    between = self.combine(True, [differs, prefix[j], suffix[j + 1]])
+                    after, until = (ref[0], ref[1] + 1), slots[j + 1]
+                    self.mark(after, (until[0], until[1] - 1), between, size)
+        self.add_on_the_way(name, readings, needed, passing)
+
+    def steps_to(self, name: str, s: Sharding) -> dict[int, Literal | bool]:
+        """How many steps a reshard of `name` to `s` takes, and when (its held choices)."""
+        group, shardings = self.held(name)
+        info = self.graph.values[name]
+        cache_key = (id(shardings), info.shape, info.dtype, s)
+        if (info.shape, info.dtype, s) not in self.targets:
+            return {1: True}
+        if cache_key not in self.steps_to_cache:
+            by_steps: dict[int, list[Literal | bool]] = {}
+            for h in self.choices_of(shardings):
+                if h != s:
+                    steps = len(self.intermediates(name, h, s)) + 1
+                    by_steps.setdefault(steps, []).append(self.chosen(group, shardings, h, True))
+            self.steps_to_cache[cache_key] = {
+                steps: self.combine(False, held_so) for steps, held_so in by_steps.items()
+            }
+        return self.steps_to_cache[cache_key]
 
     def passing_through(
         self, name: str, needed: Collection[Sharding]
     ) -> dict[Sharding, list[tuple[Sharding, Sharding]]]:
-        """For each sharding that a counted reshard of several collectives (held h to needed
-        t) makes on its way and a reader needs or another such reshard makes too, those
-        (h, t)."""
+        """For each sharding that a reshard of several collectives (held h to needed t) makes
+        on its way and a reader needs or another such reshard makes too, those (h, t): the
+        tensors `materialize` may keep."""
         info = self.graph.values[name]
-        found: dict[Sharding, list[tuple[Sharding, Sharding]]] = {}
-        for t in needed:
-            for h in sorted(self.chain_sources.get((info.shape, info.dtype, t), ()), key=str):
-                for m in self.intermediates(name, h, t):
-                    found.setdefault(m, []).append((h, t))
-        return {m: ways for m, ways in found.items() if m in needed or len(ways) > 1}
+        _, shardings = self.held(name)
+        cache_key = (id(shardings), info.shape, info.dtype, tuple(needed))
+        if cache_key not in self.passing_cache:
+            found: dict[Sharding, list[tuple[Sharding, Sharding]]] = {}
+            for t in needed:
+                if (info.shape, info.dtype, t) not in self.targets:
+                    continue
+                for h in self.choices_of(shardings):
+                    for m in self.intermediates(name, h, t):
+                        found.setdefault(m, []).append((h, t))
+            self.passing_cache[cache_key] = {
+                m: ways for m, ways in found.items() if m in needed or len(ways) > 1
+            }
+        return self.passing_cache[cache_key]
 
     def intermediates(self, name: str, src: Sharding, dst: Sharding) -> tuple[Sharding, ...]:
+        """The shardings a reshard from `src` to `dst` makes on its way (its steps' results
+        but the last), for the reshards counted (`chains`)."""
         info = self.graph.values[name]
         cache_key = (info.shape, info.dtype, src, dst)
+        if cache_key not in self.chains:
+            return ()
         if cache_key not in self.steps_cache:
             itemsize = dtypes.nbytes(info.dtype, 1)
-            steps = plan_reshard(src, dst, info.shape, self.mesh, itemsize)
+            try:
+                steps = plan_reshard(src, dst, info.shape, self.mesh, itemsize)
+            except ShardingError:  # no plan holds and reads it so (the search prices it)
+                steps = ()
             self.steps_cache[cache_key] = tuple(c.dst for c in steps[:-1])
         return self.steps_cache[cache_key]
 
-    def add_chain_extras(self, name: str, s: Sharding, at: Mapping[int, Literal | bool]) -> None:
-        """What a reshard of several collectives holds beyond its final buffer, at PRE of a
-        reader that reads `s` (conservatively at every such reader)."""
+    def add_on_the_way(
+        self,
+        name: str,
+        readings: Sequence[Read],
+        needed: Collection[Sharding],
+        passing: Mapping[Sharding, Sequence[tuple[Sharding, Sharding]]],
+    ) -> None:
+        """The tensors a reshard of several collectives makes on its way and nothing keeps:
+        each live at the step making it and the next, reading it. Counted at every read of
+        the sharding made, less (a saving) at a read after an earlier one (the reshard is
+        made once)."""
         group, shardings = self.held(name)
         info = self.graph.values[name]
-        cache_key = (id(shardings), info.shape, info.dtype, s)
-        extras = self.extras.get(cache_key)
-        if extras is None:
-            sources = self.chain_sources.get((info.shape, info.dtype, s), ())
-            extras = self.extras[cache_key] = [
-                (h, extra)
-                for h in (self.choices_of(shardings) if sources else ())
-                if h in sources and (extra := self.chain_extra(name, h, s)) > 0
-            ]
-        for h, extra in extras:
-            is_h = self.chosen(group, shardings, h, True)
-            for p, reading in at.items():
-                condition = self.combine(True, [is_h, reading])
-                self.mark(self.ref(p, 0), self.ref(p, 0), condition, extra)
-
-    def chain_extra(self, name: str, src: Sharding, dst: Sharding) -> int:
-        """The most a reshard holds at one of its steps beyond its final buffer: the input of a
-        step (when not the held tensor) and its output. Alike for every tensor of one shape."""
-        info = self.graph.values[name]
-        cache_key = (info.shape, info.dtype, src, dst)
-        if cache_key not in self.extra_cache:
-            itemsize = dtypes.nbytes(info.dtype, 1)
-            peak, before = 0, 0
-            for c in plan_reshard(src, dst, info.shape, self.mesh, itemsize):
-                after = self.nbytes(name, c.dst)
-                peak = max(peak, before + after)
-                before = after
-            self.extra_cache[cache_key] = peak - self.nbytes(name, dst)
-        return self.extra_cache[cache_key]
+        for t in needed:
+            if (info.shape, info.dtype, t) not in self.targets:
+                continue
+            for h in self.choices_of(shardings):
+                way = self.intermediates(name, h, t)
+                if not way:
+                    continue
+                is_h = self.chosen(group, shardings, h, True)
+                for k, read in enumerate(readings):
+                    _, _, g, needs = read
+                    making = self.combine(True, [is_h, self.chosen(g, needs, t, True)])
+                    if making is False:
+                        continue
+                    earlier = [self.chosen(r[2], r[3], t, True) for r in readings[:k]]
+                    again = self.combine(True, [making, self.combine(False, earlier)])
+                    for step, m in enumerate(way):
+                        if m in passing:
+                            continue
+                        size = self.nbytes(name, m)
+                        first, last = self.pre_ref(read, step), self.pre_ref(read, step + 1)
+                        self.mark(first, last, making, size)
+                        self.mark(first, last, again, -size)
 
     def rows(self) -> MemoryModel:
         """The distinct rows, in the order of the first slot holding each, swept slot by slot
         over the group terms' events (+bytes at a span's first slot, -bytes after its last):
         one vector of the choices' bytes, never a matrix of slots x choices, and at each slot
         only the runs of the groups whose bytes changed are looked up again."""
-        slots, groups = 2 * self.ops + 1, len(self.sizes)
+        slots, groups = self.slots, len(self.sizes)
         at, columns, amounts = self.events()
         bounds = np.searchsorted(at, np.arange(slots + 1))
         fixed = np.cumsum(self.fixed[:-1])

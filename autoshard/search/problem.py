@@ -456,7 +456,7 @@ class _Builder:
             d = grouping.ops[op.name]
             for i, name in enumerate(op.inputs):
                 if name:
-                    reads[name].append((p, d.group, self.needs(op, i, d)))
+                    reads[name].append((p, i, d.group, self.needs(op, i, d)))
         for name in graph.values:
             if name in self.producer or name in grouping.values:
                 decision = self.deciding(name)
@@ -464,13 +464,13 @@ class _Builder:
             else:  # constants, and inputs no op reads: replicated
                 held[name] = replicated
         end = len(graph.ops)
-        for name in graph.outputs:
+        for i, name in enumerate(graph.outputs):
             if name in graph.updates:
-                reads[name].append((end, *held[graph.updates[name]]))
+                reads[name].append((end, i, *held[graph.updates[name]]))
             else:
                 group, shardings = held[name]
                 returns = tuple(self.returned(name, s) for s in shardings)
-                reads[name].append((end, group, returns))
+                reads[name].append((end, i, group, returns))
         return memory_model(graph, self.mesh, sizes, held.__getitem__, reads.__getitem__, chains)
 
 

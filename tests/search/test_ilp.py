@@ -56,7 +56,8 @@ def random_problem(seed, groups=5, memory=False):
     indicators: list[Indicator] = []
     if memory:
         # Indicators as the memory model makes them: ANDs and ORs of "group g chose one of K"
-        # and of earlier indicators (reshard buffers live when held != s and read so).
+        # and of earlier indicators (reshard buffers live when held != s and read so), adding
+        # bytes or taking them off (savings), some both.
         def literal():
             if indicators and rng.random() < 0.3:
                 return int(rng.integers(0, len(indicators)))
@@ -71,8 +72,8 @@ def random_problem(seed, groups=5, memory=False):
                 int(rng.integers(0, 10)),
                 tuple((g, k, int(rng.integers(1, 50))) for g in range(groups)
                       for k in range(sizes[g]) if rng.random() < 0.6),
-                tuple((i, int(rng.integers(1, 30))) for i in range(len(indicators))
-                      if rng.random() < 0.5),
+                tuple((i, int(rng.integers(1, 30)) * (1 if rng.random() < 0.7 else -1))
+                      for i in range(len(indicators)) if rng.random() < 0.5),
             )
             for _ in range(3)
         )  # fmt: skip
@@ -198,16 +199,18 @@ def _written(row):
 
 
 def test_memory_rows_as_arrays_are_the_rows_of_tuples():
-    """The MLP on 2x4 (storage decisions, reshard buffers as indicators): the rows built as
-    arrays are, term for term, the rows the tuple builder made (saved from it, as
-    `MemoryRow`s), and summing them under any choice gives each row's bytes."""
+    """The MLP on 2x4 (storage decisions, reshard buffers as indicators, savings of a home
+    tensor as negative ones): the rows built as arrays are, term for term, the rows saved
+    (as `MemoryRow`s: first from the tuple builder, since as the slots per operand came), and
+    summing them under any choice gives each row's bytes."""
     saved = json.loads((Path(__file__).parent / "memory_rows_mlp_2x4.json").read_text())
     graph = import_onnx(MODELS / "mlp.onnx", {"batch": 8})
     problem = build_search(graph, make_cluster(mesh="2x4")).problem
     rows = [_written(row) for row in saved["rows"]]
     assert [problem.memory[r] for r in range(len(problem.memory))] == rows
     assert problem.memory_base[0] == _written(saved["base"])
-    assert len(problem.indicators) == 65 and sum(len(row.indicated) for row in rows) == 119
+    assert len(problem.indicators) == 65 and sum(len(row.indicated) for row in rows) == 207
+    assert sum(b < 0 for row in rows for _, b in row.indicated) == 33
     rng = np.random.default_rng(0)
     for _ in range(20):
         choice = [int(rng.integers(0, n)) for n in problem.sizes]
@@ -221,7 +224,7 @@ def test_memory_rows_as_arrays_are_the_rows_of_tuples():
         assert problem.memory.bytes(choice, held).tolist() == by_hand
         assert MemoryRows.of(rows).bytes(choice, held).tolist() == by_hand
     assert problem.memory.most().tolist() == [
-        row.fixed + sum(b for *_, b in row.terms) + sum(b for _, b in row.indicated) for row in rows
+        row.fixed + sum(max(b, 0) for *_, b in row.terms + row.indicated) for row in rows
     ]
 
 

@@ -12,33 +12,115 @@ from autoshard.cost.cluster import make_cluster
 from autoshard.cost.model import memory
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.materialize import materialize
+from autoshard.pipeline import load_graph
 from autoshard.search.budget import _chains, auto_plan
 from autoshard.search.ilp import InfeasibleError, lowest_budget
 from autoshard.search.problem import build_search
+from autoshard.training import Training
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
+DIMS = {
+    "mlp": {"batch": 8},
+    "cnn": {"batch": 8},
+    "gpt2": {"batch": 8, "seq": 128},
+    "gpt2_dynamo": {"batch": 8, "seq": 128},
+    "bert": {"batch": 8, "seq": 128},
+}
 
 
-@pytest.mark.parametrize("model", ["mlp", "cnn"])
-@pytest.mark.parametrize("mesh", ["2x4", "4x8"])
-def test_the_ilp_peak_is_the_program_peak_under_every_budget(model, mesh):
-    """Unbounded, at 100 %, 60 % and 30 % of the unbounded plan's peak and at the lowest
-    feasible budget: each plan's counted peak is its program's (a budget below the lowest
-    answers infeasible)."""
-    graph = import_onnx(MODELS / f"{model}.onnx", {"batch": 8})
+def _plans_under_budgets(graph, mesh: str, fractions=(1.0, 0.6, 0.3), lowest=True) -> list:
+    """The plans unbounded, at `fractions` of the unbounded plan's peak and at the lowest
+    feasible budget (a budget below the lowest answers infeasible)."""
     free = auto_plan(graph, make_cluster(mesh=mesh))
     top = memory(free.program).peak
-    least = lowest_budget(build_search(graph, make_cluster(mesh=mesh)).problem).peak
+    least = (
+        lowest_budget(build_search(graph, make_cluster(mesh=mesh)).problem).peak if lowest else 0
+    )
     plans = [free]
-    for budget in (top, int(0.6 * top), int(0.3 * top), least):
+    for budget in [int(f * top) for f in fractions] + ([least] if lowest else []):
         try:
             plans.append(auto_plan(graph, make_cluster(mesh=mesh, memory=str(budget))))
         except InfeasibleError:
             assert budget < least
-    assert len(plans) >= 3
+    return plans
+
+
+def _assert_counted_is_held(plans) -> None:
     for planned in plans:
         counted = planned.search.problem.peak(planned.solution.choice)
         assert counted == memory(planned.program).peak <= planned.search.problem.budget
+
+
+@pytest.mark.parametrize(
+    ("model", "mesh"),
+    [
+        ("mlp", "2x4"),
+        ("mlp", "4x8"),
+        ("cnn", "2x4"),
+        ("cnn", "4x8"),
+        ("gpt2", "2x4"),
+    ],
+)
+def test_the_ilp_peak_is_the_program_peak_under_every_budget(model, mesh):
+    """Unbounded, at 100 %, 60 % and 30 % of the unbounded plan's peak and at the lowest
+    feasible budget: each plan's counted peak is its program's."""
+    graph = import_onnx(MODELS / f"{model}.onnx", DIMS[model])
+    plans = _plans_under_budgets(graph, mesh)
+    assert len(plans) >= 3
+    _assert_counted_is_held(plans)
+
+
+@pytest.mark.parametrize("model", ["gpt2_dynamo", "bert"])
+def test_the_ilp_peak_is_the_program_peak_of_the_larger_models(model):
+    """The larger exports on 2x4, unbounded and at 100 % of the unbounded plan's peak (the
+    budgets that bind: `bench/plan_memory.py`)."""
+    graph = import_onnx(MODELS / f"{model}.onnx", DIMS[model])
+    _assert_counted_is_held(_plans_under_budgets(graph, "2x4", (1.0,), lowest=False))
+
+
+@pytest.mark.xfail(strict=True, reason="savings of a home tensor across ops are not counted")
+def test_a_value_read_after_its_last_use_from_a_buffer_made_earlier_is_counted_exactly():
+    """bert on 4x8 at 60 %: the embeddings' LayerNorm output, held [[0]], is read by the
+    query MatMul as [[0], [1]] (resharded there), by key and value as held, and by the
+    attention's residual Add as [[0], [1]] (the query's buffer): its home is dead after the
+    value MatMul, but the rows count it to the Add (619,985 counted, 554,449 held). The exact
+    rows are an AND of four groups' choices that CP-SAT's LP relaxes badly (`search.memory`,
+    `add_home`)."""
+    graph = import_onnx(MODELS / "bert.onnx", DIMS["bert"])
+    _assert_counted_is_held([auto_plan(graph, make_cluster(mesh="4x8", memory="673315"))])
+
+
+@pytest.mark.parametrize(("model", "budgets"), [("mlp", (1.0, 0.6)), ("gpt2", (1.0,))])
+def test_the_ilp_peak_is_the_program_peak_of_a_training_step(model, budgets):
+    """A training step on 2x4 (weights gathered for the forward and again for the backward,
+    gradients, Adam's state written over by the update): unbounded and under budgets."""
+    path = MODELS / f"{model}.onnx"
+    dims = {"batch": 8, "seq": 32} if model == "gpt2" else {"batch": 8}
+    graph = load_graph(path, dims, Training())
+    free = auto_plan(graph, make_cluster(mesh="2x4"))
+    top = memory(free.program).peak
+    plans = [free] + [
+        auto_plan(graph, make_cluster(mesh="2x4", memory=str(int(top * f)))) for f in budgets
+    ]
+    _assert_counted_is_held(plans)
+
+
+@pytest.mark.parametrize(
+    ("model", "mesh"),
+    [("mlp", "2"), ("mlp", "2x2"), ("mlp", "2x2x2"), ("cnn", "2"), ("cnn", "2x2")],
+)
+def test_the_rows_of_any_plan_are_its_program(model, mesh):
+    """Random plans (any choice per group), their reshards of several collectives counted:
+    the rows' peak is the program's, byte for byte (a slot per reshard step, per operand)."""
+    graph = import_onnx(MODELS / f"{model}.onnx", {"batch": 8})
+    cluster = make_cluster(mesh=mesh)
+    search = build_search(graph, cluster)
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        choice = [int(rng.integers(0, n)) for n in search.problem.sizes]
+        plan = search.plan(graph, cluster, choice)
+        counting = search.counting(search.chains | _chains(graph, plan))
+        assert counting.problem.peak(choice) == memory(materialize(graph, plan)).peak
 
 
 def write_fanout(path: Path) -> Path:
