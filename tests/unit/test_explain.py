@@ -258,8 +258,21 @@ def test_why_not_against_the_plans_annotation(annotated):
     answer, target = why_not(annotated, "/0/Gemm_output_0=[[1], [0]]")
     assert target is None and answer["verdict"] == Verdict.INFEASIBLE
     assert answer["reason"] == (
-        "the required annotations leave op '/0/Gemm' (Gemm) no sharding option, with the "
-        "plan's annotations /0/Gemm_output_0=[[0], [1]] (required, for result)"
+        "the plan's annotations contradict it: conflicting required annotations of "
+        "'/0/Gemm_output_0': [[0], [1]] and [[1], [0]]"
+    )
+
+
+def test_why_not_against_the_plans_weight_annotation(tmp_path):
+    """A weight pinned by the plan's annotation and asked otherwise: INFEASIBLE (the search
+    kept the plan's pin and answered SAME COST, no change)."""
+    pin = Annotation("0.weight", Sharding.parse("[[0], []]"))
+    saved = saved_plan(tmp_path, MLP, "2x2", {"batch": 8}, None, [pin])
+    answer, target = why_not(saved, "0.weight=[[], []]")
+    assert target is None and answer["verdict"] == Verdict.INFEASIBLE
+    assert answer["reason"] == (
+        "the plan's annotations contradict it: conflicting required annotations of "
+        "'0.weight': [[0]] and [[]]"
     )
 
 
