@@ -423,15 +423,14 @@ def recorded_flags(recorded: Mapping[str, Any]) -> dict[str, str] | None:
         return None
     preset = make_cluster(str(recorded["mesh"]), device).to_json()
     flags = {} if device == DEFAULT_DEVICE else {"device": device}
-    spelled = {
-        "bandwidth": ",".join(f"{r!r}B/s" for r in recorded.get("bandwidth_bytes_per_s") or ()),
-        "latency": ",".join(f"{t!r}s" for t in recorded.get("latency_s") or ()),
-        "memory": str(recorded.get("memory_bytes")),
-    }
-    keys = {"bandwidth": "bandwidth_bytes_per_s", "latency": "latency_s", "memory": "memory_bytes"}
-    for flag, key in keys.items():
+    for flag, key, unit in (
+        ("bandwidth", "bandwidth_bytes_per_s", "B/s"),
+        ("latency", "latency_s", "s"),
+    ):
         if recorded.get(key) != preset[key]:
-            flags[flag] = spelled[flag]
+            flags[flag] = ",".join(f"{v!r}{unit}" for v in recorded.get(key) or ())
+    if recorded.get("memory_bytes") != preset["memory_bytes"]:
+        flags["memory"] = str(recorded.get("memory_bytes"))
     return flags
 
 
