@@ -119,7 +119,9 @@ def load_annotations(path: str | os.PathLike[str]) -> tuple[Annotation, ...]:
 def check_annotations(
     annotations: Iterable[Annotation], shapes: Mapping[str, Sequence[int]], mesh: Mesh
 ) -> None:
-    """Every annotated value exists and its sharding fits the value and the mesh."""
+    """Every annotated value exists, its sharding fits the value and the mesh, and no two
+    required annotations pin one side of a value (its result, or what its users read) apart."""
+    pinned: dict[tuple[str, bool], Sharding] = {}
     for annotation in annotations:
         if annotation.value not in shapes:
             raise AnnotationError(
@@ -129,3 +131,10 @@ def check_annotations(
             annotation.sharding.check(mesh, shapes[annotation.value])
         except ShardingError as error:
             raise AnnotationError(f"annotation of {annotation.value!r}: {error}") from None
+        if annotation.required:
+            first = pinned.setdefault((annotation.value, annotation.for_users), annotation.sharding)
+            if first != annotation.sharding:
+                raise AnnotationError(
+                    f"conflicting required annotations of {annotation.value!r}: "
+                    f"{first} and {annotation.sharding}"
+                )

@@ -406,13 +406,14 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
     mesh = Mesh.parse(args.mesh)
     annotations = tuple(_annotations(args))
-    plan, training = None, _training(args)
+    plan, training, dims = None, _training(args), _dims(args.dim)
     if args.plan:
-        from autoshard.document import read_plan_document, training_of
+        from autoshard.document import planned_dims, read_plan_document, training_of
 
         if annotations:
             raise AutoshardError("give either --plan or annotations, not both")
-        plan = read_plan_document(args.plan, mesh, args.model, _dims(args.dim))
+        dims = dims or planned_dims(args.plan)  # no --dim: the plan's
+        plan = read_plan_document(args.plan, mesh, args.model, dims)
         planned = training_of(plan, args.plan)
         if args.mode == "training" and planned != training:
             raise AutoshardError(
@@ -421,7 +422,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
             )
         training = planned
     setup = Setup(
-        model=Path(args.model), mesh=mesh, dims=_dims(args.dim), annotations=annotations,
+        model=Path(args.model), mesh=mesh, dims=dims, annotations=annotations,
         plan=plan, training=training,
     )  # fmt: skip
     with _progress(args) as tracker:
@@ -864,7 +865,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _model_flags(partition, mesh_required=True)
     partition.add_argument(
-        "--plan", metavar="PLAN.json", help="partition this plan (from autoshard plan -o)"
+        "--plan",
+        metavar="PLAN.json",
+        help="partition this plan (from autoshard plan -o); without --dim, its dims",
     )
     partition.add_argument("-o", "--out", required=True, metavar="OUT", help="output folder")
     partition.add_argument(

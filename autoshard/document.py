@@ -244,6 +244,17 @@ def read_plan_document(
     return plan
 
 
+def planned_dims(path: str | Path) -> dict[str, int]:
+    """The symbolic dims plan file `path` was made for (`--dim` values): what partitioning it
+    binds when the user gives none."""
+    made_for = read_document(path).get("model")
+    dims = made_for.get("dims") if isinstance(made_for, dict) else None
+    try:
+        return {str(name): int(size) for name, size in (dims or {}).items()}
+    except (AttributeError, TypeError, ValueError):
+        raise DocumentError(f"plan {path} has malformed model dims: {dims!r}") from None
+
+
 def training_of(plan: Mapping[str, Any], source: str = "the plan") -> Training | None:
     """The training step a plan (or manifest) decides, from its `training` block (None: the
     forward pass)."""

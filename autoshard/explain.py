@@ -14,9 +14,10 @@ was pinned or narrowed by required annotations, chosen by the search among its c
       search chose among 21 candidates
 
 The plan is read as `autoshard partition --plan` reads it (its `ops` and `values`) and lowered
-and priced again, on the cluster the plan was priced on (its `cluster` block; the flags that
-made it are given again and checked against it). Its costs are the cost model's: the op's
-compute, the collectives on its edges (charged to the op they serve), the bytes it holds.
+and priced again, on the cluster the plan was priced on (its `cluster` block: read from it when
+its device is a preset, else the flags that made it are given again and checked against it).
+Its costs are the cost model's: the op's compute, the collectives on its edges (charged to the
+op they serve), the bytes it holds.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autoshard.annotations import Annotation, parse_annotations
-from autoshard.cost.cluster import Cluster, format_bytes, make_cluster
+from autoshard.cost.cluster import Cluster, format_bytes, make_cluster, recorded_flags
 from autoshard.cost.model import Cost, live_kinds, memory, memory_kinds, price, shard_bytes
 from autoshard.document import DocumentError, read_document, read_plan_document, training_of
 from autoshard.errors import AutoshardError
@@ -93,7 +94,8 @@ def load_saved(
     cluster_file: str | None = None,
 ) -> Saved:
     """Read plan `path` of `model`; the cluster flags are those the plan was made with (the
-    plan's `cluster` block must be what they give)."""
+    plan's `cluster` block must be what they give), or none: then they are read from that
+    block."""
     document = read_document(path)
     mesh = Mesh.parse(str(document.get("mesh")))
     dims = dict((document.get("model") or {}).get("dims") or {})
@@ -105,8 +107,15 @@ def load_saved(
             "annotations): it was not made by `autoshard plan`, or by an older autoshard; "
             "plan it again"
         )
+    made = document.get("cluster") or {}
+    if (device, bandwidth, latency, memory_budget, cluster_file) == (None,) * 5:
+        # No flags: the plan's own cluster, when its device is a preset (else the check below
+        # asks for the flags or file it was made with). A --why-not re-solve gets them too.
+        flags = recorded_flags(made) or {}
+        device, bandwidth = flags.get("device"), flags.get("bandwidth")
+        latency, memory_budget = flags.get("latency"), flags.get("memory")
     cluster = make_cluster(str(mesh), device, bandwidth, latency, memory_budget, cluster_file)
-    _check_cluster(path, document.get("cluster") or {}, cluster.to_json())
+    _check_cluster(path, made, cluster.to_json())
     annotations = parse_annotations({"annotations": search["annotations"]}, f"plan {path}")
     try:
         objective, time_limit = Objective(search["objective"]), float(search["time_limit"])

@@ -182,6 +182,8 @@ def why_not(saved: Saved, text: str) -> tuple[dict[str, Any], dict[str, Any] | N
             document = plan_request(asked).document
         except InfeasibleError as error:
             refused = f"memory: {error}"
+        except AnnotationError as error:  # the plan's own annotation pins it otherwise
+            refused = f"the plan's annotations contradict it: {error}"
         except SearchError as error:  # it contradicts the plan's own annotations
             own = "; ".join(map(str, request.annotations))
             refused = f"{error}, with the plan's annotations {own}" if own else str(error)

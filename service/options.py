@@ -6,7 +6,7 @@ The canonical form is what makes two requests identical: the model's sha256 plus
 keys) hash to the job id, so `{"batch": 8}` and `{ "batch":8 }` are the same request.
 
     >>> o = parse_options({"mesh": "2x2", "dims": '{"batch": 8}'}, max_time_limit=600)
-    >>> o.to_json()["dims"], o.objective, o.time_limit
+    >>> o.to_json()["dims"], str(o.objective), o.time_limit
     ({'batch': 8}, 'time', 60.0)
 """
 

@@ -412,6 +412,28 @@ def make_cluster(
     )
 
 
+def recorded_flags(recorded: Mapping[str, Any]) -> dict[str, str] | None:
+    """The flags (`device`, `bandwidth`, `latency`, `memory`) that make again a cluster as
+    `Cluster.to_json` recorded it, each only where it differs from the preset's default; None
+    when its device is no preset (a calibrated or described one: give its file again).
+
+    A plan made with `--memory 2GiB` on an H100 gives {"memory": "2147483648"}."""
+    device = next((k for k, kind in DEVICES.items() if kind.name == recorded.get("device")), None)
+    if device is None or "mesh" not in recorded:
+        return None
+    preset = make_cluster(str(recorded["mesh"]), device).to_json()
+    flags = {} if device == DEFAULT_DEVICE else {"device": device}
+    for flag, key, unit in (
+        ("bandwidth", "bandwidth_bytes_per_s", "B/s"),
+        ("latency", "latency_s", "s"),
+    ):
+        if recorded.get(key) != preset[key]:
+            flags[flag] = ",".join(f"{v!r}{unit}" for v in recorded.get(key) or ())
+    if recorded.get("memory_bytes") != preset["memory_bytes"]:
+        flags["memory"] = str(recorded.get("memory_bytes"))
+    return flags
+
+
 def device_kind(spec: object) -> DeviceKind:
     """A preset's name, or a device described field by field (what `autoshard calibrate`
     writes: `{"name": ..., "flops": {"float32": 1e12}, "default_flops": ..., ...}`)."""

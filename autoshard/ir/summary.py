@@ -29,6 +29,7 @@ SUMMARY_KEYS = (
     "inputs",
     "outputs",
     "weights_available",
+    "missing_data_files",
     "opset",
     "unbound_dims",
 )
@@ -39,7 +40,8 @@ def summarize(graph: Graph) -> dict[str, Any]:
 
     `nodes` counts the imported ops (after folding), `nodes_in_file` the file's nodes (None if
     the graph was not imported from a file). `parameters` counts every initializer's elements,
-    as onnx would; `weights_available` is False when any weight's data is absent.
+    as onnx would; `weights_available` is False when any weight's data is absent, and
+    `missing_data_files` names the external data files that are not there.
     """
     tensors = [graph.values[name] for name in (*graph.inputs, *graph.outputs)]
     listed = [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in tensors]
@@ -52,6 +54,7 @@ def summarize(graph: Graph) -> dict[str, Any]:
         "inputs": listed[: len(graph.inputs)],
         "outputs": listed[len(graph.inputs) :],
         "weights_available": all(w.has_data for w in graph.weights.values()),
+        "missing_data_files": _missing_files(graph.weights.values()),
         "opset": graph.opset,
         "unbound_dims": {},
     }
@@ -106,6 +109,7 @@ def summarize_unbound(
         "inputs": tensors(model.graph.input),
         "outputs": tensors(model.graph.output),
         "weights_available": all(w.has_data for w in weights.values()),
+        "missing_data_files": _missing_files(weights.values()),
         "opset": opset,
         "unbound_dims": {name: list(places) for name, places in sorted(unbound.items())},
     }
@@ -131,6 +135,11 @@ def human_count(n: int) -> str:
     return str(n)
 
 
+def _missing_files(weights: Iterable[Weight]) -> list[str]:
+    """The external data files the weights name that are absent, by name."""
+    return sorted({w.external.name for w in weights if not w.has_data and w.external})
+
+
 def human_bytes(n: int) -> str:
     """`4928307` → `4.7 MiB` (powers of 1024)."""
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -150,7 +159,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [
         f"model {summary['model']}: {summary['nodes']} ops{from_file}, opset {summary['opset']}"
     ]
+    missing = summary["missing_data_files"]
     data = "" if summary["weights_available"] else " (shape-only: weight data absent)"
+    if missing:  # the model's .data file(s) left behind when it was copied, most likely
+        data = data[:-1] + f"; not found beside the model: {', '.join(missing)})"
     lines.append(
         f"parameters: {human_count(summary['parameters'])} "
         f"({human_bytes(summary['parameter_bytes'])}){data}"

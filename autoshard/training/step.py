@@ -34,6 +34,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
+
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Attrs, Graph, Op, Value, verify
@@ -98,6 +100,14 @@ class _Step:
         if value.dtype in dtypes.FLOAT_DTYPES and not value.dtype.startswith("complex"):
             return dataclasses.replace(value, dtype=self.dtype)
         return value
+
+    def recast_constants(self) -> dict[str, np.ndarray]:
+        """The model's constants in the dtypes their values now have: a float scale the
+        exporter made a Constant is computed in the step's precision like the rest."""
+        return {
+            name: array.astype(dtypes.numpy_dtype(self.values[name].dtype), copy=False)
+            for name, array in self.graph.constants.items()
+        }
 
     # -- analysis --
 
@@ -210,7 +220,7 @@ class _Step:
         outputs = self.optimize(synced)
         new = Graph(
             graph.name, tuple(self.ops), self.values, (*graph.inputs, *self.states), outputs,
-            graph.weights, graph.constants, graph.opset, graph.nodes_in_file, graph.buffers,
+            graph.weights, self.recast_constants(), graph.opset, graph.nodes_in_file, graph.buffers,
             updates=self.updates, phases=self.phases, micro_batches=self.training.micro_batches,
         )  # fmt: skip
         verify(new)

@@ -4,7 +4,7 @@ materialization needs (planned by the same `plan_reshard` that prices them)."""
 
 import pytest
 
-from autoshard.annotations import Annotation
+from autoshard.annotations import Annotation, AnnotationError
 from autoshard.document import describe
 from autoshard.errors import AutoshardError
 from autoshard.ir.onnx_import import import_onnx
@@ -127,9 +127,10 @@ def test_held_sharding_of_an_operand_does_not_bind_its_user(mlp):
 
 
 def test_one_value_with_two_required_shardings_is_an_error(mlp):
-    # Seed 003 calls annotating one result with two different shardings undefined.
+    # Seed 003 calls annotating one result with two different shardings undefined; the
+    # annotations are refused as given, before propagation (the search refuses them alike).
     annotations = [Annotation("h", S("[[0]]")), Annotation("h", S("[[], [], [0]]"))]
-    with pytest.raises(ConflictError, match=r"of 'h': \[\[0\]\] and \[\[\], \[\], \[0\]\]"):
+    with pytest.raises(AnnotationError, match=r"of 'h': \[\[0\]\] and \[\[\], \[\], \[0\]\]"):
         propagate(mlp, MESH, annotations)
 
 

@@ -320,6 +320,32 @@ def test_a_training_plan_partitions_as_planned_and_verify_refuses_it(mlp, tmp_pa
     assert "leave out --mode and the training flags" in capsys.readouterr().err
 
 
+def test_a_float_constant_trains_in_the_steps_precision(tmp_path):
+    """y = (x @ W) * 0.5 with the scale a Constant node (as exporters write attention's
+    1/sqrt(d)): the bf16 step computes the scale in bf16 too, so its program prints (the
+    partition refused it: 'constant c is bfloat16[] in the program but the value given is
+    float32[]')."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+        helper.make_node("Constant", [], ["c"], name="const", value=onnx.numpy_helper.from_array(
+            np.array(0.5, np.float32))),
+        helper.make_node("Mul", ["m", "c"], ["y"], name="mul"),
+    ]  # fmt: skip
+    proto = model(nodes, [tensor("x", F32, [8, 16])], [tensor("y", F32, [8, 16])],
+                  {"W": rng_weight((16, 16))})  # fmt: skip
+    path = tmp_path / "scaled.onnx"
+    onnx.save(proto, path)
+    step = training_graph(import_onnx(path), Training.parse())
+    assert step.values["c"].dtype == "bfloat16" and step.constants["c"].dtype.name == "bfloat16"
+    assert float(step.constants["c"]) == 0.5
+    plan, out = tmp_path / "plan.json", tmp_path / "out"
+    args = ["--mesh", "2x2", "--mode", "training"]
+    assert main(["plan", str(path), *args, "-o", str(plan), "-q"]) == 0
+    assert main(["partition", str(path), "--mesh", "2x2", "--plan", str(plan), "-o", str(out)]) == 0
+    program = (out / "spmd.mlir").read_text()
+    assert '"onnx.Constant"() {value = dense<0.5> : tensor<bf16>}' in program
+
+
 def test_training_options_name_the_valid_choices():
     with pytest.raises(TrainingError, match="choose one of: adam, adamw, sgd, none"):
         Training.parse(optimizer="lion")

@@ -14,7 +14,7 @@ from onnx import helper
 from autoshard.annotations import Annotation
 from autoshard.breakdown import breakdown
 from autoshard.cli import main
-from autoshard.cost.cluster import make_cluster
+from autoshard.cost.cluster import make_cluster, recorded_flags
 from autoshard.cost.model import price
 from autoshard.document import write_document
 from autoshard.explain import ExplainError, decided_by, explain, explain_text, load_saved
@@ -127,6 +127,32 @@ def test_why_not_infeasible_memory(tmp_path):
     )
 
 
+def test_explain_reads_the_plans_cluster(tmp_path, capsys):
+    """A plan made with --memory 80KB is explained, and --why-not solved again, on 80 KB
+    without repeating the flag: its device is a preset, so its cluster block says it all."""
+    saved = saved_plan(tmp_path, MLP, "2x2", {"batch": 8}, memory="80KB")
+    again = load_saved(saved.path, MLP)
+    assert again.cluster.to_json() == saved.cluster.to_json()
+    assert again.request.memory == "80000"
+    answer, _ = why_not(again, "0.weight=[[], []]")
+    assert answer["reason"].startswith(
+        "memory: infeasible budget: no plan fits 80000 bytes (78.12 KiB) per device"
+    )
+    assert main(["explain", saved.path, "--model", str(MLP), "0.weight"]) == 0
+    assert capsys.readouterr().out.startswith("value 0.weight (")
+
+
+def test_recorded_flags_make_the_cluster_again():
+    made = make_cluster("2x4", "a100", "25GB/s,450GB/s", None, "2GiB").to_json()
+    flags = recorded_flags(made)
+    assert flags == {"device": "a100", "bandwidth": "25000000000.0B/s,450000000000.0B/s",
+                     "memory": "2147483648"}  # fmt: skip
+    assert flags is not None and make_cluster("2x4", **flags).to_json() == made
+    assert recorded_flags(make_cluster("4x8").to_json()) == {}
+    # a calibrated device is no preset: its cluster file must be given again
+    assert recorded_flags({**made, "device": "calibrated CPU"}) is None
+
+
 @pytest.mark.parametrize(
     ("target", "message"),
     [
@@ -232,8 +258,21 @@ def test_why_not_against_the_plans_annotation(annotated):
     answer, target = why_not(annotated, "/0/Gemm_output_0=[[1], [0]]")
     assert target is None and answer["verdict"] == Verdict.INFEASIBLE
     assert answer["reason"] == (
-        "the required annotations leave op '/0/Gemm' (Gemm) no sharding option, with the "
-        "plan's annotations /0/Gemm_output_0=[[0], [1]] (required, for result)"
+        "the plan's annotations contradict it: conflicting required annotations of "
+        "'/0/Gemm_output_0': [[0], [1]] and [[1], [0]]"
+    )
+
+
+def test_why_not_against_the_plans_weight_annotation(tmp_path):
+    """A weight pinned by the plan's annotation and asked otherwise: INFEASIBLE (the search
+    kept the plan's pin and answered SAME COST, no change)."""
+    pin = Annotation("0.weight", Sharding.parse("[[0], []]"))
+    saved = saved_plan(tmp_path, MLP, "2x2", {"batch": 8}, None, [pin])
+    answer, target = why_not(saved, "0.weight=[[], []]")
+    assert target is None and answer["verdict"] == Verdict.INFEASIBLE
+    assert answer["reason"] == (
+        "the plan's annotations contradict it: conflicting required annotations of "
+        "'0.weight': [[0]] and [[]]"
     )
 
 

@@ -21,6 +21,7 @@ def test_summary_of_matmul_chain(tmp_path):
         "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
         "outputs": [{"name": "y", "shape": [2, 4], "dtype": "float32"}],
         "weights_available": True,
+        "missing_data_files": [],
         "opset": 17,
         "unbound_dims": {},
     }
@@ -44,7 +45,11 @@ def test_summary_of_shape_only_model_says_so(tmp_path):
     graph = import_onnx(external_weight(tmp_path, write_data=False))
     summary = summarize(graph)
     assert summary["weights_available"] is False and summary["parameters"] == 16
-    assert "parameters: 16 (64 B) (shape-only: weight data absent)" in format_summary(summary)
+    assert summary["missing_data_files"] == ["weights.bin"]
+    assert (
+        "parameters: 16 (64 B) (shape-only: weight data absent; not found beside the model: "
+        "weights.bin)"
+    ) in format_summary(summary)
 
 
 @pytest.mark.parametrize(

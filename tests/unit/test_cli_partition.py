@@ -1,0 +1,28 @@
+"""`autoshard partition --plan`: what it takes from the plan file when the user leaves it out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autoshard.cli import main
+
+GPT2 = Path(__file__).resolve().parents[2] / "models" / "gpt2.onnx"
+
+
+def test_partition_of_a_plan_file_binds_the_plans_dims(tmp_path, capsys):
+    """GPT-2's batch and seq are symbolic: a plan made with --dim is partitioned without
+    repeating them (the plan's dims), and other dims are refused naming both."""
+    plan, out = tmp_path / "plan.json", tmp_path / "out"
+    args = ["--mesh", "2", "--dim", "batch=2", "--dim", "seq=8"]
+    assert main(["plan", str(GPT2), *args, "-o", str(plan), "-q"]) == 0
+    assert main(["partition", str(GPT2), "--mesh", "2", "--plan", str(plan), "-o", str(out)]) == 0
+    assert json.loads((out / "manifest.json").read_text())["dims"] == {"batch": 2, "seq": 8}
+    capsys.readouterr()
+    other = ["--dim", "batch=4", "--dim", "seq=8"]
+    argv = ["partition", str(GPT2), "--mesh", "2", *other, "--plan", str(plan), "-o", str(out)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"autoshard: error: plan {plan} is for dims batch=2 seq=8, not batch=4 seq=8; give the "
+        "plan's --dim values or plan again\n"
+    )
