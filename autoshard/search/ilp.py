@@ -31,12 +31,22 @@ from ortools.sat.python import cp_model
 from autoshard.errors import AutoshardError
 from autoshard.progress import Tracker
 from autoshard.search.factors import minimize, problem_factors
+from autoshard.search.lagrange import dual
 from autoshard.search.memory import NO_ROWS, Chosen, MemoryRows
 from autoshard.search.problem import Problem
 
 
+_ROUNDING = 1e-9
+"""The relative error a relaxation's float bound may carry (its multipliers are floats): taken
+off before rounding up to an integer bound."""
+
+
 class InfeasibleError(AutoshardError):
     """No plan fits the memory budget."""
+
+
+class _OutOfTime(AutoshardError):
+    """A solve found no plan in its time."""
 
 
 class SolverStatus(enum.StrEnum):
@@ -87,17 +97,70 @@ def solve(
     choice = relaxed.choice
     if problem.peak(choice) <= problem.budget:
         return _told(relaxed, tracker, problem.unit, unit)
-    left = time_left(time_limit, relaxed.work)
+    left, after_aside = time_left(time_limit, relaxed.work), time.perf_counter()
     watch = None
     if tracker is not None:
         tracker.detail(f"its optimum does not fit the budget: CP-SAT on all {len(problem.sizes)} "
                        f"groups with {len(problem.memory)} memory rows")  # fmt: skip
         watch = _Improvements(tracker, problem.unit, unit)
-    solution = _cp_sat(
-        problem, _Limit(left, limit, "memory-bound"), memory=True, hint=hint or choice, watch=watch
-    )
-    solved = dataclasses.replace(solution, work=solution.work + relaxed.work)
+    share = _Limit(left * FIRST_SHARE, limit, "memory-bound")
+    try:
+        first = _cp_sat(problem, share, memory=True, hint=hint or choice, watch=watch)
+    except _OutOfTime:
+        first = None
+    if first is not None and first.status is SolverStatus.OPTIMAL:
+        return _told(_after(first, relaxed), tracker, problem.unit, unit)
+    # CP-SAT's LP is too weak to prove it: the relaxation's bound and plans, then CP-SAT again
+    # from the best plan, its bound starting at the best proven.
+    if tracker is not None:
+        tracker.detail("not proven: the memory rows relaxed (Lagrangian multipliers)")
+    found = dual(problem)
+    bounds = [relaxed.bound] + ([first.bound] if first is not None else [])
+    plans = [first] if first is not None else []
+    if found is not None:
+        if found.infeasible:
+            raise InfeasibleError("no plan fits the memory budget (the relaxation proves it)")
+        bounds.append(found.bound - _ROUNDING * max(1.0, abs(found.bound)))
+        if found.best is not None:
+            plans.append(Solution(
+                choice=found.best.choice, status=SolverStatus.FEASIBLE,
+                objective=found.best.objective, bound=-math.inf, wall_s=0.0,
+                variables=0, constraints=0,
+            ))  # fmt: skip
+    at_least = math.ceil(max(bounds))
+    spent_work = relaxed.work + (first.work if first is not None else share.seconds)
+    best = min(plans, key=lambda plan: plan.objective) if plans else None
+    if best is None or best.objective > at_least:
+        rest = _Limit(time_left(time_limit, spent_work), limit, "memory-bound")
+        if tracker is not None:
+            tracker.detail("CP-SAT again from the best plan, its bound from the relaxation")
+        again = _cp_sat(
+            problem, rest, memory=True, hint=best.choice if best else hint or choice,
+            watch=watch, at_least=at_least,
+        )  # fmt: skip
+        spent_work += again.work
+        at_least = max(at_least, math.ceil(again.bound))
+        best = again if best is None or again.objective <= best.objective else best
+    proven = at_least >= best.objective
+    solved = dataclasses.replace(
+        best, status=SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE,
+        bound=best.objective if proven else at_least, work=spent_work,
+        wall_s=relaxed.wall_s + time.perf_counter() - after_aside,
+    )  # fmt: skip
     return _told(solved, tracker, problem.unit, unit)
+
+
+FIRST_SHARE = 0.25
+"""The share of the time left that CP-SAT first has on the memory-bound problem: enough to
+prove every bundled model's optimum; where it does not, the relaxation (`search.lagrange`)
+gives a bound and plans, and CP-SAT goes on from them."""
+
+
+def _after(solution: Solution, before: Solution) -> Solution:
+    """A solve's solution with the work and time of the solve before it added."""
+    return dataclasses.replace(
+        solution, work=solution.work + before.work, wall_s=solution.wall_s + before.wall_s
+    )
 
 
 def _memory_aside(problem: Problem, limit: _Limit, tracker: Tracker | None, unit: str) -> Solution:
@@ -192,6 +255,7 @@ def _cp_sat(
     memory: bool,
     hint: Sequence[int] = (),
     watch: _Improvements | None = None,
+    at_least: int | None = None,
 ) -> Solution:
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
@@ -226,6 +290,8 @@ def _cp_sat(
     if memory:
         for bytes_live in _memory_rows(model, problem, x):
             model.add(bytes_live <= problem.budget)
+    if at_least is not None:  # a bound proven elsewhere: CP-SAT's starts there
+        model.add(sum(objective) >= at_least)
     model.minimize(sum(objective))
     solver = _solver(limit.seconds)
     started = time.perf_counter()
@@ -326,7 +392,7 @@ def _chosen(
     """The choice per group of a solve that found a plan."""
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         share = f"{limit.seconds:.2g} s left for the {limit.solve} solve, "
-        raise AutoshardError(
+        raise _OutOfTime(
             f"the solver found no plan within --time-limit {limit.of:g} s "
             f"({share if limit.seconds < limit.of else ''}{solver.status_name(status)}); "
             "raise --time-limit"
