@@ -35,7 +35,6 @@ from autoshard.search.lagrange import dual
 from autoshard.search.memory import NO_ROWS, Chosen, MemoryRows
 from autoshard.search.problem import Problem
 
-
 _ROUNDING = 1e-9
 """The relative error a relaxation's float bound may carry (its multipliers are floats): taken
 off before rounding up to an integer bound."""

@@ -88,7 +88,9 @@ class Relaxation:
             ]
         )
         self.pairs = frozenset(
-            (min(a, b), max(a, b)) for a, b, _ in problem.edges if min(self.sizes[a], self.sizes[b]) > 1
+            (min(a, b), max(a, b))
+            for a, b, _ in problem.edges
+            if min(self.sizes[a], self.sizes[b]) > 1
         )
         self.scopes: list[tuple[int, ...]] = []
         for ind in problem.indicators:
@@ -100,13 +102,12 @@ class Relaxation:
         self.restricted = False  # once the indicators joined too much, bounded within pairs
         # Most indicators are an AND or OR of two groups' choices: their tables, summed per
         # pair, are products of the literals' masks (one matrix product per pair).
-        by_pair: dict[tuple[tuple[int, int], bool], list[tuple[int, Chosen, Chosen]]] = {}
+        by_pair: dict[tuple[tuple[int, ...], bool], list[tuple[int, Chosen, Chosen]]] = {}
         for i, ind in enumerate(problem.indicators):
-            literals = ind.literals
-            if len(literals) == 2 and all(isinstance(lit, Chosen) for lit in literals):
-                first, second = sorted(literals, key=lambda lit: lit.group)  # type: ignore[union-attr]
-                if first.group != second.group and len(self.scopes[i]) == 2:
-                    by_pair.setdefault((self.scopes[i], ind.every), []).append((i, first, second))
+            chosen = [lit for lit in ind.literals if isinstance(lit, Chosen)]
+            if len(chosen) == len(ind.literals) == 2 and len(self.scopes[i]) == 2:
+                first, second = sorted(chosen, key=lambda lit: lit.group)
+                by_pair.setdefault((self.scopes[i], ind.every), []).append((i, first, second))
         self.paired = [
             _Pair(scope, every, np.array([i for i, _, _ in found]),
                   np.array([self.mask(a) == every for _, a, _ in found], np.float64),
@@ -143,7 +144,7 @@ class Relaxation:
         """The subproblem's tables and constant: the costs, `unary[offsets[g] + k]` on group
         g's choice k, `coefficients[i]` times (a lower bound on) indicator i, whose exact
         tables join only the pairs `joined` (None: any)."""
-        pieces = [
+        pieces: list[tuple[tuple[int, ...], np.ndarray]] = [
             ((g,), unary[self.offsets[g] : self.offsets[g + 1]])
             for g in range(len(self.sizes))
             if unary[self.offsets[g] : self.offsets[g + 1]].any()
@@ -195,7 +196,10 @@ class Relaxation:
         choice = minimum.choice
         problem = self.problem
         excess = self.row_bytes(choice) - problem.budget
-        constant -= float(multipliers.sum()) * problem.budget
+        # The rows' fixed bytes and the budget, weighted.
+        total = float(multipliers.sum())
+        constant += float(multipliers @ problem.memory.fixed.astype(np.float64))
+        constant += total * float(problem.memory_base.fixed[0] - problem.budget)
         peak = int(excess.max()) + problem.budget if len(excess) else problem.peak(choice)
         value = float(minimum.value) + constant
         return Relaxed(choice, problem.objective(choice), peak, value, excess)
@@ -323,7 +327,9 @@ class _Bound:
         return [(g, t / parts) for g, t in pieces], constant / parts
 
 
-def dual(problem: Problem, iterations: int = ITERATIONS, relaxation: Relaxation | None = None) -> Dual | None:
+def dual(
+    problem: Problem, iterations: int = ITERATIONS, relaxation: Relaxation | None = None
+) -> Dual | None:
     """The best bound the multipliers reach in `iterations` subgradient steps, and the
     cheapest plan that fits among the minima on the way (None when a subproblem is too big)."""
     relaxation = relaxation or Relaxation(problem)

@@ -1,0 +1,132 @@
+"""The memory rows relaxed (`search.lagrange`): for any multipliers the subproblem's minimum is
+a lower bound on every plan that fits, its plan is checked exactly, and the memory-bound solve
+built on it is still the brute-force optimum."""
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from autoshard.search import ilp, lagrange
+from autoshard.search.ilp import InfeasibleError, solve
+from autoshard.search.lagrange import Relaxation, dual
+from autoshard.search.memory import Chosen, Indicator, MemoryRow, MemoryRows
+from autoshard.search.problem import Problem
+from tests.search.test_ilp import brute_force, random_problem
+
+
+def plans(problem):
+    return itertools.product(*(range(n) for n in problem.sizes))
+
+
+def relaxed_minimum(problem, multipliers):
+    """min_x cost(x) + sum_r lam_r (bytes_r(x) - budget), by enumeration."""
+    relaxation = Relaxation(problem)
+    return min(
+        problem.objective(x) + float(multipliers @ (relaxation.row_bytes(x) - problem.budget))
+        for x in plans(problem)
+    )
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_subproblem_is_exact_where_its_tables_are(seed):
+    """Small indicators are tables of their own: the subproblem's minimum is the relaxed
+    function's minimum, and the plan it returns reaches it."""
+    problem = random_problem(seed, memory=True)
+    rng = np.random.default_rng(seed)
+    relaxation = Relaxation(problem)
+    multipliers = rng.random(relaxation.rows) * 3
+    relaxed = relaxation.solve(multipliers)
+    assert relaxed.value == pytest.approx(relaxed_minimum(problem, multipliers))
+    assert relaxed.peak == problem.peak(relaxed.choice)
+    assert relaxed.objective == problem.objective(relaxed.choice)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_wide_indicators_are_bounded_from_below(seed, monkeypatch):
+    """With every indicator too wide for one table, each is bounded from below by its parts:
+    the subproblem's value never exceeds the relaxed function's minimum."""
+    monkeypatch.setattr(lagrange, "DENSE", 1)
+    problem = random_problem(seed, memory=True)
+    rng = np.random.default_rng(seed)
+    relaxation = Relaxation(problem)
+    multipliers = rng.random(relaxation.rows) * 3
+    relaxed = relaxation.solve(multipliers)
+    assert relaxed.value <= relaxed_minimum(problem, multipliers) + 1e-6
+    assert relaxed.peak == problem.peak(relaxed.choice)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_dual_bound_is_below_the_optimum_and_its_plans_fit(seed):
+    problem = random_problem(seed, memory=True)
+    expected = brute_force(problem)
+    found = dual(problem, iterations=40)
+    if expected is None:
+        assert found.best is None
+        return
+    assert found.bound <= expected + 1e-6
+    if found.best is not None:
+        assert found.best.peak == problem.peak(found.best.choice) <= problem.budget
+        assert found.best.objective >= expected
+
+
+def test_a_duality_gap_by_hand():
+    """The docstring's example: one group, cost (0, 10), bytes (8, 2), budget 5. L(lam) =
+    min(3 lam, 10 - 3 lam) peaks at 5 (lam = 5/3); the only plan that fits costs 10."""
+    rows = MemoryRows.of((MemoryRow(0, ((0, 0, 8), (0, 1, 2)), ()),))
+    problem = Problem((2,), ((0, 10),), (), rows, 5, 1.0)
+    found = dual(problem, iterations=200)
+    assert found.bound == pytest.approx(5.0, abs=1e-3)
+    assert (found.best.choice, found.best.objective) == ((1,), 10)
+    assert solve(problem).objective == 10
+
+
+def test_nothing_fits_and_the_bound_proves_it():
+    """Every plan holds 8 bytes in a row of budget 5: the bound grows past what any plan costs."""
+    rows = MemoryRows.of((MemoryRow(8, (), ()),))
+    problem = Problem((2,), ((0, 10),), (), rows, 5, 1.0)
+    assert dual(problem).infeasible
+    with pytest.raises(InfeasibleError):
+        solve(problem)
+
+
+def test_nested_indicators_of_four_groups():
+    """AND(g0 in {1}, OR(g1 in {1}, g2 in {1}, g3 in {1})): one table of 2 * 2^3 combinations,
+    or (DENSE below that) g0's mask plus a third of each ORed literal, less 1: a bound."""
+    inner = Indicator(False, (Chosen(1, frozenset({1})), Chosen(2, frozenset({1})),
+                              Chosen(3, frozenset({1}))))  # fmt: skip
+    outer = Indicator(True, (Chosen(0, frozenset({1})), 0))
+    rows = MemoryRows.of((MemoryRow(0, (), ((1, 6),)),))
+    problem = Problem((2,) * 4, ((0, 1), (0, 0), (0, 0), (0, 0)), (), rows, 3, 1.0,
+                      (inner, outer))  # fmt: skip
+    relaxation = Relaxation(problem)
+    exact = relaxation.solve(np.array([1.0]))
+    assert exact.value == pytest.approx(relaxed_minimum(problem, np.array([1.0])))
+    assert exact.value == pytest.approx(-3.0)  # nothing held: 0 + 1 * (0 - 3)
+    narrow = dataclasses.replace(problem)
+    lagrange_dense = lagrange.DENSE
+    try:
+        lagrange.DENSE = 4
+        bounded = Relaxation(narrow).solve(np.array([1.0]))
+    finally:
+        lagrange.DENSE = lagrange_dense
+    # g0 = 1 (cost 1) with the rest 0: 6 * (1 + 0 - 1) = 0 held, value 1 - 3; g0 = 0: -3 - 6
+    # (the bound's AND part is 0 + 0 - 1 there): the bound is -9, below the exact -3.
+    assert bounded.value == pytest.approx(-9.0)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_solve_through_the_relaxation_is_the_optimum(seed, monkeypatch):
+    """CP-SAT's first share too short for any plan: the relaxation's bound and plans, then
+    CP-SAT from them, still give the brute-force optimum, proven."""
+    monkeypatch.setattr(ilp, "FIRST_SHARE", 1e-9)
+    problem = random_problem(seed, memory=True)
+    expected = brute_force(problem)
+    if expected is None:
+        with pytest.raises(InfeasibleError):
+            solve(problem)
+        return
+    solution = solve(problem)
+    assert (solution.objective, solution.status) == (expected, "OPTIMAL")
+    assert problem.peak(solution.choice) <= problem.budget
