@@ -9,12 +9,13 @@ For multipliers lam_r >= 0, one per memory row r (the base row added to each),
 is at most the cost of any plan that fits (its added terms are <= 0), whatever lam; the x
 reaching it is a plan, which fits or not. Every term is a table: node costs and each group's
 lam-weighted bytes over its choices, edge costs over two groups' choices, and each
-indicator's lam-weighted bytes over the groups its literals name. An indicator naming many
-groups (an AND of a held choice with ORs over several readers: 171^4 entries on a 3-axis
-mesh) is split: the indicators it is made of become binary variables of their own, each held
-at least at what it indicates by a prohibitive cost where it is 0 and its literals hold. Its
-bytes come with a positive weight and AND and OR are monotone, so a minimum sets every such
-variable to its true value, as the ILP's lower bounds do (`search.memory`).
+indicator's lam-weighted bytes over the groups its literals name (an indicator of two
+groups' choices, the most common, summed per pair as a product of their masks). An indicator
+naming groups of too many combinations (an AND of a held choice with an OR over three
+readers: 171^4 on a 3-axis mesh) is bounded from below by tables of its parts (`_Bound`), and
+where the indicators together join groups into a table too large to eliminate, every
+indicator is bounded within the pairs the edges join already: a weaker bound, still a bound,
+on a subproblem as easy as the problem without memory. The plans are checked exactly.
 
 The multipliers: projected subgradient steps with Polyak's step length towards the best plan
 that fits (or a little above the bound while none does), the step shrunk when the bound stops
@@ -28,6 +29,7 @@ plan that fits costs 10 (the relaxation's duality gap, which `search.ilp` closes
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -35,12 +37,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoshard.search.factors import Factor, minimize
+from autoshard.search.factors import Factor, elimination_order, minimize
 from autoshard.search.memory import Chosen, Literal, MemoryRows, indicator_values
 from autoshard.search.problem import Problem
 
 ITERATIONS = 120
 """Subgradient steps at most: enough for the bundled models' bounds to settle."""
+
+WORK = 2 * 10**9
+"""The work (`_work`) the steps may take in all: the bundled models' subproblems are far below
+a million entries each (ITERATIONS decides), the 32-layer decoder's on a 2x4x8 mesh ~1.4e8
+(about fourteen steps; measured: its bound after 20 steps is its bound after 72)."""
 
 DENSE = 1 << 17
 """An indicator over at most this many combinations of its groups' choices is one table, exact;
@@ -57,6 +64,7 @@ class Relaxed:
     peak: int
     value: float
     excess: np.ndarray
+    work: int  # what it took: entries of the tables built and summed (`_work`)
 
 
 @dataclass(frozen=True)
@@ -75,17 +83,18 @@ class Relaxation:
     """The subproblem of one problem, for any multipliers: what does not depend on them is
     built once."""
 
-    def __init__(self, problem: Problem, max_entries: int | None = None) -> None:
+    def __init__(self, problem: Problem, costs: bool = True) -> None:
         self.problem = problem
         self.sizes = list(problem.sizes)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
-        self.max_entries = max_entries
         self.fixed = self.tables(
-            [((g,), np.asarray(costs, np.float64)) for g, costs in enumerate(problem.node_costs)]
+            [((g,), np.asarray(c, np.float64)) for g, c in enumerate(problem.node_costs)]
             + [
                 ((a, b), np.asarray(m, np.float64)) if a < b else ((b, a), np.asarray(m).T)
                 for a, b, m in problem.edges
             ]
+            if costs
+            else []
         )
         self.pairs = frozenset(
             (min(a, b), max(a, b))
@@ -183,14 +192,16 @@ class Relaxation:
     def solve(self, multipliers: np.ndarray) -> Relaxed | None:
         """The subproblem's minimum for these multipliers (None when too big to eliminate)."""
         unary, coefficients = self.weighted(multipliers)
-        minimum = None
+        minimum, work = None, 0
         if not self.restricted:
             found, constant = self.factors(unary, coefficients)
-            minimum = minimize(self.sizes, found, **self._cap())
+            minimum = minimize(self.sizes, found)
             self.restricted = minimum is None
+            work += _work(self.sizes, found, minimum is not None)
         if self.restricted:  # the indicators join too much: bounded within the edges' pairs
             found, constant = self.factors(unary, coefficients, self.pairs)
-            minimum = minimize(self.sizes, found, **self._cap())
+            minimum = minimize(self.sizes, found)
+            work += _work(self.sizes, found, minimum is not None)
         if minimum is None:
             return None
         choice = minimum.choice
@@ -202,10 +213,7 @@ class Relaxation:
         constant += total * float(problem.memory_base.fixed[0] - problem.budget)
         peak = int(excess.max()) + problem.budget if len(excess) else problem.peak(choice)
         value = float(minimum.value) + constant
-        return Relaxed(choice, problem.objective(choice), peak, value, excess)
-
-    def _cap(self) -> dict[str, int]:
-        return {} if self.max_entries is None else {"max_entries": self.max_entries}
+        return Relaxed(choice, problem.objective(choice), peak, value, excess, work)
 
     @functools.cache  # noqa: B019 - one relaxation per problem, kept while it lives
     def mask(self, literal: Chosen) -> np.ndarray:
@@ -233,6 +241,17 @@ class Relaxation:
             shape[scope.index(literal.group)] = self.sizes[literal.group]
             return self.mask(literal).reshape(shape)
         return self.table(literal, scope)
+
+
+def _work(sizes: Sequence[int], factors: Sequence[Factor], eliminated: bool) -> int:
+    """The entries of the tables a subproblem builds and the additions its elimination makes
+    (if it was made): what an iteration costs, counted (never timed), so that the work allowed
+    decides alike on any machine."""
+    built = sum(f.table.size for f in factors)
+    if not eliminated:
+        return built
+    order, _ = elimination_order(sizes, [f.scope for f in factors])
+    return built + sum(math.prod(sizes[h] for h in near) * sizes[g] for g, near in order)
 
 
 @dataclass(frozen=True, eq=False)
@@ -327,12 +346,11 @@ class _Bound:
         return [(g, t / parts) for g, t in pieces], constant / parts
 
 
-def dual(
-    problem: Problem, iterations: int = ITERATIONS, relaxation: Relaxation | None = None
-) -> Dual | None:
-    """The best bound the multipliers reach in `iterations` subgradient steps, and the
-    cheapest plan that fits among the minima on the way (None when a subproblem is too big)."""
-    relaxation = relaxation or Relaxation(problem)
+def dual(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Dual | None:
+    """The best bound the multipliers reach in `iterations` subgradient steps (fewer when
+    their subproblems' `work` adds up to more), and the cheapest plan that fits among the
+    minima on the way (None when a subproblem is too big)."""
+    relaxation = Relaxation(problem)
     # No plan costs more: a bound above it proves that none fits.
     most = sum(max(costs) for costs in problem.node_costs) + sum(
         max(max(row) for row in m) for _, _, m in problem.edges
@@ -340,11 +358,12 @@ def dual(
     multipliers = np.zeros(relaxation.rows)
     bound, best_lambda = -math.inf, multipliers
     best: Relaxed | None = None
-    step, stalled = 1.0, 0
+    step, stalled, spent = 1.0, 0, 0
     for done in range(1, iterations + 1):
         relaxed = relaxation.solve(multipliers)
         if relaxed is None:
             return None
+        spent += relaxed.work
         if relaxed.peak <= problem.budget and (best is None or relaxed.objective < best.objective):
             best = relaxed
         if relaxed.value > bound:
@@ -360,9 +379,53 @@ def dual(
         direction = relaxed.excess.astype(np.float64)
         direction[(multipliers <= 0) & (direction < 0)] = 0.0
         norm = float(direction @ direction)
-        if norm == 0:  # the minimum fits and no multiplier can rise: it is optimal
+        if norm == 0 or spent >= work:  # (norm 0: no multiplier can change)
             break
         target = best.objective if best is not None else bound + max(0.05 * abs(bound), 1.0)
         length = step * (target - relaxed.value) / norm
         multipliers = np.maximum(0.0, multipliers + length * direction)
     return Dual(bound, best, best_lambda, done)
+
+
+def least_peak(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Dual | None:
+    """The least peak any plan reaches, bounded from below: for weights mu on the simplex,
+    min_x sum_r mu_r bytes_r(x) <= min_x max_r bytes_r(x). Projected subgradient steps on the
+    simplex with Polyak's length towards the least peak found; `best` is the plan of the
+    least peak among the minima (its `peak`), `bound` the best bound."""
+    relaxation = Relaxation(dataclasses.replace(problem, budget=0), costs=False)
+    rows = relaxation.rows
+    if rows == 0:
+        return None
+    weights = np.full(rows, 1.0 / rows)
+    bound, best_weights = -math.inf, weights
+    best: Relaxed | None = None
+    step, stalled, spent, done = 1.0, 0, 0, 0
+    while done < iterations:
+        done += 1
+        relaxed = relaxation.solve(weights)
+        if relaxed is None:
+            return None
+        spent += relaxed.work
+        if best is None or relaxed.peak < best.peak:
+            best = relaxed
+        if relaxed.value > bound:
+            bound, best_weights, stalled = relaxed.value, weights, 0
+        else:
+            stalled += 1
+            if stalled >= 5:
+                step, stalled = step / 2, 0
+        direction = relaxed.excess.astype(np.float64)
+        direction -= direction.mean()  # along the simplex
+        norm = float(direction @ direction)
+        if best.peak - bound < 1 or norm == 0 or spent >= work:
+            break
+        weights = _onto_simplex(weights + step * (best.peak - relaxed.value) / norm * direction)
+    return Dual(bound, best, best_weights, done)
+
+
+def _onto_simplex(v: np.ndarray) -> np.ndarray:
+    """The nearest point of the simplex {w >= 0, sum w = 1} (sort-based projection)."""
+    u = np.sort(v)[::-1]
+    cumulative = np.cumsum(u) - 1.0
+    k = np.nonzero(u - cumulative / np.arange(1, len(v) + 1) > 0)[0][-1]
+    return np.maximum(v - cumulative[k] / (k + 1), 0.0)

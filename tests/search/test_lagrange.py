@@ -130,3 +130,18 @@ def test_the_solve_through_the_relaxation_is_the_optimum(seed, monkeypatch):
     solution = solve(problem)
     assert (solution.objective, solution.status) == (expected, "OPTIMAL")
     assert problem.peak(solution.choice) <= problem.budget
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_least_peak_through_the_relaxation_is_the_least(seed, monkeypatch):
+    """The least peak's CP-SAT given too little for a plan first: the relaxation's bound and
+    plans, then CP-SAT from them, give the least peak, proven."""
+    monkeypatch.setattr(ilp, "FIRST_SHARE", 1e-9)
+    problem = random_problem(seed, memory=True)
+    least = min(problem.peak(x) for x in plans(problem))
+    found = lagrange.least_peak(problem, iterations=40)
+    assert found.bound <= least + 1e-6
+    assert found.best.peak == problem.peak(found.best.choice) >= least
+    lowest = ilp.lowest_budget(problem)
+    assert (lowest.peak, lowest.bound, lowest.status) == (least, least, "OPTIMAL")
+    assert problem.peak(lowest.choice) == least
