@@ -137,13 +137,19 @@ def solve(
         rest = _Limit(time_left(time_limit, spent_work), limit, "memory-bound")
         if tracker is not None:
             tracker.detail("CP-SAT again from the best plan, its bound from the relaxation")
-        again = _cp_sat(
-            problem, rest, memory=True, hint=best.choice if best else hint or choice,
-            watch=watch, at_least=at_least,
-        )  # fmt: skip
-        spent_work += again.work
-        at_least = max(at_least, math.ceil(again.bound))
-        best = again if best is None or again.objective <= best.objective else best
+        try:
+            again = _cp_sat(
+                problem, rest, memory=True, hint=best.choice if best else hint or choice,
+                watch=watch, at_least=at_least,
+            )  # fmt: skip
+        except _OutOfTime:
+            if best is None:
+                raise
+            spent_work += rest.seconds
+        else:
+            spent_work += again.work
+            at_least = max(at_least, math.ceil(again.bound))
+            best = again if best is None or again.objective <= best.objective else best
     proven = at_least >= best.objective
     solved = dataclasses.replace(
         best, status=SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE,
