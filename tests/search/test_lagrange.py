@@ -8,12 +8,18 @@ import itertools
 import numpy as np
 import pytest
 
+from autoshard.annotations import Annotation
+from autoshard.cost.cluster import make_cluster
+from autoshard.ir.onnx_import import import_onnx
 from autoshard.search import ilp, lagrange
+from autoshard.search.budget import auto_plan
 from autoshard.search.ilp import InfeasibleError, solve
 from autoshard.search.lagrange import Relaxation, dual
 from autoshard.search.memory import Chosen, Indicator, MemoryRow, MemoryRows
-from autoshard.search.problem import Problem
+from autoshard.search.problem import Problem, build_search
+from autoshard.sharding import Sharding
 from tests.search.test_ilp import brute_force, random_problem
+from tests.search.test_plan import write_mlp
 
 
 def plans(problem):
@@ -145,3 +151,22 @@ def test_the_least_peak_through_the_relaxation_is_the_least(seed, monkeypatch):
     lowest = ilp.lowest_budget(problem)
     assert (lowest.peak, lowest.bound, lowest.status) == (least, least, "OPTIMAL")
     assert problem.peak(lowest.choice) == least
+
+
+def test_the_fsdp_mlp_is_found_through_the_relaxation(tmp_path, monkeypatch):
+    """The MLP of `test_plan.test_weights_held_split_further_than_read` under 2 MiB on 2x4 (x
+    and y batch-split on axis 0), CP-SAT's first share too short for a plan: the relaxation
+    and CP-SAT from it still find a plan under 2 MiB no dearer than the FSDP hand plan (its
+    objective there), and the least memory any plan needs, proven."""
+    monkeypatch.setattr(ilp, "FIRST_SHARE", 1e-9)
+    graph = import_onnx(write_mlp(tmp_path / "mlp.onnx", 256, 256, 1024))
+    S = Sharding.parse
+    io = [Annotation("x", S("[[0]]")), Annotation("y", S("[[0]]"))]
+    planned = auto_plan(graph, make_cluster(mesh="2x4", memory="2MiB"), io)
+    assert planned.solution.status == "OPTIMAL"
+    assert planned.cost.memory_bytes_per_device <= 2 * 2**20
+    free = build_search(graph, make_cluster(mesh="2x4"), io).problem
+    assert planned.solution.objective == brute_force(dataclasses.replace(free, budget=2 * 2**20))
+    least = ilp.lowest_budget(free)
+    assert least.status == "OPTIMAL"
+    assert least.peak == min(free.peak(x) for x in plans(free))
