@@ -170,3 +170,15 @@ def test_the_fsdp_mlp_is_found_through_the_relaxation(tmp_path, monkeypatch):
     least = ilp.lowest_budget(free)
     assert least.status == "OPTIMAL"
     assert least.peak == min(free.peak(x) for x in plans(free))
+
+
+def test_the_relaxation_is_deterministic():
+    """Iteration counts and counted work decide, never the clock: the same problem gives the
+    same bound, multipliers and plan."""
+    problem = random_problem(4, groups=7, memory=True)
+    first, second = dual(problem), dual(problem)
+    assert (first.bound, first.iterations) == (second.bound, second.iterations)
+    assert first.multipliers.tolist() == second.multipliers.tolist()
+    assert (first.best is None) == (second.best is None)
+    if first.best is not None:
+        assert first.best.choice == second.best.choice
