@@ -48,6 +48,15 @@ class Annotation:
                 "for": FOR_CHOICES[self.for_users]}  # fmt: skip
 
 
+def unread(op: str, op_type: str, value: str, sharding: Sharding, why: str) -> str:
+    """The message for an op that cannot read `value` as its required annotation for users
+    asks (propagation and the search say it alike)."""
+    return (
+        f"op '{op}' ({op_type}) cannot read {value!r} as its required annotation for users "
+        f"asks, {sharding}: {why}"
+    )
+
+
 def parse_annotate_flag(text: str) -> Annotation:
     """`VALUE=SPEC` from `--annotate`: a required result annotation."""
     value, sep, spec = text.partition("=")

@@ -330,10 +330,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         write_document(args.out, document)
     if args.html:
-        from autoshard.pipeline import Lowered
-
-        graph, plan, program = requested.graph, planned.plan, planned.program
-        _write_html(args, document, Lowered(graph=graph, plan=plan, program=program))
+        _write_html(args, document, requested.lowered)
     if args.json:
         _emit(document)
         return 0

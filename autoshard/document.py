@@ -45,9 +45,9 @@ from autoshard.errors import AutoshardError
 from autoshard.files import sha256_file, write_atomic
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
-from autoshard.plan import Plan, ShardingOption
+from autoshard.plan import RETURN, Plan, ShardingOption
 from autoshard.program import Program
-from autoshard.propagate import plan_from_options
+from autoshard.propagate import plan_from_options, returned_as
 from autoshard.rules import rule_for
 from autoshard.search.options import SolverOptions
 from autoshard.sharding import Sharding
@@ -68,9 +68,11 @@ class DocumentError(AutoshardError):
 def describe(plan: Plan, graph: Graph, cost: Cost | None = None) -> dict[str, object]:
     """The plan's `values` and `ops` (also the JSON of `autoshard propagate`). A graph input's
     or weight's entry says how it is held and, in `read_as`, how each op reads it (held split
-    further than read: gathered before that op). With `cost`, each op's entry adds what one
-    device spends on it: `flops`, `bytes` (read and written) and `compute_s`; a training
-    step's op also says its `phase` (forward, backward, gradient_sync, optimizer)."""
+    further than read: gathered before that op); a graph output returned otherwise than
+    complete as held (a required annotation for users) says how, in `returned_as`. With `cost`,
+    each op's entry adds what one device spends on it: `flops`, `bytes` (read and written) and
+    `compute_s`; a training step's op also says its `phase` (forward, backward, gradient_sync,
+    optimizer)."""
     read_as: dict[str, dict[str, str]] = {}
     for op in graph.ops:
         for i, name in enumerate(op.inputs):
@@ -93,6 +95,10 @@ def describe(plan: Plan, graph: Graph, cost: Cost | None = None) -> dict[str, ob
         }
         if name in read_as:
             values[name]["read_as"] = read_as[name]
+    for i, name in enumerate(graph.outputs):
+        returned = plan.needs[(RETURN, i)]
+        if returned != returned_as(graph, plan.values, name):
+            values[name]["returned_as"] = returned.text(len(graph.values[name].shape))
     ops: dict[str, dict[str, object]] = {}
     for op in graph.ops:
         option = plan.options[op.name]
@@ -280,6 +286,11 @@ def plan_from_document(
             for name, v in values.items()
             if name in graph.values and graph.producer(name) is None
         }
+        returns = {
+            name: Sharding.parse(values[name]["returned_as"]).check(mesh, graph.values[name].shape)
+            for name in graph.outputs
+            if "returned_as" in values.get(name, {})
+        }
     except (AttributeError, KeyError, TypeError) as error:
         raise DocumentError(f"{source} is malformed: {error!r}") from None
-    return plan_from_options(graph, mesh, options, held)
+    return plan_from_options(graph, mesh, options, held, returns)

@@ -192,6 +192,11 @@ class RequestedPlan:
     graph: Graph
     cluster: Cluster
 
+    @property
+    def lowered(self) -> Lowered:
+        """The chosen plan and its program (what the HTML report draws)."""
+        return Lowered(graph=self.graph, plan=self.planned.plan, program=self.planned.program)
+
     def partition(self, tracker: Tracker | None = None) -> Partitioned:
         """The last stage, on request: each device's part of the plan's program."""
         _enter(tracker, PipelineStage.PARTITION, f"{self.cluster.mesh.size} devices")

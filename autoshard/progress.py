@@ -90,6 +90,11 @@ class Tracker:
         """What the stage is doing now; a solve's figures start afresh after it."""
         self._show(lambda now: Progress(stage=now.stage, elapsed_s=0.0, detail=text))
 
+    def solved(self, text: str) -> None:
+        """The solve under way ended (`text` says how); its last figures stay shown until the
+        next step (an exact solve's are told only at its end)."""
+        self._show(lambda now: replace(now, elapsed_s=0.0, detail=text))
+
     def solution(self, objective: float | None, bound: float, unit: str) -> None:
         """The solve under way found a better plan (`objective`) or proved a better bound."""
         self._show(lambda now: replace(now, objective=objective, bound=bound, unit=unit))

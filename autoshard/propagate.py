@@ -6,12 +6,18 @@ the shardings already known around it (getShardingOption) and `annotate` writes 
 shardings on its operands and results that lack one (setShardingAnnotations).
 
 What an op reads, in order (the seed's "results first, then operands"):
+  0. the required annotations that bind it: its results' own, then its operands' for-users
+     ones (`mesh.shard ... annotate_for_users`: how every user reads the value; seed 001
+     materializes a reshard before the users, so no mark propagated from elsewhere overrides
+     it);
   1. its results: the result-side mark of each, then the marks propagated from its users;
   2. its operands: the mark for this use, then the operand's own result-side mark;
   3. the for-users annotations of its results: how the users read them, which a reshard after
      the op can give (upstream partitions a K-split matmul whose result users want split into
      a partial result and a reduce_scatter), so they never bind the op.
-Within each, user marks (required, then hints) come before propagated ones. A dim's mesh axes
+Within each, user marks (required, then hints) come before propagated ones. An op that cannot
+read an operand as a required for-users annotation asks (no rule, or no option of its rule
+reads it so) is an error naming the op, the value and the sharding. A dim's mesh axes
 fix the loop the dim's map names; a later mark that disagrees is skipped, unless it and the
 earlier one are both required: then the annotations conflict and the error names the op, the
 value and both shardings. A propagated mark only asks for splits (its unsplit dims say nothing),
@@ -41,7 +47,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autoshard.annotations import Annotation, check_annotations
+from autoshard.annotations import Annotation, check_annotations, unread
 from autoshard.errors import AutoshardError, ShardingError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
@@ -165,7 +171,7 @@ class _State:
             held = self.result.get(name)
             found = [self.use.get((op.name, i)), held and dataclasses.replace(held, binding=False)]
             marks += [(1, -m.source, 2 * i + k, m, indexing) for k, m in enumerate(found) if m]
-        return sorted(marks, key=lambda m: m[:3])
+        return sorted(marks, key=lambda m: (not _binds(m[3]), *m[:3]))
 
     def read(
         self, op: Op, rule: OpRule, marks: list[tuple[int, int, int, Mark, IndexingMap]]
@@ -301,6 +307,11 @@ class _State:
         self.annotate(op, rule, option)
 
 
+def _binds(mark: Mark) -> bool:
+    """A required annotation the op must follow: its result's, or its operand's for users."""
+    return mark.source is Source.REQUIRED and mark.binding
+
+
 def _wanted(
     rule: OpRule, mark: Mark, indexing: IndexingMap, is_result: bool
 ) -> dict[int, tuple[int, ...]]:
@@ -360,6 +371,16 @@ def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) 
     outputs are returned as annotated for their users, else as held, reduced unless a user
     required them partial."""
     produced, needs, unruled = _computed(graph, state.options, state.rules)
+    for (name, i), asked in state.use.items():
+        if (
+            name != RETURN
+            and asked.source is Source.REQUIRED
+            and needs[(name, i)] != asked.sharding
+        ):
+            op = graph.op_by_name[name]
+            option = state.options.get(name)
+            how = f"its option {option} reads it as {needs[(name, i)]}" if option else "no rule"
+            raise ConflictError(unread(op.name, op.type, asked.origin, asked.sharding, how))
     values: dict[str, Sharding] = {}
     for name in graph.values:
         mark = user.get(name)
@@ -392,17 +413,19 @@ def plan_from_options(
     mesh: Mesh,
     options: Mapping[str, ShardingOption | None],
     held: Mapping[str, Sharding],
+    returns: Mapping[str, Sharding] | None = None,
 ) -> Plan:
     """The plan of an option per op (a saved plan's, the search's): values held as produced;
     producer-less values as `held`, replicated by default; constants replicated; graph outputs
-    `returned`."""
+    as `returns` says (a required annotation for users), else `returned`."""
     rules = {op.name: rule_for(op, graph) for op in graph.ops}
     produced, needs, unruled = _computed(graph, options, rules)
     values = dict(produced)
     for name in graph.values:
         values.setdefault(name, held.get(name, Sharding()))
+    returns = returns or {}
     for i, name in enumerate(graph.outputs):
-        needs[(RETURN, i)] = returned_as(graph, values, name)
+        needs[(RETURN, i)] = returns[name] if name in returns else returned_as(graph, values, name)
     return Plan(mesh, options, values, dict(values), needs, unruled)
 
 

@@ -176,6 +176,7 @@ class ReshardPrices:
     def __init__(self, mesh: Mesh, price: Callable[[Collective], float]) -> None:
         self.mesh, self.price = mesh, price
         self.tables: dict[_Graph, np.ndarray] = {}
+        self.step_prices: dict[tuple[CollectiveKind, tuple[int, ...], int], float] = {}
 
     def matrix(
         self,
@@ -231,7 +232,14 @@ class ReshardPrices:
             price = np.zeros((count, count))
             for hop in hops.tolist():
                 i, k = divmod(hop, count)
-                price[i, k] = self.price(graph.collective_of(i, k, order, ReductionKind.SUM))
+                step = graph.steps[(i, k)]
+                # The price depends on the kind, mesh axes and bytes alone (above): a step
+                # like one priced before, of this tensor or another, is not built again.
+                key = (step.kind, step.mesh_axes, step.bytes_per_device)
+                if key not in self.step_prices:
+                    collective = graph.collective_of(i, k, order, ReductionKind.SUM)
+                    self.step_prices[key] = self.price(collective)
+                price[i, k] = self.step_prices[key]
             cost = np.where(reachable, 0.0, np.nan)
             for level in range(1, int(steps.max(initial=0)) + 1):
                 i, j = np.nonzero(steps == level)

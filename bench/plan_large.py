@@ -4,12 +4,12 @@
 
 Each decoder (float16, weights absent; grouped-query attention with 8 KV heads) is written to
 a temporary folder by models/make_models.py, then planned as `autoshard plan` does: import
-with batch 8, build the search problem, solve it with CP-SAT, lower the plan to its program
+with batch 8, build the search problem, solve it (`ilp.solve`), lower the plan to its program
 (materialize + CCL passes) and price it, under each budget: `free` (memory no object: 1 TB per
 device), `device` (the H100's 80 GB, which binds for both), or a fraction of the free plan's
 peak (below the least any plan needs: "infeasible", found and proven by its own ILP).
 `wall s` is all of that, end to end, and `cpu s` its process time (on a shared machine
-the closer to a quiet machine's wall time); `solve s` is CP-SAT's part and `lower s` one
+the closer to a quiet machine's wall time); `solve s` is the solver's part and `lower s` one
 lowering of the chosen plan, timed again afterwards (the search lowers the plan it picks
 once). Target (2 cores): each <= 10 s end to end.
 """

@@ -16,6 +16,7 @@ import enum
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,31 @@ FORM_SCHEMA: dict[str, Any] = {
 }  # fmt: skip
 """The form of POST /v1/plans, field by field (its OpenAPI schema and the web page's form)."""
 FIELDS = tuple(name for name in FORM_SCHEMA["properties"] if name != MODEL_FIELD)
+
+_FLAG = re.compile(r"--([a-z][a-z-]*)(?: ([^\s;,)]+))?")
+
+
+def in_form_words(message: str, web: bool = False) -> str:
+    """A library message in the words of the service's form. The library names an option as
+    `autoshard plan`'s flag (`--memory 118000`, `raise --time-limit`); the REST API's form
+    field is `memory=118000` (as curl -F sends it), the web page's `the memory field, 118000`.
+    Flags that are no field of the form are left as they are.
+
+    >>> in_form_words("the lowest feasible budget is 118000 bytes; --memory 118000)")
+    'the lowest feasible budget is 118000 bytes; memory=118000)'
+    >>> in_form_words("raise --time-limit; --memory 7", web=True)
+    'raise the time_limit field; the memory field, 7'
+    """
+
+    def field(flag: re.Match[str]) -> str:
+        name, value = flag[1].replace("-", "_"), flag[2]
+        if name not in FIELDS:
+            return flag[0]
+        if value is None:
+            return f"the {name} field" if web else name
+        return f"the {name} field, {value}" if web else f"{name}={value}"
+
+    return _FLAG.sub(field, message)
 
 
 class RequestError(AutoshardError):

@@ -24,9 +24,14 @@ from pydantic import BaseModel
 from autoshard.document import document_text
 from autoshard.errors import AutoshardError
 from autoshard.export import Target, export_document
-from autoshard.html import plan_html
 from autoshard.pipeline import plan_inputs
-from service.options import FORM_SCHEMA, PlanOptions, RequestError, parse_options
+from service.options import (
+    FORM_SCHEMA,
+    PlanOptions,
+    RequestError,
+    in_form_words,
+    parse_options,
+)
 from service.store import Job, Store
 from service.upload import Form, discard, keep, receive_form
 
@@ -78,7 +83,7 @@ def _store(request: Request) -> Store:
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"detail": message}, status_code=status)
+    return JSONResponse({"detail": in_form_words(message)}, status_code=status)
 
 
 @router.post(
@@ -183,7 +188,8 @@ def _job(request: Request, job_id: str) -> Job:
     summary="A plan job: status, progress, error, and the plan when done",
 )
 async def get_plan(request: Request, job_id: str) -> dict[str, Any]:
-    return _job(request, job_id).view()
+    view = _job(request, job_id).view()
+    return view | {"error": view["error"] and in_form_words(view["error"])}
 
 
 @router.get(
@@ -201,7 +207,7 @@ def _done(request: Request, job_id: str) -> Job:
     """A job that is done; else 404, 409 (not yet, or failed not for its input) or 422."""
     job = _job(request, job_id)
     if job.status == "failed":
-        raise HTTPException(422 if job.cause == "input" else 409, job.error)
+        raise HTTPException(422 if job.cause == "input" else 409, in_form_words(job.error or ""))
     if job.status != "done":
         raise HTTPException(
             409, f"plan {job_id} is {job.status}; poll GET /v1/plans/{job_id} until it is done"
@@ -258,11 +264,12 @@ async def get_report_html(
 ) -> HTMLResponse:
     job = _job(request, job_id)
     _artifact(request, job_id, "report")  # done, or the job's error
-    assert job.plan is not None
-    try:
-        text = await anyio.to_thread.run_sync(plan_html, job.plan, job.model_path, tensor)
-    except AutoshardError as error:
-        raise HTTPException(422, _named(str(error), job.model_path)) from None
+    text = _store(request).report_html(job_id, tensor)  # built by the job, or asked before
+    if text is None:
+        try:
+            text = await request.app.state.pool.report(job_id, tuple(tensor))
+        except AutoshardError as error:
+            raise HTTPException(422, _named(str(error), job.model_path)) from None
     return HTMLResponse(text)
 
 

@@ -9,6 +9,10 @@ While it runs, a job's `progress` is the worker's last `autoshard.progress.Progr
 what it does, a solve's objective and bound) as JSON; its `elapsed_s` is shown as the seconds
 since the job started (until it finished).
 
+A done job's HTML reports (`autoshard html`'s page, per list of tensors drawn) are kept in
+`reports`: the job writes the plain one with its plan, a page with tensors is written the first
+time it is asked for; a report is never built twice.
+
 Why a failure has a `cause`: an `input` failure (an infeasible memory budget, say) is a
 property of the request, so an identical request gets the same answer back; an `interrupted`
 or `internal` failure (the server stopped mid-solve, a worker died) says nothing about the
@@ -21,7 +25,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +52,19 @@ CREATE TABLE IF NOT EXISTS jobs (
     created REAL NOT NULL,
     started REAL,
     finished REAL
+);
+CREATE TABLE IF NOT EXISTS reports (
+    job_id TEXT NOT NULL,
+    tensors TEXT NOT NULL,
+    html TEXT NOT NULL,
+    PRIMARY KEY (job_id, tensors)
 )
 """
+
+
+def _tensors_key(tensors: Sequence[str]) -> str:
+    """A report's key: the tensors it draws, in the order asked (the page draws them so)."""
+    return json.dumps(list(tensors))
 
 
 @dataclass(frozen=True)
@@ -130,7 +145,7 @@ class Store:
         self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(_SCHEMA)
+        self._db.executescript(_SCHEMA)
         self._db.commit()
 
     @contextmanager
@@ -167,6 +182,15 @@ class Store:
             ).fetchone()
         return (row[0], row[1]) if row else (None, None)
 
+    def report_html(self, job_id: str, tensors: Sequence[str]) -> str | None:
+        """A kept HTML report of a done job drawing `tensors`, or None if not built yet."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT html FROM reports WHERE job_id = ? AND tensors = ?",
+                (job_id, _tensors_key(tensors)),
+            ).fetchone()
+        return row[0] if row else None
+
     def counts(self) -> dict[str, int]:
         with self._tx() as db:
             rows = db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
@@ -197,6 +221,7 @@ class Store:
             )
             if cursor.rowcount != 1:
                 return None
+            db.execute("DELETE FROM reports WHERE job_id = ?", (job_id,))
             row = db.execute("SELECT attempt FROM jobs WHERE id = ?", (job_id,)).fetchone()
             return int(row[0])
 
@@ -239,13 +264,29 @@ class Store:
         spmd: str | None,
         spmd_error: str | None,
         report: str,
+        html: str | None = None,
     ) -> None:
+        """The job is done: its plan, SPMD program, Markdown and (`html`) HTML reports."""
         with self._tx() as db:
-            db.execute(
+            cursor = db.execute(
                 "UPDATE jobs SET status = 'done', plan = ?, spmd = ?, spmd_error = ?, "
                 "report = ?, finished = ? WHERE id = ? AND attempt = ? AND status = 'running'",
                 (json.dumps(plan), spmd, spmd_error, report, time.time(), job_id, attempt),
             )
+            if cursor.rowcount == 1 and html is not None:
+                self._keep(db, job_id, (), html)
+
+    def keep_report(self, job_id: str, tensors: Sequence[str], html: str) -> None:
+        """Keep a done job's HTML report drawing `tensors`."""
+        with self._tx() as db:
+            self._keep(db, job_id, tensors, html)
+
+    @staticmethod
+    def _keep(db: sqlite3.Connection, job_id: str, tensors: Sequence[str], html: str) -> None:
+        db.execute(
+            "INSERT OR REPLACE INTO reports (job_id, tensors, html) VALUES (?, ?, ?)",
+            (job_id, _tensors_key(tensors), html),
+        )
 
     def fail(self, job_id: str, attempt: int, error: str, cause: str) -> None:
         """Fail a queued or running attempt (a worker that died fails it before it started)."""

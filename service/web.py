@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from autoshard.progress import Progress
-from service.options import FORM_SCHEMA, MODEL_FIELD, RequestError
+from service.options import FORM_SCHEMA, MODEL_FIELD, RequestError, in_form_words
 from service.routes import receive, submit
 from service.store import Job, Store
 from service.upload import discard
@@ -182,7 +182,7 @@ async def submit_form(request: Request) -> Response:
 
 
 def _refused(request: Request, error: RequestError, values: Mapping[str, str]) -> HTMLResponse:
-    message = f"The plan was not started: {error}"
+    message = f"The plan was not started: {in_form_words(str(error), web=True)}"
     page = _index(_store(request), {k: v for k, v in values.items() if k != MODEL_FIELD}, message)
     return HTMLResponse(page, status_code=error.status)
 
@@ -236,7 +236,8 @@ async def plan_page(request: Request, job_id: str) -> HTMLResponse:
         body = f'<h1>No plan {_e(job_id)}</h1><p><a href="/">All plans</a></p>'
         return HTMLResponse(_page("autoshard: no such plan", body), status_code=404)
     running = job.status in ("queued", "running")
-    error = f'<p class="error" id="error">{_e(job.error)}</p>' if job.error else ""
+    said = in_form_words(job.error or "", web=True)  # the library's flags, as the form's fields
+    error = f'<p class="error" id="error">{_e(said)}</p>' if said else ""
     links = f"<p>{_links(job)}</p>" if job.status == "done" else ""
     attribute = ' data-running="1"' if running else ""
     body = (

@@ -5,6 +5,10 @@ that holds the GIL; CP-SAT itself releases it, but threads would still serialize
 Measured on 2 (shared) cores: two CP-SAT solves of ~3.9 s each took 7.8 s in a row and
 6.0 s on two threads, so CP-SAT does release the GIL; the Python around it does not.
 
+A job also builds its plan's HTML report (seconds of Python for a 32-layer decoder) and keeps
+it; a report drawing more tensors is built once, on its first request, by a worker too, so
+the server's own thread never holds the GIL for it.
+
 Workers write their job's progress and result to the store themselves, so a result survives
 the server even if the server dies right after; each write names the job's attempt (see
 store.py). On Linux a worker is killed with its server (PR_SET_PDEATHSIG), so a crashed server
@@ -67,7 +71,8 @@ class StoreView:
 
 
 def run_job(job_id: str, attempt: int, model_path: str, options_json: dict) -> None:
-    """Solve one job in a worker process and store its plan, SPMD program and report."""
+    """Solve one job in a worker process and store its plan, SPMD program and reports."""
+    from autoshard.html import plan_html
     from autoshard.pipeline import plan_request, print_spmd
     from autoshard.progress import Tracker
     from autoshard.report import plan_markdown
@@ -86,12 +91,26 @@ def run_job(job_id: str, attempt: int, model_path: str, options_json: dict) -> N
         except AutoshardError as error:  # the plan stands; only its SPMD program is missing
             spmd_error = f"cannot partition the plan: {error}"
         document = requested.document
-        store.finish(job_id, attempt, document, spmd, spmd_error, plan_markdown(document))
+        html = plan_html(document, model_path, (), requested.lowered)  # `autoshard html`'s
+        store.finish(job_id, attempt, document, spmd, spmd_error, plan_markdown(document), html)
     except AutoshardError as error:  # the message names the model as the user did
         store.fail(job_id, attempt, str(error).replace(model_path, Path(model_path).name), "input")
     except Exception as error:
         log.error("job %s failed:\n%s", job_id, traceback.format_exc())
         store.fail(job_id, attempt, f"internal error: {type(error).__name__}: {error}", "internal")
+
+
+def build_report(job_id: str, tensors: tuple[str, ...]) -> str:
+    """In a worker process: a done job's HTML report drawing `tensors`, kept in the store."""
+    from autoshard.html import plan_html
+
+    store = _store
+    assert store is not None, "build_report runs in a pool worker"
+    job = store.get(job_id)
+    assert job is not None and job.plan is not None, f"job {job_id} has no plan"
+    html = plan_html(job.plan, job.model_path, tensors)
+    store.keep_report(job_id, tensors, html)
+    return html
 
 
 class Pool:
@@ -115,6 +134,12 @@ class Pool:
             self._executor = self._start()
         future = self._executor.submit(run_job, job_id, attempt, str(model_path), options)
         future.add_done_callback(self._on_done(job_id, attempt, str(model_path), options))
+
+    async def report(self, job_id: str, tensors: tuple[str, ...]) -> str:
+        """A done job's HTML report drawing `tensors`, built by a worker (`build_report`)."""
+        if getattr(self._executor, "_broken", False):
+            self._executor = self._start()
+        return await asyncio.wrap_future(self._executor.submit(build_report, job_id, tensors))
 
     def _on_done(
         self, job_id: str, attempt: int, model_path: str, options: dict

@@ -22,7 +22,6 @@ Small integer and scalar initializers (shapes, axes, epsilons) are constants, no
 
 from __future__ import annotations
 
-import ast
 import enum
 import hashlib
 import re
@@ -35,9 +34,14 @@ from onnx import ModelProto, NodeProto
 
 from autoshard.errors import AutoshardError
 from autoshard.ir.graph import Weight
-from autoshard.ir.onnx_import import file_weights, load_model
+from autoshard.ir.onnx_import import (
+    FOLDED_FROM,
+    file_weights,
+    literal_names,
+    load_model,
+    value_metadata,
+)
 
-FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 _PATH = re.compile(r"\w+(\.\w+)+\Z")  # a module path with a leaf: `h.0.ln_1.weight`
 _MODULE = re.compile(r"\w+(\.\w+)*\Z")
@@ -118,18 +122,10 @@ def _meta(props: Iterable[object]) -> dict[str, str]:
     return {p.key: p.value for p in props}  # type: ignore[attr-defined]
 
 
-def _names_literal(text: str) -> list[str]:
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return []
-    return [v for v in value if isinstance(v, str)] if isinstance(value, list | tuple) else []
-
-
 def module_path(node: NodeProto) -> str | None:
     """The module a node was exported from: the last of dynamo's name scopes (full paths), or
     a TorchScript node name's folders (`/bert/encoder/layer.0/attention/self/query/MatMul`)."""
-    scopes = _names_literal(_meta(node.metadata_props).get(NAME_SCOPES, ""))
+    scopes = literal_names(_meta(node.metadata_props).get(NAME_SCOPES, ""))
     if len(scopes) >= 2:
         path = scopes[-2]
     elif node.name.startswith("/") and node.name.count("/") >= 2:
@@ -182,7 +178,7 @@ def _graph_params(readers: Readers, weight: Weight, meta: Mapping[str, str]) -> 
     """Every name the graph gives `weight`: its folded source or its own name, then the
     parameters its readers' scopes name (aliases of a deduplicated or tied weight share the
     leaf: a `weight` stays a `weight`)."""
-    folded = _names_literal(meta.get(FOLDED_FROM, ""))
+    folded = literal_names(meta.get(FOLDED_FROM, ""))
     own: Param | None = None
     if len(folded) == 1 and _PATH.match(folded[0]):
         # The dynamo exporter folds one rank-2 parameter only to transpose it (Linear's
@@ -275,9 +271,7 @@ def recover_names(
     graph also names when it names some of them (equal fresh norms of several layers match
     one another). A weight the checkpoint has no equal of keeps the graph's names, with a note.
     """
-    meta = {v.name: _meta(v.metadata_props) for v in model.graph.value_info}
-    for t in model.graph.initializer:
-        meta.setdefault(t.name, {}).update(_meta(t.metadata_props))
+    meta = value_metadata(model)
     index = _content_index(checkpoint) if checkpoint is not None else None
     readers = _readers(model)
     out: dict[str, WeightName] = {}

@@ -224,8 +224,9 @@ class Graph:
     initializer of the file, even those only folded shape subgraphs read (parameter counts and
     per-device weight files need them all); `constants` the tensors the importer computed
     (ONNX `Constant` nodes, folded shape subgraphs). `nodes_in_file` is the node count of the
-    imported file before inlining and folding (None when not imported). Compared by identity:
-    it is a large container, not a small value.
+    imported file before inlining and folding (None when not imported); `buffers` the weights
+    the exporter says are no parameters (torch buffers: a training step never trains them).
+    Compared by identity: it is a large container, not a small value.
 
     A training step (`autoshard.training`) also says which outputs are the next value of a
     weight or input (`updates`: output -> the value it replaces, returned in the sharding that
@@ -244,6 +245,7 @@ class Graph:
     constants: Mapping[str, np.ndarray] = field(default_factory=dict)
     opset: int = 0
     nodes_in_file: int | None = None
+    buffers: frozenset[str] = frozenset()
     updates: Mapping[str, str] = field(default_factory=dict)
     phases: Mapping[str, str] = field(default_factory=dict)
     micro_batches: int = 1

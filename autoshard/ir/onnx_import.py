@@ -12,6 +12,7 @@ name is named `INPUT.AXIS` (`input_ids.1`) and is bound by that name.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import heapq
@@ -79,6 +80,48 @@ def file_weights(model: ModelProto, path: str | os.PathLike[str]) -> dict[str, W
     # Weights share few data files: look each up once (a 405B decoder has 2,300 weights).
     located = functools.cache(_located)
     return {t.name: _weight(t, base, located) for t in model.graph.initializer}
+
+
+# Dynamo's record of what each input of the exported program was (torch.export's InputSpec):
+# PARAMETER, BUFFER, CONSTANT_TENSOR, ...; and the values a folded initializer was made from.
+INPUT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
+
+
+def value_metadata(model: ModelProto) -> dict[str, dict[str, str]]:
+    """The exporter's metadata of each value that has some: its value_info's `metadata_props`,
+    with an initializer's own over them."""
+    meta = {v.name: {p.key: p.value for p in v.metadata_props} for v in model.graph.value_info}
+    for t in model.graph.initializer:
+        meta.setdefault(t.name, {}).update({p.key: p.value for p in t.metadata_props})
+    return {name: found for name, found in meta.items() if found}
+
+
+def exported_buffers(model: ModelProto) -> frozenset[str]:
+    """The initializers the exporter says are no parameters: torch buffers and constants by
+    dynamo's input kind (Llama's non-persistent `rotary_emb.inv_freq` is a BUFFER), and those
+    folded from such values alone. Without the metadata (TorchScript, stripped) none."""
+    meta = value_metadata(model)
+    buffers: set[str] = set()
+    for t in model.graph.initializer:
+        kind = meta.get(t.name, {}).get(INPUT_KIND)
+        if kind is not None and kind != "PARAMETER":
+            buffers.add(t.name)
+    for t in model.graph.initializer:
+        sources = literal_names(meta.get(t.name, {}).get(FOLDED_FROM, ""))
+        if sources and all(meta.get(s, {}).get(INPUT_KIND, "PARAMETER") != "PARAMETER"
+                           for s in sources):  # fmt: skip
+            buffers.add(t.name)
+    return frozenset(buffers)
+
+
+def literal_names(text: str) -> list[str]:
+    """The names of a metadata list literal (`"['a', 'b']"`); none if it is not one."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return []
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list | tuple) else []
 
 
 def _located(file: Path) -> tuple[Path, int | None]:
@@ -413,6 +456,7 @@ def import_onnx(path: str | os.PathLike[str], dims: Mapping[str, int] | None = N
         name=model.graph.name or Path(path).stem,
         opset=opset,
         nodes_in_file=len(model.graph.node),
+        buffers=exported_buffers(model) & weights.keys(),
     )
     verify(graph)  # cheap, and every later stage relies on these invariants
     return graph

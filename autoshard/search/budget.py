@@ -87,7 +87,8 @@ def auto_plan(
         except InfeasibleError:
             raise _infeasible(graph, cluster, search, options.time_limit, tracker) from None
         spent, solve_s = spent + solution.work, solve_s + solution.wall_s
-        say(f"solved: {solution.status}, gap {solution.gap:.2%} ({solution.wall_s:.1f} s)")
+        if tracker is not None:
+            tracker.solved(f"solved: {solution.status} ({solution.wall_s:.1f} s)")
         plan = search.plan(graph, cluster, solution.choice)
         program, usage = lower_measured(graph, plan)
         counted, held = search.problem.peak(solution.choice), usage.peak

@@ -248,12 +248,13 @@ Reader = tuple[Op, int]
 class Grouping:
     """The decisions of a graph tied into groups: those of the ops (in graph order) and of the
     producer-less values they read (in value order), the decision leading each group (in group
-    order), and each op's copy in the first repeated layer (itself outside the repeats)."""
+    order; its choices are the group's), and each op's copy in the first repeated layer (itself
+    outside the repeats)."""
 
     repeats: Repeats
     ops: Mapping[str, OpDecision]
     values: Mapping[str, ValueDecision]
-    groups: tuple[str, ...]
+    groups: tuple[Decision, ...]
     copies: Mapping[str, str]
     representatives: Mapping[str, tuple]  # of the values with a key of their own (not "value")
     ties: Mapping[str, tuple[str, Tie]] = dataclasses.field(default_factory=dict)
@@ -329,7 +330,10 @@ class _Grouper:
         self.representatives = keys
         self.ops: dict[str, OpDecision] = {}
         self.values: dict[str, ValueDecision] = {}
+        # Who each decision follows; ops and values apart, as an op may be named like a value
+        # (ONNX names nodes and values in two namespaces).
         self.leader: dict[str, Leader] = {}
+        self.value_leader: dict[str, Leader] = {}
         self.ties: dict[str, tuple[str, Tie]] = {}
 
     def group(
@@ -370,21 +374,23 @@ class _Grouper:
         leader = self.leader
         for op in graph.ops:
             leader[op.name] = self.follow(op)
+        value_leader = self.value_leader
         for name in sources:
             own = (name, tuple(range(len(self.values[name].choices))))
-            leader[name] = leader[first_copy[name]] if first_copy[name] != name else own
-        groups: list[str] = []
-        index_of: dict[str, int] = {}
+            value_leader[name] = value_leader[first_copy[name]] if first_copy[name] != name else own
+        groups: list[Decision] = []
+        index_of: dict[tuple[bool, str], int] = {}
 
-        def grouped(decision: _D) -> _D:
-            head, pick = leader[decision.name]
+        def grouped(decision: _D, leaders: Mapping[str, Leader]) -> _D:
+            head, pick = leaders[decision.name]
+            key = (isinstance(decision, OpDecision), head)
             if head == decision.name:
-                index_of[head] = len(groups)
-                groups.append(head)
-            return dataclasses.replace(decision, group=index_of[head], pick=pick)
+                index_of[key] = len(groups)
+                groups.append(decision)
+            return dataclasses.replace(decision, group=index_of[key], pick=pick)
 
-        ops = {name: grouped(d) for name, d in self.ops.items()}
-        values = {name: grouped(d) for name, d in self.values.items()}
+        ops = {name: grouped(d, leader) for name, d in self.ops.items()}
+        values = {name: grouped(d, value_leader) for name, d in self.values.items()}
         return Grouping(
             self.repeats, ops, values, tuple(groups), copies, self.representatives, self.ties
         )

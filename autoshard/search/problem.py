@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoshard.annotations import Annotation
+from autoshard.annotations import Annotation, unread
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.model import collective_time, compute_time
 from autoshard.errors import AutoshardError
@@ -151,6 +151,7 @@ class Search:
     grouping: Grouping
     memory_with: Callable[[frozenset[Chain]], MemoryModel] = field(compare=False, repr=False)
     chains: frozenset[Chain] = frozenset()  # reshards whose intermediates the rows count
+    returns: Mapping[str, Sharding] = field(default_factory=dict)  # outputs returned so
 
     def counting(self, chains: frozenset[Chain]) -> Search:
         """The same search, its memory rows counting the intermediates of `chains` too."""
@@ -168,7 +169,7 @@ class Search:
     def plan(self, graph: Graph, cluster: Cluster, choice: Sequence[int]) -> Plan:
         options = {name: d.chosen(choice) for name, d in self.grouping.ops.items()}
         held = {name: d.chosen(choice) for name, d in self.grouping.values.items()}
-        return plan_from_options(graph, cluster.mesh, options, held)
+        return plan_from_options(graph, cluster.mesh, options, held, self.returns)
 
 
 # ---- building -----------------------------------------------------------------------------------
@@ -188,6 +189,11 @@ class _Builder:
         self.rules: dict[str, OpRule | None] = {op.name: rule_for(op, graph) for op in graph.ops}
         self.required = [a for a in annotations if a.required]
         self.hints = [a for a in annotations if not a.required]
+        # Graph outputs returned as a required annotation for users asks (the return reads them).
+        self.returns = {
+            a.value: a.sharding for a in self.required if a.for_users and a.value in graph.outputs
+        }
+        self.check_unruled_readers()
         self.producer = {o: op for op in graph.ops for o in op.outputs if o}
         self.matrices: dict[tuple, np.ndarray] = {}
         self.prices = ReshardPrices(self.mesh, self.price)
@@ -211,6 +217,20 @@ class _Builder:
             and (rule := self.rules[op.name]) is not None
             and not all(self.allowed(op, rule, c) for c in _candidates(rule, self.mesh))
         }
+
+    def check_unruled_readers(self) -> None:
+        """An op without a rule reads its operands whole: it cannot read a value split as a
+        required annotation for users asks."""
+        for a in self.required:
+            if not a.for_users or a.sharding == Sharding():
+                continue
+            for op in self.graph.consumers(a.value):
+                if self.rules[op.name] is None:
+                    raise SearchError(unread(op.name, op.type, a.value, a.sharding, "no rule"))
+
+    def returned(self, name: str, held: Sharding) -> Sharding:
+        """How graph output `name`, held so, is returned."""
+        return self.returns.get(name, returned(held))
 
     def op_choices(self, op: Op) -> tuple[ShardingOption | None, ...]:
         rule = self.rules[op.name]
@@ -318,7 +338,7 @@ class _Builder:
     def build(self) -> Search:
         graph, grouping = self.graph, self.grouping
         ops, copies = grouping.ops, grouping.copies
-        sizes = [len(grouping.decision(g).pick) for g in grouping.groups]
+        sizes = [len(leader.choices) for leader in grouping.groups]
         node = [[0.0] * n for n in sizes]
         # Edges by what they carry: a layer's edge and its copies count once, times their
         # number.
@@ -343,7 +363,7 @@ class _Builder:
             elif name in self.producer:
                 d = ops[self.producer[name].name]
                 for k, held_k in enumerate(self.held(name, d)):
-                    node[d.group][k] += self.reshard_cost(name, held_k, returned(held_k))
+                    node[d.group][k] += self.reshard_cost(name, held_k, self.returned(name, held_k))
         edges: dict[tuple[int, int], np.ndarray] = {}
         # Reshards per choice: one unit each on top of the scaled costs, so that of plans
         # costing the same the one resharding least wins (a value held as it is read, not
@@ -409,7 +429,9 @@ class _Builder:
             memory.indicators,
             memory.base,
         )
-        return Search(problem, grouping, functools.partial(self.memory_model, sizes))
+        return Search(
+            problem, grouping, functools.partial(self.memory_model, sizes), returns=self.returns
+        )
 
     def deciding(self, name: str) -> Decision:
         """The decision that says how `name` is held: its producer's, or its own."""
@@ -447,7 +469,8 @@ class _Builder:
                 reads[name].append((end, *held[graph.updates[name]]))
             else:
                 group, shardings = held[name]
-                reads[name].append((end, group, tuple(returned(s) for s in shardings)))
+                returns = tuple(self.returned(name, s) for s in shardings)
+                reads[name].append((end, group, returns))
         return memory_model(graph, self.mesh, sizes, held.__getitem__, reads.__getitem__, chains)
 
 

@@ -13,7 +13,8 @@ weights) is counted by the same liveness as inference.
     optimizer w@next, w@state_next = Update(w@grad, w, w@state)
 
 - Which values need a gradient: float weights (the parameters: every float initializer
-  but scalars) and every float value computed from one. Integer and mask paths need none.
+  but scalars and the buffers the exporter marks, `Graph.buffers`) and every float value
+  computed from one. Integer and mask paths need none.
 - What a gradient op reads (the activations kept for backward): the gradients of the op's
   results, the op's integer operands (indices, masks) and, by op family, its float operands:
   a linear op (Add, Reshape, Transpose, Concat, Slice, ...) none, a multilinear one (MatMul,
@@ -112,13 +113,20 @@ class _Step:
 
     def find_trainable(self) -> list[str]:
         """Float weights read as data, in the order the forward first reads them; a scalar
-        (an epsilon, a scale) is a constant of the model, not a parameter."""
-        weights = self.graph.weights
+        (an epsilon, a scale) is a constant of the model, not a parameter, and a buffer the
+        exporter marks (a rotary table) is none either."""
+        weights, buffers = self.graph.weights, self.graph.buffers
         found: dict[str, None] = {}
         for op in self.graph.ops:
             for i, name in enumerate(op.inputs):
                 weight = weights.get(name)
-                if weight and weight.size > 1 and self.is_float(name) and self.is_data(op, i):
+                if (
+                    weight
+                    and weight.size > 1
+                    and name not in buffers
+                    and self.is_float(name)
+                    and self.is_data(op, i)
+                ):
                     found[name] = None
         return list(found)
 
@@ -202,7 +210,7 @@ class _Step:
         outputs = self.optimize(synced)
         new = Graph(
             graph.name, tuple(self.ops), self.values, (*graph.inputs, *self.states), outputs,
-            graph.weights, graph.constants, graph.opset, graph.nodes_in_file,
+            graph.weights, graph.constants, graph.opset, graph.nodes_in_file, graph.buffers,
             updates=self.updates, phases=self.phases, micro_batches=self.training.micro_batches,
         )  # fmt: skip
         verify(new)

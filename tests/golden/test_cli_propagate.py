@@ -50,7 +50,10 @@ def test_seed_001_through_the_cli(seed_mlp):
         "partial": None,
         "read_as": {"dot1": "[[], [0]]"},
     }
-    assert data["values"]["y"] == {"sharding": "[[], [], []]", "partial": "sum[0]"}
+    # Held partial, returned as its users (the return) read it: seed 001's reduce_scatter.
+    assert data["values"]["y"] == {
+        "sharding": "[[], [], []]", "partial": "sum[0]", "returned_as": "[[], [], [0]]",
+    }  # fmt: skip
     # Each op's entry also says what a device spends on it (issue 12's per-op costs): dot2's
     # local shard runs b 2 x m 4 x n 8 x k 16 multiply-adds on [2, 4, 16] @ [16, 8] floats.
     efficiency = 0.8 * (8 / 72) * (8 / 72) * (16 / 80)  # M = b·m 8, N 8, K 16: tiny and thin

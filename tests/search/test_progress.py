@@ -50,35 +50,51 @@ def in_pipeline_order(stages: list[str]) -> bool:
 
 
 def test_a_watched_solve_improves_monotonically_to_the_plan_it_returns() -> None:
-    """BERT on 2x4: CP-SAT finds several plans before proving the optimum (~2 s)."""
-    request = PlanRequest(model_path=BERT, mesh="2x4", dims={"batch": 8, "seq": 128})
+    """The MLP on 2x4 under 60 KB: the memory-aside optimum (exact elimination) does not fit,
+    and CP-SAT, watched, proves a bound, then finds the plan it returns."""
+    request = PlanRequest(model_path=MLP, mesh="2x4", dims={"batch": 8}, memory="60KB")
     seen: list[Progress] = []
     watched = plan_request(request, Tracker(seen.append)).document
 
     assert stages_of(seen) == ["import", "search", "document"]
     elapsed = [p.elapsed_s for p in seen]
     assert elapsed == sorted(elapsed)
-    solves = [
-        [p for p in step if p.bound is not None]
-        for _, step in groupby(seen, key=lambda p: (p.stage, p.detail))
-    ]
+    steps = [(detail, list(step)) for (_, detail), step in
+             groupby(seen, key=lambda p: (p.stage, p.detail))]  # fmt: skip
+    assert any(d == "exact elimination of 7 groups, memory aside" for d, _ in steps)
+    solves = [[p for p in step if p.bound is not None] for _, step in steps]
     solves = [s for s in solves if s]
-    assert len(solves) == 1  # the optimum without memory rows fits: one solve
-    (solve,) = solves
-    assert solve[0].detail.startswith("CP-SAT on 8 of 59 groups")
+    assert len(solves) == 2  # the exact optimum does not fit: one solve watched, and its end
+    solve, (end,) = solves
+    assert end.detail.startswith("solved: OPTIMAL (")  # its figures kept
+    assert (end.objective, end.bound) == (solve[-1].objective, solve[-1].bound)
+    assert solve[0].detail.startswith("its optimum does not fit the budget: CP-SAT on all 7")
     objectives = [p.objective for p in solve if p.objective is not None]
     bounds = [p.bound for p in solve]
-    assert len(set(objectives)) >= 2  # it improved at least once
-    assert objectives == sorted(objectives, reverse=True)
-    assert bounds == sorted(bounds)
+    assert objectives and objectives == sorted(objectives, reverse=True)
+    assert bounds == sorted(bounds) and bounds[0] < bounds[-1]  # the bound improved
     assert all(p.bound <= p.objective for p in solve if p.objective is not None)
-    # The last figures are the plan's: the eliminated groups' costs are counted in.
+    # The last figures are the plan's.
     solver = watched["solver"]
     assert (solve[-1].objective, solve[-1].bound) == (solver["objective"], solver["bound"])
     assert solve[-1].unit == "s" and solve[-1].gap == 0.0
     # Watching changed nothing: the same plan as an unwatched solve.
     plain = plan_request(request).document
     assert {**watched, "timing": None} == {**plain, "timing": None}
+
+
+def test_an_exact_solve_is_told_once_with_the_plans_figures() -> None:
+    """BERT on 2x4, memory no object: exact elimination answers at once, its figures the
+    plan's, proven (bound = objective), and kept shown while the plan is lowered."""
+    request = PlanRequest(model_path=BERT, mesh="2x4", dims={"batch": 8, "seq": 128})
+    seen: list[Progress] = []
+    document = plan_request(request, Tracker(seen.append)).document
+    figures = [p for p in seen if p.bound is not None]
+    assert [p.detail.split(" (")[0] for p in figures] == [
+        "exact elimination of 59 groups, memory aside", "solved: OPTIMAL"]  # fmt: skip
+    solver = document["solver"]
+    assert {(p.objective, p.bound) for p in figures} == {(solver["objective"], solver["bound"])}
+    assert solver["objective"] == solver["bound"] and solver["status"] == "OPTIMAL"
 
 
 def test_a_bytes_objective_is_watched_in_bytes() -> None:
@@ -175,7 +191,7 @@ def test_plan_prints_plain_lines_when_stderr_is_not_a_terminal(
         assert in_pipeline_order(stages)
         details = [m.group(2) or "" for m in matched if m]
         # Both solves are told: without the memory rows, then with them.
-        assert any("CP-SAT on 0 of 7 groups" in d for d in details)
+        assert any("exact elimination of 7 groups" in d for d in details)
         assert any("its optimum does not fit the budget" in d for d in details)
         assert len(lines) < 20
     assert main(["plan", *MLP_FLAGS, "--quiet", "-o", str(outs[2])]) == 0

@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import helper
 
 from autoshard.annotations import Annotation
 from autoshard.cli import main
@@ -27,6 +29,7 @@ from autoshard.training import Training, TrainingError, training_graph
 from tests.golden.seed_models import write_seed_mlp
 from tests.search.test_ilp import brute_force
 from tests.search.test_plan import write_mlp
+from tests.unit.onnx_factory import F32, model, rng_weight, tensor
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 T, H, F = 64, 32, 128  # tokens, hidden, FFN of the MLP x -> fc1 -> relu -> fc2 -> y
@@ -346,3 +349,47 @@ def test_recomputed_layers_keep_only_their_inputs():
         assert planned.search.problem.peak(planned.solution.choice) == memory(planned.program).peak
         peaks[recompute] = planned.cost.memory_by_kind["activations"]
     assert peaks[Recompute.LAYERS] < peaks[Recompute.NONE]
+
+
+# ---- which weights are parameters ---------------------------------------------------------------
+
+
+def exported_with_a_buffer(path: Path, metadata: bool) -> Path:
+    """y = (x @ W) * scale * folded, as dynamo exports a module with a float buffer: W a
+    PARAMETER, `scale` a non-persistent BUFFER, `folded` a constant folded from the buffer
+    (`folded_from`). Without `metadata`, the same model stripped of it."""
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "W"], ["h"], name="mm"), n("Mul", ["h", "scale"], ["s"], name="mul"),
+             n("Mul", ["s", "folded"], ["y"], name="mul2")]  # fmt: skip
+    inits = {"W": rng_weight((16, 16)), "scale": rng_weight(16, 1), "folded": rng_weight(16, 2)}
+    kinds = {"W": {"pkg.torch.export.graph_signature.InputSpec.kind": "PARAMETER"},
+             "scale": {"pkg.torch.export.graph_signature.InputSpec.kind": "BUFFER",
+                       "pkg.torch.export.graph_signature.InputSpec.persistent": "False"},
+             "folded": {"pkg.onnxscript.optimizer.folded_from": "['scale']"}}  # fmt: skip
+    infos = []
+    for name, props in kinds.items() if metadata else ():
+        info = tensor(name, F32, list(inits[name].shape))
+        helper.set_metadata_props(info, props)
+        infos.append(info)
+    proto = model(nodes, [tensor("x", F32, [8, 16])], [tensor("y", F32, [8, 16])], inits,
+                  value_info=infos)  # fmt: skip
+    onnx.save(proto, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("metadata", "trained"), [(True, ["W"]), (False, ["W", "scale", "folded"])],
+    ids=["dynamo-metadata", "stripped"],
+)  # fmt: skip
+def test_buffers_the_exporter_marks_are_not_trained(tmp_path, capsys, metadata, trained):
+    """A float buffer (Llama's rotary inv_freq) is read like a parameter; where the export says
+    it is a buffer, the step neither trains it nor keeps optimizer state for it."""
+    path = exported_with_a_buffer(tmp_path / "m.onnx", metadata)
+    graph = import_onnx(path)
+    assert graph.buffers == ({"scale", "folded"} if metadata else set())
+    step = training_graph(graph, Training())
+    assert sorted(step.updates.values()) == sorted(trained + [f"{w}@state" for w in trained])
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(path), "--mesh", "2", "--mode", "training", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert list(json.loads(out.read_text())["strategy"]["weights"]) == trained

@@ -48,6 +48,23 @@ def rng_weight(shape, seed=0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
+def reshapes() -> onnx.ModelProto:
+    """x[4, 6, 8] (batch, seq, hidden) read two ways: Reshape to [24, 8] (batch*seq rows) and
+    MatMul W[8, 8] (m); Reshape to [4, 6, 2, 4] (heads), Transpose to [4, 2, 6, 4], Relu (o).
+    The Reshape ops are named like their shape initializers ("rows", "heads"), as ONNX allows:
+    nodes and values are named apart."""
+    nodes = [
+        helper.make_node("Reshape", ["x", "rows"], ["r"], name="rows"),
+        helper.make_node("MatMul", ["r", "W"], ["m"], name="mm"),
+        helper.make_node("Reshape", ["x", "heads"], ["s"], name="heads"),
+        helper.make_node("Transpose", ["s"], ["t"], perm=[0, 2, 1, 3], name="transpose"),
+        helper.make_node("Relu", ["t"], ["o"], name="relu"),
+    ]
+    inits = {"W": rng_weight((8, 8)), "rows": np.array([24, 8]), "heads": np.array([4, 6, 2, 4])}
+    outputs = [tensor("m", F32, [24, 8]), tensor("o", F32, [4, 2, 6, 4])]
+    return model(nodes, [tensor("x", F32, [4, 6, 8])], outputs, inits)
+
+
 def matmul_chain(batch="batch") -> onnx.ModelProto:
     """x[batch, 8] @ W0[8, 16] → Relu → @ W1[16, 4] → + b[4]; ops named mm0, relu, mm1, add."""
     nodes = [

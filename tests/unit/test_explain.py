@@ -21,14 +21,12 @@ from autoshard.explain import ExplainError, decided_by, explain, explain_text, l
 from autoshard.mesh import Mesh
 from autoshard.passes.materialize import materialize
 from autoshard.pipeline import PlanRequest, load_graph, plan_request
-from autoshard.plan import ShardingOption
-from autoshard.propagate import plan_from_options, propagate
-from autoshard.rules import rule_for
+from autoshard.propagate import propagate
 from autoshard.sharding import Sharding
 from autoshard.story import strategy_story
 from autoshard.training.options import Optimizer, Training
 from autoshard.whynot import Verdict, why_not
-from tests.unit.onnx_factory import F32, model, rng_weight, save, tensor
+from tests.unit.onnx_factory import F32, model, reshapes, rng_weight, save, tensor
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 GPT2 = MODELS / "gpt2.onnx"
@@ -334,39 +332,23 @@ def test_memory_per_layer_by_hand(tmp_path):
 # ---- the story's batch split through Reshapes ----------------------------------------------------
 
 
-def reshapes(path: Path) -> Path:
-    """x[4, 6, 8] (batch, seq, hidden) read two ways: Reshape to [24, 8] (batch*seq rows) and
-    MatMul W[8, 8]; Reshape to [4, 6, 2, 4] (heads), Transpose to [4, 2, 6, 4], Relu."""
-    n = helper.make_node
-    nodes = [
-        n("Reshape", ["x", "rows"], ["r"], name="rows"),
-        n("MatMul", ["r", "W"], ["m"], name="mm"),
-        n("Reshape", ["x", "heads"], ["s"], name="heads"),
-        n("Transpose", ["s"], ["t"], perm=[0, 2, 1, 3], name="transpose"),
-        n("Relu", ["t"], ["o"], name="relu"),
-    ]
-    import numpy as np
-
-    inits = {"W": rng_weight((8, 8)), "rows": np.array([24, 8]), "heads": np.array([4, 6, 2, 4])}
-    outputs = [tensor("m", F32, [24, 8]), tensor("o", F32, [4, 2, 6, 4])]
-    return save(model(nodes, [tensor("x", F32, [4, 6, 8])], outputs, inits), path)
-
-
 @pytest.mark.parametrize(
-    ("options", "batch"),
-    [({"mm": "[[0]]"}, True), ({"relu": "[[0]]"}, True), ({"mm": "[[], [0]]"}, False),
-     ({"relu": "[[], [0]]"}, False)],
+    ("output", "batch"),
+    [("m=[[0]]", True), ("o=[[0]]", True), ("m=[[], [0]]", False), ("o=[[], [0]]", False)],
     ids=["batch-times-seq", "heads", "hidden", "heads-dim"],
 )  # fmt: skip
-def test_story_batch_after_reshape(tmp_path, options, batch):
-    """x is held and read whole (nothing splits a graph input); the MatMul splitting the rows
-    of [batch*seq, hidden], or the Relu dim 0 of [batch, heads, seq, d], after the Reshapes is
-    a batch split; splitting the hidden or heads dim is none."""
-    graph = load_graph(reshapes(tmp_path), {}, None)
-    mesh = Mesh.parse("dp=2")
-    chosen = {op.name: ShardingOption.parse(options.get(op.name, "[[]]"), len(rule.loops))
-              for op in graph.ops if (rule := rule_for(op, graph))}  # fmt: skip
-    plan = plan_from_options(graph, mesh, chosen, {"x": Sharding(), "W": Sharding()})
+def test_story_batch_after_reshape(tmp_path, output, batch):
+    """x is held and read whole (required for its users: nothing splits a graph input); the
+    MatMul splitting the rows of [batch*seq, hidden] (m), or the Relu dim 0 of [batch, heads,
+    seq, d] (o), after the Reshapes is a batch split; splitting the hidden or heads dim is
+    none. Propagated: the split comes after the Reshape that reads x."""
+    graph = load_graph(save(reshapes(), tmp_path), {}, None)
+    value, _, text = output.partition("=")
+    annotations = [
+        Annotation("x", Sharding(), for_users=True),
+        Annotation(value, Sharding.parse(text)),
+    ]
+    plan = propagate(graph, Mesh.parse("dp=2"), annotations)
     assert all(not plan.needs[(op.name, 0)].split_axes for op in graph.consumers("x"))
     text = strategy_story(graph, plan)
     assert text.startswith("Batch split over mesh axis dp (data parallel).") == batch

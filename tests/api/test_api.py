@@ -3,11 +3,14 @@ burst of concurrent submissions, and every kind of bad input, over real HTTP."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import pytest
 
 from autoshard.cli import main
@@ -126,18 +129,47 @@ def test_exports(server: Server, done: dict[str, Any], tmp_path, capsys) -> None
     assert server.get(f"/v1/plans/{done['id']}/export/tf").status_code == 422
 
 
+def kept_reports(server: Server, job_id: str) -> dict[str, str]:
+    """The HTML reports the store keeps for a job, by the tensors they draw."""
+    with sqlite3.connect(server.data / "jobs.sqlite3") as db:
+        rows = db.execute("SELECT tensors, html FROM reports WHERE job_id = ?", (job_id,))
+        return dict(rows.fetchall())
+
+
 def test_html_report_is_what_autoshard_html_writes(
     server: Server, done: dict[str, Any], tmp_path, capsys
 ) -> None:
-    response = server.get(f"/v1/plans/{done['id']}/report.html")
+    job_id = done["id"]
+    # The job built its report with the plan, before anyone asked for it.
+    assert list(kept_reports(server, job_id)) == ["[]"]
+    response = server.get(f"/v1/plans/{job_id}/report.html")
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "text/html; charset=utf-8"
     plan, out = tmp_path / "plan.json", tmp_path / "report.html"
     plan.write_text(json.dumps(done["plan"]))
     assert cli(["html", str(plan), "--model", str(MLP), "-o", str(out)], capsys)[0] == 0
-    assert response.content == out.read_bytes()
-    asked = server.get(f"/v1/plans/{done['id']}/report.html?tensor=nope")
+    assert response.content == out.read_bytes() == kept_reports(server, job_id)["[]"].encode()
+    # A report drawing a tensor: built on its first request, the CLI's bytes, and kept.
+    tensor = "/1/Relu_output_0"
+    first = server.get(f"/v1/plans/{job_id}/report.html?tensor={tensor}")
+    assert first.status_code == 200, first.text
+    drawn = tmp_path / "drawn.html"
+    flags = ["html", str(plan), "--model", str(MLP), "--tensor", tensor, "-o", str(drawn)]
+    assert cli(flags, capsys)[0] == 0
+    assert first.content == drawn.read_bytes() != out.read_bytes()
+    assert kept_reports(server, job_id) == {"[]": out.read_text(), f'["{tensor}"]': first.text}
+    # The second request is served from the store, not built again: what the store holds.
+    kept = kept_reports(server, job_id)
+    with sqlite3.connect(server.data / "jobs.sqlite3") as db:
+        db.execute("UPDATE reports SET html = 'kept ' || tensors WHERE job_id = ?", (job_id,))
+    for path, key in (("report.html", "[]"), (f"report.html?tensor={tensor}", f'["{tensor}"]')):
+        assert server.get(f"/v1/plans/{job_id}/{path}").text == f"kept {key}"
+    with sqlite3.connect(server.data / "jobs.sqlite3") as db:
+        db.executemany("UPDATE reports SET html = ? WHERE job_id = ? AND tensors = ?",
+                       [(html, job_id, key) for key, html in kept.items()])  # fmt: skip
+    asked = server.get(f"/v1/plans/{job_id}/report.html?tensor=nope")
     assert asked.status_code == 422 and asked.json()["detail"].startswith("no tensor 'nope'")
+    assert set(kept_reports(server, job_id)) == {"[]", f'["{tensor}"]'}
 
 
 def test_identical_request_reuses_the_job(server: Server, done: dict[str, Any]) -> None:
@@ -305,8 +337,6 @@ def test_oversized_upload_is_413(server: Server) -> None:
 
 
 def test_not_a_form(server: Server) -> None:
-    import httpx
-
     no_model = httpx.post(f"{server.url}/v1/plans", files={"mesh": (None, "2x2")})
     assert (no_model.status_code, no_model.json()) == (
         400, {"detail": "the form has no 'model' file field (the ONNX model)"},
@@ -323,17 +353,60 @@ def test_infeasible_budget(server: Server, capsys) -> None:
         "infeasible budget: no plan fits 1024 bytes (1.00 KiB) per device; the lowest feasible "
         "budget is"
     )
-    # Found only by solving: the job fails with the CLI's message...
+    # The CLI names its flag; the REST API and the web page their form field.
+    (lowest,) = re.findall(r"; --memory (\d+)\)", message)
+    api = message.replace(f"--memory {lowest}", f"memory={lowest}")
+    web = message.replace(f"--memory {lowest}", f"the memory field, {lowest}")
+    assert "--" not in api and api != message and "--" not in web
+    # Found only by solving: the job fails with the CLI's message in the API's words...
     response = server.submit(MLP, fields)
     assert response.status_code == 202
     job = server.wait(response.json()["id"])
-    assert (job["status"], job["error"], job["plan"]) == ("failed", message, None)
+    assert (job["status"], job["error"], job["plan"]) == ("failed", api, None)
     # ...its artifacts answer 422 with it, and so does the identical request.
     for path in ("spmd.mlir", "report.md", "report.html", "plan.json"):
         fetched = server.get(f"/v1/plans/{job['id']}/{path}")
-        assert (fetched.status_code, fetched.json()) == (422, {"detail": message})
+        assert (fetched.status_code, fetched.json()) == (422, {"detail": api})
     again = server.submit(MLP, fields)
-    assert (again.status_code, again.json()) == (422, {"detail": message})
+    assert (again.status_code, again.json()) == (422, {"detail": api})
+    # The web page: the plan's page, and the form sent again (refused, shown with the form).
+    shown = server.get(f"/plans/{job['id']}")
+    assert error_paragraph(shown.text) == web
+    files = {"model": (MLP.name, MLP.read_bytes())}
+    refused = httpx.post(f"{server.url}/", files=files, data=fields, timeout=60)
+    assert refused.status_code == 422
+    assert error_paragraph(refused.text) == f"The plan was not started: {web}"
+
+
+@pytest.mark.parametrize(
+    ("message", "api", "web"),
+    [
+        ("budget is 37888 bytes (37.00 KiB, proven optimal; --memory 37888); the largest",
+         "budget is 37888 bytes (37.00 KiB, proven optimal; memory=37888); the largest",
+         "budget is 37888 bytes (37.00 KiB, proven optimal; the memory field, 37888); the largest"),
+        ("no plan within --time-limit 2 s (UNKNOWN); raise --time-limit",
+         "no plan within time_limit=2 s (UNKNOWN); raise time_limit",
+         "no plan within the time_limit field, 2 s (UNKNOWN); raise the time_limit field"),
+        ("--micro-batches 0 must be >= 1", "micro_batches=0 must be >= 1",
+         "the micro_batches field, 0 must be >= 1"),
+        # No field of the form: the serve flag and the CLI's own options stay as they are.
+        ("--max-time-limit 600; give --dim batch=8", "--max-time-limit 600; give --dim batch=8",
+         "--max-time-limit 600; give --dim batch=8"),
+    ],
+    ids=["memory", "time-limit", "micro-batches", "not-a-field"],
+)  # fmt: skip
+def test_messages_in_the_forms_words(message: str, api: str, web: str) -> None:
+    """In process: the service package itself (tests/api does not shadow it)."""
+    from service.options import in_form_words
+
+    assert in_form_words(message) == api
+    assert in_form_words(message, web=True) == web
+
+
+def error_paragraph(page: str) -> str:
+    """The text of a web page's error paragraph."""
+    (found,) = re.findall(r'<p class="error" id="error"[^>]*>(.*?)</p>', page, re.S)
+    return html.unescape(found)
 
 
 def test_unknown_plan_and_docs(server: Server) -> None:
