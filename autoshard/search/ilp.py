@@ -276,9 +276,7 @@ def _cp_sat(
 ) -> Solution:
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
-    for row, k in zip(x, hint, strict=False):
-        for j, var in enumerate(row):
-            model.add_hint(var, j == k)
+    _hint(model, x, hint)
     objective = [
         cost * var
         for costs, row in zip(problem.node_costs, x, strict=True)
@@ -336,6 +334,13 @@ def _one_hot(model: cp_model.CpModel, problem: Problem) -> list[list[cp_model.In
     for one_hot in x:
         model.add_exactly_one(one_hot)
     return x
+
+
+def _hint(model: cp_model.CpModel, x: list[list[cp_model.IntVar]], hint: Sequence[int]) -> None:
+    """Start CP-SAT's search from a choice per group (none: no hint)."""
+    for row, k in zip(x, hint, strict=False):
+        for j, var in enumerate(row):
+            model.add_hint(var, j == k)
 
 
 def _memory_rows(
@@ -492,9 +497,7 @@ def _least_peak(
     """CP-SAT on the least peak: from `hint`, no less than `at_least` (a bound proven)."""
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
-    for row, k in zip(x, hint, strict=False):
-        for j, var in enumerate(row):
-            model.add_hint(var, j == k)
+    _hint(model, x, hint)
     most = problem.memory.most()
     top = int(problem.memory_base.most()[0]) + (int(most.max()) if len(most) else 0)
     peak = model.new_int_var(min(at_least, max(top, 1)), max(top, 1), "peak")
