@@ -1,0 +1,432 @@
+"""The memory rows relaxed into the objective (Lagrangian relaxation): a lower bound on the
+memory-bound optimum, and candidate plans, each from one exact minimization
+(`search.factors`).
+
+For multipliers lam_r >= 0, one per memory row r (the base row added to each),
+
+    L(lam) = min_x  cost(x) + sum_r lam_r (bytes_r(x) - budget)
+
+is at most the cost of any plan that fits (its added terms are <= 0), whatever lam; the x
+reaching it is a plan, which fits or not. Every term is a table: node costs and each group's
+lam-weighted bytes over its choices, edge costs over two groups' choices, and each
+indicator's lam-weighted bytes over the groups its literals name (an indicator of two
+groups' choices, the most common, summed per pair as a product of their masks). An indicator
+naming groups of too many combinations (an AND of a held choice with an OR over three
+readers: 171^4 on a 3-axis mesh) is bounded from below by tables of its parts (`_Bound`), and
+where the indicators together join groups into a table too large to eliminate, every
+indicator is bounded within the pairs the edges join already: a weaker bound, still a bound,
+on a subproblem as easy as the problem without memory. The plans are checked exactly.
+
+The multipliers: projected subgradient steps with Polyak's step length towards the best plan
+that fits (or a little above the bound while none does), the step shrunk when the bound stops
+rising. Iteration counts decide, never the clock: the same problem gives the same bound and
+the same plans.
+
+Worked example: one group of two choices, cost (0, 10), bytes (8, 2) in the one row, budget 5.
+L(lam) = min(0 + 3 lam, 10 - 3 lam); at lam = 5/3 both are 5: the bound is 5, while the only
+plan that fits costs 10 (the relaxation's duality gap, which `search.ilp` closes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.search.factors import Factor, elimination_order, minimize
+from autoshard.search.memory import Chosen, Literal, MemoryRows, indicator_values
+from autoshard.search.problem import Problem
+
+ITERATIONS = 30
+"""Subgradient steps at most: the bound settles in fewer (the 32-layer decoder on 4x8 at 60 %:
+9.945e6 after 20 steps, 9.950e6 after 40, its best plan the same)."""
+
+WORK = 2 * 10**9
+"""The work (`_work`) the steps may take in all: the bundled models' subproblems are far below
+a million entries each (ITERATIONS decides), the 32-layer decoder's on a 2x4x8 mesh ~1.4e8
+(about fourteen steps; measured: its bound after 20 steps is its bound after 72)."""
+
+DENSE = 1 << 17
+"""An indicator over at most this many combinations of its groups' choices is one table, exact;
+a larger one is bounded from below by tables of its parts."""
+
+
+@dataclass(frozen=True)
+class Relaxed:
+    """One subproblem's minimum: the plan `choice`, its integer `objective`, its `peak`, the
+    bound `value` = L(lam) it proves, and each row's bytes less the budget (a subgradient)."""
+
+    choice: tuple[int, ...]
+    objective: int
+    peak: int
+    value: float
+    excess: np.ndarray
+    work: int  # what it took: entries of the tables built and summed (`_work`)
+
+
+@dataclass(frozen=True)
+class Dual:
+    """What the multipliers found: the best bound (no plan that fits costs less), the cheapest
+    plan that fits among the minima (None when none did) and the multipliers of the bound."""
+
+    bound: float
+    best: Relaxed | None
+    multipliers: np.ndarray
+    iterations: int
+    infeasible: bool = False  # the bound exceeds what any plan costs: none fits
+
+
+class Relaxation:
+    """The subproblem of one problem, for any multipliers: what does not depend on them is
+    built once."""
+
+    def __init__(self, problem: Problem, costs: bool = True) -> None:
+        self.problem = problem
+        self.sizes = list(problem.sizes)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.fixed = self.tables(
+            [((g,), np.asarray(c, np.float64)) for g, c in enumerate(problem.node_costs)]
+            + [
+                ((a, b), np.asarray(m, np.float64)) if a < b else ((b, a), np.asarray(m).T)
+                for a, b, m in problem.edges
+            ]
+            if costs
+            else []
+        )
+        self.pairs = frozenset(
+            (min(a, b), max(a, b))
+            for a, b, _ in problem.edges
+            if min(self.sizes[a], self.sizes[b]) > 1
+        )
+        self.scopes: list[tuple[int, ...]] = []
+        for ind in problem.indicators:
+            groups: set[int] = set()
+            for lit in ind.literals:
+                groups |= {lit.group} if isinstance(lit, Chosen) else set(self.scopes[lit])
+            self.scopes.append(tuple(sorted(groups)))
+        self.entries = [math.prod(self.sizes[g] for g in scope) for scope in self.scopes]
+        self.restricted = False  # once the indicators joined too much, bounded within pairs
+        # Most indicators are an AND or OR of two groups' choices: their tables, summed per
+        # pair, are products of the literals' masks (one matrix product per pair).
+        by_pair: dict[tuple[tuple[int, ...], bool], list[tuple[int, Chosen, Chosen]]] = {}
+        for i, ind in enumerate(problem.indicators):
+            chosen = [lit for lit in ind.literals if isinstance(lit, Chosen)]
+            if len(chosen) == len(ind.literals) == 2 and len(self.scopes[i]) == 2:
+                first, second = sorted(chosen, key=lambda lit: lit.group)
+                by_pair.setdefault((self.scopes[i], ind.every), []).append((i, first, second))
+        self.paired = [
+            _Pair(scope, every, np.array([i for i, _, _ in found]),
+                  np.array([self.mask(a) == every for _, a, _ in found], np.float64),
+                  np.array([self.mask(b) == every for _, _, b in found], np.float64))
+            for (scope, every), found in by_pair.items()
+        ]  # fmt: skip
+
+    @property
+    def rows(self) -> int:
+        return len(self.problem.memory)
+
+    def row_bytes(self, choice: Sequence[int]) -> np.ndarray:
+        """Each row's bytes (the base row's added) under a choice."""
+        problem = self.problem
+        indicated = indicator_values(problem.indicators, choice)
+        base = int(problem.memory_base.bytes(choice, indicated)[0])
+        return problem.memory.bytes(choice, indicated) + base
+
+    def weighted(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rows' bytes weighted by `weights`, summed: per choice (flat over the groups) and
+        per indicator."""
+        total = float(weights.sum())
+        unary = np.zeros(int(self.offsets[-1]))
+        coefficients = np.zeros(len(self.problem.indicators))
+        for rows, w in ((self.problem.memory, weights), (self.problem.memory_base, [total])):
+            u, c = _weighted(rows, np.asarray(w, np.float64), self.offsets, len(coefficients))
+            unary += u
+            coefficients += c
+        return unary, coefficients
+
+    def factors(
+        self, unary: np.ndarray, coefficients: np.ndarray, joined: frozenset | None = None
+    ) -> tuple[list[Factor], float]:
+        """The subproblem's tables and constant: the costs, `unary[offsets[g] + k]` on group
+        g's choice k, `coefficients[i]` times (a lower bound on) indicator i, whose exact
+        tables join only the pairs `joined` (None: any)."""
+        pieces: list[tuple[tuple[int, ...], np.ndarray]] = [
+            ((g,), unary[self.offsets[g] : self.offsets[g + 1]])
+            for g in range(len(self.sizes))
+            if unary[self.offsets[g] : self.offsets[g + 1]].any()
+        ]
+        bound, constant = _Bound(self, joined), 0.0
+        coefficients = coefficients.copy()
+        for pair in self.paired:
+            weights = coefficients[pair.indicators]
+            if weights.any() and bound.exact(pair.scope):
+                pieces.append((pair.scope, pair.table(weights)))
+                coefficients[pair.indicators] = 0.0
+        for i in np.flatnonzero(coefficients).tolist():
+            weight = float(coefficients[i])
+            parts, extra = bound.of(i)
+            pieces += [(scope, weight * table) for scope, table in parts]
+            constant += weight * extra
+        found, fixed = self.tables(pieces)
+        return self.fixed[0] + found, self.fixed[1] + fixed + constant
+
+    def tables(
+        self, pieces: Sequence[tuple[tuple[int, ...], np.ndarray]]
+    ) -> tuple[list[Factor], float]:
+        """The pieces as factors, their one-choice groups taken out (they join nothing), and
+        the sum of those left over no group."""
+        found, constant = [], 0.0
+        for scope, table in pieces:
+            keep = tuple(g for g in scope if self.sizes[g] > 1)
+            if keep != scope:
+                table = table[tuple(slice(None) if self.sizes[g] > 1 else 0 for g in scope)]
+            if keep:
+                found.append(Factor(keep, np.asarray(table, np.float64)))
+            else:
+                constant += float(table)
+        return found, constant
+
+    def solve(self, multipliers: np.ndarray) -> Relaxed | None:
+        """The subproblem's minimum for these multipliers (None when too big to eliminate)."""
+        unary, coefficients = self.weighted(multipliers)
+        minimum, work = None, 0
+        if not self.restricted:
+            found, constant = self.factors(unary, coefficients)
+            minimum = minimize(self.sizes, found)
+            self.restricted = minimum is None
+            work += _work(self.sizes, found, minimum is not None)
+        if self.restricted:  # the indicators join too much: bounded within the edges' pairs
+            found, constant = self.factors(unary, coefficients, self.pairs)
+            minimum = minimize(self.sizes, found)
+            work += _work(self.sizes, found, minimum is not None)
+        if minimum is None:
+            return None
+        choice = minimum.choice
+        problem = self.problem
+        excess = self.row_bytes(choice) - problem.budget
+        # The rows' fixed bytes and the budget, weighted.
+        total = float(multipliers.sum())
+        constant += float(multipliers @ problem.memory.fixed.astype(np.float64))
+        constant += total * float(problem.memory_base.fixed[0] - problem.budget)
+        peak = int(excess.max()) + problem.budget if len(excess) else problem.peak(choice)
+        value = float(minimum.value) + constant
+        return Relaxed(choice, problem.objective(choice), peak, value, excess, work)
+
+    @functools.cache  # noqa: B019 - one relaxation per problem, kept while it lives
+    def mask(self, literal: Chosen) -> np.ndarray:
+        mask = np.zeros(self.sizes[literal.group], dtype=bool)
+        mask[sorted(literal.choices)] = True
+        return mask
+
+    def table(self, i: int, scope: tuple[int, ...]) -> np.ndarray:
+        """Indicator i's values over `scope` (a superset of its own), broadcastable."""
+        ind = self.problem.indicators[i]
+        parts = [self.literal_table(lit, scope) for lit in ind.literals]
+        combine = np.logical_and if ind.every else np.logical_or
+        return functools.reduce(combine, parts)
+
+    def scope_of(self, literal: Literal) -> tuple[int, ...]:
+        return (literal.group,) if isinstance(literal, Chosen) else self.scopes[literal]
+
+    def dense(self, values: np.ndarray, scope: tuple[int, ...]) -> np.ndarray:
+        """Broadcast 0/1 values over `scope`, as float64."""
+        return np.broadcast_to(values, [self.sizes[g] for g in scope]).astype(np.float64)
+
+    def literal_table(self, literal: Literal, scope: tuple[int, ...]) -> np.ndarray:
+        if isinstance(literal, Chosen):
+            shape = [1] * len(scope)
+            shape[scope.index(literal.group)] = self.sizes[literal.group]
+            return self.mask(literal).reshape(shape)
+        return self.table(literal, scope)
+
+
+def _work(sizes: Sequence[int], factors: Sequence[Factor], eliminated: bool) -> int:
+    """The entries of the tables a subproblem builds and the additions its elimination makes
+    (if it was made): what an iteration costs, counted (never timed), so that the work allowed
+    decides alike on any machine."""
+    built = sum(f.table.size for f in factors)
+    if not eliminated:
+        return built
+    order, _ = elimination_order(sizes, [f.scope for f in factors])
+    return built + sum(math.prod(sizes[h] for h in near) * sizes[g] for g, near in order)
+
+
+@dataclass(frozen=True, eq=False)
+class _Pair:
+    """Indicators ANDing (`every`) or ORing "group a took one of K" and "group b took one of
+    K'" over one pair of groups: their masks over a's choices (rows of `first`) and b's
+    (`second`), negated for an OR."""
+
+    scope: tuple[int, ...]
+    every: bool
+    indicators: np.ndarray
+    first: np.ndarray
+    second: np.ndarray
+
+    def table(self, weights: np.ndarray) -> np.ndarray:
+        """sum_i weights[i] * indicator i, over (a's choice, b's choice)."""
+        product = (self.first.T * weights) @ self.second
+        # a OR b = 1 - (not a)(not b)
+        return product if self.every else weights.sum() - product
+
+
+def _weighted(
+    rows: MemoryRows, weights: np.ndarray, offsets: np.ndarray, indicators: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """sum_r weights[r] * row r, as bytes per (flat) choice and per indicator."""
+    per_run = np.bincount(
+        rows.runs, np.repeat(weights, np.diff(rows.starts)), minlength=len(rows.run_group)
+    )
+    lengths = np.diff(rows.run_starts)
+    columns = offsets[np.repeat(rows.run_group, lengths)] + rows.choices
+    unary = np.bincount(columns, np.repeat(per_run, lengths) * rows.amounts, int(offsets[-1]))
+    marked = np.repeat(weights, np.diff(rows.indicated_starts)) * rows.indicated_amounts
+    return unary, np.bincount(rows.indicated, marked, minlength=indicators)
+
+
+class _Bound:
+    """A lower bound on an indicator as a sum of small tables and a constant: exact where the
+    groups it names have few combinations of choices, else from its parts (below)."""
+
+    def __init__(self, relaxation: Relaxation, joined: frozenset[tuple[int, ...]] | None) -> None:
+        self.relaxation = relaxation
+        self.joined = joined  # the pairs an exact table may join (None: any)
+
+    def exact(self, groups: set[int] | tuple[int, ...]) -> bool:
+        """Whether a table over `groups` may be kept exact: few combinations, and (when the
+        pairs are restricted) no pair the problem does not join already."""
+        r = self.relaxation
+        keep = tuple(sorted(g for g in groups if r.sizes[g] > 1))
+        if math.prod(r.sizes[g] for g in keep) > DENSE:
+            return False
+        return self.joined is None or len(keep) <= 1 or (len(keep) == 2 and keep in self.joined)
+
+    def of(self, literal: Literal) -> tuple[list[tuple[tuple[int, ...], np.ndarray]], float]:
+        """(scope, table) pieces and a constant whose sum is at most `literal` everywhere.
+
+        An OR is at least the mean of its parts, an AND of parts in [0, 1] at least their
+        sum less one per extra part; the literals whose groups together have at most `DENSE`
+        combinations form one exact part. E.g. AND(g2 in K, g4 in K', OR(g4 in .., g5 in ..,
+        g6 in ..)) over 171^4 combinations: AND(g2 in K, g4 in K') exactly (171^2) plus a
+        third of each of the three ORed literals, less 1."""
+        r = self.relaxation
+        if isinstance(literal, Chosen):
+            return [((literal.group,), r.mask(literal).astype(np.float64))], 0.0
+        if self.exact(r.scopes[literal]):
+            scope = r.scopes[literal]
+            return [(scope, r.dense(r.table(literal, scope), scope))], 0.0
+        ind = r.problem.indicators[literal]
+        exact: list[Literal] = []
+        groups: set[int] = set()
+        rest: list[Literal] = []
+        for lit in ind.literals:
+            joint = groups | set(r.scope_of(lit))
+            if self.exact(joint):
+                exact.append(lit)
+                groups = joint
+            else:
+                rest.append(lit)
+        scope = tuple(sorted(groups))
+        pieces: list[tuple[tuple[int, ...], np.ndarray]] = []
+        if exact:
+            combine = np.logical_and if ind.every else np.logical_or
+            values = functools.reduce(combine, [r.literal_table(lit, scope) for lit in exact])
+            pieces.append((scope, r.dense(values, scope)))
+        constant = 0.0
+        for lit in rest:
+            more, extra = self.of(lit)
+            pieces += more
+            constant += extra
+        parts = len(rest) + (1 if exact else 0)
+        if ind.every:
+            return pieces, constant - (parts - 1)
+        return [(g, t / parts) for g, t in pieces], constant / parts
+
+
+def dual(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Dual | None:
+    """The best bound the multipliers reach in `iterations` subgradient steps (fewer when
+    their subproblems' `work` adds up to more), and the cheapest plan that fits among the
+    minima on the way (None when a subproblem is too big)."""
+    relaxation = Relaxation(problem)
+    # No plan costs more: a bound above it proves that none fits.
+    most = sum(max(costs) for costs in problem.node_costs) + sum(
+        max(max(row) for row in m) for _, _, m in problem.edges
+    )
+    multipliers = np.zeros(relaxation.rows)
+    bound, best_lambda = -math.inf, multipliers
+    best: Relaxed | None = None
+    step, stalled, spent = 1.0, 0, 0
+    for done in range(1, iterations + 1):
+        relaxed = relaxation.solve(multipliers)
+        if relaxed is None:
+            return None
+        spent += relaxed.work
+        if relaxed.peak <= problem.budget and (best is None or relaxed.objective < best.objective):
+            best = relaxed
+        if relaxed.value > bound:
+            bound, best_lambda, stalled = relaxed.value, multipliers, 0
+        else:
+            stalled += 1
+            if stalled >= 5:
+                step, stalled = step / 2, 0
+        if best is not None and best.objective - bound < 1:
+            break
+        if bound > most * (1 + 1e-9) + 1:
+            return Dual(bound, None, best_lambda, done, infeasible=True)
+        direction = relaxed.excess.astype(np.float64)
+        direction[(multipliers <= 0) & (direction < 0)] = 0.0
+        norm = float(direction @ direction)
+        if norm == 0 or spent >= work:  # (norm 0: no multiplier can change)
+            break
+        target = best.objective if best is not None else bound + max(0.05 * abs(bound), 1.0)
+        length = step * (target - relaxed.value) / norm
+        multipliers = np.maximum(0.0, multipliers + length * direction)
+    return Dual(bound, best, best_lambda, done)
+
+
+def least_peak(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Dual | None:
+    """The least peak any plan reaches, bounded from below: for weights mu on the simplex,
+    min_x sum_r mu_r bytes_r(x) <= min_x max_r bytes_r(x). Projected subgradient steps on the
+    simplex with Polyak's length towards the least peak found; `best` is the plan of the
+    least peak among the minima (its `peak`), `bound` the best bound."""
+    relaxation = Relaxation(dataclasses.replace(problem, budget=0), costs=False)
+    rows = relaxation.rows
+    if rows == 0:
+        return None
+    weights = np.full(rows, 1.0 / rows)
+    bound, best_weights = -math.inf, weights
+    best: Relaxed | None = None
+    step, stalled, spent, done = 1.0, 0, 0, 0
+    while done < iterations:
+        done += 1
+        relaxed = relaxation.solve(weights)
+        if relaxed is None:
+            return None
+        spent += relaxed.work
+        if best is None or relaxed.peak < best.peak:
+            best = relaxed
+        if relaxed.value > bound:
+            bound, best_weights, stalled = relaxed.value, weights, 0
+        else:
+            stalled += 1
+            if stalled >= 5:
+                step, stalled = step / 2, 0
+        direction = relaxed.excess.astype(np.float64)
+        direction -= direction.mean()  # along the simplex
+        norm = float(direction @ direction)
+        if best.peak - bound < 1 or norm == 0 or spent >= work:
+            break
+        weights = _onto_simplex(weights + step * (best.peak - relaxed.value) / norm * direction)
+    return Dual(bound, best, best_weights, done)
+
+
+def _onto_simplex(v: np.ndarray) -> np.ndarray:
+    """The nearest point of the simplex {w >= 0, sum w = 1} (sort-based projection)."""
+    u = np.sort(v)[::-1]
+    cumulative = np.cumsum(u) - 1.0
+    k = np.nonzero(u - cumulative / np.arange(1, len(v) + 1) > 0)[0][-1]
+    return np.maximum(v - cumulative[k] / (k + 1), 0.0)

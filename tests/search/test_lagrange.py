@@ -1,0 +1,184 @@
+"""The memory rows relaxed (`search.lagrange`): for any multipliers the subproblem's minimum is
+a lower bound on every plan that fits, its plan is checked exactly, and the memory-bound solve
+built on it is still the brute-force optimum."""
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from autoshard.annotations import Annotation
+from autoshard.cost.cluster import make_cluster
+from autoshard.ir.onnx_import import import_onnx
+from autoshard.search import ilp, lagrange
+from autoshard.search.budget import auto_plan
+from autoshard.search.ilp import InfeasibleError, solve
+from autoshard.search.lagrange import Relaxation, dual
+from autoshard.search.memory import Chosen, Indicator, MemoryRow, MemoryRows
+from autoshard.search.problem import Problem, build_search
+from autoshard.sharding import Sharding
+from tests.search.test_ilp import brute_force, random_problem
+from tests.search.test_plan import write_mlp
+
+
+def plans(problem):
+    return itertools.product(*(range(n) for n in problem.sizes))
+
+
+def relaxed_minimum(problem, multipliers):
+    """min_x cost(x) + sum_r lam_r (bytes_r(x) - budget), by enumeration."""
+    relaxation = Relaxation(problem)
+    return min(
+        problem.objective(x) + float(multipliers @ (relaxation.row_bytes(x) - problem.budget))
+        for x in plans(problem)
+    )
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_subproblem_is_exact_where_its_tables_are(seed):
+    """Small indicators are tables of their own: the subproblem's minimum is the relaxed
+    function's minimum, and the plan it returns reaches it."""
+    problem = random_problem(seed, memory=True)
+    rng = np.random.default_rng(seed)
+    relaxation = Relaxation(problem)
+    multipliers = rng.random(relaxation.rows) * 3
+    relaxed = relaxation.solve(multipliers)
+    assert relaxed.value == pytest.approx(relaxed_minimum(problem, multipliers))
+    assert relaxed.peak == problem.peak(relaxed.choice)
+    assert relaxed.objective == problem.objective(relaxed.choice)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_wide_indicators_are_bounded_from_below(seed, monkeypatch):
+    """With every indicator too wide for one table, each is bounded from below by its parts:
+    the subproblem's value never exceeds the relaxed function's minimum."""
+    monkeypatch.setattr(lagrange, "DENSE", 1)
+    problem = random_problem(seed, memory=True)
+    rng = np.random.default_rng(seed)
+    relaxation = Relaxation(problem)
+    multipliers = rng.random(relaxation.rows) * 3
+    relaxed = relaxation.solve(multipliers)
+    assert relaxed.value <= relaxed_minimum(problem, multipliers) + 1e-6
+    assert relaxed.peak == problem.peak(relaxed.choice)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_dual_bound_is_below_the_optimum_and_its_plans_fit(seed):
+    problem = random_problem(seed, memory=True)
+    expected = brute_force(problem)
+    found = dual(problem, iterations=40)
+    if expected is None:
+        assert found.best is None
+        return
+    assert found.bound <= expected + 1e-6
+    if found.best is not None:
+        assert found.best.peak == problem.peak(found.best.choice) <= problem.budget
+        assert found.best.objective >= expected
+
+
+def test_a_duality_gap_by_hand():
+    """The docstring's example: one group, cost (0, 10), bytes (8, 2), budget 5. L(lam) =
+    min(3 lam, 10 - 3 lam) peaks at 5 (lam = 5/3); the only plan that fits costs 10."""
+    rows = MemoryRows.of((MemoryRow(0, ((0, 0, 8), (0, 1, 2)), ()),))
+    problem = Problem((2,), ((0, 10),), (), rows, 5, 1.0)
+    found = dual(problem, iterations=200)
+    assert found.bound == pytest.approx(5.0, abs=1e-3)
+    assert (found.best.choice, found.best.objective) == ((1,), 10)
+    assert solve(problem).objective == 10
+
+
+def test_nothing_fits_and_the_bound_proves_it():
+    """Every plan holds 8 bytes in a row of budget 5: the bound grows past what any plan costs."""
+    rows = MemoryRows.of((MemoryRow(8, (), ()),))
+    problem = Problem((2,), ((0, 10),), (), rows, 5, 1.0)
+    assert dual(problem).infeasible
+    with pytest.raises(InfeasibleError):
+        solve(problem)
+
+
+def test_nested_indicators_of_four_groups():
+    """AND(g0 in {1}, OR(g1 in {1}, g2 in {1}, g3 in {1})): one table of 2 * 2^3 combinations,
+    or (DENSE below that) g0's mask plus a third of each ORed literal, less 1: a bound."""
+    inner = Indicator(False, (Chosen(1, frozenset({1})), Chosen(2, frozenset({1})),
+                              Chosen(3, frozenset({1}))))  # fmt: skip
+    outer = Indicator(True, (Chosen(0, frozenset({1})), 0))
+    rows = MemoryRows.of((MemoryRow(0, (), ((1, 6),)),))
+    problem = Problem((2,) * 4, ((0, 1), (0, 0), (0, 0), (0, 0)), (), rows, 3, 1.0,
+                      (inner, outer))  # fmt: skip
+    relaxation = Relaxation(problem)
+    exact = relaxation.solve(np.array([1.0]))
+    assert exact.value == pytest.approx(relaxed_minimum(problem, np.array([1.0])))
+    assert exact.value == pytest.approx(-3.0)  # nothing held: 0 + 1 * (0 - 3)
+    narrow = dataclasses.replace(problem)
+    lagrange_dense = lagrange.DENSE
+    try:
+        lagrange.DENSE = 4
+        bounded = Relaxation(narrow).solve(np.array([1.0]))
+    finally:
+        lagrange.DENSE = lagrange_dense
+    # g0 = 1 (cost 1) with the rest 0: 6 * (1 + 0 - 1) = 0 held, value 1 - 3; g0 = 0: -3 - 6
+    # (the bound's AND part is 0 + 0 - 1 there): the bound is -9, below the exact -3.
+    assert bounded.value == pytest.approx(-9.0)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_solve_through_the_relaxation_is_the_optimum(seed, monkeypatch):
+    """CP-SAT's first share too short for any plan: the relaxation's bound and plans, then
+    CP-SAT from them, still give the brute-force optimum, proven."""
+    monkeypatch.setattr(ilp, "FIRST_SHARE", 1e-9)
+    problem = random_problem(seed, memory=True)
+    expected = brute_force(problem)
+    if expected is None:
+        with pytest.raises(InfeasibleError):
+            solve(problem)
+        return
+    solution = solve(problem)
+    assert (solution.objective, solution.status) == (expected, "OPTIMAL")
+    assert problem.peak(solution.choice) <= problem.budget
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_least_peak_through_the_relaxation_is_the_least(seed, monkeypatch):
+    """The least peak's CP-SAT given too little for a plan first: the relaxation's bound and
+    plans, then CP-SAT from them, give the least peak, proven."""
+    monkeypatch.setattr(ilp, "FIRST_SHARE", 1e-9)
+    problem = random_problem(seed, memory=True)
+    least = min(problem.peak(x) for x in plans(problem))
+    found = lagrange.least_peak(problem, iterations=40)
+    assert found.bound <= least + 1e-6
+    assert found.best.peak == problem.peak(found.best.choice) >= least
+    lowest = ilp.lowest_budget(problem)
+    assert (lowest.peak, lowest.bound, lowest.status) == (least, least, "OPTIMAL")
+    assert problem.peak(lowest.choice) == least
+
+
+def test_the_fsdp_mlp_is_found_through_the_relaxation(tmp_path, monkeypatch):
+    """The MLP of `test_plan.test_weights_held_split_further_than_read` under 2 MiB on 2x4 (x
+    and y batch-split on axis 0), CP-SAT's first share too short for a plan: the relaxation
+    and CP-SAT from it still find a plan under 2 MiB no dearer than the FSDP hand plan (its
+    objective there), and the least memory any plan needs, proven."""
+    monkeypatch.setattr(ilp, "FIRST_SHARE", 1e-9)
+    graph = import_onnx(write_mlp(tmp_path / "mlp.onnx", 256, 256, 1024))
+    S = Sharding.parse
+    io = [Annotation("x", S("[[0]]")), Annotation("y", S("[[0]]"))]
+    planned = auto_plan(graph, make_cluster(mesh="2x4", memory="2MiB"), io)
+    assert planned.solution.status == "OPTIMAL"
+    assert planned.cost.memory_bytes_per_device <= 2 * 2**20
+    free = build_search(graph, make_cluster(mesh="2x4"), io).problem
+    assert planned.solution.objective == brute_force(dataclasses.replace(free, budget=2 * 2**20))
+    least = ilp.lowest_budget(free)
+    assert least.status == "OPTIMAL"
+    assert least.peak == min(free.peak(x) for x in plans(free))
+
+
+def test_the_relaxation_is_deterministic():
+    """Iteration counts and counted work decide, never the clock: the same problem gives the
+    same bound, multipliers and plan."""
+    problem = random_problem(4, groups=7, memory=True)
+    first, second = dual(problem), dual(problem)
+    assert (first.bound, first.iterations) == (second.bound, second.iterations)
+    assert first.multipliers.tolist() == second.multipliers.tolist()
+    assert (first.best is None) == (second.best is None)
+    if first.best is not None:
+        assert first.best.choice == second.best.choice
