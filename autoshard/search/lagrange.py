@@ -152,8 +152,9 @@ class Relaxation:
         self, unary: np.ndarray, coefficients: np.ndarray, joined: frozenset | None = None
     ) -> tuple[list[Factor], float]:
         """The subproblem's tables and constant: the costs, `unary[offsets[g] + k]` on group
-        g's choice k, `coefficients[i]` times (a lower bound on) indicator i, whose exact
-        tables join only the pairs `joined` (None: any)."""
+        g's choice k, `coefficients[i]` times indicator i (bounded from below where the
+        coefficient is positive, from above where it is negative: the sum stays at most the
+        subproblem's), whose exact tables join only the pairs `joined` (None: any)."""
         pieces: list[tuple[tuple[int, ...], np.ndarray]] = [
             ((g,), unary[self.offsets[g] : self.offsets[g + 1]])
             for g in range(len(self.sizes))
@@ -168,7 +169,7 @@ class Relaxation:
                 coefficients[pair.indicators] = 0.0
         for i in np.flatnonzero(coefficients).tolist():
             weight = float(coefficients[i])
-            parts, extra = bound.of(i)
+            parts, extra = bound.of(i, upper=weight < 0)
             pieces += [(scope, weight * table) for scope, table in parts]
             constant += weight * extra
         found, fixed = self.tables(pieces)
@@ -305,14 +306,18 @@ class _Bound:
             return False
         return self.joined is None or len(keep) <= 1 or (len(keep) == 2 and keep in self.joined)
 
-    def of(self, literal: Literal) -> tuple[list[tuple[tuple[int, ...], np.ndarray]], float]:
-        """(scope, table) pieces and a constant whose sum is at most `literal` everywhere.
+    def of(
+        self, literal: Literal, upper: bool = False
+    ) -> tuple[list[tuple[tuple[int, ...], np.ndarray]], float]:
+        """(scope, table) pieces and a constant whose sum is at most `literal` everywhere (at
+        least, when `upper`: for an indicator that takes bytes off, a saving).
 
         An OR is at least the mean of its parts, an AND of parts in [0, 1] at least their
         sum less one per extra part; the literals whose groups together have at most `DENSE`
         combinations form one exact part. E.g. AND(g2 in K, g4 in K', OR(g4 in .., g5 in ..,
         g6 in ..)) over 171^4 combinations: AND(g2 in K, g4 in K') exactly (171^2) plus a
-        third of each of the three ORed literals, less 1."""
+        third of each of the three ORed literals, less 1. From above: an AND is at most any
+        one of its parts (the exact one), an OR at most the sum of its parts."""
         r = self.relaxation
         if isinstance(literal, Chosen):
             return [((literal.group,), r.mask(literal).astype(np.float64))], 0.0
@@ -336,11 +341,15 @@ class _Bound:
             combine = np.logical_and if ind.every else np.logical_or
             values = functools.reduce(combine, [r.literal_table(lit, scope) for lit in exact])
             pieces.append((scope, r.dense(values, scope)))
+        if upper and ind.every:
+            return (pieces, 0.0) if pieces else self.of(rest[0], upper=True)
         constant = 0.0
         for lit in rest:
-            more, extra = self.of(lit)
+            more, extra = self.of(lit, upper)
             pieces += more
             constant += extra
+        if upper:
+            return pieces, constant
         parts = len(rest) + (1 if exact else 0)
         if ind.every:
             return pieces, constant - (parts - 1)
