@@ -236,12 +236,19 @@ def test_forward_matches_and_placements_are_the_plans(runs, case):
         for name in planned:
             want = planned[tied.get(name, name)]
             assert result["held"][name] == repr(tuple(_placement(p) for p in want)), (case, name)
-        # An embedding table split on the vocabulary is looked up by masked rows and a sum;
-        # one FSDP holds so (fully_shard gathers it before use) is looked up whole.
+        # An embedding table distributed split on the vocabulary is looked up by masked rows
+        # and a sum; a split over the FSDP mesh dim alone (fully_shard gathers it before use)
+        # is looked up whole.
+        names, fsdp = export["mesh"]["dim_names"], export["parallelize"]["fsdp"]
         for module, masked in result["masked"].items():
             entry = export["parameters"][tied.get(f"{module}.weight", f"{module}.weight")]
-            split = any(p.startswith(("Shard(0)", "_StridedShard(0")) for p in entry["placements"])
-            assert masked == (split and not entry["style"].endswith("+fsdp")), (module, entry)
+            fsdp_dim = names.index(fsdp) if fsdp is not None and "fsdp" in entry["style"] else -1
+            split = any(
+                p.startswith(("Shard(0)", "_StridedShard(0"))
+                for dim, p in enumerate(entry["placements"])
+                if dim != fsdp_dim
+            )
+            assert masked == split, (module, entry)
     if case == "llama-2x2-embedding":  # the annotated table: its vocabulary over both axes
         want = ["_StridedShard(0, split_factor=2)", "Shard(0)"]
         assert planned["lm.model.embed_tokens.weight"] == want
