@@ -368,7 +368,7 @@ def dual(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Du
     multipliers = np.zeros(relaxation.rows)
     bound, best_lambda = -math.inf, multipliers
     best: Relaxed | None = None
-    step, stalled, spent = 1.0, 0, 0
+    steps, spent = _Steps(), 0
     for done in range(1, iterations + 1):
         relaxed = relaxation.solve(multipliers)
         if relaxed is None:
@@ -376,12 +376,8 @@ def dual(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Du
         spent += relaxed.work
         if relaxed.peak <= problem.budget and (best is None or relaxed.objective < best.objective):
             best = relaxed
-        if relaxed.value > bound:
-            bound, best_lambda, stalled = relaxed.value, multipliers, 0
-        else:
-            stalled += 1
-            if stalled >= 5:
-                step, stalled = step / 2, 0
+        if steps.saw(relaxed.value):
+            bound, best_lambda = relaxed.value, multipliers
         if best is not None and best.objective - bound < 1:
             break
         if bound > most * (1 + 1e-9) + 1:
@@ -392,7 +388,7 @@ def dual(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Du
         if norm == 0 or spent >= work:  # (norm 0: no multiplier can change)
             break
         target = best.objective if best is not None else bound + max(0.05 * abs(bound), 1.0)
-        length = step * (target - relaxed.value) / norm
+        length = steps.length * (target - relaxed.value) / norm
         multipliers = np.maximum(0.0, multipliers + length * direction)
     return Dual(bound, best, best_lambda, done)
 
@@ -409,7 +405,7 @@ def least_peak(problem: Problem, iterations: int = ITERATIONS, work: int = WORK)
     weights = np.full(rows, 1.0 / rows)
     bound, best_weights = -math.inf, weights
     best: Relaxed | None = None
-    step, stalled, spent, done = 1.0, 0, 0, 0
+    steps, spent, done = _Steps(), 0, 0
     while done < iterations:
         done += 1
         relaxed = relaxation.solve(weights)
@@ -418,19 +414,33 @@ def least_peak(problem: Problem, iterations: int = ITERATIONS, work: int = WORK)
         spent += relaxed.work
         if best is None or relaxed.peak < best.peak:
             best = relaxed
-        if relaxed.value > bound:
-            bound, best_weights, stalled = relaxed.value, weights, 0
-        else:
-            stalled += 1
-            if stalled >= 5:
-                step, stalled = step / 2, 0
+        if steps.saw(relaxed.value):
+            bound, best_weights = relaxed.value, weights
         direction = relaxed.excess.astype(np.float64)
         direction -= direction.mean()  # along the simplex
         norm = float(direction @ direction)
         if best.peak - bound < 1 or norm == 0 or spent >= work:
             break
-        weights = _onto_simplex(weights + step * (best.peak - relaxed.value) / norm * direction)
+        length = steps.length * (best.peak - relaxed.value) / norm
+        weights = _onto_simplex(weights + length * direction)
     return Dual(bound, best, best_weights, done)
+
+
+class _Steps:
+    """The subgradient's step length: halved after five steps that did not raise the bound."""
+
+    def __init__(self) -> None:
+        self.bound, self.length, self.stalled = -math.inf, 1.0, 0
+
+    def saw(self, value: float) -> bool:
+        """Whether `value` raises the best bound so far."""
+        if value > self.bound:
+            self.bound, self.stalled = value, 0
+            return True
+        self.stalled += 1
+        if self.stalled >= 5:
+            self.length, self.stalled = self.length / 2, 0
+        return False
 
 
 def _onto_simplex(v: np.ndarray) -> np.ndarray:
