@@ -164,12 +164,13 @@ def solve(
     return _told(solved, tracker, problem.unit, unit)
 
 
-FIRST_SHARE = 0.1
-"""The share of the time left that CP-SAT first has on the memory-bound problem: 6 of the
-default 60 deterministic seconds, twice what the bundled models' proofs take (<= 3). Where
-it does not prove the optimum, the relaxation (`search.lagrange`) gives a bound and plans
-(the 32-layer decoder on 2x4x8 at 60 %: CP-SAT's best plan costs 6.6x the unconstrained
-optimum, the relaxation's 1.24x), and CP-SAT goes on from them."""
+FIRST_SHARE = 0.9
+"""The share of the time left that CP-SAT first has on the memory-bound problem: most of it,
+as a search cut short and restarted from a hint loses what it learned (ViT's training step on
+2x4 at 450 KiB: proven in 30 s whole, 110 s when first given a tenth). Where it does not
+prove the optimum, the relaxation (`search.lagrange`) gives a bound and plans (the 32-layer
+decoder on 2x4x8 at 60 %: CP-SAT's best plan costs 6.6x the unconstrained optimum, the
+relaxation's 1.24x), and CP-SAT goes on from the best for the rest."""
 
 
 def _after(solution: Solution, before: Solution) -> Solution:
