@@ -366,9 +366,8 @@ def dual(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Du
         max(max(row) for row in m) for _, _, m in problem.edges
     )
     multipliers = np.zeros(relaxation.rows)
-    bound, best_lambda = -math.inf, multipliers
     best: Relaxed | None = None
-    steps, spent = _Steps(), 0
+    steps, spent = _Steps(multipliers), 0
     for done in range(1, iterations + 1):
         relaxed = relaxation.solve(multipliers)
         if relaxed is None:
@@ -376,12 +375,12 @@ def dual(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Du
         spent += relaxed.work
         if relaxed.peak <= problem.budget and (best is None or relaxed.objective < best.objective):
             best = relaxed
-        if steps.saw(relaxed.value):
-            bound, best_lambda = relaxed.value, multipliers
+        steps.saw(relaxed.value, multipliers)
+        bound = steps.bound
         if best is not None and best.objective - bound < 1:
             break
         if bound > most * (1 + 1e-9) + 1:
-            return Dual(bound, None, best_lambda, done, infeasible=True)
+            return Dual(bound, None, steps.at, done, infeasible=True)
         direction = relaxed.excess.astype(np.float64)
         direction[(multipliers <= 0) & (direction < 0)] = 0.0
         norm = float(direction @ direction)
@@ -390,7 +389,7 @@ def dual(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Du
         target = best.objective if best is not None else bound + max(0.05 * abs(bound), 1.0)
         length = steps.length * (target - relaxed.value) / norm
         multipliers = np.maximum(0.0, multipliers + length * direction)
-    return Dual(bound, best, best_lambda, done)
+    return Dual(steps.bound, best, steps.at, done)
 
 
 def least_peak(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Dual | None:
@@ -403,9 +402,8 @@ def least_peak(problem: Problem, iterations: int = ITERATIONS, work: int = WORK)
     if rows == 0:
         return None
     weights = np.full(rows, 1.0 / rows)
-    bound, best_weights = -math.inf, weights
     best: Relaxed | None = None
-    steps, spent, done = _Steps(), 0, 0
+    steps, spent, done = _Steps(weights), 0, 0
     while done < iterations:
         done += 1
         relaxed = relaxation.solve(weights)
@@ -414,33 +412,32 @@ def least_peak(problem: Problem, iterations: int = ITERATIONS, work: int = WORK)
         spent += relaxed.work
         if best is None or relaxed.peak < best.peak:
             best = relaxed
-        if steps.saw(relaxed.value):
-            bound, best_weights = relaxed.value, weights
+        steps.saw(relaxed.value, weights)
         direction = relaxed.excess.astype(np.float64)
         direction -= direction.mean()  # along the simplex
         norm = float(direction @ direction)
-        if best.peak - bound < 1 or norm == 0 or spent >= work:
+        if best.peak - steps.bound < 1 or norm == 0 or spent >= work:
             break
         length = steps.length * (best.peak - relaxed.value) / norm
         weights = _onto_simplex(weights + length * direction)
-    return Dual(bound, best, best_weights, done)
+    return Dual(steps.bound, best, steps.at, done)
 
 
 class _Steps:
-    """The subgradient's step length: halved after five steps that did not raise the bound."""
+    """The best bound so far and the multipliers `at` which it was reached, and the
+    subgradient's step length: halved after five steps that did not raise the bound."""
 
-    def __init__(self) -> None:
-        self.bound, self.length, self.stalled = -math.inf, 1.0, 0
+    def __init__(self, start: np.ndarray) -> None:
+        self.bound, self.at, self.length, self.stalled = -math.inf, start, 1.0, 0
 
-    def saw(self, value: float) -> bool:
-        """Whether `value` raises the best bound so far."""
+    def saw(self, value: float, at: np.ndarray) -> None:
+        """One subproblem's value, at these multipliers."""
         if value > self.bound:
-            self.bound, self.stalled = value, 0
-            return True
+            self.bound, self.at, self.stalled = value, at, 0
+            return
         self.stalled += 1
         if self.stalled >= 5:
             self.length, self.stalled = self.length / 2, 0
-        return False
 
 
 def _onto_simplex(v: np.ndarray) -> np.ndarray:
