@@ -86,15 +86,6 @@ def problem_factors(problem: Problem) -> list[Factor]:
     return factors
 
 
-@dataclass(frozen=True)
-class _Step:
-    """Group g eliminated: `best[k...]` is its best choice for its neighbours' choices k."""
-
-    group: int
-    neighbours: tuple[int, ...]
-    best: np.ndarray
-
-
 def elimination_order(
     sizes: Sequence[int], scopes: Sequence[Sequence[int]]
 ) -> tuple[list[tuple[int, tuple[int, ...]]], int]:
@@ -133,6 +124,112 @@ def minimize(
     """A choice per group minimizing the sum of `factors`, exactly; `None` (before any table
     is built) when the elimination order needs a table of more than `max_entries` entries.
     Groups no factor mentions take choice 0."""
+    passed = _forward(sizes, factors, max_entries, keep=False)
+    if passed is None:
+        return None
+    choice = [0] * len(sizes)
+    for step in reversed(passed):
+        choice[step.group] = int(step.best[tuple(choice[h] for h in step.neighbours)])
+    return Minimum(tuple(choice), _value(factors, choice))
+
+
+def min_marginals(
+    sizes: Sequence[int], factors: Sequence[Factor], max_entries: int = MAX_ENTRIES
+) -> list[np.ndarray] | None:
+    """For each group g, the least sum of `factors` with g's choice fixed, per choice: entry k
+    is the minimum over all choices that take k for g (`None` as `minimize` answers it).
+
+    What a lower bound needs to rule choices out: where the least sum with g = k already
+    exceeds what a known plan costs, no better plan takes k. One pass up (the elimination:
+    each step's minimum a message over its neighbours, to the step that eliminates the first
+    of them) and one pass down: a step's tables plus what lies beyond it (its own neighbours'
+    share of the rest), minimized onto the neighbours of each step whose message it got,
+    less that message, is what lies beyond that step. About three times the work of
+    `minimize` (the 32-layer decoder's Lagrangian on 2x4x8: 0.7 s against 0.27 s)."""
+    passed = _forward(sizes, factors, max_entries, keep=True)
+    if passed is None:
+        return None
+    receiver: dict[tuple[int, ...], int] = {}
+    for i, step in enumerate(passed):
+        for scope, _ in step.bucket:
+            receiver.setdefault(scope, i)
+    # Each step's message goes into the bucket of the step that pops its scope; what lies
+    # beyond a step (`outside`, over its neighbours) comes down from that step.
+    children: list[list[int]] = [[] for _ in passed]
+    for c, step in enumerate(passed):
+        if step.neighbours:
+            children[receiver[step.neighbours]].append(c)
+    outside: list[np.ndarray | None] = [None] * len(passed)
+    marginal: dict[int, np.ndarray] = {}  # by group
+    component: dict[int, float] = {}  # each root's minimum: the least of its component
+    root_of = list(range(len(passed)))
+    for p in reversed(range(len(passed))):
+        step, g = passed[p], passed[p].group
+        # The neighbours laid out by size, the largest last, as `_eliminate` does: minima
+        # over the small axes are then passes along the large one.
+        layout = tuple(sorted(step.neighbours, key=lambda h: (sizes[h], h)))
+        above = outside[p]
+        if above is None:
+            beyond = np.zeros(tuple(sizes[h] for h in layout))
+        else:
+            beyond = np.transpose(above, [step.neighbours.index(h) for h in layout])
+        down = {c: np.empty(tuple(sizes[h] for h in passed[c].neighbours)) for c in children[p]}
+        least = np.empty(sizes[g])
+        # g's choices a block at a time, each block's table over (g, neighbours) in memory.
+        block = max(1, _BLOCK // max(1, beyond.size))
+        for first in range(0, sizes[g], block):
+            ks = slice(first, min(first + block, sizes[g]))
+            here = np.empty((ks.stop - ks.start, *beyond.shape))
+            here[...] = beyond[None]
+            for scope, table in step.bucket:
+                np.add(here, _spread(table, scope, g, ks, layout), out=here)
+            least[ks] = here.reshape(here.shape[0], -1).min(axis=1)
+            # A message is constant along the axes its scope leaves out: the minimum over
+            # them less the message is the minimum of the table less the message, one
+            # minimum per scope, over the block's table only once.
+            lowest: dict[tuple[int, ...], np.ndarray] = {}
+            for c in children[p]:
+                child = passed[c]
+                if child.neighbours not in lowest:
+                    rest = tuple(1 + i for i, h in enumerate(layout) if h not in child.neighbours)
+                    lowest[child.neighbours] = np.min(here, axis=rest) if rest else here
+                kept = [g] + [h for h in layout if h in child.neighbours]
+                at = (slice(None),) * child.neighbours.index(g) + (ks,)
+                order = [kept.index(h) for h in child.neighbours]
+                down[c][at] = np.transpose(lowest[child.neighbours], order) - child.least[at]
+        for c in children[p]:
+            outside[c] = down[c]
+            root_of[c] = root_of[p]
+        marginal[g] = least
+        if not step.neighbours:
+            component[p] = float(least.min())
+    step_of = {step.group: p for p, step in enumerate(passed)}
+    total = sum(component.values())
+    return [
+        marginal[g] + (total - component[root_of[step_of[g]]]) if g in step_of
+        else np.full(n, float(total))
+        for g, n in enumerate(sizes)
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Step:
+    """Group g eliminated: `best[k...]` is its best choice for its neighbours' choices k, and
+    `least` the minimum (over the neighbours, in their order); `bucket`, the tables summed
+    (kept only for `min_marginals`)."""
+
+    group: int
+    neighbours: tuple[int, ...]
+    best: np.ndarray
+    least: np.ndarray
+    bucket: tuple[tuple[tuple[int, ...], np.ndarray], ...] = ()
+
+
+def _forward(
+    sizes: Sequence[int], factors: Sequence[Factor], max_entries: int, keep: bool
+) -> list[_Step] | None:
+    """The elimination in the greedy order, each step's minimum passed on as a table over
+    its neighbours; `None` (nothing built) when a step's table would pass `max_entries`."""
     for f in factors:
         if any(g >= len(sizes) for g in f.scope):
             raise ValueError(f"factor over {f.scope} names a group beyond the {len(sizes)} groups")
@@ -162,13 +259,32 @@ def minimize(
                 if h != g:
                     holding[h].discard(scope)
         least, best = _eliminate(g, neighbours, bucket, sizes)
-        steps.append(_Step(g, neighbours, best))
+        steps.append(_Step(g, neighbours, best, least, tuple(bucket) if keep else ()))
         if neighbours:
             add(neighbours, least)
-    choice = [0] * len(sizes)
-    for step in reversed(steps):
-        choice[step.group] = int(step.best[tuple(choice[h] for h in step.neighbours)])
-    return Minimum(tuple(choice), _value(factors, choice))
+    return steps
+
+
+_BLOCK = 2**20
+"""`min_marginals` sums a step's tables over a block of its group's choices at once: at most
+this many entries (8 MiB of float64) a block."""
+
+
+def _spread(
+    table: np.ndarray, scope: tuple[int, ...], g: int, ks: slice, onto: tuple[int, ...]
+) -> np.ndarray:
+    """A table over `scope` at g's choices `ks`, as a table over (g, *onto) to broadcast: g's
+    axis first (of one entry when g is not in `scope`), its other axes spread over `onto`."""
+    if g in scope:
+        table = np.moveaxis(table, scope.index(g), 0)[ks]
+        scope = tuple(h for h in scope if h != g)
+    else:
+        table = table[None]
+    axes = sorted(range(len(scope)), key=lambda i: onto.index(scope[i]))
+    shape = [table.shape[0]] + [1] * len(onto)
+    for i in axes:
+        shape[1 + onto.index(scope[i])] = table.shape[1 + i]
+    return np.transpose(table, [0] + [1 + i for i in axes]).reshape(shape)
 
 
 _SMALL = 2**16

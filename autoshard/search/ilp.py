@@ -36,13 +36,16 @@ from ortools.sat.python import cp_model
 from autoshard.errors import AutoshardError
 from autoshard.progress import Tracker
 from autoshard.search.factors import minimize, problem_factors
-from autoshard.search.lagrange import dual, least_peak
+from autoshard.search.lagrange import (
+    ROUNDING,
+    Relaxation,
+    dual,
+    least_peak,
+    peak_relaxation,
+    still_possible,
+)
 from autoshard.search.memory import NO_ROWS, Chosen, MemoryRows
 from autoshard.search.problem import Problem
-
-_ROUNDING = 1e-9
-"""The relative error a relaxation's float bound may carry (its multipliers are floats): taken
-off before rounding up to an integer bound."""
 
 
 class InfeasibleError(AutoshardError):
@@ -89,95 +92,120 @@ def solve(
 
     First without the memory rows (`_memory_aside`: exact elimination, or CP-SAT where its
     tables would be too large): if that optimum fits the budget it is the optimum. Otherwise
-    the whole problem, memory rows included, goes to CP-SAT for `FIRST_SHARE` of the time
-    left, starting from `hint` (or that optimum); if it does not prove the optimum, the
-    memory rows relaxed (`search.lagrange`) give a bound and plans that fit, and CP-SAT goes
-    on from the best plan with the best bound as a constraint; the status and gap are those
-    of the best bound proven (CP-SAT's, the relaxation's, the optimum without memory).
-    `time_limit` bounds the deterministic time of the CP-SAT solves. `tracker` is told each
-    solve's progress, its objective in `unit` (`s` or `B`: what `problem.unit` scales the
-    integer costs to). `limit` is the user's `--time-limit`, of which `time_limit` is what is
-    left to this solve (all of it by default): what the error says when a solve stops
-    without a plan.
+    the memory rows relaxed (`search.lagrange`) give a bound, plans that fit, and the choices
+    a plan cheaper than the best of them may take; CP-SAT solves the problem over those
+    choices, memory rows included, from the best plan (or `hint`, if it fits) with the bound
+    as a constraint. The status and gap are those of the best bound proven. `time_limit`
+    bounds the deterministic time of the CP-SAT solves. `tracker` is told each solve's
+    progress, its objective in `unit` (`s` or `B`: what `problem.unit` scales the integer
+    costs to). `limit` is the user's `--time-limit`, of which `time_limit` is what is left to
+    this solve (all of it by default): what the error says when a solve stops without a plan.
     """
     limit = time_limit if limit is None else limit
     relaxed = _memory_aside(problem, _Limit(time_limit, limit, "memory-aside"), tracker, unit)
-    choice = relaxed.choice
-    if problem.peak(choice) <= problem.budget:
+    if problem.peak(relaxed.choice) <= problem.budget:
         return _told(relaxed, tracker, problem.unit, unit)
-    left, after_aside = time_left(time_limit, relaxed.work), time.perf_counter()
-    watch = None
+    after_aside = time.perf_counter()
     if tracker is not None:
-        tracker.detail(f"its optimum does not fit the budget: CP-SAT on all {len(problem.sizes)} "
-                       f"groups with {len(problem.memory)} memory rows")  # fmt: skip
-        watch = _Improvements(tracker, problem.unit, unit)
-    share = _Limit(left * FIRST_SHARE, limit, "memory-bound")
-    try:
-        first = _cp_sat(problem, share, memory=True, hint=hint or choice, watch=watch)
-    except _OutOfTime:
-        first = None
-    if first is not None and first.status is SolverStatus.OPTIMAL:
-        return _told(_after(first, relaxed), tracker, problem.unit, unit)
-    # CP-SAT's LP is too weak to prove it: the relaxation's bound and plans, then CP-SAT again
-    # from the best plan, its bound starting at the best proven.
-    if tracker is not None:
-        tracker.detail("not proven: the memory rows relaxed (Lagrangian multipliers)")
-    found = dual(problem)
-    bounds = [relaxed.bound] + ([first.bound] if first is not None else [])
-    plans = [first] if first is not None else []
+        tracker.detail(f"its optimum does not fit the budget: the {len(problem.memory)} "
+                       "memory rows relaxed (Lagrangian multipliers)")  # fmt: skip
+    relaxation = Relaxation(problem)
+    found = dual(problem, relaxation=relaxation)
+    plans = [_Found(tuple(hint), problem.objective(hint))] if _fits(problem, hint) else []
+    at_least = math.ceil(relaxed.bound)
+    kept = None
     if found is not None:
         if found.infeasible:
             raise InfeasibleError("no plan fits the memory budget (the relaxation proves it)")
-        bounds.append(found.bound - _ROUNDING * max(1.0, abs(found.bound)))
+        at_least = max(at_least, _rounded_up(found.bound))
         if found.best is not None:
-            plans.append(Solution(
-                choice=found.best.choice, status=SolverStatus.FEASIBLE,
-                objective=found.best.objective, bound=-math.inf, wall_s=0.0,
-                variables=0, constraints=0,
-            ))  # fmt: skip
-    at_least = math.ceil(max(bounds))
-    spent_work = relaxed.work + (first.work if first is not None else share.seconds)
-    best = min(plans, key=lambda plan: plan.objective) if plans else None
-    if best is None or best.objective > at_least:
-        rest = _Limit(time_left(time_limit, spent_work), limit, "memory-bound")
-        if tracker is not None:
-            tracker.detail("CP-SAT again from the best plan, its bound from the relaxation")
-        try:
-            again = _cp_sat(
-                problem, rest, memory=True, hint=best.choice if best else hint or choice,
-                watch=watch, at_least=at_least,
-            )  # fmt: skip
-        except _OutOfTime:
-            if best is None:
-                raise
-            spent_work += rest.seconds
-        else:
-            spent_work += again.work
-            at_least = max(at_least, math.ceil(again.bound))
-            best = again if best is None or again.objective <= best.objective else best
-    proven = at_least >= best.objective
+            plans.append(_Found(found.best.choice, found.best.objective))
+    best = min(plans, key=lambda plan: plan.objective, default=None)
+    if tracker is not None:
+        objective = None if best is None else best.objective * problem.unit
+        tracker.solution(objective, at_least * problem.unit, unit)
+    if best is not None and at_least >= best.objective:
+        return _told(_proven(problem, best, relaxed, after_aside), tracker, problem.unit, unit)
+    if found is not None and best is not None:
+        kept = still_possible(relaxation, found.multipliers, best.objective, best.choice)
+    narrowed = problem if kept is None else problem.restricted(kept)
+    if tracker is not None:
+        left = f"{narrowed.variables} of {problem.variables}" if kept else "all"
+        tracker.detail(f"CP-SAT on {left} choices, from the best plan, its bound from the "
+                       "relaxation")  # fmt: skip
+    start = best.choice if best is not None else relaxed.choice
+    rest = _Limit(time_left(time_limit, relaxed.work), limit, "memory-bound")
+    watch = None if tracker is None else _Improvements(tracker, problem.unit, unit)
+    try:
+        solved = _cp_sat(
+            narrowed, rest, memory=True, hint=_renumbered(start, kept), watch=watch,
+            at_least=at_least,
+        )  # fmt: skip
+    except _OutOfTime:
+        if best is None:
+            raise
+        solved = Solution(
+            choice=best.choice, status=SolverStatus.FEASIBLE, objective=best.objective,
+            bound=at_least, wall_s=0.0, variables=0, constraints=0, work=rest.seconds,
+        )  # fmt: skip
+    else:
+        choice = _original(solved.choice, kept)
+        # A plan outside the choices kept costs no less than the best plan the relaxation
+        # found: CP-SAT's bound holds for the whole problem up to that.
+        ceiling = best.objective if best is not None else math.inf
+        bound = max(at_least, min(math.ceil(solved.bound), ceiling))
+        solved = dataclasses.replace(
+            solved, choice=choice, objective=problem.objective(choice), bound=bound
+        )
+        if best is not None and best.objective < solved.objective:  # pragma: no cover
+            solved = dataclasses.replace(solved, choice=best.choice, objective=best.objective)
+    proven = solved.bound >= solved.objective
     solved = dataclasses.replace(
-        best, status=SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE,
-        bound=best.objective if proven else at_least, work=spent_work,
+        solved, status=SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE,
+        bound=solved.objective if proven else solved.bound, work=relaxed.work + solved.work,
         wall_s=relaxed.wall_s + time.perf_counter() - after_aside,
     )  # fmt: skip
     return _told(solved, tracker, problem.unit, unit)
 
 
-FIRST_SHARE = 0.9
-"""The share of the time left that CP-SAT first has on the memory-bound problem: most of it,
-as a search cut short and restarted from a hint loses what it learned (ViT's training step on
-2x4 at 450 KiB: proven in 30 s whole, 110 s when first given a tenth). Where it does not
-prove the optimum, the relaxation (`search.lagrange`) gives a bound and plans (the 32-layer
-decoder on 2x4x8 at 60 %: CP-SAT's best plan costs 6.6x the unconstrained optimum, the
-relaxation's 1.24x), and CP-SAT goes on from the best for the rest."""
+@dataclass(frozen=True)
+class _Found:
+    """A plan found on the way, and its objective."""
+
+    choice: tuple[int, ...]
+    objective: int
 
 
-def _after(solution: Solution, before: Solution) -> Solution:
-    """A solve's solution with the work and time of the solve before it added."""
-    return dataclasses.replace(
-        solution, work=solution.work + before.work, wall_s=solution.wall_s + before.wall_s
-    )
+def _fits(problem: Problem, choice: Sequence[int]) -> bool:
+    return len(choice) == len(problem.sizes) and problem.peak(choice) <= problem.budget
+
+
+def _rounded_up(bound: float) -> int:
+    """A relaxation's float bound as an integer bound: its rounding error taken off first."""
+    return math.ceil(bound - ROUNDING * max(1.0, abs(bound)))
+
+
+def _proven(problem: Problem, best: _Found, before: Solution, since: float) -> Solution:
+    """The relaxation's plan, proven optimal by its bound."""
+    return Solution(
+        choice=tuple(best.choice), status=SolverStatus.OPTIMAL, objective=best.objective,
+        bound=best.objective, wall_s=before.wall_s + time.perf_counter() - since,
+        variables=0, constraints=0, work=before.work,
+    )  # fmt: skip
+
+
+def _renumbered(choice: Sequence[int], kept: Sequence[Sequence[int]] | None) -> tuple[int, ...]:
+    """A plan of the whole problem as a plan of its `restricted(kept)` (choices kept)."""
+    if kept is None:
+        return tuple(choice)
+    return tuple(choices.index(k) for choices, k in zip(kept, choice, strict=True))
+
+
+def _original(choice: Sequence[int], kept: Sequence[Sequence[int]] | None) -> tuple[int, ...]:
+    """A plan of `restricted(kept)` as a plan of the whole problem."""
+    if kept is None:
+        return tuple(choice)
+    return tuple(choices[k] for choices, k in zip(kept, choice, strict=True))
 
 
 def _memory_aside(problem: Problem, limit: _Limit, tracker: Tracker | None, unit: str) -> Solution:
@@ -389,7 +417,7 @@ def _memory_rows(
         choices, amounts = rows.choices[first:last], rows.amounts[first:last]
         key = (group, choices.tobytes(), amounts.tobytes())
         if key not in held:
-            low, high = min(0, int(amounts.min())), max(0, int(amounts.max()))
+            low, high = int(amounts.min(initial=0)), int(amounts.max(initial=0))
             var = model.new_int_var(low, high, f"g{group}_{len(held)}")
             terms = zip(choices.tolist(), amounts.tolist(), strict=True)
             model.add(var == sum(b * x[group][k] for k, b in terms))
@@ -478,39 +506,37 @@ class LowestBudget:
 def lowest_budget(
     problem: Problem, time_limit: float = 60.0, tracker: Tracker | None = None
 ) -> LowestBudget:
-    """The smallest peak memory any choice reaches: the ILP whose objective is the peak, for
-    `FIRST_SHARE` of the time; if it does not prove it, the rows' weighted sums relaxed
-    (`lagrange.least_peak`) give a bound and plans, and CP-SAT goes on from the least."""
-    watch = None
+    """The smallest peak memory any choice reaches. The rows' weighted sums relaxed
+    (`lagrange.least_peak`) give a bound, plans, and the choices a plan of a lower peak than
+    the least of them may take; CP-SAT minimizes the peak over those choices from that plan,
+    its bound from the relaxation."""
     if tracker is not None:
-        tracker.detail("no plan fits the budget: CP-SAT on the least memory any plan needs")
-        watch = _Improvements(tracker, 1.0, "B")
-    share = _Limit(time_limit * FIRST_SHARE, time_limit, "lowest-budget")
-    try:
-        first: LowestBudget | None = _least_peak(problem, share, watch)
-    except _OutOfTime:
-        first = None
-    if first is not None and first.status is SolverStatus.OPTIMAL:
-        return first
-    if tracker is not None:
-        tracker.detail("not proven: the memory rows relaxed (weights on the rows)")
-    found = least_peak(problem)
-    bounds: list[float] = [first.bound] if first is not None else []
-    hint = first.choice if first is not None else ()
-    best = first
+        tracker.detail("no plan fits the budget: the least memory any plan needs, the rows' "
+                       "weighted sums relaxed")  # fmt: skip
+    relaxation = peak_relaxation(problem)
+    found = least_peak(problem, relaxation=relaxation)
+    best, kept, at_least = None, None, 0
     if found is not None and found.best is not None:
-        bounds.append(found.bound - _ROUNDING * max(1.0, abs(found.bound)))
-        if best is None or found.best.peak < best.peak:
-            hint, best = found.best.choice, LowestBudget(
-                peak=found.best.peak, bound=0, status=SolverStatus.FEASIBLE,
-                choice=found.best.choice,
-            )  # fmt: skip
-    at_least = max(0, math.ceil(max(bounds, default=0)))
+        best = LowestBudget(
+            peak=found.best.peak, bound=0, status=SolverStatus.FEASIBLE, choice=found.best.choice
+        )
+        at_least = max(0, _rounded_up(found.bound))
+        if at_least < best.peak:
+            kept = still_possible(relaxation, found.multipliers, best.peak, best.choice)
     if best is None or at_least < best.peak:
-        rest = _Limit(time_left(time_limit, share.seconds), time_limit, "lowest-budget")
-        again = _least_peak(problem, rest, watch, hint, at_least)
-        at_least = max(at_least, again.bound)
-        best = again if best is None or again.peak <= best.peak else best
+        narrowed = problem if kept is None else problem.restricted(kept)
+        if tracker is not None:
+            left = f"{narrowed.variables} of {problem.variables}" if kept else "all"
+            tracker.detail(f"CP-SAT on the least peak over {left} choices")
+        watch = None if tracker is None else _Improvements(tracker, 1.0, "B")
+        hint = _renumbered(best.choice, kept) if best is not None else ()
+        limit = _Limit(time_limit, time_limit, "lowest-budget")
+        again = _least_peak(narrowed, limit, watch, hint, at_least)
+        # A plan outside the choices kept peaks no lower than the relaxation's best.
+        ceiling = best.peak if best is not None else again.peak
+        at_least = max(at_least, min(again.bound, ceiling))
+        if best is None or again.peak <= best.peak:
+            best = dataclasses.replace(again, choice=_original(again.choice, kept))
     bound = min(at_least, best.peak)
     status = SolverStatus.OPTIMAL if bound == best.peak else SolverStatus.FEASIBLE
     return dataclasses.replace(best, bound=bound, status=status)

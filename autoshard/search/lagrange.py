@@ -37,7 +37,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoshard.search.factors import Factor, elimination_order, minimize
+from autoshard.search.factors import (
+    MAX_ENTRIES,
+    Factor,
+    elimination_order,
+    min_marginals,
+    minimize,
+)
 from autoshard.search.memory import Chosen, Literal, MemoryRows, indicator_values
 from autoshard.search.problem import Problem
 
@@ -45,7 +51,7 @@ ITERATIONS = 30
 """Subgradient steps at most: the bound settles in fewer (the 32-layer decoder on 4x8 at 60 %:
 9.945e6 after 20 steps, 9.950e6 after 40, its best plan the same)."""
 
-WORK = 2 * 10**9
+WORK = 8 * 10**8
 """The work (`_work`) the steps may take in all: the bundled models' subproblems are far below
 a million entries each (ITERATIONS decides), the 32-layer decoder's on a 2x4x8 mesh ~1.4e8
 (about fourteen steps; measured: its bound after 20 steps is its bound after 72)."""
@@ -109,7 +115,7 @@ class Relaxation:
                 groups |= {lit.group} if isinstance(lit, Chosen) else set(self.scopes[lit])
             self.scopes.append(tuple(sorted(groups)))
         self.entries = [math.prod(self.sizes[g] for g in scope) for scope in self.scopes]
-        self.restricted = False  # once the indicators joined too much, bounded within pairs
+        self.within_pairs = False  # once the indicators joined too much, bounded within pairs
         # Most indicators are an AND or OR of two groups' choices: their tables, summed per
         # pair, are products of the literals' masks (one matrix product per pair).
         by_pair: dict[tuple[tuple[int, ...], bool], list[tuple[int, Chosen, Chosen]]] = {}
@@ -191,31 +197,42 @@ class Relaxation:
                 constant += float(table)
         return found, constant
 
+    def at(self, multipliers: np.ndarray) -> tuple[list[Factor], float]:
+        """The subproblem for these multipliers: its tables, and its constant (the rows' fixed
+        bytes less the budget, weighted). The indicators' tables join the groups they name
+        until that needs too large a table (`factors.MAX_ENTRIES`); from then on they are
+        bounded within the pairs the edges join."""
+        unary, coefficients = self.weighted(multipliers)
+        if not self.within_pairs:
+            found, constant = self.factors(unary, coefficients)
+            _, largest = elimination_order(self.sizes, [f.scope for f in found])
+            self.within_pairs = largest > MAX_ENTRIES
+        if self.within_pairs:
+            found, constant = self.factors(unary, coefficients, self.pairs)
+        problem = self.problem
+        constant += float(multipliers @ problem.memory.fixed.astype(np.float64))
+        constant += float(multipliers.sum()) * float(problem.memory_base.fixed[0] - problem.budget)
+        return found, constant
+
     def solve(self, multipliers: np.ndarray) -> Relaxed | None:
         """The subproblem's minimum for these multipliers (None when too big to eliminate)."""
-        unary, coefficients = self.weighted(multipliers)
-        minimum, work = None, 0
-        if not self.restricted:
-            found, constant = self.factors(unary, coefficients)
-            minimum = minimize(self.sizes, found)
-            self.restricted = minimum is None
-            work += _work(self.sizes, found, minimum is not None)
-        if self.restricted:  # the indicators join too much: bounded within the edges' pairs
-            found, constant = self.factors(unary, coefficients, self.pairs)
-            minimum = minimize(self.sizes, found)
-            work += _work(self.sizes, found, minimum is not None)
+        found, constant = self.at(multipliers)
+        minimum = minimize(self.sizes, found)
         if minimum is None:
             return None
+        work = _work(self.sizes, found)
         choice = minimum.choice
-        problem = self.problem
-        excess = self.row_bytes(choice) - problem.budget
-        # The rows' fixed bytes and the budget, weighted.
-        total = float(multipliers.sum())
-        constant += float(multipliers @ problem.memory.fixed.astype(np.float64))
-        constant += total * float(problem.memory_base.fixed[0] - problem.budget)
-        peak = int(excess.max()) + problem.budget if len(excess) else problem.peak(choice)
+        excess = self.row_bytes(choice) - self.problem.budget
+        peak = int(excess.max()) + self.problem.budget if len(excess) else self.problem.peak(choice)
         value = float(minimum.value) + constant
-        return Relaxed(choice, problem.objective(choice), peak, value, excess, work)
+        return Relaxed(choice, self.problem.objective(choice), peak, value, excess, work)
+
+    def min_marginals(self, multipliers: np.ndarray) -> list[np.ndarray] | None:
+        """For each group, per choice, the subproblem's minimum with that choice taken (None
+        when too big to eliminate)."""
+        found, constant = self.at(multipliers)
+        marginals = min_marginals(self.sizes, found)
+        return None if marginals is None else [m + constant for m in marginals]
 
     @functools.cache  # noqa: B019 - one relaxation per problem, kept while it lives
     def mask(self, literal: Chosen) -> np.ndarray:
@@ -245,13 +262,11 @@ class Relaxation:
         return self.table(literal, scope)
 
 
-def _work(sizes: Sequence[int], factors: Sequence[Factor], eliminated: bool) -> int:
-    """The entries of the tables a subproblem builds and the additions its elimination makes
-    (if it was made): what an iteration costs, counted (never timed), so that the work allowed
-    decides alike on any machine."""
+def _work(sizes: Sequence[int], factors: Sequence[Factor]) -> int:
+    """The entries of the tables a subproblem builds and the additions its elimination makes:
+    what an iteration costs, counted (never timed), so that the work allowed decides alike on
+    any machine."""
     built = sum(f.table.size for f in factors)
-    if not eliminated:
-        return built
     order, _ = elimination_order(sizes, [f.scope for f in factors])
     return built + sum(math.prod(sizes[h] for h in near) * sizes[g] for g, near in order)
 
@@ -356,11 +371,17 @@ class _Bound:
         return [(g, t / parts) for g, t in pieces], constant / parts
 
 
-def dual(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Dual | None:
+def dual(
+    problem: Problem,
+    iterations: int = ITERATIONS,
+    work: int = WORK,
+    relaxation: Relaxation | None = None,
+) -> Dual | None:
     """The best bound the multipliers reach in `iterations` subgradient steps (fewer when
     their subproblems' `work` adds up to more), and the cheapest plan that fits among the
-    minima on the way (None when a subproblem is too big)."""
-    relaxation = Relaxation(problem)
+    minima on the way (None when a subproblem is too big). `relaxation`: the problem's, if
+    made already."""
+    relaxation = relaxation or Relaxation(problem)
     # No plan costs more: a bound above it proves that none fits.
     most = sum(max(costs) for costs in problem.node_costs) + sum(
         max(max(row) for row in m) for _, _, m in problem.edges
@@ -392,12 +413,18 @@ def dual(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Du
     return Dual(steps.bound, best, steps.at, done)
 
 
-def least_peak(problem: Problem, iterations: int = ITERATIONS, work: int = WORK) -> Dual | None:
+def least_peak(
+    problem: Problem,
+    iterations: int = ITERATIONS,
+    work: int = WORK,
+    relaxation: Relaxation | None = None,
+) -> Dual | None:
     """The least peak any plan reaches, bounded from below: for weights mu on the simplex,
     min_x sum_r mu_r bytes_r(x) <= min_x max_r bytes_r(x). Projected subgradient steps on the
     simplex with Polyak's length towards the least peak found; `best` is the plan of the
-    least peak among the minima (its `peak`), `bound` the best bound."""
-    relaxation = Relaxation(dataclasses.replace(problem, budget=0), costs=False)
+    least peak among the minima (its `peak`), `bound` the best bound. `relaxation`: the
+    problem's `peak_relaxation`, if made already."""
+    relaxation = relaxation or peak_relaxation(problem)
     rows = relaxation.rows
     if rows == 0:
         return None
@@ -421,6 +448,33 @@ def least_peak(problem: Problem, iterations: int = ITERATIONS, work: int = WORK)
         length = steps.length * (best.peak - relaxed.value) / norm
         weights = _onto_simplex(weights + length * direction)
     return Dual(steps.bound, best, steps.at, done)
+
+
+def peak_relaxation(problem: Problem) -> Relaxation:
+    """The relaxation of the least peak: the rows' bytes weighted, no costs, no budget."""
+    return Relaxation(dataclasses.replace(problem, budget=0), costs=False)
+
+
+ROUNDING = 1e-9
+"""The relative error a relaxation's float values may carry (its multipliers are floats)."""
+
+
+def still_possible(
+    relaxation: Relaxation, multipliers: np.ndarray, above: int, keep: Sequence[int]
+) -> list[list[int]] | None:
+    """The choices of each group that a plan whose value is below `above` may take, and the
+    choices `keep` (a plan reaching `above`): choice k of group g is left out when the
+    subproblem's minimum with k taken is `above` or more, since a plan's value (its cost, or
+    its peak for `least_peak`'s relaxation) is at least the subproblem's at any multipliers,
+    and both are integers (reduced-cost fixing). None when the subproblem is too big."""
+    marginals = relaxation.min_marginals(multipliers)
+    if marginals is None:
+        return None
+    limit = above - 1 + ROUNDING * max(1.0, abs(above))
+    return [
+        sorted(set(np.flatnonzero(m <= limit).tolist()) | {k})
+        for m, k in zip(marginals, keep, strict=True)
+    ]
 
 
 class _Steps:

@@ -47,6 +47,7 @@ way) is counted as made from the home.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -164,6 +165,20 @@ class MemoryRows:
             + _sums(run_bytes[self.runs], self.starts)
             + _sums(np.maximum(self.indicated_amounts, 0), self.indicated_starts)
         )
+
+    def restricted(self, renumber: Sequence[np.ndarray]) -> MemoryRows:
+        """The rows over fewer choices: `renumber[g][k]` is choice k of group g's new number,
+        or -1 where it is left out (its terms go: no plan of the fewer choices takes it)."""
+        group = np.repeat(self.run_group, np.diff(self.run_starts))
+        flat = np.concatenate([np.asarray(r, np.int64) for r in renumber] or [_NONE])
+        offsets = _starts([len(r) for r in renumber])
+        new = flat[offsets[group] + self.choices] if len(group) else _NONE
+        stays = new >= 0
+        per_run = _sums(stays.astype(np.int64), self.run_starts)
+        return dataclasses.replace(
+            self, run_starts=_starts(per_run.tolist()), choices=new[stays],
+            amounts=self.amounts[stays],
+        )  # fmt: skip
 
 
 class RunTable:

@@ -57,8 +57,10 @@ from autoshard.search.coarsen import (
 from autoshard.search.memory import (
     ZERO_ROW,
     Chain,
+    Chosen,
     Held,
     Indicator,
+    Literal,
     MemoryModel,
     MemoryRows,
     Read,
@@ -141,6 +143,35 @@ class Problem:
         base = int(self.memory_base.bytes(choice, indicated)[0])
         rows = self.memory.bytes(choice, indicated)
         return base + (int(rows.max()) if len(rows) else 0)
+
+    def restricted(self, kept: Sequence[Sequence[int]]) -> Problem:
+        """The problem over the choices `kept[g]` of each group g (ascending, none empty),
+        numbered anew from 0: what the memory-bound solve hands CP-SAT once the relaxation
+        rules the others out (`search.lagrange.still_possible`). A plan of it is the plan
+        `kept[g][k]` per group of this one, at the same objective and peak."""
+        renumber = [np.full(n, -1, np.int64) for n in self.sizes]
+        for g, choices in enumerate(kept):
+            renumber[g][list(choices)] = np.arange(len(choices))
+
+        def literal(lit: Literal) -> Literal:
+            if isinstance(lit, int):
+                return lit
+            new = renumber[lit.group]
+            return Chosen(lit.group, frozenset(int(new[k]) for k in lit.choices if new[k] >= 0))
+
+        return Problem(
+            sizes=tuple(len(choices) for choices in kept),
+            node_costs=tuple(tuple(costs[k] for k in choices)
+                             for costs, choices in zip(self.node_costs, kept, strict=True)),
+            edges=tuple((a, b, tuple(tuple(matrix[i][j] for j in kept[b]) for i in kept[a]))
+                        for a, b, matrix in self.edges),
+            memory=self.memory.restricted(renumber),
+            budget=self.budget,
+            unit=self.unit,
+            indicators=tuple(Indicator(ind.every, tuple(literal(lit) for lit in ind.literals))
+                             for ind in self.indicators),
+            memory_base=self.memory_base.restricted(renumber),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

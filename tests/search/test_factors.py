@@ -11,7 +11,13 @@ import pytest
 from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.search import factors, ilp
-from autoshard.search.factors import Factor, elimination_order, minimize, problem_factors
+from autoshard.search.factors import (
+    Factor,
+    elimination_order,
+    min_marginals,
+    minimize,
+    problem_factors,
+)
 from autoshard.search.ilp import SolverStatus, solve
 from autoshard.search.problem import build_search
 from tests.search.test_ilp import brute_force, random_problem
@@ -194,3 +200,43 @@ def test_the_memory_aside_optimum_is_cp_sats(model, mesh, dims, proven, monkeypa
         assert by_cp_sat.status is SolverStatus.OPTIMAL
         proven = by_cp_sat.objective
     assert exact.objective == proven
+
+
+@pytest.mark.parametrize("block", [1, 2**20], ids=["a-choice-a-block", "whole"])
+@pytest.mark.parametrize("dtype", [np.int64, np.float64], ids=["int64", "float64"])
+@pytest.mark.parametrize("seed", range(25))
+def test_min_marginals_equal_brute_force(seed, dtype, block, monkeypatch):
+    """Each group's least sum per choice, against every choice enumerated: cycles, cliques,
+    a disconnected group, and components of their own (each marginal adds the others'
+    minima); the pass down a choice at a time or all at once."""
+    monkeypatch.setattr(factors, "_BLOCK", block)
+    sizes, found = random_factors(seed, dtype, groups=7)
+    found = [f for f in found if 5 not in f.scope or f.scope == (5,)]  # 5: a component
+    expected = [np.full(n, np.inf) for n in sizes]
+    for choice in itertools.product(*(range(n) for n in sizes)):
+        value = sum(f.table[tuple(choice[g] for g in f.scope)].item() for f in found)
+        for g, k in enumerate(choice):
+            expected[g][k] = min(expected[g][k], value)
+    marginals = min_marginals(sizes, found)
+    assert marginals is not None
+    for got, want in zip(marginals, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+
+
+def test_min_marginals_by_hand():
+    """Two groups of two choices: a (0, 5), b (0, 1), and a-b costs 10 where both take 0.
+    With a = 0 the least is b = 1: 0 + 1 = 1; a = 1: 5 + 0 = 5. With b = 0: a = 1, 5;
+    b = 1: a = 0, 1."""
+    found = [
+        Factor((0,), np.array([0, 5])),
+        Factor((1,), np.array([0, 1])),
+        Factor((0, 1), np.array([[10, 0], [0, 0]])),
+    ]
+    a, b = min_marginals([2, 2], found)
+    assert a.tolist() == [1, 5] and b.tolist() == [5, 1]
+
+
+def test_min_marginals_answer_none_when_minimize_does():
+    sizes = [64] * 5
+    clique = [Factor(scope, np.zeros((64, 64))) for scope in itertools.combinations(range(5), 2)]
+    assert min_marginals(sizes, clique, max_entries=64**3) is None

@@ -14,7 +14,7 @@ from autoshard.ir.onnx_import import import_onnx
 from autoshard.search import ilp, lagrange
 from autoshard.search.budget import auto_plan
 from autoshard.search.ilp import InfeasibleError, solve
-from autoshard.search.lagrange import Relaxation, dual
+from autoshard.search.lagrange import Relaxation, dual, peak_relaxation, still_possible
 from autoshard.search.memory import Chosen, Indicator, MemoryRow, MemoryRows
 from autoshard.search.problem import Problem, build_search
 from autoshard.sharding import Sharding
@@ -123,10 +123,9 @@ def test_nested_indicators_of_four_groups():
 
 
 @pytest.mark.parametrize("seed", range(30))
-def test_the_solve_through_the_relaxation_is_the_optimum(seed, monkeypatch):
-    """CP-SAT's first share too short for any plan: the relaxation's bound and plans, then
-    CP-SAT from them, still give the brute-force optimum, proven."""
-    monkeypatch.setattr(ilp, "FIRST_SHARE", 1e-9)
+def test_the_solve_through_the_relaxation_is_the_optimum(seed):
+    """The relaxation's bound and plans, then CP-SAT over the choices a cheaper plan may
+    take, give the brute-force optimum, proven."""
     problem = random_problem(seed, memory=True)
     expected = brute_force(problem)
     if expected is None:
@@ -139,10 +138,9 @@ def test_the_solve_through_the_relaxation_is_the_optimum(seed, monkeypatch):
 
 
 @pytest.mark.parametrize("seed", range(30))
-def test_the_least_peak_through_the_relaxation_is_the_least(seed, monkeypatch):
-    """The least peak's CP-SAT given too little for a plan first: the relaxation's bound and
-    plans, then CP-SAT from them, give the least peak, proven."""
-    monkeypatch.setattr(ilp, "FIRST_SHARE", 1e-9)
+def test_the_least_peak_through_the_relaxation_is_the_least(seed):
+    """The relaxation's bound and plans, then CP-SAT over the choices a plan of a lower peak
+    may take, give the least peak, proven."""
     problem = random_problem(seed, memory=True)
     least = min(problem.peak(x) for x in plans(problem))
     found = lagrange.least_peak(problem, iterations=40)
@@ -153,12 +151,11 @@ def test_the_least_peak_through_the_relaxation_is_the_least(seed, monkeypatch):
     assert problem.peak(lowest.choice) == least
 
 
-def test_the_fsdp_mlp_is_found_through_the_relaxation(tmp_path, monkeypatch):
+def test_the_fsdp_mlp_is_found_through_the_relaxation(tmp_path):
     """The MLP of `test_plan.test_weights_held_split_further_than_read` under 2 MiB on 2x4 (x
-    and y batch-split on axis 0), CP-SAT's first share too short for a plan: the relaxation
-    and CP-SAT from it still find a plan under 2 MiB no dearer than the FSDP hand plan (its
-    objective there), and the least memory any plan needs, proven."""
-    monkeypatch.setattr(ilp, "FIRST_SHARE", 1e-9)
+    and y batch-split on axis 0): the relaxation and CP-SAT from it find a plan under 2 MiB
+    no dearer than the FSDP hand plan (its objective there), and the least memory any plan
+    needs, proven."""
     graph = import_onnx(write_mlp(tmp_path / "mlp.onnx", 256, 256, 1024))
     S = Sharding.parse
     io = [Annotation("x", S("[[0]]")), Annotation("y", S("[[0]]"))]
@@ -182,3 +179,55 @@ def test_the_relaxation_is_deterministic():
     assert (first.best is None) == (second.best is None)
     if first.best is not None:
         assert first.best.choice == second.best.choice
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_choices_ruled_out_are_in_no_better_plan(seed):
+    """Reduced-cost fixing: at the dual's multipliers, with the best plan it found, every plan
+    that fits and costs less takes only choices kept, and the best plan's choices are kept;
+    likewise for the least peak's weights and a plan of a lower peak."""
+    problem = random_problem(seed, memory=True)
+    relaxation = Relaxation(problem)
+    found = dual(problem, relaxation=relaxation)
+    if found is None or found.infeasible or found.best is None:
+        return
+    kept = still_possible(relaxation, found.multipliers, found.best.objective, found.best.choice)
+    for g, k in enumerate(found.best.choice):
+        assert k in kept[g]
+    for choice in plans(problem):
+        if problem.peak(choice) <= problem.budget and (
+            problem.objective(choice) < found.best.objective
+        ):
+            assert all(k in kept[g] for g, k in enumerate(choice)), choice
+    peaks = peak_relaxation(problem)
+    least = lagrange.least_peak(problem, relaxation=peaks)
+    kept = still_possible(peaks, least.multipliers, least.best.peak, least.best.choice)
+    for choice in plans(problem):
+        if problem.peak(choice) < least.best.peak:
+            assert all(k in kept[g] for g, k in enumerate(choice)), choice
+
+
+def test_choices_are_ruled_out_by_hand():
+    """One group of three choices: costs (0, 4, 9), bytes (8, 3, 2) in the one row, budget 5.
+    At lam = 1: L with k taken = cost + (bytes - 5) = (3, 2, 6). The best plan that fits
+    costs 4 (k = 1): k = 2 (6 >= 4) is ruled out; k = 0 (3 < 4) may be in a cheaper plan as
+    far as the bound knows (it is not: it does not fit), so it is kept."""
+    rows = MemoryRows.of((MemoryRow(0, ((0, 0, 8), (0, 1, 3), (0, 2, 2)), ()),))
+    problem = Problem((3,), ((0, 4, 9),), (), rows, 5, 1.0)
+    kept = still_possible(Relaxation(problem), np.array([1.0]), 4, (1,))
+    assert kept == [[0, 1]]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_problem_restricted_to_some_choices_prices_them_as_the_whole(seed):
+    """Costs, peaks (indicators renumbered, terms of choices left out dropped) and the optimum
+    of the restricted problem are those of the whole over the choices kept."""
+    problem = random_problem(seed, memory=True)
+    rng = np.random.default_rng(seed)
+    kept = [sorted({0} | {k for k in range(n) if rng.random() < 0.6}) for n in problem.sizes]
+    narrowed = problem.restricted(kept)
+    assert narrowed.sizes == tuple(len(k) for k in kept)
+    for choice in plans(narrowed):
+        whole = tuple(kept[g][k] for g, k in enumerate(choice))
+        assert narrowed.objective(choice) == problem.objective(whole)
+        assert narrowed.peak(choice) == problem.peak(whole)
