@@ -27,7 +27,7 @@ import dataclasses
 import enum
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +50,14 @@ from autoshard.search.problem import Problem
 
 class InfeasibleError(AutoshardError):
     """No plan fits the memory budget."""
+
+
+class _NoPlan(InfeasibleError):
+    """CP-SAT proved that no plan fits, in `work` deterministic seconds."""
+
+    def __init__(self, work: float) -> None:
+        super().__init__("no plan fits the memory budget")
+        self.work = work
 
 
 class _OutOfTime(AutoshardError):
@@ -112,68 +120,152 @@ def solve(
     relaxation = Relaxation(problem)
     found = dual(problem, relaxation=relaxation)
     plans = [_Found(tuple(hint), problem.objective(hint))] if _fits(problem, hint) else []
-    at_least = math.ceil(relaxed.bound)
-    kept = None
+    at_least, marginals = math.ceil(relaxed.bound), None
     if found is not None:
         if found.infeasible:
             raise InfeasibleError("no plan fits the memory budget (the relaxation proves it)")
         at_least = max(at_least, _rounded_up(found.bound))
         if found.best is not None:
             plans.append(_Found(found.best.choice, found.best.objective))
-    best = min(plans, key=lambda plan: plan.objective, default=None)
+        marginals = relaxation.min_marginals(found.multipliers)
+    best = min(plans, key=lambda plan: plan.value, default=None)
     if tracker is not None:
-        objective = None if best is None else best.objective * problem.unit
-        tracker.solution(objective, at_least * problem.unit, unit)
-    if best is not None and at_least >= best.objective:
-        return _told(_proven(problem, best, relaxed, after_aside), tracker, problem.unit, unit)
-    if found is not None and best is not None:
-        kept = still_possible(relaxation, found.multipliers, best.objective, best.choice)
-    narrowed = problem if kept is None else problem.restricted(kept)
+        value = None if best is None else best.value * problem.unit
+        tracker.solution(value, at_least * problem.unit, unit)
+    watch = None
     if tracker is not None:
-        left = f"{narrowed.variables} of {problem.variables}" if kept else "all"
-        tracker.detail(f"CP-SAT on {left} choices, from the best plan, its bound from the "
-                       "relaxation")  # fmt: skip
-    start = best.choice if best is not None else relaxed.choice
-    rest = _Limit(time_left(time_limit, relaxed.work), limit, "memory-bound")
-    watch = None if tracker is None else _Improvements(tracker, problem.unit, unit)
-    try:
-        solved = _cp_sat(
-            narrowed, rest, memory=True, hint=_renumbered(start, kept), watch=watch,
-            at_least=at_least,
+        watch = _Improvements(tracker, problem.unit, unit, best=best.value if best else None)
+
+    def attempt(narrowed: Problem, hint: Sequence[int], at_least: int, limit: _Limit) -> _Attempt:
+        try:
+            got = _cp_sat(narrowed, limit, memory=True, hint=hint, watch=watch, at_least=at_least)
+        except _NoPlan as none:
+            return _Attempt((), None, 0, True, none.work)
+        optimal = got.status is SolverStatus.OPTIMAL
+        return _Attempt(
+            got.choice, got.objective, math.ceil(got.bound), optimal, got.work, got.variables,
+            got.constraints,
         )  # fmt: skip
-    except _OutOfTime:
-        if best is None:
-            raise
-        solved = Solution(
-            choice=best.choice, status=SolverStatus.FEASIBLE, objective=best.objective,
-            bound=at_least, wall_s=0.0, variables=0, constraints=0, work=rest.seconds,
-        )  # fmt: skip
-    else:
-        choice = _original(solved.choice, kept)
-        # A plan outside the choices kept costs no less than the best plan the relaxation
-        # found: CP-SAT's bound holds for the whole problem up to that.
-        ceiling = best.objective if best is not None else math.inf
-        bound = max(at_least, min(math.ceil(solved.bound), ceiling))
-        solved = dataclasses.replace(
-            solved, choice=choice, objective=problem.objective(choice), bound=bound
-        )
-        if best is not None and best.objective < solved.objective:  # pragma: no cover
-            solved = dataclasses.replace(solved, choice=best.choice, objective=best.objective)
-    proven = solved.bound >= solved.objective
-    solved = dataclasses.replace(
-        solved, status=SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE,
-        bound=solved.objective if proven else solved.bound, work=relaxed.work + solved.work,
+
+    search = _Narrowing(problem, marginals, attempt, watch, "the cost")
+    best, bound, work = search.run(
+        best, at_least, _Limit(time_left(time_limit, relaxed.work), limit, "memory-bound")
+    )
+    if best is None:
+        raise InfeasibleError("no plan fits the memory budget")
+    proven = bound >= best.value
+    solved = Solution(
+        choice=best.choice, status=SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE,
+        objective=best.value, bound=best.value if proven else bound,
         wall_s=relaxed.wall_s + time.perf_counter() - after_aside,
+        variables=search.variables, constraints=search.constraints, work=relaxed.work + work,
     )  # fmt: skip
     return _told(solved, tracker, problem.unit, unit)
 
 
+FIRST_GAP = 0.02
+"""The first value tried as the least a plan may reach, past the relaxation's bound: that
+much more, relatively; each try after doubles the distance (`_Narrowing`)."""
+
+
 @dataclass(frozen=True)
-class _Found:
-    """A plan found on the way, and its objective."""
+class _Attempt:
+    """One CP-SAT solve of a narrowed problem: its best plan (in its own numbering) and that
+    plan's value (None: it has no plan that fits), the bound it proved, whether that plan is
+    its optimum, and the deterministic seconds it took."""
 
     choice: tuple[int, ...]
-    objective: int
+    value: int | None
+    bound: int
+    optimal: bool
+    work: float
+    variables: int = 0  # the size of CP-SAT's model
+    constraints: int = 0
+
+
+class _Narrowing:
+    """CP-SAT on the choices a plan of a value below a threshold may take (reduced-cost
+    fixing, `lagrange.still_possible`): few, where the relaxation's bound is close. A plan
+    below the threshold takes only choices kept, so if CP-SAT proves its best plan there
+    below the threshold, it is the optimum; if that best is at the threshold or above (or
+    there is none), no plan is below it anywhere, which raises the bound to the threshold.
+    The thresholds: the bound plus `FIRST_GAP` of it, doubling the distance each time, at
+    most the value of the best plan found (whose choices are then kept, so that CP-SAT
+    proves it or finds better). Where no choice can be left out (no min-marginals, or all
+    kept), the whole problem is solved."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        marginals: Sequence[np.ndarray] | None,
+        attempt: Callable[[Problem, Sequence[int], int, _Limit], _Attempt],
+        watch: _Improvements | None,
+        what: str,
+    ) -> None:
+        self.problem, self.marginals, self.attempt = problem, marginals, attempt
+        self.watch, self.what = watch, what
+        self.variables = self.constraints = 0
+
+    def run(
+        self, best: _Found | None, bound: int, limit: _Limit
+    ) -> tuple[_Found | None, int, float]:
+        """The best plan found (None: none fits), the bound proven and the work spent."""
+        spent, distance, first = 0.0, max(1, math.ceil(FIRST_GAP * abs(bound))), bound
+        while best is None or bound < best.value:
+            threshold = first + distance
+            distance *= 2
+            if best is not None and threshold >= best.value:
+                threshold = best.value
+            kept = self.kept(threshold, best)
+            narrowed = self.problem if kept is None else self.problem.restricted(kept)
+            if self.watch is not None:
+                left = "all" if kept is None else f"{narrowed.variables} of"
+                below = "" if kept is None else f": {self.what} below {self.watch.say(threshold)}?"
+                self.watch.tracker.detail(f"CP-SAT on {left} {self.problem.variables} choices"
+                                          f"{below}")  # fmt: skip
+                self.watch.ceiling = math.inf if kept is None else threshold
+            share = dataclasses.replace(limit, seconds=time_left(limit.seconds, spent))
+            try:
+                got = self.attempt(narrowed, _renumbered(best, kept), bound, share)
+            except _OutOfTime:
+                if best is None:
+                    raise
+                return best, bound, spent + share.seconds
+            spent += got.work
+            self.variables, self.constraints = got.variables, got.constraints
+            if got.value is not None:
+                plan = _Found(_original(got.choice, kept), got.value)
+                best = plan if best is None or plan.value < best.value else best
+            if kept is None:  # the whole problem: what CP-SAT proved
+                return best, max(bound, got.bound if got.value is not None else bound), spent
+            if not got.optimal:
+                return best, max(bound, min(got.bound, threshold)), spent
+            # The optimum of the choices kept: none below the threshold elsewhere; and if
+            # the choices a plan below the best may take are those, the best is the optimum.
+            if got.value is not None and got.value < threshold:
+                return best, got.value, spent
+            bound = threshold
+            if best is not None and self.kept(best.value, best) == kept:
+                bound = best.value
+        return best, bound, spent
+
+    def kept(self, threshold: int, best: _Found | None) -> list[list[int]] | None:
+        """The choices a plan below `threshold` may take, and the best plan's; None when
+        that is every choice (or there are no min-marginals)."""
+        if self.marginals is None:
+            return None
+        kept = still_possible(self.marginals, threshold, best.choice if best else None)
+        if all(len(k) == n for k, n in zip(kept, self.problem.sizes, strict=True)):
+            return None
+        return kept
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A plan found on the way, and its value (its cost, or its peak)."""
+
+    choice: tuple[int, ...]
+    value: int
 
 
 def _fits(problem: Problem, choice: Sequence[int]) -> bool:
@@ -185,20 +277,16 @@ def _rounded_up(bound: float) -> int:
     return math.ceil(bound - ROUNDING * max(1.0, abs(bound)))
 
 
-def _proven(problem: Problem, best: _Found, before: Solution, since: float) -> Solution:
-    """The relaxation's plan, proven optimal by its bound."""
-    return Solution(
-        choice=tuple(best.choice), status=SolverStatus.OPTIMAL, objective=best.objective,
-        bound=best.objective, wall_s=before.wall_s + time.perf_counter() - since,
-        variables=0, constraints=0, work=before.work,
-    )  # fmt: skip
-
-
-def _renumbered(choice: Sequence[int], kept: Sequence[Sequence[int]] | None) -> tuple[int, ...]:
-    """A plan of the whole problem as a plan of its `restricted(kept)` (choices kept)."""
+def _renumbered(plan: _Found | None, kept: Sequence[Sequence[int]] | None) -> tuple[int, ...]:
+    """A plan of the whole problem as a plan of its `restricted(kept)` (no hint where it
+    takes a choice left out)."""
+    if plan is None:
+        return ()
     if kept is None:
-        return tuple(choice)
-    return tuple(choices.index(k) for choices, k in zip(kept, choice, strict=True))
+        return plan.choice
+    if any(k not in choices for choices, k in zip(kept, plan.choice, strict=True)):
+        return ()
+    return tuple(choices.index(k) for choices, k in zip(kept, plan.choice, strict=True))
 
 
 def _original(choice: Sequence[int], kept: Sequence[Sequence[int]] | None) -> tuple[int, ...]:
@@ -257,23 +345,34 @@ def time_left(time_limit: float, spent: float) -> float:
 
 
 class _Improvements(cp_model.CpSolverSolutionCallback):
-    """Tells a tracker each better plan and each better bound of one CP-SAT solve, as
-    (CP-SAT's value + offset) * scale. It reads the solver's state and changes nothing."""
+    """Tells a tracker each better plan and each better bound of the CP-SAT solves it
+    watches, as (CP-SAT's value + offset) * scale. It reads the solver's state and changes
+    nothing. `best` may start at a plan found before; `ceiling` caps the bounds told (a
+    narrowed solve's bound holds for the whole problem only up to its threshold)."""
 
-    def __init__(self, tracker: Tracker, scale: float, unit: str, offset: int = 0) -> None:
+    def __init__(
+        self, tracker: Tracker, scale: float, unit: str, offset: int = 0, best: int | None = None
+    ) -> None:
         super().__init__()
         self.tracker, self.scale, self.unit, self.offset = tracker, scale, unit, offset
-        self.best: float | None = None
+        self.best: float | None = best
+        self.ceiling = math.inf
 
     def on_solution_callback(self) -> None:
-        self.best = self.objective_value
+        value = self.objective_value
+        self.best = value if self.best is None else min(self.best, value)
         self.bound(self.best_objective_bound)
 
     def bound(self, bound: float) -> None:
         if not math.isfinite(bound):  # no bound proven yet
             return
         objective = None if self.best is None else (self.best + self.offset) * self.scale
+        bound = min(bound, self.ceiling)
         self.tracker.solution(objective, (bound + self.offset) * self.scale, self.unit)
+
+    def say(self, value: int) -> str:
+        """A value of the objective as the tracker is told it."""
+        return f"{(value + self.offset) * self.scale:.4g} {self.unit}"
 
 
 def _run(
@@ -342,7 +441,7 @@ def _cp_sat(
     status = _run(solver, model, watch)
     wall = time.perf_counter() - started
     if status == cp_model.INFEASIBLE:
-        raise InfeasibleError("no plan fits the memory budget")
+        raise _NoPlan(solver.response_proto.deterministic_time)
     choice = _chosen(solver, status, x, limit)
     proto = model.proto
     return Solution(
@@ -507,39 +606,31 @@ def lowest_budget(
     problem: Problem, time_limit: float = 60.0, tracker: Tracker | None = None
 ) -> LowestBudget:
     """The smallest peak memory any choice reaches. The rows' weighted sums relaxed
-    (`lagrange.least_peak`) give a bound, plans, and the choices a plan of a lower peak than
-    the least of them may take; CP-SAT minimizes the peak over those choices from that plan,
-    its bound from the relaxation."""
+    (`lagrange.least_peak`) give a bound and plans; CP-SAT minimizes the peak over the
+    choices a plan of a lower peak may take (`_Narrowing`), from the least found."""
     if tracker is not None:
         tracker.detail("no plan fits the budget: the least memory any plan needs, the rows' "
                        "weighted sums relaxed")  # fmt: skip
     relaxation = peak_relaxation(problem)
     found = least_peak(problem, relaxation=relaxation)
-    best, kept, at_least = None, None, 0
+    best, bound, marginals = None, 0, None
     if found is not None and found.best is not None:
-        best = LowestBudget(
-            peak=found.best.peak, bound=0, status=SolverStatus.FEASIBLE, choice=found.best.choice
-        )
-        at_least = max(0, _rounded_up(found.bound))
-        if at_least < best.peak:
-            kept = still_possible(relaxation, found.multipliers, best.peak, best.choice)
-    if best is None or at_least < best.peak:
-        narrowed = problem if kept is None else problem.restricted(kept)
-        if tracker is not None:
-            left = f"{narrowed.variables} of {problem.variables}" if kept else "all"
-            tracker.detail(f"CP-SAT on the least peak over {left} choices")
-        watch = None if tracker is None else _Improvements(tracker, 1.0, "B")
-        hint = _renumbered(best.choice, kept) if best is not None else ()
-        limit = _Limit(time_limit, time_limit, "lowest-budget")
-        again = _least_peak(narrowed, limit, watch, hint, at_least)
-        # A plan outside the choices kept peaks no lower than the relaxation's best.
-        ceiling = best.peak if best is not None else again.peak
-        at_least = max(at_least, min(again.bound, ceiling))
-        if best is None or again.peak <= best.peak:
-            best = dataclasses.replace(again, choice=_original(again.choice, kept))
-    bound = min(at_least, best.peak)
-    status = SolverStatus.OPTIMAL if bound == best.peak else SolverStatus.FEASIBLE
-    return dataclasses.replace(best, bound=bound, status=status)
+        best = _Found(found.best.choice, found.best.peak)
+        bound = max(0, _rounded_up(found.bound))
+        marginals = relaxation.min_marginals(found.multipliers)
+    watch = None
+    if tracker is not None:
+        watch = _Improvements(tracker, 1.0, "B", best=best.value if best else None)
+
+    def attempt(narrowed: Problem, hint: Sequence[int], at_least: int, limit: _Limit) -> _Attempt:
+        return _least_peak(narrowed, limit, watch, hint, at_least)
+
+    search = _Narrowing(problem, marginals, attempt, watch, "the peak")
+    best, bound, _ = search.run(best, bound, _Limit(time_limit, time_limit, "lowest-budget"))
+    assert best is not None  # the least peak is always some plan's
+    bound = min(bound, best.value)
+    status = SolverStatus.OPTIMAL if bound == best.value else SolverStatus.FEASIBLE
+    return LowestBudget(peak=best.value, bound=bound, status=status, choice=best.choice)
 
 
 def _least_peak(
@@ -548,7 +639,7 @@ def _least_peak(
     watch: _Improvements | None,
     hint: Sequence[int] = (),
     at_least: int = 0,
-) -> LowestBudget:
+) -> _Attempt:
     """CP-SAT on the least peak: from `hint`, no less than `at_least` (a bound proven)."""
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
@@ -563,10 +654,10 @@ def _least_peak(
     choice = _chosen(solver, _run(solver, model, watch), x, limit)
     reached = problem.peak(choice)
     bound = min(reached, math.ceil(solver.best_objective_bound))
-    return LowestBudget(
-        peak=reached, bound=bound, choice=choice,
-        status=SolverStatus.OPTIMAL if bound == reached else SolverStatus.FEASIBLE,
-    )  # fmt: skip
+    work, proto = solver.response_proto.deterministic_time, model.proto
+    return _Attempt(
+        choice, reached, bound, bound == reached, work, len(proto.variables), len(proto.constraints)
+    )
 
 
 def _classes(rows: Sequence[Sequence[int]]) -> tuple[list[tuple[int, ...]], list[int]]:

@@ -29,6 +29,7 @@ plan that fits costs 10 (the relaxation's duality gap, which `search.ilp` closes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -36,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from autoshard.search.factors import (
     MAX_ENTRIES,
@@ -55,6 +57,11 @@ WORK = 8 * 10**8
 """The work (`_work`) the steps may take in all: the bundled models' subproblems are far below
 a million entries each (ITERATIONS decides), the 32-layer decoder's on a 2x4x8 mesh ~1.4e8
 (about fourteen steps; measured: its bound after 20 steps is its bound after 72)."""
+
+STEP_WORK = WORK // 4
+"""A subproblem whose exact tables would take more work than this is bounded within the pairs
+the edges join instead (weaker, and as easy as the problem without memory): a step must leave
+room for more (the 32-layer decoder's least peak on 2x4x8: 5.3e9 exact, one step in 19 s)."""
 
 DENSE = 1 << 17
 """An indicator over at most this many combinations of its groups' choices is one table, exact;
@@ -202,11 +209,17 @@ class Relaxation:
         bytes less the budget, weighted). The indicators' tables join the groups they name
         until that needs too large a table (`factors.MAX_ENTRIES`); from then on they are
         bounded within the pairs the edges join."""
-        unary, coefficients = self.weighted(multipliers)
+        with _one_blas_thread():
+            unary, coefficients = self.weighted(multipliers)
+            return self._at(multipliers, unary, coefficients)
+
+    def _at(
+        self, multipliers: np.ndarray, unary: np.ndarray, coefficients: np.ndarray
+    ) -> tuple[list[Factor], float]:
         if not self.within_pairs:
             found, constant = self.factors(unary, coefficients)
             _, largest = elimination_order(self.sizes, [f.scope for f in found])
-            self.within_pairs = largest > MAX_ENTRIES
+            self.within_pairs = largest > MAX_ENTRIES or _work(self.sizes, found) > STEP_WORK
         if self.within_pairs:
             found, constant = self.factors(unary, coefficients, self.pairs)
         problem = self.problem
@@ -260,6 +273,18 @@ class Relaxation:
             shape[scope.index(literal.group)] = self.sizes[literal.group]
             return self.mask(literal).reshape(shape)
         return self.table(literal, scope)
+
+
+@functools.cache
+def _blas() -> ThreadpoolController:
+    return ThreadpoolController()
+
+
+def _one_blas_thread() -> contextlib.AbstractContextManager:
+    """The relaxation's products are of a few hundred rows: a BLAS pool's threads cost more
+    than they save (one pair's table, 330 x 165 by 330 x 284: 1.2 ms on one OpenBLAS thread,
+    5.4 ms on two, on a 2-core machine)."""
+    return _blas().limit(limits=1, user_api="blas")
 
 
 def _work(sizes: Sequence[int], factors: Sequence[Factor]) -> int:
@@ -431,23 +456,39 @@ def least_peak(
     weights = np.full(rows, 1.0 / rows)
     best: Relaxed | None = None
     steps, spent, done = _Steps(weights), 0, 0
+    probes: list[np.ndarray] = []
     while done < iterations:
+        at = probes.pop() if probes else weights
         done += 1
-        relaxed = relaxation.solve(weights)
+        relaxed = relaxation.solve(at)
         if relaxed is None:
             return None
         spent += relaxed.work
         if best is None or relaxed.peak < best.peak:
             best = relaxed
-        steps.saw(relaxed.value, weights)
+        if done == 1:  # the rows at the first plan's peak, each alone, next
+            peak_rows = np.argsort(-relaxed.excess, kind="stable")[:PEAK_ROWS]
+            probes = [np.eye(1, rows, int(r))[0] for r in reversed(peak_rows.tolist())]
+        steps.saw(relaxed.value, at)
+        if best.peak - steps.bound < 1 or spent >= work:
+            break
+        if at is not weights:  # a probe: no step from it
+            continue
         direction = relaxed.excess.astype(np.float64)
         direction -= direction.mean()  # along the simplex
         norm = float(direction @ direction)
-        if best.peak - steps.bound < 1 or norm == 0 or spent >= work:
+        if norm == 0:
             break
         length = steps.length * (best.peak - relaxed.value) / norm
         weights = _onto_simplex(weights + length * direction)
     return Dual(steps.bound, best, steps.at, done)
+
+
+PEAK_ROWS = 4
+"""The rows at the first plan's peak that `least_peak` weighs alone (vertices of the simplex,
+where its steps rarely land). The least peak is often one row's least bytes: the 32-layer
+decoder's on 2x4x8, 290,269,454 B, is that of the row at its peak, where 30 steps reach a
+bound of 271,971,555 B."""
 
 
 def peak_relaxation(problem: Problem) -> Relaxation:
@@ -460,21 +501,18 @@ ROUNDING = 1e-9
 
 
 def still_possible(
-    relaxation: Relaxation, multipliers: np.ndarray, above: int, keep: Sequence[int]
-) -> list[list[int]] | None:
-    """The choices of each group that a plan whose value is below `above` may take, and the
-    choices `keep` (a plan reaching `above`): choice k of group g is left out when the
-    subproblem's minimum with k taken is `above` or more, since a plan's value (its cost, or
-    its peak for `least_peak`'s relaxation) is at least the subproblem's at any multipliers,
-    and both are integers (reduced-cost fixing). None when the subproblem is too big."""
-    marginals = relaxation.min_marginals(multipliers)
-    if marginals is None:
-        return None
-    limit = above - 1 + ROUNDING * max(1.0, abs(above))
-    return [
-        sorted(set(np.flatnonzero(m <= limit).tolist()) | {k})
-        for m, k in zip(marginals, keep, strict=True)
-    ]
+    marginals: Sequence[np.ndarray], below: int, keep: Sequence[int] | None = None
+) -> list[list[int]]:
+    """The choices of each group that a plan whose value is below `below` may take (and the
+    choices `keep`, a plan's): choice k of group g is left out when the subproblem's minimum
+    with k taken (`marginals[g][k]`, `Relaxation.min_marginals`) is `below` or more, since
+    a plan's value (its cost, or its peak for `least_peak`'s relaxation) is at least the
+    subproblem's at any multipliers, and both are integers (reduced-cost fixing)."""
+    limit = below - 1 + ROUNDING * max(1.0, abs(below))
+    found = [set(np.flatnonzero(m <= limit).tolist()) for m in marginals]
+    for choices, k in zip(found, keep or (), strict=False):
+        choices.add(k)
+    return [sorted(choices) for choices in found]
 
 
 class _Steps:

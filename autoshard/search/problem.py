@@ -152,12 +152,14 @@ class Problem:
         renumber = [np.full(n, -1, np.int64) for n in self.sizes]
         for g, choices in enumerate(kept):
             renumber[g][list(choices)] = np.arange(len(choices))
+        anew = [{k: i for i, k in enumerate(choices)} for choices in kept]
 
+        @functools.cache
         def literal(lit: Literal) -> Literal:
             if isinstance(lit, int):
                 return lit
-            new = renumber[lit.group]
-            return Chosen(lit.group, frozenset(int(new[k]) for k in lit.choices if new[k] >= 0))
+            new = anew[lit.group]
+            return Chosen(lit.group, frozenset(new[k] for k in lit.choices if k in new))
 
         return Problem(
             sizes=tuple(len(choices) for choices in kept),

@@ -191,7 +191,8 @@ def test_the_choices_ruled_out_are_in_no_better_plan(seed):
     found = dual(problem, relaxation=relaxation)
     if found is None or found.infeasible or found.best is None:
         return
-    kept = still_possible(relaxation, found.multipliers, found.best.objective, found.best.choice)
+    marginals = relaxation.min_marginals(found.multipliers)
+    kept = still_possible(marginals, found.best.objective, found.best.choice)
     for g, k in enumerate(found.best.choice):
         assert k in kept[g]
     for choice in plans(problem):
@@ -201,7 +202,7 @@ def test_the_choices_ruled_out_are_in_no_better_plan(seed):
             assert all(k in kept[g] for g, k in enumerate(choice)), choice
     peaks = peak_relaxation(problem)
     least = lagrange.least_peak(problem, relaxation=peaks)
-    kept = still_possible(peaks, least.multipliers, least.best.peak, least.best.choice)
+    kept = still_possible(peaks.min_marginals(least.multipliers), least.best.peak)
     for choice in plans(problem):
         if problem.peak(choice) < least.best.peak:
             assert all(k in kept[g] for g, k in enumerate(choice)), choice
@@ -214,8 +215,11 @@ def test_choices_are_ruled_out_by_hand():
     far as the bound knows (it is not: it does not fit), so it is kept."""
     rows = MemoryRows.of((MemoryRow(0, ((0, 0, 8), (0, 1, 3), (0, 2, 2)), ()),))
     problem = Problem((3,), ((0, 4, 9),), (), rows, 5, 1.0)
-    kept = still_possible(Relaxation(problem), np.array([1.0]), 4, (1,))
-    assert kept == [[0, 1]]
+    marginals = Relaxation(problem).min_marginals(np.array([1.0]))
+    np.testing.assert_allclose(marginals[0], [3, 2, 6])
+    assert still_possible(marginals, 4) == [[0, 1]]
+    assert still_possible(marginals, 3) == [[1]]  # below 3: only k = 1 (2) may be
+    assert still_possible(marginals, 3, (2,)) == [[1, 2]]  # and a plan's choice, kept
 
 
 @pytest.mark.parametrize("seed", range(30))
