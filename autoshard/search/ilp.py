@@ -148,9 +148,8 @@ def solve(
         )  # fmt: skip
 
     search = _Narrowing(problem, marginals, attempt, watch, "the cost")
-    best, bound, work = search.run(
-        best, at_least, _Limit(time_left(time_limit, relaxed.work), limit, "memory-bound")
-    )
+    rest = _Limit(time_left(time_limit, relaxed.work), limit, "memory-bound")
+    best, bound, work = search.run(best, at_least, rest, relaxed.choice)
     if best is None:
         raise InfeasibleError("no plan fits the memory budget")
     proven = bound >= best.value
@@ -166,6 +165,12 @@ def solve(
 FIRST_GAP = 0.02
 """The first value tried as the least a plan may reach, past the relaxation's bound: that
 much more, relatively; each try after doubles the distance (`_Narrowing`)."""
+
+
+WHOLE_SHARE = 0.5
+"""Where a threshold keeps more than this share of the choices, the whole problem is solved
+instead: little is left out, and each try below a threshold costs a solve (an infeasible
+budget, gpt2 on 2x4 at 60 %: 12 tries up to 717 of 722 choices, 7 s; now 3, 1.5 s)."""
 
 
 @dataclass(frozen=True)
@@ -191,8 +196,8 @@ class _Narrowing:
     there is none), no plan is below it anywhere, which raises the bound to the threshold.
     The thresholds: the bound plus `FIRST_GAP` of it, doubling the distance each time, at
     most the value of the best plan found (whose choices are then kept, so that CP-SAT
-    proves it or finds better). Where no choice can be left out (no min-marginals, or all
-    kept), the whole problem is solved."""
+    proves it or finds better). Where few choices are left out (`WHOLE_SHARE`, or no
+    min-marginals), the whole problem is solved."""
 
     def __init__(
         self,
@@ -207,9 +212,13 @@ class _Narrowing:
         self.variables = self.constraints = 0
 
     def run(
-        self, best: _Found | None, bound: int, limit: _Limit
+        self, best: _Found | None, bound: int, limit: _Limit, start: tuple[int, ...] = ()
     ) -> tuple[_Found | None, int, float]:
-        """The best plan found (None: none fits), the bound proven and the work spent."""
+        """The best plan found (None: none fits), the bound proven and the work spent.
+        `start`: where CP-SAT starts on the whole problem, with no bound given (the memory-aside
+        optimum, which it repairs: on the whole problem a plan that fits as a hint, or the
+        bound as a constraint, made CP-SAT slower, bert on 4x8 at 30 %: 6.3 s alone, 13.2 s
+        from the best plan found below the thresholds)."""
         spent, distance, first = 0.0, max(1, math.ceil(FIRST_GAP * abs(bound))), bound
         while best is None or bound < best.value:
             threshold = first + distance
@@ -226,7 +235,10 @@ class _Narrowing:
                 self.watch.ceiling = math.inf if kept is None else threshold
             share = dataclasses.replace(limit, seconds=time_left(limit.seconds, spent))
             try:
-                got = self.attempt(narrowed, _renumbered(best, kept), bound, share)
+                if kept is None and start:  # the whole problem: as CP-SAT alone would start
+                    got = self.attempt(narrowed, start, 0, share)
+                else:
+                    got = self.attempt(narrowed, _renumbered(best, kept), bound, share)
             except _OutOfTime:
                 if best is None:
                     raise
@@ -251,11 +263,11 @@ class _Narrowing:
 
     def kept(self, threshold: int, best: _Found | None) -> list[list[int]] | None:
         """The choices a plan below `threshold` may take, and the best plan's; None when
-        that is every choice (or there are no min-marginals)."""
+        that is more than `WHOLE_SHARE` of them (or there are no min-marginals)."""
         if self.marginals is None:
             return None
         kept = still_possible(self.marginals, threshold, best.choice if best else None)
-        if all(len(k) == n for k, n in zip(kept, self.problem.sizes, strict=True)):
+        if sum(map(len, kept)) > WHOLE_SHARE * self.problem.variables:
             return None
         return kept
 

@@ -49,7 +49,7 @@ from autoshard.search.factors import (
 from autoshard.search.memory import Chosen, Literal, MemoryRows, indicator_values
 from autoshard.search.problem import Problem
 
-ITERATIONS = 30
+ITERATIONS = 20
 """Subgradient steps at most: the bound settles in fewer (the 32-layer decoder on 4x8 at 60 %:
 9.945e6 after 20 steps, 9.950e6 after 40, its best plan the same)."""
 
