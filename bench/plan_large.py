@@ -96,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                 except NoPlanFits as error:
                     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
                     lowest = error.lowest.peak
-                    print(f"{head}{memory or budget:>14} {wall:>7.2f} {cpu:>7.2f} infeasible: the lowest "
-                          f"feasible budget is {lowest} ({error.lowest.status}, bound "
-                          f"{error.lowest.bound})", flush=True)  # fmt: skip
+                    print(f"{head}{memory or budget:>14} {wall:>7.2f} {cpu:>7.2f} infeasible: "
+                          f"the lowest feasible budget is {lowest} ({error.lowest.status}, "
+                          f"bound {error.lowest.bound})", flush=True)  # fmt: skip
                     continue
                 wall, cpu = time.perf_counter() - started, time.process_time() - cpu
                 planned, graph = requested.planned, requested.graph
