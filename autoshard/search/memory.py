@@ -260,7 +260,7 @@ Ref = tuple[int, int]
 """Slot `first[positions[u]] + offset` as (u, offset), `positions` the reading positions of the
 value a mark is made for and `first[p]` the first slot of position p (PRE(p, 0))."""
 
-Mark = tuple[Ref, Ref, "Literal | bool", int]
+Mark = tuple[Ref, Ref, Literal | bool, int]
 """Bytes live from one slot to another (both as `Ref`s) when a literal holds."""
 
 Read = tuple[int, int, int | None, tuple[Sharding, ...]]
