@@ -1,17 +1,19 @@
 """Time `autoshard plan` on shape-only decoders the size of Llama-3 70B and 405B.
 
-    python bench/plan_large.py [--models 70b 405b] [--budgets free device 0.5] [--seq 2048]
+    python bench/plan_large.py [--models 70b 405b] [--budgets free device 0.6 0.3 0.01 lowest]
 
 Each decoder (float16, weights absent; grouped-query attention with 8 KV heads) is written to
-a temporary folder by models/make_models.py, then planned as `autoshard plan` does: import
-with batch 8, build the search problem, solve it (`ilp.solve`), lower the plan to its program
-(materialize + CCL passes) and price it, under each budget: `free` (memory no object: 1 TB per
-device), `device` (the H100's 80 GB, which binds for both), or a fraction of the free plan's
-peak (below the least any plan needs: "infeasible", found and proven by its own ILP).
+a temporary folder by models/make_models.py, then planned as `autoshard plan` does
+(`pipeline.plan_request`: import with batch 8, build the search problem, solve it, lower the
+plan to its program, price it, write the plan document), under each budget: `free` (memory
+no object: 1 TB per device), `device` (the H100's 80 GB, which binds for both), a fraction
+of the free plan's peak (binding; below the least any plan needs, "infeasible": the search
+proves it and names the lowest feasible budget, solved for by its own ILP), or `lowest` (that
+lowest budget, from the infeasible row before it).
 `wall s` is all of that, end to end, and `cpu s` its process time (on a shared machine
-the closer to a quiet machine's wall time); `solve s` is the solver's part and `lower s` one
-lowering of the chosen plan, timed again afterwards (the search lowers the plan it picks
-once). Target (2 cores): each <= 10 s end to end.
+the closer to a quiet machine's wall time); `build s` is the search problem's building,
+`solve s` the solver's part (every solve, wall); `lower s` one lowering of the chosen plan,
+timed again afterwards. Target (2 cores): each <= 10 s end to end.
 """
 
 from __future__ import annotations
@@ -25,12 +27,9 @@ from pathlib import Path
 
 import onnx
 
-from autoshard.cost.cluster import make_cluster
-from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
-from autoshard.search.budget import auto_plan
-from autoshard.search.ilp import InfeasibleError
-from autoshard.search.options import SolverOptions
+from autoshard.pipeline import PlanRequest, plan_request
+from autoshard.search.budget import NoPlanFits
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "models"))
@@ -61,11 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--seq", type=int, default=2048)
-    parser.add_argument("--budgets", nargs="+", default=["free", "device"])
+    parser.add_argument("--budgets", nargs="+", default=["free", "device", "0.6", "0.3", "0.01",
+                                                         "lowest"])  # fmt: skip
     parser.add_argument("--time-limit", type=float, default=60.0)
     args = parser.parse_args(argv)
     print(f"{'model':>5} {'mesh':>5} {'layers':>6} {'hidden':>6} {'budget':>14} {'wall s':>7} "
-          f"{'cpu s':>7} {'solve s':>7} {'lower s':>7} {'status':>8} {'gap':>6} "
+          f"{'cpu s':>7} {'build s':>7} {'solve s':>7} {'lower s':>7} {'status':>8} {'gap':>6} "
           f"{'peak/budget':>11}")  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         for name in args.models:
@@ -76,36 +76,42 @@ def main(argv: list[str] | None = None) -> int:
                 ffn=shape.ffn, vocab=shape.vocab,
             )  # fmt: skip
             onnx.save(built.proto, path)
-            free_peak = 0
+            free_peak, lowest = 0, 0
             for budget in args.budgets:
-                memory = {"free": "1TB", "device": None}.get(budget)
-                if budget not in ("free", "device"):
+                memory = {"free": "1TB", "device": None, "lowest": str(lowest)}.get(budget)
+                if budget == "lowest" and not lowest:
+                    raise SystemExit("budget lowest: it needs an infeasible budget before it")
+                if memory is None and budget != "device":
                     if not free_peak:
                         raise SystemExit(f"budget {budget}: a fraction needs 'free' before it")
                     memory = str(int(float(budget) * free_peak))
+                request = PlanRequest(
+                    model_path=path, mesh=shape.mesh, dims={"batch": 8, "seq": args.seq},
+                    memory=memory, time_limit=args.time_limit,
+                )  # fmt: skip
+                head = f"{name:>5} {shape.mesh:>5} {shape.layers:>6} {shape.hidden:>6} "
                 started, cpu = time.perf_counter(), time.process_time()
-                graph = import_onnx(path, {"batch": 8, "seq": args.seq})
-                cluster = make_cluster(mesh=shape.mesh, memory=memory)
-                options = SolverOptions(time_limit=args.time_limit)
                 try:
-                    planned = auto_plan(graph, cluster, options=options)
-                except InfeasibleError:
+                    requested = plan_request(request)
+                except NoPlanFits as error:
                     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-                    print(f"{name:>5} {shape.mesh:>5} {shape.layers:>6} {shape.hidden:>6} "
-                          f"{cluster.memory:>14} {wall:>7.2f} {cpu:>7.2f} infeasible (the "
-                          "error names the lowest feasible budget)", flush=True)  # fmt: skip
+                    lowest = error.lowest.peak
+                    print(f"{head}{memory or budget:>14} {wall:>7.2f} {cpu:>7.2f} infeasible: "
+                          f"the lowest feasible budget is {lowest} ({error.lowest.status}, "
+                          f"bound {error.lowest.bound})", flush=True)  # fmt: skip
                     continue
                 wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+                planned, graph = requested.planned, requested.graph
                 lowering = time.perf_counter()
                 lower(graph, planned.plan)
                 lowered = time.perf_counter() - lowering
                 solution, peak = planned.solution, planned.cost.memory_bytes_per_device
+                budget_bytes = requested.cluster.memory
                 free_peak = peak if budget == "free" else free_peak
                 print(
-                    f"{name:>5} {shape.mesh:>5} {shape.layers:>6} {shape.hidden:>6} "
-                    f"{cluster.memory:>14} {wall:>7.2f} {cpu:>7.2f} {planned.solve_s:>7.2f} "
-                    f"{lowered:>7.2f} {solution.status:>8} {solution.gap:>6.2%} "
-                    f"{peak / cluster.memory:>11.1%}",
+                    f"{head}{budget_bytes:>14} {wall:>7.2f} {cpu:>7.2f} {planned.build_s:>7.2f} "
+                    f"{planned.solve_s:>7.2f} {lowered:>7.2f} {solution.status:>8} "
+                    f"{solution.gap:>6.2%} {peak / budget_bytes:>11.1%}",
                     flush=True,
                 )
     return 0

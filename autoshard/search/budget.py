@@ -31,6 +31,7 @@ from autoshard.progress import Tracker
 from autoshard.reshard import plan_reshard
 from autoshard.search.ilp import (
     InfeasibleError,
+    LowestBudget,
     Solution,
     SolverStatus,
     lowest_budget,
@@ -40,6 +41,17 @@ from autoshard.search.ilp import (
 from autoshard.search.memory import Chain
 from autoshard.search.options import Objective, SolverOptions
 from autoshard.search.problem import Search, build_search
+
+
+class NoPlanFits(InfeasibleError):
+    """No plan fits the budget; `lowest` is the least memory any plan needs, with its proof."""
+
+    def __init__(self, message: str, lowest: LowestBudget) -> None:
+        super().__init__(message)
+        self.lowest = lowest
+
+    def __reduce__(self) -> tuple[type[NoPlanFits], tuple[str, LowestBudget]]:
+        return type(self), (str(self), self.lowest)  # across processes (the service's workers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +76,7 @@ def auto_plan(
     tracker: Tracker | None = None,
 ) -> Planned:
     """Search the cheapest plan that fits the memory budget (CP-SAT), then lower and price
-    it; `InfeasibleError` with the lowest feasible budget when none fits. `tracker` is told
+    it; `NoPlanFits` with the lowest feasible budget when none fits. `tracker` is told
     what the search does and each solve's objective and bound."""
     started = time.perf_counter()
     say = tracker.detail if tracker is not None else (lambda _: None)
@@ -124,7 +136,7 @@ def _chains(graph: Graph, plan: Plan) -> frozenset[Chain]:
 
 def _infeasible(
     graph: Graph, cluster: Cluster, search: Search, time_limit: float, tracker: Tracker | None
-) -> InfeasibleError:
+) -> NoPlanFits:
     """No plan fits: the lowest feasible budget, how sure the solver is of it, and the largest
     tensors the plan reaching it holds at its peak."""
     lowest = lowest_budget(search.problem, time_limit, tracker)
@@ -135,9 +147,10 @@ def _infeasible(
         else f"the least found; no plan needs less than {lowest.bound} bytes"
     )
     biggest = ", ".join(f"{name} ({format_bytes(size)})" for name, size in usage.live[:5])
-    return InfeasibleError(
+    return NoPlanFits(
         f"infeasible budget: no plan fits {cluster.memory} bytes "
         f"({format_bytes(cluster.memory)}) per device; "
         f"the lowest feasible budget is {lowest.peak} bytes ({format_bytes(lowest.peak)}, "
-        f"{proof}; --memory {lowest.peak}); the largest tensors live at its peak: {biggest}"
+        f"{proof}; --memory {lowest.peak}); the largest tensors live at its peak: {biggest}",
+        lowest,
     )

@@ -275,6 +275,9 @@ Ref = tuple[int, int]
 """Slot `first[positions[u]] + offset` as (u, offset), `positions` the reading positions of the
 value a mark is made for and `first[p]` the first slot of position p (PRE(p, 0))."""
 
+Mark = tuple[Ref, Ref, Literal | bool, int]
+"""Bytes live from one slot to another (both as `Ref`s) when a literal holds."""
+
 Read = tuple[int, int, int | None, tuple[Sharding, ...]]
 """A read: the program position of the reading op (`len(graph.ops)` for the graph outputs),
 the operand it is (the output, at the end), the reader's deciding group, and the sharding it
@@ -343,23 +346,26 @@ class _Builder:
             widths.append(sum(lengths))
         self.widths = widths
         spans = [w + 1 for w in widths[:-1]] + widths[-1:]
-        self.first = np.concatenate([[0], np.cumsum(spans)]).astype(np.int64).tolist()
+        self.first_array = np.concatenate([[0], np.cumsum(spans)]).astype(np.int64)
+        self.first = self.first_array.tolist()
         self.slots = slots = int(self.first[-1])
         # Group terms as spans of slots (first, last, columns of choices, bytes), fixed terms
         # as a difference array over slots, indicator terms as spans (first, last, indicator,
         # bytes).
         self.held_spans: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         self.fixed = np.zeros(slots + 1, dtype=np.int64)
-        self.indicated: list[tuple[int, int, int, int]] = []  # first, last, indicator, bytes
+        # Indicator terms as spans (firsts, lasts, indicator, bytes): a mark's, in every copy.
+        self.indicated: list[tuple[np.ndarray, np.ndarray, int, int]] = []
         self.bytes_cache: dict[tuple[tuple[int, ...], str, Sharding], int] = {}
         self.vectors: dict[tuple[int, tuple[int, ...], str], np.ndarray] = {}
         self.steps_to_cache: dict[tuple, dict[int, Literal | bool]] = {}
         self.passing_cache: dict[tuple, dict[Sharding, list[tuple[Sharding, Sharding]]]] = {}
-        self.recording: list[tuple[Ref, Ref, Literal | bool, int]] = []
+        self.recording: list[Mark] = []
         self.rank: dict[int, int] = {}  # the reading positions of the value being marked
         self.positions: list[int] = []
         self.columns: dict[Chosen, np.ndarray] = {}
-        self.chosen_marks: list[tuple[int, int, np.ndarray, int]] = []
+        # Terms of one group's choices as spans (firsts, lasts, columns, bytes), as indicated.
+        self.chosen_marks: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []
 
     # -- slots: PRE(p, i, k) = first[p] + starts[p][i] + k, AT(p) = first[p] + widths[p] --
 
@@ -476,18 +482,28 @@ class _Builder:
         if literal is not False and amount:
             self.recording.append((first, last, literal, amount))
 
-    def apply(self, first: int, last: int, literal: Literal | bool, amount: int) -> None:
-        if literal is True:
-            self.fixed[first] += amount
-            self.fixed[last + 1] -= amount
-        elif isinstance(literal, Chosen):  # plain terms of its group, added in bulk by `rows`
-            columns = self.columns.get(literal)
-            if columns is None:
-                start = int(self.offsets[literal.group])
-                columns = self.columns[literal] = np.array(sorted(literal.choices)) + start
-            self.chosen_marks.append((first, last, columns, amount))
-        else:
-            self.indicated.append((first, last, literal, amount))
+    def replay(self, marks: Sequence[Mark], positions: np.ndarray) -> None:
+        """A value's marks at the reading positions of each of its copies (`positions`: a row
+        per copy), all copies at once: a repeated layer's are made once, replayed here."""
+        refs = np.array([(*first, *last) for first, last, _, _ in marks], np.int64)
+        starts = self.first_array[positions[:, refs[:, 0]]] + refs[:, 1]  # copies x marks
+        stops = self.first_array[positions[:, refs[:, 2]]] + refs[:, 3]
+        for j, (_, _, literal, amount) in enumerate(marks):
+            live = starts[:, j] <= stops[:, j]
+            first, last = starts[live, j], stops[live, j]
+            if not len(first):
+                continue
+            if literal is True:
+                np.add.at(self.fixed, first, amount)
+                np.add.at(self.fixed, last + 1, -amount)
+            elif isinstance(literal, Chosen):  # plain terms of its group, added in bulk by `rows`
+                columns = self.columns.get(literal)
+                if columns is None:
+                    start = int(self.offsets[literal.group])
+                    columns = self.columns[literal] = np.array(sorted(literal.choices)) + start
+                self.chosen_marks.append((first, last, columns, amount))
+            else:
+                self.indicated.append((first, last, literal, amount))
 
     # -- the model --
 
@@ -495,7 +511,8 @@ class _Builder:
         graph = self.graph
         produced_at = {o: p for p, op in enumerate(graph.ops) for o in op.outputs if o}
         accumulated = accumulated_gradients(graph)
-        replays: dict[tuple, list[tuple[Ref, Ref, Literal | bool, int]]] = {}
+        replays: dict[tuple, list[Mark]] = {}
+        copies: dict[tuple, list[list[int]]] = {}  # the reading positions of each copy
         for name in graph.values:
             readings = sorted(self.reads(name), key=lambda r: (r[0], r[1]))
             positions = sorted({r[0] for r in readings})
@@ -541,10 +558,10 @@ class _Builder:
                 marks = replays[signature] = self.recording
             if home is not None:
                 self.add_held(name, home, self.slot(self.last_home_read(readings, over)))
-            for (u, a), (v, b), literal, amount in marks:
-                start, stop = self.first[positions[u]] + a, self.first[positions[v]] + b
-                if start <= stop:
-                    self.apply(start, stop, literal, amount)
+            if marks:
+                copies.setdefault(signature, []).append(positions)
+        for signature, positions_of in copies.items():
+            self.replay(replays[signature], np.array(positions_of, np.int64))
         return self.rows()
 
     def in_forward(self, position: int) -> bool:
@@ -864,21 +881,29 @@ class _Builder:
     def events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The group terms' events, by slot: (slot, column of a choice, bytes added)."""
         held, chosen = self.held_spans, self.chosen_marks
-        lengths = [len(c) for _, _, c, _ in held] + [len(c) for _, _, c, _ in chosen]
-        per_span = [(f, t) for f, t, _, _ in held] + [(f, t) for f, t, _, _ in chosen]
-        spans = np.array(per_span, np.int64).reshape(-1, 2)
-        chosen_bytes = np.array([a for *_, a in chosen], np.int64)
+        lengths = [len(c) for _, _, c, _ in held]
+        spans = np.array([(f, t) for f, t, _, _ in held], np.int64).reshape(-1, 2)
+        # A mark's spans (one per copy) times its columns.
         return _events(
-            np.repeat(spans[:, 0], lengths),
-            np.repeat(spans[:, 1], lengths),
-            _concatenate([c for _, _, c, _ in held] + [c for _, _, c, _ in chosen]),
-            _concatenate([*(a for *_, a in held), np.repeat(chosen_bytes, lengths[len(held) :])]),
-        )
+            _concatenate([np.repeat(spans[:, 0], lengths)]
+                         + [np.repeat(f, len(c)) for f, _, c, _ in chosen]),
+            _concatenate([np.repeat(spans[:, 1], lengths)]
+                         + [np.repeat(t, len(c)) for _, t, c, _ in chosen]),
+            _concatenate([c for _, _, c, _ in held]
+                         + [np.tile(c, len(f)) for f, _, c, _ in chosen]),
+            _concatenate([a for *_, a in held]
+                         + [np.full(len(f) * len(c), a, np.int64) for f, _, c, a in chosen]),
+        )  # fmt: skip
 
     def marked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The indicator terms' events, by slot: (slot, indicator, bytes added)."""
-        first, last, indicator, amount = np.array(self.indicated, np.int64).reshape(-1, 4).T
-        return _events(first, last, indicator, amount)
+        marks = self.indicated
+        return _events(
+            _concatenate([f for f, _, _, _ in marks]),
+            _concatenate([t for _, t, _, _ in marks]),
+            _concatenate([np.full(len(f), i, np.int64) for f, _, i, _ in marks]),
+            _concatenate([np.full(len(f), a, np.int64) for f, _, _, a in marks]),
+        )
 
     def sweep(
         self,

@@ -3,6 +3,7 @@ model, executed and compared with onnxruntime."""
 
 import json
 import math
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from autoshard.plan import ShardingOption
 from autoshard.propagate import propagate
 from autoshard.reshard import ring_bytes
 from autoshard.search.baselines import data_parallel, dp_tp, megatron
-from autoshard.search.budget import auto_plan
+from autoshard.search.budget import NoPlanFits, auto_plan
 from autoshard.search.ilp import InfeasibleError, lowest_budget
 from autoshard.search.problem import build_search
 from autoshard.sharding import Sharding
@@ -106,9 +107,15 @@ def test_an_infeasible_budget_names_the_lowest_one(mlp):
     """The least memory is Megatron's at the all_reduce of y: the returned y (8 MiB) next to
     the partial y it reduces (8 MiB), the 16 + 16 MiB of weights split 8 ways, and x held
     split 8 ways (gathered before fc1, that buffer gone by then): 21 MiB, proven by the ILP
-    whose objective is the peak."""
-    with pytest.raises(InfeasibleError) as error:
+    whose objective is the peak. The error carries that answer (the benchmarks read it), also
+    across processes (the service's workers)."""
+    with pytest.raises(NoPlanFits) as error:
         auto_plan(import_onnx(mlp), make_cluster(mesh="8", memory="16MiB"))
+    lowest = error.value.lowest
+    assert (lowest.peak, lowest.bound, lowest.status) == (22020096, 22020096, "OPTIMAL")
+    again = pickle.loads(pickle.dumps(error.value))
+    assert isinstance(again, InfeasibleError)
+    assert (str(again), again.lowest) == (str(error.value), lowest)
     assert str(error.value) == (
         "infeasible budget: no plan fits 16777216 bytes (16.00 MiB) per device; the lowest "
         "feasible budget is "
