@@ -132,7 +132,7 @@ class _Findings:
 
     def layer(self, op: str) -> int | None:
         i, run = self.index[op], self.run
-        return (i - run.start) // run.period if run is not None and i in run else None
+        return run.layer(i) if run is not None else None
 
     def add(self, phrase: str, ops: Iterable[str], role: Role, axes: Iterable[int]) -> None:
         self.found.setdefault(phrase, set()).update(self.layer(op) for op in ops)

@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
+import itertools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -56,18 +58,52 @@ from autoshard.sharding import Sharding
 
 @dataclass(frozen=True)
 class Run:
-    """Ops `start + j*period + k` for j < count are copies of op `start + k`."""
+    """Repeated layers: op `layers[j][k]` (an index in graph order) is a copy of op
+    `layers[0][k]`. A layer lists the ops computing on data in graph order, then those computed
+    from parameters alone that every layer has (`find_repeats`); the layers follow one another,
+    and an op between a layer's first and last op may be in none (computed from parameters
+    alone and not in every layer: T5's position bias, which its first block computes for
+    all)."""
 
-    start: int
-    period: int
-    count: int
+    layers: tuple[tuple[int, ...], ...]
+
+    @property
+    def start(self) -> int:
+        return self.layers[0][0]
+
+    @property
+    def period(self) -> int:
+        """The ops of each layer."""
+        return len(self.layers[0])
+
+    @property
+    def count(self) -> int:
+        return len(self.layers)
 
     @property
     def ops(self) -> int:
         return self.period * self.count
 
+    def span(self, j: int) -> range:
+        """The ops from layer `j`'s first to its last, in graph order."""
+        return range(min(self.layers[j]), max(self.layers[j]) + 1)
+
+    @functools.cached_property
+    def _where(self) -> dict[int, tuple[int, int]]:
+        return {i: (j, k) for j, layer in enumerate(self.layers) for k, i in enumerate(layer)}
+
+    def layer(self, index: int) -> int | None:
+        """The layer op `index` is in (None: in no layer)."""
+        where = self._where.get(index)
+        return where[0] if where is not None else None
+
+    def first(self, index: int) -> int | None:
+        """The op of the first layer that op `index` copies (None: in no layer)."""
+        where = self._where.get(index)
+        return self.layers[0][where[1]] if where is not None else None
+
     def __contains__(self, index: int) -> bool:
-        return self.start <= index < self.start + self.ops
+        return index in self._where
 
 
 @dataclass(frozen=True)
@@ -81,8 +117,9 @@ class Repeats:
     def first(self, index: int) -> int:
         """The op of the first repeat that op `index` copies (itself outside the runs)."""
         for run in self.runs:
-            if index in run:
-                return run.start + (index - run.start) % run.period
+            first = run.first(index)
+            if first is not None:
+                return first
         return index
 
     @property
@@ -152,21 +189,95 @@ def _origin(graph: Graph, name: str, produced: set[str]) -> tuple:
 
 
 def find_repeats(graph: Graph, min_period: int = 2) -> Repeats:
-    """The periodic runs of op signatures: the run covering the most ops (ties: the shortest
-    period, then the earliest start), then the same in what is left before and after it."""
-    seq = np.array(signatures(graph), dtype=np.int64)
-    runs: list[Run] = []
+    """The repeated layers: the periodic runs of the signatures of the ops that compute on the
+    model's data (`_free` says which do not), the run covering the most ops first (ties: the
+    shortest period, then the earliest start), then the same in what is left before and after
+    it. The ops computed from parameters alone then join their layers (`_joined`)."""
+    sigs = signatures(graph)
+    free = _free(graph)
+    bound = [i for i in range(len(graph.ops)) if i not in free]
+    seq = np.array([sigs[i] for i in bound], dtype=np.int64)
+    found: list[list[list[int]]] = []
     segments = [(0, len(seq))]
     while segments:
         lo, hi = segments.pop()
-        run = _best_run(seq[lo:hi], min_period)
-        if run is not None:
-            runs.append(Run(lo + run.start, run.period, run.count))
-            segments += [(lo, lo + run.start), (lo + run.start + run.ops, hi)]
+        best = _best_run(seq[lo:hi], min_period)
+        if best is not None:
+            start, period, count = lo + best[0], best[1], best[2]
+            found.append([bound[start + j * period : start + (j + 1) * period]
+                          for j in range(count)])  # fmt: skip
+            segments += [(lo, start), (start + period * count, hi)]
+    runs = _joined(graph, sigs, free, found)
     return Repeats(tuple(sorted(runs, key=lambda r: (-r.ops, r.start))))
 
 
-def _best_run(seq: np.ndarray, min_period: int) -> Run | None:
+def _free(graph: Graph) -> set[int]:
+    """The ops computed from parameters alone (the indices): those reading no data input (a
+    graph input the forward reads, not an optimizer's state) nor any result of an op that does,
+    and the gradients and recomputations of such ops. An exporter places them where the
+    model computes them, inside a layer (a weight's Cast, T5's position bias in its first
+    block only), so they do not take part in finding the layers."""
+    forward = {name for op in graph.ops if graph.phase(op.name) == "forward" for name in op.inputs}
+    computed = set(forward & set(graph.inputs))
+    free: set[int] = set()
+    free_ops: set[str] = set()
+    for i, op in enumerate(graph.ops):
+        of = computed_with(op)
+        if of in free_ops if of else not any(name in computed for name in op.inputs):
+            free.add(i)
+            free_ops.add(op.name)
+        else:
+            computed.update(op.outputs)
+    return free
+
+
+def _joined(
+    graph: Graph, sigs: Sequence[int], free: Collection[int], found: list[list[list[int]]]
+) -> list[Run]:
+    """The runs `found` (each a list of layers of op indices), with the free ops that every
+    layer of a run has. A free op sits next to the first op reading its results, or if no op
+    of a layer reads them, the last op it reads (a weight's Cast next to its MatMul, the
+    weight's gradient sync next to the gradient); it joins that op's layer when every layer
+    has a free op of its signature at the same place. T5's position bias, computed in the
+    first block only, joins none; nor does anything that would make layers overlap."""
+    where = {i: (r, j, k) for r, layers in enumerate(found) for j, layer in enumerate(layers)
+             for k, i in enumerate(layer)}  # fmt: skip
+    index = {op.name: i for i, op in enumerate(graph.ops)}
+    place: dict[int, tuple[int, int, int]] = {}
+
+    def placed(i: int) -> tuple[int, int, int] | None:
+        return place.get(i) if i in free else where.get(i)
+
+    for i in sorted(free, reverse=True):  # a free op's readers come after it
+        readers = sorted(index[c.name] for out in graph.ops[i].outputs if out
+                         for c in graph.consumers(out))  # fmt: skip
+        if readers and (at := placed(readers[0])) is not None:
+            place[i] = at
+    for i in sorted(set(free) - place.keys()):
+        producers = sorted(index[p.name] for n in graph.ops[i].inputs if (p := graph.producer(n)))
+        near = [at for at in map(placed, producers) if at is not None]
+        if near:
+            place[i] = near[-1]
+    # Each layer's free ops by place: (next to member k, signature, how many such before).
+    keyed: dict[tuple[int, int], dict[tuple[int, int, int], int]] = {}
+    for i in sorted(place):
+        r, j, k = place[i]
+        mine = keyed.setdefault((r, j), {})
+        same = sum(1 for key in mine if key[:2] == (k, sigs[i]))
+        mine[(k, sigs[i], same)] = i
+    runs = []
+    for r, layers in enumerate(found):
+        each = [keyed.get((r, j), {}) for j in range(len(layers))]
+        common = sorted(set(each[0]).intersection(*each[1:]))
+        joined = [(*layer, *(mine[key] for key in common))
+                  for layer, mine in zip(layers, each, strict=True)]  # fmt: skip
+        apart = all(max(a) < min(b) for a, b in itertools.pairwise(joined))
+        runs.append(Run(tuple(joined) if apart else tuple(map(tuple, layers))))
+    return runs
+
+
+def _best_run(seq: np.ndarray, min_period: int) -> tuple[int, int, int] | None:
+    """(start, period, count) of the periodic run of `seq` covering the most entries."""
     n = len(seq)
     best, covered = None, 0
     for period in range(min_period, n // 2 + 1):
@@ -176,7 +287,7 @@ def _best_run(seq: np.ndarray, min_period: int) -> Run | None:
         for s, e in zip(edges[::2], edges[1::2], strict=True):
             count = (e - s + period) // period
             if count >= 2 and count * period > covered:
-                best, covered = Run(int(s), period, int(count)), count * period
+                best, covered = (int(s), period, int(count)), count * period
     return best
 
 
