@@ -351,6 +351,25 @@ class Tie(enum.StrEnum):
     GRADIENT = "gradient"  # a gradient or recomputed op, computed with its forward op's option
 
 
+class Kind(enum.StrEnum):
+    """What a decision decides: an op's option, or how a producer-less value is held. ONNX
+    names ops and values in two namespaces, so a decision is known by both (`Key`)."""
+
+    OP = "op"
+    VALUE = "value"
+
+
+@dataclass(frozen=True)
+class Key:
+    """A decision: op `name` or value `name`."""
+
+    kind: Kind
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
 Reader = tuple[Op, int]
 """An op reading a value, and the operand it reads it as."""
 
@@ -368,12 +387,11 @@ class Grouping:
     groups: tuple[Decision, ...]
     copies: Mapping[str, str]
     representatives: Mapping[str, tuple]  # of the values with a key of their own (not "value")
-    ties: Mapping[str, tuple[str, Tie]] = dataclasses.field(default_factory=dict)
+    ties: Mapping[Key, tuple[Key, Tie]] = dataclasses.field(default_factory=dict)
     """The decision each follower follows directly, and why (a leader has no entry)."""
 
-    def decision(self, name: str) -> Decision:
-        """The decision of op or value `name`."""
-        return self.ops[name] if name in self.ops else self.values[name]
+    def decision(self, key: Key) -> Decision:
+        return self.ops[key.name] if key.kind is Kind.OP else self.values[key.name]
 
     def representative(self, value: str) -> tuple:
         """The same key for a value and its copies in the other repeated layers: the copy in
@@ -445,7 +463,7 @@ class _Grouper:
         # (ONNX names nodes and values in two namespaces).
         self.leader: dict[str, Leader] = {}
         self.value_leader: dict[str, Leader] = {}
-        self.ties: dict[str, tuple[str, Tie]] = {}
+        self.ties: dict[Key, tuple[Key, Tie]] = {}
 
     def group(
         self,
@@ -474,7 +492,7 @@ class _Grouper:
             if name in annotated:  # held as annotated, unlike its copies: a key of its own
                 self.representatives.pop(name, None)
             if first_copy[name] != name:
-                self.ties[name] = (first_copy[name], Tie.COPY)
+                self.ties[Key(Kind.VALUE, name)] = (Key(Kind.VALUE, first_copy[name]), Tie.COPY)
             if first_copy[name] == name:
                 shardings = source_choices(name, self.readers[name])
             else:
@@ -514,12 +532,12 @@ class _Grouper:
         identity = (op.name, tuple(range(len(me.choices))))
         forward = computed_with(op)
         if forward:
-            self.ties[op.name] = (forward, Tie.GRADIENT)
+            self.ties[Key(Kind.OP, op.name)] = (Key(Kind.OP, forward), Tie.GRADIENT)
             return self.leader[forward]
         if not self.coarsen:
             return identity
         if self.copies[op.name] != op.name:
-            self.ties[op.name] = (self.copies[op.name], Tie.COPY)
+            self.ties[Key(Kind.OP, op.name)] = (Key(Kind.OP, self.copies[op.name]), Tie.COPY)
             return self.leader[self.copies[op.name]]
         source = self.graph.producer(op.inputs[0]) if op.inputs else None
         rule, source_rule = self.rules[op.name], self.rules[source.name] if source else None
@@ -543,5 +561,5 @@ class _Grouper:
             if k_me is None:
                 return identity
             pick.append(k_me)
-        self.ties[op.name] = (source.name, Tie.ELEMENTWISE)
+        self.ties[Key(Kind.OP, op.name)] = (Key(Kind.OP, source.name), Tie.ELEMENTWISE)
         return head, tuple(pick)
