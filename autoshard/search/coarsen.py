@@ -47,6 +47,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from autoshard.ir import dtypes
+from autoshard.ir.fold import FOLD_LIMIT
 from autoshard.ir.graph import Attrs, Graph, Op
 from autoshard.plan import ShardingOption
 from autoshard.rules import OpRule
@@ -181,11 +183,24 @@ def _origin(graph: Graph, name: str, produced: set[str]) -> tuple:
         return ("absent",)
     if name in produced:
         return ("op", _type(graph, name))
-    if name in graph.constants:
-        array = np.ascontiguousarray(graph.constants[name])
+    array = _content(graph, name)
+    if array is not None:
+        array = np.ascontiguousarray(array)
         return ("constant", array.dtype.str, array.shape, hashlib.sha1(array.tobytes()).digest())
     kind = "weight" if name in graph.weights else "input"
     return (kind, _type(graph, name))
+
+
+def _content(graph: Graph, name: str) -> np.ndarray | None:
+    """A constant's value; or a small initializer's of no floating type, which no training
+    changes (a Reshape target, an axes list): one exporter writes it as an initializer, another
+    (or another layer) as a Constant node, and by value they are alike."""
+    if name in graph.constants:
+        return graph.constants[name]
+    weight = graph.weights.get(name)
+    if weight is None or not weight.has_data or weight.dtype in dtypes.FLOAT_DTYPES:
+        return None
+    return weight.load() if weight.size <= FOLD_LIMIT else None
 
 
 def find_repeats(graph: Graph, min_period: int = 2) -> Repeats:
