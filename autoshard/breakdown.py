@@ -24,7 +24,7 @@ from typing import Any
 from autoshard.cost.model import MEMORY_KINDS, Cost, Memory, live_kinds, memory, served_ops
 from autoshard.ir.graph import Graph
 from autoshard.program import Program, step_index
-from autoshard.search.coarsen import Repeats, find_repeats
+from autoshard.search.repeats import Repeats, find_repeats
 
 TOP = 5
 """How many collectives `top_collectives` lists."""

@@ -36,9 +36,9 @@ from autoshard.program import Program
 from autoshard.progress import Tracker
 from autoshard.propagate import propagate
 from autoshard.search.budget import Planned, auto_plan
-from autoshard.search.coarsen import find_repeats
 from autoshard.search.ilp import InfeasibleError
 from autoshard.search.options import Objective, SolverOptions
+from autoshard.search.repeats import find_repeats
 from autoshard.training import Recompute, Training, training_graph
 
 AfterStage = Callable[[Stage, Program | Partitioned], None]

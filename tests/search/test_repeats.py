@@ -1,4 +1,4 @@
-"""Repeated layers found in both exporters' graphs (`coarsen.find_repeats`).
+"""Repeated layers found in both exporters' graphs (`repeats.find_repeats`).
 
 Each case is a stack of three small layers written the way one exporter writes it: the
 TorchScript exporter's deduplicated parameters behind Identity nodes, a first block computing
@@ -17,8 +17,9 @@ from onnx import helper
 
 from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx
-from autoshard.search.coarsen import Key, Kind, Tie, find_repeats
+from autoshard.search.coarsen import Key, Kind, Tie
 from autoshard.search.problem import decision_groups
+from autoshard.search.repeats import find_repeats
 from tests.unit.onnx_factory import F32, I64, model, rng_weight, save, tensor
 
 H, LAYERS = 8, 3
