@@ -37,7 +37,7 @@ from autoshard.ir.graph import Graph, Op
 from autoshard.plan import ShardingOption
 from autoshard.rules import OpRule
 from autoshard.rules.elementwise import ELEMENTWISE
-from autoshard.rules.gradient import computed_with
+from autoshard.rules.gradient import TRAIN, TrainOp, computed_with
 from autoshard.search.candidates import option_reads, option_writes
 from autoshard.search.repeats import NONE, Repeats, find_repeats
 from autoshard.sharding import Sharding
@@ -182,6 +182,7 @@ class _Grouper:
         pinned: Collection[str] = (),
     ) -> None:
         self.graph, self.rules, self.coarsen = graph, rules, coarsen
+        self.pinned = frozenset(pinned)
         self.repeats = find_repeats(graph) if coarsen else NONE
         ops = graph.ops
         # A pinned op is its own; the other copies of its layer position follow the first
@@ -205,8 +206,8 @@ class _Grouper:
             for name in op.outputs:
                 if name and graph.producer(name) is op:
                     keys[name] = ("op", self.copies[op.name], op.outputs.index(name))
-        for name, readers in self.readers.items():
-            keys[name] = ("source", tuple((self.copies[op.name], i) for op, i in readers))
+        for name, readers in self.readers.items():  # a weight before its optimizer state
+            keys[name] = ("source", tuple(self.reading(op, i, keys) for op, i in readers))
         self.representatives = keys
         self.ops: dict[str, OpDecision] = {}
         self.values: dict[str, ValueDecision] = {}
@@ -216,6 +217,19 @@ class _Grouper:
         self.value_leader: dict[str, Leader] = {}
         self.ties: dict[Key, tuple[Key, Tie]] = {}
 
+    def reading(self, op: Op, i: int, keys: Mapping[str, tuple]) -> tuple:
+        """How `op` reads a producer-less value as operand i, alike for its copies in the
+        other layers: a gradient or recomputation as one of its forward op's copy (whether or
+        not the backward's layers were found: a weight shared by every layer, as the dynamo
+        exporter writes equal initializers, adds its gradients up in the first layer's only),
+        an optimizer's update of a weight's state as one of the weight's copy."""
+        forward = computed_with(op)
+        if forward:
+            return (self.copies[forward], op.type, op.attr("operand", -1), i)
+        if op.domain == TRAIN and op.type == TrainOp.UPDATE:
+            return ("update", keys.get(op.inputs[1]) if i != 1 else "", i)
+        return (self.copies[op.name], i)
+
     def group(
         self,
         op_choices: Callable[[Op], tuple[ShardingOption | None, ...]],
@@ -223,14 +237,6 @@ class _Grouper:
         annotated: Collection[str],
     ) -> Grouping:
         graph, copies = self.graph, self.copies
-        for op in graph.ops:
-            first = copies[op.name]
-            forward = computed_with(op)
-            if forward:  # a gradient computes with its forward op's option
-                choices = self.ops[forward].choices
-            else:
-                choices = self.ops[first].choices if first != op.name else op_choices(op)
-            self.ops[op.name] = OpDecision(op.name, choices)
         position = {name: i for i, name in enumerate(graph.values)}
         sources = sorted(self.readers, key=position.__getitem__)
         # A weight of a repeated layer is decided as its first copy is (unless annotated).
@@ -249,6 +255,16 @@ class _Grouper:
             else:
                 shardings = self.values[first_copy[name]].choices
             self.values[name] = ValueDecision(name, shardings)
+        if self.coarsen:
+            self.copy_weight_steps(first_copy)
+        for op in graph.ops:
+            first = copies[op.name]
+            forward = computed_with(op)
+            if forward:  # a gradient computes with its forward op's option
+                choices = self.ops[forward].choices
+            else:
+                choices = self.ops[first].choices if first != op.name else op_choices(op)
+            self.ops[op.name] = OpDecision(op.name, choices)
         # Leaders: who each decision follows (a follower's producer comes before it); a value
         # leads its own group, shared by its copies.
         leader = self.leader
@@ -274,6 +290,29 @@ class _Grouper:
         return Grouping(
             self.repeats, ops, values, tuple(groups), copies, self.representatives, self.ties
         )
+
+    def copy_weight_steps(self, first_copy: Mapping[str, str]) -> None:
+        """Weights held alike (`first_copy`) have their gradients synchronized and their
+        updates computed alike: each such step copies the first of them in graph order, unless
+        it is a copy already (found in the optimizer's layers) or pinned. The backward's
+        layers need not be found: a weight shared by every layer (the dynamo exporter merges
+        equal initializers) adds its gradients up in one layer only, and they are not."""
+        graph, copies = self.graph, self.copies
+        index = {op.name: i for i, op in enumerate(graph.ops)}
+        alike: dict[str, list[list[Op]]] = {}  # a leading weight -> its updates, its syncs
+        for op in graph.ops:
+            if op.domain == TRAIN and op.type == TrainOp.UPDATE:
+                steps = alike.setdefault(first_copy.get(op.inputs[1], op.inputs[1]), [[], []])
+                steps[0].append(op)
+                sync = graph.producer(op.inputs[0])
+                if sync is not None and sync.type == TrainOp.GRAD_SYNC:
+                    steps[1].append(sync)
+        for updates, syncs in alike.values():
+            for ops in (updates, syncs) if len(syncs) == len(updates) else (updates,):
+                first, *others = sorted(ops, key=lambda op: index[op.name])
+                for op in others:
+                    if copies[op.name] == op.name and op.name not in self.pinned:
+                        copies[op.name] = copies[first.name]
 
     def follow(self, op: Op) -> Leader:
         """An elementwise op follows the producer of its first operand when, under each choice
