@@ -4,10 +4,13 @@ Decisions are the ops (which sharding option) and the producer-less values the o
 inputs and weights: which sharding they are held in). `group_decisions` ties them into *groups*
 sharing one one-hot variable vector, each member mapping the group's choice to one of its own:
 
-- ops of repeated layers share the variables of the first layer (`repeats.find_repeats`: a training
-  step has several periodic runs, its forward layers, their backward and their updates), and a
-  weight of a repeated layer is held as its copy in the first layer is; an op or weight a
-  required annotation restricts is decided on its own (annotating layer 5 pins layer 5 only);
+- ops of repeated layers share the variables of the first layer (`repeats.find_repeats`: a
+  training step has several periodic runs, its forward layers, their backward and their
+  updates), and a weight of a repeated layer is held as its copy in the first layer is (its
+  readers say which weight that is: a gradient reads it as its forward op's copy, an update
+  of its optimizer state as the weight's copy), its gradient synchronized and updated as that
+  one's; an op or weight a required annotation restricts is decided on its own (annotating
+  layer 5 pins layer 5 only);
 - a gradient op computes with its forward op's option, a recomputed op with its original's
   (`rules.gradient.computed_with`): they share its variables, coarsened or not;
 - how a weight or input is held is a decision of its own, apart from how its readers read it

@@ -20,6 +20,7 @@ from autoshard.ir.onnx_import import import_onnx
 from autoshard.search.coarsen import Key, Kind, Tie
 from autoshard.search.problem import decision_groups
 from autoshard.search.repeats import find_repeats
+from autoshard.training import Training, training_graph
 from tests.unit.onnx_factory import F32, I64, model, rng_weight, save, tensor
 
 H, LAYERS = 8, 3
@@ -164,6 +165,26 @@ def test_one_initializer_read_by_every_layer(tmp_path):
     graph = _stack(tmp_path, nodes, inits | _weights())
     (run,) = find_repeats(graph).runs
     assert _layers(graph, run) == [_names(j, "ln", "mm", "relu", "add") for j in range(LAYERS)]
+
+
+def test_training_ties_layer_weights_when_a_shared_weight_breaks_the_backward(tmp_path):
+    """A training step of the stack whose norms read one `ones` (dynamo): its gradients are
+    summed once, in the first layer's backward, whose ops then differ from the others'. The
+    layers' weights are still held alike, and their gradient syncs and updates copy the first
+    in graph order (syncs run last layer first)."""
+    nodes = [node for j in range(LAYERS) for node in _layer(j, "ones", "zeros", f"W{j}")]
+    inits = {"ones": np.ones(H, np.float32), "zeros": np.zeros(H, np.float32)}
+    step = training_graph(_stack(tmp_path, nodes, inits | _weights()), Training(), [])
+    backward = [run for run in find_repeats(step).runs if step.phase(step.ops[run.start].name)
+                == "backward"]  # fmt: skip
+    assert max(run.count for run in backward) < LAYERS
+    grouping = decision_groups(step, make_cluster("2"))
+    for j in (1, 2):
+        assert grouping.ties[Key(Kind.VALUE, f"W{j}")] == (Key(Kind.VALUE, "W0"), Tie.COPY)
+        assert grouping.copies[f"W{j}@update"] == "W0@update"
+        assert grouping.values[f"W{j}@state"].group == grouping.values["W0@state"].group
+    assert grouping.copies["W0@sync"] == grouping.copies["W1@sync"] == "W2@sync"
+    assert grouping.ops["W0@update"].group == grouping.ops["W2@update"].group
 
 
 def test_ties_of_an_op_and_a_value_of_one_name(tmp_path):
