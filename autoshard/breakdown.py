@@ -24,7 +24,7 @@ from typing import Any
 from autoshard.cost.model import MEMORY_KINDS, Cost, Memory, live_kinds, memory, served_ops
 from autoshard.ir.graph import Graph
 from autoshard.program import Program, step_index
-from autoshard.search.coarsen import Repeats, find_repeats
+from autoshard.search.repeats import Repeats, find_repeats
 
 TOP = 5
 """How many collectives `top_collectives` lists."""
@@ -93,11 +93,10 @@ def breakdown(
     for run in repeats.runs:
         if run.count < 2:
             continue
-        first = names[run.start : run.start + run.period]
-        every = names[run.start : run.start + run.ops]
+        each = [[names[i] for i in layer] for layer in run.layers]
+        first, every = each[0], [name for layer in each for name in layer]
         inside.update(every)
-        layers = [_kinds(held, every[j * run.period : (j + 1) * run.period])
-                  for j in range(run.count)]  # fmt: skip
+        layers = [_kinds(held, layer) for layer in each]
         most = max(range(run.count), key=lambda j: (sum(layers[j].values()), -j))
         runs.append({
             "phase": graph.phase(first[0]), "first_op": first[0], "ops_per_layer": run.period,

@@ -42,7 +42,7 @@ from autoshard.program import Program
 from autoshard.report import format_seconds
 from autoshard.rules import rule_for
 from autoshard.search.candidates import candidates
-from autoshard.search.coarsen import Grouping, OpDecision, Tie
+from autoshard.search.coarsen import Grouping, Key, Kind, OpDecision, Tie
 from autoshard.search.options import Objective
 from autoshard.search.problem import decision_groups
 
@@ -168,26 +168,26 @@ def resolve(
 # ---- who decided --------------------------------------------------------------------------------
 
 
-def _touching(saved: Saved, name: str) -> list[Annotation]:
-    """The annotations on decision `name`: on an op's results (as produced) or operands (as
+def _touching(saved: Saved, key: Key) -> list[Annotation]:
+    """The annotations on decision `key`: on an op's results (as produced) or operands (as
     read), or on a weight or input itself."""
-    op = saved.graph.op_by_name.get(name)
-    if op is None:
-        return [a for a in saved.annotations if a.value == name and not a.for_users]
+    if key.kind is Kind.VALUE:
+        return [a for a in saved.annotations if a.value == key.name and not a.for_users]
+    op = saved.graph.op_by_name[key.name]
     return [
         a for a in saved.annotations
         if (a.value in op.outputs and not a.for_users) or (a.value in op.inputs and a.for_users)
     ]  # fmt: skip
 
 
-def decided_by(saved: Saved, name: str) -> dict[str, Any]:
+def decided_by(saved: Saved, name: str, kind: Kind = Kind.OP) -> dict[str, Any]:
     """Who decided op or weight/input `name`: `by` is annotation, search, fixed (one choice)
     or follower (`chain`: whom it follows and why, to the group's `leader`)."""
     grouping, chain = saved.grouping, []
-    current = name
+    current = Key(kind, name)
     while current in grouping.ties:
         followed, tie = grouping.ties[current]
-        chain.append({"name": current, "follows": followed, "tie": str(tie)})
+        chain.append({"name": current.name, "follows": followed.name, "tie": str(tie)})
         current = followed
     decision = grouping.decision(current)
     count = len(decision.choices)
@@ -215,21 +215,22 @@ def decided_by(saved: Saved, name: str) -> dict[str, Any]:
         steps = [TIES[Tie(step["tie"])].format(step["follows"]) for step in chain]
         text = "follower: " + ", which ".join(steps) + f"; {current}: {text}"
     return {
-        "by": "follower" if chain else how, "leader": current, "leader_by": how,
+        "by": "follower" if chain else how, "leader": current.name, "leader_by": how,
         "chain": chain, "candidates": count,
         "annotations": [a.to_json() for a in required + hints], "text": text,
     }  # fmt: skip
 
 
-def _decides(saved: Saved, decision: str, value: str) -> bool:
-    """Whether decision `decision` says how `value` is held (its producer's, or its own)."""
+def _decides(saved: Saved, decision: Key, value: str) -> bool:
+    """Whether `decision` says how `value` is held (its producer's, or its own)."""
     producer = saved.graph.producer(value)
-    return (producer.name if producer is not None else value) == decision
+    held_by = Key(Kind.OP, producer.name) if producer is not None else Key(Kind.VALUE, value)
+    return held_by == decision
 
 
-def _candidate_count(saved: Saved, name: str) -> int:
+def _candidate_count(saved: Saved, key: Key) -> int:
     """An op's candidates before any annotation (a weight's pin leaves it one: 1)."""
-    op = saved.graph.op_by_name.get(name)
+    op = saved.graph.op_by_name.get(key.name) if key.kind is Kind.OP else None
     rule = rule_for(op, saved.graph) if op is not None else None
     return len(candidates(rule, saved.cluster.mesh)) if rule is not None else 1
 
@@ -278,7 +279,7 @@ def explain_value(saved: Saved, name: str) -> dict[str, Any]:
     elif name in graph.constants:
         decided = {"by": "fixed", "text": "a constant, computed while planning: replicated"}
     else:
-        decided = decided_by(saved, name)
+        decided = decided_by(saved, name, Kind.VALUE)
     readers = [
         {"op": op.name, "operand": i, "reads": plan.needs[(op.name, i)].text(rank),
          "resharded": plan.needs[(op.name, i)] != plan.values[name]}

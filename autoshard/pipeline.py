@@ -36,9 +36,9 @@ from autoshard.program import Program
 from autoshard.progress import Tracker
 from autoshard.propagate import propagate
 from autoshard.search.budget import Planned, auto_plan
-from autoshard.search.coarsen import find_repeats
 from autoshard.search.ilp import InfeasibleError
 from autoshard.search.options import Objective, SolverOptions
+from autoshard.search.repeats import find_repeats
 from autoshard.training import Recompute, Training, training_graph
 
 AfterStage = Callable[[Stage, Program | Partitioned], None]
@@ -134,9 +134,7 @@ def load_graph(
         return graph
     layers: list[range] = []
     if training.recompute is Recompute.LAYERS:
-        run = find_repeats(graph).runs[:1]
-        layers = [range(r.start + j * r.period, r.start + (j + 1) * r.period)
-                  for r in run for j in range(r.count)]  # fmt: skip
+        layers = [r.span(j) for r in find_repeats(graph).runs[:1] for j in range(r.count)]
     return training_graph(graph, training, layers)
 
 

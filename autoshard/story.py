@@ -20,7 +20,7 @@ parameter names (`export.names`, given by the caller), else by their initializer
 - weights: held split further than read (gathered before use: FSDP/ZeRO-3), read split
   (tensor parallel), or replicated; a training plan counts its `strategy` per weight.
 
-Findings are told per repeated layer (the forward's largest run of `coarsen.find_repeats`:
+Findings are told per repeated layer (the forward's largest run of `repeats.find_repeats`:
 "in each of the 12 repeated layers", or "in 3 of 12" where layers differ) and for the rest.
 
 Worked example: GPT-2 with `dp_tp` on mesh `dp=2,tp=2` reads
@@ -47,7 +47,6 @@ from autoshard.mesh import Mesh
 from autoshard.plan import Plan
 from autoshard.rules import rule_for
 from autoshard.rules.elementwise import ELEMENTWISE
-from autoshard.search.coarsen import Repeats, Run, find_repeats
 from autoshard.search.patterns import (
     Projection,
     attention_blocks,
@@ -57,6 +56,7 @@ from autoshard.search.patterns import (
     mlp_block,
     weight_source,
 )
+from autoshard.search.repeats import Repeats, Run, find_repeats
 from autoshard.sharding import Sharding
 from autoshard.training.strategy import strategy_counts, weight_strategies
 
@@ -132,7 +132,7 @@ class _Findings:
 
     def layer(self, op: str) -> int | None:
         i, run = self.index[op], self.run
-        return (i - run.start) // run.period if run is not None and i in run else None
+        return run.layer(i) if run is not None else None
 
     def add(self, phrase: str, ops: Iterable[str], role: Role, axes: Iterable[int]) -> None:
         self.found.setdefault(phrase, set()).update(self.layer(op) for op in ops)

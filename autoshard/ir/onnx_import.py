@@ -4,7 +4,8 @@ Steps, each failing with a one-line `ModelError` naming the culprit:
 load without weight data → upgrade opsets 7-12 to 13 (`opset.py`) → reject duplicate
 initializers or inputs → inline model-local functions → name every node (`MatMul_12`: type
 and position, for unnamed nodes) → one producer per value → reject control flow → bind the symbolic
-input dims → shape inference and folding (`fold.py`) → build the `Graph`, every shape static.
+input dims → Identity nodes of initializers made initializers of their own → shape inference and
+folding (`fold.py`) → build the `Graph`, every shape static.
 
 Symbolic dims are named by their `dim_param` (`batch`); an input dim with neither a value nor a
 name is named `INPUT.AXIS` (`input_ids.1`) and is bound by that name.
@@ -259,6 +260,26 @@ def _topological(nodes: list[NodeProto], defined: set[str], path: object) -> lis
     return [nodes[i] for i in order]
 
 
+def _aliased_weights(
+    nodes: list[NodeProto], weights: Mapping[str, Weight], outputs: Collection[str]
+) -> tuple[list[NodeProto], dict[str, Weight]]:
+    """The nodes without the Identity nodes of initializers, whose results become initializers
+    of their own with the same data. The TorchScript exporter deduplicates parameters of equal
+    values (every fresh norm's ones, every zero bias) into one initializer and Identity nodes
+    named as the parameters were (`layers.1.ln.weight = Identity(layers.0.ln.weight)`): left as
+    ops, layer 0 would read a weight where layer 1 reads an op's result, and the layers would
+    not be alike. A graph output stays an Identity's result."""
+    weights = dict(weights)
+    kept = []
+    for node in nodes:
+        source = node.input[0] if node.op_type == "Identity" and node.input else ""
+        if source in weights and node.output[0] not in outputs and node.domain in ("", "ai.onnx"):
+            weights[node.output[0]] = dataclasses.replace(weights[source], name=node.output[0])
+        else:
+            kept.append(node)
+    return kept, weights
+
+
 def _reads_known(node: NodeProto, known: set[str]) -> bool:
     ok = all(name in known for name in node.input)
     known.update(node.output)
@@ -437,6 +458,7 @@ def import_onnx(path: str | os.PathLike[str], dims: Mapping[str, int] | None = N
     _bind_dims(light, dims or {}, weights, path)
     inputs = [info for info in light.graph.input if info.name not in weights]
     nodes = _topological(nodes, {i.name for i in inputs} | set(weights), path)
+    nodes, weights = _aliased_weights(nodes, weights, {o.name for o in light.graph.output})
     sources = {name: w.load() for name, w in weights.items() if _is_fold_source(w)}
     # Weights become typed graph inputs, sources initializers (fold_shapes adds them): inference
     # then sees every shape without any weight data in the proto.

@@ -40,8 +40,10 @@ def summarize(graph: Graph) -> dict[str, Any]:
 
     `nodes` counts the imported ops (after folding), `nodes_in_file` the file's nodes (None if
     the graph was not imported from a file). `parameters` counts every initializer's elements,
-    as onnx would; `weights_available` is False when any weight's data is absent, and
-    `missing_data_files` names the external data files that are not there.
+    as onnx would, and an Identity node's of an initializer as its own (the parameters a
+    TorchScript export deduplicated, `ir.onnx_import`); `weights_available` is False when any
+    weight's data is absent, and `missing_data_files` names the external data files that are
+    not there.
     """
     tensors = [graph.values[name] for name in (*graph.inputs, *graph.outputs)]
     listed = [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in tensors]

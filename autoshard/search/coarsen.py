@@ -4,10 +4,13 @@ Decisions are the ops (which sharding option) and the producer-less values the o
 inputs and weights: which sharding they are held in). `group_decisions` ties them into *groups*
 sharing one one-hot variable vector, each member mapping the group's choice to one of its own:
 
-- ops of repeated layers share the variables of the first layer (`find_repeats`: a training
-  step has several periodic runs, its forward layers, their backward and their updates), and a
-  weight of a repeated layer is held as its copy in the first layer is; an op or weight a
-  required annotation restricts is decided on its own (annotating layer 5 pins layer 5 only);
+- ops of repeated layers share the variables of the first layer (`repeats.find_repeats`: a
+  training step has several periodic runs, its forward layers, their backward and their
+  updates), and a weight of a repeated layer is held as its copy in the first layer is (its
+  readers say which weight that is: a gradient reads it as its forward op's copy, an update
+  of its optimizer state as the weight's copy), its gradient synchronized and updated as that
+  one's; an op or weight a required annotation restricts is decided on its own (annotating
+  layer 5 pins layer 5 only);
 - a gradient op computes with its forward op's option, a recomputed op with its original's
   (`rules.gradient.computed_with`): they share its variables, coarsened or not;
 - how a weight or input is held is a decision of its own, apart from how its readers read it
@@ -15,20 +18,11 @@ sharing one one-hot variable vector, each member mapping the group's choice to o
 - an elementwise op follows the producer of its first operand when it can compute in the
   sharding that producer gives (the chain runs where its data lies, as in Alpa).
 
-Repeated layers. Each op gets a structural signature: its type, attributes, the shapes and
-dtypes of its inputs and outputs, and for each input where it comes from (a weight, a constant
-of some value, a graph input, or an op). Ops of identical layers have identical signatures at
-the same offsets, so the layers are a periodic run of the signature sequence:
-
-    signatures   E E | a b c d | a b c d | a b c d | h     period 4, three repeats from op 2
-
-`find_repeats` returns the run covering the most ops (period x repeats, the period a whole
-block); the k-th op of every repeat then shares the decision variables of the k-th op of the
-first, with its costs added in (the ILP solves one layer, however deep the model).
-
-Sharing only asks that copies have the same candidates (same rule, same shapes); the costs are
-still those of each op's own edges, so the signature need not pin the wiring: a causal mask
-computed once and read by every layer is fine.
+Repeated layers are found by `repeats.find_repeats`; the k-th op of every layer shares the
+decision variables of the k-th op of the first, with its costs added in (the ILP solves one
+layer, however deep the model). Sharing only asks that copies have the same candidates (same
+rule, same shapes); the costs are still those of each op's own edges, so the signature need not
+pin the wiring: a causal mask computed once and read by every layer is fine.
 
 Who decides what is kept (`Grouping.ties`): each decision that follows another says which one
 and why (`Tie`), so a plan can be explained (`autoshard explain`).
@@ -38,147 +32,18 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-import numpy as np
-
-from autoshard.ir.graph import Attrs, Graph, Op
+from autoshard.ir.graph import Graph, Op
 from autoshard.plan import ShardingOption
 from autoshard.rules import OpRule
 from autoshard.rules.elementwise import ELEMENTWISE
-from autoshard.rules.gradient import RECOMPUTE_OF, computed_with
+from autoshard.rules.gradient import TRAIN, TrainOp, computed_with
 from autoshard.search.candidates import option_reads, option_writes
+from autoshard.search.repeats import NONE, Repeats, find_repeats
 from autoshard.sharding import Sharding
-
-
-@dataclass(frozen=True)
-class Run:
-    """Ops `start + j*period + k` for j < count are copies of op `start + k`."""
-
-    start: int
-    period: int
-    count: int
-
-    @property
-    def ops(self) -> int:
-        return self.period * self.count
-
-    def __contains__(self, index: int) -> bool:
-        return self.start <= index < self.start + self.ops
-
-
-@dataclass(frozen=True)
-class Repeats:
-    """The periodic runs of a graph's ops, largest first (a training step has three: the
-    forward layers, their backward, their updates). `start`, `period` and `count` describe
-    the largest."""
-
-    runs: tuple[Run, ...] = ()
-
-    def first(self, index: int) -> int:
-        """The op of the first repeat that op `index` copies (itself outside the runs)."""
-        for run in self.runs:
-            if index in run:
-                return run.start + (index - run.start) % run.period
-        return index
-
-    @property
-    def start(self) -> int:
-        return self.runs[0].start if self.runs else 0
-
-    @property
-    def period(self) -> int:
-        return self.runs[0].period if self.runs else 1
-
-    @property
-    def count(self) -> int:
-        return self.runs[0].count if self.runs else 1
-
-    @property
-    def ops(self) -> int:
-        return sum(run.ops for run in self.runs)
-
-
-NONE = Repeats()
-
-
-def signatures(graph: Graph) -> list[int]:
-    """Each op's structural signature (see the module docstring). A gradient op is known by
-    its forward op's signature, not its name."""
-    produced = {out for op in graph.ops for out in op.outputs if out}
-    table: dict[tuple, int] = {}
-    result = []
-    of_op: dict[str, int] = {}
-    for op in graph.ops:
-        forward = computed_with(op)
-        attrs = (
-            Attrs({k: v for k, v in op.attrs.items() if k not in ("op", RECOMPUTE_OF)})
-            if forward
-            else op.attrs
-        )
-        key = (
-            op.type,
-            op.domain,
-            hash(attrs),
-            of_op.get(forward, -1) if forward else -1,
-            tuple(_origin(graph, name, produced) for name in op.inputs),
-            tuple(_type(graph, name) for name in op.outputs),
-        )
-        of_op[op.name] = table.setdefault(key, len(table))
-        result.append(of_op[op.name])
-    return result
-
-
-def _type(graph: Graph, name: str) -> tuple:
-    if not name:
-        return ()
-    value = graph.values[name]
-    return (value.shape, value.dtype)
-
-
-def _origin(graph: Graph, name: str, produced: set[str]) -> tuple:
-    if not name:
-        return ("absent",)
-    if name in produced:
-        return ("op", _type(graph, name))
-    if name in graph.constants:
-        array = np.ascontiguousarray(graph.constants[name])
-        return ("constant", array.dtype.str, array.shape, hashlib.sha1(array.tobytes()).digest())
-    kind = "weight" if name in graph.weights else "input"
-    return (kind, _type(graph, name))
-
-
-def find_repeats(graph: Graph, min_period: int = 2) -> Repeats:
-    """The periodic runs of op signatures: the run covering the most ops (ties: the shortest
-    period, then the earliest start), then the same in what is left before and after it."""
-    seq = np.array(signatures(graph), dtype=np.int64)
-    runs: list[Run] = []
-    segments = [(0, len(seq))]
-    while segments:
-        lo, hi = segments.pop()
-        run = _best_run(seq[lo:hi], min_period)
-        if run is not None:
-            runs.append(Run(lo + run.start, run.period, run.count))
-            segments += [(lo, lo + run.start), (lo + run.start + run.ops, hi)]
-    return Repeats(tuple(sorted(runs, key=lambda r: (-r.ops, r.start))))
-
-
-def _best_run(seq: np.ndarray, min_period: int) -> Run | None:
-    n = len(seq)
-    best, covered = None, 0
-    for period in range(min_period, n // 2 + 1):
-        same = seq[:-period] == seq[period:]
-        # Runs of `same`: a run of length r starting at s makes ops s .. s+r+period-1 periodic.
-        edges = np.flatnonzero(np.diff(np.concatenate(([0], same.astype(np.int8), [0]))))
-        for s, e in zip(edges[::2], edges[1::2], strict=True):
-            count = (e - s + period) // period
-            if count >= 2 and count * period > covered:
-                best, covered = Run(int(s), period, int(count)), count * period
-    return best
-
 
 # ---- decisions and groups ---------------------------------------------------------------------
 
@@ -240,6 +105,25 @@ class Tie(enum.StrEnum):
     GRADIENT = "gradient"  # a gradient or recomputed op, computed with its forward op's option
 
 
+class Kind(enum.StrEnum):
+    """What a decision decides: an op's option, or how a producer-less value is held. ONNX
+    names ops and values in two namespaces, so a decision is known by both (`Key`)."""
+
+    OP = "op"
+    VALUE = "value"
+
+
+@dataclass(frozen=True)
+class Key:
+    """A decision: op `name` or value `name`."""
+
+    kind: Kind
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
 Reader = tuple[Op, int]
 """An op reading a value, and the operand it reads it as."""
 
@@ -257,12 +141,11 @@ class Grouping:
     groups: tuple[Decision, ...]
     copies: Mapping[str, str]
     representatives: Mapping[str, tuple]  # of the values with a key of their own (not "value")
-    ties: Mapping[str, tuple[str, Tie]] = dataclasses.field(default_factory=dict)
+    ties: Mapping[Key, tuple[Key, Tie]] = dataclasses.field(default_factory=dict)
     """The decision each follower follows directly, and why (a leader has no entry)."""
 
-    def decision(self, name: str) -> Decision:
-        """The decision of op or value `name`."""
-        return self.ops[name] if name in self.ops else self.values[name]
+    def decision(self, key: Key) -> Decision:
+        return self.ops[key.name] if key.kind is Kind.OP else self.values[key.name]
 
     def representative(self, value: str) -> tuple:
         """The same key for a value and its copies in the other repeated layers: the copy in
@@ -302,6 +185,7 @@ class _Grouper:
         pinned: Collection[str] = (),
     ) -> None:
         self.graph, self.rules, self.coarsen = graph, rules, coarsen
+        self.pinned = frozenset(pinned)
         self.repeats = find_repeats(graph) if coarsen else NONE
         ops = graph.ops
         # A pinned op is its own; the other copies of its layer position follow the first
@@ -325,8 +209,8 @@ class _Grouper:
             for name in op.outputs:
                 if name and graph.producer(name) is op:
                     keys[name] = ("op", self.copies[op.name], op.outputs.index(name))
-        for name, readers in self.readers.items():
-            keys[name] = ("source", tuple((self.copies[op.name], i) for op, i in readers))
+        for name, readers in self.readers.items():  # a weight before its optimizer state
+            keys[name] = ("source", tuple(self.reading(op, i, keys) for op, i in readers))
         self.representatives = keys
         self.ops: dict[str, OpDecision] = {}
         self.values: dict[str, ValueDecision] = {}
@@ -334,7 +218,20 @@ class _Grouper:
         # (ONNX names nodes and values in two namespaces).
         self.leader: dict[str, Leader] = {}
         self.value_leader: dict[str, Leader] = {}
-        self.ties: dict[str, tuple[str, Tie]] = {}
+        self.ties: dict[Key, tuple[Key, Tie]] = {}
+
+    def reading(self, op: Op, i: int, keys: Mapping[str, tuple]) -> tuple:
+        """How `op` reads a producer-less value as operand i, alike for its copies in the
+        other layers: a gradient or recomputation as one of its forward op's copy (whether or
+        not the backward's layers were found: a weight shared by every layer, as the dynamo
+        exporter writes equal initializers, adds its gradients up in the first layer's only),
+        an optimizer's update of a weight's state as one of the weight's copy."""
+        forward = computed_with(op)
+        if forward:
+            return (self.copies[forward], op.type, op.attr("operand", -1), i)
+        if op.domain == TRAIN and op.type == TrainOp.UPDATE:
+            return ("update", keys.get(op.inputs[1]) if i != 1 else "", i)
+        return (self.copies[op.name], i)
 
     def group(
         self,
@@ -343,14 +240,6 @@ class _Grouper:
         annotated: Collection[str],
     ) -> Grouping:
         graph, copies = self.graph, self.copies
-        for op in graph.ops:
-            first = copies[op.name]
-            forward = computed_with(op)
-            if forward:  # a gradient computes with its forward op's option
-                choices = self.ops[forward].choices
-            else:
-                choices = self.ops[first].choices if first != op.name else op_choices(op)
-            self.ops[op.name] = OpDecision(op.name, choices)
         position = {name: i for i, name in enumerate(graph.values)}
         sources = sorted(self.readers, key=position.__getitem__)
         # A weight of a repeated layer is decided as its first copy is (unless annotated).
@@ -363,12 +252,22 @@ class _Grouper:
             if name in annotated:  # held as annotated, unlike its copies: a key of its own
                 self.representatives.pop(name, None)
             if first_copy[name] != name:
-                self.ties[name] = (first_copy[name], Tie.COPY)
+                self.ties[Key(Kind.VALUE, name)] = (Key(Kind.VALUE, first_copy[name]), Tie.COPY)
             if first_copy[name] == name:
                 shardings = source_choices(name, self.readers[name])
             else:
                 shardings = self.values[first_copy[name]].choices
             self.values[name] = ValueDecision(name, shardings)
+        if self.coarsen:
+            self.copy_weight_steps(first_copy)
+        for op in graph.ops:
+            first = copies[op.name]
+            forward = computed_with(op)
+            if forward:  # a gradient computes with its forward op's option
+                choices = self.ops[forward].choices
+            else:
+                choices = self.ops[first].choices if first != op.name else op_choices(op)
+            self.ops[op.name] = OpDecision(op.name, choices)
         # Leaders: who each decision follows (a follower's producer comes before it); a value
         # leads its own group, shared by its copies.
         leader = self.leader
@@ -395,6 +294,29 @@ class _Grouper:
             self.repeats, ops, values, tuple(groups), copies, self.representatives, self.ties
         )
 
+    def copy_weight_steps(self, first_copy: Mapping[str, str]) -> None:
+        """Weights held alike (`first_copy`) have their gradients synchronized and their
+        updates computed alike: each such step copies the first of them in graph order, unless
+        it is a copy already (found in the optimizer's layers) or pinned. The backward's
+        layers need not be found: a weight shared by every layer (the dynamo exporter merges
+        equal initializers) adds its gradients up in one layer only, and they are not."""
+        graph, copies = self.graph, self.copies
+        index = {op.name: i for i, op in enumerate(graph.ops)}
+        alike: dict[str, list[list[Op]]] = {}  # a leading weight -> its updates, its syncs
+        for op in graph.ops:
+            if op.domain == TRAIN and op.type == TrainOp.UPDATE:
+                steps = alike.setdefault(first_copy.get(op.inputs[1], op.inputs[1]), [[], []])
+                steps[0].append(op)
+                sync = graph.producer(op.inputs[0])
+                if sync is not None and sync.type == TrainOp.GRAD_SYNC:
+                    steps[1].append(sync)
+        for updates, syncs in alike.values():
+            for ops in (updates, syncs) if len(syncs) == len(updates) else (updates,):
+                first, *others = sorted(ops, key=lambda op: index[op.name])
+                for op in others:
+                    if copies[op.name] == op.name and op.name not in self.pinned:
+                        copies[op.name] = copies[first.name]
+
     def follow(self, op: Op) -> Leader:
         """An elementwise op follows the producer of its first operand when, under each choice
         of the producer's group, it can compute in the sharding the producer gives (partial
@@ -403,12 +325,12 @@ class _Grouper:
         identity = (op.name, tuple(range(len(me.choices))))
         forward = computed_with(op)
         if forward:
-            self.ties[op.name] = (forward, Tie.GRADIENT)
+            self.ties[Key(Kind.OP, op.name)] = (Key(Kind.OP, forward), Tie.GRADIENT)
             return self.leader[forward]
         if not self.coarsen:
             return identity
         if self.copies[op.name] != op.name:
-            self.ties[op.name] = (self.copies[op.name], Tie.COPY)
+            self.ties[Key(Kind.OP, op.name)] = (Key(Kind.OP, self.copies[op.name]), Tie.COPY)
             return self.leader[self.copies[op.name]]
         source = self.graph.producer(op.inputs[0]) if op.inputs else None
         rule, source_rule = self.rules[op.name], self.rules[source.name] if source else None
@@ -432,5 +354,5 @@ class _Grouper:
             if k_me is None:
                 return identity
             pick.append(k_me)
-        self.ties[op.name] = (source.name, Tie.ELEMENTWISE)
+        self.ties[Key(Kind.OP, op.name)] = (Key(Kind.OP, source.name), Tie.ELEMENTWISE)
         return head, tuple(pick)

@@ -19,7 +19,6 @@ from autoshard.passes.lower import lower
 from autoshard.rules import rule_for
 from autoshard.search import ilp
 from autoshard.search.candidates import candidates
-from autoshard.search.coarsen import find_repeats
 from autoshard.search.ilp import InfeasibleError, eliminate, lowest_budget, solve
 from autoshard.search.memory import (
     NO_ROWS,
@@ -30,6 +29,7 @@ from autoshard.search.memory import (
     indicator_values,
 )
 from autoshard.search.problem import Problem, build_search
+from autoshard.search.repeats import find_repeats
 from tests.golden.seed_models import write_seed_mlp
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

@@ -19,7 +19,7 @@ from autoshard.passes.materialize import materialize
 from autoshard.pipeline import load_graph
 from autoshard.propagate import plan_from_options, propagate
 from autoshard.search.baselines import data_parallel, dp_tp, megatron
-from autoshard.search.coarsen import find_repeats
+from autoshard.search.repeats import find_repeats
 from autoshard.sharding import Sharding
 from autoshard.story import strategy_story
 from autoshard.training import Training
