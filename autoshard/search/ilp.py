@@ -19,6 +19,12 @@ Without the memory rows the objective is a sum of tables over one or two groups,
 min-sum elimination (`search.factors`) solves it in well under a second where CP-SAT needed
 seconds to prove it (a 3-axis mesh's cycles of groups with hundreds of choices); CP-SAT is
 left the memory-bound problem, and the rare graph whose elimination needs too large a table.
+
+With the memory rows, the rows relaxed into the objective (`search.lagrange`) give a bound
+and, per group and choice, the least any plan taking that choice can cost (min-marginals):
+a choice whose least is past a threshold is in no plan below it, so CP-SAT solves the
+problem over the few choices left (`_Narrowing`); the 32-layer decoder on 2x4x8 at 60 %:
+500 of 4023 choices, OPTIMAL in seconds where CP-SAT on all of them ran for minutes.
 """
 
 from __future__ import annotations
@@ -232,6 +238,7 @@ class _Narrowing:
                 below = "" if kept is None else f": {self.what} below {self.watch.say(threshold)}?"
                 self.watch.tracker.detail(f"CP-SAT on {left} {self.problem.variables} choices"
                                           f"{below}")  # fmt: skip
+                self.watch.floor = bound
                 self.watch.ceiling = math.inf if kept is None else threshold
             share = dataclasses.replace(limit, seconds=time_left(limit.seconds, spent))
             try:
@@ -359,8 +366,9 @@ def time_left(time_limit: float, spent: float) -> float:
 class _Improvements(cp_model.CpSolverSolutionCallback):
     """Tells a tracker each better plan and each better bound of the CP-SAT solves it
     watches, as (CP-SAT's value + offset) * scale. It reads the solver's state and changes
-    nothing. `best` may start at a plan found before; `ceiling` caps the bounds told (a
-    narrowed solve's bound holds for the whole problem only up to its threshold)."""
+    nothing. `best` may start at a plan found before; the bounds told are at least `floor`
+    (a bound proven before) and at most `ceiling` (a narrowed solve's bound holds for the
+    whole problem only up to its threshold)."""
 
     def __init__(
         self, tracker: Tracker, scale: float, unit: str, offset: int = 0, best: int | None = None
@@ -368,7 +376,7 @@ class _Improvements(cp_model.CpSolverSolutionCallback):
         super().__init__()
         self.tracker, self.scale, self.unit, self.offset = tracker, scale, unit, offset
         self.best: float | None = best
-        self.ceiling = math.inf
+        self.floor, self.ceiling = -math.inf, math.inf
 
     def on_solution_callback(self) -> None:
         value = self.objective_value
@@ -379,7 +387,7 @@ class _Improvements(cp_model.CpSolverSolutionCallback):
         if not math.isfinite(bound):  # no bound proven yet
             return
         objective = None if self.best is None else (self.best + self.offset) * self.scale
-        bound = min(bound, self.ceiling)
+        bound = min(max(bound, self.floor), self.ceiling)
         self.tracker.solution(objective, (bound + self.offset) * self.scale, self.unit)
 
     def say(self, value: int) -> str:
