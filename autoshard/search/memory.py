@@ -269,9 +269,9 @@ class Buffer:
     """When a reshard buffer of a value is live: at each slot of `slots` (ascending, where it
     is made or read) when `at[j]`, and after it to the next when `after[j]`."""
 
-    slots: list[int]
-    at: list[Literal | bool]
-    after: list[Literal | bool]
+    slots: tuple[int, ...]
+    at: tuple[Literal | bool, ...]
+    after: tuple[Literal | bool, ...]
 
     def at_slot(self, slot: int) -> Literal | bool:
         j = bisect.bisect_right(self.slots, slot) - 1
@@ -723,15 +723,17 @@ class _Builder:
             prefix = [self.combine(False, made_by[: j + 1]) for j in range(len(slots))]
             suffix = [self.combine(False, used_by[j:]) for j in range(len(slots))]
             size = self.nbytes(name, s)
-            live = live_of[s] = Buffer([self.slot(r) for r in slots], [], [])
+            at: list[Literal | bool] = []
+            between: list[Literal | bool] = []
             for j, ref in enumerate(slots):
-                live.at.append(self.combine(True, [differs, prefix[j], suffix[j]]))
-                self.mark(ref, ref, live.at[-1], size)
-                live.after.append(False)
+                at.append(self.combine(True, [differs, prefix[j], suffix[j]]))
+                self.mark(ref, ref, at[-1], size)
+                between.append(False)
                 if j + 1 < len(slots):
-                    live.after[-1] = self.combine(True, [differs, prefix[j], suffix[j + 1]])
+                    between[-1] = self.combine(True, [differs, prefix[j], suffix[j + 1]])
                     after, until = (ref[0], ref[1] + 1), slots[j + 1]
-                    self.mark(after, (until[0], until[1] - 1), live.after[-1], size)
+                    self.mark(after, (until[0], until[1] - 1), between[-1], size)
+            live_of[s] = Buffer(tuple(self.slot(r) for r in slots), tuple(at), tuple(between))
         self.add_on_the_way(name, readings, needed, passing)
         return live_of
 
