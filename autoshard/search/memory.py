@@ -618,7 +618,8 @@ class _Builder:
         a chain of ANDs of two literals, one per slot, where each slot's own condition would
         be one wide AND of every later reader's choices (bert's embeddings: after the query
         MatMul's reshard, key and value read it as held and the residual Add reads the query's
-        buffer). The saving of the home held h is [h held] AND dead(u_j): savings are bounded
+        buffer). The saving of the home held in b bytes is [held in b bytes] AND dead(u_j)
+        (shardings of one size share it): savings are bounded
         from above in the ILP (`ilp._memory_rows`; those of one value at one slot exclude each
         other, none exceeds dead(u_j)), so the solver sets each to its true value or counts
         more than the plan holds."""
@@ -628,6 +629,13 @@ class _Builder:
             for ref, at in ((self.pre_ref(r), False), (self.at_ref(r, over), True)):
                 events.setdefault(self.slot(ref), []).append((ref, r, at))
         slots = sorted(events)
+        # The home's bytes under each held choice: one saving per size, not per sharding.
+        sizes: dict[int, list[Literal | bool]] = {}
+        for h in self.choices_of(shardings):
+            sizes.setdefault(self.nbytes(name, h), []).append(
+                self.chosen(group, shardings, h, True)
+            )
+        by_size = {size: self.combine(False, held) for size, held in sizes.items()}
         dead: Literal | bool = True
         for before, until in reversed(list(zip(slots, slots[1:], strict=False))):
             parts = [dead]
@@ -652,11 +660,9 @@ class _Builder:
             if dead is False:
                 break
             first = events[before][0][0]
-            for h in self.choices_of(shardings):
-                saving = self.combine(True, [self.chosen(group, shardings, h, True), dead])
-                self.mark(
-                    (first[0], first[1] + 1), events[until][0][0], saving, -self.nbytes(name, h)
-                )
+            for size, held in by_size.items():
+                saving = self.combine(True, [held, dead])
+                self.mark((first[0], first[1] + 1), events[until][0][0], saving, -size)
 
     def buffer_before(
         self, read: Read, s: Sharding, buffers: Mapping[bool | None, Mapping[Sharding, Buffer]]
