@@ -379,7 +379,7 @@ def _memory_rows(
                 model.add(var <= sum(terms))
         made.append(var)
     # Savings of one thing under exclusive choices (ANDs of one literal on one group, its
-    # choices disjoint, with the same rest: the home tensor held in each of its shardings,
+    # choices disjoint, with the same rest: the home tensor held in shardings of each size,
     # dead) hold one at a time, and only where the rest does: their sum is at most it.
     for rest, members in _exclusive_ands(problem.indicators, takes):
         model.add(sum(made[i] for i in members) <= literal(rest))
