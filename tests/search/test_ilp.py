@@ -203,8 +203,7 @@ def test_memory_rows_as_arrays_are_the_rows_of_tuples():
     """The MLP on 2x4 (storage decisions, reshard buffers as indicators, savings of a home
     tensor as negative ones): the rows built as arrays are, term for term, the rows saved
     (as `MemoryRow`s: first from the tuple builder, since as the slots per operand and the
-    savings per size came), and
-    summing them under any choice gives each row's bytes."""
+    savings per size came), and summing them under any choice gives each row's bytes."""
     saved = json.loads((Path(__file__).parent / "memory_rows_mlp_2x4.json").read_text())
     graph = import_onnx(MODELS / "mlp.onnx", {"batch": 8})
     problem = build_search(graph, make_cluster(mesh="2x4")).problem
