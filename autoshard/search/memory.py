@@ -619,10 +619,10 @@ class _Builder:
         be one wide AND of every later reader's choices (bert's embeddings: after the query
         MatMul's reshard, key and value read it as held and the residual Add reads the query's
         buffer). The saving of the home held in b bytes is [held in b bytes] AND dead(u_j)
-        (shardings of one size share it): savings are bounded
-        from above in the ILP (`ilp._memory_rows`; those of one value at one slot exclude each
-        other, none exceeds dead(u_j)), so the solver sets each to its true value or counts
-        more than the plan holds."""
+        (shardings of one size share it). Savings are bounded from above in the ILP
+        (`ilp._memory_rows`; those of one value at one slot exclude each other, and together
+        never exceed dead(u_j)), so the solver sets each to its true value or counts more
+        than the plan holds."""
         group, shardings = self.held(name)
         events: dict[int, list[tuple[Ref, Read, bool]]] = {}  # slot -> (ref, read, at AT)
         for r in readings:
