@@ -50,7 +50,7 @@ from autoshard.search.lagrange import (
     peak_relaxation,
     still_possible,
 )
-from autoshard.search.memory import NO_ROWS, Chosen, MemoryRows
+from autoshard.search.memory import NO_ROWS, Chosen, Indicator, MemoryRows
 from autoshard.search.problem import Problem
 
 
@@ -525,6 +525,11 @@ def _memory_rows(
             else:
                 model.add(var <= sum(terms))
         made.append(var)
+    # Savings of one thing under exclusive choices (ANDs of one literal on one group, its
+    # choices disjoint, with the same rest: the home tensor held in shardings of each size,
+    # dead) hold one at a time, and only where the rest does: their sum is at most it.
+    for rest, members in _exclusive_ands(problem.indicators, takes):
+        model.add(sum(made[i] for i in members) <= literal(rest))
 
     # A group's bytes in a row (a run: the values of that group live there) as one variable,
     # shared by every row holding the same: rows of a term per group, not per choice.
@@ -563,6 +568,28 @@ def _memory_rows(
 
     (base,) = bytes_of(problem.memory_base)
     return [base + row for row in bytes_of(problem.memory)]
+
+
+def _exclusive_ands(
+    indicators: Sequence[Indicator], takes: Sequence[bool]
+) -> list[tuple[int, list[int]]]:
+    """Indicators bounded from above that hold one at a time, and only where another does:
+    ANDs of a `Chosen` and an indicator `rest`, two or more with the same rest and disjoint
+    choices of one group; as (rest, the ANDs)."""
+    found: dict[tuple[int, int], list[int]] = {}
+    for i, ind in enumerate(indicators):
+        if takes[i] and ind.every and len(ind.literals) == 2:
+            chosen, rest = ind.literals
+            if isinstance(chosen, Chosen) and not isinstance(rest, Chosen):
+                found.setdefault((rest, chosen.group), []).append(i)
+    sums = []
+    for (rest, _), members in found.items():
+        choices = [
+            lit.choices for i in members if isinstance(lit := indicators[i].literals[0], Chosen)
+        ]
+        if len(members) > 1 and sum(map(len, choices)) == len(frozenset().union(*choices)):
+            sums.append((rest, members))
+    return sums
 
 
 def _polarity(problem: Problem) -> tuple[list[bool], list[bool]]:

@@ -13,7 +13,8 @@ step, END(i, k) for the outputs' reshards; and a row per distinct slot. What is 
   micro-batches is live from the first slot;
 - a value's home tensor (as held): from where it is made to its last read, less savings where
   no later read reads it (`add_home`): a read of s at (p, i) reads the home at AT(p) when s is
-  the held sharding, at PRE(p, i, 0) when it is the first read of s, else not at all;
+  the held sharding, at PRE(p, i, 0) when no buffer of s is live there (its first read, and
+  not made on the way of another reshard), else not at all;
 - reshard buffers: a value read in a sharding s other than the one it is held in is resharded
   once, at the first read of s (made by the reshard's last step), and the buffer lives until
   the last read of s. With P(t) "made at or before t" and Q(t) "read at or after t", it is
@@ -35,18 +36,15 @@ bounds: either way a solver keeping rows under a budget sets each to its true va
 its own life harder (`ilp._memory_rows`). Repeated layers ask for the same conditions and share
 them, and their rows coincide (rows are kept once).
 
-Exact for the materialized program (random plans on 1-, 2- and 3-axis meshes: rows == program)
-but for what the model leaves conservative (more than the program holds): the home of a value
-whose reads after some op all read buffers made by then (bert's embeddings: read by the query
-MatMul resharded, by key and value as held, by the residual Add from the query's buffer) is
-counted live to its last read (exact, it is an AND of several readers' choices that the LP
-relaxes badly: bert 4x8 at 30 % went from 2.9 s to 17.6 s of deterministic solve), and a
-reshard that starts from another's intermediate tensor (or finds its target made on another's
-way) is counted as made from the home.
+Exact for the materialized program (random plans on 1-, 2- and 3-axis meshes, bert on 4x8 at
+60 %: rows == program) but for what the model leaves conservative (more than the program
+holds): a reshard whose first steps were taken already for another reader (it starts from
+their tensor, `materialize`'s reuse) is counted as reading the home.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -282,6 +280,22 @@ Read = tuple[int, int, int | None, tuple[Sharding, ...]]
 """A read: the program position of the reading op (`len(graph.ops)` for the graph outputs),
 the operand it is (the output, at the end), the reader's deciding group, and the sharding it
 reads in under each of the group's choices."""
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """When a reshard buffer of a value is live: at each slot of `slots` (ascending, where it
+    is made or read) when `at[j]`, and after it to the next when `after[j]`."""
+
+    slots: tuple[int, ...]
+    at: tuple[Literal | bool, ...]
+    after: tuple[Literal | bool, ...]
+
+    def at_slot(self, slot: int) -> Literal | bool:
+        j = bisect.bisect_right(self.slots, slot) - 1
+        if j < 0:
+            return False
+        return self.at[j] if self.slots[j] == slot else self.after[j]
 
 
 @dataclass(frozen=True)
@@ -546,15 +560,17 @@ class _Builder:
             marks = replays.get(signature)
             if marks is None:
                 self.recording = []
-                if home is not None:
-                    self.add_home(name, readings, over, name not in produced_at)
+                # Each buffer's live conditions, by phase (None: one for the whole step).
+                buffers: dict[bool | None, dict[Sharding, Buffer]] = {}
                 if name in produced_at:
-                    self.add_buffers(name, readings)
+                    buffers[None] = self.add_buffers(name, readings)
                 else:  # a weight is gathered for the forward, and again for the backward
                     for forward in (True, False):
-                        self.add_buffers(
+                        buffers[forward] = self.add_buffers(
                             name, [r for r in readings if self.in_forward(r[0]) == forward]
                         )
+                if home is not None:
+                    self.add_home(name, readings, over, buffers)
                 marks = replays[signature] = self.recording
             if home is not None:
                 self.add_held(name, home, self.slot(self.last_home_read(readings, over)))
@@ -613,76 +629,97 @@ class _Builder:
         """The last slot where some plan reads the home tensor."""
         return max((self.at_ref(r, over) for r in readings), key=self.slot)
 
-    def add_home(self, name: str, readings: Sequence[Read], over: bool, phased: bool) -> None:
+    def add_home(
+        self,
+        name: str,
+        readings: Sequence[Read],
+        over: bool,
+        buffers: Mapping[bool | None, Mapping[Sharding, Buffer]],
+    ) -> None:
         """The home tensor after its first read: `build` counts it up to its last possible
         read; here, as savings (negative terms), the slots after which no read of it follows.
 
-        A read (p, i) in sharding s reads the home at AT(p) when s is the held sharding h, at
-        PRE(p, i) when it is the first read of s (the reshard is made there; later reads of s
-        read its buffer). So the home is dead after slot t when the reads whose reshard is
-        done read no h at their compute step and every read to come reads one sharding made
-        already. Savings are ANDs of the held choice with those conditions, bounded from
-        above in the ILP (`ilp._memory_rows`).
+        A read (p, i) in sharding s reads the home at AT(p) when s is the held sharding, at
+        PRE(p, i) when no buffer of s is live there (the reshard is made there; later reads
+        of s read its buffer). With the slots where some plan reads the home u_1 < ... < u_n,
+        the home is dead after u_{j-1} exactly when no read at u_j or later reads it:
 
-        Only within the op reading it last: a saving across ops (the home of a value whose
-        readers, after the first, all read the buffer it made) is an AND of several readers'
-        choices that the LP relaxes badly (all exact, bert 4x8 at 30 %: 2.9 s -> 17.6 s; see
-        the commit before this one's). So a value read after its last read as held only in a
-        sharding an earlier op made is counted live to that read: the rows may count more
-        than the program holds there, never less."""
+            dead(u_n) = [nothing at u_n reads the home]
+            dead(u_j) = dead(u_{j+1}) AND [nothing at u_j reads the home]
+
+        a chain of ANDs of two literals, one per slot, where each slot's own condition would
+        be one wide AND of every later reader's choices (bert's embeddings: after the query
+        MatMul's reshard, key and value read it as held and the residual Add reads the query's
+        buffer). The saving of the home held in b bytes is [held in b bytes] AND dead(u_j)
+        (shardings of one size share it). Savings are bounded from above in the ILP
+        (`ilp._memory_rows`; those of one value at one slot exclude each other, and together
+        never exceed dead(u_j)), so the solver sets each to its true value or counts more
+        than the plan holds."""
         group, shardings = self.held(name)
-        pre = {id(r): self.slot(self.pre_ref(r)) for r in readings}
-        at = {id(r): self.slot(self.at_ref(r, over)) for r in readings}
-        slots = sorted({*pre.values(), *at.values()})
-        refs = {
-            self.slot(ref): ref for r in readings for ref in (self.pre_ref(r), self.at_ref(r, over))
-        }
-        for before, until in zip(slots, slots[1:], strict=False):
-            # Dead over (before, until]: the reads whose reshard is done read a buffer at
-            # their compute step, and the reads to come all read one sharding s made already
-            # (by a read up to `before`, of the same op).
-            last = self.positions[refs[until][0]]
-            later = [r for r in readings if pre[id(r)] >= until]
-            if any(r[0] != last for r in later):
-                continue
-            made = [r for r in readings if pre[id(r)] <= before and r[0] == last]
-            for h in self.choices_of(shardings):
-                done = [
-                    self.chosen(r[2], r[3], h, False)
-                    for r in readings
-                    if pre[id(r)] < until <= at[id(r)]
+        events: dict[int, list[tuple[Ref, Read, bool]]] = {}  # slot -> (ref, read, at AT)
+        for r in readings:
+            for ref, at in ((self.pre_ref(r), False), (self.at_ref(r, over), True)):
+                events.setdefault(self.slot(ref), []).append((ref, r, at))
+        slots = sorted(events)
+        # The home's bytes under each held choice: one saving per size, not per sharding.
+        sizes: dict[int, list[Literal | bool]] = {}
+        for h in self.choices_of(shardings):
+            sizes.setdefault(self.nbytes(name, h), []).append(
+                self.chosen(group, shardings, h, True)
+            )
+        by_size = {size: self.combine(False, held) for size, held in sizes.items()}
+        dead: Literal | bool = True
+        for before, until in reversed(list(zip(slots, slots[1:], strict=False))):
+            parts = [dead]
+            for _, read, at in events[until]:
+                _, _, g, needs = read
+                # Read as held at AT: in another sharding than held. Made at PRE: in a
+                # sharding whose buffer is live just before (the home is read at AT else).
+                ways = [
+                    self.combine(
+                        True,
+                        [
+                            self.chosen(g, needs, s, True),
+                            self.chosen(group, shardings, s, False)
+                            if at
+                            else self.buffer_before(read, s, buffers),
+                        ],
+                    )
+                    for s in self.choices_of(needs)
                 ]
-                ways = [self.combine(True, [self.chosen(group, shardings, h, True), *done])]
-                if later:
-                    shared = set.intersection(*(set(self.choices_of(r[3])) for r in later))
-                    ways = [
-                        self.combine(
-                            True,
-                            [
-                                ways[0],
-                                *(self.chosen(r[2], r[3], s, True) for r in later),
-                                self.combine(
-                                    False, [self.chosen(r[2], r[3], s, True) for r in made]
-                                ),
-                            ],
-                        )
-                        for s in sorted(shared - {h}, key=str)
-                    ]
-                first = refs[before]
-                saving = self.combine(False, ways)
-                self.mark((first[0], first[1] + 1), refs[until], saving, -self.nbytes(name, h))
+                parts.append(self.combine(False, ways))
+            dead = self.combine(True, parts)
+            if dead is False:
+                break
+            first = events[before][0][0]
+            for size, held in by_size.items():
+                saving = self.combine(True, [held, dead])
+                self.mark((first[0], first[1] + 1), events[until][0][0], saving, -size)
 
-    def add_buffers(self, name: str, readings: Sequence[Read]) -> None:
+    def buffer_before(
+        self, read: Read, s: Sharding, buffers: Mapping[bool | None, Mapping[Sharding, Buffer]]
+    ) -> Literal | bool:
+        """A buffer of `s` is live just before the read's reshard (made by an earlier read, or
+        on the way of an earlier reshard; a weight's in the read's phase): said with the
+        buffer's own live condition, the ILP's relaxation saves the home's bytes only where
+        it counts the buffer's."""
+        phase = None if None in buffers else self.in_forward(read[0])
+        live = buffers[phase].get(s)
+        return False if live is None else live.at_slot(self.slot(self.pre_ref(read)) - 1)
+
+    def add_buffers(self, name: str, readings: Sequence[Read]) -> dict[Sharding, Buffer]:
         """The buffers of the reshards of a value: one per sharding read other than the held
         one, made at the first read of it (its reshard's last step) and live to the last
         (AT); the tensors on the way of a reshard of several collectives, live from the step
         making one to the step reading it; and those `materialize` keeps, for a reader of
-        that sharding or a later reshard passing the same way, live to their last use."""
+        that sharding or a later reshard passing the same way, live to their last use. Each
+        buffer's live conditions, for `add_home`."""
         if not readings:
-            return
+            return {}
         group, shardings = self.held(name)
         needed = dict.fromkeys(s for *_, needs in readings for s in self.choices_of(needs))
         passing = self.passing_through(name, needed)
+        live_of: dict[Sharding, Buffer] = {}
         for s in [*needed, *(m for m in passing if m not in needed)]:
             differs = self.chosen(group, shardings, s, False)
             if differs is False:
@@ -724,13 +761,19 @@ class _Builder:
             prefix = [self.combine(False, made_by[: j + 1]) for j in range(len(slots))]
             suffix = [self.combine(False, used_by[j:]) for j in range(len(slots))]
             size = self.nbytes(name, s)
+            at: list[Literal | bool] = []
+            between: list[Literal | bool] = []
             for j, ref in enumerate(slots):
-                self.mark(ref, ref, self.combine(True, [differs, prefix[j], suffix[j]]), size)
+                at.append(self.combine(True, [differs, prefix[j], suffix[j]]))
+                self.mark(ref, ref, at[-1], size)
+                between.append(False)
                 if j + 1 < len(slots):
-                    between = self.combine(True, [differs, prefix[j], suffix[j + 1]])
+                    between[-1] = self.combine(True, [differs, prefix[j], suffix[j + 1]])
                     after, until = (ref[0], ref[1] + 1), slots[j + 1]
-                    self.mark(after, (until[0], until[1] - 1), between, size)
+                    self.mark(after, (until[0], until[1] - 1), between[-1], size)
+            live_of[s] = Buffer(tuple(self.slot(r) for r in slots), tuple(at), tuple(between))
         self.add_on_the_way(name, readings, needed, passing)
+        return live_of
 
     def steps_to(self, name: str, s: Sharding) -> dict[int, Literal | bool]:
         """How many steps a reshard of `name` to `s` takes, and when (its held choices)."""

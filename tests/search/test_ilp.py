@@ -202,16 +202,16 @@ def _written(row):
 def test_memory_rows_as_arrays_are_the_rows_of_tuples():
     """The MLP on 2x4 (storage decisions, reshard buffers as indicators, savings of a home
     tensor as negative ones): the rows built as arrays are, term for term, the rows saved
-    (as `MemoryRow`s: first from the tuple builder, since as the slots per operand came), and
-    summing them under any choice gives each row's bytes."""
+    (as `MemoryRow`s: first from the tuple builder, since as the slots per operand and the
+    savings per size came), and summing them under any choice gives each row's bytes."""
     saved = json.loads((Path(__file__).parent / "memory_rows_mlp_2x4.json").read_text())
     graph = import_onnx(MODELS / "mlp.onnx", {"batch": 8})
     problem = build_search(graph, make_cluster(mesh="2x4")).problem
     rows = [_written(row) for row in saved["rows"]]
     assert [problem.memory[r] for r in range(len(problem.memory))] == rows
     assert problem.memory_base[0] == _written(saved["base"])
-    assert len(problem.indicators) == 65 and sum(len(row.indicated) for row in rows) == 207
-    assert sum(b < 0 for row in rows for _, b in row.indicated) == 33
+    assert len(problem.indicators) == 59 and sum(len(row.indicated) for row in rows) == 186
+    assert sum(b < 0 for row in rows for _, b in row.indicated) == 12
     rng = np.random.default_rng(0)
     for _ in range(20):
         choice = [int(rng.integers(0, n)) for n in problem.sizes]
