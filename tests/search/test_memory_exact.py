@@ -119,13 +119,7 @@ def test_the_rows_of_any_plan_are_its_program(model, mesh):
     the rows' peak is the program's, byte for byte (a slot per reshard step, per operand)."""
     graph = import_onnx(MODELS / f"{model}.onnx", {"batch": 8})
     cluster = make_cluster(mesh=mesh)
-    search = build_search(graph, cluster)
-    rng = np.random.default_rng(0)
-    for _ in range(12):
-        choice = [int(rng.integers(0, n)) for n in search.problem.sizes]
-        plan = search.plan(graph, cluster, choice)
-        counting = search.counting(search.chains | _chains(graph, plan))
-        assert counting.problem.peak(choice) == memory(materialize(graph, plan)).peak
+    assert_random_plans_are_their_programs(graph, cluster, build_search(graph, cluster), 12)
 
 
 def test_the_rows_of_any_plan_of_a_deep_decoder_are_its_program(tmp_path, monkeypatch):
@@ -145,8 +139,14 @@ def test_the_rows_of_any_plan_of_a_deep_decoder_are_its_program(tmp_path, monkey
     cluster = make_cluster(mesh="2x2")
     search = build_search(graph, cluster)
     assert search.repeats.count == 6
+    assert_random_plans_are_their_programs(graph, cluster, search, 4)
+
+
+def assert_random_plans_are_their_programs(graph, cluster, search, count):
+    """Random plans (any choice per group), their reshards of several collectives counted:
+    the rows' peak is the program's."""
     rng = np.random.default_rng(0)
-    for _ in range(4):
+    for _ in range(count):
         choice = [int(rng.integers(0, n)) for n in search.problem.sizes]
         plan = search.plan(graph, cluster, choice)
         counting = search.counting(search.chains | _chains(graph, plan))
