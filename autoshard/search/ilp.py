@@ -204,7 +204,8 @@ class _Narrowing:
     there is none), no plan is below it anywhere, which raises the bound to the threshold.
     The thresholds: the bound plus `FIRST_GAP` of it, doubling the distance each time, at
     most the value of the best plan found (whose choices are then kept, so that CP-SAT
-    proves it or finds better). Where few choices are left out (`WHOLE_SHARE`, or no
+    proves it or finds better), and that value next once a try finds no plan below its
+    threshold but one above. Where few choices are left out (`WHOLE_SHARE`, or no
     min-marginals), the whole problem is solved."""
 
     def __init__(
@@ -268,6 +269,8 @@ class _Narrowing:
             bound = threshold
             if best is not None and self.kept(best.value, best) == kept:
                 bound = best.value
+            elif got.value is not None and best is not None:  # one there, none below: it next
+                distance = max(distance, best.value - first)
         return best, bound, spent
 
     def kept(self, threshold: int, best: _Found | None) -> list[list[int]] | None:
