@@ -174,11 +174,13 @@ much more, relatively; each try after doubles the distance (`_Narrowing`)."""
 
 
 WHOLE_SHARE = 0.5
-"""While no plan is found, a threshold keeping more than this share of the choices sends the
-whole problem to CP-SAT instead: each try below a threshold costs a solve (an infeasible
-budget, gpt2 on 2x4 at 60 %: 12 tries up to 717 of 722 choices, 7 s; now 3, 1.5 s). Once a
-plan is found, any choice left out helps (the decoder's least peak on 2x4x8: CP-SAT on 3364
-of 4023 choices 9.7 s, on all of them 46 s)."""
+"""A threshold keeping more than this share of the choices sends the whole problem to CP-SAT
+instead, as CP-SAT alone would solve it: each try below a threshold costs a solve (an
+infeasible budget, gpt2 on 2x4 at 60 %: 12 tries up to 717 of 722 choices, 7 s; now 3,
+1.5 s), and the cost's CP-SAT does better on the whole from the memory-aside optimum than on
+most of it from a plan (bert on 4x8 at 30 %: 12.7 s against 17 s). The least peak's, once a
+plan is found, does better on any part of it (the decoder's on 2x4x8: 3364 of 4023 choices
+9.7 s, all of them 46 s): `_Narrowing`'s `whole_share`, 1 there."""
 
 
 @dataclass(frozen=True)
@@ -215,9 +217,10 @@ class _Narrowing:
         attempt: Callable[[Problem, Sequence[int], int, _Limit], _Attempt],
         watch: _Improvements | None,
         what: str,
+        whole_share: float = WHOLE_SHARE,
     ) -> None:
         self.problem, self.marginals, self.attempt = problem, marginals, attempt
-        self.watch, self.what = watch, what
+        self.watch, self.what, self.whole_share = watch, what, whole_share
         self.variables = self.constraints = 0
 
     def run(
@@ -275,12 +278,12 @@ class _Narrowing:
 
     def kept(self, threshold: int, best: _Found | None) -> list[list[int]] | None:
         """The choices a plan below `threshold` may take, and the best plan's; None when
-        that is every choice, or, while no plan is found, more than `WHOLE_SHARE` of them
-        (or when there are no min-marginals)."""
+        they are more than `WHOLE_SHARE` of them while no plan is found, `whole_share` once
+        one is (or when there are no min-marginals)."""
         if self.marginals is None:
             return None
         kept = still_possible(self.marginals, threshold, best.choice if best else None)
-        most = self.problem.variables if best else WHOLE_SHARE * self.problem.variables
+        most = (self.whole_share if best else WHOLE_SHARE) * self.problem.variables
         return None if sum(map(len, kept)) >= most else kept
 
 
@@ -677,7 +680,7 @@ def lowest_budget(
     def attempt(narrowed: Problem, hint: Sequence[int], at_least: int, limit: _Limit) -> _Attempt:
         return _least_peak(narrowed, limit, watch, hint, at_least)
 
-    search = _Narrowing(problem, marginals, attempt, watch, "the peak")
+    search = _Narrowing(problem, marginals, attempt, watch, "the peak", whole_share=1.0)
     best, bound, _ = search.run(best, bound, _Limit(time_limit, time_limit, "lowest-budget"))
     assert best is not None  # the least peak is always some plan's
     bound = min(bound, best.value)
