@@ -107,13 +107,14 @@ def solve(
     First without the memory rows (`_memory_aside`: exact elimination, or CP-SAT where its
     tables would be too large): if that optimum fits the budget it is the optimum. Otherwise
     the memory rows relaxed (`search.lagrange`) give a bound, plans that fit, and the choices
-    a plan cheaper than the best of them may take; CP-SAT solves the problem over those
-    choices, memory rows included, from the best plan (or `hint`, if it fits) with the bound
-    as a constraint. The status and gap are those of the best bound proven. `time_limit`
-    bounds the deterministic time of the CP-SAT solves. `tracker` is told each solve's
-    progress, its objective in `unit` (`s` or `B`: what `problem.unit` scales the integer
-    costs to). `limit` is the user's `--time-limit`, of which `time_limit` is what is left to
-    this solve (all of it by default): what the error says when a solve stops without a plan.
+    a plan cheaper than a threshold may take; CP-SAT solves the problem over those choices,
+    memory rows included, from the best plan (or `hint`, if it fits) with the bound as a
+    constraint, the threshold rising to the best plan's cost (`_Narrowing`). The status and
+    gap are those of the best bound proven. `time_limit` bounds the deterministic time of the
+    CP-SAT solves. `tracker` is told each solve's progress, its objective in `unit` (`s` or
+    `B`: what `problem.unit` scales the integer costs to). `limit` is the user's
+    `--time-limit`, of which `time_limit` is what is left to this solve (all of it by
+    default): what the error says when a solve stops without a plan.
     """
     limit = time_limit if limit is None else limit
     relaxed = _memory_aside(problem, _Limit(time_limit, limit, "memory-aside"), tracker, unit)
@@ -135,11 +136,10 @@ def solve(
             plans.append(_Found(found.best.choice, found.best.objective))
         marginals = relaxation.min_marginals(found.multipliers)
     best = min(plans, key=lambda plan: plan.value, default=None)
+    watch = None
     if tracker is not None:
         value = None if best is None else best.value * problem.unit
         tracker.solution(value, at_least * problem.unit, unit)
-    watch = None
-    if tracker is not None:
         watch = _Improvements(tracker, problem.unit, unit, best=best.value if best else None)
 
     def attempt(narrowed: Problem, hint: Sequence[int], at_least: int, limit: _Limit) -> _Attempt:
@@ -227,10 +227,8 @@ class _Narrowing:
         self, best: _Found | None, bound: int, limit: _Limit, start: tuple[int, ...] = ()
     ) -> tuple[_Found | None, int, float]:
         """The best plan found (None: none fits), the bound proven and the work spent.
-        `start`: where CP-SAT starts on the whole problem, with no bound given (the memory-aside
-        optimum, which it repairs: on the whole problem a plan that fits as a hint, or the
-        bound as a constraint, made CP-SAT slower, bert on 4x8 at 30 %: 6.3 s alone, 13.2 s
-        from the best plan found below the thresholds)."""
+        `start`: where CP-SAT starts on the whole problem, with no bound given, as it would
+        alone (the memory-aside optimum, which it repairs; `WHOLE_SHARE` says why)."""
         spent, distance, first = 0.0, max(1, math.ceil(FIRST_GAP * abs(bound))), bound
         while best is None or bound < best.value:
             threshold = first + distance

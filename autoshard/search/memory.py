@@ -164,7 +164,7 @@ class MemoryRows:
             + _sums(np.maximum(self.indicated_amounts, 0), self.indicated_starts)
         )
 
-    def restricted(self, renumber: Sequence[np.ndarray]) -> MemoryRows:
+    def restricted(self, renumber: Sequence[Sequence[int]]) -> MemoryRows:
         """The rows over fewer choices: `renumber[g][k]` is choice k of group g's new number,
         or -1 where it is left out (its terms go: no plan of the fewer choices takes it)."""
         group = np.repeat(self.run_group, np.diff(self.run_starts))

@@ -149,17 +149,17 @@ class Problem:
         numbered anew from 0: what the memory-bound solve hands CP-SAT once the relaxation
         rules the others out (`search.lagrange.still_possible`). A plan of it is the plan
         `kept[g][k]` per group of this one, at the same objective and peak."""
-        renumber = [np.full(n, -1, np.int64) for n in self.sizes]
+        renumber = [[-1] * n for n in self.sizes]  # each choice's new number, -1 if left out
         for g, choices in enumerate(kept):
-            renumber[g][list(choices)] = np.arange(len(choices))
-        anew = [{k: i for i, k in enumerate(choices)} for choices in kept]
+            for i, k in enumerate(choices):
+                renumber[g][k] = i
 
         @functools.cache
         def literal(lit: Literal) -> Literal:
             if isinstance(lit, int):
                 return lit
-            new = anew[lit.group]
-            return Chosen(lit.group, frozenset(new[k] for k in lit.choices if k in new))
+            new = renumber[lit.group]
+            return Chosen(lit.group, frozenset(new[k] for k in lit.choices if new[k] >= 0))
 
         return Problem(
             sizes=tuple(len(choices) for choices in kept),
