@@ -64,6 +64,10 @@ STEP_WORK = WORK // 4
 the edges join instead (weaker, and as easy as the problem without memory): a step must leave
 room for more (the 32-layer decoder's least peak on 2x4x8: 5.3e9 exact, one step in 19 s)."""
 
+REACH = 0.05
+"""While no plan fits, each step aims this much above the bound, relatively, doubled after a
+step that raised the bound and halved (to this at least) after one that did not."""
+
 DENSE = 1 << 17
 """An indicator over at most this many combinations of its groups' choices is one table, exact;
 a larger one is bounded from below by tables of its parts."""
@@ -410,7 +414,7 @@ def dual(
     )
     multipliers = np.zeros(relaxation.rows)
     best: Relaxed | None = None
-    steps, spent = _Steps(multipliers), 0
+    steps, spent, reach = _Steps(multipliers), 0, REACH
     for done in range(1, iterations + 1):
         relaxed = relaxation.solve(multipliers)
         if relaxed is None:
@@ -418,8 +422,10 @@ def dual(
         spent += relaxed.work
         if relaxed.peak <= problem.budget and (best is None or relaxed.objective < best.objective):
             best = relaxed
+        rose = relaxed.value > steps.bound
         steps.saw(relaxed.value, multipliers)
         bound = steps.bound
+        reach = reach * 2 if rose else max(REACH, reach / 2)
         if best is not None and best.objective - bound < 1:
             break
         if bound > most * (1 + 1e-9) + 1:
@@ -429,7 +435,7 @@ def dual(
         norm = float(direction @ direction)
         if norm == 0 or spent >= work:  # (norm 0: no multiplier can change)
             break
-        target = best.objective if best is not None else bound + max(0.05 * abs(bound), 1.0)
+        target = best.objective if best is not None else bound + max(reach * abs(bound), 1.0)
         length = steps.length * (target - relaxed.value) / norm
         multipliers = np.maximum(0.0, multipliers + length * direction)
     return Dual(steps.bound, best, steps.at, done)

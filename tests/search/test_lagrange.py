@@ -88,6 +88,18 @@ def test_a_duality_gap_by_hand():
     assert solve(problem).objective == 10
 
 
+def test_while_nothing_fits_the_steps_aim_ever_higher():
+    """Cost (1000, 2000), bytes (8, 2), budget 5: L(lam) = min(1000 + 3 lam, 2000 - 3 lam).
+    The minimum at lam = 0 does not fit, so the first steps aim 10 %, then 20 % above the
+    bound (`REACH` doubled after each rise): 1000, 1100, 1320; steps of 5 % would give
+    1000, 1050, 1102.5."""
+    rows = MemoryRows.of((MemoryRow(0, ((0, 0, 8), (0, 1, 2)), ()),))
+    problem = Problem((2,), ((1000, 2000),), (), rows, 5, 1.0)
+    bounds = [dual(problem, iterations=n).bound for n in (1, 2, 3)]
+    assert bounds == pytest.approx([1000, 1100, 1320])
+    assert dual(problem, iterations=200).bound == pytest.approx(1500, abs=0.1)
+
+
 def test_nothing_fits_and_the_bound_proves_it():
     """Every plan holds 8 bytes in a row of budget 5: the bound grows past what any plan costs."""
     rows = MemoryRows.of((MemoryRow(8, (), ()),))
