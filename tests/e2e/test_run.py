@@ -216,10 +216,12 @@ def test_a_killed_rank_ends_the_run_within_seconds(tmp_path):
         [str(tmp_path / "site"), str(REPO), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "autoshard", "run", str(out), "--timeout", "20"],
-        env=env, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "autoshard", "run", str(out), "--timeout", "90"],
+        env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert time.monotonic() - started < 30
+    # Long before its timeout: the ranks' start (torch imported by four processes) takes most
+    # of it, ~10 s alone, 31-37 s on a loaded 2-core machine.
+    assert time.monotonic() - started < 60
     assert done.returncode == 2, done.stderr
     assert "autoshard: error: rank 1 died at step 0 (" in done.stderr
     assert "killed by SIGKILL (all 4 ranks stopped)" in done.stderr
