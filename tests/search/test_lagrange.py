@@ -222,6 +222,51 @@ def test_the_choices_ruled_out_are_in_no_better_plan(seed):
             assert all(k in kept[g] for g, k in enumerate(choice)), choice
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_a_choice_s_least_peak_bounds_every_plan_taking_it(seed):
+    """`peak_marginals` (the best weights' and rows alone, the greatest): every plan's peak
+    is at least each of its choices' figure; and the choices `ilp._fitting` rules out (a row
+    alone over the budget) are in no plan that fits."""
+    problem = random_problem(seed, memory=True)
+    peaks = peak_relaxation(problem)
+    least = lagrange.least_peak(problem, relaxation=peaks)
+    marginals = lagrange.peak_marginals(peaks, least)
+    for choice in plans(problem):
+        figures = [marginals[g][k] for g, k in enumerate(choice)]
+        assert problem.peak(choice) >= max(figures) - 1e-6, choice
+    costs = [np.zeros(n) for n in problem.sizes]
+    found = dual(problem)
+    try:
+        fitting = ilp._fitting(problem, costs, found)
+    except InfeasibleError:
+        assert all(problem.peak(x) > problem.budget for x in plans(problem))
+        return
+    for choice in plans(problem):
+        if problem.peak(choice) <= problem.budget:
+            assert all(np.isfinite(fitting[g][k]) for g, k in enumerate(choice)), choice
+
+
+def test_rows_alone_see_what_a_mix_blurs():
+    """One group, bytes (10, 0) in row 0 and (0, 10) in row 1: every plan peaks at 10. Any mix
+    of the rows, weights (w, 1 - w), bounds it by min(10 w, 10 - 10 w), at most 5; each row
+    alone rules out one choice below 10: the greatest per choice is (10, 10), the bound 10.
+    Under a budget of 9 neither choice fits: `_fitting` proves it."""
+    rows = MemoryRows.of(
+        (MemoryRow(0, ((0, 0, 10), (0, 1, 0)), ()), MemoryRow(0, ((0, 0, 0), (0, 1, 10)), ()))
+    )
+    problem = Problem((2,), ((0, 0),), (), rows, 9, 1.0)
+    peaks = peak_relaxation(problem)
+    least = lagrange.least_peak(problem, relaxation=peaks)
+    assert least.bound <= 5 + 1e-9
+    np.testing.assert_allclose(lagrange.rows_alone(peaks, np.array([0, 1]))[0], [10, 10])
+    np.testing.assert_allclose(lagrange.peak_marginals(peaks, least)[0], [10, 10])
+    lowest = ilp.lowest_budget(problem)
+    assert (lowest.peak, lowest.bound) == (10, 10)
+    found = lagrange.Dual(5.0, None, np.array([1.0, 1.0]), 1)
+    with pytest.raises(InfeasibleError, match="the relaxation proves it"):
+        ilp._fitting(problem, [np.zeros(2)], found)
+
+
 def test_choices_are_ruled_out_by_hand():
     """One group of three choices: costs (0, 4, 9), bytes (8, 3, 2) in the one row, budget 5.
     At lam = 1: L with k taken = cost + (bytes - 5) = (3, 2, 6). The best plan that fits
