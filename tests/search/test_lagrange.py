@@ -150,6 +150,28 @@ def test_the_solve_through_the_relaxation_is_the_optimum(seed):
 
 
 @pytest.mark.parametrize("seed", range(30))
+def test_the_solve_at_the_least_peak_is_the_optimum(seed):
+    """At a budget of exactly the least peak (and a little above it), where rows alone rule
+    out choices and the relaxation of those left decides: the brute-force optimum, proven."""
+    problem = random_problem(seed, memory=True)
+    least = min(problem.peak(x) for x in plans(problem))
+    for budget in (least, least + least // 20):
+        tight = dataclasses.replace(problem, budget=budget)
+        solution = solve(tight)
+        assert (solution.objective, solution.status) == (brute_force(tight), "OPTIMAL")
+        assert tight.peak(solution.choice) <= budget
+
+
+def test_the_min_marginals_widened_by_those_of_the_choices_that_fit():
+    """Choices 0 and 2 may fit: each takes the greater of the whole problem's (1, 3) and the
+    restricted one's (4, 2); choice 1, in no plan that fits, is infinite."""
+    widened = ilp._widened([np.array([1.0, 5.0, 3.0])], [np.array([4.0, 2.0])], [[0, 2]])
+    np.testing.assert_array_equal(widened[0], [4.0, np.inf, 3.0])
+    alone = ilp._widened([np.array([1.0, 5.0, 3.0])], None, [[0, 2]])
+    np.testing.assert_array_equal(alone[0], [1.0, np.inf, 3.0])
+
+
+@pytest.mark.parametrize("seed", range(30))
 def test_the_least_peak_through_the_relaxation_is_the_least(seed):
     """The relaxation's bound and plans, then CP-SAT over the choices a plan of a lower peak
     may take, give the least peak, proven."""
@@ -234,16 +256,15 @@ def test_a_choice_s_least_peak_bounds_every_plan_taking_it(seed):
     for choice in plans(problem):
         figures = [marginals[g][k] for g, k in enumerate(choice)]
         assert problem.peak(choice) >= max(figures) - 1e-6, choice
-    costs = [np.zeros(n) for n in problem.sizes]
-    found = dual(problem)
     try:
-        fitting = ilp._fitting(problem, costs, found)
+        fitting = ilp._fitting(problem, dual(problem))
     except InfeasibleError:
         assert all(problem.peak(x) > problem.budget for x in plans(problem))
         return
+    fitting = fitting or [range(n) for n in problem.sizes]
     for choice in plans(problem):
         if problem.peak(choice) <= problem.budget:
-            assert all(np.isfinite(fitting[g][k]) for g, k in enumerate(choice)), choice
+            assert all(k in fitting[g] for g, k in enumerate(choice)), choice
 
 
 def test_rows_alone_see_what_a_mix_blurs():
@@ -264,7 +285,7 @@ def test_rows_alone_see_what_a_mix_blurs():
     assert (lowest.peak, lowest.bound) == (10, 10)
     found = lagrange.Dual(5.0, None, np.array([1.0, 1.0]), 1)
     with pytest.raises(InfeasibleError, match="the relaxation proves it"):
-        ilp._fitting(problem, [np.zeros(2)], found)
+        ilp._fitting(problem, found)
 
 
 def test_choices_are_ruled_out_by_hand():
