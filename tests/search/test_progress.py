@@ -70,7 +70,7 @@ def test_a_watched_solve_improves_monotonically_to_the_plan_it_returns() -> None
     relaxed, attempts, (end,) = solves[0], solves[1:-1], solves[-1]
     assert [a[0].detail for a in attempts] == [
         "CP-SAT on 13 of 81 choices: the cost below 7.661e-06 s?",
-        "CP-SAT on 40 of 81 choices: the cost below 9.121e-06 s?",
+        "CP-SAT on 37 of 81 choices: the cost below 9.121e-06 s?",
     ]
     assert relaxed[0].detail.startswith("its optimum does not fit the budget: the 11 memory rows")
     assert end.detail.startswith("solved: OPTIMAL (")  # its figures kept
