@@ -253,12 +253,15 @@ over the bound keeps 1,400 of 1,829 choices, 0.5 % keeps 519; 44 s then, 9 s now
 
 WHOLE_SHARE = 0.5
 """A threshold keeping more than this share of the choices sends the whole problem to CP-SAT
-instead, as CP-SAT alone would solve it: each try below a threshold costs a solve (an
-infeasible budget, gpt2 on 2x4 at 60 %: 12 tries up to 717 of 722 choices, 7 s; now 3,
-1.5 s), and the cost's CP-SAT does better on the whole from the memory-aside optimum than on
-most of it from a plan (bert on 4x8 at 30 %: 12.7 s against 17 s). The least peak's, once a
-plan is found, does better on any part of it (the decoder's on 2x4x8: 3364 of 4023 choices
-9.7 s, all of them 46 s): `_Narrowing`'s `whole_share`, 1 there."""
+instead, with no bound given, from the best plan found (else the memory-aside optimum, which
+CP-SAT repairs): each try below a threshold costs a solve (an infeasible budget, gpt2 on 2x4
+at 60 %: 12 tries up to 717 of 722 choices, 7 s; now 3, 1.5 s), and the cost's CP-SAT does
+better on the whole than on most of it (bert on 4x8 at 30 %: 12.7 s against 17 s). From the
+best plan rather than the memory-aside optimum: 405B on 16x8 at 60 % 23 -> 13 s, GPT-2 small
+on 2x4 at 60 % 8.3 -> 7.2 s, T5 on 4x8 at 60 % 23 -> 26 s, bert on 4x8 at 30 % 13.3 -> 14.8 s
+(CP-SAT's time on one problem swings so with its start). The least peak's, once a plan is
+found, does better on any part of it (the decoder's on 2x4x8: 3364 of 4023 choices 9.7 s,
+all of them 46 s): `_Narrowing`'s `whole_share`, 1 there."""
 
 
 @dataclass(frozen=True)
@@ -308,8 +311,8 @@ class _Narrowing:
         self, best: _Found | None, bound: int, limit: _Limit, start: tuple[int, ...] = ()
     ) -> tuple[_Found | None, int, float]:
         """The best plan found (None: none fits), the bound proven and the work spent.
-        `start`: where CP-SAT starts on the whole problem, with no bound given, as it would
-        alone (the memory-aside optimum, which it repairs; `WHOLE_SHARE` says why)."""
+        `start`: where CP-SAT starts on the whole problem while no plan is found (the
+        memory-aside optimum, which it repairs; `WHOLE_SHARE` says why)."""
         spent, distance, first = 0.0, max(1, math.ceil(FIRST_GAP * abs(bound))), bound
         share = FIRST_SHARE
         while best is None or bound < best.value:
@@ -328,8 +331,8 @@ class _Narrowing:
                 self.watch.ceiling = math.inf if kept is None else threshold
             given = dataclasses.replace(limit, seconds=time_left(limit.seconds, spent))
             try:
-                if kept is None and start:  # the whole problem: as CP-SAT alone would start
-                    got = self.attempt(narrowed, start, 0, given)
+                if kept is None and start:  # the whole problem: no bound, from a plan
+                    got = self.attempt(narrowed, best.choice if best else start, 0, given)
                 else:
                     got = self.attempt(narrowed, _renumbered(best, kept), bound, given)
             except _OutOfTime:
