@@ -110,7 +110,9 @@ def solve(
     First without the memory rows (`_memory_aside`: exact elimination, or CP-SAT where its
     tables would be too large): if that optimum fits the budget it is the optimum. Otherwise
     the memory rows relaxed (`search.lagrange`) give a bound, plans that fit, and the choices
-    a plan cheaper than a threshold may take; CP-SAT solves the problem over those choices,
+    a plan cheaper than a threshold may take (less those with a memory row alone over the
+    budget, `_fitting`; where they are many, the relaxation of the rest is solved again,
+    `_within`); CP-SAT solves the problem over those choices,
     memory rows included, from the best plan (or `hint`, if it fits) with the bound as a
     constraint, the threshold rising to the best plan's cost (`_Narrowing`). The status and
     gap are those of the best bound proven. `time_limit` bounds the deterministic time of the
