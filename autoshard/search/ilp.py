@@ -61,6 +61,10 @@ class InfeasibleError(AutoshardError):
     """No plan fits the memory budget."""
 
 
+def _proven_infeasible() -> InfeasibleError:
+    return InfeasibleError("no plan fits the memory budget (the relaxation proves it)")
+
+
 class _NoPlan(InfeasibleError):
     """CP-SAT proved that no plan fits, in `work` deterministic seconds."""
 
@@ -135,7 +139,7 @@ def solve(
     at_least, marginals = math.ceil(relaxed.bound), None
     if found is not None:
         if found.infeasible:
-            raise InfeasibleError("no plan fits the memory budget (the relaxation proves it)")
+            raise _proven_infeasible()
         at_least = max(at_least, _rounded_up(found.bound))
         if found.best is not None:
             plans.append(_Found(found.best.choice, found.best.objective))
@@ -192,7 +196,7 @@ def _fitting(problem: Problem, found: Dual) -> list[list[int]] | None:
     over = problem.budget + ROUNDING * max(1.0, problem.budget)
     fitting = [np.flatnonzero(peak <= over).tolist() for peak in least]
     if not all(fitting):
-        raise InfeasibleError("no plan fits the memory budget (the relaxation proves it)")
+        raise _proven_infeasible()
     return None if sum(map(len, fitting)) == problem.variables else fitting
 
 
@@ -212,7 +216,7 @@ def _within(
     if again is None:
         return 0, None, _widened(marginals, None, fitting)
     if again.infeasible:
-        raise InfeasibleError("no plan fits the memory budget (the relaxation proves it)")
+        raise _proven_infeasible()
     plan = None
     if again.best is not None:
         plan = _Found(_original(again.best.choice, fitting), again.best.objective)
@@ -767,7 +771,7 @@ def lowest_budget(
         marginals = peak_marginals(relaxation, found)
         # A plan's peak is at least each of its choices' least: the least choice of a group
         # bounds them all.
-        least = [float(m.min()) for m in marginals or () if len(m)]
+        least = [float(m.min()) for m in marginals or ()]
         bound = max(0, _rounded_up(max([found.bound, *least])))
     watch = None
     if tracker is not None:
