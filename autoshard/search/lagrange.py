@@ -354,11 +354,13 @@ class _Bound:
         least, when `upper`: for an indicator that takes bytes off, a saving).
 
         An OR is at least the mean of its parts, an AND of parts in [0, 1] at least their
-        sum less one per extra part; the literals whose groups together have at most `DENSE`
-        combinations form one exact part. E.g. AND(g2 in K, g4 in K', OR(g4 in .., g5 in ..,
-        g6 in ..)) over 171^4 combinations: AND(g2 in K, g4 in K') exactly (171^2) plus a
-        third of each of the three ORed literals, less 1. From above: an AND is at most any
-        one of its parts (the exact one), an OR at most the sum of its parts."""
+        sum less one per extra part (but an AND of an exact part and one OR, at least the
+        mean of the ANDs it distributes to, where those are exact: `distributed`); the
+        literals whose groups together have at most `DENSE` combinations form one exact part.
+        E.g. AND(g2 in K, g4 in K', OR(g4 in .., g5 in .., g6 in ..)) over 171^4
+        combinations: AND(g2 in K, g4 in K') exactly (171^2) plus a third of each of the
+        three ORed literals, less 1. From above: an AND is at most any one of its parts (the
+        exact one), an OR at most the sum of its parts."""
         r = self.relaxation
         if isinstance(literal, Chosen):
             return [((literal.group,), r.mask(literal).astype(np.float64))], 0.0
@@ -377,6 +379,10 @@ class _Bound:
             else:
                 rest.append(lit)
         scope = tuple(sorted(groups))
+        if ind.every and not upper and len(rest) == 1:
+            distributed = self.distributed(exact, groups, rest[0])
+            if distributed is not None:
+                return distributed, 0.0
         pieces: list[tuple[tuple[int, ...], np.ndarray]] = []
         if exact:
             combine = np.logical_and if ind.every else np.logical_or
@@ -395,6 +401,31 @@ class _Bound:
         if ind.every:
             return pieces, constant - (parts - 1)
         return [(g, t / parts) for g, t in pieces], constant / parts
+
+    def distributed(
+        self, exact: list[Literal], groups: set[int], rest: Literal
+    ) -> list[tuple[tuple[int, ...], np.ndarray]] | None:
+        """AND(E, OR(r_1 .. r_m)), E the AND of `exact` (over `groups`) and `rest` an OR of
+        one-group literals, as OR_j AND(E, r_j): at least the mean of those, each an exact
+        table (None where one is too large). Unlike E + OR - 1 it is never below 0: a reshard's
+        buffer, AND(held elsewhere, OR(the readers reading it)), was priced at -1 times its
+        bytes wherever it is not made, and no multipliers raised bert's bound on 4x8 at 30 %
+        above the memory-aside optimum (2.27e8; now 3.23e8 in as many steps, the optimum
+        3.52e8, the LP of the CP-SAT model 3.37e8; 15.8 -> 3.3 s)."""
+        r = self.relaxation
+        ind = r.problem.indicators[rest] if not isinstance(rest, Chosen) else None
+        if ind is None or ind.every or not all(isinstance(lit, Chosen) for lit in ind.literals):
+            return None
+        if not all(self.exact(groups | set(r.scope_of(lit))) for lit in ind.literals):
+            return None
+        pieces = []
+        for lit in ind.literals:
+            scope = tuple(sorted(groups | set(r.scope_of(lit))))
+            values = functools.reduce(
+                np.logical_and, [r.literal_table(part, scope) for part in [*exact, lit]]
+            )
+            pieces.append((scope, r.dense(values, scope) / len(ind.literals)))
+        return pieces
 
 
 def dual(

@@ -111,17 +111,18 @@ def test_nothing_fits_and_the_bound_proves_it():
 
 def test_nested_indicators_of_four_groups():
     """AND(g0 in {1}, OR(g1 in {1}, g2 in {1}, g3 in {1})): one table of 2 * 2^3 combinations,
-    or (DENSE below that) g0's mask plus a third of each ORed literal, less 1: a bound."""
+    or (DENSE below that) the mean of AND(g0 in {1}, gj in {1}) over j: a bound, and never
+    below 0 (g0 + OR - 1, the bound of an AND's parts, is -1 where g0 = 0)."""
     inner = Indicator(False, (Chosen(1, frozenset({1})), Chosen(2, frozenset({1})),
                               Chosen(3, frozenset({1}))))  # fmt: skip
     outer = Indicator(True, (Chosen(0, frozenset({1})), 0))
     rows = MemoryRows.of((MemoryRow(0, (), ((1, 6),)),))
-    problem = Problem((2,) * 4, ((0, 1), (0, 0), (0, 0), (0, 0)), (), rows, 3, 1.0,
+    problem = Problem((2,) * 4, ((5, 0), (5, 0), (0, 0), (0, 0)), (), rows, 3, 1.0,
                       (inner, outer))  # fmt: skip
     relaxation = Relaxation(problem)
     exact = relaxation.solve(np.array([1.0]))
     assert exact.value == pytest.approx(relaxed_minimum(problem, np.array([1.0])))
-    assert exact.value == pytest.approx(-3.0)  # nothing held: 0 + 1 * (0 - 3)
+    assert exact.value == pytest.approx(2.0)  # g0 = 0 or g1 = 0: cost 5, nothing held, 5 - 3
     narrow = dataclasses.replace(problem)
     lagrange_dense = lagrange.DENSE
     try:
@@ -129,9 +130,10 @@ def test_nested_indicators_of_four_groups():
         bounded = Relaxation(narrow).solve(np.array([1.0]))
     finally:
         lagrange.DENSE = lagrange_dense
-    # g0 = 1 (cost 1) with the rest 0: 6 * (1 + 0 - 1) = 0 held, value 1 - 3; g0 = 0: -3 - 6
-    # (the bound's AND part is 0 + 0 - 1 there): the bound is -9, below the exact -3.
-    assert bounded.value == pytest.approx(-9.0)
+    # g0 = g1 = 1 (cost 0): 6 * (1 + 0 + 0) / 3 = 2 held, value 0 + 2 - 3; g0 = 0: 5 - 3 (g0 +
+    # OR - 1 would give 5 + 6 * (0 + 1/3 - 1) - 3 = -2 with g1 = 1): the bound is -1.
+    assert bounded.value == pytest.approx(-1.0)
+    assert bounded.choice[:2] == (1, 1)
 
 
 @pytest.mark.parametrize("seed", range(30))
