@@ -178,7 +178,7 @@ class Relaxation:
             for g in range(len(self.sizes))
             if unary[self.offsets[g] : self.offsets[g + 1]].any()
         ]
-        bound, constant = _Bound(self, joined), 0.0
+        bound, constant = self.bound(joined), 0.0
         coefficients = coefficients.copy()
         for pair in self.paired:
             weights = coefficients[pair.indicators]
@@ -192,6 +192,12 @@ class Relaxation:
             constant += weight * extra
         found, fixed = self.tables(pieces)
         return self.fixed[0] + found, self.fixed[1] + fixed + constant
+
+    @functools.cache  # noqa: B019 - one relaxation per problem, kept while it lives
+    def bound(self, joined: frozenset | None) -> _Bound:
+        """The indicators' bounds whose exact tables join only the pairs `joined` (None: any),
+        kept: they do not depend on the multipliers."""
+        return _Bound(self, joined)
 
     def tables(
         self, pieces: Sequence[tuple[tuple[int, ...], np.ndarray]]
@@ -337,6 +343,7 @@ class _Bound:
     def __init__(self, relaxation: Relaxation, joined: frozenset[tuple[int, ...]] | None) -> None:
         self.relaxation = relaxation
         self.joined = joined  # the pairs an exact table may join (None: any)
+        self.found: dict[tuple[Literal, bool], tuple[list, float]] = {}
 
     def exact(self, groups: set[int] | tuple[int, ...]) -> bool:
         """Whether a table over `groups` may be kept exact: few combinations, and (when the
@@ -360,7 +367,15 @@ class _Bound:
         E.g. AND(g2 in K, g4 in K', OR(g4 in .., g5 in .., g6 in ..)) over 171^4
         combinations: AND(g2 in K, g4 in K') exactly (171^2) plus a third of each of the
         three ORed literals, less 1. From above: an AND is at most any one of its parts (the
-        exact one), an OR at most the sum of its parts."""
+        exact one), an OR at most the sum of its parts. Each is worked out once."""
+        key = (literal, upper)
+        if key not in self.found:
+            self.found[key] = self.bounded(literal, upper)
+        return self.found[key]
+
+    def bounded(
+        self, literal: Literal, upper: bool
+    ) -> tuple[list[tuple[tuple[int, ...], np.ndarray]], float]:
         r = self.relaxation
         if isinstance(literal, Chosen):
             return [((literal.group,), r.mask(literal).astype(np.float64))], 0.0
