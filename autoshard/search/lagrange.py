@@ -425,8 +425,9 @@ class _Bound:
         r = self.relaxation
         found: list[Literal] = []
         for lit in ind.literals:
-            inner = None if isinstance(lit, Chosen) else r.problem.indicators[lit]
-            if inner is not None and inner.every == ind.every and not self.exact(r.scopes[lit]):
+            if isinstance(lit, Chosen) or self.exact(r.scopes[lit]):
+                found.append(lit)
+            elif (inner := r.problem.indicators[lit]).every == ind.every:
                 found += self.parts(inner)
             else:
                 found.append(lit)
