@@ -136,6 +136,32 @@ def test_nested_indicators_of_four_groups():
     assert bounded.choice[:2] == (1, 1)
 
 
+def test_an_and_distributes_over_its_ors_again_and_again(monkeypatch):
+    """AND(g0, OR(g1, AND(g4, OR(g2, g3)))) (each "g in {1}") over 2^5 combinations, DENSE 8:
+    the mean of AND(g0, g1) and of AND(g0, g4, OR(g2, g3)), the latter the mean of AND(g0, g4,
+    g2) and AND(g0, g4, g3): 1/2 [g0 g1] + 1/4 [g0 g4 g2] + 1/4 [g0 g4 g3], at most the AND
+    everywhere and never below 0."""
+    one = [Chosen(g, frozenset({1})) for g in range(5)]
+    indicators = (
+        Indicator(False, (one[2], one[3])),  # 0
+        Indicator(True, (one[4], 0)),  # 1
+        Indicator(False, (one[1], 1)),  # 2
+        Indicator(True, (one[0], 2)),  # 3
+    )
+    rows = MemoryRows.of((MemoryRow(0, (), ((3, 1),)),))
+    problem = Problem((2,) * 5, ((0, 0),) * 5, (), rows, 1, 1.0, indicators)
+    monkeypatch.setattr(lagrange, "DENSE", 8)
+    pieces, constant = Relaxation(problem).bound(None).of(3)
+    assert constant == 0.0
+    assert sorted(scope for scope, _ in pieces) == [(0, 1), (0, 2, 4), (0, 3, 4)]
+    for x in itertools.product((0, 1), repeat=5):
+        value = sum(float(table[tuple(x[g] for g in scope)]) for scope, table in pieces)
+        truth = x[0] and (x[1] or (x[4] and (x[2] or x[3])))
+        expected = 0.5 * x[0] * x[1] + 0.25 * x[0] * x[4] * (x[2] + x[3])
+        assert value == pytest.approx(expected)
+        assert 0 <= value <= truth
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_the_solve_through_the_relaxation_is_the_optimum(seed):
     """The relaxation's bound and plans, then CP-SAT over the choices a cheaper plan may
