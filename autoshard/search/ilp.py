@@ -556,7 +556,7 @@ def _cp_sat(
             if rows[r][column_members[0]]
         ]
     if memory:
-        for bytes_live in _memory_rows(model, problem, x):
+        for bytes_live in _memory_rows(model, problem, x, problem.budget):
             model.add(bytes_live <= problem.budget)
     if at_least is not None:  # a bound proven elsewhere: CP-SAT's starts there
         model.add(sum(objective) >= at_least)
@@ -597,9 +597,11 @@ def _hint(model: cp_model.CpModel, x: list[list[cp_model.IntVar]], hint: Sequenc
 
 
 def _memory_rows(
-    model: cp_model.CpModel, problem: Problem, x: list[list[cp_model.IntVar]]
+    model: cp_model.CpModel, problem: Problem, x: list[list[cp_model.IntVar]], above: int
 ) -> list[cp_model.LinearExpr]:
-    """The bytes of each memory row as a linear expression. An indicator is a variable bounded
+    """The bytes of each memory row that may hold more than `above` as a linear expression
+    (the others cannot bind: a narrowed problem's choices leave most rows of a training step
+    under the budget, and each row is hundreds of terms). An indicator is a variable bounded
     on one side only: where rows add its bytes (bounded from above by the budget), from below
     (an AND by the sum of its literals less their number plus one, an OR by each literal);
     where they take bytes off (`search.memory`'s savings), from above (an AND by each literal,
@@ -653,13 +655,13 @@ def _memory_rows(
             held[key] = var
         return held[key]
 
-    def bytes_of(rows: MemoryRows) -> list[cp_model.LinearExpr]:
+    def bytes_of(rows: MemoryRows, which: Sequence[int]) -> list[cp_model.LinearExpr]:
         made_runs: dict[int, cp_model.IntVar] = {}
         runs, starts = rows.runs.tolist(), rows.starts.tolist()
         marks, indices = rows.indicated_starts.tolist(), rows.indicated.tolist()
         amounts = rows.indicated_amounts.tolist()
         found = []
-        for r in range(len(rows)):
+        for r in which:
             groups = []
             for u in runs[starts[r] : starts[r + 1]]:
                 if u not in made_runs:
@@ -671,8 +673,12 @@ def _memory_rows(
             found.append(expr + int(rows.fixed[r]))
         return found
 
-    (base,) = bytes_of(problem.memory_base)
-    return [base + row for row in bytes_of(problem.memory)]
+    base_most = int(problem.memory_base.most()[0])
+    which = np.flatnonzero(problem.memory.most() + base_most > above).tolist()
+    if not which:
+        return []
+    (base,) = bytes_of(problem.memory_base, [0])
+    return [base + row for row in bytes_of(problem.memory, which)]
 
 
 def _exclusive_ands(
@@ -700,11 +706,14 @@ def _exclusive_ands(
 def _polarity(problem: Problem) -> tuple[list[bool], list[bool]]:
     """For each indicator, whether some row adds bytes when it holds, and whether some row
     takes bytes off, directly or through an indicator it is a literal of."""
-    adds, takes = [False] * len(problem.indicators), [False] * len(problem.indicators)
+    adding, taking = (
+        np.zeros(len(problem.indicators), bool),
+        np.zeros(len(problem.indicators), bool),
+    )
     for rows in (problem.memory_base, problem.memory):
-        for i, amount in zip(rows.indicated.tolist(), rows.indicated_amounts.tolist(), strict=True):
-            adds[i] |= amount > 0
-            takes[i] |= amount < 0
+        adding[rows.indicated[rows.indicated_amounts > 0]] = True
+        taking[rows.indicated[rows.indicated_amounts < 0]] = True
+    adds, takes = adding.tolist(), taking.tolist()
     for i in reversed(range(len(problem.indicators))):  # users come after their literals
         for lit in problem.indicators[i].literals:
             if not isinstance(lit, Chosen):
@@ -802,7 +811,7 @@ def _least_peak(
     most = problem.memory.most()
     top = int(problem.memory_base.most()[0]) + (int(most.max()) if len(most) else 0)
     peak = model.new_int_var(min(at_least, max(top, 1)), max(top, 1), "peak")
-    for bytes_live in _memory_rows(model, problem, x):
+    for bytes_live in _memory_rows(model, problem, x, min(at_least, max(top, 1))):
         model.add(bytes_live <= peak)
     model.minimize(peak)
     solver = _solver(limit.seconds)

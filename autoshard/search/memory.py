@@ -155,9 +155,9 @@ class MemoryRows:
         )
 
     def most(self) -> np.ndarray:
-        """An upper bound of each row's bytes: every term that adds bytes taken, none that
-        takes bytes off."""
-        run_bytes = _sums(np.maximum(self.amounts, 0), self.run_starts)
+        """An upper bound of each row's bytes: each run's largest amount (its group takes one
+        choice), every indicated term that adds bytes, none that takes bytes off."""
+        run_bytes = _maxima(np.maximum(self.amounts, 0), self.run_starts)
         return (
             self.fixed
             + _sums(run_bytes[self.runs], self.starts)
@@ -239,6 +239,15 @@ def _sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """The sum of `values[starts[r]:starts[r + 1]]` for each r (exact integers)."""
     total = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
     return total[starts[1:]] - total[starts[:-1]]
+
+
+def _maxima(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The largest of `values[starts[r]:starts[r + 1]]` for each r (0 where none)."""
+    found = np.zeros(len(starts) - 1, values.dtype)
+    filled = np.diff(starts) > 0
+    if filled.any():  # (an empty span starts where the next does: reduceat skips it)
+        found[filled] = np.maximum.reduceat(values, starts[:-1][filled])
+    return found
 
 
 NO_ROWS = MemoryRows.of(())

@@ -200,6 +200,15 @@ def _written(row):
                      tuple(map(tuple, row["indicated"])))  # fmt: skip
 
 
+def test_the_most_a_row_holds_takes_one_choice_per_group():
+    """5 fixed; group 0's choices 0 and 1 hold 3 and 7, group 1's choice 0 holds 2; two
+    indicated terms, +4 and -6: at most 5 + 7 + 2 + 4 = 18. Keeping only group 0's choice 0
+    and group 1's choice 1 (group 1's run empties): 5 + 3 + 0 + 4 = 12."""
+    rows = MemoryRows.of((MemoryRow(5, ((0, 0, 3), (0, 1, 7), (1, 0, 2)), ((0, 4), (1, -6))),))
+    assert rows.most().tolist() == [18]
+    assert rows.restricted([[0, -1], [-1, 0]]).most().tolist() == [12]
+
+
 def test_memory_rows_as_arrays_are_the_rows_of_tuples():
     """The MLP on 2x4 (storage decisions, reshard buffers as indicators, savings of a home
     tensor as negative ones): the rows built as arrays are, term for term, the rows saved
@@ -225,8 +234,12 @@ def test_memory_rows_as_arrays_are_the_rows_of_tuples():
         ]
         assert problem.memory.bytes(choice, held).tolist() == by_hand
         assert MemoryRows.of(rows).bytes(choice, held).tolist() == by_hand
+    # A group takes one choice: at most its largest term, with every indicated term that adds.
     assert problem.memory.most().tolist() == [
-        row.fixed + sum(max(b, 0) for *_, b in row.terms + row.indicated) for row in rows
+        row.fixed
+        + sum(max(0, *(b for h, _, b in row.terms if h == g)) for g in {g for g, _, _ in row.terms})
+        + sum(max(b, 0) for _, b in row.indicated)
+        for row in rows
     ]
 
 
