@@ -706,10 +706,8 @@ def _exclusive_ands(
 def _polarity(problem: Problem) -> tuple[list[bool], list[bool]]:
     """For each indicator, whether some row adds bytes when it holds, and whether some row
     takes bytes off, directly or through an indicator it is a literal of."""
-    adding, taking = (
-        np.zeros(len(problem.indicators), bool),
-        np.zeros(len(problem.indicators), bool),
-    )
+    count = len(problem.indicators)
+    adding, taking = np.zeros(count, bool), np.zeros(count, bool)
     for rows in (problem.memory_base, problem.memory):
         adding[rows.indicated[rows.indicated_amounts > 0]] = True
         taking[rows.indicated[rows.indicated_amounts < 0]] = True

@@ -361,9 +361,9 @@ class _Bound:
         least, when `upper`: for an indicator that takes bytes off, a saving).
 
         An OR is at least the mean of its parts, an AND of parts in [0, 1] at least their
-        sum less one per extra part (but an AND of an exact part and one OR, at least the
-        mean of the ANDs it distributes to, where those are exact: `distributed`); the
-        literals whose groups together have at most `DENSE` combinations form one exact part.
+        sum less one per extra part (but an AND holding ORs, at least the mean of the ANDs it
+        distributes to, where that takes few tables: `distributed`); the literals whose
+        groups together have at most `DENSE` combinations form one exact part.
         E.g. AND(g2 in K, g4 in K', OR(g4 in .., g5 in .., g6 in ..)) over 171^4
         combinations: AND(g2 in K, g4 in K') exactly (171^2) plus a third of each of the
         three ORed literals, less 1. From above: an AND is at most any one of its parts (the
@@ -383,21 +383,12 @@ class _Bound:
             scope = r.scopes[literal]
             return [(scope, r.dense(r.table(literal, scope), scope))], 0.0
         ind = r.problem.indicators[literal]
-        exact: list[Literal] = []
-        groups: set[int] = set()
-        rest: list[Literal] = []
-        for lit in self.parts(ind):
-            joint = groups | set(r.scope_of(lit))
-            if self.exact(joint):
-                exact.append(lit)
-                groups = joint
-            else:
-                rest.append(lit)
-        scope = tuple(sorted(groups))
         if ind.every and not upper:
             distributed = self.distributed(self.parts(ind), ROOM)
             if distributed is not None:
                 return distributed, 0.0
+        exact, groups, rest = self.split(self.parts(ind))
+        scope = tuple(sorted(groups))
         pieces: list[tuple[tuple[int, ...], np.ndarray]] = []
         if exact:
             combine = np.logical_and if ind.every else np.logical_or
@@ -416,6 +407,21 @@ class _Bound:
         if ind.every:
             return pieces, constant - (parts - 1)
         return [(g, t / parts) for g, t in pieces], constant / parts
+
+    def split(self, literals: list[Literal]) -> tuple[list[Literal], set[int], list[Literal]]:
+        """The literals that fit one exact table, taken in order while they do, the groups
+        they name, and the rest."""
+        exact: list[Literal] = []
+        groups: set[int] = set()
+        rest: list[Literal] = []
+        for lit in literals:
+            joint = groups | set(self.relaxation.scope_of(lit))
+            if self.exact(joint):
+                exact.append(lit)
+                groups = joint
+            else:
+                rest.append(lit)
+        return exact, groups, rest
 
     def parts(self, ind: Indicator) -> list[Literal]:
         """The literals of an AND (an OR), those of the ANDs (ORs) in it too large to be one
@@ -442,22 +448,13 @@ class _Bound:
         `room` tables. Unlike E + OR - 1 it is never below 0: a reshard's buffer, AND(held
         elsewhere, OR(the readers reading it)), was priced at -1 times its bytes wherever it
         is not made, and no multipliers raised bert's bound on 4x8 at 30 % above the
-        memory-aside optimum (2.27e8; now 3.23e8 in as many steps, the optimum 3.52e8, the LP
+        memory-aside optimum (2.27e8; now 3.28e8 in as many steps, the optimum 3.52e8, the LP
         of the CP-SAT model 3.37e8; 15.8 -> 3.3 s). From above the sum of those (a union
         bound) counts a saving once per OR's literal that holds: bert on 2x4 at its lowest
         budget, its relaxation fell far below the LP's (tried, dropped).
         """
         r = self.relaxation
-        exact: list[Literal] = []
-        groups: set[int] = set()
-        rest: list[Literal] = []
-        for lit in literals:
-            joint = groups | set(r.scope_of(lit))
-            if self.exact(joint):
-                exact.append(lit)
-                groups = joint
-            else:
-                rest.append(lit)
+        exact, groups, rest = self.split(literals)
         scope = tuple(sorted(groups))
         if not rest:
             values = functools.reduce(
