@@ -437,7 +437,23 @@ class _Bound:
                 found += self.parts(inner)
             else:
                 found.append(lit)
-        return found
+        if not ind.every:
+            return found
+        # An OR holding wherever one of the AND's own literals does is no condition: AND(g4
+        # in S, OR(g4 in S, g5 in S)) is g4 in S (a buffer read where it is made).
+        chosen = [lit for lit in found if isinstance(lit, Chosen)]
+        return [lit for lit in found if not self.implied(lit, chosen)]
+
+    def implied(self, literal: Literal, chosen: list[Chosen]) -> bool:
+        """Whether `literal` is an OR holding wherever one of `chosen` does."""
+        if isinstance(literal, Chosen):
+            return False
+        ind = self.relaxation.problem.indicators[literal]
+        return not ind.every and any(
+            isinstance(part, Chosen) and part.group == c.group and c.choices <= part.choices
+            for part in ind.literals
+            for c in chosen
+        )
 
     def distributed(
         self, literals: list[Literal], room: int

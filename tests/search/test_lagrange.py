@@ -162,6 +162,24 @@ def test_an_and_distributes_over_its_ors_again_and_again(monkeypatch):
         assert 0 <= value <= truth
 
 
+def test_an_or_its_and_implies_is_no_condition(monkeypatch):
+    """AND(g0 in {1}, g1 in {1}, OR(g1 in {1, 2}, g2 in {1})): g1 in {1} makes the OR hold, so
+    the AND is AND(g0 in {1}, g1 in {1}), one exact table even where the three groups are too
+    many for one (DENSE 9, groups of 3 choices): exact everywhere, not a bound."""
+    indicators = (
+        Indicator(False, (Chosen(1, frozenset({1, 2})), Chosen(2, frozenset({1})))),
+        Indicator(True, (Chosen(0, frozenset({1})), Chosen(1, frozenset({1})), 0)),
+    )
+    rows = MemoryRows.of((MemoryRow(0, (), ((1, 1),)),))
+    problem = Problem((3,) * 3, ((0, 0, 0),) * 3, (), rows, 1, 1.0, indicators)
+    monkeypatch.setattr(lagrange, "DENSE", 9)
+    pieces, constant = Relaxation(problem).bound(None).of(1)
+    assert constant == 0.0 and [scope for scope, _ in pieces] == [(0, 1)]
+    for x in itertools.product(range(3), repeat=3):
+        value = sum(float(table[tuple(x[g] for g in scope)]) for scope, table in pieces)
+        assert value == (x[0] == 1 and x[1] == 1)
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_the_solve_through_the_relaxation_is_the_optimum(seed):
     """The relaxation's bound and plans, then CP-SAT over the choices a cheaper plan may
