@@ -657,7 +657,8 @@ def build_block_dynamo() -> Built:
         )  # fmt: skip
     proto = program.model_proto
     strip_stack_traces(proto)
-    return Built(proto, "torch.onnx.export(dynamo=True)", _block_feeds, torch_reference(model, ["x"]))
+    reference = torch_reference(model, ["x"])
+    return Built(proto, "torch.onnx.export(dynamo=True)", _block_feeds, reference)
 
 
 def _block_feeds(batch: int, seq: int) -> dict[str, np.ndarray]:

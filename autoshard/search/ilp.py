@@ -527,6 +527,33 @@ def _cp_sat(
     watch: _Improvements | None = None,
     at_least: int | None = None,
 ) -> Solution:
+    model, x = ilp_model(problem, memory, hint, at_least)
+    solver = _solver(limit.seconds)
+    started = time.perf_counter()
+    status = _run(solver, model, watch)
+    wall = time.perf_counter() - started
+    if status == cp_model.INFEASIBLE:
+        raise _NoPlan(solver.response_proto.deterministic_time)
+    choice = _chosen(solver, status, x, limit)
+    proto = model.proto
+    return Solution(
+        choice=choice,
+        status=SolverStatus(solver.status_name(status)),
+        objective=problem.objective(choice),
+        bound=solver.best_objective_bound,
+        wall_s=wall,
+        variables=len(proto.variables),
+        constraints=len(proto.constraints),
+        work=solver.response_proto.deterministic_time,
+    )
+
+
+def ilp_model(
+    problem: Problem, memory: bool, hint: Sequence[int] = (), at_least: int | None = None
+) -> tuple[cp_model.CpModel, list[list[cp_model.IntVar]]]:
+    """The ILP of the module's docstring as a CP-SAT model (the memory rows too where
+    `memory`), and its one-hot variables x[g][k]: what `_cp_sat` solves, and what
+    `bench/relaxation_gap.py` relaxes to an LP."""
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
     _hint(model, x, hint)
@@ -561,24 +588,7 @@ def _cp_sat(
     if at_least is not None:  # a bound proven elsewhere: CP-SAT's starts there
         model.add(sum(objective) >= at_least)
     model.minimize(sum(objective))
-    solver = _solver(limit.seconds)
-    started = time.perf_counter()
-    status = _run(solver, model, watch)
-    wall = time.perf_counter() - started
-    if status == cp_model.INFEASIBLE:
-        raise _NoPlan(solver.response_proto.deterministic_time)
-    choice = _chosen(solver, status, x, limit)
-    proto = model.proto
-    return Solution(
-        choice=choice,
-        status=SolverStatus(solver.status_name(status)),
-        objective=problem.objective(choice),
-        bound=solver.best_objective_bound,
-        wall_s=wall,
-        variables=len(proto.variables),
-        constraints=len(proto.constraints),
-        work=solver.response_proto.deterministic_time,
-    )
+    return model, x
 
 
 def _one_hot(model: cp_model.CpModel, problem: Problem) -> list[list[cp_model.IntVar]]:
