@@ -28,7 +28,7 @@ from scipy.sparse import coo_matrix, vstack
 from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx, unbound_dims
 from autoshard.search.budget import auto_plan
-from autoshard.search.ilp import InfeasibleError, ilp_model, lowest_budget, solve
+from autoshard.search.ilp import InfeasibleError, ilp_model, lowest_budget, rows_over, solve
 from autoshard.search.lagrange import Relaxation, dual
 from autoshard.search.problem import Problem, build_search
 
@@ -117,7 +117,7 @@ def lp_bound(problem: Problem) -> tuple[float, np.ndarray]:
         bounds=list(zip(lows, highs, strict=True)), method="highs",
     )  # fmt: skip
     duals = np.zeros(len(problem.memory))
-    kept = np.flatnonzero(problem.memory.most() + problem.memory_base.most()[0] > problem.budget)
+    kept = rows_over(problem, problem.budget)
     memory_rows = np.flatnonzero(upper)[-len(kept) :] if len(kept) else []
     position = {row: i for i, row in enumerate(np.flatnonzero(upper))}
     for r, row in zip(kept, memory_rows, strict=True):

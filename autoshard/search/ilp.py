@@ -683,12 +683,17 @@ def _memory_rows(
             found.append(expr + int(rows.fixed[r]))
         return found
 
-    base_most = int(problem.memory_base.most()[0])
-    which = np.flatnonzero(problem.memory.most() + base_most > above).tolist()
+    which = rows_over(problem, above).tolist()
     if not which:
         return []
     (base,) = bytes_of(problem.memory_base, [0])
     return [base + row for row in bytes_of(problem.memory, which)]
+
+
+def rows_over(problem: Problem, above: int) -> np.ndarray:
+    """The memory rows that may hold more than `above` under some choice: those CP-SAT's
+    model constrains (`_memory_rows`), in order."""
+    return np.flatnonzero(problem.most() > above)
 
 
 def _exclusive_ands(
@@ -816,8 +821,7 @@ def _least_peak(
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
     _hint(model, x, hint)
-    most = problem.memory.most()
-    top = int(problem.memory_base.most()[0]) + (int(most.max()) if len(most) else 0)
+    top = int(problem.most().max(initial=problem.memory_base.most()[0]))
     peak = model.new_int_var(min(at_least, max(top, 1)), max(top, 1), "peak")
     for bytes_live in _memory_rows(model, problem, x, min(at_least, max(top, 1))):
         model.add(bytes_live <= peak)

@@ -263,9 +263,12 @@ class Relaxation:
     def table(self, i: int, scope: tuple[int, ...]) -> np.ndarray:
         """Indicator i's values over `scope` (a superset of its own), broadcastable."""
         ind = self.problem.indicators[i]
-        parts = [self.literal_table(lit, scope) for lit in ind.literals]
-        combine = np.logical_and if ind.every else np.logical_or
-        return functools.reduce(combine, parts)
+        return self.joint(ind.literals, ind.every, scope)
+
+    def joint(self, literals: Sequence[Literal], every: bool, scope: tuple[int, ...]) -> np.ndarray:
+        """The AND (`every`) or OR of `literals` over `scope` (a superset of theirs)."""
+        combine = np.logical_and if every else np.logical_or
+        return functools.reduce(combine, [self.literal_table(lit, scope) for lit in literals])
 
     def scope_of(self, literal: Literal) -> tuple[int, ...]:
         return (literal.group,) if isinstance(literal, Chosen) else self.scopes[literal]
@@ -383,17 +386,16 @@ class _Bound:
             scope = r.scopes[literal]
             return [(scope, r.dense(r.table(literal, scope), scope))], 0.0
         ind = r.problem.indicators[literal]
+        literals = self.parts(ind)
         if ind.every and not upper:
-            distributed = self.distributed(self.parts(ind), ROOM)
+            distributed = self.distributed(literals, ROOM)
             if distributed is not None:
                 return distributed, 0.0
-        exact, groups, rest = self.split(self.parts(ind))
+        exact, groups, rest = self.split(literals)
         scope = tuple(sorted(groups))
         pieces: list[tuple[tuple[int, ...], np.ndarray]] = []
         if exact:
-            combine = np.logical_and if ind.every else np.logical_or
-            values = functools.reduce(combine, [r.literal_table(lit, scope) for lit in exact])
-            pieces.append((scope, r.dense(values, scope)))
+            pieces.append((scope, r.dense(r.joint(exact, ind.every, scope), scope)))
         if upper and ind.every:
             return (pieces, 0.0) if pieces else self.of(rest[0], upper=True)
         constant = 0.0
@@ -427,7 +429,7 @@ class _Bound:
         """The literals of an AND (an OR), those of the ANDs (ORs) in it too large to be one
         table in their place: the more of them, the more fall in one exact part. bert on 2x4
         at its lowest budget: a saving AND(g3 in K, AND(OR over g3 and g29, OR over five
-        groups)) was at most g3's mask, now AND(g3 in K, the first OR), exact."""
+        groups)) was at most g3's mask, now at most AND(g3 in K, the first OR), one table."""
         r = self.relaxation
         found: list[Literal] = []
         for lit in ind.literals:
@@ -473,10 +475,7 @@ class _Bound:
         exact, groups, rest = self.split(literals)
         scope = tuple(sorted(groups))
         if not rest:
-            values = functools.reduce(
-                np.logical_and, [r.literal_table(lit, scope) for lit in exact]
-            )
-            return [(scope, r.dense(values, scope))]
+            return [(scope, r.dense(r.joint(exact, True, scope), scope))]
         ors = [
             lit
             for lit in rest

@@ -144,6 +144,11 @@ class Problem:
         rows = self.memory.bytes(choice, indicated)
         return base + (int(rows.max()) if len(rows) else 0)
 
+    def most(self) -> np.ndarray:
+        """An upper bound of each row's bytes under any choice, the base row's added
+        (`MemoryRows.most`)."""
+        return self.memory.most() + int(self.memory_base.most()[0])
+
     def restricted(self, kept: Sequence[Sequence[int]]) -> Problem:
         """The problem over the choices `kept[g]` of each group g (ascending, none empty),
         numbered anew from 0: what the memory-bound solve hands CP-SAT once the relaxation
