@@ -24,7 +24,10 @@ With the memory rows, the rows relaxed into the objective (`search.lagrange`) gi
 and, per group and choice, the least any plan taking that choice can cost (min-marginals):
 a choice whose least is past a threshold is in no plan below it, so CP-SAT solves the
 problem over the few choices left (`_Narrowing`); the 32-layer decoder on 2x4x8 at 60 %:
-500 of 4023 choices, OPTIMAL in seconds where CP-SAT on all of them ran for minutes.
+500 of 4023 choices, OPTIMAL in seconds where CP-SAT on all of them ran for minutes. Its
+model holds the memory rows that bind the relaxation (a positive multiplier), and those its
+plan goes over next (`_cp_sat`, row generation): a training step's thousands of rows, each of
+hundreds of terms, took seconds a try to write out.
 """
 
 from __future__ import annotations
@@ -136,7 +139,7 @@ def solve(
     relaxation = Relaxation(problem)
     found = dual(problem, relaxation=relaxation)
     plans = [_Found(tuple(hint), problem.objective(hint))] if _fits(problem, hint) else []
-    at_least, marginals = math.ceil(relaxed.bound), None
+    at_least, marginals, binding = math.ceil(relaxed.bound), None, None
     if found is not None:
         if found.infeasible:
             raise _proven_infeasible()
@@ -144,9 +147,11 @@ def solve(
         if found.best is not None:
             plans.append(_Found(found.best.choice, found.best.objective))
         marginals = relaxation.min_marginals(found.multipliers)
+        binding = np.flatnonzero(found.multipliers > 0)
         fitting = _fitting(problem, found)
         if fitting is not None and marginals is not None:
-            bound, plan, marginals = _within(problem, fitting, marginals)
+            bound, plan, marginals, again = _within(problem, fitting, marginals)
+            binding = np.union1d(binding, again)
             at_least = max(at_least, bound)
             plans += [plan] if plan is not None else []
     best = min(plans, key=lambda plan: plan.value, default=None)
@@ -158,7 +163,7 @@ def solve(
 
     def attempt(narrowed: Problem, hint: Sequence[int], at_least: int, limit: _Limit) -> _Attempt:
         try:
-            got = _cp_sat(narrowed, limit, memory=True, hint=hint, watch=watch, at_least=at_least)
+            got = _cp_sat(narrowed, limit, True, hint, watch, at_least, binding)
         except _NoPlan as none:
             return _Attempt((), None, 0, True, none.work)
         optimal = got.status is SolverStatus.OPTIMAL
@@ -202,26 +207,28 @@ def _fitting(problem: Problem, found: Dual) -> list[list[int]] | None:
 
 def _within(
     problem: Problem, fitting: list[list[int]], marginals: list[np.ndarray]
-) -> tuple[int, _Found | None, list[np.ndarray]]:
+) -> tuple[int, _Found | None, list[np.ndarray], np.ndarray]:
     """The relaxation of the choices that may fit (`_fitting`), solved again where they are
     few enough (`AGAIN`): stronger, as it no longer mixes in those that cannot (the decoder on
     2x4x8 at its lowest budget: bound 0.0394 s, within them 0.05397 s, the optimum, and its
-    plan). Its bound, its best plan, and the min-marginals of the whole widened by its own,
-    infinite for the choices left out (`_widened`)."""
+    plan). Its bound, its best plan, the min-marginals of the whole widened by its own,
+    infinite for the choices left out (`_widened`), and the rows that bind it."""
+    none = np.zeros(0, np.int64)
     if problem.variables - sum(map(len, fitting)) < AGAIN * problem.variables:
-        return 0, None, _widened(marginals, None, fitting)
+        return 0, None, _widened(marginals, None, fitting), none
     within = problem.restricted(fitting)
     relaxation = Relaxation(within)
     again = dual(within, relaxation=relaxation)
     if again is None:
-        return 0, None, _widened(marginals, None, fitting)
+        return 0, None, _widened(marginals, None, fitting), none
     if again.infeasible:
         raise _proven_infeasible()
     plan = None
     if again.best is not None:
         plan = _Found(_original(again.best.choice, fitting), again.best.objective)
     inner = relaxation.min_marginals(again.multipliers)
-    return _rounded_up(again.bound), plan, _widened(marginals, inner, fitting)
+    binding = np.flatnonzero(again.multipliers > 0)
+    return _rounded_up(again.bound), plan, _widened(marginals, inner, fitting), binding
 
 
 def _widened(
@@ -473,7 +480,8 @@ class _Improvements(cp_model.CpSolverSolutionCallback):
     watches, as (CP-SAT's value + offset) * scale. It reads the solver's state and changes
     nothing. `best` may start at a plan found before; the bounds told are at least `floor`
     (a bound proven before) and at most `ceiling` (a narrowed solve's bound holds for the
-    whole problem only up to its threshold)."""
+    whole problem only up to its threshold); while a solve holds fewer memory rows than its
+    problem, the plans told are those `fits` accepts."""
 
     def __init__(
         self, tracker: Tracker, scale: float, unit: str, offset: int = 0, best: int | None = None
@@ -482,10 +490,12 @@ class _Improvements(cp_model.CpSolverSolutionCallback):
         self.tracker, self.scale, self.unit, self.offset = tracker, scale, unit, offset
         self.best: float | None = best
         self.floor, self.ceiling = -math.inf, math.inf
+        self.fits: Callable[[cp_model.CpSolverSolutionCallback], bool] | None = None
 
     def on_solution_callback(self) -> None:
         value = self.objective_value
-        self.best = value if self.best is None else min(self.best, value)
+        if self.fits is None or self.fits(self):  # (a solve of fewer rows: some do not)
+            self.best = value if self.best is None else min(self.best, value)
         self.bound(self.best_objective_bound)
 
     def bound(self, bound: float) -> None:
@@ -526,34 +536,73 @@ def _cp_sat(
     hint: Sequence[int] = (),
     watch: _Improvements | None = None,
     at_least: int | None = None,
+    rows: np.ndarray | None = None,
 ) -> Solution:
-    model, x = ilp_model(problem, memory, hint, at_least)
-    solver = _solver(limit.seconds)
-    started = time.perf_counter()
-    status = _run(solver, model, watch)
-    wall = time.perf_counter() - started
-    if status == cp_model.INFEASIBLE:
-        raise _NoPlan(solver.response_proto.deterministic_time)
-    choice = _chosen(solver, status, x, limit)
+    """CP-SAT on `problem`, its memory rows too where `memory`. Given `rows` (those that bind
+    the relaxation), the model holds those alone at first, and the rows its plan goes over
+    join it for the next solve, until the plan fits them all (row generation: a model of
+    fewer rows has no higher optimum, so a plan of it that fits every row and that it proves
+    optimal is the optimum, and its bound holds for the whole). A training step's rows are
+    thousands of hundreds of terms each, a few hundred bind (the decoder's on 4x8 at 12 GiB:
+    10,228 and 451), and building the whole model took 3 s a try."""
+    among = rows if memory else None
+    started, work, bound = time.perf_counter(), 0.0, -math.inf
+    while True:
+        model, x = ilp_model(problem, memory, hint, at_least, among)
+        given = dataclasses.replace(limit, seconds=limit.seconds - work)
+        solver = _solver(max(given.seconds, 0.0))
+        if watch is not None:
+            watch.fits = None if among is None else _fitting_plans(problem, x)
+        status = _run(solver, model, watch)
+        work += solver.response_proto.deterministic_time
+        if status == cp_model.INFEASIBLE:
+            raise _NoPlan(work)
+        choice = _chosen(solver, status, x, given)
+        bound = max(bound, solver.best_objective_bound)
+        over = np.flatnonzero(problem.live(choice) > problem.budget) if memory else ()
+        if among is None or not len(over):
+            break
+        if watch is not None:  # the next solve's bound starts lower
+            watch.floor = max(watch.floor, bound)
+        if work >= limit.seconds:
+            raise _OutOfTime(_out_of_time(given, "FEASIBLE"))
+        among = np.union1d(among, over)
+    optimal = status == cp_model.OPTIMAL
     proto = model.proto
     return Solution(
         choice=choice,
-        status=SolverStatus(solver.status_name(status)),
+        status=SolverStatus.OPTIMAL if optimal else SolverStatus.FEASIBLE,
         objective=problem.objective(choice),
-        bound=solver.best_objective_bound,
-        wall_s=wall,
+        bound=bound,
+        wall_s=time.perf_counter() - started,
         variables=len(proto.variables),
         constraints=len(proto.constraints),
-        work=solver.response_proto.deterministic_time,
+        work=work,
     )
 
 
+def _fitting_plans(
+    problem: Problem, x: list[list[cp_model.IntVar]]
+) -> Callable[[cp_model.CpSolverSolutionCallback], bool]:
+    """Whether the plan a solve of fewer memory rows found fits them all."""
+
+    def fits(solution: cp_model.CpSolverSolutionCallback) -> bool:
+        choice = [next(k for k, v in enumerate(row) if solution.value(v)) for row in x]
+        return problem.peak(choice) <= problem.budget
+
+    return fits
+
+
 def ilp_model(
-    problem: Problem, memory: bool, hint: Sequence[int] = (), at_least: int | None = None
+    problem: Problem,
+    memory: bool,
+    hint: Sequence[int] = (),
+    at_least: int | None = None,
+    among: np.ndarray | None = None,
 ) -> tuple[cp_model.CpModel, list[list[cp_model.IntVar]]]:
     """The ILP of the module's docstring as a CP-SAT model (the memory rows too where
-    `memory`), and its one-hot variables x[g][k]: what `_cp_sat` solves, and what
-    `bench/relaxation_gap.py` relaxes to an LP."""
+    `memory`: those in `among`, or all), and its one-hot variables x[g][k]: what `_cp_sat`
+    solves, and what `bench/relaxation_gap.py` relaxes to an LP."""
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
     _hint(model, x, hint)
@@ -583,7 +632,7 @@ def ilp_model(
             if rows[r][column_members[0]]
         ]
     if memory:
-        for bytes_live in _memory_rows(model, problem, x, problem.budget):
+        for bytes_live in _memory_rows(model, problem, x, problem.budget, among):
             model.add(bytes_live <= problem.budget)
     if at_least is not None:  # a bound proven elsewhere: CP-SAT's starts there
         model.add(sum(objective) >= at_least)
@@ -607,26 +656,38 @@ def _hint(model: cp_model.CpModel, x: list[list[cp_model.IntVar]], hint: Sequenc
 
 
 def _memory_rows(
-    model: cp_model.CpModel, problem: Problem, x: list[list[cp_model.IntVar]], above: int
+    model: cp_model.CpModel,
+    problem: Problem,
+    x: list[list[cp_model.IntVar]],
+    above: int,
+    among: np.ndarray | None = None,
 ) -> list[cp_model.LinearExpr]:
-    """The bytes of each memory row that may hold more than `above` as a linear expression
-    (the others cannot bind: a narrowed problem's choices leave most rows of a training step
-    under the budget, and each row is hundreds of terms). An indicator is a variable bounded
+    """The bytes of each memory row (of those `among`, or all) that may hold more than
+    `above` as a linear expression (the others cannot bind: a narrowed problem's choices
+    leave most rows of a training step under the budget, and each row is hundreds of terms),
+    with a variable for each indicator those rows use. An indicator is a variable bounded
     on one side only: where rows add its bytes (bounded from above by the budget), from below
     (an AND by the sum of its literals less their number plus one, an OR by each literal);
     where they take bytes off (`search.memory`'s savings), from above (an AND by each literal,
     an OR by their sum). Either way any plan that fits can set it to its true value, and a
     solver setting it otherwise only makes its rows larger (`search.memory`). The literals of
     an indicator are bounded as it is (ANDs and ORs are monotone)."""
-    made: list[cp_model.IntVar] = []
+    which = rows_over(problem, above)
+    if among is not None:
+        which = np.intersect1d(which, among)
+    if not len(which):
+        return []
+    made: dict[int, cp_model.IntVar] = {}
 
     def literal(lit: Chosen | int) -> cp_model.LinearExprT:
         if isinstance(lit, Chosen):
             return cp_model.LinearExpr.sum([x[lit.group][k] for k in sorted(lit.choices)])
         return made[lit]
 
-    adds, takes = _polarity(problem)
+    adds, takes = _polarity(problem, which)
     for i, ind in enumerate(problem.indicators):
+        if not (adds[i] or takes[i]):  # in none of these rows
+            continue
         var = model.new_bool_var(f"m{i}")
         terms = [literal(lit) for lit in ind.literals]
         if adds[i]:
@@ -641,7 +702,7 @@ def _memory_rows(
                     model.add(var <= term)
             else:
                 model.add(var <= sum(terms))
-        made.append(var)
+        made[i] = var
     # Savings of one thing under exclusive choices (ANDs of one literal on one group, its
     # choices disjoint, with the same rest: the home tensor held in shardings of each size,
     # dead) hold one at a time, and only where the rest does: their sum is at most it.
@@ -683,11 +744,8 @@ def _memory_rows(
             found.append(expr + int(rows.fixed[r]))
         return found
 
-    which = rows_over(problem, above).tolist()
-    if not which:
-        return []
     (base,) = bytes_of(problem.memory_base, [0])
-    return [base + row for row in bytes_of(problem.memory, which)]
+    return [base + row for row in bytes_of(problem.memory, which.tolist())]
 
 
 def rows_over(problem: Problem, above: int) -> np.ndarray:
@@ -718,14 +776,18 @@ def _exclusive_ands(
     return sums
 
 
-def _polarity(problem: Problem) -> tuple[list[bool], list[bool]]:
-    """For each indicator, whether some row adds bytes when it holds, and whether some row
-    takes bytes off, directly or through an indicator it is a literal of."""
+def _polarity(problem: Problem, which: np.ndarray) -> tuple[list[bool], list[bool]]:
+    """For each indicator, whether the base row or a row of `which` adds bytes when it holds,
+    and whether one takes bytes off, directly or through an indicator it is a literal of
+    (neither: those rows do not use it)."""
     count = len(problem.indicators)
     adding, taking = np.zeros(count, bool), np.zeros(count, bool)
-    for rows in (problem.memory_base, problem.memory):
-        adding[rows.indicated[rows.indicated_amounts > 0]] = True
-        taking[rows.indicated[rows.indicated_amounts < 0]] = True
+    for rows, selected in ((problem.memory_base, np.zeros(1, np.int64)), (problem.memory, which)):
+        entries = np.repeat(np.arange(len(rows)), np.diff(rows.indicated_starts))
+        used = np.isin(entries, selected)
+        indicated, amounts = rows.indicated[used], rows.indicated_amounts[used]
+        adding[indicated[amounts > 0]] = True
+        taking[indicated[amounts < 0]] = True
     adds, takes = adding.tolist(), taking.tolist()
     for i in reversed(range(len(problem.indicators))):  # users come after their literals
         for lit in problem.indicators[i].literals:
@@ -743,13 +805,16 @@ def _chosen(
 ) -> tuple[int, ...]:
     """The choice per group of a solve that found a plan."""
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        share = f"{limit.seconds:.2g} s left for the {limit.solve} solve, "
-        raise _OutOfTime(
-            f"the solver found no plan within --time-limit {limit.of:g} s "
-            f"({share if limit.seconds < limit.of else ''}{solver.status_name(status)}); "
-            "raise --time-limit"
-        )
+        raise _OutOfTime(_out_of_time(limit, solver.status_name(status)))
     return tuple(next(k for k, v in enumerate(row) if solver.value(v)) for row in x)
+
+
+def _out_of_time(limit: _Limit, status: str) -> str:
+    share = f"{limit.seconds:.2g} s left for the {limit.solve} solve, "
+    return (
+        f"the solver found no plan within --time-limit {limit.of:g} s "
+        f"({share if limit.seconds < limit.of else ''}{status}); raise --time-limit"
+    )
 
 
 def _solver(time_limit: float) -> cp_model.CpSolver:
@@ -787,8 +852,9 @@ def lowest_budget(
                        "weighted sums relaxed")  # fmt: skip
     relaxation = peak_relaxation(problem)
     found = least_peak(problem, relaxation=relaxation)
-    best, bound, marginals = None, 0, None
+    best, bound, marginals, binding = None, 0, None, None
     if found is not None and found.best is not None:
+        binding = np.flatnonzero(found.multipliers > 0)
         best = _Found(found.best.choice, found.best.peak)
         marginals = peak_marginals(relaxation, found)
         # A plan's peak is at least each of its choices' least: the least choice of a group
@@ -800,7 +866,7 @@ def lowest_budget(
         watch = _Improvements(tracker, 1.0, "B", best=best.value if best else None)
 
     def attempt(narrowed: Problem, hint: Sequence[int], at_least: int, limit: _Limit) -> _Attempt:
-        return _least_peak(narrowed, limit, watch, hint, at_least)
+        return _least_peak(narrowed, limit, watch, hint, at_least, binding)
 
     search = _Narrowing(problem, marginals, attempt, watch, "the peak", whole_share=1.0)
     best, bound, _ = search.run(best, bound, _Limit(time_limit, time_limit, "lowest-budget"))
@@ -816,24 +882,56 @@ def _least_peak(
     watch: _Improvements | None,
     hint: Sequence[int] = (),
     at_least: int = 0,
+    rows: np.ndarray | None = None,
 ) -> _Attempt:
-    """CP-SAT on the least peak: from `hint`, no less than `at_least` (a bound proven)."""
-    model = cp_model.CpModel()
-    x = _one_hot(model, problem)
-    _hint(model, x, hint)
+    """CP-SAT on the least peak: from `hint`, no less than `at_least` (a bound proven). Given
+    `rows`, those alone at first, and those over the peak the solve found next (row
+    generation, as `_cp_sat`)."""
     top = int(problem.most().max(initial=problem.memory_base.most()[0]))
-    peak = model.new_int_var(min(at_least, max(top, 1)), max(top, 1), "peak")
-    for bytes_live in _memory_rows(model, problem, x, min(at_least, max(top, 1))):
-        model.add(bytes_live <= peak)
-    model.minimize(peak)
-    solver = _solver(limit.seconds)
-    choice = _chosen(solver, _run(solver, model, watch), x, limit)
+    low, high = min(at_least, max(top, 1)), max(top, 1)
+    among, work, bound = rows, 0.0, 0
+    while True:
+        model = cp_model.CpModel()
+        x = _one_hot(model, problem)
+        _hint(model, x, hint)
+        peak = model.new_int_var(low, high, "peak")
+        for bytes_live in _memory_rows(model, problem, x, low, among):
+            model.add(bytes_live <= peak)
+        model.minimize(peak)
+        given = dataclasses.replace(limit, seconds=limit.seconds - work)
+        solver = _solver(max(given.seconds, 0.0))
+        if watch is not None:
+            watch.fits = None if among is None else _within_peak(problem, x, peak)
+        status = _run(solver, model, watch)
+        work += solver.response_proto.deterministic_time
+        choice = _chosen(solver, status, x, given)
+        bound = max(bound, math.ceil(solver.best_objective_bound))
+        over = np.flatnonzero(problem.live(choice) > solver.value(peak))
+        if among is None or not len(over):
+            break
+        if watch is not None:
+            watch.floor = max(watch.floor, bound)
+        if work >= limit.seconds:
+            raise _OutOfTime(_out_of_time(given, "FEASIBLE"))
+        among = np.union1d(among, over)
     reached = problem.peak(choice)
-    bound = min(reached, math.ceil(solver.best_objective_bound))
-    work, proto = solver.response_proto.deterministic_time, model.proto
+    bound = min(reached, bound)
+    proto = model.proto
     return _Attempt(
         choice, reached, bound, bound == reached, work, len(proto.variables), len(proto.constraints)
     )
+
+
+def _within_peak(
+    problem: Problem, x: list[list[cp_model.IntVar]], peak: cp_model.IntVar
+) -> Callable[[cp_model.CpSolverSolutionCallback], bool]:
+    """Whether the plan a least-peak solve of fewer memory rows found peaks where it says."""
+
+    def fits(solution: cp_model.CpSolverSolutionCallback) -> bool:
+        choice = [next(k for k, v in enumerate(row) if solution.value(v)) for row in x]
+        return problem.peak(choice) <= solution.value(peak)
+
+    return fits
 
 
 def _classes(rows: Sequence[Sequence[int]]) -> tuple[list[tuple[int, ...]], list[int]]:

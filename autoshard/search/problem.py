@@ -137,12 +137,18 @@ class Problem:
         total = sum(costs[k] for costs, k in zip(self.node_costs, choice, strict=True))
         return total + sum(m[choice[a]][choice[b]] for a, b, m in self.edges)
 
-    def peak(self, choice: Sequence[int]) -> int:
-        """The most bytes live at one step of the program of this choice."""
+    def live(self, choice: Sequence[int]) -> np.ndarray:
+        """The bytes of each memory row under this choice, the base row's added."""
         indicated = indicator_values(self.indicators, choice)
         base = int(self.memory_base.bytes(choice, indicated)[0])
-        rows = self.memory.bytes(choice, indicated)
-        return base + (int(rows.max()) if len(rows) else 0)
+        return self.memory.bytes(choice, indicated) + base
+
+    def peak(self, choice: Sequence[int]) -> int:
+        """The most bytes live at one step of the program of this choice."""
+        rows = self.live(choice)
+        if len(rows):
+            return int(rows.max())
+        return int(self.memory_base.bytes(choice, indicator_values(self.indicators, choice))[0])
 
     def most(self) -> np.ndarray:
         """An upper bound of each row's bytes under any choice, the base row's added

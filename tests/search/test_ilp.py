@@ -102,6 +102,28 @@ def test_random_problems_with_memory(seed):
         assert problem.peak(solution.choice) <= problem.budget
 
 
+def test_rows_join_the_model_as_its_plans_go_over_them():
+    """CP-SAT from none of the memory rows (row generation, `ilp._cp_sat` given `rows`): each
+    plan that goes over rows left out brings them in, and the plan returned is the optimum of
+    all of them, as exhaustive search finds it; the least peak likewise."""
+    limit, none = ilp._Limit(60.0, 60.0, "test"), np.zeros(0, np.int64)
+    binding = 0
+    for seed in range(30):
+        problem = random_problem(seed, memory=True)
+        expected = brute_force(problem)
+        if expected is None:
+            continue
+        free = brute_force(dataclasses.replace(problem, budget=10**9))
+        binding += free < expected  # the first solve's plan went over some row
+        solution = ilp._cp_sat(problem, limit, True, rows=none)
+        assert (solution.objective, solution.status) == (expected, "OPTIMAL")
+        assert problem.peak(solution.choice) <= problem.budget
+        least = min(problem.peak(c) for c in itertools.product(*map(range, problem.sizes)))
+        peak = ilp._least_peak(problem, limit, None, rows=none)
+        assert (peak.value, peak.bound, peak.optimal) == (least, least, True)
+    assert binding >= 5
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_lowest_budget_is_the_least_peak(seed):
     problem = random_problem(seed, memory=True)
