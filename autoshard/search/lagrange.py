@@ -46,7 +46,7 @@ from autoshard.search.factors import (
     min_marginals,
     minimize,
 )
-from autoshard.search.memory import Chosen, Indicator, Literal, MemoryRows, indicator_values
+from autoshard.search.memory import Chosen, Indicator, Literal, MemoryRows
 from autoshard.search.problem import Problem
 
 ITERATIONS = 20
@@ -147,13 +147,6 @@ class Relaxation:
     def rows(self) -> int:
         return len(self.problem.memory)
 
-    def row_bytes(self, choice: Sequence[int]) -> np.ndarray:
-        """Each row's bytes (the base row's added) under a choice."""
-        problem = self.problem
-        indicated = indicator_values(problem.indicators, choice)
-        base = int(problem.memory_base.bytes(choice, indicated)[0])
-        return problem.memory.bytes(choice, indicated) + base
-
     def weighted(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The rows' bytes weighted by `weights`, summed: per choice (flat over the groups) and
         per indicator."""
@@ -242,7 +235,7 @@ class Relaxation:
             return None
         work = _work(self.sizes, found)
         choice = minimum.choice
-        excess = self.row_bytes(choice) - self.problem.budget
+        excess = self.problem.live(choice) - self.problem.budget
         peak = int(excess.max()) + self.problem.budget if len(excess) else self.problem.peak(choice)
         value = float(minimum.value) + constant
         return Relaxed(choice, self.problem.objective(choice), peak, value, excess, work)

@@ -28,9 +28,8 @@ def plans(problem):
 
 def relaxed_minimum(problem, multipliers):
     """min_x cost(x) + sum_r lam_r (bytes_r(x) - budget), by enumeration."""
-    relaxation = Relaxation(problem)
     return min(
-        problem.objective(x) + float(multipliers @ (relaxation.row_bytes(x) - problem.budget))
+        problem.objective(x) + float(multipliers @ (problem.live(x) - problem.budget))
         for x in plans(problem)
     )
 
