@@ -124,9 +124,10 @@ def minimize(
     """A choice per group minimizing the sum of `factors`, exactly; `None` (before any table
     is built) when the elimination order needs a table of more than `max_entries` entries.
     Groups no factor mentions take choice 0."""
-    passed = _forward(sizes, factors, max_entries, keep=False)
-    if passed is None:
+    forward = _forward(sizes, factors, max_entries, keep=False)
+    if forward is None:
         return None
+    passed, _ = forward
     choice = [0] * len(sizes)
     for step in reversed(passed):
         choice[step.group] = int(step.best[tuple(choice[h] for h in step.neighbours)])
@@ -146,9 +147,10 @@ def min_marginals(
     share of the rest), minimized onto the neighbours of each step whose message it got,
     less that message, is what lies beyond that step. About three times the work of
     `minimize` (the 32-layer decoder's Lagrangian on 2x4x8: 0.7 s against 0.27 s)."""
-    passed = _forward(sizes, factors, max_entries, keep=True)
-    if passed is None:
+    forward = _forward(sizes, factors, max_entries, keep=True)
+    if forward is None:
         return None
+    passed, constant = forward
     receiver: dict[tuple[int, ...], int] = {}
     for i, step in enumerate(passed):
         for scope, _ in step.bucket:
@@ -204,7 +206,7 @@ def min_marginals(
         if not step.neighbours:
             component[p] = float(least.min())
     step_of = {step.group: p for p, step in enumerate(passed)}
-    total = sum(component.values())
+    total = sum(component.values()) + constant
     return [
         marginal[g] + (total - component[root_of[step_of[g]]]) if g in step_of
         else np.full(n, float(total))
@@ -227,9 +229,13 @@ class _Step:
 
 def _forward(
     sizes: Sequence[int], factors: Sequence[Factor], max_entries: int, keep: bool
-) -> list[_Step] | None:
+) -> tuple[list[_Step], float] | None:
     """The elimination in the greedy order, each step's minimum passed on as a table over
-    its neighbours; `None` (nothing built) when a step's table would pass `max_entries`."""
+    its neighbours, and the sum of the tables over groups of one choice alone; `None`
+    (nothing built) when a step's table would pass `max_entries`. Groups of one choice are
+    taken out of every table first: they cost an order nothing, and a table over a group and
+    a hundred of them (a hand plan's annotations leave many one choice) has too many axes
+    for numpy."""
     for f in factors:
         if any(g >= len(sizes) for g in f.scope):
             raise ValueError(f"factor over {f.scope} names a group beyond the {len(sizes)} groups")
@@ -246,8 +252,14 @@ def _forward(
         for g in scope:
             holding.setdefault(g, set()).add(scope)
 
+    constant = 0.0
     for f in factors:  # same scope: one table
-        add(f.scope, f.table)
+        scope = tuple(g for g in f.scope if sizes[g] > 1)
+        table = f.table[tuple(slice(None) if sizes[g] > 1 else 0 for g in f.scope)]
+        if scope:
+            add(scope, table)
+        else:
+            constant += float(table)
     order, largest = elimination_order(sizes, list(tables))
     if largest > max_entries:
         return None
@@ -262,7 +274,7 @@ def _forward(
         steps.append(_Step(g, neighbours, best, least, tuple(bucket) if keep else ()))
         if neighbours:
             add(neighbours, least)
-    return steps
+    return steps, constant
 
 
 _BLOCK = 2**20

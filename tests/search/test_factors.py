@@ -236,6 +236,20 @@ def test_min_marginals_by_hand():
     assert a.tolist() == [1, 5] and b.tolist() == [5, 1]
 
 
+def test_a_group_of_a_hundred_one_choice_neighbours():
+    """A hub of three choices and 100 groups of one choice each joined to it (what a hand
+    plan's annotations leave): the groups of one choice are no axes of any table (numpy has
+    at most 64), and their tables' values still count. Hub choice k costs k, and each leaf
+    1 unless the hub takes 1: k = 0 sums 0 + 100, k = 1 sums 1 + 0, k = 2 sums 2 + 100."""
+    sizes = [3] + [1] * 100
+    found = [Factor((0,), np.array([0, 1, 2]))]
+    found += [Factor((0, leaf), np.array([[1], [0], [1]])) for leaf in range(1, 101)]
+    assert minimize(sizes, found) == factors.Minimum((1,) + (0,) * 100, 1)
+    marginals = min_marginals(sizes, found)
+    assert marginals is not None
+    assert marginals[0].tolist() == [100, 1, 102] and marginals[7].tolist() == [1]
+
+
 def test_min_marginals_answer_none_when_minimize_does():
     sizes = [64] * 5
     clique = [Factor(scope, np.zeros((64, 64))) for scope in itertools.combinations(range(5), 2)]
