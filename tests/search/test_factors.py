@@ -17,9 +17,11 @@ from autoshard.search.factors import (
     min_marginals,
     minimize,
     problem_factors,
+    undominated,
 )
 from autoshard.search.ilp import SolverStatus, solve
-from autoshard.search.problem import build_search
+from autoshard.search.memory import MemoryRows
+from autoshard.search.problem import Problem, build_search
 from tests.search.test_ilp import brute_force, random_problem
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -248,6 +250,27 @@ def test_a_group_of_a_hundred_one_choice_neighbours():
     marginals = min_marginals(sizes, found)
     assert marginals is not None
     assert marginals[0].tolist() == [100, 1, 102] and marginals[7].tolist() == [1]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_choices_no_dead_end_keep_an_optimum(seed):
+    """Dead-end elimination against exhaustive search: the choices kept hold a plan of the
+    least cost, memory aside."""
+    problem = random_problem(seed)
+    kept = undominated(problem)
+    assert all(kept)
+    assert brute_force(problem.restricted(kept)) == brute_force(problem)
+
+
+def test_a_dead_end_by_hand():
+    """Group 0's choices cost 8, 3, 3, 0, and the edge to group 1 (choices costing 0, 1)
+    adds rows [0, 0], [0, 4], [0, 4], [9, 0]. Choice 0 against 1: 8 - 3 + min(0, -4) = 1 > 0,
+    a dead end. Choice 2 equals 1 (0 both ways): the lower, 1, stays. Choice 1 against 3:
+    3 + min(-9, 4) < 0, and 3 against 1: -3 + min(9, -4) < 0: both stay. Group 1: 1 against
+    0 is 1 + min(0, 4, 4, -9) < 0, 0 against 1 is -1 + min(0, -4, -4, 9) < 0: both stay."""
+    edge = ((0, 0), (0, 4), (0, 4), (9, 0))
+    problem = Problem((4, 2), ((8, 3, 3, 0), (0, 1)), ((0, 1, edge),), MemoryRows.of(()), 0, 1.0)
+    assert undominated(problem) == [[1, 3], [0, 1]]
 
 
 def test_min_marginals_answer_none_when_minimize_does():
