@@ -599,8 +599,7 @@ def _fitting_plans(
     """Whether the plan a solve of fewer memory rows found fits them all."""
 
     def fits(solution: cp_model.CpSolverSolutionCallback) -> bool:
-        choice = [next(k for k, v in enumerate(row) if solution.value(v)) for row in x]
-        return problem.peak(choice) <= problem.budget
+        return problem.peak(_read(solution.value, x)) <= problem.budget
 
     return fits
 
@@ -818,7 +817,14 @@ def _chosen(
     """The choice per group of a solve that found a plan."""
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise _OutOfTime(_out_of_time(limit, solver.status_name(status)))
-    return tuple(next(k for k, v in enumerate(row) if solver.value(v)) for row in x)
+    return _read(solver.value, x)
+
+
+def _read(
+    value: Callable[[cp_model.IntVar], int], x: list[list[cp_model.IntVar]]
+) -> tuple[int, ...]:
+    """The choice per group of a solution, from the value of each one-hot variable."""
+    return tuple(next(k for k, v in enumerate(row) if value(v)) for row in x)
 
 
 def _out_of_time(limit: _Limit, status: str) -> str:
