@@ -767,8 +767,17 @@ class _Builder:
             slots = sorted(events, key=self.slot)
             made_by = [self.combine(False, events[r][0]) for r in slots]
             used_by = [self.combine(False, events[r][1]) for r in slots]
-            prefix = [self.combine(False, made_by[: j + 1]) for j in range(len(slots))]
-            suffix = [self.combine(False, used_by[j:]) for j in range(len(slots))]
+            # The OR of each prefix and suffix, worked out again only where the literal it
+            # adds is not False (an OR that cannot change): a value of many reads has many.
+            prefix: list[Literal | bool] = []
+            for j, lit in enumerate(made_by):
+                again = not prefix or lit is not False
+                prefix.append(self.combine(False, made_by[: j + 1]) if again else prefix[-1])
+            suffix: list[Literal | bool] = []
+            for j in reversed(range(len(slots))):
+                again = not suffix or used_by[j] is not False
+                suffix.append(self.combine(False, used_by[j:]) if again else suffix[-1])
+            suffix.reverse()
             size = self.nbytes(name, s)
             at: list[Literal | bool] = []
             between: list[Literal | bool] = []
