@@ -111,6 +111,7 @@ def solve(
     tracker: Tracker | None = None,
     unit: str = "s",
     limit: float | None = None,
+    floor: int = 0,
 ) -> Solution:
     """The best choice per group; `InfeasibleError` when the budget cannot hold any plan.
 
@@ -126,7 +127,8 @@ def solve(
     CP-SAT solves. `tracker` is told each solve's progress, its objective in `unit` (`s` or
     `B`: what `problem.unit` scales the integer costs to). `limit` is the user's
     `--time-limit`, of which `time_limit` is what is left to this solve (all of it by
-    default): what the error says when a solve stops without a plan.
+    default): what the error says when a solve stops without a plan. `floor`: a bound proven
+    before (on rows counting less: `budget.auto_plan`'s rounds).
     """
     limit = time_limit if limit is None else limit
     relaxed = _memory_aside(problem, _Limit(time_limit, limit, "memory-aside"), tracker, unit)
@@ -139,7 +141,7 @@ def solve(
     relaxation = Relaxation(problem)
     found = dual(problem, relaxation=relaxation)
     plans = [_Found(tuple(hint), problem.objective(hint))] if _fits(problem, hint) else []
-    at_least, marginals, binding = math.ceil(relaxed.bound), None, None
+    at_least, marginals, binding = max(floor, math.ceil(relaxed.bound)), None, None
     if found is not None:
         if found.infeasible:
             raise _proven_infeasible()

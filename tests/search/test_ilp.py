@@ -121,6 +121,37 @@ def test_rows_join_the_model_as_its_plans_go_over_them():
     assert binding >= 5
 
 
+def test_a_bound_proven_before_spares_the_proof(monkeypatch):
+    """`solve(floor=...)`: a bound proven on rows counting less (`budget.auto_plan`'s rounds)
+    holds for these. Where the relaxation's best plan is the optimum but the search needs
+    CP-SAT (turned off here) to prove it, the floor proves it."""
+
+    def no_cp_sat(*_, **__):
+        raise AssertionError("CP-SAT was asked")
+
+    monkeypatch.setattr(ilp, "_cp_sat", no_cp_sat)
+    spared = 0
+    for seed in range(60):
+        problem = random_problem(seed, groups=6, memory=True)
+        expected = brute_force(problem)
+        found = ilp.dual(problem)
+        if expected is None or found is None or found.best is None:
+            continue
+        if found.best.objective != expected:
+            continue
+        try:
+            solve(problem)
+            continue  # proven without CP-SAT (a second relaxation, within the choices that fit)
+        except AssertionError:
+            pass
+        solution = solve(problem, floor=expected)
+        assert (solution.objective, solution.bound, solution.status) == (
+            expected, expected, "OPTIMAL",
+        )  # fmt: skip
+        spared += 1
+    assert spared >= 3
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_lowest_budget_is_the_least_peak(seed):
     problem = random_problem(seed, memory=True)
