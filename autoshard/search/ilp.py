@@ -573,8 +573,10 @@ def _cp_sat(
             raise _NoPlan(work)
         choice = _chosen(solver, status, x, given)
         bound = max(bound, solver.best_objective_bound)
-        over = np.flatnonzero(problem.live(choice) > problem.budget) if memory else ()
-        if among is None or not len(over):
+        if among is None:  # every row in the model
+            break
+        over = np.flatnonzero(problem.live(choice) > problem.budget)
+        if not len(over):
             break
         if watch is not None:  # the next solve's bound starts lower
             watch.floor = max(watch.floor, bound)

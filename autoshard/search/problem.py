@@ -139,16 +139,19 @@ class Problem:
 
     def live(self, choice: Sequence[int]) -> np.ndarray:
         """The bytes of each memory row under this choice, the base row's added."""
-        indicated = indicator_values(self.indicators, choice)
-        base = int(self.memory_base.bytes(choice, indicated)[0])
-        return self.memory.bytes(choice, indicated) + base
+        base, rows = self._bytes(choice)
+        return rows + base
 
     def peak(self, choice: Sequence[int]) -> int:
         """The most bytes live at one step of the program of this choice."""
-        rows = self.live(choice)
-        if len(rows):
-            return int(rows.max())
-        return int(self.memory_base.bytes(choice, indicator_values(self.indicators, choice))[0])
+        base, rows = self._bytes(choice)
+        return base + (int(rows.max()) if len(rows) else 0)
+
+    def _bytes(self, choice: Sequence[int]) -> tuple[int, np.ndarray]:
+        """The base row's bytes under this choice, and each other row's."""
+        indicated = indicator_values(self.indicators, choice)
+        base = int(self.memory_base.bytes(choice, indicated)[0])
+        return base, self.memory.bytes(choice, indicated)
 
     def most(self) -> np.ndarray:
         """An upper bound of each row's bytes under any choice, the base row's added
