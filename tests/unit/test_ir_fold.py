@@ -90,10 +90,9 @@ def test_range_result_needs_a_second_round(tmp_path):
     assert result.types["y"] == TensorType(1, (5,))
 
 
-def test_the_last_round_is_derived_when_inference_knew_every_type(monkeypatch):
-    """Inference sees through Shape -> Gather -> Concat -> Reshape (data propagation): every
-    type is known in round 1, so round 2 is derived, not run, and its types are what running
-    inference on the folded model gives (the folded values typed as their initializers)."""
+def _reshape_by_shape_code() -> tuple:
+    """x.view(b, 3, 4) as exporters write it: Shape -> Gather -> Unsqueeze -> Concat ->
+    Reshape, x float32[2, 12]; the model and its sources."""
     nodes = [
         n("Shape", ["x"], ["s"], name="shape"),
         n("Gather", ["s", "zero"], ["b"], axis=0, name="gather"),
@@ -107,14 +106,64 @@ def test_the_last_round_is_derived_when_inference_knew_every_type(monkeypatch):
     proto.graph.input.extend(
         [tensor("zero", I64, []), tensor("zero1", I64, [1]), tensor("tail", I64, [2])]
     )
-    inferred = []
+    return proto, sources
+
+
+def _watched(monkeypatch) -> list[bool]:
+    """Each inference's `data_prop`, as fold_shapes runs them."""
+    runs: list[bool] = []
     infer_types = fold.infer_types
-    monkeypatch.setattr(fold, "infer_types", lambda m: inferred.append(m) or infer_types(m))
+
+    def watched(model, data_prop=True):
+        runs.append(data_prop)
+        return infer_types(model, data_prop)
+
+    monkeypatch.setattr(fold, "infer_types", watched)
+    return runs
+
+
+def test_folding_sees_through_shape_code_without_data_propagation(monkeypatch):
+    """Round 1 (inference without data propagation: y's dims unknown) folds the shape code,
+    round 2's inference knows y from the folded target, and folds nothing more: data
+    propagation (ten times the cost on a large model) never runs, and the types are what it
+    gives on the folded model."""
+    proto, sources = _reshape_by_shape_code()
+    runs = _watched(monkeypatch)
     result = fold_shapes(proto, sources)
     assert [node.name for node in result.nodes] == ["reshape"]
-    assert result.rounds == 2 and len(inferred) == 1
+    assert result.rounds == 2 and runs == [False, False]
     assert result.types["y"] == TensorType(1, (2, 3, 4))
-    assert result.types["t"] == TensorType(7, (3,))
+    assert result.types == fold.infer_types(result.model, data_prop=True)
+
+
+def test_data_propagation_runs_where_folding_stalls(monkeypatch):
+    """With folding that folds nothing, the shape code stays, and only inference with data
+    propagation sees through it to y's type."""
+    proto, sources = _reshape_by_shape_code()
+    monkeypatch.setattr(fold, "_fold_pass", lambda nodes, *_: (nodes, {}))
+    runs = _watched(monkeypatch)
+    result = fold_shapes(proto, sources)
+    assert runs == [False, True] and result.rounds == 2
+    assert result.types["y"] == TensorType(1, (2, 3, 4))
+
+
+def test_the_last_round_is_derived_when_inference_knew_every_type(monkeypatch):
+    """Every type is known in round 1 (x's size read as a shape, scaled), yet the pass folds
+    something: round 2 is derived, not run, and its types are what running inference on the
+    folded model gives (the folded values typed as their initializers)."""
+    nodes = [
+        n("Shape", ["x"], ["s"], name="shape"),
+        n("Mul", ["s", "two"], ["t"], name="twice"),
+        n("Relu", ["x"], ["y"], name="relu"),
+    ]
+    proto = model(nodes, [tensor("x", F32, [2, 12])], [tensor("y", F32, None)])
+    proto.graph.input.append(tensor("two", I64, [1]))
+    runs = _watched(monkeypatch)
+    result = fold_shapes(proto, {"two": np.array([2], np.int64)})
+    assert [node.name for node in result.nodes] == ["relu"]
+    np.testing.assert_array_equal(result.constants["t"], [4, 24])
+    assert result.rounds == 2 and runs == [False]
+    assert result.types["t"] == TensorType(7, (2,))
     assert result.types == fold.infer_types(result.model)
 
 
