@@ -120,15 +120,15 @@ def solve(
     the memory rows relaxed (`search.lagrange`) give a bound, plans that fit, and the choices
     a plan cheaper than a threshold may take (less those with a memory row alone over the
     budget, `_fitting`; where they are many, the relaxation of the rest is solved again,
-    `_within`); CP-SAT solves the problem over those choices,
-    memory rows included, from the best plan (or `hint`, if it fits) with the bound as a
-    constraint, the threshold rising to the best plan's cost (`_Narrowing`). The status and
-    gap are those of the best bound proven. `time_limit` bounds the deterministic time of the
-    CP-SAT solves. `tracker` is told each solve's progress, its objective in `unit` (`s` or
-    `B`: what `problem.unit` scales the integer costs to). `limit` is the user's
-    `--time-limit`, of which `time_limit` is what is left to this solve (all of it by
-    default): what the error says when a solve stops without a plan. `floor`: a bound proven
-    before (on rows counting less: `budget.auto_plan`'s rounds).
+    `_within`); CP-SAT solves the problem over those choices, memory rows included, from the
+    best plan (or `hint`, if it fits), the threshold rising to the best plan's cost
+    (`_Narrowing`). The status and gap are those of the best bound proven. `time_limit`
+    bounds the deterministic time of the CP-SAT solves. `tracker` is told each solve's
+    progress, its objective in `unit` (`s` or `B`: what `problem.unit` scales the integer
+    costs to). `limit` is the user's `--time-limit`, of which `time_limit` is what is left to
+    this solve (all of it by default): what the error says when a solve stops without a
+    plan. `floor`: a bound proven before (on rows counting less: `budget.auto_plan`'s
+    rounds).
     """
     limit = time_limit if limit is None else limit
     relaxed = _memory_aside(problem, _Limit(time_limit, limit, "memory-aside"), tracker, unit)
@@ -163,9 +163,9 @@ def solve(
         tracker.solution(value, at_least * problem.unit, unit)
         watch = _Improvements(tracker, problem.unit, unit, best=best.value if best else None)
 
-    def attempt(narrowed: Problem, hint: Sequence[int], at_least: int, limit: _Limit) -> _Attempt:
+    def attempt(narrowed: Problem, hint: Sequence[int], _: int, limit: _Limit) -> _Attempt:
         try:
-            got = _cp_sat(narrowed, limit, True, hint, watch, at_least, binding)
+            got = _cp_sat(narrowed, limit, True, hint, watch, binding)
         except _NoPlan as none:
             return _Attempt((), None, 0, True, none.work)
         optimal = got.status is SolverStatus.OPTIMAL
@@ -549,7 +549,6 @@ def _cp_sat(
     memory: bool,
     hint: Sequence[int] = (),
     watch: _Improvements | None = None,
-    at_least: int | None = None,
     rows: np.ndarray | None = None,
 ) -> Solution:
     """CP-SAT on `problem`, its memory rows too where `memory`. Given `rows` (those that bind
@@ -558,11 +557,20 @@ def _cp_sat(
     fewer rows has no higher optimum, so a plan of it that fits every row and that it proves
     optimal is the optimum, and its bound holds for the whole). A training step's rows are
     thousands of hundreds of terms each, a few hundred bind (the decoder's on 4x8 at 12 GiB:
-    10,228 and 451), and building the whole model took 3 s a try."""
+    10,228 and 451), and building the whole model took 3 s a try.
+
+    A bound proven elsewhere is not written into the model (the objective at least it):
+    OR-Tools 9.15's presolve, given one, can cut the optimum off (or-tools#5293, in
+    `ProcessAtMostOneAndLinear`). A narrowed gpt2_dynamo problem on 4x8 at its lowest budget
+    (162 choices, the 24 rows binding its relaxation), whose optimum is 3,330,816,595: its 60
+    s ran to a plan of 3,435,479,089 and a "bound" of 3,435,479,036
+    (`test_a_narrowed_solve_finds_its_optimum`). Without the bound CP-SAT is as fast or faster
+    on every memory-bound row of bench/plan_memory.py and of the 32-layer decoder
+    (deterministic seconds summed per row)."""
     among = rows if memory else None
     started, work, bound = time.perf_counter(), 0.0, -math.inf
     while True:
-        model, x = ilp_model(problem, memory, hint, at_least, among)
+        model, x = ilp_model(problem, memory, hint, among)
         given = dataclasses.replace(limit, seconds=limit.seconds - work)
         solver = _solver(max(given.seconds, 0.0))
         if watch is not None:
@@ -612,7 +620,6 @@ def ilp_model(
     problem: Problem,
     memory: bool,
     hint: Sequence[int] = (),
-    at_least: int | None = None,
     among: np.ndarray | None = None,
 ) -> tuple[cp_model.CpModel, list[list[cp_model.IntVar]]]:
     """The ILP of the module's docstring as a CP-SAT model (the memory rows too where
@@ -649,8 +656,6 @@ def ilp_model(
     if memory:
         for bytes_live in _memory_rows(model, problem, x, problem.budget, among):
             model.add(bytes_live <= problem.budget)
-    if at_least is not None:  # a bound proven elsewhere: CP-SAT's starts there
-        model.add(sum(objective) >= at_least)
     model.minimize(sum(objective))
     return model, x
 
