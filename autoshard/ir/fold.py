@@ -12,13 +12,13 @@ Equal, ConstantOfShape, Expand...). So `fold_shapes` alternates two steps:
    results into constants;
 
 until a pass folds nothing; then, if a result's type is still unknown, once more with onnx's
-data propagation (`data_prop=True`): folding sees through what it would (the bundled models
-and a zoo of twenty exports reach the same types without it), and it costs ten times as much
-on a large model (a 405B-class decoder: 0.35 s, 0.04 s without). When inference already knew
-every result's type, the round after a pass is known without running it (inference would
-learn nothing; a pass over the same types folds nothing more), so a model whose shapes
-inference sees through costs one inference, not two. Worked example (batch bound to 2, x:
-float32[2, 12]):
+data propagation (`data_prop=True`). It is seldom needed, folding sees through the same shape
+code (the bundled models and a zoo of twenty exports reach the same types without it), and it
+costs ten times as much on a large model (a 405B-class decoder: 0.35 s, 0.04 s without).
+When inference already knew every result's type, the round after a pass is known without
+running it (inference would learn nothing; a pass over the same types folds nothing more), so
+a model whose shapes inference sees through costs one inference, not two. Worked example
+(batch bound to 2, x: float32[2, 12]):
 
     s = Shape(x)           → round 1 folds s = [2, 12]
     b = Gather(s, 0)       → same pass: b = 2 (its operands are now constant)
