@@ -323,19 +323,20 @@ def test_a_threshold_keeps_at_most_its_share_of_the_choices():
 
 
 def test_a_narrowed_solve_finds_its_optimum():
-    """A problem `solve` hands CP-SAT (gpt2_dynamo on 4x8 at its lowest budget, narrowed to
-    162 of its 612 choices, from the memory rows that bind its relaxation): CP-SAT proves the
-    optimum that CP-SAT without presolve finds on the whole model. With the bound `solve`
-    had proven written into the model (the objective at least 2,949,322,513, as it was),
-    OR-Tools 9.15's presolve cut the optimum off (or-tools#5293): 60 s, and a plan of
-    3,435,479,089 at a "gap" of 53 units, over the budget."""
+    """A problem `solve` handed CP-SAT (gpt2_dynamo on 4x8 at its lowest budget, narrowed to
+    162 of its 612 choices, from the 24 memory rows that bind its relaxation): CP-SAT proves
+    the optimum that CP-SAT without presolve finds with every row. With the bound `solve` had
+    proven written into the model (the objective at least 2,949,322,513, as it was), OR-Tools
+    9.15's presolve cut the optimum off (or-tools#5293): 60 s to a plan of 3,435,479,089 and
+    a "bound" of 3,435,479,036 on the 24 rows, whose optimum is 3,330,816,595. What this
+    guards: anything written into `_cp_sat`'s model, or a CP-SAT release, that loses it."""
     saved = json.loads((Path(__file__).parent / "narrowed_gpt2_dynamo_4x8.json").read_text())
     graph = import_onnx(MODELS.parent / saved["model"], saved["dims"])
     cluster = make_cluster(mesh=saved["mesh"], memory=str(saved["budget"]))
     narrowed = build_search(graph, cluster).problem.restricted(saved["kept"])
     limit = ilp._Limit(60.0, 60.0, "memory-bound")
     found = ilp._cp_sat(narrowed, limit, True, saved["hint"], rows=np.array(saved["rows"]))
-    model, x = ilp.ilp_model(narrowed, memory=True)
+    model, _ = ilp.ilp_model(narrowed, memory=True)
     solver = ilp._solver(60.0)
     solver.parameters.cp_model_presolve = False
     assert solver.solve(model) == cp_model.OPTIMAL
