@@ -106,9 +106,27 @@ def test_the_worked_example_orders_by_the_fewest_entries():
     edges = [(0, 1), (0, 2), (0, 3), (0, 5), (1, 4), (2, 4), (3, 5), (4, 5), (1, 6), (2, 6),
              (3, 6)]  # fmt: skip
     order, largest = elimination_order(sizes, [(g,) for g in range(7)] + edges)
-    assert order == [(1, (0, 4, 6)), (2, (0, 4, 6)), (3, (0, 5, 6)), (4, (0, 5, 6)),
-                     (5, (0, 6)), (0, (6,)), (6, ())]  # fmt: skip
+    assert order == ((1, (0, 4, 6)), (2, (0, 4, 6)), (3, (0, 5, 6)), (4, (0, 5, 6)),
+                     (5, (0, 6)), (0, (6,)), (6, ()))  # fmt: skip
     assert largest == 171 * 284 * 3
+
+
+def test_the_least_fill_orders_where_the_fewest_entries_would_join_large_groups():
+    """Group 1 (30 choices) between three groups of 3 (0, 2, 4), and 4 next to 3 (10). By the
+    fewest entries: 3 (its minimum over 4: 3 entries, 10 * 3 additions), then 1, whose
+    neighbours make 27 entries (30 * 27 = 810), then 0 (3 * 9), 2 (3 * 3), 4 (3): 879. By the
+    least fill: 3 (30), then 0 and 2 (each 3 * 30, joining nothing new), 1 (30 * 3), 4 (3):
+    303, the order taken."""
+    sizes = (3, 30, 3, 10, 3)
+    edges = [(0, 1), (1, 2), (1, 4), (3, 4)]
+    order, largest = elimination_order(sizes, [(g,) for g in range(5)] + edges)
+    assert order == ((3, (4,)), (0, (1,)), (2, (1,)), (1, (4,)), (4, ()))
+    assert largest == 30
+    rng = np.random.default_rng(2)
+    factors = [Factor(edge, rng.integers(0, 99, (sizes[edge[0]], sizes[edge[1]])))
+               for edge in edges]  # fmt: skip
+    answer = minimize(sizes, factors)
+    assert answer is not None and answer.value == exhaustive(sizes, factors)[0]
 
 
 def test_none_above_the_cap_before_any_table_is_built():
