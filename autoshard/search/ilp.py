@@ -174,7 +174,7 @@ def solve(
             got.constraints,
         )  # fmt: skip
 
-    search = _Narrowing(problem, marginals, attempt, watch, "the cost")
+    search = _Narrowing(problem, marginals, attempt, watch, "the cost", NARROWED_SHARE, True)
     rest = _Limit(time_left(time_limit, relaxed.work), limit, "memory-bound")
     best, bound, work = search.run(best, at_least, rest, relaxed.choice)
     if best is None:
@@ -270,13 +270,21 @@ WHOLE_SHARE = 0.5
 """A threshold keeping more than this share of the choices sends the whole problem to CP-SAT
 instead, with no bound given, from the best plan found (else the memory-aside optimum, which
 CP-SAT repairs): each try below a threshold costs a solve (an infeasible budget, gpt2 on 2x4
-at 60 %: 12 tries up to 717 of 722 choices, 7 s; now 3, 1.5 s), and the cost's CP-SAT does
-better on the whole than on most of it (bert on 4x8 at 30 %: 12.7 s against 17 s). From the
-best plan rather than the memory-aside optimum: 405B on 16x8 at 60 % 23 -> 13 s, GPT-2 small
-on 2x4 at 60 % 8.3 -> 7.2 s, T5 on 4x8 at 60 % 23 -> 26 s, bert on 4x8 at 30 % 13.3 -> 14.8 s
-(CP-SAT's time on one problem swings so with its start). The least peak's, once a plan is
-found, does better on any part of it (the decoder's on 2x4x8: 3364 of 4023 choices 9.7 s,
-all of them 46 s): `_Narrowing`'s `whole_share`, 1 there."""
+at 60 %: 12 tries up to 717 of 722 choices, 7 s; now 3, 1.5 s). Once a plan is found, the
+cost's share is `NARROWED_SHARE`. The whole problem from the best plan found rather than the
+memory-aside optimum: 405B on 16x8 at 60 % 23 -> 13 s, GPT-2 small on 2x4 at 60 % 8.3 -> 7.2
+s, T5 on 4x8 at 60 % 23 -> 26 s, bert on 4x8 at 30 % 13.3 -> 14.8 s (CP-SAT's time on one
+problem swings so with its start). The least peak's, once a plan is found, does better on
+any part of it (the decoder's on 2x4x8: 3364 of 4023 choices 9.7 s, all of them 46 s):
+`_Narrowing`'s `whole_share`, 1 there."""
+
+NARROWED_SHARE = 0.8
+"""Once a plan is found, the cost's CP-SAT gets the whole problem only where a threshold keeps
+more than this share of the choices; where the best plan's value keeps `WHOLE_SHARE` or more,
+the next threshold is halfway to it first, once (`_Narrowing`). Narrowed, most of the choices
+are proven faster than all of them: BART on 4x8 at 30 %, its optimum's value keeps 1,399 of
+1,878 choices, 4.9 s (the whole: 14.6 s); the 405B on 16x8 at 60 %, 561 of 741, 3.5 s (the
+whole, from the same plan: 6-7 s)."""
 
 
 @dataclass(frozen=True)
@@ -304,9 +312,10 @@ class _Narrowing:
     none keeping more than `FIRST_SHARE` of the choices, doubling that share each time; at
     most the value of the best plan found (whose choices are then kept, so that CP-SAT
     proves it or finds better), and that value next once a try finds no plan below its
-    threshold but one above, or, where that value would keep too many to narrow, halfway to
-    it at least. Where few choices are left out (`WHOLE_SHARE`, or no min-marginals), the
-    whole problem is solved."""
+    threshold but one above; where `halfway` and that value keeps `WHOLE_SHARE` of the choices
+    or more, halfway to it at least first, once. Where few choices are left out
+    (`WHOLE_SHARE` while no plan is found, `whole_share` once one is; or no min-marginals),
+    the whole problem is solved."""
 
     def __init__(
         self,
@@ -316,9 +325,11 @@ class _Narrowing:
         watch: _Improvements | None,
         what: str,
         whole_share: float = WHOLE_SHARE,
+        halfway: bool = False,
     ) -> None:
         self.problem, self.marginals, self.attempt = problem, marginals, attempt
         self.watch, self.what, self.whole_share = watch, what, whole_share
+        self.halfway = halfway
         self.variables = self.constraints = 0
         flat = np.concatenate(marginals) if marginals else np.zeros(0)
         self.sorted = np.sort(flat[np.isfinite(flat)])  # (infinite: in no plan that fits)
@@ -330,7 +341,7 @@ class _Narrowing:
         `start`: where CP-SAT starts on the whole problem while no plan is found (the
         memory-aside optimum, which it repairs; `WHOLE_SHARE` says why)."""
         spent, distance, first = 0.0, max(1, math.ceil(FIRST_GAP * abs(bound))), bound
-        share, least = FIRST_SHARE, 0
+        share, least, halfway = FIRST_SHARE, 0, self.halfway
         while best is None or bound < best.value:
             threshold = max(bound + 1, least, min(first + distance, self.keeping(share)))
             distance, share = distance * 2, share * 2
@@ -373,14 +384,14 @@ class _Narrowing:
                 bound = best.value
             elif got.value is not None and best is not None:
                 # One there, none below: its value next (bert's least peak on 2x4, from a
-                # bound of 0: 21 tries doubling, 10.6 s; 1.5 s), unless that sends CP-SAT the
-                # whole problem: then halfway to it at least (BART on 4x8 at 60 %: 1,036 of
+                # bound of 0: 21 tries doubling, 10.6 s; 1.5 s), unless that keeps most
+                # choices: then halfway to it at least, once (BART on 4x8 at 60 %: 1,036 of
                 # 1,878 choices kept at the best's value, 648 halfway, 651 at the optimum's).
                 distance = max(distance, best.value - first)
-                if self.kept(best.value, best) is not None:
-                    share = 1.0
+                if halfway and self.many(best.value, best):
+                    least, halfway = (bound + best.value) // 2, False
                 else:
-                    least = (bound + best.value) // 2
+                    share = 1.0
         return best, bound, spent
 
     def keeping(self, share: float) -> int:
@@ -400,6 +411,12 @@ class _Narrowing:
         kept = still_possible(self.marginals, threshold, best.choice if best else None)
         most = (self.whole_share if best else WHOLE_SHARE) * self.problem.variables
         return None if sum(map(len, kept)) >= most else kept
+
+    def many(self, threshold: int, best: _Found) -> bool:
+        """Whether a plan below `threshold` may take `WHOLE_SHARE` of the choices or more."""
+        assert self.marginals is not None  # (a plan was found by a narrowed try)
+        kept = still_possible(self.marginals, threshold, best.choice)
+        return sum(map(len, kept)) >= WHOLE_SHARE * self.problem.variables
 
 
 @dataclass(frozen=True)
