@@ -164,6 +164,25 @@ def test_lowest_budget_is_the_least_peak(seed):
     assert problem.peak(lowest.choice) == least
 
 
+@pytest.mark.parametrize("model, mesh", [("gpt2.onnx", "2x4"), ("bert.onnx", "4x8")])
+def test_the_least_peaks_model_is_hinted_a_whole_plan(model, mesh):
+    """Every variable of the least peak's model hinted, and the hint one solution: CP-SAT with
+    each variable fixed to its hint finds it feasible, its peak the plan's (a random plan of
+    each of the real problems, whose indicators add bytes and take them off; from no bound,
+    and from a bound above the plan's peak, which the peak variable's domain keeps)."""
+    graph = import_onnx(MODELS / model, {"batch": 8, "seq": 128})
+    problem = build_search(graph, make_cluster(mesh=mesh)).problem
+    rng = np.random.default_rng(0)
+    plan = tuple(int(rng.integers(n)) for n in problem.sizes)
+    for at_least in (0, problem.peak(plan) + 1):
+        model, _ = ilp.least_peak_model(problem, plan, at_least)
+        assert len(model.proto.solution_hint.vars) == len(model.proto.variables)
+        solver = ilp._solver(10.0)
+        solver.parameters.fix_variables_to_their_hinted_value = True
+        assert solver.solve(model) == cp_model.OPTIMAL
+        assert solver.objective_value == max(problem.peak(plan), at_least)
+
+
 def test_elimination_is_exact_on_a_cycle_with_tails():
     """A 4-cycle with a 2-group tail on each node: elimination removes the tails and one cycle
     node, and the optimum is unchanged."""
