@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             reduced, kept, steps = ilp.eliminate(problem)
             started = time.perf_counter()
             limit = ilp._Limit(600.0, 600.0, "memory-aside")
-            solution = ilp._cp_sat(reduced, limit, memory=False)
+            solution, _ = ilp._cp_sat(reduced, limit, memory=False)
             cp_sat_s = f"{time.perf_counter() - started:.3f}"
             choice = ilp._expand(solution.choice, kept, steps, len(problem.sizes))
             if exact is not None:

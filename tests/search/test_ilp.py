@@ -103,11 +103,15 @@ def test_random_problems_with_memory(seed):
         assert problem.peak(solution.choice) <= problem.budget
 
 
-def test_rows_join_the_model_as_its_plans_go_over_them():
+def test_rows_join_the_model_as_its_plans_go_over_them(monkeypatch):
     """CP-SAT from none of the memory rows (row generation, `ilp._cp_sat` given `rows`): each
     plan that goes over rows left out brings them in, and the plan returned is the optimum of
-    all of them, as exhaustive search finds it."""
+    all of them, as exhaustive search finds it. The rows its last model held, returned, start
+    a solve again in one model (`solve`'s next narrowed try)."""
     limit, none = ilp._Limit(60.0, 60.0, "test"), np.zeros(0, np.int64)
+    solves = []
+    run = ilp._run
+    monkeypatch.setattr(ilp, "_run", lambda *args: solves.append(1) or run(*args))
     binding = 0
     for seed in range(30):
         problem = random_problem(seed, memory=True)
@@ -116,9 +120,13 @@ def test_rows_join_the_model_as_its_plans_go_over_them():
             continue
         free = brute_force(dataclasses.replace(problem, budget=10**9))
         binding += free < expected  # the first solve's plan went over some row
-        solution = ilp._cp_sat(problem, limit, True, rows=none)
+        solution, rows = ilp._cp_sat(problem, limit, True, rows=none)
         assert (solution.objective, solution.status) == (expected, "OPTIMAL")
         assert problem.peak(solution.choice) <= problem.budget
+        solves.clear()
+        again, held = ilp._cp_sat(problem, limit, True, rows=rows)
+        assert (again.objective, len(solves)) == (expected, 1)
+        assert rows is not None and np.array_equal(held, rows)
     assert binding >= 5
 
 
@@ -376,7 +384,7 @@ def test_a_narrowed_solve_finds_its_optimum():
     cluster = make_cluster(mesh=saved["mesh"], memory=str(saved["budget"]))
     narrowed = build_search(graph, cluster).problem.restricted(saved["kept"])
     limit = ilp._Limit(60.0, 60.0, "memory-bound")
-    found = ilp._cp_sat(narrowed, limit, True, saved["hint"], rows=np.array(saved["rows"]))
+    found, _ = ilp._cp_sat(narrowed, limit, True, saved["hint"], rows=np.array(saved["rows"]))
     model, _ = ilp.ilp_model(narrowed, memory=True)
     solver = ilp._solver(60.0)
     solver.parameters.cp_model_presolve = False
