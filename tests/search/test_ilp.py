@@ -416,10 +416,27 @@ def test_halfway_once_then_the_best_plans_value_narrowed():
     assert (best.value, bound) == (108, 108)
 
 
-def _narrowed_tries(answers: list[int]) -> tuple[list[int], int, ilp._Found]:
-    """The cost's narrowing over two groups of min-marginals 100..115, each try answering the
-    next of `answers` as its optimum: the choices each try kept, the bound and the best."""
-    marginals = [np.arange(100.0, 116), np.arange(100.0, 116)]
+def test_a_halfway_that_keeps_too_many_to_narrow_leaves_the_thresholds_to_the_shares():
+    """Flat min-marginals (22 of the 32 at 103): the first try (below 102, 4 choices) finds a
+    plan of 125. Halfway to it, below 113, keeps 28 choices, too many to narrow
+    (`NARROWED_SHARE`): not the next threshold, which the doubling share sets instead (below
+    103: 6 choices; a plan of 124 there), then below 104, the whole problem. Before, the
+    whole problem second (T5 on 4x8 at 60 %: halfway kept more than 80 % of its 2,727
+    choices; its whole problem ended at 10.4 % from the bound, now after tries of 729 and
+    1,360 choices at 3.5 %)."""
+    marginals = np.array([100, 101, 102, *[103] * 11, 120, 130], dtype=np.float64)
+    sizes, bound, best = _narrowed_tries([125, 124, 124], [marginals, marginals])
+    assert sizes == [4, 6, 32]
+    assert (best.value, bound) == (124, 124)
+
+
+def _narrowed_tries(
+    answers: list[int], marginals: list[np.ndarray] | None = None
+) -> tuple[list[int], int, ilp._Found]:
+    """The cost's narrowing over two groups of 16 choices (min-marginals 100..115 unless
+    given), each try answering the next of `answers` as its optimum: the choices each try
+    kept, the bound and the best."""
+    marginals = marginals or [np.arange(100.0, 116), np.arange(100.0, 116)]
     problem = Problem((16, 16), ((0,) * 16, (0,) * 16), (), NO_ROWS, 0, 1.0)
     found = iter(answers)
     sizes = []
