@@ -175,7 +175,7 @@ def solve(
             got.constraints,
         )  # fmt: skip
 
-    search = _Narrowing(problem, marginals, attempt, watch, "the cost", NARROWED_SHARE, True)
+    search = _Narrowing(problem, marginals, attempt, watch, "the cost", WHOLE_SHARE, True)
     rest = _Limit(time_left(time_limit, relaxed.work), limit, "memory-bound")
     best, bound, work = search.run(best, at_least, rest, relaxed.choice)
     if best is None:
@@ -267,25 +267,25 @@ relaxation's min-marginals are flat, a small gap keeps most of them (T5 on 2x4 a
 over the bound keeps 1,400 of 1,829 choices, 0.5 % keeps 519; 44 s then, 9 s now)."""
 
 
-WHOLE_SHARE = 0.5
-"""A threshold keeping more than this share of the choices sends the whole problem to CP-SAT
-instead, with no bound given, from the best plan found (else the memory-aside optimum, which
-CP-SAT repairs): each try below a threshold costs a solve (an infeasible budget, gpt2 on 2x4
-at 60 %: 12 tries up to 717 of 722 choices, 7 s; now 3, 1.5 s). Once a plan is found, the
-cost's share is `NARROWED_SHARE`. The whole problem from the best plan found rather than the
-memory-aside optimum: 405B on 16x8 at 60 % 23 -> 13 s, GPT-2 small on 2x4 at 60 % 8.3 -> 7.2
-s, T5 on 4x8 at 60 % 23 -> 26 s, bert on 4x8 at 30 % 13.3 -> 14.8 s (CP-SAT's time on one
-problem swings so with its start). The least peak's, once a plan is found, does better on
-any part of it (the decoder's on 2x4x8: 3364 of 4023 choices 9.7 s, all of them 46 s):
-`_Narrowing`'s `whole_share`, 1 there."""
+WHOLE_SHARE = 0.8
+"""A threshold keeping more than this share of the choices sends the cost's whole problem to
+CP-SAT instead, with no bound given, from the best plan found (else the memory-aside optimum,
+which CP-SAT repairs; `_Narrowing`'s `whole_share`): each try below a threshold costs a
+solve (an infeasible budget, gpt2 on 2x4 at 60 %: 12 tries up to 717 of 722 choices, 7 s;
+now 3, 1.5 s). Narrowed, most of the choices are proven faster than all of them: BART on 4x8
+at 30 %, its optimum's value keeps 1,399 of 1,878 choices, 4.9 s (the whole: 14.6 s); the
+405B on 16x8 at 60 %, 561 of 741, 3.5 s (the whole, from the same plan: 6-7 s); T5's dynamo
+export on 4x8 at 60 %, where no try found a plan below 50 %, one of 841 of 1,682 choices
+found a plan of 7.67e8, and the whole problem's 60 s stopped 4.3 % from the bound (from the
+whole at once: a plan of 8.11e8, 10 %). The whole problem from the best plan found rather
+than the memory-aside optimum: 405B on 16x8 at 60 % 23 -> 13 s, GPT-2 small on 2x4 at 60 %
+8.3 -> 7.2 s, T5 on 4x8 at 60 % 23 -> 26 s, bert on 4x8 at 30 % 13.3 -> 14.8 s (CP-SAT's
+time on one problem swings so with its start). The least peak's does better on any part of
+it (the decoder's on 2x4x8: 3364 of 4023 choices 9.7 s, all of them 46 s): 1 there."""
 
-NARROWED_SHARE = 0.8
-"""Once a plan is found, the cost's CP-SAT gets the whole problem only where a threshold keeps
-more than this share of the choices; where the best plan's value keeps `WHOLE_SHARE` or more,
-the next threshold is halfway to it first, once (`_Narrowing`). Narrowed, most of the choices
-are proven faster than all of them: BART on 4x8 at 30 %, its optimum's value keeps 1,399 of
-1,878 choices, 4.9 s (the whole: 14.6 s); the 405B on 16x8 at 60 %, 561 of 741, 3.5 s (the
-whole, from the same plan: 6-7 s)."""
+MOST = 0.5
+"""Where the best plan's value keeps this share of the choices or more, the cost's next
+threshold is halfway to it first, once (`_Narrowing`'s `halfway`)."""
 
 
 @dataclass(frozen=True)
@@ -313,11 +313,10 @@ class _Narrowing:
     none keeping more than `FIRST_SHARE` of the choices, doubling that share each time; at
     most the value of the best plan found (whose choices are then kept, so that CP-SAT
     proves it or finds better), and that value next once a try finds no plan below its
-    threshold but one above; where `halfway` and that value keeps `WHOLE_SHARE` of the choices
-    or more, halfway to it at least first, once; where that value, or halfway to it, keeps too
-    many to narrow, the shares' thresholds go on. Where few choices are left out
-    (`WHOLE_SHARE` while no plan is found, `whole_share` once one is; or no min-marginals),
-    the whole problem is solved."""
+    threshold but one above; where `halfway` and that value keeps `MOST` of the choices or
+    more, halfway to it at least first, once; where that value, or halfway to it, keeps too
+    many to narrow, the shares' thresholds go on. Where few choices are left out (more than
+    `whole_share` kept, or no min-marginals), the whole problem is solved."""
 
     def __init__(
         self,
@@ -326,7 +325,7 @@ class _Narrowing:
         attempt: Callable[[Problem, Sequence[int], int, _Limit], _Attempt],
         watch: _Improvements | None,
         what: str,
-        whole_share: float = WHOLE_SHARE,
+        whole_share: float,
         halfway: bool = False,
     ) -> None:
         self.problem, self.marginals, self.attempt = problem, marginals, attempt
@@ -341,7 +340,7 @@ class _Narrowing:
     ) -> tuple[_Found | None, int, float]:
         """The best plan found (None: none fits), the bound proven and the work spent.
         `start`: where CP-SAT starts on the whole problem while no plan is found (the
-        memory-aside optimum, which it repairs; `WHOLE_SHARE` says why)."""
+        memory-aside optimum, which it repairs: `WHOLE_SHARE` says why)."""
         spent, distance, first = 0.0, max(1, math.ceil(FIRST_GAP * abs(bound))), bound
         share, least, halfway = FIRST_SHARE, 0, self.halfway
         while best is None or bound < best.value:
@@ -411,19 +410,18 @@ class _Narrowing:
 
     def kept(self, threshold: int, best: _Found | None) -> list[list[int]] | None:
         """The choices a plan below `threshold` may take, and the best plan's; None when
-        they are more than `WHOLE_SHARE` of them while no plan is found, `whole_share` once
-        one is (or when there are no min-marginals)."""
+        they are `whole_share` of them or more (or when there are no min-marginals)."""
         if self.marginals is None:
             return None
         kept = still_possible(self.marginals, threshold, best.choice if best else None)
-        most = (self.whole_share if best else WHOLE_SHARE) * self.problem.variables
+        most = self.whole_share * self.problem.variables
         return None if sum(map(len, kept)) >= most else kept
 
     def many(self, threshold: int, best: _Found) -> bool:
-        """Whether a plan below `threshold` may take `WHOLE_SHARE` of the choices or more."""
+        """Whether a plan below `threshold` may take `MOST` of the choices or more."""
         assert self.marginals is not None  # (a plan was found by a narrowed try)
         kept = still_possible(self.marginals, threshold, best.choice)
-        return sum(map(len, kept)) >= WHOLE_SHARE * self.problem.variables
+        return sum(map(len, kept)) >= MOST * self.problem.variables
 
 
 @dataclass(frozen=True)
@@ -942,7 +940,7 @@ def lowest_budget(
         got, joined = _least_peak(narrowed, limit, watch, hint, at_least, joined)
         return got
 
-    search = _Narrowing(problem, marginals, attempt, watch, "the peak", whole_share=1.0)
+    search = _Narrowing(problem, marginals, attempt, watch, "the peak", 1.0)
     best, bound, _ = search.run(best, bound, _Limit(time_limit, time_limit, "lowest-budget"))
     assert best is not None  # the least peak is always some plan's
     bound = min(bound, best.value)

@@ -364,7 +364,7 @@ def test_a_threshold_keeps_at_most_its_share_of_the_choices():
     quarter (2 of 8) is 20 (10 and 15 are below it), half is 30, all is past 45."""
     problem = Problem((4, 4), ((0,) * 4, (0,) * 4), (), NO_ROWS, 0, 1.0)
     marginals = [np.array([10.0, 20, 30, 40]), np.array([15.0, 25, 35, 45])]
-    narrowing = ilp._Narrowing(problem, marginals, lambda *_: None, None, "the cost")
+    narrowing = ilp._Narrowing(problem, marginals, lambda *_: None, None, "the cost", 0.5)
     thresholds = [narrowing.keeping(share) for share in (1 / 4, 1 / 2, 1)]
     assert thresholds == [20, 30, 47]
     kept = [still_possible(marginals, t) for t in thresholds]
@@ -409,7 +409,7 @@ def test_halfway_once_then_the_best_plans_value_narrowed():
     """As above, but the try halfway finds a plan of 108 and none below 106. Next, the best's
     value, though it keeps half the choices (16 of 32): halfway again would be one more solve
     (BART's dynamo export on 4x8 at 30 %: 11.8 -> 9.1 s); and narrowed, not the whole problem,
-    as it keeps less than `NARROWED_SHARE` (BART on 4x8 at 30 %: 1,399 of 1,878 choices, 4.9 s
+    as it keeps less than `WHOLE_SHARE` (BART on 4x8 at 30 %: 1,399 of 1,878 choices, 4.9 s
     where the whole took 14.6 s)."""
     sizes, bound, best = _narrowed_tries([110, 108, 108])
     assert sizes == [4, 12, 16]
@@ -419,7 +419,7 @@ def test_halfway_once_then_the_best_plans_value_narrowed():
 def test_a_halfway_that_keeps_too_many_to_narrow_leaves_the_thresholds_to_the_shares():
     """Flat min-marginals (22 of the 32 at 103): the first try (below 102, 4 choices) finds a
     plan of 125. Halfway to it, below 113, keeps 28 choices, too many to narrow
-    (`NARROWED_SHARE`): not the next threshold, which the doubling share sets instead (below
+    (`WHOLE_SHARE`): not the next threshold, which the doubling share sets instead (below
     103: 6 choices; a plan of 124 there), then below 104, the whole problem. Before, the
     whole problem second (T5 on 4x8 at 60 %: halfway kept more than 80 % of its 2,727
     choices; its whole problem ended at 10.4 % from the bound, now after tries of 729 and
@@ -430,8 +430,18 @@ def test_a_halfway_that_keeps_too_many_to_narrow_leaves_the_thresholds_to_the_sh
     assert (best.value, bound) == (124, 124)
 
 
+def test_no_plan_yet_narrows_up_to_the_whole_share():
+    """No plan below 102 (4 choices), nor below 104 (8); below 108 keeps half the choices,
+    narrowed still (`WHOLE_SHARE`), where a plan of 110 is found; then halfway, and its value
+    proven (T5's dynamo export on 4x8 at 60 %: 841 of 1,682 choices, a plan of 7.67e8; the
+    whole problem there ended at 8.11e8)."""
+    sizes, bound, best = _narrowed_tries([None, None, 110, 110])
+    assert sizes == [4, 8, 16, 20]
+    assert (best.value, bound) == (110, 110)
+
+
 def _narrowed_tries(
-    answers: list[int], marginals: list[np.ndarray] | None = None
+    answers: list[int | None], marginals: list[np.ndarray] | None = None
 ) -> tuple[list[int], int, ilp._Found]:
     """The cost's narrowing over two groups of 16 choices (min-marginals 100..115 unless
     given), each try answering the next of `answers` as its optimum: the choices each try
@@ -444,10 +454,12 @@ def _narrowed_tries(
     def attempt(narrowed, hint, at_least, limit):
         sizes.append(narrowed.variables)
         value = next(found)
+        if value is None:  # no plan fits
+            return ilp._Attempt((), None, 0, True, 0.1)
         return ilp._Attempt((0, 0), value, value, True, 0.1)
 
     narrowing = ilp._Narrowing(
-        problem, marginals, attempt, None, "the cost", ilp.NARROWED_SHARE, halfway=True
+        problem, marginals, attempt, None, "the cost", ilp.WHOLE_SHARE, halfway=True
     )
     best, bound, _ = narrowing.run(None, 100, ilp._Limit(60.0, 60.0, "memory-bound"), (0, 0))
     assert best is not None
