@@ -608,7 +608,7 @@ def _cp_sat(
         given = dataclasses.replace(limit, seconds=limit.seconds - work)
         solver = _solver(max(given.seconds, 0.0))
         if watch is not None:
-            watch.fits = None if among is None else _fitting_plans(problem, x)
+            watch.fits = None if among is None else _fitting_plans(problem, x, problem.budget)
         status = _run(solver, model, watch)
         work += solver.response_proto.deterministic_time
         if status == cp_model.INFEASIBLE:
@@ -641,12 +641,14 @@ def _cp_sat(
 
 
 def _fitting_plans(
-    problem: Problem, x: list[list[cp_model.IntVar]]
+    problem: Problem, x: list[list[cp_model.IntVar]], budget: int | None
 ) -> Callable[[cp_model.CpSolverSolutionCallback], bool]:
-    """Whether the plan a solve of fewer memory rows found fits them all."""
+    """Whether the plan a solve of fewer memory rows found holds at most `budget` in them all
+    (None: its objective, the least peak's peak)."""
 
     def fits(solution: cp_model.CpSolverSolutionCallback) -> bool:
-        return problem.peak(_read(solution.value, x)) <= problem.budget
+        most = solution.objective_value if budget is None else budget
+        return problem.peak(_read(solution.value, x)) <= most
 
     return fits
 
@@ -975,7 +977,7 @@ def _least_peak(
         model, x = least_peak_model(problem, best, at_least, among)
         solver = _solver(max(limit.seconds - work, 0.0))
         if watch is not None:
-            watch.fits = None if among is None else _peak_plans(problem, x)
+            watch.fits = None if among is None else _fitting_plans(problem, x, None)
         status = _run(solver, model, watch)
         work += solver.response_proto.deterministic_time
         if best and status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -1000,17 +1002,6 @@ def _least_peak(
         best, reached, bound, bound == reached, work, len(proto.variables), len(proto.constraints)
     )
     return got, among
-
-
-def _peak_plans(
-    problem: Problem, x: list[list[cp_model.IntVar]]
-) -> Callable[[cp_model.CpSolverSolutionCallback], bool]:
-    """Whether the plan a least peak's solve of fewer rows found holds its peak in them."""
-
-    def holds(solution: cp_model.CpSolverSolutionCallback) -> bool:
-        return problem.peak(_read(solution.value, x)) <= solution.objective_value
-
-    return holds
 
 
 def least_peak_model(
