@@ -12,13 +12,18 @@ degree <= 2 eliminated, CP-SAT on the rest, its seconds and whether the objectiv
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
 from autoshard.pipeline import PlanRequest, plan_inputs
 from autoshard.search import ilp
-from autoshard.search.factors import MAX_ENTRIES, elimination_order, minimize, problem_factors
+from autoshard.search.factors import (
+    MAX_ENTRIES,
+    additions,
+    elimination_order,
+    minimize,
+    problem_factors,
+)
 from autoshard.search.problem import build_search
 from autoshard.training import Training
 
@@ -49,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = build_search(*plan_inputs(request)).problem
         factors = problem_factors(problem)
         order, largest = elimination_order(problem.sizes, [f.scope for f in factors])
-        work = sum(problem.sizes[g] * math.prod(problem.sizes[h] for h in near)
-                   for g, near in order)  # fmt: skip
+        work = additions(problem.sizes, order)
         started = time.perf_counter()
         exact = minimize(problem.sizes, factors)
         exact_s = f"{time.perf_counter() - started:.3f}" if exact else f"> cap {MAX_ENTRIES}"

@@ -136,7 +136,7 @@ def elimination_order(
 ) -> tuple[tuple[tuple[int, tuple[int, ...]], ...], int]:
     """An order over the groups the scopes mention: (group, its neighbours when eliminated)
     per step, and the most entries a step's minimum has (the product of its neighbours'
-    sizes). Of two greedy orders, the one of less work (`_additions`; ties: the first):
+    sizes). Of two greedy orders, the one of less work (`additions`; ties: the first):
     by the fewest entries, and by the least fill (`_fill`). Kept for the last scopes asked:
     a Lagrangian's subproblems share a few graphs over many multipliers."""
     return _order(tuple(sizes), frozenset(tuple(scope) for scope in scopes))
@@ -151,7 +151,7 @@ def _order(
         for g in scope:
             near.setdefault(g, set()).update(h for h in scope if h != g)
     orders = [_greedy(sizes, near, _entries), _greedy(sizes, near, _fill)]
-    return min(orders, key=lambda order: _additions(sizes, order[0]))
+    return min(orders, key=lambda order: additions(sizes, order[0]))
 
 
 def _entries(sizes: Sequence[int], near: dict[int, set[int]], g: int) -> tuple[int, ...]:
@@ -207,7 +207,7 @@ def _greedy(
     return tuple(order), largest
 
 
-def _additions(sizes: Sequence[int], order: Sequence[tuple[int, tuple[int, ...]]]) -> int:
+def additions(sizes: Sequence[int], order: Sequence[tuple[int, tuple[int, ...]]]) -> int:
     """The work of an elimination in `order`: each step's table, its group's choices times
     its neighbours'."""
     return sum(sizes[g] * math.prod(sizes[h] for h in near) for g, near in order)

@@ -973,6 +973,7 @@ def _least_peak(
         among = np.flatnonzero(problem.live(hint) >= at_least)
         among = among if joined is None else np.union1d(among, joined)
     best, bound, work = tuple(hint), at_least, 0.0
+    reached = problem.peak(best) if best else None
     while True:
         model, x = least_peak_model(problem, best, at_least, among)
         solver = _solver(max(limit.seconds - work, 0.0))
@@ -984,18 +985,17 @@ def _least_peak(
             break  # out of time: the best plan so far
         choice = _chosen(solver, status, x, limit)
         bound = max(bound, math.ceil(solver.best_objective_bound))
-        reached = problem.peak(choice)
-        if not best or reached < problem.peak(best):
-            best = choice
-        least = int(solver.objective_value)
-        if among is None or reached <= least or status != cp_model.OPTIMAL:
+        peak, least = problem.peak(choice), int(solver.objective_value)
+        if reached is None or peak < reached:
+            best, reached = choice, peak
+        if among is None or peak <= least or status != cp_model.OPTIMAL:
             break
         if work >= limit.seconds:
             break
         if watch is not None:  # the next solve's bound starts lower
             watch.floor = max(watch.floor, bound)
         among = np.union1d(among, np.flatnonzero(problem.live(choice) > least))
-    reached = problem.peak(best)
+    assert reached is not None  # (a plan: the hint, or the first solve's)
     bound = min(reached, bound)
     proto = model.proto
     got = _Attempt(
@@ -1012,11 +1012,10 @@ def least_peak_model(
 ) -> tuple[cp_model.CpModel, list[list[cp_model.IntVar]]]:
     """The least peak as a CP-SAT model: each row (of those `among`, or all) that may hold
     more than `at_least` at most the peak, minimized; and its one-hot variables x[g][k]. A
-    `hint` is given whole: its
-    peak, and each indicator and group's bytes as the plan sets them. Of its choices alone,
-    CP-SAT set the others to a plan of a higher peak and searched its way back (T5 on 4x8:
-    2,177,946 B where the hint's peak is 2,145,178 B, found again after 8.8 s; proven in 2.7
-    s from the whole hint)."""
+    `hint` is given whole: its peak, and each indicator and group's bytes as the plan sets
+    them. Of its choices alone, CP-SAT set the others to a plan of a higher peak and searched
+    its way back (T5 on 4x8: 2,177,946 B where the hint's peak is 2,145,178 B, found again
+    after 8.8 s; proven in 2.7 s from the whole hint)."""
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
     _hint(model, x, hint)

@@ -42,6 +42,7 @@ from threadpoolctl import ThreadpoolController
 from autoshard.search.factors import (
     MAX_ENTRIES,
     Factor,
+    additions,
     elimination_order,
     min_marginals,
     minimize,
@@ -294,9 +295,8 @@ def _work(sizes: Sequence[int], factors: Sequence[Factor]) -> int:
     """The entries of the tables a subproblem builds and the additions its elimination makes:
     what an iteration costs, counted (never timed), so that the work allowed decides alike on
     any machine."""
-    built = sum(f.table.size for f in factors)
     order, _ = elimination_order(sizes, [f.scope for f in factors])
-    return built + sum(math.prod(sizes[h] for h in near) * sizes[g] for g, near in order)
+    return sum(f.table.size for f in factors) + additions(sizes, order)
 
 
 @dataclass(frozen=True, eq=False)
