@@ -76,6 +76,35 @@ def test_minimize_equals_brute_force(seed, dtype, small, monkeypatch):
         assert found_min.value == pytest.approx(at_choice, abs=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_a_summation_equals_the_broadcast_sum(seed):
+    """Tables over random subsets of up to five axes (some of one entry), summed an axis at a
+    time into partial sums: exactly numpy's broadcast sum."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(n) for n in rng.integers(1, 5, rng.integers(1, 6)))
+    tables = []
+    for _ in range(rng.integers(1, 8)):
+        held = tuple(n if rng.random() < 0.5 else 1 for n in shape)
+        tables.append(rng.integers(-9, 9, held))
+    out = np.empty(shape, np.int64)
+    factors._Summation.of(out, tables).into(out, tables)
+    assert np.array_equal(out, sum(np.broadcast_to(t, shape) for t in tables))
+
+
+def test_a_summation_adds_last_the_axis_fewest_tables_span():
+    """BERT's training step's shape of step: five axes, pairs and triples over the last four
+    and one table over the first. That table alone is added at the whole shape, to the sum
+    of the others over the last four; the rest in partial sums below it."""
+    shape = (3, 4, 4, 4, 4)
+    spans = [frozenset({0})] + [frozenset(p) for p in itertools.combinations(range(1, 5), 2)]
+    spans += [frozenset(t) for t in itertools.combinations(range(1, 5), 3)]
+    summation = factors._Summation(shape, spans, np.float64)
+    whole = [which for held, which in summation.levels if held is None]
+    assert whole == [[0]]
+    below = [held.shape for held, _ in summation.levels if held is not None]
+    assert below[-1] == (1, 4, 4, 4, 4)
+
+
 def test_a_cycle_of_pairs_with_a_ternary_chord():
     """A 5-cycle of 3-choice groups plus a table over (0, 2, 4): exact, and the answer has the
     sum at its choice."""
@@ -88,9 +117,13 @@ def test_a_cycle_of_pairs_with_a_ternary_chord():
     assert answer is not None and answer.value == exhaustive(sizes, found)[0]
 
 
-def test_factors_of_one_scope_are_summed_and_ties_go_to_the_lowest_choice():
+@pytest.mark.parametrize("small", [True, False], ids=["whole", "running"])
+def test_factors_of_one_scope_are_summed_and_ties_go_to_the_lowest_choice(small, monkeypatch):
     """Two tables over (0, 1) that cancel but for one cell: that cell, whatever the order;
-    all-equal tables: every group takes choice 0."""
+    all-equal tables: every group takes choice 0 (a running step keeps no argmin: its choice
+    is found again at the neighbours' choices, the first of the least too)."""
+    if not small:
+        monkeypatch.setattr(factors, "_SMALL", 0)
     a = np.arange(12, dtype=np.int64).reshape(3, 4)
     b = -a
     b[2, 1] -= 5
