@@ -311,10 +311,11 @@ def min_marginals(
 
 @dataclass(frozen=True)
 class _Step:
-    """Group g eliminated: `least` is the minimum of the `bucket`'s tables summed over g's
-    choices, a table over its neighbours (in their order), and `best[k...]` g's choice
-    reaching it for the neighbours' choices k (None for a large step: `choose` sums the
-    bucket at those choices alone)."""
+    """Group g eliminated: `least` is the minimum over g's choices of the tables it summed, a
+    table over its neighbours (in their order), and `best[k...]` g's choice reaching it for
+    the neighbours' choices k (None for a large step: `choose` sums the tables at those
+    choices alone). `bucket`: those tables, kept for `min_marginals` and where `best` is
+    None."""
 
     group: int
     neighbours: tuple[int, ...]
