@@ -451,9 +451,8 @@ def _eliminate(
             np.add(total, part, out=total)
         best = np.argmin(total, axis=0).astype(np.min_scalar_type(sizes[g] - 1))
         return total.min(axis=0).transpose(back).copy(), best.transpose(back).copy()
-    spans = [frozenset(a for a, n in enumerate(t.shape[1:]) if n > 1) for t in tables]
-    summation = _Summation(shape, spans, dtype)
     least, here = np.empty(shape, dtype=dtype), np.empty(shape, dtype=dtype)
+    summation = _Summation.of(least, [part[0] for part in tables])
     summation.into(least, [part[0] for part in tables])
     for k in range(1, sizes[g]):
         summation.into(here, [part[k] for part in tables])
@@ -470,7 +469,9 @@ class _Summation:
     twelve tables of two or three of them; one spans the 9, so it is added last, to a sum of
     the rest over 27^4. Its partial sums' tables are made once and reused."""
 
-    def __init__(self, shape: tuple[int, ...], spans: Sequence[frozenset[int]], dtype) -> None:
+    def __init__(
+        self, shape: tuple[int, ...], spans: Sequence[frozenset[int]], dtype: np.dtype
+    ) -> None:
         order: list[int] = []  # the axes, last first
         left, tables = set(range(len(shape))), list(range(len(spans)))
         while left:
