@@ -381,9 +381,12 @@ class _Narrowing:
             if got.value is not None and got.value < threshold:
                 return best, got.value, spent
             bound = threshold
-            if best is not None and self.kept(best.value, best) == kept:
+            if best is None:
+                continue
+            at_best = self.possible(best.value, best)
+            if self.narrowed(at_best) == kept:
                 bound = best.value
-            elif got.value is not None and best is not None:
+            elif got.value is not None and at_best is not None:
                 # One there, none below: its value next (bert's least peak on 2x4, from a
                 # bound of 0: 21 tries doubling, 10.6 s; 1.5 s), unless that keeps most
                 # choices: then halfway to it at least, once (BART on 4x8 at 60 %: 1,036 of
@@ -392,11 +395,11 @@ class _Narrowing:
                 # 1,360 of 2,727 choices kept by the shares found a plan 5.4 % below the
                 # best, which the whole problem's 60 s had not).
                 distance = max(distance, best.value - first)
-                if halfway and self.many(best.value, best):
+                if halfway and self.many(at_best, MOST):
                     halfway, middle = False, (bound + best.value) // 2
                     if self.kept(middle, best) is not None:
                         least = middle
-                elif self.kept(best.value, best) is not None:
+                elif self.narrowed(at_best) is not None:
                     share = 1.0
         return best, bound, spent
 
@@ -411,17 +414,22 @@ class _Narrowing:
     def kept(self, threshold: int, best: _Found | None) -> list[list[int]] | None:
         """The choices a plan below `threshold` may take, and the best plan's; None when
         they are `whole_share` of them or more (or when there are no min-marginals)."""
+        return self.narrowed(self.possible(threshold, best))
+
+    def possible(self, threshold: int, best: _Found | None) -> list[list[int]] | None:
+        """The choices a plan below `threshold` may take, and the best plan's (None: no
+        min-marginals)."""
         if self.marginals is None:
             return None
-        kept = still_possible(self.marginals, threshold, best.choice if best else None)
-        most = self.whole_share * self.problem.variables
-        return None if sum(map(len, kept)) >= most else kept
+        return still_possible(self.marginals, threshold, best.choice if best else None)
 
-    def many(self, threshold: int, best: _Found) -> bool:
-        """Whether a plan below `threshold` may take `MOST` of the choices or more."""
-        assert self.marginals is not None  # (a plan was found by a narrowed try)
-        kept = still_possible(self.marginals, threshold, best.choice)
-        return sum(map(len, kept)) >= MOST * self.problem.variables
+    def narrowed(self, possible: list[list[int]] | None) -> list[list[int]] | None:
+        """Those choices, or None where they are `whole_share` of them or more."""
+        return None if possible is None or self.many(possible, self.whole_share) else possible
+
+    def many(self, possible: list[list[int]], share: float) -> bool:
+        """Whether these are `share` of the problem's choices or more."""
+        return sum(map(len, possible)) >= share * self.problem.variables
 
 
 @dataclass(frozen=True)
