@@ -314,8 +314,8 @@ class _Narrowing:
     most the value of the best plan found (whose choices are then kept, so that CP-SAT
     proves it or finds better), and that value next once a try finds no plan below its
     threshold but one above; where `halfway` and that value keeps `MOST` of the choices or
-    more, halfway to it at least first, once; where that value, or halfway to it, keeps too
-    many to narrow, the shares' thresholds go on. Where few choices are left out (more than
+    more, halfway to it first, once; where that value, or halfway to it, keeps too many to
+    narrow, the shares' thresholds go on. Where few choices are left out (more than
     `whole_share` kept, or no min-marginals), the whole problem is solved."""
 
     def __init__(
@@ -389,16 +389,18 @@ class _Narrowing:
             elif got.value is not None and at_best is not None:
                 # One there, none below: its value next (bert's least peak on 2x4, from a
                 # bound of 0: 21 tries doubling, 10.6 s; 1.5 s), unless that keeps most
-                # choices: then halfway to it at least, once (BART on 4x8 at 60 %: 1,036 of
-                # 1,878 choices kept at the best's value, 648 halfway, 651 at the optimum's);
-                # neither where it would send CP-SAT the whole problem (T5 on 4x8 at 60 %:
-                # 1,360 of 2,727 choices kept by the shares found a plan 5.4 % below the
-                # best, which the whole problem's 60 s had not).
+                # choices: then halfway to it, once, whatever the shares' threshold (BART on
+                # 4x8 at 60 %: 1,036 of 1,878 choices kept at the best's value, 648 halfway,
+                # 651 at the optimum's; T5's dynamo export on 4x8 at 60 %, its shares spent:
+                # 1,296 of 1,682 choices halfway, where the whole problem went before, which
+                # proved less in its 60 s); neither where it would send CP-SAT the whole
+                # problem (T5 on 4x8 at 60 %: 1,360 of 2,727 choices kept by the shares found
+                # a plan 5.4 % below the best, which the whole problem's 60 s had not).
                 distance = max(distance, best.value - first)
                 if halfway and self.many(at_best, MOST):
                     halfway, middle = False, (bound + best.value) // 2
                     if self.kept(middle, best) is not None:
-                        least = middle
+                        least, distance = middle, middle - first
                 elif self.narrowed(at_best) is not None:
                     share = 1.0
         return best, bound, spent

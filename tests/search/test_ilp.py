@@ -432,12 +432,13 @@ def test_a_halfway_that_keeps_too_many_to_narrow_leaves_the_thresholds_to_the_sh
 
 def test_no_plan_yet_narrows_up_to_the_whole_share():
     """No plan below 102 (4 choices), nor below 104 (8); below 108 keeps half the choices,
-    narrowed still (`WHOLE_SHARE`), where a plan of 110 is found; then below 110 (halfway,
-    109, is under the doubled share's threshold), 20 choices, where it is proven (T5's dynamo
-    export on 4x8 at 60 %: 841 of 1,682 choices, a plan of 7.67e8; the whole problem there
-    ended at 8.11e8)."""
-    sizes, bound, best = _narrowed_tries([None, None, 110, 110])
-    assert sizes == [4, 8, 16, 20]
+    narrowed still (`WHOLE_SHARE`), where a plan of 110 is found; then halfway to it, below
+    109 (18 choices), though the doubled share's threshold is past it; then below 110, 20
+    choices, where it is proven (T5's dynamo export on 4x8 at 60 %: 841 of 1,682 choices, a
+    plan of 7.67e8, the whole problem there ended at 8.11e8; halfway, 1,296 choices proved
+    none below 7.457e8, where the whole problem's 60 s, sent at once, had reached 7.34e8)."""
+    sizes, bound, best = _narrowed_tries([None, None, 110, 110, 110])
+    assert sizes == [4, 8, 16, 18, 20]
     assert (best.value, bound) == (110, 110)
 
 
