@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -55,6 +56,7 @@ from autoshard.search.lagrange import (
     peak_relaxation,
     rows_alone,
     still_possible,
+    tightened,
 )
 from autoshard.search.memory import NO_ROWS, Chosen, Indicator, MemoryRows, indicator_values
 from autoshard.search.problem import Problem
@@ -175,7 +177,12 @@ def solve(
             got.constraints,
         )  # fmt: skip
 
-    search = _Narrowing(problem, marginals, attempt, watch, "the cost", WHOLE_SHARE, True)
+    tighten = None
+    if found is not None:
+        tighten = functools.partial(tightened, problem, found.multipliers)
+    search = _Narrowing(
+        problem, marginals, attempt, watch, "the cost", WHOLE_SHARE, True, tighten
+    )  # fmt: skip
     rest = _Limit(time_left(time_limit, relaxed.work), limit, "memory-bound")
     best, bound, work = search.run(best, at_least, rest, relaxed.choice)
     if best is None:
@@ -316,7 +323,9 @@ class _Narrowing:
     threshold but one above; where `halfway` and that value keeps `MOST` of the choices or
     more, halfway to it first, once; where that value, or halfway to it, keeps too many to
     narrow, the shares' thresholds go on. Where few choices are left out (more than
-    `whole_share` kept, or no min-marginals), the whole problem is solved."""
+    `whole_share` kept, or no min-marginals), the whole problem is solved. `tighten` leaves
+    out more of the choices kept (`lagrange.tightened`), given them, the threshold and the
+    best plan."""
 
     def __init__(
         self,
@@ -327,10 +336,12 @@ class _Narrowing:
         what: str,
         whole_share: float,
         halfway: bool = False,
+        tighten: Callable[[list[list[int]], int, Sequence[int]], list[list[int]]] | None = None,
     ) -> None:
         self.problem, self.marginals, self.attempt = problem, marginals, attempt
         self.watch, self.what, self.whole_share = watch, what, whole_share
-        self.halfway = halfway
+        self.halfway, self.tighten, self.proving = halfway, tighten, False
+        self.tightened: dict[tuple[int, tuple[int, ...]], list[list[int]]] = {}
         self.variables = self.constraints = 0
         flat = np.concatenate(marginals) if marginals else np.zeros(0)
         self.sorted = np.sort(flat[np.isfinite(flat)])  # (infinite: in no plan that fits)
@@ -344,7 +355,9 @@ class _Narrowing:
         spent, distance, first = 0.0, max(1, math.ceil(FIRST_GAP * abs(bound))), bound
         share, least, halfway = FIRST_SHARE, 0, self.halfway
         while best is None or bound < best.value:
-            threshold = max(bound + 1, least, min(first + distance, self.keeping(share)))
+            by_share = self.keeping(share)
+            reach = first + distance if by_share is None else min(first + distance, by_share)
+            threshold = max(bound + 1, least, reach)
             distance, share = distance * 2, share * 2
             if best is not None and threshold >= best.value:
                 threshold = best.value
@@ -370,6 +383,7 @@ class _Narrowing:
             spent += got.work
             self.variables, self.constraints = got.variables, got.constraints
             if got.value is not None:
+                self.proving = True
                 plan = _Found(_original(got.choice, kept), got.value)
                 best = plan if best is None or plan.value < best.value else best
             if kept is None:  # the whole problem: what CP-SAT proved
@@ -405,13 +419,12 @@ class _Narrowing:
                     share = 1.0
         return best, bound, spent
 
-    def keeping(self, share: float) -> int:
+    def keeping(self, share: float) -> int | None:
         """The highest threshold keeping at most `share` of the choices (by their min-marginals
-        alone); past every min-marginal where that is all of them (0: there are none)."""
+        alone); None where that is all of them: no threshold is too high (past every
+        min-marginal, the choices `tighten` leaves may still be fewer)."""
         at = int(share * self.problem.variables)
-        if at >= len(self.sorted):
-            return math.floor(self.sorted[-1]) + 2 if len(self.sorted) else 0
-        return math.floor(self.sorted[at])
+        return None if at >= len(self.sorted) else math.floor(self.sorted[at])
 
     def kept(self, threshold: int, best: _Found | None) -> list[list[int]] | None:
         """The choices a plan below `threshold` may take, and the best plan's; None when
@@ -420,10 +433,20 @@ class _Narrowing:
 
     def possible(self, threshold: int, best: _Found | None) -> list[list[int]] | None:
         """The choices a plan below `threshold` may take, and the best plan's (None: no
-        min-marginals)."""
+        min-marginals); fewer (`tighten`, once for each threshold and best plan) once a try
+        has found a plan: the tries after it prove, and its plans are the best plans (before
+        it, fewer choices below the threshold would leave CP-SAT fewer plans above it to find:
+        T5 on 4x8 at 75 %, a first try of 181 choices rather than 258 found a plan of 5.93e8
+        rather than 5.71e8, and the solve took 32 s rather than 6)."""
         if self.marginals is None:
             return None
-        return still_possible(self.marginals, threshold, best.choice if best else None)
+        possible = still_possible(self.marginals, threshold, best.choice if best else None)
+        if not self.proving or self.tighten is None or best is None:
+            return possible
+        key = (threshold, best.choice)
+        if key not in self.tightened:
+            self.tightened[key] = self.tighten(possible, threshold, best.choice)
+        return self.tightened[key]
 
     def narrowed(self, possible: list[list[int]] | None) -> list[list[int]] | None:
         """Those choices, or None where they are `whole_share` of them or more."""

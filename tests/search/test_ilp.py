@@ -361,13 +361,13 @@ def test_a_solve_out_of_time_names_the_users_limit_and_its_share(monkeypatch):
 
 def test_a_threshold_keeps_at_most_its_share_of_the_choices():
     """Min-marginals 10, 20, 30, 40 and 15, 25, 35, 45: the highest threshold keeping a
-    quarter (2 of 8) is 20 (10 and 15 are below it), half is 30, all is past 45."""
+    quarter (2 of 8) is 20 (10 and 15 are below it), half is 30, all is any (None)."""
     problem = Problem((4, 4), ((0,) * 4, (0,) * 4), (), NO_ROWS, 0, 1.0)
     marginals = [np.array([10.0, 20, 30, 40]), np.array([15.0, 25, 35, 45])]
     narrowing = ilp._Narrowing(problem, marginals, lambda *_: None, None, "the cost", 0.5)
     thresholds = [narrowing.keeping(share) for share in (1 / 4, 1 / 2, 1)]
-    assert thresholds == [20, 30, 47]
-    kept = [still_possible(marginals, t) for t in thresholds]
+    assert thresholds == [20, 30, None]
+    kept = [still_possible(marginals, t) for t in (20, 30, 47)]
     assert kept == [[[0], [0]], [[0, 1], [0, 1]], [[0, 1, 2, 3], [0, 1, 2, 3]]]
 
 

@@ -18,7 +18,7 @@ from autoshard.search.lagrange import Relaxation, dual, peak_relaxation, still_p
 from autoshard.search.memory import Chosen, Indicator, MemoryRow, MemoryRows
 from autoshard.search.problem import Problem, build_search
 from autoshard.sharding import Sharding
-from tests.search.test_ilp import brute_force, random_problem
+from tests.search.test_ilp import MODELS, brute_force, random_problem
 from tests.search.test_plan import write_mlp
 
 
@@ -360,3 +360,57 @@ def test_a_problem_restricted_to_some_choices_prices_them_as_the_whole(seed):
         whole = tuple(kept[g][k] for g, k in enumerate(choice))
         assert narrowed.objective(choice) == problem.objective(whole)
         assert narrowed.peak(choice) == problem.peak(whole)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_choices_tightened_out_are_in_no_better_plan(seed):
+    """Below the cost of each of the plans that fit, `tightened` keeps every choice of each
+    cheaper plan that fits, and the plan's own, and only choices the min-marginals kept."""
+    problem = random_problem(seed, memory=True)
+    relaxation = Relaxation(problem)
+    found = dual(problem, relaxation=relaxation)
+    fitting = sorted(
+        (problem.objective(choice), choice)
+        for choice in plans(problem)
+        if problem.peak(choice) <= problem.budget
+    )
+    marginals = relaxation.min_marginals(found.multipliers) if fitting else None
+    for above, plan in fitting:
+        kept = still_possible(marginals, above, plan)
+        fewer = lagrange.tightened(problem, found.multipliers, kept, above, plan)
+        assert all(set(f) <= set(k) and f == sorted(f) for f, k in zip(fewer, kept, strict=True))
+        for _, choice in [(above, plan), *(f for f in fitting if f[0] < above)]:
+            assert all(k in fewer[g] for g, k in enumerate(choice)), (above, choice)
+
+
+def test_tightened_by_hand():
+    """One group, costs (0, 10), bytes (10, 0) in the one row, budget 0: only choice 1 fits.
+    At the multiplier 0, choice 0's least is 0, kept below 10; the steps from there reach the
+    bound 10 (10 lam for choice 0, 10 for choice 1, from lam = 1) in the eighth: no plan is
+    below 10, and the plan kept, choice 1, is all that is left."""
+    rows = MemoryRows.of((MemoryRow(0, ((0, 0, 10), (0, 1, 0)), ()),))
+    problem = Problem((2,), ((0, 10),), (), rows, 0, 1.0)
+    assert lagrange.tightened(problem, np.zeros(1), [[0, 1]], 10, (1,)) == [[1]]
+
+
+def test_tightened_leaves_out_more_and_keeps_the_optimum():
+    """The MLP on 4x8 at 30 % of its free plan's peak: below the relaxation's best plan (of
+    41,862,615), and below the optimum's cost plus one, `tightened` leaves out choices the
+    min-marginals kept (21 -> 16 of 75, and 19 -> 10) but none of the optimum's
+    (41,698,569); below the optimum itself, all but the best plan's: no plan is cheaper."""
+    graph = import_onnx(MODELS / "mlp.onnx", {"batch": 8})
+    top = auto_plan(graph, make_cluster(mesh="4x8")).cost.memory_bytes_per_device
+    problem = build_search(graph, make_cluster(mesh="4x8", memory=str(int(0.3 * top)))).problem
+    relaxation = Relaxation(problem)
+    found = dual(problem, relaxation=relaxation)
+    optimum = solve(problem)
+    marginals = relaxation.min_marginals(found.multipliers)
+    plan = found.best.choice
+    for below in (found.best.objective, optimum.objective + 1):
+        kept = still_possible(marginals, below, plan)
+        fewer = lagrange.tightened(problem, found.multipliers, kept, below, plan)
+        assert sum(map(len, fewer)) < sum(map(len, kept))
+        assert all(k in fewer[g] for g, k in enumerate(optimum.choice))
+    kept = still_possible(marginals, optimum.objective, plan)
+    fewer = lagrange.tightened(problem, found.multipliers, kept, optimum.objective, plan)
+    assert fewer == [[k] for k in plan]
