@@ -341,7 +341,6 @@ class _Narrowing:
         self.problem, self.marginals, self.attempt = problem, marginals, attempt
         self.watch, self.what, self.whole_share = watch, what, whole_share
         self.halfway, self.tighten, self.proving = halfway, tighten, False
-        self.tightened: dict[tuple[int, tuple[int, ...]], list[list[int]]] = {}
         self.variables = self.constraints = 0
         flat = np.concatenate(marginals) if marginals else np.zeros(0)
         self.sorted = np.sort(flat[np.isfinite(flat)])  # (infinite: in no plan that fits)
@@ -361,7 +360,7 @@ class _Narrowing:
             distance, share = distance * 2, share * 2
             if best is not None and threshold >= best.value:
                 threshold = best.value
-            kept = self.kept(threshold, best)
+            kept = self.tried(threshold, best)
             narrowed = self.problem if kept is None else self.problem.restricted(kept)
             if self.watch is not None:
                 left = "all" if kept is None else f"{narrowed.variables} of"
@@ -391,14 +390,15 @@ class _Narrowing:
             if not got.optimal:
                 return best, max(bound, min(got.bound, threshold)), spent
             # The optimum of the choices kept: none below the threshold elsewhere; and if
-            # the choices a plan below the best may take are those, the best is the optimum.
+            # the choices a plan below the best may take are among those, the best is the
+            # optimum.
             if got.value is not None and got.value < threshold:
                 return best, got.value, spent
             bound = threshold
             if best is None:
                 continue
             at_best = self.possible(best.value, best)
-            if self.narrowed(at_best) == kept:
+            if _among(at_best, kept):
                 bound = best.value
             elif got.value is not None and at_best is not None:
                 # One there, none below: its value next (bert's least peak on 2x4, from a
@@ -433,20 +433,22 @@ class _Narrowing:
 
     def possible(self, threshold: int, best: _Found | None) -> list[list[int]] | None:
         """The choices a plan below `threshold` may take, and the best plan's (None: no
-        min-marginals); fewer (`tighten`, once for each threshold and best plan) once a try
-        has found a plan: the tries after it prove, and its plans are the best plans (before
-        it, fewer choices below the threshold would leave CP-SAT fewer plans above it to find:
-        T5 on 4x8 at 75 %, a first try of 181 choices rather than 258 found a plan of 5.93e8
-        rather than 5.71e8, and the solve took 32 s rather than 6)."""
+        min-marginals)."""
         if self.marginals is None:
             return None
-        possible = still_possible(self.marginals, threshold, best.choice if best else None)
-        if not self.proving or self.tighten is None or best is None:
-            return possible
-        key = (threshold, best.choice)
-        if key not in self.tightened:
-            self.tightened[key] = self.tighten(possible, threshold, best.choice)
-        return self.tightened[key]
+        return still_possible(self.marginals, threshold, best.choice if best else None)
+
+    def tried(self, threshold: int, best: _Found | None) -> list[list[int]] | None:
+        """The choices the try below `threshold` holds: those a plan below it may take, and
+        the best plan's, fewer (`tighten`) once a try has found a plan (the tries after it
+        prove, and its plans are the best plans; before it, fewer choices below the threshold
+        would leave CP-SAT fewer plans above it to find: T5 on 4x8 at 75 %, a first try of
+        181 choices rather than 258 found a plan of 5.93e8 rather than 5.71e8, and the solve
+        took 32 s rather than 6); None where they are `whole_share` of them or more."""
+        possible = self.possible(threshold, best)
+        if possible is not None and self.proving and self.tighten is not None and best:
+            possible = self.tighten(possible, threshold, best.choice)
+        return self.narrowed(possible)
 
     def narrowed(self, possible: list[list[int]] | None) -> list[list[int]] | None:
         """Those choices, or None where they are `whole_share` of them or more."""
@@ -463,6 +465,13 @@ class _Found:
 
     choice: tuple[int, ...]
     value: int
+
+
+def _among(choices: Sequence[Sequence[int]] | None, kept: Sequence[Sequence[int]]) -> bool:
+    """Whether each group's `choices` (None: all) are among those `kept`."""
+    return choices is not None and all(
+        set(these) <= set(k) for these, k in zip(choices, kept, strict=True)
+    )
 
 
 def _fits(problem: Problem, choice: Sequence[int]) -> bool:
