@@ -24,7 +24,10 @@ With the memory rows, the rows relaxed into the objective (`search.lagrange`) gi
 and, per group and choice, the least any plan taking that choice can cost (min-marginals):
 a choice whose least is past a threshold is in no plan below it, so CP-SAT solves the
 problem over the few choices left (`_Narrowing`); the 32-layer decoder on 2x4x8 at 60 %:
-500 of 4023 choices, OPTIMAL in seconds where CP-SAT on all of them ran for minutes. Its
+500 of 4023 choices, OPTIMAL in seconds where CP-SAT on all of them ran for minutes. Once a
+try has found a plan, the tries after it prove, each on fewer choices: the relaxation
+restricted to those a threshold keeps, its multipliers stepped on, leaves more out
+(`lagrange.tightened`). Its
 model holds the memory rows that bind the relaxation (a positive multiplier), and those its
 plan goes over next (`_cp_sat`, row generation): a training step's thousands of rows, each of
 hundreds of terms, took seconds a try to write out.

@@ -442,12 +442,30 @@ def test_no_plan_yet_narrows_up_to_the_whole_share():
     assert (best.value, bound) == (110, 110)
 
 
+def test_the_tries_after_a_plan_is_found_hold_fewer_choices():
+    """As `test_a_plan_above_the_threshold_whose_value_keeps_most_choices_is_not_the_next`:
+    the first try (below 102, 4 choices) finds a plan of 110, the next (halfway, below 106,
+    12 choices) the optimum, 105. No try has found a plan before the first: it holds all its
+    choices; the second holds those `tighten` leaves it (here all but the highest of the
+    first group's, 11), asked with its threshold and the best plan."""
+    asked = []
+
+    def tighten(possible, threshold, keep):
+        asked.append((sum(map(len, possible)), threshold, keep))
+        return [possible[0][:-1], possible[1]]
+
+    sizes, bound, best = _narrowed_tries([110, 105], tighten=tighten)
+    assert sizes == [4, 11]
+    assert asked == [(12, 106, (0, 0))]
+    assert (best.value, bound) == (105, 105)
+
+
 def _narrowed_tries(
-    answers: list[int | None], marginals: list[np.ndarray] | None = None
+    answers: list[int | None], marginals: list[np.ndarray] | None = None, tighten=None
 ) -> tuple[list[int], int, ilp._Found]:
     """The cost's narrowing over two groups of 16 choices (min-marginals 100..115 unless
     given), each try answering the next of `answers` as its optimum: the choices each try
-    kept, the bound and the best."""
+    kept, the bound and the best. `tighten`: the narrowing's."""
     marginals = marginals or [np.arange(100.0, 116), np.arange(100.0, 116)]
     problem = Problem((16, 16), ((0,) * 16, (0,) * 16), (), NO_ROWS, 0, 1.0)
     found = iter(answers)
@@ -461,7 +479,7 @@ def _narrowed_tries(
         return ilp._Attempt((0, 0), value, value, True, 0.1)
 
     narrowing = ilp._Narrowing(
-        problem, marginals, attempt, None, "the cost", ilp.WHOLE_SHARE, halfway=True
+        problem, marginals, attempt, None, "the cost", ilp.WHOLE_SHARE, True, tighten
     )
     best, bound, _ = narrowing.run(None, 100, ilp._Limit(60.0, 60.0, "memory-bound"), (0, 0))
     assert best is not None
