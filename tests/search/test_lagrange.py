@@ -260,12 +260,9 @@ def test_the_relaxation_is_deterministic():
         assert first.best.choice == second.best.choice
 
 
-@pytest.mark.parametrize("seed", range(30))
-def test_the_choices_ruled_out_are_in_no_better_plan(seed):
-    """Reduced-cost fixing: at the dual's multipliers, below the cost of a plan that fits (the
-    median of those enumerated), every plan that fits and costs less takes only choices
-    kept, and that plan's choices are kept; likewise for the least peak's weights and a plan
-    of a lower peak."""
+def relaxed_with_fitting(seed):
+    """A random problem with memory rows, its relaxation, the dual's multipliers, and every
+    plan that fits with its cost, cheapest first."""
     problem = random_problem(seed, memory=True)
     relaxation = Relaxation(problem)
     found = dual(problem, relaxation=relaxation)
@@ -274,6 +271,16 @@ def test_the_choices_ruled_out_are_in_no_better_plan(seed):
         for choice in plans(problem)
         if problem.peak(choice) <= problem.budget
     )
+    return problem, relaxation, found, fitting
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_choices_ruled_out_are_in_no_better_plan(seed):
+    """Reduced-cost fixing: at the dual's multipliers, below the cost of a plan that fits (the
+    median of those enumerated), every plan that fits and costs less takes only choices
+    kept, and that plan's choices are kept; likewise for the least peak's weights and a plan
+    of a lower peak."""
+    problem, relaxation, found, fitting = relaxed_with_fitting(seed)
     if fitting:
         above, plan = fitting[len(fitting) // 2]
         kept = still_possible(relaxation.min_marginals(found.multipliers), above, plan)
@@ -366,14 +373,7 @@ def test_a_problem_restricted_to_some_choices_prices_them_as_the_whole(seed):
 def test_the_choices_tightened_out_are_in_no_better_plan(seed):
     """Below the cost of each of the plans that fit, `tightened` keeps every choice of each
     cheaper plan that fits, and the plan's own, and only choices the min-marginals kept."""
-    problem = random_problem(seed, memory=True)
-    relaxation = Relaxation(problem)
-    found = dual(problem, relaxation=relaxation)
-    fitting = sorted(
-        (problem.objective(choice), choice)
-        for choice in plans(problem)
-        if problem.peak(choice) <= problem.budget
-    )
+    problem, relaxation, found, fitting = relaxed_with_fitting(seed)
     marginals = relaxation.min_marginals(found.multipliers) if fitting else None
     for above, plan in fitting:
         kept = still_possible(marginals, above, plan)
