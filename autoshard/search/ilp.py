@@ -27,10 +27,9 @@ problem over the few choices left (`_Narrowing`); the 32-layer decoder on 2x4x8 
 500 of 4023 choices, OPTIMAL in seconds where CP-SAT on all of them ran for minutes. Once a
 try has found a plan, the tries after it prove, each on fewer choices: the relaxation
 restricted to those a threshold keeps, its multipliers stepped on, leaves more out
-(`lagrange.tightened`). Its
-model holds the memory rows that bind the relaxation (a positive multiplier), and those its
-plan goes over next (`_cp_sat`, row generation): a training step's thousands of rows, each of
-hundreds of terms, took seconds a try to write out.
+(`lagrange.tightened`). Its model holds the memory rows that bind the relaxation (a positive
+multiplier), and those its plan goes over next (`_cp_sat`, row generation): a training
+step's thousands of rows, each of hundreds of terms, took seconds a try to write out.
 """
 
 from __future__ import annotations
@@ -326,9 +325,9 @@ class _Narrowing:
     threshold but one above; where `halfway` and that value keeps `MOST` of the choices or
     more, halfway to it first, once; where that value, or halfway to it, keeps too many to
     narrow, the shares' thresholds go on. Where few choices are left out (more than
-    `whole_share` kept, or no min-marginals), the whole problem is solved. `tighten` leaves
-    out more of the choices kept (`lagrange.tightened`), given them, the threshold and the
-    best plan."""
+    `whole_share` kept, or no min-marginals), the whole problem is solved. Once a try has
+    found a plan, `tighten` leaves out more of the choices each try keeps
+    (`lagrange.tightened`), given them, the threshold and the best plan."""
 
     def __init__(
         self,
