@@ -442,12 +442,12 @@ def test_no_plan_yet_narrows_up_to_the_whole_share():
     assert (best.value, bound) == (110, 110)
 
 
-def test_the_tries_after_a_plan_is_found_hold_fewer_choices():
+def test_the_tries_that_prove_a_plan_hold_fewer_choices():
     """As `test_a_plan_above_the_threshold_whose_value_keeps_most_choices_is_not_the_next`:
     the first try (below 102, 4 choices) finds a plan of 110, the next (halfway, below 106,
-    12 choices) the optimum, 105. No try has found a plan before the first: it holds all its
-    choices; the second holds those `tighten` leaves it (here all but the highest of the
-    first group's, 11), asked with its threshold and the best plan."""
+    12 choices) the optimum, 105. The first, at a threshold the shares set, holds all its
+    choices; the second, halfway to the best's value, those `tighten` leaves it (here all
+    but the highest of the first group's, 11), asked with its threshold and the best plan."""
     asked = []
 
     def tighten(possible, threshold, keep):
