@@ -683,17 +683,13 @@ def tightened(
         marginals = relaxation.min_marginals(multipliers)
         if marginals is None:
             break
-        left = still_possible(marginals, below, _as_restricted(keep, kept))
-        fewer = [[choices[i] for i in these] for choices, these in zip(kept, left, strict=True)]
+        left = still_possible(marginals, below)
+        fewer = [sorted({choices[i] for i in these} | {k})
+                 for choices, these, k in zip(kept, left, keep, strict=True)]  # fmt: skip
         if fewer == kept:
             break
         kept = fewer
     return kept
-
-
-def _as_restricted(plan: Sequence[int], kept: Sequence[Sequence[int]]) -> list[int]:
-    """A plan of the problem as a plan of its `restricted(kept)` (it takes only choices kept)."""
-    return [choices.index(k) for choices, k in zip(kept, plan, strict=True)]
 
 
 TIGHTEN_STEPS = 8
