@@ -255,9 +255,18 @@ class Relaxation:
         return mask
 
     def table(self, i: int, scope: tuple[int, ...]) -> np.ndarray:
-        """Indicator i's values over `scope` (a superset of its own), broadcastable."""
+        """Indicator i's values over `scope` (a superset of its own, both ascending),
+        broadcastable."""
+        own = self.scopes[i]
+        return self.own(i).reshape([self.sizes[g] if g in own else 1 for g in scope])
+
+    @functools.cache  # noqa: B019 - one relaxation per problem, kept while it lives
+    def own(self, i: int) -> np.ndarray:
+        """Indicator i's values over its own groups, worked out once: indicators nest, and
+        an AND or OR inside many was worked out again for each (Llama's training step on
+        2x4: 186,000 tables for 5,400 indicators)."""
         ind = self.problem.indicators[i]
-        return self.joint(ind.literals, ind.every, scope)
+        return self.joint(ind.literals, ind.every, self.scopes[i])
 
     def joint(self, literals: Sequence[Literal], every: bool, scope: tuple[int, ...]) -> np.ndarray:
         """The AND (`every`) or OR of `literals` over `scope` (a superset of theirs)."""
