@@ -55,8 +55,8 @@ class NoPlanFits(InfeasibleError):
     """No plan fits the budget; `lowest` is the least memory any plan needs, with its proof."""
 
     def __init__(self, message: str, lowest: LowestBudget) -> None:
-        super().__init__(message)
-        self.lowest = lowest
+        super().__init__(message, lowest)
+        self.lowest: LowestBudget = lowest
 
     def __reduce__(self) -> tuple[type[NoPlanFits], tuple[str, LowestBudget]]:
         return type(self), (str(self), self.lowest)  # across processes (the service's workers)
@@ -105,8 +105,12 @@ def auto_plan(
         try:
             left = time_left(options.time_limit, spent)
             solution = solve(search.problem, left, hint, tracker, unit, options.time_limit, floor)
-        except InfeasibleError:
-            raise _infeasible(graph, cluster, search, options.time_limit, tracker) from None
+        except InfeasibleError as none:
+            lowest = none.lowest
+            if lowest is None:
+                say("no plan fits the budget")
+                lowest = lowest_budget(search.problem, options.time_limit, tracker)
+            raise _infeasible(graph, cluster, search, lowest) from None
         spent, solve_s = spent + solution.work, solve_s + solution.wall_s
         if tracker is not None:
             tracker.solved(f"solved: {solution.status} ({solution.wall_s:.1f} s)")
@@ -144,12 +148,9 @@ def _chains(graph: Graph, plan: Plan) -> frozenset[Chain]:
     return frozenset(found)
 
 
-def _infeasible(
-    graph: Graph, cluster: Cluster, search: Search, time_limit: float, tracker: Tracker | None
-) -> NoPlanFits:
+def _infeasible(graph: Graph, cluster: Cluster, search: Search, lowest: LowestBudget) -> NoPlanFits:
     """No plan fits: the lowest feasible budget, how sure the solver is of it, and the largest
     tensors the plan reaching it holds at its peak."""
-    lowest = lowest_budget(search.problem, time_limit, tracker)
     usage = lower_measured(graph, search.plan(graph, cluster, lowest.choice))[1]
     proof = (
         "proven optimal"

@@ -84,6 +84,29 @@ def random_problem(seed, groups=5, memory=False):
     return Problem(sizes, node, tuple(edges), MemoryRows.of(rows), 80, 1.0, tuple(indicators))
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_where_the_relaxation_finds_no_plan_that_fits_the_least_peak_says_whether_any_does(
+    seed, monkeypatch
+):
+    """The relaxation turned off (it finds no plan): below the least peak, the error carries
+    the lowest budget, proven, and no try of the cost was made; at the least peak, the
+    optimum, from the least peak's plan."""
+    monkeypatch.setattr(ilp, "dual", lambda problem, **_: None)
+    problem = random_problem(seed, memory=True)
+    least = min(problem.peak(c) for c in itertools.product(*map(range, problem.sizes)))
+    below = dataclasses.replace(problem, budget=least - 1)
+    narrowed = []
+    monkeypatch.setattr(ilp, "_cp_sat", lambda *a, **_: narrowed.append(a))
+    with pytest.raises(InfeasibleError) as error:
+        solve(below)
+    assert error.value.lowest is not None and not narrowed
+    assert (error.value.lowest.peak, error.value.lowest.status) == (least, "OPTIMAL")
+    monkeypatch.undo()
+    monkeypatch.setattr(ilp, "dual", lambda problem, **_: None)
+    at = dataclasses.replace(problem, budget=least)
+    assert solve(at).objective == brute_force(at)
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_random_problems_without_memory(seed):
     problem = random_problem(seed)
@@ -348,8 +371,9 @@ def test_a_solve_out_of_time_names_the_users_limit_and_its_share(monkeypatch):
     a share of it, finds nothing, the error names the user's limit and that share (not the
     share alone, as if the user had asked for it). The memory-aside optimum, found by exact
     elimination, spends none of the limit; the memory-bound solve's CP-SAT gets all of it
-    (the relaxation turned off here: its plans would answer)."""
+    (the relaxation and the least peak turned off here: their plans would answer)."""
     monkeypatch.setattr(ilp, "dual", lambda problem, **_: None)
+    monkeypatch.setattr(ilp, "_any_fits", lambda *_: ([], 0.0))
     graph = import_onnx(MODELS / "decoder_32l_shape_only.onnx", {"batch": 8, "seq": 256})
     problem = build_search(graph, make_cluster(mesh="2x4", memory="6GiB")).problem
     share = r"\(0\.05 s left for the memory-bound solve, UNKNOWN\); raise --time-limit$"

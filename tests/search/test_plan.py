@@ -1,6 +1,7 @@
 """`autoshard plan` end to end: the plans it finds, against hand plans priced by the same cost
 model, executed and compared with onnxruntime."""
 
+import functools
 import json
 import math
 import pickle
@@ -22,6 +23,7 @@ from autoshard.passes.partition import LocalCollective, partition
 from autoshard.plan import ShardingOption
 from autoshard.propagate import propagate
 from autoshard.reshard import ring_bytes
+from autoshard.search import budget, ilp
 from autoshard.search.baselines import data_parallel, dp_tp, megatron
 from autoshard.search.budget import NoPlanFits, auto_plan
 from autoshard.search.ilp import InfeasibleError, lowest_budget
@@ -101,6 +103,26 @@ def test_a_budget_below_the_replicated_weights_gives_megatron(mlp):
     assert collectives(planned.program) == ["all_reduce mesh_axes = [0] reduction = sum"]
     assert planned.cost.comm_bytes_per_device == 2 * 7 * 2**20
     assert planned.cost.memory_bytes_per_device <= 30 * 2**20
+
+
+def test_the_lowest_budget_a_solve_worked_out_is_the_errors(mlp, monkeypatch):
+    """Where the relaxation finds no plan, the solve works out the least peak to see whether
+    any plan fits; the error names that one, not one worked out again."""
+    monkeypatch.setattr(ilp, "dual", lambda problem, **_: None)
+    calls = []
+
+    def counted(module, f, *args, **kwargs):
+        calls.append(module)
+        return f(*args, **kwargs)
+
+    for module in (ilp, budget):
+        wrapped = functools.partial(counted, module.__name__, module.lowest_budget)
+        monkeypatch.setattr(module, "lowest_budget", wrapped)
+    with pytest.raises(NoPlanFits) as error:
+        auto_plan(import_onnx(mlp), make_cluster(mesh="8", memory="16MiB"))
+    lowest = error.value.lowest
+    assert (lowest.peak, lowest.status) == (22020096, "OPTIMAL")
+    assert calls == ["autoshard.search.ilp"]
 
 
 def test_an_infeasible_budget_names_the_lowest_one(mlp):
