@@ -58,6 +58,7 @@ from autoshard.search.lagrange import (
     peak_relaxation,
     rows_alone,
     still_possible,
+    table_limit,
     tightened,
 )
 from autoshard.search.memory import NO_ROWS, Chosen, Indicator, MemoryRows, indicator_values
@@ -148,7 +149,7 @@ def solve(
     if tracker is not None:
         tracker.detail(f"its optimum does not fit the budget: the {len(problem.memory)} "
                        "memory rows relaxed (Lagrangian multipliers)")  # fmt: skip
-    relaxation = Relaxation(problem)
+    relaxation = Relaxation(problem, exact_up_to=table_limit(problem, relaxed.choice))
     found = dual(problem, relaxation=relaxation)
     plans = [_Found(tuple(hint), problem.objective(hint))] if _fits(problem, hint) else []
     at_least, marginals, binding = max(floor, math.ceil(relaxed.bound)), None, None
@@ -159,7 +160,7 @@ def solve(
         at_least = max(at_least, _rounded_up(found.bound))
         if found.best is not None:
             plans.append(_Found(found.best.choice, found.best.objective))
-        fitting = _fitting(problem, found)
+        fitting = _fitting(problem, found, relaxation.exact_up_to)
     aside = relaxed.work
     if not plans:
         plans, work = _any_fits(problem, time_left(time_limit, aside), tracker, limit)
@@ -168,7 +169,9 @@ def solve(
         marginals = relaxation.min_marginals(found.multipliers)
         binding = np.flatnonzero(found.multipliers > 0)
         if fitting is not None and marginals is not None:
-            bound, plan, marginals, again = _within(problem, fitting, marginals)
+            bound, plan, marginals, again = _within(
+                problem, fitting, marginals, relaxation.exact_up_to
+            )
             binding = np.union1d(binding, again)
             at_least = max(at_least, bound)
             plans += [plan] if plan is not None else []
@@ -193,7 +196,9 @@ def solve(
 
     tighten = None
     if found is not None:
-        tighten = functools.partial(tightened, problem, found.multipliers)
+        tighten = functools.partial(
+            tightened, problem, found.multipliers, exact_up_to=relaxation.exact_up_to
+        )
     search = _Narrowing(
         problem, marginals, attempt, watch, "the cost", WHOLE_SHARE, True, tighten
     )  # fmt: skip
@@ -233,7 +238,9 @@ def _any_fits(
     return [_Found(lowest.choice, problem.objective(lowest.choice))], lowest.work
 
 
-def _fitting(problem: Problem, found: Dual) -> list[list[int]] | None:
+def _fitting(
+    problem: Problem, found: Dual, exact_up_to: int | None = None
+) -> list[list[int]] | None:
     """The choices some plan within the budget may take (None: all), leaving out those whose
     least bytes in a row are over it (the rows of the largest multipliers, each alone,
     `lagrange.rows_alone`); `InfeasibleError` when a group has none left. The decoder on
@@ -241,7 +248,7 @@ def _fitting(problem: Problem, found: Dual) -> list[list[int]] | None:
     weights = found.multipliers
     binding = np.flatnonzero(weights > 0)
     rows = binding[np.argsort(-weights[binding], kind="stable")]
-    least = rows_alone(peak_relaxation(problem), rows)
+    least = rows_alone(peak_relaxation(problem, exact_up_to), rows)
     if least is None:
         return None
     over = problem.budget + ROUNDING * max(1.0, problem.budget)
@@ -252,7 +259,7 @@ def _fitting(problem: Problem, found: Dual) -> list[list[int]] | None:
 
 
 def _within(
-    problem: Problem, fitting: list[list[int]], marginals: list[np.ndarray]
+    problem: Problem, fitting: list[list[int]], marginals: list[np.ndarray], exact_up_to: int
 ) -> tuple[int, _Found | None, list[np.ndarray], np.ndarray]:
     """The relaxation of the choices that may fit (`_fitting`), solved again where they are
     few enough (`AGAIN`): stronger, as it no longer mixes in those that cannot (the decoder on
@@ -263,7 +270,7 @@ def _within(
     if problem.variables - sum(map(len, fitting)) < AGAIN * problem.variables:
         return 0, None, _widened(marginals, None, fitting), none
     within = problem.restricted(fitting)
-    relaxation = Relaxation(within)
+    relaxation = Relaxation(within, exact_up_to=exact_up_to)
     again = dual(within, relaxation=relaxation)
     if again is None:
         return 0, None, _widened(marginals, None, fitting), none

@@ -73,6 +73,13 @@ DENSE = 1 << 17
 """An indicator over at most this many combinations of its groups' choices is one table, exact;
 a larger one is bounded from below by tables of its parts."""
 
+DENSER = 1 << 19
+"""`DENSE` where its bounds lose too much (`table_limit`)."""
+
+LOOSE = 0.9
+"""The share of the bytes of the row at the memory-aside optimum's peak under which the
+relaxation's bounds of large indicators are too loose (`table_limit`)."""
+
 
 @dataclass(frozen=True)
 class Relaxed:
@@ -103,8 +110,11 @@ class Relaxation:
     """The subproblem of one problem, for any multipliers: what does not depend on them is
     built once."""
 
-    def __init__(self, problem: Problem, costs: bool = True) -> None:
+    def __init__(
+        self, problem: Problem, costs: bool = True, exact_up_to: int | None = None
+    ) -> None:
         self.problem = problem
+        self.exact_up_to = DENSE if exact_up_to is None else exact_up_to
         self.sizes = list(problem.sizes)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self.fixed = self.tables(
@@ -355,7 +365,7 @@ class _Bound:
         pairs are restricted) no pair the problem does not join already."""
         r = self.relaxation
         keep = tuple(sorted(g for g in groups if r.sizes[g] > 1))
-        if math.prod(r.sizes[g] for g in keep) > DENSE:
+        if math.prod(r.sizes[g] for g in keep) > r.exact_up_to:
             return False
         return self.joined is None or len(keep) <= 1 or (len(keep) == 2 and keep in self.joined)
 
@@ -368,7 +378,7 @@ class _Bound:
         An OR is at least the mean of its parts, an AND of parts in [0, 1] at least their
         sum less one per extra part (but an AND holding ORs, at least the mean of the ANDs it
         distributes to, where that takes few tables: `distributed`); the literals whose
-        groups together have at most `DENSE` combinations form one exact part.
+        groups together have at most `exact_up_to` combinations form one exact part.
         E.g. AND(g2 in K, g4 in K', OR(g4 in .., g5 in .., g6 in ..)) over 171^4
         combinations: AND(g2 in K, g4 in K') exactly (171^2) plus a third of each of the
         three ORed literals, less 1. From above: an AND is at most any one of its parts (the
@@ -636,9 +646,29 @@ def rows_alone(relaxation: Relaxation, rows: np.ndarray) -> list[np.ndarray] | N
     return greatest
 
 
-def peak_relaxation(problem: Problem) -> Relaxation:
+def peak_relaxation(problem: Problem, exact_up_to: int | None = None) -> Relaxation:
     """The relaxation of the least peak: the rows' bytes weighted, no costs, no budget."""
-    return Relaxation(dataclasses.replace(problem, budget=0), costs=False)
+    return Relaxation(dataclasses.replace(problem, budget=0), costs=False, exact_up_to=exact_up_to)
+
+
+def table_limit(problem: Problem, plan: Sequence[int]) -> int:
+    """How many combinations an indicator's exact table may have: `DENSE`, or `DENSER` where
+    the bounds of the larger ones keep less than `LOOSE` of the bytes of the row at `plan`'s
+    peak (the memory-aside optimum's: the plans the multipliers start from). On a mesh of
+    small axes a reshard buffer ANDs three groups of 49 to 310 choices, and where it is not
+    made its bound (the exact pair's table plus the third's mask, less 1) takes its bytes
+    off: GPT-2's TorchScript export on 2x2x2 at 60 %, 231,821 of the row's 1,444,237 B, and
+    no multipliers raised the bound above the memory-aside optimum (1.810e9; exact to
+    2^19 entries, 2.183e9, the optimum 2.201e9: OPTIMAL in 6 s, over 120 s before). On 2x4
+    and 4x8 every zoo model's row keeps 96-100 %, and there the larger tables only slow each
+    step (BART's TorchScript export on 4x8 at 30 %: 9.3 -> 19 s)."""
+    live = problem.live(plan)
+    if not len(live):
+        return DENSE
+    row = int(np.argmax(live))
+    factors, constant = peak_relaxation(problem).at(np.eye(1, len(live), row)[0])
+    relaxed = sum(float(f.table[tuple(plan[g] for g in f.scope)]) for f in factors) + constant
+    return DENSE if relaxed >= LOOSE * float(live[row]) else DENSER
 
 
 ROUNDING = 1e-9
@@ -666,10 +696,12 @@ def tightened(
     kept: list[list[int]],
     below: int,
     keep: Sequence[int],
+    exact_up_to: int | None = None,
 ) -> list[list[int]]:
     """The choices `kept` of each group, which hold every plan below `below` and the plan
     `keep` (`still_possible`'s), fewer: the multipliers (`multipliers`: the whole problem's)
-    stepped on (`TIGHTEN_STEPS`) in the relaxation of the problem restricted to them give
+    stepped on (`TIGHTEN_STEPS`) in the relaxation of the problem restricted to them (its
+    tables as `exact_up_to` allows, `table_limit`) give
     higher min-marginals, which leave more out; again while they do (at most
     `TIGHTEN_ROUNDS` times). Where the bound reaches `below`, no plan below takes only them:
     `keep`'s choices alone. The whole problem's 20 steps stop short of its best bound (T5's
@@ -682,7 +714,7 @@ def tightened(
     limit = below - 1 + ROUNDING * max(1.0, abs(below))
     for _ in range(TIGHTEN_ROUNDS):
         restricted = problem.restricted(kept)
-        relaxation = Relaxation(restricted)
+        relaxation = Relaxation(restricted, exact_up_to=exact_up_to)
         found = dual(restricted, TIGHTEN_STEPS, relaxation=relaxation, start=multipliers)
         if found is None:
             break

@@ -414,3 +414,22 @@ def test_tightened_leaves_out_more_and_keeps_the_optimum():
     kept = still_possible(marginals, optimum.objective, plan)
     fewer = lagrange.tightened(problem, found.multipliers, kept, optimum.objective, plan)
     assert fewer == [[k] for k in plan]
+
+
+def test_where_the_bounds_lose_the_peak_rows_bytes_larger_tables_are_exact():
+    """A buffer of 1,000 B live where three groups of 64 choices each take choice 0 (262,144
+    combinations: past `DENSE`, within `DENSER`), in a row of 100 B more. Bounded, the AND
+    is the exact pair's table plus the third's mask, less 1: where none holds, -1,000 B, a
+    row of -900 B for the 100 B the plan holds. At that plan the limit rises and the bound is
+    the AND itself; where the bound is exact at the plan (all three hold, or the pair holds
+    and the third does not), it stays."""
+    every_zero = Indicator(True, tuple(Chosen(g, frozenset({0})) for g in range(3)))
+    rows = MemoryRows.of((MemoryRow(100, (), ((0, 1000),)),))
+    problem = Problem((64,) * 3, ((0,) * 64,) * 3, (), rows, 500, 1.0, (every_zero,))
+    assert [lagrange.table_limit(problem, plan) for plan in ((1, 1, 1), (0, 0, 0), (0, 0, 1))] == [
+        lagrange.DENSER, lagrange.DENSE, lagrange.DENSE
+    ]  # fmt: skip
+    for limit, at_none in ((lagrange.DENSE, -900.0), (lagrange.DENSER, 100.0)):
+        factors, constant = peak_relaxation(problem, limit).at(np.ones(1))
+        at = (1, 1, 1)
+        assert sum(f.table[tuple(at[g] for g in f.scope)] for f in factors) + constant == at_none
