@@ -698,19 +698,18 @@ def tightened(
     keep: Sequence[int],
     exact_up_to: int | None = None,
 ) -> list[list[int]]:
-    """The choices `kept` of each group, which hold every plan below `below` and the plan
-    `keep` (`still_possible`'s), fewer: the multipliers (`multipliers`: the whole problem's)
+    """The choices `kept` of each group, which hold every plan below `below` and the plan `keep`
+    (`still_possible`'s), fewer: the multipliers (`multipliers`: the whole problem's)
     stepped on (`TIGHTEN_STEPS`) in the relaxation of the problem restricted to them (its
-    tables as `exact_up_to` allows, `table_limit`) give
-    higher min-marginals, which leave more out; again while they do (at most
-    `TIGHTEN_ROUNDS` times). Where the bound reaches `below`, no plan below takes only them:
-    `keep`'s choices alone. The whole problem's 20 steps stop short of its best bound (T5's
-    dynamo export on 4x8 at 60 %: 7.013e8 in 1.5 s; 60 steps 7.269e8, 150 steps 7.275e8 in
-    5.8 s), and steps on the few choices a threshold keeps go further for less (restricted
-    to the 1,296 choices below 7.457e8: 7.325e8 after three rounds of 8 steps, 1.5 s, and 583
-    choices left). BART's dynamo export on 4x8 at 45 %, at its optimum's value: 1,138 of
-    1,584 choices, 933 left; its training step on 2x4 at 45 %, halfway to it, 1,713 of 3,029,
-    270 left."""
+    exact tables as large as `exact_up_to`, `table_limit`) give higher min-marginals, which
+    leave more out; again while they do (at most `TIGHTEN_ROUNDS` times). Where the bound
+    reaches `below`, no plan below takes only them: `keep`'s choices alone. The whole
+    problem's 20 steps stop short of its best bound (T5's dynamo export on 4x8 at 60 %:
+    7.013e8 in 1.5 s; 60 steps 7.269e8, 150 steps 7.275e8 in 5.8 s), and steps on the few
+    choices a threshold keeps go further for less (restricted to the 1,296 choices below
+    7.457e8: 7.325e8 after three rounds of 8 steps, 1.5 s, and 583 choices left). BART's
+    dynamo export on 4x8 at 45 %, at its optimum's value: 1,138 of 1,584 choices, 933 left;
+    its training step on 2x4 at 45 %, halfway to it, 1,713 of 3,029, 270 left."""
     limit = below - 1 + ROUNDING * max(1.0, abs(below))
     for _ in range(TIGHTEN_ROUNDS):
         restricted = problem.restricted(kept)
