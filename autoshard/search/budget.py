@@ -54,9 +54,10 @@ from autoshard.search.problem import Search, build_search
 class NoPlanFits(InfeasibleError):
     """No plan fits the budget; `lowest` is the least memory any plan needs, with its proof."""
 
+    lowest: LowestBudget
+
     def __init__(self, message: str, lowest: LowestBudget) -> None:
         super().__init__(message, lowest)
-        self.lowest: LowestBudget = lowest
 
     def __reduce__(self) -> tuple[type[NoPlanFits], tuple[str, LowestBudget]]:
         return type(self), (str(self), self.lowest)  # across processes (the service's workers)
