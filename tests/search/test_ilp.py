@@ -466,6 +466,19 @@ def test_no_plan_yet_narrows_up_to_the_whole_share():
     assert (best.value, bound) == (110, 110)
 
 
+def test_a_try_proves_as_far_as_the_least_choice_it_left_out():
+    """Min-marginals 100, 101, then 110 to 123 in each of two groups. The first try (below
+    102: 4 choices) finds no plan; no plan below 110 takes another choice, so none is below
+    110, and the next try is below the doubled share's threshold, 112 (8 choices); so on.
+    Before, the doubling distance's thresholds, 104 and 108, kept the same 4 choices: the
+    same try twice more (the NeoX export on 4x8 at 5 % over its lowest budget: a try of 509
+    of 779 choices again, 3 s)."""
+    marginals = np.array([100, 101, *range(110, 124)], dtype=np.float64)
+    sizes, bound, best = _narrowed_tries([None, None, 118, 118, 118], [marginals, marginals])
+    assert sizes == [4, 8, 16, 18, 20]
+    assert (best.value, bound) == (118, 118)
+
+
 def test_the_tries_that_prove_a_plan_hold_fewer_choices():
     """As `test_a_plan_above_the_threshold_whose_value_keeps_most_choices_is_not_the_next`:
     the first try (below 102, 4 choices) finds a plan of 110, the next (halfway, below 106,
