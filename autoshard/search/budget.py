@@ -4,9 +4,10 @@ The ILP's memory rows are the program's memory (`search.memory`): the plan it fi
 budget as lowered, reshard buffers and all. One thing the rows leave out until a plan uses it:
 the intermediate tensors of reshards of several collectives (on a 3-axis mesh most pairs of
 candidate shardings have some, a plan few). When a plan's program holds more than its rows
-say, those reshards are counted from then on and the ILP solves again, from that plan and
-the bound it proved (rows counting more have no lower optimum: a fan-out graph on 2x2x2 at
-its lowest budget, four rounds, ended FEASIBLE at a gap of 21 %, now 0.007 %); every such
+say, those reshards (from any held sharding to their targets) are counted from then on and
+the ILP solves again, from that plan and the bound it proved (rows counting more have no
+lower optimum: a fan-out graph on 2x2x2 at its lowest budget, four rounds, ended FEASIBLE at
+a gap of 21 %, now 0.007 %); every such
 round counts more of the program, and none is needed unless a plan uses them. Counting
 every reshard a plan could make from the start is exact but costly (gpt2 on 2x4 at 60 %: 4,608
 reshards of several collectives, 1,366 indicators become 19,023, built in 6.4 s, not 0.5 s),
