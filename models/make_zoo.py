@@ -374,6 +374,110 @@ def build_vit(variant: str | None) -> Case:
     )
 
 
+def build_convnext(variant: str | None) -> Case:
+    """ConvNextModel (no pooler): 3x32x32 images, two stages (16, 32 channels) of one block
+    each: depthwise 7x7 Conv, LayerNorm over channels (a Transpose each way), inverted MLP."""
+    from transformers import ConvNextConfig, ConvNextModel
+
+    config = ConvNextConfig(
+        num_channels=3, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], image_size=32
+    )
+    torch.manual_seed(0)
+    convnext = ConvNextModel(config)
+    jitter_parameters(convnext)
+    return Case(
+        ImageHidden(convnext.eval()).eval(),
+        {"pixel_values": {0: "batch"}},
+        "last_hidden_state",
+        {0: "batch"},
+        float_feeds("pixel_values", 3, 32, 32),
+    )
+
+
+def _causal_lm(model_cls, config) -> Case:
+    """A decoder-only LM's logits from token ids and a padding mask."""
+    lm = _hf_model(model_cls, config)
+    return Case(
+        CausalLMLogits(lm).eval(), TOKENS, "logits", LOGITS_AXES, token_feeds(VOCAB, with_mask=True)
+    )
+
+
+def build_qwen2(variant: str | None) -> Case:
+    """Qwen2ForCausalLM: Llama-like, with biases on the q/k/v projections; GQA 4/2."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, num_key_value_heads=2, max_position_embeddings=MAX_POS,
+        use_cache=False,
+    )  # fmt: skip
+    return _causal_lm(Qwen2ForCausalLM, config)
+
+
+def build_phi3(variant: str | None) -> Case:
+    """Phi3ForCausalLM: fused q/k/v and gate/up projections, sliced apart in the graph."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    config = Phi3Config(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=MAX_POS,
+        pad_token_id=0, use_cache=False,
+    )  # fmt: skip
+    return _causal_lm(Phi3ForCausalLM, config)
+
+
+def build_neox(variant: str | None) -> Case:
+    """GPTNeoXForCausalLM: parallel attention and MLP residual, rotary on half the head."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, max_position_embeddings=MAX_POS, rotary_pct=0.5,
+        use_cache=False,
+    )  # fmt: skip
+    return _causal_lm(GPTNeoXForCausalLM, config)
+
+
+def build_opt(variant: str | None) -> Case:
+    """OPTForCausalLM: learned positions (offset by 2), pre-LayerNorm, ReLU MLP."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    config = OPTConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, ffn_dim=FFN, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, max_position_embeddings=MAX_POS, word_embed_proj_dim=HIDDEN,
+        use_cache=False,
+    )  # fmt: skip
+    return _causal_lm(OPTForCausalLM, config)
+
+
+def build_bloom(variant: str | None) -> Case:
+    """BloomForCausalLM: ALiBi position biases (no position embeddings), fused q/k/v."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    config = BloomConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=LAYERS, n_head=HEADS, use_cache=False
+    )
+    return _causal_lm(BloomForCausalLM, config)
+
+
+def build_distilbert(variant: str | None) -> Case:
+    """DistilBertModel -> last_hidden_state: BERT without token types or pooler, 2 layers."""
+    from transformers import DistilBertConfig, DistilBertModel
+
+    config = DistilBertConfig(
+        vocab_size=VOCAB, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FFN,
+        max_position_embeddings=MAX_POS,
+    )  # fmt: skip
+    distilbert = _hf_model(DistilBertModel, config)
+    return Case(
+        EncoderHidden(distilbert).eval(),
+        TOKENS,
+        "last_hidden_state",
+        LOGITS_AXES,
+        token_feeds(VOCAB, with_mask=True),
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # hand-written CNNs (no torchvision): a few blocks each, [batch, 3, 32, 32] -> 10 logits
 # --------------------------------------------------------------------------------------------
@@ -499,6 +603,13 @@ MODELS: dict[str, tuple[Callable[[str | None], Case], tuple[str | None, ...]]] =
     "resnet": (build_resnet, (None,)),
     "vgg": (build_vgg, (None,)),
     "densenet": (build_densenet, (None,)),
+    "qwen2": (build_qwen2, (None,)),
+    "phi3": (build_phi3, (None,)),
+    "neox": (build_neox, (None,)),
+    "opt": (build_opt, (None,)),
+    "bloom": (build_bloom, (None,)),
+    "distilbert": (build_distilbert, (None,)),
+    "convnext": (build_convnext, (None,)),
 }
 
 
