@@ -517,8 +517,8 @@ class _Narrowing:
         min-marginals alone say so; infinite where every choice left out is in no plan that
         fits): a try proving that none of them reaches a value below its optimum proves it of
         every plan below this too. The NeoX export on 4x8 at 5 % over its lowest budget: a try
-        halfway to the best plan found none below it, and the next threshold the shares set,
-        one more, kept the same 509 of 779 choices (3 s for the same answer)."""
+        halfway to the best plan found none below it, and the next threshold, 1 above, kept
+        the same 509 of 779 choices (3 s for the same answer)."""
         if self.marginals is None:
             return -math.inf
         out = [np.delete(m, k) for m, k in zip(self.marginals, kept, strict=True)]

@@ -330,7 +330,8 @@ def memory_model(
 ) -> MemoryModel:
     """The rows of the program of every plan: `held(value)` and `reads(value)` say how each
     value is held and read under the choices. The intermediate tensors of a reshard of
-    several collectives are counted for the `chains` given: on a 3-axis mesh most pairs of
+    several collectives are counted for the targets of the `chains` given (from any held
+    sharding): on a 3-axis mesh most pairs of
     candidate shardings reshard in several steps, but a plan uses few of them, and the
     search adds those it finds (`search.budget`)."""
     return _Builder(graph, mesh, sizes, held, reads, frozenset(chains)).build()
@@ -347,7 +348,7 @@ class _Builder:
         chains: frozenset[Chain],
     ) -> None:
         self.graph, self.mesh, self.sizes = graph, mesh, list(sizes)
-        self.held, self.reads, self.chains = held, reads, chains
+        self.held, self.reads = held, reads
         self.targets = {(shape, dtype, dst) for shape, dtype, _, dst in chains}
         self.indicators: list[Indicator] = []
         self.index: dict[tuple[bool, frozenset[Literal]], int] = {}
@@ -838,7 +839,7 @@ class _Builder:
 
     def intermediates(self, name: str, src: Sharding, dst: Sharding) -> tuple[Sharding, ...]:
         """The shardings a reshard from `src` to `dst` makes on its way (its steps' results
-        but the last), where reshards to `dst` are counted (`chains`: from any `src`)."""
+        but the last), where reshards to `dst` are counted (`targets`)."""
         info = self.graph.values[name]
         cache_key = (info.shape, info.dtype, src, dst)
         if (info.shape, info.dtype, dst) not in self.targets:
