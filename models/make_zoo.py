@@ -394,70 +394,43 @@ def build_convnext(variant: str | None) -> Case:
     )
 
 
-def _causal_lm(model_cls, config) -> Case:
-    """A decoder-only LM's logits from token ids and a padding mask."""
-    lm = _hf_model(model_cls, config)
-    return Case(
-        CausalLMLogits(lm).eval(), TOKENS, "logits", LOGITS_AXES, token_feeds(VOCAB, with_mask=True)
-    )
+def _causal_lm(kind: str, **config) -> Callable[[str | None], Case]:
+    """The builder of transformers' `{kind}ForCausalLM` of a tiny `{kind}Config` (vocab 512,
+    2 layers, no cache, `config` the rest): its logits from token ids and a padding mask."""
+
+    def build(variant: str | None) -> Case:
+        import transformers
+
+        made = getattr(transformers, f"{kind}Config")(
+            vocab_size=VOCAB, num_hidden_layers=LAYERS, use_cache=False, **config
+        )
+        lm = _hf_model(getattr(transformers, f"{kind}ForCausalLM"), made)
+        return Case(
+            CausalLMLogits(lm).eval(), TOKENS, "logits", LOGITS_AXES,
+            token_feeds(VOCAB, with_mask=True),
+        )  # fmt: skip
+
+    return build
 
 
-def build_qwen2(variant: str | None) -> Case:
-    """Qwen2ForCausalLM: Llama-like, with biases on the q/k/v projections; GQA 4/2."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=2, max_position_embeddings=MAX_POS,
-        use_cache=False,
-    )  # fmt: skip
-    return _causal_lm(Qwen2ForCausalLM, config)
-
-
-def build_phi3(variant: str | None) -> Case:
-    """Phi3ForCausalLM: fused q/k/v and gate/up projections, sliced apart in the graph."""
-    from transformers import Phi3Config, Phi3ForCausalLM
-
-    config = Phi3Config(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=MAX_POS,
-        pad_token_id=0, use_cache=False,
-    )  # fmt: skip
-    return _causal_lm(Phi3ForCausalLM, config)
-
-
-def build_neox(variant: str | None) -> Case:
-    """GPTNeoXForCausalLM: parallel attention and MLP residual, rotary on half the head."""
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
-    config = GPTNeoXConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, max_position_embeddings=MAX_POS, rotary_pct=0.5,
-        use_cache=False,
-    )  # fmt: skip
-    return _causal_lm(GPTNeoXForCausalLM, config)
-
-
-def build_opt(variant: str | None) -> Case:
-    """OPTForCausalLM: learned positions (offset by 2), pre-LayerNorm, ReLU MLP."""
-    from transformers import OPTConfig, OPTForCausalLM
-
-    config = OPTConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, ffn_dim=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, max_position_embeddings=MAX_POS, word_embed_proj_dim=HIDDEN,
-        use_cache=False,
-    )  # fmt: skip
-    return _causal_lm(OPTForCausalLM, config)
-
-
-def build_bloom(variant: str | None) -> Case:
-    """BloomForCausalLM: ALiBi position biases (no position embeddings), fused q/k/v."""
-    from transformers import BloomConfig, BloomForCausalLM
-
-    config = BloomConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=LAYERS, n_head=HEADS, use_cache=False
-    )
-    return _causal_lm(BloomForCausalLM, config)
+# Decoder-only LMs that differ from Llama: q/k/v biases (Qwen2); fused q/k/v and gate/up
+# projections, sliced apart in the graph (Phi-3); parallel attention and MLP residual, rotary
+# on half the head (GPT-NeoX); learned positions offset by 2, ReLU MLP (OPT); ALiBi biases,
+# no position embeddings (BLOOM).
+LLAMA_LIKE = {"hidden_size": HIDDEN, "intermediate_size": FFN, "num_attention_heads": HEADS}
+build_qwen2 = _causal_lm(
+    "Qwen2", **LLAMA_LIKE, num_key_value_heads=2, max_position_embeddings=MAX_POS
+)
+build_phi3 = _causal_lm(
+    "Phi3", **LLAMA_LIKE, num_key_value_heads=HEADS, max_position_embeddings=MAX_POS,
+    pad_token_id=0,
+)  # fmt: skip
+build_neox = _causal_lm("GPTNeoX", **LLAMA_LIKE, max_position_embeddings=MAX_POS, rotary_pct=0.5)
+build_opt = _causal_lm(
+    "OPT", hidden_size=HIDDEN, ffn_dim=FFN, num_attention_heads=HEADS,
+    max_position_embeddings=MAX_POS, word_embed_proj_dim=HIDDEN,
+)  # fmt: skip
+build_bloom = _causal_lm("Bloom", hidden_size=HIDDEN, n_head=HEADS)
 
 
 def build_distilbert(variant: str | None) -> Case:
