@@ -455,10 +455,9 @@ class _Narrowing:
             bound = threshold if proven <= threshold else int(proven)
             if best is None:
                 continue
-            at_best = self.possible(best.value, best)
             if bound >= best.value:
                 bound = best.value
-            elif got.value is not None and at_best is not None:
+            elif got.value is not None and (at_best := self.possible(best.value, best)) is not None:
                 # One there, none below: its value next (bert's least peak on 2x4, from a
                 # bound of 0: 21 tries doubling, 10.6 s; 1.5 s), unless that keeps most
                 # choices: then halfway to it, once, whatever the shares' threshold (BART on
@@ -525,9 +524,11 @@ class _Narrowing:
         least = min((float(m.min()) for m in out if len(m)), default=math.inf)
         if least == math.inf:
             return math.inf
-        # still_possible keeps a choice whose min-marginal is at most `below` - 1, less its
-        # rounding: the highest `below` leaving the least out is one of these.
-        for threshold in range(math.floor(least) + 1, math.floor(least) - 3, -1):
+        # still_possible keeps a choice whose min-marginal is at most `below` - 1 plus its
+        # rounding (relative: 10 at 1e10): the highest `below` leaving the least out is
+        # one of these.
+        highest = math.floor(least - ROUNDING * max(1.0, abs(least))) + 2
+        for threshold in range(highest, highest - 4, -1):
             if _among(self.possible(threshold, None), kept):
                 return threshold
         return -math.inf

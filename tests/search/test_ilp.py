@@ -479,6 +479,20 @@ def test_a_try_proves_as_far_as_the_least_choice_it_left_out():
     assert (best.value, bound) == (118, 118)
 
 
+def test_what_a_try_proves_beyond_its_threshold_at_large_values():
+    """Min-marginals of 1e10 and over (BART's costs): the relaxation's rounding, relative,
+    is 10 there. A try over the two choices below 1e10 + 100 proves no plan below the
+    highest threshold that keeps only those two, 1e10 + 90 (before: the thresholds within 2
+    of the least left out were all tried, each keeping a third, and nothing was proven)."""
+    problem = Problem((4,), ((0,) * 4,), (), NO_ROWS, 0, 1.0)
+    marginals = [np.array([1e10, 1e10 + 1, 1e10 + 100, 1e10 + 200])]
+    narrowing = ilp._Narrowing(problem, marginals, lambda *_: None, None, "the cost", 0.8)
+    proven = narrowing.beyond([[0, 1]])
+    assert proven == 10**10 + 90
+    assert still_possible(marginals, 10**10 + 90) == [[0, 1]]
+    assert still_possible(marginals, 10**10 + 91) == [[0, 1, 2]]
+
+
 def test_the_tries_that_prove_a_plan_hold_fewer_choices():
     """As `test_a_plan_above_the_threshold_whose_value_keeps_most_choices_is_not_the_next`:
     the first try (below 102, 4 choices) finds a plan of 110, the next (halfway, below 106,
