@@ -431,6 +431,26 @@ build_opt = _causal_lm(
     max_position_embeddings=MAX_POS, word_embed_proj_dim=HIDDEN,
 )  # fmt: skip
 build_bloom = _causal_lm("Bloom", hidden_size=HIDDEN, n_head=HEADS)
+# Multi-query attention (one key/value head) beside a parallel MLP (Falcon); rotary on part of
+# the head, interleaved, and a parallel residual (GPT-J); embeddings scaled by sqrt(hidden),
+# GeGLU, RMSNorm of (1 + weight) (Gemma); a sliding-window causal mask narrower than the
+# sequence (Mistral).
+build_falcon = _causal_lm(
+    "Falcon", hidden_size=HIDDEN, num_attention_heads=HEADS, multi_query=True,
+    parallel_attn=True, new_decoder_architecture=False, alibi=False,
+)  # fmt: skip
+build_gptj = _causal_lm(
+    "GPTJ", n_embd=HIDDEN, n_head=HEADS, n_inner=FFN, rotary_dim=8, n_positions=MAX_POS,
+    bos_token_id=0, eos_token_id=0,
+)  # fmt: skip
+build_gemma = _causal_lm(
+    "Gemma", **LLAMA_LIKE, num_key_value_heads=1, head_dim=HIDDEN // HEADS,
+    max_position_embeddings=MAX_POS,
+)  # fmt: skip
+build_mistral = _causal_lm(
+    "Mistral", **LLAMA_LIKE, num_key_value_heads=2, max_position_embeddings=MAX_POS,
+    sliding_window=8,
+)  # fmt: skip
 
 
 def build_distilbert(variant: str | None) -> Case:
@@ -500,6 +520,35 @@ def build_resnet(variant: str | None) -> Case:
         nn.Flatten(),
         nn.Linear(32, 10),
     )
+    return _cnn_case(model)
+
+
+def build_mobilenet(variant: str | None) -> Case:
+    """MobileNetV2's inverted residuals: a 1x1 expansion, a depthwise 3x3 (the second block
+    strided, no residual), ReLU6, a linear 1x1 projection; global average pool, fc."""
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int, expand: int = 4) -> None:
+            super().__init__()
+            wide = cin * expand
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, wide, 1, bias=False), nn.BatchNorm2d(wide), nn.ReLU6(),
+                nn.Conv2d(wide, wide, 3, stride, 1, groups=wide, bias=False),
+                nn.BatchNorm2d(wide), nn.ReLU6(),
+                nn.Conv2d(wide, cout, 1, bias=False), nn.BatchNorm2d(cout),
+            )  # fmt: skip
+            self.residual = stride == 1 and cin == cout
+
+        def forward(self, x):
+            out = self.body(x)
+            return x + out if self.residual else out
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6(),
+        InvertedResidual(16, 16, 1), InvertedResidual(16, 24, 2), InvertedResidual(24, 24, 1),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(24, 10),
+    )  # fmt: skip
     return _cnn_case(model)
 
 
@@ -583,6 +632,11 @@ MODELS: dict[str, tuple[Callable[[str | None], Case], tuple[str | None, ...]]] =
     "bloom": (build_bloom, (None,)),
     "distilbert": (build_distilbert, (None,)),
     "convnext": (build_convnext, (None,)),
+    "falcon": (build_falcon, (None,)),
+    "gptj": (build_gptj, (None,)),
+    "gemma": (build_gemma, (None,)),
+    "mistral": (build_mistral, (None,)),
+    "mobilenet": (build_mobilenet, (None,)),
 }
 
 
