@@ -58,6 +58,7 @@ from autoshard.search.lagrange import (
     peak_relaxation,
     rows_alone,
     still_possible,
+    strengthened,
     table_limit,
     tightened,
 )
@@ -151,6 +152,8 @@ def solve(
                        "memory rows relaxed (Lagrangian multipliers)")  # fmt: skip
     relaxation = Relaxation(problem, exact_up_to=table_limit(problem, relaxed.choice))
     found = dual(problem, relaxation=relaxation)
+    if found is not None and not found.infeasible:
+        relaxation, found = strengthened(problem, relaxation, found)
     plans = [_Found(tuple(hint), problem.objective(hint))] if _fits(problem, hint) else []
     at_least, marginals, binding = max(floor, math.ceil(relaxed.bound)), None, None
     fitting = None
@@ -160,7 +163,7 @@ def solve(
         at_least = max(at_least, _rounded_up(found.bound))
         if found.best is not None:
             plans.append(_Found(found.best.choice, found.best.objective))
-        fitting = _fitting(problem, found, relaxation.exact_up_to)
+        fitting = _fitting(problem, found, relaxation)
     aside = relaxed.work
     if not plans:
         plans, work = _any_fits(problem, time_left(time_limit, aside), tracker, limit)
@@ -169,9 +172,7 @@ def solve(
         marginals = relaxation.min_marginals(found.multipliers)
         binding = np.flatnonzero(found.multipliers > 0)
         if fitting is not None and marginals is not None:
-            bound, plan, marginals, again = _within(
-                problem, fitting, marginals, relaxation.exact_up_to
-            )
+            bound, plan, marginals, again = _within(problem, fitting, marginals, relaxation)
             binding = np.union1d(binding, again)
             at_least = max(at_least, bound)
             plans += [plan] if plan is not None else []
@@ -197,8 +198,9 @@ def solve(
     tighten = None
     if found is not None:
         tighten = functools.partial(
-            tightened, problem, found.multipliers, exact_up_to=relaxation.exact_up_to
-        )
+            tightened, problem, found.multipliers, exact_up_to=relaxation.exact_up_to,
+            hubs=bool(relaxation.hubs),
+        )  # fmt: skip
     search = _Narrowing(
         problem, marginals, attempt, watch, "the cost", WHOLE_SHARE, True, tighten
     )  # fmt: skip
@@ -239,7 +241,7 @@ def _any_fits(
 
 
 def _fitting(
-    problem: Problem, found: Dual, exact_up_to: int | None = None
+    problem: Problem, found: Dual, relaxation: Relaxation | None = None
 ) -> list[list[int]] | None:
     """The choices some plan within the budget may take (None: all), leaving out those whose
     least bytes in a row are over it (the rows of the largest multipliers, each alone,
@@ -248,7 +250,8 @@ def _fitting(
     weights = found.multipliers
     binding = np.flatnonzero(weights > 0)
     rows = binding[np.argsort(-weights[binding], kind="stable")]
-    least = rows_alone(peak_relaxation(problem, exact_up_to), rows)
+    exact = (None, ()) if relaxation is None else (relaxation.exact_up_to, relaxation.hubs)
+    least = rows_alone(peak_relaxation(problem, *exact), rows)
     if least is None:
         return None
     over = problem.budget + ROUNDING * max(1.0, problem.budget)
@@ -259,18 +262,20 @@ def _fitting(
 
 
 def _within(
-    problem: Problem, fitting: list[list[int]], marginals: list[np.ndarray], exact_up_to: int
+    problem: Problem, fitting: list[list[int]], marginals: list[np.ndarray], whole: Relaxation
 ) -> tuple[int, _Found | None, list[np.ndarray], np.ndarray]:
     """The relaxation of the choices that may fit (`_fitting`), solved again where they are
     few enough (`AGAIN`): stronger, as it no longer mixes in those that cannot (the decoder on
     2x4x8 at its lowest budget: bound 0.0394 s, within them 0.05397 s, the optimum, and its
     plan). Its bound, its best plan, the min-marginals of the whole widened by its own,
-    infinite for the choices left out (`_widened`), and the rows that bind it."""
+    infinite for the choices left out (`_widened`), and the rows that bind it. `whole`: the
+    whole problem's relaxation."""
     none = np.zeros(0, np.int64)
     if problem.variables - sum(map(len, fitting)) < AGAIN * problem.variables:
         return 0, None, _widened(marginals, None, fitting), none
     within = problem.restricted(fitting)
-    relaxation = Relaxation(within, exact_up_to=exact_up_to)
+    hubs = None if whole.hubs else ()  # exact where the whole's are (made anew: fewer choices)
+    relaxation = Relaxation(within, exact_up_to=whole.exact_up_to, hubs=hubs)
     again = dual(within, relaxation=relaxation)
     if again is None:
         return 0, None, _widened(marginals, None, fitting), none

@@ -49,6 +49,57 @@ def test_the_subproblem_is_exact_where_its_tables_are(seed):
 
 
 @pytest.mark.parametrize("seed", range(20))
+def test_wide_indicators_summed_in_hubs_are_exact(seed):
+    """With every indicator over more than one combination too wide for a table of its own,
+    those the rows count are summed per scope in hubs: the subproblem is exact again (its
+    minimum the relaxed function's), and each hub's table is its indicators' weighted sum."""
+    problem = random_problem(seed, memory=True)
+    rng = np.random.default_rng(seed)
+    relaxation = Relaxation(problem, exact_up_to=1, hubs=None)
+    multipliers = rng.random(relaxation.rows) * 3
+    relaxed = relaxation.solve(multipliers)
+    assert relaxed.value == pytest.approx(relaxed_minimum(problem, multipliers))
+    for hub in relaxation.hubs:
+        weights = rng.random(len(hub.indicators))
+        tables = [
+            np.broadcast_to(relaxation.table(i, hub.scope), hub.shape) for i in hub.indicators
+        ]
+        assert np.allclose(
+            hub.table(weights), sum(w * t for w, t in zip(weights, tables, strict=True))
+        )
+
+
+def test_hubs_are_made_where_indicators_are_wide():
+    """Seed 0's problem has indicators the rows count over several groups' choices: hubs."""
+    problem = random_problem(0, memory=True)
+    relaxation = Relaxation(problem, exact_up_to=1, hubs=None)
+    relaxation.solve(np.ones(relaxation.rows))
+    assert relaxation.hubs
+    assert Relaxation(problem, exact_up_to=1).hubs == []  # none unless asked for
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_strengthened_bounds_the_optimum_and_keeps_the_best_plan(seed, monkeypatch):
+    """With every wide indicator bounded (a weak relaxation), `strengthened` takes the hubs
+    where 3 steps raise the bound by 5 %: its bound is still at most the optimum and at least
+    the weak one's, and its best plan fits and is no worse than the weak one's."""
+    monkeypatch.setattr(lagrange, "DENSE", 1)
+    problem = random_problem(seed, memory=True)
+    weak = Relaxation(problem)
+    found = dual(problem, relaxation=weak)
+    relaxation, stronger = lagrange.strengthened(problem, weak, found)
+    assert stronger.bound >= found.bound - 1e-6
+    optimum = brute_force(problem)
+    if optimum is not None:
+        assert stronger.bound <= optimum + 1e-6
+    if stronger.best is not None:
+        assert problem.peak(stronger.best.choice) <= problem.budget
+        if found.best is not None:
+            assert stronger.best.objective <= found.best.objective
+    assert (relaxation is weak) == (stronger is found)
+
+
+@pytest.mark.parametrize("seed", range(20))
 def test_wide_indicators_are_bounded_from_below(seed, monkeypatch):
     """With every indicator too wide for one table, each is bounded from below by its parts:
     the subproblem's value never exceeds the relaxed function's minimum."""
