@@ -890,13 +890,13 @@ def strengthened(problem: Problem, relaxation: Relaxation, found: Dual) -> tuple
     """The relaxation with its large indicators exact (`hub_tables`) and its multipliers
     stepped on from `found`'s, where `HUB_TRIAL` steps raise the bound by `HUB_GAIN` or more;
     else `relaxation` and `found` as they are. Where a value is read by several groups at
-    once (BERT's hidden state by q, k, v and the residual; GPT-J's LayerNorm by q, k, v and
-    the MLP), its reshard buffers and its own savings are bounded apart, and near the lowest
-    budget their sum binds: BERT's TorchScript export on 4x8 at 5 % over its lowest, 4.60e8
-    after 20 steps, 3 steps more with them exact 5.78e8 (20: 6.27e8; the LP of CP-SAT's model
-    6.30e8, the optimum 6.705e8); DistilBERT +26 %, BART's dynamo export on 2x4 at +5 %
-    +11 % (20: +21 %). Elsewhere they change little (BART on 4x8 at 30 to 60 %: 0 to 1 %) and
-    cost a second a solve."""
+    once (BERT's hidden state by q, k, v and the residual), its reshard buffers and its own
+    savings are bounded apart, and near the lowest budget their sum binds: BERT's
+    TorchScript export on 4x8 at 5 % over its lowest, 4.60e8 after 20 steps, 3 steps more
+    with them exact 5.78e8 (20: 6.27e8; the LP of CP-SAT's model 6.30e8, the optimum
+    6.705e8), the solve 65 -> 41 s; DistilBERT +26 %; BART's TorchScript export on 2x4 at 5 %
+    over its lowest, 26 -> 6 s. Elsewhere they change little (BART on 4x8 at 30 to 60 %: 0
+    to 1 %) and the trial costs about a second (0.5 s of it making the hubs)."""
     exact = Relaxation(problem, exact_up_to=relaxation.exact_up_to, hubs=None)
     trial = dual(problem, HUB_TRIAL, relaxation=exact, start=found.multipliers)
     if not exact.hubs or trial is None:
