@@ -48,11 +48,14 @@ def test_the_subproblem_is_exact_where_its_tables_are(seed):
     assert relaxed.objective == problem.objective(relaxed.choice)
 
 
+@pytest.mark.parametrize("bits", [40, 1])
 @pytest.mark.parametrize("seed", range(20))
-def test_wide_indicators_summed_in_hubs_are_exact(seed):
+def test_wide_indicators_summed_in_hubs_are_exact(seed, bits, monkeypatch):
     """With every indicator over more than one combination too wide for a table of its own,
     those the rows count are summed per scope in hubs: the subproblem is exact again (its
-    minimum the relaxed function's), and each hub's table is its indicators' weighted sum."""
+    minimum the relaxed function's), and each hub's table is its indicators' weighted sum;
+    also where the class codes are numbered again after every indicator (`_BITS` 1)."""
+    monkeypatch.setattr(lagrange, "_BITS", bits)
     problem = random_problem(seed, memory=True)
     rng = np.random.default_rng(seed)
     relaxation = Relaxation(problem, exact_up_to=1, hubs=None)
