@@ -269,6 +269,10 @@ class Relaxation:
         return found, constant
 
     def hub_tables(self) -> list[_Hub]:
+        """The hubs of `hub_scopes`."""
+        return [_Hub.of(self, scope, members) for scope, members in self.hub_scopes().items()]
+
+    def hub_scopes(self) -> dict[tuple[int, ...], list[int]]:
         """The indicators the rows count whose groups have more combinations than
         `exact_up_to` but at most `HUB`, by scope: one exact table each per step. BERT's
         TorchScript export on 4x8 at 5 % over its lowest budget: the hidden state held by
@@ -281,7 +285,17 @@ class Relaxation:
             scope = tuple(g for g in self.scopes[i] if self.sizes[g] > 1)
             if self.exact_up_to < math.prod(self.sizes[g] for g in scope) <= HUB:
                 by_scope.setdefault(scope, []).append(i)
-        return [_Hub.of(self, scope, members) for scope, members in by_scope.items()]
+        return by_scope
+
+    def joins_in_time(self, scopes: Sequence[tuple[int, ...]], multipliers: np.ndarray) -> bool:
+        """Whether the subproblem at these multipliers with tables over `scopes` too is still
+        one to eliminate within `MAX_ENTRIES` and `STEP_WORK` (its tables counted by their
+        scopes: none is made)."""
+        found, _ = self.at(multipliers)
+        every = [f.scope for f in found] + list(scopes)
+        order, largest = elimination_order(self.sizes, every)
+        tables = sum(math.prod(self.sizes[g] for g in scope) for scope in every)
+        return largest <= MAX_ENTRIES and tables + additions(self.sizes, order) <= STEP_WORK
 
     def solve(self, multipliers: np.ndarray) -> Relaxed | None:
         """The subproblem's minimum for these multipliers (None when too big to eliminate)."""
@@ -897,9 +911,13 @@ def strengthened(problem: Problem, relaxation: Relaxation, found: Dual) -> tuple
     6.705e8), the solve 65 -> 41 s; DistilBERT +26 %; BART's TorchScript export on 2x4 at 5 %
     over its lowest, 26 -> 6 s. Elsewhere they change little (BART on 4x8 at 30 to 60 %: 0
     to 1 %) and the trial costs about a second (0.5 s of it making the hubs)."""
-    exact = Relaxation(problem, exact_up_to=relaxation.exact_up_to, hubs=None)
+    scopes = relaxation.hub_scopes()
+    if not scopes or not relaxation.joins_in_time(list(scopes), found.multipliers):
+        return relaxation, found
+    hubs = [_Hub.of(relaxation, scope, members) for scope, members in scopes.items()]
+    exact = Relaxation(problem, exact_up_to=relaxation.exact_up_to, hubs=hubs)
     trial = dual(problem, HUB_TRIAL, relaxation=exact, start=found.multipliers)
-    if not exact.hubs or trial is None:
+    if trial is None:
         return relaxation, found
     if not trial.infeasible and trial.bound < found.bound + HUB_GAIN * abs(found.bound):
         return relaxation, found
