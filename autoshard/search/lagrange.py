@@ -202,7 +202,7 @@ class Relaxation:
         ]
         bound, constant = self.bound(joined), 0.0
         coefficients = coefficients.copy()
-        for hub in self.hubs or () if joined is None else ():
+        for hub in (self.hubs or ()) if joined is None else ():  # (exact within pairs: none)
             weights = coefficients[hub.indicators]
             if weights.any():
                 pieces.append((hub.scope, hub.table(weights)))
@@ -914,8 +914,7 @@ def strengthened(problem: Problem, relaxation: Relaxation, found: Dual) -> tuple
     scopes = relaxation.hub_scopes()
     if not scopes or not relaxation.joins_in_time(list(scopes), found.multipliers):
         return relaxation, found
-    hubs = [_Hub.of(relaxation, scope, members) for scope, members in scopes.items()]
-    exact = Relaxation(problem, exact_up_to=relaxation.exact_up_to, hubs=hubs)
+    exact = Relaxation(problem, exact_up_to=relaxation.exact_up_to, hubs=relaxation.hub_tables())
     trial = dual(problem, HUB_TRIAL, relaxation=exact, start=found.multipliers)
     if trial is None:
         return relaxation, found
