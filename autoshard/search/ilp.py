@@ -62,7 +62,7 @@ from autoshard.search.lagrange import (
     table_limit,
     tightened,
 )
-from autoshard.search.memory import NO_ROWS, Chosen, Indicator, MemoryRows, indicator_values
+from autoshard.search.memory import NO_ROWS, Chosen, Indicator, MemoryRows
 from autoshard.search.problem import Problem
 
 
@@ -874,13 +874,13 @@ def _memory_rows(
         return made[lit]
 
     adds, takes = _polarity(problem, which)
-    values = indicator_values(problem.indicators, hint) if hint else []
+    values = problem.indicator_table.values(hint) if hint else np.zeros(0, bool)
     for i, ind in enumerate(problem.indicators):
         if not (adds[i] or takes[i]):  # in none of these rows
             continue
         var = model.new_bool_var(f"m{i}")
         if hint:
-            model.add_hint(var, values[i])
+            model.add_hint(var, bool(values[i]))
         terms = [literal(lit) for lit in ind.literals]
         if adds[i]:
             if ind.every:

@@ -490,14 +490,13 @@ def _weighted(
     rows: MemoryRows, weights: np.ndarray, offsets: np.ndarray, indicators: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """sum_r weights[r] * row r, as bytes per (flat) choice and per indicator."""
-    per_run = np.bincount(
-        rows.runs, np.repeat(weights, np.diff(rows.starts)), minlength=len(rows.run_group)
-    )
-    lengths = np.diff(rows.run_starts)
-    columns = offsets[np.repeat(rows.run_group, lengths)] + rows.choices
-    unary = np.bincount(columns, np.repeat(per_run, lengths) * rows.amounts, int(offsets[-1]))
-    marked = np.repeat(weights, np.diff(rows.indicated_starts)) * rows.indicated_amounts
-    return unary, np.bincount(rows.indicated, marked, minlength=indicators)
+    runs, marks = rows.run_spans, rows.marks
+    per_run = np.bincount(runs.key, runs.weights(weights), minlength=len(rows.run_group))
+    columns = offsets[rows.entry_group] + rows.choices
+    run_of = np.repeat(np.arange(len(rows.run_group)), np.diff(rows.run_starts))
+    unary = np.bincount(columns, per_run[run_of] * rows.amounts, int(offsets[-1]))
+    marked = marks.weights(weights) * marks.amount
+    return unary, np.bincount(marks.key, marked, minlength=indicators)
 
 
 class _Bound:

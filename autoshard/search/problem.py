@@ -60,11 +60,11 @@ from autoshard.search.memory import (
     Chosen,
     Held,
     Indicator,
+    IndicatorTable,
     Literal,
     MemoryModel,
     MemoryRows,
     Read,
-    indicator_values,
     memory_model,
 )
 from autoshard.search.options import Objective
@@ -149,9 +149,13 @@ class Problem:
 
     def _bytes(self, choice: Sequence[int]) -> tuple[int, np.ndarray]:
         """The base row's bytes under this choice, and each other row's."""
-        indicated = indicator_values(self.indicators, choice)
+        indicated = self.indicator_table.values(choice)
         base = int(self.memory_base.bytes(choice, indicated)[0])
         return base, self.memory.bytes(choice, indicated)
+
+    @functools.cached_property
+    def indicator_table(self) -> IndicatorTable:
+        return IndicatorTable(self.indicators)
 
     def most(self) -> np.ndarray:
         """An upper bound of each row's bytes under any choice, the base row's added

@@ -28,7 +28,6 @@ from autoshard.search.memory import (
     Indicator,
     MemoryRow,
     MemoryRows,
-    indicator_values,
 )
 from autoshard.search.problem import Problem, build_search
 from autoshard.search.repeats import find_repeats
@@ -348,7 +347,7 @@ def test_memory_rows_as_arrays_are_the_rows_of_tuples():
     rng = np.random.default_rng(0)
     for _ in range(20):
         choice = [int(rng.integers(0, n)) for n in problem.sizes]
-        held = indicator_values(problem.indicators, choice)
+        held = problem.indicator_table.values(choice)
         by_hand = [
             row.fixed
             + sum(b for g, k, b in row.terms if choice[g] == k)
