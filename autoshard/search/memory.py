@@ -206,7 +206,8 @@ class Spans:
     with `amount[j]` in rows `first[j]` to `last[j]`, of `rows`. A row of a training step
     holds most of the terms of the row before (the 32-layer decoder's on 4x8: 3.7 M indicator
     terms in 97 k spans, 439 k runs in 7 k), so a sum per row, and the rows' weighted sum per
-    term (`lagrange`'s every step), go over the spans: 35 ms a step -> 2 ms."""
+    term (`lagrange`'s every step), go over the spans: there, a plan's rows 25 -> 1 ms (the
+    indicators aside), their weighted sum 9.3 -> 0.7 ms."""
 
     key: np.ndarray
     amount: np.ndarray
