@@ -493,8 +493,7 @@ def _weighted(
     runs, marks = rows.run_spans, rows.marks
     per_run = np.bincount(runs.key, runs.weights(weights), minlength=len(rows.run_group))
     columns = offsets[rows.entry_group] + rows.choices
-    run_of = np.repeat(np.arange(len(rows.run_group)), np.diff(rows.run_starts))
-    unary = np.bincount(columns, per_run[run_of] * rows.amounts, int(offsets[-1]))
+    unary = np.bincount(columns, per_run[rows.entry_run] * rows.amounts, int(offsets[-1]))
     marked = marks.weights(weights) * marks.amount
     return unary, np.bincount(marks.key, marked, minlength=indicators)
 

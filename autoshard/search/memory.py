@@ -158,9 +158,14 @@ class MemoryRows:
         )
 
     @functools.cached_property
+    def entry_run(self) -> np.ndarray:
+        """The run of each (choice, bytes) entry of the runs."""
+        return np.repeat(np.arange(len(self.run_group)), np.diff(self.run_starts))
+
+    @functools.cached_property
     def entry_group(self) -> np.ndarray:
         """The group of each (choice, bytes) entry of the runs."""
-        return np.repeat(self.run_group, np.diff(self.run_starts))
+        return self.run_group[self.entry_run]
 
     @functools.cached_property
     def run_spans(self) -> Spans:
@@ -185,7 +190,7 @@ class MemoryRows:
     def restricted(self, renumber: Sequence[Sequence[int]]) -> MemoryRows:
         """The rows over fewer choices: `renumber[g][k]` is choice k of group g's new number,
         or -1 where it is left out (its terms go: no plan of the fewer choices takes it)."""
-        group = np.repeat(self.run_group, np.diff(self.run_starts))
+        group = self.entry_group
         flat = np.concatenate([np.asarray(r, np.int64) for r in renumber] or [_NONE])
         offsets = _starts([len(r) for r in renumber])
         new = flat[offsets[group] + self.choices] if len(group) else _NONE
