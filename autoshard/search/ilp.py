@@ -49,6 +49,7 @@ from autoshard.errors import AutoshardError
 from autoshard.progress import Tracker
 from autoshard.search.factors import minimize, problem_factors, undominated
 from autoshard.search.lagrange import (
+    LONGER,
     ROUNDING,
     Dual,
     Relaxation,
@@ -151,7 +152,7 @@ def solve(
         tracker.detail(f"its optimum does not fit the budget: the {len(problem.memory)} "
                        "memory rows relaxed (Lagrangian multipliers)")  # fmt: skip
     relaxation = Relaxation(problem, exact_up_to=table_limit(problem, relaxed.choice))
-    found = dual(problem, relaxation=relaxation)
+    found = dual(problem, relaxation=relaxation, longer=LONGER)
     if found is not None and not found.infeasible:
         relaxation, found = strengthened(problem, relaxation, found)
     plans = [_Found(tuple(hint), problem.objective(hint))] if _fits(problem, hint) else []

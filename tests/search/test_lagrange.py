@@ -153,6 +153,19 @@ def test_while_nothing_fits_the_steps_aim_ever_higher():
     assert dual(problem, iterations=200).bound == pytest.approx(1500, abs=0.1)
 
 
+def test_the_steps_go_on_while_the_bound_still_rises(monkeypatch):
+    """The duality gap's example: bounds 0, 1, 2, 3, 4.6 (x6), 5 from the first step on. Given
+    3 steps more at a time while the last 3 raised the bound: after 4 steps (3 over 0) 3 more,
+    after 7 (4.6 over 3) 3 more, after 10 (4.6 over 4.6) none; `longer` caps them."""
+    monkeypatch.setattr(lagrange, "RISE_STEPS", 3)
+    rows = MemoryRows.of((MemoryRow(0, ((0, 0, 8), (0, 1, 2)), ()),))
+    problem = Problem((2,), ((0, 10),), (), rows, 5, 1.0)
+    assert dual(problem, iterations=4).bound == pytest.approx(3.0)
+    longer = dual(problem, iterations=4, longer=40)
+    assert (longer.iterations, longer.bound) == (10, pytest.approx(4.6))
+    assert dual(problem, iterations=4, longer=3).iterations == 7
+
+
 def test_nothing_fits_and_the_bound_proves_it():
     """Every plan holds 8 bytes in a row of budget 5: the bound grows past what any plan costs."""
     rows = MemoryRows.of((MemoryRow(8, (), ()),))
