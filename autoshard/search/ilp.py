@@ -978,9 +978,11 @@ def _polarity(problem: Problem, which: np.ndarray) -> tuple[list[bool], list[boo
     count = len(problem.indicators)
     adding, taking = np.zeros(count, bool), np.zeros(count, bool)
     for rows, selected in ((problem.memory_base, np.zeros(1, np.int64)), (problem.memory, which)):
-        entries = np.repeat(np.arange(len(rows)), np.diff(rows.indicated_starts))
-        used = np.isin(entries, selected)
-        indicated, amounts = rows.indicated[used], rows.indicated_amounts[used]
+        marks, selected = rows.marks, np.sort(selected)
+        # A span's term is used where a row selected lies within it.
+        within = np.searchsorted(selected, marks.last, "right")
+        used = within > np.searchsorted(selected, marks.first)
+        indicated, amounts = marks.key[used], marks.amount[used]
         adding[indicated[amounts > 0]] = True
         taking[indicated[amounts < 0]] = True
     adds, takes = adding.tolist(), taking.tolist()

@@ -716,8 +716,9 @@ def dual(
 
 def _rising(bounds: Sequence[float]) -> bool:
     """Whether the last `RISE_STEPS` steps raised the bound by `RISE` of it or more."""
-    if len(bounds) <= RISE_STEPS or not math.isfinite(before := bounds[-1 - RISE_STEPS]):
+    if len(bounds) <= RISE_STEPS:
         return False
+    before = bounds[-1 - RISE_STEPS]
     return bounds[-1] - before >= RISE * abs(before)
 
 

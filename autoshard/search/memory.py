@@ -150,7 +150,7 @@ class MemoryRows:
         """Each row's bytes under one choice per group and the indicators' values."""
         taken = np.asarray(choice, np.int64)[self.entry_group] == self.choices
         run_bytes = _sums(np.where(taken, self.amounts, 0), self.run_starts)
-        holds = np.asarray(indicated, bool)[self.marks.key]
+        holds = indicated[self.marks.key]
         return (
             self.fixed
             + self.run_spans.sums(run_bytes[self.run_spans.key])
@@ -160,7 +160,7 @@ class MemoryRows:
     @functools.cached_property
     def entry_run(self) -> np.ndarray:
         """The run of each (choice, bytes) entry of the runs."""
-        return np.repeat(np.arange(len(self.run_group)), np.diff(self.run_starts))
+        return _segment_of(self.run_starts)
 
     @functools.cached_property
     def entry_group(self) -> np.ndarray:
@@ -170,7 +170,7 @@ class MemoryRows:
     @functools.cached_property
     def run_spans(self) -> Spans:
         """The rows' runs as spans of rows (`amount` 1)."""
-        return Spans.of(self.starts, self.runs, np.ones(len(self.runs), np.int64))
+        return Spans.of(self.starts, self.runs)
 
     @functools.cached_property
     def marks(self) -> Spans:
@@ -221,17 +221,20 @@ class Spans:
     rows: int
 
     @staticmethod
-    def of(starts: np.ndarray, keys: np.ndarray, amounts: np.ndarray) -> Spans:
-        """The spans of row r's terms `keys[starts[r]:starts[r + 1]]` (with `amounts`)."""
-        rows = len(starts) - 1
-        row = np.repeat(np.arange(rows, dtype=np.int64), np.diff(starts))
+    def of(starts: np.ndarray, keys: np.ndarray, amounts: np.ndarray | None = None) -> Spans:
+        """The spans of row r's terms `keys[starts[r]:starts[r + 1]]` (with `amounts`; none:
+        1 each)."""
         order = np.argsort(keys, kind="stable")  # by key, each key's rows ascending
-        key, amount, row = keys[order], amounts[order], row[order]
+        key, row = keys[order], _segment_of(starts)[order]
         opens = np.ones(len(key), bool)
-        opens[1:] = (key[1:] != key[:-1]) | (amount[1:] != amount[:-1]) | (row[1:] != row[:-1] + 1)
+        opens[1:] = (key[1:] != key[:-1]) | (row[1:] != row[:-1] + 1)
+        if amounts is not None:
+            amount = amounts[order]
+            opens[1:] |= amount[1:] != amount[:-1]
         at = np.flatnonzero(opens)
         ends = np.append(at[1:], len(key))[: len(at)] - 1
-        return Spans(key[at], amount[at], row[at], row[ends], rows)
+        amount = np.ones(len(at), np.int64) if amounts is None else amount[at]
+        return Spans(key[at], amount, row[at], row[ends], len(starts) - 1)
 
     def sums(self, values: np.ndarray) -> np.ndarray:
         """Each row's sum of `values[j]` over the spans j over it (exact integers)."""
@@ -300,6 +303,11 @@ def _columns(pairs: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
 
 def _starts(lengths: Sequence[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+
+
+def _segment_of(starts: np.ndarray) -> np.ndarray:
+    """For each entry of the segments `starts` delimit, the segment's index."""
+    return np.repeat(np.arange(len(starts) - 1, dtype=np.int64), np.diff(starts))
 
 
 def _sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
