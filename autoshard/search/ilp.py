@@ -170,7 +170,7 @@ def solve(
         plans, work = _any_fits(problem, time_left(time_limit, aside), tracker, limit)
         aside += work
     if found is not None:
-        marginals = relaxation.min_marginals(found.multipliers)
+        marginals = relaxation.min_marginals(found.multipliers, found.shares)
         binding = np.flatnonzero(found.multipliers > 0)
         if fitting is not None and marginals is not None:
             bound, plan, marginals, again = _within(problem, fitting, marginals, relaxation)
@@ -285,7 +285,7 @@ def _within(
     plan = None
     if again.best is not None:
         plan = _Found(_original(again.best.choice, fitting), again.best.objective)
-    inner = relaxation.min_marginals(again.multipliers)
+    inner = relaxation.min_marginals(again.multipliers, again.shares)
     binding = np.flatnonzero(again.multipliers > 0)
     return _rounded_up(again.bound), plan, _widened(marginals, inner, fitting), binding
 

@@ -116,6 +116,71 @@ def test_wide_indicators_are_bounded_from_below(seed, monkeypatch):
     assert relaxed.peak == problem.peak(relaxed.choice)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_each_option_bounds_its_indicator(seed, monkeypatch):
+    """With every indicator too wide for one table, each of its options from below is at most
+    it at every plan, each from above at least it: any mix of them is a bound."""
+    monkeypatch.setattr(lagrange, "DENSE", 1)
+    problem = random_problem(seed, memory=True)
+    bound = Relaxation(problem).bound(None)
+    everywhere = list(plans(problem))
+    truth = np.array([problem.indicator_table.values(x) for x in everywhere], np.float64)
+    wide = 0
+    for i in range(len(problem.indicators)):
+        for upper in (False, True):
+            options = bound.options(i, upper)
+            wide += len(options.alternatives) > 1
+            assert options.start.sum() == pytest.approx(1.0)
+            values = np.array([options.values(x) for x in everywhere])
+            if upper:
+                assert (values >= truth[:, [i]] - 1e-9).all()
+            else:
+                assert (values <= truth[:, [i]] + 1e-9).all()
+    assert wide or not problem.indicators
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_any_mix_of_the_options_bounds_the_subproblem(seed, monkeypatch):
+    """The options of every wide indicator mixed at random: the subproblem's value never
+    exceeds the relaxed function's minimum."""
+    monkeypatch.setattr(lagrange, "DENSE", 1)
+    problem = random_problem(seed, memory=True)
+    rng = np.random.default_rng(seed)
+    relaxation = Relaxation(problem)
+    multipliers = rng.random(relaxation.rows) * 3
+    _, coefficients = relaxation.weighted(multipliers)
+    _, bounded = relaxation.exact_and_bounded(coefficients, None)
+    shares = {i: (options, rng.dirichlet(np.ones(len(options.start)))) for i, _, options in bounded}
+    relaxed = relaxation.solve(multipliers, shares)
+    assert relaxed.value <= relaxed_minimum(problem, multipliers) + 1e-6
+
+
+def test_the_mix_of_an_ors_options_moves_the_bound_to_its_best():
+    """OR(g0 in {0}, g1 in {0}) holds 8 bytes, budget 5, g0 = 1 costs 10 and g1 = 1 costs 4:
+    only (1, 1) fits (cost 14). Exact, L(lam) = min(3 lam, 14 - 5 lam) peaks at 5.25. Too
+    wide for a table (DENSE 1), the OR is at least each literal, and at least 0; mixed evenly
+    it holds 4 bytes at (0, 1), L = min(3 lam, 4 - lam, 14 - 5 lam) peaks at 3 (lam = 1).
+    Mixed (3/4, 1/4): min(3 lam, 4 + lam, 10 - 3 lam, 14 - 5 lam) peaks at 5 (lam = 5/3);
+    the best mix, 3/4 + t/8 on g0's literal, 1/4 - t/8 on g1's: with lam = (10 + t)/6,
+    3 lam = 14 - 5 lam at t = 1/2, a bound of 5.25, the exact one's. The steps move the
+    mix there."""
+    either = Indicator(False, (Chosen(0, frozenset({0})), Chosen(1, frozenset({0}))))
+    rows = MemoryRows.of((MemoryRow(0, (), ((0, 8),)),))
+    problem = Problem((2, 2), ((0, 10), (0, 4)), (), rows, 5, 1.0, (either,))
+    assert dual(problem, iterations=200, relaxation=Relaxation(problem)).bound == pytest.approx(
+        5.25, abs=1e-3
+    )
+    weak = Relaxation(problem, exact_up_to=1)
+    assert weak.solve(np.array([1.0])).value == pytest.approx(3.0)
+    options = weak.bound(None).options(0)
+    assert options.start.tolist() == [0.5, 0.5, 0.0]
+    mixed = {0: (options, np.array([0.75, 0.25, 0.0]))}
+    assert weak.solve(np.array([5 / 3]), mixed).value == pytest.approx(5.0)
+    stepped = dual(problem, iterations=200, relaxation=weak)
+    assert 5.2 < stepped.bound <= 5.25 + 1e-6
+    assert stepped.best.choice == (1, 1)
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_the_dual_bound_is_below_the_optimum_and_its_plans_fit(seed):
     problem = random_problem(seed, memory=True)
