@@ -225,7 +225,7 @@ class Relaxation:
         pieces += exact
         constant = 0.0
         for i, weight, options in bounded:
-            parts, extra = options.mixed(options.of(shares, i))
+            parts, extra = options.mixed(options.mix(shares, i))
             pieces += [(scope, weight * table) for scope, table in parts]
             constant += weight * extra
         found, fixed = self.tables(pieces)
@@ -564,7 +564,7 @@ class _Options:
     alternatives: tuple[tuple[Pieces, float], ...]
     start: np.ndarray
 
-    def of(self, shares: Shares | None, i: int) -> np.ndarray:
+    def mix(self, shares: Shares | None, i: int) -> np.ndarray:
         """The mix `shares` gives these options, the options of indicator i."""
         options, mix = (shares or {}).get(i, (None, self.start))
         return mix if options is self else self.start
@@ -587,8 +587,9 @@ class _Options:
         ])  # fmt: skip
 
 
-def _one(tables: Pieces, constant: float = 0.0) -> _Options:
-    return _Options(((tables, constant),), np.ones(1))
+def _one(tables: Pieces) -> _Options:
+    """One bound, exact: no mix to move."""
+    return _Options(((tables, 0.0),), np.ones(1))
 
 
 class _Bound:
@@ -655,10 +656,9 @@ class _Bound:
             parts.append(([(scope, r.dense(r.joint(exact, ind.every, scope), scope))], 0.0))
         parts += [self.of(lit, upper) for lit in rest]
         if upper == ind.every:  # at most each part (an AND), at least each (an OR)
-            trivial = 1.0 if upper else 0.0
-            shares = np.zeros(len(parts) + 1)
-            shares[: 1 if upper else len(parts)] = 1.0 if upper else 1.0 / len(parts)
-            return _Options((*parts, ([], trivial)), shares)
+            start = np.zeros(len(parts) + 1)
+            start[: 1 if upper else len(parts)] = 1.0 if upper else 1.0 / len(parts)
+            return _Options((*parts, ([], 1.0 if upper else 0.0)), start)
         summed: Pieces = [piece for tables, _ in parts for piece in tables]
         constant = sum(extra for _, extra in parts)
         if not upper:  # an AND: at least the sum less one per extra part
@@ -827,7 +827,7 @@ def _stepped_shares(relaxed: Relaxed, shares: Shares | None, step: float) -> Sha
             continue
         values = options.values(relaxed.choice)
         best = int(np.argmin(values) if weight < 0 else np.argmax(values))
-        mix = (1.0 - step) * options.of(shares, i)
+        mix = (1.0 - step) * options.mix(shares, i)
         mix[best] += step
         moved[i] = (options, mix)
     return moved
