@@ -225,9 +225,9 @@ class Relaxation:
         pieces += exact
         constant = 0.0
         for i, weight, options in bounded:
-            parts, extra = options.mixed(options.mix(shares, i))
-            pieces += [(scope, weight * table) for scope, table in parts]
-            constant += weight * extra
+            parts, extra = options.mixed(weight * options.mix(shares, i))
+            pieces += parts
+            constant += extra
         found, fixed = self.tables(pieces)
         return self.fixed[0] + found, self.fixed[1] + fixed + constant, bounded
 
@@ -570,7 +570,8 @@ class _Options:
         return mix if options is self else self.start
 
     def mixed(self, shares: np.ndarray) -> tuple[Pieces, float]:
-        """The bound of this mix: each alternative's tables and constant times its share."""
+        """The bound of this mix: each alternative's tables and constant times its share (a
+        mix times a coefficient: the bound times it, the tables multiplied once)."""
         pieces: Pieces = []
         constant = 0.0
         for (tables, extra), share in zip(self.alternatives, shares.tolist(), strict=True):
@@ -578,6 +579,12 @@ class _Options:
                 pieces += [(scope, table * share) for scope, table in tables]
                 constant += extra * share
         return pieces, constant
+
+    @functools.cached_property
+    def at_start(self) -> tuple[Pieces, float]:
+        """The bound of the mix it starts from (a part of a larger indicator's options is
+        bounded so: worked out once for all of them)."""
+        return self.mixed(self.start)
 
     def values(self, choice: Sequence[int]) -> np.ndarray:
         """Each alternative's value at a plan."""
@@ -614,8 +621,7 @@ class _Bound:
         """(scope, table) pieces and a constant whose sum is at most `literal` everywhere (at
         least, when `upper`: for an indicator that takes bytes off, a saving): its
         `options` mixed as they start."""
-        options = self.options(literal, upper)
-        return options.mixed(options.start)
+        return self.options(literal, upper).at_start
 
     def options(self, literal: Literal, upper: bool = False) -> _Options:
         """The bounds of `literal` from below (from above, when `upper`), each worked out once.
