@@ -161,9 +161,8 @@ def test_the_mix_of_an_ors_options_moves_the_bound_to_its_best():
     wide for a table (DENSE 1), the OR is at least each literal, and at least 0; mixed evenly
     it holds 4 bytes at (0, 1), L = min(3 lam, 4 - lam, 14 - 5 lam) peaks at 3 (lam = 1).
     Mixed (3/4, 1/4): min(3 lam, 4 + lam, 10 - 3 lam, 14 - 5 lam) peaks at 5 (lam = 5/3);
-    the best mix, 3/4 + t/8 on g0's literal, 1/4 - t/8 on g1's: with lam = (10 + t)/6,
-    3 lam = 14 - 5 lam at t = 1/2, a bound of 5.25, the exact one's. The steps move the
-    mix there."""
+    mixed (5/7, 2/7), at lam = 7/4 all four plans are at 5.25 (3 lam; 4 + 5/7 lam; 10 - 19/7
+    lam; 14 - 5 lam), the exact bound. The steps move the mix there."""
     either = Indicator(False, (Chosen(0, frozenset({0})), Chosen(1, frozenset({0}))))
     rows = MemoryRows.of((MemoryRow(0, (), ((0, 8),)),))
     problem = Problem((2, 2), ((0, 10), (0, 4)), (), rows, 5, 1.0, (either,))
@@ -176,6 +175,8 @@ def test_the_mix_of_an_ors_options_moves_the_bound_to_its_best():
     assert options.start.tolist() == [0.5, 0.5, 0.0]
     mixed = {0: (options, np.array([0.75, 0.25, 0.0]))}
     assert weak.solve(np.array([5 / 3]), mixed).value == pytest.approx(5.0)
+    best = {0: (options, np.array([5 / 7, 2 / 7, 0.0]))}
+    assert weak.solve(np.array([7 / 4]), best).value == pytest.approx(5.25)
     stepped = dual(problem, iterations=200, relaxation=weak)
     assert 5.2 < stepped.bound <= 5.25 + 1e-6
     assert stepped.best.choice == (1, 1)
