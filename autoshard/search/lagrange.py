@@ -557,9 +557,8 @@ class _Options:
     sum of its literals less one, and at least 0) and weighs them as its duals say; one fixed
     mix may be far weaker: GPT-J's TorchScript export on 4x8 at 5 % over its lowest budget,
     5.78e8 after the first relaxation's steps, the LP 6.76e8 (the optimum 7.52e8); the mix
-    stepped too, 6.02e8, and the solve 68 -> 34 s. BART's dynamo export on 2x2x2 at 80 %:
-    30 steps 4.85e9 fixed (no step above the first), 5.06e9 stepped (the LP 5.08e9, the
-    optimum 5.082e9). `start`: the mix a relaxation starts from (the even one of an OR)."""
+    stepped too, 6.02e8, and the solve 68 -> 34 s. `start`: the mix a relaxation starts
+    from (the even one of an OR)."""
 
     alternatives: tuple[tuple[Pieces, float], ...]
     start: np.ndarray
@@ -845,7 +844,12 @@ def _share_step(done: int) -> float:
     so that the mix is the mean of the options that were best (the start counted once) and
     settles. OR(g0, g1) of `test_the_mix_of_an_ors_options_moves_the_bound_to_its_best`,
     whose bound is 3 mixed evenly and 5.25 mixed best: 5.24 after 200 steps; moved half way
-    each step, 4.58 after 20 and no higher."""
+    each step, 4.58 after 20 and no higher. Elsewhere the rules differ little (GPT-J on 4x8
+    at 5 % over its lowest budget, 40 steps: 6.02e8 this way, 5.99e8 half way, 5.98e8 half
+    the multipliers' step length), but on BART's dynamo export on 2x2x2 at 80 % this way
+    stays at 4.85e9 for 30 steps, half way reaches 5.06e9 and half the step length 5.03e9 (the
+    LP 5.08e9): there the steps' `work` allows one step, and GPT-J's solve took 45 s with
+    half the step length, 34 s this way."""
     return 1.0 / (done + 1)
 
 
