@@ -221,40 +221,28 @@ class Relaxation:
             for g in range(len(self.sizes))
             if unary[self.offsets[g] : self.offsets[g + 1]].any()
         ]
-        exact, bounded = self.exact_and_bounded(coefficients, joined)
-        pieces += exact
-        constant = 0.0
-        for i, weight, options in bounded:
-            parts, extra = options.mixed(weight * options.mix(shares, i))
-            pieces += parts
-            constant += extra
-        found, fixed = self.tables(pieces)
-        return self.fixed[0] + found, self.fixed[1] + fixed + constant, bounded
-
-    def exact_and_bounded(
-        self, coefficients: np.ndarray, joined: frozenset | None
-    ) -> tuple[Pieces, list[Bounded]]:
-        """The indicators of nonzero `coefficients` as exact tables summed over their scopes
-        (hubs and pairs: `coefficients` times them), and the rest, each with its coefficient and
-        the options bounding it (`_Bound.options`), whose exact tables join only the pairs
-        `joined` (None: any)."""
-        bound, exact = self.bound(joined), []
+        bound, constant = self.bound(joined), 0.0
         coefficients = coefficients.copy()
         for hub in (self.hubs or ()) if joined is None else ():  # (exact within pairs: none)
             weights = coefficients[hub.indicators]
             if weights.any():
-                exact.append((hub.scope, hub.table(weights)))
+                pieces.append((hub.scope, hub.table(weights)))
                 coefficients[hub.indicators] = 0.0
         for pair in self.paired:
             weights = coefficients[pair.indicators]
             if weights.any() and bound.exact(pair.scope):
-                exact.append((pair.scope, pair.table(weights)))
+                pieces.append((pair.scope, pair.table(weights)))
                 coefficients[pair.indicators] = 0.0
-        bounded = []
+        bounded: list[Bounded] = []
         for i in np.flatnonzero(coefficients).tolist():
             weight = float(coefficients[i])
-            bounded.append((i, weight, bound.options(i, upper=weight < 0)))
-        return exact, bounded
+            options = bound.options(i, upper=weight < 0)
+            parts, extra = options.mixed(weight * options.mix(shares, i))
+            pieces += parts
+            constant += extra
+            bounded.append((i, weight, options))
+        found, fixed = self.tables(pieces)
+        return self.fixed[0] + found, self.fixed[1] + fixed + constant, bounded
 
     def bound(self, joined: frozenset | None) -> _Bound:
         """The indicators' bounds whose exact tables join only the pairs `joined` (None: any),

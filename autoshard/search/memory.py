@@ -226,15 +226,12 @@ class Spans:
         1 each)."""
         order = np.argsort(keys, kind="stable")  # by key, each key's rows ascending
         key, row = keys[order], _segment_of(starts)[order]
+        amount = np.ones(len(key), np.int64) if amounts is None else amounts[order]
         opens = np.ones(len(key), bool)
-        opens[1:] = (key[1:] != key[:-1]) | (row[1:] != row[:-1] + 1)
-        if amounts is not None:
-            amount = amounts[order]
-            opens[1:] |= amount[1:] != amount[:-1]
+        opens[1:] = (key[1:] != key[:-1]) | (amount[1:] != amount[:-1]) | (row[1:] != row[:-1] + 1)
         at = np.flatnonzero(opens)
         ends = np.append(at[1:], len(key))[: len(at)] - 1
-        amount = np.ones(len(at), np.int64) if amounts is None else amount[at]
-        return Spans(key[at], amount, row[at], row[ends], len(starts) - 1)
+        return Spans(key[at], amount[at], row[at], row[ends], len(starts) - 1)
 
     def sums(self, values: np.ndarray) -> np.ndarray:
         """Each row's sum of `values[j]` over the spans j over it (exact integers)."""

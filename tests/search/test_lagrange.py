@@ -136,7 +136,7 @@ def test_each_option_bounds_its_indicator(seed, monkeypatch):
                 assert (values >= truth[:, [i]] - 1e-9).all()
             else:
                 assert (values <= truth[:, [i]] + 1e-9).all()
-    assert wide or not problem.indicators
+    assert wide
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -148,8 +148,8 @@ def test_any_mix_of_the_options_bounds_the_subproblem(seed, monkeypatch):
     rng = np.random.default_rng(seed)
     relaxation = Relaxation(problem)
     multipliers = rng.random(relaxation.rows) * 3
-    _, coefficients = relaxation.weighted(multipliers)
-    _, bounded = relaxation.exact_and_bounded(coefficients, None)
+    _, _, bounded = relaxation.subproblem(multipliers)
+    assert any(len(options.start) > 1 for _, _, options in bounded)
     shares = {i: (options, rng.dirichlet(np.ones(len(options.start)))) for i, _, options in bounded}
     relaxed = relaxation.solve(multipliers, shares)
     assert relaxed.value <= relaxed_minimum(problem, multipliers) + 1e-6
