@@ -2,6 +2,7 @@
 the cost model's estimate of it (`bench/cost_fidelity.py` prints the table).
 
     measure(requested, probe) -> Fidelity      # requested: `pipeline.plan_request`'s answer
+    recorded(requested, measured, dtype)       # times kept from an earlier measure, re-priced
 
 Device 0's program of the partition, op by op: each local op runs alone on the probe's
 runtime (`cost.probes`: onnxruntime on the CPU as a one-node model; torch eager kernels on
@@ -190,8 +191,8 @@ def _torch_time(probe: TorchProbe, op_step: LocalCompute, operands: _Operands) -
             make = torch.randn if floating else torch.zeros
             args.append(make(shape, dtype=target, device=probe.device))
             continue
-        array = np.array(known)  # a writable copy
-        source = array.astype(np.float32) if array.dtype.kind == "f" else array
+        array = np.array(known)  # a writable copy; torch reads no ml_dtypes (bfloat16)
+        source = array.astype(np.float32) if target.is_floating_point else array
         args.append(torch.from_numpy(source).to(probe.device, target))
     shapes = [tuple(device.shapes[n]) for n in op.outputs if n]
     return probe.time(kernel(op, args, shapes, torch))
@@ -233,14 +234,26 @@ def measure(requested: RequestedPlan, probe: OnnxRuntimeProbe | TorchProbe) -> F
             skipped[compute.op.name] = f"{step.op.type}: {type(error).__name__}: {error}"[:200]
             continue
         measured[compute.op.name] += seconds
-    estimates = _estimates(requested, probe.dtype, program.steps)
+    timed = {name: seconds for name, seconds in measured.items() if name not in skipped}
+    return dataclasses.replace(
+        recorded(requested, timed, probe.dtype), skipped=tuple(sorted(skipped.items()))
+    )
+
+
+def recorded(requested: RequestedPlan, measured: Mapping[str, float], dtype: str) -> Fidelity:
+    """Times measured before (per op name, seconds a step, at `dtype`: a `measure` kept, on
+    a machine this one need not be) against the estimates of `requested`'s cost model:
+    how a cost model change fares on a GPU, priced without one (bench/data/h100)."""
+    graph = requested.graph
+    if unknown := sorted(set(measured) - set(graph.op_by_name)):
+        raise ValueError(f"measured ops the plan's graph lacks: {unknown[:5]}")
+    estimates = _estimates(requested, dtype, requested.planned.program.steps)
     ops = tuple(
         OpTiming(name, graph.op_by_name[name].type, op_class(requested, name), seconds,
                  estimates[name])
         for name, seconds in measured.items()
-        if name not in skipped
     )  # fmt: skip
-    return Fidelity(ops, tuple(sorted(skipped.items())))
+    return Fidelity(ops)
 
 
 def _estimates(requested: RequestedPlan, dtype: str, steps: Any) -> Mapping[str, float]:

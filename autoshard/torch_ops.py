@@ -5,7 +5,8 @@ model runs them (the fidelity bench, `autoshard.fidelity`).
 
 `args` are the op's operands as torch tensors (None where omitted), `shapes` its results' local
 shapes. The closure is what is timed; everything decided from constant operands (an
-exponent, a Split's sizes) is decided before, once. Ops whose ONNX result is a new buffer
+exponent, a Split's sizes, a one-element operand a binary op takes as a number) is decided
+before, once. Ops whose ONNX result is a new buffer
 (Transpose, Slice, Split, Expand) are made contiguous, as their kernel writes it; views
 (Reshape, Squeeze, ...) stay views. An op type without an entry has no kernel here
 (`KernelMissing`): the bench counts it apart.
@@ -33,9 +34,29 @@ def _axis(op: Op, rank: int, default: int = 0) -> int:
     return axis + rank if axis < 0 else axis
 
 
+SCALAR_SWAPPED: Mapping[str, str | None] = {
+    "add": "add", "mul": "mul", "sub": "rsub", "div": None,
+    "eq": "eq", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le",
+}  # fmt: skip
+"""Binary ops torch runs with a Python number for an operand, as a model writes `x / 8.0` or
+`1.0 - x` (the kernel reads the number once: a tensor of one element would be broadcast,
+at half the rate on a GPU), and the op taking the number second when it came first."""
+
+
+def _one_of(x: Any, other: Any) -> bool:
+    return bool(x.numel() == 1 and other.numel() > 1 and x.dim() <= other.dim())
+
+
 def _binary(name: str) -> Callable[..., Kernel]:
     def make(op: Op, args: list[Any], shapes: Shapes, torch: Any) -> Kernel:
         function, a, b = getattr(torch, name), args[0], args[1]
+        if name in SCALAR_SWAPPED and _one_of(b, a):
+            second = b.reshape(-1)[0].item()
+            return lambda: function(a, second)
+        swapped = SCALAR_SWAPPED.get(name)
+        if swapped is not None and _one_of(a, b):
+            first, function = a.reshape(-1)[0].item(), getattr(torch, swapped)
+            return lambda: function(b, first)
         return lambda: function(a, b)
 
     return make

@@ -6,6 +6,7 @@ the cost model's estimate of it (`autoshard.fidelity`).
     python bench/cost_fidelity.py --probe torch --device cuda --cluster dgx-h100 --mesh 1 \
         --models /tmp/fidelity/llama.onnx --dim batch=8 --dim seq=2048
     python bench/cost_fidelity.py --models gpt2 bert --mesh 2 --dim batch=4 --dim seq=256
+    python bench/cost_fidelity.py --measured bench/data/h100/fidelity.json   # no GPU needed
 
 For each model (a bundled model's name, or a path): `autoshard plan` on `--mesh` with the
 cluster, then device 0's program of the partition, each op timed alone by the probe
@@ -15,6 +16,10 @@ the probe's own calibration of this machine is taken (`autoshard calibrate --qui
 Printed per class (matmul, memory-bound, views) and in total: measured, estimated and their
 ratio (estimate / measured; 1.00 is exact); `--json FILE` writes the same rows and every op's.
 
+`--measured FILE` re-prices times an earlier run kept (bench/data/h100: an H100's, with
+the models of bench/fidelity_models.py) on `--cluster` (default dgx-h100): how the cost model
+fares against that GPU, on any machine.
+
 Collectives are not in these sums: the links are `autoshard calibrate --ranks N`'s.
 """
 
@@ -22,13 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from autoshard.cost.calibrate import calibrate
 from autoshard.cost.probes import OnnxRuntimeProbe, TorchProbe
-from autoshard.fidelity import Fidelity, measure
+from autoshard.fidelity import Fidelity, measure, recorded
 from autoshard.ir.onnx_import import unbound_dims
 from autoshard.pipeline import PlanRequest, plan_request
 
@@ -51,6 +57,30 @@ def run(model: str, mesh: str, dims: dict[str, int], cluster: str, probe) -> Fid
     return measure(plan_request(request), probe)
 
 
+def recorded_runs(path: Path, cluster: str) -> list[tuple[dict[str, int], dict[str, Fidelity]]]:
+    """Per run a file kept (its dims), each model's recorded times priced on `cluster`."""
+    data = json.loads(path.read_text())
+    with tempfile.TemporaryDirectory(prefix="autoshard-fidelity-") as folder:
+        models = Path(folder)
+        subprocess.run([sys.executable, str(Path(__file__).with_name("fidelity_models.py")),
+                        folder, "--layers", str(data["layers"])], check=True,
+                       capture_output=True)  # fmt: skip
+        return [(run_["dims"], _priced(run_, models, data, cluster)) for run_ in data["runs"]]
+
+
+def _priced(run_: dict, models: Path, data: dict, cluster: str) -> dict[str, Fidelity]:
+    results = {}
+    for name, measured in run_["measured_s"].items():
+        path = models / f"{name}.onnx"
+        wanted = unbound_dims(path)
+        request = PlanRequest(
+            model_path=path, mesh=data["mesh"], cluster_file=cluster, time_limit=30.0,
+            dims={k: v for k, v in run_["dims"].items() if k in wanted},
+        )  # fmt: skip
+        results[name] = recorded(plan_request(request), measured, data["dtype"])
+    return results
+
+
 def table(results: dict[str, Fidelity]) -> list[list[str]]:
     rows = [["model", "class", "ops", "measured ms", "estimated ms", "est/meas"]]
     for model, found in results.items():
@@ -60,6 +90,13 @@ def table(results: dict[str, Fidelity]) -> list[list[str]]:
                 f"{total.estimated * 1e3:.3f}", f"{total.ratio:.2f}",
             ])  # fmt: skip
     return rows
+
+
+def show(rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.rjust(w) if i >= 2 else c.ljust(w)
+                        for i, (c, w) in enumerate(zip(r, widths, strict=True))))  # fmt: skip
 
 
 def main() -> int:
@@ -73,7 +110,14 @@ def main() -> int:
     parser.add_argument("--worst", type=int, default=0, metavar="N",
                         help="also list each model's N ops the estimate misses most")  # fmt: skip
     parser.add_argument("--json", metavar="FILE", help="write the rows and every op here")
+    parser.add_argument("--measured", type=Path, metavar="FILE",
+                        help="price the times a run kept (bench/data/h100)")  # fmt: skip
     args = parser.parse_args()
+    if args.measured:
+        for dims, results in recorded_runs(args.measured, args.cluster or "dgx-h100"):
+            print(" x ".join(f"{k} {v}" for k, v in dims.items()))
+            show(table(results))
+        return 0
     dims = DIMS | {k: int(v) for k, v in (d.split("=") for d in args.dim)}
     probe = OnnxRuntimeProbe() if args.probe == "onnxruntime" else TorchProbe(args.device)
     cluster = args.cluster
@@ -91,10 +135,7 @@ def main() -> int:
         for name, why in found.skipped:
             print(f"{model}: not timed: {name}: {why}")
     rows = table(results)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.rjust(w) if i >= 2 else c.ljust(w)
-                        for i, (c, w) in enumerate(zip(r, widths, strict=True))))  # fmt: skip
+    show(rows)
     if args.json:
         data = {
             "probe": f"{probe.name} {probe.dtype} on {getattr(probe, 'device', 'cpu')}",

@@ -3,11 +3,12 @@ file that `autoshard plan --cluster FILE` reads.
 
 What it measures, with the kernels a plan's program runs on (`cost.probes`): onnxruntime on
 the CPU in float32 (how `autoshard run` and `verify` execute it), or torch (`--torch`: bfloat16
-kernels on CUDA, timed with CUDA events; float32 on the CPU), each time the median of
-several runs on CUDA, the fastest on a CPU (`cost.probes`):
+kernels on CUDA, bursts of them in CUDA graphs timed with CUDA events; float32 on the CPU),
+each time the median of several runs on CUDA, the fastest on a CPU (`cost.probes`):
 
 - matmul throughput: `A @ B` over square and thin shapes (on CUDA also 4096^3 and 8192^3,
-  where a GPU reaches its peak); fitted to the roofline's contraction model,
+  where a GPU reaches its peak, and a transformer layer's shapes, `LAYERS`); fitted to the
+  roofline's contraction model,
   rate = E · s(M) s(N) s(K) with s(d) = d / (d + h) (`cost.model`): h by a search over a grid
   minimising the squared error of log rates, E then in closed form (the mean of
   log rate - Σ log s). E becomes the device's peak for that dtype at efficiency 1, h its
@@ -16,18 +17,28 @@ several runs on CUDA, the fastest on a CPU (`cost.probes`):
   `matmul_cache_speedup`, the largest working set that still runs fast (chosen by the fit,
   `fit_packing`) `matmul_cache_bytes`. onnxruntime's CPU matmul packs B on every call, a
   pass over its bytes at `pack_bandwidth`, fitted with the rest (a 32x2048x2048 matmul packs
-  about as long as it multiplies). A 1024x1024x1023 matmul against
-  1024^3 gives `misaligned_efficiency` (a CPU loses nothing; a GPU about half).
+  about as long as it multiplies). On CUDA the fit takes the launch floor off each time and
+  leaves out shapes its setup or their bytes bound (`kernel_rates`: 128^3 to 1024^3 and the
+  thin shapes on an H100, where only a transformer layer's shapes and the squares from
+  2048^3 tell the tensor cores' rate). A
+  1024x1024x1023 matmul against 1024^3 (on CUDA 4096x4096x4095 against 4096^3) gives
+  `misaligned_efficiency` (a CPU loses nothing; an H100 four fifths).
 - the vector rate (every op but a contraction): on CUDA a float32 matmul without TF32 (the
   FMA units); on a CPU a Softmax in the cache at the 5 flops an element the model counts for
   it (what onnxruntime's softmax and normalization kernels reach: a third of the matmul's
   FMA rate).
 - memory bandwidth: an elementwise Add of two large arrays, the bytes read + written over the
   time.
-- cache (CPUs): the same Add with a working set of a quarter of half the last-level cache,
+- access: an Add of a row to rows (an operand read broadcast) and a transpose moving the
+  innermost axis, each against that Add's bytes per second: `strided_efficiency` and
+  `transpose_efficiency` (`cost.model.access`; an H100's eager kernels 0.52 and 0.17,
+  onnxruntime's on a CPU 1.0 and 0.3).
+- cache: on a CPU the same Add with a working set of a quarter of half the last-level cache,
   less the launch floor: the rate of an op moving at most half that cache (measured here:
-  flat up to 16 of 32 MiB, 3 to 10x the rate from memory).
-- launch floor: the same Add on one element (the shortest time a kernel takes).
+  flat up to 16 of 32 MiB, 3 to 10x the rate from memory). On CUDA half the L2, at the rate
+  of the line through Adds in it (`fit_floor`; an H100 8.5 TB/s).
+- launch floor: on a CPU the same Add on one element (the shortest time a kernel takes); on
+  CUDA that line's intercept.
 - special functions: per family (exp, log, erf, tanh, pow, sqrt, trig:
   `cost.cluster.Transcendental`), evaluations per second of one op over an array the cache
   holds (64 Ki elements on a CPU, 4 Mi on a GPU: the function's rate, not the memory's),
@@ -73,6 +84,10 @@ from autoshard.reshard import CollectiveKind, ring_bytes, ring_steps
 SQUARE = (128, 256, 512, 1024, 2048)
 BIG_SQUARE = (4096, 8192)  # a GPU reaches its peak only on these
 THIN = ((2048, 32, 2048), (2048, 2048, 32), (32, 2048, 2048), (2048, 128, 2048), (128, 4096, 4096))
+LAYERS = ((512, 4096, 4096), (4096, 4096, 1024), (16384, 1024, 4096), (16384, 4096, 4096),
+          (2048, 2048, 128))  # fmt: skip
+"""On a GPU also a transformer layer's shapes (tokens x hidden x hidden, an attention's
+context): the squares' curve alone leaves the matrix units' rate at such shapes to chance."""
 HALF_DIMS = tuple(range(1, 513))
 
 
@@ -99,6 +114,8 @@ class Calibration:
     matmul_cache_bytes: int = 0
     matmul_cache_speedup: float = 1.0
     pack_bandwidth: float = 0.0
+    strided_efficiency: float = 1.0
+    transpose_efficiency: float = 1.0
 
     @property
     def processor(self) -> str:
@@ -143,6 +160,8 @@ class Calibration:
             "matmul_cache_bytes": self.matmul_cache_bytes,
             "matmul_cache_speedup": self.matmul_cache_speedup,
             "pack_bandwidth": self.pack_bandwidth,
+            "strided_efficiency": self.strided_efficiency,
+            "transpose_efficiency": self.transpose_efficiency,
         }
 
     def to_json(self) -> dict[str, object]:
@@ -295,6 +314,27 @@ def fit_half_dim(
     return best[1], best[2], best[3]
 
 
+def kernel_rates(
+    rates: Sequence[tuple[tuple[int, int, int], float]],
+    launch: float,
+    bandwidth: float,
+    element: int,
+) -> list[tuple[tuple[int, int, int], float]]:
+    """The samples that tell a GPU's matmul rate, at the rate of their kernel: the launch
+    floor taken off (the roofline adds it to every op), and left out where the time is under
+    four launch floors (a GEMM's own setup, 2-3 floors on an H100, is no rate) or moving the
+    operands (at `bandwidth`) takes at least half of it: such a shape is bound by them, and
+    its rate says nothing of the matrix units (a 128^3 matmul is all launch)."""
+    found = []
+    for shape, rate in rates:
+        m, k, n = shape
+        seconds = 2 * m * k * n / rate
+        moving = working_set(shape, element) / bandwidth
+        if seconds > 10 * launch and moving < (seconds - launch) / 2:
+            found.append((shape, 2 * m * k * n / (seconds - launch)))
+    return found or list(rates)
+
+
 def working_set(shape: tuple[int, int, int], element: int) -> int:
     """Bytes of a matmul's operands and result."""
     m, k, n = shape
@@ -359,8 +399,28 @@ def calibrate(
     scale = 2 if quick else 1  # quick: half the dims, an eighth of the work
     square = SQUARE + (BIG_SQUARE if cuda else ())
     shapes = [(d // scale,) * 3 for d in square] + [
-        (m // scale, k // scale, n // scale) for m, k, n in THIN
+        (m // scale, k // scale, n // scale) for m, k, n in THIN + (LAYERS if cuda else ())
     ]
+    element = 2 if cuda else 4
+    cache = (gpu_cache(gpu) if gpu is not None else last_level_cache()) // 2
+    cache_rate = 0.0
+    if cuda:  # Adds in the L2, 24 KiB to 12 MiB moved: time = floor + bytes / cache rate
+        moved = [(3 * element * n, probe.add(n)) for n in (1 << p for p in range(12, 22))]
+        launch, cache_rate = fit_floor(moved)
+        progress(f"launch floor: {launch * 1e6:.2f} us per op, cache: {cache_rate / 1e9:.1f} "
+                 f"GB/s up to {cache >> 20} MiB moved per op (Adds in the L2)")  # fmt: skip
+    else:
+        launch = probe.add(1)
+        progress(f"launch floor: {launch * 1e6:.2f} us per op (a one-element Add)")
+    size = (1 << 30 if cuda else 256 << 20) // (16 if quick else 1)
+    elements = size // 4
+    copy = 3 * elements * element / probe.add(elements)  # two arrays read, one written
+    progress(f"memory: {copy / 1e9:.1f} GB/s (Add of {elements * element >> 20} MiB arrays)")
+    # Each against the Add's bytes per second, its own bytes read and written over its time.
+    strided = min(1.0, 2 * elements * element / probe.strided(elements) / copy)
+    transposed = min(1.0, 2 * elements * element / probe.transposed(elements) / copy)
+    progress(f"access: {strided:.2f} of that rate reading an operand broadcast (a row added "
+             f"to rows), {transposed:.2f} moving the innermost axis (a transpose)")  # fmt: skip
     rates: list[tuple[tuple[int, int, int], float]] = []
     for i, (m, k, n) in enumerate(shapes, 1):
         seconds = probe.matmul(m, k, n)
@@ -369,16 +429,15 @@ def calibrate(
             f"matmul {m}x{k}x{n} ({probe.dtype}): {rates[-1][1] / 1e9:.1f} GFLOP/s "
             f"({i}/{len(shapes)})"
         )
-    element = 2 if cuda else 4
     if cuda:  # GPUs model no cache level for matmuls, and pack nothing
-        peak, half, speedup = fit_half_dim(rates)
+        peak, half, speedup = fit_half_dim(kernel_rates(rates, launch, copy, element))
         private, pack = 0, 0.0
     else:
         peak, half, speedup, private, pack = fit_packing(rates, element)
     progress(f"matmul fit: {peak / 1e9:.1f} GFLOP/s at large shapes, half speed at dim {half}"
              + (f", {speedup:.2f}x up to {private >> 10} KiB of operands" if private
                 else "") + (f", B packed at {pack / 1e9:.2f} GB/s" if pack else ""))  # fmt: skip
-    d = 1024 // scale
+    d = (4096 if cuda else 1024) // scale  # a GPU's kernels differ only where they are fast
     aligned = next(rate for shape, rate in rates if shape == (d, d, d))
     odd = 2 * d * d * (d - 1) / probe.matmul(d, d, d - 1)
     misaligned = min(1.0, odd / aligned)
@@ -388,19 +447,12 @@ def calibrate(
         d = 4096 // scale
         vector = 2 * d**3 / gpu.matmul(d, d, d, dtype=gpu.torch.float32)
         progress(f"vector rate: {vector / 1e9:.1f} GFLOP/s (float32 matmul {d}^3)")
-    launch = probe.add(1)
-    progress(f"launch floor: {launch * 1e6:.2f} us per op (a one-element Add)")
-    size = (1 << 30 if cuda else 256 << 20) // (16 if quick else 1)
-    copy = 3 * size / probe.add(size // 4)
-    progress(f"memory: {copy / 1e9:.1f} GB/s (Add of {size >> 20} MiB arrays: read twice, written)")
-    cache = 0 if cuda else last_level_cache() // 2
-    cache_rate = 0.0
-    if not cuda:  # a quarter of the working set the cache keeps: well inside it
-        elements = (cache or 4 << 20) // 4 // 12
+    if cache and not cuda:  # a quarter of the working set the cache keeps: well inside it
+        elements = cache // (3 * element) // 4
         seconds = max(probe.add(elements) - launch, 1e-9)
-        cache_rate = 12 * elements / seconds if cache else 0.0
-        if cache:
-            progress(f"cache: {cache_rate / 1e9:.1f} GB/s up to {cache >> 20} MiB moved per op")
+        cache_rate = 3 * element * elements / seconds
+        progress(f"cache: {cache_rate / 1e9:.1f} GB/s up to {cache >> 20} MiB moved per op")
+    if not cuda:
         # A CPU's row kernels (softmax, normalizations: a few flops per element loaded, the
         # `OP_KINDS` count, 5 for a softmax), not the FMA peak its matmuls reach.
         count = 1 << 16
@@ -418,7 +470,7 @@ def calibrate(
     return Calibration(
         tuple(rates), peak, half, copy, launch, memory, None, probe.dtype, vector,
         tuple(special), f"{probe.name} {probe.dtype}", cache, cache_rate, misaligned,
-        private, speedup, pack,
+        private, speedup, pack, strided, transposed,
     )  # fmt: skip
 
 
@@ -435,6 +487,26 @@ def _caches() -> dict[int, int]:
             continue
         found[level] = max(found.get(level, 0), size)
     return found
+
+
+def fit_floor(samples: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """(floor seconds, bytes per second): the least-squares line time = floor + bytes / rate
+    through (bytes moved, seconds) samples. On a GPU a kernel that moves data costs more
+    than an empty one (memory latency, its blocks' tail): the floor a model's small ops pay
+    is this intercept, not a one-element Add's time (1.4 against ~2 us on an H100)."""
+    xs, ys = [float(x) for x, _ in samples], [y for _, y in samples]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mean_x) ** 2 for x in xs
+    )  # fmt: skip
+    slope = max(slope, 1e-18)
+    return max(mean_y - slope * mean_x, 0.0), 1.0 / slope
+
+
+def gpu_cache(gpu: TorchProbe) -> int:
+    """Bytes of the GPU's L2 cache (0 where torch does not say)."""
+    properties = gpu.torch.cuda.get_device_properties(gpu.device)
+    return int(getattr(properties, "L2_cache_size", 0))
 
 
 def last_level_cache() -> int:

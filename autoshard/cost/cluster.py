@@ -76,8 +76,12 @@ class DeviceKind:
     family not listed runs at `default_flops` over the instructions it takes
     (`cost.model.TRANSCENDENTAL_FLOPS`). cache_bytes, cache_bandwidth: an op moving at most
     cache_bytes streams from a cache at cache_bandwidth instead (0: not modelled; CPUs, whose
-    last-level cache holds the activations a small forward passes from op to op).
+    last-level cache holds the activations a small forward passes from op to op, and GPUs'
+    L2, where what the last kernel wrote is read by the next).
     misaligned_efficiency: what a matmul with a dim off 16-byte alignment keeps of its rate.
+    strided_efficiency, transpose_efficiency: what a memory-bound kernel keeps of the
+    streaming rate when it reads an operand broadcast or out of its result's order, and when
+    that order moves the innermost axis (`cost.model.access`; 1: not modelled).
     matmul_cache_bytes, matmul_cache_speedup: a matmul whose operands and result fit in
     matmul_cache_bytes runs matmul_cache_speedup times faster (0, 1: not modelled; CPUs'
     private caches). pack_bandwidth: bytes/s at which a matmul re-lays out its second operand
@@ -103,6 +107,8 @@ class DeviceKind:
     cache_bytes: int = 0
     cache_bandwidth: float = 0.0
     misaligned_efficiency: float = 0.5
+    strided_efficiency: float = 1.0
+    transpose_efficiency: float = 1.0
     matmul_cache_bytes: int = 0
     matmul_cache_speedup: float = 1.0
     pack_bandwidth: float = 0.0
@@ -120,7 +126,14 @@ DEVICES = {
     # H100 SXM5 datasheet: 989 TFLOP/s bf16/fp16 dense (1979 fp8/int8), 67 fp32 (non-tensor),
     # 80 GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s bidirectional = 450 per direction. DGX H100:
     # 8 GPUs, one ConnectX-7 400 Gb/s NIC each = 50 GB/s. cuBLAS bf16 GEMMs of 8192^3 reach
-    # ~0.8 of peak; a streaming copy ~0.85 of HBM bandwidth.
+    # ~0.8 of peak; a streaming copy ~0.85 of HBM bandwidth. Measured on an H100 80GB HBM3
+    # (torch 2.11 eager kernels, bfloat16, CUDA graphs: bench/kernel_access.py and
+    # `autoshard calibrate --torch`): a matmul with a dim off alignment (4096x4096x4095) runs
+    # at 0.19 of 4096^3's rate (cuBLAS's fallback kernels); an elementwise kernel reading an
+    # operand broadcast (a bias, a mask, a norm's divisor) or permuted at 0.47-0.55 of a
+    # contiguous Add's bytes per second, a transpose moving the innermost axis at 0.17; an op
+    # moving at most half the 50 MB L2 (what its producer just wrote stays there) at 7.9-8.5
+    # TB/s. The fidelity of this preset against those kernels: bench/data/h100.
     "h100": DeviceKind(
         "NVIDIA H100 SXM5 80GB",
         {"bfloat16": 989e12, "float16": 989e12, "float8e4m3fn": 1979e12, "int8": 1979e12},
@@ -130,6 +143,11 @@ DEVICES = {
         hbm_bandwidth=3.35e12,
         matmul_efficiency=0.8,
         memory_efficiency=0.85,
+        misaligned_efficiency=0.2,
+        strided_efficiency=0.5,
+        transpose_efficiency=0.17,
+        cache_bytes=25 << 20,
+        cache_bandwidth=8e12,
     ),
     # A100 SXM4 80GB datasheet: 312 TFLOP/s bf16/fp16 (624 int8), 19.5 fp32, HBM2e at
     # 2.039 TB/s, NVLink 3 600 GB/s bidirectional = 300 per direction. DGX A100: 8 GPUs, one

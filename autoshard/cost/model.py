@@ -22,12 +22,22 @@ runs Π ceil(s_i / g_i) iterations per device (its local shard), so
               elements at the table's dtype. `reads`, `writes` count passes (`OP_KINDS`).
     special = iterations, for an op evaluating a transcendental function per element (exp,
               erf, tanh, a general power, ...: `Transcendental`), else 0
-    time    = max(FLOPs / (peak · efficiency), bytes / (bandwidth · memory efficiency),
-              special / rate(family)) + launch
+    time    = max(FLOPs / (peak · efficiency), bytes / (bandwidth · memory efficiency ·
+              access), special / rate(family)) + launch
     bandwidth = the cache's if the device models one and bytes <= its size, else HBM's
+    access  = 1 for a contraction, a lookup or an op reading every operand in the order it
+              writes; `strided_efficiency` for one reading an operand broadcast (a bias, a
+              mask, a norm's divisor: not a fused row kernel's parameters, not a one-element
+              constant, which kernels take as a number) or permuted, or cutting an inner
+              axis (Split, Slice, Concat, Pad); `transpose_efficiency` for one reading an
+              operand whose innermost axis is not the result's (`access`)
 
 the largest of the times its arithmetic, its memory traffic and its special functions need
-at the rates real kernels reach, plus the shortest time any kernel takes. A special function
+at the rates real kernels reach, plus the shortest time any kernel takes. Memory traffic
+streams at the full rate only in order: a GPU's elementwise kernel with a broadcast or
+permuted operand loses its vectorized loads (half the rate on an H100), a transpose of the
+innermost axis its coalesced ones (a sixth); a GPU's L2, like a CPU's last-level cache, holds
+what the last kernel wrote for the next (bench/data/h100 holds the measurements). A special function
 costs many instructions per element (a polynomial after a range reduction), so where the
 vector units are slow next to memory (CPUs: Erf runs at a quarter of Neg's rate, a general
 Pow at a fortieth) it, not memory, bounds the op; `rate(family)` is the device's measured
@@ -41,7 +51,7 @@ Gemm, Einsum, Conv, and gradient ops derived from them) runs on the matrix units
 efficiency falls for small and thin shapes and for misaligned ones: with M, N, K the local
 sizes of its loops indexing the first data operand only, the second only, and its reductions,
 
-    efficiency = matmul_efficiency · s(M) · s(N) · s(K) · (misaligned_efficiency, 1/2 on GPUs,
+    efficiency = matmul_efficiency · s(M) · s(N) · s(K) · (misaligned_efficiency, 1/5 on an H100,
                  if M, N or K is not a multiple of 16 bytes' worth of elements)
                  · (matmul_cache_speedup if M·K + K·N + M·N elements fit in
                  matmul_cache_bytes), s(d) = d / (d + h)
@@ -49,7 +59,8 @@ sizes of its loops indexing the first data operand only, the second only, and it
 where h (`matmul_half_dim`, 64 on GPUs: half a 128-wide tile) is the dim at which a kernel
 runs at half speed: a 128x128 output tile fed a dim of 64 idles half its lanes, while dims of
 thousands give s ≈ 1. Tensor cores need 16-byte aligned leading dims; cuBLAS falls back to
-slower kernels otherwise (about 2x). A CPU's matmul whose operands and result stay in the
+slower kernels otherwise (measured on an H100: a fifth of the rate; 2x slower on older
+GPUs). A CPU's matmul whose operands and result stay in the
 cores' private caches runs several times faster than one streaming them from the shared
 cache (`autoshard calibrate` measures both; GPUs model no such level). A CPU's BLAS also
 re-lays out (packs) B of A @ B on every call when B is no constant, a pass over its bytes at
@@ -69,6 +80,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from autoshard.cost.cluster import Cluster, DeviceKind, Transcendental
 from autoshard.ir import dtypes
@@ -114,8 +126,9 @@ TRANSCENDENTAL_FLOPS: Mapping[Transcendental, int] = {
 class OpKind:
     """How an op type computes, beyond its loops: FLOPs per iteration (None: 2 with a reduction
     loop, else 1), passes over its operands and results, whether operand 0 is a table it looks
-    rows up in, whether it is a view (no kernel at all), and the special function it evaluates
-    once per iteration, if any."""
+    rows up in, whether it is a view (no kernel at all), the special function it evaluates
+    once per iteration, if any, and whether it is a fused row kernel (a softmax, a norm) that
+    reads its broadcast parameters once per row, not per element (`access`)."""
 
     flops: int | None = None
     reads: float = 1.0
@@ -123,6 +136,7 @@ class OpKind:
     lookup: bool = False
     view: bool = False
     special: Transcendental | None = None
+    fused: bool = False
 
 
 VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity",
@@ -142,7 +156,7 @@ OP_KINDS: Mapping[str, OpKind] = {
     # one normalizing (eager kernels keep short rows in registers, long rows are read again).
     # Its exp is inside the fused row kernel, counted among the 5 (a CPU's vector rate is
     # measured on a softmax; a GPU's softmax is memory-bound).
-    **dict.fromkeys(("Softmax", "LogSoftmax"), OpKind(flops=5, reads=2)),
+    **dict.fromkeys(("Softmax", "LogSoftmax"), OpKind(flops=5, reads=2, fused=True)),
     # One special function per element (Sigmoid, Softplus and the ELUs are an exp and a few
     # flops; Gelu an erf, or a tanh when approximate: `special`).
     **dict.fromkeys(
@@ -158,11 +172,12 @@ OP_KINDS: Mapping[str, OpKind] = {
         OpKind(special=Transcendental.TRIG),
     ),  # fmt: skip
     # Layer and RMS norms: one pass for the mean / mean square, one to normalize and scale.
-    "LayerNormalization": OpKind(flops=8, reads=2),
-    "RMSNormalization": OpKind(flops=4, reads=2),
-    "GroupNormalization": OpKind(flops=8, reads=2),
-    "InstanceNormalization": OpKind(flops=8, reads=2),
-    "BatchNormalization": OpKind(flops=2),  # inference: a scale and a shift per element
+    "LayerNormalization": OpKind(flops=8, reads=2, fused=True),
+    "RMSNormalization": OpKind(flops=4, reads=2, fused=True),
+    "GroupNormalization": OpKind(flops=8, reads=2, fused=True),
+    "InstanceNormalization": OpKind(flops=8, reads=2, fused=True),
+    # inference: a scale and a shift per element
+    "BatchNormalization": OpKind(flops=2, fused=True),
 }
 """Op types whose cost differs from the default `OpKind()`: one pass over the data at the
 FLOPs the loops imply. Any other type, a derived gradient op included, is priced by the
@@ -344,7 +359,10 @@ def op_cost(
     rate = device.default_flops if efficiency is None else device.peak(dtype) * efficiency
     cached = 0 < moved <= device.cache_bytes and device.cache_bandwidth > 0
     bandwidth = device.cache_bandwidth if cached else device.hbm_bandwidth
-    seconds = max(flops / rate, moved / (bandwidth * device.memory_efficiency))
+    bandwidth *= device.memory_efficiency
+    if efficiency is None and rule is not None and not op_kind(op).lookup:
+        bandwidth *= access_efficiency(device, access(op, rule, graph))
+    seconds = max(flops / rate, moved / bandwidth)
     if efficiency is not None and device.pack_bandwidth > 0 and rule is not None:
         seconds += _second_operand_bytes(op, rule, option, graph, mesh) / device.pack_bandwidth
     family = special(op, graph)
@@ -352,6 +370,67 @@ def op_cost(
         seconds = max(seconds, _iterations(op, rule, option, graph, mesh) / special_rate(
             device, family))  # fmt: skip
     return OpCost(flops, moved, seconds + device.launch_s)
+
+
+class Access(StrEnum):
+    """How a memory-bound kernel reads its operands against the order it writes (`access`)."""
+
+    STREAM = "stream"
+    STRIDED = "strided"
+    TRANSPOSED = "transposed"
+
+
+def access(op: Op, rule: OpRule, graph: Graph) -> Access:
+    """STREAM when every data operand is read in the order the first result is written;
+    TRANSPOSED when one is read permuted with another innermost loop; STRIDED when one is
+    read permuted otherwise, or broadcast (a loop of the result it lacks; not in a fused row
+    kernel, which reads its parameters once per row), or when the result is a region of an
+    axis inside a larger one (a Split, Slice or Concat along an inner axis: rows of a stride).
+    Loops of one iteration do not count, nor a one-element constant (kernels take it as a
+    number). The loops are the rule's, whole: a shard keeps their order."""
+    sizes = [loop.size for loop in rule.loops]
+
+    def order(indexing: IndexingMap) -> list[int]:
+        return [
+            loop for dim in range(len(indexing.dims)) for loop in indexing.loops(dim)
+            if sizes[loop] > 1
+        ]  # fmt: skip
+
+    written = order(rule.results[0]) if rule.results else []
+    found = Access.STRIDED if _inner_region(op, graph) else Access.STREAM
+    for name, indexing in zip(op.inputs, rule.operands, strict=False):
+        if not name or indexing is None or _scalar(graph, name) is not None:
+            continue
+        read = order(indexing)
+        common_read = [loop for loop in read if loop in written]
+        common_written = [loop for loop in written if loop in read]
+        if common_read != common_written:
+            if common_read[-1] != common_written[-1]:
+                return Access.TRANSPOSED
+            found = Access.STRIDED
+        elif not op_kind(op).fused and set(written) - set(read):
+            found = Access.STRIDED
+    return found
+
+
+REGIONS = frozenset({"Split", "Slice", "Concat", "Pad"})
+"""Ops whose result is a region of their operand along some axes (or the reverse)."""
+
+
+def _inner_region(op: Op, graph: Graph) -> bool:
+    """Whether `op` cuts or joins along an axis inside another of more than one element."""
+    if op.type not in REGIONS or not op.inputs[0] or not op.outputs or not op.outputs[0]:
+        return False
+    shape, result = graph.values[op.inputs[0]].shape, graph.values[op.outputs[0]].shape
+    changed = [k for k, (a, b) in enumerate(zip(shape, result, strict=False)) if a != b]
+    return bool(changed) and any(size > 1 for size in shape[: changed[0]])
+
+
+def access_efficiency(device: DeviceKind, pattern: Access) -> float:
+    """The fraction of the streaming rate a memory-bound kernel keeps reading by `pattern`."""
+    if pattern is Access.TRANSPOSED:
+        return device.transpose_efficiency
+    return device.strided_efficiency if pattern is Access.STRIDED else 1.0
 
 
 def _second_operand_bytes(

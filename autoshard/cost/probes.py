@@ -7,10 +7,15 @@
   off every time, so what is left is the kernel's; numpy was the CPU's probe before, but its
   matmuls ran twice as fast as onnxruntime's (MLAS) at the shapes plans give, and its
   transcendentals at other rates: a calibration must measure the kernels the program runs.
-- `TorchProbe`: torch eager kernels on CUDA (bfloat16, CUDA events around each call: the
-  kernel's device time) or on the CPU (float32, the wall time of the call on one thread:
-  the same code, testable without a GPU; threads waiting on each other on a shared machine
-  take scheduler quanta, not kernel time).
+- `TorchProbe`: torch eager kernels on CUDA (bfloat16; the kernel's device time: a burst of
+  calls captured in a CUDA graph and replayed between CUDA events, over the calls) or on
+  the CPU (float32, the wall time of the call on one thread: the same code, testable without
+  a GPU; threads waiting on each other on a shared machine take scheduler quanta, not kernel
+  time). On CUDA the graph takes the host out: an eager call timed alone between events also
+  times the host launching it into an idle GPU (10-40 us a call on the H100 machine
+  measured, where the kernels of a small op take 3-5), which a running program hides behind
+  the kernels queued ahead. A kernel that cannot be captured (one that waits on the host)
+  is timed as the same burst queued eagerly.
 
 Each time is taken over at least `repeats` runs and as many as fit in `budget` seconds,
 after a warm-up: on CUDA their median (device time, which other processes barely move); on
@@ -31,6 +36,12 @@ from autoshard.cost.cluster import Transcendental
 
 REPEATS = 5
 BUDGET = 0.05
+ROW, HEADS, PERM = 1024, 8, (1, 2, 0)
+"""The access probes' shapes: an Add of a row [ROW] to rows (a bias: read broadcast), and a
+Transpose of [n, HEADS, ROW] to [HEADS, ROW, n] (an attention's keys turned: the innermost
+axis moves), `cost.model.access`'s STRIDED and TRANSPOSED."""
+BURST, BURST_SECONDS = 64, 1e-3
+"""On CUDA each timed replay runs a kernel up to BURST times, about BURST_SECONDS of it."""
 
 
 def best_time(run: Callable[[], object], repeats: int = REPEATS, budget: float = BUDGET) -> float:
@@ -82,9 +93,13 @@ class OnnxRuntimeProbe:
         return max(0.0, seconds - self.overhead)
 
     def node(
-        self, op_type: str, inputs: Sequence[np.ndarray], constant: float | None = None
+        self,
+        op_type: str,
+        inputs: Sequence[np.ndarray],
+        constant: float | None = None,
+        **attributes: Any,
     ) -> float:
-        proto = single_node(op_type, inputs, constant)
+        proto = single_node(op_type, inputs, constant, **attributes)
         return self.run_model(proto, {f"x{i}": a for i, a in enumerate(inputs)})
 
     def matmul(self, m: int, k: int, n: int) -> float:
@@ -101,13 +116,23 @@ class OnnxRuntimeProbe:
         x = np.random.default_rng(0).standard_normal((elements // 128, 128), dtype=np.float32)
         return self.node("Softmax", [x])
 
+    def strided(self, elements: int) -> float:
+        x, row = np.ones((elements // ROW, ROW), np.float32), np.ones(ROW, np.float32)
+        return self.node("Add", [x, row])
+
+    def transposed(self, elements: int) -> float:
+        x = np.ones((elements // (HEADS * ROW), HEADS, ROW), np.float32)
+        return self.node("Transpose", [x], perm=PERM)
+
     def special(self, family: Transcendental, elements: int) -> float:
         op_type, constant = SPECIAL_OPS[family]
         x = np.random.default_rng(0).uniform(0.5, 2.0, elements).astype(np.float32)
         return self.node(op_type, [x], constant)
 
 
-def single_node(op_type: str, inputs: Sequence[np.ndarray], constant: float | None = None) -> Any:
+def single_node(
+    op_type: str, inputs: Sequence[np.ndarray], constant: float | None = None, **attributes: Any
+) -> Any:
     """A model of one node reading inputs x0.. (and a constant scalar operand) into y."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -115,7 +140,9 @@ def single_node(op_type: str, inputs: Sequence[np.ndarray], constant: float | No
     initializers = []
     if constant is not None:
         initializers.append(numpy_helper.from_array(np.array(constant, np.float32), "c"))
-    node = helper.make_node(op_type, [*names, *(["c"] if constant is not None else [])], ["y"])
+    node = helper.make_node(
+        op_type, [*names, *(["c"] if constant is not None else [])], ["y"], **attributes
+    )
     graph = helper.make_graph(
         [node], "probe",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in zip(
@@ -154,16 +181,46 @@ class TorchProbe:
         torch = self.torch
         run()
         torch.cuda.synchronize(self.device)
+        once = self._events(run)
+        calls = max(1, min(BURST, int(BURST_SECONDS / max(once, 1e-7))))
+        replay = self._captured(run, calls)
         times: list[float] = []
         while len(times) < self.repeats or (sum(times) < self.budget and len(times) < 200):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
+            times.append(self._events(replay) / calls)
         return statistics.median(times)
+
+    def _events(self, run: Callable[[], object]) -> float:
+        """Device seconds between CUDA events recorded around `run`."""
+        start = self.torch.cuda.Event(enable_timing=True)
+        end = self.torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1e3
+
+    def _captured(self, run: Callable[[], object], calls: int) -> Callable[[], object]:
+        """`calls` runs of `run` as one CUDA graph's replay; queued eagerly where the kernels
+        cannot be captured."""
+        torch = self.torch
+
+        def eager() -> None:
+            for _ in range(calls):
+                run()
+
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        try:
+            with torch.cuda.stream(side):  # torch's recipe: warm up on a side stream first
+                run()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            with torch.cuda.graph(graph):
+                eager()
+        except Exception:  # a kernel that waits on the host (or any capture error)
+            torch.cuda.synchronize(self.device)
+            return eager
+        return graph.replay
 
     def tensor(self, *shape: int, dtype: Any = None) -> Any:
         generator = self.torch.Generator().manual_seed(0)
@@ -182,6 +239,14 @@ class TorchProbe:
     def softmax(self, elements: int) -> float:
         x = self.tensor(elements // 128, 128)
         return self.time(lambda: self.torch.softmax(x, -1))
+
+    def strided(self, elements: int) -> float:
+        x, row = self.tensor(elements // ROW, ROW), self.tensor(ROW)
+        return self.time(lambda: self.torch.add(x, row))
+
+    def transposed(self, elements: int) -> float:
+        x = self.tensor(elements // (HEADS * ROW), HEADS, ROW)
+        return self.time(lambda: x.permute(*PERM).contiguous())
 
     def special(self, family: Transcendental, elements: int) -> float:
         torch, x = self.torch, self.tensor(elements)

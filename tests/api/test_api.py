@@ -19,9 +19,10 @@ from autoshard.mlir import parse_module
 from .conftest import MODELS, UPLOAD_LIMIT, Server
 
 MLP = MODELS / "mlp.onnx"
-# 100 KB per device: replicated weights (DP) do not fit, so the plan splits the batch over
-# mesh axis 0 and the weights' rows over axis 1, and all-gathers the hidden activation over
-# axis 1 before the second Gemm.
+# 100 KB per device: replicated weights (DP) do not fit, so the plan splits the first Gemm's
+# weight rows over mesh axis 1 and the second's over both axes, and all-gathers the hidden
+# activation over axis 1 before the second Gemm (since the H100 preset prices its L2 and
+# access patterns, measured: the batch split over axis 0 before, 1.2 ns dearer now).
 FIELDS = {"mesh": "2x2", "dims": '{"batch": 8}', "memory": "100KB"}
 CLI_FLAGS = ["--mesh", "2x2", "--dim", "batch=8", "--memory", "100KB"]
 
@@ -60,7 +61,7 @@ def test_plan_is_what_autoshard_plan_json_prints(
     collectives = [
         (c["kind"], c["mesh_axes"], c["bytes_per_device"]) for c in done["plan"]["collectives"]
     ]
-    assert collectives == [("all_gather", [1], 2048)]
+    assert collectives == [("all_gather", [1], 4096)]
 
 
 def test_plan_json_is_what_autoshard_plan_o_writes(
@@ -82,16 +83,16 @@ def test_spmd_program(server: Server, done: dict[str, Any]) -> None:
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text
     assert "mesh.mesh @mesh0(shape = 2x2)" in text
-    # Per-device types: x [8, 64] split 2 ways, the weights' rows 2 ways.
+    # Per-device types: x [8, 64] whole, the first weight's rows 2 ways, the second's 4 ways.
     assert (
-        "func.func @main_graph(%arg0: tensor<4x64xf32>, %arg1: tensor<128x64xf32>, "
-        "%arg2: tensor<128xf32>, %arg3: tensor<32x256xf32>, %arg4: tensor<32xf32>) "
-        "-> tensor<4x32xf32> {"
+        "func.func @main_graph(%arg0: tensor<8x64xf32>, %arg1: tensor<128x64xf32>, "
+        "%arg2: tensor<128xf32>, %arg3: tensor<16x256xf32>, %arg4: tensor<16xf32>) "
+        "-> tensor<8x16xf32> {"
     ) in text
     gathers = [line.strip() for line in text.splitlines() if "mesh.all_gather" in line]
     assert gathers == [
         "%3 = mesh.all_gather %_1_Relu_output_0 on @mesh0 mesh_axes = [1] gather_axis = 1 : "
-        "tensor<4x128xf32> -> tensor<4x256xf32>"
+        "tensor<8x128xf32> -> tensor<8x256xf32>"
     ]
     module = parse_module(text)
     assert str(module.to_program().mesh) == "2x2"
@@ -103,7 +104,7 @@ def test_report(server: Server, done: dict[str, Any]) -> None:
     assert response.headers["content-type"].startswith("text/markdown")
     lines = response.text.splitlines()
     assert lines[0] == "# Plan: mlp.onnx batch=8 on mesh 2x2"
-    assert "| memory | 71.62 KiB of 97.66 KiB (73.3%) |" in lines
+    assert "| memory | 62.56 KiB of 97.66 KiB (64.1%) |" in lines
     assert "## Collectives (1)" in lines
     for name, op in done["plan"]["ops"].items():
         assert f"| `{name}` | {op['type']} | `{op['sharding_option']}` |" in lines

@@ -11,10 +11,12 @@ from autoshard.cli import main
 from autoshard.cost.calibrate import (
     PACK_RATES,
     LinkSample,
+    fit_floor,
     fit_half_dim,
     fit_link,
     fit_links,
     fit_packing,
+    kernel_rates,
     working_set,
 )
 from autoshard.cost.cluster import ClusterError, device_kind, make_cluster
@@ -32,6 +34,29 @@ def test_the_fit_recovers_the_curve_it_was_drawn_from():
     rates = [(s, 1e11 * math.prod(d / (d + 48) for d in s)) for s in shapes]
     peak, half, speedup = fit_half_dim(rates)
     assert half == 48 and peak == pytest.approx(1e11) and speedup == 1.0
+
+
+def test_a_gpus_samples_are_kernel_rates_where_they_tell_one():
+    """Launch 2 us, 3 TB/s: 128^3 in 3 us is launch-bound (under 10 floors), 16384x32x16384
+    moves 539 MB (180 us): bound by them in 300 us, kept in 500; 4096^3 in 190 us is kept at
+    its rate with the launch taken off."""
+    thin = (16384, 32, 16384)
+    flops = {s: 2 * math.prod(s) for s in [(128,) * 3, thin, (4096,) * 3]}
+    assert working_set(thin, 2) / 3e12 == pytest.approx(179.6e-6, rel=1e-3)
+    rates = [((128,) * 3, flops[(128,) * 3] / 3e-6), (thin, flops[thin] / 300e-6),
+             ((4096,) * 3, flops[(4096,) * 3] / 190e-6)]  # fmt: skip
+    kept = dict(kernel_rates(rates, 2e-6, 3e12, 2))
+    assert list(kept) == [(4096,) * 3]
+    assert kept[(4096,) * 3] == pytest.approx(flops[(4096,) * 3] / 188e-6)
+    rates[1] = (thin, flops[thin] / 500e-6)
+    assert list(dict(kernel_rates(rates, 2e-6, 3e12, 2))) == [thin, (4096,) * 3]
+
+
+def test_the_floor_is_the_intercept_of_time_against_bytes():
+    """Adds at 2 us + bytes / 8 TB/s: the line gives both back."""
+    samples = [(n, 2e-6 + n / 8e12) for n in (24 << 10, 1 << 20, 6 << 20, 12 << 20)]
+    floor, rate = fit_floor(samples)
+    assert floor == pytest.approx(2e-6) and rate == pytest.approx(8e12)
 
 
 def test_the_fit_finds_the_cache_level_and_its_speedup():

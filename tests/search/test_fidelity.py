@@ -1,8 +1,10 @@
 """The fidelity bench's measurement (`autoshard.fidelity`): every op of device 0's program
 timed by a probe, in one class each, with the plan's own estimate; and `calibrate --torch`."""
 
+import importlib.util
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +82,38 @@ def test_calibrate_with_torch_on_the_cpu_writes_a_cluster_file_plan_reads(tmp_pa
     # the launch floor is in every op with a kernel: the plan's compute is at least that
     kernels = [o for o in plan["ops"].values() if o["compute_s"] > 0]
     assert plan["cost"]["compute_time_s"] >= len(kernels) * device["launch_s"]
+
+
+def _cost_fidelity_bench():
+    path = Path(__file__).resolve().parents[2] / "bench" / "cost_fidelity.py"
+    spec = importlib.util.spec_from_file_location("cost_fidelity", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, path.parent / "data" / "h100" / "fidelity.json"
+
+
+def test_the_dgx_h100_preset_prices_an_h100s_kernels_within_the_targets():
+    """bench/data/h100 keeps every op of Llama-2-7B-, GPT-2-XL- and BERT-large-wide forwards
+    (2 layers) at batch x seq 1x512, 4x1024 and 8x2048 timed on an H100 (bfloat16 eager
+    kernels, CUDA graphs). Priced by the dgx-h100 preset: each class within 25 % and each
+    whole forward within 20 % of the measured sum (issue 12's targets). Without the access
+    patterns (broadcast and transposed reads at 0.5 and 0.17 of the streaming rate) the
+    memory-bound class falls to 0.65, without the measured misalignment GPT's matmuls (its
+    vocabulary of 50257) to 0.45, without the L2 the memory-bound ops at 1x512 rise to 1.4."""
+    bench, data = _cost_fidelity_bench()
+    runs = bench.recorded_runs(data, "dgx-h100")
+    assert [dims for dims, _ in runs] == [
+        {"batch": 1, "seq": 512},
+        {"batch": 4, "seq": 1024},
+        {"batch": 8, "seq": 2048},
+    ]
+    for dims, results in runs:
+        assert sorted(results) == ["bert", "gpt", "llama"]
+        for model, found in results.items():
+            rows = {r.kind: r for r in found.classes()}
+            assert rows["total"].ops == len(
+                json.loads(data.read_text())["runs"][0]["measured_s"][model]
+            )  # every op kept was priced
+            for kind in ("matmul", "memory-bound"):
+                assert 0.75 <= rows[kind].ratio <= 1.25, (dims, model, kind, rows[kind].ratio)
+            assert 0.8 <= rows["total"].ratio <= 1.2, (dims, model, rows["total"].ratio)

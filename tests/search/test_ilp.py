@@ -413,7 +413,8 @@ def test_a_narrowed_solve_finds_its_optimum():
     solver.parameters.cp_model_presolve = False
     assert solver.solve(model) == cp_model.OPTIMAL
     assert found.status is ilp.SolverStatus.OPTIMAL
-    assert found.objective == solver.objective_value == 3_371_647_268
+    # 3,370,937,070 since the H100 preset prices its L2 and access patterns (was 3,371,647,268)
+    assert found.objective == solver.objective_value == 3_370_937_070
     assert narrowed.peak(found.choice) <= saved["budget"]
 
 

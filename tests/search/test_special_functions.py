@@ -85,13 +85,14 @@ def test_a_pow_costs_what_its_exponent_asks(cluster, exponent, family, seconds):
 
 def test_without_a_measured_rate_a_family_runs_at_the_vector_rate_over_its_instructions():
     """Tanh of 1 Mi bf16 on one H100: 12 instructions at 67 TFLOP/s = 5.58e12/s, 0.19 us;
-    4 MiB at 3.35 TB/s x 0.85 is 1.47 us: on a GPU memory bounds it, 3.47 us with launch."""
+    4 MiB in the L2 at 8 TB/s x 0.85 is 0.62 us: on a GPU memory bounds it, 2.62 us with
+    launch (from HBM it was 3.47: the L2 is modelled since an H100 was measured)."""
     assert TRANSCENDENTAL_FLOPS["tanh"] == 12
     op, graph = one_op("Tanh", {"x": (N,)}, (N,))
     rule = rule_for(op, graph)
     found = op_cost(op, rule, ShardingOption(((),)), graph, make_cluster(mesh="1"))
-    assert N * 12 / 67e12 < 4 * N / (3.35e12 * 0.85)
-    assert found.seconds == pytest.approx(4 * N / (3.35e12 * 0.85) + 2e-6)
+    assert N * 12 / 67e12 < 4 * N / (8e12 * 0.85)
+    assert found.seconds == pytest.approx(4 * N / (8e12 * 0.85) + 2e-6)
 
 
 def test_an_approximate_gelu_is_a_tanh():
