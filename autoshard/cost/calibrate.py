@@ -33,12 +33,11 @@ each time the median of several runs on CUDA, the fastest on a CPU (`cost.probes
   innermost axis, each against that Add's bytes per second: `strided_efficiency` and
   `transpose_efficiency` (`cost.model.access`; an H100's eager kernels 0.52 and 0.17,
   onnxruntime's on a CPU 1.0 and 0.3).
-- cache: on a CPU the same Add with a working set of a quarter of half the last-level cache,
-  less the launch floor: the rate of an op moving at most half that cache (measured here:
-  flat up to 16 of 32 MiB, 3 to 10x the rate from memory). On CUDA half the L2, at the rate
-  of the line through Adds in it (`fit_floor`; an H100 8.5 TB/s).
-- launch floor: on a CPU the same Add on one element (the shortest time a kernel takes); on
-  CUDA that line's intercept.
+- cache: the same Add with a working set of a quarter of half the last-level cache (on CUDA
+  the L2), less the launch floor: the rate of an op moving at most half that cache (measured
+  here: flat up to 16 of 32 MiB, 3 to 10x the rate from memory; an H100's 50 MB L2 7.9 TB/s,
+  2.6x its HBM's).
+- launch floor: the same Add on one element (the shortest time a kernel takes).
 - special functions: per family (exp, log, erf, tanh, pow, sqrt, trig:
   `cost.cluster.Transcendental`), evaluations per second of one op over an array the cache
   holds (64 Ki elements on a CPU, 4 Mi on a GPU: the function's rate, not the memory's),
@@ -322,9 +321,9 @@ def kernel_rates(
 ) -> list[tuple[tuple[int, int, int], float]]:
     """The samples that tell a GPU's matmul rate, at the rate of their kernel: the launch
     floor taken off (the roofline adds it to every op), and left out where the time is under
-    four launch floors (a GEMM's own setup, 2-3 floors on an H100, is no rate) or moving the
-    operands (at `bandwidth`) takes at least half of it: such a shape is bound by them, and
-    its rate says nothing of the matrix units (a 128^3 matmul is all launch)."""
+    ten launch floors or moving the operands (at `bandwidth`) takes at least half of it: such
+    a shape is bound by them, and its rate says nothing of the matrix units (on an H100 a
+    GEMM's own setup is 2-3 floors, and 512^3's 16 tiles fill an eighth of its 132 SMs)."""
     found = []
     for shape, rate in rates:
         m, k, n = shape
@@ -402,16 +401,8 @@ def calibrate(
         (m // scale, k // scale, n // scale) for m, k, n in THIN + (LAYERS if cuda else ())
     ]
     element = 2 if cuda else 4
-    cache = (gpu_cache(gpu) if gpu is not None else last_level_cache()) // 2
-    cache_rate = 0.0
-    if cuda:  # Adds in the L2, 24 KiB to 12 MiB moved: time = floor + bytes / cache rate
-        moved = [(3 * element * n, probe.add(n)) for n in (1 << p for p in range(12, 22))]
-        launch, cache_rate = fit_floor(moved)
-        progress(f"launch floor: {launch * 1e6:.2f} us per op, cache: {cache_rate / 1e9:.1f} "
-                 f"GB/s up to {cache >> 20} MiB moved per op (Adds in the L2)")  # fmt: skip
-    else:
-        launch = probe.add(1)
-        progress(f"launch floor: {launch * 1e6:.2f} us per op (a one-element Add)")
+    launch = probe.add(1)
+    progress(f"launch floor: {launch * 1e6:.2f} us per op (a one-element Add)")
     size = (1 << 30 if cuda else 256 << 20) // (16 if quick else 1)
     elements = size // 4
     copy = 3 * elements * element / probe.add(elements)  # two arrays read, one written
@@ -447,7 +438,9 @@ def calibrate(
         d = 4096 // scale
         vector = 2 * d**3 / gpu.matmul(d, d, d, dtype=gpu.torch.float32)
         progress(f"vector rate: {vector / 1e9:.1f} GFLOP/s (float32 matmul {d}^3)")
-    if cache and not cuda:  # a quarter of the working set the cache keeps: well inside it
+    cache = (gpu_cache(gpu) if gpu is not None else last_level_cache()) // 2
+    cache_rate = 0.0
+    if cache:  # a quarter of the working set the cache keeps: well inside it
         elements = cache // (3 * element) // 4
         seconds = max(probe.add(elements) - launch, 1e-9)
         cache_rate = 3 * element * elements / seconds
@@ -487,20 +480,6 @@ def _caches() -> dict[int, int]:
             continue
         found[level] = max(found.get(level, 0), size)
     return found
-
-
-def fit_floor(samples: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """(floor seconds, bytes per second): the least-squares line time = floor + bytes / rate
-    through (bytes moved, seconds) samples. On a GPU a kernel that moves data costs more
-    than an empty one (memory latency, its blocks' tail): the floor a model's small ops pay
-    is this intercept, not a one-element Add's time (1.4 against ~2 us on an H100)."""
-    xs, ys = [float(x) for x, _ in samples], [y for _, y in samples]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum(
-        (x - mean_x) ** 2 for x in xs
-    )  # fmt: skip
-    slope = max(slope, 1e-18)
-    return max(mean_y - slope * mean_x, 0.0), 1.0 / slope
 
 
 def gpu_cache(gpu: TorchProbe) -> int:

@@ -132,7 +132,7 @@ DEVICES = {
     # at 0.19 of 4096^3's rate (cuBLAS's fallback kernels); an elementwise kernel reading an
     # operand broadcast (a bias, a mask, a norm's divisor) or permuted at 0.47-0.55 of a
     # contiguous Add's bytes per second, a transpose moving the innermost axis at 0.17; an op
-    # moving at most half the 50 MB L2 (what its producer just wrote stays there) at 7.9-8.5
+    # moving at most half the 50 MB L2 (what its producer just wrote stays there) at 7.6-8.5
     # TB/s. The fidelity of this preset against those kernels: bench/data/h100.
     "h100": DeviceKind(
         "NVIDIA H100 SXM5 80GB",

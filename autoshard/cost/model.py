@@ -36,16 +36,16 @@ the largest of the times its arithmetic, its memory traffic and its special func
 at the rates real kernels reach, plus the shortest time any kernel takes. Memory traffic
 streams at the full rate only in order: a GPU's elementwise kernel with a broadcast or
 permuted operand loses its vectorized loads (half the rate on an H100), a transpose of the
-innermost axis its coalesced ones (a sixth); a GPU's L2, like a CPU's last-level cache, holds
-what the last kernel wrote for the next (bench/data/h100 holds the measurements). A special function
-costs many instructions per element (a polynomial after a range reduction), so where the
-vector units are slow next to memory (CPUs: Erf runs at a quarter of Neg's rate, a general
-Pow at a fortieth) it, not memory, bounds the op; `rate(family)` is the device's measured
-rate (`DeviceKind.transcendental`, what `autoshard calibrate` writes) or else its vector rate
-over `TRANSCENDENTAL_FLOPS[family]`, the instructions an evaluation takes. A Pow whose
-exponent is a constant 2 or 3 is multiplications (`int_pow`: kernels special-case it), 1 a
-copy and 0.5 a square root. Pure views (Reshape, Squeeze, ...) launch no
-kernel and cost nothing. A *contraction* (a reduction loop and two data operands: MatMul,
+innermost axis its coalesced ones (a sixth); a GPU's L2, like a CPU's last-level cache,
+holds what the last kernel wrote for the next (bench/data/h100 holds the measurements).
+A special function costs many instructions per element (a polynomial after a range
+reduction), so where the vector units are slow next to memory (CPUs: Erf runs at a quarter
+of Neg's rate, a general Pow at a fortieth) it, not memory, bounds the op; `rate(family)` is
+the device's measured rate (`DeviceKind.transcendental`, what `autoshard calibrate` writes)
+or else its vector rate over `TRANSCENDENTAL_FLOPS[family]`, the instructions an evaluation
+takes. A Pow whose exponent is a constant 2 or 3 is multiplications (`int_pow`: kernels
+special-case it), 1 a copy and 0.5 a square root. Pure views (Reshape, Squeeze, ...) launch
+no kernel and cost nothing. A *contraction* (a reduction loop and two data operands: MatMul,
 Gemm, Einsum, Conv, and gradient ops derived from them) runs on the matrix units at
 `peak(dtype)`; everything else at the vector rate `default_flops`. A contraction's
 efficiency falls for small and thin shapes and for misaligned ones: with M, N, K the local

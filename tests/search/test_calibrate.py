@@ -11,7 +11,6 @@ from autoshard.cli import main
 from autoshard.cost.calibrate import (
     PACK_RATES,
     LinkSample,
-    fit_floor,
     fit_half_dim,
     fit_link,
     fit_links,
@@ -50,13 +49,6 @@ def test_a_gpus_samples_are_kernel_rates_where_they_tell_one():
     assert kept[(4096,) * 3] == pytest.approx(flops[(4096,) * 3] / 188e-6)
     rates[1] = (thin, flops[thin] / 500e-6)
     assert list(dict(kernel_rates(rates, 2e-6, 3e12, 2))) == [thin, (4096,) * 3]
-
-
-def test_the_floor_is_the_intercept_of_time_against_bytes():
-    """Adds at 2 us + bytes / 8 TB/s: the line gives both back."""
-    samples = [(n, 2e-6 + n / 8e12) for n in (24 << 10, 1 << 20, 6 << 20, 12 << 20)]
-    floor, rate = fit_floor(samples)
-    assert floor == pytest.approx(2e-6) and rate == pytest.approx(8e12)
 
 
 def test_the_fit_finds_the_cache_level_and_its_speedup():
