@@ -6,10 +6,9 @@ model runs them (the fidelity bench, `autoshard.fidelity`).
 `args` are the op's operands as torch tensors (None where omitted), `shapes` its results' local
 shapes. The closure is what is timed; everything decided from constant operands (an
 exponent, a Split's sizes, a one-element operand a binary op takes as a number) is decided
-before, once. Ops whose ONNX result is a new buffer
-(Transpose, Slice, Split, Expand) are made contiguous, as their kernel writes it; views
-(Reshape, Squeeze, ...) stay views. An op type without an entry has no kernel here
-(`KernelMissing`): the bench counts it apart.
+before, once. Ops whose ONNX result is a new buffer (Transpose, Slice, Split, Expand) are
+made contiguous, as their kernel writes it; views (Reshape, Squeeze, ...) stay views. An op
+type without an entry has no kernel here (`KernelMissing`): the bench counts it apart.
 """
 
 from __future__ import annotations

@@ -117,3 +117,19 @@ def test_the_dgx_h100_preset_prices_an_h100s_kernels_within_the_targets():
             for kind in ("matmul", "memory-bound"):
                 assert 0.75 <= rows[kind].ratio <= 1.25, (dims, model, kind, rows[kind].ratio)
             assert 0.8 <= rows["total"].ratio <= 1.2, (dims, model, rows["total"].ratio)
+
+
+@pytest.mark.parametrize("op_type", ["Add", "Sub", "Mul", "Div", "Less", "GreaterOrEqual"])
+def test_a_one_element_operand_is_a_number_either_side_and_the_result_the_same(op_type):
+    """torch_ops gives a binary op its one-element operand as a Python number (as a model
+    writes x / 8.0 or 1.0 - x), first or second: the same values as broadcasting it."""
+    torch = pytest.importorskip("torch")
+    from autoshard.ir.graph import Op
+    from autoshard.torch_ops import kernel
+
+    x, one = torch.rand(4, 3) + 0.5, torch.tensor([2.0])
+    reference = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div,
+                 "Less": torch.lt, "GreaterOrEqual": torch.ge}[op_type]  # fmt: skip
+    op = Op("op", op_type, inputs=("a", "b"), outputs=("y",))
+    for a, b in ((x, one), (one, x)):
+        assert torch.equal(kernel(op, [a, b], [(4, 3)], torch)(), reference(a, b))
