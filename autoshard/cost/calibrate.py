@@ -401,6 +401,15 @@ def calibrate(
         (m // scale, k // scale, n // scale) for m, k, n in THIN + (LAYERS if cuda else ())
     ]
     element = 2 if cuda else 4
+    rates: list[tuple[tuple[int, int, int], float]] = []
+    for i, (m, k, n) in enumerate(shapes, 1):
+        seconds = probe.matmul(m, k, n)
+        rates.append(((m, k, n), 2 * m * k * n / max(seconds, 1e-9)))
+        progress(
+            f"matmul {m}x{k}x{n} ({probe.dtype}): {rates[-1][1] / 1e9:.1f} GFLOP/s "
+            f"({i}/{len(shapes)})"
+        )
+    # The floor and memory before the fit, which takes them off a GPU's matmul times.
     launch = probe.add(1)
     progress(f"launch floor: {launch * 1e6:.2f} us per op (a one-element Add)")
     size = (1 << 30 if cuda else 256 << 20) // (16 if quick else 1)
@@ -412,14 +421,6 @@ def calibrate(
     transposed = min(1.0, 2 * elements * element / probe.transposed(elements) / copy)
     progress(f"access: {strided:.2f} of that rate reading an operand broadcast (a row added "
              f"to rows), {transposed:.2f} moving the innermost axis (a transpose)")  # fmt: skip
-    rates: list[tuple[tuple[int, int, int], float]] = []
-    for i, (m, k, n) in enumerate(shapes, 1):
-        seconds = probe.matmul(m, k, n)
-        rates.append(((m, k, n), 2 * m * k * n / max(seconds, 1e-9)))
-        progress(
-            f"matmul {m}x{k}x{n} ({probe.dtype}): {rates[-1][1] / 1e9:.1f} GFLOP/s "
-            f"({i}/{len(shapes)})"
-        )
     if cuda:  # GPUs model no cache level for matmuls, and pack nothing
         peak, half, speedup = fit_half_dim(kernel_rates(rates, launch, copy, element))
         private, pack = 0, 0.0
