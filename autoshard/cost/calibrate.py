@@ -32,7 +32,7 @@ each time the median of several runs on CUDA, the fastest on a CPU (`cost.probes
 - access: an Add of a row to rows (an operand read broadcast) and a transpose moving the
   innermost axis, each against that Add's bytes per second: `strided_efficiency` and
   `transpose_efficiency` (`cost.model.access`; an H100's eager kernels 0.52 and 0.17,
-  onnxruntime's on a CPU 1.0 and 0.3).
+  onnxruntime's on this 2-core CPU 1.0 and 0.14 at 256 MiB, 0.3 at 16).
 - cache: the same Add with a working set of a quarter of half the last-level cache (on CUDA
   the L2), less the launch floor: the rate of an op moving at most half that cache (measured
   here: flat up to 16 of 32 MiB, 3 to 10x the rate from memory; an H100's 50 MB L2 7.9 TB/s,
