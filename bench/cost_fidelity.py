@@ -36,7 +36,8 @@ from autoshard.cost.calibrate import calibrate
 from autoshard.cost.probes import OnnxRuntimeProbe, TorchProbe
 from autoshard.fidelity import Fidelity, measure, recorded
 from autoshard.ir.onnx_import import unbound_dims
-from autoshard.pipeline import PlanRequest, plan_request
+from autoshard.pipeline import PlanRequest, RequestedPlan, plan_request
+from autoshard.program import Compute
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 DIMS = {"batch": 4, "seq": 128, "dec_seq": 64}
@@ -47,14 +48,18 @@ def model_path(model: str) -> Path:
     return path if path.suffix == ".onnx" else MODELS / f"{model}.onnx"
 
 
-def run(model: str, mesh: str, dims: dict[str, int], cluster: str, probe) -> Fidelity:
-    path = model_path(model)
+def planned(path: Path, mesh: str, dims: dict[str, int], cluster: str) -> RequestedPlan:
+    """`autoshard plan` of the model at `path` with the dims it has of `dims`."""
     wanted = unbound_dims(path)
     request = PlanRequest(
         model_path=path, mesh=mesh, dims={k: v for k, v in dims.items() if k in wanted},
         cluster_file=cluster, time_limit=30.0,
     )  # fmt: skip
-    return measure(plan_request(request), probe)
+    return plan_request(request)
+
+
+def run(model: str, mesh: str, dims: dict[str, int], cluster: str, probe) -> Fidelity:
+    return measure(planned(model_path(model), mesh, dims, cluster), probe)
 
 
 def recorded_runs(path: Path, cluster: str) -> list[tuple[dict[str, int], dict[str, Fidelity]]]:
@@ -69,15 +74,15 @@ def recorded_runs(path: Path, cluster: str) -> list[tuple[dict[str, int], dict[s
 
 
 def _priced(run_: dict, models: Path, data: dict, cluster: str) -> dict[str, Fidelity]:
+    """Each model's kept times priced; every op of its program must have one (the models
+    made today are the run's), or the totals would leave some out."""
     results = {}
     for name, measured in run_["measured_s"].items():
-        path = models / f"{name}.onnx"
-        wanted = unbound_dims(path)
-        request = PlanRequest(
-            model_path=path, mesh=data["mesh"], cluster_file=cluster, time_limit=30.0,
-            dims={k: v for k, v in run_["dims"].items() if k in wanted},
-        )  # fmt: skip
-        results[name] = recorded(plan_request(request), measured, data["dtype"])
+        requested = planned(models / f"{name}.onnx", data["mesh"], run_["dims"], cluster)
+        steps = requested.planned.program.steps
+        if missing := sorted({s.op.name for s in steps if isinstance(s, Compute)} - set(measured)):
+            raise SystemExit(f"{name}: no time kept for {missing[:5]} (the models changed?)")
+        results[name] = recorded(requested, measured, data["dtype"])
     return results
 
 

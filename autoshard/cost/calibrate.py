@@ -22,7 +22,7 @@ each time the median of several runs on CUDA, the fastest on a CPU (`cost.probes
   thin shapes on an H100, where only a transformer layer's shapes and the squares from
   2048^3 tell the tensor cores' rate). A
   1024x1024x1023 matmul against 1024^3 (on CUDA 4096x4096x4095 against 4096^3) gives
-  `misaligned_efficiency` (a CPU loses nothing; an H100 four fifths).
+  `misaligned_efficiency` (a CPU loses nothing; an H100 four fifths of its rate).
 - the vector rate (every op but a contraction): on CUDA a float32 matmul without TF32 (the
   FMA units); on a CPU a Softmax in the cache at the 5 flops an element the model counts for
   it (what onnxruntime's softmax and normalization kernels reach: a third of the matmul's

@@ -385,7 +385,7 @@ def access(op: Op, rule: OpRule, graph: Graph) -> Access:
     TRANSPOSED when one is read permuted with another innermost loop; STRIDED when one is
     read permuted otherwise, or broadcast (a loop of the result it lacks; not in a fused row
     kernel, which reads its parameters once per row), or when the result is a region of an
-    axis inside a larger one (a Split, Slice or Concat along an inner axis: rows of a stride).
+    axis inside a larger one (`REGIONS` along an inner axis: rows of a stride).
     Loops of one iteration do not count, nor a one-element constant (kernels take it as a
     number). The loops are the rule's, whole: a shard keeps their order."""
     sizes = [loop.size for loop in rule.loops]

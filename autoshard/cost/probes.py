@@ -155,8 +155,8 @@ def single_node(
 
 
 class TorchProbe:
-    """torch eager kernels on `device` ("cuda": bfloat16 with CUDA events; "cpu": float32 with
-    the wall time of each call)."""
+    """torch eager kernels on `device` ("cuda": bfloat16, bursts in CUDA graphs between CUDA
+    events; "cpu": float32 with the wall time of each call)."""
 
     name = "torch"
 
