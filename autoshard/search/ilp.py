@@ -372,11 +372,12 @@ class _Narrowing:
     most the value of the best plan found (whose choices are then kept, so that CP-SAT
     proves it or finds better), and that value next once a try finds no plan below its
     threshold but one above; where `halfway` and that value keeps `MOST` of the choices or
-    more, halfway to it first, once; where that value, or halfway to it, keeps too many to
-    narrow, the shares' thresholds go on. Where few choices are left out (more than
-    `whole_share` kept, or no min-marginals), the whole problem is solved. At the best's
-    value and halfway to it, `tighten` leaves out more of the choices a try keeps
-    (`lagrange.tightened`), given them, the threshold and the best plan."""
+    more, halfway to it first, once, unless the shares' next threshold is lower; where that
+    value, or halfway to it, keeps too many to narrow, the shares' thresholds go on. Where
+    few choices are left out (more than `whole_share` kept, or no min-marginals), the whole
+    problem is solved. At the best's value and halfway to it, `tighten` leaves out more of
+    the choices a try keeps (`lagrange.tightened`), given them, the threshold and the best
+    plan."""
 
     def __init__(
         self,
@@ -466,17 +467,22 @@ class _Narrowing:
             elif got.value is not None and (at_best := self.possible(best.value, best)) is not None:
                 # One there, none below: its value next (bert's least peak on 2x4, from a
                 # bound of 0: 21 tries doubling, 10.6 s; 1.5 s), unless that keeps most
-                # choices: then halfway to it, once, whatever the shares' threshold (BART on
-                # 4x8 at 60 %: 1,036 of 1,878 choices kept at the best's value, 648 halfway,
-                # 651 at the optimum's; T5's dynamo export on 4x8 at 60 %, its shares spent:
-                # 1,296 of 1,682 choices halfway, where the whole problem went before, which
-                # proved less in its 60 s); neither where it would send CP-SAT the whole
-                # problem (T5 on 4x8 at 60 %: 1,360 of 2,727 choices kept by the shares found
-                # a plan 5.4 % below the best, which the whole problem's 60 s had not).
+                # choices: then halfway to it, once (DenseNet's dynamo export on 4x8 at 60 %:
+                # 291 of 472 choices kept at the best's value, 207 halfway), but not past the
+                # shares' next threshold, a try of fewer choices that may find a plan near
+                # the optimum where the best is far from it (the 405B-class decoder on 16x8
+                # at 60 %: 185 choices below 0.569 s found one 3.7 % under the best, then 563
+                # proved it, 6.0 s; halfway, 512 below 0.655 s took 3.4 s of 7.5; T5's dynamo
+                # export on 4x8 at 60 %: 34 s, now 13 s); neither where it would send CP-SAT
+                # the whole problem (T5 on 4x8 at 60 %: 1,360 of 2,727 choices kept by the
+                # shares found a plan 5.4 % below the best, which the whole problem's 60 s
+                # had not).
                 distance = max(distance, best.value - first)
                 if halfway and self.many(at_best, MOST):
                     halfway, middle = False, (bound + best.value) // 2
-                    if self.kept(middle, best) is not None:
+                    by_share = self.keeping(share)
+                    shares_first = by_share is not None and by_share < middle
+                    if not shares_first and self.kept(middle, best) is not None:
                         least, distance = middle, middle - first
                 elif self.narrowed(at_best) is not None:
                     share = 1.0

@@ -419,24 +419,38 @@ def test_a_narrowed_solve_finds_its_optimum():
 
 
 def test_a_plan_above_the_threshold_whose_value_keeps_most_choices_is_not_the_next():
-    """Min-marginals 100..115 in each of two groups. The first try (below 102: 4 choices)
-    finds a plan of 110 and none below. Sending CP-SAT next to 110 would keep 20 of the 32
-    choices, most of them; halfway to it, below 106, keeps 12, where the next try finds the
-    optimum, 105 (BART on 4x8 at 60 %: 1,036 of 1,878 choices at the best plan's value, 651
-    at the optimum's; 48 s -> 11 s)."""
-    sizes, bound, best = _narrowed_tries([110, 105])
-    assert sizes == [4, 12]
+    """Min-marginals 100..115 in each of two groups. No plan below 102 (4 choices); below
+    104 (8) a plan of 110 and none below. Sending CP-SAT next to 110 would keep 20 of the 32
+    choices, most of them; halfway to it, below 107, keeps 14 (the doubled share's
+    threshold, below 108, 16), where the next try finds the optimum, 106 (BART on 4x8 at
+    60 %, before the shares' thresholds came first: 1,036 of 1,878 choices at the best
+    plan's value, 651 at the optimum's; 48 s -> 11 s)."""
+    sizes, bound, best = _narrowed_tries([None, 110, 106])
+    assert sizes == [4, 8, 14]
+    assert (best.value, bound) == (106, 106)
+
+
+def test_halfway_is_not_past_the_shares_next_threshold():
+    """The first try (below 102: 4 choices) finds a plan of 110 and none below. Halfway to
+    it, below 106, would keep 12 choices; the doubled share's threshold, below 104, keeps 8:
+    that try is next, and finds the optimum, 105, which the best's value's try (10 choices)
+    proves. A try of fewer choices may find a plan near the optimum where the best is far
+    from it (the 405B-class decoder on 16x8 at 60 %: 185 choices below 0.569 s found a plan
+    3.7 % under the best, which 563 then proved, 6.0 s in all; halfway first, 512 choices
+    below 0.655 s took 3.4 s of 7.5)."""
+    sizes, bound, best = _narrowed_tries([110, 105, 105])
+    assert sizes == [4, 8, 10]
     assert (best.value, bound) == (105, 105)
 
 
 def test_halfway_once_then_the_best_plans_value_narrowed():
-    """As above, but the try halfway finds a plan of 108 and none below 106. Next, the best's
+    """As above, but the try halfway finds a plan of 108 and none below 107. Next, the best's
     value, though it keeps half the choices (16 of 32): halfway again would be one more solve
     (BART's dynamo export on 4x8 at 30 %: 11.8 -> 9.1 s); and narrowed, not the whole problem,
     as it keeps less than `WHOLE_SHARE` (BART on 4x8 at 30 %: 1,399 of 1,878 choices, 4.9 s
     where the whole took 14.6 s)."""
-    sizes, bound, best = _narrowed_tries([110, 108, 108])
-    assert sizes == [4, 12, 16]
+    sizes, bound, best = _narrowed_tries([None, 110, 108, 108])
+    assert sizes == [4, 8, 14, 16]
     assert (best.value, bound) == (108, 108)
 
 
@@ -495,20 +509,21 @@ def test_what_a_try_proves_beyond_its_threshold_at_large_values():
 
 def test_the_tries_that_prove_a_plan_hold_fewer_choices():
     """As `test_a_plan_above_the_threshold_whose_value_keeps_most_choices_is_not_the_next`:
-    the first try (below 102, 4 choices) finds a plan of 110, the next (halfway, below 106,
-    12 choices) the optimum, 105. The first, at a threshold the shares set, holds all its
-    choices; the second, halfway to the best's value, those `tighten` leaves it (here all
-    but the highest of the first group's, 11), asked with its threshold and the best plan."""
+    no plan below 102 (4 choices), one of 110 below 104 (8), and the next try (halfway,
+    below 107, 14 choices) finds the optimum, 106. The first two, at thresholds the shares
+    set, hold all their choices; the third, halfway to the best's value, those `tighten`
+    leaves it (here all but the highest of the first group's, 13), asked with its threshold
+    and the best plan."""
     asked = []
 
     def tighten(possible, threshold, keep):
         asked.append((sum(map(len, possible)), threshold, keep))
         return [possible[0][:-1], possible[1]]
 
-    sizes, bound, best = _narrowed_tries([110, 105], tighten=tighten)
-    assert sizes == [4, 11]
-    assert asked == [(12, 106, (0, 0))]
-    assert (best.value, bound) == (105, 105)
+    sizes, bound, best = _narrowed_tries([None, 110, 106], tighten=tighten)
+    assert sizes == [4, 8, 13]
+    assert asked == [(14, 107, (0, 0))]
+    assert (best.value, bound) == (106, 106)
 
 
 def _narrowed_tries(
