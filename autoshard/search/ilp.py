@@ -471,12 +471,12 @@ class _Narrowing:
                 # 291 of 472 choices kept at the best's value, 207 halfway), but not past the
                 # shares' next threshold, a try of fewer choices that may find a plan near
                 # the optimum where the best is far from it (the 405B-class decoder on 16x8
-                # at 60 %: 185 choices below 0.569 s found one 3.7 % under the best, then 563
-                # proved it, 6.0 s; halfway, 512 below 0.655 s took 3.4 s of 7.5; T5's dynamo
-                # export on 4x8 at 60 %: 34 s, now 13 s); neither where it would send CP-SAT
-                # the whole problem (T5 on 4x8 at 60 %: 1,360 of 2,727 choices kept by the
-                # shares found a plan 5.4 % below the best, which the whole problem's 60 s
-                # had not).
+                # at 60 %: tries of 185 and 370 choices found one 3.7 % under the best, then
+                # 563 proved it, 5.9 s; halfway, 512 below 0.655 s took 3.4 s of 7.5; T5's
+                # dynamo export on 4x8 at 60 %: 34 s, now 13 s); neither where it would send
+                # CP-SAT the whole problem (T5 on 4x8 at 60 %: 1,360 of 2,727 choices kept by
+                # the shares found a plan 5.4 % below the best, which the whole problem's 60
+                # s had not).
                 distance = max(distance, best.value - first)
                 if halfway and self.many(at_best, MOST):
                     halfway, middle = False, (bound + best.value) // 2
