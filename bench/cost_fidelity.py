@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,6 +39,10 @@ from autoshard.pipeline import PlanRequest, RequestedPlan, plan_request
 from autoshard.program import Compute
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fidelity_models  # noqa: E402
+
 DIMS = {"batch": 4, "seq": 128, "dec_seq": 64}
 
 
@@ -67,9 +70,7 @@ def recorded_runs(path: Path, cluster: str) -> list[tuple[dict[str, int], dict[s
     data = json.loads(path.read_text())
     with tempfile.TemporaryDirectory(prefix="autoshard-fidelity-") as folder:
         models = Path(folder)
-        subprocess.run([sys.executable, str(Path(__file__).with_name("fidelity_models.py")),
-                        folder, "--layers", str(data["layers"])], check=True,
-                       capture_output=True)  # fmt: skip
+        fidelity_models.write(models, data["layers"])
         return [(run_["dims"], _priced(run_, models, data, cluster)) for run_ in data["runs"]]
 
 

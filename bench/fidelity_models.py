@@ -184,20 +184,26 @@ def bert(layers: int, h: int = 1024, nh: int = 16, ffn: int = 4096, vocab: int =
                    f"Shape-only BERT-style, {layers} layers")  # fmt: skip
 
 
+def write(out: Path, layers: int) -> dict[str, int]:
+    """llama.onnx, gpt.onnx and bert.onnx of `layers` layers in `out`; their node counts."""
+    out.mkdir(parents=True, exist_ok=True)
+    built = {
+        "llama": build_decoder_shape_only(layers).proto,
+        "gpt": gpt(layers),
+        "bert": bert(layers),
+    }
+    for name, proto in built.items():
+        onnx.save(proto, out / f"{name}.onnx")
+    return {name: len(proto.graph.node) for name, proto in built.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--layers", type=int, default=2)
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    built = {
-        "llama": build_decoder_shape_only(args.layers).proto,
-        "gpt": gpt(args.layers),
-        "bert": bert(args.layers),
-    }
-    for name, proto in built.items():
-        onnx.save(proto, args.out / f"{name}.onnx")
-        print(f"wrote {args.out / name}.onnx ({len(proto.graph.node)} nodes)")
+    for name, nodes in write(args.out, args.layers).items():
+        print(f"wrote {args.out / name}.onnx ({nodes} nodes)")
     return 0
 
 

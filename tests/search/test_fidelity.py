@@ -1,7 +1,6 @@
 """The fidelity bench's measurement (`autoshard.fidelity`): every op of device 0's program
 timed by a probe, in one class each, with the plan's own estimate; and `calibrate --torch`."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -12,6 +11,7 @@ from autoshard.cli import main
 from autoshard.cost.probes import OnnxRuntimeProbe, TorchProbe
 from autoshard.fidelity import CLASSES, measure
 from autoshard.pipeline import PlanRequest, plan_request
+from tests.export.gloo import load_module
 from tests.search.test_plan import MODELS
 
 
@@ -86,10 +86,7 @@ def test_calibrate_with_torch_on_the_cpu_writes_a_cluster_file_plan_reads(tmp_pa
 
 def _cost_fidelity_bench():
     path = Path(__file__).resolve().parents[2] / "bench" / "cost_fidelity.py"
-    spec = importlib.util.spec_from_file_location("cost_fidelity", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module, path.parent / "data" / "h100" / "fidelity.json"
+    return load_module(path, "cost_fidelity"), path.parent / "data" / "h100" / "fidelity.json"
 
 
 def test_the_dgx_h100_preset_prices_an_h100s_kernels_within_the_targets():
