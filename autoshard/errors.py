@@ -46,3 +46,7 @@ class GraphError(AutoshardError):
 
 class MlirError(AutoshardError, ValueError):
     """MLIR text that is not autoshard's notation, or a program the notation cannot express."""
+
+
+class ClusterError(AutoshardError, ValueError):
+    """A bad cluster description: the message names the flag or key and the valid choices."""

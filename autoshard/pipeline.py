@@ -20,14 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from autoshard.analysis.repeats import find_repeats
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster, make_cluster
-from autoshard.document import model_info, plan_document, plan_from_document, training_of
-from autoshard.export.names import parameter_names
+from autoshard.document.plan_document import (
+    model_info,
+    plan_document,
+    plan_from_document,
+    training_of,
+)
 from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.mlir import print_program
+from autoshard.names import parameter_names
 from autoshard.passes import Stage
 from autoshard.passes.lower import lower
 from autoshard.passes.partition import Partitioned, partition
@@ -36,9 +42,8 @@ from autoshard.program import Program
 from autoshard.progress import Tracker
 from autoshard.propagate import propagate
 from autoshard.search.budget import Planned, auto_plan
-from autoshard.search.ilp import InfeasibleError
 from autoshard.search.options import Objective, SolverOptions
-from autoshard.search.repeats import find_repeats
+from autoshard.search.solver.solve import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
 
 AfterStage = Callable[[Stage, Program | Partitioned], None]

@@ -9,34 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from autoshard.errors import AutoshardError
+from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
-from autoshard.sharding import Sharding
+from autoshard.rules import OpRule, rule_for
+from autoshard.sharding import Sharding, ShardingOption
 
 RETURN = "<return>"
 """The pseudo-op that uses the graph outputs; its operand i is output i."""
-
-
-@dataclass(frozen=True)
-class ShardingOption:
-    """Mesh axes per loop of an op (seed 001): `[[], [], [0]]` splits loop d2 over axis 0."""
-
-    loops: tuple[tuple[int, ...], ...]
-
-    def __str__(self) -> str:
-        loops = list(self.loops)
-        while loops and not loops[-1]:
-            loops.pop()
-        return "[" + ", ".join("[" + ", ".join(map(str, a)) + "]" for a in loops or [()]) + "]"
-
-    @staticmethod
-    def parse(text: str, loop_count: int) -> ShardingOption:
-        split = Sharding.parse(text).split_axes
-        if len(split) > loop_count:
-            raise AutoshardError(
-                f"sharding option {text} has {len(split)} loops; the op has {loop_count}"
-            )
-        return ShardingOption(tuple(split) + ((),) * (loop_count - len(split)))
 
 
 @dataclass(frozen=True)
@@ -80,3 +59,65 @@ class Plan:
         for name in ("values", "produced", "needs"):
             table: Mapping[object, Sharding] = getattr(self, name)
             object.__setattr__(self, name, {k: canonical(v) for k, v in table.items()})
+
+
+def plan_from_options(
+    graph: Graph,
+    mesh: Mesh,
+    options: Mapping[str, ShardingOption | None],
+    held: Mapping[str, Sharding],
+    returns: Mapping[str, Sharding] | None = None,
+) -> Plan:
+    """The plan of an option per op (a saved plan's, the search's): values held as produced;
+    producer-less values as `held`, replicated by default; constants replicated; graph outputs
+    as `returns` says (a required annotation for users), else `returned`."""
+    rules = {op.name: rule_for(op, graph) for op in graph.ops}
+    produced, needs, unruled = _computed(graph, options, rules)
+    values = dict(produced)
+    for name in graph.values:
+        values.setdefault(name, held.get(name, Sharding()))
+    returns = returns or {}
+    for i, name in enumerate(graph.outputs):
+        needs[(RETURN, i)] = returns[name] if name in returns else returned_as(graph, values, name)
+    return Plan(mesh, options, values, dict(values), needs, unruled)
+
+
+def returned_as(graph: Graph, values: Mapping[str, Sharding], output: str) -> Sharding:
+    """How graph output `output` is returned: a training step's next weight or optimizer
+    state where the old is held, any other `returned`."""
+    old = graph.updates.get(output)
+    return values[old] if old is not None else returned(values[output])
+
+
+def returned(sharding: Sharding) -> Sharding:
+    """How a graph output held in `sharding` is returned: complete (a partial result reduced,
+    its split kept)."""
+    return Sharding(sharding.split_axes)
+
+
+def _computed(
+    graph: Graph,
+    options: Mapping[str, ShardingOption | None],
+    rules: Mapping[str, OpRule | None],
+) -> tuple[dict[str, Sharding], dict[tuple[str, int], Sharding], tuple[str, ...]]:
+    """How each op computes with its option (replicated without a rule or an option): its
+    results as produced, its operands as needed; and the ops without a rule."""
+    produced: dict[str, Sharding] = {}
+    needs: dict[tuple[str, int], Sharding] = {}
+    unruled = []
+    for op in graph.ops:
+        rule, option = rules[op.name], options.get(op.name)
+        if rule is None or option is None:
+            unruled += [op.name] if rule is None else []
+            produced |= {name: Sharding() for name in op.outputs if name}
+            needs |= {(op.name, i): Sharding() for i, name in enumerate(op.inputs) if name}
+            continue
+        produced |= {
+            name: rule.result_sharding(option, j) for j, name in enumerate(op.outputs) if name
+        }
+        needs |= {
+            (op.name, i): rule.operand_sharding(option, i) if i < len(rule.operands) else Sharding()
+            for i, name in enumerate(op.inputs)
+            if name
+        }
+    return produced, needs, tuple(unruled)

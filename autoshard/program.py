@@ -16,11 +16,10 @@ from types import MappingProxyType
 
 import numpy as np
 
+from autoshard.collectives import Collective
 from autoshard.ir.graph import Op, TensorLike
 from autoshard.mesh import Mesh
-from autoshard.plan import ShardingOption
-from autoshard.reshard import Collective
-from autoshard.sharding import Sharding
+from autoshard.sharding import Sharding, ShardingOption
 
 
 @dataclass(frozen=True)

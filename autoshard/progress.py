@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import IO, Any
 
-from autoshard.cost.cluster import format_bytes, format_seconds
+from autoshard.units import format_bytes, format_seconds
 
 
 @dataclass(frozen=True, kw_only=True)

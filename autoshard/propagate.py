@@ -52,11 +52,11 @@ from autoshard.errors import AutoshardError, ShardingError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
 from autoshard.mesh import Mesh
-from autoshard.plan import RETURN, Plan, ShardingOption
+from autoshard.plan import RETURN, Plan, _computed, returned_as
 from autoshard.reshard import plan_reshard
 from autoshard.rules import IteratorType, OpRule, rule_for
 from autoshard.rules.base import IndexingMap
-from autoshard.sharding import Sharding
+from autoshard.sharding import Sharding, ShardingOption
 
 
 class ConflictError(AutoshardError):
@@ -406,65 +406,3 @@ def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) 
             needs[(RETURN, i)] = returned_as(graph, values, name)
     options = {op.name: state.options.get(op.name) for op in graph.ops}
     return Plan(mesh, options, values, produced, needs, unruled)
-
-
-def plan_from_options(
-    graph: Graph,
-    mesh: Mesh,
-    options: Mapping[str, ShardingOption | None],
-    held: Mapping[str, Sharding],
-    returns: Mapping[str, Sharding] | None = None,
-) -> Plan:
-    """The plan of an option per op (a saved plan's, the search's): values held as produced;
-    producer-less values as `held`, replicated by default; constants replicated; graph outputs
-    as `returns` says (a required annotation for users), else `returned`."""
-    rules = {op.name: rule_for(op, graph) for op in graph.ops}
-    produced, needs, unruled = _computed(graph, options, rules)
-    values = dict(produced)
-    for name in graph.values:
-        values.setdefault(name, held.get(name, Sharding()))
-    returns = returns or {}
-    for i, name in enumerate(graph.outputs):
-        needs[(RETURN, i)] = returns[name] if name in returns else returned_as(graph, values, name)
-    return Plan(mesh, options, values, dict(values), needs, unruled)
-
-
-def returned_as(graph: Graph, values: Mapping[str, Sharding], output: str) -> Sharding:
-    """How graph output `output` is returned: a training step's next weight or optimizer
-    state where the old is held, any other `returned`."""
-    old = graph.updates.get(output)
-    return values[old] if old is not None else returned(values[output])
-
-
-def returned(sharding: Sharding) -> Sharding:
-    """How a graph output held in `sharding` is returned: complete (a partial result reduced,
-    its split kept)."""
-    return Sharding(sharding.split_axes)
-
-
-def _computed(
-    graph: Graph,
-    options: Mapping[str, ShardingOption | None],
-    rules: Mapping[str, OpRule | None],
-) -> tuple[dict[str, Sharding], dict[tuple[str, int], Sharding], tuple[str, ...]]:
-    """How each op computes with its option (replicated without a rule or an option): its
-    results as produced, its operands as needed; and the ops without a rule."""
-    produced: dict[str, Sharding] = {}
-    needs: dict[tuple[str, int], Sharding] = {}
-    unruled = []
-    for op in graph.ops:
-        rule, option = rules[op.name], options.get(op.name)
-        if rule is None or option is None:
-            unruled += [op.name] if rule is None else []
-            produced |= {name: Sharding() for name in op.outputs if name}
-            needs |= {(op.name, i): Sharding() for i, name in enumerate(op.inputs) if name}
-            continue
-        produced |= {
-            name: rule.result_sharding(option, j) for j, name in enumerate(op.outputs) if name
-        }
-        needs |= {
-            (op.name, i): rule.operand_sharding(option, i) if i < len(rule.operands) else Sharding()
-            for i, name in enumerate(op.inputs)
-            if name
-        }
-    return produced, needs, tuple(unruled)

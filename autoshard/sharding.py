@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from autoshard.errors import ShardingError
+from autoshard.errors import AutoshardError, ShardingError
 from autoshard.mesh import Device, Mesh
 
 Slice = tuple[int, int]
@@ -372,3 +372,25 @@ class _Parser:
         if self.peek() is not None:
             self.fail(f"unexpected {self.peek()!r}")
         return mesh_name, Sharding(tuple(split), **fields)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ShardingOption:
+    """Mesh axes per loop of an op (seed 001): `[[], [], [0]]` splits loop d2 over axis 0."""
+
+    loops: tuple[tuple[int, ...], ...]
+
+    def __str__(self) -> str:
+        loops = list(self.loops)
+        while loops and not loops[-1]:
+            loops.pop()
+        return "[" + ", ".join("[" + ", ".join(map(str, a)) + "]" for a in loops or [()]) + "]"
+
+    @staticmethod
+    def parse(text: str, loop_count: int) -> ShardingOption:
+        split = Sharding.parse(text).split_axes
+        if len(split) > loop_count:
+            raise AutoshardError(
+                f"sharding option {text} has {len(split)} loops; the op has {loop_count}"
+            )
+        return ShardingOption(tuple(split) + ((),) * (loop_count - len(split)))

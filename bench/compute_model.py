@@ -22,11 +22,11 @@ from pathlib import Path
 
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.model import matmul_efficiency, op_cost, op_kind
-from autoshard.fidelity import retyped
+from autoshard.execute.fidelity import retyped
 from autoshard.ir.graph import Graph, Op
 from autoshard.ir.onnx_import import import_onnx, unbound_dims
-from autoshard.plan import ShardingOption
 from autoshard.rules import IteratorType, OpRule, rule_for
+from autoshard.sharding import ShardingOption
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 RUNS = {  # the CI plan set's dims (bench/baselines/plan_all.sh)

@@ -1,5 +1,5 @@
 """Cost fidelity: every op of a plan's per-device program timed at its local shapes, against
-the cost model's estimate of it (`autoshard.fidelity`).
+the cost model's estimate of it (`autoshard.execute.fidelity`).
 
     python bench/cost_fidelity.py                          # CPU, onnxruntime: calibrates first
     python bench/cost_fidelity.py --cluster cluster.json   # a file `autoshard calibrate` wrote
@@ -31,9 +31,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autoshard.cost.calibrate import calibrate
-from autoshard.cost.probes import OnnxRuntimeProbe, TorchProbe
-from autoshard.fidelity import Fidelity, measure, recorded
+from autoshard.cost.measure.calibrate import calibrate
+from autoshard.cost.measure.probes import OnnxRuntimeProbe, TorchProbe
+from autoshard.execute.fidelity import Fidelity, measure, recorded
 from autoshard.ir.onnx_import import unbound_dims
 from autoshard.pipeline import PlanRequest, RequestedPlan, plan_request
 from autoshard.program import Compute

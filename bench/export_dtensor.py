@@ -90,7 +90,7 @@ def main() -> int:
     # run torch ops, can hang in OpenMP.
     torch.multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor"])
 
-    from autoshard.cli import main as autoshard
+    from autoshard.cli.main import main as autoshard
     from autoshard.mesh import Mesh
 
     print("| model | exporter | mesh | split | unnamed | styles | plan s | run s | rel err | "

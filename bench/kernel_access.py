@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from autoshard.cost.probes import TorchProbe
+from autoshard.cost.measure.probes import TorchProbe
 
 
 def cases(torch, probe: TorchProbe, scale: int):

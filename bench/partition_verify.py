@@ -17,12 +17,12 @@ import sys
 import time
 from pathlib import Path
 
+from autoshard.execute.verify import model_weights, verify
 from autoshard.ir.onnx_import import import_onnx, unbound_dims
 from autoshard.mesh import Mesh
 from autoshard.pipeline import build, print_spmd
 from autoshard.propagate import propagate
 from autoshard.search.baselines import dp_tp, megatron
-from autoshard.verify import model_weights, verify
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 DIMS = {"batch": 4, "seq": 8, "dec_seq": 4}

@@ -30,9 +30,9 @@ from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import unbound_dims
 from autoshard.pipeline import load_graph
 from autoshard.search.budget import auto_plan
-from autoshard.search.ilp import InfeasibleError, lowest_budget
 from autoshard.search.options import SolverOptions
 from autoshard.search.problem import build_search
+from autoshard.search.solver.solve import InfeasibleError, lowest_budget
 from autoshard.training import Training
 
 MODELS = Path(__file__).resolve().parents[1] / "models"

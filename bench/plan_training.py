@@ -23,17 +23,18 @@ import time
 from pathlib import Path
 
 from autoshard.annotations import Annotation
-from autoshard.cost.cluster import format_bytes, make_cluster
+from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.pipeline import load_graph
 from autoshard.search.baselines import data_parallel, megatron
 from autoshard.search.budget import auto_plan
-from autoshard.search.ilp import InfeasibleError
 from autoshard.search.problem import SearchError
+from autoshard.search.solver.solve import InfeasibleError
 from autoshard.sharding import Sharding
 from autoshard.training import Training
 from autoshard.training.step import gradient_name, state_name
 from autoshard.training.strategy import strategy_counts, weight_strategies
+from autoshard.units import format_bytes
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 DIMS = {"batch": 8, "seq": 128}

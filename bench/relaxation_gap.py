@@ -28,9 +28,15 @@ from scipy.sparse import coo_matrix, vstack
 from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx, unbound_dims
 from autoshard.search.budget import auto_plan
-from autoshard.search.ilp import InfeasibleError, ilp_model, lowest_budget, rows_over, solve
-from autoshard.search.lagrange import Relaxation, dual
 from autoshard.search.problem import Problem, build_search
+from autoshard.search.solver.relaxation import Relaxation, dual
+from autoshard.search.solver.solve import (
+    InfeasibleError,
+    ilp_model,
+    lowest_budget,
+    rows_over,
+    solve,
+)
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 DIMS = {"batch": 8, "seq": 128, "dec_seq": 16}

@@ -20,9 +20,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from autoshard.artifacts import verify_folder, write_partition
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.model import collective_time
+from autoshard.execute.artifacts import verify_folder, write_partition
 from autoshard.ir.onnx_import import import_onnx, unbound_dims
 from autoshard.mesh import Mesh
 from autoshard.pipeline import Setup, build_setup

@@ -16,15 +16,15 @@ import time
 from pathlib import Path
 
 from autoshard.pipeline import PlanRequest, plan_inputs
-from autoshard.search import ilp
-from autoshard.search.factors import (
+from autoshard.search.problem import build_search
+from autoshard.search.solver import solve as ilp
+from autoshard.search.solver.factors import (
     MAX_ENTRIES,
     additions,
     elimination_order,
     minimize,
     problem_factors,
 )
-from autoshard.search.problem import build_search
 from autoshard.training import Training
 
 MODELS = Path(__file__).resolve().parents[1] / "models"

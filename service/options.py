@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autoshard.annotations import Annotation, parse_annotations
-from autoshard.cost.cluster import DEFAULT_DEVICE, DEVICES
+from autoshard.cost.devices import DEFAULT_DEVICE, DEVICES
 from autoshard.errors import AutoshardError
 from autoshard.pipeline import PlanRequest
 from autoshard.search.options import Objective

@@ -21,7 +21,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
-from autoshard.document import document_text
+from autoshard.document.plan_document import document_text
 from autoshard.errors import AutoshardError
 from autoshard.export import Target, export_document
 from autoshard.pipeline import plan_inputs

@@ -72,10 +72,10 @@ class StoreView:
 
 def run_job(job_id: str, attempt: int, model_path: str, options_json: dict) -> None:
     """Solve one job in a worker process and store its plan, SPMD program and reports."""
+    from autoshard.explain.report import plan_markdown
     from autoshard.html import plan_html
     from autoshard.pipeline import plan_request, print_spmd
     from autoshard.progress import Tracker
-    from autoshard.report import plan_markdown
 
     store = _store
     assert store is not None, "run_job runs in a pool worker"

@@ -82,16 +82,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from autoshard.cost.cluster import Cluster, DeviceKind, Transcendental
+from autoshard.collectives import Collective, ring_steps
+from autoshard.cost.cluster import Cluster
+from autoshard.cost.devices import DeviceKind, Transcendental
 from autoshard.ir import dtypes
 from autoshard.ir.graph import PHASES, Graph, Op
 from autoshard.mesh import Mesh
-from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program, Tensor
-from autoshard.reshard import Collective, ring_steps
 from autoshard.rules import IndexingMap, IteratorType, OpRule, rule_for
 from autoshard.rules.gradient import TRAIN, TrainOp
-from autoshard.sharding import Sharding, shard_size
+from autoshard.sharding import Sharding, ShardingOption, shard_size
 
 
 def collective_time(collective: Collective, cluster: Cluster) -> float:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.document import read_document
+from autoshard.document.plan_document import read_document
 from autoshard.export.held import find_model, held_params
 
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoshard.document import plan_from_document
+from autoshard.document.plan_document import plan_from_document
 from autoshard.errors import AutoshardError
-from autoshard.export.names import NameSource, load_checkpoint, recover_names
 from autoshard.files import sha256_file
 from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import file_weights, import_onnx, load_model
 from autoshard.mesh import Mesh
+from autoshard.names import NameSource, load_checkpoint, recover_names
 from autoshard.plan import Plan
 from autoshard.sharding import Sharding
 

@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autoshard.export.names import recover_names
 from autoshard.files import write_atomic
 from autoshard.html.page import ReportError, ReportInputs, html_report
 from autoshard.ir.onnx_import import file_weights, load_model
+from autoshard.names import recover_names
 from autoshard.pipeline import Lowered, lower_document
 
 __all__ = ["ReportError", "ReportInputs", "html_report", "plan_html", "write_html"]

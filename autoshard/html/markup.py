@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 
-from autoshard.cost.cluster import format_bytes
+from autoshard.units import format_bytes
 
 
 def esc(text: object) -> str:

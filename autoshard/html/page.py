@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoshard import __version__
-from autoshard.cost.cluster import format_rate
 from autoshard.cost.model import (
     MEMORY_KINDS,
     memory,
@@ -30,8 +29,8 @@ from autoshard.cost.model import (
     shard_bytes,
     tensor_kinds,
 )
+from autoshard.document.story import recognise
 from autoshard.errors import AutoshardError
-from autoshard.export.names import is_constant
 from autoshard.html.charts import Band, Bar, Segment, memory_chart, stacked_bars
 from autoshard.html.markup import (
     COMPUTE,
@@ -47,9 +46,10 @@ from autoshard.html.mesh import Cell, axis_label, mesh_svg
 from autoshard.html.tensor import tensor_figure
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Device, Mesh
+from autoshard.names import is_constant
 from autoshard.plan import Plan
 from autoshard.program import Compute, Program
-from autoshard.story import recognise
+from autoshard.units import format_rate
 
 LIVE_SHOWN = 3
 """The largest tensors of each memory kind named at the peak."""

@@ -13,9 +13,9 @@ import math
 from collections.abc import Sequence
 
 from autoshard.cost.model import shard_bytes
+from autoshard.explain.layout import device_shards
 from autoshard.html.markup import block_colour, esc, num, size, svg, tag
 from autoshard.html.mesh import Cell, axis_label, drawn_per_device, mesh_svg
-from autoshard.layout import device_shards
 from autoshard.limits import MAX_LAYOUT_DEVICES
 from autoshard.mesh import Device, Mesh
 from autoshard.sharding import Sharding, Slice

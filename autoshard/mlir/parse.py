@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from autoshard.collectives import AXIS_NAMES, Collective, CollectiveKind, ring_bytes
 from autoshard.errors import AutoshardError, MlirError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Attrs, Op
@@ -38,10 +39,8 @@ from autoshard.mlir.syntax import (
     trailing_types,
     unquote,
 )
-from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
-from autoshard.reshard import AXIS_NAMES, Collective, CollectiveKind, ring_bytes
-from autoshard.sharding import ReductionKind, Sharding, parse_sharding, shard_size
+from autoshard.sharding import ReductionKind, Sharding, ShardingOption, parse_sharding, shard_size
 
 __all__ = ["MlirError", "MlirOp", "Module", "parse_module"]
 

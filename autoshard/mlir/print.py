@@ -44,6 +44,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from autoshard.collectives import Collective, CollectiveKind
 from autoshard.errors import MlirError
 from autoshard.mesh import Mesh
 from autoshard.mlir.syntax import (
@@ -61,7 +62,6 @@ from autoshard.mlir.syntax import (
     symbol,
 )
 from autoshard.program import Communicate, Compute, Program, Tensor
-from autoshard.reshard import Collective, CollectiveKind
 from autoshard.sharding import Sharding
 
 __all__ = ["print_program"]

@@ -19,10 +19,10 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from autoshard.collectives import CollectiveKind
 from autoshard.errors import MlirError
 from autoshard.ir import dtypes
 from autoshard.mesh import Mesh
-from autoshard.reshard import CollectiveKind
 from autoshard.sharding import Sharding, shard_bounds
 
 ELEMENT = {

@@ -35,14 +35,14 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from autoshard.collectives import Collective, CollectiveKind
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
-from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
-from autoshard.reshard import Collective, CollectiveKind, plan_reshard
+from autoshard.reshard import plan_reshard
 from autoshard.rules import IteratorType, OpRule, rule_for
 from autoshard.rules.elementwise import ELEMENTWISE
-from autoshard.sharding import ReductionKind, Sharding
+from autoshard.sharding import ReductionKind, Sharding, ShardingOption
 
 COMMUTES_WITH = {
     ReductionKind.SUM: frozenset({"Add", "Sub", "Sum", "Neg", "Identity"}),

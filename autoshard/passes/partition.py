@@ -47,13 +47,13 @@ from types import MappingProxyType
 
 import numpy as np
 
+from autoshard.collectives import Collective, CollectiveKind
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Attrs, Graph, Op
 from autoshard.mesh import Device, Mesh
 from autoshard.passes.local_rewrites import NOTE_REWRITES, SHAPE_REWRITES, Shape
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
-from autoshard.reshard import Collective, CollectiveKind
 from autoshard.rules import IteratorType, Note, OpRule, rule_for
 from autoshard.rules.shape import constant
 from autoshard.sharding import ReductionKind, Sharding, Slice

@@ -19,8 +19,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autoshard.plan import ShardingOption
-from autoshard.sharding import ReductionKind, Sharding
+from autoshard.sharding import ReductionKind, Sharding, ShardingOption
 
 
 class IteratorType(enum.StrEnum):

@@ -25,12 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from autoshard.artifacts import check_model, read_manifest
 from autoshard.errors import AutoshardError
-from autoshard.mesh import Mesh
-from autoshard.sharding import Sharding
-from autoshard.steps import read_steps
-from autoshard.verify import (
+from autoshard.execute.artifacts import check_model, read_manifest
+from autoshard.execute.steps import read_steps
+from autoshard.execute.verify import (
     InputSpec,
     OutputCheck,
     assemble_value,
@@ -40,6 +38,8 @@ from autoshard.verify import (
     reference_outputs,
     tolerance_for,
 )
+from autoshard.mesh import Mesh
+from autoshard.sharding import Sharding
 
 BACKENDS = ("gloo", "nccl")
 EXIT_FAILED = 2

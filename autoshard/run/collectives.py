@@ -1,6 +1,6 @@
 """The mesh collectives on torch.distributed, one device's side of each.
 
-The semantics are `autoshard.simulate`'s (seed 003): groups in seed 003's order, pieces
+The semantics are `autoshard.execute.simulate`'s (seed 003): groups in seed 003's order, pieces
 ceil-sized along a dim (the last ones smaller or empty). torch numbers a group's members by
 their global rank, sorted (`new_group` sorts), which is not seed 003's order when the mesh
 axes are listed inner before outer: every exchange here puts pieces in torch's order and
@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from autoshard.errors import AutoshardError
+from autoshard.execute.simulate import piece
 from autoshard.sharding import ReductionKind, shard_bounds
-from autoshard.simulate import piece
 
 _OPS = {
     ReductionKind.SUM: dist.ReduceOp.SUM,

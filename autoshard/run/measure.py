@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
-from autoshard.cost.calibrate import Links, LinkSample, fit_links
-from autoshard.reshard import CollectiveKind
+from autoshard.collectives import CollectiveKind
+from autoshard.cost.measure.calibrate import Links, LinkSample, fit_links
 from autoshard.run import BACKENDS, RunSetupError
 
 if TYPE_CHECKING:

@@ -27,9 +27,9 @@ import onnxruntime as ort
 import torch.distributed as dist
 
 from autoshard.errors import AutoshardError
+from autoshard.execute.verify import session_options
 from autoshard.files import sha256_file
 from autoshard.run.collectives import Executor
-from autoshard.verify import session_options
 from autoshard.weights import read_safetensors
 
 

@@ -10,7 +10,7 @@ Each baseline is a pure function of (graph, mesh, axes) returning `Annotation`s 
   activations between them and materialization inserts the all_reduces.
 - `dp_tp`: both, the batch over `dp_axis`, the weights over `tp_axis`.
 
-Megatron's patterns (found by `autoshard.search.patterns`), over *projections*: a MatMul or
+Megatron's patterns (found by `autoshard.analysis.patterns`), over *projections*: a MatMul or
 Gemm of an activation (features on its last dim) by a 2-D initializer reached directly or
 through Transpose/Cast, so `[in, out]` MatMul weights, Gemm's transB `[out, in]` and
 transposed weights all count:
@@ -70,11 +70,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from autoshard.annotations import Annotation
-from autoshard.errors import AutoshardError
-from autoshard.ir.graph import Graph
-from autoshard.mesh import Mesh
-from autoshard.search.patterns import (
+from autoshard.analysis.patterns import (
     Projection,
     attention_blocks,
     conv_pairs,
@@ -84,6 +80,10 @@ from autoshard.search.patterns import (
     mlp_block,
     shape_of,
 )
+from autoshard.annotations import Annotation
+from autoshard.errors import AutoshardError
+from autoshard.ir.graph import Graph
+from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding
 
 

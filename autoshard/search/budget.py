@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autoshard.annotations import Annotation
-from autoshard.cost.cluster import Cluster, format_bytes
+from autoshard.cost.cluster import Cluster
 from autoshard.cost.model import Cost, Memory, price
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
@@ -37,7 +37,10 @@ from autoshard.plan import RETURN, Plan
 from autoshard.program import Program
 from autoshard.progress import Tracker
 from autoshard.reshard import plan_reshard
-from autoshard.search.ilp import (
+from autoshard.search.memory import Chain
+from autoshard.search.options import Objective, SolverOptions
+from autoshard.search.problem import Search, build_search
+from autoshard.search.solver.solve import (
     InfeasibleError,
     LowestBudget,
     Solution,
@@ -46,9 +49,7 @@ from autoshard.search.ilp import (
     solve,
     time_left,
 )
-from autoshard.search.memory import Chain
-from autoshard.search.options import Objective, SolverOptions
-from autoshard.search.problem import Search, build_search
+from autoshard.units import format_bytes
 
 
 class NoPlanFits(InfeasibleError):

@@ -19,9 +19,8 @@ import functools
 import itertools
 
 from autoshard.mesh import Mesh
-from autoshard.plan import ShardingOption
 from autoshard.rules import IteratorType, OpRule
-from autoshard.sharding import Sharding
+from autoshard.sharding import Sharding, ShardingOption
 
 
 def candidates(rule: OpRule, mesh: Mesh) -> tuple[ShardingOption, ...]:

@@ -36,14 +36,13 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from autoshard.analysis.repeats import NONE, Repeats, find_repeats
 from autoshard.ir.graph import Graph, Op
-from autoshard.plan import ShardingOption
 from autoshard.rules import OpRule
 from autoshard.rules.elementwise import ELEMENTWISE
 from autoshard.rules.gradient import TRAIN, TrainOp, computed_with
 from autoshard.search.candidates import option_reads, option_writes
-from autoshard.search.repeats import NONE, Repeats, find_repeats
-from autoshard.sharding import Sharding
+from autoshard.sharding import Sharding, ShardingOption
 
 # ---- decisions and groups ---------------------------------------------------------------------
 

@@ -35,15 +35,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoshard.annotations import Annotation, unread
+from autoshard.collectives import Collective
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.model import collective_time, compute_time
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
 from autoshard.mesh import Mesh
-from autoshard.plan import Plan, ShardingOption
-from autoshard.propagate import plan_from_options, returned
-from autoshard.reshard import Collective, ReshardPrices
+from autoshard.plan import Plan, plan_from_options, returned
+from autoshard.reshard import ReshardPrices
 from autoshard.rules import OpRule, rule_for
 from autoshard.search.candidates import candidates, option_reads, option_writes
 from autoshard.search.coarsen import (
@@ -68,7 +68,7 @@ from autoshard.search.memory import (
     memory_model,
 )
 from autoshard.search.options import Objective
-from autoshard.sharding import Sharding
+from autoshard.sharding import Sharding, ShardingOption
 
 SCALE = 10**9
 """The largest cost coefficient after scaling: fine enough to separate plans, small enough to

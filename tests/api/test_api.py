@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.mlir import parse_module
 
 from .conftest import MODELS, UPLOAD_LIMIT, Server

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 
 from .conftest import MODELS, Server
 

@@ -14,19 +14,18 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from autoshard.annotations import Annotation
-from autoshard.artifacts import write_partition
+from autoshard.execute.artifacts import write_partition
+from autoshard.execute.verify import model_weights, random_inputs, reference_outputs, verify
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.passes.local_rewrites import NOTE_REWRITES
 from autoshard.passes.lower import lower
 from autoshard.passes.partition import LocalCollective, LocalCompute, PartitionError, partition
 from autoshard.pipeline import Setup
-from autoshard.plan import ShardingOption
 from autoshard.propagate import propagate
 from autoshard.rules import IteratorType, Note, rule_for
 from autoshard.search.baselines import dp_tp
-from autoshard.sharding import Sharding
-from autoshard.verify import model_weights, random_inputs, reference_outputs, verify
+from autoshard.sharding import Sharding, ShardingOption
 from tests.golden import seed_models
 
 from .helpers import model_path

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autoshard.collectives import Collective, CollectiveKind
+from autoshard.execute.simulate import run_collective
 from autoshard.mesh import Mesh
 from autoshard.passes.partition import collective_groups, device_slices
-from autoshard.reshard import Collective, CollectiveKind
 from autoshard.sharding import ReductionKind, Sharding
-from autoshard.simulate import run_collective
 
 from .helpers import model_path
 from .test_verify import cli, partition_cli

@@ -14,11 +14,11 @@ import numpy as np
 import onnx
 import pytest
 
-from autoshard.cli import main
+from autoshard.cli.main import main
+from autoshard.execute.verify import random_inputs
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.search.baselines import megatron
-from autoshard.verify import random_inputs
 
 from .helpers import assert_weights_round_trip, model_path
 

@@ -17,8 +17,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from autoshard.cli import main
-from autoshard.document import read_document
+from autoshard.cli.main import main
+from autoshard.document.plan_document import read_document
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding
 from tests.export.gloo import load_module, run_on_ranks

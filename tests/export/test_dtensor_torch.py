@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.export.to_dtensor import placements
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding

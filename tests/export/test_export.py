@@ -17,7 +17,7 @@ import onnx_ir as ir
 import pytest
 from onnx import numpy_helper
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.export import Target, export_plan
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding
@@ -144,7 +144,7 @@ def _read_back(spec, mesh: Mesh, shape) -> dict[int, tuple[int, ...]]:
 
 
 def test_onnx_sharding_metadata(plan, tmp_path):
-    from autoshard.document import read_document
+    from autoshard.document.plan_document import read_document
     from autoshard.export.held import held_params
     from autoshard.export.to_onnx import shard_index
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.export import Target, export_plan
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding

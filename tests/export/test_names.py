@@ -12,8 +12,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from autoshard.export.names import CheckpointError, load_checkpoint, recover_names
 from autoshard.ir.onnx_import import file_weights, load_model
+from autoshard.names import CheckpointError, load_checkpoint, recover_names
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 

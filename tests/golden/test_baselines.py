@@ -11,6 +11,7 @@ import pytest
 from onnx import numpy_helper
 
 from autoshard.annotations import Annotation
+from autoshard.execute.verify import model_weights, verify
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.passes.materialize import materialize
@@ -19,7 +20,6 @@ from autoshard.plan import RETURN
 from autoshard.propagate import propagate
 from autoshard.search.baselines import BaselineError, data_parallel, dp_tp, megatron
 from autoshard.sharding import Sharding
-from autoshard.verify import model_weights, verify
 
 from .seed_models import write_seed_mlp
 

@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 from autoshard.annotations import Annotation
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.passes.lower import lower

@@ -11,7 +11,7 @@ import pytest
 from onnx import helper
 
 from autoshard.annotations import Annotation
-from autoshard.document import plan_from_document
+from autoshard.document.plan_document import plan_from_document
 from autoshard.errors import AutoshardError
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh

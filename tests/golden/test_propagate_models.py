@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 
 from autoshard.annotations import Annotation
+from autoshard.collectives import CollectiveKind
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.passes.materialize import materialize
 from autoshard.plan import RETURN
 from autoshard.propagate import propagate
-from autoshard.reshard import CollectiveKind, plan_reshard
+from autoshard.reshard import plan_reshard
 from autoshard.search.baselines import data_parallel
 from autoshard.sharding import Sharding
 

@@ -5,14 +5,14 @@ materialization needs (planned by the same `plan_reshard` that prices them)."""
 import pytest
 
 from autoshard.annotations import Annotation, AnnotationError
-from autoshard.document import describe
+from autoshard.document.plan_document import describe
 from autoshard.errors import AutoshardError
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
-from autoshard.plan import RETURN, ShardingOption
+from autoshard.plan import RETURN
 from autoshard.propagate import ConflictError, propagate
 from autoshard.reshard import plan_reshard
-from autoshard.sharding import Sharding
+from autoshard.sharding import Sharding, ShardingOption
 
 from .seed_models import write_seed_mlp
 

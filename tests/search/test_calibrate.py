@@ -7,8 +7,10 @@ import re
 
 import pytest
 
-from autoshard.cli import main
-from autoshard.cost.calibrate import (
+from autoshard.cli.main import main
+from autoshard.collectives import CollectiveKind, ring_steps
+from autoshard.cost.cluster import device_kind, make_cluster
+from autoshard.cost.measure.calibrate import (
     PACK_RATES,
     LinkSample,
     fit_half_dim,
@@ -18,11 +20,10 @@ from autoshard.cost.calibrate import (
     kernel_rates,
     working_set,
 )
-from autoshard.cost.cluster import ClusterError, device_kind, make_cluster
 from autoshard.cost.model import OpCost, op_cost
-from autoshard.plan import ShardingOption
-from autoshard.reshard import CollectiveKind, ring_steps
+from autoshard.errors import ClusterError
 from autoshard.rules import rule_for
+from autoshard.sharding import ShardingOption
 from tests.search.test_plan import MODELS
 from tests.search.test_roofline import one_op
 

@@ -2,11 +2,13 @@
 
 import pytest
 
-from autoshard.cost.cluster import ClusterError, make_cluster, parse_bandwidth, parse_size
+from autoshard.cost.cluster import make_cluster
 from autoshard.cost.model import collective_time, shard_bytes
+from autoshard.errors import ClusterError
 from autoshard.mesh import Mesh
 from autoshard.reshard import plan_reshard
 from autoshard.sharding import Sharding
+from autoshard.units import parse_bandwidth, parse_size
 
 S = Sharding.parse
 CLUSTER = make_cluster(mesh="4x8", bandwidth="25GB/s,450GB/s", latency="5us,1us")

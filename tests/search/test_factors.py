@@ -10,8 +10,11 @@ import pytest
 
 from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx
-from autoshard.search import factors, ilp
-from autoshard.search.factors import (
+from autoshard.search.memory import MemoryRows
+from autoshard.search.problem import Problem, build_search
+from autoshard.search.solver import factors
+from autoshard.search.solver import solve as ilp
+from autoshard.search.solver.factors import (
     Factor,
     elimination_order,
     min_marginals,
@@ -19,9 +22,7 @@ from autoshard.search.factors import (
     problem_factors,
     undominated,
 )
-from autoshard.search.ilp import SolverStatus, solve
-from autoshard.search.memory import MemoryRows
-from autoshard.search.problem import Problem, build_search
+from autoshard.search.solver.solve import SolverStatus, solve
 from tests.search.test_ilp import brute_force, random_problem
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

@@ -1,4 +1,4 @@
-"""The fidelity bench's measurement (`autoshard.fidelity`): every op of device 0's program
+"""The fidelity bench's measurement (`autoshard.execute.fidelity`): every op of device 0's program
 timed by a probe, in one class each, with the plan's own estimate; and `calibrate --torch`."""
 
 import json
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from autoshard.cli import main
-from autoshard.cost.probes import OnnxRuntimeProbe, TorchProbe
-from autoshard.fidelity import CLASSES, measure
+from autoshard.cli.main import main
+from autoshard.cost.measure.probes import OnnxRuntimeProbe, TorchProbe
+from autoshard.execute.fidelity import CLASSES, measure
 from autoshard.pipeline import PlanRequest, plan_request
 from tests.export.gloo import load_module
 from tests.search.test_plan import MODELS
@@ -118,8 +118,8 @@ def test_a_one_element_operand_is_a_number_either_side_and_the_result_the_same(o
     """torch_ops gives a binary op its one-element operand as a Python number (as a model
     writes x / 8.0 or 1.0 - x), first or second: the same values as broadcasting it."""
     torch = pytest.importorskip("torch")
+    from autoshard.execute.torch_ops import kernel
     from autoshard.ir.graph import Op
-    from autoshard.torch_ops import kernel
 
     x, one = torch.rand(4, 3) + 0.5, torch.tensor([2.0])
     reference = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div,

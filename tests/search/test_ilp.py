@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from ortools.sat.python import cp_model
 
+from autoshard.analysis.repeats import find_repeats
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.model import memory
 from autoshard.errors import AutoshardError
@@ -18,10 +19,7 @@ from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.passes.lower import lower
 from autoshard.rules import rule_for
-from autoshard.search import ilp
 from autoshard.search.candidates import candidates
-from autoshard.search.ilp import InfeasibleError, eliminate, lowest_budget, solve
-from autoshard.search.lagrange import still_possible
 from autoshard.search.memory import (
     NO_ROWS,
     Chosen,
@@ -30,7 +28,9 @@ from autoshard.search.memory import (
     MemoryRows,
 )
 from autoshard.search.problem import Problem, build_search
-from autoshard.search.repeats import find_repeats
+from autoshard.search.solver import solve as ilp
+from autoshard.search.solver.relaxation import still_possible
+from autoshard.search.solver.solve import InfeasibleError, eliminate, lowest_budget, solve
 from tests.golden.seed_models import write_seed_mlp
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

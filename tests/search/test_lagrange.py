@@ -11,12 +11,13 @@ import pytest
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx
-from autoshard.search import ilp, lagrange
 from autoshard.search.budget import auto_plan
-from autoshard.search.ilp import InfeasibleError, solve
-from autoshard.search.lagrange import Relaxation, dual, peak_relaxation, still_possible
 from autoshard.search.memory import Chosen, Indicator, MemoryRow, MemoryRows
 from autoshard.search.problem import Problem, build_search
+from autoshard.search.solver import relaxation as lagrange
+from autoshard.search.solver import solve as ilp
+from autoshard.search.solver.relaxation import Relaxation, dual, peak_relaxation, still_possible
+from autoshard.search.solver.solve import InfeasibleError, solve
 from autoshard.sharding import Sharding
 from tests.search.test_ilp import MODELS, brute_force, random_problem
 from tests.search.test_plan import write_mlp

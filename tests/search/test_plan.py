@@ -13,23 +13,23 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from autoshard.annotations import Annotation
-from autoshard.cli import main
+from autoshard.cli.main import main
+from autoshard.collectives import ring_bytes
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.model import memory, price
-from autoshard.document import describe
+from autoshard.document.plan_document import describe
+from autoshard.execute.verify import model_weights, verify
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
 from autoshard.passes.partition import LocalCollective, partition
-from autoshard.plan import ShardingOption
 from autoshard.propagate import propagate
-from autoshard.reshard import ring_bytes
-from autoshard.search import budget, ilp
+from autoshard.search import budget
 from autoshard.search.baselines import data_parallel, dp_tp, megatron
 from autoshard.search.budget import NoPlanFits, auto_plan
-from autoshard.search.ilp import InfeasibleError, lowest_budget
 from autoshard.search.problem import build_search
-from autoshard.sharding import Sharding
-from autoshard.verify import model_weights, verify
+from autoshard.search.solver import solve as ilp
+from autoshard.search.solver.solve import InfeasibleError, lowest_budget
+from autoshard.sharding import Sharding, ShardingOption
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -122,7 +122,7 @@ def test_the_lowest_budget_a_solve_worked_out_is_the_errors(mlp, monkeypatch):
         auto_plan(import_onnx(mlp), make_cluster(mesh="8", memory="16MiB"))
     lowest = error.value.lowest
     assert (lowest.peak, lowest.status) == (22020096, "OPTIMAL")
-    assert calls == ["autoshard.search.ilp"]
+    assert calls == ["autoshard.search.solver.solve"]
 
 
 def test_an_infeasible_budget_names_the_lowest_one(mlp):

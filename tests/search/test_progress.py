@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.pipeline import PipelineStage, PlanRequest, plan_request
 from autoshard.progress import LinesView, Progress, TerminalView, Tracker
 from autoshard.search.options import Objective

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from onnx import helper
 
+from autoshard.analysis.repeats import find_repeats
 from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.search.coarsen import Key, Kind, Tie
 from autoshard.search.problem import decision_groups
-from autoshard.search.repeats import find_repeats
 from autoshard.training import Training, training_graph
 from tests.unit.onnx_factory import F32, I64, model, rng_weight, save, tensor
 

@@ -10,8 +10,8 @@ import pytest
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.model import OpCost, matmul_efficiency, op_cost
 from autoshard.ir.graph import Graph, Op, Value
-from autoshard.plan import ShardingOption
 from autoshard.rules import rule_for
+from autoshard.sharding import ShardingOption
 
 HBM = 3.35e12 * 0.85  # bytes/s a streaming kernel reaches
 L2 = 8e12 * 0.85  # the same, moving at most half the L2 (25 MiB)

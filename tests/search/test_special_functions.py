@@ -7,11 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from autoshard.cost.cluster import ClusterError, device_kind, make_cluster
+from autoshard.cost.cluster import device_kind, make_cluster
 from autoshard.cost.model import TRANSCENDENTAL_FLOPS, OpCost, op_cost, special
+from autoshard.errors import ClusterError
 from autoshard.ir.graph import Graph, Op, Value
-from autoshard.plan import ShardingOption
 from autoshard.rules import rule_for
+from autoshard.sharding import ShardingOption
 from tests.search.test_calibrate import DEVICE
 from tests.search.test_roofline import one_op
 

@@ -12,19 +12,18 @@ import pytest
 from onnx import helper
 
 from autoshard.annotations import Annotation
-from autoshard.cli import main
+from autoshard.cli.main import main
+from autoshard.collectives import CollectiveKind, ring_bytes
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.model import memory, op_flops
+from autoshard.explain.report import plan_markdown
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
-from autoshard.plan import ShardingOption
-from autoshard.report import plan_markdown
-from autoshard.reshard import CollectiveKind, ring_bytes
 from autoshard.rules import IteratorType, rule_for
 from autoshard.search.budget import auto_plan
-from autoshard.search.ilp import solve
 from autoshard.search.problem import build_search
-from autoshard.sharding import Sharding
+from autoshard.search.solver.solve import solve
+from autoshard.sharding import Sharding, ShardingOption
 from autoshard.training import Training, TrainingError, training_graph
 from tests.golden.seed_models import write_seed_mlp
 from tests.search.test_ilp import brute_force

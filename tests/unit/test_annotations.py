@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autoshard.annotations import Annotation, AnnotationError, check_annotations
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding
 

@@ -1,5 +1,5 @@
 """The CCL passes (seed 001): each rewrite's exact collectives, its bytes, and its meaning — the
-program is executed on every device before and after (collectives by `autoshard.simulate`, the
+program is executed on every device before and after (collectives by `execute.simulate`, the
 few ops involved with numpy) and must give the same outputs as the original graph."""
 
 import numpy as np
@@ -8,6 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from autoshard.annotations import Annotation
+from autoshard.collectives import CollectiveKind
+from autoshard.execute.simulate import run_collective, shard
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.passes.ccl import (
@@ -21,12 +23,9 @@ from autoshard.passes.ccl import (
     reassociate,
 )
 from autoshard.passes.materialize import materialize
-from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program
 from autoshard.propagate import propagate
-from autoshard.reshard import CollectiveKind
-from autoshard.sharding import Sharding
-from autoshard.simulate import run_collective, shard
+from autoshard.sharding import Sharding, ShardingOption
 
 S = Sharding.parse
 NUMPY = {

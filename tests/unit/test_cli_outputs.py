@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 
 MLP = str(Path(__file__).resolve().parents[2] / "models" / "mlp.onnx")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 
 GPT2 = Path(__file__).resolve().parents[2] / "models" / "gpt2.onnx"
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 
 
 def test_text_output_names_each_collective_with_its_bytes(capsys):

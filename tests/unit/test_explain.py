@@ -12,20 +12,20 @@ import pytest
 from onnx import helper
 
 from autoshard.annotations import Annotation
-from autoshard.breakdown import breakdown
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.cost.cluster import make_cluster, recorded_flags
 from autoshard.cost.model import price
-from autoshard.document import write_document
-from autoshard.explain import ExplainError, decided_by, explain, explain_text, load_saved
+from autoshard.document.breakdown import breakdown
+from autoshard.document.plan_document import write_document
+from autoshard.document.story import strategy_story
+from autoshard.explain.saved import ExplainError, decided_by, explain, explain_text, load_saved
+from autoshard.explain.whynot import Verdict, why_not
 from autoshard.mesh import Mesh
 from autoshard.passes.materialize import materialize
 from autoshard.pipeline import PlanRequest, load_graph, plan_request
 from autoshard.propagate import propagate
 from autoshard.sharding import Sharding
-from autoshard.story import strategy_story
 from autoshard.training.options import Optimizer, Training
-from autoshard.whynot import Verdict, why_not
 from tests.unit.onnx_factory import F32, model, reshapes, rng_weight, save, tensor
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx_factory import F32, model, save, tensor
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.limits import (
     MAX_DEVICES,
     MAX_ELEMENTS,

@@ -16,9 +16,9 @@ from onnx import helper
 from onnx_factory import F32, matmul_chain, model, rng_weight, save, tensor
 
 from autoshard.annotations import Annotation
-from autoshard.cli import main
-from autoshard.cost.cluster import format_bytes
+from autoshard.cli.main import main
 from autoshard.cost.model import memory, memory_timeline
+from autoshard.document.story import Role, recognise
 from autoshard.html.markup import ms
 from autoshard.html.mesh import Cell, mesh_svg
 from autoshard.html.tensor import tensor_figure
@@ -27,7 +27,7 @@ from autoshard.pipeline import load_graph, propagated
 from autoshard.propagate import propagate
 from autoshard.search.baselines import dp_tp
 from autoshard.sharding import Sharding
-from autoshard.story import Role, recognise
+from autoshard.units import format_bytes
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 GPT2 = MODELS / "gpt2.onnx"

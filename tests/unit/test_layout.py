@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from autoshard.layout import device_shards, draw_layout, layout_json
+from autoshard.explain.layout import device_shards, draw_layout, layout_json
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding
 

@@ -19,11 +19,10 @@ from autoshard.mesh import Mesh
 from autoshard.mlir import MlirError, parse_module, print_program
 from autoshard.mlir.syntax import SymbolRef, TensorType
 from autoshard.passes.materialize import materialize
-from autoshard.plan import ShardingOption
 from autoshard.program import Communicate, Compute, Program, Tensor
 from autoshard.propagate import propagate
 from autoshard.reshard import plan_reshard
-from autoshard.sharding import ReductionKind, Sharding
+from autoshard.sharding import ReductionKind, Sharding, ShardingOption
 from tests.golden.seed_models import write_seed_mlp
 
 S = Sharding.parse
@@ -406,7 +405,7 @@ def test_cli_dump_after_each_stage(tmp_path, capsys):
     """--dump-after prints, to stderr and in stage order whatever the flags' order, the program
     after materialize, after the CCL passes, and after partition (what `partition` writes to
     spmd.mlir)."""
-    from autoshard.cli import main
+    from autoshard.cli.main import main
     from autoshard.passes.lower import lower
 
     model = write_seed_mlp(tmp_path / "mlp.onnx")

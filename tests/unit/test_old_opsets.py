@@ -14,7 +14,7 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx_factory import F32, rng_weight, save, tensor
 
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.errors import ModelError
 from autoshard.ir.onnx_import import import_onnx
 

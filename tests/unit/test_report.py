@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from autoshard.cli import main
-from autoshard.document import SCHEMA
-from autoshard.report import (
+from autoshard.cli.main import main
+from autoshard.document.plan_document import SCHEMA
+from autoshard.explain.report import (
     ReportError,
     compare,
     comparison_markdown,

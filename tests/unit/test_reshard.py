@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoshard.errors import ShardingError
+from autoshard.execute.simulate import reduce, run_collectives, shard
 from autoshard.mesh import Mesh
 from autoshard.reshard import ReshardPrices, plan_reshard
 from autoshard.sharding import ReductionKind, Sharding
-from autoshard.simulate import reduce, run_collectives, shard
 
 
 def steps(src, dst, shape, mesh, itemsize=1):

@@ -1,6 +1,6 @@
-"""The strategy in words (autoshard.story) of hand plans whose strategy is known (the baselines
+"""The strategy in words (document.story) of hand plans whose strategy is known (the baselines
 and annotations pin it), on the bundled GPT-2 and BERT, for forward and training plans; and
-`autoshard diff` of two plans (autoshard.diff), with the report's link to it."""
+`autoshard diff` of two plans (autoshard.explain.diff), with the report's link to it."""
 
 import functools
 import json
@@ -8,20 +8,21 @@ from pathlib import Path
 
 import pytest
 
+from autoshard.analysis.repeats import find_repeats
 from autoshard.annotations import Annotation
-from autoshard.cli import main
+from autoshard.cli.main import main
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.model import price
-from autoshard.diff import diff_plans, diff_text
-from autoshard.document import model_info, plan_document, write_document
+from autoshard.document.plan_document import model_info, plan_document, write_document
+from autoshard.document.story import strategy_story
+from autoshard.explain.diff import diff_plans, diff_text
 from autoshard.mesh import Mesh
 from autoshard.passes.materialize import materialize
 from autoshard.pipeline import load_graph
-from autoshard.propagate import plan_from_options, propagate
+from autoshard.plan import plan_from_options
+from autoshard.propagate import propagate
 from autoshard.search.baselines import data_parallel, dp_tp, megatron
-from autoshard.search.repeats import find_repeats
 from autoshard.sharding import Sharding
-from autoshard.story import strategy_story
 from autoshard.training import Training
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -224,7 +225,7 @@ def test_cli_diff_and_report_link(tmp_path, capsys):
 
 
 def test_story_in_document_and_report():
-    from autoshard.report import plan_markdown
+    from autoshard.explain.report import plan_markdown
 
     doc = document("bert", DPTP, dp_tp(graph("bert"), DPTP, 0, 1))
     assert doc["story"] == f"{BATCH} {LAYERS_TP.format(**NAMED['bert'])} {WEIGHTS['bert']}"
@@ -234,7 +235,7 @@ def test_story_in_document_and_report():
 def test_ulysses():
     """Norms split on the sequence and attention on heads over one axis: the program turns
     sequence into heads and back with all_to_alls around each attention (Ulysses)."""
-    from autoshard.search.patterns import _head_reshapes, find_projections
+    from autoshard.analysis.patterns import _head_reshapes, find_projections
 
     g, mesh = graph("bert"), Mesh.parse("sp=2")
     norms = [op.outputs[0] for op in g.ops if op.type == "LayerNormalization"]
@@ -259,7 +260,7 @@ def test_breakdown_adds_up(training):
     """The breakdown regroups the cost: the layers and the rest add up to the plan's compute
     and communication time; one layer is the count's share of all layers (the layers are
     alike); the top collectives are the costliest, most first."""
-    from autoshard.breakdown import breakdown
+    from autoshard.document.breakdown import breakdown
 
     g = graph("gpt2", training)
     plan = propagate(g, DPTP, dp_tp(graph("gpt2"), DPTP, 0, 1))
@@ -295,7 +296,7 @@ def test_breakdown_adds_up(training):
 def test_story_names_blocks_by_parameter_names():
     """BERT's projections read `onnx::MatMul_*` initializers; the source model's parameter
     names (recovered from the nodes' module scopes) name their blocks, a layer's index `*`."""
-    from autoshard.export.names import parameter_names
+    from autoshard.names import parameter_names
 
     g = graph("bert")
     plan = propagate(g, DPTP, dp_tp(g, DPTP, 0, 1))

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.cost.cluster import format_bytes, format_seconds
-from autoshard.document import read_document
+from autoshard.document.plan_document import read_document
 from autoshard.errors import AutoshardError
+from autoshard.units import format_bytes, format_seconds
 
 
 class ReportError(AutoshardError):

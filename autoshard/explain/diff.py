@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autoshard.cost.cluster import format_bytes
-from autoshard.report import format_seconds, model_label
+from autoshard.explain.report import format_seconds, model_label
+from autoshard.units import format_bytes
 
 COSTS = (
     ("memory_bytes_per_device", "memory per device", "bytes"),

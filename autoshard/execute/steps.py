@@ -28,12 +28,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autoshard import segments
 from autoshard.errors import AutoshardError
+from autoshard.execute import segments
+from autoshard.execute.verify import id_bound
 from autoshard.files import json_text, write_atomic
 from autoshard.ir.graph import Graph
 from autoshard.passes.partition import LocalCollective, Partitioned
-from autoshard.verify import id_bound
 
 FORMAT = "autoshard-steps/1"
 STEPS = "steps.json"

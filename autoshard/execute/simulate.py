@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from autoshard.collectives import Collective, CollectiveKind
 from autoshard.mesh import Device, Mesh
-from autoshard.reshard import Collective, CollectiveKind
 from autoshard.sharding import ReductionKind, Sharding, shard_bounds
 
 Locals = dict[Device, np.ndarray]

@@ -41,7 +41,9 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from autoshard.search.factors import (
+from autoshard.search.memory import Chosen, Indicator, Literal, MemoryRows
+from autoshard.search.problem import Problem
+from autoshard.search.solver.factors import (
     MAX_ENTRIES,
     Factor,
     additions,
@@ -49,8 +51,6 @@ from autoshard.search.factors import (
     min_marginals,
     minimize,
 )
-from autoshard.search.memory import Chosen, Indicator, Literal, MemoryRows
-from autoshard.search.problem import Problem
 
 ITERATIONS = 20
 """Subgradient steps at most: the bound settles in fewer (the 32-layer decoder on 4x8 at 60 %:

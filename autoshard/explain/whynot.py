@@ -28,19 +28,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoshard.annotations import Annotation, AnnotationError, check_annotations
-from autoshard.diff import change_lines, cost_lines, diff_plans
 from autoshard.errors import ShardingError
-from autoshard.explain import ExplainError, Saved, resolve
+from autoshard.explain.diff import change_lines, cost_lines, diff_plans
+from autoshard.explain.saved import ExplainError, Saved, resolve
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.pipeline import plan_request
-from autoshard.plan import ShardingOption
 from autoshard.rules import IteratorType, OpRule, rule_for
 from autoshard.search.candidates import candidates, option_writes
-from autoshard.search.ilp import InfeasibleError
 from autoshard.search.options import Objective
 from autoshard.search.problem import SearchError
-from autoshard.sharding import Sharding
+from autoshard.search.solver.solve import InfeasibleError
+from autoshard.sharding import Sharding, ShardingOption
 
 SHOWN = 8
 """How many of the shardings an op can write an INFEASIBLE verdict lists."""

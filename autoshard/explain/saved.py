@@ -29,22 +29,28 @@ from pathlib import Path
 from typing import Any
 
 from autoshard.annotations import Annotation, parse_annotations
-from autoshard.cost.cluster import Cluster, format_bytes, make_cluster, recorded_flags
+from autoshard.cost.cluster import Cluster, make_cluster, recorded_flags
 from autoshard.cost.model import Cost, live_kinds, memory, memory_kinds, price, shard_bytes
-from autoshard.document import DocumentError, read_document, read_plan_document, training_of
+from autoshard.document.plan_document import (
+    DocumentError,
+    read_document,
+    read_plan_document,
+    training_of,
+)
 from autoshard.errors import AutoshardError
-from autoshard.export.names import parameter_names
+from autoshard.explain.report import format_seconds
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
+from autoshard.names import parameter_names
 from autoshard.pipeline import Lowered, PlanRequest, lower_document
 from autoshard.plan import RETURN
 from autoshard.program import Program
-from autoshard.report import format_seconds
 from autoshard.rules import rule_for
 from autoshard.search.candidates import candidates
 from autoshard.search.coarsen import Grouping, Key, Kind, OpDecision, Tie
 from autoshard.search.options import Objective
 from autoshard.search.problem import decision_groups
+from autoshard.units import format_bytes
 
 TIES = {
     Tie.COPY: "copy of {0} (repeated layer)",

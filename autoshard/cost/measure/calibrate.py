@@ -76,9 +76,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autoshard.cost.cluster import ClusterError, Transcendental, parse_size
-from autoshard.cost.probes import OnnxRuntimeProbe, TorchProbe
-from autoshard.reshard import CollectiveKind, ring_bytes, ring_steps
+from autoshard.collectives import CollectiveKind, ring_bytes, ring_steps
+from autoshard.cost.devices import Transcendental
+from autoshard.cost.measure.probes import OnnxRuntimeProbe, TorchProbe
+from autoshard.errors import ClusterError
+from autoshard.units import parse_size
 
 SQUARE = (128, 256, 512, 1024, 2048)
 BIG_SQUARE = (4096, 8192)  # a GPU reaches its peak only on these

@@ -1,7 +1,7 @@
 """Run a partitioned program on every device in one process and check it against the model.
 
 Each device runs its own local program (`DeviceProgram`): local ops with onnxruntime,
-collectives with `autoshard.simulate` (seed 003's semantics, device groups in order), its
+collectives with `autoshard.execute.simulate` (seed 003's semantics, device groups in order), its
 weights from its own file. The outputs are reassembled from the devices' shards (partial ones
 reduced, replicas checked to agree) and compared with onnxruntime on the original model.
 
@@ -27,16 +27,16 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from autoshard import segments
+from autoshard.collectives import Collective, CollectiveKind
 from autoshard.errors import AutoshardError
+from autoshard.execute import segments
+from autoshard.execute.segments import Segment
+from autoshard.execute.simulate import run_collective
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.passes.partition import DeviceProgram, Partitioned, device_slices
-from autoshard.reshard import Collective, CollectiveKind
-from autoshard.segments import Segment
 from autoshard.sharding import Sharding
-from autoshard.simulate import run_collective
 from autoshard.weights import weight_array
 
 TINY = 1e-30

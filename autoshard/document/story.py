@@ -42,12 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autoshard.ir.graph import Graph
-from autoshard.mesh import Mesh
-from autoshard.plan import Plan
-from autoshard.rules import rule_for
-from autoshard.rules.elementwise import ELEMENTWISE
-from autoshard.search.patterns import (
+from autoshard.analysis.patterns import (
     Projection,
     attention_blocks,
     embedding_tables,
@@ -56,7 +51,12 @@ from autoshard.search.patterns import (
     mlp_block,
     weight_source,
 )
-from autoshard.search.repeats import Repeats, Run, find_repeats
+from autoshard.analysis.repeats import Repeats, Run, find_repeats
+from autoshard.ir.graph import Graph
+from autoshard.mesh import Mesh
+from autoshard.plan import Plan
+from autoshard.rules import rule_for
+from autoshard.rules.elementwise import ELEMENTWISE
 from autoshard.sharding import Sharding
 from autoshard.training.strategy import strategy_counts, weight_strategies
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from autoshard.cost.cluster import Transcendental
+from autoshard.cost.devices import Transcendental
 
 REPEATS = 5
 BUDGET = 0.05

@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from autoshard.analysis.repeats import Repeats, find_repeats
 from autoshard.cost.model import MEMORY_KINDS, Cost, Memory, live_kinds, memory, served_ops
 from autoshard.ir.graph import Graph
 from autoshard.program import Program, step_index
-from autoshard.search.repeats import Repeats, find_repeats
 
 TOP = 5
 """How many collectives `top_collectives` lists."""

@@ -1,5 +1,5 @@
 """ONNX ops as torch eager kernels, to time a device program's ops the way an eager PyTorch
-model runs them (the fidelity bench, `autoshard.fidelity`).
+model runs them (the fidelity bench, `autoshard.execute.fidelity`).
 
     kernel(op, args, shapes, torch) -> a closure running the op's kernel(s)
 

@@ -11,10 +11,10 @@ its schema, written and read here only:
      "search": {..., "objective", "time_limit", "annotations"} | null,
      "timing": {"build_s", "solve_s"} | null}
 
-`story` is the strategy in words (`autoshard.story`): one paragraph naming the data, tensor,
+`story` is the strategy in words (`document.story`): one paragraph naming the data, tensor,
 sequence and expert parallelism the plan uses, per repeated layer and for the rest, and how its
 weights are held; the plan summary and report.md open with it. `breakdown` regroups the cost
-(`autoshard.breakdown`): compute and communication per mesh axis of one repeated layer and of
+(`document.breakdown`): compute and communication per mesh axis of one repeated layer and of
 all of them, of the rest, compute by op type, the top collectives by time, and the memory at
 the peak by kind per repeated layer and for the rest. `search` also records what the search
 was asked (its objective, time limit and annotations), so that `autoshard explain` can solve
@@ -38,20 +38,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoshard.annotations import Annotation
-from autoshard.breakdown import breakdown
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.model import Cost
+from autoshard.document.breakdown import breakdown
+from autoshard.document.story import strategy_story
 from autoshard.errors import AutoshardError
 from autoshard.files import sha256_file, write_atomic
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
-from autoshard.plan import RETURN, Plan, ShardingOption
+from autoshard.plan import RETURN, Plan, plan_from_options, returned_as
 from autoshard.program import Program
-from autoshard.propagate import plan_from_options, returned_as
 from autoshard.rules import rule_for
 from autoshard.search.options import SolverOptions
-from autoshard.sharding import Sharding
-from autoshard.story import strategy_story
+from autoshard.sharding import Sharding, ShardingOption
 from autoshard.training import Training
 from autoshard.training.strategy import strategy_counts, weight_strategies
 

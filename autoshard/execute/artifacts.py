@@ -27,15 +27,15 @@ from typing import Any
 import numpy as np
 
 from autoshard.annotations import Annotation, AnnotationError, parse_annotations
-from autoshard.document import training_of
+from autoshard.document.plan_document import training_of
 from autoshard.errors import AutoshardError
+from autoshard.execute.steps import STEPS, write_steps
+from autoshard.execute.verify import Report, verify
 from autoshard.files import json_text, sha256_file, write_atomic
 from autoshard.mesh import Mesh
 from autoshard.mlir import DIALECTS, Dialect
 from autoshard.pipeline import AfterStage, Built, PipelineStage, Setup, build_setup, print_spmd
 from autoshard.progress import Tracker
-from autoshard.steps import STEPS, write_steps
-from autoshard.verify import Report, verify
 from autoshard.weights import Entry, File, read_safetensors, write_safetensors
 
 FORMAT = "autoshard-partition/1"

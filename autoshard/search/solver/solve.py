@@ -47,8 +47,10 @@ from ortools.sat.python import cp_model
 
 from autoshard.errors import AutoshardError
 from autoshard.progress import Tracker
-from autoshard.search.factors import minimize, problem_factors, undominated
-from autoshard.search.lagrange import (
+from autoshard.search.memory import NO_ROWS, Chosen, Indicator, MemoryRows
+from autoshard.search.problem import Problem
+from autoshard.search.solver.factors import minimize, problem_factors, undominated
+from autoshard.search.solver.relaxation import (
     LONGER,
     ROUNDING,
     Dual,
@@ -63,8 +65,6 @@ from autoshard.search.lagrange import (
     table_limit,
     tightened,
 )
-from autoshard.search.memory import NO_ROWS, Chosen, Indicator, MemoryRows
-from autoshard.search.problem import Problem
 
 
 class InfeasibleError(AutoshardError):

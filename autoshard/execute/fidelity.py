@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from autoshard import segments
+from autoshard.cost.measure.probes import OnnxRuntimeProbe, TorchProbe
 from autoshard.cost.model import matmul_efficiency, op_cost, op_kind
-from autoshard.cost.probes import OnnxRuntimeProbe, TorchProbe
+from autoshard.execute import segments
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Attrs, Graph, Value
 from autoshard.passes.partition import LocalCompute, Partitioned
@@ -175,7 +175,7 @@ def _ort_time(
 
 
 def _torch_time(probe: TorchProbe, op_step: LocalCompute, operands: _Operands) -> float:
-    from autoshard.torch_ops import kernel, torch_dtype
+    from autoshard.execute.torch_ops import kernel, torch_dtype
 
     torch, op, device = probe.torch, op_step.op, operands.device
     args: list[Any] = []

@@ -1,0 +1,5 @@
+"""The command line: `autoshard COMMAND ...`."""
+
+from autoshard.cli.main import main
+
+__all__ = ["main"]

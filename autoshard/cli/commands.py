@@ -1,0 +1,527 @@
+"""The `autoshard` command line: parses flags, calls the library, formats results.
+
+Every user error ends as one line on stderr (`autoshard: error: ...`) and exit code 2; no
+traceback reaches the user for bad input. Every command takes `--json` for machine output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autoshard.cli.flags import (
+    PROGRESS_DELAY_S,
+    _dims,
+)
+from autoshard.cli.summaries import _breakdown_summary, _cost_summary, _print_checks
+from autoshard.errors import AutoshardError
+from autoshard.mesh import Mesh
+from autoshard.passes import Stage
+from autoshard.search.options import Objective
+from autoshard.sharding import Sharding
+
+if TYPE_CHECKING:  # the pipeline is imported by the commands that run it, not at startup
+    from autoshard.pipeline import AfterStage
+    from autoshard.progress import Tracker
+
+
+def _emit(data: object) -> None:
+    print(json.dumps(data, indent=2))
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from autoshard.ir.summary import format_summary, inspect_model
+
+    summary = inspect_model(args.model, _dims(args.dim))
+    if args.json:
+        _emit(summary)
+    else:
+        print(format_summary(summary))
+    return 0
+
+
+def cmd_layout(args: argparse.Namespace) -> int:
+    from autoshard.explain.layout import draw_layout, layout_json
+
+    mesh = Mesh.parse(args.mesh)
+    sharding = Sharding.parse(args.sharding).check(mesh, args.shape)
+    if args.json:
+        _emit(layout_json(mesh, args.shape, sharding))
+    else:
+        print(draw_layout(mesh, args.shape, sharding))
+    return 0
+
+
+def cmd_propagate(args: argparse.Namespace) -> int:
+    from autoshard.cost.model import price
+    from autoshard.document.plan_document import describe
+    from autoshard.document.story import strategy_story
+    from autoshard.names import parameter_names
+    from autoshard.pipeline import propagated
+
+    cluster = _cluster(args)
+    mesh = cluster.mesh
+    annotations = _annotations(args)
+    partition = Stage.PARTITION in (args.dump_after or ())  # only to print it
+    training = _training(args)
+    lowered = propagated(
+        args.model, _dims(args.dim), mesh, annotations, _dump_after(args), partition, training
+    )
+    graph, result, program = lowered.graph, lowered.plan, lowered.program
+    if args.emit == "mlir":
+        from autoshard.mlir import print_program
+
+        print(print_program(program, args.dialect), end="")
+        return 0
+    cost = price(program, graph, cluster)
+    collectives = program.collectives_json()
+    data: dict[str, Any] = {
+        "story": strategy_story(graph, result, collectives, parameter_names(args.model)),
+        **describe(result, graph, cost),
+        "collectives": collectives,
+        "cost": cost.to_json(),
+    }
+    if args.html:
+        from autoshard.document.plan_document import model_info, plan_document
+
+        info = model_info(args.model, graph, _dims(args.dim))
+        document = plan_document(graph, cluster, result, program, cost, info, training=training)
+        _write_html(args, document, lowered)
+    if args.json:
+        _emit(data)
+        return 0
+    print(
+        f"model {graph.name} on mesh {mesh}: {len(graph.ops)} ops, {len(annotations)} annotations"
+    )
+    print(textwrap.fill(data["story"], width=100))
+    for name, op in data["ops"].items():
+        print(f"  {name} ({op['type']}): {op['sharding_option'] or 'replicated (no rule)'}")
+    collectives = data["collectives"]
+    print(f"collectives: {len(collectives)}, {program.bytes_per_device} bytes per device")
+    for c in collectives:
+        print(
+            f"  {c['value']}: {c['kind']} mesh_axes = {c['mesh_axes']}  {c['from']} -> {c['to']}"
+            f"  ({c['bytes_per_device']} B)"
+        )
+    if result.unruled:
+        print(f"computed replicated (no rule): {', '.join(result.unruled)}")
+    print(_cost_summary(cost, cluster, data["ops"]))
+    if args.html:
+        print(f"report written to {args.html}")
+    return 0
+
+
+def _write_html(args: argparse.Namespace, document: dict[str, Any], lowered: Any) -> None:
+    """--html: the plan's HTML report, drawn from the plan just made."""
+    from autoshard.html import plan_html, write_html
+
+    write_html(args.html, plan_html(document, args.model, args.html_tensor or (), lowered))
+
+
+def _cluster(args: argparse.Namespace) -> Any:
+    from autoshard.cost.cluster import make_cluster
+
+    return make_cluster(
+        args.mesh, args.device, args.bandwidth, args.latency, args.memory, args.cluster
+    )
+
+
+def _training(args: argparse.Namespace) -> Any:
+    """The training step the flags ask for (None: the forward pass)."""
+    from autoshard.training.options import OPTIONS, requested
+
+    given = {name: getattr(args, name) for name in OPTIONS}
+    return requested(
+        args.mode, given, lambda name: "--" + name.replace("_", "-"), "--mode training"
+    )
+
+
+def _dump_after(args: argparse.Namespace) -> AfterStage | None:
+    """The dump points asked for with --dump-after, printing in the command's dialect."""
+    if not args.dump_after:
+        return None
+    from autoshard.pipeline import dump_after
+
+    return dump_after(set(args.dump_after), getattr(args, "dialect", "mesh"))
+
+
+@contextmanager
+def _progress(args: argparse.Namespace) -> Iterator[Tracker | None]:
+    """The run's progress on stderr: a line redrawn in place on a terminal, plain lines
+    otherwise (and while --dump-after prints there too); none with --quiet."""
+    if args.quiet:
+        yield None
+        return
+    from autoshard.progress import LinesView, TerminalView, Tracker
+
+    delay = 0.0 if args.verbose else PROGRESS_DELAY_S
+    terminal = sys.stderr.isatty() and not args.dump_after
+    view = TerminalView(sys.stderr, delay) if terminal else LinesView(sys.stderr, delay)
+    try:
+        yield Tracker(view)
+    finally:
+        view.close()
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from autoshard.pipeline import PlanRequest, plan_request
+
+    request = PlanRequest(
+        model_path=args.model, mesh=args.mesh, dims=_dims(args.dim), device=args.device,
+        bandwidth=args.bandwidth, latency=args.latency, memory=args.memory,
+        cluster_file=args.cluster, annotations=_annotations(args),
+        objective=Objective(args.objective), time_limit=args.time_limit,
+        training=_training(args),
+    )  # fmt: skip
+    with _progress(args) as tracker:
+        requested = plan_request(request, tracker, _dump_after(args))
+    document, planned, cluster = requested.document, requested.planned, requested.cluster
+    if args.out:
+        from autoshard.document.plan_document import write_document
+
+        write_document(args.out, document)
+    if args.html:
+        _write_html(args, document, requested.lowered)
+    if args.json:
+        _emit(document)
+        return 0
+    solver, search, timing = document["solver"], document["search"], document["timing"]
+    layers = search["repeated_layers"]
+    print(f"plan for {args.model} on mesh {cluster.mesh} ({cluster.mesh.size} devices)")
+    print(textwrap.fill(document["story"], width=100))
+    print(_cost_summary(planned.cost, cluster, document["ops"]))
+    print(
+        f"collectives: {len(document['collectives'])}; solver {solver['status']}, gap "
+        f"{solver['gap']:.2%}, {timing['solve_s']:.2f} s; problem {search['groups']} groups, "
+        f"{search['choices']} choices"
+        + (f" ({layers['layers']} repeated layers solved once)" if layers["layers"] > 1 else "")
+    )
+    print(_breakdown_summary(document["breakdown"]))
+    if "strategy" in document:
+        counts = document["strategy"]["counts"]
+        print("weights: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+    if planned.plan.unruled:
+        print(f"computed replicated (no rule): {', '.join(planned.plan.unruled)}")
+    if args.out:
+        print(f"plan written to {args.out}")
+    if args.html:
+        print(f"report written to {args.html}")
+    return 0
+
+
+def cmd_html(args: argparse.Namespace) -> int:
+    from autoshard.document.plan_document import read_document
+    from autoshard.export.held import find_model
+    from autoshard.html import plan_html, write_html
+
+    document = read_document(args.plan)
+    model = find_model(args.plan, document, args.model)
+    write_html(args.out, plan_html(document, model, args.tensor or ()))
+    print(f"report written to {args.out}")
+    return 0
+
+
+def cmd_reshard(args: argparse.Namespace) -> int:
+    from autoshard.reshard import plan_reshard
+
+    mesh = Mesh.parse(args.mesh)
+    src = Sharding.parse(args.source).check(mesh, args.shape)
+    dst = Sharding.parse(args.target).check(mesh, args.shape)
+    plan = plan_reshard(src, dst, args.shape, mesh, args.itemsize)
+    total = sum(c.bytes_per_device for c in plan)
+    if args.json:
+        _emit({"collectives": [c.to_json() for c in plan], "bytes_per_device": total})
+        return 0
+    rank = len(args.shape)
+    print(f"{src.text(rank)} -> {dst.text(rank)} on mesh {mesh}: {len(plan)} collectives")
+    for c in plan:
+        print(f"  {c}  {c.src.text(rank)} -> {c.dst.text(rank)}  ({c.bytes_per_device} B)")
+    print(f"bytes per device: {total}")
+    return 0
+
+
+def _annotations(args: argparse.Namespace) -> list[Any]:
+    from autoshard.annotations import load_annotations, parse_annotate_flag
+
+    annotations = [parse_annotate_flag(a) for a in args.annotate or ()]
+    if args.annotations:
+        annotations += load_annotations(args.annotations)
+    return annotations
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from autoshard.execute.artifacts import write_partition
+    from autoshard.pipeline import Setup
+
+    mesh = Mesh.parse(args.mesh)
+    annotations = tuple(_annotations(args))
+    plan, training, dims = None, _training(args), _dims(args.dim)
+    if args.plan:
+        from autoshard.document.plan_document import planned_dims, read_plan_document, training_of
+
+        if annotations:
+            raise AutoshardError("give either --plan or annotations, not both")
+        dims = dims or planned_dims(args.plan)  # no --dim: the plan's
+        plan = read_plan_document(args.plan, mesh, args.model, dims)
+        planned = training_of(plan, args.plan)
+        if args.mode == "training" and planned != training:
+            raise AutoshardError(
+                f"plan {args.plan} is for {planned or 'the forward pass'}, not {training}; "
+                "leave out --mode and the training flags to partition it as planned"
+            )
+        training = planned
+    setup = Setup(
+        model=Path(args.model), mesh=mesh, dims=dims, annotations=annotations,
+        plan=plan, training=training,
+    )  # fmt: skip
+    with _progress(args) as tracker:
+        manifest = write_partition(setup, args.out, args.dialect, _dump_after(args), tracker)
+    if args.json:
+        _emit(
+            {k: v for k, v in manifest.items() if k != "devices"}
+            | {
+                "devices": [
+                    {k: v for k, v in d.items() if k != "slices"} for d in manifest["devices"]
+                ]
+            }
+        )
+        return 0
+    devices, collectives = manifest["devices"], manifest["collectives"]
+    print(
+        f"partitioned {args.model} on mesh {mesh} ({len(devices)} devices): "
+        f"{len(collectives)} collectives, {manifest['bytes_per_device']} bytes per device"
+    )
+    if manifest["shape_only"]:
+        print("shape-only model (weight data absent): no weight files written")
+    else:
+        total = sum(d["bytes"] for d in devices)
+        print(f"weights: {len(devices)} files in {args.out}/weights ({total} bytes)")
+    print(f"SPMD program: {args.out}/{manifest['spmd']['file']} ({args.dialect} dialect)")
+    print(f"manifest: {args.out}/manifest.json")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from autoshard.execute.artifacts import load_inputs, read_manifest, setup_of, verify_folder
+
+    inputs = load_inputs(args.inputs) if args.inputs else None
+    if args.distributed:
+        from autoshard.run import run_partition
+
+        setup_of(read_manifest(args.out), args.model, _dims(args.dim))  # the same model, dims
+        run = run_partition(
+            args.out, args.backend, inputs, args.model, args.timeout, rtol=args.rtol
+        )
+        assert run is not None  # not under torchrun: this process is the launcher
+        checks, devices, data = run.checks, run.devices, run.to_json()
+    else:
+        report = verify_folder(args.out, args.model, _dims(args.dim), inputs, args.rtol)
+        checks, devices, data = report.outputs, report.devices, report.to_json()
+    ok = all(c.ok for c in checks.values())
+    if args.json:
+        _emit(data)
+    else:
+        how = f" as {devices} processes ({args.backend})" if args.distributed else ""
+        print(f"verify {args.out} on {devices} devices{how}: {'ok' if ok else 'FAILED'}")
+        _print_checks(checks)
+    return 0 if ok else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from autoshard.execute.artifacts import load_inputs
+    from autoshard.run import run_partition
+
+    inputs = load_inputs(args.inputs) if args.inputs else None
+    report = run_partition(args.out, args.backend, inputs, args.check, args.timeout)
+    if report is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return 0
+    if args.json:
+        _emit(report.to_json())
+        return 0 if report.ok else 1
+    status = "" if not report.checks else (": ok" if report.ok else ": FAILED")
+    print(f"ran {args.out} as {report.devices} processes ({report.backend}){status}")
+    if report.checks:
+        _print_checks(report.checks)
+    else:
+        for name, value in report.outputs.items():
+            print(f"  {name}: {'x'.join(map(str, value.shape))} {value.dtype}")
+    print(f"wall time {report.wall_s:.2f} s; per rank (compute, then collectives by kind):")
+    for rank in report.ranks:
+        kinds = ", ".join(
+            f"{kind} {c['count']}x {c['seconds'] * 1e3:.2f} ms"
+            for kind, c in rank["collectives"].items()  # type: ignore[attr-defined]
+        )
+        compute = rank["compute_s"] * 1e3  # type: ignore[operator]
+        print(f"  rank {rank['rank']}: compute {compute:.2f} ms; {kinds or 'no collectives'}")
+    return 0 if report.ok else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from autoshard.explain.report import (
+        compare,
+        comparison_json,
+        comparison_markdown,
+        load_entries,
+        parse_threshold,
+    )
+    from autoshard.files import write_atomic
+
+    threshold = parse_threshold(args.threshold)
+    comparison = compare(load_entries(args.baseline), load_entries(args.current), threshold)
+    markdown = comparison_markdown(comparison)
+    if args.markdown:
+        write_atomic(Path(args.markdown), markdown.encode())
+    if args.json:
+        _emit(comparison_json(comparison))
+    else:
+        print(markdown, end="")
+    return 1 if comparison.regressed else 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from autoshard.document.plan_document import read_document
+    from autoshard.explain.diff import diff_plans, diff_text
+
+    diff = diff_plans(read_document(args.a), read_document(args.b))
+    if args.json:
+        _emit(diff)
+    else:
+        print(diff_text(diff))
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from autoshard.explain.saved import explain, explain_text, load_saved
+
+    if not args.name and not args.why_not:
+        raise AutoshardError("explain: name a value or op, or give --why-not NAME=SHARDING")
+    if args.out and not args.why_not:
+        raise AutoshardError("explain: -o writes the plan --why-not finds: give --why-not")
+    saved = load_saved(
+        args.plan, args.model, args.device, args.bandwidth, args.latency, args.memory,
+        args.cluster,
+    )  # fmt: skip
+    data: dict[str, Any] = {}
+    if args.name:
+        data["explain"] = explain(saved, args.name)
+    if args.why_not:
+        from autoshard.explain.whynot import why_not, why_not_text
+
+        data["why_not"], target = why_not(saved, args.why_not)
+        if args.out and target is not None:
+            from autoshard.document.plan_document import write_document
+
+            write_document(args.out, target)
+    if args.json:
+        _emit(data)
+        return 0
+    if "explain" in data:
+        print(explain_text(data["explain"]))
+    if "why_not" in data:
+        print(why_not_text(data["why_not"]))
+        if args.out and data["why_not"]["verdict"] != "INFEASIBLE":
+            print(f"the target plan written to {args.out} (autoshard diff {args.plan} {args.out})")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from autoshard.cost.measure.calibrate import calibrate
+    from autoshard.files import write_atomic
+    from autoshard.run import measure
+
+    def progress(message: str) -> None:
+        print(f"autoshard: {message}", file=sys.stderr, flush=True)
+
+    ranks = measure.check_ranks(args.ranks)
+    backend = args.backend or measure.default_backend()
+    if ranks:
+        measure.check_backend(ranks, backend)
+    probe = None
+    if args.torch:
+        from autoshard.cost.measure.probes import TorchProbe
+
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            message = "calibrate --torch needs torch: pip install 'autoshard[run]'"
+            raise AutoshardError(message) from None
+
+        probe = TorchProbe("cuda" if measure.cuda_devices() else "cpu")
+    calibration = calibrate(args.quick, progress, probe)
+    if ranks:
+        sizes, repeats = (measure.QUICK_SIZES, 5) if args.quick else (measure.SIZES, 10)
+        links = measure.measure_links(ranks, backend, sizes, repeats, progress=progress)
+        calibration = calibration.with_links(links)
+    else:
+        progress("links not measured (--ranks 0, or no torch): the host's copy rate stands in")
+    data = calibration.to_json()
+    write_atomic(Path(args.out), (json.dumps(data, indent=2) + "\n").encode())
+    if args.json:
+        _emit(data)
+    else:
+        print(f"cluster file written to {args.out}: plan with --cluster {args.out} --mesh N")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from autoshard.export import Target, export_plan
+    from autoshard.files import write_atomic
+
+    target = Target(args.to)
+    if target is Target.ONNX and not args.out:
+        raise AutoshardError("--to onnx writes a model: give -o OUT.onnx")
+    exported = export_plan(args.plan, target, args.model, args.checkpoint)
+    if args.out:
+        write_atomic(Path(args.out), exported.payload)
+    document = exported.document
+    if args.json:
+        _emit(document)
+        return 0
+    if target is Target.ONNX:
+        print(
+            f"{document['nodes_annotated']} of {document['nodes']} nodes annotated for "
+            f"{document['devices']} devices (IR version {document['ir_version']})"
+        )
+    else:
+        if target is Target.DTENSOR and document["parallelize"]["fallback"]:
+            print(f"no parallel style applies: {document['parallelize']['fallback']}")
+        for name, entry in document["parameters"].items():
+            value = entry["placements"] if target is Target.DTENSOR else entry["text"]
+            line = f"  {name}: {', '.join(value) if isinstance(value, list) else value}"
+            if "style" in entry:
+                line += f"  [{entry['style']}]"
+            if "strategy" in entry:
+                state = entry["optimizer_state"]
+                line += f"  {entry['strategy']}, optimizer state "
+                line += ", ".join(state) if isinstance(state, list) else state
+            print(line)
+        for weight, why in document["unnamed"].items():
+            print(f"  ONNX weight {weight}: {why}")
+    for warning in document["warnings"]:
+        print(f"warning: {warning}")
+    if args.out:
+        print(f"{target} export written to {args.out}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from autoshard.units import parse_size
+    from service.app import Settings, serve
+
+    settings = Settings(
+        Path(args.data), parse_size(args.max_upload, "--max-upload"), args.workers,
+        args.max_time_limit,
+    )  # fmt: skip
+    serve(settings, args.host, args.port)
+    return 0

@@ -1,0 +1,172 @@
+"""The flags the commands share and how they parse: dims, shapes, the model, HTML, training,
+progress, run and cluster flags; the parser that exits with `EXIT_USAGE` on a bad one."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from autoshard.cost.devices import CLUSTERS
+from autoshard.errors import AutoshardError, LimitError
+from autoshard.limits import check_elements
+from autoshard.passes import Stage
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line, like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _Intermixed(_Parser):
+    """Positionals may follow options (argparse otherwise leaves an optional positional given
+    after an option unread)."""
+
+    _mixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._mixing:  # parse_known_intermixed_args calls back here
+            return super().parse_known_args(args, namespace)
+        self._mixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._mixing = False
+
+
+def _dim(text: str) -> tuple[str, int]:
+    name, sep, size = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"--dim {text!r} is not NAME=SIZE (e.g. --dim batch=8)")
+    try:
+        value = int(size)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--dim {text!r}: size {size!r} is not an integer"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--dim {text!r}: size must be >= 1")
+    return name.strip(), value
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape {text!r} is not like 4x6") from None
+    if any(d < 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"shape {text!r} has a negative dim")
+    try:
+        check_elements(dims, f"--shape {text}")
+    except LimitError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return dims
+
+
+def _dims(pairs: Sequence[tuple[str, int]] | None) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for name, size in pairs or ():
+        if name in dims and dims[name] != size:
+            raise AutoshardError(f"--dim {name} given twice ({dims[name]} and {size})")
+        dims[name] = size
+    return dims
+
+
+def _model_flags(parser: argparse.ArgumentParser, mesh_required: bool) -> None:
+    """The model, its mesh, bound dims and annotations: what propagate, plan and partition
+    share."""
+    parser.add_argument("model", help="path to an .onnx file")
+    mesh_help = "device mesh, e.g. 4x8" + ("" if mesh_required else " (or in --cluster)")
+    parser.add_argument("--mesh", required=mesh_required, help=mesh_help)
+    parser.add_argument(
+        "--dim", action="append", type=_dim, metavar="NAME=SIZE", help="bind a symbolic dim"
+    )
+    parser.add_argument(
+        "--annotate",
+        action="append",
+        metavar="VALUE=SHARDING",
+        help="required result annotation, e.g. x='[[0]]' (repeatable)",
+    )
+    parser.add_argument("--annotations", metavar="FILE", help="annotations JSON file")
+    parser.add_argument(
+        "--dump-after", action="append", choices=[str(s) for s in Stage], metavar="STAGE",
+        help=f"print the program as MLIR to stderr after STAGE ({', '.join(Stage)}; repeatable)",
+    )  # fmt: skip
+
+
+def _html_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--html", metavar="REPORT.html",
+        help="also write the plan's HTML report (one self-contained file: strategy, mesh, time "
+        "and memory charts, weights, tensor layouts)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--html-tensor", action="append", metavar="VALUE",
+        help="draw this tensor's layout in the HTML report too (repeatable; the largest weight "
+        "is always drawn)",
+    )  # fmt: skip
+
+
+def _training_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("training step (with --mode training)")
+    group.add_argument(
+        "--mode", default="inference", metavar="MODE",
+        help="inference (the forward pass, default) or training (forward, backward, gradient "
+        "sync, optimizer step)",
+    )  # fmt: skip
+    group.add_argument("--optimizer", help="adam (default), adamw, sgd (momentum) or none")
+    group.add_argument(
+        "--precision", help="bf16-mixed (default), fp16-mixed or fp32: the dtype of weights, "
+        "activations and gradients; mixed keeps fp32 master weights and moments",
+    )  # fmt: skip
+    group.add_argument(
+        "--micro-batches", type=int, metavar="N",
+        help="gradient accumulation: forward and backward N times per gradient sync",
+    )  # fmt: skip
+    group.add_argument(
+        "--recompute", help="none (default) or layers: recompute each repeated layer's "
+        "activations in its backward",
+    )  # fmt: skip
+
+
+def _progress_flags(parser: argparse.ArgumentParser) -> None:
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress on stderr (errors still are)"
+    )
+    shown.add_argument(
+        "-v", "--verbose", action="store_true",
+        help=f"progress from the start (otherwise only once a run passes {PROGRESS_DELAY_S:g} s)",
+    )  # fmt: skip
+
+
+def _run_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend", choices=("gloo", "nccl"), default="gloo",
+        help="torch.distributed backend (default gloo; nccl on GPUs)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, metavar="S",
+        help="seconds a collective may wait for its peers (default 60)",
+    )  # fmt: skip
+
+
+def _cluster_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", help="device preset: h100, a100, mi300x, tpu-v5e, l4")
+    parser.add_argument(
+        "--bandwidth", help="link bandwidth per mesh axis, e.g. 25GB/s,450GB/s (or one for all)"
+    )
+    parser.add_argument("--latency", help="link latency per mesh axis, e.g. 5us,1us")
+    parser.add_argument("--memory", help="memory budget per device, e.g. 16GiB")
+    parser.add_argument(
+        "--cluster",
+        metavar="FILE|PRESET",
+        help=f"cluster file (JSON or YAML) or preset: {', '.join(CLUSTERS)}",
+    )
+
+
+PROGRESS_DELAY_S = 1.0  # a run quicker than this shows no progress (unless --verbose)

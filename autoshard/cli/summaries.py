@@ -1,0 +1,91 @@
+"""The text summaries the commands print: the cost, its breakdown, the checks of a run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _cost_summary(cost: Any, cluster: Any, ops: dict[str, dict[str, Any]]) -> str:
+    from autoshard.units import format_bytes as _size
+
+    by_type: dict[str, float] = {}
+    for op in ops.values():
+        by_type[op["type"]] = by_type.get(op["type"], 0.0) + op.get("compute_s", 0.0)
+    top = sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))[:4]
+    share = [f"{t} {s / (cost.compute_time_s or 1):.0%}" for t, s in top if s]
+    lines = [
+        f"memory per device: {_size(cost.memory_bytes_per_device)} of {_size(cluster.memory)} "
+        f"({cost.memory_bytes_per_device / cluster.memory:.1%})",
+        f"compute: {cost.compute_time_s * 1e3:.3f} ms per device on {cluster.device.name} "
+        f"(roofline per op; {', '.join(share) or 'no op'})",
+        "links: " + "; ".join(cluster.describe_links()),
+        f"communication: {_size(cost.comm_bytes_per_device)} per device, "
+        f"{cost.comm_time_s * 1e3:.3f} ms",
+    ]
+    for axes, (sent, seconds) in cost.by_axes.items():
+        if sent:
+            lines.append(f"  mesh axes {axes}: {_size(sent)}, {seconds * 1e3:.3f} ms")
+    lines.append(f"objective (compute + communication): {cost.objective * 1e3:.3f} ms")
+    if cost.phases:
+        lines.append("training step by phase:")
+        for name, phase in cost.phases.items():
+            lines.append(
+                f"  {name}: {(phase.compute_time_s + phase.comm_time_s) * 1e3:.3f} ms "
+                f"(compute {phase.compute_time_s * 1e3:.3f} ms, communication "
+                f"{_size(phase.comm_bytes_per_device)}, {phase.comm_time_s * 1e3:.3f} ms)"
+            )
+        held = ", ".join(f"{k} {_size(v)}" for k, v in cost.memory_by_kind.items() if v)
+        lines.append(f"memory at the peak: {held}")
+    return "\n".join(lines)
+
+
+def _breakdown_summary(block: dict[str, Any]) -> str:
+    """The top lines of a plan's `breakdown`: each run of repeated layers (one layer, and all),
+    the rest, the costliest collectives, and the memory at the peak by kind."""
+
+    from autoshard.units import format_bytes as _size
+
+    def kinds(held: dict[str, int]) -> str:
+        return ", ".join(f"{kind} {_size(n)}" for kind, n in held.items() if n) or "nothing"
+
+    def spent(s: dict[str, Any]) -> str:
+        comm = s["comm_s_by_mesh_axes"]
+        axes = ", ".join(f"axes {axes} {t * 1e3:.3f} ms" for axes, t in comm.items())
+        return f"compute {s['compute_s'] * 1e3:.3f} ms, communication " + (axes or "none")
+
+    lines = []
+    for run in block["repeated_layers"]:
+        lines.append(
+            f"{run['phase']} layers ({run['layers']} x {run['ops_per_layer']} ops): one layer "
+            f"{spent(run['one_layer'])}; all {spent(run['all_layers'])}"
+        )
+    lines.append(f"the rest: {spent(block['rest'])}")
+    for c in block["top_collectives"][:3]:
+        lines.append(
+            f"  top collective: {c['kind']} of {c['value']} over mesh axes {c['mesh_axes']} "
+            f"for {c['op']}, {c['time_s'] * 1e3:.3f} ms"
+        )
+    peak = block["memory_peak"]
+    during = f", during {peak['at_op']}" if peak["at_op"] else ""
+    lines.append(f"memory at the peak: {_size(peak['bytes_per_device'])}{during}")
+    for run in block["repeated_layers"]:
+        held = run["memory_at_peak"]
+        if any(held["all_layers"].values()):
+            lines.append(
+                f"  {run['phase']} layers: {kinds(held['all_layers'])}; the most in layer "
+                f"{held['one_layer_index']}: {kinds(held['one_layer'])}"
+            )
+    lines.append(f"  the rest: {kinds(block['rest']['memory_at_peak'])}")
+    return "\n".join(lines)
+
+
+def _print_checks(checks: Any) -> None:
+    for name, check in checks.items():
+        replica = (
+            f", replicas differ by {check.max_replica_err:.3g}" if check.max_replica_err else ""
+        )
+        print(
+            f"  {name}: max abs err {check.max_abs_err:.3g}, max rel err "
+            f"{check.max_rel_err:.3g} (tolerance {check.tolerance:g}){replica}"
+            f"  {'ok' if check.ok else 'FAILED'}"
+        )

@@ -1,0 +1,1 @@
+"""The plan document (`autoshard.plan/1`), the strategy in words and the cost breakdown."""
