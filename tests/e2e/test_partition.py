@@ -48,7 +48,7 @@ def options(**loops):
     return {name.replace("__", "/"): ShardingOption(tuple(v)) for name, v in loops.items()}
 
 
-# ---- seed 001 ---------------------------------------------------------------------------------
+# ---- the design pages' MLP --------------------------------------------------------------------
 
 
 def write_seed_mlp(path):

@@ -1,6 +1,7 @@
-"""The CCL passes (seed 001): each rewrite's exact collectives, its bytes, and its meaning — the
-program is executed on every device before and after (collectives by `execute.simulate`, the
-few ops involved with numpy) and must give the same outputs as the original graph."""
+"""The CCL passes (docs/design/lowering.md): each rewrite's exact collectives, its bytes, and its
+meaning — the program is executed on every device before and after (collectives by
+`execute.simulate`, the few ops involved with numpy) and must give the same outputs as the original
+graph."""
 
 import numpy as np
 import onnx
@@ -101,7 +102,7 @@ def check_same_meaning(graph, before, after, seed=0):
     assert after.bytes_per_device <= before.bytes_per_device
 
 
-# ---- seed 004 ----------------------------------------------------------------------------------
+# ---- all-reduce decompose & all-gather move down ----------------------------------------------
 
 
 def test_seed_004_all_reduce_decomposed_and_all_gather_moved_below_the_max(tmp_path):
@@ -318,7 +319,8 @@ def test_a_collective_above_a_moved_all_gather_moves_next(dot):
     """The dot sums over axis 1 with rows split over axis 0; relu reads h whole: all_reduce
     [1], then all_gather [0]. The all_reduce cannot split while the all_gather reads it; once
     the all_gather moves below relu, relu reads the all_reduce, which splits and its
-    all_gather moves too: the walk steps back to it (seed 004's pair, one step removed)."""
+    all_gather moves too: the walk steps back to it (the decompose-and-move pair, one step
+    removed)."""
     options = {
         "dot": ShardingOption.parse("[[0], [], [1]]", 3),
         "relu": ShardingOption.parse("[[]]", 2),

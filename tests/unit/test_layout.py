@@ -1,4 +1,4 @@
-"""Layouts of seed 002's examples: which elements each device holds.
+"""Layouts of docs/design/resharding.md's examples: which elements each device holds.
 
 Each case lists, for every device in linear-index order, the element labels of its block
 (row then column, 1-based, as in the seed; rows separated by '/'). Seed 002's index maps are the

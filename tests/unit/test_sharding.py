@@ -1,4 +1,5 @@
-"""Sharding: validation, canonical form, text forms and the index maps of seed 002."""
+"""Sharding: validation, canonical form, text forms and the index maps of
+docs/design/resharding.md."""
 
 import itertools
 import math
@@ -16,7 +17,7 @@ def ceildiv(a, b):
     return -(-a // b)
 
 
-# ---- seed 002: index maps -------------------------------------------------------------------
+# ---- index maps ------------------------------------------------------------------------------
 
 
 def test_index_map_check_t13_17():
@@ -76,7 +77,7 @@ def test_offsets_seed_003():
 
 def test_offsets_32x32x32_seed_003():
     # 32x32x32 with the first 2 dims sharded, offsets [0, 24, 32, 0, 20, 32]: the first device
-    # gets 24x20x32 and the second 8x12x32 (seed 003; on a mesh of 2x2, device (1, 1)).
+    # gets 24x20x32 and the second 8x12x32 (on a mesh of 2x2, device (1, 1)).
     mesh = Mesh((2, 2))
     sharding = Sharding.parse("[[0], [1]] sharded_dims_offsets = [0, 24, 32, 0, 20, 32]")
     assert sharding.local_shape(mesh, (32, 32, 32), (0, 0)) == (24, 20, 32)
