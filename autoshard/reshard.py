@@ -279,9 +279,9 @@ _UNREACHABLE = 1 << 61  # twice it still fits in int64
 
 
 _TABULATED = 700
-"""States of the largest graph given a shortest-path table (Floyd-Warshall is cubic: 0.1 s at
-300 states, 1 s at 700; 3-axis meshes stay below up to rank 6). Bigger graphs (4-axis meshes
-from rank 3 on) are searched pair by pair (`_directed`)."""
+"""States of the largest graph given a shortest-path table (Floyd-Warshall is cubic in them;
+3-axis meshes stay below up to rank 6). Bigger graphs (4-axis meshes from rank 3 on) are
+searched pair by pair (`_directed`)."""
 
 
 def _mask(sharding: Sharding) -> int:

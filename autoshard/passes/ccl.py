@@ -66,8 +66,7 @@ class _Rewrite:
     Positions are kept up to date too, without renumbering: the program's k-th step starts in
     slot k, and a splice changes one slot's few steps (every rewrite replaces a step by a few,
     or removes one), so a step's position is its slot and its place among them. (Numbering the
-    steps again after every rewrite made lowering a 405B-class decoder grow with collectives x
-    steps.)
+    steps again after every rewrite would make lowering grow with collectives x steps.)
     """
 
     def __init__(self, program: Program, graph: Graph) -> None:
