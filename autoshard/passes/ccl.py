@@ -515,7 +515,7 @@ def passes(split: bool) -> tuple[Callable[[Program, Graph], Program], ...]:
 
 
 def optimize_collectives(program: Program, graph: Graph) -> Program:
-    """Seed 001's CCL passes, in order, without and then with splitting all_reduces. A split
+    """The CCL passes, in order, without and then with splitting all_reduces. A split
     pays only when the moved all_gather then fuses with a later reshard; otherwise it sends the
     same bytes in two collectives where upstream MLIR and XLA send one all_reduce. So the two
     programs are compared by bytes sent, then collectives (free all_slices not counted), and

@@ -1,6 +1,6 @@
-"""Seed 001's "MLP 1D weight stationary" on mesh [2], both versions: annotations on tensors, and
-a sharding option on the second dot. Completed annotations and the collectives that
-materialization needs (planned by the same `plan_reshard` that prices them)."""
+"""The "MLP 1D weight stationary" of docs/design/propagation.md on mesh [2], both versions:
+annotations on tensors, and a sharding option on the second dot. Completed annotations and the
+collectives that materialization needs (planned by the same `plan_reshard` that prices them)."""
 
 import pytest
 
@@ -127,7 +127,7 @@ def test_held_sharding_of_an_operand_does_not_bind_its_user(mlp):
 
 
 def test_one_value_with_two_required_shardings_is_an_error(mlp):
-    # Seed 003 calls annotating one result with two different shardings undefined; the
+    # Annotating one result with two different shardings is undefined; the
     # annotations are refused as given, before propagation (the search refuses them alike).
     annotations = [Annotation("h", S("[[0]]")), Annotation("h", S("[[], [], [0]]"))]
     with pytest.raises(AnnotationError, match=r"of 'h': \[\[0\]\] and \[\[\], \[\], \[0\]\]"):

@@ -106,14 +106,14 @@ def check_same_meaning(graph, before, after, seed=0):
 
 
 def test_seed_004_all_reduce_decomposed_and_all_gather_moved_below_the_max(tmp_path):
-    """Seed 004, "Mesh CCL Optimization": the all_reduce of dot1 becomes a reduce_scatter and
-    an all_gather below the max. Two slips of the seed's listing: it writes the scattered
-    sharding as [[], [], [0, 1, 2]], which no reduce_scatter reaches from [[], [], [1, 2]]
-    partial = sum[0] (device (0, 0, 1) holds partial columns 8..16 but would need 4..8); the
-    reduce_scatter appends axis 0 innermost, [[], [], [1, 2, 0]]. And it writes tensor_axis = 1
-    for a split of dim 2. Bytes are unchanged (256 = 128 + 128): the max computes a quarter
-    less, but for two collectives instead of one, so `optimize_collectives` keeps the
-    all_reduce (as upstream MLIR and XLA do); the split is taken when it saves bytes."""
+    """The "Mesh CCL Optimization" of docs/design/lowering.md: the all_reduce of dot1 becomes a
+    reduce_scatter and an all_gather below the max. The scattered sharding is
+    [[], [], [1, 2, 0]]: the reduce_scatter appends axis 0 innermost, and no reduce_scatter
+    reaches [[], [], [0, 1, 2]] from [[], [], [1, 2]] partial = sum[0] (device (0, 0, 1) holds
+    partial columns 8..16 but would need 4..8); its tensor axis is 2. Bytes are unchanged
+    (256 = 128 + 128): the max computes a quarter less, but for two collectives instead of
+    one, so `optimize_collectives` keeps the all_reduce (as upstream MLIR and XLA do); the
+    split is taken when it saves bytes."""
     from tests.golden.seed_models import write_seed_mlp
 
     graph = import_onnx(write_seed_mlp(tmp_path / "mlp.onnx", "mlp_2d_weight_stationary"))
