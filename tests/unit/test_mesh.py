@@ -1,4 +1,4 @@
-"""Mesh: parsing, linear/multi-index and device groups (docs/design/collectives.md)."""
+"""Mesh: parsing, linear/multi-index and device groups (docs/design/sharding.md)."""
 
 import pytest
 
