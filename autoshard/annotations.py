@@ -1,4 +1,4 @@
-"""User sharding annotations: seed 003's `mesh.shard` and seed 001's `mesh.annotate`.
+"""User sharding annotations: `mesh.shard` and `mesh.annotate` (docs/design/propagation.md).
 
 An annotation pins (`required`) or suggests (a hint) the sharding of one value, either as the
 value is produced (`for: "result"`, `mesh.shard %v to %s`) or as its users see it

@@ -33,8 +33,8 @@ JSON and the MLIR of a collective call them."""
 
 
 def ring_bytes(kind: CollectiveKind, n: int, local: int) -> int:
-    """Bytes one device sends in a ring collective over n devices, `local` its input shard's
-    bytes (DESIGN.md): all_gather (n-1)/n of the n*local gathered; reduce_scatter and
+    """Bytes one device sends in a ring collective over n devices, `local` its input shard's bytes
+    (docs/design/collectives.md): all_gather (n-1)/n of the n*local gathered; reduce_scatter and
     all_to_all (n-1)/n of the input; all_reduce twice that; all_slice nothing (local)."""
     piece = shard_size(local, n)  # the ring moves the input in n ceil-sized chunks
     return {

@@ -1,10 +1,10 @@
-"""The device mesh: an N-D grid of devices (seed 003, `mesh.mesh`).
+"""The device mesh: an N-D grid of devices (`mesh.mesh`, docs/design/sharding.md).
 
 A mesh has a static shape (`4x8`) and optionally axis names (`dp=4,tp=8`). Devices are named by
 their multi-index; the linear index is row-major, as `mesh.process_linear_index` defines it:
 on shape (10, 20, 30), device (1, 2, 3) has linear index 3 + 30*2 + 20*30*1.
 
-Collectives run within *device groups* (seed 003, "Device groups"): for a list of `mesh_axes`,
+Collectives run within *device groups* (docs/design/collectives.md): for a list of `mesh_axes`,
 devices that agree on every coordinate outside `mesh_axes` form one group. Inside a group the
 devices are ordered by their coordinates on `mesh_axes`, taken in the listed order, outer to
 inner: for axes [3, 1], device (i, 1, k, 0) precedes (i, 0, k, 1) and (i, 2, k, 0).
@@ -149,7 +149,7 @@ class Mesh:
     def group_size(self, mesh_axes: Sequence[int]) -> int:
         return math.prod(self.shape[a] for a in mesh_axes)
 
-    # ---- device groups (seed 003) -----------------------------------------------------------
+    # ---- device groups ------------------------------------------------------------------------
 
     def device_groups(self, mesh_axes: Sequence[int]) -> tuple[tuple[Device, ...], ...]:
         """The groups a collective over `mesh_axes` runs in.

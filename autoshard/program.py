@@ -1,4 +1,4 @@
-"""The sharded program: seed 001's "distributed tensors" made explicit.
+"""The sharded program: the "distributed tensors" of docs/design/lowering.md made explicit.
 
 Materialization turns a graph and its completed shardings into a `Program`; the CCL passes
 rewrite programs; the MLIR printer prints them; partition turns them into what each device

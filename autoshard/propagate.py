@@ -1,14 +1,14 @@
-"""Sharding propagation (seed 001, "Sharding Propagation Pass").
+"""Sharding propagation (docs/design/propagation.md).
 
 From a few annotations, complete the sharding of every value and the sharding option of every
 op: walk the ops backward, then forward; at each op, `option` derives the sharding option from
 the shardings already known around it (getShardingOption) and `annotate` writes the implied
 shardings on its operands and results that lack one (setShardingAnnotations).
 
-What an op reads, in order (the seed's "results first, then operands"):
+What an op reads, in order (results first, then operands):
   0. the required annotations that bind it: its results' own, then its operands' for-users
-     ones (`mesh.shard ... annotate_for_users`: how every user reads the value; seed 001
-     materializes a reshard before the users, so no mark propagated from elsewhere overrides
+     ones (`mesh.shard ... annotate_for_users`: how every user reads the value;
+     materialization puts a reshard before the users, so no mark propagated from elsewhere overrides
      it);
   1. its results: the result-side mark of each, then the marks propagated from its users;
   2. its operands: the mark for this use, then the operand's own result-side mark;
@@ -31,11 +31,11 @@ one that reads an operand otherwise than a user required. So an operand split th
 replicated mark would skip is kept when it saves gathering a weight (the 2x4 MLP of
 tests/golden/test_conformance.py: 442,368 B per device instead of 1,572,864).
 
-Worked example (seed 001, MLP on mesh [2]; x required [[], [], [0]], the second dot's result
-required partial = sum[0]): backward, dot2's partial result puts its reduction loop d3 on axis
-0, so its lhs (the max) gets [[], [], [0]]; the max passes it to dot1's result, whose option
-becomes [[], [], [0]] (d2, the n loop, on axis 0); x's own mark [[], [], [0]] would put d3 on
-axis 0 too and is skipped, so dot1 reads x replicated: materialization all_gathers it.
+Worked example (the MLP of docs/design/propagation.md on mesh [2]; x required [[], [], [0]], the
+second dot's result required partial = sum[0]): backward, dot2's partial result puts its reduction
+loop d3 on axis 0, so its lhs (the max) gets [[], [], [0]]; the max passes it to dot1's result,
+whose option becomes [[], [], [0]] (d2, the n loop, on axis 0); x's own mark [[], [], [0]] would put
+d3 on axis 0 too and is skipped, so dot1 reads x replicated: materialization all_gathers it.
 """
 
 from __future__ import annotations
@@ -74,8 +74,9 @@ class Mark:
     """A sharding known for a value (result side) or for one use of it (operand side).
 
     `binding` is False for an operand's own result-side mark as its consumer sees it: a
-    required `x` pins how x is held, not how each user reads it (a user may reshard; seed 004
-    reads its required [[], [], [0, 1, 2]] input as [[], [], [0]]).
+    required `x` pins how x is held, not how each user reads it (a user may reshard: the
+    3-axis MLP of tests/golden/test_seed_004.py reads its required [[], [], [0, 1, 2]] input as
+    [[], [], [0]]).
     """
 
     sharding: Sharding
@@ -160,7 +161,7 @@ class _State:
                     marks.append((0, -mark.source, k, mark, rule.results[j]))
                 else:
                     # A user's for-users mark says how the users read the result, not how the
-                    # op makes it (a reshard may come between: seed 001's annotate_for_users):
+                    # op makes it (a reshard may come between: annotate_for_users):
                     # it guides the op after its operands' marks and binds it to nothing.
                     unbound = dataclasses.replace(mark, binding=False)
                     marks.append((2, -mark.source, k, unbound, rule.results[j]))

@@ -1,10 +1,10 @@
-"""Resharding: the collectives that turn a tensor of one sharding into another (seed 002).
+"""Resharding: the collectives that turn a tensor of one sharding into another.
 
 `plan_reshard(src, dst, shape, mesh)` returns the collectives; it is the single planner used
 both to price an edge (search) and to emit it (materialize), so estimated and materialized
 communication agree byte for byte.
 
-Seed 002's basis, each step changing the sharding of one tensor dim:
+The basis (docs/design/resharding.md), each step changing the sharding of one tensor dim:
     all_slice       append free mesh axes to a dim               [[]] -> [[1]]       free
     all_gather      drop the innermost axes of a dim             [[0, 1]] -> [[0]]
     all_to_all      move innermost axes of one dim to another    [[0], []] -> [[], [0]]
@@ -12,13 +12,13 @@ Seed 002's basis, each step changing the sharding of one tensor dim:
     reduce_scatter  reduce partial axes into a dim's split       partial = sum[1] -> [[1]]
     permute         devices swap whole shards                    [[0, 1]] -> [[1, 0]]
 Only the innermost axes of a dim can be gathered: on mesh 2x2x2, `[[0], [1, 2]] -> [[0], [2]]`
-is not one all_gather over axis 1 (seed 002), but `[[0], [1, 2]] -> [[0], [1]]` is one over 2.
+is not one all_gather over axis 1, but `[[0], [1, 2]] -> [[0], [1]]` is one over 2.
 
 The planner works on the graph of every sharding of the tensor over the mesh axes the two
 shardings use (an axis neither uses stays out: detours through links of unknown speed are not
 taken), joined by these steps, and returns the sequence moving the fewest bytes per device,
 then the fewest collectives. A step is taken only when it is *exact*: when the dim does not
-divide evenly, shards are ceil-sized (seed 002) and, e.g., gathering the inner axis of a 5-row
+divide evenly, shards are ceil-sized and, e.g., gathering the inner axis of a 5-row
 dim split 2x2 (shards 2, 2, 1, 0) does not give the 3-row shards of a 2-way split (3, 2); such a
 dim is gathered whole and sliced from the full extent, which is always exact. The shortest path
 between every two shardings is computed once per (shape, mesh, itemsize, axes) with
@@ -28,7 +28,7 @@ candidate shardings from the same table (`ReshardPrices`). Upstream MLIR's one-s
 gets multi-step cases on 2-D meshes wrong; this one is tested against an execution of every
 planned sequence on all devices (`autoshard.execute.simulate`).
 
-Bytes per device follow the ring algorithms of DESIGN.md (`ring_bytes`, the only place the
+Bytes per device follow the ring algorithms (`collectives.ring_bytes`, the only place the
 formulas are written) with n devices per group and the largest local shard; a permute sends
 whole shards, one per device it serves.
 """
@@ -279,9 +279,9 @@ _UNREACHABLE = 1 << 61  # twice it still fits in int64
 
 
 _TABULATED = 700
-"""States of the largest graph given a shortest-path table (Floyd-Warshall is cubic: 0.1 s at
-300 states, 1 s at 700; 3-axis meshes stay below up to rank 6). Bigger graphs (4-axis meshes
-from rank 3 on) are searched pair by pair (`_directed`)."""
+"""States of the largest graph given a shortest-path table (Floyd-Warshall is cubic in them;
+3-axis meshes stay below up to rank 6). Bigger graphs (4-axis meshes from rank 3 on) are
+searched pair by pair (`_directed`)."""
 
 
 def _mask(sharding: Sharding) -> int:

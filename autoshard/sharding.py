@@ -1,4 +1,4 @@
-"""How a tensor is distributed over a mesh (seed 003, `mesh.sharding`).
+"""How a tensor is distributed over a mesh (`mesh.sharding`, docs/design/sharding.md).
 
 `split_axes[d]` lists, outer to inner, the mesh axes that split tensor dim `d`: `[[0], [1, 2]]`
 splits dim 0 over axis 0 and dim 1 over axes 1 then 2. `partial_axes` with a reduction kind
@@ -6,11 +6,11 @@ splits dim 0 over axis 0 and dim 1 over axes 1 then 2. `partial_axes` with a red
 `halo_sizes` (two per split dim) widen every shard; `sharded_dims_offsets` (shard count + 1 per
 split dim) replace the even split with explicit bounds. The two are mutually exclusive.
 
-Shard bounds follow the index maps of seed 002: a dim of size K split over axes of total size M
-has shards of S = ceil(K / M); shard s covers [s*S, (s+1)*S) clipped to K, so the last shards
-may be smaller or empty. `shard_bounds` and `shard_size` are the only place this is written.
-A device's shard index on a dim is its in-group index over that dim's axes, outer to inner: on
-mesh 2x3 with `[[0, 1]]`, device (m, n) holds shard 3*m + n.
+Shard bounds follow the index maps of docs/design/resharding.md: a dim of size K split over axes of
+total size M has shards of S = ceil(K / M); shard s covers [s*S, (s+1)*S) clipped to K, so the last
+shards may be smaller or empty. `shard_bounds` and `shard_size` are the only place this is written.
+A device's shard index on a dim is its in-group index over that dim's axes, outer to inner: on mesh
+2x3 with `[[0, 1]]`, device (m, n) holds shard 3*m + n.
 
 Text forms, one printer and one parser for both:
     terse  `[[0], [1, 2]] partial = sum[1]`
@@ -46,7 +46,7 @@ def shard_bounds(size: int, n: int, index: int) -> Slice:
 
 
 class ReductionKind(enum.StrEnum):
-    """How partial values combine (seed 003; `generic` is not allowed in a sharding)."""
+    """How partial values combine (`generic` is not allowed in a sharding)."""
 
     SUM = "sum"
     MAX = "max"
@@ -219,7 +219,7 @@ class Sharding:
     # ---- text -------------------------------------------------------------------------------
 
     def text(self, rank: int | None = None) -> str:
-        """Terse seed notation; `rank` pads with empty dims (`[[0], []]` for a matrix)."""
+        """The terse notation; `rank` pads with empty dims (`[[0], []]` for a matrix)."""
         split = list(self.split_axes)
         if rank is not None:
             split += [()] * (rank - len(split))
@@ -376,7 +376,7 @@ class _Parser:
 
 @dataclass(frozen=True)
 class ShardingOption:
-    """Mesh axes per loop of an op (seed 001): `[[], [], [0]]` splits loop d2 over axis 0."""
+    """Mesh axes per loop of an op: `[[], [], [0]]` splits loop d2 over axis 0."""
 
     loops: tuple[tuple[int, ...], ...]
 

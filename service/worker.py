@@ -2,10 +2,8 @@
 
 Why processes: a solve is mostly Python (import, candidate building, lowering, partition)
 that holds the GIL; CP-SAT itself releases it, but threads would still serialize the rest.
-Measured on 2 (shared) cores: two CP-SAT solves of ~3.9 s each took 7.8 s in a row and
-6.0 s on two threads, so CP-SAT does release the GIL; the Python around it does not.
 
-A job also builds its plan's HTML report (seconds of Python for a 32-layer decoder) and keeps
+A job also builds its plan's HTML report (seconds of Python for a large decoder) and keeps
 it; a report drawing more tensors is built once, on its first request, by a worker too, so
 the server's own thread never holds the GIL for it.
 

@@ -13,7 +13,7 @@ class Transcendental(StrEnum):
     """The families of special functions an op evaluates per element, priced by their own
     rates (`DeviceKind.transcendental`). `int_pow` is a power by a constant 2 or 3: two
     multiplications, which some runtimes special-case without vectorizing (onnxruntime's CPU
-    Pow: 4x slower than an Add)."""
+    Pow), so it is priced apart from both."""
 
     EXP = "exp"
     LOG = "log"
@@ -93,14 +93,11 @@ DEVICES = {
     # H100 SXM5 datasheet: 989 TFLOP/s bf16/fp16 dense (1979 fp8/int8), 67 fp32 (non-tensor),
     # 80 GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s bidirectional = 450 per direction. DGX H100:
     # 8 GPUs, one ConnectX-7 400 Gb/s NIC each = 50 GB/s. cuBLAS bf16 GEMMs of 8192^3 reach
-    # ~0.8 of peak; a streaming copy ~0.85 of HBM bandwidth. Measured on an H100 80GB HBM3
-    # (torch 2.11 eager kernels, bfloat16, CUDA graphs: bench/kernel_access.py and
-    # `autoshard calibrate --torch`): a matmul with a dim off alignment (4096x4096x4095) runs
-    # at 0.19 of 4096^3's rate (cuBLAS's fallback kernels); an elementwise kernel reading an
-    # operand broadcast (a bias, a mask, a norm's divisor) or permuted at 0.47-0.55 of a
-    # contiguous Add's bytes per second, a transpose moving the innermost axis at 0.17; an op
-    # moving at most half the 50 MB L2 (what its producer just wrote stays there) at 7.6-8.5
-    # TB/s. The fidelity of this preset against those kernels: bench/data/h100.
+    # ~0.8 of peak; a streaming copy ~0.85 of HBM bandwidth. The misaligned, strided and
+    # transpose efficiencies and the L2's rate (an op moving at most half the 50 MB L2 reads
+    # what its producer just wrote from there) are measured on an H100 with
+    # bench/kernel_access.py and `autoshard calibrate --torch`; the figures are in
+    # docs/measurements.md, the preset's fidelity against those kernels in bench/data/h100.
     "h100": DeviceKind(
         "NVIDIA H100 SXM5 80GB",
         {"bfloat16": 989e12, "float16": 989e12, "float8e4m3fn": 1979e12, "int8": 1979e12},

@@ -11,7 +11,7 @@ weights, earlier results) and the constants it needs (`embedded`, built into its
 program's replicated constants and the device's own, such as rewritten Reshape targets and
 lookup offsets). It returns only what a later step or the program's outputs read.
 
-Worked example (seed 001's MLP on mesh [2]): device 0's program is
+Worked example (the MLP of docs/design/lowering.md on mesh [2]): device 0's program is
     x~1 = all_gather(x); h = MatMul(x~1, w1); r = Max(h, zero); y = MatMul(r, w2);
     y~1 = reduce_scatter(y)
 which cuts into segment 0 (no ops) before the all_gather, segment 1 (MatMul, Max, MatMul

@@ -1,4 +1,5 @@
-"""Execute mesh collectives on every device's local numpy array, as seed 003 defines them.
+"""Execute mesh collectives on every device's local numpy array, as docs/design/collectives.md
+defines them.
 
 This is the verification oracle: it knows nothing of the planner and follows the dialect's
 semantics literally, per device group (devices agreeing outside `mesh_axes`, ordered by their

@@ -1,13 +1,12 @@
 """The executable form of a partition: ONNX segments and the step manifest `autoshard run` follows.
 
-    OUT/steps.json            format autoshard-steps/1: the mesh, the graph inputs (dtype,
-                              global shape, sharding, the bound of random ids) and outputs
-                              (sharding, to reassemble them), the collectives (kind, mesh
-                              axes, dims, reduction, pairs, device groups in seed 003's order,
-                              every device's local shape of source and target), and for every
-                              device its weight file, its regions of the graph inputs and its
-                              steps in order: `{"run": SEGMENT, "inputs", "outputs"}` or
-                              `{"collective": J}`
+    OUT/steps.json            format autoshard-steps/1: the mesh, the graph inputs (dtype, global
+                              shape, sharding, the bound of random ids) and outputs (sharding, to
+                              reassemble them), the collectives (kind, mesh axes, dims, reduction,
+                              pairs, device groups in `Mesh.device_groups` order, every device's
+                              local shape of source and target), and for every device its weight
+                              file, its regions of the graph inputs and its steps in order:
+                              `{"run": SEGMENT, "inputs", "outputs"}` or `{"collective": J}`
     OUT/segments/<sha>.onnx   one ONNX model per distinct segment (autoshard/segments.py): the
                               local ops between two collectives with local shapes and the
                               device's constants; weights are inputs, read by name from the

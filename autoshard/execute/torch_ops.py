@@ -38,8 +38,8 @@ SCALAR_SWAPPED: Mapping[str, str | None] = {
     "eq": "eq", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le",
 }  # fmt: skip
 """Binary ops torch runs with a Python number for an operand, as a model writes `x / 8.0` or
-`1.0 - x` (the kernel reads the number once: a tensor of one element would be broadcast,
-at half the rate on a GPU), and the op taking the number second when it came first."""
+`1.0 - x` (the kernel reads the number once: a tensor of one element would be read
+broadcast, the slower access on a GPU), and the op taking the number second when it came first."""
 
 
 def _one_of(x: Any, other: Any) -> bool:

@@ -1,7 +1,7 @@
 """Run a partitioned program on every device in one process and check it against the model.
 
 Each device runs its own local program (`DeviceProgram`): local ops with onnxruntime,
-collectives with `autoshard.execute.simulate` (seed 003's semantics, device groups in order), its
+collectives with `autoshard.execute.simulate` (the dialect's semantics, device groups in order), its
 weights from its own file. The outputs are reassembled from the devices' shards (partial ones
 reduced, replicas checked to agree) and compared with onnxruntime on the original model.
 

@@ -1,10 +1,10 @@
 """Which device holds which part of a tensor: the data behind `autoshard layout`.
 
-The drawing follows seed 002's diagrams: the mesh as a grid of cells (mesh axis 0 down, the
-last axis across; outer axes of a 3-D or larger mesh as separate blocks), each cell showing the
-tensor elements its device holds. Elements of a matrix with at most 9 rows and columns are
-labelled as in the seed, row then column, 1-based (`23` is row 2, column 3); larger tensors
-show their slice bounds instead.
+The drawing follows docs/design/resharding.md's diagrams: the mesh as a grid of cells (mesh axis 0
+down, the last axis across; outer axes of a 3-D or larger mesh as separate blocks), each cell
+showing the tensor elements its device holds. Elements of a matrix with at most 9 rows and columns
+are labelled as there, row then column, 1-based (`23` is row 2, column 3); larger tensors show their
+slice bounds instead.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def layout_json(mesh: Mesh, shape: tuple[int, ...], sharding: Sharding) -> dict[
 
 
 def draw_layout(mesh: Mesh, shape: tuple[int, ...], sharding: Sharding) -> str:
-    """The seed-002-style picture plus one line per device."""
+    """The picture of the layout (mesh cells and their elements) plus one line per device."""
     shards = {s.device: s for s in device_shards(mesh, shape, sharding)}
     tensor = "x".join(map(str, shape)) if shape else "scalar"
     lines = [f"tensor {tensor} sharded {sharding.text(len(shape))} on mesh {mesh}"]

@@ -78,7 +78,7 @@ def unbound_dims(path: str | os.PathLike[str]) -> dict[str, list[str]]:
 def file_weights(model: ModelProto, path: str | os.PathLike[str]) -> dict[str, Weight]:
     """The model's initializers as lazy weights (external data relative to the model's folder)."""
     base = Path(path).resolve().parent
-    # Weights share few data files: look each up once (a 405B decoder has 2,300 weights).
+    # Weights share few data files: look each up once, not once per weight.
     located = functools.cache(_located)
     return {t.name: _weight(t, base, located) for t in model.graph.initializer}
 

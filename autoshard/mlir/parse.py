@@ -1,6 +1,6 @@
-"""The MLIR text of a sharded program, read back: `parse_module` reads a module (or a fragment
-of ops like seed 003's examples) in either spelling, and `Module.to_program` rebuilds the
-Program that a module printed by `autoshard.mlir.print` holds, so the parser is the printer's
+"""The MLIR text of a sharded program, read back: `parse_module` reads a module (or a fragment of
+ops like docs/design/collectives.md's examples) in either spelling, and `Module.to_program` rebuilds
+the Program that a module printed by `autoshard.mlir.print` holds, so the parser is the printer's
 round-trip oracle. The notation is described in `autoshard.mlir.print`.
 """
 
@@ -83,7 +83,7 @@ class Module:
 
 
 def parse_module(text: str) -> Module:
-    """Read MLIR text: a whole module, or a fragment of ops like seed 003's examples."""
+    """Read MLIR text: a whole module, or a fragment of ops without the module around them."""
     mesh: Mesh | None = None
     func: str | None = None
     args: tuple[tuple[str, TensorType | str], ...] = ()
@@ -187,7 +187,7 @@ def _sharding_op(c: Cursor, name: str, results: tuple[str, ...]) -> MlirOp:
         sharding = parse_sharding(" ".join(body))[1]
     except AutoshardError as error:
         raise MlirError(f"{' '.join(c.tokens[start - 1 : c.at])}: {error}") from None
-    if c.peek() == ":":  # seed 003's examples leave the type out
+    if c.peek() == ":":  # a fragment may leave the type out
         trailing_types(c)
     return MlirOp(name, results, (), {"mesh": mesh, "sharding": sharding}, (), loc(c))
 

@@ -1,10 +1,10 @@
 """The MLIR text of a sharded program, printed: one printer, two spellings (one parser,
 `autoshard.mlir.parse`, reads both back).
 
-`dialect="mesh"` is seed 003's spelling, `dialect="shard"` upstream LLVM 22's rename of it
+`dialect="mesh"` is the mesh dialect's spelling, `dialect="shard"` upstream LLVM 22's rename of it
 (`mesh.mesh` -> `shard.grid`, `mesh_axes` -> `grid_axes`, `reduction = <max>` -> `max`, and no
-`partial` in `shard.sharding`, so there partial axes ride in its attribute dict). Seed 001's
-MLP on mesh [2] prints, in the mesh spelling, as
+`partial` in `shard.sharding`, so there partial axes ride in its attribute dict). The MLP of
+docs/design/lowering.md on mesh [2] prints, in the mesh spelling, as
 
     mesh.mesh @mesh0(shape = 2)
     func.func @mlp(%arg0: tensor<2x4x4xf32>, ...) -> tensor<2x4x4xf32> {
@@ -18,18 +18,18 @@ MLP on mesh [2] prints, in the mesh spelling, as
         : (tensor<2x4x8xf32>, tensor<8x16xf32>) -> tensor<2x4x16xf32> loc("dot1")
       %h = mesh.shard %3 to %sharding : tensor<2x4x16xf32> loc("h")
 
-Collectives act on per-device tensors (seed 003), so every type is LOCAL: a dim split M ways
-has size K/M when M divides K, else `?` (shards differ). The global shape stays recoverable:
-every tensor is the result of a `mesh.shard` op whose sharding gives the split counts, and a
-sharding with a `?` dim carries `sharded_dims_offsets` (upstream's explicit shard bounds), whose
-last entry per dim is the global size. Names survive tools that renumber SSA values as
+Collectives act on per-device tensors (docs/design/collectives.md), so every type is LOCAL: a dim
+split M ways has size K/M when M divides K, else `?` (shards differ). The global shape stays
+recoverable: every tensor is the result of a `mesh.shard` op whose sharding gives the split counts,
+and a sharding with a `?` dim carries `sharded_dims_offsets` (upstream's explicit shard bounds),
+whose last entry per dim is the global size. Names survive tools that renumber SSA values as
 locations: `loc("x~1")` names a tensor (`loc("x~1"("x"))` when its graph value differs) and
-`loc("dot1")` an ONNX node; SSA names are only sanitized hints. ONNX ops are generic
-unregistered ops `"onnx.Type"` (a non-default domain in `onnx_domain`), their sharding option
-a string attribute listing every loop; an absent optional operand is onnx-mlir's
-`"onnx.NoValue"`, an absent result has type `none`.
+`loc("dot1")` an ONNX node; SSA names are only sanitized hints. ONNX ops are generic unregistered
+ops `"onnx.Type"` (a non-default domain in `onnx_domain`), their sharding option a string attribute
+listing every loop; an absent optional operand is onnx-mlir's `"onnx.NoValue"`, an absent result has
+type `none`.
 
-Upstream has no permute; seed 003's `shift` moves a uniform offset along one axis and
+Upstream has no permute; the mesh dialect's `shift` moves a uniform offset along one axis and
 `send`/`recv` name one in-group peer for every group, while ours move arbitrary device pairs.
 So a permute is spelled like StableHLO's collective_permute, as a generic op of our own
 namespace: `"autoshard.permute"(%x) {mesh = @mesh0, mesh_axes = array<i16: 0>,

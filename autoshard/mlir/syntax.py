@@ -98,7 +98,7 @@ class MlirOp:
 
 
 class Dialect(enum.StrEnum):
-    """The spelling of the mesh ops: seed 003's `mesh`, or upstream LLVM 22's rename `shard`."""
+    """The spelling of the mesh ops: the `mesh` dialect, or upstream LLVM 22's rename `shard`."""
 
     MESH = "mesh"
     SHARD = "shard"

@@ -1,11 +1,12 @@
-"""The collective-communication (CCL) passes of seed 001, as rewrites of a sharded `Program`.
+"""The collective-communication (CCL) passes (docs/design/lowering.md), as rewrites of a
+sharded `Program`.
 
 Run in this order by `optimize_collectives` (twice: without and with the all_reduce split of
 step 3, keeping the program that sends fewer bytes, then has fewer collectives):
 
 1. `fuse_reshards` — a chain of collectives on one value whose intermediate tensors nobody else
    reads is replanned from its first sharding to its last by `plan_reshard`. This one rule is
-   seed 001's all-reduce folding (all_reduce [0] then all_reduce [1] is all_reduce [0, 1]) and
+   the all-reduce folding (all_reduce [0] then all_reduce [1] is all_reduce [0, 1]) and
    its all_reduce + all_slice -> reduce_scatter, and any other shortcut the planner knows, since
    the planner returns the cheapest exact sequence and a chain of basis moves is one candidate.
 2. `reassociate` — `add(all_reduce(x), all_reduce(y))` becomes `all_reduce(add(x, y))`, and the
@@ -16,7 +17,7 @@ step 3, keeping the program that sends fewer bytes, then has fewer collectives):
    when the op's other operands reach the finer sharding by free local slices: the op computes a
    shard of the data for the same bytes sent. An all_reduce whose only reader is such an op is
    first split into reduce_scatter + all_gather (the same ring bytes: (n-1)/n·T twice), when the
-   all_gather then moves; this is seed 004's "all-reduce decompose & all-gather move down":
+   all_gather then moves; this is "all-reduce decompose & all-gather move down":
 
        h = all_reduce(dot1) [0]      ->   h' = reduce_scatter(dot1) [0] onto dim 2
        r = max(h, zero)                    r' = max(h', all_slice(zero))
@@ -65,8 +66,7 @@ class _Rewrite:
     Positions are kept up to date too, without renumbering: the program's k-th step starts in
     slot k, and a splice changes one slot's few steps (every rewrite replaces a step by a few,
     or removes one), so a step's position is its slot and its place among them. (Numbering the
-    steps again after every rewrite made lowering a 405B-class decoder grow with collectives x
-    steps.)
+    steps again after every rewrite would make lowering grow with collectives x steps.)
     """
 
     def __init__(self, program: Program, graph: Graph) -> None:
@@ -515,7 +515,7 @@ def passes(split: bool) -> tuple[Callable[[Program, Graph], Program], ...]:
 
 
 def optimize_collectives(program: Program, graph: Graph) -> Program:
-    """Seed 001's CCL passes, in order, without and then with splitting all_reduces. A split
+    """The CCL passes, in order, without and then with splitting all_reduces. A split
     pays only when the moved all_gather then fuses with a later reshard; otherwise it sends the
     same bytes in two collectives where upstream MLIR and XLA send one all_reduce. So the two
     programs are compared by bytes sent, then collectives (free all_slices not counted), and

@@ -1,6 +1,6 @@
 """Lowering: a plan becomes the sharded program that runs it. Materialize inserts a reshard
 wherever a value is held otherwise than a use needs it, as the collectives of `plan_reshard`;
-the CCL passes then fuse, reassociate and move those collectives (seed 001).
+the CCL passes then fuse, reassociate and move those collectives (docs/design/lowering.md).
 
 Both the pipeline and the search's budget policy lower (the budget policy measures a plan's
 program), so lowering lives here, below both.

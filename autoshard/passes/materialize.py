@@ -1,4 +1,5 @@
-"""Materialization (seed 001): a graph and its completed shardings become a sharded `Program`.
+"""Materialization (docs/design/lowering.md): a graph and its completed shardings become a sharded
+`Program`.
 
 Wherever a value is held in another sharding than a user computes with, a reshard is inserted
 and lowered to collectives by `plan_reshard` (the planner that also prices it). Reshards appear

@@ -1,11 +1,11 @@
-"""Partition (seed 001, "Sharding Partition"): the sharded program as each device runs it.
+"""Partition (docs/design/lowering.md): the sharded program as each device runs it.
 
 A `Program` is SSA over *global* tensors held in shardings. Partitioning gives every device
-(by linear index, seed 003's row-major order) its local program:
+(by linear index, the mesh's row-major order) its local program:
 
 - every tensor gets the device's local shape (`Sharding.local_shape`: ceil-sized shards, the
   last ones smaller or empty; exact, never padded);
-- every collective gets the device group it runs in (`Mesh.device_groups`, seed 003's order);
+- every collective gets the device group it runs in (`Mesh.device_groups`, in its order);
 - operands and attributes that carry shapes are rewritten to the local ones, as explicit
   constants (no 0 / -1 of Reshape): Reshape targets, Expand and ConstantOfShape shapes, Resize
   sizes, Slice bounds on split dims, Squeeze's implicit axes, Conv / GroupNormalization group
@@ -26,10 +26,10 @@ pass walks the program and looks each op up, by op type and by its rule's note.
 Replicated constants a user needs split stay replicated on every device; materialization
 already cut them with an `all_slice` (a local slice, no communication).
 
-Worked example (seed 001, MLP on mesh [2]): `x` 2x4x8 held [[], [], [0]] is local 2x4x4 on
-both devices; `all_gather` over mesh axis 0 runs in the single group (0, 1); `dot1` computes
-2x4x16 with W1's local 8x16; `reduce_scatter` gives each device 2x4x4. On mesh [3] the same x
-would be 2x4x3, 2x4x3, 2x4x2.
+Worked example (the MLP of docs/design/lowering.md on mesh [2]): `x` 2x4x8 held [[], [], [0]] is
+local 2x4x4 on both devices; `all_gather` over mesh axis 0 runs in the single group (0, 1); `dot1`
+computes 2x4x16 with W1's local 8x16; `reduce_scatter` gives each device 2x4x4. On mesh [3] the same
+x would be 2x4x3, 2x4x3, 2x4x2.
 
 Splits a local op cannot compute exactly are refused with a `PartitionError` naming the op: a
 reshape whose split loop the device count does not divide (its shards would not be the same
@@ -89,7 +89,7 @@ class LocalCompute:
 @dataclass(frozen=True)
 class LocalCollective(Communicate):
     """This device's part of a program collective (the program's `Communicate`, with where it
-    runs): `group` lists the linear indices of the devices it runs with, in seed 003's group
+    runs): `group` lists the linear indices of the devices it runs with, in `Mesh.device_groups`
     order (its own position is `rank`). A permute has no group: `collective.pairs` says who
     sends to whom."""
 

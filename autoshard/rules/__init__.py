@@ -1,4 +1,5 @@
-"""Operator sharding rules (seed 001's ShardingInterface): a registry from ONNX op type to a
+"""Operator sharding rules (the ShardingInterface of docs/design/propagation.md): a registry
+from ONNX op type to a
 pure function `(op, graph) -> OpRule`. Rules see shapes and attributes, never the mesh."""
 
 from autoshard.rules.base import IndexingMap, IteratorType, Loop, Note, OpRule

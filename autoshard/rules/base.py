@@ -1,4 +1,5 @@
-"""The ShardingInterface of seed 001 as data: loops, their iterator types, indexing maps.
+"""The ShardingInterface (docs/design/propagation.md) as data: loops, their iterator types,
+indexing maps.
 
 An op's computation is a loop nest. Each loop is `parallel`, `reduction` (with the kind that
 combines partial results) or `invalid` (cannot be split). An indexing map sends the loops to the
@@ -10,7 +11,7 @@ results partial. Rules never see the mesh: the same rule serves every mesh.
 Dims are affine in the loops. Most are one loop (a projected permutation); a dim indexed by no
 loop (`()`) is never split (a broadcast dim of size 1, a dim an op reads whole); Conv and
 pooling dims combine an output loop and a kernel loop (`((stride, oh), (dilation, kh))`), of
-which at most one may be split (seed 001). Results are projected permutations.
+which at most one may be split. Results are projected permutations.
 """
 
 from __future__ import annotations

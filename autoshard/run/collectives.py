@@ -1,8 +1,8 @@
 """The mesh collectives on torch.distributed, one device's side of each.
 
-The semantics are `autoshard.execute.simulate`'s (seed 003): groups in seed 003's order, pieces
+The semantics are `autoshard.execute.simulate`'s: groups in `Mesh.device_groups` order, pieces
 ceil-sized along a dim (the last ones smaller or empty). torch numbers a group's members by
-their global rank, sorted (`new_group` sorts), which is not seed 003's order when the mesh
+their global rank, sorted (`new_group` sorts), which is not the group's order when the mesh
 axes are listed inner before outer: every exchange here puts pieces in torch's order and
 reads them back in the group's.
 

@@ -1,1 +1,1 @@
-"""Search for a plan: hand-written baselines now; candidates, cost and the CP-SAT ILP later."""
+"""Search for a plan: candidates, their costs and the CP-SAT ILP, and hand-written baselines."""

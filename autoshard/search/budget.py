@@ -6,13 +6,11 @@ the intermediate tensors of reshards of several collectives (on a 3-axis mesh mo
 candidate shardings have some, a plan few). When a plan's program holds more than its rows
 say, those reshards (from any held sharding to their targets) are counted from then on and
 the ILP solves again, from that plan and the bound it proved (rows counting more have no
-lower optimum: a fan-out graph on 2x2x2 at its lowest budget, four rounds, ended FEASIBLE at
-a gap of 21 %, now 0.007 %); every such round counts more of the program, and none is
-needed unless a plan uses them. Counting every reshard a plan could make from the start is
-exact but costly (gpt2 on 2x4 at 60 %: 4,608 reshards of several collectives, 1,366
-indicators become 19,023, built in 6.4 s, not 0.5 s), and none may be left out for being
-small: an intermediate no larger than either end is still live beside the next step's
-result (random MLP plans on 2x2x2 counted without them: 10 of 12 under-counted).
+lower optimum, so the bound it proved holds for the next round); every such round counts more of
+the program, and none is needed unless a plan uses them. Counting every reshard a plan could
+make from the start is exact but costly (the indicators grow by an order of magnitude), and
+none may be left out for being small: an intermediate no larger than either end is still
+live beside the next step's result.
 
 When no plan fits, the least memory any plan needs is an ILP of its own (`ilp.lowest_budget`),
 answered with its proof and the tensors its plan holds at the peak.

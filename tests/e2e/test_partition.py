@@ -1,8 +1,8 @@
-"""The partition pass: what each device runs. Seed 001's MLP against the seed's "after sharding
-partition" listing; shape operands rewritten to explicit local shapes; the rule notes' local
-rewrites (masked lookup, bias once, local groups); uneven and empty shards; and every op type
-of the bundled models (plus a small model of the ops they lack) split loop by loop, each run
-on all devices and compared with onnxruntime."""
+"""The partition pass: what each device runs. The design pages' MLP against its "after sharding
+partition" listing (docs/design/lowering.md); shape operands rewritten to explicit local shapes; the
+rule notes' local rewrites (masked lookup, bias once, local groups); uneven and empty shards; and
+every op type of the bundled models (plus a small model of the ops they lack) split loop by loop,
+each run on all devices and compared with onnxruntime."""
 
 from __future__ import annotations
 
@@ -48,11 +48,11 @@ def options(**loops):
     return {name.replace("__", "/"): ShardingOption(tuple(v)) for name, v in loops.items()}
 
 
-# ---- seed 001 ---------------------------------------------------------------------------------
+# ---- the design pages' MLP --------------------------------------------------------------------
 
 
 def write_seed_mlp(path):
-    """Seed 001's MLP (tests/golden/seed_models.py) with random weights instead of ones, so
+    """The design pages' MLP (tests/golden/seed_models.py) with random weights instead of ones, so
     that numbers would show a wrong slice."""
     seed_models.write_seed_mlp(path)
     model = onnx.load(path)
@@ -70,7 +70,7 @@ SEED_ANNOTATIONS = [  # tests/golden/test_seed_001.py, annotations on tensors
     Annotation("y", S("[[]] partial = sum[0]")),
     Annotation("y", S("[[], [], [0]]"), for_users=True),
 ]
-# Seed 001, "After sharding partition": arguments 2x4x4, 8x16, 16x8; all_gather with
+# "After sharding partition" (docs/design/lowering.md): arguments 2x4x4, 8x16, 16x8; all_gather with
 # replica_groups [[0, 1]]; the zero constant cut to 2x4x16; reduce_scatter to 2x4x4.
 SEED_LOCAL_PROGRAM = """\
 x~1: 2x4x8 = all_gather(x) mesh_axes = [0] gather_axis = 2 group [0, 1]

@@ -230,15 +230,17 @@ def test_a_killed_rank_ends_the_run_within_seconds(tmp_path):
 
 
 SEEDS = {
-    # Seed 001: mesh [2], x split on its last dim, y reduce-scattered back to it.
+    # The MLP of docs/design/lowering.md: mesh [2], x split on its last dim, y reduce-scattered
+    # back to it.
     "001": ("2", [
         {"value": "x", "sharding": "[[], [], [0]]"},
         {"value": "y", "sharding": "[[]] partial = sum[0]"},
         {"value": "y", "sharding": "[[], [], [0]]", "for": "users"},
     ], {"all_gather": 1, "all_slice": 1, "reduce_scatter": 1}),
-    # Seed 004: the 2-D weight-stationary MLP on 2x2x2 (8 processes). h's all_reduce over
-    # [0] stays one all_reduce (split into reduce_scatter + all_gather it would send no fewer
-    # bytes); the constant is sliced over [1, 2, 0], a group order unlike torch's rank order.
+    # The 2-D weight-stationary MLP (docs/design/propagation.md) on 2x2x2 (8 processes). h's
+    # all_reduce over [0] stays one all_reduce (split into reduce_scatter + all_gather it would
+    # send no fewer bytes); the constant is sliced over [1, 2, 0], a group order unlike torch's
+    # rank order.
     "004": ("2x2x2", [
         {"value": "x", "sharding": "[[], [], [0, 1, 2]]"},
         {"value": "h", "sharding": "[[], [], [1, 2]] partial = sum[0]"},

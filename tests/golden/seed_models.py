@@ -1,5 +1,6 @@
-"""The MLP of seeds 001 and 004 as an ONNX model: x 2x4x8, dot with W1 8x32, max with a zero
-constant, dot with W2 32x8 (the seeds' `mhlo.dot_general`/`mhlo.maximum` program)."""
+"""The MLP of docs/design/propagation.md and lowering.md as an ONNX model: x 2x4x8, dot with W1
+8x32, max with a zero constant, dot with W2 32x8 (the pages' `mhlo.dot_general`/`mhlo.maximum`
+program)."""
 
 import numpy as np
 import onnx

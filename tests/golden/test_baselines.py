@@ -279,7 +279,7 @@ def test_propagated_partial_output_is_reduced_on_return(tmp_path):
     assert str(plan.values["y"]) == "[[]] partial = sum[0]"
     assert str(plan.needs[(RETURN, 0)]) == "[[]]"
     # w2's row split propagates back: dot1 column-split (x is replicated), the zero constant
-    # sliced, y reduced once: the seed's MLP as Megatron does it.
+    # sliced, y reduced once: the design pages' MLP as Megatron does it.
     assert collectives(graph, FLAT, row) == [("all_slice", "zero"), ("all_reduce", "y")]
     # A user who pins y partial gets it returned partial.
     pinned = [*row, Annotation("y", Sharding.parse("[[]] partial = sum[0]"))]

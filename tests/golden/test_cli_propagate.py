@@ -1,4 +1,4 @@
-"""`autoshard propagate` end to end: seed 001's MLP through the CLI, JSON keys, bad input."""
+"""`autoshard propagate` end to end: the design pages' MLP through the CLI, JSON keys, bad input."""
 
 import json
 import subprocess
@@ -50,7 +50,7 @@ def test_seed_001_through_the_cli(seed_mlp):
         "partial": None,
         "read_as": {"dot1": "[[], [0]]"},
     }
-    # Held partial, returned as its users (the return) read it: seed 001's reduce_scatter.
+    # Held partial, returned as its users (the return) read it: one reduce_scatter.
     assert data["values"]["y"] == {
         "sharding": "[[], [], []]", "partial": "sum[0]", "returned_as": "[[], [], [0]]",
     }  # fmt: skip

@@ -67,7 +67,7 @@ CASES = {
         matmul, "2x4", [held("x", "[[], [1]]"), held("w", "[[1]]"), held("y", "[[], [1]]")],
         [("reduce_scatter", [1], 192 * KiB)], None,
     ),
-    # Seed 001's MLP (mesh 2) without its partial annotation: h (2x4x32 floats, 1 KiB) is
+    # The design pages' MLP (mesh 2) without its partial annotation: h (2x4x32 floats, 1 KiB) is
     # reduced before the max by one all_reduce (2 * 1/2 KiB), not a reduce_scatter below
     # and an all_gather above the max (the same bytes in two collectives).
     "seed-001-mlp-without-partial": (

@@ -1,5 +1,5 @@
-"""A required annotation for users (seed 003's `mesh.shard ... annotate_for_users`, seed 001's
-`as_result = false`) says how every user of a value reads it: each op reading it, and the
+"""A required annotation for users (`mesh.shard ... annotate_for_users`, `as_result = false`:
+docs/design/propagation.md) says how every user of a value reads it: each op reading it, and the
 return of a graph output, reads it so, a reshard coming between where the value is held
 otherwise. `autoshard propagate` and `autoshard plan` (the search) alike."""
 

@@ -1,6 +1,6 @@
-"""Seed 001's "MLP 1D weight stationary" on mesh [2], both versions: annotations on tensors, and
-a sharding option on the second dot. Completed annotations and the collectives that
-materialization needs (planned by the same `plan_reshard` that prices them)."""
+"""The "MLP 1D weight stationary" of docs/design/propagation.md on mesh [2], both versions:
+annotations on tensors, and a sharding option on the second dot. Completed annotations and the
+collectives that materialization needs (planned by the same `plan_reshard` that prices them)."""
 
 import pytest
 
@@ -35,7 +35,7 @@ EXPECTED_VALUES = {
     "y": "[[]] partial = sum[0]",
     "zero": "[[]]",
 }
-# Where a consumer needs another sharding than the value is held in: the seed's materialized
+# Where a consumer needs another sharding than the value is held in: the materialized
 # program has exactly these three collectives.
 EXPECTED_COLLECTIVES = [
     ("dot1", 0, "x", "all_gather mesh_axes = [0] gather_axis = 2"),
@@ -71,10 +71,10 @@ def test_annotations_on_tensors(mlp):
     ]
     result = propagate(mlp, MESH, annotations)
     check(mlp, result)
-    # The seed's completion marks dot1's lhs replicated (`sharding = []`) and W1 [[], [0]].
+    # The completion marks dot1's lhs replicated (`sharding = []`) and W1 [[], [0]].
     assert str(result.needs[("dot1", 0)]) == "[[]]"
     assert str(result.needs[("dot1", 1)]) == "[[], [0]]"
-    # Held partial, returned as the seed's %15 reads it (after its reduce_scatter).
+    # Held partial, returned as the program's %15 reads it (after its reduce_scatter).
     assert describe(result, mlp)["values"]["y"] == {
         "sharding": "[[], [], []]", "partial": "sum[0]", "returned_as": "[[], [], [0]]",
     }  # fmt: skip
@@ -97,7 +97,7 @@ def test_hint_conflicts_are_resolved_without_error(mlp):
         Annotation("h", S("[[], [], [0]]"), required=False),
     ]
     result = propagate(mlp, MESH, annotations)
-    # An op reads its results first (seed 001): the hint on h puts dot1's n loop on axis 0, and
+    # An op reads its results first: the hint on h puts dot1's n loop on axis 0, and
     # x's required batch split, which would need axis 0 too, is skipped without error; x stays
     # held as required and dot1 reads it gathered.
     assert str(result.options["dot1"]) == "[[], [], [0]]"
@@ -127,7 +127,7 @@ def test_held_sharding_of_an_operand_does_not_bind_its_user(mlp):
 
 
 def test_one_value_with_two_required_shardings_is_an_error(mlp):
-    # Seed 003 calls annotating one result with two different shardings undefined; the
+    # Annotating one result with two different shardings is undefined; the
     # annotations are refused as given, before propagation (the search refuses them alike).
     annotations = [Annotation("h", S("[[0]]")), Annotation("h", S("[[], [], [0]]"))]
     with pytest.raises(AnnotationError, match=r"of 'h': \[\[0\]\] and \[\[\], \[\], \[0\]\]"):

@@ -1,6 +1,6 @@
-"""Seed 004, "2D weight-stationary" MLP on mesh 2x2x2: propagated annotations and the
-materialized collectives (all_gather over [1, 2], all_reduce over [0], reduce_scatter over
-[1, 2]). The seed writes partial axes as a trailing entry: its `[[], [], [1, 2], [0]]` for a
+"""The "2D weight-stationary" MLP (docs/design/propagation.md) on mesh 2x2x2: propagated annotations
+and the materialized collectives (all_gather over [1, 2], all_reduce over [0], reduce_scatter over
+[1, 2]). The design page writes partial axes as a trailing entry: its `[[], [], [1, 2], [0]]` for a
 2x4x32 value is `[[], [], [1, 2]] partial = sum[0]` here."""
 
 import pytest
@@ -39,7 +39,7 @@ def test_propagation(mlp):
         "max": "[[], [], [1, 2]]",
         "dot2": "[[], [], [0], [1, 2]]",
     }
-    # The seed's completed annotations: W1 [[0], [1, 2]], W2 [[1, 2], [0]], dot1 reads x as
+    # The completed annotations: W1 [[0], [1, 2]], W2 [[1, 2], [0]], dot1 reads x as
     # [[], [], [0]], max and dot2 read [[], [], [1, 2]].
     assert str(result.values["w1"]) == "[[0], [1, 2]]"
     assert str(result.values["w2"]) == "[[1, 2], [0]]"

@@ -1,5 +1,5 @@
 """autoshard against upstream MLIR (LLVM 22's `mlir-opt-22`, whose `shard` dialect is the 2025
-rename of seed 003's `mesh`).
+rename of the `mesh` dialect).
 
 a. Printed programs (shard spelling) parse and verify upstream, and survive a round trip
    through it: mlir-opt renumbers every SSA value, so the program read back proves that the
@@ -16,9 +16,9 @@ Where they differ, `DIFFERENCES` states both sides exactly; there are two reason
    same split axes and no partial axes. LLVM 22 removed partial axes from `shard.sharding`: its
    partition all-reduces a reduction's result inside the op's own partition (`shard-partition`
    emits `shard.all_reduce` right after the op, checked below), so upstream's annotation
-   describes the value after that all-reduce. autoshard keeps the result partial, as seed 001
-   does (`partial = sum[0]` on the MLP's output), so that materialization chooses the
-   reduction (a reduce_scatter into the next sharding, or none before a linear op).
+   describes the value after that all-reduce. autoshard keeps the result partial, as
+   docs/design/lowering.md does (`partial = sum[0]` on the MLP's output), so that materialization
+   chooses the reduction (a reduce_scatter into the next sharding, or none before a linear op).
 2. Which operand decides. On mesh 2x2 with x batch-split ([[0]]), w1 column-split and w2
    row-split over axis 1 for their users (data + tensor parallel), upstream completes the
    second matmul from w2's for-users annotation alone: it reads h as [[], [1]], dropping the

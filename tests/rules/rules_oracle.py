@@ -379,7 +379,7 @@ class Oracle:
 
 
 def check_rule(rule: OpRule, op: Op, graph: Graph) -> None:
-    """The invariants every rule keeps (base.py and seed 001): one map per operand and result,
+    """The invariants every rule keeps (base.py): one map per operand and result,
     of the tensor's rank; omitted operands unmapped; results projected permutations over
     parallel and invalid loops; no splittable loop twice in one tensor; a splittable loop's
     size divides the dims that follow it; combined dims only over invalid loops."""

@@ -87,7 +87,7 @@ def test_a_pow_costs_what_its_exponent_asks(cluster, exponent, family, seconds):
 def test_without_a_measured_rate_a_family_runs_at_the_vector_rate_over_its_instructions():
     """Tanh of 1 Mi bf16 on one H100: 12 instructions at 67 TFLOP/s = 5.58e12/s, 0.19 us;
     4 MiB in the L2 at 8 TB/s x 0.85 is 0.62 us: on a GPU memory bounds it, 2.62 us with
-    launch (from HBM it was 3.47: the L2 is modelled since an H100 was measured)."""
+    launch (3.47 were it read from HBM)."""
     assert TRANSCENDENTAL_FLOPS["tanh"] == 12
     op, graph = one_op("Tanh", {"x": (N,)}, (N,))
     rule = rule_for(op, graph)

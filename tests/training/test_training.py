@@ -199,9 +199,9 @@ def test_micro_batches_run_forward_and_backward_each_time_and_sync_once(mlp):
 
 @pytest.mark.parametrize("budget", ["free", "middle", "least"])
 def test_exhaustive_search_equals_the_ilp_on_a_training_step(tmp_path, budget):
-    """Seed 001's MLP trained on mesh 2 (x, the state and the synchronized gradients pinned, to
-    keep the enumeration small): the ILP's optimum is the best of every combination, and its
-    peak is the program's."""
+    """The design pages' MLP trained on mesh 2 (x, the state and the synchronized gradients pinned,
+    to keep the enumeration small): the ILP's optimum is the best of every combination, and its peak
+    is the program's."""
     graph = training_graph(import_onnx(write_seed_mlp(tmp_path / "mlp.onnx")), Training())
     cluster = make_cluster(mesh="2")
     pins = [

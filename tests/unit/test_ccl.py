@@ -1,6 +1,7 @@
-"""The CCL passes (seed 001): each rewrite's exact collectives, its bytes, and its meaning — the
-program is executed on every device before and after (collectives by `execute.simulate`, the
-few ops involved with numpy) and must give the same outputs as the original graph."""
+"""The CCL passes (docs/design/lowering.md): each rewrite's exact collectives, its bytes, and its
+meaning — the program is executed on every device before and after (collectives by
+`execute.simulate`, the few ops involved with numpy) and must give the same outputs as the original
+graph."""
 
 import numpy as np
 import onnx
@@ -101,18 +102,18 @@ def check_same_meaning(graph, before, after, seed=0):
     assert after.bytes_per_device <= before.bytes_per_device
 
 
-# ---- seed 004 ----------------------------------------------------------------------------------
+# ---- all-reduce decompose & all-gather move down ----------------------------------------------
 
 
 def test_seed_004_all_reduce_decomposed_and_all_gather_moved_below_the_max(tmp_path):
-    """Seed 004, "Mesh CCL Optimization": the all_reduce of dot1 becomes a reduce_scatter and
-    an all_gather below the max. Two slips of the seed's listing: it writes the scattered
-    sharding as [[], [], [0, 1, 2]], which no reduce_scatter reaches from [[], [], [1, 2]]
-    partial = sum[0] (device (0, 0, 1) holds partial columns 8..16 but would need 4..8); the
-    reduce_scatter appends axis 0 innermost, [[], [], [1, 2, 0]]. And it writes tensor_axis = 1
-    for a split of dim 2. Bytes are unchanged (256 = 128 + 128): the max computes a quarter
-    less, but for two collectives instead of one, so `optimize_collectives` keeps the
-    all_reduce (as upstream MLIR and XLA do); the split is taken when it saves bytes."""
+    """The "Mesh CCL Optimization" of docs/design/lowering.md: the all_reduce of dot1 becomes a
+    reduce_scatter and an all_gather below the max. The scattered sharding is
+    [[], [], [1, 2, 0]]: the reduce_scatter appends axis 0 innermost, and no reduce_scatter
+    reaches [[], [], [0, 1, 2]] from [[], [], [1, 2]] partial = sum[0] (device (0, 0, 1) holds
+    partial columns 8..16 but would need 4..8); its tensor axis is 2. Bytes are unchanged
+    (256 = 128 + 128): the max computes a quarter less, but for two collectives instead of
+    one, so `optimize_collectives` keeps the all_reduce (as upstream MLIR and XLA do); the
+    split is taken when it saves bytes."""
     from tests.golden.seed_models import write_seed_mlp
 
     graph = import_onnx(write_seed_mlp(tmp_path / "mlp.onnx", "mlp_2d_weight_stationary"))
@@ -318,7 +319,8 @@ def test_a_collective_above_a_moved_all_gather_moves_next(dot):
     """The dot sums over axis 1 with rows split over axis 0; relu reads h whole: all_reduce
     [1], then all_gather [0]. The all_reduce cannot split while the all_gather reads it; once
     the all_gather moves below relu, relu reads the all_reduce, which splits and its
-    all_gather moves too: the walk steps back to it (seed 004's pair, one step removed)."""
+    all_gather moves too: the walk steps back to it (the decompose-and-move pair, one step
+    removed)."""
     options = {
         "dot": ShardingOption.parse("[[0], [], [1]]", 3),
         "relu": ShardingOption.parse("[[]]", 2),

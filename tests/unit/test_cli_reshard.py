@@ -8,8 +8,9 @@ from autoshard.cli.main import main
 
 
 def test_text_output_names_each_collective_with_its_bytes(capsys):
-    """Seed 002's 2x2x2 case: 4x4 float32 from [[0], [1, 2]] to [[0, 1], [2]]. Local shards are
-    2x1 = 8 B: a permute of whole shards (8 B) then an all_to_all over axis 1 (half of 8 B)."""
+    """The 2x2x2 case of docs/design/resharding.md: 4x4 float32 from [[0], [1, 2]] to [[0, 1], [2]].
+    Local shards are 2x1 = 8 B: a permute of whole shards (8 B) then an all_to_all over axis 1 (half
+    of 8 B)."""
     assert main(["reshard", "--mesh", "2x2x2", "--shape", "4x4",
                  "--from", "[[0], [1, 2]]", "--to", "[[0, 1], [2]]"]) == 0  # fmt: skip
     assert capsys.readouterr().out.splitlines() == [

@@ -1,8 +1,8 @@
-"""Layouts of seed 002's examples: which elements each device holds.
+"""Layouts of docs/design/resharding.md's examples: which elements each device holds.
 
 Each case lists, for every device in linear-index order, the element labels of its block
-(row then column, 1-based, as in the seed; rows separated by '/'). Seed 002's index maps are the
-specification; where one of its ASCII sketches disagrees with them, the comment says how.
+(row then column, 1-based; rows separated by '/'). The index maps of docs/design/resharding.md
+are the specification.
 """
 
 import json
@@ -24,8 +24,8 @@ def labels(shard):
 
 
 CASES = {
-    # Seed draws one element per device (as if the 2x3 tensor were flat): a slip. By the maps,
-    # dim 0 (2 rows) splits into 6 shards of ceil(2/6) = 1 row; device (m, n) holds shard 3m + n.
+    # By the maps, dim 0 (2 rows) splits into 6 shards of ceil(2/6) = 1 row; device (m, n) holds
+    # shard 3m + n.
     "2x3-[[0,1]]": (
         "2x3",
         (2, 3),
@@ -39,10 +39,9 @@ CASES = {
         "[[1, 0]]",
         ["11 12 13", "empty", "empty", "21 22 23", "empty", "empty"],
     ),
-    # Seed draws the whole tensor on every device after "all-gather along mesh axis 0": a slip;
     # [[1]] splits the 2 rows into 3 shards of 1 row over axis 1.
     "2x3-[[1]]": ("2x3", (2, 3), "[[1]]", ["11 12 13", "21 22 23", "empty"] * 2),
-    # Seed draws the 4x6 tensor with 2 rows: a slip; each device holds one whole column.
+    # Each device holds one whole column.
     "4x6-[[],[0,1]]": (
         "2x3",
         (4, 6),
@@ -103,7 +102,7 @@ CASES = {
             "54 55 56/64 65 66",
         ],
     ),
-    # The seed's drawing shows "23" where device (0, 4) holds 25: a slip.
+    # Device (0, 4) holds 25.
     "6x6-2x6-[[0],[1]]": (
         "2x6",
         (6, 6),
@@ -138,7 +137,7 @@ CASES = {
         "[[0], [1, 2]]",
         ["11/21", "12/22", "13/23", "14/24", "31/41", "32/42", "33/43", "34/44"],
     ),
-    # The seed's drawing shows "13 41" on device (0, 0, 1): a slip for 13 14.
+    # Device (0, 0, 1) holds 13 14.
     "4x4-[[0,1],[2]]": (
         "2x2x2",
         (4, 4),

@@ -1,4 +1,4 @@
-"""Mesh: parsing, linear/multi-index and device groups, with seed 003's examples."""
+"""Mesh: parsing, linear/multi-index and device groups (docs/design/sharding.md)."""
 
 import pytest
 

@@ -1,7 +1,7 @@
-"""The MLIR notation (autoshard.mlir): seed 001's MLP printed exactly, print -> parse ->
-the same program in both spellings, local types of uneven shards, every attribute kind, seed
-003's examples read verbatim, `autoshard propagate --emit mlir`. Upstream mlir-opt-22 checks
-are in tests/golden/test_upstream_mlir.py."""
+"""The MLIR notation (autoshard.mlir): the design pages' MLP printed exactly, print -> parse -> the
+same program in both spellings, local types of uneven shards, every attribute kind, the examples of
+docs/design/collectives.md read verbatim, `autoshard propagate --emit mlir`. Upstream mlir-opt-22
+checks are in tests/golden/test_upstream_mlir.py."""
 # ruff: noqa: E501 (golden MLIR lines are as long as the printer makes them)
 
 import subprocess

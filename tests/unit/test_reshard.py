@@ -1,4 +1,5 @@
-"""The resharding planner: seed 002's examples, and every plan executed on all devices."""
+"""The resharding planner: docs/design/resharding.md's examples, and every plan executed on all
+devices."""
 
 import itertools
 
@@ -19,8 +20,8 @@ def steps(src, dst, shape, mesh, itemsize=1):
     return [f"{c} | {c.bytes_per_device}" for c in plan]
 
 
-# Each seed 002 example: the planner's steps (with bytes per device for int8 elements, as the
-# seed's tensor<..xi8>), and how they compare with the seed's algorithm.
+# Each example of docs/design/resharding.md ("Seed" below): the planner's steps (with bytes per
+# device for int8 elements, as its tensor<..xi8>), and how they compare with its algorithm.
 SEED_002 = {
     # Seed: swap contents on devices with the same linear index. Same: one permute; 3 bytes is
     # the one row that device 0 sends to device 1 (and device 1's to device 3).

@@ -1,4 +1,5 @@
-"""Sharding: validation, canonical form, text forms and the index maps of seed 002."""
+"""Sharding: validation, canonical form, text forms and the index maps of
+docs/design/resharding.md."""
 
 import itertools
 import math
@@ -16,11 +17,11 @@ def ceildiv(a, b):
     return -(-a // b)
 
 
-# ---- seed 002: index maps -------------------------------------------------------------------
+# ---- index maps ------------------------------------------------------------------------------
 
 
 def test_index_map_check_t13_17():
-    # Seed 002: sharding [[0], [1]] on an MxN = 3x4 mesh, K x L = 16x23 tensor:
+    # docs/design/resharding.md: sharding [[0], [1]] on an MxN = 3x4 mesh, K x L = 16x23 tensor:
     # t[13, 17] = d(13 floordiv 6, 17 floordiv 6)[13 % 6, 17 % 6] = d(2, 2)[1, 5].
     mesh, shape, sharding = Mesh((3, 4)), (16, 23), Sharding.parse("[[0], [1]]")
     holders = [d for d in mesh.devices() if _holds(sharding, mesh, shape, d, (13, 17))]
@@ -30,8 +31,7 @@ def test_index_map_check_t13_17():
 
 
 def test_index_map_transposed_sharding():
-    # Seed 002's second check (sharding [[1], [0]], M=5, N=2, K=27, L=14) indexes t[9, 19],
-    # but j = 19 is past L = 14: a slip in the seed. The map itself,
+    # Sharding [[1], [0]], M=5, N=2, K=27, L=14. The map,
     #   t[i, j] -> d(j floordiv (L ceildiv M), i floordiv (K ceildiv N))[i % .., j % ..],
     # checked on t[9, 13]: d(13 floordiv 3, 9 floordiv 14)[9 % 14, 13 % 3] = d(4, 0)[9, 1].
     mesh, shape, sharding = Mesh((5, 2)), (27, 14), Sharding.parse("[[1], [0]]")
@@ -76,7 +76,7 @@ def test_offsets_seed_003():
 
 def test_offsets_32x32x32_seed_003():
     # 32x32x32 with the first 2 dims sharded, offsets [0, 24, 32, 0, 20, 32]: the first device
-    # gets 24x20x32 and the second 8x12x32 (seed 003; on a mesh of 2x2, device (1, 1)).
+    # gets 24x20x32 and the second 8x12x32 (on a mesh of 2x2, device (1, 1)).
     mesh = Mesh((2, 2))
     sharding = Sharding.parse("[[0], [1]] sharded_dims_offsets = [0, 24, 32, 0, 20, 32]")
     assert sharding.local_shape(mesh, (32, 32, 32), (0, 0)) == (24, 20, 32)
@@ -261,9 +261,9 @@ def _holds(sharding, mesh, shape, device, element):
 
 
 def _expected_holders(sharding, mesh, shape, element):
-    """Seed 002's map, written independently: on dim k split over axes A (outer to inner), the
-    element at e lies in shard e floordiv ceil(K / |A|), and device d holds shard
-    sum(d[a] * prod(sizes of later axes in A))."""
+    """The index map of docs/design/resharding.md, written independently: on dim k split over axes A
+    (outer to inner), the element at e lies in shard e floordiv ceil(K / |A|), and device d holds
+    shard sum(d[a] * prod(sizes of later axes in A))."""
     holders = []
     for device in mesh.devices():
         ok = True

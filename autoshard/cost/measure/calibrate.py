@@ -13,30 +13,26 @@ each time the median of several runs on CUDA, the fastest on a CPU (`cost.probes
   minimising the squared error of log rates, E then in closed form (the mean of
   log rate - Σ log s). E becomes the device's peak for that dtype at efficiency 1, h its
   `matmul_half_dim`. On a CPU the shapes whose operands and result fit in its caches get
-  their own E (measured here: up to 512^3 at 3x the rate of 1024^3 and up): the ratio is
+  their own E (small matmuls run from the caches at several times the rate): the ratio is
   `matmul_cache_speedup`, the largest working set that still runs fast (chosen by the fit,
   `fit_packing`) `matmul_cache_bytes`. onnxruntime's CPU matmul packs B on every call, a
-  pass over its bytes at `pack_bandwidth`, fitted with the rest (a 32x2048x2048 matmul packs
-  about as long as it multiplies). On CUDA the fit takes the launch floor off each time and
-  leaves out shapes its setup or their bytes bound (`kernel_rates`: 128^3 to 1024^3 and the
-  thin shapes on an H100, where only a transformer layer's shapes and the squares from
-  2048^3 tell the tensor cores' rate). A
-  1024x1024x1023 matmul against 1024^3 (on CUDA 4096x4096x4095 against 4096^3) gives
-  `misaligned_efficiency` (a CPU loses nothing; an H100 four fifths of its rate).
+  pass over its bytes at `pack_bandwidth`, fitted with the rest (on thin shapes packing takes
+  as long as the multiplication). On CUDA the fit takes the launch floor off each time and
+  leaves out shapes its setup or their bytes bound (`kernel_rates`), so only the shapes that
+  tell the tensor cores' rate remain. A 1024x1024x1023 matmul against 1024^3 (on CUDA
+  4096x4096x4095 against 4096^3) gives `misaligned_efficiency`.
 - the vector rate (every op but a contraction): on CUDA a float32 matmul without TF32 (the
   FMA units); on a CPU a Softmax in the cache at the 5 flops an element the model counts for
-  it (what onnxruntime's softmax and normalization kernels reach: a third of the matmul's
+  it (what onnxruntime's softmax and normalization kernels reach, well below the matmul's
   FMA rate).
 - memory bandwidth: an elementwise Add of two large arrays, the bytes read + written over the
   time.
 - access: an Add of a row to rows (an operand read broadcast) and a transpose moving the
   innermost axis, each against that Add's bytes per second: `strided_efficiency` and
-  `transpose_efficiency` (`cost.model.access`; an H100's eager kernels 0.52 and 0.17,
-  onnxruntime's on this 2-core CPU 1.0 and 0.14 at 256 MiB, 0.3 at 16).
+  `transpose_efficiency` (`cost.model.access`).
 - cache: the same Add with a working set of a quarter of half the last-level cache (on CUDA
-  the L2), less the launch floor: the rate of an op moving at most half that cache (measured
-  here: flat up to 16 of 32 MiB, 3 to 10x the rate from memory; an H100's 50 MB L2 7.9 TB/s,
-  2.6x its HBM's).
+  the L2), less the launch floor: the rate of an op moving at most half that cache (the rate
+  stays flat up to about half the cache and is several times the rate from memory).
 - launch floor: the same Add on one element (the shortest time a kernel takes).
 - special functions: per family (exp, log, erf, tanh, pow, sqrt, trig:
   `cost.cluster.Transcendental`), evaluations per second of one op over an array the cache
@@ -324,8 +320,8 @@ def kernel_rates(
     """The samples that tell a GPU's matmul rate, at the rate of their kernel: the launch
     floor taken off (the roofline adds it to every op), and left out where the time is under
     ten launch floors or moving the operands (at `bandwidth`) takes at least half of it: such
-    a shape is bound by them, and its rate says nothing of the matrix units (on an H100 a
-    GEMM's own setup is 2-3 floors, and 512^3's 16 tiles fill an eighth of its 132 SMs)."""
+    a shape is bound by them, and its rate says nothing of the matrix units (a GEMM's own
+    setup takes a few floors, and a small GEMM's tiles fill only some of the SMs)."""
     found = []
     for shape, rate in rates:
         m, k, n = shape

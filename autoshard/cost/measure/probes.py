@@ -3,19 +3,18 @@
 
 - `OnnxRuntimeProbe`: onnxruntime on the CPU, float32, one single-node model per kernel (the
   way `autoshard run` and `verify` execute a device's program), all cores. A run's own cost
-  (binding inputs, Python to C++: the fastest run of a one-element Identity, ~10 us) is taken
-  off every time, so what is left is the kernel's; numpy was the CPU's probe before, but its
-  matmuls ran twice as fast as onnxruntime's (MLAS) at the shapes plans give, and its
-  transcendentals at other rates: a calibration must measure the kernels the program runs.
+  (binding inputs, Python to C++: the fastest run of a one-element Identity) is taken off
+  every time, so what is left is the kernel's. Not numpy: its matmuls and transcendentals run
+  at other rates than onnxruntime's (MLAS), and a calibration must measure the kernels the
+  program runs.
 - `TorchProbe`: torch eager kernels on CUDA (bfloat16; the kernel's device time: a burst of
   calls captured in a CUDA graph and replayed between CUDA events, over the calls) or on
   the CPU (float32, the wall time of the call on one thread: the same code, testable without
   a GPU; threads waiting on each other on a shared machine take scheduler quanta, not kernel
   time). On CUDA the graph takes the host out: an eager call timed alone between events also
-  times the host launching it into an idle GPU (10-40 us a call on the H100 machine
-  measured, where the kernels of a small op take 3-5), which a running program hides behind
-  the kernels queued ahead. A kernel that cannot be captured (one that waits on the host)
-  is timed as the same burst queued eagerly.
+  times the host launching it into an idle GPU (several times a small op's kernel), which a
+  running program hides behind the kernels queued ahead. A kernel that cannot be captured (one that
+  waits on the host) is timed as the same burst queued eagerly.
 
 Each time is taken over at least `repeats` runs and as many as fit in `budget` seconds,
 after a warm-up: on CUDA their median (device time, which other processes barely move); on
