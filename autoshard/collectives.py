@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from autoshard.errors import CollectiveError
 from autoshard.sharding import ReductionKind, Sharding, shard_size
 
 
@@ -30,6 +31,22 @@ AXIS_NAMES: Mapping[CollectiveKind, tuple[str, ...]] = MappingProxyType(
 )
 """The mesh dialect's names of a collective's `dim` and `to_dim`, by kind: what the text, the
 JSON and the MLIR of a collective call them."""
+
+
+FIELDS: Mapping[CollectiveKind, tuple[str, ...]] = MappingProxyType(
+    {
+        CollectiveKind.ALL_GATHER: ("dim",),
+        CollectiveKind.ALL_SLICE: ("dim",),
+        CollectiveKind.ALL_TO_ALL: ("dim", "to_dim"),
+        CollectiveKind.ALL_REDUCE: ("reduction",),
+        CollectiveKind.REDUCE_SCATTER: ("dim", "reduction"),
+        CollectiveKind.PERMUTE: ("pairs",),
+    }
+)
+"""The optional fields of a `Collective` each kind sets, and no others: the rest stay unset.
+A permute's `pairs` may be empty (no shard moves when the axes it crosses have size 1)."""
+
+_OPTIONAL = ("dim", "to_dim", "reduction", "pairs")
 
 
 def ring_bytes(kind: CollectiveKind, n: int, local: int) -> int:
@@ -66,7 +83,7 @@ class Collective:
     `dim` is the tensor dim an all_gather gathers, an all_slice slices, a reduce_scatter
     scatters or an all_to_all splits; `to_dim` the dim an all_to_all concatenates. They print
     under the dialect's names (`AXIS_NAMES`). `pairs` lists (source, target) linear device
-    indices of a permute.
+    indices of a permute. The kind decides which of these are set (`FIELDS`), checked here.
     """
 
     kind: CollectiveKind
@@ -79,6 +96,19 @@ class Collective:
     to_dim: int | None = None
     reduction: ReductionKind | None = None
     pairs: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        sets = FIELDS[self.kind]
+        for name in _OPTIONAL:
+            value = getattr(self, name)
+            if name in sets and value is None:
+                raise CollectiveError(f"collective {self.kind} needs `{name}`")
+            if name not in sets and value not in (None, ()):
+                fields = " and ".join(f"`{f}`" for f in sets)
+                raise CollectiveError(
+                    f"collective {self.kind} takes no `{name}` (it sets {fields}), "
+                    f"got {name}={value!r}"
+                )
 
     @property
     def axis_attrs(self) -> dict[str, int]:

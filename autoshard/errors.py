@@ -20,6 +20,10 @@ class ShardingError(AutoshardError, ValueError):
     """A sharding that is malformed or does not fit its mesh or tensor."""
 
 
+class CollectiveError(AutoshardError, ValueError):
+    """A collective whose fields do not fit its kind (an all_reduce with a `dim`...)."""
+
+
 class LimitError(AutoshardError, ValueError):
     """An input beyond one of autoshard's explicit limits (`autoshard/limits.py`), named in the
     message."""

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from autoshard.analysis.repeats import find_repeats
 from autoshard.annotations import Annotation, check_annotations
-from autoshard.cost.cluster import Cluster, make_cluster
+from autoshard.cost.cluster import Cluster
 from autoshard.document.plan_document import (
     model_info,
     plan_document,
@@ -168,17 +168,15 @@ def propagated(
 
 @dataclass(frozen=True, kw_only=True)
 class PlanRequest:
-    """What `autoshard plan` is asked, flag by flag: built by the CLI from its flags and by
-    the REST service from its form (`service.options.PlanOptions.request`)."""
+    """What `autoshard plan` is asked: the model, the cluster it is priced on (its mesh and
+    memory budget: `Cluster(mesh, memory=bytes)` where the links and device are the defaults),
+    bound dims and the search's options. The faces parse the cluster's flag text with
+    `make_cluster`: the CLI from its flags, the REST service from its form
+    (`service.options.PlanOptions.request`); the library reads values only."""
 
     model_path: str | Path
-    mesh: str | None
+    cluster: Cluster
     dims: Mapping[str, int]
-    device: str | None = None
-    bandwidth: str | Sequence[str] | None = None
-    latency: str | Sequence[str] | None = None
-    memory: str | None = None
-    cluster_file: str | Path | None = None
     annotations: Sequence[Annotation] = ()
     objective: Objective = Objective.TIME
     time_limit: float = 60.0
@@ -207,13 +205,11 @@ class RequestedPlan:
 
 
 def plan_inputs(request: PlanRequest, tracker: Tracker | None = None) -> tuple[Graph, Cluster]:
-    """The checked inputs of a plan request: the cluster, the imported model, and annotations
-    that name values of the model and fit it. Every bad input raises its one-line
-    AutoshardError here, before any search: the service calls this to answer 4xx at once."""
-    cluster = make_cluster(
-        request.mesh, request.device, request.bandwidth, request.latency, request.memory,
-        request.cluster_file,
-    )  # fmt: skip
+    """The checked inputs of a plan request: the imported model, and annotations that name
+    values of the model and fit its cluster. Every bad input raises its one-line
+    AutoshardError here (a bad cluster where the face made it), before any search: the
+    service calls this to answer 4xx at once."""
+    cluster = request.cluster
     graph = load_graph(request.model_path, request.dims, request.training, tracker)
     shapes = {name: value.shape for name, value in graph.values.items()}
     check_annotations(request.annotations, shapes, cluster.mesh)

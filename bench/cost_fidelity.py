@@ -31,6 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from autoshard.cost.cluster import make_cluster
 from autoshard.cost.measure.calibrate import calibrate
 from autoshard.cost.measure.probes import OnnxRuntimeProbe, TorchProbe
 from autoshard.execute.fidelity import Fidelity, measure, recorded
@@ -55,8 +56,8 @@ def planned(path: Path, mesh: str, dims: dict[str, int], cluster: str) -> Reques
     """`autoshard plan` of the model at `path` with the dims it has of `dims`."""
     wanted = unbound_dims(path)
     request = PlanRequest(
-        model_path=path, mesh=mesh, dims={k: v for k, v in dims.items() if k in wanted},
-        cluster_file=cluster, time_limit=30.0,
+        model_path=path, cluster=make_cluster(mesh, file=cluster),
+        dims={k: v for k, v in dims.items() if k in wanted}, time_limit=30.0,
     )  # fmt: skip
     return plan_request(request)
 

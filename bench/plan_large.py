@@ -27,6 +27,7 @@ from pathlib import Path
 
 import onnx
 
+from autoshard.cost.cluster import make_cluster
 from autoshard.passes.lower import lower
 from autoshard.pipeline import PlanRequest, plan_request
 from autoshard.search.budget import NoPlanFits
@@ -86,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                         raise SystemExit(f"budget {budget}: a fraction needs 'free' before it")
                     memory = str(int(float(budget) * free_peak))
                 request = PlanRequest(
-                    model_path=path, mesh=shape.mesh, dims={"batch": 8, "seq": args.seq},
-                    memory=memory, time_limit=args.time_limit,
+                    model_path=path, cluster=make_cluster(shape.mesh, memory=memory),
+                    dims={"batch": 8, "seq": args.seq}, time_limit=args.time_limit,
                 )  # fmt: skip
                 head = f"{name:>5} {shape.mesh:>5} {shape.layers:>6} {shape.hidden:>6} "
                 started, cpu = time.perf_counter(), time.process_time()

@@ -15,6 +15,7 @@ import argparse
 import time
 from pathlib import Path
 
+from autoshard.cost.cluster import make_cluster
 from autoshard.pipeline import PlanRequest, plan_inputs
 from autoshard.search.problem import build_search
 from autoshard.search.solver import solve as ilp
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'exact s':>8} {'cp-sat s':>8} {'agree':>5}")  # fmt: skip
     for name in args.cases:
         model, mesh, dims, training = CASES[name]
-        request = PlanRequest(model_path=MODELS / model, mesh=mesh, dims=dims,
+        request = PlanRequest(model_path=MODELS / model, cluster=make_cluster(mesh), dims=dims,
                               training=Training() if training else None)  # fmt: skip
         problem = build_search(*plan_inputs(request)).problem
         factors = problem_factors(problem)

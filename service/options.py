@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autoshard.annotations import Annotation, parse_annotations
+from autoshard.cost.cluster import make_cluster
 from autoshard.cost.devices import DEFAULT_DEVICE, DEVICES
 from autoshard.errors import AutoshardError
 from autoshard.pipeline import PlanRequest
@@ -159,12 +160,14 @@ class PlanOptions:
         return parse_annotations(json.loads(self.annotations), "annotations")
 
     def request(self, model_path: str | Path) -> PlanRequest:
-        """The request of `autoshard plan MODEL` with these options as its flags."""
+        """The request of `autoshard plan MODEL` with these options as its flags; a bad mesh
+        or cluster field raises its one-line error here, as the flag does in the CLI."""
+        annotations = self.parsed_annotations()
+        cluster = make_cluster(self.mesh, self.device, self.bandwidth, self.latency, self.memory)
         return PlanRequest(
-            model_path=model_path, mesh=self.mesh, dims=dict(self.dims), device=self.device,
-            bandwidth=self.bandwidth, latency=self.latency, memory=self.memory,
-            annotations=self.parsed_annotations(), objective=self.objective,
-            time_limit=self.time_limit, training=self.training,
+            model_path=model_path, cluster=cluster, dims=dict(self.dims),
+            annotations=annotations, objective=self.objective, time_limit=self.time_limit,
+            training=self.training,
         )  # fmt: skip
 
     def job_id(self, model_sha256: str) -> str:

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +27,7 @@ from autoshard.search.options import Objective
 from autoshard.sharding import Sharding
 
 if TYPE_CHECKING:  # the pipeline is imported by the commands that run it, not at startup
+    from autoshard.cost.cluster import Cluster
     from autoshard.pipeline import AfterStage
     from autoshard.progress import Tracker
 
@@ -127,12 +128,22 @@ def _write_html(args: argparse.Namespace, document: dict[str, Any], lowered: Any
     write_html(args.html, plan_html(document, args.model, args.html_tensor or (), lowered))
 
 
-def _cluster(args: argparse.Namespace) -> Any:
+def _cluster(args: argparse.Namespace) -> Cluster:
     from autoshard.cost.cluster import make_cluster
 
     return make_cluster(
         args.mesh, args.device, args.bandwidth, args.latency, args.memory, args.cluster
     )
+
+
+def _cluster_on(args: argparse.Namespace) -> Callable[[Mesh], Cluster] | None:
+    """The cluster the flags give on a saved plan's mesh; None when no flag is given."""
+    from autoshard.cost.cluster import make_cluster
+
+    flags = (args.device, args.bandwidth, args.latency, args.memory, args.cluster)
+    if flags == (None,) * len(flags):
+        return None
+    return lambda mesh: make_cluster(str(mesh), *flags)
 
 
 def _training(args: argparse.Namespace) -> Any:
@@ -175,15 +186,14 @@ def _progress(args: argparse.Namespace) -> Iterator[Tracker | None]:
 def cmd_plan(args: argparse.Namespace) -> int:
     from autoshard.pipeline import PlanRequest, plan_request
 
-    request = PlanRequest(
-        model_path=args.model, mesh=args.mesh, dims=_dims(args.dim), device=args.device,
-        bandwidth=args.bandwidth, latency=args.latency, memory=args.memory,
-        cluster_file=args.cluster, annotations=_annotations(args),
-        objective=Objective(args.objective), time_limit=args.time_limit,
-        training=_training(args),
-    )  # fmt: skip
+    dims, annotations, training = _dims(args.dim), _annotations(args), _training(args)
     with _progress(args) as tracker:
-        requested = plan_request(request, tracker, _dump_after(args))
+        after = _dump_after(args)
+        request = PlanRequest(
+            model_path=args.model, cluster=_cluster(args), dims=dims, annotations=annotations,
+            objective=Objective(args.objective), time_limit=args.time_limit, training=training,
+        )  # fmt: skip
+        requested = plan_request(request, tracker, after)
     document, planned, cluster = requested.document, requested.planned, requested.cluster
     if args.out:
         from autoshard.document.plan_document import write_document
@@ -408,10 +418,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise AutoshardError("explain: name a value or op, or give --why-not NAME=SHARDING")
     if args.out and not args.why_not:
         raise AutoshardError("explain: -o writes the plan --why-not finds: give --why-not")
-    saved = load_saved(
-        args.plan, args.model, args.device, args.bandwidth, args.latency, args.memory,
-        args.cluster,
-    )  # fmt: skip
+    saved = load_saved(args.plan, args.model, _cluster_on(args))
     data: dict[str, Any] = {}
     if args.name:
         data["explain"] = explain(saved, args.name)

@@ -71,7 +71,7 @@ def run_collective(
         for i, device in enumerate(group):
             if c.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.ALL_REDUCE):
                 out[device] = whole
-            elif c.dim is None:  # pragma: no cover - the kinds left cut a dim, reshard names it
+            elif c.dim is None:  # pragma: no cover - the kinds left cut a dim; Collective needs it
                 raise ValueError(f"{c} names no tensor dim to cut")
             elif c.kind is CollectiveKind.ALL_SLICE:
                 out[device] = piece(inputs[i], c.dim, i, n)

@@ -23,7 +23,7 @@ op they serve), the bytes it holds.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,17 +91,11 @@ class Saved:
 
 
 def load_saved(
-    path: str,
-    model: str | Path,
-    device: str | None = None,
-    bandwidth: str | None = None,
-    latency: str | None = None,
-    memory_budget: str | None = None,
-    cluster_file: str | None = None,
+    path: str, model: str | Path, cluster_on: Callable[[Mesh], Cluster] | None = None
 ) -> Saved:
-    """Read plan `path` of `model`; the cluster flags are those the plan was made with (the
-    plan's `cluster` block must be what they give), or none: then they are read from that
-    block."""
+    """Read plan `path` of `model`. `cluster_on` makes the cluster of the user's flags on the
+    plan's mesh (they must be the flags the plan was made with: its `cluster` block must be
+    what they give); None when no flag is given: the cluster is read from that block."""
     document = read_document(path)
     mesh = Mesh.parse(str(document.get("mesh")))
     dims = dict((document.get("model") or {}).get("dims") or {})
@@ -114,13 +108,12 @@ def load_saved(
             "plan it again"
         )
     made = document.get("cluster") or {}
-    if (device, bandwidth, latency, memory_budget, cluster_file) == (None,) * 5:
+    if cluster_on is None:
         # No flags: the plan's own cluster, when its device is a preset (else the check below
-        # asks for the flags or file it was made with). A --why-not re-solve gets them too.
-        flags = recorded_flags(made) or {}
-        device, bandwidth = flags.get("device"), flags.get("bandwidth")
-        latency, memory_budget = flags.get("latency"), flags.get("memory")
-    cluster = make_cluster(str(mesh), device, bandwidth, latency, memory_budget, cluster_file)
+        # asks for the flags or file it was made with). A --why-not re-solve gets it too.
+        cluster = make_cluster(str(mesh), **(recorded_flags(made) or {}))
+    else:
+        cluster = cluster_on(mesh)
     _check_cluster(path, made, cluster.to_json())
     annotations = parse_annotations({"annotations": search["annotations"]}, f"plan {path}")
     try:
@@ -129,9 +122,8 @@ def load_saved(
         raise DocumentError(f"plan {path} has a malformed search block: {error!r}") from None
     training = training_of(decided, path)
     request = PlanRequest(
-        model_path=model, mesh=str(mesh), dims=dims, device=device, bandwidth=bandwidth,
-        latency=latency, memory=memory_budget, cluster_file=cluster_file,
-        annotations=annotations, objective=objective, time_limit=time_limit, training=training,
+        model_path=model, cluster=cluster, dims=dims, annotations=annotations,
+        objective=objective, time_limit=time_limit, training=training,
     )  # fmt: skip
     lowered = lower_document(document, model)
     return Saved(

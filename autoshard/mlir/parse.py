@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from autoshard.collectives import AXIS_NAMES, Collective, CollectiveKind, ring_bytes
-from autoshard.errors import AutoshardError, MlirError
+from autoshard.errors import AutoshardError, CollectiveError, MlirError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Attrs, Op
 from autoshard.mesh import Mesh
@@ -289,7 +289,12 @@ class _Rebuild:
             sent = max((sources.count(s) for s in sources), default=0) * local
         else:
             sent = ring_bytes(kind, self.mesh.group_size(axes), local)
-        collective = Collective(kind, axes, src.sharding, dst.sharding, src.shape, sent, **fields)
+        try:
+            collective = Collective(
+                kind, axes, src.sharding, dst.sharding, src.shape, sent, **fields
+            )
+        except CollectiveError as error:
+            raise MlirError(f"{op.name} {op.operands[0]}: {error}") from None
         return Communicate(source, target, collective)
 
 

@@ -11,6 +11,7 @@ import pytest
 from onnx import helper
 
 from autoshard.annotations import Annotation
+from autoshard.cost.cluster import make_cluster
 from autoshard.document.plan_document import plan_from_document
 from autoshard.errors import AutoshardError
 from autoshard.ir.onnx_import import import_onnx
@@ -74,7 +75,7 @@ def test_propagate_reads_as_annotated_for_users(tmp_path, annotations):
 @pytest.mark.parametrize("annotations", CASES.values(), ids=CASES)
 def test_plan_reads_as_annotated_for_users(tmp_path, annotations):
     path = save(reshapes(), tmp_path)
-    requested = plan_request(PlanRequest(model_path=path, mesh="2", dims={},
+    requested = plan_request(PlanRequest(model_path=path, cluster=make_cluster("2"), dims={},
                                          annotations=tuple(annotations)))  # fmt: skip
     graph, plan = requested.graph, requested.planned.plan
     assert_read_as_annotated(graph, plan, annotations)
@@ -120,7 +121,7 @@ def test_an_op_without_a_rule_cannot_read_split(tmp_path):
     with pytest.raises(AutoshardError, match=re.escape(message)):
         propagate(graph, Mesh.parse("2"), [read("x", "[[0]]")])
     with pytest.raises(AutoshardError) as error:
-        plan_request(PlanRequest(model_path=path, mesh="2", dims={},
+        plan_request(PlanRequest(model_path=path, cluster=make_cluster("2"), dims={},
                                  annotations=(read("x", "[[0]]"),)))  # fmt: skip
     assert str(error.value) == message
     # Read whole as it is anyway: nothing to refuse.

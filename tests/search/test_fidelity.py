@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from autoshard.cli.main import main
+from autoshard.cost.cluster import make_cluster
 from autoshard.cost.measure.probes import OnnxRuntimeProbe, TorchProbe
 from autoshard.execute.fidelity import CLASSES, measure
 from autoshard.pipeline import PlanRequest, plan_request
@@ -16,8 +17,8 @@ from tests.search.test_plan import MODELS
 
 
 def planned(model, dims):
-    request = PlanRequest(model_path=MODELS / f"{model}.onnx", mesh="2", dims=dims,
-                          time_limit=10.0)  # fmt: skip
+    request = PlanRequest(model_path=MODELS / f"{model}.onnx", cluster=make_cluster("2"),
+                          dims=dims, time_limit=10.0)  # fmt: skip
     return plan_request(request)
 
 

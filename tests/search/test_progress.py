@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from autoshard.cli.main import main
+from autoshard.cost.cluster import make_cluster
 from autoshard.pipeline import PipelineStage, PlanRequest, plan_request
 from autoshard.progress import LinesView, Progress, TerminalView, Tracker
 from autoshard.search.options import Objective
@@ -52,7 +53,9 @@ def in_pipeline_order(stages: list[str]) -> bool:
 def test_a_watched_solve_improves_monotonically_to_the_plan_it_returns() -> None:
     """The MLP on 2x4 under 50 KB: the memory-aside optimum (exact elimination) does not fit;
     the relaxation's bound, then CP-SAT's, watched, rise to the plan it returns."""
-    request = PlanRequest(model_path=MLP, mesh="2x4", dims={"batch": 8}, memory="50KB")
+    request = PlanRequest(
+        model_path=MLP, cluster=make_cluster("2x4", memory="50KB"), dims={"batch": 8}
+    )
     seen: list[Progress] = []
     watched = plan_request(request, Tracker(seen.append)).document
 
@@ -96,7 +99,9 @@ def test_a_watched_solve_improves_monotonically_to_the_plan_it_returns() -> None
 def test_an_exact_solve_is_told_once_with_the_plans_figures() -> None:
     """BERT on 2x4, memory no object: exact elimination answers at once, its figures the
     plan's, proven (bound = objective), and kept shown while the plan is lowered."""
-    request = PlanRequest(model_path=BERT, mesh="2x4", dims={"batch": 8, "seq": 128})
+    request = PlanRequest(
+        model_path=BERT, cluster=make_cluster("2x4"), dims={"batch": 8, "seq": 128}
+    )
     seen: list[Progress] = []
     document = plan_request(request, Tracker(seen.append)).document
     figures = [p for p in seen if p.bound is not None]
@@ -108,7 +113,9 @@ def test_an_exact_solve_is_told_once_with_the_plans_figures() -> None:
 
 
 def test_a_bytes_objective_is_watched_in_bytes() -> None:
-    request = PlanRequest(model_path=MLP, mesh="2x2", dims={"batch": 8}, objective=Objective.BYTES)
+    request = PlanRequest(
+        model_path=MLP, cluster=make_cluster("2x2"), dims={"batch": 8}, objective=Objective.BYTES
+    )
     seen: list[Progress] = []
     document = plan_request(request, Tracker(seen.append)).document
     figures = [p for p in seen if p.objective is not None]

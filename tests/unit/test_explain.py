@@ -34,12 +34,17 @@ MLP = MODELS / "mlp.onnx"
 H1 = "/lm/transformer/h.1"
 
 
+def on_memory(memory):
+    """`autoshard explain --memory MEMORY`'s cluster on a plan's mesh (None: no flag)."""
+    return None if memory is None else (lambda mesh: make_cluster(str(mesh), memory=memory))
+
+
 def saved_plan(directory: Path, path: Path, mesh: str, dims: dict, memory=None, annotations=()):
-    request = PlanRequest(model_path=path, mesh=mesh, dims=dims, memory=memory,
+    request = PlanRequest(model_path=path, cluster=make_cluster(mesh, memory=memory), dims=dims,
                           annotations=tuple(annotations))  # fmt: skip
     out = directory / f"{path.stem}.json"
     write_document(out, plan_request(request).document)
-    return load_saved(str(out), path, memory_budget=memory)
+    return load_saved(str(out), path, on_memory(memory))
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +138,7 @@ def test_explain_reads_the_plans_cluster(tmp_path, capsys):
     saved = saved_plan(tmp_path, MLP, "2x2", {"batch": 8}, memory="80KB")
     again = load_saved(saved.path, MLP)
     assert again.cluster.to_json() == saved.cluster.to_json()
-    assert again.request.memory == "80000"
+    assert again.request.cluster.memory == 80000
     answer, _ = why_not(again, "0.weight=[[], []]")
     assert answer["reason"].startswith(
         "memory: infeasible budget: no plan fits 80000 bytes (78.12 KiB) per device"
@@ -194,11 +199,13 @@ def test_source_parameter_names(gpt2):
 def test_training_weight_says_its_strategy(tmp_path):
     """A training plan's weight: the strategy the step gives it, as the plan's strategy block
     says (MLP on 2x2 under a budget that splits the optimizer state)."""
-    request = PlanRequest(model_path=MLP, mesh="2x2", dims={"batch": 8}, memory="200KB",
-                          training=Training(optimizer=Optimizer.ADAM))  # fmt: skip
+    request = PlanRequest(
+        model_path=MLP, cluster=make_cluster("2x2", memory="200KB"), dims={"batch": 8},
+        training=Training(optimizer=Optimizer.ADAM),
+    )  # fmt: skip
     out = tmp_path / "mlp-training.json"
     write_document(out, plan_request(request).document)
-    saved = load_saved(str(out), MLP, memory_budget="200KB")
+    saved = load_saved(str(out), MLP, on_memory("200KB"))
     entry = saved.document["strategy"]["weights"]["0.weight"]
     found = explain(saved, "0.weight")
     assert found["training"] == entry and found["parameter"] == "0.weight"

@@ -374,6 +374,12 @@ def test_bad_text_is_a_one_line_error(text, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+def test_a_collective_missing_its_dim_is_an_mlir_error():
+    text = SEED_001_MESH.replace(" gather_axis = 2", "")
+    with pytest.raises(MlirError, match="^mesh.all_gather %x: collective all_gather needs `dim`$"):
+        parse_module(text).to_program()
+
+
 def test_a_fragment_is_not_a_program():
     with pytest.raises(MlirError, match="no mesh or no function"):
         parse_module(SEED_003).to_program()
