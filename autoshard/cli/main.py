@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dialect",
         choices=[str(d) for d in Dialect],
         default=str(Dialect.MESH),
-        help="MLIR spelling for --emit mlir: seed 003's mesh or upstream LLVM 22's shard",
+        help="MLIR spelling for --emit mlir: the mesh dialect or upstream LLVM 22's shard",
     )
     _html_flags(propagate)
     propagate.set_defaults(run=cmd_propagate)
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--time-limit", type=float, default=60.0,
         help="the solver's limit in CP-SAT's deterministic seconds, which make the same plan "
-        "on every run (one took 2-3 s of wall time on a 2-core machine; default 60)",
+        "on every run, so it does not bound the wall clock (default 60)",
     )  # fmt: skip
     plan.add_argument("-o", "--out", metavar="PLAN.json", help="write the plan JSON here")
     plan.add_argument("--json", action="store_true", help="print the plan JSON")
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dialect",
         choices=[str(d) for d in Dialect],
         default=str(Dialect.MESH),
-        help="MLIR spelling of OUT/spmd.mlir: seed 003's mesh or upstream LLVM 22's shard",
+        help="MLIR spelling of OUT/spmd.mlir: the mesh dialect or upstream LLVM 22's shard",
     )
     partition.add_argument("--json", action="store_true", help="machine-readable output")
     _training_flags(partition)
