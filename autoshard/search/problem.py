@@ -54,18 +54,14 @@ from autoshard.search.coarsen import (
     Repeats,
     group_decisions,
 )
-from autoshard.search.memory import (
+from autoshard.search.memory import Chain, Held, MemoryModel, Read, memory_model
+from autoshard.search.memory_rows import (
     ZERO_ROW,
-    Chain,
     Chosen,
-    Held,
     Indicator,
     IndicatorTable,
     Literal,
-    MemoryModel,
     MemoryRows,
-    Read,
-    memory_model,
 )
 from autoshard.search.options import Objective
 from autoshard.sharding import Sharding, ShardingOption
