@@ -339,3 +339,13 @@ class _Level:
     operands: np.ndarray
     counts: np.ndarray
     every: np.ndarray
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Bytes live at each program step: `base` (one row: live at every step) plus one of
+    `rows`."""
+
+    base: MemoryRows
+    rows: MemoryRows
+    indicators: tuple[Indicator, ...]

@@ -54,15 +54,18 @@ from autoshard.search.coarsen import (
     Repeats,
     group_decisions,
 )
-from autoshard.search.memory import Chain, Held, MemoryModel, Read, memory_model
+from autoshard.search.memory import Chain, memory_model
 from autoshard.search.memory_rows import (
     ZERO_ROW,
     Chosen,
     Indicator,
     IndicatorTable,
     Literal,
+    MemoryModel,
     MemoryRows,
 )
+from autoshard.search.memory_slots import Read
+from autoshard.search.memory_tensors import Held
 from autoshard.search.options import Objective
 from autoshard.sharding import Sharding, ShardingOption
 
