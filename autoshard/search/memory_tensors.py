@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection
 
 import numpy as np
 
-from autoshard.cost.model import shard_bytes
+from autoshard.cost.liveness import shard_bytes
 from autoshard.errors import ShardingError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph

@@ -37,7 +37,8 @@ import numpy as np
 from autoshard.annotations import Annotation, unread
 from autoshard.collectives import Collective
 from autoshard.cost.cluster import Cluster
-from autoshard.cost.model import collective_time, compute_time
+from autoshard.cost.compute import compute_time
+from autoshard.cost.price import collective_time
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op

@@ -13,7 +13,7 @@ from ortools.sat.python import cp_model
 
 from autoshard.analysis.repeats import find_repeats
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.model import memory
+from autoshard.cost.liveness import memory
 from autoshard.errors import AutoshardError
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
