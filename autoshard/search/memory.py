@@ -124,6 +124,8 @@ class _Liveness:
         self.ops = layout.ops
 
     def terms(self) -> Terms:
+        """Every value's terms at their slots, in graph order (the indicators are numbered in
+        the order the values ask for them)."""
         graph, layout = self.graph, self.layout
         terms = Terms(layout, self.literals.sizes)
         produced_at = {o: p for p, op in enumerate(graph.ops) for o in op.outputs if o}
