@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.model import matmul_efficiency, op_cost, op_kind
+from autoshard.cost.compute import matmul_efficiency, op_cost, op_kind
 from autoshard.execute.fidelity import retyped
 from autoshard.ir.graph import Graph, Op
 from autoshard.ir.onnx_import import import_onnx, unbound_dims

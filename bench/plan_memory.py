@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.model import memory
+from autoshard.cost.liveness import memory
 from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import unbound_dims
 from autoshard.pipeline import load_graph

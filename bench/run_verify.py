@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.model import collective_time
+from autoshard.cost.price import collective_time
 from autoshard.execute.artifacts import verify_folder, write_partition
 from autoshard.ir.onnx_import import import_onnx, unbound_dims
 from autoshard.mesh import Mesh

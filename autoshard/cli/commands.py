@@ -63,7 +63,7 @@ def cmd_layout(args: argparse.Namespace) -> int:
 
 
 def cmd_propagate(args: argparse.Namespace) -> int:
-    from autoshard.cost.model import price
+    from autoshard.cost.price import price
     from autoshard.document.plan_document import describe
     from autoshard.document.story import strategy_story
     from autoshard.names import parameter_names

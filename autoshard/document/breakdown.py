@@ -22,7 +22,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from autoshard.analysis.repeats import Repeats, find_repeats
-from autoshard.cost.model import MEMORY_KINDS, Cost, Memory, live_kinds, memory, served_ops
+from autoshard.cost.liveness import MEMORY_KINDS, Memory, live_kinds, memory
+from autoshard.cost.price import Cost, served_ops
 from autoshard.ir.graph import Graph
 from autoshard.program import Program, step_index
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
-from autoshard.cost.model import Cost
+from autoshard.cost.price import Cost
 from autoshard.document.breakdown import breakdown
 from autoshard.document.story import strategy_story
 from autoshard.errors import AutoshardError

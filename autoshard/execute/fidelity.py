@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from autoshard.cost.compute import matmul_efficiency, op_cost, op_kind
 from autoshard.cost.measure.probes import OnnxRuntimeProbe, TorchProbe
-from autoshard.cost.model import matmul_efficiency, op_cost, op_kind
 from autoshard.execute import segments
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Attrs, Graph, Value

@@ -30,7 +30,8 @@ from typing import Any
 
 from autoshard.annotations import Annotation, parse_annotations
 from autoshard.cost.cluster import Cluster, make_cluster, recorded_flags
-from autoshard.cost.model import Cost, live_kinds, memory, memory_kinds, price, shard_bytes
+from autoshard.cost.liveness import live_kinds, memory, memory_kinds, shard_bytes
+from autoshard.cost.price import Cost, price
 from autoshard.document.plan_document import (
     DocumentError,
     read_document,

@@ -21,14 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoshard import __version__
-from autoshard.cost.model import (
-    MEMORY_KINDS,
-    memory,
-    memory_timeline,
-    served_ops,
-    shard_bytes,
-    tensor_kinds,
-)
+from autoshard.cost.liveness import MEMORY_KINDS, memory, memory_timeline, shard_bytes, tensor_kinds
+from autoshard.cost.price import served_ops
 from autoshard.document.story import recognise
 from autoshard.errors import AutoshardError
 from autoshard.html.charts import Band, Bar, Segment, memory_chart, stacked_bars

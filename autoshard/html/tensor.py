@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from autoshard.cost.model import shard_bytes
+from autoshard.cost.liveness import shard_bytes
 from autoshard.explain.layout import device_shards
 from autoshard.html.markup import block_colour, esc, num, size, svg, tag
 from autoshard.html.mesh import Cell, axis_label, drawn_per_device, mesh_svg

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from autoshard.cost.model import Memory, memory
+from autoshard.cost.liveness import Memory, memory
 from autoshard.ir.graph import Graph
 from autoshard.passes import Stage
 from autoshard.passes.ccl import optimize_collectives

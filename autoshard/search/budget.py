@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
-from autoshard.cost.model import Cost, Memory, price
+from autoshard.cost.liveness import Memory
+from autoshard.cost.price import Cost, price
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph

@@ -24,393 +24,50 @@ step, END(i, k) for the outputs' reshards; and a row per distinct slot. What is 
 - the tensors a reshard of several collectives makes on its way: live at the step making one
   and the next (reading it); those `materialize` keeps (a reader needs that sharding, or a
   later reshard passes the same way) as buffers, to their last use. For the reshards counted
-  (`chains`): most pairs of candidates on a 3-axis mesh take several steps, a plan uses few,
-  and counting them all makes the model many times larger (gpt2 on 2x4: 1,110 indicators
-  become 18,457); `search.budget` adds those a plan makes, each counted from every held
-  sharding to its target (a plan gathering a weight held [[0], [1]] to [[]] is followed by
-  one holding it [[1], [0]]: BART's dynamo export on 2x4 at its lowest budget, three solves,
-  30 s; two, 19 s).
+  (`chains`) only: most pairs of candidates on a 3-axis mesh take several steps, a plan uses
+  few, and counting them all makes the model many times larger; `search.budget` adds those a
+  plan makes, each counted from every held sharding to its target, since the next plan may
+  hold the weight otherwise and reshard it to the same target.
 
 "Group g chose a choice in K" is a sum of g's one-hot variables (`Chosen`); live conditions are
 ANDs and ORs of those (`Indicator`). Where they add bytes to rows bounded from above, the ILP
 needs only their lower bounds (an AND is at least the sum of its literals minus their number
 plus one, an OR at least each literal); where they take bytes off (savings), only their upper
 bounds: either way a solver keeping rows under a budget sets each to its true value or makes
-its own life harder (`ilp._memory_rows`). Repeated layers ask for the same conditions and share
+its own life harder (`search.solver`). Repeated layers ask for the same conditions and share
 them, and their rows coincide (rows are kept once).
 
-Exact for the materialized program (random plans on 1-, 2- and 3-axis meshes, bert on 4x8 at
-60 %: rows == program) but for what the model leaves conservative (more than the program
-holds): a reshard whose first steps were taken already for another reader (it starts from
-their tensor, `materialize`'s reuse) is counted as reading the home.
+Exact for the materialized program (`tests/search/test_memory_exact.py`) but for what the model
+leaves conservative (more than the program holds): a reshard whose first steps were taken
+already for another reader (it starts from their tensor, `materialize`'s reuse) is counted as
+reading the home.
+
+The parts: the slots (`memory_slots`), the literals (`memory_literals`), the tensors a value
+makes (`memory_tensors`), the marks recorded once and replayed per copy (`memory_record`), and
+the distinct rows swept out of them (`memory_assembly`); here, the live terms of each value.
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
-import functools
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from autoshard.cost.model import shard_bytes
-from autoshard.errors import ShardingError
-from autoshard.ir import dtypes
 from autoshard.ir.graph import FORWARD, Graph
 from autoshard.mesh import Mesh
-from autoshard.reshard import plan_reshard
 from autoshard.rules.gradient import accumulated_gradients
+from autoshard.search.memory_assembly import assemble_rows
+from autoshard.search.memory_literals import Literals
+from autoshard.search.memory_record import Mark, Recorder, Terms
+from autoshard.search.memory_rows import Literal, MemoryModel
+from autoshard.search.memory_slots import Read, Ref, SlotLayout, slot_layout
+from autoshard.search.memory_tensors import Held, Tensors
 from autoshard.sharding import Sharding
-
-
-@dataclass(frozen=True)
-class Chosen:
-    """1 when group `group` takes one of `choices`."""
-
-    group: int
-    choices: frozenset[int]
-
-
-Literal = Chosen | int  # an int is the index of an Indicator
-
-_NONE = np.zeros(0, np.int64)
-
-
-@dataclass(frozen=True)
-class Indicator:
-    """1 when all (`every`) or any of `literals` are 1."""
-
-    every: bool
-    literals: tuple[Literal, ...]
-
-
-@dataclass(frozen=True)
-class MemoryRow:
-    """Bytes live at one program step: `fixed`, plus `bytes` for each (group, choice, bytes)
-    term whose choice is taken, plus `bytes` for each (indicator, bytes) term that holds."""
-
-    fixed: int
-    terms: tuple[tuple[int, int, int], ...]
-    indicated: tuple[tuple[int, int], ...]
-
-
-@dataclass(frozen=True, eq=False)
-class MemoryRows:
-    """Memory rows as arrays. A 3-axis mesh's training step has thousands of rows of thousands
-    of terms (tuples of them took a minute to build and to sum), but a row's terms fall in
-    *runs*, the bytes one group's values hold at the step under each of its choices, and runs
-    recur from row to row: each is stored once, and a row is its runs (by group).
-
-    Row r is `self[r]`: `fixed[r]`; plus, for each run u in `runs[starts[r]:starts[r + 1]]`,
-    `amounts[j]` for each j in `run_starts[u]:run_starts[u + 1]` if group `run_group[u]` takes
-    choice `choices[j]`; plus `indicated_amounts[j]` for each j in
-    `indicated_starts[r]:indicated_starts[r + 1]` whose indicator `indicated[j]` holds."""
-
-    fixed: np.ndarray
-    starts: np.ndarray
-    runs: np.ndarray
-    run_group: np.ndarray
-    run_starts: np.ndarray
-    choices: np.ndarray
-    amounts: np.ndarray
-    indicated_starts: np.ndarray
-    indicated: np.ndarray
-    indicated_amounts: np.ndarray
-
-    @staticmethod
-    def of(rows: Sequence[MemoryRow]) -> MemoryRows:
-        """Rows written out one by one, as arrays."""
-        table = RunTable()
-        runs = []
-        for row in rows:
-            by_group: dict[int, list[tuple[int, int]]] = {}
-            for g, k, b in row.terms:
-                by_group.setdefault(g, []).append((k, b))
-            runs.append([table.add(g, *_columns(terms)) for g, terms in by_group.items()])
-        marks = [_columns(row.indicated) for row in rows]
-        return table.rows([row.fixed for row in rows], runs, marks)
-
-    def __len__(self) -> int:
-        return len(self.fixed)
-
-    def __getitem__(self, r: int) -> MemoryRow:
-        terms = []
-        for u in self.runs[self.starts[r] : self.starts[r + 1]].tolist():
-            first, last = self.run_starts[u], self.run_starts[u + 1]
-            choices, amounts = self.choices[first:last].tolist(), self.amounts[first:last].tolist()
-            group = int(self.run_group[u])
-            terms += [(group, k, b) for k, b in zip(choices, amounts, strict=True)]
-        i, j = self.indicated_starts[r], self.indicated_starts[r + 1]
-        marks = zip(self.indicated[i:j].tolist(), self.indicated_amounts[i:j].tolist(), strict=True)
-        return MemoryRow(int(self.fixed[r]), tuple(terms), tuple(marks))
-
-    def bytes(self, choice: Sequence[int], indicated: np.ndarray) -> np.ndarray:
-        """Each row's bytes under one choice per group and the indicators' values."""
-        taken = np.asarray(choice, np.int64)[self.entry_group] == self.choices
-        run_bytes = _sums(np.where(taken, self.amounts, 0), self.run_starts)
-        holds = indicated[self.marks.key]
-        return (
-            self.fixed
-            + self.run_spans.sums(run_bytes[self.run_spans.key])
-            + self.marks.sums(np.where(holds, self.marks.amount, 0))
-        )
-
-    @functools.cached_property
-    def entry_run(self) -> np.ndarray:
-        """The run of each (choice, bytes) entry of the runs."""
-        return _segment_of(self.run_starts)
-
-    @functools.cached_property
-    def entry_group(self) -> np.ndarray:
-        """The group of each (choice, bytes) entry of the runs."""
-        return self.run_group[self.entry_run]
-
-    @functools.cached_property
-    def run_spans(self) -> Spans:
-        """The rows' runs as spans of rows (`amount` 1)."""
-        return Spans.of(self.starts, self.runs)
-
-    @functools.cached_property
-    def marks(self) -> Spans:
-        """The rows' indicator terms as spans of rows."""
-        return Spans.of(self.indicated_starts, self.indicated, self.indicated_amounts)
-
-    def most(self) -> np.ndarray:
-        """An upper bound of each row's bytes: each run's largest amount (its group takes one
-        choice), every indicated term that adds bytes, none that takes bytes off."""
-        run_bytes = _maxima(np.maximum(self.amounts, 0), self.run_starts)
-        return (
-            self.fixed
-            + _sums(run_bytes[self.runs], self.starts)
-            + _sums(np.maximum(self.indicated_amounts, 0), self.indicated_starts)
-        )
-
-    def restricted(self, renumber: Sequence[Sequence[int]]) -> MemoryRows:
-        """The rows over fewer choices: `renumber[g][k]` is choice k of group g's new number,
-        or -1 where it is left out (its terms go: no plan of the fewer choices takes it)."""
-        group = self.entry_group
-        flat = np.concatenate([np.asarray(r, np.int64) for r in renumber] or [_NONE])
-        offsets = _starts([len(r) for r in renumber])
-        new = flat[offsets[group] + self.choices] if len(group) else _NONE
-        stays = new >= 0
-        per_run = _sums(stays.astype(np.int64), self.run_starts)
-        fewer = dataclasses.replace(
-            self, run_starts=_starts(per_run.tolist()), choices=new[stays],
-            amounts=self.amounts[stays],
-        )  # fmt: skip
-        # The same rows of the same runs and indicators: their spans are these.
-        fewer.__dict__.update(run_spans=self.run_spans, marks=self.marks)
-        return fewer
-
-
-@dataclass(frozen=True)
-class Spans:
-    """Terms that stand alike in consecutive rows, each once: `key[j]` (a run, an indicator)
-    with `amount[j]` in rows `first[j]` to `last[j]`, of `rows`. A row of a training step
-    holds most of the terms of the row before (the 32-layer decoder's on 4x8: 3.7 M indicator
-    terms in 97 k spans, 439 k runs in 7 k), so a sum per row, and the rows' weighted sum per
-    term (`lagrange`'s every step), go over the spans: there, a plan's rows 25 -> 1 ms (the
-    indicators aside), their weighted sum 9.3 -> 0.7 ms."""
-
-    key: np.ndarray
-    amount: np.ndarray
-    first: np.ndarray
-    last: np.ndarray
-    rows: int
-
-    @staticmethod
-    def of(starts: np.ndarray, keys: np.ndarray, amounts: np.ndarray | None = None) -> Spans:
-        """The spans of row r's terms `keys[starts[r]:starts[r + 1]]` (with `amounts`; none:
-        1 each)."""
-        order = np.argsort(keys, kind="stable")  # by key, each key's rows ascending
-        key, row = keys[order], _segment_of(starts)[order]
-        amount = np.ones(len(key), np.int64) if amounts is None else amounts[order]
-        opens = np.ones(len(key), bool)
-        opens[1:] = (key[1:] != key[:-1]) | (amount[1:] != amount[:-1]) | (row[1:] != row[:-1] + 1)
-        at = np.flatnonzero(opens)
-        ends = np.append(at[1:], len(key))[: len(at)] - 1
-        return Spans(key[at], amount[at], row[at], row[ends], len(starts) - 1)
-
-    def sums(self, values: np.ndarray) -> np.ndarray:
-        """Each row's sum of `values[j]` over the spans j over it (exact integers)."""
-        change = np.zeros(self.rows + 1, np.int64)
-        np.add.at(change, self.first, values)
-        np.add.at(change, self.last + 1, -values)
-        return np.cumsum(change[:-1])
-
-    def weights(self, weights: np.ndarray) -> np.ndarray:
-        """Each span's sum of the rows' `weights` over its rows."""
-        total = np.concatenate([[0.0], np.cumsum(weights, dtype=np.float64)])
-        return total[self.last + 1] - total[self.first]
-
-
-class RunTable:
-    """Runs, each stored once: a group and the (choice, bytes) its values hold under each of
-    its choices that holds any."""
-
-    def __init__(self) -> None:
-        self.index: dict[tuple[int, bytes, bytes], int] = {}
-        self.group: list[int] = []
-        self.choices: list[np.ndarray] = []
-        self.amounts: list[np.ndarray] = []
-
-    def add(self, group: int, choices: np.ndarray, amounts: np.ndarray) -> int:
-        """The run's index (a new one, or the same run's seen before)."""
-        key = (group, choices.tobytes(), amounts.tobytes())
-        found = self.index.get(key)
-        if found is None:
-            found = self.index[key] = len(self.group)
-            self.group.append(group)
-            self.choices.append(choices)
-            self.amounts.append(amounts)
-        return found
-
-    def rows(
-        self,
-        fixed: Sequence[int],
-        runs: Sequence[Sequence[int]],
-        indicated: Sequence[tuple[np.ndarray, np.ndarray]],
-    ) -> MemoryRows:
-        """Rows of these runs (each row's by group), with their fixed terms and their indicator
-        terms (indicators, ascending, and their bytes)."""
-        return MemoryRows(
-            np.array(fixed, np.int64).reshape(-1),
-            _starts([len(r) for r in runs]),
-            np.array([u for r in runs for u in r], np.int64),
-            np.array(self.group, np.int64),
-            _starts([len(c) for c in self.choices]),
-            _concatenate(self.choices),
-            _concatenate(self.amounts),
-            _starts([len(i) for i, _ in indicated]),
-            _concatenate([i for i, _ in indicated]),
-            _concatenate([b for _, b in indicated]),
-        )
-
-
-def _concatenate(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    return np.concatenate(arrays).astype(np.int64) if arrays else _NONE
-
-
-def _columns(pairs: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """(a, b) pairs as an array of the a's and one of the b's."""
-    return np.array([a for a, _ in pairs], np.int64), np.array([b for _, b in pairs], np.int64)
-
-
-def _starts(lengths: Sequence[int]) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
-
-
-def _segment_of(starts: np.ndarray) -> np.ndarray:
-    """For each entry of the segments `starts` delimit, the segment's index."""
-    return np.repeat(np.arange(len(starts) - 1, dtype=np.int64), np.diff(starts))
-
-
-def _sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The sum of `values[starts[r]:starts[r + 1]]` for each r (exact integers)."""
-    total = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
-    return total[starts[1:]] - total[starts[:-1]]
-
-
-def _maxima(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The largest of `values[starts[r]:starts[r + 1]]` for each r (0 where none)."""
-    found = np.zeros(len(starts) - 1, values.dtype)
-    filled = np.diff(starts) > 0
-    if filled.any():  # (an empty span starts where the next does: reduceat skips it)
-        found[filled] = np.maximum.reduceat(values, starts[:-1][filled])
-    return found
-
-
-NO_ROWS = MemoryRows.of(())
-ZERO_ROW = MemoryRows.of((MemoryRow(0, (), ()),))
-
-
-class IndicatorTable:
-    """The indicators' values under any one choice per group, worked out level by level (an
-    indicator after those it names) over arrays: a loop over the literals took 2 ms a plan
-    (T5 on 4x8: 4,682 indicators of 11,957 literals), most of what checking a relaxation
-    step's plan against the rows costs (`Problem.live`)."""
-
-    def __init__(self, indicators: Sequence[Indicator]) -> None:
-        """`indicators`: each after those it names."""
-        chosen: dict[Chosen, int] = {}
-        for ind in indicators:
-            for lit in ind.literals:
-                if isinstance(lit, Chosen):
-                    chosen.setdefault(lit, len(chosen))
-        # Literal l holds where member[base[l] + min(choice[group[l]], width[l])]: a table
-        # over its group's choices up to its largest, and one False past them.
-        widths = [max(lit.choices, default=-1) + 1 for lit in chosen]
-        self.group = np.array([lit.group for lit in chosen], np.int64)
-        self.width = np.array(widths, np.int64)
-        self.base = _starts([w + 1 for w in widths])[:-1]
-        self.member = np.zeros(sum(widths) + len(widths), bool)
-        for lit, base in zip(chosen, self.base.tolist(), strict=True):
-            self.member[base + np.array(sorted(lit.choices), np.int64)] = True
-        # Operands numbered: the Chosen literals, then the indicators.
-        depth: list[int] = []
-        for ind in indicators:
-            depth.append(max((depth[lit] + 1 for lit in ind.literals if isinstance(lit, int)),
-                             default=0))  # fmt: skip
-        self.levels = []
-        for level in range(max(depth, default=-1) + 1):
-            at = [i for i, d in enumerate(depth) if d == level]
-            operands = [[chosen[lit] if isinstance(lit, Chosen) else len(chosen) + lit
-                         for lit in indicators[i].literals] for i in at]  # fmt: skip
-            self.levels.append(_Level(
-                np.array(at, np.int64) + len(chosen),
-                np.repeat(np.arange(len(at)), [len(ops) for ops in operands]),
-                np.array([o for ops in operands for o in ops], np.int64),
-                np.array([len(ops) for ops in operands], np.int64),
-                np.array([indicators[i].every for i in at], bool),
-            ))  # fmt: skip
-        self.chosen, self.count = len(chosen), len(indicators)
-
-    def values(self, choice: Sequence[int]) -> np.ndarray:
-        """Each indicator's value (bool) under one choice per group."""
-        value = np.zeros(self.chosen + self.count, bool)
-        held = np.minimum(np.asarray(choice, np.int64)[self.group], self.width)
-        value[: self.chosen] = self.member[self.base + held]
-        for level in self.levels:
-            holding = np.bincount(level.position, value[level.operands], len(level.counts))
-            value[level.indicators] = np.where(level.every, holding == level.counts, holding > 0)
-        return value[self.chosen :]
-
-
-@dataclass(frozen=True)
-class _Level:
-    """Indicators whose operands are worked out before them: their numbers among the
-    operands, each operand entry's position among them and the operand it is, how many
-    operands each has, and which are ANDs."""
-
-    indicators: np.ndarray
-    position: np.ndarray
-    operands: np.ndarray
-    counts: np.ndarray
-    every: np.ndarray
-
-
-# ---- building ---------------------------------------------------------------------------------
-
-Held = tuple[int | None, tuple[Sharding, ...]]
-"""How a value is held: its deciding group and its sharding under each of the group's choices
-(a constant: no group, one sharding)."""
 
 Chain = tuple[tuple[int, ...], str, Sharding, Sharding]
 """A reshard of a tensor of some shape and dtype from one sharding to another."""
-
-Ref = tuple[int, int]
-"""Slot `first[positions[u]] + offset` as (u, offset), `positions` the reading positions of the
-value a mark is made for and `first[p]` the first slot of position p (PRE(p, 0))."""
-
-Mark = tuple[Ref, Ref, Literal | bool, int]
-"""Bytes live from one slot to another (both as `Ref`s) when a literal holds."""
-
-Read = tuple[int, int, int | None, tuple[Sharding, ...]]
-"""A read: the program position of the reading op (`len(graph.ops)` for the graph outputs),
-the operand it is (the output, at the end), the reader's deciding group, and the sharding it
-reads in under each of the group's choices."""
 
 
 @dataclass(frozen=True)
@@ -429,16 +86,6 @@ class Buffer:
         return self.at[j] if self.slots[j] == slot else self.after[j]
 
 
-@dataclass(frozen=True)
-class MemoryModel:
-    """Bytes live at each program step: `base` (one row: live at every step) plus one of
-    `rows`."""
-
-    base: MemoryRows
-    rows: MemoryRows
-    indicators: tuple[Indicator, ...]
-
-
 def memory_model(
     graph: Graph,
     mesh: Mesh,
@@ -450,211 +97,37 @@ def memory_model(
     """The rows of the program of every plan: `held(value)` and `reads(value)` say how each
     value is held and read under the choices. The intermediate tensors of a reshard of
     several collectives are counted for the targets of the `chains` given (from any held
-    sharding): on a 3-axis mesh most pairs of
-    candidate shardings reshard in several steps, but a plan uses few of them, and the
-    search adds those it finds (`search.budget`)."""
-    return _Builder(graph, mesh, sizes, held, reads, frozenset(chains)).build()
+    sharding): on a 3-axis mesh most pairs of candidate shardings reshard in several steps,
+    but a plan uses few of them, and the search adds those it finds (`search.budget`)."""
+    literals = Literals(sizes)
+    targets = {(shape, dtype, dst) for shape, dtype, _, dst in frozenset(chains)}
+    tensors = Tensors(graph, mesh, held, targets, literals)
+    layout = slot_layout(graph, reads, tensors.longest)
+    terms = _Liveness(graph, reads, literals, tensors, layout).terms()
+    return assemble_rows(terms, literals.sizes, literals.indicators)
 
 
-class _Builder:
+class _Liveness:
+    """The terms of every value: its held shard, its home tensor and its reshard buffers, each
+    value's marks recorded once per kind of copy and replayed at each copy's positions."""
+
     def __init__(
         self,
         graph: Graph,
-        mesh: Mesh,
-        sizes: Sequence[int],
-        held: Callable[[str], Held],
         reads: Callable[[str], Sequence[Read]],
-        chains: frozenset[Chain],
+        literals: Literals,
+        tensors: Tensors,
+        layout: SlotLayout,
     ) -> None:
-        self.graph, self.mesh, self.sizes = graph, mesh, list(sizes)
-        self.held, self.reads = held, reads
-        self.targets = {(shape, dtype, dst) for shape, dtype, _, dst in chains}
-        self.indicators: list[Indicator] = []
-        self.index: dict[tuple[bool, frozenset[Literal]], int] = {}
-        self.offsets = np.cumsum([0, *sizes])
-        self.ops = len(graph.ops)
-        self.steps_cache: dict[
-            tuple[tuple[int, ...], str, Sharding, Sharding], tuple[Sharding, ...]
-        ] = {}
-        self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
-        self.kept: list[tuple[Sharding, ...]] = []
-        self.longest_cache: dict[tuple, int] = {}
-        # PRE(p, i, k) for each operand i of op p and each step k of its reshard, then AT(p);
-        # at the end END(i, k) for each graph output i.
-        self.steps: dict[tuple[int, int], int] = {}
-        for name in graph.values:
-            for p, i, _, needs in reads(name):
-                self.steps[(p, i)] = max(self.steps.get((p, i), 1), self.longest(name, needs))
-        widths, self.starts = [], []
-        for p, count in enumerate([len(op.inputs) for op in graph.ops] + [len(graph.outputs)]):
-            lengths = [self.steps.get((p, i), 1) for i in range(max(1, count))]
-            self.starts.append([0, *np.cumsum(lengths).tolist()])
-            widths.append(sum(lengths))
-        self.widths = widths
-        spans = [w + 1 for w in widths[:-1]] + widths[-1:]
-        self.first_array = np.concatenate([[0], np.cumsum(spans)]).astype(np.int64)
-        self.first = self.first_array.tolist()
-        self.slots = slots = int(self.first[-1])
-        # Group terms as spans of slots (first, last, columns of choices, bytes), fixed terms
-        # as a difference array over slots, indicator terms as spans (first, last, indicator,
-        # bytes).
-        self.held_spans: list[tuple[int, int, np.ndarray, np.ndarray]] = []
-        self.fixed = np.zeros(slots + 1, dtype=np.int64)
-        # Indicator terms as spans (firsts, lasts, indicator, bytes): a mark's, in every copy.
-        self.indicated: list[tuple[np.ndarray, np.ndarray, int, int]] = []
-        self.bytes_cache: dict[tuple[tuple[int, ...], str, Sharding], int] = {}
-        self.vectors: dict[tuple[int, tuple[int, ...], str], np.ndarray] = {}
-        self.steps_to_cache: dict[tuple, dict[int, Literal | bool]] = {}
-        self.passing_cache: dict[tuple, dict[Sharding, list[tuple[Sharding, Sharding]]]] = {}
-        self.recording: list[Mark] = []
-        self.rank: dict[int, int] = {}  # the reading positions of the value being marked
-        self.positions: list[int] = []
-        self.columns: dict[Chosen, np.ndarray] = {}
-        # Terms of one group's choices as spans (firsts, lasts, columns, bytes), as indicated.
-        self.chosen_marks: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []
+        self.graph, self.reads, self.held = graph, reads, tensors.held
+        self.literals, self.tensors, self.layout = literals, tensors, layout
+        self.ops = layout.ops
 
-    # -- slots: PRE(p, i, k) = first[p] + starts[p][i] + k, AT(p) = first[p] + widths[p] --
-
-    def at_offset(self, position: int) -> int:
-        """The offset of AT(p) in its position's slots (at the end: the last END slot, where
-        everything returned is live)."""
-        return self.widths[position] - (position == self.ops)
-
-    def at(self, position: int) -> int:
-        return self.first[position] + self.at_offset(position)
-
-    # -- literals --
-
-    def chosen(
-        self, group: int | None, choices: tuple[Sharding, ...], sharding: Sharding, equal: bool
-    ) -> Literal | bool:
-        """Group `group` takes a choice whose sharding is (`equal`) or is not `sharding`."""
-        if group is None:
-            return (choices[0] == sharding) == equal
-        ks = self.choices_of(choices).get(sharding, frozenset())
-        if not equal:
-            ks = frozenset(range(self.sizes[group])) - ks
-        if not ks:
-            return False
-        if len(ks) == self.sizes[group]:
-            return True
-        return Chosen(group, ks)
-
-    def choices_of(self, choices: tuple[Sharding, ...]) -> dict[Sharding, frozenset[int]]:
-        """The choices giving each sharding. The tuples of a value's copies in repeated layers
-        are one object, so this is worked out once for them."""
-        found = self.choice_sets.get(id(choices))
-        if found is None:
-            table: dict[Sharding, set[int]] = {}
-            for k, s in enumerate(choices):
-                table.setdefault(s, set()).add(k)
-            found = {s: frozenset(ks) for s, ks in table.items()}
-            self.choice_sets[id(choices)] = found
-            self.kept.append(choices)  # alive, so that its id stays its own
-        return found
-
-    def combine(self, every: bool, literals: Sequence[Literal | bool]) -> Literal | bool:
-        """AND (`every`) or OR of literals, simplified: constants folded, literals on one group
-        merged (intersection or union of its choices), repeated conditions shared."""
-        merged: dict[int, frozenset[int]] = {}
-        rest: set[int] = set()
-        for lit in literals:
-            if isinstance(lit, bool):
-                if lit != every:  # False in an AND, True in an OR decides it
-                    return lit
-                continue
-            if isinstance(lit, Chosen):
-                have = merged.get(lit.group)
-                if have is None:
-                    merged[lit.group] = lit.choices
-                else:
-                    merged[lit.group] = have & lit.choices if every else have | lit.choices
-            else:
-                rest.add(lit)
-        found: set[Literal] = set(rest)
-        for group, ks in merged.items():
-            if not ks:
-                if every:
-                    return False
-                continue
-            if len(ks) == self.sizes[group]:
-                if not every:
-                    return True
-                continue
-            found.add(Chosen(group, ks))
-        if not found:
-            return every
-        if len(found) == 1:
-            return next(iter(found))
-        signature = (every, frozenset(found))
-        if signature not in self.index:
-            ordered = sorted(found, key=_order)
-            self.index[signature] = len(self.indicators)
-            self.indicators.append(Indicator(every, tuple(ordered)))
-        return self.index[signature]
-
-    # -- terms --
-
-    def nbytes(self, value: str, sharding: Sharding) -> int:
-        info = self.graph.values[value]
-        cache_key = (info.shape, info.dtype, sharding)
-        if cache_key not in self.bytes_cache:
-            self.bytes_cache[cache_key] = shard_bytes(info.shape, info.dtype, sharding, self.mesh)
-        return self.bytes_cache[cache_key]
-
-    def add_held(self, value: str, first: int, last: int) -> None:
-        """The held shard of `value` over slots first..last."""
-        group, shardings = self.held(value)
-        if last < first:
-            return
-        if group is None:
-            amount = self.nbytes(value, shardings[0])
-            self.fixed[first] += amount
-            self.fixed[last + 1] -= amount
-            return
-        start = int(self.offsets[group])
-        info = self.graph.values[value]
-        cache_key = (id(shardings), info.shape, info.dtype)  # alike in repeated layers
-        vector = self.vectors.get(cache_key)
-        if vector is None:
-            vector = np.array([self.nbytes(value, s) for s in shardings], dtype=np.int64)
-            self.vectors[cache_key] = vector
-            self.kept.append(shardings)  # alive, so that its id stays its own
-        self.held_spans.append((first, last, np.arange(start, start + len(vector)), vector))
-
-    def mark(self, first: Ref, last: Ref, literal: Literal | bool, amount: int) -> None:
-        """`amount` bytes at slots first..last when `literal` holds (recorded relative to the
-        value's reading positions, to be replayed for its copies in other layers)."""
-        if literal is not False and amount:
-            self.recording.append((first, last, literal, amount))
-
-    def replay(self, marks: Sequence[Mark], positions: np.ndarray) -> None:
-        """A value's marks at the reading positions of each of its copies (`positions`: a row
-        per copy), all copies at once: a repeated layer's are made once, replayed here."""
-        refs = np.array([(*first, *last) for first, last, _, _ in marks], np.int64)
-        starts = self.first_array[positions[:, refs[:, 0]]] + refs[:, 1]  # copies x marks
-        stops = self.first_array[positions[:, refs[:, 2]]] + refs[:, 3]
-        for j, (_, _, literal, amount) in enumerate(marks):
-            live = starts[:, j] <= stops[:, j]
-            first, last = starts[live, j], stops[live, j]
-            if not len(first):
-                continue
-            if literal is True:
-                np.add.at(self.fixed, first, amount)
-                np.add.at(self.fixed, last + 1, -amount)
-            elif isinstance(literal, Chosen):  # plain terms of its group, added in bulk by `rows`
-                columns = self.columns.get(literal)
-                if columns is None:
-                    start = int(self.offsets[literal.group])
-                    columns = self.columns[literal] = np.array(sorted(literal.choices)) + start
-                self.chosen_marks.append((first, last, columns, amount))
-            else:
-                self.indicated.append((first, last, literal, amount))
-
-    # -- the model --
-
-    def build(self) -> MemoryModel:
-        graph = self.graph
+    def terms(self) -> Terms:
+        """Every value's terms at their slots, in graph order (the indicators are numbered in
+        the order the values ask for them)."""
+        graph, layout = self.graph, self.layout
+        terms = Terms(layout, self.literals.sizes)
         produced_at = {o: p for p, op in enumerate(graph.ops) for o in op.outputs if o}
         accumulated = accumulated_gradients(graph)
         replays: dict[tuple, list[Mark]] = {}
@@ -668,49 +141,78 @@ class _Builder:
             over = name in graph.replaced and bool(positions) and positions[-1] < self.ops
             home: int | None = None
             if name in produced_at:
-                home = 0 if name in accumulated else self.at(produced_at[name])
+                home = 0 if name in accumulated else layout.at(produced_at[name])
                 if not positions:
-                    self.add_held(name, home, home)
+                    self.add_held(terms, name, home, home)
             elif over:
                 home = 0
             elif readings or self.is_resident(name):
-                self.add_held(name, 0, self.slots - 1)
+                self.add_held(terms, name, 0, layout.slots - 1)
             if not positions:
                 continue
             # The marks of a value's copy in another layer are its own, at its own reading
             # positions: made once. (A forward layer's activation and its backward are at
             # other distances in each layer.)
-            self.rank = {p: u for u, p in enumerate(positions)}
-            self.positions = positions
-            group, shardings = self.held(name)
-            signature = (
-                name in produced_at, over, group, id(shardings),
-                self.graph.values[name].shape, self.graph.values[name].dtype,
-                tuple((self.rank[p], i, g, id(needs)) for p, i, g, needs in readings),
-                tuple((self.widths[p], p == self.ops, self.in_forward(p)) for p in positions),
-            )  # fmt: skip
+            recorder = Recorder(layout, positions)
+            signature = self.signature(name, readings, recorder, name in produced_at, over)
             marks = replays.get(signature)
             if marks is None:
-                self.recording = []
-                # Each buffer's live conditions, by phase (None: one for the whole step).
-                buffers: dict[bool | None, dict[Sharding, Buffer]] = {}
-                if name in produced_at:
-                    buffers[None] = self.add_buffers(name, readings)
-                else:  # a weight is gathered for the forward, and again for the backward
-                    for forward in (True, False):
-                        buffers[forward] = self.add_buffers(
-                            name, [r for r in readings if self.in_forward(r[0]) == forward]
-                        )
-                if home is not None:
-                    self.add_home(name, readings, over, buffers)
-                marks = replays[signature] = self.recording
+                self.record(recorder, name, readings, name in produced_at, over, home is not None)
+                marks = replays[signature] = recorder.marks
             if home is not None:
-                self.add_held(name, home, self.slot(self.last_home_read(readings, over)))
+                last = recorder.slot(recorder.last_home_read(readings, over))
+                self.add_held(terms, name, home, last)
             if marks:
                 copies.setdefault(signature, []).append(positions)
         for signature, positions_of in copies.items():
-            self.replay(replays[signature], np.array(positions_of, np.int64))
-        return self.rows()
+            terms.replay(replays[signature], np.array(positions_of, np.int64))
+        return terms
+
+    def signature(
+        self, name: str, readings: Sequence[Read], recorder: Recorder, made: bool, over: bool
+    ) -> tuple:
+        """What a value's marks depend on, relative to its reading positions: alike for its
+        copies in repeated layers."""
+        group, shardings = self.held(name)
+        info = self.graph.values[name]
+        rank, widths = recorder.rank, self.layout.widths
+        return (
+            made, over, group, id(shardings), info.shape, info.dtype,
+            tuple((rank[p], i, g, id(needs)) for p, i, g, needs in readings),
+            tuple((widths[p], p == self.ops, self.in_forward(p)) for p in recorder.positions),
+        )  # fmt: skip
+
+    def record(
+        self,
+        recorder: Recorder,
+        name: str,
+        readings: Sequence[Read],
+        made: bool,
+        over: bool,
+        home: bool,
+    ) -> None:
+        """A value's marks: its buffers' and, where it has a home tensor, its savings."""
+        # Each buffer's live conditions, by phase (None: one for the whole step).
+        buffers: dict[bool | None, dict[Sharding, Buffer]] = {}
+        if made:
+            buffers[None] = self.add_buffers(recorder, name, readings)
+        else:  # a weight is gathered for the forward, and again for the backward
+            for forward in (True, False):
+                buffers[forward] = self.add_buffers(
+                    recorder, name, [r for r in readings if self.in_forward(r[0]) == forward]
+                )
+        if home:
+            self.add_home(recorder, name, readings, over, buffers)
+
+    def add_held(self, terms: Terms, value: str, first: int, last: int) -> None:
+        """The held shard of `value` over slots first..last."""
+        group, shardings = self.held(value)
+        if last < first:
+            return
+        if group is None:
+            terms.add_fixed(first, last, self.tensors.nbytes(value, shardings[0]))
+        else:
+            terms.add_held(group, first, last, self.tensors.held_bytes(value))
 
     def in_forward(self, position: int) -> bool:
         return position < self.ops and self.graph.phase(self.graph.ops[position].name) == FORWARD
@@ -719,56 +221,15 @@ class _Builder:
         graph = self.graph
         return name in graph.inputs or name in graph.weights or name in graph.constants
 
-    def slot(self, ref: Ref) -> int:
-        """The slot a reference names, at the reading positions of the value being marked."""
-        u, offset = ref
-        return self.first[self.positions[u]] + offset
-
-    def pre_ref(self, read: Read, step: int = 0) -> Ref:
-        """PRE(p, i, step) of a read: where `materialize` reshards the operand."""
-        return (self.rank[read[0]], self.starts[read[0]][read[1]] + step)
-
-    def longest(self, name: str, needs: tuple[Sharding, ...]) -> int:
-        """The most collectives a reshard of `name` to one of `needs` takes, from any of the
-        shardings it may be held in."""
-        _, shardings = self.held(name)
-        info = self.graph.values[name]
-        cache_key = (id(shardings), id(needs), info.shape, info.dtype)
-        if cache_key not in self.longest_cache:
-            self.kept += [shardings, needs]  # alive, so that their ids stay their own
-            self.longest_cache[cache_key] = (
-                max(
-                    len(self.intermediates(name, h, t)) + 1
-                    for t in self.choices_of(needs)
-                    if (info.shape, info.dtype, t) in self.targets
-                    for h in self.choices_of(shardings)
-                )
-                if any((info.shape, info.dtype, t) in self.targets for t in needs)
-                else 1
-            )
-        return self.longest_cache[cache_key]
-
-    def at_ref(self, read: Read, over: bool = False) -> Ref:
-        """Where a read as held reads the home tensor: the reader's compute step; but an update
-        writing over the value (`over`, the last reader) frees it before its results, so its
-        last reshard step."""
-        p = read[0]
-        if over and p == self.positions[-1]:
-            return (self.rank[p], self.widths[p] - 1)  # its last reshard step
-        return (self.rank[p], self.at_offset(p))
-
-    def last_home_read(self, readings: Sequence[Read], over: bool) -> Ref:
-        """The last slot where some plan reads the home tensor."""
-        return max((self.at_ref(r, over) for r in readings), key=self.slot)
-
     def add_home(
         self,
+        recorder: Recorder,
         name: str,
         readings: Sequence[Read],
         over: bool,
         buffers: Mapping[bool | None, Mapping[Sharding, Buffer]],
     ) -> None:
-        """The home tensor after its first read: `build` counts it up to its last possible
+        """The home tensor after its first read: `terms` counts it up to its last possible
         read; here, as savings (negative terms), the slots after which no read of it follows.
 
         A read (p, i) in sharding s reads the home at AT(p) when s is the held sharding, at
@@ -784,22 +245,23 @@ class _Builder:
         MatMul's reshard, key and value read it as held and the residual Add reads the query's
         buffer). The saving of the home held in b bytes is [held in b bytes] AND dead(u_j)
         (shardings of one size share it). Savings are bounded from above in the ILP
-        (`ilp._memory_rows`; those of one value at one slot exclude each other, and together
+        (`search.solver`; those of one value at one slot exclude each other, and together
         never exceed dead(u_j)), so the solver sets each to its true value or counts more
         than the plan holds."""
+        chosen, combine = self.literals.chosen, self.literals.combine
         group, shardings = self.held(name)
         events: dict[int, list[tuple[Ref, Read, bool]]] = {}  # slot -> (ref, read, at AT)
         for r in readings:
-            for ref, at in ((self.pre_ref(r), False), (self.at_ref(r, over), True)):
-                events.setdefault(self.slot(ref), []).append((ref, r, at))
+            for ref, at in ((recorder.pre_ref(r), False), (recorder.at_ref(r, over), True)):
+                events.setdefault(recorder.slot(ref), []).append((ref, r, at))
         slots = sorted(events)
         # The home's bytes under each held choice: one saving per size, not per sharding.
         sizes: dict[int, list[Literal | bool]] = {}
-        for h in self.choices_of(shardings):
-            sizes.setdefault(self.nbytes(name, h), []).append(
-                self.chosen(group, shardings, h, True)
+        for h in self.literals.choices_of(shardings):
+            sizes.setdefault(self.tensors.nbytes(name, h), []).append(
+                chosen(group, shardings, h, True)
             )
-        by_size = {size: self.combine(False, held) for size, held in sizes.items()}
+        by_size = {size: combine(False, held) for size, held in sizes.items()}
         dead: Literal | bool = True
         for before, until in reversed(list(zip(slots, slots[1:], strict=False))):
             parts = [dead]
@@ -808,28 +270,32 @@ class _Builder:
                 # Read as held at AT: in another sharding than held. Made at PRE: in a
                 # sharding whose buffer is live just before (the home is read at AT else).
                 ways = [
-                    self.combine(
+                    combine(
                         True,
                         [
-                            self.chosen(g, needs, s, True),
-                            self.chosen(group, shardings, s, False)
+                            chosen(g, needs, s, True),
+                            chosen(group, shardings, s, False)
                             if at
-                            else self.buffer_before(read, s, buffers),
+                            else self.buffer_before(recorder, read, s, buffers),
                         ],
                     )
-                    for s in self.choices_of(needs)
+                    for s in self.literals.choices_of(needs)
                 ]
-                parts.append(self.combine(False, ways))
-            dead = self.combine(True, parts)
+                parts.append(combine(False, ways))
+            dead = combine(True, parts)
             if dead is False:
                 break
             first = events[before][0][0]
             for size, held in by_size.items():
-                saving = self.combine(True, [held, dead])
-                self.mark((first[0], first[1] + 1), events[until][0][0], saving, -size)
+                saving = combine(True, [held, dead])
+                recorder.mark((first[0], first[1] + 1), events[until][0][0], saving, -size)
 
     def buffer_before(
-        self, read: Read, s: Sharding, buffers: Mapping[bool | None, Mapping[Sharding, Buffer]]
+        self,
+        recorder: Recorder,
+        read: Read,
+        s: Sharding,
+        buffers: Mapping[bool | None, Mapping[Sharding, Buffer]],
     ) -> Literal | bool:
         """A buffer of `s` is live just before the read's reshard (made by an earlier read, or
         on the way of an earlier reshard; a weight's in the read's phase): said with the
@@ -837,9 +303,11 @@ class _Builder:
         it counts the buffer's."""
         phase = None if None in buffers else self.in_forward(read[0])
         live = buffers[phase].get(s)
-        return False if live is None else live.at_slot(self.slot(self.pre_ref(read)) - 1)
+        return False if live is None else live.at_slot(recorder.slot(recorder.pre_ref(read)) - 1)
 
-    def add_buffers(self, name: str, readings: Sequence[Read]) -> dict[Sharding, Buffer]:
+    def add_buffers(
+        self, recorder: Recorder, name: str, readings: Sequence[Read]
+    ) -> dict[Sharding, Buffer]:
         """The buffers of the reshards of a value: one per sharding read other than the held
         one, made at the first read of it (its reshard's last step) and live to the last
         (AT); the tensors on the way of a reshard of several collectives, live from the step
@@ -849,131 +317,100 @@ class _Builder:
         if not readings:
             return {}
         group, shardings = self.held(name)
-        needed = dict.fromkeys(s for *_, needs in readings for s in self.choices_of(needs))
-        passing = self.passing_through(name, needed)
+        choices_of = self.literals.choices_of
+        needed = dict.fromkeys(s for *_, needs in readings for s in choices_of(needs))
+        passing = self.tensors.passing_through(name, needed)
         live_of: dict[Sharding, Buffer] = {}
         for s in [*needed, *(m for m in passing if m not in needed)]:
-            differs = self.chosen(group, shardings, s, False)
+            differs = self.literals.chosen(group, shardings, s, False)
             if differs is False:
                 continue
-            # (slot, the buffer is made there, it is read there)
-            found: list[tuple[Ref, Literal | bool, Literal | bool]] = []
-            for k, read in enumerate(readings):
-                _, _, g, needs = read
-                reads_s = self.chosen(g, needs, s, True)
-                # Made by the last step of the reshard from each held sharding.
-                by_steps = self.steps_to(name, s)
-                for steps, held_so in by_steps.items():
-                    made = reads_s if len(by_steps) == 1 else self.combine(True, [reads_s, held_so])
-                    found.append((self.pre_ref(read, steps - 1), made, False))
-                found.append((self.at_ref(read), False, reads_s))
-                # Made on the way of a reshard to t, read by its next step.
-                # (A reshard to t is made at the first read of t only.)
-                for h, t in passing.get(s, ()):
-                    step = self.intermediates(name, h, t).index(s)
-                    first = [self.chosen(r[2], r[3], t, False) for r in readings[:k]]
-                    way = self.combine(
-                        True,
-                        [
-                            self.chosen(group, shardings, h, True),
-                            self.chosen(g, needs, t, True),
-                            *first,
-                        ],
-                    )
-                    found.append((self.pre_ref(read, step), way, way))
-                    found.append((self.pre_ref(read, step + 1), False, way))
-            events: dict[Ref, tuple[list[Literal | bool], list[Literal | bool]]] = {}
-            for ref, made, used in found:
-                made_at, used_at = events.setdefault(ref, ([], []))
-                made_at.append(made)
-                used_at.append(used)
-            slots = sorted(events, key=self.slot)
-            made_by = [self.combine(False, events[r][0]) for r in slots]
-            used_by = [self.combine(False, events[r][1]) for r in slots]
-            # The OR of each prefix and suffix, worked out again only where the literal it
-            # adds is not False (an OR that cannot change): a value of many reads has many.
-            prefix: list[Literal | bool] = []
-            for j, lit in enumerate(made_by):
-                again = not prefix or lit is not False
-                prefix.append(self.combine(False, made_by[: j + 1]) if again else prefix[-1])
-            suffix: list[Literal | bool] = []
-            for j in reversed(range(len(slots))):
-                again = not suffix or used_by[j] is not False
-                suffix.append(self.combine(False, used_by[j:]) if again else suffix[-1])
-            suffix.reverse()
-            size = self.nbytes(name, s)
-            at: list[Literal | bool] = []
-            between: list[Literal | bool] = []
-            for j, ref in enumerate(slots):
-                at.append(self.combine(True, [differs, prefix[j], suffix[j]]))
-                self.mark(ref, ref, at[-1], size)
-                between.append(False)
-                if j + 1 < len(slots):
-                    between[-1] = self.combine(True, [differs, prefix[j], suffix[j + 1]])
-                    after, until = (ref[0], ref[1] + 1), slots[j + 1]
-                    self.mark(after, (until[0], until[1] - 1), between[-1], size)
-            live_of[s] = Buffer(tuple(self.slot(r) for r in slots), tuple(at), tuple(between))
-        self.add_on_the_way(name, readings, needed, passing)
+            events = self.buffer_events(recorder, name, readings, s, passing)
+            size = self.tensors.nbytes(name, s)
+            live_of[s] = self.add_buffer(recorder, events, differs, size)
+        self.add_on_the_way(recorder, name, readings, needed, passing)
         return live_of
 
-    def steps_to(self, name: str, s: Sharding) -> dict[int, Literal | bool]:
-        """How many steps a reshard of `name` to `s` takes, and when (its held choices)."""
+    def buffer_events(
+        self,
+        recorder: Recorder,
+        name: str,
+        readings: Sequence[Read],
+        s: Sharding,
+        passing: Mapping[Sharding, Sequence[tuple[Sharding, Sharding]]],
+    ) -> dict[Ref, tuple[list[Literal | bool], list[Literal | bool]]]:
+        """Where a buffer of `s` may be made and read: for each slot, the literals under which
+        it is made there and those under which it is read there."""
+        chosen, combine = self.literals.chosen, self.literals.combine
         group, shardings = self.held(name)
-        info = self.graph.values[name]
-        cache_key = (id(shardings), info.shape, info.dtype, s)
-        if (info.shape, info.dtype, s) not in self.targets:
-            return {1: True}
-        if cache_key not in self.steps_to_cache:
-            by_steps: dict[int, list[Literal | bool]] = {}
-            for h in self.choices_of(shardings):
-                if h != s:
-                    steps = len(self.intermediates(name, h, s)) + 1
-                    by_steps.setdefault(steps, []).append(self.chosen(group, shardings, h, True))
-            self.steps_to_cache[cache_key] = {
-                steps: self.combine(False, held_so) for steps, held_so in by_steps.items()
-            }
-        return self.steps_to_cache[cache_key]
+        # (slot, the buffer is made there, it is read there)
+        found: list[tuple[Ref, Literal | bool, Literal | bool]] = []
+        for k, read in enumerate(readings):
+            _, _, g, needs = read
+            reads_s = chosen(g, needs, s, True)
+            # Made by the last step of the reshard from each held sharding.
+            by_steps = self.tensors.steps_to(name, s)
+            for steps, held_so in by_steps.items():
+                made = reads_s if len(by_steps) == 1 else combine(True, [reads_s, held_so])
+                found.append((recorder.pre_ref(read, steps - 1), made, False))
+            found.append((recorder.at_ref(read), False, reads_s))
+            # Made on the way of a reshard to t, read by its next step.
+            # (A reshard to t is made at the first read of t only.)
+            for h, t in passing.get(s, ()):
+                step = self.tensors.intermediates(name, h, t).index(s)
+                first = [chosen(r[2], r[3], t, False) for r in readings[:k]]
+                way = combine(
+                    True, [chosen(group, shardings, h, True), chosen(g, needs, t, True), *first]
+                )
+                found.append((recorder.pre_ref(read, step), way, way))
+                found.append((recorder.pre_ref(read, step + 1), False, way))
+        events: dict[Ref, tuple[list[Literal | bool], list[Literal | bool]]] = {}
+        for ref, made, used in found:
+            made_at, used_at = events.setdefault(ref, ([], []))
+            made_at.append(made)
+            used_at.append(used)
+        return events
 
-    def passing_through(
-        self, name: str, needed: Collection[Sharding]
-    ) -> dict[Sharding, list[tuple[Sharding, Sharding]]]:
-        """For each sharding that a reshard of several collectives (held h to needed t) makes
-        on its way and a reader needs or another such reshard makes too, those (h, t): the
-        tensors `materialize` may keep."""
-        info = self.graph.values[name]
-        _, shardings = self.held(name)
-        cache_key = (id(shardings), info.shape, info.dtype, tuple(needed))
-        if cache_key not in self.passing_cache:
-            found: dict[Sharding, list[tuple[Sharding, Sharding]]] = {}
-            for t in needed:
-                if (info.shape, info.dtype, t) not in self.targets:
-                    continue
-                for h in self.choices_of(shardings):
-                    for m in self.intermediates(name, h, t):
-                        found.setdefault(m, []).append((h, t))
-            self.passing_cache[cache_key] = {
-                m: ways for m, ways in found.items() if m in needed or len(ways) > 1
-            }
-        return self.passing_cache[cache_key]
-
-    def intermediates(self, name: str, src: Sharding, dst: Sharding) -> tuple[Sharding, ...]:
-        """The shardings a reshard from `src` to `dst` makes on its way (its steps' results
-        but the last), where reshards to `dst` are counted (`targets`)."""
-        info = self.graph.values[name]
-        cache_key = (info.shape, info.dtype, src, dst)
-        if (info.shape, info.dtype, dst) not in self.targets:
-            return ()
-        if cache_key not in self.steps_cache:
-            itemsize = dtypes.nbytes(info.dtype, 1)
-            try:
-                steps = plan_reshard(src, dst, info.shape, self.mesh, itemsize)
-            except ShardingError:  # no plan holds and reads it so (the search prices it)
-                steps = ()
-            self.steps_cache[cache_key] = tuple(c.dst for c in steps[:-1])
-        return self.steps_cache[cache_key]
+    def add_buffer(
+        self,
+        recorder: Recorder,
+        events: Mapping[Ref, tuple[Sequence[Literal | bool], Sequence[Literal | bool]]],
+        differs: Literal | bool,
+        size: int,
+    ) -> Buffer:
+        """A buffer of `size` bytes, made and read at the slots of `events`: live at a slot
+        when the value is held otherwise (`differs`), made there or before, and read there or
+        after."""
+        combine = self.literals.combine
+        slots = sorted(events, key=recorder.slot)
+        made_by = [combine(False, events[r][0]) for r in slots]
+        used_by = [combine(False, events[r][1]) for r in slots]
+        # The OR of each prefix and suffix, worked out again only where the literal it
+        # adds is not False (an OR that cannot change): a value of many reads has many.
+        prefix: list[Literal | bool] = []
+        for j, lit in enumerate(made_by):
+            again = not prefix or lit is not False
+            prefix.append(combine(False, made_by[: j + 1]) if again else prefix[-1])
+        suffix: list[Literal | bool] = []
+        for j in reversed(range(len(slots))):
+            again = not suffix or used_by[j] is not False
+            suffix.append(combine(False, used_by[j:]) if again else suffix[-1])
+        suffix.reverse()
+        at: list[Literal | bool] = []
+        between: list[Literal | bool] = []
+        for j, ref in enumerate(slots):
+            at.append(combine(True, [differs, prefix[j], suffix[j]]))
+            recorder.mark(ref, ref, at[-1], size)
+            between.append(False)
+            if j + 1 < len(slots):
+                between[-1] = combine(True, [differs, prefix[j], suffix[j + 1]])
+                after, until = (ref[0], ref[1] + 1), slots[j + 1]
+                recorder.mark(after, (until[0], until[1] - 1), between[-1], size)
+        return Buffer(tuple(recorder.slot(r) for r in slots), tuple(at), tuple(between))
 
     def add_on_the_way(
         self,
+        recorder: Recorder,
         name: str,
         readings: Sequence[Read],
         needed: Collection[Sharding],
@@ -983,147 +420,28 @@ class _Builder:
         each live at the step making it and the next, reading it. Counted at every read of
         the sharding made, less (a saving) at a read after an earlier one (the reshard is
         made once)."""
+        chosen, combine = self.literals.chosen, self.literals.combine
         group, shardings = self.held(name)
         info = self.graph.values[name]
         for t in needed:
-            if (info.shape, info.dtype, t) not in self.targets:
+            if (info.shape, info.dtype, t) not in self.tensors.targets:
                 continue
-            for h in self.choices_of(shardings):
-                way = self.intermediates(name, h, t)
+            for h in self.literals.choices_of(shardings):
+                way = self.tensors.intermediates(name, h, t)
                 if not way:
                     continue
-                is_h = self.chosen(group, shardings, h, True)
+                is_h = chosen(group, shardings, h, True)
                 for k, read in enumerate(readings):
                     _, _, g, needs = read
-                    making = self.combine(True, [is_h, self.chosen(g, needs, t, True)])
+                    making = combine(True, [is_h, chosen(g, needs, t, True)])
                     if making is False:
                         continue
-                    earlier = [self.chosen(r[2], r[3], t, True) for r in readings[:k]]
-                    again = self.combine(True, [making, self.combine(False, earlier)])
+                    earlier = [chosen(r[2], r[3], t, True) for r in readings[:k]]
+                    again = combine(True, [making, combine(False, earlier)])
                     for step, m in enumerate(way):
                         if m in passing:
                             continue
-                        size = self.nbytes(name, m)
-                        first, last = self.pre_ref(read, step), self.pre_ref(read, step + 1)
-                        self.mark(first, last, making, size)
-                        self.mark(first, last, again, -size)
-
-    def rows(self) -> MemoryModel:
-        """The distinct rows, in the order of the first slot holding each, swept slot by slot
-        over the group terms' events (+bytes at a span's first slot, -bytes after its last):
-        one vector of the choices' bytes, never a matrix of slots x choices, and at each slot
-        only the runs of the groups whose bytes changed are looked up again."""
-        slots, groups = self.slots, len(self.sizes)
-        at, columns, amounts = self.events()
-        bounds = np.searchsorted(at, np.arange(slots + 1))
-        fixed = np.cumsum(self.fixed[:-1])
-        # What every row holds (the resident shards, mostly) is stated once, as `base`: rows
-        # of a few terms each instead of every weight's in each (CP-SAT's LP is far lighter).
-        common = np.zeros(int(self.offsets[-1]), np.int64)
-        for slot, vector, _ in self.sweep(slots, bounds, columns, amounts):
-            if slot:
-                np.minimum(common, vector, out=common)
-            else:
-                np.copyto(common, vector)
-        table = RunTable()
-
-        def run(group: int, vector: np.ndarray) -> int:
-            start = int(self.offsets[group])
-            (nonzero,) = np.nonzero(vector[start : int(self.offsets[group + 1])])
-            return table.add(group, nonzero, vector[start + nonzero]) if len(nonzero) else -1
-
-        base_runs = [u for g in range(groups) if (u := run(g, common)) >= 0]
-        base_fixed = int(fixed.min())
-        # Indicator terms as events too, over a vector of the indicators' bytes.
-        marked = self.marked()
-        marked_bounds = np.searchsorted(marked[0], np.arange(slots + 1))
-        live = np.zeros(len(self.indicators), np.int64)
-        marks = (_NONE, _NONE)
-        runs = np.full(groups, -1, np.int64)  # each group's run at this slot (-1: none)
-        group_of = np.repeat(np.arange(groups), self.sizes)
-        found: dict[tuple, tuple[int, list[int], tuple[np.ndarray, np.ndarray]]] = {}
-        changed = set(np.flatnonzero(self.fixed[:slots] | np.diff(marked_bounds)).tolist())
-        for slot, vector, moved in self.sweep(slots, bounds, columns, amounts, changed):
-            first, last = marked_bounds[slot], marked_bounds[slot + 1]
-            if first < last:
-                np.add.at(live, marked[1][first:last], marked[2][first:last])
-                (held,) = np.nonzero(live)
-                marks = (held, live[held])
-            rest = vector - common
-            for g in range(groups) if slot == 0 else np.unique(group_of[moved]).tolist():
-                runs[g] = run(g, rest)
-            key = (int(fixed[slot]), runs.tobytes(), marks[0].tobytes(), marks[1].tobytes())
-            if key not in found:
-                found[key] = (key[0] - base_fixed, runs[runs >= 0].tolist(), marks)
-        rows = list(found.values())
-        return MemoryModel(
-            table.rows([base_fixed], [base_runs], [(_NONE, _NONE)]),
-            table.rows([f for f, _, _ in rows], [r for _, r, _ in rows], [m for *_, m in rows]),
-            tuple(self.indicators),
-        )
-
-    def events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The group terms' events, by slot: (slot, column of a choice, bytes added)."""
-        held, chosen = self.held_spans, self.chosen_marks
-        lengths = [len(c) for _, _, c, _ in held]
-        spans = np.array([(f, t) for f, t, _, _ in held], np.int64).reshape(-1, 2)
-        # A mark's spans (one per copy) times its columns.
-        return _events(
-            _concatenate([np.repeat(spans[:, 0], lengths)]
-                         + [np.repeat(f, len(c)) for f, _, c, _ in chosen]),
-            _concatenate([np.repeat(spans[:, 1], lengths)]
-                         + [np.repeat(t, len(c)) for _, t, c, _ in chosen]),
-            _concatenate([c for _, _, c, _ in held]
-                         + [np.tile(c, len(f)) for f, _, c, _ in chosen]),
-            _concatenate([a for *_, a in held]
-                         + [np.full(len(f) * len(c), a, np.int64) for f, _, c, a in chosen]),
-        )  # fmt: skip
-
-    def marked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The indicator terms' events, by slot: (slot, indicator, bytes added)."""
-        marks = self.indicated
-        return _events(
-            _concatenate([f for f, _, _, _ in marks]),
-            _concatenate([t for _, t, _, _ in marks]),
-            _concatenate([np.full(len(f), i, np.int64) for f, _, i, _ in marks]),
-            _concatenate([np.full(len(f), a, np.int64) for f, _, _, a in marks]),
-        )
-
-    def sweep(
-        self,
-        slots: int,
-        bounds: np.ndarray,
-        columns: np.ndarray,
-        amounts: np.ndarray,
-        changes: Collection[int] = (),
-    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Each slot, its vector of group-term bytes and the columns changed there, for the
-        first slot and those where the vector changes or `changes` names (the vector is one
-        array, updated in place)."""
-        vector = np.zeros(int(self.offsets[-1]), np.int64)
-        for slot in range(slots):
-            first, last = bounds[slot], bounds[slot + 1]
-            if first < last:
-                np.add.at(vector, columns[first:last], amounts[first:last])
-            if first < last or slot == 0 or slot in changes:
-                yield slot, vector, columns[first:last]
-
-
-def _events(
-    firsts: np.ndarray, lasts: np.ndarray, columns: np.ndarray, amounts: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Terms live over spans of slots (first..last, a column, bytes) as events sorted by slot:
-    (slot, column, bytes added), +bytes at a span's first slot and -bytes after its last."""
-    at = np.concatenate([firsts, lasts + 1]).astype(np.int64)
-    order = np.argsort(at, kind="stable")
-    return (
-        at[order],
-        np.concatenate([columns, columns]).astype(np.int64)[order],
-        np.concatenate([amounts, -amounts]).astype(np.int64)[order],
-    )
-
-
-def _order(literal: Literal) -> tuple:
-    if isinstance(literal, Chosen):
-        return (0, literal.group, sorted(literal.choices))
-    return (1, literal)
+                        size = self.tensors.nbytes(name, m)
+                        first, last = recorder.pre_ref(read, step), recorder.pre_ref(read, step + 1)
+                        recorder.mark(first, last, making, size)
+                        recorder.mark(first, last, again, -size)

@@ -37,7 +37,8 @@ import numpy as np
 from autoshard.annotations import Annotation, unread
 from autoshard.collectives import Collective
 from autoshard.cost.cluster import Cluster
-from autoshard.cost.model import collective_time, compute_time
+from autoshard.cost.compute import compute_time
+from autoshard.cost.price import collective_time
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
@@ -54,19 +55,18 @@ from autoshard.search.coarsen import (
     Repeats,
     group_decisions,
 )
-from autoshard.search.memory import (
+from autoshard.search.memory import Chain, memory_model
+from autoshard.search.memory_rows import (
     ZERO_ROW,
-    Chain,
     Chosen,
-    Held,
     Indicator,
     IndicatorTable,
     Literal,
     MemoryModel,
     MemoryRows,
-    Read,
-    memory_model,
 )
+from autoshard.search.memory_slots import Read
+from autoshard.search.memory_tensors import Held
 from autoshard.search.options import Objective
 from autoshard.sharding import Sharding, ShardingOption
 

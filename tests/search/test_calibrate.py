@@ -10,6 +10,7 @@ import pytest
 from autoshard.cli.main import main
 from autoshard.collectives import CollectiveKind, ring_steps
 from autoshard.cost.cluster import device_kind, make_cluster
+from autoshard.cost.compute import OpCost, op_cost
 from autoshard.cost.measure.calibrate import (
     PACK_RATES,
     LinkSample,
@@ -20,7 +21,6 @@ from autoshard.cost.measure.calibrate import (
     kernel_rates,
     working_set,
 )
-from autoshard.cost.model import OpCost, op_cost
 from autoshard.errors import ClusterError
 from autoshard.rules import rule_for
 from autoshard.sharding import ShardingOption

@@ -3,7 +3,8 @@
 import pytest
 
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.model import collective_time, shard_bytes
+from autoshard.cost.liveness import shard_bytes
+from autoshard.cost.price import collective_time
 from autoshard.errors import ClusterError
 from autoshard.mesh import Mesh
 from autoshard.reshard import plan_reshard

@@ -13,20 +13,14 @@ from ortools.sat.python import cp_model
 
 from autoshard.analysis.repeats import find_repeats
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.model import memory
+from autoshard.cost.liveness import memory
 from autoshard.errors import AutoshardError
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.passes.lower import lower
 from autoshard.rules import rule_for
 from autoshard.search.candidates import candidates
-from autoshard.search.memory import (
-    NO_ROWS,
-    Chosen,
-    Indicator,
-    MemoryRow,
-    MemoryRows,
-)
+from autoshard.search.memory_rows import NO_ROWS, Chosen, Indicator, MemoryRow, MemoryRows
 from autoshard.search.problem import Problem, build_search
 from autoshard.search.solver import solve as ilp
 from autoshard.search.solver.relaxation import still_possible

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.model import memory
+from autoshard.cost.liveness import memory
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.materialize import materialize
 from autoshard.pipeline import load_graph

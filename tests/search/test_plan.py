@@ -16,7 +16,8 @@ from autoshard.annotations import Annotation
 from autoshard.cli.main import main
 from autoshard.collectives import ring_bytes
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.model import memory, price
+from autoshard.cost.liveness import memory
+from autoshard.cost.price import price
 from autoshard.document.plan_document import describe
 from autoshard.execute.verify import model_weights, verify
 from autoshard.ir.onnx_import import import_onnx

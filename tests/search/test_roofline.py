@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.model import OpCost, matmul_efficiency, op_cost
+from autoshard.cost.compute import OpCost, matmul_efficiency, op_cost
 from autoshard.ir.graph import Graph, Op, Value
 from autoshard.rules import rule_for
 from autoshard.sharding import ShardingOption

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autoshard.cost.cluster import device_kind, make_cluster
-from autoshard.cost.model import TRANSCENDENTAL_FLOPS, OpCost, op_cost, special
+from autoshard.cost.compute import TRANSCENDENTAL_FLOPS, OpCost, op_cost, special
 from autoshard.errors import ClusterError
 from autoshard.ir.graph import Graph, Op, Value
 from autoshard.rules import rule_for

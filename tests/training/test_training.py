@@ -15,7 +15,8 @@ from autoshard.annotations import Annotation
 from autoshard.cli.main import main
 from autoshard.collectives import CollectiveKind, ring_bytes
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.model import memory, op_flops
+from autoshard.cost.compute import op_flops
+from autoshard.cost.liveness import memory
 from autoshard.explain.report import plan_markdown
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower

@@ -14,7 +14,7 @@ from onnx import helper
 from autoshard.annotations import Annotation
 from autoshard.cli.main import main
 from autoshard.cost.cluster import make_cluster, recorded_flags
-from autoshard.cost.model import price
+from autoshard.cost.price import price
 from autoshard.document.breakdown import breakdown
 from autoshard.document.plan_document import write_document
 from autoshard.document.story import strategy_story

@@ -17,7 +17,7 @@ from onnx_factory import F32, matmul_chain, model, rng_weight, save, tensor
 
 from autoshard.annotations import Annotation
 from autoshard.cli.main import main
-from autoshard.cost.model import memory, memory_timeline
+from autoshard.cost.liveness import memory, memory_timeline
 from autoshard.document.story import Role, recognise
 from autoshard.html.markup import ms
 from autoshard.html.mesh import Cell, mesh_svg

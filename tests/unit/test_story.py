@@ -12,7 +12,7 @@ from autoshard.analysis.repeats import find_repeats
 from autoshard.annotations import Annotation
 from autoshard.cli.main import main
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.model import price
+from autoshard.cost.price import price
 from autoshard.document.plan_document import model_info, plan_document, write_document
 from autoshard.document.story import strategy_story
 from autoshard.explain.diff import diff_plans, diff_text

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from autoshard.search.memory import Chosen, Indicator, Literal, MemoryRows
+from autoshard.search.memory_rows import Chosen, Indicator, Literal, MemoryRows
 from autoshard.search.problem import Problem
 from autoshard.search.solver.factors import (
     MAX_ENTRIES,

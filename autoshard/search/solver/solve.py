@@ -47,7 +47,7 @@ from ortools.sat.python import cp_model
 
 from autoshard.errors import AutoshardError
 from autoshard.progress import Tracker
-from autoshard.search.memory import NO_ROWS, Chosen, Indicator, MemoryRows
+from autoshard.search.memory_rows import NO_ROWS, Chosen, Indicator, MemoryRows
 from autoshard.search.problem import Problem
 from autoshard.search.solver.factors import minimize, problem_factors, undominated
 from autoshard.search.solver.relaxation import (

@@ -1,18 +1,7 @@
-"""The cost model: every formula the planner prices with, written once.
+"""Compute: what one device spends on one op, a roofline per op (`op_cost`).
 
-Communication. A collective over a group of n devices on links of bandwidth B and latency α
-runs a ring: it takes `ring_steps` latency-bound steps and sends `bytes_per_device` bytes
-(`autoshard.reshard.ring_bytes`: all_gather and reduce_scatter (n-1)/n·T, all_reduce twice
-that, all_to_all (n-1)/n of the shard, a permute one whole shard per device it serves), so
-
-    time = steps·α + bytes_per_device / B
-
-A group over several mesh axes is as fast as its slowest axis: B = min, α = max over its axes
-(every ring hop crosses some link of each axis in turn). Bytes come from the very collectives
-that materialization emits (`plan_reshard`), so a plan's estimated bytes are its program's.
-
-Compute: a roofline per op (`op_cost`). An op with loops of sizes s_i split over g_i devices
-runs Π ceil(s_i / g_i) iterations per device (its local shard), so
+An op with loops of sizes s_i split over g_i devices runs Π ceil(s_i / g_i) iterations per
+device (its local shard), so
 
     FLOPs   = iterations · flops per iteration (2, a multiply and an add, when it has a
               reduction loop, else 1; 0 for an op that only moves data: `OP_KINDS`)
@@ -34,83 +23,62 @@ runs Π ceil(s_i / g_i) iterations per device (its local shard), so
 
 the largest of the times its arithmetic, its memory traffic and its special functions need
 at the rates real kernels reach, plus the shortest time any kernel takes. Memory traffic
-streams at the full rate only in order: a GPU's elementwise kernel with a broadcast or
-permuted operand loses its vectorized loads (half the rate on an H100), a transpose of the
-innermost axis its coalesced ones (a sixth); a GPU's L2, like a CPU's last-level cache,
-holds what the last kernel wrote for the next (bench/data/h100 holds the measurements).
+streams at the full rate only in order: an elementwise kernel with a broadcast or permuted
+operand loses its vectorized loads, a transpose of the innermost axis its coalesced ones; a
+GPU's L2, like a CPU's last-level cache, holds what the last kernel wrote for the next.
 A special function costs many instructions per element (a polynomial after a range
-reduction), so where the vector units are slow next to memory (CPUs: Erf runs at a quarter
-of Neg's rate, a general Pow at a fortieth) it, not memory, bounds the op; `rate(family)` is
-the device's measured rate (`DeviceKind.transcendental`, what `autoshard calibrate` writes)
-or else its vector rate over `TRANSCENDENTAL_FLOPS[family]`, the instructions an evaluation
-takes. A Pow whose exponent is a constant 2 or 3 is multiplications (`int_pow`: kernels
-special-case it), 1 a copy and 0.5 a square root. Pure views (Reshape, Squeeze, ...) launch
-no kernel and cost nothing. A *contraction* (a reduction loop and two data operands: MatMul,
-Gemm, Einsum, Conv, and gradient ops derived from them) runs on the matrix units at
-`peak(dtype)`; everything else at the vector rate `default_flops`. A contraction's
-efficiency falls for small and thin shapes and for misaligned ones: with M, N, K the local
-sizes of its loops indexing the first data operand only, the second only, and its reductions,
+reduction), so where the vector units are slow next to memory (CPUs) it, not memory, bounds
+the op; `rate(family)` is the device's measured rate (`DeviceKind.transcendental`, what
+`autoshard calibrate` writes) or else its vector rate over `TRANSCENDENTAL_FLOPS[family]`, the
+instructions an evaluation takes. A Pow whose exponent is a constant 2 or 3 is
+multiplications (`int_pow`: kernels special-case it), 1 a copy and 0.5 a square root. Pure
+views (Reshape, Squeeze, ...) launch no kernel and cost nothing.
 
-    efficiency = matmul_efficiency · s(M) · s(N) · s(K) · (misaligned_efficiency, 1/5 on an H100,
+A *contraction* (a reduction loop and two data operands: MatMul, Gemm, Einsum, Conv, and
+gradient ops derived from them) runs on the matrix units at `peak(dtype)`; everything else at
+the vector rate `default_flops`. A contraction's efficiency falls for small and thin shapes
+and for misaligned ones: with M, N, K the local sizes of its loops indexing the first data
+operand only, the second only, and its reductions,
+
+    efficiency = matmul_efficiency · s(M) · s(N) · s(K) · (misaligned_efficiency
                  if M, N or K is not a multiple of 16 bytes' worth of elements)
                  · (matmul_cache_speedup if M·K + K·N + M·N elements fit in
                  matmul_cache_bytes), s(d) = d / (d + h)
 
-where h (`matmul_half_dim`, 64 on GPUs: half a 128-wide tile) is the dim at which a kernel
-runs at half speed: a 128x128 output tile fed a dim of 64 idles half its lanes, while dims of
-thousands give s ≈ 1. Tensor cores need 16-byte aligned leading dims; cuBLAS falls back to
-slower kernels otherwise (measured on an H100: a fifth of the rate; 2x slower on older
-GPUs). A CPU's matmul whose operands and result stay in the
-cores' private caches runs several times faster than one streaming them from the shared
-cache (`autoshard calibrate` measures both; GPUs model no such level). A CPU's BLAS also
-re-lays out (packs) B of A @ B on every call when B is no constant, a pass over its bytes at
-`pack_bandwidth` added to the contraction's time (matmuls with few rows and a large weight
-spend as long packing as multiplying; GPUs read operands in place). An op without a rule
-runs whole on every device: its
-outputs' elements as FLOPs, all its inputs and outputs as bytes.
+where h (`matmul_half_dim`) is the dim at which a kernel runs at half speed: an output tile
+fed a dim of half its width idles half its lanes, while dims of thousands give s ≈ 1. Tensor
+cores need 16-byte aligned leading dims, and cuBLAS falls back to slower kernels otherwise. A
+CPU's matmul whose operands and result stay in the cores' private caches runs several times
+faster than one streaming them from the shared cache (`autoshard calibrate` measures both;
+GPUs model no such level). A CPU's BLAS also re-lays out (packs) B of A @ B on every call when
+B is no constant, a pass over its bytes at `pack_bandwidth` added to the contraction's time
+(GPUs read operands in place). An op without a rule runs whole on every device: its outputs'
+elements as FLOPs, all its inputs and outputs as bytes.
 
-Memory. A tensor takes, per device, the bytes of its largest shard: Π ceil(d_i / g_i) elements.
-Walking the program in order, a tensor is live from the step defining it to the last step
-reading it; program inputs, weights and constants are live throughout. The peak over steps is
-the memory per device.
+The measurements behind these rules: docs/concepts/cost-model-measurements.md.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
-from autoshard.collectives import Collective, ring_steps
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.devices import DeviceKind, Transcendental
 from autoshard.ir import dtypes
-from autoshard.ir.graph import PHASES, Graph, Op
+from autoshard.ir.graph import Graph, Op
 from autoshard.mesh import Mesh
-from autoshard.program import Communicate, Compute, Program, Tensor
-from autoshard.rules import IndexingMap, IteratorType, OpRule, rule_for
-from autoshard.rules.gradient import TRAIN, TrainOp
-from autoshard.sharding import Sharding, ShardingOption, shard_size
-
-
-def collective_time(collective: Collective, cluster: Cluster) -> float:
-    n = cluster.mesh.group_size(collective.mesh_axes)
-    bandwidth, latency = cluster.link(collective.mesh_axes)
-    if collective.bytes_per_device == 0:
-        return 0.0
-    return ring_steps(collective.kind, n) * latency + collective.bytes_per_device / bandwidth
-
+from autoshard.rules import IndexingMap, IteratorType, OpRule
+from autoshard.sharding import ShardingOption, shard_size
 
 TRANSCENDENTAL_FLOPS: Mapping[Transcendental, int] = {
-    # Vector instructions per evaluation in float32, where a device has no measured rate:
-    # expf is a range reduction (2 FMAs), a degree-5 polynomial and a scale (CUDA's __expf is
-    # 2 on the SFU, libdevice's accurate expf and glibc's about 8); logf a split into exponent
-    # and mantissa and a degree-8 polynomial (~10); erff a rational approximation of ~12 FMAs;
-    # tanhf the same shape (~12); powf an extra-precise log, a multiply and an exp (~40:
-    # glibc's and libdevice's take 5x an expf); sqrtf a hardware estimate and one Newton step
-    # (~4); sin/cos a range reduction and two polynomials (~20); x**2 and x**3 are one or two
-    # multiplications.
+    # Vector instructions per evaluation in float32, where a device has no measured rate: a
+    # range reduction and a polynomial (exp, log), a rational approximation (erf, tanh), an
+    # extra-precise log, a multiply and an exp (a general pow), a hardware estimate and a
+    # Newton step (sqrt), a range reduction and two polynomials (sin, cos); x**2 and x**3 are
+    # one or two multiplications.
     Transcendental.EXP: 8,
     Transcendental.LOG: 10,
     Transcendental.ERF: 12,
@@ -143,10 +111,12 @@ VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity",
                    "Shape", "Size"})  # fmt: skip
 """No kernel: a view of the same buffer, or metadata read on the host."""
 
+
 MOVES = frozenset({"Transpose", "Concat", "Split", "Slice", "Pad", "Tile", "Expand", "Trilu",
                    "Resize", "ConstantOfShape", "Range", "OneHot", "ScatterND",
                    "ScatterElements"})  # fmt: skip
 """Kernels that move (or fill) data and compute nothing."""
+
 
 OP_KINDS: Mapping[str, OpKind] = {
     **dict.fromkeys(VIEWS, OpKind(view=True)),
@@ -182,6 +152,7 @@ OP_KINDS: Mapping[str, OpKind] = {
 """Op types whose cost differs from the default `OpKind()`: one pass over the data at the
 FLOPs the loops imply. Any other type, a derived gradient op included, is priced by the
 default from its own rule."""
+
 
 _DEFAULT = OpKind()
 
@@ -466,260 +437,3 @@ def compute_time(
 ) -> float:
     """Seconds one device computes `op` with `option`: its roofline (`op_cost`)."""
     return op_cost(op, rule, option, graph, cluster).seconds
-
-
-def shard_bytes(shape: Sequence[int], dtype: str, sharding: Sharding, mesh: Mesh) -> int:
-    """Bytes of the largest shard of a tensor."""
-    elements = 1
-    for dim, size in enumerate(shape):
-        elements *= shard_size(size, sharding.shard_count(mesh, dim))
-    return dtypes.nbytes(dtype, elements)
-
-
-@dataclass(frozen=True)
-class Memory:
-    """Peak bytes per device, the program step where it is reached (-1: before any), and the
-    tensors live there, largest first."""
-
-    peak: int
-    step: int
-    live: tuple[tuple[str, int], ...]
-
-
-def memory(program: Program) -> Memory:
-    """The program's peak per device: the first step where the most bytes are live."""
-    peak, where, at_peak = -1, -1, {}
-    for i, current, live in _walk_memory(program):
-        if current > peak:
-            peak, where, at_peak = current, i, dict(live)
-    top = sorted(at_peak.items(), key=lambda kv: (-kv[1], kv[0]))
-    return Memory(peak, where, tuple(top))
-
-
-def memory_timeline(program: Program) -> tuple[int, ...]:
-    """Bytes per device live before the first step, then at each step of the program (its
-    results held, what it read last not yet freed): the curve whose maximum is `memory`'s
-    peak (`memory_timeline(p)[memory(p).step + 1] == memory(p).peak`)."""
-    return tuple(current for _, current, _ in _walk_memory(program))
-
-
-def _walk_memory(program: Program) -> Iterator[tuple[int, int, Mapping[str, int]]]:
-    """(step, bytes live, the tensors live with their bytes) before any step (step -1), then
-    at each step; the mapping is only valid until the next item."""
-    mesh = program.mesh
-
-    def size(t: Tensor) -> int:
-        return shard_bytes(t.shape, t.dtype, t.sharding, mesh)
-
-    resident = [n for n in (*program.inputs, *program.constants) if n not in program.replaced]
-    last: dict[str, int] = {}
-    for i, step in enumerate(program.steps):
-        for name in step.inputs:
-            if name:
-                last[name] = i
-    for name in program.outputs:
-        last[name] = len(program.steps)
-    # Replaced inputs and accumulated gradients: live from the start until their last reader.
-    early = sorted(program.replaced | program.accumulated)
-    live = {n: size(program.tensors[n]) for n in resident}
-    held = {n: size(program.tensors[n]) for n in early}  # live, and freed after their last read
-    live |= held
-    current = sum(live.values())
-    yield -1, current, live
-    freed: dict[int, list[str]] = {}  # step -> tensors dead after it
-    for name in held:
-        freed.setdefault(last.get(name, -1), []).append(name)
-    for i, step in enumerate(program.steps):
-        if isinstance(step, Compute):  # an update writes over what it replaces
-            for name in [n for n in freed.get(i, ()) if n in program.replaced]:
-                freed[i].remove(name)
-                current -= live.pop(name)
-        for name in step.outputs:
-            if name and name not in live:
-                live[name] = size(program.tensors[name])
-                current += live[name]
-                freed.setdefault(max(last.get(name, i), i), []).append(name)
-        yield i, current, live
-        for name in freed.pop(i, []) + freed.pop(-1, []):
-            current -= live.pop(name)
-
-
-@dataclass(frozen=True)
-class PhaseCost:
-    """What one phase of a training step costs per device, every micro-batch counted."""
-
-    compute_time_s: float = 0.0
-    comm_time_s: float = 0.0
-    comm_bytes_per_device: int = 0
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "time_s": self.compute_time_s + self.comm_time_s,
-            "compute_time_s": self.compute_time_s,
-            "comm_time_s": self.comm_time_s,
-            "comm_bytes_per_device": self.comm_bytes_per_device,
-        }
-
-
-@dataclass(frozen=True)
-class CollectiveCost:
-    """One collective of the program as priced: its place among the program's collectives
-    (`index`), the value it moves, the op it is charged to (the next op, which it serves),
-    and its bytes and seconds per device, times the runs per step."""
-
-    index: int
-    value: str
-    kind: str
-    mesh_axes: str
-    op: str
-    bytes_per_device: int
-    seconds: float
-
-    def to_json(self) -> dict[str, object]:
-        return {"value": self.value, "kind": self.kind, "mesh_axes": self.mesh_axes,
-                "op": self.op, "bytes_per_device": self.bytes_per_device,
-                "time_s": self.seconds}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What a program costs on a cluster (per device). A training step's also says what each
-    phase costs and what the memory at the peak holds, by kind."""
-
-    comm_bytes_per_device: int
-    comm_time_s: float
-    compute_time_s: float
-    memory_bytes_per_device: int
-    by_axes: Mapping[str, tuple[int, float]] = field(default_factory=dict)
-    ops: Mapping[str, OpCost] = field(default_factory=dict)
-    """Per op: its roofline, times the runs per step; `compute_time_s` is the sum of their
-    seconds, in program order."""
-    phases: Mapping[str, PhaseCost] = field(default_factory=dict)
-    memory_by_kind: Mapping[str, int] = field(default_factory=dict)
-    collectives: tuple[CollectiveCost, ...] = ()
-    """Each collective, in program order; their seconds add up to `comm_time_s`."""
-
-    @property
-    def objective(self) -> float:
-        """Seconds: compute plus communication, without overlap."""
-        return self.compute_time_s + self.comm_time_s
-
-    def to_json(self) -> dict[str, object]:
-        found: dict[str, object] = {
-            "objective": self.objective,
-            "comm_bytes_per_device": self.comm_bytes_per_device,
-            "comm_time_s": self.comm_time_s,
-            "compute_time_s": self.compute_time_s,
-            "memory_bytes_per_device": self.memory_bytes_per_device,
-            "comm_by_mesh_axes": {
-                axes: {"bytes_per_device": b, "time_s": t} for axes, (b, t) in self.by_axes.items()
-            },
-        }
-        if self.phases:
-            found["phases"] = {name: phase.to_json() for name, phase in self.phases.items()}
-            found["memory_by_kind"] = dict(self.memory_by_kind)
-        return found
-
-
-MEMORY_KINDS = ("weights", "gradients", "optimizer_state", "activations", "inputs", "buffers")
-"""What a device holds, by kind: `buffers` are the results of collectives (a gathered weight,
-a resharded activation)."""
-
-
-def memory_kinds(graph: Graph) -> dict[str, str]:
-    """The kind of every graph value (`MEMORY_KINDS` but buffers, which are program tensors):
-    weights and their next values; optimizer state and its next; gradients (what the loss
-    gradient, gradient ops, their sums and syncs make); inputs; every other value an
-    activation."""
-    kinds = dict.fromkeys(graph.values, "activations")
-    kinds |= dict.fromkeys(graph.inputs, "inputs")
-    kinds |= dict.fromkeys(graph.weights, "weights")
-    for op in graph.ops:
-        if op.domain == TRAIN and op.type == TrainOp.UPDATE:
-            weight, state = op.inputs[1], op.inputs[2]
-            kinds |= {weight: "weights", op.outputs[0]: "weights"}
-            kinds |= {state: "optimizer_state", op.outputs[1]: "optimizer_state"}
-        elif (op.domain == TRAIN) or (
-            op.type == "Sum" and all(kinds.get(i) == "gradients" for i in op.inputs)
-        ):
-            kinds |= dict.fromkeys(op.outputs, "gradients")
-    return kinds
-
-
-def price(program: Program, graph: Graph, cluster: Cluster, usage: Memory | None = None) -> Cost:
-    """The cost of a sharded program: its collectives, its ops' local compute, its memory
-    (`usage`: `memory(program)`, when the caller has it already).
-    Each step counts as many times as it runs per step of the model (`Graph.runs`: the
-    forward and backward of a training step once per micro-batch); a collective runs with the
-    op it serves (the next op), the ones after the last op with that one. Totals, per mesh
-    axes and per phase are sums of the ops' and collectives' costs, in program order."""
-    ops: dict[str, OpCost] = {}
-    collectives: list[CollectiveCost] = []
-    for step, op_name in zip(program.steps, served_ops(program), strict=True):
-        runs = graph.runs(op_name)
-        if isinstance(step, Communicate):
-            moved = step.collective
-            collectives.append(CollectiveCost(
-                len(collectives), program.tensors[step.source].value, str(moved.kind),
-                str(list(moved.mesh_axes)), op_name, runs * moved.bytes_per_device,
-                runs * collective_time(moved, cluster),
-            ))  # fmt: skip
-        else:
-            op = graph.op_by_name[step.op.name]
-            rule = rule_for(op, graph) if step.option is not None else None
-            once = op_cost(op, rule, step.option, graph, cluster)
-            cost = OpCost(runs * once.flops, runs * once.bytes, runs * once.seconds)
-            ops[op.name] = ops[op.name] + cost if op.name in ops else cost
-    by_axes: dict[str, tuple[int, float]] = {}
-    for c in collectives:
-        sent, seconds = by_axes.get(c.mesh_axes, (0, 0.0))
-        by_axes[c.mesh_axes] = (sent + c.bytes_per_device, seconds + c.seconds)
-    phases: dict[str, PhaseCost] = {}
-    if graph.phases:
-        for phase in PHASES:
-            mine = [c for c in collectives if graph.phase(c.op) == phase]
-            phases[phase] = PhaseCost(
-                sum(cost.seconds for name, cost in ops.items() if graph.phase(name) == phase),
-                sum(c.seconds for c in mine), sum(c.bytes_per_device for c in mine),
-            )  # fmt: skip
-    peak = usage if usage is not None else memory(program)
-    return Cost(
-        sum(c.bytes_per_device for c in collectives), sum(c.seconds for c in collectives),
-        sum(cost.seconds for cost in ops.values()), peak.peak, dict(sorted(by_axes.items())),
-        ops, phases, _memory_by_kind(program, graph, peak) if graph.phases else {},
-        tuple(collectives),
-    )  # fmt: skip
-
-
-def served_ops(program: Program) -> list[str]:
-    """The op each step serves: a compute step its own, a collective the next op (the ones
-    after the last op, that one)."""
-    computes = [s.op.name for s in program.steps if isinstance(s, Compute)]
-    served, current = [], computes[-1] if computes else ""
-    for step in reversed(program.steps):
-        current = step.op.name if isinstance(step, Compute) else current
-        served.append(current)
-    return served[::-1]
-
-
-def live_kinds(program: Program, graph: Graph, peak: Memory) -> list[tuple[str, str, int]]:
-    """The tensors live at the peak: (tensor, its kind in `MEMORY_KINDS`, bytes), largest
-    first."""
-    kinds = tensor_kinds(program, graph)
-    return [(name, kinds[name], size) for name, size in peak.live]
-
-
-def _memory_by_kind(program: Program, graph: Graph, peak: Memory) -> dict[str, int]:
-    """The tensors live at the peak, by kind (`MEMORY_KINDS`)."""
-    found = dict.fromkeys(MEMORY_KINDS, 0)
-    for _, kind, size in live_kinds(program, graph, peak):
-        found[kind] += size
-    return found
-
-
-def tensor_kinds(program: Program, graph: Graph) -> dict[str, str]:
-    """The memory kind (`MEMORY_KINDS`) of every tensor of the program: a collective's result
-    is a buffer, any other tensor has its graph value's kind (`memory_kinds`)."""
-    kinds = memory_kinds(graph)
-    return {name: "buffers" if t.name != t.value else kinds[t.value]
-            for name, t in program.tensors.items()}  # fmt: skip

@@ -1,0 +1,178 @@
+"""The price of a sharded program: its collectives' time, its ops' compute (`cost.compute`),
+and its memory (`cost.liveness`), per device and per step of the model.
+
+A collective over a group of n devices on links of bandwidth B and latency α runs a ring: it
+takes `ring_steps` latency-bound steps and sends `bytes_per_device` bytes
+(`autoshard.collectives.ring_bytes`: all_gather and reduce_scatter (n-1)/n·T, all_reduce twice
+that, all_to_all (n-1)/n of the shard, a permute one whole shard per device it serves), so
+
+    time = steps·α + bytes_per_device / B
+
+A group over several mesh axes is as fast as its slowest axis: B = min, α = max over its axes
+(every ring hop crosses some link of each axis in turn). Bytes come from the very collectives
+that materialization emits (`plan_reshard`), so a plan's estimated bytes are its program's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from autoshard.collectives import Collective, ring_steps
+from autoshard.cost.cluster import Cluster
+from autoshard.cost.compute import OpCost, op_cost
+from autoshard.cost.liveness import MEMORY_KINDS, Memory, live_kinds, memory
+from autoshard.ir.graph import PHASES, Graph
+from autoshard.program import Communicate, Compute, Program
+from autoshard.rules import rule_for
+
+
+def collective_time(collective: Collective, cluster: Cluster) -> float:
+    """Seconds a collective takes on the cluster's links: its ring steps at the group's latency
+    plus its bytes per device at the group's bandwidth (the module's docstring)."""
+    n = cluster.mesh.group_size(collective.mesh_axes)
+    bandwidth, latency = cluster.link(collective.mesh_axes)
+    if collective.bytes_per_device == 0:
+        return 0.0
+    return ring_steps(collective.kind, n) * latency + collective.bytes_per_device / bandwidth
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    """What one phase of a training step costs per device, every micro-batch counted."""
+
+    compute_time_s: float = 0.0
+    comm_time_s: float = 0.0
+    comm_bytes_per_device: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "time_s": self.compute_time_s + self.comm_time_s,
+            "compute_time_s": self.compute_time_s,
+            "comm_time_s": self.comm_time_s,
+            "comm_bytes_per_device": self.comm_bytes_per_device,
+        }
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """One collective of the program as priced: its place among the program's collectives
+    (`index`), the value it moves, the op it is charged to (the next op, which it serves),
+    and its bytes and seconds per device, times the runs per step."""
+
+    index: int
+    value: str
+    kind: str
+    mesh_axes: str
+    op: str
+    bytes_per_device: int
+    seconds: float
+
+    def to_json(self) -> dict[str, object]:
+        return {"value": self.value, "kind": self.kind, "mesh_axes": self.mesh_axes,
+                "op": self.op, "bytes_per_device": self.bytes_per_device,
+                "time_s": self.seconds}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a program costs on a cluster (per device). A training step's also says what each
+    phase costs and what the memory at the peak holds, by kind."""
+
+    comm_bytes_per_device: int
+    comm_time_s: float
+    compute_time_s: float
+    memory_bytes_per_device: int
+    by_axes: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    ops: Mapping[str, OpCost] = field(default_factory=dict)
+    """Per op: its roofline, times the runs per step; `compute_time_s` is the sum of their
+    seconds, in program order."""
+    phases: Mapping[str, PhaseCost] = field(default_factory=dict)
+    memory_by_kind: Mapping[str, int] = field(default_factory=dict)
+    collectives: tuple[CollectiveCost, ...] = ()
+    """Each collective, in program order; their seconds add up to `comm_time_s`."""
+
+    @property
+    def objective(self) -> float:
+        """Seconds: compute plus communication, without overlap."""
+        return self.compute_time_s + self.comm_time_s
+
+    def to_json(self) -> dict[str, object]:
+        found: dict[str, object] = {
+            "objective": self.objective,
+            "comm_bytes_per_device": self.comm_bytes_per_device,
+            "comm_time_s": self.comm_time_s,
+            "compute_time_s": self.compute_time_s,
+            "memory_bytes_per_device": self.memory_bytes_per_device,
+            "comm_by_mesh_axes": {
+                axes: {"bytes_per_device": b, "time_s": t} for axes, (b, t) in self.by_axes.items()
+            },
+        }
+        if self.phases:
+            found["phases"] = {name: phase.to_json() for name, phase in self.phases.items()}
+            found["memory_by_kind"] = dict(self.memory_by_kind)
+        return found
+
+
+def price(program: Program, graph: Graph, cluster: Cluster, usage: Memory | None = None) -> Cost:
+    """The cost of a sharded program: its collectives, its ops' local compute, its memory
+    (`usage`: `memory(program)`, when the caller has it already).
+    Each step counts as many times as it runs per step of the model (`Graph.runs`: the
+    forward and backward of a training step once per micro-batch); a collective runs with the
+    op it serves (the next op), the ones after the last op with that one. Totals, per mesh
+    axes and per phase are sums of the ops' and collectives' costs, in program order."""
+    ops: dict[str, OpCost] = {}
+    collectives: list[CollectiveCost] = []
+    for step, op_name in zip(program.steps, served_ops(program), strict=True):
+        runs = graph.runs(op_name)
+        if isinstance(step, Communicate):
+            moved = step.collective
+            collectives.append(CollectiveCost(
+                len(collectives), program.tensors[step.source].value, str(moved.kind),
+                str(list(moved.mesh_axes)), op_name, runs * moved.bytes_per_device,
+                runs * collective_time(moved, cluster),
+            ))  # fmt: skip
+        else:
+            op = graph.op_by_name[step.op.name]
+            rule = rule_for(op, graph) if step.option is not None else None
+            once = op_cost(op, rule, step.option, graph, cluster)
+            cost = OpCost(runs * once.flops, runs * once.bytes, runs * once.seconds)
+            ops[op.name] = ops[op.name] + cost if op.name in ops else cost
+    by_axes: dict[str, tuple[int, float]] = {}
+    for c in collectives:
+        sent, seconds = by_axes.get(c.mesh_axes, (0, 0.0))
+        by_axes[c.mesh_axes] = (sent + c.bytes_per_device, seconds + c.seconds)
+    phases: dict[str, PhaseCost] = {}
+    if graph.phases:
+        for phase in PHASES:
+            mine = [c for c in collectives if graph.phase(c.op) == phase]
+            phases[phase] = PhaseCost(
+                sum(cost.seconds for name, cost in ops.items() if graph.phase(name) == phase),
+                sum(c.seconds for c in mine), sum(c.bytes_per_device for c in mine),
+            )  # fmt: skip
+    peak = usage if usage is not None else memory(program)
+    return Cost(
+        sum(c.bytes_per_device for c in collectives), sum(c.seconds for c in collectives),
+        sum(cost.seconds for cost in ops.values()), peak.peak, dict(sorted(by_axes.items())),
+        ops, phases, _memory_by_kind(program, graph, peak) if graph.phases else {},
+        tuple(collectives),
+    )  # fmt: skip
+
+
+def served_ops(program: Program) -> list[str]:
+    """The op each step serves: a compute step its own, a collective the next op (the ones
+    after the last op, that one)."""
+    computes = [s.op.name for s in program.steps if isinstance(s, Compute)]
+    served, current = [], computes[-1] if computes else ""
+    for step in reversed(program.steps):
+        current = step.op.name if isinstance(step, Compute) else current
+        served.append(current)
+    return served[::-1]
+
+
+def _memory_by_kind(program: Program, graph: Graph, peak: Memory) -> dict[str, int]:
+    """The tensors live at the peak, by kind (`MEMORY_KINDS`)."""
+    found = dict.fromkeys(MEMORY_KINDS, 0)
+    for _, kind, size in live_kinds(program, graph, peak):
+        found[kind] += size
+    return found

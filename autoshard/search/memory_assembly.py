@@ -1,0 +1,142 @@
+"""The row assembly: the distinct memory rows out of the terms gathered at their slots.
+
+The slots are swept in order over the terms' events (+bytes at a span's first slot, -bytes
+after its last): one vector of the choices' bytes is updated in place, never a matrix of slots
+x choices, and at each slot only the runs of the groups whose bytes changed are looked up
+again. What every row holds (the resident shards, mostly) is stated once, as the base row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Sequence
+
+import numpy as np
+
+from autoshard.search.memory_record import Terms
+from autoshard.search.memory_rows import (
+    _NONE,
+    Indicator,
+    MemoryModel,
+    RunTable,
+    _concatenate,
+)
+
+_Events = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""Events sorted by slot: (slot, column or indicator, bytes added)."""
+
+
+def assemble_rows(
+    terms: Terms, sizes: Sequence[int], indicators: Sequence[Indicator]
+) -> MemoryModel:
+    """The distinct rows, in the order of the first slot holding each, less the base row (what
+    every slot holds: rows of a few terms each instead of every weight's in each, which keeps
+    CP-SAT's LP light)."""
+    slots, groups, offsets = terms.layout.slots, len(sizes), terms.offsets
+    at, columns, amounts = _group_events(terms)
+    bounds = np.searchsorted(at, np.arange(slots + 1))
+    fixed = np.cumsum(terms.fixed[:-1])
+    common = np.zeros(int(offsets[-1]), np.int64)
+    for slot, vector, _ in _sweep(offsets, slots, bounds, columns, amounts):
+        if slot:
+            np.minimum(common, vector, out=common)
+        else:
+            np.copyto(common, vector)
+    table = RunTable()
+
+    def run(group: int, vector: np.ndarray) -> int:
+        start = int(offsets[group])
+        (nonzero,) = np.nonzero(vector[start : int(offsets[group + 1])])
+        return table.add(group, nonzero, vector[start + nonzero]) if len(nonzero) else -1
+
+    base_runs = [u for g in range(groups) if (u := run(g, common)) >= 0]
+    base_fixed = int(fixed.min())
+    # Indicator terms as events too, over a vector of the indicators' bytes.
+    marked = _indicator_events(terms)
+    marked_bounds = np.searchsorted(marked[0], np.arange(slots + 1))
+    live = np.zeros(len(indicators), np.int64)
+    marks = (_NONE, _NONE)
+    runs = np.full(groups, -1, np.int64)  # each group's run at this slot (-1: none)
+    group_of = np.repeat(np.arange(groups), sizes)
+    found: dict[tuple, tuple[int, list[int], tuple[np.ndarray, np.ndarray]]] = {}
+    changed = set(np.flatnonzero(terms.fixed[:slots] | np.diff(marked_bounds)).tolist())
+    for slot, vector, moved in _sweep(offsets, slots, bounds, columns, amounts, changed):
+        first, last = marked_bounds[slot], marked_bounds[slot + 1]
+        if first < last:
+            np.add.at(live, marked[1][first:last], marked[2][first:last])
+            (held,) = np.nonzero(live)
+            marks = (held, live[held])
+        rest = vector - common
+        for g in range(groups) if slot == 0 else np.unique(group_of[moved]).tolist():
+            runs[g] = run(g, rest)
+        key = (int(fixed[slot]), runs.tobytes(), marks[0].tobytes(), marks[1].tobytes())
+        if key not in found:
+            found[key] = (key[0] - base_fixed, runs[runs >= 0].tolist(), marks)
+    rows = list(found.values())
+    return MemoryModel(
+        table.rows([base_fixed], [base_runs], [(_NONE, _NONE)]),
+        table.rows([f for f, _, _ in rows], [r for _, r, _ in rows], [m for *_, m in rows]),
+        tuple(indicators),
+    )
+
+
+def _group_events(terms: Terms) -> _Events:
+    """The group terms' events, by slot: (slot, column of a choice, bytes added)."""
+    held, chosen = terms.held_spans, terms.chosen_marks
+    lengths = [len(c) for _, _, c, _ in held]
+    spans = np.array([(f, t) for f, t, _, _ in held], np.int64).reshape(-1, 2)
+    # A mark's spans (one per copy) times its columns.
+    return _events(
+        _concatenate([np.repeat(spans[:, 0], lengths)]
+                     + [np.repeat(f, len(c)) for f, _, c, _ in chosen]),
+        _concatenate([np.repeat(spans[:, 1], lengths)]
+                     + [np.repeat(t, len(c)) for _, t, c, _ in chosen]),
+        _concatenate([c for _, _, c, _ in held]
+                     + [np.tile(c, len(f)) for f, _, c, _ in chosen]),
+        _concatenate([a for *_, a in held]
+                     + [np.full(len(f) * len(c), a, np.int64) for f, _, c, a in chosen]),
+    )  # fmt: skip
+
+
+def _indicator_events(terms: Terms) -> _Events:
+    """The indicator terms' events, by slot: (slot, indicator, bytes added)."""
+    marks = terms.indicated
+    return _events(
+        _concatenate([f for f, _, _, _ in marks]),
+        _concatenate([t for _, t, _, _ in marks]),
+        _concatenate([np.full(len(f), i, np.int64) for f, _, i, _ in marks]),
+        _concatenate([np.full(len(f), a, np.int64) for f, _, _, a in marks]),
+    )
+
+
+def _sweep(
+    offsets: np.ndarray,
+    slots: int,
+    bounds: np.ndarray,
+    columns: np.ndarray,
+    amounts: np.ndarray,
+    changes: Collection[int] = (),
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Each slot, its vector of group-term bytes and the columns changed there, for the
+    first slot and those where the vector changes or `changes` names (the vector is one
+    array, updated in place)."""
+    vector = np.zeros(int(offsets[-1]), np.int64)
+    for slot in range(slots):
+        first, last = bounds[slot], bounds[slot + 1]
+        if first < last:
+            np.add.at(vector, columns[first:last], amounts[first:last])
+        if first < last or slot == 0 or slot in changes:
+            yield slot, vector, columns[first:last]
+
+
+def _events(
+    firsts: np.ndarray, lasts: np.ndarray, columns: np.ndarray, amounts: np.ndarray
+) -> _Events:
+    """Terms live over spans of slots (first..last, a column, bytes) as events sorted by slot:
+    (slot, column, bytes added), +bytes at a span's first slot and -bytes after its last."""
+    at = np.concatenate([firsts, lasts + 1]).astype(np.int64)
+    order = np.argsort(at, kind="stable")
+    return (
+        at[order],
+        np.concatenate([columns, columns]).astype(np.int64)[order],
+        np.concatenate([amounts, -amounts]).astype(np.int64)[order],
+    )

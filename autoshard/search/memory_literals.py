@@ -1,0 +1,101 @@
+"""The live conditions of the memory model: literals on the groups' choices (`Chosen`) and the
+ANDs and ORs of them (`Indicator`), simplified as they are made and each distinct one made
+once, so that repeated layers, asking for the same conditions, share them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from autoshard.search.memory_rows import Chosen, Indicator, Literal
+from autoshard.sharding import Sharding
+
+
+class Literals:
+    """The indicators made so far (`indicators`, each after those it names) and the literals
+    on `sizes[g]` choices of each group g."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = list(sizes)
+        self.indicators: list[Indicator] = []
+        self.index: dict[tuple[bool, frozenset[Literal]], int] = {}
+        self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
+        self.kept: list[tuple[Sharding, ...]] = []
+
+    def chosen(
+        self, group: int | None, choices: tuple[Sharding, ...], sharding: Sharding, equal: bool
+    ) -> Literal | bool:
+        """Group `group` takes a choice whose sharding is (`equal`) or is not `sharding`."""
+        if group is None:
+            return (choices[0] == sharding) == equal
+        ks = self.choices_of(choices).get(sharding, frozenset())
+        if not equal:
+            ks = frozenset(range(self.sizes[group])) - ks
+        if not ks:
+            return False
+        if len(ks) == self.sizes[group]:
+            return True
+        return Chosen(group, ks)
+
+    def choices_of(self, choices: tuple[Sharding, ...]) -> dict[Sharding, frozenset[int]]:
+        """The choices giving each sharding. The tuples of a value's copies in repeated layers
+        are one object, so this is worked out once for them."""
+        found = self.choice_sets.get(id(choices))
+        if found is None:
+            table: dict[Sharding, set[int]] = {}
+            for k, s in enumerate(choices):
+                table.setdefault(s, set()).add(k)
+            found = {s: frozenset(ks) for s, ks in table.items()}
+            self.choice_sets[id(choices)] = found
+            self.kept.append(choices)  # alive, so that its id stays its own
+        return found
+
+    def combine(self, every: bool, literals: Sequence[Literal | bool]) -> Literal | bool:
+        """AND (`every`) or OR of literals, simplified: constants folded, literals on one group
+        merged (intersection or union of its choices), repeated conditions shared."""
+        merged: dict[int, frozenset[int]] = {}
+        rest: set[int] = set()
+        for lit in literals:
+            if isinstance(lit, bool):
+                if lit != every:  # False in an AND, True in an OR decides it
+                    return lit
+                continue
+            if isinstance(lit, Chosen):
+                have = merged.get(lit.group)
+                if have is None:
+                    merged[lit.group] = lit.choices
+                else:
+                    merged[lit.group] = have & lit.choices if every else have | lit.choices
+            else:
+                rest.add(lit)
+        found: set[Literal] = set(rest)
+        for group, ks in merged.items():
+            if not ks:
+                if every:
+                    return False
+                continue
+            if len(ks) == self.sizes[group]:
+                if not every:
+                    return True
+                continue
+            found.add(Chosen(group, ks))
+        if not found:
+            return every
+        if len(found) == 1:
+            return next(iter(found))
+        return self.indicator(every, found)
+
+    def indicator(self, every: bool, found: set[Literal]) -> int:
+        """The indicator of an AND or OR of these literals: a new one, or the same seen before."""
+        signature = (every, frozenset(found))
+        if signature not in self.index:
+            ordered = sorted(found, key=_order)
+            self.index[signature] = len(self.indicators)
+            self.indicators.append(Indicator(every, tuple(ordered)))
+        return self.index[signature]
+
+
+def _order(literal: Literal) -> tuple:
+    if isinstance(literal, Chosen):
+        return (0, literal.group, sorted(literal.choices))
+    return (1, literal)
