@@ -7,7 +7,7 @@
 Each op of each bundled model is priced on one device of `--mesh` replicated (the whole
 forward on every device: no plan, so both models price the same work) twice: `previous`, the
 formula before the roofline (iterations · (2 with a reduction loop, else 1) / peak of the
-result dtype, views and gathers included), and `roofline`, `cost.model.op_cost`. Families:
+result dtype, views and gathers included), and `roofline`, `cost.compute.op_cost`. Families:
 matmul (contractions), norm/softmax, gather (lookups), move (transposes, slices, concats, ...),
 elementwise (the rest with a kernel) and view (no kernel). Estimates only: `autoshard
 calibrate`-style measurements on the device are what either should be checked against.

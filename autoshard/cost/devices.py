@@ -33,20 +33,20 @@ class DeviceKind:
     (non-tensor-core) rate, used for other dtypes and for every op that is not a contraction.
     hbm_bandwidth: bytes/s of its memory. matmul_efficiency / memory_efficiency: the fraction
     of those peaks a large matmul / a streaming kernel reaches. matmul_half_dim: the matmul
-    dim at which a kernel reaches half its large-shape efficiency (`cost.model`). launch_s:
+    dim at which a kernel reaches half its large-shape efficiency (`cost.compute`). launch_s:
     the shortest time a kernel takes. node_size devices share the scale-up link
     (`link_bandwidth`, `link_latency`); nodes talk over the network (`network_bandwidth`,
     `network_latency`), per device. transcendental: evaluations per second of each family of
-    special functions (`cost.model.Transcendental`: "exp", "erf", ...) where measured; a
+    special functions (`cost.devices.Transcendental`: "exp", "erf", ...) where measured; a
     family not listed runs at `default_flops` over the instructions it takes
-    (`cost.model.TRANSCENDENTAL_FLOPS`). cache_bytes, cache_bandwidth: an op moving at most
+    (`cost.compute.TRANSCENDENTAL_FLOPS`). cache_bytes, cache_bandwidth: an op moving at most
     cache_bytes streams from a cache at cache_bandwidth instead (0: not modelled; CPUs, whose
     last-level cache holds the activations a small forward passes from op to op, and GPUs'
     L2, where what the last kernel wrote is read by the next).
     misaligned_efficiency: what a matmul with a dim off 16-byte alignment keeps of its rate.
     strided_efficiency, transpose_efficiency: what a memory-bound kernel keeps of the
     streaming rate when it reads an operand broadcast or out of its result's order, and when
-    that order moves the innermost axis (`cost.model.access`; 1: not modelled).
+    that order moves the innermost axis (`cost.compute.access`; 1: not modelled).
     matmul_cache_bytes, matmul_cache_speedup: a matmul whose operands and result fit in
     matmul_cache_bytes runs matmul_cache_speedup times faster (0, 1: not modelled; CPUs'
     private caches). pack_bandwidth: bytes/s at which a matmul re-lays out its second operand

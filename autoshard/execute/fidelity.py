@@ -15,7 +15,7 @@ of one step).
 Integer weights (shape operands, axes, index tables) are their data too, where the device
 holds them whole.
 
-The estimate is the roofline (`cost.model.op_cost`) of the same op on the plan's cluster,
+The estimate is the roofline (`cost.compute.op_cost`) of the same op on the plan's cluster,
 with every floating tensor at the dtype the probe runs (bfloat16 on CUDA, float32 on a CPU),
 times the runs per step: the plan's own `ops[name].compute_s` when the model is already at
 that dtype.

@@ -67,7 +67,7 @@ KIND_COLOURS = {
     "weights": "#4e79a7", "gradients": "#e15759", "optimizer_state": "#b07aa1",
     "activations": "#59a14f", "inputs": "#edc948", "buffers": "#f28e2b",
 }  # fmt: skip
-"""Memory kinds (`cost.model.MEMORY_KINDS`)."""
+"""Memory kinds (`cost.liveness.MEMORY_KINDS`)."""
 
 
 def axes_colour(index: int) -> str:

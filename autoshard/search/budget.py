@@ -70,7 +70,7 @@ class Planned:
     plan: Plan
     program: Program
     cost: Cost
-    usage: Memory  # the program's memory (`cost.model.memory`)
+    usage: Memory  # the program's memory (`cost.liveness.memory`)
     solution: Solution
     search: Search
     build_s: float

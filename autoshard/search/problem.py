@@ -8,7 +8,7 @@ A weight's or input's candidates include shardings split further than any reader
 held so, it is gathered before each use.
 
 Costs, all per device:
-- node: the compute time of each member op under the group's choice (`cost.model`), plus the
+- node: the compute time of each member op under the group's choice (`cost.compute`), plus the
   reshards between members of the same group (a constant per choice);
 - edge: for a value produced in one group and read in another, the time (or bytes) of
   `plan_reshard` from the sharding produced to the sharding read, as a matrix over the two

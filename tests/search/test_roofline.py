@@ -1,4 +1,4 @@
-"""The roofline compute model (`cost.model.op_cost`) against hand-computed times on the H100
+"""The roofline compute model (`cost.compute.op_cost`) against hand-computed times on the H100
 preset: 989 TFLOP/s bf16 matrix peak at 0.8, 67 TFLOP/s vector, 3.35 TB/s HBM at 0.85 (an op
 moving at most 25 MiB: the L2's 8 TB/s at 0.85), a 2 us launch floor, matmul half-speed dim
 64, misaligned matmuls at 0.2, broadcast or permuted reads at 0.5, transposed ones at 0.17

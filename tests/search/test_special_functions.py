@@ -1,4 +1,4 @@
-"""The roofline's special-function term (`cost.model.special`, `special_rate`) against
+"""The roofline's special-function term (`cost.compute.special`, `special_rate`) against
 hand-computed times: a measured rate per family where the device has one, else its vector
 rate over the instructions an evaluation takes (`TRANSCENDENTAL_FLOPS`)."""
 

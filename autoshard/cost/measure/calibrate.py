@@ -9,7 +9,7 @@ each time the median of several runs on CUDA, the fastest on a CPU (`cost.probes
 - matmul throughput: `A @ B` over square and thin shapes (on CUDA also 4096^3 and 8192^3,
   where a GPU reaches its peak, and a transformer layer's shapes, `LAYERS`); fitted to the
   roofline's contraction model,
-  rate = E · s(M) s(N) s(K) with s(d) = d / (d + h) (`cost.model`): h by a search over a grid
+  rate = E · s(M) s(N) s(K) with s(d) = d / (d + h) (`cost.compute`): h by a search over a grid
   minimising the squared error of log rates, E then in closed form (the mean of
   log rate - Σ log s). E becomes the device's peak for that dtype at efficiency 1, h its
   `matmul_half_dim`. On a CPU the shapes whose operands and result fit in its caches get
@@ -29,7 +29,7 @@ each time the median of several runs on CUDA, the fastest on a CPU (`cost.probes
   time.
 - access: an Add of a row to rows (an operand read broadcast) and a transpose moving the
   innermost axis, each against that Add's bytes per second: `strided_efficiency` and
-  `transpose_efficiency` (`cost.model.access`).
+  `transpose_efficiency` (`cost.compute.access`).
 - cache: the same Add with a working set of a quarter of half the last-level cache (on CUDA
   the L2), less the launch floor: the rate of an op moving at most half that cache (the rate
   stays flat up to about half the cache and is several times the rate from memory).
@@ -39,13 +39,13 @@ each time the median of several runs on CUDA, the fastest on a CPU (`cost.probes
   holds (64 Ki elements on a CPU, 4 Mi on a GPU: the function's rate, not the memory's),
   less the launch floor (Exp, Log, Erf, Tanh, Pow by 1.7, Sqrt, Sin): the device's
   `transcendental` rates, which the roofline takes where they bound an op
-  (`cost.model.special_rate`).
+  (`cost.compute.special_rate`).
 - memory: the machine's physical memory, or the GPU's.
 
 - links (`autoshard.run.measure`, with torch): all_gather, all_reduce, reduce_scatter and
   all_to_all over N local processes on torch.distributed (gloo on CPU, nccl on GPUs), at
   several sizes, fitted to the α–β model the planner prices collectives with
-  (`cost.model.collective_time`): a collective of kind k over n ranks, each holding `local`
+  (`cost.price.collective_time`): a collective of kind k over n ranks, each holding `local`
   bytes, takes
 
       t = ring_steps(k, n) · α + ring_bytes(k, n, local) / β

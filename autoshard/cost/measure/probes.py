@@ -39,7 +39,7 @@ BUDGET = 0.05
 ROW, HEADS, PERM = 1024, 8, (1, 2, 0)
 """The access probes' shapes: an Add of a row [ROW] to rows (a bias: read broadcast), and a
 Transpose of [n, HEADS, ROW] to [HEADS, ROW, n] (an attention's keys turned: the innermost
-axis moves), `cost.model.access`'s STRIDED and TRANSPOSED."""
+axis moves), `cost.compute.access`'s STRIDED and TRANSPOSED."""
 BURST, BURST_SECONDS = 64, 1e-3
 """On CUDA each timed replay runs a kernel up to BURST times, about BURST_SECONDS of it."""
 
