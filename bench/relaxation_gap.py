@@ -29,14 +29,12 @@ from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx, unbound_dims
 from autoshard.search.budget import auto_plan
 from autoshard.search.problem import Problem, build_search
-from autoshard.search.solver.relaxation import Relaxation, dual
-from autoshard.search.solver.solve import (
-    InfeasibleError,
-    ilp_model,
-    lowest_budget,
-    rows_over,
-    solve,
-)
+from autoshard.search.solver.cp_sat import ilp_model, rows_over
+from autoshard.search.solver.dual import dual
+from autoshard.search.solver.lowest import lowest_budget
+from autoshard.search.solver.outcome import InfeasibleError
+from autoshard.search.solver.relaxation import Relaxation
+from autoshard.search.solver.solve import solve
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 DIMS = {"batch": 8, "seq": 128, "dec_seq": 16}

@@ -36,12 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.search.problem import Problem
-
-MAX_ENTRIES = 2**24
-"""The largest table `minimize` builds by default (a minimum over an eliminated group's
-neighbours): 128 MiB of int64. Measured at the cap (a clique of 5 groups of 64 choices, one
-step of 64^4 entries, 64 passes over it): 480 MB resident, ~20 s on a loaded 2-core machine;
-the decoders' largest is 145,692 entries (2x4x8)."""
+from autoshard.search.solver import tuning
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,17 +108,13 @@ def undominated(problem: Problem) -> list[list[int]]:
     return kept
 
 
-_DIFFERENCES = 2**22
-"""`_least_difference` takes rows against rows this many entries at a time (32 MiB)."""
-
-
 def _least_difference(matrix: np.ndarray) -> np.ndarray:
     """min_c (matrix[a][c] - matrix[b][c]) for each pair of rows (a, b): over the distinct
     rows and columns only (an edge's matrix has few), a block of rows at a time."""
     rows, row_of = np.unique(matrix, axis=0, return_inverse=True)
     rows = np.unique(rows, axis=1)
     least = np.empty((len(rows), len(rows)), np.int64)
-    block = max(1, _DIFFERENCES // max(1, rows.size))
+    block = max(1, tuning.DIFFERENCES // max(1, rows.size))
     for first in range(0, len(rows), block):
         part = rows[first : first + block]
         least[first : first + block] = (part[:, None, :] - rows[None, :, :]).min(axis=2)
@@ -214,7 +205,7 @@ def additions(sizes: Sequence[int], order: Sequence[tuple[int, tuple[int, ...]]]
 
 
 def minimize(
-    sizes: Sequence[int], factors: Sequence[Factor], max_entries: int = MAX_ENTRIES
+    sizes: Sequence[int], factors: Sequence[Factor], max_entries: int = tuning.MAX_ENTRIES
 ) -> Minimum | None:
     """A choice per group minimizing the sum of `factors`, exactly; `None` (before any table
     is built) when the elimination order needs a table of more than `max_entries` entries.
@@ -230,7 +221,7 @@ def minimize(
 
 
 def min_marginals(
-    sizes: Sequence[int], factors: Sequence[Factor], max_entries: int = MAX_ENTRIES
+    sizes: Sequence[int], factors: Sequence[Factor], max_entries: int = tuning.MAX_ENTRIES
 ) -> list[np.ndarray] | None:
     """For each group g, the least sum of `factors` with g's choice fixed, per choice: entry k
     is the minimum over all choices that take k for g (`None` as `minimize` answers it).
@@ -273,7 +264,7 @@ def min_marginals(
         down = {c: np.empty(tuple(sizes[h] for h in passed[c].neighbours)) for c in children[p]}
         least = np.empty(sizes[g])
         # g's choices a block at a time, each block's table over (g, neighbours) in memory.
-        block = max(1, _BLOCK // max(1, beyond.size))
+        block = max(1, tuning.BLOCK // max(1, beyond.size))
         for first in range(0, sizes[g], block):
             ks = slice(first, min(first + block, sizes[g]))
             here = np.empty((ks.stop - ks.start, *beyond.shape))
@@ -385,11 +376,6 @@ def _forward(
     return steps, constant
 
 
-_BLOCK = 2**20
-"""`min_marginals` sums a step's tables over a block of its group's choices at once: at most
-this many entries (8 MiB of float64) a block."""
-
-
 def _spread(
     table: np.ndarray, scope: tuple[int, ...], g: int, ks: slice, onto: tuple[int, ...]
 ) -> np.ndarray:
@@ -405,11 +391,6 @@ def _spread(
     for i in axes:
         shape[1 + onto.index(scope[i])] = table.shape[1 + i]
     return np.transpose(table, [0] + [1 + i for i in axes]).reshape(shape)
-
-
-_SMALL = 2**16
-"""A step whose whole table (a group and its neighbours) has at most this many entries is
-summed at once, in cache; a larger one a choice of the group at a time."""
 
 
 def _eliminate(
@@ -445,7 +426,7 @@ def _eliminate(
     tables = [table for _, table in parts]
     dtype = np.result_type(*tables)
     back = [layout.index(h) for h in neighbours]
-    if sizes[g] * math.prod(shape) <= _SMALL:
+    if sizes[g] * math.prod(shape) <= tuning.SMALL:
         total = np.zeros((sizes[g], *shape), dtype=dtype)
         for part in tables:
             np.add(total, part, out=total)
