@@ -1,35 +1,19 @@
-"""The ILP, solved with OR-Tools CP-SAT: one candidate per group, minimum total cost.
+"""The solve: the best choice per group, memory aside first, then the memory rows relaxed,
+then CP-SAT on the choices a plan below a threshold may take.
 
-    variables   x[g][k] in {0, 1}, sum_k x[g][k] = 1             one choice per group
-                y[a,b][r][c] in {0, 1}                            edge (a, b) in cell (r, c)
-    edges       sum_c y[r][c] = sum_{ka in row class r} x[a][ka]
-                sum_r y[r][c] = sum_{kb in column class c} x[b][kb]
-    memory      sum (bytes * x[g][k]) over a liveness row <= budget
-    objective   min sum_g sum_k node[g][k] x[g][k] + sum M[r][c] y[a,b][r][c]
+1. Memory aside (`eliminate`): the objective is a sum of tables over one or two groups, which
+   exact min-sum elimination solves fast; where that optimum fits the budget it is the answer.
+2. The memory rows relaxed into the objective (`relaxation`, `dual`): a bound, plans that may
+   fit, and per group and choice the least any plan taking that choice can cost
+   (min-marginals, `marginals`); where no plan found fits, the least peak says whether any
+   does (`lowest`).
+3. Narrowing (`narrowing`): a choice whose min-marginal is past a threshold is in no plan
+   below it, so CP-SAT (`cp_sat`) solves the problem over the few choices left, the threshold
+   rising to the best plan's value.
 
-An edge's matrix has few distinct rows and columns (choices of a that hold the value alike,
-choices of b that read it alike), so the pair variables are over those classes: few, and their
-linear relaxation is tight (a transportation polytope), which is what lets CP-SAT prove
-optimality fast. Deterministic: one worker, a fixed seed and a deterministic time limit, so
-the same problem gives the same solution on any machine. A `Tracker` may watch a solve (each
-better plan and bound as CP-SAT finds them); its callbacks only read, so what is solved is the
-same.
-
-Without the memory rows the objective is a sum of tables over one or two groups, and exact
-min-sum elimination (`search.factors`) solves it in well under a second where CP-SAT needed
-seconds to prove it (a 3-axis mesh's cycles of groups with hundreds of choices); CP-SAT is
-left the memory-bound problem, and the rare graph whose elimination needs too large a table.
-
-With the memory rows, the rows relaxed into the objective (`search.lagrange`) give a bound
-and, per group and choice, the least any plan taking that choice can cost (min-marginals):
-a choice whose least is past a threshold is in no plan below it, so CP-SAT solves the
-problem over the few choices left (`_Narrowing`); the 32-layer decoder on 2x4x8 at 60 %:
-500 of 4023 choices, OPTIMAL in seconds where CP-SAT on all of them ran for minutes. The
-tries that prove a plan (at its value, and halfway to it) hold fewer choices: the relaxation
-restricted to those a threshold keeps, its multipliers stepped on, leaves more out
-(`lagrange.tightened`). Its model holds the memory rows that bind the relaxation (a positive
-multiplier), and those its plan goes over next (`_cp_sat`, row generation): a training
-step's thousands of rows, each of hundreds of terms, took seconds a try to write out.
+Deterministic: iteration counts and CP-SAT's deterministic time decide, never the clock, so
+the same problem gives the same solution on any machine. A `Tracker` may watch a solve; its
+callbacks only read.
 """
 
 from __future__ import annotations
@@ -37,25 +21,19 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from autoshard.progress import Tracker
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
-from autoshard.search.solver.cp_sat import (
-    _cp_sat,
-)
-from autoshard.search.solver.dual import dual
+from autoshard.search.solver.cp_sat import _cp_sat
+from autoshard.search.solver.dual import Dual, dual
 from autoshard.search.solver.eliminate import _memory_aside
 from autoshard.search.solver.lowest import _any_fits
-from autoshard.search.solver.marginals import (
-    _fitting,
-    _within,
-    strengthened,
-    tightened,
-)
+from autoshard.search.solver.marginals import _fitting, _within, strengthened, tightened
 from autoshard.search.solver.narrowing import _Narrowing
 from autoshard.search.solver.outcome import (
     InfeasibleError,
@@ -86,36 +64,91 @@ def solve(
 ) -> Solution:
     """The best choice per group; `InfeasibleError` when the budget cannot hold any plan.
 
-    First without the memory rows (`_memory_aside`: exact elimination, or CP-SAT where its
-    tables would be too large): if that optimum fits the budget it is the optimum. Otherwise
-    the memory rows relaxed (`search.lagrange`) give a bound, plans that fit (where none
-    does, the least peak says whether any does, `_any_fits`), and the choices a plan cheaper
-    than a threshold may take (less those with a memory row alone over the budget,
-    `_fitting`; where they are many, the relaxation of the rest is solved again,
-    `_within`); CP-SAT solves the problem over those choices, memory rows included, from the
-    best plan (or `hint`, if it fits), the threshold rising to the best plan's cost
-    (`_Narrowing`). The status and gap are those of the best bound proven. `time_limit`
-    bounds the deterministic time of the CP-SAT solves. `tracker` is told each solve's
-    progress, its objective in `unit` (`s` or `B`: what `problem.unit` scales the integer
-    costs to). `limit` is the user's `--time-limit`, of which `time_limit` is what is left to
-    this solve (all of it by default): what the error says when a solve stops without a
-    plan. `floor`: a bound proven before (on rows counting less: `budget.auto_plan`'s
-    rounds).
+    The memory-aside optimum, if it fits; else CP-SAT over the choices the relaxation leaves
+    (`_relaxed`), from the best plan (or `hint`, if it fits), the threshold rising to the
+    best plan's cost (`_Narrowing`). The status and gap are those of the best bound proven.
+    `time_limit` bounds the deterministic time of the CP-SAT solves. `tracker` is told each
+    solve's progress, its objective in `unit` (`s` or `B`: what `problem.unit` scales the
+    integer costs to). `limit` is the user's `--time-limit`, of which `time_limit` is what
+    is left to this solve (all of it by default): what the error says when a solve stops
+    without a plan. `floor`: a bound proven before (on rows counting less:
+    `budget.auto_plan`'s rounds).
     """
     limit = time_limit if limit is None else limit
-    relaxed = _memory_aside(problem, _Limit(time_limit, limit, "memory-aside"), tracker, unit)
-    if problem.peak(relaxed.choice) <= problem.budget:
-        return _told(relaxed, tracker, problem.unit, unit)
+    aside = _memory_aside(problem, _Limit(time_limit, limit, "memory-aside"), tracker, unit)
+    if problem.peak(aside.choice) <= problem.budget:
+        return _told(aside, tracker, problem.unit, unit)
     after_aside = time.perf_counter()
+    start = _relaxed(problem, aside, hint, floor, time_limit, limit, tracker)
+    watch = None
+    if tracker is not None:
+        value = None if start.best is None else start.best.value * problem.unit
+        tracker.solution(value, start.at_least * problem.unit, unit)
+        best = start.best.value if start.best else None
+        watch = _Improvements(tracker, problem.unit, unit, best=best)
+    tighten = None
+    if start.found is not None:
+        tighten = functools.partial(
+            tightened, problem, start.found.multipliers,
+            exact_up_to=start.relaxation.exact_up_to, hubs=bool(start.relaxation.hubs),
+        )  # fmt: skip
+    attempt = _attempts(watch, start.binding)
+    search = _Narrowing(
+        problem, start.marginals, attempt, watch, "the cost", tuning.WHOLE_SHARE, True, tighten
+    )  # fmt: skip
+    rest = _Limit(time_left(time_limit, start.work), limit, "memory-bound")
+    found, bound, work = search.run(start.best, start.at_least, rest, aside.choice)
+    if found is None:
+        raise InfeasibleError("no plan fits the memory budget")
+    proven = bound >= found.value
+    solved = Solution(
+        choice=found.choice, status=SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE,
+        objective=found.value, bound=found.value if proven else bound,
+        wall_s=aside.wall_s + time.perf_counter() - after_aside,
+        variables=search.variables, constraints=search.constraints, work=start.work + work,
+    )  # fmt: skip
+    return _told(solved, tracker, problem.unit, unit)
+
+
+@dataclass(frozen=True)
+class _Start:
+    """What the relaxation leaves the narrowing: the best plan found (None: none fits yet), the
+    bound proven, the min-marginals (None: none), the rows that bind (those CP-SAT's first
+    model holds), the relaxation and its multipliers (None: too big to eliminate), and the
+    deterministic seconds spent so far."""
+
+    best: _Found | None
+    at_least: int
+    marginals: list[np.ndarray] | None
+    binding: np.ndarray | None
+    relaxation: Relaxation
+    found: Dual | None
+    work: float
+
+
+def _relaxed(
+    problem: Problem,
+    aside: Solution,
+    hint: Sequence[int],
+    floor: int,
+    time_limit: float,
+    limit: float,
+    tracker: Tracker | None,
+) -> _Start:
+    """The memory rows relaxed (`dual`, `strengthened`): a bound, plans that fit (where none
+    does, the least peak says whether any does, `_any_fits`), and the min-marginals, less the
+    choices with a memory row alone over the budget (`_fitting`; where they are many, the
+    relaxation of the rest solved again, `_within`). `aside`: the memory-aside optimum,
+    which does not fit; `time_limit` and `limit` as `solve`'s."""
     if tracker is not None:
         tracker.detail(f"its optimum does not fit the budget: the {len(problem.memory)} "
                        "memory rows relaxed (Lagrangian multipliers)")  # fmt: skip
-    relaxation = Relaxation(problem, exact_up_to=table_limit(problem, relaxed.choice))
+    relaxation = Relaxation(problem, exact_up_to=table_limit(problem, aside.choice))
     found = dual(problem, relaxation=relaxation, longer=tuning.LONGER)
     if found is not None and not found.infeasible:
         relaxation, found = strengthened(problem, relaxation, found)
     plans = [_Found(tuple(hint), problem.objective(hint))] if _fits(problem, hint) else []
-    at_least, marginals, binding = max(floor, math.ceil(relaxed.bound)), None, None
+    at_least, marginals, binding = max(floor, math.ceil(aside.bound)), None, None
     fitting = None
     if found is not None:
         if found.infeasible:
@@ -124,10 +157,10 @@ def solve(
         if found.best is not None:
             plans.append(_Found(found.best.choice, found.best.objective))
         fitting = _fitting(problem, found, relaxation)
-    aside = relaxed.work
+    spent = aside.work
     if not plans:
-        plans, work = _any_fits(problem, time_left(time_limit, aside), tracker, limit)
-        aside += work
+        plans, work = _any_fits(problem, time_left(time_limit, spent), tracker, limit)
+        spent += work
     if found is not None:
         marginals = relaxation.min_marginals(found.multipliers, found.shares)
         binding = np.flatnonzero(found.multipliers > 0)
@@ -137,14 +170,18 @@ def solve(
             at_least = max(at_least, bound)
             plans += [plan] if plan is not None else []
     best = min(plans, key=lambda plan: plan.value, default=None)
-    watch = None
-    if tracker is not None:
-        value = None if best is None else best.value * problem.unit
-        tracker.solution(value, at_least * problem.unit, unit)
-        watch = _Improvements(tracker, problem.unit, unit, best=best.value if best else None)
+    return _Start(best, at_least, marginals, binding, relaxation, found, spent)
+
+
+def _attempts(
+    watch: _Improvements | None, binding: np.ndarray | None
+) -> Callable[[Problem, Sequence[int], int, _Limit], _Attempt]:
+    """A try of the narrowing: CP-SAT on the narrowed problem, memory rows included, from
+    `hint`; its model holds at first the rows `binding` (those that bind the relaxation),
+    then those the try before held (`_cp_sat`'s row generation)."""
 
     def attempt(narrowed: Problem, hint: Sequence[int], _: int, limit: _Limit) -> _Attempt:
-        nonlocal binding  # the rows a try's model held start the next's
+        nonlocal binding
         try:
             got, binding = _cp_sat(narrowed, limit, True, hint, watch, binding)
         except _NoPlan as none:
@@ -155,27 +192,4 @@ def solve(
             got.constraints,
         )  # fmt: skip
 
-    tighten = None
-    if found is not None:
-        tighten = functools.partial(
-            tightened, problem, found.multipliers, exact_up_to=relaxation.exact_up_to,
-            hubs=bool(relaxation.hubs),
-        )  # fmt: skip
-    search = _Narrowing(
-        problem, marginals, attempt, watch, "the cost", tuning.WHOLE_SHARE, True, tighten
-    )  # fmt: skip
-    rest = _Limit(time_left(time_limit, aside), limit, "memory-bound")
-    best, bound, work = search.run(best, at_least, rest, relaxed.choice)
-    if best is None:
-        raise InfeasibleError("no plan fits the memory budget")
-    proven = bound >= best.value
-    solved = Solution(
-        choice=best.choice, status=SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE,
-        objective=best.value, bound=best.value if proven else bound,
-        wall_s=relaxed.wall_s + time.perf_counter() - after_aside,
-        variables=search.variables, constraints=search.constraints, work=aside + work,
-    )  # fmt: skip
-    return _told(solved, tracker, problem.unit, unit)
-
-
-# ---- exact elimination of low-degree groups ----------------------------------------------------
+    return attempt
