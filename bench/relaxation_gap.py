@@ -4,12 +4,12 @@
     python bench/relaxation_gap.py --models gpt2 --meshes 4x8 --budgets 0.6 lowest
 
 For each model, mesh and budget (a fraction of the unconstrained plan's peak, or `lowest`,
-the least feasible budget): the Lagrangian bound (`search.lagrange.dual`, its 20 steps), the
-bound of the LP relaxation of the very model CP-SAT solves (`search.ilp.ilp_model`, solved
+the least feasible budget): the Lagrangian bound (`solver.dual.dual`, its 20 steps), the
+bound of the LP relaxation of the very model CP-SAT solves (`solver.cp_sat.ilp_model`, solved
 by HiGHS through scipy, a dev dependency), the relaxation's value at the LP's multipliers of
-the memory rows, and the optimum (`search.ilp.solve`), all in the problem's integer cost
+the memory rows, and the optimum (`solver.solve.solve`), all in the problem's integer cost
 units. The Lagrangian subproblem is solved exactly, so at the LP's multipliers it should be
-at least the LP's bound: where it is far below, an indicator's bound in `search.lagrange` is
+at least the LP's bound: where it is far below, an indicator's bound in `solver.bounds` is
 weaker than the LP's linearization (this table found the AND bound that priced every reshard
 buffer not made at minus its bytes). Where the LP too is far under the optimum, the gap is
 the integer problem's, for CP-SAT to close.

@@ -1,11 +1,11 @@
-"""The memory-aside solve: exact elimination (`search.factors.minimize`) against CP-SAT.
+"""The memory-aside solve: exact elimination (`solver.factors.minimize`) against CP-SAT.
 
     python bench/solve_memory_aside.py [--cases decoder-2x4x8 ...] [--cp-sat]
 
 For each case the search problem is built as `autoshard plan` builds it, then solved with
 memory aside by exact min-sum elimination: its order's largest table (entries, against the
 cap), its work (the sum over steps of a table's entries times the eliminated group's
-choices) and its seconds. With `--cp-sat`, also as `ilp.solve` did before it: the groups of
+choices) and its seconds. With `--cp-sat`, also as `solve` did before it: the groups of
 degree <= 2 eliminated, CP-SAT on the rest, its seconds and whether the objectives agree.
 """
 

@@ -1,4 +1,4 @@
-"""Exact min-sum elimination (`search.factors`) against brute force on small factor graphs, and
+"""Exact min-sum elimination (`solver.factors`) against brute force on small factor graphs, and
 against CP-SAT on the memory-aside problems of the bundled models."""
 
 import itertools
@@ -222,7 +222,7 @@ def test_problem_factors_are_the_ilp_objective(seed):
 
 # The decoder's seq=2048 rest on 2x4x8 is 7 groups of up to 284 choices in cycles: CP-SAT
 # proves its optimum in ~9 s alone (a minute on a loaded 2-core runner), too slow to run here.
-# Its objective, proven OPTIMAL by that solve (eliminate, then CP-SAT, as `ilp.solve` did before
+# Its objective, proven OPTIMAL by that solve (eliminate, then CP-SAT, as `solve` did before
 # exact elimination), is pinned (4,889,769 since the H100 preset prices its L2 and its access
 # patterns, measured: 4,844,186 before; CP-SAT proved it again in 1.5 s).
 DECODER_2X4X8_CP_SAT = 4889769

@@ -134,7 +134,7 @@ def test_random_problems_with_memory(seed):
 
 
 def test_rows_join_the_model_as_its_plans_go_over_them(monkeypatch):
-    """CP-SAT from none of the memory rows (row generation, `ilp._cp_sat` given `rows`): each
+    """CP-SAT from none of the memory rows (row generation, `cp_sat._cp_sat` given `rows`): each
     plan that goes over rows left out brings them in, and the plan returned is the optimum of
     all of them, as exhaustive search finds it. The rows its last model held, returned, start
     a solve again in one model (`solve`'s next narrowed try)."""

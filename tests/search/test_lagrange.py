@@ -1,4 +1,4 @@
-"""The memory rows relaxed (`search.lagrange`): for any multipliers the subproblem's minimum is
+"""The memory rows relaxed (`solver.relaxation`): for any multipliers the subproblem's minimum is
 a lower bound on every plan that fits, its plan is checked exactly, and the memory-bound solve
 built on it is still the brute-force optimum."""
 

@@ -39,10 +39,8 @@ class _Options:
     their maximum, and at least any mix of them: `shares`, on the simplex); from above, each at
     least it. The LP of CP-SAT's model has every such bound in its rows (an AND at least the
     sum of its literals less one, and at least 0) and weighs them as its duals say; one fixed
-    mix may be far weaker: GPT-J's TorchScript export on 4x8 at 5 % over its lowest budget,
-    5.78e8 after the first relaxation's steps, the LP 6.76e8 (the optimum 7.52e8); the mix
-    stepped too, 6.02e8, and the solve 68 -> 34 s. `start`: the mix a relaxation starts
-    from (the even one of an OR)."""
+    mix may be far weaker, so the steps move the mix too. `start`: the mix a relaxation
+    starts from (the even one of an OR)."""
 
     alternatives: tuple[tuple[Pieces, float], ...]
     start: np.ndarray
@@ -171,9 +169,9 @@ class _Bound:
 
     def parts(self, ind: Indicator) -> list[Literal]:
         """The literals of an AND (an OR), those of the ANDs (ORs) in it too large to be one
-        table in their place: the more of them, the more fall in one exact part. bert on 2x4
-        at its lowest budget: a saving AND(g3 in K, AND(OR over g3 and g29, OR over five
-        groups)) was at most g3's mask, now at most AND(g3 in K, the first OR), one table."""
+        table in their place: the more of them, the more fall in one exact part. E.g. a
+        saving AND(g3 in K, AND(OR over g3 and g29, OR over five groups)) is at most AND(g3 in
+        K, the first OR), one table, rather than g3's mask alone."""
         r = self.relaxation
         found: list[Literal] = []
         for lit in ind.literals:
@@ -209,12 +207,10 @@ class _Bound:
         exact or distributed again, as exact tables with the shares of their mean (the mix
         its options start from); None when one cannot be (no OR left) or they are more than
         `room` tables. Unlike E + OR - 1 it is never below 0: a reshard's buffer, AND(held
-        elsewhere, OR(the readers reading it)), was priced at -1 times its bytes wherever it
-        is not made, and no multipliers raised bert's bound on 4x8 at 30 % above the
-        memory-aside optimum (2.27e8; now 3.28e8 in as many steps, the optimum 3.52e8, the LP
-        of the CP-SAT model 3.37e8; 15.8 -> 3.3 s). From above the sum of those (a union
-        bound) counts a saving once per OR's literal that holds: bert on 2x4 at its lowest
-        budget, its relaxation fell far below the LP's (tried, dropped).
+        elsewhere, OR(the readers reading it)), would be priced at -1 times its bytes wherever
+        it is not made, and no multipliers could raise the bound above the memory-aside
+        optimum. Not from above: the sum of those (a union bound) counts a saving once per
+        OR's literal that holds, far below the LP's bound.
         """
         r = self.relaxation
         exact, groups, rest = self.split(literals)

@@ -108,16 +108,10 @@ def _stepped_shares(relaxed: Relaxed, shares: Shares | None, step: float) -> Sha
 
 def _share_step(done: int) -> float:
     """How far the `done`-th step moves the mix of each wide indicator's options towards the
-    one that bounds it best at the step's plan (`_stepped_shares`): 1 / (done + 1),
-    so that the mix is the mean of the options that were best (the start counted once) and
-    settles. OR(g0, g1) of `test_the_mix_of_an_ors_options_moves_the_bound_to_its_best`,
-    whose bound is 3 mixed evenly and 5.25 mixed best: 5.24 after 200 steps; moved half way
-    each step, 4.58 after 20 and no higher. Elsewhere the rules differ little (GPT-J on 4x8
-    at 5 % over its lowest budget, 40 steps: 6.02e8 this way, 5.99e8 half way, 5.98e8 half
-    the multipliers' step length), but on BART's dynamo export on 2x2x2 at 80 % this way
-    stays at 4.85e9 for 30 steps, half way reaches 5.06e9 and half the step length 5.03e9 (the
-    LP 5.08e9): there the steps' `work` allows one step, and GPT-J's solve took 45 s with
-    half the step length, 34 s this way."""
+    one that bounds it best at the step's plan (`_stepped_shares`): 1 / (done + 1), so that
+    the mix is the mean of the options that were best (the start counted once) and settles.
+    Moved half way each step instead, it stops short of the best mix
+    (`test_the_mix_of_an_ors_options_moves_the_bound_to_its_best`)."""
     return 1.0 / (done + 1)
 
 

@@ -18,7 +18,7 @@ Group 1's neighbours (0, 4, 6) make 171 * 284 * 3 = 145,692 entries, group 6's (
 82^3 = 551,368: 1 goes first, leaving a ternary table over (0, 4, 6); then 2 and 3 alike
 (into (0, 4, 6) and (0, 5, 6)), 4 (neighbours 0, 5, 6), 5 (0, 6), 0 (6), 6. No table exceeds
 145,692 entries, and the work, the sum of each step's table times its group's choices, is
-~80 million additions: milliseconds where CP-SAT, on 112k pair variables, takes seconds.
+~80 million additions.
 
 Integer tables are summed in int64, exactly (the ILP's costs are <= 1e9 per coefficient, far
 from overflowing); float64 tables (a Lagrangian's multipliers) in float64. Ties go to the
@@ -90,8 +90,8 @@ def undominated(problem: Problem) -> list[list[int]]:
     min_c (M[a][c] - M[b][c]) >= 0 (b of a lower index where it is 0, so that one of equals
     stays). Some optimum takes none: each choice of it that is one can be swapped for its b
     at no cost, to a choice that is none (a chain of them ends: each step strictly cheaper
-    or to a lower index). The 32-layer decoder's training step on 2x4x8: 460 of 5,578
-    choices, and the exact elimination of the rest needs tables of 2.9 M entries, not 25 M."""
+    or to a lower index). Few choices stay, and the exact elimination of the rest needs far
+    smaller tables."""
     node = [np.asarray(costs, np.int64) for costs in problem.node_costs]
     worst = [costs[:, None] - costs[None, :] for costs in node]  # a's cost less b's
     for a, b, matrix in problem.edges:
@@ -154,8 +154,7 @@ def _fill(sizes: Sequence[int], near: dict[int, set[int]], g: int) -> tuple[int,
     """The entries of the tables g's elimination joins anew (a pair of its neighbours no table
     held together yet: the product of their sizes, summed), then its minimum's. The fewest
     entries alone can take a small step that joins large groups, which every later step then
-    pays for: BART on 4x8 at 30 %, a step of 47.8 M additions of a 53.6 M whole; 14.7 M by
-    the least fill, and its largest step 0.53 M."""
+    pays for."""
     neighbours = sorted(near[g])
     joined = sum(
         sizes[a] * sizes[b]
@@ -232,7 +231,7 @@ def min_marginals(
     of them) and one pass down: a step's tables plus what lies beyond it (its own neighbours'
     share of the rest), minimized onto the neighbours of each step whose message it got,
     less that message, is what lies beyond that step. About three times the work of
-    `minimize` (the 32-layer decoder's Lagrangian on 2x4x8: 0.7 s against 0.27 s)."""
+    `minimize`."""
     forward = _forward(sizes, factors, max_entries, keep=True)
     if forward is None:
         return None
@@ -404,10 +403,9 @@ def _eliminate(
     table of the neighbours' size; one large table with g's axis first would be several times
     slower (numpy's argmin along it leaves the cache) and several times the memory. Its argmin
     is not kept (None): only the choice at the neighbours' best choices is ever asked
-    (`_Step.choose`), and keeping it took two more passes a choice of g (BERT's training
-    step on 4x8: 0.24 s a minimization with it, 0.2 s without)."""
+    (`_Step.choose`), and keeping it takes two more passes a choice of g."""
     # Summed over the neighbours in order of size, the largest last: numpy's inner loops run
-    # along it (a table of 3 x 171 x 284 entries is summed 3 times faster than 171 x 284 x 3).
+    # along it, and a long inner loop is fastest.
     layout = sorted(neighbours, key=lambda h: (sizes[h], h))
     shape = tuple(sizes[h] for h in layout)
     # Each table with g's axis first and its other axes spread over the layout; a table over

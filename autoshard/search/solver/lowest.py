@@ -19,9 +19,7 @@ from autoshard.search.solver.cp_sat import (
     least_peak_model,
 )
 from autoshard.search.solver.dual import least_peak
-from autoshard.search.solver.marginals import (
-    peak_marginals,
-)
+from autoshard.search.solver.marginals import peak_marginals
 from autoshard.search.solver.narrowing import _Narrowing
 from autoshard.search.solver.outcome import (
     InfeasibleError,
@@ -37,28 +35,6 @@ from autoshard.search.solver.outcome import (
 from autoshard.search.solver.relaxation import peak_relaxation
 
 
-def _any_fits(
-    problem: Problem, time_limit: float, tracker: Tracker | None, limit: float
-) -> tuple[list[_Found], float]:
-    """Where no plan the relaxation found fits the budget, whether any does: a plan that
-    does (none where time ran out first) and the work spent, from the least peak
-    (`lowest_budget`, stopped once it has such a plan); `InfeasibleError` with the lowest
-    budget where none does. Bert's dynamo export on 2x2x2 at 60 %: the cost's tries, each
-    over more choices, proved none fits in 74 s; the least peak, 785,921 B for 698,688, in
-    5 s, an answer the error needs anyway."""
-    if tracker is not None:
-        tracker.detail("no plan the relaxation found fits the budget: does any?")
-    try:
-        lowest = lowest_budget(problem, time_limit, tracker, limit, enough=problem.budget)
-    except _OutOfTime:  # the cost's search goes on, with what is left
-        return [], time_limit
-    if lowest.bound > problem.budget:
-        raise InfeasibleError("no plan fits the memory budget", lowest)
-    if lowest.peak > problem.budget:
-        return [], lowest.work
-    return [_Found(lowest.choice, problem.objective(lowest.choice))], lowest.work
-
-
 def lowest_budget(
     problem: Problem,
     time_limit: float = 60.0,
@@ -67,7 +43,7 @@ def lowest_budget(
     enough: int = -1,
 ) -> LowestBudget:
     """The smallest peak memory any choice reaches. The rows' weighted sums relaxed
-    (`lagrange.least_peak`) give a bound and plans; CP-SAT minimizes the peak over the
+    (`dual.least_peak`) give a bound and plans; CP-SAT minimizes the peak over the
     choices a plan of a lower peak may take (`_Narrowing`), from the least found. `of`: the
     user's `--time-limit`, where `time_limit` is what is left of it; `enough`: a peak at
     which to stop (FEASIBLE), once a plan reaches it."""
@@ -120,9 +96,7 @@ def _least_peak(
     plan's peak is its optimum (row generation, as in `_cp_sat`: a model of fewer rows has no
     higher optimum). The rows that joined a try's model start the next's (`joined`; they are
     the rows of the whole problem too). Without a hint, every row that may go over the bound.
-    The 32-layer decoder's training step on 4x8 (batch 32, at 40 GB): 10,228 rows may go over
-    the bound, the relaxation's best plan holds it in 187, and 11 more joined; the lowest
-    budget proven in 11 s, 144 s with every row (two solves of 47 and 80 s)."""
+    Of a training step's thousands of rows that may, a good plan holds the bound in few."""
     among = None
     if hint:
         among = np.flatnonzero(problem.live(hint) >= at_least)
@@ -157,3 +131,24 @@ def _least_peak(
         best, reached, bound, bound == reached, work, len(proto.variables), len(proto.constraints)
     )
     return got, among
+
+
+def _any_fits(
+    problem: Problem, time_limit: float, tracker: Tracker | None, limit: float
+) -> tuple[list[_Found], float]:
+    """Where no plan the relaxation found fits the budget, whether any does: a plan that
+    does (none where time ran out first) and the work spent, from the least peak
+    (`lowest_budget`, stopped once it has such a plan); `InfeasibleError` with the lowest
+    budget where none does. The least peak answers faster than the cost's tries, each over
+    more choices, and the error needs it anyway."""
+    if tracker is not None:
+        tracker.detail("no plan the relaxation found fits the budget: does any?")
+    try:
+        lowest = lowest_budget(problem, time_limit, tracker, limit, enough=problem.budget)
+    except _OutOfTime:  # the cost's search goes on, with what is left
+        return [], time_limit
+    if lowest.bound > problem.budget:
+        raise InfeasibleError("no plan fits the memory budget", lowest)
+    if lowest.peak > problem.budget:
+        return [], lowest.work
+    return [_Found(lowest.choice, problem.objective(lowest.choice))], lowest.work

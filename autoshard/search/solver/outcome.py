@@ -53,6 +53,10 @@ class SolverStatus(enum.StrEnum):
 
 @dataclass(frozen=True, kw_only=True)
 class Solution:
+    """A solve's answer: a choice per group, its status, its objective (the problem's integer
+    cost) and the bound proven, the wall time, the size of CP-SAT's last model (0: none was
+    built) and the deterministic seconds spent."""
+
     choice: tuple[int, ...]
     status: SolverStatus
     objective: int
@@ -65,6 +69,42 @@ class Solution:
     @property
     def gap(self) -> float:
         return (self.objective - self.bound) / self.objective if self.objective > 0 else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LowestBudget:
+    """The least memory per device any plan needs (`peak`, reached by `choice`) and the bound
+    the solver proved: OPTIMAL when `bound == peak`."""
+
+    peak: int
+    bound: int
+    status: SolverStatus
+    choice: tuple[int, ...]
+    work: float = 0.0  # deterministic seconds the solver spent
+
+
+@dataclass(frozen=True)
+class _Limit:
+    """The deterministic seconds one solve may use, the user's `--time-limit` they are part of,
+    and which solve it is: what the error says when the solve stops without a plan."""
+
+    seconds: float
+    of: float
+    solve: str
+
+
+def time_left(time_limit: float, spent: float) -> float:
+    """What a later solve may use of `time_limit` after `spent`: the rest, and at least a
+    tenth (a solve given nothing finds nothing)."""
+    return max(time_limit - spent, time_limit / 10)
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A plan found on the way, and its value (its cost, or its peak)."""
+
+    choice: tuple[int, ...]
+    value: int
 
 
 @dataclass(frozen=True)
@@ -80,21 +120,6 @@ class _Attempt:
     work: float
     variables: int = 0  # the size of CP-SAT's model
     constraints: int = 0
-
-
-@dataclass(frozen=True)
-class _Found:
-    """A plan found on the way, and its value (its cost, or its peak)."""
-
-    choice: tuple[int, ...]
-    value: int
-
-
-def _among(choices: Sequence[Sequence[int]] | None, kept: Sequence[Sequence[int]]) -> bool:
-    """Whether each group's `choices` (None: all) are among those `kept`."""
-    return choices is not None and all(
-        set(these) <= set(k) for these, k in zip(choices, kept, strict=True)
-    )
 
 
 def _fits(problem: Problem, choice: Sequence[int]) -> bool:
@@ -125,18 +150,11 @@ def _original(choice: Sequence[int], kept: Sequence[Sequence[int]] | None) -> tu
     return tuple(choices[k] for choices, k in zip(kept, choice, strict=True))
 
 
-def _told(solution: Solution, tracker: Tracker | None, scale: float, unit: str) -> Solution:
-    """The solve's end as the plan records it, told (CP-SAT's callbacks may not see the bound
-    close on the optimum)."""
-    if tracker is not None:
-        tracker.solution(solution.objective * scale, solution.bound * scale, unit)
-    return solution
-
-
-def time_left(time_limit: float, spent: float) -> float:
-    """What a later solve may use of `time_limit` after `spent`: the rest, and at least a
-    tenth (a solve given nothing finds nothing)."""
-    return max(time_limit - spent, time_limit / 10)
+def _among(choices: Sequence[Sequence[int]] | None, kept: Sequence[Sequence[int]]) -> bool:
+    """Whether each group's `choices` (None: all) are among those `kept`."""
+    return choices is not None and all(
+        set(these) <= set(k) for these, k in zip(choices, kept, strict=True)
+    )
 
 
 class _Improvements(cp_model.CpSolverSolutionCallback):
@@ -174,23 +192,9 @@ class _Improvements(cp_model.CpSolverSolutionCallback):
         return f"{(value + self.offset) * self.scale:.4g} {self.unit}"
 
 
-@dataclass(frozen=True)
-class _Limit:
-    """The deterministic seconds one solve may use, the user's `--time-limit` they are part of,
-    and which solve it is: what the error says when the solve stops without a plan."""
-
-    seconds: float
-    of: float
-    solve: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class LowestBudget:
-    """The least memory per device any plan needs (`peak`, reached by `choice`) and the bound
-    the solver proved: OPTIMAL when `bound == peak`."""
-
-    peak: int
-    bound: int
-    status: SolverStatus
-    choice: tuple[int, ...]
-    work: float = 0.0  # deterministic seconds the solver spent
+def _told(solution: Solution, tracker: Tracker | None, scale: float, unit: str) -> Solution:
+    """The solve's end as the plan records it, told (CP-SAT's callbacks may not see the bound
+    close on the optimum)."""
+    if tracker is not None:
+        tracker.solution(solution.objective * scale, solution.bound * scale, unit)
+    return solution

@@ -1,6 +1,5 @@
 """The memory rows relaxed into the objective (Lagrangian relaxation): a lower bound on the
-memory-bound optimum, and candidate plans, each from one exact minimization
-(`search.factors`).
+memory-bound optimum, and candidate plans, each from one exact minimization (`factors`).
 
 For multipliers lam_r >= 0, one per memory row r (the base row added to each),
 
@@ -12,21 +11,21 @@ lam-weighted bytes over its choices, edge costs over two groups' choices, and ea
 indicator's lam-weighted bytes over the groups its literals name (an indicator of two
 groups' choices, the most common, summed per pair as a product of their masks). An indicator
 naming groups of too many combinations (an AND of a held choice with an OR over three
-readers: 171^4 on a 3-axis mesh) is bounded from below by tables of its parts (`_Bound`): by
+readers: 171^4 on a 3-axis mesh) is bounded from below by tables of its parts (`bounds`): by
 several such bounds, each at most it everywhere, mixed (`_Options`, `Shares`), and where the
 indicators together join groups into a table too large to eliminate, every indicator is
 bounded within the pairs the edges join already: a weaker bound, still a bound, on a
 subproblem as easy as the problem without memory. The plans are checked exactly.
 
-The multipliers: projected subgradient steps with Polyak's step length towards the best plan
-that fits (or a little above the bound while none does), the step shrunk when the bound stops
-rising; each step also moves the mix of each wide indicator's bounds towards the one highest
-at its plan. Iteration counts decide, never the clock: the same problem gives the same bound
-and the same plans.
+The multipliers (`dual`): projected subgradient steps with Polyak's step length towards the
+best plan that fits (or a little above the bound while none does), the step shrunk when the
+bound stops rising; each step also moves the mix of each wide indicator's bounds towards the
+one highest at its plan. Iteration counts decide, never the clock: the same problem gives the
+same bound and the same plans.
 
 Worked example: one group of two choices, cost (0, 10), bytes (8, 2) in the one row, budget 5.
 L(lam) = min(0 + 3 lam, 10 - 3 lam); at lam = 5/3 both are 5: the bound is 5, while the only
-plan that fits costs 10 (the relaxation's duality gap, which `search.ilp` closes).
+plan that fits costs 10 (the relaxation's duality gap, which `solve` closes).
 """
 
 from __future__ import annotations
@@ -249,11 +248,10 @@ class Relaxation:
 
     def hub_scopes(self) -> dict[tuple[int, ...], list[int]]:
         """The indicators the rows count whose groups have more combinations than
-        `exact_up_to` but at most `HUB`, by scope: one exact table each per step. BERT's
-        TorchScript export on 4x8 at 5 % over its lowest budget: the hidden state held by
-        one group and read by q, k, v and the residual (9 * 27^3 * 17 combinations), whose
-        reshard buffers and the home's savings, bounded apart, left the relaxation at 4.60e8
-        where the LP of CP-SAT's model reaches 6.30e8 (the optimum 6.705e8)."""
+        `exact_up_to` but at most `HUB`, by scope: one exact table each per step. E.g. a
+        hidden state held by one group and read by q, k, v and the residual: its reshard
+        buffers and its home's savings, bounded apart, leave the relaxation far below the LP
+        of CP-SAT's model."""
         counted = np.union1d(self.problem.memory.indicated, self.problem.memory_base.indicated)
         by_scope: dict[tuple[int, ...], list[int]] = {}
         for i in counted.tolist():
@@ -313,8 +311,7 @@ class Relaxation:
 
     def own(self, i: int) -> np.ndarray:
         """Indicator i's values over its own groups, worked out once: indicators nest, and
-        an AND or OR inside many was worked out again for each (Llama's training step on
-        2x4: 186,000 tables for 5,400 indicators)."""
+        an AND or OR inside many would be worked out again for each."""
         if i not in self.owned:
             ind = self.problem.indicators[i]
             self.owned[i] = self.joint(ind.literals, ind.every, self.scopes[i])
@@ -380,8 +377,7 @@ def _blas() -> ThreadpoolController:
 
 def _one_blas_thread() -> contextlib.AbstractContextManager:
     """The relaxation's products are of a few hundred rows: a BLAS pool's threads cost more
-    than they save (one pair's table, 330 x 165 by 330 x 284: 1.2 ms on one OpenBLAS thread,
-    5.4 ms on two, on a 2-core machine)."""
+    than they save."""
     return _blas().limit(limits=1, user_api="blas")
 
 
@@ -489,11 +485,8 @@ def table_limit(problem: Problem, plan: Sequence[int]) -> int:
     peak (the memory-aside optimum's: the plans the multipliers start from). On a mesh of
     small axes a reshard buffer ANDs three groups of 49 to 310 choices, and where it is not
     made its bound (the exact pair's table plus the third's mask, less 1) takes its bytes
-    off: GPT-2's TorchScript export on 2x2x2 at 60 %, 231,821 of the row's 1,444,237 B, and
-    no multipliers raised the bound above the memory-aside optimum (1.810e9; exact to
-    2^19 entries, 2.183e9, the optimum 2.201e9: OPTIMAL in 6 s, over 120 s before). On 2x4
-    and 4x8 every zoo model's row keeps 96-100 %, and there the larger tables only slow each
-    step (BART's TorchScript export on 4x8 at 30 %: 9.3 -> 19 s)."""
+    off, so that no multipliers raise the bound above the memory-aside optimum. Where the
+    bounds keep the row's bytes, larger tables only slow each step."""
     live = problem.live(plan)
     if not len(live):
         return tuning.DENSE

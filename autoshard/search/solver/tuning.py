@@ -12,7 +12,8 @@ MAX_ENTRIES = 2**24
 a larger one is answered None at once, and solved another way."""
 
 DIFFERENCES = 2**22
-"""Entries `factors.undominated` compares at once (rows against rows): bounds its memory."""
+"""Entries `factors.undominated` takes at once, rows of an edge's matrix against rows: bounds
+its memory (32 MiB of int64)."""
 
 BLOCK = 2**20
 """Entries `factors.min_marginals` sums at once over a block of a group's choices: bounds its
