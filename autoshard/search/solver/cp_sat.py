@@ -38,94 +38,6 @@ from autoshard.search.solver.outcome import (
 )
 
 
-def _run(
-    solver: cp_model.CpSolver, model: cp_model.CpModel, watch: _Improvements | None
-) -> cp_model.CpSolverStatus:
-    if watch is None:
-        return solver.solve(model)
-    solver.best_bound_callback = watch.bound
-    return solver.solve(model, watch)
-
-
-def _cp_sat(
-    problem: Problem,
-    limit: _Limit,
-    memory: bool,
-    hint: Sequence[int] = (),
-    watch: _Improvements | None = None,
-    rows: np.ndarray | None = None,
-) -> tuple[Solution, np.ndarray | None]:
-    """CP-SAT on `problem`, its memory rows too where `memory`; and the rows its last model
-    held (None: all). Given `rows` (those that bind the relaxation, or that a solve before
-    held), the model holds those alone at first, and the rows its plan goes over join it for
-    the next solve, until the plan fits them all (row generation: a model of fewer rows has no
-    higher optimum, so a plan of it that fits every row and that it proves optimal is the
-    optimum, and its bound holds for the whole). A training step's rows are thousands of
-    hundreds of terms each, a few hundred bind (the decoder's on 4x8 at 12 GiB: 10,228 and
-    451), and building the whole model took 3 s a try. BART on 4x8 at 60 %: three narrowed
-    tries, each solved twice from the relaxation's rows, 6.8 s; from the rows of the try
-    before, the last two once, 4.7 s.
-
-    A bound proven elsewhere is not written into the model (the objective at least it):
-    OR-Tools 9.15's presolve, given one, can cut the optimum off (or-tools#5293, in
-    `ProcessAtMostOneAndLinear`). A narrowed gpt2_dynamo problem on 4x8 at its lowest budget
-    (162 choices, the 24 rows binding its relaxation), whose optimum is 3,330,816,595: its 60
-    s ran to a plan of 3,435,479,089 and a "bound" of 3,435,479,036
-    (`test_a_narrowed_solve_finds_its_optimum`). Without the bound CP-SAT is as fast or faster
-    on every memory-bound row of bench/plan_memory.py and of the 32-layer decoder
-    (deterministic seconds summed per row)."""
-    among = rows if memory else None
-    started, work, bound = time.perf_counter(), 0.0, -math.inf
-    while True:
-        model, x = ilp_model(problem, memory, hint, among)
-        given = dataclasses.replace(limit, seconds=limit.seconds - work)
-        solver = _solver(max(given.seconds, 0.0))
-        if watch is not None:
-            watch.fits = None if among is None else _fitting_plans(problem, x, problem.budget)
-        status = _run(solver, model, watch)
-        work += solver.response_proto.deterministic_time
-        if status == cp_model.INFEASIBLE:
-            raise _NoPlan(work)
-        choice = _chosen(solver, status, x, given)
-        bound = max(bound, solver.best_objective_bound)
-        if among is None:  # every row in the model
-            break
-        over = np.flatnonzero(problem.live(choice) > problem.budget)
-        if not len(over):
-            break
-        if watch is not None:  # the next solve's bound starts lower
-            watch.floor = max(watch.floor, bound)
-        if work >= limit.seconds:
-            raise _OutOfTime(_out_of_time(given, "FEASIBLE"))
-        among = np.union1d(among, over)
-    optimal = status == cp_model.OPTIMAL
-    proto = model.proto
-    solved = Solution(
-        choice=choice,
-        status=SolverStatus.OPTIMAL if optimal else SolverStatus.FEASIBLE,
-        objective=problem.objective(choice),
-        bound=bound,
-        wall_s=time.perf_counter() - started,
-        variables=len(proto.variables),
-        constraints=len(proto.constraints),
-        work=work,
-    )
-    return solved, among
-
-
-def _fitting_plans(
-    problem: Problem, x: list[list[cp_model.IntVar]], budget: int | None
-) -> Callable[[cp_model.CpSolverSolutionCallback], bool]:
-    """Whether the plan a solve of fewer memory rows found holds at most `budget` in them all
-    (None: its objective, the least peak's peak)."""
-
-    def fits(solution: cp_model.CpSolverSolutionCallback) -> bool:
-        most = solution.objective_value if budget is None else budget
-        return problem.peak(_read(solution.value, x)) <= most
-
-    return fits
-
-
 def ilp_model(
     problem: Problem,
     memory: bool,
@@ -170,6 +82,31 @@ def ilp_model(
     return model, x
 
 
+def least_peak_model(
+    problem: Problem,
+    hint: Sequence[int] = (),
+    at_least: int = 0,
+    among: np.ndarray | None = None,
+) -> tuple[cp_model.CpModel, list[list[cp_model.IntVar]]]:
+    """The least peak as a CP-SAT model: each row (of those `among`, or all) that may hold
+    more than `at_least` at most the peak, minimized; and its one-hot variables x[g][k]. A
+    `hint` is given whole: its peak, and each indicator and group's bytes as the plan sets
+    them: of its choices alone, CP-SAT sets the others to a plan of a higher peak and
+    searches its way back."""
+    model = cp_model.CpModel()
+    x = _one_hot(model, problem)
+    _hint(model, x, hint)
+    top = int(problem.most().max(initial=problem.memory_base.most()[0]))
+    low, high = min(at_least, max(top, 1)), max(top, 1)
+    peak = model.new_int_var(low, high, "peak")
+    if hint:
+        model.add_hint(peak, min(max(problem.peak(hint), low), high))
+    for bytes_live in _memory_rows(model, problem, x, low, among, hint):
+        model.add(bytes_live <= peak)
+    model.minimize(peak)
+    return model, x
+
+
 def _one_hot(model: cp_model.CpModel, problem: Problem) -> list[list[cp_model.IntVar]]:
     """x[g][k]: group g takes choice k; exactly one per group."""
     x = [[model.new_bool_var(f"x{g}_{k}") for k in range(n)] for g, n in enumerate(problem.sizes)]
@@ -209,6 +146,21 @@ def _memory_rows(
         which = np.intersect1d(which, among)
     if not len(which):
         return []
+    made = _indicators(model, problem, x, which, hint)
+    runs = _Runs(model, x, hint)
+    (base,) = runs.bytes_of(problem.memory_base, [0], made)
+    return [base + row for row in runs.bytes_of(problem.memory, which.tolist(), made)]
+
+
+def _indicators(
+    model: cp_model.CpModel,
+    problem: Problem,
+    x: list[list[cp_model.IntVar]],
+    which: np.ndarray,
+    hint: Sequence[int],
+) -> dict[int, cp_model.IntVar]:
+    """A variable for each indicator the rows `which` (or the base row) use, bounded on the
+    side those rows need (`_memory_rows`), by indicator."""
     made: dict[int, cp_model.IntVar] = {}
 
     def literal(lit: Chosen | int) -> cp_model.LinearExprT:
@@ -243,27 +195,39 @@ def _memory_rows(
     # dead) hold one at a time, and only where the rest does: their sum is at most it.
     for rest, members in _exclusive_ands(problem.indicators, takes):
         model.add(sum(made[i] for i in members) <= literal(rest))
+    return made
 
-    # A group's bytes in a row (a run: the values of that group live there) as one variable,
-    # shared by every row holding the same: rows of a term per group, not per choice.
-    held: dict[tuple[int, bytes, bytes], cp_model.IntVar] = {}
 
-    def run_bytes(rows: MemoryRows, run: int) -> cp_model.IntVar:
+class _Runs:
+    """A group's bytes in a row (a run: the values of that group live there) as one variable,
+    shared by every row holding the same: rows of a term per group, not per choice."""
+
+    def __init__(
+        self, model: cp_model.CpModel, x: list[list[cp_model.IntVar]], hint: Sequence[int]
+    ) -> None:
+        self.model, self.x, self.hint = model, x, hint
+        self.held: dict[tuple[int, bytes, bytes], cp_model.IntVar] = {}
+
+    def run_bytes(self, rows: MemoryRows, run: int) -> cp_model.IntVar:
+        """The variable of a run's bytes, made where no run alike made one."""
         group = int(rows.run_group[run])
         first, last = rows.run_starts[run], rows.run_starts[run + 1]
         choices, amounts = rows.choices[first:last], rows.amounts[first:last]
         key = (group, choices.tobytes(), amounts.tobytes())
-        if key not in held:
+        if key not in self.held:
             low, high = int(amounts.min(initial=0)), int(amounts.max(initial=0))
-            var = model.new_int_var(low, high, f"g{group}_{len(held)}")
+            var = self.model.new_int_var(low, high, f"g{group}_{len(self.held)}")
             terms = list(zip(choices.tolist(), amounts.tolist(), strict=True))
-            model.add(var == sum(b * x[group][k] for k, b in terms))
-            if hint:
-                model.add_hint(var, sum(b for k, b in terms if k == hint[group]))
-            held[key] = var
-        return held[key]
+            self.model.add(var == sum(b * self.x[group][k] for k, b in terms))
+            if self.hint:
+                self.model.add_hint(var, sum(b for k, b in terms if k == self.hint[group]))
+            self.held[key] = var
+        return self.held[key]
 
-    def bytes_of(rows: MemoryRows, which: Sequence[int]) -> list[cp_model.LinearExpr]:
+    def bytes_of(
+        self, rows: MemoryRows, which: Sequence[int], made: dict[int, cp_model.IntVar]
+    ) -> list[cp_model.LinearExpr]:
+        """The bytes of the rows `which` of `rows`, the indicators' variables `made`."""
         made_runs: dict[int, cp_model.IntVar] = {}
         runs, starts = rows.runs.tolist(), rows.starts.tolist()
         marks, indices = rows.indicated_starts.tolist(), rows.indicated.tolist()
@@ -273,16 +237,13 @@ def _memory_rows(
             groups = []
             for u in runs[starts[r] : starts[r + 1]]:
                 if u not in made_runs:
-                    made_runs[u] = run_bytes(rows, u)
+                    made_runs[u] = self.run_bytes(rows, u)
                 groups.append(made_runs[u])
             indicated = [made[i] for i in indices[marks[r] : marks[r + 1]]]
             weights = [1] * len(groups) + amounts[marks[r] : marks[r + 1]]
             expr = cp_model.LinearExpr.weighted_sum(groups + indicated, weights)
             found.append(expr + int(rows.fixed[r]))
         return found
-
-    (base,) = bytes_of(problem.memory_base, [0])
-    return [base + row for row in bytes_of(problem.memory, which.tolist())]
 
 
 def rows_over(problem: Problem, above: int) -> np.ndarray:
@@ -336,6 +297,114 @@ def _polarity(problem: Problem, which: np.ndarray) -> tuple[list[bool], list[boo
     return adds, takes
 
 
+def _classes(rows: Sequence[Sequence[int]]) -> tuple[list[tuple[int, ...]], list[int]]:
+    """The distinct rows, and the class of each row."""
+    index: dict[tuple[int, ...], int] = {}
+    of = [index.setdefault(tuple(row), len(index)) for row in rows]
+    return list(index), of
+
+
+def _members(of: Sequence[int], count: int) -> list[list[int]]:
+    out: list[list[int]] = [[] for _ in range(count)]
+    for k, cls in enumerate(of):
+        out[cls].append(k)
+    return out
+
+
+def _solver(time_limit: float) -> cp_model.CpSolver:
+    """Deterministic settings. Probing in presolve only (level 1), the LP the full
+    linearization (its bound is what proves optimality here). Probing's deterministic time
+    is charged above its wall time, the search's below, and level 1 swings less than the
+    default level 2 for the same speed."""
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    solver.parameters.max_deterministic_time = time_limit
+    solver.parameters.cp_model_probing_level = 1
+    solver.parameters.linearization_level = 2
+    return solver
+
+
+def _run(
+    solver: cp_model.CpSolver, model: cp_model.CpModel, watch: _Improvements | None
+) -> cp_model.CpSolverStatus:
+    if watch is None:
+        return solver.solve(model)
+    solver.best_bound_callback = watch.bound
+    return solver.solve(model, watch)
+
+
+def _cp_sat(
+    problem: Problem,
+    limit: _Limit,
+    memory: bool,
+    hint: Sequence[int] = (),
+    watch: _Improvements | None = None,
+    rows: np.ndarray | None = None,
+) -> tuple[Solution, np.ndarray | None]:
+    """CP-SAT on `problem`, its memory rows too where `memory`; and the rows its last model
+    held (None: all). Given `rows` (those that bind the relaxation, or that a solve before
+    held), the model holds those alone at first, and the rows its plan goes over join it for
+    the next solve, until the plan fits them all (row generation: a model of fewer rows has no
+    higher optimum, so a plan of it that fits every row and that it proves optimal is the
+    optimum, and its bound holds for the whole). A training step has thousands of rows of
+    hundreds of terms each, and few bind: the whole model is slow to write out.
+
+    A bound proven elsewhere is not written into the model (the objective at least it):
+    OR-Tools 9.15's presolve, given one, can cut the optimum off (or-tools#5293, in
+    `ProcessAtMostOneAndLinear`; `test_a_narrowed_solve_finds_its_optimum`)."""
+    among = rows if memory else None
+    started, work, bound = time.perf_counter(), 0.0, -math.inf
+    while True:
+        model, x = ilp_model(problem, memory, hint, among)
+        given = dataclasses.replace(limit, seconds=limit.seconds - work)
+        solver = _solver(max(given.seconds, 0.0))
+        if watch is not None:
+            watch.fits = None if among is None else _fitting_plans(problem, x, problem.budget)
+        status = _run(solver, model, watch)
+        work += solver.response_proto.deterministic_time
+        if status == cp_model.INFEASIBLE:
+            raise _NoPlan(work)
+        choice = _chosen(solver, status, x, given)
+        bound = max(bound, solver.best_objective_bound)
+        if among is None:  # every row in the model
+            break
+        over = np.flatnonzero(problem.live(choice) > problem.budget)
+        if not len(over):
+            break
+        if watch is not None:  # the next solve's bound starts lower
+            watch.floor = max(watch.floor, bound)
+        if work >= limit.seconds:
+            raise _OutOfTime(_out_of_time(given, "FEASIBLE"))
+        among = np.union1d(among, over)
+    optimal = status == cp_model.OPTIMAL
+    proto = model.proto
+    solved = Solution(
+        choice=choice,
+        status=SolverStatus.OPTIMAL if optimal else SolverStatus.FEASIBLE,
+        objective=problem.objective(choice),
+        bound=bound,
+        wall_s=time.perf_counter() - started,
+        variables=len(proto.variables),
+        constraints=len(proto.constraints),
+        work=work,
+    )
+    return solved, among
+
+
+def _fitting_plans(
+    problem: Problem, x: list[list[cp_model.IntVar]], budget: int | None
+) -> Callable[[cp_model.CpSolverSolutionCallback], bool]:
+    """Whether the plan a solve of fewer memory rows found holds at most `budget` in them all
+    (None: its objective, the least peak's peak)."""
+
+    def fits(solution: cp_model.CpSolverSolutionCallback) -> bool:
+        most = solution.objective_value if budget is None else budget
+        return problem.peak(_read(solution.value, x)) <= most
+
+    return fits
+
+
 def _chosen(
     solver: cp_model.CpSolver,
     status: cp_model.CpSolverStatus,
@@ -361,60 +430,3 @@ def _out_of_time(limit: _Limit, status: str) -> str:
         f"the solver found no plan within --time-limit {limit.of:g} s "
         f"({share if limit.seconds < limit.of else ''}{status}); raise --time-limit"
     )
-
-
-def _solver(time_limit: float) -> cp_model.CpSolver:
-    """Deterministic settings. Probing in presolve only (level 1), the LP the full
-    linearization (its bound is what proves optimality here). Probing's deterministic time
-    is charged above its wall time, the search's below: the slowest memory-bound solves of
-    the zoo (12 rows at and over the lowest budget and training steps at 45-60 %, two
-    processes on 2 cores) took 448 s without probing, 335-344 s with level 1 (333 s with
-    level 2, the default, which swings more: a T5 training step's narrowed try 30 -> 34 s,
-    with level 1 11 s)."""
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = 0
-    solver.parameters.max_deterministic_time = time_limit
-    solver.parameters.cp_model_probing_level = 1
-    solver.parameters.linearization_level = 2
-    return solver
-
-
-def least_peak_model(
-    problem: Problem,
-    hint: Sequence[int] = (),
-    at_least: int = 0,
-    among: np.ndarray | None = None,
-) -> tuple[cp_model.CpModel, list[list[cp_model.IntVar]]]:
-    """The least peak as a CP-SAT model: each row (of those `among`, or all) that may hold
-    more than `at_least` at most the peak, minimized; and its one-hot variables x[g][k]. A
-    `hint` is given whole: its peak, and each indicator and group's bytes as the plan sets
-    them. Of its choices alone, CP-SAT set the others to a plan of a higher peak and searched
-    its way back (T5 on 4x8: 2,177,946 B where the hint's peak is 2,145,178 B, found again
-    after 8.8 s; proven in 2.7 s from the whole hint)."""
-    model = cp_model.CpModel()
-    x = _one_hot(model, problem)
-    _hint(model, x, hint)
-    top = int(problem.most().max(initial=problem.memory_base.most()[0]))
-    low, high = min(at_least, max(top, 1)), max(top, 1)
-    peak = model.new_int_var(low, high, "peak")
-    if hint:
-        model.add_hint(peak, min(max(problem.peak(hint), low), high))
-    for bytes_live in _memory_rows(model, problem, x, low, among, hint):
-        model.add(bytes_live <= peak)
-    model.minimize(peak)
-    return model, x
-
-
-def _classes(rows: Sequence[Sequence[int]]) -> tuple[list[tuple[int, ...]], list[int]]:
-    """The distinct rows, and the class of each row."""
-    index: dict[tuple[int, ...], int] = {}
-    of = [index.setdefault(tuple(row), len(index)) for row in rows]
-    return list(index), of
-
-
-def _members(of: Sequence[int], count: int) -> list[list[int]]:
-    out: list[list[int]] = [[] for _ in range(count)]
-    for k, cls in enumerate(of):
-        out[cls].append(k)
-    return out

@@ -11,9 +11,7 @@ import numpy as np
 
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
-from autoshard.search.solver.marginals import (
-    still_possible,
-)
+from autoshard.search.solver.marginals import still_possible
 from autoshard.search.solver.outcome import (
     _among,
     _Attempt,
@@ -29,7 +27,7 @@ from autoshard.search.solver.outcome import (
 
 class _Narrowing:
     """CP-SAT on the choices a plan of a value below a threshold may take (reduced-cost
-    fixing, `lagrange.still_possible`): few, where the relaxation's bound is close. A plan
+    fixing, `marginals.still_possible`): few, where the relaxation's bound is close. A plan
     below the threshold takes only choices kept, so if CP-SAT proves its best plan there
     below the threshold, it is the optimum; if that best is at the threshold or above (or
     there is none), no plan is below it anywhere, which raises the bound to the threshold,
@@ -44,8 +42,15 @@ class _Narrowing:
     value, or halfway to it, keeps too many to narrow, the shares' thresholds go on. Where
     few choices are left out (more than `whole_share` kept, or no min-marginals), the whole
     problem is solved. At the best's value and halfway to it, `tighten` leaves out more of
-    the choices a try keeps (`lagrange.tightened`), given them, the threshold and the best
-    plan."""
+    the choices a try keeps (`marginals.tightened`), given them, the threshold and the best
+    plan.
+
+    Worked example (`test_no_plan_yet_narrows_up_to_the_whole_share`): two groups of 16
+    choices, min-marginals 100..115 in each, the bound 100. Below 102 keeps 4 choices (an
+    eighth): no plan; below 104, 8: no plan; below 108, 16 (half, under `WHOLE_SHARE`): a
+    plan of 110, none below, so the bound is 108. That value keeps 20 choices, `MOST` or
+    more: halfway to it first, below 109 (18 choices), none below; then below 110 (20),
+    where the plan of 110 is proven optimal."""
 
     def __init__(
         self,
@@ -93,13 +98,7 @@ class _Narrowing:
                 threshold = best.value
             kept = self.tried(threshold, best, threshold == least)
             narrowed = self.problem if kept is None else self.problem.restricted(kept)
-            if self.watch is not None:
-                left = "all" if kept is None else f"{narrowed.variables} of"
-                below = "" if kept is None else f": {self.what} below {self.watch.say(threshold)}?"
-                self.watch.tracker.detail(f"CP-SAT on {left} {self.problem.variables} choices"
-                                          f"{below}")  # fmt: skip
-                self.watch.floor = bound
-                self.watch.ceiling = math.inf if kept is None else threshold
+            self.tell(narrowed, kept, threshold, bound)
             given = dataclasses.replace(limit, seconds=time_left(limit.seconds, spent))
             try:
                 if kept is None and start:  # the whole problem: no bound, from a plan
@@ -133,18 +132,12 @@ class _Narrowing:
             if bound >= best.value:
                 bound = best.value
             elif got.value is not None and (at_best := self.possible(best.value, best)) is not None:
-                # One there, none below: its value next (bert's least peak on 2x4, from a
-                # bound of 0: 21 tries doubling, 10.6 s; 1.5 s), unless that keeps most
-                # choices: then halfway to it, once (DenseNet's dynamo export on 4x8 at 60 %:
-                # 291 of 472 choices kept at the best's value, 207 halfway), but not past the
-                # shares' next threshold, a try of fewer choices that may find a plan near
-                # the optimum where the best is far from it (the 405B-class decoder on 16x8
-                # at 60 %: tries of 185 and 370 choices found one 3.7 % under the best, then
-                # 563 proved it, 5.9 s; halfway, 512 below 0.655 s took 3.4 s of 7.5; T5's
-                # dynamo export on 4x8 at 60 %: 34 s, now 13 s); neither where it would send
-                # CP-SAT the whole problem (T5 on 4x8 at 60 %: 1,360 of 2,727 choices kept by
-                # the shares found a plan 5.4 % below the best, which the whole problem's 60
-                # s had not).
+                # One there, none below: its value next (far fewer tries than doubling from
+                # a low bound), unless that keeps most choices: then halfway to it, once (a
+                # try of fewer choices), but not past the shares' next threshold, a try of
+                # fewer choices still that may find a plan near the optimum where the best is
+                # far from it; neither where it would send CP-SAT the whole problem (the
+                # shares' smaller tries find better plans than the whole problem's).
                 distance = max(distance, best.value - first)
                 if halfway and self.many(at_best, tuning.MOST):
                     halfway, middle = False, (bound + best.value) // 2
@@ -155,6 +148,18 @@ class _Narrowing:
                 elif self.narrowed(at_best) is not None:
                     share = 1.0
         return best, bound, spent
+
+    def tell(
+        self, narrowed: Problem, kept: list[list[int]] | None, threshold: int, bound: int
+    ) -> None:
+        """Tell the tracker what the next try holds, and the bounds its solve may tell."""
+        if self.watch is None:
+            return
+        left = "all" if kept is None else f"{narrowed.variables} of"
+        below = "" if kept is None else f": {self.what} below {self.watch.say(threshold)}?"
+        self.watch.tracker.detail(f"CP-SAT on {left} {self.problem.variables} choices{below}")
+        self.watch.floor = bound
+        self.watch.ceiling = math.inf if kept is None else threshold
 
     def keeping(self, share: float) -> int | None:
         """The highest threshold keeping at most `share` of the choices (by their min-marginals
@@ -181,10 +186,7 @@ class _Narrowing:
         where they are `whole_share` of them or more. Tightened, a try finds no plan above
         its threshold that needs a choice left out: at the best's value none is better, but
         a try at a threshold the shares set is also the search for plans better than the
-        best (ResNet's training step on 2x4 at 45 %, its tries tightened everywhere: the
-        optimum found only at the best's value, 14 % under it, 7.9 s against 3 s; T5 on 4x8
-        at 75 %, its first try of 181 choices rather than 258 found a plan of 5.93e8 rather
-        than 5.71e8, 32 s against 6 s)."""
+        best, which tightening there would miss."""
         possible = self.possible(threshold, best)
         proving = best is not None and (halfway or threshold == best.value)
         if possible is not None and best is not None and self.tighten is not None and proving:
@@ -195,9 +197,8 @@ class _Narrowing:
         """The highest threshold below which every plan takes only choices `kept` (their
         min-marginals alone say so; infinite where every choice left out is in no plan that
         fits): a try proving that none of them reaches a value below its optimum proves it of
-        every plan below this too. The NeoX export on 4x8 at 5 % over its lowest budget: a try
-        halfway to the best plan found none below it, and the next threshold, 1 above, kept
-        the same 509 of 779 choices (3 s for the same answer)."""
+        every plan below this too, and spares a next try that keeps the same choices for the
+        same answer."""
         if self.marginals is None:
             return -math.inf
         out = [np.delete(m, k) for m, k in zip(self.marginals, kept, strict=True)]
