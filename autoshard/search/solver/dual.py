@@ -70,7 +70,7 @@ def dual(
         reach = reach * 2 if rose else max(tuning.REACH, reach / 2)
         if best is not None and best.objective - bound < 1:
             break
-        if bound > most * (1 + 1e-9) + 1:
+        if bound > most * (1 + tuning.ROUNDING) + 1:
             return Dual(bound, None, steps.at, done, infeasible=True, shares=steps.shares)
         direction = relaxed.excess.astype(np.float64)
         direction[(multipliers <= 0) & (direction < 0)] = 0.0
@@ -173,7 +173,7 @@ def least_peak(
 
 class _Steps:
     """The best bound so far and the multipliers `at` which it was reached, and the
-    subgradient's step length: halved after five steps that did not raise the bound."""
+    subgradient's step length: halved after `STALLED` steps that did not raise the bound."""
 
     def __init__(self, start: np.ndarray) -> None:
         self.bound, self.at, self.length, self.stalled = -math.inf, start, 1.0, 0
@@ -185,7 +185,7 @@ class _Steps:
             self.bound, self.at, self.shares, self.stalled = value, at, shares, 0
             return
         self.stalled += 1
-        if self.stalled >= 5:
+        if self.stalled >= tuning.STALLED:
             self.length, self.stalled = self.length / 2, 0
 
 

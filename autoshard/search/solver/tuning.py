@@ -53,6 +53,10 @@ RISE = 0.005
 """How much, relatively, the bound must have risen in the last `RISE_STEPS` steps for `dual`
 to go on past its steps."""
 
+STALLED = 5
+"""Steps in a row that do not raise the bound after which the step length halves: Polyak's
+length overshoots once the bound nears its best."""
+
 PEAK_ROWS = 4
 """The rows at the first plan's peak that `least_peak` weighs alone: vertices of the simplex,
 where its steps rarely land, and the least peak is often one row's least bytes."""
