@@ -43,7 +43,7 @@ from autoshard.progress import Tracker
 from autoshard.propagate import propagate
 from autoshard.search.budget import Planned, auto_plan
 from autoshard.search.options import Objective, SolverOptions
-from autoshard.search.solver.solve import InfeasibleError
+from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
 
 AfterStage = Callable[[Stage, Program | Partitioned], None]

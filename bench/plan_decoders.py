@@ -4,7 +4,7 @@
 
 Each decoder (hidden 4096, 32 heads, SwiGLU 11008, float16, weights absent) is written to a
 temporary folder by models/make_models.py, then planned as the command does: import with batch
-8, build the search problem, solve it (`ilp.solve`), lower and price the plan. The table gives
+8, build the search problem, solve it (`solver.solve`), lower and price the plan. The table gives
 the wall time end to end (import included), the coarsened problem (groups and choices: repeated
 layers share one set), the objective (ms per step under the cost model), the solver's status
 and gap. Targets (2 cores): 32 layers on 4x8 in <= 5 s; 96 layers in <= 1.5x that.

@@ -32,7 +32,8 @@ from autoshard.pipeline import load_graph
 from autoshard.search.budget import auto_plan
 from autoshard.search.options import SolverOptions
 from autoshard.search.problem import build_search
-from autoshard.search.solver.solve import InfeasibleError, lowest_budget
+from autoshard.search.solver.lowest import lowest_budget
+from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Training
 
 MODELS = Path(__file__).resolve().parents[1] / "models"

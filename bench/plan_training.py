@@ -29,7 +29,7 @@ from autoshard.pipeline import load_graph
 from autoshard.search.baselines import data_parallel, megatron
 from autoshard.search.budget import auto_plan
 from autoshard.search.problem import SearchError
-from autoshard.search.solver.solve import InfeasibleError
+from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.sharding import Sharding
 from autoshard.training import Training
 from autoshard.training.step import gradient_name, state_name

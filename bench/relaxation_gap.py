@@ -4,12 +4,12 @@
     python bench/relaxation_gap.py --models gpt2 --meshes 4x8 --budgets 0.6 lowest
 
 For each model, mesh and budget (a fraction of the unconstrained plan's peak, or `lowest`,
-the least feasible budget): the Lagrangian bound (`search.lagrange.dual`, its 20 steps), the
-bound of the LP relaxation of the very model CP-SAT solves (`search.ilp.ilp_model`, solved
+the least feasible budget): the Lagrangian bound (`solver.dual.dual`, its 20 steps), the
+bound of the LP relaxation of the very model CP-SAT solves (`solver.cp_sat.ilp_model`, solved
 by HiGHS through scipy, a dev dependency), the relaxation's value at the LP's multipliers of
-the memory rows, and the optimum (`search.ilp.solve`), all in the problem's integer cost
+the memory rows, and the optimum (`solver.solve.solve`), all in the problem's integer cost
 units. The Lagrangian subproblem is solved exactly, so at the LP's multipliers it should be
-at least the LP's bound: where it is far below, an indicator's bound in `search.lagrange` is
+at least the LP's bound: where it is far below, an indicator's bound in `solver.bounds` is
 weaker than the LP's linearization (this table found the AND bound that priced every reshard
 buffer not made at minus its bytes). Where the LP too is far under the optimum, the gap is
 the integer problem's, for CP-SAT to close.
@@ -29,14 +29,12 @@ from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx, unbound_dims
 from autoshard.search.budget import auto_plan
 from autoshard.search.problem import Problem, build_search
-from autoshard.search.solver.relaxation import Relaxation, dual
-from autoshard.search.solver.solve import (
-    InfeasibleError,
-    ilp_model,
-    lowest_budget,
-    rows_over,
-    solve,
-)
+from autoshard.search.solver.cp_sat import ilp_model, rows_over
+from autoshard.search.solver.dual import dual
+from autoshard.search.solver.lowest import lowest_budget
+from autoshard.search.solver.outcome import InfeasibleError
+from autoshard.search.solver.relaxation import Relaxation
+from autoshard.search.solver.solve import solve
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 DIMS = {"batch": 8, "seq": 128, "dec_seq": 16}

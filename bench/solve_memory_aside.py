@@ -1,11 +1,11 @@
-"""The memory-aside solve: exact elimination (`search.factors.minimize`) against CP-SAT.
+"""The memory-aside solve: exact elimination (`solver.factors.minimize`) against CP-SAT.
 
     python bench/solve_memory_aside.py [--cases decoder-2x4x8 ...] [--cp-sat]
 
 For each case the search problem is built as `autoshard plan` builds it, then solved with
 memory aside by exact min-sum elimination: its order's largest table (entries, against the
 cap), its work (the sum over steps of a table's entries times the eliminated group's
-choices) and its seconds. With `--cp-sat`, also as `ilp.solve` did before it: the groups of
+choices) and its seconds. With `--cp-sat`, also as `solve` did before it: the groups of
 degree <= 2 eliminated, CP-SAT on the rest, its seconds and whether the objectives agree.
 """
 
@@ -18,14 +18,16 @@ from pathlib import Path
 from autoshard.cost.cluster import make_cluster
 from autoshard.pipeline import PlanRequest, plan_inputs
 from autoshard.search.problem import build_search
-from autoshard.search.solver import solve as ilp
+from autoshard.search.solver.cp_sat import _cp_sat
+from autoshard.search.solver.eliminate import _expand, eliminate
 from autoshard.search.solver.factors import (
-    MAX_ENTRIES,
     additions,
     elimination_order,
     minimize,
     problem_factors,
 )
+from autoshard.search.solver.outcome import _Limit
+from autoshard.search.solver.tuning import MAX_ENTRIES
 from autoshard.training import Training
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -61,12 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         exact_s = f"{time.perf_counter() - started:.3f}" if exact else f"> cap {MAX_ENTRIES}"
         cp_sat_s = agree = "-"
         if args.cp_sat:
-            reduced, kept, steps = ilp.eliminate(problem)
+            reduced, kept, steps = eliminate(problem)
             started = time.perf_counter()
-            limit = ilp._Limit(600.0, 600.0, "memory-aside")
-            solution, _ = ilp._cp_sat(reduced, limit, memory=False)
+            limit = _Limit(600.0, 600.0, "memory-aside")
+            solution, _ = _cp_sat(reduced, limit, memory=False)
             cp_sat_s = f"{time.perf_counter() - started:.3f}"
-            choice = ilp._expand(solution.choice, kept, steps, len(problem.sizes))
+            choice = _expand(solution.choice, kept, steps, len(problem.sizes))
             if exact is not None:
                 agree = "yes" if problem.objective(choice) == exact.value else "NO"
         print(f"{name:>24} {len(problem.sizes):>6} {problem.variables:>7} {largest:>12,} "

@@ -38,7 +38,7 @@ from autoshard.rules import IteratorType, OpRule, rule_for
 from autoshard.search.candidates import candidates, option_writes
 from autoshard.search.options import Objective
 from autoshard.search.problem import SearchError
-from autoshard.search.solver.solve import InfeasibleError
+from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.sharding import Sharding, ShardingOption
 
 SHOWN = 8

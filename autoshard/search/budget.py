@@ -39,15 +39,15 @@ from autoshard.reshard import plan_reshard
 from autoshard.search.memory import Chain
 from autoshard.search.options import Objective, SolverOptions
 from autoshard.search.problem import Search, build_search
-from autoshard.search.solver.solve import (
+from autoshard.search.solver.lowest import lowest_budget
+from autoshard.search.solver.outcome import (
     InfeasibleError,
     LowestBudget,
     Solution,
     SolverStatus,
-    lowest_budget,
-    solve,
     time_left,
 )
+from autoshard.search.solver.solve import solve
 from autoshard.units import format_bytes
 
 

@@ -1,4 +1,4 @@
-"""Exact min-sum elimination (`search.factors`) against brute force on small factor graphs, and
+"""Exact min-sum elimination (`solver.factors`) against brute force on small factor graphs, and
 against CP-SAT on the memory-aside problems of the bundled models."""
 
 import itertools
@@ -12,8 +12,7 @@ from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.search.memory_rows import MemoryRows
 from autoshard.search.problem import Problem, build_search
-from autoshard.search.solver import factors
-from autoshard.search.solver import solve as ilp
+from autoshard.search.solver import eliminate, factors, tuning
 from autoshard.search.solver.factors import (
     Factor,
     elimination_order,
@@ -22,7 +21,8 @@ from autoshard.search.solver.factors import (
     problem_factors,
     undominated,
 )
-from autoshard.search.solver.solve import SolverStatus, solve
+from autoshard.search.solver.outcome import SolverStatus
+from autoshard.search.solver.solve import solve
 from tests.search.test_ilp import brute_force, random_problem
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -62,7 +62,7 @@ def test_minimize_equals_brute_force(seed, dtype, small, monkeypatch):
     """Both ways a step is summed: the whole table at once, or a running minimum over the
     eliminated group's choices."""
     if not small:
-        monkeypatch.setattr(factors, "_SMALL", 0)
+        monkeypatch.setattr(tuning, "SMALL", 0)
     sizes, found = random_factors(seed, dtype)
     least, _ = exhaustive(sizes, found)
     found_min = minimize(sizes, found)
@@ -124,7 +124,7 @@ def test_factors_of_one_scope_are_summed_and_ties_go_to_the_lowest_choice(small,
     all-equal tables: every group takes choice 0 (a running step keeps no argmin: its choice
     is found again at the neighbours' choices, the first of the least too)."""
     if not small:
-        monkeypatch.setattr(factors, "_SMALL", 0)
+        monkeypatch.setattr(tuning, "SMALL", 0)
     a = np.arange(12, dtype=np.int64).reshape(3, 4)
     b = -a
     b[2, 1] -= 5
@@ -222,7 +222,7 @@ def test_problem_factors_are_the_ilp_objective(seed):
 
 # The decoder's seq=2048 rest on 2x4x8 is 7 groups of up to 284 choices in cycles: CP-SAT
 # proves its optimum in ~9 s alone (a minute on a loaded 2-core runner), too slow to run here.
-# Its objective, proven OPTIMAL by that solve (eliminate, then CP-SAT, as `ilp.solve` did before
+# Its objective, proven OPTIMAL by that solve (eliminate, then CP-SAT, as `solve` did before
 # exact elimination), is pinned (4,889,769 since the H100 preset prices its L2 and its access
 # patterns, measured: 4,844,186 before; CP-SAT proved it again in 1.5 s).
 DECODER_2X4X8_CP_SAT = 4889769
@@ -250,7 +250,7 @@ def test_the_memory_aside_optimum_is_cp_sats(model, mesh, dims, proven, monkeypa
     answer = minimize(problem.sizes, problem_factors(problem))
     assert answer is not None and (answer.choice, answer.value) == (exact.choice, exact.objective)
     if proven is None:
-        monkeypatch.setattr(ilp, "minimize", lambda *_, **__: None)  # CP-SAT's way
+        monkeypatch.setattr(eliminate, "minimize", lambda *_, **__: None)  # CP-SAT's way
         by_cp_sat = solve(problem)
         assert by_cp_sat.status is SolverStatus.OPTIMAL
         proven = by_cp_sat.objective
@@ -264,7 +264,7 @@ def test_min_marginals_equal_brute_force(seed, dtype, block, monkeypatch):
     """Each group's least sum per choice, against every choice enumerated: cycles, cliques,
     a disconnected group, and components of their own (each marginal adds the others'
     minima); the pass down a choice at a time or all at once."""
-    monkeypatch.setattr(factors, "_BLOCK", block)
+    monkeypatch.setattr(tuning, "BLOCK", block)
     sizes, found = random_factors(seed, dtype, groups=7)
     found = [f for f in found if 5 not in f.scope or f.scope == (5,)]  # 5: a component
     expected = [np.full(n, np.inf) for n in sizes]

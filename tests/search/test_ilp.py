@@ -22,9 +22,16 @@ from autoshard.rules import rule_for
 from autoshard.search.candidates import candidates
 from autoshard.search.memory_rows import NO_ROWS, Chosen, Indicator, MemoryRow, MemoryRows
 from autoshard.search.problem import Problem, build_search
+from autoshard.search.solver import cp_sat, lowest, outcome, tuning
+from autoshard.search.solver import eliminate as eliminate_module
 from autoshard.search.solver import solve as ilp
-from autoshard.search.solver.relaxation import still_possible
-from autoshard.search.solver.solve import InfeasibleError, eliminate, lowest_budget, solve
+from autoshard.search.solver.dual import dual
+from autoshard.search.solver.eliminate import eliminate
+from autoshard.search.solver.lowest import lowest_budget
+from autoshard.search.solver.marginals import still_possible
+from autoshard.search.solver.narrowing import _Narrowing
+from autoshard.search.solver.outcome import InfeasibleError
+from autoshard.search.solver.solve import solve
 from tests.golden.seed_models import write_seed_mlp
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -89,7 +96,8 @@ def test_where_the_relaxation_finds_no_plan_that_fits_the_least_peak_says_whethe
     least = min(problem.peak(c) for c in itertools.product(*map(range, problem.sizes)))
     below = dataclasses.replace(problem, budget=least - 1)
     narrowed = []
-    monkeypatch.setattr(ilp, "_cp_sat", lambda *a, **_: narrowed.append(a))
+    for module in (ilp, eliminate_module):
+        monkeypatch.setattr(module, "_cp_sat", lambda *a, **_: narrowed.append(a))
     with pytest.raises(InfeasibleError) as error:
         solve(below)
     assert error.value.lowest is not None and not narrowed
@@ -120,14 +128,14 @@ def test_random_problems_with_memory(seed):
 
 
 def test_rows_join_the_model_as_its_plans_go_over_them(monkeypatch):
-    """CP-SAT from none of the memory rows (row generation, `ilp._cp_sat` given `rows`): each
+    """CP-SAT from none of the memory rows (row generation, `cp_sat._cp_sat` given `rows`): each
     plan that goes over rows left out brings them in, and the plan returned is the optimum of
     all of them, as exhaustive search finds it. The rows its last model held, returned, start
     a solve again in one model (`solve`'s next narrowed try)."""
-    limit, none = ilp._Limit(60.0, 60.0, "test"), np.zeros(0, np.int64)
+    limit, none = outcome._Limit(60.0, 60.0, "test"), np.zeros(0, np.int64)
     solves = []
-    run = ilp._run
-    monkeypatch.setattr(ilp, "_run", lambda *args: solves.append(1) or run(*args))
+    run = cp_sat._run
+    monkeypatch.setattr(cp_sat, "_run", lambda *args: solves.append(1) or run(*args))
     binding = 0
     for seed in range(30):
         problem = random_problem(seed, memory=True)
@@ -136,11 +144,11 @@ def test_rows_join_the_model_as_its_plans_go_over_them(monkeypatch):
             continue
         free = brute_force(dataclasses.replace(problem, budget=10**9))
         binding += free < expected  # the first solve's plan went over some row
-        solution, rows = ilp._cp_sat(problem, limit, True, rows=none)
+        solution, rows = cp_sat._cp_sat(problem, limit, True, rows=none)
         assert (solution.objective, solution.status) == (expected, "OPTIMAL")
         assert problem.peak(solution.choice) <= problem.budget
         solves.clear()
-        again, held = ilp._cp_sat(problem, limit, True, rows=rows)
+        again, held = cp_sat._cp_sat(problem, limit, True, rows=rows)
         assert (again.objective, len(solves)) == (expected, 1)
         assert rows is not None and np.array_equal(held, rows)
     assert binding >= 5
@@ -154,12 +162,13 @@ def test_a_bound_proven_before_spares_the_proof(monkeypatch):
     def no_cp_sat(*_, **__):
         raise AssertionError("CP-SAT was asked")
 
-    monkeypatch.setattr(ilp, "_cp_sat", no_cp_sat)
+    for module in (ilp, eliminate_module):
+        monkeypatch.setattr(module, "_cp_sat", no_cp_sat)
     spared = 0
     for seed in range(60):
         problem = random_problem(seed, groups=6, memory=True)
         expected = brute_force(problem)
-        found = ilp.dual(problem)
+        found = dual(problem)
         if expected is None or found is None or found.best is None:
             continue
         if found.best.objective != expected:
@@ -199,9 +208,9 @@ def test_the_least_peaks_model_is_hinted_a_whole_plan(model, mesh):
     rng = np.random.default_rng(0)
     plan = tuple(int(rng.integers(n)) for n in problem.sizes)
     for at_least in (0, problem.peak(plan) + 1):
-        model, _ = ilp.least_peak_model(problem, plan, at_least)
+        model, _ = cp_sat.least_peak_model(problem, plan, at_least)
         assert len(model.proto.solution_hint.vars) == len(model.proto.variables)
-        solver = ilp._solver(10.0)
+        solver = cp_sat._solver(10.0)
         solver.parameters.fix_variables_to_their_hinted_value = True
         assert solver.solve(model) == cp_model.OPTIMAL
         assert solver.objective_value == max(problem.peak(plan), at_least)
@@ -213,16 +222,16 @@ def test_the_least_peaks_rows_join_its_model_as_its_plans_go_over_them(monkeypat
     finds goes over the others, they join it and it is solved again, to the least peak,
     proven (exhaustive search), on every problem, a quarter of them in several solves."""
     solves = []
-    run = ilp._run
-    monkeypatch.setattr(ilp, "_run", lambda *args: solves.append(1) or run(*args))
+    run = lowest._run
+    monkeypatch.setattr(lowest, "_run", lambda *args: solves.append(1) or run(*args))
     again = 0
     for seed in range(30):
         problem = random_problem(seed, groups=6, memory=True)
         plans = list(itertools.product(*(range(n) for n in problem.sizes)))
         least = min(map(problem.peak, plans))
         solves.clear()
-        limit = ilp._Limit(10.0, 10.0, "lowest-budget")
-        got, _ = ilp._least_peak(problem, limit, None, max(plans, key=problem.peak), least)
+        limit = outcome._Limit(10.0, 10.0, "lowest-budget")
+        got, _ = lowest._least_peak(problem, limit, None, max(plans, key=problem.peak), least)
         assert (got.value, got.bound, got.optimal) == (least, least, True)
         assert problem.peak(got.choice) == least
         again += len(solves) > 1
@@ -381,7 +390,7 @@ def test_a_threshold_keeps_at_most_its_share_of_the_choices():
     quarter (2 of 8) is 20 (10 and 15 are below it), half is 30, all is any (None)."""
     problem = Problem((4, 4), ((0,) * 4, (0,) * 4), (), NO_ROWS, 0, 1.0)
     marginals = [np.array([10.0, 20, 30, 40]), np.array([15.0, 25, 35, 45])]
-    narrowing = ilp._Narrowing(problem, marginals, lambda *_: None, None, "the cost", 0.5)
+    narrowing = _Narrowing(problem, marginals, lambda *_: None, None, "the cost", 0.5)
     thresholds = [narrowing.keeping(share) for share in (1 / 4, 1 / 2, 1)]
     assert thresholds == [20, 30, None]
     kept = [still_possible(marginals, t) for t in (20, 30, 47)]
@@ -400,13 +409,13 @@ def test_a_narrowed_solve_finds_its_optimum():
     graph = import_onnx(MODELS.parent / saved["model"], saved["dims"])
     cluster = make_cluster(mesh=saved["mesh"], memory=str(saved["budget"]))
     narrowed = build_search(graph, cluster).problem.restricted(saved["kept"])
-    limit = ilp._Limit(60.0, 60.0, "memory-bound")
-    found, _ = ilp._cp_sat(narrowed, limit, True, saved["hint"], rows=np.array(saved["rows"]))
-    model, _ = ilp.ilp_model(narrowed, memory=True)
-    solver = ilp._solver(60.0)
+    limit = outcome._Limit(60.0, 60.0, "memory-bound")
+    found, _ = cp_sat._cp_sat(narrowed, limit, True, saved["hint"], rows=np.array(saved["rows"]))
+    model, _ = cp_sat.ilp_model(narrowed, memory=True)
+    solver = cp_sat._solver(60.0)
     solver.parameters.cp_model_presolve = False
     assert solver.solve(model) == cp_model.OPTIMAL
-    assert found.status is ilp.SolverStatus.OPTIMAL
+    assert found.status is outcome.SolverStatus.OPTIMAL
     # 3,370,937,070 since the H100 preset prices its L2 and access patterns (was 3,371,647,268)
     assert found.objective == solver.objective_value == 3_370_937_070
     assert narrowed.peak(found.choice) <= saved["budget"]
@@ -494,7 +503,7 @@ def test_what_a_try_proves_beyond_its_threshold_at_large_values():
     of the least left out were all tried, each keeping a third, and nothing was proven)."""
     problem = Problem((4,), ((0,) * 4,), (), NO_ROWS, 0, 1.0)
     marginals = [np.array([1e10, 1e10 + 1, 1e10 + 100, 1e10 + 200])]
-    narrowing = ilp._Narrowing(problem, marginals, lambda *_: None, None, "the cost", 0.8)
+    narrowing = _Narrowing(problem, marginals, lambda *_: None, None, "the cost", 0.8)
     proven = narrowing.beyond([[0, 1]])
     assert proven == 10**10 + 90
     assert still_possible(marginals, 10**10 + 90) == [[0, 1]]
@@ -522,7 +531,7 @@ def test_the_tries_that_prove_a_plan_hold_fewer_choices():
 
 def _narrowed_tries(
     answers: list[int | None], marginals: list[np.ndarray] | None = None, tighten=None
-) -> tuple[list[int], int, ilp._Found]:
+) -> tuple[list[int], int, outcome._Found]:
     """The cost's narrowing over two groups of 16 choices (min-marginals 100..115 unless
     given), each try answering the next of `answers` as its optimum: the choices each try
     kept, the bound and the best. `tighten`: the narrowing's."""
@@ -535,12 +544,12 @@ def _narrowed_tries(
         sizes.append(narrowed.variables)
         value = next(found)
         if value is None:  # no plan fits
-            return ilp._Attempt((), None, 0, True, 0.1)
-        return ilp._Attempt((0, 0), value, value, True, 0.1)
+            return outcome._Attempt((), None, 0, True, 0.1)
+        return outcome._Attempt((0, 0), value, value, True, 0.1)
 
-    narrowing = ilp._Narrowing(
-        problem, marginals, attempt, None, "the cost", ilp.WHOLE_SHARE, True, tighten
+    narrowing = _Narrowing(
+        problem, marginals, attempt, None, "the cost", tuning.WHOLE_SHARE, True, tighten
     )
-    best, bound, _ = narrowing.run(None, 100, ilp._Limit(60.0, 60.0, "memory-bound"), (0, 0))
+    best, bound, _ = narrowing.run(None, 100, outcome._Limit(60.0, 60.0, "memory-bound"), (0, 0))
     assert best is not None
     return sizes, bound, best

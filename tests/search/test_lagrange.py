@@ -1,4 +1,4 @@
-"""The memory rows relaxed (`search.lagrange`): for any multipliers the subproblem's minimum is
+"""The memory rows relaxed (`solver.relaxation`): for any multipliers the subproblem's minimum is
 a lower bound on every plan that fits, its plan is checked exactly, and the memory-bound solve
 built on it is still the brute-force optimum."""
 
@@ -15,9 +15,21 @@ from autoshard.search.budget import auto_plan
 from autoshard.search.memory_rows import Chosen, Indicator, MemoryRow, MemoryRows
 from autoshard.search.problem import Problem, build_search
 from autoshard.search.solver import relaxation as lagrange
-from autoshard.search.solver import solve as ilp
-from autoshard.search.solver.relaxation import Relaxation, dual, peak_relaxation, still_possible
-from autoshard.search.solver.solve import InfeasibleError, solve
+from autoshard.search.solver import tuning
+from autoshard.search.solver.dual import Dual, dual, least_peak
+from autoshard.search.solver.lowest import lowest_budget
+from autoshard.search.solver.marginals import (
+    _fitting,
+    _widened,
+    peak_marginals,
+    rows_alone,
+    still_possible,
+    strengthened,
+    tightened,
+)
+from autoshard.search.solver.outcome import InfeasibleError
+from autoshard.search.solver.relaxation import Relaxation, peak_relaxation
+from autoshard.search.solver.solve import solve
 from autoshard.sharding import Sharding
 from tests.search.test_ilp import MODELS, brute_force, random_problem
 from tests.search.test_plan import write_mlp
@@ -56,7 +68,7 @@ def test_wide_indicators_summed_in_hubs_are_exact(seed, bits, monkeypatch):
     those the rows count are summed per scope in hubs: the subproblem is exact again (its
     minimum the relaxed function's), and each hub's table is its indicators' weighted sum;
     also where the class codes are numbered again after every indicator (`_BITS` 1)."""
-    monkeypatch.setattr(lagrange, "_BITS", bits)
+    monkeypatch.setattr(tuning, "BITS", bits)
     problem = random_problem(seed, memory=True)
     rng = np.random.default_rng(seed)
     relaxation = Relaxation(problem, exact_up_to=1, hubs=None)
@@ -87,11 +99,11 @@ def test_strengthened_bounds_the_optimum_and_keeps_the_best_plan(seed, monkeypat
     """With every wide indicator bounded (a weak relaxation), `strengthened` takes the hubs
     where 3 steps raise the bound by 5 %: its bound is still at most the optimum and at least
     the weak one's, and its best plan fits and is no worse than the weak one's."""
-    monkeypatch.setattr(lagrange, "DENSE", 1)
+    monkeypatch.setattr(tuning, "DENSE", 1)
     problem = random_problem(seed, memory=True)
     weak = Relaxation(problem)
     found = dual(problem, relaxation=weak)
-    relaxation, stronger = lagrange.strengthened(problem, weak, found)
+    relaxation, stronger = strengthened(problem, weak, found)
     assert stronger.bound >= found.bound - 1e-6
     optimum = brute_force(problem)
     if optimum is not None:
@@ -107,7 +119,7 @@ def test_strengthened_bounds_the_optimum_and_keeps_the_best_plan(seed, monkeypat
 def test_wide_indicators_are_bounded_from_below(seed, monkeypatch):
     """With every indicator too wide for one table, each is bounded from below by its parts:
     the subproblem's value never exceeds the relaxed function's minimum."""
-    monkeypatch.setattr(lagrange, "DENSE", 1)
+    monkeypatch.setattr(tuning, "DENSE", 1)
     problem = random_problem(seed, memory=True)
     rng = np.random.default_rng(seed)
     relaxation = Relaxation(problem)
@@ -121,7 +133,7 @@ def test_wide_indicators_are_bounded_from_below(seed, monkeypatch):
 def test_each_option_bounds_its_indicator(seed, monkeypatch):
     """With every indicator too wide for one table, each of its options from below is at most
     it at every plan, each from above at least it: any mix of them is a bound."""
-    monkeypatch.setattr(lagrange, "DENSE", 1)
+    monkeypatch.setattr(tuning, "DENSE", 1)
     problem = random_problem(seed, memory=True)
     bound = Relaxation(problem).bound(None)
     everywhere = list(plans(problem))
@@ -144,7 +156,7 @@ def test_each_option_bounds_its_indicator(seed, monkeypatch):
 def test_any_mix_of_the_options_bounds_the_subproblem(seed, monkeypatch):
     """The options of every wide indicator mixed at random: the subproblem's value never
     exceeds the relaxed function's minimum."""
-    monkeypatch.setattr(lagrange, "DENSE", 1)
+    monkeypatch.setattr(tuning, "DENSE", 1)
     problem = random_problem(seed, memory=True)
     rng = np.random.default_rng(seed)
     relaxation = Relaxation(problem)
@@ -224,7 +236,7 @@ def test_the_steps_go_on_while_the_bound_still_rises(monkeypatch):
     """The duality gap's example: bounds 0, 1, 2, 3, 4.6 (x6), 5 from the first step on. Given
     3 steps more at a time while the last 3 raised the bound: after 4 steps (3 over 0) 3 more,
     after 7 (4.6 over 3) 3 more, after 10 (4.6 over 4.6) none; `longer` caps them."""
-    monkeypatch.setattr(lagrange, "RISE_STEPS", 3)
+    monkeypatch.setattr(tuning, "RISE_STEPS", 3)
     rows = MemoryRows.of((MemoryRow(0, ((0, 0, 8), (0, 1, 2)), ()),))
     problem = Problem((2,), ((0, 10),), (), rows, 5, 1.0)
     assert dual(problem, iterations=4).bound == pytest.approx(3.0)
@@ -257,12 +269,12 @@ def test_nested_indicators_of_four_groups():
     assert exact.value == pytest.approx(relaxed_minimum(problem, np.array([1.0])))
     assert exact.value == pytest.approx(2.0)  # g0 = 0 or g1 = 0: cost 5, nothing held, 5 - 3
     narrow = dataclasses.replace(problem)
-    lagrange_dense = lagrange.DENSE
+    lagrange_dense = tuning.DENSE
     try:
-        lagrange.DENSE = 4
+        tuning.DENSE = 4
         bounded = Relaxation(narrow).solve(np.array([1.0]))
     finally:
-        lagrange.DENSE = lagrange_dense
+        tuning.DENSE = lagrange_dense
     # g0 = g1 = 1 (cost 0): 6 * (1 + 0 + 0) / 3 = 2 held, value 0 + 2 - 3; g0 = 0: 5 - 3 (g0 +
     # OR - 1 would give 5 + 6 * (0 + 1/3 - 1) - 3 = -2 with g1 = 1): the bound is -1.
     assert bounded.value == pytest.approx(-1.0)
@@ -283,7 +295,7 @@ def test_an_and_distributes_over_its_ors_again_and_again(monkeypatch):
     )
     rows = MemoryRows.of((MemoryRow(0, (), ((3, 1),)),))
     problem = Problem((2,) * 5, ((0, 0),) * 5, (), rows, 1, 1.0, indicators)
-    monkeypatch.setattr(lagrange, "DENSE", 8)
+    monkeypatch.setattr(tuning, "DENSE", 8)
     pieces, constant = Relaxation(problem).bound(None).of(3)
     assert constant == 0.0
     assert sorted(scope for scope, _ in pieces) == [(0, 1), (0, 2, 4), (0, 3, 4)]
@@ -305,7 +317,7 @@ def test_an_or_its_and_implies_is_no_condition(monkeypatch):
     )
     rows = MemoryRows.of((MemoryRow(0, (), ((1, 1),)),))
     problem = Problem((3,) * 3, ((0, 0, 0),) * 3, (), rows, 1, 1.0, indicators)
-    monkeypatch.setattr(lagrange, "DENSE", 9)
+    monkeypatch.setattr(tuning, "DENSE", 9)
     pieces, constant = Relaxation(problem).bound(None).of(1)
     assert constant == 0.0 and [scope for scope, _ in pieces] == [(0, 1)]
     for x in itertools.product(range(3), repeat=3):
@@ -344,9 +356,9 @@ def test_the_solve_at_the_least_peak_is_the_optimum(seed):
 def test_the_min_marginals_widened_by_those_of_the_choices_that_fit():
     """Choices 0 and 2 may fit: each takes the greater of the whole problem's (1, 3) and the
     restricted one's (4, 2); choice 1, in no plan that fits, is infinite."""
-    widened = ilp._widened([np.array([1.0, 5.0, 3.0])], [np.array([4.0, 2.0])], [[0, 2]])
+    widened = _widened([np.array([1.0, 5.0, 3.0])], [np.array([4.0, 2.0])], [[0, 2]])
     np.testing.assert_array_equal(widened[0], [4.0, np.inf, 3.0])
-    alone = ilp._widened([np.array([1.0, 5.0, 3.0])], None, [[0, 2]])
+    alone = _widened([np.array([1.0, 5.0, 3.0])], None, [[0, 2]])
     np.testing.assert_array_equal(alone[0], [1.0, np.inf, 3.0])
 
 
@@ -356,10 +368,10 @@ def test_the_least_peak_through_the_relaxation_is_the_least(seed):
     may take, give the least peak, proven."""
     problem = random_problem(seed, memory=True)
     least = min(problem.peak(x) for x in plans(problem))
-    found = lagrange.least_peak(problem, iterations=40)
+    found = least_peak(problem, iterations=40)
     assert found.bound <= least + 1e-6
     assert found.best.peak == problem.peak(found.best.choice) >= least
-    lowest = ilp.lowest_budget(problem)
+    lowest = lowest_budget(problem)
     assert (lowest.peak, lowest.bound, lowest.status) == (least, least, "OPTIMAL")
     assert problem.peak(lowest.choice) == least
 
@@ -377,7 +389,7 @@ def test_the_fsdp_mlp_is_found_through_the_relaxation(tmp_path):
     assert planned.cost.memory_bytes_per_device <= 2 * 2**20
     free = build_search(graph, make_cluster(mesh="2x4"), io).problem
     assert planned.solution.objective == brute_force(dataclasses.replace(free, budget=2 * 2**20))
-    least = ilp.lowest_budget(free)
+    least = lowest_budget(free)
     assert least.status == "OPTIMAL"
     assert least.peak == min(free.peak(x) for x in plans(free))
 
@@ -423,7 +435,7 @@ def test_the_choices_ruled_out_are_in_no_better_plan(seed):
             if cost < above:
                 assert all(k in kept[g] for g, k in enumerate(choice)), choice
     peaks = peak_relaxation(problem)
-    least = lagrange.least_peak(problem, relaxation=peaks)
+    least = least_peak(problem, relaxation=peaks)
     kept = still_possible(peaks.min_marginals(least.multipliers), least.best.peak)
     for choice in plans(problem):
         if problem.peak(choice) < least.best.peak:
@@ -433,17 +445,17 @@ def test_the_choices_ruled_out_are_in_no_better_plan(seed):
 @pytest.mark.parametrize("seed", range(30))
 def test_a_choice_s_least_peak_bounds_every_plan_taking_it(seed):
     """`peak_marginals` (the best weights' and rows alone, the greatest): every plan's peak
-    is at least each of its choices' figure; and the choices `ilp._fitting` rules out (a row
+    is at least each of its choices' figure; and the choices `marginals._fitting` rules out (a row
     alone over the budget) are in no plan that fits."""
     problem = random_problem(seed, memory=True)
     peaks = peak_relaxation(problem)
-    least = lagrange.least_peak(problem, relaxation=peaks)
-    marginals = lagrange.peak_marginals(peaks, least)
+    least = least_peak(problem, relaxation=peaks)
+    marginals = peak_marginals(peaks, least)
     for choice in plans(problem):
         figures = [marginals[g][k] for g, k in enumerate(choice)]
         assert problem.peak(choice) >= max(figures) - 1e-6, choice
     try:
-        fitting = ilp._fitting(problem, dual(problem))
+        fitting = _fitting(problem, dual(problem))
     except InfeasibleError:
         assert all(problem.peak(x) > problem.budget for x in plans(problem))
         return
@@ -463,15 +475,15 @@ def test_rows_alone_see_what_a_mix_blurs():
     )
     problem = Problem((2,), ((0, 0),), (), rows, 9, 1.0)
     peaks = peak_relaxation(problem)
-    least = lagrange.least_peak(problem, relaxation=peaks)
+    least = least_peak(problem, relaxation=peaks)
     assert least.bound <= 5 + 1e-9
-    np.testing.assert_allclose(lagrange.rows_alone(peaks, np.array([0, 1]))[0], [10, 10])
-    np.testing.assert_allclose(lagrange.peak_marginals(peaks, least)[0], [10, 10])
-    lowest = ilp.lowest_budget(problem)
+    np.testing.assert_allclose(rows_alone(peaks, np.array([0, 1]))[0], [10, 10])
+    np.testing.assert_allclose(peak_marginals(peaks, least)[0], [10, 10])
+    lowest = lowest_budget(problem)
     assert (lowest.peak, lowest.bound) == (10, 10)
-    found = lagrange.Dual(5.0, None, np.array([1.0, 1.0]), 1)
+    found = Dual(5.0, None, np.array([1.0, 1.0]), 1)
     with pytest.raises(InfeasibleError, match="the relaxation proves it"):
-        ilp._fitting(problem, found)
+        _fitting(problem, found)
 
 
 def test_choices_are_ruled_out_by_hand():
@@ -511,7 +523,7 @@ def test_the_choices_tightened_out_are_in_no_better_plan(seed):
     marginals = relaxation.min_marginals(found.multipliers) if fitting else None
     for above, plan in fitting:
         kept = still_possible(marginals, above, plan)
-        fewer = lagrange.tightened(problem, found.multipliers, kept, above, plan)
+        fewer = tightened(problem, found.multipliers, kept, above, plan)
         assert all(set(f) <= set(k) and f == sorted(f) for f, k in zip(fewer, kept, strict=True))
         for _, choice in [(above, plan), *(f for f in fitting if f[0] < above)]:
             assert all(k in fewer[g] for g, k in enumerate(choice)), (above, choice)
@@ -524,7 +536,7 @@ def test_tightened_by_hand():
     below 10, and the plan kept, choice 1, is all that is left."""
     rows = MemoryRows.of((MemoryRow(0, ((0, 0, 10), (0, 1, 0)), ()),))
     problem = Problem((2,), ((0, 10),), (), rows, 0, 1.0)
-    assert lagrange.tightened(problem, np.zeros(1), [[0, 1]], 10, (1,)) == [[1]]
+    assert tightened(problem, np.zeros(1), [[0, 1]], 10, (1,)) == [[1]]
 
 
 def test_tightened_leaves_out_more_and_keeps_the_optimum():
@@ -542,11 +554,11 @@ def test_tightened_leaves_out_more_and_keeps_the_optimum():
     plan = found.best.choice
     for below in (found.best.objective, optimum.objective + 1):
         kept = still_possible(marginals, below, plan)
-        fewer = lagrange.tightened(problem, found.multipliers, kept, below, plan)
+        fewer = tightened(problem, found.multipliers, kept, below, plan)
         assert sum(map(len, fewer)) < sum(map(len, kept))
         assert all(k in fewer[g] for g, k in enumerate(optimum.choice))
     kept = still_possible(marginals, optimum.objective, plan)
-    fewer = lagrange.tightened(problem, found.multipliers, kept, optimum.objective, plan)
+    fewer = tightened(problem, found.multipliers, kept, optimum.objective, plan)
     assert fewer == [[k] for k in plan]
 
 
@@ -561,9 +573,9 @@ def test_where_the_bounds_lose_the_peak_rows_bytes_larger_tables_are_exact():
     rows = MemoryRows.of((MemoryRow(100, (), ((0, 1000),)),))
     problem = Problem((64,) * 3, ((0,) * 64,) * 3, (), rows, 500, 1.0, (every_zero,))
     assert [lagrange.table_limit(problem, plan) for plan in ((1, 1, 1), (0, 0, 0), (0, 0, 1))] == [
-        lagrange.DENSER, lagrange.DENSE, lagrange.DENSE
+        tuning.DENSER, tuning.DENSE, tuning.DENSE
     ]  # fmt: skip
-    for limit, at_none in ((lagrange.DENSE, -900.0), (lagrange.DENSER, 100.0)):
+    for limit, at_none in ((tuning.DENSE, -900.0), (tuning.DENSER, 100.0)):
         factors, constant = peak_relaxation(problem, limit).at(np.ones(1))
         at = (1, 1, 1)
         assert sum(f.table[tuple(at[g] for g in f.scope)] for f in factors) + constant == at_none

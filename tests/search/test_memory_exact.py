@@ -17,7 +17,8 @@ from autoshard.passes.materialize import materialize
 from autoshard.pipeline import load_graph
 from autoshard.search.budget import _chains, auto_plan
 from autoshard.search.problem import build_search
-from autoshard.search.solver.solve import InfeasibleError, SolverStatus, lowest_budget
+from autoshard.search.solver.lowest import lowest_budget
+from autoshard.search.solver.outcome import InfeasibleError, SolverStatus
 from autoshard.training import Training
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

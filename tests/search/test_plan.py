@@ -28,8 +28,10 @@ from autoshard.search import budget
 from autoshard.search.baselines import data_parallel, dp_tp, megatron
 from autoshard.search.budget import NoPlanFits, auto_plan
 from autoshard.search.problem import build_search
+from autoshard.search.solver import lowest as lowest_module
 from autoshard.search.solver import solve as ilp
-from autoshard.search.solver.solve import InfeasibleError, lowest_budget
+from autoshard.search.solver.lowest import lowest_budget
+from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.sharding import Sharding, ShardingOption
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -116,14 +118,14 @@ def test_the_lowest_budget_a_solve_worked_out_is_the_errors(mlp, monkeypatch):
         calls.append(module)
         return f(*args, **kwargs)
 
-    for module in (ilp, budget):
+    for module in (lowest_module, budget):
         wrapped = functools.partial(counted, module.__name__, module.lowest_budget)
         monkeypatch.setattr(module, "lowest_budget", wrapped)
     with pytest.raises(NoPlanFits) as error:
         auto_plan(import_onnx(mlp), make_cluster(mesh="8", memory="16MiB"))
     lowest = error.value.lowest
     assert (lowest.peak, lowest.status) == (22020096, "OPTIMAL")
-    assert calls == ["autoshard.search.solver.solve"]
+    assert calls == ["autoshard.search.solver.lowest"]
 
 
 def test_an_infeasible_budget_names_the_lowest_one(mlp):

@@ -18,7 +18,7 @@ Group 1's neighbours (0, 4, 6) make 171 * 284 * 3 = 145,692 entries, group 6's (
 82^3 = 551,368: 1 goes first, leaving a ternary table over (0, 4, 6); then 2 and 3 alike
 (into (0, 4, 6) and (0, 5, 6)), 4 (neighbours 0, 5, 6), 5 (0, 6), 0 (6), 6. No table exceeds
 145,692 entries, and the work, the sum of each step's table times its group's choices, is
-~80 million additions: milliseconds where CP-SAT, on 112k pair variables, takes seconds.
+~80 million additions.
 
 Integer tables are summed in int64, exactly (the ILP's costs are <= 1e9 per coefficient, far
 from overflowing); float64 tables (a Lagrangian's multipliers) in float64. Ties go to the
@@ -36,12 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.search.problem import Problem
-
-MAX_ENTRIES = 2**24
-"""The largest table `minimize` builds by default (a minimum over an eliminated group's
-neighbours): 128 MiB of int64. Measured at the cap (a clique of 5 groups of 64 choices, one
-step of 64^4 entries, 64 passes over it): 480 MB resident, ~20 s on a loaded 2-core machine;
-the decoders' largest is 145,692 entries (2x4x8)."""
+from autoshard.search.solver import tuning
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,8 +90,8 @@ def undominated(problem: Problem) -> list[list[int]]:
     min_c (M[a][c] - M[b][c]) >= 0 (b of a lower index where it is 0, so that one of equals
     stays). Some optimum takes none: each choice of it that is one can be swapped for its b
     at no cost, to a choice that is none (a chain of them ends: each step strictly cheaper
-    or to a lower index). The 32-layer decoder's training step on 2x4x8: 460 of 5,578
-    choices, and the exact elimination of the rest needs tables of 2.9 M entries, not 25 M."""
+    or to a lower index). Few choices stay, and the exact elimination of the rest needs far
+    smaller tables."""
     node = [np.asarray(costs, np.int64) for costs in problem.node_costs]
     worst = [costs[:, None] - costs[None, :] for costs in node]  # a's cost less b's
     for a, b, matrix in problem.edges:
@@ -113,17 +108,13 @@ def undominated(problem: Problem) -> list[list[int]]:
     return kept
 
 
-_DIFFERENCES = 2**22
-"""`_least_difference` takes rows against rows this many entries at a time (32 MiB)."""
-
-
 def _least_difference(matrix: np.ndarray) -> np.ndarray:
     """min_c (matrix[a][c] - matrix[b][c]) for each pair of rows (a, b): over the distinct
     rows and columns only (an edge's matrix has few), a block of rows at a time."""
     rows, row_of = np.unique(matrix, axis=0, return_inverse=True)
     rows = np.unique(rows, axis=1)
     least = np.empty((len(rows), len(rows)), np.int64)
-    block = max(1, _DIFFERENCES // max(1, rows.size))
+    block = max(1, tuning.DIFFERENCES // max(1, rows.size))
     for first in range(0, len(rows), block):
         part = rows[first : first + block]
         least[first : first + block] = (part[:, None, :] - rows[None, :, :]).min(axis=2)
@@ -163,8 +154,7 @@ def _fill(sizes: Sequence[int], near: dict[int, set[int]], g: int) -> tuple[int,
     """The entries of the tables g's elimination joins anew (a pair of its neighbours no table
     held together yet: the product of their sizes, summed), then its minimum's. The fewest
     entries alone can take a small step that joins large groups, which every later step then
-    pays for: BART on 4x8 at 30 %, a step of 47.8 M additions of a 53.6 M whole; 14.7 M by
-    the least fill, and its largest step 0.53 M."""
+    pays for."""
     neighbours = sorted(near[g])
     joined = sum(
         sizes[a] * sizes[b]
@@ -214,7 +204,7 @@ def additions(sizes: Sequence[int], order: Sequence[tuple[int, tuple[int, ...]]]
 
 
 def minimize(
-    sizes: Sequence[int], factors: Sequence[Factor], max_entries: int = MAX_ENTRIES
+    sizes: Sequence[int], factors: Sequence[Factor], max_entries: int = tuning.MAX_ENTRIES
 ) -> Minimum | None:
     """A choice per group minimizing the sum of `factors`, exactly; `None` (before any table
     is built) when the elimination order needs a table of more than `max_entries` entries.
@@ -230,7 +220,7 @@ def minimize(
 
 
 def min_marginals(
-    sizes: Sequence[int], factors: Sequence[Factor], max_entries: int = MAX_ENTRIES
+    sizes: Sequence[int], factors: Sequence[Factor], max_entries: int = tuning.MAX_ENTRIES
 ) -> list[np.ndarray] | None:
     """For each group g, the least sum of `factors` with g's choice fixed, per choice: entry k
     is the minimum over all choices that take k for g (`None` as `minimize` answers it).
@@ -241,7 +231,7 @@ def min_marginals(
     of them) and one pass down: a step's tables plus what lies beyond it (its own neighbours'
     share of the rest), minimized onto the neighbours of each step whose message it got,
     less that message, is what lies beyond that step. About three times the work of
-    `minimize` (the 32-layer decoder's Lagrangian on 2x4x8: 0.7 s against 0.27 s)."""
+    `minimize`."""
     forward = _forward(sizes, factors, max_entries, keep=True)
     if forward is None:
         return None
@@ -273,7 +263,7 @@ def min_marginals(
         down = {c: np.empty(tuple(sizes[h] for h in passed[c].neighbours)) for c in children[p]}
         least = np.empty(sizes[g])
         # g's choices a block at a time, each block's table over (g, neighbours) in memory.
-        block = max(1, _BLOCK // max(1, beyond.size))
+        block = max(1, tuning.BLOCK // max(1, beyond.size))
         for first in range(0, sizes[g], block):
             ks = slice(first, min(first + block, sizes[g]))
             here = np.empty((ks.stop - ks.start, *beyond.shape))
@@ -385,11 +375,6 @@ def _forward(
     return steps, constant
 
 
-_BLOCK = 2**20
-"""`min_marginals` sums a step's tables over a block of its group's choices at once: at most
-this many entries (8 MiB of float64) a block."""
-
-
 def _spread(
     table: np.ndarray, scope: tuple[int, ...], g: int, ks: slice, onto: tuple[int, ...]
 ) -> np.ndarray:
@@ -407,11 +392,6 @@ def _spread(
     return np.transpose(table, [0] + [1 + i for i in axes]).reshape(shape)
 
 
-_SMALL = 2**16
-"""A step whose whole table (a group and its neighbours) has at most this many entries is
-summed at once, in cache; a larger one a choice of the group at a time."""
-
-
 def _eliminate(
     g: int,
     neighbours: tuple[int, ...],
@@ -423,10 +403,9 @@ def _eliminate(
     table of the neighbours' size; one large table with g's axis first would be several times
     slower (numpy's argmin along it leaves the cache) and several times the memory. Its argmin
     is not kept (None): only the choice at the neighbours' best choices is ever asked
-    (`_Step.choose`), and keeping it took two more passes a choice of g (BERT's training
-    step on 4x8: 0.24 s a minimization with it, 0.2 s without)."""
+    (`_Step.choose`), and keeping it takes two more passes a choice of g."""
     # Summed over the neighbours in order of size, the largest last: numpy's inner loops run
-    # along it (a table of 3 x 171 x 284 entries is summed 3 times faster than 171 x 284 x 3).
+    # along it, and a long inner loop is fastest.
     layout = sorted(neighbours, key=lambda h: (sizes[h], h))
     shape = tuple(sizes[h] for h in layout)
     # Each table with g's axis first and its other axes spread over the layout; a table over
@@ -445,7 +424,7 @@ def _eliminate(
     tables = [table for _, table in parts]
     dtype = np.result_type(*tables)
     back = [layout.index(h) for h in neighbours]
-    if sizes[g] * math.prod(shape) <= _SMALL:
+    if sizes[g] * math.prod(shape) <= tuning.SMALL:
         total = np.zeros((sizes[g], *shape), dtype=dtype)
         for part in tables:
             np.add(total, part, out=total)
