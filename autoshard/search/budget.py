@@ -12,7 +12,7 @@ make from the start is exact but costly (the indicators grow by an order of magn
 none may be left out for being small: an intermediate no larger than either end is still
 live beside the next step's result.
 
-When no plan fits, the least memory any plan needs is an ILP of its own (`ilp.lowest_budget`),
+When no plan fits, the least memory any plan needs is an ILP of its own (`solver.lowest.lowest_budget`),
 answered with its proof and the tensors its plan holds at the peak.
 """
 

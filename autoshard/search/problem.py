@@ -165,7 +165,7 @@ class Problem:
     def restricted(self, kept: Sequence[Sequence[int]]) -> Problem:
         """The problem over the choices `kept[g]` of each group g (ascending, none empty),
         numbered anew from 0: what the memory-bound solve hands CP-SAT once the relaxation
-        rules the others out (`search.lagrange.still_possible`). A plan of it is the plan
+        rules the others out (`solver.marginals.still_possible`). A plan of it is the plan
         `kept[g][k]` per group of this one, at the same objective and peak."""
         renumber = [[-1] * n for n in self.sizes]  # each choice's new number, -1 if left out
         for g, choices in enumerate(kept):
