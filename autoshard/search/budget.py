@@ -12,8 +12,8 @@ make from the start is exact but costly (the indicators grow by an order of magn
 none may be left out for being small: an intermediate no larger than either end is still
 live beside the next step's result.
 
-When no plan fits, the least memory any plan needs is an ILP of its own (`solver.lowest.lowest_budget`),
-answered with its proof and the tensors its plan holds at the peak.
+When no plan fits, the least memory any plan needs is an ILP of its own
+(`solver.lowest.lowest_budget`), answered with its proof and the tensors its plan holds at the peak.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from autoshard.plan import RETURN, Plan
 from autoshard.program import Program
 from autoshard.progress import Tracker
 from autoshard.reshard import plan_reshard
-from autoshard.search.memory import Chain
+from autoshard.search.memory.build import Chain
 from autoshard.search.options import Objective, SolverOptions
 from autoshard.search.problem import Search, build_search
 from autoshard.search.solver.lowest import lowest_budget

@@ -55,8 +55,8 @@ from autoshard.search.coarsen import (
     Repeats,
     group_decisions,
 )
-from autoshard.search.memory import Chain, memory_model
-from autoshard.search.memory_rows import (
+from autoshard.search.memory.build import Chain, memory_model
+from autoshard.search.memory.rows import (
     ZERO_ROW,
     Chosen,
     Indicator,
@@ -65,8 +65,8 @@ from autoshard.search.memory_rows import (
     MemoryModel,
     MemoryRows,
 )
-from autoshard.search.memory_slots import Read
-from autoshard.search.memory_tensors import Held
+from autoshard.search.memory.slots import Read
+from autoshard.search.memory.tensors import Held
 from autoshard.search.options import Objective
 from autoshard.sharding import Sharding, ShardingOption
 

@@ -10,7 +10,7 @@ import pytest
 
 from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx
-from autoshard.search.memory_rows import MemoryRows
+from autoshard.search.memory.rows import MemoryRows
 from autoshard.search.problem import Problem, build_search
 from autoshard.search.solver import eliminate, factors, tuning
 from autoshard.search.solver.factors import (

@@ -20,7 +20,7 @@ from autoshard.mesh import Mesh
 from autoshard.passes.lower import lower
 from autoshard.rules import rule_for
 from autoshard.search.candidates import candidates
-from autoshard.search.memory_rows import NO_ROWS, Chosen, Indicator, MemoryRow, MemoryRows
+from autoshard.search.memory.rows import NO_ROWS, Chosen, Indicator, MemoryRow, MemoryRows
 from autoshard.search.problem import Problem, build_search
 from autoshard.search.solver import cp_sat, lowest, outcome, tuning
 from autoshard.search.solver import eliminate as eliminate_module

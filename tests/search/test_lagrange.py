@@ -12,7 +12,7 @@ from autoshard.annotations import Annotation
 from autoshard.cost.cluster import make_cluster
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.search.budget import auto_plan
-from autoshard.search.memory_rows import Chosen, Indicator, MemoryRow, MemoryRows
+from autoshard.search.memory.rows import Chosen, Indicator, MemoryRow, MemoryRows
 from autoshard.search.problem import Problem, build_search
 from autoshard.search.solver import relaxation as lagrange
 from autoshard.search.solver import tuning

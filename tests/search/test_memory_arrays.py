@@ -3,7 +3,7 @@ indicators worked out level by level (`IndicatorTable`), each summed or evaluate
 
 import numpy as np
 
-from autoshard.search.memory_rows import Chosen, Indicator, IndicatorTable, Spans
+from autoshard.search.memory.rows import Chosen, Indicator, IndicatorTable, Spans
 
 
 def _random_rows(rng: np.random.Generator) -> list[list[tuple[int, int]]]:

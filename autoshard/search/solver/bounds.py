@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoshard.search.memory_rows import Chosen, Indicator, Literal
+from autoshard.search.memory.rows import Chosen, Indicator, Literal
 from autoshard.search.solver import tuning
 
 if TYPE_CHECKING:

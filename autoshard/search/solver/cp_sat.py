@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
-from autoshard.search.memory_rows import Chosen, Indicator, MemoryRows
+from autoshard.search.memory.rows import Chosen, Indicator, MemoryRows
 from autoshard.search.problem import Problem
 from autoshard.search.solver.outcome import (
     Solution,

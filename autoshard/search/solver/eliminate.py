@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.progress import Tracker
-from autoshard.search.memory_rows import NO_ROWS
+from autoshard.search.memory.rows import NO_ROWS
 from autoshard.search.problem import Problem
 from autoshard.search.solver.cp_sat import _cp_sat
 from autoshard.search.solver.factors import minimize, problem_factors, undominated

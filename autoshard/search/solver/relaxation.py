@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from autoshard.search.memory_rows import Chosen, Literal, MemoryRows
+from autoshard.search.memory.rows import Chosen, Literal, MemoryRows
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
 from autoshard.search.solver.bounds import Bounded, Pieces, Shares, _Bound

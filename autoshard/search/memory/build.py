@@ -58,12 +58,12 @@ import numpy as np
 from autoshard.ir.graph import FORWARD, Graph
 from autoshard.mesh import Mesh
 from autoshard.rules.gradient import accumulated_gradients
-from autoshard.search.memory_assembly import assemble_rows
-from autoshard.search.memory_literals import Literals
-from autoshard.search.memory_record import Mark, Recorder, Terms
-from autoshard.search.memory_rows import Literal, MemoryModel
-from autoshard.search.memory_slots import Read, Ref, SlotLayout, slot_layout
-from autoshard.search.memory_tensors import Held, Tensors
+from autoshard.search.memory.assembly import assemble_rows
+from autoshard.search.memory.literals import Literals
+from autoshard.search.memory.record import Mark, Recorder, Terms
+from autoshard.search.memory.rows import Literal, MemoryModel
+from autoshard.search.memory.slots import Read, Ref, SlotLayout, slot_layout
+from autoshard.search.memory.tensors import Held, Tensors
 from autoshard.sharding import Sharding
 
 Chain = tuple[tuple[int, ...], str, Sharding, Sharding]

@@ -12,8 +12,8 @@ from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
 
-from autoshard.search.memory_record import Terms
-from autoshard.search.memory_rows import (
+from autoshard.search.memory.record import Terms
+from autoshard.search.memory.rows import (
     _NONE,
     Indicator,
     MemoryModel,

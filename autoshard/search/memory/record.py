@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from autoshard.search.memory_rows import Chosen, Literal
-from autoshard.search.memory_slots import Read, Ref, SlotLayout
+from autoshard.search.memory.rows import Chosen, Literal
+from autoshard.search.memory.slots import Read, Ref, SlotLayout
 
 Mark = tuple[Ref, Ref, Literal | bool, int]
 """Bytes live from one slot to another (both as `Ref`s) when a literal holds."""

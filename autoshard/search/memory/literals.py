@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autoshard.search.memory_rows import Chosen, Indicator, Literal
+from autoshard.search.memory.rows import Chosen, Indicator, Literal
 from autoshard.sharding import Sharding
 
 

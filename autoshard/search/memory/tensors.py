@@ -17,8 +17,8 @@ from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.reshard import plan_reshard
-from autoshard.search.memory_literals import Literals
-from autoshard.search.memory_rows import Literal
+from autoshard.search.memory.literals import Literals
+from autoshard.search.memory.rows import Literal
 from autoshard.sharding import Sharding
 
 Held = tuple[int | None, tuple[Sharding, ...]]
