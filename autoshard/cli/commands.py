@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from autoshard.cli.flags import (
     PROGRESS_DELAY_S,
-    _dims,
+    dims_of,
 )
-from autoshard.cli.summaries import _breakdown_summary, _cost_summary, _print_checks
+from autoshard.cli.summaries import breakdown_summary, cost_summary, print_checks
 from autoshard.errors import AutoshardError
 from autoshard.mesh import Mesh
 from autoshard.passes import Stage
@@ -42,7 +42,7 @@ def _emit(data: object) -> None:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from autoshard.ir.summary import format_summary, inspect_model
 
-    summary = inspect_model(args.model, _dims(args.dim))
+    summary = inspect_model(args.model, dims_of(args.dim))
     if args.json:
         _emit(summary)
     else:
@@ -75,7 +75,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     partition = Stage.PARTITION in (args.dump_after or ())  # only to print it
     training = _training(args)
     lowered = propagated(
-        args.model, _dims(args.dim), mesh, annotations, _dump_after(args), partition, training
+        args.model, dims_of(args.dim), mesh, annotations, _dump_after(args), partition, training
     )
     graph, result, program = lowered.graph, lowered.plan, lowered.program
     if args.emit == "mlir":
@@ -94,7 +94,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     if args.html:
         from autoshard.document.plan_document import model_info, plan_document
 
-        info = model_info(args.model, graph, _dims(args.dim))
+        info = model_info(args.model, graph, dims_of(args.dim))
         document = plan_document(graph, cluster, result, program, cost, info, training=training)
         _write_html(args, document, lowered)
     if args.json:
@@ -115,7 +115,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
         )
     if result.unruled:
         print(f"computed replicated (no rule): {', '.join(result.unruled)}")
-    print(_cost_summary(cost, cluster, data["ops"]))
+    print(cost_summary(cost, cluster, data["ops"]))
     if args.html:
         print(f"report written to {args.html}")
     return 0
@@ -186,7 +186,7 @@ def _progress(args: argparse.Namespace) -> Iterator[Tracker | None]:
 def cmd_plan(args: argparse.Namespace) -> int:
     from autoshard.pipeline import PlanRequest, plan_request
 
-    dims, annotations, training = _dims(args.dim), _annotations(args), _training(args)
+    dims, annotations, training = dims_of(args.dim), _annotations(args), _training(args)
     with _progress(args) as tracker:
         after = _dump_after(args)
         request = PlanRequest(
@@ -208,14 +208,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     layers = search["repeated_layers"]
     print(f"plan for {args.model} on mesh {cluster.mesh} ({cluster.mesh.size} devices)")
     print(textwrap.fill(document["story"], width=100))
-    print(_cost_summary(planned.cost, cluster, document["ops"]))
+    print(cost_summary(planned.cost, cluster, document["ops"]))
     print(
         f"collectives: {len(document['collectives'])}; solver {solver['status']}, gap "
         f"{solver['gap']:.2%}, {timing['solve_s']:.2f} s; problem {search['groups']} groups, "
         f"{search['choices']} choices"
         + (f" ({layers['layers']} repeated layers solved once)" if layers["layers"] > 1 else "")
     )
-    print(_breakdown_summary(document["breakdown"]))
+    print(breakdown_summary(document["breakdown"]))
     if "strategy" in document:
         counts = document["strategy"]["counts"]
         print("weights: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
@@ -276,7 +276,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
     mesh = Mesh.parse(args.mesh)
     annotations = tuple(_annotations(args))
-    plan, training, dims = None, _training(args), _dims(args.dim)
+    plan, training, dims = None, _training(args), dims_of(args.dim)
     if args.plan:
         from autoshard.document.plan_document import planned_dims, read_plan_document, training_of
 
@@ -329,14 +329,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.distributed:
         from autoshard.run import run_partition
 
-        setup_of(read_manifest(args.out), args.model, _dims(args.dim))  # the same model, dims
+        setup_of(read_manifest(args.out), args.model, dims_of(args.dim))  # the same model, dims
         run = run_partition(
             args.out, args.backend, inputs, args.model, args.timeout, rtol=args.rtol
         )
         assert run is not None  # not under torchrun: this process is the launcher
         checks, devices, data = run.checks, run.devices, run.to_json()
     else:
-        report = verify_folder(args.out, args.model, _dims(args.dim), inputs, args.rtol)
+        report = verify_folder(args.out, args.model, dims_of(args.dim), inputs, args.rtol)
         checks, devices, data = report.outputs, report.devices, report.to_json()
     ok = all(c.ok for c in checks.values())
     if args.json:
@@ -344,7 +344,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         how = f" as {devices} processes ({args.backend})" if args.distributed else ""
         print(f"verify {args.out} on {devices} devices{how}: {'ok' if ok else 'FAILED'}")
-        _print_checks(checks)
+        print_checks(checks)
     return 0 if ok else 1
 
 
@@ -362,7 +362,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     status = "" if not report.checks else (": ok" if report.ok else ": FAILED")
     print(f"ran {args.out} as {report.devices} processes ({report.backend}){status}")
     if report.checks:
-        _print_checks(report.checks)
+        print_checks(report.checks)
     else:
         for name, value in report.outputs.items():
             print(f"  {name}: {'x'.join(map(str, value.shape))} {value.dtype}")

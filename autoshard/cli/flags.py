@@ -15,14 +15,14 @@ from autoshard.passes import Stage
 EXIT_USAGE = 2
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line, like every other error."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-class _Intermixed(_Parser):
+class IntermixedParser(Parser):
     """Positionals may follow options (argparse otherwise leaves an optional positional given
     after an option unread)."""
 
@@ -38,7 +38,8 @@ class _Intermixed(_Parser):
             self._mixing = False
 
 
-def _dim(text: str) -> tuple[str, int]:
+def dim_flag(text: str) -> tuple[str, int]:
+    """`--dim batch=8` -> ("batch", 8)."""
     name, sep, size = text.partition("=")
     if not sep or not name.strip():
         raise argparse.ArgumentTypeError(f"--dim {text!r} is not NAME=SIZE (e.g. --dim batch=8)")
@@ -53,7 +54,8 @@ def _dim(text: str) -> tuple[str, int]:
     return name.strip(), value
 
 
-def _shape(text: str) -> tuple[int, ...]:
+def shape_flag(text: str) -> tuple[int, ...]:
+    """`--shape 4x6` -> (4, 6), within the element limit."""
     try:
         dims = tuple(int(d) for d in text.lower().split("x"))
     except ValueError:
@@ -67,7 +69,8 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-def _dims(pairs: Sequence[tuple[str, int]] | None) -> dict[str, int]:
+def dims_of(pairs: Sequence[tuple[str, int]] | None) -> dict[str, int]:
+    """The `--dim` pairs as a dict; a name bound twice to different sizes is an error."""
     dims: dict[str, int] = {}
     for name, size in pairs or ():
         if name in dims and dims[name] != size:
@@ -76,14 +79,14 @@ def _dims(pairs: Sequence[tuple[str, int]] | None) -> dict[str, int]:
     return dims
 
 
-def _model_flags(parser: argparse.ArgumentParser, mesh_required: bool) -> None:
+def model_flags(parser: argparse.ArgumentParser, mesh_required: bool) -> None:
     """The model, its mesh, bound dims and annotations: what propagate, plan and partition
     share."""
     parser.add_argument("model", help="path to an .onnx file")
     mesh_help = "device mesh, e.g. 4x8" + ("" if mesh_required else " (or in --cluster)")
     parser.add_argument("--mesh", required=mesh_required, help=mesh_help)
     parser.add_argument(
-        "--dim", action="append", type=_dim, metavar="NAME=SIZE", help="bind a symbolic dim"
+        "--dim", action="append", type=dim_flag, metavar="NAME=SIZE", help="bind a symbolic dim"
     )
     parser.add_argument(
         "--annotate",
@@ -98,7 +101,7 @@ def _model_flags(parser: argparse.ArgumentParser, mesh_required: bool) -> None:
     )  # fmt: skip
 
 
-def _html_flags(parser: argparse.ArgumentParser) -> None:
+def html_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--html", metavar="REPORT.html",
         help="also write the plan's HTML report (one self-contained file: strategy, mesh, time "
@@ -111,7 +114,7 @@ def _html_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _training_flags(parser: argparse.ArgumentParser) -> None:
+def training_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training step (with --mode training)")
     group.add_argument(
         "--mode", default="inference", metavar="MODE",
@@ -133,7 +136,7 @@ def _training_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _progress_flags(parser: argparse.ArgumentParser) -> None:
+def progress_flags(parser: argparse.ArgumentParser) -> None:
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument(
         "-q", "--quiet", action="store_true", help="no progress on stderr (errors still are)"
@@ -144,7 +147,7 @@ def _progress_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _run_flags(parser: argparse.ArgumentParser) -> None:
+def run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend", choices=("gloo", "nccl"), default="gloo",
         help="torch.distributed backend (default gloo; nccl on GPUs)",
@@ -155,7 +158,7 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _cluster_flags(parser: argparse.ArgumentParser) -> None:
+def cluster_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="device preset: h100, a100, mi300x, tpu-v5e, l4")
     parser.add_argument(
         "--bandwidth", help="link bandwidth per mesh axis, e.g. 25GB/s,450GB/s (or one for all)"

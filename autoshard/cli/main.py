@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from autoshard import __version__
 from autoshard.cli.commands import (
@@ -27,42 +27,51 @@ from autoshard.cli.commands import (
 )
 from autoshard.cli.flags import (
     EXIT_USAGE,
-    _cluster_flags,
-    _dim,
-    _html_flags,
-    _Intermixed,
-    _model_flags,
-    _Parser,
-    _progress_flags,
-    _run_flags,
-    _shape,
-    _training_flags,
+    IntermixedParser,
+    Parser,
+    cluster_flags,
+    dim_flag,
+    html_flags,
+    model_flags,
+    progress_flags,
+    run_flags,
+    shape_flag,
+    training_flags,
 )
 from autoshard.errors import AutoshardError
 from autoshard.mlir.syntax import Dialect
 from autoshard.search.options import Objective
 
+Commands = argparse._SubParsersAction  # the subparsers of `autoshard`
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="autoshard", description="Auto-sharding planner for ML models.")
+    parser = Parser(prog="autoshard", description="Auto-sharding planner for ML models.")
     parser.add_argument("--version", action="version", version=f"autoshard {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for add_command in COMMANDS:
+        add_command(commands)
+    return parser
 
+
+def _inspect_command(commands: Commands) -> None:
     inspect = commands.add_parser("inspect", help="summarize an ONNX model")
     inspect.add_argument("model", help="path to an .onnx file")
     inspect.add_argument(
-        "--dim", action="append", type=_dim, metavar="NAME=SIZE", help="bind a symbolic dim"
+        "--dim", action="append", type=dim_flag, metavar="NAME=SIZE", help="bind a symbolic dim"
     )
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.set_defaults(run=cmd_inspect)
 
+
+def _propagate_command(commands: Commands) -> None:
     propagate = commands.add_parser(
         "propagate", help="complete shardings from annotations and list the collectives"
     )
-    _model_flags(propagate, mesh_required=True)
+    model_flags(propagate, mesh_required=True)
     propagate.add_argument("--json", action="store_true", help="machine-readable output")
-    _cluster_flags(propagate)
-    _training_flags(propagate)
+    cluster_flags(propagate)
+    training_flags(propagate)
     propagate.add_argument(
         "--emit",
         choices=("summary", "mlir"),
@@ -75,13 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=str(Dialect.MESH),
         help="MLIR spelling for --emit mlir: the mesh dialect or upstream LLVM 22's shard",
     )
-    _html_flags(propagate)
+    html_flags(propagate)
     propagate.set_defaults(run=cmd_propagate)
 
+
+def _plan_command(commands: Commands) -> None:
     plan = commands.add_parser("plan", help="search the cheapest sharding plan (CP-SAT)")
-    _model_flags(plan, mesh_required=False)
-    _cluster_flags(plan)
-    _training_flags(plan)
+    model_flags(plan, mesh_required=False)
+    cluster_flags(plan)
+    training_flags(plan)
     plan.add_argument(
         "--objective", choices=[str(o) for o in Objective], default=str(Objective.TIME),
         help="minimize compute + communication time (default) or communication bytes",
@@ -93,10 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     plan.add_argument("-o", "--out", metavar="PLAN.json", help="write the plan JSON here")
     plan.add_argument("--json", action="store_true", help="print the plan JSON")
-    _progress_flags(plan)
-    _html_flags(plan)
+    progress_flags(plan)
+    html_flags(plan)
     plan.set_defaults(run=cmd_plan)
 
+
+def _calibrate_command(commands: Commands) -> None:
     calibrate = commands.add_parser(
         "calibrate", help="measure this machine's device and write a cluster file for plan"
     )
@@ -120,11 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--json", action="store_true", help="print the cluster file")
     calibrate.set_defaults(run=cmd_calibrate)
 
+
+def _reshard_command(commands: Commands) -> None:
     reshard = commands.add_parser(
         "reshard", help="the collectives that turn one sharding of a tensor into another"
     )
     reshard.add_argument("--mesh", required=True, help="device mesh, e.g. 2x2x2")
-    reshard.add_argument("--shape", required=True, type=_shape, help="tensor shape, e.g. 4x4")
+    reshard.add_argument("--shape", required=True, type=shape_flag, help="tensor shape, e.g. 4x4")
     reshard.add_argument("--from", dest="source", required=True, help="e.g. '[[0], [1, 2]]'")
     reshard.add_argument("--to", dest="target", required=True, help="e.g. '[[0, 1], [2]]'")
     reshard.add_argument(
@@ -133,10 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     reshard.add_argument("--json", action="store_true", help="machine-readable output")
     reshard.set_defaults(run=cmd_reshard)
 
+
+def _partition_command(commands: Commands) -> None:
     partition = commands.add_parser(
         "partition", help="write each device's program and weights (SPMD IR, safetensors)"
     )
-    _model_flags(partition, mesh_required=True)
+    model_flags(partition, mesh_required=True)
     partition.add_argument(
         "--plan",
         metavar="PLAN.json",
@@ -150,10 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="MLIR spelling of OUT/spmd.mlir: the mesh dialect or upstream LLVM 22's shard",
     )
     partition.add_argument("--json", action="store_true", help="machine-readable output")
-    _training_flags(partition)
-    _progress_flags(partition)
+    training_flags(partition)
+    progress_flags(partition)
     partition.set_defaults(run=cmd_partition)
 
+
+def _verify_command(commands: Commands) -> None:
     verify = commands.add_parser(
         "verify", help="run a partition on all devices and compare with onnxruntime"
     )
@@ -162,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument(
         "--dim",
         action="append",
-        type=_dim,
+        type=dim_flag,
         metavar="NAME=SIZE",
         help="must agree with the partition's dims (they are in its manifest)",
     )
@@ -177,10 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run as one process per device on torch.distributed (autoshard run), not in-process",
     )
-    _run_flags(verify)
+    run_flags(verify)
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(run=cmd_verify)
 
+
+def _run_command(commands: Commands) -> None:
     run = commands.add_parser(
         "run", help="run a partition as one process per device on torch.distributed"
     )
@@ -189,17 +210,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--check", metavar="MODEL", help="compare the outputs with onnxruntime on this model"
     )
-    _run_flags(run)
+    run_flags(run)
     run.add_argument("--json", action="store_true", help="machine-readable output")
     run.set_defaults(run=cmd_run)
 
+
+def _layout_command(commands: Commands) -> None:
     layout = commands.add_parser("layout", help="draw which device holds which part of a tensor")
     layout.add_argument("--mesh", required=True, help="device mesh, e.g. 2x3 or dp=2,tp=3")
-    layout.add_argument("--shape", required=True, type=_shape, help="tensor shape, e.g. 4x6")
+    layout.add_argument("--shape", required=True, type=shape_flag, help="tensor shape, e.g. 4x6")
     layout.add_argument("--sharding", required=True, help="e.g. '[[], [0, 1]]'")
     layout.add_argument("--json", action="store_true", help="machine-readable output")
     layout.set_defaults(run=cmd_layout)
 
+
+def _report_command(commands: Commands) -> None:
     report = commands.add_parser(
         "report", help="compare plans with baseline plans: the CI cost-regression report"
     )
@@ -212,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print the comparison as JSON")
     report.set_defaults(run=cmd_report)
 
+
+def _diff_command(commands: Commands) -> None:
     diff = commands.add_parser(
         "diff", help="what changed between two plans: shardings by layer, collectives, costs"
     )
@@ -220,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--json", action="store_true", help="print the diff as JSON")
     diff.set_defaults(run=cmd_diff)
 
+
+def _html_command(commands: Commands) -> None:
     html = commands.add_parser(
         "html", help="a saved plan's HTML report (what autoshard plan --html writes)"
     )
@@ -233,10 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     html.add_argument("-o", "--out", required=True, metavar="REPORT.html", help="write it here")
     html.set_defaults(run=cmd_html)
+
+
+def _explain_command(commands: Commands) -> None:
     explain = commands.add_parser(
         "explain", help="why a plan shards a value or op so, and why not another sharding"
     )
-    explain.__class__ = _Intermixed  # `explain PLAN --model M NAME`: NAME after an option
+    explain.__class__ = IntermixedParser  # `explain PLAN --model M NAME`: NAME after an option
     explain.add_argument("plan", metavar="PLAN.json", help="a plan from autoshard plan -o")
     explain.add_argument(
         "name", nargs="?", metavar="VALUE_OR_OP", help="the value or op to explain"
@@ -248,10 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
         "and compare: CHOSEN CHEAPER, TARGET CHEAPER, SAME COST or INFEASIBLE",
     )  # fmt: skip
     explain.add_argument("-o", "--out", metavar="TARGET.json", help="write the --why-not plan")
-    _cluster_flags(explain)
+    cluster_flags(explain)
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(run=cmd_explain)
 
+
+def _export_command(commands: Commands) -> None:
     export = commands.add_parser(
         "export", help="a plan as DTensor placements, JAX PartitionSpecs or ONNX sharding"
     )
@@ -272,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--json", action="store_true", help="print the export as JSON")
     export.set_defaults(run=cmd_export)
 
+
+def _serve_command(commands: Commands) -> None:
     serve = commands.add_parser("serve", help="run the REST service (FastAPI on uvicorn)")
     serve.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -287,7 +323,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest time_limit a request may ask for, seconds (default 600)",
     )  # fmt: skip
     serve.set_defaults(run=cmd_serve)
-    return parser
+
+
+COMMANDS: tuple[Callable[[Commands], None], ...] = (
+    _inspect_command,
+    _propagate_command,
+    _plan_command,
+    _calibrate_command,
+    _reshard_command,
+    _partition_command,
+    _verify_command,
+    _run_command,
+    _layout_command,
+    _report_command,
+    _diff_command,
+    _html_command,
+    _explain_command,
+    _export_command,
+    _serve_command,
+)
+"""Each subcommand's parser, in the order `--help` lists them."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

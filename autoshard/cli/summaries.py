@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _cost_summary(cost: Any, cluster: Any, ops: dict[str, dict[str, Any]]) -> str:
+def cost_summary(cost: Any, cluster: Any, ops: dict[str, dict[str, Any]]) -> str:
     from autoshard.units import format_bytes as _size
 
     by_type: dict[str, float] = {}
@@ -39,7 +39,7 @@ def _cost_summary(cost: Any, cluster: Any, ops: dict[str, dict[str, Any]]) -> st
     return "\n".join(lines)
 
 
-def _breakdown_summary(block: dict[str, Any]) -> str:
+def breakdown_summary(block: dict[str, Any]) -> str:
     """The top lines of a plan's `breakdown`: each run of repeated layers (one layer, and all),
     the rest, the costliest collectives, and the memory at the peak by kind."""
 
@@ -79,7 +79,7 @@ def _breakdown_summary(block: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _print_checks(checks: Any) -> None:
+def print_checks(checks: Any) -> None:
     for name, check in checks.items():
         replica = (
             f", replicas differ by {check.max_replica_err:.3g}" if check.max_replica_err else ""
