@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from autoshard.execute import segments
 from autoshard.execute.verify import id_bound
 from autoshard.files import json_text, write_atomic
 from autoshard.ir.graph import Graph
-from autoshard.passes.partition import LocalCollective, Partitioned
+from autoshard.passes.partition import DeviceProgram, LocalCollective, Partitioned
 
 FORMAT = "autoshard-steps/1"
 STEPS = "steps.json"
@@ -51,61 +51,24 @@ def steps_manifest(
     tensors = program.tensors
     files: dict[str, bytes] = {}
     graph_inputs = [n for n in program.inputs if n in graph.inputs]
-    communications = list(program.communications)
-    collectives = []
-    for step, entry in zip(communications, partitioned.collectives_json(), strict=True):
-        collectives.append(
-            {
-                "source": step.source,
-                "target": step.target,
-                "dtype": tensors[step.source].dtype,
-                **entry,
-                "source_shapes": [list(d.shapes[step.source]) for d in partitioned.devices],
-                "target_shapes": [list(d.shapes[step.target]) for d in partitioned.devices],
-            }
-        )
-    # Constants a collective or the outputs read (not a segment): the device makes them first.
-    loose = {step.source for step in communications} | set(program.outputs)
 
     def add(blob: bytes) -> str:
         path = f"{SEGMENTS}/{hashlib.sha256(blob).hexdigest()[:20]}.onnx"
         files[path] = blob
         return path
 
-    devices = []
-    for device in partitioned.devices:
-        steps: list[dict[str, Any]] = []
-        count = 0
-        held = sorted(n for n in loose if n in program.constants or n in device.constants)
-        if held:
-            values = {n: device.constants.get(n, program.constants.get(n)) for n in held}
-            blob = segments.constants_model(values, graph.opset).SerializeToString()
-            steps.append({"run": add(blob), "inputs": [], "outputs": held})
-        for segment in segments.cut(partitioned, device):
-            if not segment.empty:
-                data = segments.model(partitioned, device, segment, graph.opset)
-                steps.append(
-                    {
-                        "run": add(data.SerializeToString()),
-                        "inputs": list(segment.inputs),
-                        "outputs": list(segment.outputs),
-                    }
-                )
-            if isinstance(segment.collective, LocalCollective):
-                steps.append({"collective": count})
-                count += 1
-        devices.append(
-            {
-                "index": device.index,
-                "coordinates": list(device.device),
-                "weights": weight_files.get(device.index),
-                "inputs": {
-                    n: [[a, b] for a, b in partitioned.slices(n, device.index)]
-                    for n in graph_inputs
-                },
-                "steps": steps,
-            }
-        )
+    devices = [
+        {
+            "index": device.index,
+            "coordinates": list(device.device),
+            "weights": weight_files.get(device.index),
+            "inputs": {
+                n: [[a, b] for a, b in partitioned.slices(n, device.index)] for n in graph_inputs
+            },
+            "steps": _device_steps(partitioned, device, graph, add),
+        }
+        for device in partitioned.devices
+    ]
     manifest = {
         "format": FORMAT,
         "mesh": {"shape": list(mesh.shape), "axis_names": list(mesh.axis_names)},
@@ -130,10 +93,58 @@ def steps_manifest(
             }
             for value, name in zip(graph.outputs, program.outputs, strict=True)
         ],
-        "collectives": collectives,
+        "collectives": _collectives(partitioned),
         "devices": devices,
     }
     return manifest, files
+
+
+def _collectives(partitioned: Partitioned) -> list[dict[str, Any]]:
+    """Each collective of the program with its tensors' dtype and per-device shapes."""
+    tensors = partitioned.program.tensors
+    communications = partitioned.program.communications
+    return [
+        {
+            "source": step.source,
+            "target": step.target,
+            "dtype": tensors[step.source].dtype,
+            **entry,
+            "source_shapes": [list(d.shapes[step.source]) for d in partitioned.devices],
+            "target_shapes": [list(d.shapes[step.target]) for d in partitioned.devices],
+        }
+        for step, entry in zip(communications, partitioned.collectives_json(), strict=True)
+    ]
+
+
+def _device_steps(
+    partitioned: Partitioned, device: DeviceProgram, graph: Graph, add: Callable[[bytes], str]
+) -> list[dict[str, Any]]:
+    """One device's steps: its loose constants first, then segments and collectives in order;
+    `add` stores a segment's bytes and returns its path."""
+    program = partitioned.program
+    # Constants a collective or the outputs read (not a segment): the device makes them first.
+    loose = {step.source for step in program.communications} | set(program.outputs)
+    steps: list[dict[str, Any]] = []
+    held = sorted(n for n in loose if n in program.constants or n in device.constants)
+    if held:
+        values = {n: device.constants.get(n, program.constants.get(n)) for n in held}
+        blob = segments.constants_model(values, graph.opset).SerializeToString()
+        steps.append({"run": add(blob), "inputs": [], "outputs": held})
+    count = 0
+    for segment in segments.cut(partitioned, device):
+        if not segment.empty:
+            data = segments.model(partitioned, device, segment, graph.opset)
+            steps.append(
+                {
+                    "run": add(data.SerializeToString()),
+                    "inputs": list(segment.inputs),
+                    "outputs": list(segment.outputs),
+                }
+            )
+        if isinstance(segment.collective, LocalCollective):
+            steps.append({"collective": count})
+            count += 1
+    return steps
 
 
 def write_steps(
