@@ -31,7 +31,7 @@ class ModelInfo:
     name: str | None
     file: str | None
     sha256: str | None
-    dims: Mapping[str, Any]
+    dims: Mapping[str, int]
 
     @property
     def label(self) -> str:

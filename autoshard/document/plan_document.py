@@ -44,6 +44,7 @@ from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.model import Cost
 from autoshard.document.blocks import (
+    Asked,
     ClusterInfo,
     CollectiveEntry,
     CostFigures,
@@ -52,10 +53,12 @@ from autoshard.document.blocks import (
     HeldValue,
     ModelInfo,
     OpEntry,
+    RepeatedLayers,
     SearchFigures,
     SolverFigures,
     Strategy,
     Timing,
+    WeightStrategy,
 )
 from autoshard.document.breakdown import breakdown
 from autoshard.document.story import strategy_story
@@ -169,7 +172,7 @@ class PlanDocument:
 # ---- writing -----------------------------------------------------------------------------------
 
 
-def describe(plan: Plan, graph: Graph, cost: Cost | None = None) -> dict[str, object]:
+def describe(plan: Plan, graph: Graph, cost: Cost | None = None) -> dict[str, Any]:
     """The plan's `values` and `ops` (and `unruled`: the ops computed replicated). A graph input's
     or weight's entry says how it is held and, in `read_as`, how each op reads it (held split
     further than read: gathered before that op); a graph output returned otherwise than
@@ -223,76 +226,57 @@ def plan_document(
     plan: Plan,
     program: Program,
     cost: Cost,
-    model: Mapping[str, object],
+    model: ModelInfo,
     planned: Planned | None = None,
     training: Training | None = None,
     *,
     asked: tuple[SolverOptions, Sequence[Annotation]] | None = None,
     names: Mapping[str, str] | None = None,
 ) -> PlanDocument:
-    """The plan JSON; `planned` adds the solver's and the search problem's figures, and
+    """The plan document; `planned` adds the solver's and the search problem's figures, and
     `asked` what it was asked (its options and annotations); a training step's plan says so
     (`mode`, `training`). `names` are the source model's parameter names, for the story."""
     solver = search = timing = repeats = usage = None
     if planned is not None:
         s, problem = planned.solution, planned.search.problem
-        solver = {
-            "status": s.status,
-            "objective": s.objective * problem.unit,
-            "bound": s.bound * problem.unit,
-            "gap": s.gap,
-            "variables": s.variables,
-            "constraints": s.constraints,
-        }
+        solver = SolverFigures(str(s.status), s.objective * problem.unit, s.bound * problem.unit,
+                               s.gap, s.variables, s.constraints)  # fmt: skip
         repeats, usage = planned.search.repeats, planned.usage
-        search = {
-            "groups": len(problem.sizes),
-            "choices": problem.variables,
-            "edges": len(problem.edges),
-            "memory_rows": len(problem.memory),
-            "repeated_layers": {
-                "first_op": repeats.start,
-                "ops_per_layer": repeats.period,
-                "layers": repeats.count,
-            },  # fmt: skip
-        }
+        told = None
         if asked is not None:
             options, annotations = asked
-            search |= {"objective": str(options.objective), "time_limit": options.time_limit,
-                       "annotations": [a.to_json() for a in annotations]}  # fmt: skip
-        timing = {"build_s": round(planned.build_s, 3), "solve_s": round(planned.solve_s, 3)}
-    trained = {}
+            told = Asked(str(options.objective), options.time_limit,
+                         tuple(a.to_json() for a in annotations))  # fmt: skip
+        search = SearchFigures(
+            len(problem.sizes), problem.variables, len(problem.edges), len(problem.memory),
+            RepeatedLayers(repeats.start, repeats.period, repeats.count), told,
+        )  # fmt: skip
+        timing = Timing(round(planned.build_s, 3), round(planned.solve_s, 3))
+    strategy = None
     if training is not None:
         strategies = weight_strategies(graph, plan)
-        trained = {
-            "mode": "training",
-            "training": training.to_json(),
-            "strategy": {"counts": strategy_counts(strategies), "weights": strategies},
-        }
+        strategy = Strategy(strategy_counts(strategies),
+                            {w: WeightStrategy(**s) for w, s in strategies.items()})  # fmt: skip
     collectives = program.collectives_json()
-    return PlanDocument.from_json(
-        {
-            "schema": SCHEMA,
-            "model": dict(model),
-            "story": strategy_story(graph, plan, collectives, names, repeats),
-            **trained,
-            "mesh": str(cluster.mesh),
-            "cluster": cluster.to_json(),
-            **describe(plan, graph, cost),
-            "collectives": collectives,
-            "cost": cost.to_json(),
-            "breakdown": breakdown(graph, program, cost, repeats, usage),
-            "solver": solver,
-            "search": search,
-            "timing": timing,
-        }
-    )
+    described = describe(plan, graph, cost)
+    return PlanDocument(
+        model=model, mesh=cluster.mesh,
+        story=strategy_story(graph, plan, collectives, names, repeats),
+        mode="training" if training is not None else None, training=training, strategy=strategy,
+        cluster=ClusterInfo.from_json(cluster.to_json()),
+        values={name: HeldValue.from_json(v) for name, v in described["values"].items()},
+        ops={name: OpEntry.from_json(op) for name, op in described["ops"].items()},
+        unruled=tuple(plan.unruled), collectives=tuple(map(CollectiveEntry.from_json, collectives)),
+        cost=CostFigures.from_json(cost.to_json()),
+        breakdown=breakdown(graph, program, cost, repeats, usage),
+        solver=solver, search=search, timing=timing,
+    )  # fmt: skip
 
 
-def model_info(path: str | Path, graph: Graph, dims: Mapping[str, int]) -> dict[str, object]:
+def model_info(path: str | Path, graph: Graph, dims: Mapping[str, int]) -> ModelInfo:
     """The document's `model`: what identifies the model a plan is for."""
-    return {"name": graph.name or Path(path).stem, "file": Path(path).name,
-            "sha256": sha256_file(path), "dims": dict(sorted(dims.items()))}  # fmt: skip
+    return ModelInfo(graph.name or Path(path).stem, Path(path).name, sha256_file(path),
+                     dict(sorted(dims.items())))  # fmt: skip
 
 
 def document_text(document: PlanDocument) -> str:
