@@ -397,6 +397,8 @@ class Decisions:
                 {name: HeldValue.from_json(v) for name, v in (data.get("values") or {}).items()},
                 training_of(data, source),
             )
+        except AutoshardError:  # a bad mesh, or training option: its own message
+            raise
         except (AttributeError, KeyError, TypeError, ValueError) as error:
             raise DocumentError(f"{source} is malformed: {error!r}") from None
 

@@ -62,6 +62,7 @@ from autoshard.document.blocks import (
 )
 from autoshard.document.breakdown import breakdown
 from autoshard.document.story import strategy_story
+from autoshard.errors import AutoshardError
 from autoshard.files import sha256_file, write_atomic
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
@@ -165,6 +166,8 @@ class PlanDocument:
                 search=block("search", SearchFigures.from_json),
                 timing=block("timing", lambda t: Timing(t["build_s"], t["solve_s"])),
             )  # fmt: skip
+        except AutoshardError:  # a bad mesh, or training option: its own message
+            raise
         except (AttributeError, KeyError, TypeError, ValueError) as error:
             raise DocumentError(f"{source} is malformed: {error!r}") from None
 
@@ -361,16 +364,16 @@ def plan_from_document(
     weights are held): the rest follows from the rules."""
     ops, values = decided.ops, decided.values
     options: dict[str, ShardingOption | None] = {}
-    for op in graph.ops:
-        entry = ops.get(op.name)
-        if entry is None:
-            raise DocumentError(f"{source} has no op {op.name!r}: is it for this model?")
-        rule = rule_for(op, graph)
-        text = entry.sharding_option
-        options[op.name] = (
-            ShardingOption.parse(text, len(rule.loops)) if rule and text is not None else None
-        )
     try:
+        for op in graph.ops:
+            entry = ops.get(op.name)
+            if entry is None:
+                raise DocumentError(f"{source} has no op {op.name!r}: is it for this model?")
+            rule = rule_for(op, graph)
+            text = entry.sharding_option
+            options[op.name] = (
+                ShardingOption.parse(text, len(rule.loops)) if rule and text is not None else None
+            )
         held = {
             name: v.held_sharding.check(mesh, graph.values[name].shape)
             for name, v in values.items()
