@@ -18,16 +18,17 @@ import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from autoshard.analysis.repeats import find_repeats
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster
+from autoshard.document.blocks import Decisions
 from autoshard.document.plan_document import (
+    PlanDocument,
     model_info,
     plan_document,
     plan_from_document,
-    training_of,
 )
 from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import import_onnx
@@ -188,7 +189,7 @@ class RequestedPlan:
     """The answer to a plan request: the plan document, the search's result, and the graph
     and cluster it was found for (to partition or print the program, to summarize)."""
 
-    document: dict[str, Any]
+    document: PlanDocument
     planned: Planned
     graph: Graph
     cluster: Cluster
@@ -255,13 +256,13 @@ def plan_request(
 @dataclass(frozen=True, kw_only=True)
 class Setup:
     """What determines a partition: the model, the mesh, bound dims, and either annotations
-    (propagated) or a plan document's `ops` and `values` (`autoshard plan -o`)."""
+    (propagated) or what decides a saved plan (`autoshard plan -o`)."""
 
     model: Path
     mesh: Mesh
     dims: Mapping[str, int]
     annotations: tuple[Annotation, ...]
-    plan: Mapping[str, Any] | None = None
+    plan: Decisions | None = None
     training: Training | None = None
 
 
@@ -284,13 +285,12 @@ def build_setup(
 # ---- `autoshard html`, `explain`, the service's report.html: a saved plan -------------------
 
 
-def lower_document(document: Mapping[str, Any], model: str | Path) -> Lowered:
+def lower_document(document: PlanDocument, model: str | Path) -> Lowered:
     """A saved plan's graph, plan and program: the plan document (`autoshard plan -o`) decided
     on the model it was made from (its dims and training step), lowered (`autoshard html`,
     `explain`, the service's report.html)."""
     graph, plan = _decide(Setup(
-        model=Path(model), mesh=Mesh.parse(str(document.get("mesh"))),
-        dims=(document.get("model") or {}).get("dims") or {}, annotations=(), plan=document,
-        training=training_of(document, "the plan"),
+        model=Path(model), mesh=document.mesh, dims=document.model.dims, annotations=(),
+        plan=document.decisions, training=document.training,
     ))  # fmt: skip
     return Lowered(graph=graph, plan=plan, program=lower(graph, plan))

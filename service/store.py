@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoshard.document.plan_document import PlanDocument
+
 STATUSES = ("queued", "running", "done", "failed")
 CAUSES = ("input", "interrupted", "internal")
 
@@ -78,7 +80,7 @@ class Job:
     progress: dict[str, Any] | None
     error: str | None
     cause: str | None
-    plan: dict[str, Any] | None
+    plan: PlanDocument | None
     created: float
     started: float | None
     finished: float | None
@@ -107,7 +109,8 @@ class Job:
     def view(self) -> dict[str, Any]:
         """The job as GET /v1/plans/{id} shows it."""
         return {"id": self.id, "status": self.status, "progress": self.progress_view(),
-                "error": self.error, "plan": self.plan}  # fmt: skip
+                "error": self.error,
+                "plan": self.plan.to_json() if self.plan is not None else None}  # fmt: skip
 
 
 def _progress(text: str | None) -> dict[str, Any] | None:
@@ -132,7 +135,8 @@ def _job(row: tuple[Any, ...]) -> Job:
     (id_, status, attempt, sha, path, options, progress, error, cause, plan) = row[:10]
     return Job(
         id_, status, attempt, sha, path, json.loads(options), _progress(progress), error,
-        cause, json.loads(plan) if plan else None, *row[10:],
+        cause, PlanDocument.from_json(json.loads(plan), f"job {id_}'s plan") if plan else None,
+        *row[10:],
     )  # fmt: skip
 
 
@@ -260,18 +264,19 @@ class Store:
         self,
         job_id: str,
         attempt: int,
-        plan: dict[str, Any],
+        plan: PlanDocument,
         spmd: str | None,
         spmd_error: str | None,
         report: str,
         html: str | None = None,
     ) -> None:
         """The job is done: its plan, SPMD program, Markdown and (`html`) HTML reports."""
+        text = json.dumps(plan.to_json())
         with self._tx() as db:
             cursor = db.execute(
                 "UPDATE jobs SET status = 'done', plan = ?, spmd = ?, spmd_error = ?, "
                 "report = ?, finished = ? WHERE id = ? AND attempt = ? AND status = 'running'",
-                (json.dumps(plan), spmd, spmd_error, report, time.time(), job_id, attempt),
+                (text, spmd, spmd_error, report, time.time(), job_id, attempt),
             )
             if cursor.rowcount == 1 and html is not None:
                 self._keep(db, job_id, (), html)

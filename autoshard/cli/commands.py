@@ -28,6 +28,7 @@ from autoshard.sharding import Sharding
 
 if TYPE_CHECKING:  # the pipeline is imported by the commands that run it, not at startup
     from autoshard.cost.cluster import Cluster
+    from autoshard.document.plan_document import PlanDocument
     from autoshard.pipeline import AfterStage
     from autoshard.progress import Tracker
 
@@ -64,8 +65,7 @@ def cmd_layout(args: argparse.Namespace) -> int:
 
 def cmd_propagate(args: argparse.Namespace) -> int:
     from autoshard.cost.price import price
-    from autoshard.document.plan_document import describe
-    from autoshard.document.story import strategy_story
+    from autoshard.document.plan_document import model_info, plan_document
     from autoshard.names import parameter_names
     from autoshard.pipeline import propagated
 
@@ -84,44 +84,38 @@ def cmd_propagate(args: argparse.Namespace) -> int:
         print(print_program(program, args.dialect), end="")
         return 0
     cost = price(program, graph, cluster)
-    collectives = program.collectives_json()
-    data: dict[str, Any] = {
-        "story": strategy_story(graph, result, collectives, parameter_names(args.model)),
-        **describe(result, graph, cost),
-        "collectives": collectives,
-        "cost": cost.to_json(),
-    }
+    info = model_info(args.model, graph, dims_of(args.dim))
+    document = plan_document(
+        graph, cluster, result, program, cost, info, training=training,
+        names=parameter_names(args.model),
+    )  # fmt: skip
     if args.html:
-        from autoshard.document.plan_document import model_info, plan_document
-
-        info = model_info(args.model, graph, dims_of(args.dim))
-        document = plan_document(graph, cluster, result, program, cost, info, training=training)
         _write_html(args, document, lowered)
     if args.json:
-        _emit(data)
+        _emit(document.to_json())
         return 0
     print(
         f"model {graph.name} on mesh {mesh}: {len(graph.ops)} ops, {len(annotations)} annotations"
     )
-    print(textwrap.fill(data["story"], width=100))
-    for name, op in data["ops"].items():
-        print(f"  {name} ({op['type']}): {op['sharding_option'] or 'replicated (no rule)'}")
-    collectives = data["collectives"]
+    print(textwrap.fill(document.story or "", width=100))
+    for name, op in document.ops.items():
+        print(f"  {name} ({op.type}): {op.sharding_option or 'replicated (no rule)'}")
+    collectives = document.collectives
     print(f"collectives: {len(collectives)}, {program.bytes_per_device} bytes per device")
     for c in collectives:
         print(
-            f"  {c['value']}: {c['kind']} mesh_axes = {c['mesh_axes']}  {c['from']} -> {c['to']}"
-            f"  ({c['bytes_per_device']} B)"
+            f"  {c.value}: {c.kind} mesh_axes = {list(c.mesh_axes)}  {c.source} -> {c.target}"
+            f"  ({c.bytes_per_device} B)"
         )
     if result.unruled:
         print(f"computed replicated (no rule): {', '.join(result.unruled)}")
-    print(cost_summary(cost, cluster, data["ops"]))
+    print(cost_summary(cost, cluster, document.ops))
     if args.html:
         print(f"report written to {args.html}")
     return 0
 
 
-def _write_html(args: argparse.Namespace, document: dict[str, Any], lowered: Any) -> None:
+def _write_html(args: argparse.Namespace, document: PlanDocument, lowered: Any) -> None:
     """--html: the plan's HTML report, drawn from the plan just made."""
     from autoshard.html import plan_html, write_html
 
@@ -202,22 +196,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.html:
         _write_html(args, document, requested.lowered)
     if args.json:
-        _emit(document)
+        _emit(document.to_json())
         return 0
-    solver, search, timing = document["solver"], document["search"], document["timing"]
-    layers = search["repeated_layers"]
+    solver, search, timing = document.solver, document.search, document.timing
+    assert solver is not None and search is not None and timing is not None  # a search's plan
+    layers = search.repeated_layers.layers
     print(f"plan for {args.model} on mesh {cluster.mesh} ({cluster.mesh.size} devices)")
-    print(textwrap.fill(document["story"], width=100))
-    print(cost_summary(planned.cost, cluster, document["ops"]))
+    print(textwrap.fill(document.story or "", width=100))
+    print(cost_summary(planned.cost, cluster, document.ops))
     print(
-        f"collectives: {len(document['collectives'])}; solver {solver['status']}, gap "
-        f"{solver['gap']:.2%}, {timing['solve_s']:.2f} s; problem {search['groups']} groups, "
-        f"{search['choices']} choices"
-        + (f" ({layers['layers']} repeated layers solved once)" if layers["layers"] > 1 else "")
+        f"collectives: {len(document.collectives)}; solver {solver.status}, gap "
+        f"{solver.gap:.2%}, {timing.solve_s:.2f} s; problem {search.groups} groups, "
+        f"{search.choices} choices"
+        + (f" ({layers} repeated layers solved once)" if layers > 1 else "")
     )
-    print(breakdown_summary(document["breakdown"]))
-    if "strategy" in document:
-        counts = document["strategy"]["counts"]
+    print(breakdown_summary(document.breakdown or {}))
+    if document.strategy is not None:
+        counts = document.strategy.counts
         print("weights: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
     if planned.plan.unruled:
         print(f"computed replicated (no rule): {', '.join(planned.plan.unruled)}")
@@ -278,13 +273,13 @@ def cmd_partition(args: argparse.Namespace) -> int:
     annotations = tuple(_annotations(args))
     plan, training, dims = None, _training(args), dims_of(args.dim)
     if args.plan:
-        from autoshard.document.plan_document import planned_dims, read_plan_document, training_of
+        from autoshard.document.plan_document import planned_dims, read_plan_document
 
         if annotations:
             raise AutoshardError("give either --plan or annotations, not both")
         dims = dims or planned_dims(args.plan)  # no --dim: the plan's
         plan = read_plan_document(args.plan, mesh, args.model, dims)
-        planned = training_of(plan, args.plan)
+        planned = plan.training
         if args.mode == "training" and planned != training:
             raise AutoshardError(
                 f"plan {args.plan} is for {planned or 'the forward pass'}, not {training}; "

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autoshard.document.blocks import OpEntry
 
 
-def cost_summary(cost: Any, cluster: Any, ops: dict[str, dict[str, Any]]) -> str:
+def cost_summary(cost: Any, cluster: Any, ops: Mapping[str, OpEntry]) -> str:
     from autoshard.units import format_bytes as _size
 
     by_type: dict[str, float] = {}
     for op in ops.values():
-        by_type[op["type"]] = by_type.get(op["type"], 0.0) + op.get("compute_s", 0.0)
+        by_type[op.type] = by_type.get(op.type, 0.0) + (op.compute_s or 0.0)
     top = sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))[:4]
     share = [f"{t} {s / (cost.compute_time_s or 1):.0%}" for t, s in top if s]
     lines = [
@@ -39,7 +43,7 @@ def cost_summary(cost: Any, cluster: Any, ops: dict[str, dict[str, Any]]) -> str
     return "\n".join(lines)
 
 
-def breakdown_summary(block: dict[str, Any]) -> str:
+def breakdown_summary(block: Mapping[str, Any]) -> str:
     """The top lines of a plan's `breakdown`: each run of repeated layers (one layer, and all),
     the rest, the costliest collectives, and the memory at the peak by kind."""
 

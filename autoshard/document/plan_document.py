@@ -1,6 +1,7 @@
-"""The plan document: what `autoshard plan --json` prints, `-o plan.json` writes, the REST
-API's `plan` holds and `autoshard partition --plan` and `autoshard report` read. Versioned by
-its schema, written and read here only:
+"""The plan document: what `autoshard plan --json` and `autoshard propagate --json` print,
+`-o plan.json` writes, the REST API's `plan` holds and `autoshard partition --plan`, `report`,
+`diff`, `html`, `explain` and `export` read. A `PlanDocument`, read by attribute; its JSON is
+versioned by its schema and written and read here only (`to_json`, `from_json`):
 
     {"schema": "autoshard.plan/1", "model": {...}, "story": "...", "mesh": "4x8",
      "cluster": {...},
@@ -18,7 +19,8 @@ weights are held; the plan summary and report.md open with it. `breakdown` regro
 all of them, of the rest, compute by op type, the top collectives by time, and the memory at
 the peak by kind per repeated layer and for the rest. `search` also records what the search
 was asked (its objective, time limit and annotations), so that `autoshard explain` can solve
-again with one more annotation (`--why-not`). A training step's
+again with one more annotation (`--why-not`). A plan that annotations decided (`autoshard
+propagate`) has no search: its `solver`, `search` and `timing` are null. A training step's
 plan also has `"mode": "training"`, its `training` options and each trained weight's
 `strategy` (`autoshard.training.strategy`: how it is held, used, its optimizer state split),
 with `cost.phases` and `cost.memory_by_kind`.
@@ -33,13 +35,31 @@ and weights are held): the rest follows from the rules (`propagate.plan_from_opt
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.price import Cost
+from autoshard.document.blocks import (
+    Asked,
+    ClusterInfo,
+    CollectiveEntry,
+    CostFigures,
+    Decisions,
+    DocumentError,
+    HeldValue,
+    ModelInfo,
+    OpEntry,
+    RepeatedLayers,
+    SearchFigures,
+    SolverFigures,
+    Strategy,
+    Timing,
+    WeightStrategy,
+)
 from autoshard.document.breakdown import breakdown
 from autoshard.document.story import strategy_story
 from autoshard.errors import AutoshardError
@@ -57,15 +77,106 @@ from autoshard.training.strategy import strategy_counts, weight_strategies
 if TYPE_CHECKING:  # only for the figures it reports; reading a plan needs no search
     from autoshard.search.budget import Planned
 
+T = TypeVar("T")
+
 SCHEMA = "autoshard.plan/1"
 
 
-class DocumentError(AutoshardError):
-    """A plan file that cannot be read, is not a plan, or is for another model or mesh."""
+@dataclass(frozen=True, kw_only=True)
+class PlanDocument:
+    """A plan document (`autoshard.plan/1`, see the module docstring), read by attribute.
+    `from_json` reads what `to_json` writes, byte for byte once dumped as `document_text`
+    does; a block the document lacks reads as None (or empty), as a plan written by hand for
+    `autoshard report` or `diff` may lack all but its model, mesh and cost."""
+
+    model: ModelInfo
+    mesh: Mesh
+    story: str | None = None
+    mode: str | None = None  # "training" for a training step's plan
+    training: Training | None = None
+    strategy: Strategy | None = None
+    cluster: ClusterInfo | None = None
+    values: Mapping[str, HeldValue] = field(default_factory=dict)
+    ops: Mapping[str, OpEntry] = field(default_factory=dict)
+    unruled: tuple[str, ...] = ()
+    collectives: tuple[CollectiveEntry, ...] = ()
+    cost: CostFigures | None = None
+    breakdown: Mapping[str, Any] | None = None
+    """The cost regrouped (`document.breakdown`), kept as its JSON: it is large, and read only
+    to be shown (the plan summary, the HTML report)."""
+    solver: SolverFigures | None = None
+    search: SearchFigures | None = None
+    timing: Timing | None = None
+
+    @property
+    def decisions(self) -> Decisions:
+        """What decides the plan: its `ops`, `values` and training step."""
+        return Decisions(self.ops, self.values, self.training)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"schema": SCHEMA, "model": self.model.to_json()}
+        if self.story is not None:
+            data["story"] = self.story
+        if self.mode is not None:
+            data["mode"] = self.mode
+        if self.training is not None:
+            data["training"] = self.training.to_json()
+        if self.strategy is not None:
+            data["strategy"] = self.strategy.to_json()
+        data["mesh"] = str(self.mesh)
+        if self.cluster is not None:
+            data["cluster"] = self.cluster.to_json()
+        data |= {"values": {name: v.to_json() for name, v in self.values.items()},
+                 "ops": {name: op.to_json() for name, op in self.ops.items()},
+                 "unruled": list(self.unruled),
+                 "collectives": [c.to_json() for c in self.collectives]}  # fmt: skip
+        if self.cost is not None:
+            data["cost"] = self.cost.to_json()
+        if self.breakdown is not None:
+            data["breakdown"] = self.breakdown
+        return data | {
+            "solver": self.solver.to_json() if self.solver is not None else None,
+            "search": self.search.to_json() if self.search is not None else None,
+            "timing": self.timing.to_json() if self.timing is not None else None,
+        }
+
+    @staticmethod
+    def from_json(data: object, source: str = "plan") -> PlanDocument:
+        """The document of JSON `data`, checked to be one (its schema) and well formed;
+        `source` names it in errors (`plan PATH`)."""
+        if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
+            raise DocumentError(f"{source} is not an autoshard plan (schema {SCHEMA})")
+        try:
+            decisions = Decisions.from_json(data, source)
+            mesh = Mesh.parse(str(data.get("mesh")))
+
+            def block(key: str, read: Callable[[Mapping[str, Any]], T]) -> T | None:
+                return None if data.get(key) is None else read(data[key])
+
+            return PlanDocument(
+                model=ModelInfo.from_json(data.get("model") or {}), mesh=mesh,
+                story=data.get("story"), mode=data.get("mode"), training=decisions.training,
+                strategy=block("strategy", Strategy.from_json),
+                cluster=block("cluster", ClusterInfo.from_json),
+                values=decisions.values, ops=decisions.ops,
+                unruled=tuple(data.get("unruled") or ()),
+                collectives=tuple(map(CollectiveEntry.from_json, data.get("collectives") or ())),
+                cost=block("cost", CostFigures.from_json), breakdown=data.get("breakdown"),
+                solver=block("solver", SolverFigures.from_json),
+                search=block("search", SearchFigures.from_json),
+                timing=block("timing", lambda t: Timing(t["build_s"], t["solve_s"])),
+            )  # fmt: skip
+        except AutoshardError:  # a bad mesh, or training option: its own message
+            raise
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            raise DocumentError(f"{source} is malformed: {error!r}") from None
 
 
-def describe(plan: Plan, graph: Graph, cost: Cost | None = None) -> dict[str, object]:
-    """The plan's `values` and `ops` (also the JSON of `autoshard propagate`). A graph input's
+# ---- writing -----------------------------------------------------------------------------------
+
+
+def describe(plan: Plan, graph: Graph, cost: Cost | None = None) -> dict[str, Any]:
+    """The plan's `values` and `ops` (and `unruled`: the ops computed replicated). A graph input's
     or weight's entry says how it is held and, in `read_as`, how each op reads it (held split
     further than read: gathered before that op); a graph output returned otherwise than
     complete as held (a required annotation for users) says how, in `returned_as`. With `cost`,
@@ -118,86 +229,72 @@ def plan_document(
     plan: Plan,
     program: Program,
     cost: Cost,
-    model: Mapping[str, object],
+    model: ModelInfo,
     planned: Planned | None = None,
     training: Training | None = None,
     *,
     asked: tuple[SolverOptions, Sequence[Annotation]] | None = None,
     names: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """The plan JSON; `planned` adds the solver's and the search problem's figures, and
+) -> PlanDocument:
+    """The plan document; `planned` adds the solver's and the search problem's figures, and
     `asked` what it was asked (its options and annotations); a training step's plan says so
     (`mode`, `training`). `names` are the source model's parameter names, for the story."""
     solver = search = timing = repeats = usage = None
     if planned is not None:
         s, problem = planned.solution, planned.search.problem
-        solver = {
-            "status": s.status,
-            "objective": s.objective * problem.unit,
-            "bound": s.bound * problem.unit,
-            "gap": s.gap,
-            "variables": s.variables,
-            "constraints": s.constraints,
-        }
+        solver = SolverFigures(str(s.status), s.objective * problem.unit, s.bound * problem.unit,
+                               s.gap, s.variables, s.constraints)  # fmt: skip
         repeats, usage = planned.search.repeats, planned.usage
-        search = {
-            "groups": len(problem.sizes),
-            "choices": problem.variables,
-            "edges": len(problem.edges),
-            "memory_rows": len(problem.memory),
-            "repeated_layers": {
-                "first_op": repeats.start,
-                "ops_per_layer": repeats.period,
-                "layers": repeats.count,
-            },  # fmt: skip
-        }
+        told = None
         if asked is not None:
             options, annotations = asked
-            search |= {"objective": str(options.objective), "time_limit": options.time_limit,
-                       "annotations": [a.to_json() for a in annotations]}  # fmt: skip
-        timing = {"build_s": round(planned.build_s, 3), "solve_s": round(planned.solve_s, 3)}
-    trained = {}
+            told = Asked(str(options.objective), options.time_limit,
+                         tuple(a.to_json() for a in annotations))  # fmt: skip
+        search = SearchFigures(
+            len(problem.sizes), problem.variables, len(problem.edges), len(problem.memory),
+            RepeatedLayers(repeats.start, repeats.period, repeats.count), told,
+        )  # fmt: skip
+        timing = Timing(round(planned.build_s, 3), round(planned.solve_s, 3))
+    strategy = None
     if training is not None:
         strategies = weight_strategies(graph, plan)
-        trained = {
-            "mode": "training",
-            "training": training.to_json(),
-            "strategy": {"counts": strategy_counts(strategies), "weights": strategies},
-        }
+        strategy = Strategy(strategy_counts(strategies),
+                            {w: WeightStrategy(**s) for w, s in strategies.items()})  # fmt: skip
     collectives = program.collectives_json()
-    return {
-        "schema": SCHEMA,
-        "model": dict(model),
-        "story": strategy_story(graph, plan, collectives, names, repeats),
-        **trained,
-        "mesh": str(cluster.mesh),
-        "cluster": cluster.to_json(),
-        **describe(plan, graph, cost),
-        "collectives": collectives,
-        "cost": cost.to_json(),
-        "breakdown": breakdown(graph, program, cost, repeats, usage),
-        "solver": solver,
-        "search": search,
-        "timing": timing,
-    }
+    described = describe(plan, graph, cost)
+    return PlanDocument(
+        model=model, mesh=cluster.mesh,
+        story=strategy_story(graph, plan, collectives, names, repeats),
+        mode="training" if training is not None else None, training=training, strategy=strategy,
+        cluster=ClusterInfo.from_json(cluster.to_json()),
+        values={name: HeldValue.from_json(v) for name, v in described["values"].items()},
+        ops={name: OpEntry.from_json(op) for name, op in described["ops"].items()},
+        unruled=tuple(plan.unruled), collectives=tuple(map(CollectiveEntry.from_json, collectives)),
+        cost=CostFigures.from_json(cost.to_json()),
+        breakdown=breakdown(graph, program, cost, repeats, usage),
+        solver=solver, search=search, timing=timing,
+    )  # fmt: skip
 
 
-def model_info(path: str | Path, graph: Graph, dims: Mapping[str, int]) -> dict[str, object]:
+def model_info(path: str | Path, graph: Graph, dims: Mapping[str, int]) -> ModelInfo:
     """The document's `model`: what identifies the model a plan is for."""
-    return {"name": graph.name or Path(path).stem, "file": Path(path).name,
-            "sha256": sha256_file(path), "dims": dict(sorted(dims.items()))}  # fmt: skip
+    return ModelInfo(graph.name or Path(path).stem, Path(path).name, sha256_file(path),
+                     dict(sorted(dims.items())))  # fmt: skip
 
 
-def document_text(document: Mapping[str, Any]) -> str:
+def document_text(document: PlanDocument) -> str:
     """A plan document as `autoshard plan -o` writes it."""
-    return json.dumps(document, indent=2) + "\n"
+    return json.dumps(document.to_json(), indent=2) + "\n"
 
 
-def write_document(path: str | Path, document: Mapping[str, Any]) -> None:
+def write_document(path: str | Path, document: PlanDocument) -> None:
     write_atomic(Path(path), document_text(document).encode())
 
 
-def read_document(path: str | Path) -> dict[str, Any]:
+# ---- reading -----------------------------------------------------------------------------------
+
+
+def read_document(path: str | Path) -> PlanDocument:
     """A plan document from a file, checked to be one (its schema)."""
     try:
         data = json.loads(Path(path).read_text())
@@ -207,63 +304,51 @@ def read_document(path: str | Path) -> dict[str, Any]:
         raise DocumentError(f"plan {path} is not JSON: {error}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise DocumentError(f"{path} is not an autoshard plan (schema {SCHEMA})")
-    return data
+    return PlanDocument.from_json(data, f"plan {path}")
 
 
-def read_plan_document(
-    path: str | Path, mesh: Mesh, model: str | Path, dims: Mapping[str, int]
-) -> dict[str, Any]:
-    """What decides a plan in a plan file for `model` with `dims` on `mesh`: its `ops` and
-    `values`, and the training step it plans (None: the forward pass), as `training`. A plan
-    made for another model (its sha256), other dims or another mesh is refused, naming what
-    differs."""
-    data = read_document(path)
-    model_entry = data.get("model")
-    made_for: dict[str, Any] = model_entry if isinstance(model_entry, dict) else {}
+def decisions_for(
+    document: PlanDocument, path: str | Path, mesh: Mesh, model: str | Path,
+    dims: Mapping[str, int],
+) -> Decisions:  # fmt: skip
+    """What decides plan `document` (read from `path`), checked to be for `model` with `dims`
+    on `mesh`: a plan made for another model (its sha256), other dims or another mesh is
+    refused, naming what differs."""
+    made_for = document.model
     try:
         sha256 = sha256_file(model)
     except OSError as error:
         raise DocumentError(f"cannot read ONNX model '{model}': {error.strerror}") from None
-    if made_for.get("sha256") != sha256:
+    if made_for.sha256 != sha256:
         raise DocumentError(
-            f"plan {path} is for another model: {made_for.get('file')!r} with sha256 "
-            f"{made_for.get('sha256')}, not '{model}' with sha256 {sha256}"
+            f"plan {path} is for another model: {made_for.file!r} with sha256 "
+            f"{made_for.sha256}, not '{model}' with sha256 {sha256}"
         )
-    if made_for.get("dims") != dict(sorted(dims.items())):
+    if dict(made_for.dims) != dict(sorted(dims.items())):
         raise DocumentError(
-            f"plan {path} is for dims {_dims_text(made_for.get('dims'))}, "
+            f"plan {path} is for dims {_dims_text(made_for.dims)}, "
             f"not {_dims_text(dims)}; give the plan's --dim values or plan again"
         )
-    if data.get("mesh") != str(mesh):
-        raise DocumentError(f"plan {path} is for mesh {data.get('mesh')}, not {mesh}")
-    plan = {"ops": data.get("ops", {}), "values": data.get("values", {})}
-    if "training" in data:
-        plan["training"] = data["training"]
-        training_of(plan, str(path))  # checked now: a bad block is the plan's fault
-    return plan
+    if str(document.mesh) != str(mesh):
+        raise DocumentError(f"plan {path} is for mesh {document.mesh}, not {mesh}")
+    return document.decisions
+
+
+def read_plan_document(
+    path: str | Path, mesh: Mesh, model: str | Path, dims: Mapping[str, int]
+) -> Decisions:
+    """What decides a plan in a plan file for `model` with `dims` on `mesh` (`decisions_for`)."""
+    return decisions_for(read_document(path), path, mesh, model, dims)
 
 
 def planned_dims(path: str | Path) -> dict[str, int]:
     """The symbolic dims plan file `path` was made for (`--dim` values): what partitioning it
     binds when the user gives none."""
-    made_for = read_document(path).get("model")
-    dims = made_for.get("dims") if isinstance(made_for, dict) else None
+    dims = read_document(path).model.dims
     try:
-        return {str(name): int(size) for name, size in (dims or {}).items()}
+        return {str(name): int(size) for name, size in dims.items()}
     except (AttributeError, TypeError, ValueError):
         raise DocumentError(f"plan {path} has malformed model dims: {dims!r}") from None
-
-
-def training_of(plan: Mapping[str, Any], source: str = "the plan") -> Training | None:
-    """The training step a plan (or manifest) decides, from its `training` block (None: the
-    forward pass)."""
-    block = plan.get("training")
-    if block is None:
-        return None
-    try:
-        return Training.parse(**block)
-    except TypeError as error:
-        raise DocumentError(f"{source} has a malformed training block: {error}") from None
 
 
 def _dims_text(dims: object) -> str:
@@ -273,11 +358,11 @@ def _dims_text(dims: object) -> str:
 
 
 def plan_from_document(
-    data: Mapping[str, Any], graph: Graph, mesh: Mesh, source: str = "plan"
+    decided: Decisions | PlanDocument, graph: Graph, mesh: Mesh, source: str = "plan"
 ) -> Plan:
     """The plan of a plan document's `ops` (sharding options) and `values` (how inputs and
     weights are held): the rest follows from the rules."""
-    ops, values = data.get("ops", {}), data.get("values", {})
+    ops, values = decided.ops, decided.values
     options: dict[str, ShardingOption | None] = {}
     try:
         for op in graph.ops:
@@ -285,21 +370,19 @@ def plan_from_document(
             if entry is None:
                 raise DocumentError(f"{source} has no op {op.name!r}: is it for this model?")
             rule = rule_for(op, graph)
-            text = entry.get("sharding_option")
+            text = entry.sharding_option
             options[op.name] = (
                 ShardingOption.parse(text, len(rule.loops)) if rule and text is not None else None
             )
         held = {
-            name: Sharding.parse(
-                v["sharding"] + (f" partial = {v['partial']}" if v.get("partial") else "")
-            ).check(mesh, graph.values[name].shape)
+            name: v.held_sharding.check(mesh, graph.values[name].shape)
             for name, v in values.items()
             if name in graph.values and graph.producer(name) is None
         }
         returns = {
-            name: Sharding.parse(values[name]["returned_as"]).check(mesh, graph.values[name].shape)
+            name: returned.check(mesh, graph.values[name].shape)
             for name in graph.outputs
-            if "returned_as" in values.get(name, {})
+            if name in values and (returned := values[name].returned_sharding) is not None
         }
     except (AttributeError, KeyError, TypeError) as error:
         raise DocumentError(f"{source} is malformed: {error!r}") from None

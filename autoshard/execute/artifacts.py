@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from autoshard.annotations import Annotation, AnnotationError, parse_annotations
-from autoshard.document.plan_document import training_of
+from autoshard.document.blocks import Decisions, training_of
 from autoshard.errors import AutoshardError
 from autoshard.execute.steps import STEPS, write_steps
 from autoshard.execute.verify import Report, verify
@@ -129,7 +129,7 @@ def write_partition(
         },
         "dims": dict(sorted(setup.dims.items())),
         "annotations": [_annotation_json(a) for a in setup.annotations],
-        "plan": setup.plan,
+        "plan": setup.plan.to_json() if setup.plan is not None else None,
         **({"training": setup.training.to_json()} if setup.training else {}),
         "shape_only": shape_only,
         "weights": {
@@ -203,7 +203,7 @@ def setup_of(
                 f"--dim {name}={size} differs from the partition's {name}={saved.get(name)}; "
                 "partition again to change dims"
             )
-    mesh_data = manifest["mesh"]
+    mesh_data, plan = manifest["mesh"], manifest.get("plan")
     mesh = Mesh(tuple(mesh_data["shape"]), tuple(mesh_data["axis_names"]), mesh_data["name"])
     try:
         annotations = parse_annotations({"annotations": manifest["annotations"]}, "manifest")
@@ -211,7 +211,8 @@ def setup_of(
         raise PartitionFolderError(str(error)) from None
     return Setup(
         model=Path(model), mesh=mesh, dims=saved, annotations=annotations,
-        plan=manifest.get("plan"), training=training_of(manifest, "the manifest"),
+        plan=Decisions.from_json(plan, "the manifest's plan") if plan is not None else None,
+        training=training_of(manifest, "the manifest"),
     )  # fmt: skip
 
 

@@ -17,7 +17,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autoshard.explain.report import format_seconds, model_label
+from autoshard.document.blocks import CollectiveEntry, CostFigures, HeldValue
+from autoshard.document.plan_document import PlanDocument
+from autoshard.explain.report import format_seconds
 from autoshard.units import format_bytes
 
 COSTS = (
@@ -30,12 +32,12 @@ COSTS = (
 OUTSIDE = "outside the layers"
 
 
-def _layers(document: Mapping[str, Any]) -> tuple[int, int, int]:
+def _layers(document: PlanDocument) -> tuple[int, int, int]:
     """(first op, ops per layer, layers) of a document; (0, 1, 1) without a search block."""
-    search = document.get("search") or {}
-    layers = search.get("repeated_layers") or {}
-    return (int(layers.get("first_op", 0)), int(layers.get("ops_per_layer", 1)),
-            int(layers.get("layers", 1)))  # fmt: skip
+    if document.search is None:
+        return 0, 1, 1
+    layers = document.search.repeated_layers
+    return layers.first_op, layers.ops_per_layer, layers.layers
 
 
 def _where(index: int, layers: tuple[int, int, int]) -> tuple[int | None, int]:
@@ -46,32 +48,35 @@ def _where(index: int, layers: tuple[int, int, int]) -> tuple[int | None, int]:
     return None, index
 
 
-def _held(value: Mapping[str, Any]) -> str:
-    partial = value.get("partial")
-    return str(value.get("sharding")) + (f" partial = {partial}" if partial else "")
+def _held(value: HeldValue | None) -> str:
+    return value.held if value is not None else "None"
 
 
-def diff_plans(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+def diff_plans(a: PlanDocument, b: PlanDocument) -> dict[str, Any]:
     """The changes from plan `a` to plan `b` as JSON (see the module docstring)."""
     layers = _layers(a) if _layers(a)[2] > 1 else _layers(b)
-    ops_a, ops_b = a.get("ops") or {}, b.get("ops") or {}
-    order = {name: i for i, name in enumerate(ops_a)}
-    order |= {name: len(order) + i for i, name in enumerate(n for n in ops_b if n not in order)}
+    order = {name: i for i, name in enumerate(a.ops)}
+    order |= {name: len(order) + i for i, name in enumerate(n for n in b.ops if n not in order)}
     changes: list[tuple[int | None, int, dict[str, Any]]] = []
     for name in order:
-        old, new = ops_a.get(name, {}), ops_b.get(name, {})
-        if old.get("sharding_option") != new.get("sharding_option") or not old or not new:
+        old, new = a.ops.get(name), b.ops.get(name)
+        was = old.sharding_option if old is not None else None
+        now = new.sharding_option if new is not None else None
+        if was != now or old is None or new is None:
             layer, offset = _where(order[name], layers)
-            entry = {"kind": "op", "name": name, "type": (old or new).get("type"),
-                     "a": old.get("sharding_option"), "b": new.get("sharding_option")}  # fmt: skip
+            either = old or new
+            entry: dict[str, Any] = {"kind": "op", "name": name,
+                                     "type": either.type if either else None,
+                     "a": was, "b": now}  # fmt: skip
             changes.append((layer, offset, entry))
-    values_a, values_b = a.get("values") or {}, b.get("values") or {}
-    for name in sorted(values_a.keys() | values_b.keys()):
-        old, new = values_a.get(name, {}), values_b.get(name, {})
-        if "read_as" not in old and "read_as" not in new:
+    for name in sorted(a.values.keys() | b.values.keys()):
+        held_a, held_b = a.values.get(name), b.values.get(name)
+        read_a = held_a.read_as if held_a is not None else None
+        read_b = held_b.read_as if held_b is not None else None
+        if read_a is None and read_b is None:
             continue  # computed inside the model: its producer's op says it
-        was, now = _held(old), _held(new)
-        read_a, read_b = old.get("read_as", {}), new.get("read_as", {})
+        was, now = _held(held_a), _held(held_b)
+        read_a, read_b = dict(read_a or {}), dict(read_b or {})
         if was == now and read_a == read_b:
             continue
         first = min((order[op] for op in {**read_a, **read_b} if op in order), default=None)
@@ -81,18 +86,23 @@ def diff_plans(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
             entry |= {"read_a": read_a, "read_b": read_b}
         changes.append((layer, offset, entry))
     return {
-        "a": {"model": model_label(a.get("model") or {}), "mesh": a.get("mesh")},
-        "b": {"model": model_label(b.get("model") or {}), "mesh": b.get("mesh")},
-        "same_model": (a.get("model") or {}).get("sha256") == (b.get("model") or {}).get("sha256"),
+        "a": {"model": a.model.label, "mesh": str(a.mesh)},
+        "b": {"model": b.model.label, "mesh": str(b.mesh)},
+        "same_model": a.model.sha256 == b.model.sha256,
         "changed": _grouped(changes),
-        "collectives": _collectives(a.get("collectives") or [], b.get("collectives") or []),
+        "collectives": _collectives(a.collectives, b.collectives),
         "cost": {
             key: {"a": ca, "b": cb, "delta": cb - ca}
             for key, _, _ in COSTS
-            for ca, cb in [((a.get("cost") or {}).get(key), (b.get("cost") or {}).get(key))]
+            for ca, cb in [(_figure(a.cost, key), _figure(b.cost, key))]
             if isinstance(ca, int | float) and isinstance(cb, int | float)
         },
     }
+
+
+def _figure(cost: CostFigures | None, key: str) -> object:
+    """The cost figure `key` (a field of `CostFigures`); None without a cost block."""
+    return getattr(cost, key) if cost is not None else None
 
 
 def _grouped(changes: list[tuple[int | None, int, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -132,11 +142,11 @@ def _grouped(changes: list[tuple[int | None, int, dict[str, Any]]]) -> list[dict
     return groups
 
 
-def _collectives(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict:
+def _collectives(a: Sequence[CollectiveEntry], b: Sequence[CollectiveEntry]) -> dict:
     """Collectives in one plan and not the other, by (value, kind, mesh axes), counted."""
 
-    def key(c: Mapping[str, Any]) -> tuple:
-        return (c["value"], c["kind"], tuple(c["mesh_axes"]), c.get("bytes_per_device", 0))
+    def key(c: CollectiveEntry) -> tuple:
+        return (c.value, c.kind, c.mesh_axes, c.bytes_per_device)
 
     ca, cb = Counter(map(key, a)), Counter(map(key, b))
 

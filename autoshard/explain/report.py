@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.document.plan_document import read_document
+from autoshard.document.blocks import CostFigures, Strategy
+from autoshard.document.plan_document import PlanDocument, read_document
 from autoshard.errors import AutoshardError
+from autoshard.training import Training
 from autoshard.units import format_bytes, format_seconds
 
 
@@ -38,19 +40,26 @@ class ReportError(AutoshardError):
 class Metric:
     key: str
     title: str
-    path: tuple[str, str]  # where the value sits in the plan document
+    path: str  # where the value sits in the plan document, for errors
+    read: Callable[[PlanDocument], float | None]  # the value, None where the plan has none
     unit: str  # "bytes" or "seconds"
     gated: bool  # a change beyond the threshold fails the report
 
 
 METRICS = (
-    Metric("memory", "memory per device", ("cost", "memory_bytes_per_device"), "bytes", True),
-    Metric("comm_bytes", "comm bytes per device", ("cost", "comm_bytes_per_device"), "bytes", True),
-    Metric("comm_time", "comm time", ("cost", "comm_time_s"), "seconds", True),
-    Metric("compute_time", "compute time", ("cost", "compute_time_s"), "seconds", True),
-    Metric("objective", "objective", ("cost", "objective"), "seconds", True),
-    Metric("solve_time", "solve time", ("timing", "solve_s"), "seconds", False),
-)
+    Metric("memory", "memory per device", "cost.memory_bytes_per_device",
+           lambda d: d.cost.memory_bytes_per_device if d.cost else None, "bytes", True),
+    Metric("comm_bytes", "comm bytes per device", "cost.comm_bytes_per_device",
+           lambda d: d.cost.comm_bytes_per_device if d.cost else None, "bytes", True),
+    Metric("comm_time", "comm time", "cost.comm_time_s",
+           lambda d: d.cost.comm_time_s if d.cost else None, "seconds", True),
+    Metric("compute_time", "compute time", "cost.compute_time_s",
+           lambda d: d.cost.compute_time_s if d.cost else None, "seconds", True),
+    Metric("objective", "objective", "cost.objective",
+           lambda d: d.cost.objective if d.cost else None, "seconds", True),
+    Metric("solve_time", "solve time", "timing.solve_s",
+           lambda d: d.timing.solve_s if d.timing else None, "seconds", False),
+)  # fmt: skip
 _BY_KEY = {m.key: m for m in METRICS}
 SOLVE_TIME_NOTE = "Solve time is reported but never fails the check: it depends on the machine."
 
@@ -118,26 +127,19 @@ def parse_threshold(text: str) -> float:
     return value
 
 
-def model_label(model: Mapping[str, Any]) -> str:
-    """`gpt2.onnx batch=8 seq=128`: the model file and its bound dims."""
-    dims = " ".join(f"{k}={v}" for k, v in sorted(dict(model.get("dims") or {}).items()))
-    return f"{model.get('file') or model.get('name')}{' ' + dims if dims else ''}"
-
-
-def entry_of(document: Mapping[str, Any], file: str) -> Entry:
+def entry_of(document: PlanDocument, file: str) -> Entry:
     """The metrics of a plan document; `file` names it in errors."""
     values: dict[str, float] = {}
     for m in METRICS:
-        section = document.get(m.path[0])
-        value = section.get(m.path[1]) if isinstance(section, Mapping) else None
+        value = m.read(document)
         if value is None and m.gated:
-            raise ReportError(f"{file}: plan has no {'.'.join(m.path)}")
+            raise ReportError(f"{file}: plan has no {m.path}")
         if value is not None:
             values[m.key] = float(value)
-    label = model_label(document.get("model") or {})
-    if document.get("mode") == "training":  # a training step is another plan of the model
+    label = document.model.label
+    if document.mode == "training":  # a training step is another plan of the model
         label += " (training)"
-    return Entry(label, str(document.get("mesh")), file, values)
+    return Entry(label, str(document.mesh), file, values)
 
 
 def load_entries(path: str | Path) -> dict[tuple[str, str], Entry]:
@@ -334,54 +336,56 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
 # ---- one plan ---------------------------------------------------------------------------------
 
 
-def plan_markdown(document: Mapping[str, Any]) -> str:
+def plan_markdown(document: PlanDocument) -> str:
     """One plan document as a Markdown report: the strategy in words, model, cluster, cost,
     solver, collectives and every op's sharding option."""
-    model, cluster, cost = document["model"], document["cluster"], document["cost"]
-    memory, budget = cost["memory_bytes_per_device"], cluster["memory_bytes"]  # budget > 0
+    model, cluster, cost = document.model, document.cluster, document.cost
+    if cluster is None or cost is None:
+        raise ReportError("a plan's report needs its cluster and cost blocks")
+    memory, budget = cost.memory_bytes_per_device, cluster.memory_bytes  # budget > 0
     lines = [
-        f"# Plan: {model_label(model)} on mesh {document['mesh']}",
+        f"# Plan: {model.label} on mesh {document.mesh}",
         "",
-        *([document["story"], ""] if document.get("story") else []),
-        f"Model `{model.get('name')}` ({model.get('file')}, sha256 `{model.get('sha256')}`); "
-        f"device {cluster.get('device')}; link bandwidth per mesh axis "
-        f"{', '.join(f'{b / 1e9:g} GB/s' for b in cluster.get('bandwidth_bytes_per_s', []))}; "
-        f"latency {', '.join(format_seconds(t) for t in cluster.get('latency_s', []))}.",
+        *([document.story, ""] if document.story else []),
+        f"Model `{model.name}` ({model.file}, sha256 `{model.sha256}`); "
+        f"device {cluster.device}; link bandwidth per mesh axis "
+        f"{', '.join(f'{b / 1e9:g} GB/s' for b in cluster.bandwidth_bytes_per_s)}; "
+        f"latency {', '.join(format_seconds(t) for t in cluster.latency_s)}.",
         "",
         *_table(("cost per device", "value"), 1, [
             ("memory", f"{format_bytes(memory)} of {format_bytes(budget)} ({memory / budget:.1%})"),
-            ("compute time", format_seconds(cost["compute_time_s"])),
-            ("communication", f"{format_bytes(cost['comm_bytes_per_device'])} in "
-                              f"{format_seconds(cost['comm_time_s'])}"),
-            ("objective (compute + communication)", format_seconds(cost["objective"])),
+            ("compute time", format_seconds(cost.compute_time_s)),
+            ("communication", f"{format_bytes(cost.comm_bytes_per_device)} in "
+                              f"{format_seconds(cost.comm_time_s)}"),
+            ("objective (compute + communication)", format_seconds(cost.objective)),
         ]),
     ]  # fmt: skip
-    if "training" in document:
-        lines += ["", *_training_markdown(document)]
-    solver, timing = document.get("solver"), document.get("timing") or {}
+    if document.training is not None:
+        lines += ["", *_training_markdown(document.training, cost, document.strategy)]
+    solver, timing = document.solver, document.timing
     if solver:
         lines += [
             "",
-            f"Solver: {solver['status']}, gap {solver['gap']:.2%}, "
-            f"{timing.get('solve_s', 0.0):.2f} s, "
-            f"{solver['variables']} variables, {solver['constraints']} constraints.",
+            f"Solver: {solver.status}, gap {solver.gap:.2%}, "
+            f"{timing.solve_s if timing else 0.0:.2f} s, "
+            f"{solver.variables} variables, {solver.constraints} constraints.",
         ]
-    collectives = document.get("collectives") or []
+    collectives = document.collectives
     lines += ["", f"## Collectives ({len(collectives)})"]
     if collectives:
         rows: list[tuple[str, ...]] = [
-            (f"`{c['value']}`", c["kind"], str(c["mesh_axes"]), f"`{c['from']}`", f"`{c['to']}`",
-             format_bytes(c["bytes_per_device"]))
+            (f"`{c.value}`", c.kind, str(list(c.mesh_axes)), f"`{c.source}`", f"`{c.target}`",
+             format_bytes(c.bytes_per_device))
             for c in collectives
         ]  # fmt: skip
         header = ("value", "kind", "mesh axes", "from", "to", "bytes per device")
         lines += ["", *_table(header, 5, rows)]
-    ops = document.get("ops") or {}
+    ops = document.ops
     op_rows = [
-        (f"`{name}`", op["type"], f"`{option}`" if option else "replicated (no rule)")
+        (f"`{name}`", op.type, f"`{op.sharding_option}`" if op.sharding_option
+         else "replicated (no rule)")
         for name, op in ops.items()
-        for option in [op["sharding_option"]]
-    ]
+    ]  # fmt: skip
     lines += [
         "",
         f"## Ops ({len(ops)})",
@@ -391,22 +395,23 @@ def plan_markdown(document: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _training_markdown(document: Mapping[str, Any]) -> list[str]:
+def _training_markdown(
+    training: Training, cost: CostFigures, strategy: Strategy | None
+) -> list[str]:
     """A training plan's step by phase, memory at the peak by kind, and weights by strategy."""
-    training, cost = document["training"], document["cost"]
     phases = [
-        (name, format_seconds(p["time_s"]), format_seconds(p["compute_time_s"]),
-         format_bytes(p["comm_bytes_per_device"]), format_seconds(p["comm_time_s"]))
-        for name, p in cost.get("phases", {}).items()
+        (name, format_seconds(p.time_s), format_seconds(p.compute_time_s),
+         format_bytes(p.comm_bytes_per_device), format_seconds(p.comm_time_s))
+        for name, p in (cost.phases or {}).items()
     ]  # fmt: skip
-    kinds = [(kind, format_bytes(size)) for kind, size in cost.get("memory_by_kind", {}).items()]
+    kinds = [(kind, format_bytes(size)) for kind, size in (cost.memory_by_kind or {}).items()]
     weights = [
-        (f"`{name}`", w["strategy"], f"`{w['stored']}`", f"`{w['used']}`", f"`{w['state']}`")
-        for name, w in document.get("strategy", {}).get("weights", {}).items()
+        (f"`{name}`", w.strategy, f"`{w.stored}`", f"`{w.used}`", f"`{w.state}`")
+        for name, w in (strategy.weights if strategy else {}).items()
     ]
     return [
-        f"## Training step: {training['optimizer']}, {training['precision']}, "
-        f"{training['micro_batches']} micro-batch(es), recompute {training['recompute']}",
+        f"## Training step: {training.optimizer}, {training.precision}, "
+        f"{training.micro_batches} micro-batch(es), recompute {training.recompute}",
         "",
         *_table(("phase", "time", "compute", "communication", "its time"), 1, phases),
         "",

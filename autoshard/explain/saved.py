@@ -34,12 +34,11 @@ from autoshard.cost.liveness import live_kinds, memory, memory_kinds, shard_byte
 from autoshard.cost.price import Cost, price
 from autoshard.document.plan_document import (
     DocumentError,
+    PlanDocument,
+    decisions_for,
     read_document,
-    read_plan_document,
-    training_of,
 )
 from autoshard.errors import AutoshardError
-from autoshard.explain.report import format_seconds
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.names import parameter_names
@@ -51,7 +50,7 @@ from autoshard.search.candidates import candidates
 from autoshard.search.coarsen import Grouping, Key, Kind, OpDecision, Tie
 from autoshard.search.options import Objective
 from autoshard.search.problem import decision_groups
-from autoshard.units import format_bytes
+from autoshard.units import format_bytes, format_seconds
 
 TIES = {
     Tie.COPY: "copy of {0} (repeated layer)",
@@ -70,7 +69,7 @@ class Saved:
     search grouped the decisions and what the search was asked."""
 
     path: str
-    document: Mapping[str, Any]
+    document: PlanDocument
     lowered: Lowered
     cluster: Cluster
     cost: Cost
@@ -98,17 +97,16 @@ def load_saved(
     plan's mesh (they must be the flags the plan was made with: its `cluster` block must be
     what they give); None when no flag is given: the cluster is read from that block."""
     document = read_document(path)
-    mesh = Mesh.parse(str(document.get("mesh")))
-    dims = dict((document.get("model") or {}).get("dims") or {})
-    decided = read_plan_document(path, mesh, model, dims)
-    search = document.get("search") or {}
-    if "annotations" not in search:
+    mesh, dims = document.mesh, dict(document.model.dims)
+    decided = decisions_for(document, path, mesh, model, dims)
+    asked = document.search.asked if document.search is not None else None
+    if asked is None:
         raise DocumentError(
             f"plan {path} does not record what its search was asked (objective, time limit, "
             "annotations): it was not made by `autoshard plan`, or by an older autoshard; "
             "plan it again"
         )
-    made = document.get("cluster") or {}
+    made = document.cluster.to_json() if document.cluster is not None else {}
     if cluster_on is None:
         # No flags: the plan's own cluster, when its device is a preset (else the check below
         # asks for the flags or file it was made with). A --why-not re-solve gets it too.
@@ -116,12 +114,12 @@ def load_saved(
     else:
         cluster = cluster_on(mesh)
     _check_cluster(path, made, cluster.to_json())
-    annotations = parse_annotations({"annotations": search["annotations"]}, f"plan {path}")
+    annotations = parse_annotations({"annotations": list(asked.annotations)}, f"plan {path}")
     try:
-        objective, time_limit = Objective(search["objective"]), float(search["time_limit"])
-    except (KeyError, TypeError, ValueError) as error:
+        objective, time_limit = Objective(asked.objective), float(asked.time_limit)
+    except (TypeError, ValueError) as error:
         raise DocumentError(f"plan {path} has a malformed search block: {error!r}") from None
-    training = training_of(decided, path)
+    training = decided.training
     request = PlanRequest(
         model_path=model, cluster=cluster, dims=dims, annotations=annotations,
         objective=objective, time_limit=time_limit, training=training,
@@ -298,8 +296,14 @@ def explain_value(saved: Saved, name: str) -> dict[str, Any]:
         "readers": readers, "decided": decided, "collectives": moved,
         "comm_by_mesh_axes": _by_axes(moved), "memory": _memory(saved, [name]),
         "parameter": saved.parameters.get(name),
-        "training": ((saved.document.get("strategy") or {}).get("weights") or {}).get(name),
+        "training": _strategy(saved.document, name),
     }  # fmt: skip
+
+
+def _strategy(document: PlanDocument, weight: str) -> dict[str, Any] | None:
+    """How a training plan's step treats `weight` (None: not a trained weight)."""
+    found = document.strategy.weights.get(weight) if document.strategy is not None else None
+    return found.to_json() if found is not None else None
 
 
 def explain_op(saved: Saved, name: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoshard.annotations import Annotation, AnnotationError, check_annotations
+from autoshard.document.plan_document import PlanDocument
 from autoshard.errors import ShardingError
 from autoshard.explain.diff import change_lines, cost_lines, diff_plans
 from autoshard.explain.saved import ExplainError, Saved, resolve
@@ -156,14 +157,14 @@ def _value_refused(graph: Graph, mesh: Mesh, annotation: Annotation) -> str:
     )
 
 
-def _measure(document: Mapping[str, Any], objective: Objective) -> float:
-    cost = document["cost"]
-    return float(
-        cost["objective"] if objective is Objective.TIME else cost["comm_bytes_per_device"]
-    )
+def _measure(document: PlanDocument, objective: Objective) -> float:
+    cost = document.cost
+    if cost is None:
+        raise ExplainError("the plan has no cost block: plan it again")
+    return float(cost.objective if objective is Objective.TIME else cost.comm_bytes_per_device)
 
 
-def why_not(saved: Saved, text: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def why_not(saved: Saved, text: str) -> tuple[dict[str, Any], PlanDocument | None]:
     """The answer as JSON, and the target plan's document (None when INFEASIBLE)."""
     target = parse_target(saved.graph, saved.cluster.mesh, text, saved.parameters)
     answer: dict[str, Any] = {
@@ -201,7 +202,8 @@ def why_not(saved: Saved, text: str) -> tuple[dict[str, Any], dict[str, Any] | N
         "objective": {"measure": "time_s" if objective is Objective.TIME
                       else "comm_bytes_per_device", "chosen": chosen, "target": best,
                       "delta": delta},
-        "cost": diff["cost"], "solver": document["solver"],
+        "cost": diff["cost"],
+        "solver": document.solver.to_json() if document.solver is not None else None,
         "changed": diff["changed"], "collectives": diff["collectives"],
     }  # fmt: skip
     return answer, document

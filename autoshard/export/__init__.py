@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.document.plan_document import read_document
+from autoshard.document.plan_document import PlanDocument, read_document
 from autoshard.export.held import find_model, held_params
 
 
@@ -45,7 +44,7 @@ def export_plan(
 
 
 def export_document(
-    document: Mapping[str, Any],
+    document: PlanDocument,
     model: str | Path,
     target: Target,
     checkpoint: str | None = None,

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from autoshard.document.plan_document import plan_from_document
+from autoshard.document.blocks import WeightStrategy
+from autoshard.document.plan_document import PlanDocument, plan_from_document
 from autoshard.errors import AutoshardError
 from autoshard.files import sha256_file
 from autoshard.ir.graph import Graph
@@ -70,7 +70,7 @@ class Held:
     unnamed: dict[str, str]
     warnings: tuple[str, ...]
     # A training plan's strategy per ONNX weight (`stored`, `used`, `state`, `strategy`).
-    strategies: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    strategies: Mapping[str, WeightStrategy] = field(default_factory=dict)
 
 
 def mesh_dim_names(mesh: Mesh) -> tuple[str, ...]:
@@ -78,11 +78,10 @@ def mesh_dim_names(mesh: Mesh) -> tuple[str, ...]:
     return mesh.axis_names or tuple(f"axis{i}" for i in range(mesh.ndim))
 
 
-def find_model(plan_path: str | Path, document: Mapping[str, Any], model: str | None) -> Path:
+def find_model(plan_path: str | Path, document: PlanDocument, model: str | None) -> Path:
     """The ONNX model a plan was made from: `model` when given, else the plan's `model.file`
     beside the plan or in the working folder; its sha256 must be the plan's."""
-    info = document.get("model") or {}
-    file, digest = info.get("file"), info.get("sha256")
+    file, digest = document.model.file, document.model.sha256
     if model is not None:
         path = Path(model)
         if not path.is_file():
@@ -104,16 +103,15 @@ def find_model(plan_path: str | Path, document: Mapping[str, Any], model: str | 
 
 
 def held_params(
-    document: Mapping[str, Any],
+    document: PlanDocument,
     path: str | Path,
     checkpoint: str | None = None,
     source: str = "the plan",
 ) -> Held:
     """A plan document on its model (and the checkpoint, when given): every named parameter
     with the sharding its weight is held in."""
-    mesh = Mesh.parse(str(document.get("mesh")))
-    dims = (document.get("model") or {}).get("dims") or {}
-    graph = import_onnx(path, dims)
+    mesh = document.mesh
+    graph = import_onnx(path, document.model.dims)
     plan = plan_from_document(document, graph, mesh, source)
     proto = load_model(path)
     weights = file_weights(proto, path)
@@ -139,5 +137,5 @@ def held_params(
                 )
     unnamed = {w: e.note for w, e in names.items() if not e.params}
     shapes = {w: tuple(weights[w].shape) for w in names}
-    strategies = (document.get("strategy") or {}).get("weights") or {}
+    strategies = document.strategy.weights if document.strategy is not None else {}
     return Held(mesh, graph, plan, tuple(params), shapes, unnamed, tuple(warnings), strategies)

@@ -104,8 +104,8 @@ def dtensor_export(held: Held) -> dict[str, object]:
         }
         strategy = held.strategies.get(p.weight)
         if strategy is not None:
-            state = Sharding.parse(strategy["state"])
-            entry["strategy"] = strategy["strategy"]
+            state = Sharding.parse(strategy.state)
+            entry["strategy"] = strategy.strategy
             entry["optimizer_state"] = [str(x) for x in placements(state, mesh, p.transposed)]
         parameters[p.param] = entry
         if _uneven(p.sharding, mesh, shape):

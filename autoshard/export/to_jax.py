@@ -63,9 +63,9 @@ def jax_export(held: Held) -> dict[str, object]:
                 )
         strategy = held.strategies.get(p.weight)
         if strategy is not None:  # a training plan: held as stored; the optimizer state too
-            state = torch_layout(Sharding.parse(strategy["state"]).split_axes, p.transposed)
+            state = torch_layout(Sharding.parse(strategy.state).split_axes, p.transposed)
             state_spec = partition_spec(state, len(shape), names)
-            parameters[p.param]["strategy"] = strategy["strategy"]
+            parameters[p.param]["strategy"] = strategy.strategy
             parameters[p.param]["optimizer_state"] = spec_text(state_spec)
             parameters[p.param]["optimizer_state_spec"] = state_spec
         if p.sharding.partial_axes:

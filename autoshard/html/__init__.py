@@ -9,10 +9,10 @@ layout over it, `charts` the time bars and the memory curve, `page` the sections
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from autoshard.document.plan_document import PlanDocument
 from autoshard.files import write_atomic
 from autoshard.html.page import ReportError, ReportInputs, html_report
 from autoshard.ir.onnx_import import file_weights, load_model
@@ -31,7 +31,7 @@ def parameter_names(model: str | Path) -> dict[str, tuple[str, ...]]:
 
 
 def plan_html(
-    document: Mapping[str, Any],
+    document: PlanDocument,
     model: str | Path,
     tensors: Sequence[str] = (),
     lowered: Lowered | None = None,

@@ -23,6 +23,8 @@ from typing import Any
 from autoshard import __version__
 from autoshard.cost.liveness import MEMORY_KINDS, memory, memory_timeline, shard_bytes, tensor_kinds
 from autoshard.cost.price import served_ops
+from autoshard.document.blocks import ClusterInfo, CostFigures
+from autoshard.document.plan_document import SCHEMA, PlanDocument
 from autoshard.document.story import recognise
 from autoshard.errors import AutoshardError
 from autoshard.html.charts import Band, Bar, Segment, memory_chart, stacked_bars
@@ -59,7 +61,7 @@ class ReportInputs:
     plans, the plan and its program; each weight's source-model parameter names (empty where
     none is known); and the tensors whose layout to draw besides the largest weight."""
 
-    document: Mapping[str, Any]
+    document: PlanDocument
     graph: Graph
     plan: Plan
     program: Program
@@ -71,8 +73,7 @@ def html_report(inputs: ReportInputs) -> str:
     """The report as one HTML page."""
     doc, graph = inputs.document, inputs.graph
     chosen = layout_tensors(graph, inputs.tensors)
-    model = doc.get("model") or {}
-    title = f"autoshard plan: {model.get('name', graph.name)} on mesh {doc['mesh']}"
+    title = f"autoshard plan: {doc.model.name or graph.name} on mesh {doc.mesh}"
     sections = [
         ("strategy", "Strategy", _strategy(inputs)),
         ("mesh", "Mesh", _mesh(inputs)),
@@ -92,7 +93,7 @@ def html_report(inputs: ReportInputs) -> str:
     )  # fmt: skip
     subtitle = tag("p", esc(_subtitle(doc, inputs.plan.mesh.size)), class_="sub")
     header = tag("header", tag("h1", esc(title)) + subtitle)
-    footer = tag("footer", esc(f"autoshard {__version__} \u00b7 plan schema {doc.get('schema')}"))
+    footer = tag("footer", esc(f"autoshard {__version__} \u00b7 plan schema {SCHEMA}"))
     body = header + nav + tag("main", main) + footer
     page = tag("html", tag("head", head) + tag("body", body), lang="en")
     return f"<!DOCTYPE html>\n{page}\n"
@@ -117,67 +118,71 @@ def layout_tensors(graph: Graph, asked: Sequence[str]) -> list[str]:
 # ---- sections ----------------------------------------------------------------------------------
 
 
-def _subtitle(doc: Mapping[str, Any], devices: int) -> str:
-    model, cluster = doc.get("model") or {}, doc["cluster"]
-    dims = " ".join(f"{k}={v}" for k, v in (model.get("dims") or {}).items())
-    mode = "training step" if doc.get("mode") == "training" else "inference (forward pass)"
-    if "training" in doc:
-        mode += " (" + ", ".join(f"{k} {v}" for k, v in doc["training"].items()) + ")"
-    return (
-        f"{model.get('file', '')} {dims} \u00b7 {devices} devices of {cluster['device']} "
-        f"\u00b7 {mode}"
-    )
+def _priced(doc: PlanDocument) -> tuple[CostFigures, ClusterInfo]:
+    """The plan's cost and the cluster it was priced on, which every report draws."""
+    if doc.cost is None or doc.cluster is None:
+        raise ReportError("the plan has no cost or cluster block: plan it again")
+    return doc.cost, doc.cluster
+
+
+def _subtitle(doc: PlanDocument, devices: int) -> str:
+    model, cluster = doc.model, _priced(doc)[1]
+    dims = " ".join(f"{k}={v}" for k, v in model.dims.items())
+    mode = "training step" if doc.mode == "training" else "inference (forward pass)"
+    if doc.training is not None:
+        mode += " (" + ", ".join(f"{k} {v}" for k, v in doc.training.to_json().items()) + ")"
+    return f"{model.file or ''} {dims} \u00b7 {devices} devices of {cluster.device} \u00b7 {mode}"
 
 
 def _strategy(inputs: ReportInputs) -> str:
     doc = inputs.document
-    cost, cluster = doc["cost"], doc["cluster"]
-    peak, budget = cost["memory_bytes_per_device"], cluster["memory_bytes"]
+    cost, cluster = _priced(doc)
+    peak, budget = cost.memory_bytes_per_device, cluster.memory_bytes
     figures = [
-        ("objective (compute + communication)", ms(cost["objective"]), "objective"),
-        ("compute per device", ms(cost["compute_time_s"]), "compute"),
+        ("objective (compute + communication)", ms(cost.objective), "objective"),
+        ("compute per device", ms(cost.compute_time_s), "compute"),
         ("communication per device",
-         f"{size(cost['comm_bytes_per_device'])}, {ms(cost['comm_time_s'])}", "comm"),
+         f"{size(cost.comm_bytes_per_device)}, {ms(cost.comm_time_s)}", "comm"),
         ("memory per device", f"{size(peak)} of {size(budget)} ({share(peak, budget)})", "mem"),
     ]  # fmt: skip
-    solver, timing = doc.get("solver"), doc.get("timing")
+    solver, timing = doc.solver, doc.timing
     if solver:
-        figures.append(("solver", f"{solver['status']}, gap {solver['gap']:.2%}", "solver"))
+        figures.append(("solver", f"{solver.status}, gap {solver.gap:.2%}", "solver"))
     if timing:
-        figures.append(("solve time", f"{timing['solve_s']:.2f} s", "timing"))
+        figures.append(("solve time", f"{timing.solve_s:.2f} s", "timing"))
     items = "".join(
         tag("div", tag("dt", esc(k)) + tag("dd", esc(v)), class_=f"figure-{c}")
         for k, v, c in figures
     )
-    return tag("p", esc(doc.get("story", "")), class_="story") + tag("dl", items, class_="figures")
+    return tag("p", esc(doc.story or ""), class_="story") + tag("dl", items, class_="figures")
 
 
 def _mesh(inputs: ReportInputs) -> str:
     doc, graph, plan = inputs.document, inputs.graph, inputs.plan
-    mesh, cluster = plan.mesh, doc["cluster"]
-    in_node = cluster["in_node"]
-    roles = recognise(graph, plan, doc.get("collectives", ())).roles
+    mesh, (cost, cluster) = plan.mesh, _priced(doc)
+    in_node = cluster.in_node
+    roles = recognise(graph, plan, [c.to_json() for c in doc.collectives]).roles
 
     def cell(device: Device) -> Cell:
         linear = mesh.linear_index(device)
         return Cell("#dfe7f2", str(linear), f"device {device} #{linear}")
 
-    traffic = doc["cost"].get("comm_by_mesh_axes", {})
+    traffic = cost.comm_by_mesh_axes
     rows = [tag("tr", "".join(tag("th", esc(h)) for h in (
         "axis", "devices", "role in this plan", "link", "bandwidth", "latency",
         "collectives over it alone")))]  # fmt: skip
     for a in range(mesh.ndim):
         link = "in a node (scale-up link)" if in_node[a] else "across nodes (network)"
-        sent = traffic.get(f"[{a}]", {})
-        over = f"{size(sent['bytes_per_device'])}, {ms(sent['time_s'])}" if sent else "none"
+        sent = traffic.get(f"[{a}]")
+        over = f"{size(sent.bytes_per_device)}, {ms(sent.time_s)}" if sent else "none"
         told = ", ".join(roles.get(a, ())) or "not used to split"
         cells = (axis_label(mesh, a), mesh.shape[a], told, link,
-                 format_rate(cluster["bandwidth_bytes_per_s"][a]),
-                 f"{cluster['latency_s'][a] * 1e6:.3g} us", over)  # fmt: skip
+                 format_rate(cluster.bandwidth_bytes_per_s[a]),
+                 f"{cluster.latency_s[a] * 1e6:.3g} us", over)  # fmt: skip
         rows.append(tag("tr", "".join(tag("td", esc(c)) for c in cells), data_axis=str(a)))
     note = (
         "Dashed boxes: the devices of one node (the axes on the scale-up link); cells are "
-        f"devices by linear index. Node size {cluster['node_size']}."
+        f"devices by linear index. Node size {cluster.node_size}."
     )
     return (
         tag("div", mesh_svg(mesh, cell, in_node), class_="picture")
@@ -192,9 +197,9 @@ def _axes_names(mesh: Mesh, key: str) -> str:
     return ", ".join(axis_label(mesh, a) for a in axes)
 
 
-def _time(doc: Mapping[str, Any], mesh: Mesh) -> str:
-    breakdown = doc.get("breakdown") or {}
-    keys = sorted(doc["cost"].get("comm_by_mesh_axes", {}), key=lambda k: (len(k), k))
+def _time(doc: PlanDocument, mesh: Mesh) -> str:
+    breakdown, cost = doc.breakdown or {}, _priced(doc)[0]
+    keys = sorted(cost.comm_by_mesh_axes, key=lambda k: (len(k), k))
     colour = {k: axes_colour(i) for i, k in enumerate(keys)}
     legend = [("compute", COMPUTE)] + [(f"comm over {_axes_names(mesh, k)}", colour[k])
                                        for k in keys]  # fmt: skip
@@ -217,17 +222,17 @@ def _time(doc: Mapping[str, Any], mesh: Mesh) -> str:
         "and the communication each needs, per mesh axis (a collective is charged to the op "
         "it serves)."), class_="note")  # fmt: skip
     out += tag("div", stacked_bars(bars, legend, "time per layer"), class_="picture layers")
-    phases = doc["cost"].get("phases")
+    phases = cost.phases
     if phases:
         comm = "#f28e2b"
-        by_phase = [Bar(name, (Segment("compute", p["compute_time_s"], COMPUTE),
-                               Segment("communication", p["comm_time_s"], comm)))
+        by_phase = [Bar(name, (Segment("compute", p.compute_time_s, COMPUTE),
+                               Segment("communication", p.comm_time_s, comm)))
                     for name, p in phases.items()]  # fmt: skip
         out += tag("h3", "Training step by phase")
         chart = stacked_bars(by_phase, [("compute", COMPUTE), ("communication", comm)], "phases")
         out += tag("div", chart, class_="picture phases")
     by_type = list((breakdown.get("compute_s_by_op_type") or {}).items())
-    total = doc["cost"]["compute_time_s"]
+    total = cost.compute_time_s
     if by_type:
         shown = by_type[:8]
         rest = sum(t for _, t in by_type[8:])
@@ -246,7 +251,7 @@ def _time(doc: Mapping[str, Any], mesh: Mesh) -> str:
 
 def _memory(inputs: ReportInputs) -> str:
     doc, graph, program = inputs.document, inputs.graph, inputs.program
-    budget = doc["cluster"]["memory_bytes"]
+    budget = _priced(doc)[1].memory_bytes
     timeline = memory_timeline(program)
     peak = memory(program)
     if peak.step >= 0:
@@ -300,8 +305,8 @@ def _memory(inputs: ReportInputs) -> str:
 
 def _weights(inputs: ReportInputs) -> str:
     doc, graph, plan = inputs.document, inputs.graph, inputs.plan
-    strategies = (doc.get("strategy") or {}).get("weights") or {}
-    values = doc.get("values", {})
+    strategies = doc.strategy.weights if doc.strategy is not None else {}
+    values = doc.values
     header = ["weight (source parameter)", "shape", "dtype", "per device", "held", "used"]
     if strategies:
         header += ["strategy", "optimizer state"]
@@ -313,7 +318,8 @@ def _weights(inputs: ReportInputs) -> str:
         rank = len(value.shape)
         held = plan.values[name]
         reads: dict[str, int] = {}
-        for text in (values.get(name, {}).get("read_as") or {}).values():
+        entry = values.get(name)
+        for text in ((entry.read_as if entry is not None else None) or {}).values():
             reads[text] = reads.get(text, 0) + 1
         used = "<br>".join(
             tag("code", esc(t)) + esc(f" ({n} op{'s' if n > 1 else ''})") for t, n in reads.items()
@@ -329,8 +335,8 @@ def _weights(inputs: ReportInputs) -> str:
             used or "not read",
         ]
         if strategies:
-            s = strategies.get(name, {})
-            cells += [esc(s.get("strategy", "-")), tag("code", esc(s.get("state", "-")))]
+            s = strategies.get(name)
+            cells += [esc(s.strategy if s else "-"), tag("code", esc(s.state if s else "-"))]
         rows.append(tag("tr", "".join(tag("td", c) for c in cells)))
     count = len(rows) - 1
     note = (
@@ -344,7 +350,7 @@ def _weights(inputs: ReportInputs) -> str:
 
 def _layouts(inputs: ReportInputs, chosen: Sequence[str]) -> str:
     graph, plan = inputs.graph, inputs.plan
-    in_node = inputs.document["cluster"]["in_node"]
+    in_node = _priced(inputs.document)[1].in_node
     out = []
     for name in chosen:
         value = graph.values[name]

@@ -192,7 +192,7 @@ def test_outputs_and_shards_are_the_plans(runs, case):
         result = torch.load(path / f"rank{rank}.pt", weights_only=False)
         assert result["error"] <= 1e-5, (case, rank)
         for name, entry in export["parameters"].items():
-            held = document["values"][entry["onnx_weight"]]["sharding"]
+            held = document.values[entry["onnx_weight"]].sharding
             shape = full[name].shape
             onnx_shape = shape[::-1] if entry["transposed"] else shape
             region = Sharding.parse(held).slices(MESH, onnx_shape, device)

@@ -45,6 +45,13 @@ def test_seed_001_through_the_cli(seed_mlp):
     result = run(str(model), "--mesh", "2", "--annotations", str(annotations), "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
+    # The plan document `autoshard plan --json` prints; the search's blocks are null.
+    assert list(data) == [
+        "schema", "model", "story", "mesh", "cluster", "values", "ops", "unruled",
+        "collectives", "cost", "breakdown", "solver", "search", "timing",
+    ]  # fmt: skip
+    assert data["schema"] == "autoshard.plan/1" and data["mesh"] == "2"
+    assert data["solver"] is None and data["search"] is None and data["timing"] is None
     assert data["values"]["w1"] == {
         "sharding": "[[], [0]]",
         "partial": None,

@@ -31,9 +31,9 @@ def check(found, requested):
     assert total.ops == sum(r.ops for r in classes) == len(found.ops)
     assert total.measured == pytest.approx(math.fsum(r.measured for r in classes))
     assert total.estimated == pytest.approx(math.fsum(r.estimated for r in classes))
-    ops = requested.document["ops"]
+    ops = requested.document.ops
     for timed in found.ops:
-        assert timed.estimated == pytest.approx(ops[timed.name]["compute_s"], rel=1e-12)
+        assert timed.estimated == pytest.approx(ops[timed.name].compute_s, rel=1e-12)
         assert timed.measured >= 0
     return {r.kind: r.ops for r in rows}
 

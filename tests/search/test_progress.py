@@ -4,6 +4,7 @@ line redrawn in place when it is, --quiet; and watching changes nothing of the p
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -87,13 +88,13 @@ def test_a_watched_solve_improves_monotonically_to_the_plan_it_returns() -> None
     assert bounds == sorted(bounds) and bounds[0] < bounds[-1]  # the bound improved
     assert all(p.bound <= p.objective for p in watched_all if p.objective is not None)
     # The last figures are the plan's.
-    solver = watched["solver"]
+    solver = watched.solver
     last = watched_all[-1]
-    assert (last.objective, last.bound) == (solver["objective"], solver["bound"])
+    assert (last.objective, last.bound) == (solver.objective, solver.bound)
     assert last.unit == "s" and last.gap == 0.0
     # Watching changed nothing: the same plan as an unwatched solve.
     plain = plan_request(request).document
-    assert {**watched, "timing": None} == {**plain, "timing": None}
+    assert dataclasses.replace(watched, timing=None) == dataclasses.replace(plain, timing=None)
 
 
 def test_an_exact_solve_is_told_once_with_the_plans_figures() -> None:
@@ -107,9 +108,9 @@ def test_an_exact_solve_is_told_once_with_the_plans_figures() -> None:
     figures = [p for p in seen if p.bound is not None]
     assert [p.detail.split(" (")[0] for p in figures] == [
         "exact elimination of 59 groups, memory aside", "solved: OPTIMAL"]  # fmt: skip
-    solver = document["solver"]
-    assert {(p.objective, p.bound) for p in figures} == {(solver["objective"], solver["bound"])}
-    assert solver["objective"] == solver["bound"] and solver["status"] == "OPTIMAL"
+    solver = document.solver
+    assert {(p.objective, p.bound) for p in figures} == {(solver.objective, solver.bound)}
+    assert solver.objective == solver.bound and solver.status == "OPTIMAL"
 
 
 def test_a_bytes_objective_is_watched_in_bytes() -> None:
@@ -120,7 +121,7 @@ def test_a_bytes_objective_is_watched_in_bytes() -> None:
     document = plan_request(request, Tracker(seen.append)).document
     figures = [p for p in seen if p.objective is not None]
     assert figures and {p.unit for p in figures} == {"B"}
-    assert figures[-1].objective == document["solver"]["objective"]
+    assert figures[-1].objective == document.solver.objective
 
 
 # ---- the views ---------------------------------------------------------------------------------

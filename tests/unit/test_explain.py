@@ -64,19 +64,21 @@ def test_why_not_gpt2_value(gpt2, gpt2_why_not):
     answer, target = gpt2_why_not
     assert answer["verdict"] in (Verdict.CHOSEN_CHEAPER, Verdict.SAME_COST)
     objective = answer["objective"]
-    assert objective["target"] >= objective["chosen"] == gpt2.document["cost"]["objective"]
-    assert objective["target"] == target["cost"]["objective"]
+    assert objective["target"] >= objective["chosen"] == gpt2.document.cost.objective
+    assert objective["target"] == target.cost.objective
     assert objective["delta"] == objective["target"] - objective["chosen"]
     # The pin holds in layer 1 only: an annotated op of a repeated layer is decided on its own.
-    assert target["values"][f"{H1}/mlp/c_fc/Gemm_output_0"]["sharding"] == "[[], [0]]"
-    assert target["ops"][f"{H1}/mlp/c_fc/Gemm"]["sharding_option"] == "[[], [0]]"
+    assert target.values[f"{H1}/mlp/c_fc/Gemm_output_0"].sharding == "[[], [0]]"
+    assert target.ops[f"{H1}/mlp/c_fc/Gemm"].sharding_option == "[[], [0]]"
     changed = {e["name"]: (e["a"], e["b"]) for group in answer["changed"]
                for e in group["changes"]}  # fmt: skip
     assert changed[f"{H1}/mlp/c_fc/Gemm"] == ("[[0, 1]]", "[[], [0]]")
     assert "layer 1" in [group["where"] for group in answer["changed"]]
     for key in ("memory_bytes_per_device", "comm_bytes_per_device", "objective"):
         cost = answer["cost"][key]
-        assert cost["a"] == gpt2.document["cost"][key] and cost["b"] == target["cost"][key]
+        assert cost["a"] == getattr(gpt2.document.cost, key) and cost["b"] == getattr(
+            target.cost, key
+        )
 
 
 def test_why_not_op_equals_value(gpt2, gpt2_why_not):
@@ -94,9 +96,9 @@ def test_why_not_weight_of_a_later_layer(gpt2):
     the search's build when the annotated weight shared its copies' key)."""
     answer, target = why_not(gpt2, "lm.transformer.h.1.mlp.c_fc.weight=[[], [1]]")
     assert answer["verdict"] in (Verdict.CHOSEN_CHEAPER, Verdict.SAME_COST)
-    values = target["values"]
-    assert values["lm.transformer.h.1.mlp.c_fc.weight"]["sharding"] == "[[], [1]]"
-    before = gpt2.document["values"]["lm.transformer.h.0.mlp.c_fc.weight"]
+    values = target.values
+    assert values["lm.transformer.h.1.mlp.c_fc.weight"].sharding == "[[], [1]]"
+    before = gpt2.document.values["lm.transformer.h.0.mlp.c_fc.weight"]
     assert values["lm.transformer.h.0.mlp.c_fc.weight"] == before
 
 
@@ -206,7 +208,7 @@ def test_training_weight_says_its_strategy(tmp_path):
     out = tmp_path / "mlp-training.json"
     write_document(out, plan_request(request).document)
     saved = load_saved(str(out), MLP, on_memory("200KB"))
-    entry = saved.document["strategy"]["weights"]["0.weight"]
+    entry = saved.document.strategy.weights["0.weight"].to_json()
     found = explain(saved, "0.weight")
     assert found["training"] == entry and found["parameter"] == "0.weight"
     line = (f"  training: {entry['strategy']} (stored {entry['stored']}, used {entry['used']}, "
@@ -256,7 +258,7 @@ def test_provenance_annotation_and_follower(annotated):
     value = explain(annotated, "/1/Relu_output_0")
     assert value["decided"]["text"] == f"its producer /1/Relu: {relu['text']}"
     assert value["held"] == "[[0], [1]]" and value["producer"] == "/1/Relu"
-    assert annotated.document["search"]["annotations"] == [
+    assert list(annotated.document.search.asked.annotations) == [
         {"value": "/0/Gemm_output_0", "sharding": "[[0], [1]]", "required": True, "for": "result"}
     ]
 
@@ -296,8 +298,12 @@ def test_explain_costs(annotated):
     assert gather["bytes_per_device"] == 2048
     assert op["comm_by_mesh_axes"] == {"[1]": {"bytes_per_device": 2048,
                                                "time_s": gather["time_s"]}}  # fmt: skip
-    entry = annotated.document["ops"]["/2/Gemm"]
-    assert op["compute"] == {k: entry[k] for k in ("flops", "bytes", "compute_s")}
+    entry = annotated.document.ops["/2/Gemm"]
+    assert op["compute"] == {
+        "flops": entry.flops,
+        "bytes": entry.bytes,
+        "compute_s": entry.compute_s,
+    }
     assert op["compute"]["flops"] == 2 * 4 * 32 * 256  # [4, 256] @ [256, 64 / 2] per device
     value = explain(annotated, "/1/Relu_output_0")
     assert value["collectives"] == [gather]

@@ -2,6 +2,7 @@
 and annotations pin it), on the bundled GPT-2 and BERT, for forward and training plans; and
 `autoshard diff` of two plans (autoshard.explain.diff), with the report's link to it."""
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -13,6 +14,7 @@ from autoshard.annotations import Annotation
 from autoshard.cli.main import main
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.price import price
+from autoshard.document.blocks import RepeatedLayers, SearchFigures
 from autoshard.document.plan_document import model_info, plan_document, write_document
 from autoshard.document.story import strategy_story
 from autoshard.explain.diff import diff_plans, diff_text
@@ -158,10 +160,8 @@ def document(name, mesh, annotations):
     doc = plan_document(g, cluster, plan, program, price(program, g, cluster),
                         model_info(MODELS / f"{name}.onnx", g, DIMS))  # fmt: skip
     repeats = find_repeats(g)
-    doc["search"] = {"repeated_layers": {"first_op": repeats.start,
-                                         "ops_per_layer": repeats.period,
-                                         "layers": repeats.count}}  # fmt: skip
-    return doc
+    layers = RepeatedLayers(repeats.start, repeats.period, repeats.count)
+    return dataclasses.replace(doc, search=SearchFigures(0, 0, 0, 0, layers))
 
 
 def test_diff_of_a_plan_with_itself_is_empty():
@@ -228,8 +228,8 @@ def test_story_in_document_and_report():
     from autoshard.explain.report import plan_markdown
 
     doc = document("bert", DPTP, dp_tp(graph("bert"), DPTP, 0, 1))
-    assert doc["story"] == f"{BATCH} {LAYERS_TP.format(**NAMED['bert'])} {WEIGHTS['bert']}"
-    assert plan_markdown(doc).split("\n")[2] == doc["story"]
+    assert doc.story == f"{BATCH} {LAYERS_TP.format(**NAMED['bert'])} {WEIGHTS['bert']}"
+    assert plan_markdown(doc).split("\n")[2] == doc.story
 
 
 def test_ulysses():
