@@ -85,33 +85,7 @@ def write_partition(
     if tracker is not None:
         tracker.stage(PipelineStage.WRITE, f"{len(partitioned.devices)} devices' files in {folder}")
     names = sorted(graph.weights)
-    devices: list[dict[str, Any]] = []
-    files: list[File] = []
-    for device in partitioned.devices:
-        slices = {n: partitioned.slices(n, device.index) for n in names}
-        entry: dict[str, Any] = {
-            "index": device.index,
-            "coordinates": list(device.device),
-            "file": None,
-            "sha256": None,
-            "bytes": 0,
-            "slices": {n: _slices_json(slices[n]) for n in names},
-        }
-        devices.append(entry)
-        if not shape_only and names:
-            entry["file"] = f"{WEIGHTS}/device-{device.index}.safetensors"
-            metadata = {
-                "format": FORMAT,
-                "mesh": str(setup.mesh),
-                "device": str(device.index),
-                "coordinates": ",".join(map(str, device.device)),
-            }
-            entries = tuple(Entry(n, graph.weights[n], slices[n]) for n in names)
-            files.append(File(folder / entry["file"], entries, metadata))
-    written = iter(write_safetensors(files))
-    for entry in devices:
-        if entry["file"] is not None:
-            entry["sha256"], entry["bytes"] = next(written)
+    devices = _write_weights(folder, setup, built, names, shape_only)
     _remove_stale(folder / WEIGHTS, {d["file"] for d in devices})
     write_atomic(folder / SPMD, print_spmd(partitioned, dialect).encode())
     # Runnable steps of a forward pass with weights (a training step's gradient ops are no
@@ -149,6 +123,42 @@ def write_partition(
     }
     write_atomic(folder / MANIFEST, json_text(manifest).encode())
     return manifest
+
+
+def _write_weights(
+    folder: Path, setup: Setup, built: Built, names: list[str], shape_only: bool
+) -> list[dict[str, Any]]:
+    """Each device's weight shards in one safetensors file (none for a shape-only model), and
+    the manifest's entry per device: its slices of every weight and its file's hash."""
+    graph, partitioned = built.graph, built.partitioned
+    devices: list[dict[str, Any]] = []
+    files: list[File] = []
+    for device in partitioned.devices:
+        slices = {n: partitioned.slices(n, device.index) for n in names}
+        entry: dict[str, Any] = {
+            "index": device.index,
+            "coordinates": list(device.device),
+            "file": None,
+            "sha256": None,
+            "bytes": 0,
+            "slices": {n: _slices_json(slices[n]) for n in names},
+        }
+        devices.append(entry)
+        if not shape_only and names:
+            entry["file"] = f"{WEIGHTS}/device-{device.index}.safetensors"
+            metadata = {
+                "format": FORMAT,
+                "mesh": str(setup.mesh),
+                "device": str(device.index),
+                "coordinates": ",".join(map(str, device.device)),
+            }
+            entries = tuple(Entry(n, graph.weights[n], slices[n]) for n in names)
+            files.append(File(folder / entry["file"], entries, metadata))
+    written = iter(write_safetensors(files))
+    for entry in devices:
+        if entry["file"] is not None:
+            entry["sha256"], entry["bytes"] = next(written)
+    return devices
 
 
 def _remove_stale(folder: Path, keep: set[str | None]) -> None:

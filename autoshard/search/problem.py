@@ -387,75 +387,17 @@ class _Builder:
         return self.compute_cache[key]
 
     def build(self) -> Search:
-        graph, grouping = self.graph, self.grouping
-        ops, copies = grouping.ops, grouping.copies
+        grouping = self.grouping
         sizes = [len(leader.choices) for leader in grouping.groups]
         node = [[0.0] * n for n in sizes]
-        # Edges by what they carry: a layer's edge and its copies count once, times their
-        # number.
-        reads: Counter[tuple[str, Op, int]] = Counter()
-        first: dict[tuple, tuple[str, Op, int]] = {}
-        for op in graph.ops:
-            d, runs = ops[op.name], graph.runs(op.name)
-            for k, cost in enumerate(self.computes(op, d)):
-                node[d.group][k] += runs * cost
-            for i, name in enumerate(op.inputs):
-                if name and name not in graph.constants:
-                    src = self.deciding(name)
-                    key = (src.group, d.group, grouping.representative(name), copies[op.name], i)
-                    reads[first.setdefault(key, (name, op, i))] += runs
-        for name in graph.outputs:
-            if name in graph.updates:
-                # A next weight or optimizer state goes back where the old one is held (a
-                # ZeRO-1 update gathers the updated shards); a copy per layer, as edges are.
-                producer, old = ops[self.producer[name].name], self.deciding(graph.updates[name])
-                key = (producer.group, old.group, grouping.representative(name), "update", 0)
-                reads[first.setdefault(key, (name, _UPDATE, 0))] += 1
-            elif name in self.producer:
-                d = ops[self.producer[name].name]
-                for k, held_k in enumerate(self.held(name, d)):
-                    node[d.group][k] += self.reshard_cost(name, held_k, self.returned(name, held_k))
-        edges: dict[tuple[int, int], np.ndarray] = {}
-        # Reshards per choice: one unit each on top of the scaled costs, so that of plans
-        # costing the same the one resharding least wins (a value held as it is read, not
-        # held whole and sliced for free).
-        node_moves = [[0] * n for n in sizes]
-        edge_moves: dict[tuple[int, int], np.ndarray] = {}
-        for (name, op, i), count in reads.items():
-            src = self.deciding(name)
-            if op is _UPDATE:
-                reader = self.deciding(graph.updates[name])
-                need = self.held(graph.updates[name], reader)
-            else:
-                reader = ops[op.name]
-                need = self.needs(op, i, reader)
-            held = self.held(name, src)
-            a, b = src.group, reader.group
-            if a == b:
-                for k in range(sizes[a]):
-                    node[a][k] += count * self.reshard_cost(name, held[k], need[k])
-                    node_moves[a][k] += count * (held[k] != need[k])
-                continue
-            matrix = edges.setdefault((a, b), np.zeros((sizes[a], sizes[b])))
-            matrix += count * self.matrix(name, held, need)
-            moves = edge_moves.setdefault((a, b), np.zeros((sizes[a], sizes[b]), np.int64))
-            moves += count * _differ(held, need)
-        # Hints: a small penalty on every choice that holds a hinted value otherwise (a
-        # tie-breaker, not a constraint).
+        reads = self.reads(node)
+        edges, node_moves, edge_moves = self.priced_reads(reads, node, sizes)
         unit = self.unit(node, edges)
-        penalty = max(1, SCALE // 1000)
         node_costs = [
             [round(c / unit) + moved for c, moved in zip(row, moves, strict=True)]
             for row, moves in zip(node, node_moves, strict=True)
         ]
-        for hint in self.hints:
-            value = hint.value
-            if value not in self.producer and value not in grouping.values:
-                continue  # a constant, or a value no op reads: nothing decides it
-            hinted = self.deciding(value)
-            for k, held_k in enumerate(self.held(value, hinted)):
-                if held_k != hint.sharding:
-                    node_costs[hinted.group][k] += penalty
+        self.add_hints(node_costs)
         memory = self.memory_model(sizes, frozenset())
         problem = Problem(
             tuple(sizes),
@@ -483,6 +425,82 @@ class _Builder:
         return Search(
             problem, grouping, functools.partial(self.memory_model, sizes), returns=self.returns
         )
+
+    def reads(self, node: list[list[float]]) -> Counter[tuple[str, Op, int]]:
+        """Adds each op's compute and each returned value's reshard to `node`; returns the
+        reads between decisions by what they carry: a layer's read and its copies count once,
+        times their number."""
+        graph, grouping = self.graph, self.grouping
+        ops, copies = grouping.ops, grouping.copies
+        reads: Counter[tuple[str, Op, int]] = Counter()
+        first: dict[tuple, tuple[str, Op, int]] = {}
+        for op in graph.ops:
+            d, runs = ops[op.name], graph.runs(op.name)
+            for k, cost in enumerate(self.computes(op, d)):
+                node[d.group][k] += runs * cost
+            for i, name in enumerate(op.inputs):
+                if name and name not in graph.constants:
+                    src = self.deciding(name)
+                    key = (src.group, d.group, grouping.representative(name), copies[op.name], i)
+                    reads[first.setdefault(key, (name, op, i))] += runs
+        for name in graph.outputs:
+            if name in graph.updates:
+                # A next weight or optimizer state goes back where the old one is held (a
+                # ZeRO-1 update gathers the updated shards); a copy per layer, as edges are.
+                producer, old = ops[self.producer[name].name], self.deciding(graph.updates[name])
+                key = (producer.group, old.group, grouping.representative(name), "update", 0)
+                reads[first.setdefault(key, (name, _UPDATE, 0))] += 1
+            elif name in self.producer:
+                d = ops[self.producer[name].name]
+                for k, held_k in enumerate(self.held(name, d)):
+                    node[d.group][k] += self.reshard_cost(name, held_k, self.returned(name, held_k))
+        return reads
+
+    def priced_reads(
+        self, reads: Counter[tuple[str, Op, int]], node: list[list[float]], sizes: list[int]
+    ) -> tuple[
+        dict[tuple[int, int], np.ndarray], list[list[int]], dict[tuple[int, int], np.ndarray]
+    ]:
+        """The reshards the reads need: a read within a decision adds to `node`, one across two
+        a matrix on their edge. Beside the costs, the reshards per choice: one unit each on top
+        of the scaled costs, so that of plans costing the same the one resharding least wins (a
+        value held as it is read, not held whole and sliced for free)."""
+        edges: dict[tuple[int, int], np.ndarray] = {}
+        node_moves = [[0] * n for n in sizes]
+        edge_moves: dict[tuple[int, int], np.ndarray] = {}
+        for (name, op, i), count in reads.items():
+            src = self.deciding(name)
+            if op is _UPDATE:
+                reader = self.deciding(self.graph.updates[name])
+                need = self.held(self.graph.updates[name], reader)
+            else:
+                reader = self.grouping.ops[op.name]
+                need = self.needs(op, i, reader)
+            held = self.held(name, src)
+            a, b = src.group, reader.group
+            if a == b:
+                for k in range(sizes[a]):
+                    node[a][k] += count * self.reshard_cost(name, held[k], need[k])
+                    node_moves[a][k] += count * (held[k] != need[k])
+                continue
+            matrix = edges.setdefault((a, b), np.zeros((sizes[a], sizes[b])))
+            matrix += count * self.matrix(name, held, need)
+            moves = edge_moves.setdefault((a, b), np.zeros((sizes[a], sizes[b]), np.int64))
+            moves += count * _differ(held, need)
+        return edges, node_moves, edge_moves
+
+    def add_hints(self, node_costs: list[list[int]]) -> None:
+        """A small penalty on every choice that holds a hinted value otherwise (a tie-breaker,
+        not a constraint)."""
+        penalty = max(1, SCALE // 1000)
+        for hint in self.hints:
+            value = hint.value
+            if value not in self.producer and value not in self.grouping.values:
+                continue  # a constant, or a value no op reads: nothing decides it
+            hinted = self.deciding(value)
+            for k, held_k in enumerate(self.held(value, hinted)):
+                if held_k != hint.sharding:
+                    node_costs[hinted.group][k] += penalty
 
     def deciding(self, name: str) -> Decision:
         """The decision that says how `name` is held: its producer's, or its own."""

@@ -28,22 +28,9 @@ PACKAGES = ("autoshard", "service")
 MODULE_LINES = 600
 FUNCTION_LINES = 80
 
-ALLOWED: dict[str, int] = {
-    "autoshard/cli/main.py::build_parser": 245,
-    "autoshard/cost/measure/calibrate.py::calibrate": 81,
-    "autoshard/cost/model.py": 725,
-    "autoshard/execute/artifacts.py::write_partition": 88,
-    "autoshard/execute/steps.py::steps_manifest": 91,
-    "autoshard/reshard.py": 654,
-    "autoshard/search/memory.py": 1129,
-    "autoshard/search/problem.py::_Builder.build": 97,
-    "autoshard/search/solver/relaxation.py": 1119,
-    "autoshard/search/solver/solve.py": 1299,
-    "autoshard/search/solver/solve.py::_Narrowing.run": 90,
-    "autoshard/search/solver/solve.py::_memory_rows": 98,
-    "autoshard/search/solver/solve.py::solve": 101,
-}
-"""Today's long modules (`path`) and functions (`path::qualname`), with their lengths."""
+ALLOWED: dict[str, int] = {}
+"""Long modules (`path`) and functions (`path::qualname`) let through, with their lengths: none
+since the redesign; an entry may only shrink or go."""
 
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("leaves", ("autoshard", "autoshard.errors", "autoshard.units", "autoshard.limits",

@@ -399,14 +399,7 @@ def calibrate(
         (m // scale, k // scale, n // scale) for m, k, n in THIN + (LAYERS if cuda else ())
     ]
     element = 2 if cuda else 4
-    rates: list[tuple[tuple[int, int, int], float]] = []
-    for i, (m, k, n) in enumerate(shapes, 1):
-        seconds = probe.matmul(m, k, n)
-        rates.append(((m, k, n), 2 * m * k * n / max(seconds, 1e-9)))
-        progress(
-            f"matmul {m}x{k}x{n} ({probe.dtype}): {rates[-1][1] / 1e9:.1f} GFLOP/s "
-            f"({i}/{len(shapes)})"
-        )
+    rates = _matmul_rates(probe, shapes, progress)
     # The floor and memory before the fit, which takes them off a GPU's matmul times.
     launch = probe.add(1)
     progress(f"launch floor: {launch * 1e6:.2f} us per op (a one-element Add)")
@@ -450,12 +443,8 @@ def calibrate(
         count = 1 << 16
         vector = 5 * count / max(probe.softmax(count) - launch, 1e-9)
         progress(f"vector rate: {vector / 1e9:.2f} GFLOP/s (a Softmax of {count} in the cache)")
-    special = []
     count = 1 << (22 if cuda else 16)  # in the cache: the function's rate, not memory's
-    for family in Transcendental:
-        seconds = max(probe.special(family, count) - launch, 1e-9)
-        special.append((str(family), count / seconds))
-        progress(f"{family}: {special[-1][1] / 1e9:.3g} G evaluations/s")
+    special = _special_rates(probe, count, launch, progress)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if gpu is not None:
         memory = gpu.torch.cuda.get_device_properties(gpu.device).total_memory
@@ -464,6 +453,39 @@ def calibrate(
         tuple(special), f"{probe.name} {probe.dtype}", cache, cache_rate, misaligned,
         private, speedup, pack, strided, transposed,
     )  # fmt: skip
+
+
+def _matmul_rates(
+    probe: OnnxRuntimeProbe | TorchProbe,
+    shapes: Sequence[tuple[int, int, int]],
+    progress: Callable[[str], None],
+) -> list[tuple[tuple[int, int, int], float]]:
+    """FLOP/s of a matmul of each (m, k, n) shape, in order."""
+    rates: list[tuple[tuple[int, int, int], float]] = []
+    for i, (m, k, n) in enumerate(shapes, 1):
+        seconds = probe.matmul(m, k, n)
+        rates.append(((m, k, n), 2 * m * k * n / max(seconds, 1e-9)))
+        progress(
+            f"matmul {m}x{k}x{n} ({probe.dtype}): {rates[-1][1] / 1e9:.1f} GFLOP/s "
+            f"({i}/{len(shapes)})"
+        )
+    return rates
+
+
+def _special_rates(
+    probe: OnnxRuntimeProbe | TorchProbe,
+    count: int,
+    launch: float,
+    progress: Callable[[str], None],
+) -> list[tuple[str, float]]:
+    """Evaluations per second of each special-function family on `count` elements, the
+    launch floor taken off."""
+    special = []
+    for family in Transcendental:
+        seconds = max(probe.special(family, count) - launch, 1e-9)
+        special.append((str(family), count / seconds))
+        progress(f"{family}: {special[-1][1] / 1e9:.3g} G evaluations/s")
+    return special
 
 
 def _caches() -> dict[int, int]:

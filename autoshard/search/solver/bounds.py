@@ -8,15 +8,32 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from autoshard.search.memory.rows import Chosen, Indicator, Literal
+from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
 
-if TYPE_CHECKING:
-    from autoshard.search.solver.relaxation import Relaxation
+
+class Tables(Protocol):
+    """What a bound reads of the relaxation (`relaxation.Relaxation`): the problem, its groups'
+    sizes, each indicator's scope and the tables over scopes."""
+
+    problem: Problem
+    sizes: list[int]
+    scopes: list[tuple[int, ...]]
+    exact_up_to: int
+
+    def mask(self, literal: Chosen) -> np.ndarray: ...
+    def table(self, i: int, scope: tuple[int, ...]) -> np.ndarray: ...
+    def joint(
+        self, literals: Sequence[Literal], every: bool, scope: tuple[int, ...]
+    ) -> np.ndarray: ...
+    def scope_of(self, literal: Literal) -> tuple[int, ...]: ...
+    def dense(self, values: np.ndarray, scope: tuple[int, ...]) -> np.ndarray: ...
+
 
 Pieces = list[tuple[tuple[int, ...], np.ndarray]]
 """Tables over scopes of groups, to be summed."""
@@ -84,7 +101,7 @@ class _Bound:
     """A lower bound on an indicator as a sum of small tables and a constant: exact where the
     groups it names have few combinations of choices, else from its parts (below)."""
 
-    def __init__(self, relaxation: Relaxation, joined: frozenset[tuple[int, ...]] | None) -> None:
+    def __init__(self, relaxation: Tables, joined: frozenset[tuple[int, ...]] | None) -> None:
         self.relaxation = relaxation
         self.joined = joined  # the pairs an exact table may join (None: any)
         self.found: dict[tuple[Literal, bool], _Options] = {}
