@@ -72,7 +72,7 @@ def plan_from_options(
     producer-less values as `held`, replicated by default; constants replicated; graph outputs
     as `returns` says (a required annotation for users), else `returned`."""
     rules = {op.name: rule_for(op, graph) for op in graph.ops}
-    produced, needs, unruled = _computed(graph, options, rules)
+    produced, needs, unruled = computed_shardings(graph, options, rules)
     values = dict(produced)
     for name in graph.values:
         values.setdefault(name, held.get(name, Sharding()))
@@ -95,7 +95,7 @@ def returned(sharding: Sharding) -> Sharding:
     return Sharding(sharding.split_axes)
 
 
-def _computed(
+def computed_shardings(
     graph: Graph,
     options: Mapping[str, ShardingOption | None],
     rules: Mapping[str, OpRule | None],

@@ -52,7 +52,7 @@ from autoshard.errors import AutoshardError, ShardingError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
 from autoshard.mesh import Mesh
-from autoshard.plan import RETURN, Plan, _computed, returned_as
+from autoshard.plan import RETURN, Plan, computed_shardings, returned_as
 from autoshard.reshard import plan_reshard
 from autoshard.rules import IteratorType, OpRule, rule_for
 from autoshard.rules.base import IndexingMap
@@ -371,7 +371,7 @@ def _resolve(graph: Graph, mesh: Mesh, state: _State, user: Mapping[str, Mark]) 
     held as annotated, else as their first user needs them; constants stay replicated. Graph
     outputs are returned as annotated for their users, else as held, reduced unless a user
     required them partial."""
-    produced, needs, unruled = _computed(graph, state.options, state.rules)
+    produced, needs, unruled = computed_shardings(graph, state.options, state.rules)
     for (name, i), asked in state.use.items():
         if (
             name != RETURN

@@ -18,7 +18,7 @@ from pathlib import Path
 from autoshard.cost.cluster import make_cluster
 from autoshard.pipeline import PlanRequest, plan_inputs
 from autoshard.search.problem import build_search
-from autoshard.search.solver.cp_sat import _cp_sat
+from autoshard.search.solver.cp_sat import solve_cp_sat
 from autoshard.search.solver.eliminate import _expand, eliminate
 from autoshard.search.solver.factors import (
     additions,
@@ -26,7 +26,7 @@ from autoshard.search.solver.factors import (
     minimize,
     problem_factors,
 )
-from autoshard.search.solver.outcome import _Limit
+from autoshard.search.solver.outcome import Limit
 from autoshard.search.solver.tuning import MAX_ENTRIES
 from autoshard.training import Training
 
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cp_sat:
             reduced, kept, steps = eliminate(problem)
             started = time.perf_counter()
-            limit = _Limit(600.0, 600.0, "memory-aside")
-            solution, _ = _cp_sat(reduced, limit, memory=False)
+            limit = Limit(600.0, 600.0, "memory-aside")
+            solution, _ = solve_cp_sat(reduced, limit, memory=False)
             cp_sat_s = f"{time.perf_counter() - started:.3f}"
             choice = _expand(solution.choice, kept, steps, len(problem.sizes))
             if exact is not None:

@@ -102,7 +102,7 @@ def launch(
             processes.append(process)
         return _watch(manifest, processes, pipes, progress)
     finally:
-        _stop(processes)
+        stop_ranks(processes)
         del store
 
 
@@ -152,7 +152,7 @@ def _watch(
             if time.monotonic() - first_failure > 0.5:
                 break
     if failures:
-        _stop(processes)
+        stop_ranks(processes)
         failures.sort()
         raise RunError(f"{failures[0][2]} (all {world} ranks stopped)")
     ok = messages[0]
@@ -174,7 +174,7 @@ def _died(manifest: Mapping[str, Any], rank: int, code: int | None, progress: Se
     return f"rank {rank} died at {where}: {how}"
 
 
-def _stop(processes: Sequence[Any]) -> None:
+def stop_ranks(processes: Sequence[Any]) -> None:
     """SIGTERM every rank still running, SIGKILL those still there after the grace period."""
     for process in processes:
         if process.is_alive():

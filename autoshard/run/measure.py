@@ -4,7 +4,7 @@
 
 Each rank is a child process started as `autoshard run` starts them (`run.launch`:
 forkserver children meeting at a TCP store on a port the kernel picks free, stopped by
-`launch._stop`). For every kind (all_gather, all_reduce, reduce_scatter, all_to_all) and
+`launch.stop_ranks`). For every kind (all_gather, all_reduce, reduce_scatter, all_to_all) and
 every size (the bytes each rank holds, `local`), the ranks meet at a barrier, run the
 collective once, and each times it; a run takes as long as its slowest rank, and of the
 `repeats` runs the fastest is kept (on a shared machine, the least disturbed). Rank 0 sends
@@ -175,7 +175,7 @@ def measure_links(
     check_backend(ranks, backend)
     import torch.distributed as dist
 
-    from autoshard.run.launch import _stop
+    from autoshard.run.launch import stop_ranks
     from autoshard.run.rank import Rendezvous, RunError
 
     context = multiprocessing.get_context("forkserver")
@@ -227,7 +227,7 @@ def measure_links(
                 if rank == 0:
                     samples = message[1]
     finally:
-        _stop(processes)
+        stop_ranks(processes)
         del store
     assert samples is not None
     links = fit_links(backend, samples)

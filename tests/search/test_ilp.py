@@ -29,7 +29,7 @@ from autoshard.search.solver.dual import dual
 from autoshard.search.solver.eliminate import eliminate
 from autoshard.search.solver.lowest import lowest_budget
 from autoshard.search.solver.marginals import still_possible
-from autoshard.search.solver.narrowing import _Narrowing
+from autoshard.search.solver.narrowing import Narrowing
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.search.solver.solve import solve
 from tests.golden.seed_models import write_seed_mlp
@@ -97,7 +97,7 @@ def test_where_the_relaxation_finds_no_plan_that_fits_the_least_peak_says_whethe
     below = dataclasses.replace(problem, budget=least - 1)
     narrowed = []
     for module in (ilp, eliminate_module):
-        monkeypatch.setattr(module, "_cp_sat", lambda *a, **_: narrowed.append(a))
+        monkeypatch.setattr(module, "solve_cp_sat", lambda *a, **_: narrowed.append(a))
     with pytest.raises(InfeasibleError) as error:
         solve(below)
     assert error.value.lowest is not None and not narrowed
@@ -128,14 +128,14 @@ def test_random_problems_with_memory(seed):
 
 
 def test_rows_join_the_model_as_its_plans_go_over_them(monkeypatch):
-    """CP-SAT from none of the memory rows (row generation, `cp_sat._cp_sat` given `rows`): each
-    plan that goes over rows left out brings them in, and the plan returned is the optimum of
-    all of them, as exhaustive search finds it. The rows its last model held, returned, start
-    a solve again in one model (`solve`'s next narrowed try)."""
-    limit, none = outcome._Limit(60.0, 60.0, "test"), np.zeros(0, np.int64)
+    """CP-SAT from none of the memory rows (row generation, `cp_sat.solve_cp_sat` given
+    `rows`): each plan that goes over rows left out brings them in, and the plan returned is
+    the optimum of all of them, as exhaustive search finds it. The rows its last model held,
+    returned, start a solve again in one model (`solve`'s next narrowed try)."""
+    limit, none = outcome.Limit(60.0, 60.0, "test"), np.zeros(0, np.int64)
     solves = []
-    run = cp_sat._run
-    monkeypatch.setattr(cp_sat, "_run", lambda *args: solves.append(1) or run(*args))
+    run = cp_sat.run_solver
+    monkeypatch.setattr(cp_sat, "run_solver", lambda *args: solves.append(1) or run(*args))
     binding = 0
     for seed in range(30):
         problem = random_problem(seed, memory=True)
@@ -144,11 +144,11 @@ def test_rows_join_the_model_as_its_plans_go_over_them(monkeypatch):
             continue
         free = brute_force(dataclasses.replace(problem, budget=10**9))
         binding += free < expected  # the first solve's plan went over some row
-        solution, rows = cp_sat._cp_sat(problem, limit, True, rows=none)
+        solution, rows = cp_sat.solve_cp_sat(problem, limit, True, rows=none)
         assert (solution.objective, solution.status) == (expected, "OPTIMAL")
         assert problem.peak(solution.choice) <= problem.budget
         solves.clear()
-        again, held = cp_sat._cp_sat(problem, limit, True, rows=rows)
+        again, held = cp_sat.solve_cp_sat(problem, limit, True, rows=rows)
         assert (again.objective, len(solves)) == (expected, 1)
         assert rows is not None and np.array_equal(held, rows)
     assert binding >= 5
@@ -163,7 +163,7 @@ def test_a_bound_proven_before_spares_the_proof(monkeypatch):
         raise AssertionError("CP-SAT was asked")
 
     for module in (ilp, eliminate_module):
-        monkeypatch.setattr(module, "_cp_sat", no_cp_sat)
+        monkeypatch.setattr(module, "solve_cp_sat", no_cp_sat)
     spared = 0
     for seed in range(60):
         problem = random_problem(seed, groups=6, memory=True)
@@ -210,7 +210,7 @@ def test_the_least_peaks_model_is_hinted_a_whole_plan(model, mesh):
     for at_least in (0, problem.peak(plan) + 1):
         model, _ = cp_sat.least_peak_model(problem, plan, at_least)
         assert len(model.proto.solution_hint.vars) == len(model.proto.variables)
-        solver = cp_sat._solver(10.0)
+        solver = cp_sat.deterministic_solver(10.0)
         solver.parameters.fix_variables_to_their_hinted_value = True
         assert solver.solve(model) == cp_model.OPTIMAL
         assert solver.objective_value == max(problem.peak(plan), at_least)
@@ -222,15 +222,15 @@ def test_the_least_peaks_rows_join_its_model_as_its_plans_go_over_them(monkeypat
     finds goes over the others, they join it and it is solved again, to the least peak,
     proven (exhaustive search), on every problem, a quarter of them in several solves."""
     solves = []
-    run = lowest._run
-    monkeypatch.setattr(lowest, "_run", lambda *args: solves.append(1) or run(*args))
+    run = lowest.run_solver
+    monkeypatch.setattr(lowest, "run_solver", lambda *args: solves.append(1) or run(*args))
     again = 0
     for seed in range(30):
         problem = random_problem(seed, groups=6, memory=True)
         plans = list(itertools.product(*(range(n) for n in problem.sizes)))
         least = min(map(problem.peak, plans))
         solves.clear()
-        limit = outcome._Limit(10.0, 10.0, "lowest-budget")
+        limit = outcome.Limit(10.0, 10.0, "lowest-budget")
         got, _ = lowest._least_peak(problem, limit, None, max(plans, key=problem.peak), least)
         assert (got.value, got.bound, got.optimal) == (least, least, True)
         assert problem.peak(got.choice) == least
@@ -375,7 +375,7 @@ def test_a_solve_out_of_time_names_the_users_limit_and_its_share(monkeypatch):
     elimination, spends none of the limit; the memory-bound solve's CP-SAT gets all of it
     (the relaxation and the least peak turned off here: their plans would answer)."""
     monkeypatch.setattr(ilp, "dual", lambda problem, **_: None)
-    monkeypatch.setattr(ilp, "_any_fits", lambda *_: ([], 0.0))
+    monkeypatch.setattr(ilp, "any_fits", lambda *_: ([], 0.0))
     graph = import_onnx(MODELS / "decoder_32l_shape_only.onnx", {"batch": 8, "seq": 256})
     problem = build_search(graph, make_cluster(mesh="2x4", memory="6GiB")).problem
     share = r"\(0\.05 s left for the memory-bound solve, UNKNOWN\); raise --time-limit$"
@@ -390,7 +390,7 @@ def test_a_threshold_keeps_at_most_its_share_of_the_choices():
     quarter (2 of 8) is 20 (10 and 15 are below it), half is 30, all is any (None)."""
     problem = Problem((4, 4), ((0,) * 4, (0,) * 4), (), NO_ROWS, 0, 1.0)
     marginals = [np.array([10.0, 20, 30, 40]), np.array([15.0, 25, 35, 45])]
-    narrowing = _Narrowing(problem, marginals, lambda *_: None, None, "the cost", 0.5)
+    narrowing = Narrowing(problem, marginals, lambda *_: None, None, "the cost", 0.5)
     thresholds = [narrowing.keeping(share) for share in (1 / 4, 1 / 2, 1)]
     assert thresholds == [20, 30, None]
     kept = [still_possible(marginals, t) for t in (20, 30, 47)]
@@ -404,15 +404,17 @@ def test_a_narrowed_solve_finds_its_optimum():
     proven written into the model (the objective at least 2,949,322,513, as it was), OR-Tools
     9.15's presolve cut the optimum off (or-tools#5293): 60 s to a plan of 3,435,479,089 and
     a "bound" of 3,435,479,036 on the 24 rows, whose optimum is 3,330,816,595. What this
-    guards: anything written into `_cp_sat`'s model, or a CP-SAT release, that loses it."""
+    guards: anything written into `solve_cp_sat`'s model, or a CP-SAT release, that loses it."""
     saved = json.loads((Path(__file__).parent / "narrowed_gpt2_dynamo_4x8.json").read_text())
     graph = import_onnx(MODELS.parent / saved["model"], saved["dims"])
     cluster = make_cluster(mesh=saved["mesh"], memory=str(saved["budget"]))
     narrowed = build_search(graph, cluster).problem.restricted(saved["kept"])
-    limit = outcome._Limit(60.0, 60.0, "memory-bound")
-    found, _ = cp_sat._cp_sat(narrowed, limit, True, saved["hint"], rows=np.array(saved["rows"]))
+    limit = outcome.Limit(60.0, 60.0, "memory-bound")
+    found, _ = cp_sat.solve_cp_sat(
+        narrowed, limit, True, saved["hint"], rows=np.array(saved["rows"])
+    )
     model, _ = cp_sat.ilp_model(narrowed, memory=True)
-    solver = cp_sat._solver(60.0)
+    solver = cp_sat.deterministic_solver(60.0)
     solver.parameters.cp_model_presolve = False
     assert solver.solve(model) == cp_model.OPTIMAL
     assert found.status is outcome.SolverStatus.OPTIMAL
@@ -503,7 +505,7 @@ def test_what_a_try_proves_beyond_its_threshold_at_large_values():
     of the least left out were all tried, each keeping a third, and nothing was proven)."""
     problem = Problem((4,), ((0,) * 4,), (), NO_ROWS, 0, 1.0)
     marginals = [np.array([1e10, 1e10 + 1, 1e10 + 100, 1e10 + 200])]
-    narrowing = _Narrowing(problem, marginals, lambda *_: None, None, "the cost", 0.8)
+    narrowing = Narrowing(problem, marginals, lambda *_: None, None, "the cost", 0.8)
     proven = narrowing.beyond([[0, 1]])
     assert proven == 10**10 + 90
     assert still_possible(marginals, 10**10 + 90) == [[0, 1]]
@@ -531,7 +533,7 @@ def test_the_tries_that_prove_a_plan_hold_fewer_choices():
 
 def _narrowed_tries(
     answers: list[int | None], marginals: list[np.ndarray] | None = None, tighten=None
-) -> tuple[list[int], int, outcome._Found]:
+) -> tuple[list[int], int, outcome.Found]:
     """The cost's narrowing over two groups of 16 choices (min-marginals 100..115 unless
     given), each try answering the next of `answers` as its optimum: the choices each try
     kept, the bound and the best. `tighten`: the narrowing's."""
@@ -544,12 +546,12 @@ def _narrowed_tries(
         sizes.append(narrowed.variables)
         value = next(found)
         if value is None:  # no plan fits
-            return outcome._Attempt((), None, 0, True, 0.1)
-        return outcome._Attempt((0, 0), value, value, True, 0.1)
+            return outcome.Attempt((), None, 0, True, 0.1)
+        return outcome.Attempt((0, 0), value, value, True, 0.1)
 
-    narrowing = _Narrowing(
+    narrowing = Narrowing(
         problem, marginals, attempt, None, "the cost", tuning.WHOLE_SHARE, True, tighten
     )
-    best, bound, _ = narrowing.run(None, 100, outcome._Limit(60.0, 60.0, "memory-bound"), (0, 0))
+    best, bound, _ = narrowing.run(None, 100, outcome.Limit(60.0, 60.0, "memory-bound"), (0, 0))
     assert best is not None
     return sizes, bound, best

@@ -19,8 +19,8 @@ from autoshard.search.solver import tuning
 from autoshard.search.solver.dual import Dual, dual, least_peak
 from autoshard.search.solver.lowest import lowest_budget
 from autoshard.search.solver.marginals import (
-    _fitting,
     _widened,
+    fitting_choices,
     peak_marginals,
     rows_alone,
     still_possible,
@@ -445,8 +445,8 @@ def test_the_choices_ruled_out_are_in_no_better_plan(seed):
 @pytest.mark.parametrize("seed", range(30))
 def test_a_choice_s_least_peak_bounds_every_plan_taking_it(seed):
     """`peak_marginals` (the best weights' and rows alone, the greatest): every plan's peak
-    is at least each of its choices' figure; and the choices `marginals._fitting` rules out (a row
-    alone over the budget) are in no plan that fits."""
+    is at least each of its choices' figure; and the choices `marginals.fitting_choices` rules
+    out (a row alone over the budget) are in no plan that fits."""
     problem = random_problem(seed, memory=True)
     peaks = peak_relaxation(problem)
     least = least_peak(problem, relaxation=peaks)
@@ -455,7 +455,7 @@ def test_a_choice_s_least_peak_bounds_every_plan_taking_it(seed):
         figures = [marginals[g][k] for g, k in enumerate(choice)]
         assert problem.peak(choice) >= max(figures) - 1e-6, choice
     try:
-        fitting = _fitting(problem, dual(problem))
+        fitting = fitting_choices(problem, dual(problem))
     except InfeasibleError:
         assert all(problem.peak(x) > problem.budget for x in plans(problem))
         return
@@ -469,7 +469,7 @@ def test_rows_alone_see_what_a_mix_blurs():
     """One group, bytes (10, 0) in row 0 and (0, 10) in row 1: every plan peaks at 10. Any mix
     of the rows, weights (w, 1 - w), bounds it by min(10 w, 10 - 10 w), at most 5; each row
     alone rules out one choice below 10: the greatest per choice is (10, 10), the bound 10.
-    Under a budget of 9 neither choice fits: `_fitting` proves it."""
+    Under a budget of 9 neither choice fits: `fitting_choices` proves it."""
     rows = MemoryRows.of(
         (MemoryRow(0, ((0, 0, 10), (0, 1, 0)), ()), MemoryRow(0, ((0, 0, 0), (0, 1, 10)), ()))
     )
@@ -483,7 +483,7 @@ def test_rows_alone_see_what_a_mix_blurs():
     assert (lowest.peak, lowest.bound) == (10, 10)
     found = Dual(5.0, None, np.array([1.0, 1.0]), 1)
     with pytest.raises(InfeasibleError, match="the relaxation proves it"):
-        _fitting(problem, found)
+        fitting_choices(problem, found)
 
 
 def test_choices_are_ruled_out_by_hand():

@@ -14,11 +14,11 @@ import numpy as np
 
 from autoshard.search.memory.record import Terms
 from autoshard.search.memory.rows import (
-    _NONE,
+    NO_ENTRIES,
     Indicator,
     MemoryModel,
     RunTable,
-    _concatenate,
+    concatenated,
 )
 
 _Events = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -54,7 +54,7 @@ def assemble_rows(
     marked = _indicator_events(terms)
     marked_bounds = np.searchsorted(marked[0], np.arange(slots + 1))
     live = np.zeros(len(indicators), np.int64)
-    marks = (_NONE, _NONE)
+    marks = (NO_ENTRIES, NO_ENTRIES)
     runs = np.full(groups, -1, np.int64)  # each group's run at this slot (-1: none)
     group_of = np.repeat(np.arange(groups), sizes)
     found: dict[tuple, tuple[int, list[int], tuple[np.ndarray, np.ndarray]]] = {}
@@ -73,7 +73,7 @@ def assemble_rows(
             found[key] = (key[0] - base_fixed, runs[runs >= 0].tolist(), marks)
     rows = list(found.values())
     return MemoryModel(
-        table.rows([base_fixed], [base_runs], [(_NONE, _NONE)]),
+        table.rows([base_fixed], [base_runs], [(NO_ENTRIES, NO_ENTRIES)]),
         table.rows([f for f, _, _ in rows], [r for _, r, _ in rows], [m for *_, m in rows]),
         tuple(indicators),
     )
@@ -86,13 +86,13 @@ def _group_events(terms: Terms) -> _Events:
     spans = np.array([(f, t) for f, t, _, _ in held], np.int64).reshape(-1, 2)
     # A mark's spans (one per copy) times its columns.
     return _events(
-        _concatenate([np.repeat(spans[:, 0], lengths)]
+        concatenated([np.repeat(spans[:, 0], lengths)]
                      + [np.repeat(f, len(c)) for f, _, c, _ in chosen]),
-        _concatenate([np.repeat(spans[:, 1], lengths)]
+        concatenated([np.repeat(spans[:, 1], lengths)]
                      + [np.repeat(t, len(c)) for _, t, c, _ in chosen]),
-        _concatenate([c for _, _, c, _ in held]
+        concatenated([c for _, _, c, _ in held]
                      + [np.tile(c, len(f)) for f, _, c, _ in chosen]),
-        _concatenate([a for *_, a in held]
+        concatenated([a for *_, a in held]
                      + [np.full(len(f) * len(c), a, np.int64) for f, _, c, a in chosen]),
     )  # fmt: skip
 
@@ -101,10 +101,10 @@ def _indicator_events(terms: Terms) -> _Events:
     """The indicator terms' events, by slot: (slot, indicator, bytes added)."""
     marks = terms.indicated
     return _events(
-        _concatenate([f for f, _, _, _ in marks]),
-        _concatenate([t for _, t, _, _ in marks]),
-        _concatenate([np.full(len(f), i, np.int64) for f, _, i, _ in marks]),
-        _concatenate([np.full(len(f), a, np.int64) for f, _, _, a in marks]),
+        concatenated([f for f, _, _, _ in marks]),
+        concatenated([t for _, t, _, _ in marks]),
+        concatenated([np.full(len(f), i, np.int64) for f, _, i, _ in marks]),
+        concatenated([np.full(len(f), a, np.int64) for f, _, _, a in marks]),
     )
 
 

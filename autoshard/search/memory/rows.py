@@ -26,7 +26,7 @@ class Chosen:
 Literal = Chosen | int  # an int is the index of an Indicator
 
 
-_NONE = np.zeros(0, np.int64)
+NO_ENTRIES = np.zeros(0, np.int64)
 
 
 @dataclass(frozen=True)
@@ -142,9 +142,9 @@ class MemoryRows:
         """The rows over fewer choices: `renumber[g][k]` is choice k of group g's new number,
         or -1 where it is left out (its terms go: no plan of the fewer choices takes it)."""
         group = self.entry_group
-        flat = np.concatenate([np.asarray(r, np.int64) for r in renumber] or [_NONE])
+        flat = np.concatenate([np.asarray(r, np.int64) for r in renumber] or [NO_ENTRIES])
         offsets = _starts([len(r) for r in renumber])
-        new = flat[offsets[group] + self.choices] if len(group) else _NONE
+        new = flat[offsets[group] + self.choices] if len(group) else NO_ENTRIES
         stays = new >= 0
         per_run = _sums(stays.astype(np.int64), self.run_starts)
         fewer = dataclasses.replace(
@@ -230,16 +230,16 @@ class RunTable:
             np.array([u for r in runs for u in r], np.int64),
             np.array(self.group, np.int64),
             _starts([len(c) for c in self.choices]),
-            _concatenate(self.choices),
-            _concatenate(self.amounts),
+            concatenated(self.choices),
+            concatenated(self.amounts),
             _starts([len(i) for i, _ in indicated]),
-            _concatenate([i for i, _ in indicated]),
-            _concatenate([b for _, b in indicated]),
+            concatenated([i for i, _ in indicated]),
+            concatenated([b for _, b in indicated]),
         )
 
 
-def _concatenate(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    return np.concatenate(arrays).astype(np.int64) if arrays else _NONE
+def concatenated(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays).astype(np.int64) if arrays else NO_ENTRIES
 
 
 def _columns(pairs: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:

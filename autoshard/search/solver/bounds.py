@@ -45,7 +45,7 @@ Bounded = tuple[int, float, "_Options"]
 
 Shares = Mapping[int, tuple["_Options", np.ndarray]]
 """How the options bounding each wide indicator are mixed, by indicator: the options (those
-of one relaxation's bounds, `_Bound.options`) and their shares; options not named, or named
+of one relaxation's bounds, `Bound.options`) and their shares; options not named, or named
 with other options (another relaxation's), are mixed as they start."""
 
 
@@ -97,7 +97,7 @@ def _one(tables: Pieces) -> _Options:
     return _Options(((tables, 0.0),), np.ones(1))
 
 
-class _Bound:
+class Bound:
     """A lower bound on an indicator as a sum of small tables and a constant: exact where the
     groups it names have few combinations of choices, else from its parts (below)."""
 

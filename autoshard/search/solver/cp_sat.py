@@ -13,7 +13,7 @@ choices of b that read it alike), so the pair variables are over those classes: 
 linear relaxation is tight (a transportation polytope), which is what lets CP-SAT prove
 optimality fast. Deterministic: one worker, a fixed seed and a deterministic time limit. A
 model holds the memory rows that bind the relaxation, and those its plan goes over next (row
-generation, `_cp_sat`): a training step's rows are thousands, each of hundreds of terms.
+generation, `solve_cp_sat`): a training step's rows are thousands, each of hundreds of terms.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from ortools.sat.python import cp_model
 from autoshard.search.memory.rows import Chosen, Indicator, MemoryRows
 from autoshard.search.problem import Problem
 from autoshard.search.solver.outcome import (
+    Improvements,
+    Limit,
+    NoPlan,
+    OutOfTime,
     Solution,
     SolverStatus,
-    _Improvements,
-    _Limit,
-    _NoPlan,
-    _OutOfTime,
 )
 
 
@@ -45,7 +45,7 @@ def ilp_model(
     among: np.ndarray | None = None,
 ) -> tuple[cp_model.CpModel, list[list[cp_model.IntVar]]]:
     """The ILP of the module's docstring as a CP-SAT model (the memory rows too where
-    `memory`: those in `among`, or all), and its one-hot variables x[g][k]: what `_cp_sat`
+    `memory`: those in `among`, or all), and its one-hot variables x[g][k]: what `solve_cp_sat`
     solves, and what `bench/relaxation_gap.py` relaxes to an LP."""
     model = cp_model.CpModel()
     x = _one_hot(model, problem)
@@ -311,7 +311,7 @@ def _members(of: Sequence[int], count: int) -> list[list[int]]:
     return out
 
 
-def _solver(time_limit: float) -> cp_model.CpSolver:
+def deterministic_solver(time_limit: float) -> cp_model.CpSolver:
     """Deterministic settings. Probing in presolve only (level 1), the LP the full
     linearization (its bound is what proves optimality here). Probing's deterministic time
     is charged above its wall time, the search's below, and level 1 swings less than the
@@ -325,8 +325,8 @@ def _solver(time_limit: float) -> cp_model.CpSolver:
     return solver
 
 
-def _run(
-    solver: cp_model.CpSolver, model: cp_model.CpModel, watch: _Improvements | None
+def run_solver(
+    solver: cp_model.CpSolver, model: cp_model.CpModel, watch: Improvements | None
 ) -> cp_model.CpSolverStatus:
     if watch is None:
         return solver.solve(model)
@@ -334,12 +334,12 @@ def _run(
     return solver.solve(model, watch)
 
 
-def _cp_sat(
+def solve_cp_sat(
     problem: Problem,
-    limit: _Limit,
+    limit: Limit,
     memory: bool,
     hint: Sequence[int] = (),
-    watch: _Improvements | None = None,
+    watch: Improvements | None = None,
     rows: np.ndarray | None = None,
 ) -> tuple[Solution, np.ndarray | None]:
     """CP-SAT on `problem`, its memory rows too where `memory`; and the rows its last model
@@ -358,14 +358,14 @@ def _cp_sat(
     while True:
         model, x = ilp_model(problem, memory, hint, among)
         given = dataclasses.replace(limit, seconds=limit.seconds - work)
-        solver = _solver(max(given.seconds, 0.0))
+        solver = deterministic_solver(max(given.seconds, 0.0))
         if watch is not None:
-            watch.fits = None if among is None else _fitting_plans(problem, x, problem.budget)
-        status = _run(solver, model, watch)
+            watch.fits = None if among is None else fitting_plans(problem, x, problem.budget)
+        status = run_solver(solver, model, watch)
         work += solver.response_proto.deterministic_time
         if status == cp_model.INFEASIBLE:
-            raise _NoPlan(work)
-        choice = _chosen(solver, status, x, given)
+            raise NoPlan(work)
+        choice = chosen_plan(solver, status, x, given)
         bound = max(bound, solver.best_objective_bound)
         if among is None:  # every row in the model
             break
@@ -375,7 +375,7 @@ def _cp_sat(
         if watch is not None:  # the next solve's bound starts lower
             watch.floor = max(watch.floor, bound)
         if work >= limit.seconds:
-            raise _OutOfTime(_out_of_time(given, "FEASIBLE"))
+            raise OutOfTime(_out_of_time(given, "FEASIBLE"))
         among = np.union1d(among, over)
     optimal = status == cp_model.OPTIMAL
     proto = model.proto
@@ -392,7 +392,7 @@ def _cp_sat(
     return solved, among
 
 
-def _fitting_plans(
+def fitting_plans(
     problem: Problem, x: list[list[cp_model.IntVar]], budget: int | None
 ) -> Callable[[cp_model.CpSolverSolutionCallback], bool]:
     """Whether the plan a solve of fewer memory rows found holds at most `budget` in them all
@@ -405,15 +405,15 @@ def _fitting_plans(
     return fits
 
 
-def _chosen(
+def chosen_plan(
     solver: cp_model.CpSolver,
     status: cp_model.CpSolverStatus,
     x: list[list[cp_model.IntVar]],
-    limit: _Limit,
+    limit: Limit,
 ) -> tuple[int, ...]:
     """The choice per group of a solve that found a plan."""
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise _OutOfTime(_out_of_time(limit, solver.status_name(status)))
+        raise OutOfTime(_out_of_time(limit, solver.status_name(status)))
     return _read(solver.value, x)
 
 
@@ -424,7 +424,7 @@ def _read(
     return tuple(next(k for k, v in enumerate(row) if value(v)) for row in x)
 
 
-def _out_of_time(limit: _Limit, status: str) -> str:
+def _out_of_time(limit: Limit, status: str) -> str:
     share = f"{limit.seconds:.2g} s left for the {limit.solve} solve, "
     return (
         f"the solver found no plan within --time-limit {limit.of:g} s "

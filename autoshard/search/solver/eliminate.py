@@ -14,18 +14,18 @@ import numpy as np
 from autoshard.progress import Tracker
 from autoshard.search.memory.rows import NO_ROWS
 from autoshard.search.problem import Problem
-from autoshard.search.solver.cp_sat import _cp_sat
+from autoshard.search.solver.cp_sat import solve_cp_sat
 from autoshard.search.solver.factors import minimize, problem_factors, undominated
 from autoshard.search.solver.outcome import (
+    Improvements,
+    Limit,
     Solution,
     SolverStatus,
-    _Improvements,
-    _Limit,
-    _original,
+    in_whole,
 )
 
 
-def _memory_aside(problem: Problem, limit: _Limit, tracker: Tracker | None, unit: str) -> Solution:
+def memory_aside(problem: Problem, limit: Limit, tracker: Tracker | None, unit: str) -> Solution:
     """The optimum with memory aside: exact elimination (`factors.minimize`) where its tables
     stay under its cap, of the choices that are no dead end (`factors.undominated`) where
     those of all do not; else CP-SAT on what is left once the groups of degree <= 2 are
@@ -46,9 +46,9 @@ def _memory_aside(problem: Problem, limit: _Limit, tracker: Tracker | None, unit
         if tracker is not None:
             tracker.detail(f"{narrowed.variables} of {problem.variables} choices no dead end, "
                            "memory aside")  # fmt: skip
-        found = _memory_aside(narrowed, limit, tracker, unit)
+        found = memory_aside(narrowed, limit, tracker, unit)
         return dataclasses.replace(
-            found, choice=_original(found.choice, alive), wall_s=time.perf_counter() - started
+            found, choice=in_whole(found.choice, alive), wall_s=time.perf_counter() - started
         )
     reduced, kept, order = eliminate(problem)
     # Elimination folds the groups it removes into the rest but for a constant: the costs of
@@ -60,8 +60,8 @@ def _memory_aside(problem: Problem, limit: _Limit, tracker: Tracker | None, unit
     if tracker is not None:
         tracker.detail(f"CP-SAT on {len(reduced.sizes)} of {len(problem.sizes)} groups "
                        "(the rest eliminated), memory aside")  # fmt: skip
-        watch = _Improvements(tracker, problem.unit, unit, offset)
-    relaxed, _ = _cp_sat(reduced, limit, memory=False, watch=watch)
+        watch = Improvements(tracker, problem.unit, unit, offset)
+    relaxed, _ = solve_cp_sat(reduced, limit, memory=False, watch=watch)
     choice = _expand(relaxed.choice, kept, order, len(problem.sizes))
     objective = problem.objective(choice)
     proven = relaxed.status is SolverStatus.OPTIMAL

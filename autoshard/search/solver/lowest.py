@@ -1,5 +1,5 @@
 """The lowest budget: the least peak memory any plan reaches (`lowest_budget`), and whether any
-plan fits a budget at all (`_any_fits`)."""
+plan fits a budget at all (`any_fits`)."""
 
 from __future__ import annotations
 
@@ -12,25 +12,25 @@ from ortools.sat.python import cp_model
 from autoshard.progress import Tracker
 from autoshard.search.problem import Problem
 from autoshard.search.solver.cp_sat import (
-    _chosen,
-    _fitting_plans,
-    _run,
-    _solver,
+    chosen_plan,
+    deterministic_solver,
+    fitting_plans,
     least_peak_model,
+    run_solver,
 )
 from autoshard.search.solver.dual import least_peak
 from autoshard.search.solver.marginals import peak_marginals
-from autoshard.search.solver.narrowing import _Narrowing
+from autoshard.search.solver.narrowing import Narrowing
 from autoshard.search.solver.outcome import (
+    Attempt,
+    Found,
+    Improvements,
     InfeasibleError,
+    Limit,
     LowestBudget,
+    OutOfTime,
     SolverStatus,
-    _Attempt,
-    _Found,
-    _Improvements,
-    _Limit,
-    _OutOfTime,
-    _rounded_up,
+    rounded_up,
 )
 from autoshard.search.solver.relaxation import peak_relaxation
 
@@ -44,7 +44,7 @@ def lowest_budget(
 ) -> LowestBudget:
     """The smallest peak memory any choice reaches. The rows' weighted sums relaxed
     (`dual.least_peak`) give a bound and plans; CP-SAT minimizes the peak over the
-    choices a plan of a lower peak may take (`_Narrowing`), from the least found. `of`: the
+    choices a plan of a lower peak may take (`Narrowing`), from the least found. `of`: the
     user's `--time-limit`, where `time_limit` is what is left of it; `enough`: a peak at
     which to stop (FEASIBLE), once a plan reaches it."""
     if tracker is not None:
@@ -53,25 +53,25 @@ def lowest_budget(
     found = least_peak(problem, relaxation=relaxation)
     best, bound, marginals = None, 0, None
     if found is not None and found.best is not None:
-        best = _Found(found.best.choice, found.best.peak)
+        best = Found(found.best.choice, found.best.peak)
         marginals = peak_marginals(relaxation, found)
         # A plan's peak is at least each of its choices' least: the least choice of a group
         # bounds them all.
         least = [float(m.min()) for m in marginals or ()]
-        bound = max(0, _rounded_up(max([found.bound, *least])))
+        bound = max(0, rounded_up(max([found.bound, *least])))
     watch = None
     if tracker is not None:
-        watch = _Improvements(tracker, 1.0, "B", best=best.value if best else None)
+        watch = Improvements(tracker, 1.0, "B", best=best.value if best else None)
 
     joined = None  # the rows the tries' models held, for the next
 
-    def attempt(narrowed: Problem, hint: Sequence[int], at_least: int, limit: _Limit) -> _Attempt:
+    def attempt(narrowed: Problem, hint: Sequence[int], at_least: int, limit: Limit) -> Attempt:
         nonlocal joined
         got, joined = _least_peak(narrowed, limit, watch, hint, at_least, joined)
         return got
 
-    search = _Narrowing(problem, marginals, attempt, watch, "the peak", 1.0)
-    limit = _Limit(time_limit, time_limit if of is None else of, "lowest-budget")
+    search = Narrowing(problem, marginals, attempt, watch, "the peak", 1.0)
+    limit = Limit(time_limit, time_limit if of is None else of, "lowest-budget")
     best, bound, work = search.run(best, bound, limit, enough=enough)
     assert best is not None  # the least peak is always some plan's
     bound = min(bound, best.value)
@@ -83,17 +83,17 @@ def lowest_budget(
 
 def _least_peak(
     problem: Problem,
-    limit: _Limit,
-    watch: _Improvements | None,
+    limit: Limit,
+    watch: Improvements | None,
     hint: Sequence[int] = (),
     at_least: int = 0,
     joined: np.ndarray | None = None,
-) -> tuple[_Attempt, np.ndarray | None]:
+) -> tuple[Attempt, np.ndarray | None]:
     """CP-SAT on the least peak: from `hint`, no less than `at_least` (a bound proven); and
     the rows its last model held (None: all). From a hint, the model holds at first the rows
     the hint holds `at_least` or more in (any other may be the peak of a plan below the best,
     but few are), and the rows its plan goes over join it for the next solve, until its
-    plan's peak is its optimum (row generation, as in `_cp_sat`: a model of fewer rows has no
+    plan's peak is its optimum (row generation, as in `solve_cp_sat`: a model of fewer rows has no
     higher optimum). The rows that joined a try's model start the next's (`joined`; they are
     the rows of the whole problem too). Without a hint, every row that may go over the bound.
     Of a training step's thousands of rows that may, a good plan holds the bound in few."""
@@ -105,14 +105,14 @@ def _least_peak(
     reached = problem.peak(best) if best else None
     while True:
         model, x = least_peak_model(problem, best, at_least, among)
-        solver = _solver(max(limit.seconds - work, 0.0))
+        solver = deterministic_solver(max(limit.seconds - work, 0.0))
         if watch is not None:
-            watch.fits = None if among is None else _fitting_plans(problem, x, None)
-        status = _run(solver, model, watch)
+            watch.fits = None if among is None else fitting_plans(problem, x, None)
+        status = run_solver(solver, model, watch)
         work += solver.response_proto.deterministic_time
         if best and status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break  # out of time: the best plan so far
-        choice = _chosen(solver, status, x, limit)
+        choice = chosen_plan(solver, status, x, limit)
         bound = max(bound, math.ceil(solver.best_objective_bound))
         peak, least = problem.peak(choice), int(solver.objective_value)
         if reached is None or peak < reached:
@@ -127,15 +127,15 @@ def _least_peak(
     assert reached is not None  # (a plan: the hint, or the first solve's)
     bound = min(reached, bound)
     proto = model.proto
-    got = _Attempt(
+    got = Attempt(
         best, reached, bound, bound == reached, work, len(proto.variables), len(proto.constraints)
     )
     return got, among
 
 
-def _any_fits(
+def any_fits(
     problem: Problem, time_limit: float, tracker: Tracker | None, limit: float
-) -> tuple[list[_Found], float]:
+) -> tuple[list[Found], float]:
     """Where no plan the relaxation found fits the budget, whether any does: a plan that
     does (none where time ran out first) and the work spent, from the least peak
     (`lowest_budget`, stopped once it has such a plan); `InfeasibleError` with the lowest
@@ -145,10 +145,10 @@ def _any_fits(
         tracker.detail("no plan the relaxation found fits the budget: does any?")
     try:
         lowest = lowest_budget(problem, time_limit, tracker, limit, enough=problem.budget)
-    except _OutOfTime:  # the cost's search goes on, with what is left
+    except OutOfTime:  # the cost's search goes on, with what is left
         return [], time_limit
     if lowest.bound > problem.budget:
         raise InfeasibleError("no plan fits the memory budget", lowest)
     if lowest.peak > problem.budget:
         return [], lowest.work
-    return [_Found(lowest.choice, problem.objective(lowest.choice))], lowest.work
+    return [Found(lowest.choice, problem.objective(lowest.choice))], lowest.work

@@ -1,7 +1,7 @@
 """Reduced-cost fixing: the choices a plan below a threshold may take, from the relaxation's
 min-marginals (`still_possible`), rows weighed alone (`rows_alone`, `peak_marginals`,
-`_fitting`), and the relaxation solved again on fewer choices for higher min-marginals
-(`tightened`, `_within`) or with its large indicators exact (`strengthened`)."""
+`fitting_choices`), and the relaxation solved again on fewer choices for higher min-marginals
+(`tightened`, `within_budget`) or with its large indicators exact (`strengthened`)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
 from autoshard.search.solver.dual import Dual, dual
 from autoshard.search.solver.outcome import (
-    _Found,
-    _original,
-    _proven_infeasible,
-    _rounded_up,
+    Found,
+    in_whole,
+    proven_infeasible,
+    rounded_up,
 )
 from autoshard.search.solver.relaxation import Relaxation, peak_relaxation
 
@@ -68,7 +68,7 @@ def peak_marginals(relaxation: Relaxation, found: Dual) -> list[np.ndarray] | No
     return [np.maximum(m, a) for m, a in zip(marginals, alone, strict=True)]
 
 
-def _fitting(
+def fitting_choices(
     problem: Problem, found: Dual, relaxation: Relaxation | None = None
 ) -> list[list[int]] | None:
     """The choices some plan within the budget may take (None: all), leaving out those whose
@@ -85,14 +85,14 @@ def _fitting(
     over = problem.budget + tuning.ROUNDING * max(1.0, problem.budget)
     fitting = [np.flatnonzero(peak <= over).tolist() for peak in least]
     if not all(fitting):
-        raise _proven_infeasible()
+        raise proven_infeasible()
     return None if sum(map(len, fitting)) == problem.variables else fitting
 
 
-def _within(
+def within_budget(
     problem: Problem, fitting: list[list[int]], marginals: list[np.ndarray], whole: Relaxation
-) -> tuple[int, _Found | None, list[np.ndarray], np.ndarray]:
-    """The relaxation of the choices that may fit (`_fitting`), solved again where they are
+) -> tuple[int, Found | None, list[np.ndarray], np.ndarray]:
+    """The relaxation of the choices that may fit (`fitting_choices`), solved again where they are
     few enough (`AGAIN`): stronger, as it no longer mixes in those that cannot (near the
     lowest budget, it may reach the optimum). Its bound, its best plan, the min-marginals of
     the whole widened by its own, infinite for the choices left out (`_widened`), and the
@@ -107,13 +107,13 @@ def _within(
     if again is None:
         return 0, None, _widened(marginals, None, fitting), none
     if again.infeasible:
-        raise _proven_infeasible()
+        raise proven_infeasible()
     plan = None
     if again.best is not None:
-        plan = _Found(_original(again.best.choice, fitting), again.best.objective)
+        plan = Found(in_whole(again.best.choice, fitting), again.best.objective)
     inner = relaxation.min_marginals(again.multipliers, again.shares)
     binding = np.flatnonzero(again.multipliers > 0)
-    return _rounded_up(again.bound), plan, _widened(marginals, inner, fitting), binding
+    return rounded_up(again.bound), plan, _widened(marginals, inner, fitting), binding
 
 
 def _widened(

@@ -1,5 +1,5 @@
 """CP-SAT on the choices a plan below a threshold may take, the threshold rising until the
-best plan found is proven optimal or the time is spent (`_Narrowing`)."""
+best plan found is proven optimal or the time is spent (`Narrowing`)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,19 @@ from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
 from autoshard.search.solver.marginals import still_possible
 from autoshard.search.solver.outcome import (
-    _among,
-    _Attempt,
-    _Found,
-    _Improvements,
-    _Limit,
-    _original,
-    _OutOfTime,
-    _renumbered,
+    Attempt,
+    Found,
+    Improvements,
+    Limit,
+    OutOfTime,
+    in_whole,
+    kept_among,
+    renumbered,
     time_left,
 )
 
 
-class _Narrowing:
+class Narrowing:
     """CP-SAT on the choices a plan of a value below a threshold may take (reduced-cost
     fixing, `marginals.still_possible`): few, where the relaxation's bound is close. A plan
     below the threshold takes only choices kept, so if CP-SAT proves its best plan there
@@ -56,8 +56,8 @@ class _Narrowing:
         self,
         problem: Problem,
         marginals: Sequence[np.ndarray] | None,
-        attempt: Callable[[Problem, Sequence[int], int, _Limit], _Attempt],
-        watch: _Improvements | None,
+        attempt: Callable[[Problem, Sequence[int], int, Limit], Attempt],
+        watch: Improvements | None,
         what: str,
         whole_share: float,
         halfway: bool = False,
@@ -72,12 +72,12 @@ class _Narrowing:
 
     def run(
         self,
-        best: _Found | None,
+        best: Found | None,
         bound: int,
-        limit: _Limit,
+        limit: Limit,
         start: tuple[int, ...] = (),
         enough: int = -1,
-    ) -> tuple[_Found | None, int, float]:
+    ) -> tuple[Found | None, int, float]:
         """The best plan found (None: none fits), the bound proven and the work spent.
         `start`: where CP-SAT starts on the whole problem while no plan is found (the
         memory-aside optimum, which it repairs: `WHOLE_SHARE` says why); `enough`: a value
@@ -104,15 +104,15 @@ class _Narrowing:
                 if kept is None and start:  # the whole problem: no bound, from a plan
                     got = self.attempt(narrowed, best.choice if best else start, 0, given)
                 else:
-                    got = self.attempt(narrowed, _renumbered(best, kept), bound, given)
-            except _OutOfTime:
+                    got = self.attempt(narrowed, renumbered(best, kept), bound, given)
+            except OutOfTime:
                 if best is None:
                     raise
                 return best, bound, spent + given.seconds
             spent += got.work
             self.variables, self.constraints = got.variables, got.constraints
             if got.value is not None:
-                plan = _Found(_original(got.choice, kept), got.value)
+                plan = Found(in_whole(got.choice, kept), got.value)
                 best = plan if best is None or plan.value < best.value else best
             if kept is None:  # the whole problem: what CP-SAT proved
                 return best, max(bound, got.bound if got.value is not None else bound), spent
@@ -168,19 +168,19 @@ class _Narrowing:
         at = int(share * self.problem.variables)
         return None if at >= len(self.sorted) else math.floor(self.sorted[at])
 
-    def kept(self, threshold: int, best: _Found | None) -> list[list[int]] | None:
+    def kept(self, threshold: int, best: Found | None) -> list[list[int]] | None:
         """The choices a plan below `threshold` may take, and the best plan's; None when
         they are `whole_share` of them or more (or when there are no min-marginals)."""
         return self.narrowed(self.possible(threshold, best))
 
-    def possible(self, threshold: int, best: _Found | None) -> list[list[int]] | None:
+    def possible(self, threshold: int, best: Found | None) -> list[list[int]] | None:
         """The choices a plan below `threshold` may take, and the best plan's (None: no
         min-marginals)."""
         if self.marginals is None:
             return None
         return still_possible(self.marginals, threshold, best.choice if best else None)
 
-    def tried(self, threshold: int, best: _Found | None, halfway: bool) -> list[list[int]] | None:
+    def tried(self, threshold: int, best: Found | None, halfway: bool) -> list[list[int]] | None:
         """The choices the try below `threshold` holds: those a plan below it may take, and
         the best plan's, fewer (`tighten`) at the best plan's value or `halfway` to it; None
         where they are `whole_share` of them or more. Tightened, a try finds no plan above
@@ -210,7 +210,7 @@ class _Narrowing:
         # one of these.
         highest = math.floor(least - tuning.ROUNDING * max(1.0, abs(least))) + 2
         for threshold in range(highest, highest - 4, -1):
-            if _among(self.possible(threshold, None), kept):
+            if kept_among(self.possible(threshold, None), kept):
                 return threshold
         return -math.inf
 

@@ -27,11 +27,11 @@ class InfeasibleError(AutoshardError):
         self.lowest = lowest
 
 
-def _proven_infeasible() -> InfeasibleError:
+def proven_infeasible() -> InfeasibleError:
     return InfeasibleError("no plan fits the memory budget (the relaxation proves it)")
 
 
-class _NoPlan(InfeasibleError):
+class NoPlan(InfeasibleError):
     """CP-SAT proved that no plan fits, in `work` deterministic seconds."""
 
     def __init__(self, work: float) -> None:
@@ -39,7 +39,7 @@ class _NoPlan(InfeasibleError):
         self.work = work
 
 
-class _OutOfTime(AutoshardError):
+class OutOfTime(AutoshardError):
     """A solve found no plan in its time."""
 
 
@@ -84,7 +84,7 @@ class LowestBudget:
 
 
 @dataclass(frozen=True)
-class _Limit:
+class Limit:
     """The deterministic seconds one solve may use, the user's `--time-limit` they are part of,
     and which solve it is: what the error says when the solve stops without a plan."""
 
@@ -100,7 +100,7 @@ def time_left(time_limit: float, spent: float) -> float:
 
 
 @dataclass(frozen=True)
-class _Found:
+class Found:
     """A plan found on the way, and its value (its cost, or its peak)."""
 
     choice: tuple[int, ...]
@@ -108,7 +108,7 @@ class _Found:
 
 
 @dataclass(frozen=True)
-class _Attempt:
+class Attempt:
     """One CP-SAT solve of a narrowed problem: its best plan (in its own numbering) and that
     plan's value (None: it has no plan that fits), the bound it proved, whether that plan is
     its optimum, and the deterministic seconds it took."""
@@ -122,16 +122,16 @@ class _Attempt:
     constraints: int = 0
 
 
-def _fits(problem: Problem, choice: Sequence[int]) -> bool:
+def plan_fits(problem: Problem, choice: Sequence[int]) -> bool:
     return len(choice) == len(problem.sizes) and problem.peak(choice) <= problem.budget
 
 
-def _rounded_up(bound: float) -> int:
+def rounded_up(bound: float) -> int:
     """A relaxation's float bound as an integer bound: its rounding error taken off first."""
     return math.ceil(bound - tuning.ROUNDING * max(1.0, abs(bound)))
 
 
-def _renumbered(plan: _Found | None, kept: Sequence[Sequence[int]] | None) -> tuple[int, ...]:
+def renumbered(plan: Found | None, kept: Sequence[Sequence[int]] | None) -> tuple[int, ...]:
     """A plan of the whole problem as a plan of its `restricted(kept)` (no hint where it
     takes a choice left out)."""
     if plan is None:
@@ -143,21 +143,21 @@ def _renumbered(plan: _Found | None, kept: Sequence[Sequence[int]] | None) -> tu
     return tuple(choices.index(k) for choices, k in zip(kept, plan.choice, strict=True))
 
 
-def _original(choice: Sequence[int], kept: Sequence[Sequence[int]] | None) -> tuple[int, ...]:
+def in_whole(choice: Sequence[int], kept: Sequence[Sequence[int]] | None) -> tuple[int, ...]:
     """A plan of `restricted(kept)` as a plan of the whole problem."""
     if kept is None:
         return tuple(choice)
     return tuple(choices[k] for choices, k in zip(kept, choice, strict=True))
 
 
-def _among(choices: Sequence[Sequence[int]] | None, kept: Sequence[Sequence[int]]) -> bool:
+def kept_among(choices: Sequence[Sequence[int]] | None, kept: Sequence[Sequence[int]]) -> bool:
     """Whether each group's `choices` (None: all) are among those `kept`."""
     return choices is not None and all(
         set(these) <= set(k) for these, k in zip(choices, kept, strict=True)
     )
 
 
-class _Improvements(cp_model.CpSolverSolutionCallback):
+class Improvements(cp_model.CpSolverSolutionCallback):
     """Tells a tracker each better plan and each better bound of the CP-SAT solves it
     watches, as (CP-SAT's value + offset) * scale. It reads the solver's state and changes
     nothing. `best` may start at a plan found before; the bounds told are at least `floor`
@@ -192,7 +192,7 @@ class _Improvements(cp_model.CpSolverSolutionCallback):
         return f"{(value + self.offset) * self.scale:.4g} {self.unit}"
 
 
-def _told(solution: Solution, tracker: Tracker | None, scale: float, unit: str) -> Solution:
+def told_end(solution: Solution, tracker: Tracker | None, scale: float, unit: str) -> Solution:
     """The solve's end as the plan records it, told (CP-SAT's callbacks may not see the bound
     close on the optimum)."""
     if tracker is not None:

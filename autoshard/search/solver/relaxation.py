@@ -43,7 +43,7 @@ from threadpoolctl import ThreadpoolController
 from autoshard.search.memory.rows import Chosen, Literal, MemoryRows
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
-from autoshard.search.solver.bounds import Bounded, Pieces, Shares, _Bound
+from autoshard.search.solver.bounds import Bound, Bounded, Pieces, Shares
 from autoshard.search.solver.factors import (
     Factor,
     additions,
@@ -112,7 +112,7 @@ class Relaxation:
         # every relaxation made: `tightened` makes several per try).
         self.owned: dict[int, np.ndarray] = {}  # `own`'s tables
         self.masks: dict[Chosen, np.ndarray] = {}
-        self.bounds: dict[frozenset | None, _Bound] = {}
+        self.bounds: dict[frozenset | None, Bound] = {}
         # Most indicators are an AND or OR of two groups' choices: their tables, summed per
         # pair, are products of the literals' masks (one matrix product per pair).
         by_pair: dict[tuple[tuple[int, ...], bool], list[tuple[int, Chosen, Chosen]]] = {}
@@ -184,11 +184,11 @@ class Relaxation:
         found, fixed = self.tables(pieces)
         return self.fixed[0] + found, self.fixed[1] + fixed + constant, bounded
 
-    def bound(self, joined: frozenset | None) -> _Bound:
+    def bound(self, joined: frozenset | None) -> Bound:
         """The indicators' bounds whose exact tables join only the pairs `joined` (None: any),
         kept: they do not depend on the multipliers."""
         if joined not in self.bounds:
-            self.bounds[joined] = _Bound(self, joined)
+            self.bounds[joined] = Bound(self, joined)
         return self.bounds[joined]
 
     def tables(

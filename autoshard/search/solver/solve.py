@@ -29,26 +29,31 @@ import numpy as np
 from autoshard.progress import Tracker
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
-from autoshard.search.solver.cp_sat import _cp_sat
+from autoshard.search.solver.cp_sat import solve_cp_sat
 from autoshard.search.solver.dual import Dual, dual
-from autoshard.search.solver.eliminate import _memory_aside
-from autoshard.search.solver.lowest import _any_fits
-from autoshard.search.solver.marginals import _fitting, _within, strengthened, tightened
-from autoshard.search.solver.narrowing import _Narrowing
+from autoshard.search.solver.eliminate import memory_aside
+from autoshard.search.solver.lowest import any_fits
+from autoshard.search.solver.marginals import (
+    fitting_choices,
+    strengthened,
+    tightened,
+    within_budget,
+)
+from autoshard.search.solver.narrowing import Narrowing
 from autoshard.search.solver.outcome import (
+    Attempt,
+    Found,
+    Improvements,
     InfeasibleError,
+    Limit,
+    NoPlan,
     Solution,
     SolverStatus,
-    _Attempt,
-    _fits,
-    _Found,
-    _Improvements,
-    _Limit,
-    _NoPlan,
-    _proven_infeasible,
-    _rounded_up,
-    _told,
+    plan_fits,
+    proven_infeasible,
+    rounded_up,
     time_left,
+    told_end,
 )
 from autoshard.search.solver.relaxation import Relaxation, table_limit
 
@@ -66,7 +71,7 @@ def solve(
 
     The memory-aside optimum, if it fits; else CP-SAT over the choices the relaxation leaves
     (`_relaxed`), from the best plan (or `hint`, if it fits), the threshold rising to the
-    best plan's cost (`_Narrowing`). The status and gap are those of the best bound proven.
+    best plan's cost (`Narrowing`). The status and gap are those of the best bound proven.
     `time_limit` bounds the deterministic time of the CP-SAT solves. `tracker` is told each
     solve's progress, its objective in `unit` (`s` or `B`: what `problem.unit` scales the
     integer costs to). `limit` is the user's `--time-limit`, of which `time_limit` is what
@@ -75,9 +80,9 @@ def solve(
     `budget.auto_plan`'s rounds).
     """
     limit = time_limit if limit is None else limit
-    aside = _memory_aside(problem, _Limit(time_limit, limit, "memory-aside"), tracker, unit)
+    aside = memory_aside(problem, Limit(time_limit, limit, "memory-aside"), tracker, unit)
     if problem.peak(aside.choice) <= problem.budget:
-        return _told(aside, tracker, problem.unit, unit)
+        return told_end(aside, tracker, problem.unit, unit)
     after_aside = time.perf_counter()
     start = _relaxed(problem, aside, hint, floor, time_limit, limit, tracker)
     watch = None
@@ -85,7 +90,7 @@ def solve(
         value = None if start.best is None else start.best.value * problem.unit
         tracker.solution(value, start.at_least * problem.unit, unit)
         best = start.best.value if start.best else None
-        watch = _Improvements(tracker, problem.unit, unit, best=best)
+        watch = Improvements(tracker, problem.unit, unit, best=best)
     tighten = None
     if start.found is not None:
         tighten = functools.partial(
@@ -93,10 +98,10 @@ def solve(
             exact_up_to=start.relaxation.exact_up_to, hubs=bool(start.relaxation.hubs),
         )  # fmt: skip
     attempt = _attempts(watch, start.binding)
-    search = _Narrowing(
+    search = Narrowing(
         problem, start.marginals, attempt, watch, "the cost", tuning.WHOLE_SHARE, True, tighten
     )  # fmt: skip
-    rest = _Limit(time_left(time_limit, start.work), limit, "memory-bound")
+    rest = Limit(time_left(time_limit, start.work), limit, "memory-bound")
     found, bound, work = search.run(start.best, start.at_least, rest, aside.choice)
     if found is None:
         raise InfeasibleError("no plan fits the memory budget")
@@ -107,7 +112,7 @@ def solve(
         wall_s=aside.wall_s + time.perf_counter() - after_aside,
         variables=search.variables, constraints=search.constraints, work=start.work + work,
     )  # fmt: skip
-    return _told(solved, tracker, problem.unit, unit)
+    return told_end(solved, tracker, problem.unit, unit)
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,7 @@ class _Start:
     model holds), the relaxation and its multipliers (None: too big to eliminate), and the
     deterministic seconds spent so far."""
 
-    best: _Found | None
+    best: Found | None
     at_least: int
     marginals: list[np.ndarray] | None
     binding: np.ndarray | None
@@ -136,9 +141,9 @@ def _relaxed(
     tracker: Tracker | None,
 ) -> _Start:
     """The memory rows relaxed (`dual`, `strengthened`): a bound, plans that fit (where none
-    does, the least peak says whether any does, `_any_fits`), and the min-marginals, less the
-    choices with a memory row alone over the budget (`_fitting`; where they are many, the
-    relaxation of the rest solved again, `_within`). `aside`: the memory-aside optimum,
+    does, the least peak says whether any does, `any_fits`), and the min-marginals, less the
+    choices with a memory row alone over the budget (`fitting_choices`; where they are many, the
+    relaxation of the rest solved again, `within_budget`). `aside`: the memory-aside optimum,
     which does not fit; `time_limit` and `limit` as `solve`'s."""
     if tracker is not None:
         tracker.detail(f"its optimum does not fit the budget: the {len(problem.memory)} "
@@ -147,25 +152,25 @@ def _relaxed(
     found = dual(problem, relaxation=relaxation, longer=tuning.LONGER)
     if found is not None and not found.infeasible:
         relaxation, found = strengthened(problem, relaxation, found)
-    plans = [_Found(tuple(hint), problem.objective(hint))] if _fits(problem, hint) else []
+    plans = [Found(tuple(hint), problem.objective(hint))] if plan_fits(problem, hint) else []
     at_least, marginals, binding = max(floor, math.ceil(aside.bound)), None, None
     fitting = None
     if found is not None:
         if found.infeasible:
-            raise _proven_infeasible()
-        at_least = max(at_least, _rounded_up(found.bound))
+            raise proven_infeasible()
+        at_least = max(at_least, rounded_up(found.bound))
         if found.best is not None:
-            plans.append(_Found(found.best.choice, found.best.objective))
-        fitting = _fitting(problem, found, relaxation)
+            plans.append(Found(found.best.choice, found.best.objective))
+        fitting = fitting_choices(problem, found, relaxation)
     spent = aside.work
     if not plans:
-        plans, work = _any_fits(problem, time_left(time_limit, spent), tracker, limit)
+        plans, work = any_fits(problem, time_left(time_limit, spent), tracker, limit)
         spent += work
     if found is not None:
         marginals = relaxation.min_marginals(found.multipliers, found.shares)
         binding = np.flatnonzero(found.multipliers > 0)
         if fitting is not None and marginals is not None:
-            bound, plan, marginals, again = _within(problem, fitting, marginals, relaxation)
+            bound, plan, marginals, again = within_budget(problem, fitting, marginals, relaxation)
             binding = np.union1d(binding, again)
             at_least = max(at_least, bound)
             plans += [plan] if plan is not None else []
@@ -174,20 +179,20 @@ def _relaxed(
 
 
 def _attempts(
-    watch: _Improvements | None, binding: np.ndarray | None
-) -> Callable[[Problem, Sequence[int], int, _Limit], _Attempt]:
+    watch: Improvements | None, binding: np.ndarray | None
+) -> Callable[[Problem, Sequence[int], int, Limit], Attempt]:
     """A try of the narrowing: CP-SAT on the narrowed problem, memory rows included, from
     `hint`; its model holds at first the rows `binding` (those that bind the relaxation),
-    then those the try before held (`_cp_sat`'s row generation)."""
+    then those the try before held (`solve_cp_sat`'s row generation)."""
 
-    def attempt(narrowed: Problem, hint: Sequence[int], _: int, limit: _Limit) -> _Attempt:
+    def attempt(narrowed: Problem, hint: Sequence[int], _: int, limit: Limit) -> Attempt:
         nonlocal binding
         try:
-            got, binding = _cp_sat(narrowed, limit, True, hint, watch, binding)
-        except _NoPlan as none:
-            return _Attempt((), None, 0, True, none.work)
+            got, binding = solve_cp_sat(narrowed, limit, True, hint, watch, binding)
+        except NoPlan as none:
+            return Attempt((), None, 0, True, none.work)
         optimal = got.status is SolverStatus.OPTIMAL
-        return _Attempt(
+        return Attempt(
             got.choice, got.objective, math.ceil(got.bound), optimal, got.work, got.variables,
             got.constraints,
         )  # fmt: skip

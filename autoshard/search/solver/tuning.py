@@ -84,7 +84,7 @@ BITS = 40
 classes, fewer than `HUB`, shifted by this many bits stay within int64."""
 
 ROOM = 64
-"""The most tables an AND distributed over its ORs may take (`_Bound.distributed`): past it,
+"""The most tables an AND distributed over its ORs may take (`Bound.distributed`): past it,
 the weaker bound of its parts is cheaper."""
 
 HUB_TRIAL = 3
@@ -107,7 +107,7 @@ each costs a pass of min-marginals."""
 
 AGAIN = 0.1
 """The share of the choices rows alone must leave out for the relaxation of those left to be
-solved again (`_within`): a second relaxation pays only where it no longer mixes in many
+solved again (`within_budget`): a second relaxation pays only where it no longer mixes in many
 choices that cannot fit."""
 
 TIGHTEN_STEPS = 8
@@ -117,7 +117,7 @@ reach most of the restricted problem's bound."""
 TIGHTEN_ROUNDS = 8
 """The most rounds of `tightened`: each leaves out fewer choices than the one before."""
 
-# ---- narrowing (`_Narrowing`) ------------------------------------------------------------------
+# ---- narrowing (`Narrowing`) ------------------------------------------------------------------
 
 FIRST_GAP = 0.02
 """The first threshold tried lies at most this much past the relaxation's bound, relatively;
