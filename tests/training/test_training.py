@@ -17,6 +17,7 @@ from autoshard.collectives import CollectiveKind, ring_bytes
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.compute import op_flops
 from autoshard.cost.liveness import memory
+from autoshard.document.plan_document import read_document
 from autoshard.explain.report import plan_markdown
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
@@ -300,7 +301,7 @@ def test_a_training_plan_partitions_as_planned_and_verify_refuses_it(mlp, tmp_pa
     plan = tmp_path / "plan.json"
     args = ["--mesh", "2x2", "--mode", "training", "--optimizer", "adamw"]
     assert main(["plan", str(mlp), *args, "-o", str(plan)]) == 0
-    report = plan_markdown(json.loads(plan.read_text()))
+    report = plan_markdown(read_document(plan))
     assert "## Training step: adamw, bf16-mixed, 1 micro-batch(es), recompute none" in report
     assert "| gradient_sync |" in report and "| optimizer_state |" in report
     assert "| `w1` | ddp | `[[], []]` | `[[], []]` | `[[], []]` |" in report
