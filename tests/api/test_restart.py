@@ -13,7 +13,7 @@ from autoshard.pipeline import PipelineStage
 from .conftest import MODELS, alive
 
 MLP = MODELS / "mlp.onnx"
-DECODER = MODELS / "decoder_32l_shape_only.onnx"  # ~12 s on 2x4x8: time to crash it
+DECODER = MODELS / "decoder_32l_shape_only.onnx"  # slow enough on 2x4x8 to crash it midway
 MLP_FIELDS = {"mesh": "2x2", "dims": '{"batch": 8}'}
 # One link speed on every axis: the default network on axes 0 and 1 doubles the solve. A
 # budget that binds (about 60 % of the plan's peak without one): CP-SAT's figures change for
@@ -68,7 +68,7 @@ def test_crash_and_restart(new_server, tmp_path) -> None:
             if "<dt>solver</dt>" in page:
                 pages.append(page)
 
-    finished, seen = second.watch(running, 180, look)  # ~7 s alone; a loaded CI runs slower
+    finished, seen = second.watch(running, 180, look)  # a generous limit: CI may be loaded
     assert finished["status"] == "done", finished["error"]
     # Its progress while it ran: the pipeline's stages in order, the solver's figures.
     stages = [stage for stage, _ in groupby(p["stage"] for p in seen)]

@@ -422,7 +422,7 @@ def test_shape_only_32_layer_decoder_partitions_in_seconds(tmp_path):
     start = time.perf_counter()
     manifest = write_partition(setup, tmp_path / "out")
     seconds = time.perf_counter() - start
-    assert seconds < 20, seconds  # about 2.5 s here (2 cores): import, propagate, lower, print
+    assert seconds < 20, seconds  # import, propagate, lower, print: seconds, room for load
     assert manifest["shape_only"] and not (tmp_path / "out" / "weights").exists()
     assert all(d["file"] is None for d in manifest["devices"])
     # Megatron over axis 1: two all_reduces a layer, and one after the embedding (a reduce_scatter

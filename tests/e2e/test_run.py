@@ -220,7 +220,7 @@ def test_a_killed_rank_ends_the_run_within_seconds(tmp_path):
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     # Long before its timeout: the ranks' start (torch imported by four processes) takes most
-    # of it, ~10 s alone, 31-37 s on a loaded 2-core machine.
+    # of it, and a loaded machine is slower.
     assert time.monotonic() - started < 60
     assert done.returncode == 2, done.stderr
     assert "autoshard: error: rank 1 died at step 0 (" in done.stderr

@@ -196,7 +196,7 @@ def test_calibrate_refuses_one_rank(tmp_path, capsys):
 
 
 def test_calibrate_measures_the_links_on_gloo_and_plan_prices_with_them(tmp_path, capsys):
-    """Two gloo ranks, the quick sizes (~6 s: two processes start and time 12 collectives):
+    """Two gloo ranks, the quick sizes (two processes start and time 12 collectives):
     the file's links are the fit, and a plan with it prices a collective by α and β."""
     pytest.importorskip("torch")
     path = tmp_path / "cluster.json"

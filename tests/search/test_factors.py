@@ -220,11 +220,9 @@ def test_problem_factors_are_the_ilp_objective(seed):
     assert answer.value == problem.objective(answer.choice) == brute_force(problem)
 
 
-# The decoder's seq=2048 rest on 2x4x8 is 7 groups of up to 284 choices in cycles: CP-SAT
-# proves its optimum in ~9 s alone (a minute on a loaded 2-core runner), too slow to run here.
-# Its objective, proven OPTIMAL by that solve (eliminate, then CP-SAT, as `solve` did before
-# exact elimination), is pinned (4,889,769 since the H100 preset prices its L2 and its access
-# patterns, measured: 4,844,186 before; CP-SAT proved it again in 1.5 s).
+# The decoder's seq=2048 rest on 2x4x8 is 7 groups of up to 284 choices in cycles, too slow
+# for CP-SAT to prove here: its objective, proven OPTIMAL by CP-SAT after elimination (as
+# `solve` did before exact elimination), is pinned.
 DECODER_2X4X8_CP_SAT = 4889769
 
 
@@ -241,7 +239,7 @@ DECODER_2X4X8_CP_SAT = 4889769
 def test_the_memory_aside_optimum_is_cp_sats(model, mesh, dims, proven, monkeypatch):
     """The bundled models, memory no object: the exact elimination's optimum (proven at once)
     is the objective CP-SAT proves optimal on the same problem (after eliminating the groups
-    of degree <= 2: CP-SAT on the whole of gpt2's or the decoder's takes 10 s)."""
+    of degree <= 2, which keeps CP-SAT's proof short)."""
     graph = import_onnx(MODELS / model, dims)
     problem = build_search(graph, make_cluster(mesh=mesh)).problem
     exact = solve(problem)

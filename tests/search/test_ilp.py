@@ -279,10 +279,10 @@ def test_a_group_without_choice_is_eliminated_whatever_its_degree():
 
 @pytest.mark.parametrize("mesh, coarsen", [("2", False), ("2", True), ("4", True)])
 def test_real_graph_equals_exhaustive_search(tmp_path, mesh, coarsen):
-    """Seed 001's MLP (dot, max, dot) priced on a real cluster, x and the weights held as the
-    search likes (split further than read included): every combination of candidates
-    enumerated, with no budget, at the least memory any plan needs, and between the two; the
-    ILP's peak is the lowered program's."""
+    """The MLP of docs/design/propagation.md (dot, max, dot) priced on a real cluster, x and
+    the weights held as the search likes (split further than read included): every
+    combination of candidates enumerated, with no budget, at the least memory any plan needs,
+    and between the two; the ILP's peak is the lowered program's."""
     graph = import_onnx(write_seed_mlp(tmp_path / "mlp.onnx"))
     cluster = make_cluster(mesh=mesh)
     search = build_search(graph, cluster, coarsen=coarsen)
@@ -402,9 +402,8 @@ def test_a_narrowed_solve_finds_its_optimum():
     162 of its 612 choices, from the 24 memory rows that bind its relaxation): CP-SAT proves
     the optimum that CP-SAT without presolve finds with every row. With the bound `solve` had
     proven written into the model (the objective at least 2,949,322,513, as it was), OR-Tools
-    9.15's presolve cut the optimum off (or-tools#5293): 60 s to a plan of 3,435,479,089 and
-    a "bound" of 3,435,479,036 on the 24 rows, whose optimum is 3,330,816,595. What this
-    guards: anything written into `solve_cp_sat`'s model, or a CP-SAT release, that loses it."""
+    9.15's presolve cut the optimum off (or-tools#5293). What this guards: anything written
+    into `solve_cp_sat`'s model, or a CP-SAT release, that loses it."""
     saved = json.loads((Path(__file__).parent / "narrowed_gpt2_dynamo_4x8.json").read_text())
     graph = import_onnx(MODELS.parent / saved["model"], saved["dims"])
     cluster = make_cluster(mesh=saved["mesh"], memory=str(saved["budget"]))
@@ -418,7 +417,6 @@ def test_a_narrowed_solve_finds_its_optimum():
     solver.parameters.cp_model_presolve = False
     assert solver.solve(model) == cp_model.OPTIMAL
     assert found.status is outcome.SolverStatus.OPTIMAL
-    # 3,370,937,070 since the H100 preset prices its L2 and access patterns (was 3,371,647,268)
     assert found.objective == solver.objective_value == 3_370_937_070
     assert narrowed.peak(found.choice) <= saved["budget"]
 
@@ -427,9 +425,8 @@ def test_a_plan_above_the_threshold_whose_value_keeps_most_choices_is_not_the_ne
     """Min-marginals 100..115 in each of two groups. No plan below 102 (4 choices); below
     104 (8) a plan of 110 and none below. Sending CP-SAT next to 110 would keep 20 of the 32
     choices, most of them; halfway to it, below 107, keeps 14 (the doubled share's
-    threshold, below 108, 16), where the next try finds the optimum, 106 (BART on 4x8 at
-    60 %, before the shares' thresholds came first: 1,036 of 1,878 choices at the best
-    plan's value, 651 at the optimum's; 48 s -> 11 s)."""
+    threshold, below 108, 16), where the next try finds the optimum, 106: a try that keeps
+    most choices costs nearly the whole solve."""
     sizes, bound, best = _narrowed_tries([None, 110, 106])
     assert sizes == [4, 8, 14]
     assert (best.value, bound) == (106, 106)
@@ -440,9 +437,7 @@ def test_halfway_is_not_past_the_shares_next_threshold():
     it, below 106, would keep 12 choices; the doubled share's threshold, below 104, keeps 8:
     that try is next, and finds the optimum, 105, which the best's value's try (10 choices)
     proves. A try of fewer choices may find a plan near the optimum where the best is far
-    from it (the 405B-class decoder on 16x8 at 60 %: tries of 185 and 370 choices, below
-    0.569 and 0.580 s, found a plan 3.7 % under the best, which 563 then proved, 5.9 s in
-    all; halfway first, 512 choices below 0.655 s took 3.4 s of 7.5)."""
+    from it."""
     sizes, bound, best = _narrowed_tries([110, 105, 105])
     assert sizes == [4, 8, 10]
     assert (best.value, bound) == (105, 105)
@@ -450,10 +445,9 @@ def test_halfway_is_not_past_the_shares_next_threshold():
 
 def test_halfway_once_then_the_best_plans_value_narrowed():
     """As above, but the try halfway finds a plan of 108 and none below 107. Next, the best's
-    value, though it keeps half the choices (16 of 32): halfway again would be one more solve
-    (BART's dynamo export on 4x8 at 30 %: 11.8 -> 9.1 s); and narrowed, not the whole problem,
-    as it keeps less than `WHOLE_SHARE` (BART on 4x8 at 30 %: 1,399 of 1,878 choices, 4.9 s
-    where the whole took 14.6 s)."""
+    value, though it keeps half the choices (16 of 32): halfway again would be one more solve;
+    and narrowed, not the whole problem, as it keeps less than `WHOLE_SHARE`: most of the
+    choices are proven faster than all of them."""
     sizes, bound, best = _narrowed_tries([None, 110, 108, 108])
     assert sizes == [4, 8, 14, 16]
     assert (best.value, bound) == (108, 108)
@@ -463,10 +457,8 @@ def test_a_halfway_that_keeps_too_many_to_narrow_leaves_the_thresholds_to_the_sh
     """Flat min-marginals (22 of the 32 at 103): the first try (below 102, 4 choices) finds a
     plan of 125. Halfway to it, below 113, keeps 28 choices, too many to narrow
     (`WHOLE_SHARE`): not the next threshold, which the doubling share sets instead (below
-    103: 6 choices; a plan of 124 there), then below 104, the whole problem. Before, the
-    whole problem second (T5 on 4x8 at 60 %: halfway kept more than 80 % of its 2,727
-    choices; its whole problem ended at 10.4 % from the bound, now after tries of 729 and
-    1,360 choices at 3.5 %)."""
+    103: 6 choices; a plan of 124 there), then below 104, the whole problem: tries of fewer
+    choices come before the whole problem, which may not be proven in its time."""
     marginals = np.array([100, 101, 102, *[103] * 11, 120, 130], dtype=np.float64)
     sizes, bound, best = _narrowed_tries([125, 124, 124], [marginals, marginals])
     assert sizes == [4, 6, 32]
@@ -477,9 +469,8 @@ def test_no_plan_yet_narrows_up_to_the_whole_share():
     """No plan below 102 (4 choices), nor below 104 (8); below 108 keeps half the choices,
     narrowed still (`WHOLE_SHARE`), where a plan of 110 is found; then halfway to it, below
     109 (18 choices), though the doubled share's threshold is past it; then below 110, 20
-    choices, where it is proven (T5's dynamo export on 4x8 at 60 %: 841 of 1,682 choices, a
-    plan of 7.67e8, the whole problem there ended at 8.11e8; halfway, 1,296 choices proved
-    none below 7.457e8, where the whole problem's 60 s, sent at once, had reached 7.34e8)."""
+    choices, where it is proven: a narrowed try may find and prove a plan where the whole
+    problem, sent at once, runs out of time."""
     sizes, bound, best = _narrowed_tries([None, None, 110, 110, 110])
     assert sizes == [4, 8, 16, 18, 20]
     assert (best.value, bound) == (110, 110)
@@ -489,9 +480,8 @@ def test_a_try_proves_as_far_as_the_least_choice_it_left_out():
     """Min-marginals 100, 101, then 110 to 123 in each of two groups. The first try (below
     102: 4 choices) finds no plan; no plan below 110 takes another choice, so none is below
     110, and the next try is below the doubled share's threshold, 112 (8 choices); so on.
-    Before, the doubling distance's thresholds, 104 and 108, kept the same 4 choices: the
-    same try twice more (the NeoX export on 4x8 at 5 % over its lowest budget: a try of 509
-    of 779 choices again, 3 s)."""
+    Thresholds set by the doubling distance alone, 104 and 108, would keep the same 4
+    choices: the same try twice more, for the same answer."""
     marginals = np.array([100, 101, *range(110, 124)], dtype=np.float64)
     sizes, bound, best = _narrowed_tries([None, None, 118, 118, 118], [marginals, marginals])
     assert sizes == [4, 8, 16, 18, 20]
@@ -499,10 +489,10 @@ def test_a_try_proves_as_far_as_the_least_choice_it_left_out():
 
 
 def test_what_a_try_proves_beyond_its_threshold_at_large_values():
-    """Min-marginals of 1e10 and over (BART's costs): the relaxation's rounding, relative,
-    is 10 there. A try over the two choices below 1e10 + 100 proves no plan below the
-    highest threshold that keeps only those two, 1e10 + 90 (before: the thresholds within 2
-    of the least left out were all tried, each keeping a third, and nothing was proven)."""
+    """Min-marginals of 1e10 and over (a large model's costs): the relaxation's rounding,
+    relative, is 10 there. A try over the two choices below 1e10 + 100 proves no plan below
+    the highest threshold that keeps only those two, 1e10 + 90, so the thresholds within the
+    rounding of the least choice left out are not tried again."""
     problem = Problem((4,), ((0,) * 4,), (), NO_ROWS, 0, 1.0)
     marginals = [np.array([1e10, 1e10 + 1, 1e10 + 100, 1e10 + 200])]
     narrowing = Narrowing(problem, marginals, lambda *_: None, None, "the cost", 0.8)

@@ -86,7 +86,8 @@ def test_wide_indicators_summed_in_hubs_are_exact(seed, bits, monkeypatch):
 
 
 def test_hubs_are_made_where_indicators_are_wide():
-    """Seed 0's problem has indicators the rows count over several groups' choices: hubs."""
+    """The random problem of seed 0 has indicators the rows count over several groups'
+    choices: hubs."""
     problem = random_problem(0, memory=True)
     relaxation = Relaxation(problem, exact_up_to=1, hubs=None)
     relaxation.solve(np.ones(relaxation.rows))
@@ -540,10 +541,10 @@ def test_tightened_by_hand():
 
 
 def test_tightened_leaves_out_more_and_keeps_the_optimum():
-    """The MLP on 4x8 at 30 % of its free plan's peak: below the relaxation's best plan (of
-    41,862,615), and below the optimum's cost plus one, `tightened` leaves out choices the
-    min-marginals kept (21 -> 16 of 75, and 19 -> 10) but none of the optimum's
-    (41,698,569); below the optimum itself, all but the best plan's: no plan is cheaper."""
+    """The MLP on 4x8 at 30 % of its free plan's peak: below the relaxation's best plan's
+    cost, and below the optimum's cost plus one, `tightened` leaves out choices the
+    min-marginals kept but none of the optimum's; below the optimum itself, all but the best
+    plan's: no plan is cheaper."""
     graph = import_onnx(MODELS / "mlp.onnx", {"batch": 8})
     top = auto_plan(graph, make_cluster(mesh="4x8")).cost.memory_bytes_per_device
     problem = build_search(graph, make_cluster(mesh="4x8", memory=str(int(0.3 * top)))).problem

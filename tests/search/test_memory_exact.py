@@ -84,10 +84,9 @@ def test_the_ilp_peak_is_the_program_peak_of_the_larger_models(model):
 def test_a_value_read_after_its_last_use_from_a_buffer_made_earlier_is_counted_exactly():
     """bert on 4x8 at 673,315 bytes: the embeddings' LayerNorm output is read by the query
     MatMul resharded, by key and value as held, and by the attention's residual Add from the
-    query's buffer: its home is dead after the value MatMul, and the rows say so (they
-    counted it to the Add: 619,985 counted for a program holding 554,449). The plan the
-    exact rows allow is cheaper than the one the conservative rows found (255,918,935 vs
-    256,287,548)."""
+    query's buffer: its home is dead after the value MatMul, and the rows say so (rows
+    counting it to the Add count more than the program holds). The plan the exact rows allow
+    is cheaper than the 256,287,548 of the one the conservative rows found."""
     graph = import_onnx(MODELS / "bert.onnx", DIMS["bert"])
     planned = auto_plan(graph, make_cluster(mesh="4x8", memory="673315"))
     _assert_counted_is_held([planned])
@@ -124,7 +123,7 @@ def test_the_rows_of_any_plan_are_its_program(model, mesh):
 
 
 def test_the_rows_of_any_plan_of_a_deep_decoder_are_its_program(tmp_path, monkeypatch):
-    """A decoder of six layers (grouped-query attention, as the 70B/405B benchmark's): each
+    """A decoder of six layers (grouped-query attention, as the large decoders'): each
     layer's memory terms are made once and replayed at every copy's steps (the layers' values
     read at other steps each), so random plans' rows must be their programs', layer by layer."""
     spec = importlib.util.spec_from_file_location("make_models", MODELS / "make_models.py")
@@ -220,9 +219,8 @@ def test_a_reshard_counted_counts_every_way_to_its_target(tmp_path):
     the rows counting one reshard per target among theirs, count at least what each program
     holds (rows counting reshards a plan does not make may count more: conservative).
     Counted only as made (shape, dtype, held, target), a plan whose weight is held [[1], [0]]
-    where the plan before held it [[0], [1]], both gathered to [[]], went over the budget
-    again: BART's dynamo export on 2x4 at its lowest budget, three solves, 32 s (now two,
-    20 s)."""
+    where the plan before held it [[0], [1]], both gathered to [[]], would go over the budget
+    again and cost one more solve."""
     graph = import_onnx(write_fanout(tmp_path / "fanout.onnx"))
     cluster = make_cluster(mesh="2x2")
     search = build_search(graph, cluster)

@@ -239,10 +239,9 @@ def test_weights_held_split_further_than_read(small_mlp):
     """FSDP by hand on 2x4 (x and y batch-split on axis 0, both weights held split 8 ways and
     gathered whole before use) holds 2 MiB at its peak, fc2: w2 gathered (1 MiB), the 512 KiB
     half of r, the 128 KiB halves of x (an input: held throughout) and y, and the two 128 KiB
-    weight shards. Under that budget the search
-    finds a plan no dearer; at the least memory any plan needs it holds w1 split over both
-    axes while fc1 reads it split over one (an all_gather before fc1), and the ILP's peak is
-    the program's."""
+    weight shards. Under that budget the search finds a plan no dearer; at the least memory
+    any plan needs it holds w1 split over both axes while fc1 reads it split over one (an
+    all_gather before fc1), and the ILP's peak is the program's."""
     graph = import_onnx(small_mlp)
     S = Sharding.parse
     io = [Annotation("x", S("[[0]]")), Annotation("y", S("[[0]]"))]

@@ -49,14 +49,15 @@ def saved_plan(directory: Path, path: Path, mesh: str, dims: dict, memory=None, 
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory):
-    """GPT-2 on 2x4 (2 repeated layers), as `autoshard plan` finds it (about 2 s)."""
+    """GPT-2 on 2x4 (2 repeated layers), as `autoshard plan` finds it, planned once for the
+    module."""
     return saved_plan(tmp_path_factory.mktemp("gpt2"), GPT2, "2x4", {"batch": 8, "seq": 128})
 
 
 @pytest.fixture(scope="module")
 def gpt2_why_not(gpt2):
     """Why not the MLP's first projection of layer 1 split on its output features over axis 0
-    (Megatron's column split): the plan splits it on the batch (about 3 s: a solve)."""
+    (Megatron's column split): the plan splits it on the batch (a solve, made once)."""
     return why_not(gpt2, f"{H1}/mlp/c_fc/Gemm_output_0=[[], [0]]")
 
 
