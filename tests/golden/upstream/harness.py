@@ -259,9 +259,13 @@ def assert_ours(case: Case, tmp_path: Path) -> None:
     assert shown(ours(case, tmp_path)) == shown(parsed(case.expected | case.ours))
 
 
-def assert_upstream(case: Case) -> None:
-    """Upstream's pass completes the case's IR as its CHECK lines say."""
-    assert shown(upstream(case)) == shown(parsed(case.expected))
+def assert_upstream(case: Case, tmp_path: Path) -> None:
+    """Upstream's pass completes the case's IR as its CHECK lines say, and as `propagate`
+    completes the graph, op by op, except where autoshard keeps its own answer (`ours`)."""
+    theirs, mine = upstream(case), ours(case, tmp_path)
+    assert shown(theirs) == shown(parsed(case.expected))
+    agreed = [op.node.name for op in case.ops if op.node.name not in case.ours]
+    assert shown({op: mine[op] for op in agreed}) == shown({op: theirs[op] for op in agreed})
 
 
 def assert_fewer_bytes(case: Case, tmp_path: Path) -> tuple[int, int]:

@@ -60,5 +60,5 @@ def test_propagate_gives_upstream_checks(name, tmp_path):
 
 @needs_mlir_opt
 @pytest.mark.parametrize("name", CASES)
-def test_upstream_pass_gives_its_checks(name):
-    assert_upstream(CASES[name])
+def test_upstream_pass_gives_its_checks_and_ours(name, tmp_path):
+    assert_upstream(CASES[name], tmp_path)
