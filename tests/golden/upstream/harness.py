@@ -3,13 +3,14 @@
 A `Case` is one function of an upstream test file written twice: as an ONNX graph with our
 annotations, and as the upstream IR it stands for, with the same `shard.shard` ops. `expected`
 holds upstream's CHECK lines in our notation: per op, the sharding each of its operands is read
-with and the sharding its result is produced with. Three checks use it:
+with and the sharding its result is produced with. The checks:
 
-- `propagate` on the ONNX graph gives `expected` (or `ours`, where we keep an answer that
-  differs from upstream on purpose);
-- upstream's `sharding-propagation` pass (`mlir-opt-22`, where installed) completes the IR to
-  `expected`, so CI checks the CHECK lines against the real tool, not our reading of them;
-- both together say that autoshard and upstream agree, op by op.
+- `assert_ours`: the graph carries the IR's annotations, and `propagate` completes it to
+  `expected` (or to `ours`, where we keep an answer that differs from upstream on purpose);
+- `assert_upstream` (where `mlir-opt-22` is installed): upstream's `sharding-propagation` pass
+  completes the IR to `expected`, so CI checks the CHECK lines against the real tool, not our
+  reading of them, and to `propagate`'s answer on every op not in `ours`;
+- `assert_fewer_bytes`: where we keep our own answer, it moves fewer bytes than upstream's.
 
 Partial results: LLVM 22's `shard.sharding` has no partial axes (its partition all-reduces a
 split reduction inside the op), so every comparison is on split axes; our `partial = sum[...]`
