@@ -10,11 +10,11 @@ What an op reads, in order (results first, then operands):
      ones (`mesh.shard ... annotate_for_users`: how every user reads the value;
      materialization puts a reshard before the users, so no mark propagated from elsewhere overrides
      it);
-  1. its results: the result-side mark of each, then the marks propagated from its users;
-  2. its operands: the mark for this use, then the operand's own result-side mark;
-  3. the for-users annotations of its results: how the users read them, which a reshard after
-     the op can give (upstream partitions a K-split matmul whose result users want split into
-     a partial result and a reduce_scatter), so they never bind the op.
+  1. its results: the result-side mark of each, the for-users annotations of its results (how
+     the users read them, which a reshard after the op can give, so they never bind the op:
+     upstream partitions a K-split matmul whose users want its result split into a partial
+     result and a reduce_scatter), then the marks propagated from its users;
+  2. its operands: the mark for this use, then the operand's own result-side mark.
 Within each, user marks (required, then hints) come before propagated ones. An op that cannot
 read an operand as a required for-users annotation asks (no rule, or no option of its rule
 reads it so) is an error naming the op, the value and the sharding. A dim's mesh axes
@@ -27,9 +27,13 @@ whose device count divides it, so every split is exact; invalid loops are never 
 Reading the marks in order gives one option; reading any one of them first gives others. The
 op takes the one that moves the fewest bytes (its operands from how they are held, its results
 to how they are held or read, as `plan_reshard` moves them), the in-order one on a tie, never
-one that reads an operand otherwise than a user required. So an operand split that a
+one that reads an operand otherwise than a user required, and never one that drops the splits
+of a non-binding user annotation read earlier to keep a later one's: of two such annotations
+whose splits cannot both be kept, the first read wins, as upstream's sharding-propagation keeps
+the first combination of annotations that fits (`y = x + z` follows x; a returned y annotated
+for its users is produced so). So the fewest bytes only rescue splits: an operand split that a
 replicated mark would skip is kept when it saves gathering a weight (the 2x4 MLP of
-tests/golden/test_conformance.py: 442,368 B per device instead of 1,572,864).
+tests/golden/test_conformance.py).
 
 Worked example (the MLP of docs/design/propagation.md on mesh [2]; x required [[], [], [0]], the
 second dot's result required partial = sum[0]): backward, dot2's partial result puts its reduction
@@ -130,7 +134,7 @@ class _State:
         best = self.read(op, rule, marks)
         if len(marks) < 2:
             return best
-        cost = self.moved(op, rule, best)
+        cost, kept = self.moved(op, rule, best), _kept(rule, marks, best)
         for first in range(1, len(marks)):
             try:
                 candidate = self.read(op, rule, [marks[first], *marks[:first], *marks[first + 1 :]])
@@ -143,6 +147,8 @@ class _State:
                 for loop, axes in _wanted(rule, mark, indexing, False).items()
             ):
                 continue  # the op must read an operand as a user required
+            if _kept(rule, marks, candidate) < kept:
+                continue  # it drops a user's splits for a later one's: the first one wins
             moved = self.moved(op, rule, candidate)
             if moved < cost:
                 best, cost = candidate, moved
@@ -157,14 +163,12 @@ class _State:
                 mark = self.use.get(use)
                 if mark is None:
                     continue
-                if mark.source is Source.PROPAGATED:
-                    marks.append((0, -mark.source, k, mark, rule.results[j]))
-                else:
+                if mark.source is not Source.PROPAGATED:
                     # A user's for-users mark says how the users read the result, not how the
-                    # op makes it (a reshard may come between: annotate_for_users):
-                    # it guides the op after its operands' marks and binds it to nothing.
-                    unbound = dataclasses.replace(mark, binding=False)
-                    marks.append((2, -mark.source, k, unbound, rule.results[j]))
+                    # op makes it (a reshard may come between: annotate_for_users): it binds
+                    # the op to nothing, so the required marks that do come first.
+                    mark = dataclasses.replace(mark, binding=False)
+                marks.append((0, -mark.source, k, mark, rule.results[j]))
         for i, name in enumerate(op.inputs):
             indexing = rule.operands[i] if i < len(rule.operands) else None
             if not name or indexing is None:
@@ -311,6 +315,22 @@ class _State:
 def _binds(mark: Mark) -> bool:
     """A required annotation the op must follow: its result's, or its operand's for users."""
     return mark.source is Source.REQUIRED and mark.binding
+
+
+def _kept(
+    rule: OpRule, marks: list[tuple[int, int, int, Mark, IndexingMap]], option: ShardingOption
+) -> tuple[bool, ...]:
+    """For each split-asking user mark that binds nothing, in the order the marks are read:
+    does `option` keep its splits? Compared as tuples, an option that drops an earlier mark's
+    split for a later one's comes out smaller (upstream tries the annotations in this order and
+    keeps the first that fits: `y = x + z` follows x, the first operand)."""
+    return tuple(
+        all(option.loops[loop] == axes for loop, axes in wanted.items() if axes)
+        for side, _, _, mark, indexing in marks
+        if mark.source is not Source.PROPAGATED and not _binds(mark)
+        for wanted in [_wanted(rule, mark, indexing, side != 1)]
+        if any(wanted.values())
+    )
 
 
 def _wanted(

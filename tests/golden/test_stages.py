@@ -93,8 +93,11 @@ class Case:
         ]  # fmt: skip
 
 
+# The weights are annotated for their users (how the Gemms read them): a weight merely held
+# split would lose to the projection's `users:` annotation on its result, which propagation
+# reads first, as upstream does (issue 47); read so, the projections' sums are reduce-scattered.
 MEGATRON = tuple(
-    (f"lm.transformer.h.0.{weight}.weight", sharding)
+    (f"users:lm.transformer.h.0.{weight}.weight", sharding)
     for weight, sharding in [
         ("attn.c_attn", "[[], [1]]"),
         ("attn.c_proj", "[[1]]"),

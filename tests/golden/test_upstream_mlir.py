@@ -45,6 +45,7 @@ from autoshard.mlir import parse_module, print_program
 from autoshard.passes.materialize import materialize
 from autoshard.propagate import propagate
 from autoshard.sharding import Sharding
+from tests.unit.test_propagate_order import ADD_ANNOTATIONS, MLP_ANNOTATIONS
 
 from .seed_models import write_seed_mlp
 from .test_seed_004 import ANNOTATIONS as SEED_004_ANNOTATIONS
@@ -242,6 +243,60 @@ func.func @red(%a: tensor<4x8xf32>) -> tensor<4xf32> {{
     )
 
 
+def conflicting_add():
+    """y = x + z with x and z held on different axes (issue 47): upstream follows x, the first
+    operand, and reshards z."""
+    return Case(
+        """
+shard.grid @grid0(shape = 2x4)
+func.func @add(%x: tensor<8xf32>, %z: tensor<8xf32>) -> tensor<8xf32> {
+  %sx = shard.sharding @grid0 split_axes = [[0]] : !shard.sharding
+  %x_ = shard.shard %x to %sx : tensor<8xf32>
+  %sz = shard.sharding @grid0 split_axes = [[1]] : !shard.sharding
+  %z_ = shard.shard %z to %sz : tensor<8xf32>
+  %y = tosa.add %x_, %z_ : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  return %y : tensor<8xf32>
+}""",
+        (helper.make_node("Add", ["x", "z"], ["y"], name="add"),),
+        {"x": [8], "z": [8]},
+        ADD_ANNOTATIONS,
+        (("add", "tosa.add", 2),),
+    )
+
+
+def returned_mlp():
+    """The weight-stationary MLP with its returned y annotated for its users (issue 47):
+    upstream produces y as the users read it."""
+    return Case(
+        """
+shard.grid @grid0(shape = 2x2x2)
+func.func @mlp(%x: tensor<8x16xf32>, %w1: tensor<16x32xf32>, %w2: tensor<32x16xf32>) -> tensor<8x16xf32> {
+  %sx = shard.sharding @grid0 split_axes = [[], [0, 1, 2]] : !shard.sharding
+  %x_ = shard.shard %x to %sx : tensor<8x16xf32>
+  %s1 = shard.sharding @grid0 split_axes = [[0], [1, 2]] : !shard.sharding
+  %w1_ = shard.shard %w1 to %s1 : tensor<16x32xf32>
+  %s2 = shard.sharding @grid0 split_axes = [[1, 2], [0]] : !shard.sharding
+  %w2_ = shard.shard %w2 to %s2 : tensor<32x16xf32>
+  %e1 = tensor.empty() : tensor<8x32xf32>
+  %h = linalg.matmul ins(%x_, %w1_ : tensor<8x16xf32>, tensor<16x32xf32>) outs(%e1 : tensor<8x32xf32>) -> tensor<8x32xf32>
+  %a = tosa.sigmoid %h : (tensor<8x32xf32>) -> tensor<8x32xf32>
+  %e2 = tensor.empty() : tensor<8x16xf32>
+  %y = linalg.matmul ins(%a, %w2_ : tensor<8x32xf32>, tensor<32x16xf32>) outs(%e2 : tensor<8x16xf32>) -> tensor<8x16xf32>
+  %sy = shard.sharding @grid0 split_axes = [[], [0, 1, 2]] : !shard.sharding
+  %y_ = shard.shard %y to %sy annotate_for_users : tensor<8x16xf32>
+  return %y_ : tensor<8x16xf32>
+}""",
+        (
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+            helper.make_node("Sigmoid", ["h"], ["a"], name="sig"),
+            helper.make_node("MatMul", ["a", "w2"], ["y"], name="mm2"),
+        ),
+        {"x": [8, 16], "w1": [16, 32], "w2": [32, 16]},
+        MLP_ANNOTATIONS,
+        (("mm1", "linalg.matmul", 2), ("sig", "tosa.sigmoid", 1), ("mm2", "linalg.matmul", 2)),
+    )
+
+
 CASES = {
     "matmul_1d": matmul_chain("2", "[[]]", "[[], [0]]", "[[0]]"),
     "matmul_2x2": matmul_chain("2x2", "[[0]]", "[[], [1]]", "[[1]]"),
@@ -250,6 +305,8 @@ CASES = {
     "elementwise_2x2_backward": elementwise_chain("2x2", "[[1], [0]]", last="[[1], [0]]"),
     "reduction_1d": reduction("2", "[[], [0]]"),
     "reduction_2x2": reduction("2x2", "[[0], [1]]"),
+    "conflicting_add_2x4": conflicting_add(),
+    "returned_mlp_2x2x2": returned_mlp(),
 }
 
 # (case, op) -> (autoshard, upstream), each (operand shardings, result sharding), where they
@@ -267,6 +324,10 @@ DIFFERENCES = {
     ("reduction_2x2", "sum"): (
         (("[[0], [1]]",), "[[0]] partial = sum[1]"),
         (("[[0], [1]]",), "[[0]]"),
+    ),
+    ("returned_mlp_2x2x2", "mm1"): (
+        (("[[], [0, 1, 2]]", "[[0, 1, 2]]"), "[[]] partial = sum[0, 1, 2]"),
+        (("[[], [0, 1, 2]]", "[[0, 1, 2]]"), "[[]]"),
     ),
 }
 
