@@ -211,14 +211,7 @@ def mlp_1d():
         "sigmoid": (("[[]]",), "[[]]"),
         "mm2": (("[[]]", ALL), ALL),
     }
-    # Fewest bytes: autoshard keeps both weights as held (Megatron's column, then row split:
-    # x gathered, y reduce-scattered); upstream reshards both weights and all-reduces h.
-    kept = {
-        "mm1": (("[[]]", ALL), ALL),
-        "sigmoid": ((ALL,), ALL),
-        "mm2": ((ALL, "[[], [0, 1, 2]]"), "[[]]"),
-    }
-    return mlp(w1, w2, False, annotations, expected, kept)
+    return mlp(w1, w2, False, annotations, expected, {})
 
 
 def mlp_2d():
@@ -236,13 +229,10 @@ def mlp_2d():
         "sigmoid": ((ALL,), ALL),
         "mm2": (("[[]]", ALL), ALL),
     }
-    # Fewest bytes: autoshard keeps both weights as held and reads x as [[], [], [0]] (the
-    # design's 2-D weight-stationary program); upstream gathers x and reshards both weights.
-    kept = {
-        "mm1": (("[[], [], [0]]", w1), "[[], [], [1, 2]]"),
-        "sigmoid": (("[[], [], [1, 2]]",), "[[], [], [1, 2]]"),
-        "mm2": (("[[], [], [1, 2]]", w2), "[[], [], [0]]"),
-    }
+    # Fewest bytes: autoshard keeps w1 as held and reads x as [[], [], [0]] (the design's 2-D
+    # weight-stationary program), reduce-scattering h into its annotation; upstream gathers x
+    # and reshards w1. From h on, both follow h's and y's annotations.
+    kept = {"mm1": (("[[], [], [0]]", w1), "[[], [], [1, 2]]")}
     return mlp(w1, w2, True, annotations, expected, kept)
 
 
