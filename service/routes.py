@@ -13,6 +13,7 @@ Status codes:
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,6 +61,38 @@ class JobView(Submitted):
     progress: ProgressView | None
     error: str | None
     plan: dict[str, Any] | None  # exactly what `autoshard plan --json` prints
+
+
+class JobItem(Submitted):
+    """A job as GET /v1/plans lists it: what it was asked and where its results are."""
+
+    model: str  # the uploaded file's name
+    mesh: str  # the mesh field as given
+    created: str  # when it was submitted, ISO 8601 UTC
+    links: dict[str, str]  # job (the job), page (its web page); when done, its results
+
+
+class JobList(BaseModel):
+    plans: list[JobItem]  # newest first
+    next: str | None  # the next page's URL, or None on the last page
+
+
+ARTIFACTS = ("plan.json", "report.html", "report.md", "spmd.mlir")
+"""What a done job serves under /v1/plans/ID/, as GET /v1/plans links them."""
+
+
+def job_links(job: Job) -> dict[str, str]:
+    """The job's URLs: its JSON and web page, and its results once it is done."""
+    base = f"/v1/plans/{job.id}"
+    results = {name: f"{base}/{name}" for name in ARTIFACTS} if job.status == "done" else {}
+    return {"job": base, "page": f"/plans/{job.id}", **results}
+
+
+def job_item(job: Job) -> dict[str, Any]:
+    created = datetime.fromtimestamp(job.created, UTC).isoformat(timespec="seconds")
+    return {"id": job.id, "status": job.status, "model": job.model_name,
+            "mesh": str(job.options.get("mesh")), "created": created.replace("+00:00", "Z"),
+            "links": job_links(job)}  # fmt: skip
 
 
 class ErrorBody(BaseModel):
@@ -111,6 +144,27 @@ async def submit_plan(request: Request) -> JSONResponse:
     finally:
         discard(form)
     return JSONResponse(body, status_code=status)
+
+
+MAX_LISTED = 100  # jobs per page of GET /v1/plans at most
+
+
+@router.get(
+    "/v1/plans",
+    response_model=JobList,
+    summary="The plans, newest first, a page at a time (limit, offset)",
+)
+async def list_plans(
+    request: Request,
+    limit: int = Query(default=20, ge=1, le=MAX_LISTED),
+    offset: int = Query(default=0, ge=0),
+) -> dict[str, Any]:
+    jobs = _store(request).recent(limit + 1, offset)  # one more: is there a next page?
+    more = len(jobs) > limit
+    return {
+        "plans": [job_item(job) for job in jobs[:limit]],
+        "next": f"/v1/plans?limit={limit}&offset={offset + limit}" if more else None,
+    }
 
 
 async def receive(request: Request) -> Form:

@@ -168,12 +168,14 @@ class Store:
             row = db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else _job(row)
 
-    def recent(self, limit: int) -> list[Job]:
-        """The latest `limit` jobs, newest first, without their plans."""
+    def recent(self, limit: int, offset: int = 0) -> list[Job]:
+        """`limit` jobs from the `offset`-th newest on, newest first, without their plans (a
+        tie in `created` is broken by id, so pages neither repeat nor skip a job)."""
         columns = _JOB_COLUMNS.replace(", plan,", ", NULL,")
         with self._tx() as db:
             rows = db.execute(
-                f"SELECT {columns} FROM jobs ORDER BY created DESC, id LIMIT ?", (limit,)
+                f"SELECT {columns} FROM jobs ORDER BY created DESC, id LIMIT ? OFFSET ?",
+                (limit, offset),
             ).fetchall()
         return [_job(row) for row in rows]
 

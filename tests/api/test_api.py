@@ -438,3 +438,37 @@ def test_a_training_plan_is_what_autoshard_plan_mode_training_prints(
     assert code == 0
     assert untimed(job["plan"]) == untimed(json.loads(out))
     assert job["plan"]["training"]["optimizer"] == "sgd"
+
+
+def test_listing_newest_first_a_page_at_a_time(new_server) -> None:
+    server = new_server(workers=1)
+    assert server.get("/v1/plans").json() == {"plans": [], "next": None}
+    first = server.submit(MLP, {**FIELDS, "mesh": "4"}).json()["id"]
+    server.wait(first)
+    second = server.submit(MLP, FIELDS).json()["id"]
+    server.wait(second)
+    listed = server.get("/v1/plans").json()
+    assert [item["id"] for item in listed["plans"]] == [second, first]
+    assert listed["next"] is None
+    item = listed["plans"][1]
+    assert {k: v for k, v in item.items() if k not in ("created", "links")} == {
+        "id": first, "status": "done", "model": "mlp.onnx", "mesh": "4",
+    }  # fmt: skip
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", item["created"])
+    base = f"/v1/plans/{first}"
+    assert item["links"] == {
+        "job": base, "page": f"/plans/{first}", "plan.json": f"{base}/plan.json",
+        "report.html": f"{base}/report.html", "report.md": f"{base}/report.md",
+        "spmd.mlir": f"{base}/spmd.mlir",
+    }  # fmt: skip
+    for link in item["links"].values():
+        assert server.get(link).status_code == 200, link
+    # A page at a time: each page links the next; the last links none.
+    page = server.get("/v1/plans?limit=1").json()
+    assert [i["id"] for i in page["plans"]] == [second]
+    assert page["next"] == "/v1/plans?limit=1&offset=1"
+    page = server.get(page["next"]).json()
+    assert ([i["id"] for i in page["plans"]], page["next"]) == ([first], None)
+    assert server.get("/v1/plans?offset=2").json() == {"plans": [], "next": None}
+    assert server.get("/v1/plans?limit=0").status_code == 422
+    assert server.get("/v1/plans?limit=101").status_code == 422
