@@ -17,15 +17,17 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autoshard.annotations import Annotation, parse_annotations
-from autoshard.cost.cluster import make_cluster
-from autoshard.cost.devices import DEFAULT_DEVICE, DEVICES
-from autoshard.errors import AutoshardError
+from autoshard.cost.cluster import load_cluster_file, make_cluster
+from autoshard.cost.devices import CLUSTERS, DEFAULT_DEVICE, DEVICES
+from autoshard.errors import AutoshardError, ClusterError
 from autoshard.pipeline import PlanRequest
 from autoshard.search.options import Objective
 from autoshard.training import Mode, Training
@@ -51,6 +53,10 @@ FORM_SCHEMA: dict[str, Any] = {
                  "description": "device mesh: sizes (4x8) or named axes (dp=4,tp=8)"},
         "dims": {"type": "string", "example": '{"batch": 8}',
                  "description": "the model's symbolic dims, a JSON object of NAME: SIZE"},
+        "cluster": {"type": "string", "example": "dgx-h100",
+                    "description": f"cluster preset ({', '.join(CLUSTERS)}) or a cluster "
+                                   "file's JSON/YAML content (autoshard calibrate's)",
+                    "x-multiline": True},
         "device": {"type": "string", "enum": sorted(DEVICES), "default": DEFAULT_DEVICE,
                    "description": "device preset"},
         "bandwidth": {"type": "string", "example": "25GB/s,450GB/s",
@@ -123,6 +129,7 @@ class PlanOptions:
     bandwidth: str | None = None
     latency: str | None = None
     memory: str | None = None
+    cluster: str | None = None  # a preset's name, or canonical JSON text of a file's keys
     annotations: str | None = None  # canonical JSON text of the annotations document
     objective: Objective = Objective.TIME
     time_limit: float = DEFAULT_TIME_LIMIT
@@ -133,21 +140,26 @@ class PlanOptions:
             {} if self.training is None
             else {"mode": str(Mode.TRAINING), "training": self.training.to_json()}
         )  # fmt: skip
+        # Only when given: a request without one keeps the job id it had before the field.
+        cluster = {} if self.cluster is None else {"cluster": _cluster_json(self.cluster)}
         return {
             "mesh": self.mesh, "dims": dict(self.dims), "device": self.device,
             "bandwidth": self.bandwidth, "latency": self.latency, "memory": self.memory,
             "annotations": json.loads(self.annotations) if self.annotations else None,
-            "objective": self.objective, "time_limit": self.time_limit, **trained,
+            "objective": self.objective, "time_limit": self.time_limit, **cluster, **trained,
         }  # fmt: skip
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PlanOptions:
         annotations = data.get("annotations")
         canonical = json.dumps(annotations, sort_keys=True) if annotations is not None else None
+        cluster = data.get("cluster")
         return cls(
             mesh=data["mesh"], dims=tuple(sorted(data["dims"].items())),
             device=data.get("device"), bandwidth=data.get("bandwidth"),
             latency=data.get("latency"), memory=data.get("memory"),
+            cluster=cluster if cluster is None or isinstance(cluster, str)
+            else json.dumps(cluster, sort_keys=True),
             annotations=canonical,
             objective=Objective(data.get("objective", Objective.TIME)),
             time_limit=float(data.get("time_limit", DEFAULT_TIME_LIMIT)),
@@ -163,7 +175,10 @@ class PlanOptions:
         """The request of `autoshard plan MODEL` with these options as its flags; a bad mesh
         or cluster field raises its one-line error here, as the flag does in the CLI."""
         annotations = self.parsed_annotations()
-        cluster = make_cluster(self.mesh, self.device, self.bandwidth, self.latency, self.memory)
+        with _cluster_file(self.cluster) as file:
+            cluster = make_cluster(
+                self.mesh, self.device, self.bandwidth, self.latency, self.memory, file
+            )
         return PlanRequest(
             model_path=model_path, cluster=cluster, dims=dict(self.dims),
             annotations=annotations, objective=self.objective, time_limit=self.time_limit,
@@ -175,6 +190,53 @@ class PlanOptions:
         request, so a resubmission finds the stored job)."""
         text = json.dumps({"model": model_sha256, "options": self.to_json()}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _cluster_json(cluster: str) -> str | dict[str, Any]:
+    """The cluster as the options' JSON holds it: a preset's name, or the file's keys."""
+    if cluster in CLUSTERS:
+        return cluster
+    keys: dict[str, Any] = json.loads(cluster)
+    return keys
+
+
+@contextmanager
+def _cluster_file(cluster: str | None) -> Iterator[str | Path | None]:
+    """What `make_cluster` takes as `--cluster`: the preset's name, or a file of the keys (a
+    temporary one: the request holds the content, not a path on the server)."""
+    if cluster is None or cluster in CLUSTERS:
+        yield cluster
+        return
+    with tempfile.TemporaryDirectory(prefix="autoshard-cluster-") as folder:
+        path = Path(folder) / "cluster.json"
+        path.write_text(cluster)
+        try:
+            yield path
+        except AutoshardError as error:
+            raise ClusterError(str(error).replace(str(path), "cluster")) from None
+
+
+def _cluster(text: str) -> str:
+    """A checked cluster field: a preset's name, or a cluster file's content (JSON or YAML)
+    checked as `--cluster FILE` checks the file, in canonical JSON. A single word that is no
+    preset is a misspelt one: the error names the presets."""
+    if text in CLUSTERS:
+        return text
+    presets = ", ".join(CLUSTERS)
+    if re.fullmatch(r"[\w.-]+", text):
+        raise RequestError(
+            f"unknown cluster preset {text!r}; presets: {presets} (or give a cluster file's "
+            "JSON or YAML content)"
+        )
+    with tempfile.TemporaryDirectory(prefix="autoshard-cluster-") as folder:
+        path = Path(folder) / "cluster.yaml"  # YAML reads JSON too
+        path.write_text(text)
+        try:
+            keys = load_cluster_file(path)
+        except AutoshardError as error:
+            said = str(error).replace(f"cluster file {path}", "cluster")
+            raise RequestError(said.replace(str(path), "cluster")) from None
+    return json.dumps(keys, sort_keys=True, default=str)
 
 
 def _json(fields: Mapping[str, str], name: str) -> Any:
@@ -229,7 +291,9 @@ def parse_options(fields: Mapping[str, str], max_time_limit: float) -> PlanOptio
     return PlanOptions(
         mesh=given["mesh"], dims=dims, device=given.get("device"),
         bandwidth=given.get("bandwidth"), latency=given.get("latency"),
-        memory=given.get("memory"), annotations=annotations, objective=Objective(objective),
+        memory=given.get("memory"),
+        cluster=_cluster(given["cluster"]) if "cluster" in given else None,
+        annotations=annotations, objective=Objective(objective),
         time_limit=time_limit, training=_training(given),
     )  # fmt: skip
 

@@ -38,7 +38,7 @@ body { font: 15px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 70em;
 h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; }
 form { display: grid; grid-template-columns: 11em 22em 1fr; gap: .45em 1em; align-items: center; }
 label { font-weight: 600; } .hint { color: #57606a; font-size: .9em; }
-input, select { font: inherit; padding: .2em .35em; }
+input, select, textarea { font: inherit; padding: .2em .35em; }
 button { font: inherit; padding: .35em 1.4em; grid-column: 2; justify-self: start; }
 .error { background: #ffebe9; border: 1px solid #cf222e; padding: .6em .9em; color: #82071e; }
 table { border-collapse: collapse; width: 100%; }
@@ -82,6 +82,9 @@ def _field(name: str, spec: Mapping[str, Any], value: str, required: bool) -> st
             for choice in spec["enum"]
         ]
         control = f'<select id="{name}" name="{name}">{"".join(options)}</select>'
+    elif spec.get("x-multiline"):  # a file's content, pasted
+        example = f'placeholder="e.g. {_e(spec["example"])}"'
+        control = f'<textarea id="{name}" name="{name}" rows="2" {example}>{_e(value)}</textarea>'
     else:
         example = (
             f'placeholder="default {_e(spec["default"])}"' if "default" in spec

@@ -301,8 +301,8 @@ def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys
         ),
         pytest.param(
             {**FIELDS, "colour": "blue"}, 400,
-            "unknown form field 'colour'; valid: model, mesh, dims, device, bandwidth, latency, "
-            "memory, annotations, objective, time_limit, mode, optimizer, precision, "
+            "unknown form field 'colour'; valid: model, mesh, dims, cluster, device, bandwidth, "
+            "latency, memory, annotations, objective, time_limit, mode, optimizer, precision, "
             "micro_batches, recompute",
             id="unknown-field",
         ),
@@ -472,3 +472,71 @@ def test_listing_newest_first_a_page_at_a_time(new_server) -> None:
     assert server.get("/v1/plans?offset=2").json() == {"plans": [], "next": None}
     assert server.get("/v1/plans?limit=0").status_code == 422
     assert server.get("/v1/plans?limit=101").status_code == 422
+
+
+CALIBRATED = MODELS.parent / "bench" / "data" / "h100" / "cluster_h100.json"
+
+
+@pytest.mark.parametrize(
+    ("cluster", "flag"),
+    [
+        pytest.param("dgx-a100", "dgx-a100", id="preset"),
+        pytest.param(CALIBRATED.read_text(), str(CALIBRATED), id="calibrated-file"),
+        pytest.param("device: mi300x\nlatency: 2us\n", None, id="yaml-content"),
+    ],
+)
+def test_cluster_field_is_the_cli_cluster_flag(
+    server: Server, tmp_path, capsys, cluster: str, flag: str | None
+) -> None:
+    if flag is None:  # content the CLI reads from a file
+        flag = str(tmp_path / "cluster.yaml")
+        (tmp_path / "cluster.yaml").write_text(cluster)
+    response = server.submit(MLP, {**FIELDS, "cluster": cluster})
+    assert response.status_code == 202, response.text
+    job = server.wait(response.json()["id"])
+    assert job["status"] == "done", job["error"]
+    code, out, _ = cli(["plan", str(MLP), *CLI_FLAGS, "--cluster", flag, "--json"], capsys)
+    assert code == 0
+    assert untimed(job["plan"]) == untimed(json.loads(out))
+    # The same cluster written otherwise (other spaces, other key order) is the same request.
+    if cluster.startswith("{"):
+        respaced = json.dumps(dict(reversed(json.loads(cluster).items())))
+        again = server.submit(MLP, {**FIELDS, "cluster": respaced})
+        assert (again.status_code, again.json()["id"]) == (200, job["id"])
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        pytest.param(
+            "dgx-h10",
+            "unknown cluster preset 'dgx-h10'; presets: dgx-h100, dgx-a100, mi300x-8, "
+            "tpu-v5e-256, g2-l4-8 (or give a cluster file's JSON or YAML content)",
+            id="bad-preset",
+        ),
+        pytest.param(
+            '{"device": "h100", "speed": 1}',
+            "unknown key(s) ['speed'] in cluster; valid: ['bandwidth', 'calibration', "
+            "'device', 'latency', 'memory', 'mesh']",
+            id="unknown-key",
+        ),
+        pytest.param(
+            '{"device": "h200"}', "unknown device 'h200'; presets: a100, h100, l4, mi300x, "
+            "tpu-v5e", id="unknown-device",
+        ),
+        pytest.param("[1, 2]", "cluster must hold a mapping of keys", id="not-a-mapping"),
+    ],
+)  # fmt: skip
+def test_bad_cluster_is_422_with_the_cli_message(
+    server: Server, tmp_path, capsys, cluster: str, message: str
+) -> None:
+    response = server.submit(MLP, {**FIELDS, "cluster": cluster})
+    assert (response.status_code, response.json()) == (422, {"detail": message})
+    if cluster.startswith(("{", "[")):  # a file's content: the CLI says it of the file
+        path = tmp_path / "cluster.json"
+        path.write_text(cluster)
+        _, _, err = cli(["plan", str(MLP), *CLI_FLAGS, "--cluster", str(path)], capsys)
+        said = err.removeprefix("autoshard: error: ").strip()
+        assert said == message.replace("in cluster", f"in {path}").replace(
+            "cluster must", f"cluster file {path} must"
+        )
