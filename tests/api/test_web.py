@@ -90,3 +90,50 @@ def test_unknown_plan_page(server: Server) -> None:
     response = server.get("/plans/%3Cscript%3E")
     assert response.status_code == 404
     assert "No plan &lt;script&gt;" in response.text and "<script>" not in response.text
+
+
+DECODER = MODELS / "decoder_32l_shape_only.onnx"  # seconds of solving: long enough to watch
+DECODER_FIELDS = {"mesh": "2x4x8", "dims": json.dumps({"batch": 8, "seq": 2048}),
+                  "bandwidth": "450GB/s", "memory": "8GB"}  # fmt: skip
+
+
+def test_a_running_plans_page_refreshes_itself_until_it_ends(
+    server: Server, browser: Any, page: Any
+) -> None:
+    job_id = server.submit(DECODER, DECODER_FIELDS).json()["id"]
+    url = f"{server.url}/plans/{job_id}"
+    # Without script, the page reloads itself (a meta refresh) while the plan runs.
+    plain = browser.new_context(java_script_enabled=False)
+    try:
+        still = plain.new_page()
+        still.goto(url)
+        assert "running" in still.inner_text("#job") or "queued" in still.inner_text("#job")
+        with still.expect_navigation(timeout=5_000):
+            pass
+    finally:
+        plain.close()
+    # With script, it fetches itself and redraws the plan's section, without a reload, while
+    # the figures change; once the plan ended it shows the links and asks for nothing more.
+    tab, console = page
+    fetched: list[str] = []
+    tab.on("request", lambda request: fetched.append(request.url))
+    tab.goto(url)
+    navigations = 0
+
+    def navigated(_: Any) -> None:
+        nonlocal navigations
+        navigations += 1
+
+    tab.on("framenavigated", navigated)
+    tab.wait_for_selector("#job .running", timeout=60_000)
+    seen = {tab.inner_text("#job")}
+    while len(seen) < 3 and tab.locator("#job .running").count():
+        tab.wait_for_timeout(500)
+        seen.add(tab.inner_text("#job"))
+    assert len(seen) >= 3 and navigations == 0, seen  # redrawn in place while it ran
+    tab.wait_for_selector("#job .done", timeout=180_000)
+    assert tab.locator(f'#job a[href="/v1/plans/{job_id}/report.html"]').count() == 1
+    asked = len(fetched)
+    tab.wait_for_timeout(3_000)
+    assert fetched[asked:] == []  # polling stopped
+    assert console.errors == []
