@@ -6,7 +6,8 @@ fetched from elsewhere.
     POST /            the form submitted: the plan's page (303), or the form again with the
                       error in words and the values as given
     GET  /plans/{id}  a plan's status and progress, polled by a few lines of inline script
-                      until it is done or failed; then its links, or its error
+                      until it is done or failed; then its links, strategy, step time and
+                      memory, or its error
 
 Every string from a user or a model (file names, options, errors) is escaped.
 """
@@ -21,7 +22,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from autoshard.document.plan_document import PlanDocument
 from autoshard.progress import Progress
+from autoshard.units import format_bytes, format_seconds
 from service.options import FORM_SCHEMA, MODEL_FIELD, RequestError, in_form_words
 from service.routes import receive, submit
 from service.store import Job, Store
@@ -211,6 +214,33 @@ def _progress(job: Job) -> str:
     return "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows) + "</dl>"
 
 
+def _outcome(plan: PlanDocument) -> str:
+    """A done plan in short: its strategy in words, its step time and its memory per device
+    against the budget, in the units a reader reads (the plan document's own figures)."""
+    rows = []
+    cost, cluster = plan.cost, plan.cluster
+    if cost is not None:
+        rows.append(("step time", f"{format_seconds(cost.objective)} (compute "
+                     f"{format_seconds(cost.compute_time_s)} + communication "
+                     f"{format_seconds(cost.comm_time_s)}, "
+                     f"{format_bytes(cost.comm_bytes_per_device)} sent per device)"))  # fmt: skip
+        peak = f"{format_bytes(cost.memory_bytes_per_device)} per device"
+        if cluster is not None and cluster.memory_bytes:
+            share = cost.memory_bytes_per_device / cluster.memory_bytes
+            peak += f" of {format_bytes(cluster.memory_bytes)} budget ({share:.1%})"
+        if cost.memory_by_kind:
+            kinds = cost.memory_by_kind.items()
+            peak += ": " + ", ".join(
+                f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in kinds if v
+            )
+        rows.append(("peak memory", peak))
+    if cluster is not None:
+        rows.append(("priced on", f"{cluster.device}, mesh {cluster.mesh}"))
+    story = f'<p id="story">{_e(plan.story)}</p>' if plan.story else ""
+    figures = "".join(f"<dt>{k}</dt><dd>{_e(v)}</dd>" for k, v in rows)
+    return f'<section id="plan"><h2>Strategy</h2>{story}<dl>{figures}</dl></section>'
+
+
 # Replaces the plan's section with the page's own, fetched again, until the job ends; then
 # the page is loaded once more, with its links or its error.
 _POLL = """<script>
@@ -242,6 +272,8 @@ async def plan_page(request: Request, job_id: str) -> HTMLResponse:
     said = in_form_words(job.error or "", web=True)  # the library's flags, as the form's fields
     error = f'<p class="error" id="error">{_e(said)}</p>' if said else ""
     links = f"<p>{_links(job)}</p>" if job.status == "done" else ""
+    if job.status == "done" and job.plan is not None:
+        links += _outcome(job.plan)
     attribute = ' data-running="1"' if running else ""
     body = (
         f'<p><a href="/">autoshard</a></p><h1>Plan <code>{job.id}</code></h1>'

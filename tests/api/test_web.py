@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from autoshard.cli.main import main
+from autoshard.document.plan_document import PlanDocument
+from autoshard.units import format_bytes, format_seconds
 
 from .conftest import MODELS, Server
 
@@ -136,4 +138,41 @@ def test_a_running_plans_page_refreshes_itself_until_it_ends(
     asked = len(fetched)
     tab.wait_for_timeout(3_000)
     assert fetched[asked:] == []  # polling stopped
+    assert console.errors == []
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"mesh": "2x2", "dims": '{"batch": 8}', "memory": "100KB"}, id="inference"),
+        pytest.param({"mesh": "2x2", "dims": '{"batch": 8}', "mode": "training"}, id="training"),
+    ],
+)
+def test_a_done_plans_page_shows_its_strategy_step_time_and_memory(
+    server: Server, page: Any, fields: dict[str, str]
+) -> None:
+    job = server.wait(server.submit(MLP, fields).json()["id"])
+    assert job["status"] == "done", job["error"]
+    plan = PlanDocument.from_json(job["plan"], "the job's plan")
+    assert plan.cost is not None and plan.cluster is not None and plan.story
+    tab, console = page
+    tab.goto(f"{server.url}/plans/{job['id']}")
+    shown = tab.inner_text("#plan")
+    assert tab.inner_text("#plan #story") == plan.story
+    cost, budget = plan.cost, plan.cluster.memory_bytes
+    step = (
+        f"step time\n{format_seconds(cost.objective)} (compute "
+        f"{format_seconds(cost.compute_time_s)} + communication "
+        f"{format_seconds(cost.comm_time_s)}, {format_bytes(cost.comm_bytes_per_device)} sent "
+        "per device)"
+    )
+    assert step in shown
+    peak = cost.memory_bytes_per_device
+    memory = f"peak memory\n{format_bytes(peak)} per device of {format_bytes(budget)} budget "
+    assert memory + f"({peak / budget:.1%})" in shown
+    if fields.get("mode") == "training":  # what the peak holds, by kind
+        kinds = cost.memory_by_kind or {}
+        said = [f"{kind.replace('_', ' ')} {format_bytes(n)}" for kind, n in kinds.items() if n]
+        assert said and f"budget ({peak / budget:.1%}): {', '.join(said)}" in shown
+    assert f"priced on\n{plan.cluster.device}, mesh 2x2" in shown
     assert console.errors == []
