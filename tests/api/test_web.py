@@ -176,3 +176,27 @@ def test_a_done_plans_page_shows_its_strategy_step_time_and_memory(
         assert said and f"budget ({peak / budget:.1%}): {', '.join(said)}" in shown
     assert f"priced on\n{plan.cluster.device}, mesh 2x2" in shown
     assert console.errors == []
+
+
+def test_the_form_takes_a_cluster(server: Server, page: Any) -> None:
+    tab, console = page
+    tab.goto(f"{server.url}/")
+    assert tab.locator("textarea#cluster").count() == 1  # room for a cluster file's content
+    tab.set_input_files("#model", str(MLP))
+    tab.fill("#mesh", "2x2")
+    tab.fill("#dims", '{"batch": 8}')
+    tab.fill("#cluster", "dgx-h10")
+    with tab.expect_navigation() as navigation:
+        tab.click("button[type=submit]")
+    assert navigation.value.status == 422
+    assert tab.inner_text("#error") == (
+        "The plan was not started: unknown cluster preset 'dgx-h10'; presets: dgx-h100, "
+        "dgx-a100, mi300x-8, tpu-v5e-256, g2-l4-8 (or give a cluster file's JSON or YAML content)"
+    )
+    assert tab.input_value("#cluster") == "dgx-h10"  # kept, to correct it
+    tab.set_input_files("#model", str(MLP))
+    tab.fill("#cluster", "dgx-a100")
+    tab.click("button[type=submit]")
+    tab.wait_for_selector("#job .done", timeout=90_000)
+    assert "NVIDIA A100" in tab.inner_text("#plan")
+    assert [e for e in console.errors if "status of 422" not in e] == []
