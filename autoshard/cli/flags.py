@@ -131,8 +131,8 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
         help="gradient accumulation: forward and backward N times per gradient sync",
     )  # fmt: skip
     group.add_argument(
-        "--recompute", help="none (default) or layers: recompute each repeated layer's "
-        "activations in its backward",
+        "--recompute", help="none (default); layers: recompute each repeated layer's "
+        "activations in its backward; auto: layers only when the step does not fit without",
     )  # fmt: skip
 
 
