@@ -79,12 +79,12 @@ def dims_of(pairs: Sequence[tuple[str, int]] | None) -> dict[str, int]:
     return dims
 
 
-def model_flags(parser: argparse.ArgumentParser, mesh_required: bool) -> None:
+def model_flags(parser: argparse.ArgumentParser, mesh_from: str | None = None) -> None:
     """The model, its mesh, bound dims and annotations: what propagate, plan and partition
-    share."""
+    share. `mesh_from` names where the mesh comes from without --mesh (None: it is required)."""
     parser.add_argument("model", help="path to an .onnx file")
-    mesh_help = "device mesh, e.g. 4x8" + ("" if mesh_required else " (or in --cluster)")
-    parser.add_argument("--mesh", required=mesh_required, help=mesh_help)
+    mesh_help = "device mesh, e.g. 4x8" + (f" (or {mesh_from})" if mesh_from else "")
+    parser.add_argument("--mesh", required=mesh_from is None, help=mesh_help)
     parser.add_argument(
         "--dim", action="append", type=dim_flag, metavar="NAME=SIZE", help="bind a symbolic dim"
     )

@@ -68,7 +68,7 @@ def _propagate_command(commands: Commands) -> None:
     propagate = commands.add_parser(
         "propagate", help="complete shardings from annotations and list the collectives"
     )
-    model_flags(propagate, mesh_required=True)
+    model_flags(propagate)
     propagate.add_argument("--json", action="store_true", help="machine-readable output")
     cluster_flags(propagate)
     training_flags(propagate)
@@ -90,7 +90,7 @@ def _propagate_command(commands: Commands) -> None:
 
 def _plan_command(commands: Commands) -> None:
     plan = commands.add_parser("plan", help="search the cheapest sharding plan (CP-SAT)")
-    model_flags(plan, mesh_required=False)
+    model_flags(plan, mesh_from="in --cluster")
     cluster_flags(plan)
     training_flags(plan)
     plan.add_argument(
@@ -153,11 +153,11 @@ def _partition_command(commands: Commands) -> None:
     partition = commands.add_parser(
         "partition", help="write each device's program and weights (SPMD IR, safetensors)"
     )
-    model_flags(partition, mesh_required=True)
+    model_flags(partition, mesh_from="the plan's, with --plan")
     partition.add_argument(
         "--plan",
         metavar="PLAN.json",
-        help="partition this plan (from autoshard plan -o); without --dim, its dims",
+        help="partition this plan (from autoshard plan -o); without --mesh or --dim, its own",
     )
     partition.add_argument("-o", "--out", required=True, metavar="OUT", help="output folder")
     partition.add_argument(
@@ -273,7 +273,9 @@ def _explain_command(commands: Commands) -> None:
     explain.add_argument(
         "name", nargs="?", metavar="VALUE_OR_OP", help="the value or op to explain"
     )
-    explain.add_argument("--model", required=True, help="the .onnx file of the plan")
+    explain.add_argument(
+        "--model", help="the .onnx file of the plan (default: its model.file beside the plan)"
+    )
     explain.add_argument(
         "--why-not", metavar="NAME=SHARDING",
         help="solve again with value NAME produced so (or op NAME computing with that option) "
