@@ -83,7 +83,10 @@ def model_flags(parser: argparse.ArgumentParser, mesh_from: str | None = None) -
     """The model, its mesh, bound dims and annotations: what propagate, plan and partition
     share. `mesh_from` names where the mesh comes from without --mesh (None: it is required)."""
     parser.add_argument("model", help="path to an .onnx file")
-    mesh_help = "device mesh, e.g. 4x8" + (f" (or {mesh_from})" if mesh_from else "")
+    mesh_help = (
+        "device mesh, e.g. 4x8 or dp=4,tp=8" + (f" (or {mesh_from})" if mesh_from else "")
+        + f"; {MESH_NAMES}"
+    )  # fmt: skip
     parser.add_argument("--mesh", required=mesh_from is None, help=mesh_help)
     parser.add_argument(
         "--dim", action="append", type=dim_flag, metavar="NAME=SIZE", help="bind a symbolic dim"
@@ -172,4 +175,9 @@ def cluster_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+MESH_NAMES = (
+    "axis names are labels only: the plan gives each axis its role (data, tensor or other "
+    "parallelism) by cost alone, so it may split weights over the axis named dp"
+)
+"""What `--mesh`'s help says of axis names: they name axes in outputs and hint nothing."""
 PROGRESS_DELAY_S = 1.0  # a run quicker than this shows no progress (unless --verbose)

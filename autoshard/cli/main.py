@@ -27,6 +27,7 @@ from autoshard.cli.commands import (
 )
 from autoshard.cli.flags import (
     EXIT_USAGE,
+    MESH_NAMES,
     IntermixedParser,
     Parser,
     cluster_flags,
@@ -217,7 +218,9 @@ def _run_command(commands: Commands) -> None:
 
 def _layout_command(commands: Commands) -> None:
     layout = commands.add_parser("layout", help="draw which device holds which part of a tensor")
-    layout.add_argument("--mesh", required=True, help="device mesh, e.g. 2x3 or dp=2,tp=3")
+    layout.add_argument(
+        "--mesh", required=True, help=f"device mesh, e.g. 2x3 or dp=2,tp=3; {MESH_NAMES}"
+    )
     layout.add_argument("--shape", required=True, type=shape_flag, help="tensor shape, e.g. 4x6")
     layout.add_argument("--sharding", required=True, help="e.g. '[[], [0, 1]]'")
     layout.add_argument("--json", action="store_true", help="machine-readable output")

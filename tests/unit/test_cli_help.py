@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +30,14 @@ def test_training_flag_help_names_every_accepted_choice(command, flag, kind: typ
     """`--recompute auto` is accepted, so `--help` names it beside none and layers."""
     shown = _flag_help(command, flag)
     assert [m.value for m in kind if m.value not in shown] == []
+
+
+@pytest.mark.parametrize("command", ["propagate", "plan", "partition", "layout"])
+def test_mesh_help_says_axis_names_are_labels(command):
+    """`dp=2,tp=2` names axes; the plan may still split weights over "dp": --help says so."""
+    assert "axis names are labels only" in _flag_help(command, "--mesh")
+
+
+def test_mesh_page_says_axis_names_are_labels():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "concepts" / "mesh.md").read_text()
+    assert "**Axis names are labels only.**" in page
