@@ -328,7 +328,7 @@ def _planned_mesh(plan: str, given: str | None) -> Mesh:
     planned = read_document(plan).mesh
     if given is not None and str(Mesh.parse(given)) != str(planned):
         raise AutoshardError(
-            f"plan {plan} is for mesh {planned}, not --mesh {given}: leave out --mesh to "
+            f"plan {plan} is for mesh {planned}, not {given}: leave out --mesh to "
             "partition it on the plan's mesh, or plan again for this one"
         )
     return planned

@@ -40,7 +40,7 @@ def test_partition_of_a_plan_file_takes_the_plans_mesh(tmp_path, capsys):
     capsys.readouterr()
     assert main(["partition", str(MLP), "--plan", str(plan), "--mesh", "4", "-o", str(out)]) == 2
     assert capsys.readouterr().err == (
-        f"autoshard: error: plan {plan} is for mesh dp=2,tp=2, not --mesh 4: leave out --mesh "
+        f"autoshard: error: plan {plan} is for mesh dp=2,tp=2, not 4: leave out --mesh "
         "to partition it on the plan's mesh, or plan again for this one\n"
     )
     assert main(["partition", str(MLP), "--dim", "batch=8", "-o", str(out)]) == 2
