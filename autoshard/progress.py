@@ -20,6 +20,12 @@ from typing import IO, Any
 from autoshard.units import format_bytes, format_seconds
 
 
+def in_units(amount: float, unit: str) -> str:
+    """An objective's value as progress shows it, in the unit that reads: `1.28 ms`,
+    `83.31 KiB` (`unit`: `s` or `B`, as `Progress.unit`)."""
+    return format_bytes(amount) if unit == "B" else format_seconds(amount)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Progress:
     """One moment of a run. `objective` and `bound` are those of the solve under way (the
@@ -41,12 +47,11 @@ class Progress:
 
     def figures(self) -> str:
         """`objective 1.28 ms, bound 1.2 ms (gap 6.3%)`; empty outside a solve."""
-        quantity = format_bytes if self.unit == "B" else format_seconds
         parts = []
         if self.objective is not None:
-            parts.append(f"objective {quantity(self.objective)}")
+            parts.append(f"objective {in_units(self.objective, self.unit)}")
         if self.bound is not None:
-            parts.append(f"bound {quantity(self.bound)}")
+            parts.append(f"bound {in_units(self.bound, self.unit)}")
         gap = self.gap
         return ", ".join(parts) + (f" (gap {gap:.1%})" if gap is not None else "")
 

@@ -269,14 +269,18 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from autoshard.execute.artifacts import write_partition
     from autoshard.pipeline import Setup
 
-    mesh = Mesh.parse(args.mesh)
     annotations = tuple(_annotations(args))
     plan, training, dims = None, _training(args), dims_of(args.dim)
-    if args.plan:
+    if not args.plan:
+        if args.mesh is None:
+            raise AutoshardError("partition needs --mesh (or --plan, whose mesh it takes)")
+        mesh = Mesh.parse(args.mesh)
+    else:
         from autoshard.document.plan_document import planned_dims, read_plan_document
 
         if annotations:
             raise AutoshardError("give either --plan or annotations, not both")
+        mesh = _planned_mesh(args.plan, args.mesh)
         dims = dims or planned_dims(args.plan)  # no --dim: the plan's
         plan = read_plan_document(args.plan, mesh, args.model, dims)
         planned = plan.training
@@ -315,6 +319,19 @@ def cmd_partition(args: argparse.Namespace) -> int:
     print(f"SPMD program: {args.out}/{manifest['spmd']['file']} ({args.dialect} dialect)")
     print(f"manifest: {args.out}/manifest.json")
     return 0
+
+
+def _planned_mesh(plan: str, given: str | None) -> Mesh:
+    """The mesh plan file `plan` was made for: `--mesh` may leave it out, or must repeat it."""
+    from autoshard.document.plan_document import read_document
+
+    planned = read_document(plan).mesh
+    if given is not None and str(Mesh.parse(given)) != str(planned):
+        raise AutoshardError(
+            f"plan {plan} is for mesh {planned}, not {given}: leave out --mesh to "
+            "partition it on the plan's mesh, or plan again for this one"
+        )
+    return planned
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -413,7 +430,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise AutoshardError("explain: name a value or op, or give --why-not NAME=SHARDING")
     if args.out and not args.why_not:
         raise AutoshardError("explain: -o writes the plan --why-not finds: give --why-not")
-    saved = load_saved(args.plan, args.model, _cluster_on(args))
+    model = args.model
+    if model is None:  # as `autoshard html` finds it: the plan's model.file beside the plan
+        from autoshard.document.plan_document import read_document
+        from autoshard.export.held import find_model
+
+        model = find_model(args.plan, read_document(args.plan), None)
+    saved = load_saved(args.plan, model, _cluster_on(args))
     data: dict[str, Any] = {}
     if args.name:
         data["explain"] = explain(saved, args.name)

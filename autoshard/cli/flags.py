@@ -79,12 +79,15 @@ def dims_of(pairs: Sequence[tuple[str, int]] | None) -> dict[str, int]:
     return dims
 
 
-def model_flags(parser: argparse.ArgumentParser, mesh_required: bool) -> None:
+def model_flags(parser: argparse.ArgumentParser, mesh_from: str | None = None) -> None:
     """The model, its mesh, bound dims and annotations: what propagate, plan and partition
-    share."""
+    share. `mesh_from` names where the mesh comes from without --mesh (None: it is required)."""
     parser.add_argument("model", help="path to an .onnx file")
-    mesh_help = "device mesh, e.g. 4x8" + ("" if mesh_required else " (or in --cluster)")
-    parser.add_argument("--mesh", required=mesh_required, help=mesh_help)
+    mesh_help = (
+        "device mesh, e.g. 4x8 or dp=4,tp=8" + (f" (or {mesh_from})" if mesh_from else "")
+        + f"; {MESH_NAMES}"
+    )  # fmt: skip
+    parser.add_argument("--mesh", required=mesh_from is None, help=mesh_help)
     parser.add_argument(
         "--dim", action="append", type=dim_flag, metavar="NAME=SIZE", help="bind a symbolic dim"
     )
@@ -131,8 +134,8 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
         help="gradient accumulation: forward and backward N times per gradient sync",
     )  # fmt: skip
     group.add_argument(
-        "--recompute", help="none (default) or layers: recompute each repeated layer's "
-        "activations in its backward",
+        "--recompute", help="none (default); layers: recompute each repeated layer's "
+        "activations in its backward; auto: layers only when the step does not fit without",
     )  # fmt: skip
 
 
@@ -172,4 +175,9 @@ def cluster_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+MESH_NAMES = (
+    "axis names are labels only: the plan gives each axis its role (data, tensor or other "
+    "parallelism) by cost alone, so it may split weights over the axis named dp"
+)
+"""What `--mesh`'s help says of axis names: they name axes in outputs and hint nothing."""
 PROGRESS_DELAY_S = 1.0  # a run quicker than this shows no progress (unless --verbose)

@@ -27,6 +27,7 @@ from autoshard.cli.commands import (
 )
 from autoshard.cli.flags import (
     EXIT_USAGE,
+    MESH_NAMES,
     IntermixedParser,
     Parser,
     cluster_flags,
@@ -68,7 +69,7 @@ def _propagate_command(commands: Commands) -> None:
     propagate = commands.add_parser(
         "propagate", help="complete shardings from annotations and list the collectives"
     )
-    model_flags(propagate, mesh_required=True)
+    model_flags(propagate)
     propagate.add_argument("--json", action="store_true", help="machine-readable output")
     cluster_flags(propagate)
     training_flags(propagate)
@@ -90,7 +91,7 @@ def _propagate_command(commands: Commands) -> None:
 
 def _plan_command(commands: Commands) -> None:
     plan = commands.add_parser("plan", help="search the cheapest sharding plan (CP-SAT)")
-    model_flags(plan, mesh_required=False)
+    model_flags(plan, mesh_from="in --cluster")
     cluster_flags(plan)
     training_flags(plan)
     plan.add_argument(
@@ -153,11 +154,11 @@ def _partition_command(commands: Commands) -> None:
     partition = commands.add_parser(
         "partition", help="write each device's program and weights (SPMD IR, safetensors)"
     )
-    model_flags(partition, mesh_required=True)
+    model_flags(partition, mesh_from="the plan's, with --plan")
     partition.add_argument(
         "--plan",
         metavar="PLAN.json",
-        help="partition this plan (from autoshard plan -o); without --dim, its dims",
+        help="partition this plan (from autoshard plan -o); without --mesh or --dim, its own",
     )
     partition.add_argument("-o", "--out", required=True, metavar="OUT", help="output folder")
     partition.add_argument(
@@ -217,7 +218,9 @@ def _run_command(commands: Commands) -> None:
 
 def _layout_command(commands: Commands) -> None:
     layout = commands.add_parser("layout", help="draw which device holds which part of a tensor")
-    layout.add_argument("--mesh", required=True, help="device mesh, e.g. 2x3 or dp=2,tp=3")
+    layout.add_argument(
+        "--mesh", required=True, help=f"device mesh, e.g. 2x3 or dp=2,tp=3; {MESH_NAMES}"
+    )
     layout.add_argument("--shape", required=True, type=shape_flag, help="tensor shape, e.g. 4x6")
     layout.add_argument("--sharding", required=True, help="e.g. '[[], [0, 1]]'")
     layout.add_argument("--json", action="store_true", help="machine-readable output")
@@ -273,7 +276,9 @@ def _explain_command(commands: Commands) -> None:
     explain.add_argument(
         "name", nargs="?", metavar="VALUE_OR_OP", help="the value or op to explain"
     )
-    explain.add_argument("--model", required=True, help="the .onnx file of the plan")
+    explain.add_argument(
+        "--model", help="the .onnx file of the plan (default: its model.file beside the plan)"
+    )
     explain.add_argument(
         "--why-not", metavar="NAME=SHARDING",
         help="solve again with value NAME produced so (or op NAME computing with that option) "

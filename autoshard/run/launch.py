@@ -14,21 +14,30 @@ Of several failures the rank's own (loading, a segment) is told before those of 
 (a collective that lost its partner). Collectives time out after `timeout_s` (gloo and NCCL
 honour the process group's timeout), so a lost rank never hangs the others for long. No
 child outlives the launcher: they are daemons, and the launcher's `finally` kills them.
+
+The forkserver is started on this process's autoshard (`forkserver`): Python starts it as
+`python -c`, which puts the working directory first on its path, so run from a folder holding
+an `autoshard/` (the parent of a clone) its ranks would import that one instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import multiprocessing.context
+import multiprocessing.forkserver
 import os
 import signal
+import site
 import time
-from collections.abc import Mapping, MutableSequence, Sequence
+from collections.abc import Iterator, Mapping, MutableSequence, Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import autoshard
 from autoshard.run.rank import Rendezvous, RunError, StepFailure, describe, run_rank
 
 Gathered = list[tuple[dict[str, np.ndarray], dict[str, object]]]
@@ -62,6 +71,37 @@ def _child(
     os._exit(code)  # skip interpreter teardown: torch's atexit hooks may wait on peers
 
 
+def forkserver(preload: Sequence[str]) -> multiprocessing.context.ForkServerContext:
+    """multiprocessing's forkserver context, its server running (started here if it is not)
+    with `preload` imported from the autoshard of this process, whatever the working directory
+    holds: the server's path leaves the working directory out (PYTHONSAFEPATH) and starts with
+    the folder of this autoshard (unless that is site-packages, found anyway)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))
+    root = str(Path(autoshard.__file__).resolve().parent.parent)
+    given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    installed = [*site.getsitepackages(), site.getusersitepackages()]
+    paths = given if root in installed else [root, *given]
+    with _environment(PYTHONPATH=os.pathsep.join(paths), PYTHONSAFEPATH="1"):
+        multiprocessing.forkserver.ensure_running()
+    return context
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """These environment variables set for the processes started inside, then restored."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def launch(
     folder: Path,
     manifest: Mapping[str, Any],
@@ -76,8 +116,7 @@ def launch(
     import torch.distributed as dist
 
     world = len(manifest["devices"])
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["autoshard.run.rank"])
+    context = forkserver(["autoshard.run.rank"])
     store = dist.TCPStore(
         "127.0.0.1", 0, world, True, timeout=datetime.timedelta(seconds=timeout_s),
         wait_for_workers=False,

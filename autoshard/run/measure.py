@@ -18,7 +18,6 @@ after `torch.cuda.synchronize()`.
 from __future__ import annotations
 
 import datetime
-import multiprocessing
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -175,11 +174,10 @@ def measure_links(
     check_backend(ranks, backend)
     import torch.distributed as dist
 
-    from autoshard.run.launch import stop_ranks
+    from autoshard.run.launch import forkserver, stop_ranks
     from autoshard.run.rank import Rendezvous, RunError
 
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["autoshard.run.rank", "autoshard.run.measure"])
+    context = forkserver(["autoshard.run.rank", "autoshard.run.measure"])
     store = dist.TCPStore(
         "127.0.0.1", 0, ranks, True, timeout=datetime.timedelta(seconds=timeout_s),
         wait_for_workers=False,

@@ -229,6 +229,41 @@ def test_a_killed_rank_ends_the_run_within_seconds(tmp_path):
     assert leftovers.stdout == ""
 
 
+LAUNCHER = """import sys
+
+from autoshard.cli.main import main
+
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+"""What pip writes as the `autoshard` script, in short."""
+
+
+def test_run_from_a_folder_holding_an_autoshard_folder(tmp_path):
+    """Run from the parent of a clone: the working directory holds an `autoshard/` folder (here
+    one that cannot be imported). The ranks import the autoshard of the command, not that one.
+    The command starts as the installed `autoshard` script does: its own folder first on the
+    path, not the working directory."""
+    out = tmp_path / "out"
+    partition_cli(out, "mlp", "2", "data")
+    cwd = tmp_path / "cwd"
+    (cwd / "autoshard").mkdir(parents=True)
+    (cwd / "autoshard" / "__init__.py").write_text("raise RuntimeError('the wrong autoshard')\n")
+    (tmp_path / "bin").mkdir()
+    script = tmp_path / "bin" / "autoshard-script.py"
+    script.write_text(LAUNCHER)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), "run", str(out), "--check", str(model_path("mlp"))],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"ran {out} as 2 processes (gloo): ok\n")
+    assert "the wrong autoshard" not in done.stderr
+
+
 SEEDS = {
     # The MLP of docs/design/lowering.md: mesh [2], x split on its last dim, y reduce-scattered
     # back to it.

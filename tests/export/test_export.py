@@ -5,6 +5,7 @@ metadata (checked by onnx.checker and read back)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -314,3 +315,61 @@ def test_a_norm_split_on_another_dim_than_tp_keeps_the_styles(tmp_path):
         "1.norm.bias": "replicate", "1.norm.weight": "replicate", "1.up.bias": "colwise",
         "1.up.weight": "colwise",
     }  # fmt: skip
+
+
+# ---- the JAX file as the docs describe it --------------------------------------------------------
+
+DOCS = MODELS.parent / "docs"
+READ_BACK = """
+params = {n: np.zeros(e["shape"], np.float32) for n, e in specs["parameters"].items()}
+"""
+"""Zeros for the parameters, which the docs' snippet places (its `params` are the user's)."""
+
+
+def _block(text: str, language: str) -> str:
+    """The first fenced block of `language` in `text`."""
+    start = text.index(f"```{language}\n") + len(language) + 4
+    return text[start : text.index("\n```\n", start)]
+
+
+def _documented_fields(page: Path) -> set[str]:
+    """The JSON fields a page names in backquotes: `spec`, `mesh.shape`, `parameters.*.text`."""
+    import re
+
+    return {f for m in re.findall(r"`([a-z_.*]+)`", page.read_text()) for f in m.split(".")}
+
+
+def _keys(document: dict) -> set[str]:
+    keys = set(document) | set(document["mesh"])
+    for entry in document["parameters"].values():
+        keys |= set(entry)
+    return keys
+
+
+def test_jax_file_is_the_documented_one(tmp_path):
+    """docs/concepts/exports.md shows the file `export --to jax -o` writes for models/mlp.onnx,
+    made by the commands it shows; both pages name every field (a training plan's too); and the
+    page's JAX snippet places every parameter (with jax installed)."""
+    page = (DOCS / "concepts" / "exports.md").read_text()
+    section = page[page.index("### The JSON file") :]
+    shutil.copy(MODELS / "mlp.onnx", tmp_path)
+    model, plan, specs = tmp_path / "mlp.onnx", tmp_path / "plan.json", tmp_path / "specs.json"
+    flags = ["--mesh", "dp=2,tp=2", "--dim", "batch=8", "-q"]
+    assert main(["plan", str(model), *flags, "--memory", "100KB", "-o", str(plan)]) == 0
+    assert main(["export", str(plan), "--to", "jax", "-o", str(specs)]) == 0
+    assert json.loads(specs.read_text()) == json.loads(_block(section, "json"))
+    training = tmp_path / "training.json"
+    argv = ["plan", str(model), *flags, "--mode", "training", "--memory", "300KB"]
+    assert main([*argv, "-o", str(training)]) == 0
+    keys = _keys(json.loads(specs.read_text())) | _keys(export_plan(training, Target.JAX).document)
+    for name in ("concepts/exports.md", "guide/export.md"):
+        assert sorted(keys - _documented_fields(DOCS / name)) == [], name
+    if importlib.util.find_spec("jax") is None:
+        return
+    snippet = _block(section, "python").replace("\nparams = {", READ_BACK + "params = {", 1)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    script = snippet + "\nprint(sorted(n for n, p in params.items() if p.sharding == sharding(n)))"
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "['0.bias', '0.weight', '2.bias', '2.weight']\n"

@@ -73,10 +73,10 @@ def test_a_watched_solve_improves_monotonically_to_the_plan_it_returns() -> None
     # below the best plan, fewer for the relaxation restricted to them), watched, and its end.
     relaxed, attempts, (end,) = solves[0], solves[1:-1], solves[-1]
     assert [a[0].detail for a in attempts] == [
-        # 7.757e-06 and 9.12e-06 since the H100 preset prices its L2 and access patterns
-        # (were 7.759e-06 and 9.121e-06)
-        "CP-SAT on 13 of 81 choices: the cost below 7.757e-06 s?",
-        "CP-SAT on 36 of 81 choices: the cost below 9.12e-06 s?",
+        # 7.757e-06 and 9.12e-06 s since the H100 preset prices its L2 and access patterns
+        # (were 7.759e-06 and 9.121e-06), shown in human units (issue 48)
+        "CP-SAT on 13 of 81 choices: the cost below 7.76 µs?",
+        "CP-SAT on 36 of 81 choices: the cost below 9.12 µs?",
     ]
     assert relaxed[0].detail.startswith("its optimum does not fit the budget: the 11 memory rows")
     assert end.detail.startswith("solved: OPTIMAL (")  # its figures kept
@@ -122,6 +122,20 @@ def test_a_bytes_objective_is_watched_in_bytes() -> None:
     figures = [p for p in seen if p.objective is not None]
     assert figures and {p.unit for p in figures} == {"B"}
     assert figures[-1].objective == document.solver.objective
+
+
+@pytest.mark.parametrize(
+    "scale, unit, value, said",
+    [(1e-9, "s", 757_200, "757 µs"), (1e-9, "s", 1_280_000, "1.28 ms"),
+     (1.0, "B", 85_312, "83.31 KiB"), (1.0, "B", 100, "100 B")],
+    ids=["microseconds", "milliseconds", "kibibytes", "bytes"],
+)  # fmt: skip
+def test_a_threshold_is_told_in_human_units(scale, unit, value, said) -> None:
+    """A narrowed try's threshold ("the cost below 757 µs?"), as the objective's figures."""
+    from autoshard.search.solver.outcome import Improvements
+
+    watch = Improvements(Tracker(lambda _: None), scale, unit, offset=0)
+    assert watch.say(value) == said
 
 
 # ---- the views ---------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from autoshard.cli.main import main
 
-GPT2 = Path(__file__).resolve().parents[2] / "models" / "gpt2.onnx"
+MODELS = Path(__file__).resolve().parents[2] / "models"
+GPT2, MLP = MODELS / "gpt2.onnx", MODELS / "mlp.onnx"
 
 
 def test_partition_of_a_plan_file_binds_the_plans_dims(tmp_path, capsys):
@@ -25,4 +26,24 @@ def test_partition_of_a_plan_file_binds_the_plans_dims(tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"autoshard: error: plan {plan} is for dims batch=2 seq=8, not batch=4 seq=8; give the "
         "plan's --dim values or plan again\n"
+    )
+
+
+def test_partition_of_a_plan_file_takes_the_plans_mesh(tmp_path, capsys):
+    """The plan records its mesh: without --mesh the partition is on it; a --mesh other than
+    the plan's is refused naming both, and without --plan --mesh is needed."""
+    plan, out = tmp_path / "plan.json", tmp_path / "out"
+    assert main(["plan", str(MLP), "--mesh", "dp=2,tp=2", "--dim", "batch=8", "-o", str(plan)]) == 0
+    assert main(["partition", str(MLP), "--plan", str(plan), "-o", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["devices"]) == 4
+    capsys.readouterr()
+    assert main(["partition", str(MLP), "--plan", str(plan), "--mesh", "4", "-o", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"autoshard: error: plan {plan} is for mesh dp=2,tp=2, not 4: leave out --mesh "
+        "to partition it on the plan's mesh, or plan again for this one\n"
+    )
+    assert main(["partition", str(MLP), "--dim", "batch=8", "-o", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "autoshard: error: partition needs --mesh (or --plan, whose mesh it takes)\n"
     )

@@ -6,6 +6,7 @@ split found through Reshapes."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -405,3 +406,20 @@ def test_story_batch_after_reshape(tmp_path, output, batch):
     assert all(not plan.needs[(op.name, 0)].split_axes for op in graph.consumers("x"))
     text = strategy_story(graph, plan)
     assert text.startswith("Batch split over mesh axis dp (data parallel).") == batch
+
+
+def test_cli_explain_finds_the_model_beside_the_plan(tmp_path, capsys):
+    """Without --model, explain finds the plan's model as `autoshard html` does: its
+    model.file beside the plan; nowhere to be found, the error says to give --model."""
+    model, plan = tmp_path / "mlp.onnx", tmp_path / "plan.json"
+    shutil.copyfile(MLP, model)
+    assert main(["plan", str(model), "--mesh", "2", "--dim", "batch=8", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["explain", str(plan), "0.weight"]) == 0
+    assert capsys.readouterr().out.startswith("value 0.weight (")
+    model.unlink()
+    assert main(["explain", str(plan), "0.weight"]) == 2
+    assert capsys.readouterr().err == (
+        f"autoshard: error: plan {plan} was made from mlp.onnx, which is not beside it nor "
+        "here: give it with --model\n"
+    )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from autoshard.errors import AutoshardError
-from autoshard.progress import Tracker
+from autoshard.progress import Tracker, in_units
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
 
@@ -189,7 +189,7 @@ class Improvements(cp_model.CpSolverSolutionCallback):
 
     def say(self, value: int) -> str:
         """A value of the objective as the tracker is told it."""
-        return f"{(value + self.offset) * self.scale:.4g} {self.unit}"
+        return in_units((value + self.offset) * self.scale, self.unit)
 
 
 def told_end(solution: Solution, tracker: Tracker | None, scale: float, unit: str) -> Solution:
