@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -33,6 +33,32 @@ class Tables(Protocol):
     ) -> np.ndarray: ...
     def scope_of(self, literal: Literal) -> tuple[int, ...]: ...
     def dense(self, values: np.ndarray, scope: tuple[int, ...]) -> np.ndarray: ...
+
+
+T = TypeVar("T")
+
+Call = Generator["Call[Any]", Any, T]
+"""A call that would recurse, as a generator for `unnested`: it yields each call it needs
+and is sent that call's result; it returns its own."""
+
+
+def unnested(call: Call[T]) -> T:
+    """The result of `call`, its calls run from an explicit stack rather than Python's: an
+    indicator's bounds need those of the indicators it names, nested once per layer of a model
+    (deeper than the interpreter's recursion limit), and each call runs as it would have."""
+    stack: list[Call[Any]] = [call]
+    sent: Any = None
+    while True:
+        try:
+            inner = stack[-1].send(sent)
+        except StopIteration as done:
+            stack.pop()
+            if not stack:
+                return done.value
+            sent = done.value
+        else:
+            stack.append(inner)
+            sent = None
 
 
 Pieces = list[tuple[tuple[int, ...], np.ndarray]]
@@ -133,12 +159,16 @@ class Bound:
         three ORed literals, less 1. From above: an AND is at most any one of its parts (it
         starts at the exact one), an OR at most the sum of its parts, either at most 1. A part
         nested in another is bounded as its options start."""
+        return unnested(self.options_of(literal, upper))
+
+    def options_of(self, literal: Literal, upper: bool) -> Call[_Options]:
+        """`options` as a call for `unnested`."""
         key = (literal, upper)
         if key not in self.found:
-            self.found[key] = self.bounded(literal, upper)
+            self.found[key] = yield self.bounded(literal, upper)
         return self.found[key]
 
-    def bounded(self, literal: Literal, upper: bool) -> _Options:
+    def bounded(self, literal: Literal, upper: bool) -> Call[_Options]:
         r = self.relaxation
         if isinstance(literal, Chosen):
             return _one([((literal.group,), r.mask(literal).astype(np.float64))])
@@ -148,7 +178,7 @@ class Bound:
         ind = r.problem.indicators[literal]
         literals = self.parts(ind)
         if ind.every and not upper:
-            distributed = self.distributed(literals, tuning.ROOM)
+            distributed = yield self.distributed(literals, tuning.ROOM)
             if distributed is not None:
                 alternatives = tuple(([(scope, table)], 0.0) for _, scope, table in distributed)
                 mean = [share for share, _, _ in distributed]
@@ -158,7 +188,9 @@ class Bound:
         parts: list[tuple[Pieces, float]] = []
         if exact:
             parts.append(([(scope, r.dense(r.joint(exact, ind.every, scope), scope))], 0.0))
-        parts += [self.of(lit, upper) for lit in rest]
+        for lit in rest:
+            options = yield self.options_of(lit, upper)
+            parts.append(options.at_start)
         if upper == ind.every:  # at most each part (an AND), at least each (an OR)
             start = np.zeros(len(parts) + 1)
             start[: 1 if upper else len(parts)] = 1.0 if upper else 1.0 / len(parts)
@@ -191,17 +223,22 @@ class Bound:
         K, the first OR), one table, rather than g3's mask alone."""
         r = self.relaxation
         found: list[Literal] = []
-        for lit in ind.literals:
-            if isinstance(lit, Chosen) or self.exact(r.scopes[lit]):
+        todo = [iter(ind.literals)]  # the literals left of each AND (OR) opened, innermost last
+        while todo:
+            lit = next(todo[-1], None)
+            if lit is None:
+                todo.pop()
+            elif isinstance(lit, Chosen) or self.exact(r.scopes[lit]):
                 found.append(lit)
             elif (inner := r.problem.indicators[lit]).every == ind.every:
-                found += self.parts(inner)
+                todo.append(iter(inner.literals))
             else:
                 found.append(lit)
         if not ind.every:
             return found
         # An OR holding wherever one of the AND's own literals does is no condition: AND(g4
-        # in S, OR(g4 in S, g5 in S)) is g4 in S (a buffer read where it is made).
+        # in S, OR(g4 in S, g5 in S)) is g4 in S (a buffer read where it is made). (Each AND
+        # opened names fewer of them than the whole: what it leaves out, this leaves out too.)
         chosen = [lit for lit in found if isinstance(lit, Chosen)]
         return [lit for lit in found if not self.implied(lit, chosen)]
 
@@ -218,7 +255,7 @@ class Bound:
 
     def distributed(
         self, literals: list[Literal], room: int
-    ) -> list[tuple[float, tuple[int, ...], np.ndarray]] | None:
+    ) -> Call[list[tuple[float, tuple[int, ...], np.ndarray]] | None]:
         """AND(E, OR(a_1 .. a_m), R), E the literals of `literals` that fit one exact table and
         the OR the first of the rest, as OR_i AND(E, a_i, R): at least each of those, each
         exact or distributed again, as exact tables with the shares of their mean (the mix
@@ -227,7 +264,7 @@ class Bound:
         elsewhere, OR(the readers reading it)), would be priced at -1 times its bytes wherever
         it is not made, and no multipliers could raise the bound above the memory-aside
         optimum. Not from above: the sum of those (a union bound) counts a saving once per
-        OR's literal that holds, far below the LP's bound.
+        OR's literal that holds, far below the LP's bound. A call for `unnested`.
         """
         r = self.relaxation
         exact, groups, rest = self.split(literals)
@@ -247,7 +284,7 @@ class Bound:
         for lit in first.literals:
             inner = None if isinstance(lit, Chosen) else r.problem.indicators[lit]
             these = self.parts(inner) if inner is not None and inner.every else [lit]
-            found = self.distributed([*exact, *these, *others], room - len(pieces))
+            found = yield self.distributed([*exact, *these, *others], room - len(pieces))
             if found is None or len(pieces) + len(found) > room:
                 return None
             pieces += found

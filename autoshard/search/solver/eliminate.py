@@ -29,27 +29,42 @@ def memory_aside(problem: Problem, limit: Limit, tracker: Tracker | None, unit: 
     """The optimum with memory aside: exact elimination (`factors.minimize`) where its tables
     stay under its cap, of the choices that are no dead end (`factors.undominated`) where
     those of all do not; else CP-SAT on what is left once the groups of degree <= 2 are
-    eliminated, of the choices no dead end where some are (fewer choices, a faster proof)."""
+    eliminated, of the choices no dead end where some are (fewer choices, a faster proof).
+    The choices left may hold dead ends again (a neighbour lost its own): narrowed in a loop,
+    not a call per round, since the rounds may follow a chain of layers."""
     started = time.perf_counter()
-    if tracker is not None:
-        tracker.detail(f"exact elimination of {len(problem.sizes)} groups, memory aside")
-    exact = minimize(problem.sizes, problem_factors(problem))
-    if exact is not None:
-        objective = problem.objective(exact.choice)
-        return Solution(
-            choice=exact.choice, status=SolverStatus.OPTIMAL, objective=objective,
-            bound=objective, wall_s=time.perf_counter() - started, variables=0, constraints=0,
-        )  # fmt: skip
-    alive = undominated(problem)
-    if sum(map(len, alive)) < problem.variables:
+    narrowings: list[list[list[int]]] = []  # the choices kept in each round, in order
+    while True:
+        if tracker is not None:
+            tracker.detail(f"exact elimination of {len(problem.sizes)} groups, memory aside")
+        exact = minimize(problem.sizes, problem_factors(problem))
+        if exact is not None:
+            objective = problem.objective(exact.choice)
+            found = Solution(
+                choice=exact.choice, status=SolverStatus.OPTIMAL, objective=objective,
+                bound=objective, wall_s=time.perf_counter() - started, variables=0,
+                constraints=0,
+            )  # fmt: skip
+            break
+        alive = undominated(problem)
+        if sum(map(len, alive)) >= problem.variables:
+            found = _reduced_cp_sat(problem, limit, tracker, unit)
+            break
         narrowed = problem.restricted(alive)
         if tracker is not None:
             tracker.detail(f"{narrowed.variables} of {problem.variables} choices no dead end, "
                            "memory aside")  # fmt: skip
-        found = memory_aside(narrowed, limit, tracker, unit)
-        return dataclasses.replace(
-            found, choice=in_whole(found.choice, alive), wall_s=time.perf_counter() - started
-        )
+        narrowings.append(alive)
+        problem = narrowed
+    if not narrowings:
+        return found
+    for alive in reversed(narrowings):
+        found = dataclasses.replace(found, choice=in_whole(found.choice, alive))
+    return dataclasses.replace(found, wall_s=time.perf_counter() - started)
+
+
+def _reduced_cp_sat(problem: Problem, limit: Limit, tracker: Tracker | None, unit: str) -> Solution:
+    """CP-SAT, memory aside, on what is left once the groups of degree <= 2 are eliminated."""
     reduced, kept, order = eliminate(problem)
     # Elimination folds the groups it removes into the rest but for a constant: the costs of
     # those left with no neighbour. Any choice of the rest tells it.

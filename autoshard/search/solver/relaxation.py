@@ -34,13 +34,13 @@ import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from autoshard.search.memory.rows import Chosen, Literal, MemoryRows
+from autoshard.search.memory.rows import Chosen, Indicator, Literal, MemoryRows
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
 from autoshard.search.solver.bounds import Bound, Bounded, Pieces, Shares
@@ -311,25 +311,32 @@ class Relaxation:
 
     def own(self, i: int) -> np.ndarray:
         """Indicator i's values over its own groups, worked out once: indicators nest, and
-        an AND or OR inside many would be worked out again for each."""
-        if i not in self.owned:
-            ind = self.problem.indicators[i]
-            self.owned[i] = self.joint(ind.literals, ind.every, self.scopes[i])
+        an AND or OR inside many would be worked out again for each. Those it names first,
+        in index order (`nested`): a layer's indicators name the layer's before, and a walk
+        down them would nest as deep as the model."""
+        for j in nested(self.problem.indicators, i, self.owned):
+            ind = self.problem.indicators[j]
+            self.owned[j] = self.joint(ind.literals, ind.every, self.scopes[j])
         return self.owned[i]
 
     def values(
         self, literal: Literal, at: Mapping[int, np.ndarray], memo: dict[Literal, np.ndarray]
     ) -> np.ndarray:
         """A literal's values at some combinations of choices (`at`: each group's choice in
-        each; a group of one choice may be left out), kept in `memo`."""
-        if literal not in memo:
-            if isinstance(literal, Chosen):
+        each; a group of one choice may be left out), kept in `memo`: an indicator's after
+        those it names, in index order (`nested`)."""
+        if isinstance(literal, Chosen):
+            if literal not in memo:
                 memo[literal] = self.mask(literal)[at.get(literal.group, 0)]
-            else:
-                ind = self.problem.indicators[literal]
-                combine = np.logical_and if ind.every else np.logical_or
-                parts = [self.values(lit, at, memo) for lit in ind.literals]
-                memo[literal] = functools.reduce(combine, parts)
+            return memo[literal]
+        for j in nested(self.problem.indicators, literal, memo):
+            ind = self.problem.indicators[j]
+            combine = np.logical_and if ind.every else np.logical_or
+            parts = [
+                self.values(lit, at, memo) if isinstance(lit, Chosen) else memo[lit]
+                for lit in ind.literals
+            ]
+            memo[j] = functools.reduce(combine, parts)
         return memo[literal]
 
     def chosen_in(self, indicators: Sequence[int]) -> dict[int, set[Chosen]]:
@@ -368,6 +375,21 @@ class Relaxation:
             shape[scope.index(literal.group)] = self.sizes[literal.group]
             return self.mask(literal).reshape(shape)
         return self.table(literal, scope)
+
+
+def nested(indicators: Sequence[Indicator], i: int, done: Container[Literal]) -> list[int]:
+    """Indicator i and those nested in it that are not `done`, ascending: each after those it
+    names (an indicator names only earlier ones), so that a pass in this order works out
+    each from values already there, with no recursion as deep as the nesting."""
+    found: set[int] = set()
+    todo = [i]
+    while todo:
+        j = todo.pop()
+        if j in found or j in done:
+            continue
+        found.add(j)
+        todo += [lit for lit in indicators[j].literals if not isinstance(lit, Chosen)]
+    return sorted(found)
 
 
 @functools.cache
