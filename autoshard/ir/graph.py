@@ -225,7 +225,8 @@ class Graph:
     per-device weight files need them all); `constants` the tensors the importer computed
     (ONNX `Constant` nodes, folded shape subgraphs). `nodes_in_file` is the node count of the
     imported file before inlining and folding (None when not imported); `buffers` the weights
-    the exporter says are no parameters (torch buffers: a training step never trains them).
+    the exporter says are no parameters (torch buffers: a training step never trains them);
+    a training step's graph adds those it found to be buffers itself (`training.buffers`).
     Compared by identity: it is a large container, not a small value.
 
     A training step (`autoshard.training`) also says which outputs are the next value of a

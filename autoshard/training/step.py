@@ -12,9 +12,10 @@ weights) is counted by the same liveness as inference.
               w@grad = GradSync(w@grad0)        kept until the update, in its own sharding
     optimizer w@next, w@state_next = Update(w@grad, w, w@state)
 
-- Which values need a gradient: float weights (the parameters: every float initializer
-  but scalars and the buffers the exporter marks, `Graph.buffers`) and every float value
-  computed from one. Integer and mask paths need none.
+- Which values need a gradient: the parameters (float weights but scalars, the buffers the
+  exporter marks, `Graph.buffers`, and those that only compute tables from constants, such as
+  rotary frequencies: `buffers.trained_weights`) and every float value computed from one.
+  Integer and mask paths need none.
 - What a gradient op reads (the activations kept for backward): the gradients of the op's
   results, the op's integer operands (indices, masks) and, by op family, its float operands:
   a linear op (Add, Reshape, Transpose, Concat, Slice, ...) none, a multilinear one (MatMul,
@@ -41,6 +42,7 @@ from autoshard.ir import dtypes
 from autoshard.ir.graph import Attrs, Graph, Op, Value, verify
 from autoshard.rules import rule_for
 from autoshard.rules.gradient import RECOMPUTE_OF, TRAIN, TrainOp
+from autoshard.training.buffers import candidates, trained_weights
 from autoshard.training.options import Recompute, Training
 
 LINEAR = frozenset(
@@ -122,23 +124,9 @@ class _Step:
         return self.graph.values[name].dtype in dtypes.FLOAT_DTYPES
 
     def find_trainable(self) -> list[str]:
-        """Float weights read as data, in the order the forward first reads them; a scalar
-        (an epsilon, a scale) is a constant of the model, not a parameter, and a buffer the
-        exporter marks (a rotary table) is none either."""
-        weights, buffers = self.graph.weights, self.graph.buffers
-        found: dict[str, None] = {}
-        for op in self.graph.ops:
-            for i, name in enumerate(op.inputs):
-                weight = weights.get(name)
-                if (
-                    weight
-                    and weight.size > 1
-                    and name not in buffers
-                    and self.is_float(name)
-                    and self.is_data(op, i)
-                ):
-                    found[name] = None
-        return list(found)
+        """The parameters: float weights read as data, less scalars and buffers, the exporter's
+        and those the graph shows (`buffers.trained_weights`)."""
+        return trained_weights(self.graph, self.is_data)
 
     def find_needs(self) -> set[str]:
         """The values needing a gradient: trainable weights and float values computed from
@@ -218,9 +206,10 @@ class _Step:
                 if first_reader.get(name) == op.name:
                     synced[name] = self.sync(name)
         outputs = self.optimize(synced)
+        buffers = graph.buffers | set(candidates(graph, self.is_data)).difference(self.trainable)
         new = Graph(
             graph.name, tuple(self.ops), self.values, (*graph.inputs, *self.states), outputs,
-            graph.weights, self.recast_constants(), graph.opset, graph.nodes_in_file, graph.buffers,
+            graph.weights, self.recast_constants(), graph.opset, graph.nodes_in_file, buffers,
             updates=self.updates, phases=self.phases, micro_batches=self.training.micro_batches,
         )  # fmt: skip
         verify(new)

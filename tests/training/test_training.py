@@ -4,12 +4,13 @@ sharding, the optimizer's state, and what a training step costs, against hand co
 import dataclasses
 import itertools
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from autoshard.annotations import Annotation
 from autoshard.cli.main import main
@@ -420,3 +421,103 @@ def test_buffers_the_exporter_marks_are_not_trained(tmp_path, capsys, metadata, 
     assert main(["plan", str(path), "--mesh", "2", "--mode", "training", "-o", str(out)]) == 0
     capsys.readouterr()
     assert list(json.loads(out.read_text())["strategy"]["weights"]) == trained
+
+
+def rotary_like(path: Path, positions: str) -> Path:
+    """y = ((x @ W) * cos(pos @ inv_freq)) @ Vᵀ + Less(x, M) masked, exported with no metadata:
+    `inv_freq` only computes a table from constant positions (a Constant, or a Range over the
+    sequence length), `V` is read through a Transpose of its own, and `M` only by a comparison
+    (no differentiable path)."""
+    n = helper.make_node
+    if positions == "constant":
+        pos = np.arange(8, dtype=np.float32).reshape(8, 1)
+        made = [n("Constant", [], ["pos"], value=numpy_helper.from_array(pos), name="pos")]
+    else:
+        made = [n("Shape", ["x"], ["shape"], start=0, end=1, name="shape"),
+                n("Squeeze", ["shape"], ["seq"], name="seq"),
+                n("Range", ["zero", "seq", "one"], ["range"], name="range"),
+                n("Cast", ["range"], ["posf"], to=F32, name="cast"),
+                n("Unsqueeze", ["posf", "axis1"], ["pos"], name="unsq")]  # fmt: skip
+    nodes = [*made,
+             n("MatMul", ["x", "W"], ["h"], name="mm"),
+             n("MatMul", ["pos", "inv_freq"], ["freqs"], name="freqs"),
+             n("Cos", ["freqs"], ["cos"], name="cos"),
+             n("Mul", ["h", "cos"], ["r"], name="rot"),
+             n("Transpose", ["V"], ["Vt"], name="vt"),
+             n("MatMul", ["r", "Vt"], ["o"], name="mm2"),
+             n("Less", ["x", "M"], ["keep"], name="less"),
+             n("Where", ["keep", "o", "zero_f"], ["y"], name="where")]  # fmt: skip
+    inits = {"W": rng_weight((16, 4)), "inv_freq": rng_weight((1, 4), 1),
+             "V": rng_weight((16, 4), 2), "M": rng_weight((8, 16), 3),
+             "zero": np.array(0, np.int64), "one": np.array(1, np.int64),
+             "axis1": np.array([1], np.int64), "zero_f": np.array(0, np.float32)}  # fmt: skip
+    proto = model(nodes, [tensor("x", F32, [8, 16])], [tensor("y", F32, [8, 16])], inits)
+    onnx.save(proto, path)
+    return path
+
+
+@pytest.mark.parametrize("positions", ["constant", "range-over-seq"])
+def test_weights_that_only_compute_tables_from_constants_are_not_trained(tmp_path, capsys,
+                                                                        positions):  # fmt: skip
+    """A weight whose every path to the loss goes through a table computed from constants
+    (rotary frequencies times positions) is a buffer, and so is one on no differentiable path:
+    neither gets a gradient, a gradient sync nor optimizer state; the real weights do, one
+    read through a Transpose included."""
+    path = rotary_like(tmp_path / "m.onnx", positions)
+    graph = import_onnx(path)
+    assert not graph.buffers  # nothing in the file says so
+    step = training_graph(graph, Training())
+    assert sorted(step.updates.values()) == ["V", "V@state", "W", "W@state"]
+    assert step.buffers == {"inv_freq", "M"}
+    made = {o for op in step.ops for o in op.outputs} | {op.name for op in step.ops}
+    for buffer in ("inv_freq", "M"):
+        assert not {m for m in made if m.startswith(f"{buffer}@")}, buffer
+    assert "cos@grad0" not in made and "h@grad0" in made
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(path), "--mesh", "2", "--mode", "training", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert list(json.loads(out.read_text())["strategy"]["weights"]) == ["W", "V"]
+
+
+def test_rope_tables_of_a_dynamo_llama_export_get_no_optimizer_state(tmp_path, capsys):
+    """A tiny Hugging Face Llama exported by the dynamo exporter, with and without its metadata:
+    the rotary `inv_freq` (a non-persistent buffer, whose cos/sin tables the model computes
+    from positions) gets no optimizer state either way, and the plans keep the same weights
+    and the same optimizer memory."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, use_cache=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    lm = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    shapes = ({0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seq", max=32)},)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(lm, (ids,), dynamo=True, dynamic_shapes=shapes,
+                                    optimize=True, verbose=False)  # fmt: skip
+    proto = program.model_proto
+    inv_freq = next(t.name for t in proto.graph.initializer if t.name.endswith("inv_freq"))
+    onnx.save(proto, tmp_path / "meta.onnx")
+    for entry in (*proto.graph.value_info, *proto.graph.initializer, *proto.graph.node):
+        del entry.metadata_props[:]
+    onnx.save(proto, tmp_path / "stripped.onnx")
+    plans = {}
+    for kind in ("meta", "stripped"):
+        out = tmp_path / f"{kind}.json"
+        args = ["plan", str(tmp_path / f"{kind}.onnx"), "--mesh", "2", "--mode", "training",
+                "--dim", "batch=2", "--dim", "seq=8", "-o", str(out)]  # fmt: skip
+        assert main(args) == 0
+        plans[kind] = json.loads(out.read_text())
+    capsys.readouterr()
+    stripped = import_onnx(tmp_path / "stripped.onnx", {"batch": 2, "seq": 8})
+    assert not stripped.buffers  # nothing in the file says so: the graph shows it
+    assert inv_freq in training_graph(stripped, Training()).buffers
+    weights = {k: list(p["strategy"]["weights"]) for k, p in plans.items()}
+    assert inv_freq not in weights["stripped"]
+    assert weights["stripped"] == weights["meta"]
+    memory = {k: p["cost"]["memory_by_kind"]["optimizer_state"] for k, p in plans.items()}
+    assert memory["stripped"] == memory["meta"]
