@@ -90,7 +90,9 @@ def cmd_propagate(args: argparse.Namespace) -> int:
         names=parameter_names(args.model),
     )  # fmt: skip
     if args.html:
-        _write_html(args, document, lowered)
+        from autoshard.html import write_html
+
+        write_html(args.html, _html_text(args, document, lowered))
     if args.json:
         _emit(document.to_json())
         return 0
@@ -115,11 +117,11 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_html(args: argparse.Namespace, document: PlanDocument, lowered: Any) -> None:
+def _html_text(args: argparse.Namespace, document: PlanDocument, lowered: Any) -> str:
     """--html: the plan's HTML report, drawn from the plan just made."""
-    from autoshard.html import plan_html, write_html
+    from autoshard.html import plan_html
 
-    write_html(args.html, plan_html(document, args.model, args.html_tensor or (), lowered))
+    return plan_html(document, args.model, args.html_tensor or (), lowered)
 
 
 def _cluster(args: argparse.Namespace) -> Cluster:
@@ -189,12 +191,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )  # fmt: skip
         requested = plan_request(request, tracker, after)
     document, planned, cluster = requested.document, requested.planned, requested.cluster
+    # The report is drawn before either file is written: an interrupt or an error while it is
+    # drawn (seconds, on a large model) leaves no plan without its report.
+    html = _html_text(args, document, requested.lowered) if args.html else None
     if args.out:
         from autoshard.document.plan_document import write_document
 
         write_document(args.out, document)
-    if args.html:
-        _write_html(args, document, requested.lowered)
+    if html is not None:
+        from autoshard.html import write_html
+
+        write_html(args.html, html)
     if args.json:
         _emit(document.to_json())
         return 0
