@@ -19,7 +19,12 @@ from autoshard.cli.flags import (
     PROGRESS_DELAY_S,
     dims_of,
 )
-from autoshard.cli.summaries import breakdown_summary, cost_summary, print_checks
+from autoshard.cli.summaries import (
+    breakdown_summary,
+    cost_summary,
+    objective_note,
+    print_checks,
+)
 from autoshard.errors import AutoshardError
 from autoshard.mesh import Mesh
 from autoshard.passes import Stage
@@ -190,7 +195,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             objective=Objective(args.objective), time_limit=args.time_limit, training=training,
         )  # fmt: skip
         requested = plan_request(request, tracker, after)
-    document, planned, cluster = requested.document, requested.planned, requested.cluster
+        document, planned, cluster = requested.document, requested.planned, requested.cluster
+        assert document.solver is not None and document.solver.objective is not None
+        note = objective_note(document.solver.objective, planned.cost, args.objective)
+        if tracker is not None and note is not None:  # the last progress line says it too
+            tracker.detail(note)
     # The report is drawn before either file is written: an interrupt or an error while it is
     # drawn (seconds, on a large model) leaves no plan without its report.
     html = _html_text(args, document, requested.lowered) if args.html else None
@@ -217,6 +226,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"{search.choices} choices"
         + (f" ({layers} repeated layers solved once)" if layers > 1 else "")
     )
+    if note is not None:
+        print(note)
     print(breakdown_summary(document.breakdown or {}))
     if document.strategy is not None:
         counts = document.strategy.counts
