@@ -19,7 +19,12 @@ from autoshard.cli.flags import (
     PROGRESS_DELAY_S,
     dims_of,
 )
-from autoshard.cli.summaries import breakdown_summary, cost_summary, print_checks
+from autoshard.cli.summaries import (
+    breakdown_summary,
+    cost_summary,
+    objective_note,
+    print_checks,
+)
 from autoshard.errors import AutoshardError
 from autoshard.mesh import Mesh
 from autoshard.passes import Stage
@@ -90,7 +95,9 @@ def cmd_propagate(args: argparse.Namespace) -> int:
         names=parameter_names(args.model),
     )  # fmt: skip
     if args.html:
-        _write_html(args, document, lowered)
+        from autoshard.html import write_html
+
+        write_html(args.html, _html_text(args, document, lowered))
     if args.json:
         _emit(document.to_json())
         return 0
@@ -115,11 +122,11 @@ def cmd_propagate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_html(args: argparse.Namespace, document: PlanDocument, lowered: Any) -> None:
+def _html_text(args: argparse.Namespace, document: PlanDocument, lowered: Any) -> str:
     """--html: the plan's HTML report, drawn from the plan just made."""
-    from autoshard.html import plan_html, write_html
+    from autoshard.html import plan_html
 
-    write_html(args.html, plan_html(document, args.model, args.html_tensor or (), lowered))
+    return plan_html(document, args.model, args.html_tensor or (), lowered)
 
 
 def _cluster(args: argparse.Namespace) -> Cluster:
@@ -188,13 +195,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
             objective=Objective(args.objective), time_limit=args.time_limit, training=training,
         )  # fmt: skip
         requested = plan_request(request, tracker, after)
-    document, planned, cluster = requested.document, requested.planned, requested.cluster
+        document, planned, cluster = requested.document, requested.planned, requested.cluster
+        assert document.solver is not None and document.solver.objective is not None
+        note = objective_note(document.solver.objective, planned.cost, args.objective)
+        if tracker is not None and note is not None:  # the last progress line says it too
+            tracker.detail(note)
+    # The report is drawn before either file is written: an interrupt or an error while it is
+    # drawn (seconds, on a large model) leaves no plan without its report.
+    html = _html_text(args, document, requested.lowered) if args.html else None
     if args.out:
         from autoshard.document.plan_document import write_document
 
         write_document(args.out, document)
-    if args.html:
-        _write_html(args, document, requested.lowered)
+    if html is not None:
+        from autoshard.html import write_html
+
+        write_html(args.html, html)
     if args.json:
         _emit(document.to_json())
         return 0
@@ -210,6 +226,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"{search.choices} choices"
         + (f" ({layers} repeated layers solved once)" if layers > 1 else "")
     )
+    if note is not None:
+        print(note)
     print(breakdown_summary(document.breakdown or {}))
     if document.strategy is not None:
         counts = document.strategy.counts

@@ -43,6 +43,22 @@ def cost_summary(cost: Any, cluster: Any, ops: Mapping[str, OpEntry]) -> str:
     return "\n".join(lines)
 
 
+def objective_note(searched: float, cost: Any, objective: str) -> str | None:
+    """Why the search's objective (`searched`, as progress showed it) is not the program's,
+    where the two read differently: the search prices a reshard once per reader, the program
+    makes it once per value and sharding (docs/concepts/search.md). None where they agree,
+    or differ by the search's integer scaling alone (which may cross a unit: 1024 B, 1 KiB)."""
+    from autoshard.progress import in_units
+
+    unit = "B" if objective == "bytes" else "s"
+    made = cost.comm_bytes_per_device if unit == "B" else cost.objective
+    scaling = abs(searched - made) <= 1e-6 * max(abs(searched), abs(made))
+    if scaling or in_units(searched, unit) == in_units(made, unit):
+        return None
+    why = " (a reshard counted per reader)" if searched > made else ""
+    return f"search objective {in_units(searched, unit)}{why}; the program: {in_units(made, unit)}"
+
+
 def breakdown_summary(block: Mapping[str, Any]) -> str:
     """The top lines of a plan's `breakdown`: each run of repeated layers (one layer, and all),
     the rest, the costliest collectives, and the memory at the peak by kind."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -322,16 +323,46 @@ def deterministic_solver(time_limit: float) -> cp_model.CpSolver:
     solver.parameters.max_deterministic_time = time_limit
     solver.parameters.cp_model_probing_level = 1
     solver.parameters.linearization_level = 2
+    # Ctrl-C is Python's (`run_solver`): CP-SAT's own catch would end the solve as if out of
+    # time, and leave SIGINT at its default (a silent kill) once the solve returns.
+    solver.parameters.catch_sigint_signal = False
     return solver
 
 
 def run_solver(
     solver: cp_model.CpSolver, model: cp_model.CpModel, watch: Improvements | None
 ) -> cp_model.CpSolverStatus:
-    if watch is None:
-        return solver.solve(model)
-    solver.best_bound_callback = watch.bound
-    return solver.solve(model, watch)
+    """CP-SAT's solve, which Ctrl-C stops at once: in the main thread, the solve runs in a
+    thread of its own while the main thread waits, free to take the KeyboardInterrupt that
+    Python raises only between bytecodes (never inside C++); it stops the search and is
+    raised on. In another thread, where Python delivers no signal, the solve runs in place."""
+    if watch is not None:
+        solver.best_bound_callback = watch.bound
+    if threading.current_thread() is not threading.main_thread():
+        return solver.solve(model, watch)
+    done, result = threading.Event(), list[cp_model.CpSolverStatus | BaseException]()
+
+    def solve() -> None:
+        try:
+            result.append(solver.solve(model, watch))
+        except BaseException as error:  # raised on in the main thread
+            result.append(error)
+        finally:
+            done.set()
+
+    solving = threading.Thread(target=solve, name="cp-sat", daemon=True)
+    try:
+        solving.start()
+        while not done.wait(0.1):  # (a signal taken by the solving thread is seen in 0.1 s)
+            pass
+    except KeyboardInterrupt:
+        while solving.is_alive() and not done.wait(0.05):
+            solver.stop_search()  # again until it ends: a stop asked before the solve began is lost
+        raise
+    (outcome,) = result
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 def solve_cp_sat(
