@@ -46,8 +46,9 @@ def format_bytes(count: float) -> str:
 
 
 def format_seconds(seconds: float) -> str:
-    """Three significant digits in the unit that fits: `0.00128` -> `1.28 ms`."""
-    sign, seconds = ("-" if seconds < 0 else ""), abs(seconds)
+    """Three significant digits in the unit that fits: `0.00128` -> `1.28 ms`. The unit is
+    chosen after rounding, so `0.99999` is `1 s`, not `1e+03 ms`."""
+    sign, seconds = ("-" if seconds < 0 else ""), float(f"{abs(seconds):.3g}")
     if seconds == 0:
         return "0 s"
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
