@@ -8,17 +8,12 @@ mesh of known size; docs/design/upstream-propagation.md lists every case and why
 """
 # ruff: noqa: E501 (the upstream IR below is one op a line, as mlir-opt prints it)
 
-import pytest
 from onnx import helper
 
 from .harness import (
     Case,
     Op,
-    assert_fewer_bytes,
-    assert_ours,
-    assert_upstream,
     held,
-    needs_mlir_opt,
     read,
 )
 
@@ -298,19 +293,3 @@ CASES = {
     "mlp_2d_weight_stationary": mlp_2d(),
     "elementwise_duplicated_chain": duplicated_chain(),
 }
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_propagate_gives_upstream_checks(name, tmp_path):
-    assert_ours(CASES[name], tmp_path)
-
-
-@needs_mlir_opt
-@pytest.mark.parametrize("name", CASES)
-def test_upstream_pass_gives_its_checks_and_ours(name, tmp_path):
-    assert_upstream(CASES[name], tmp_path)
-
-
-@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case.ours])
-def test_where_autoshard_differs_it_moves_fewer_bytes(name, tmp_path):
-    assert_fewer_bytes(CASES[name], tmp_path)
