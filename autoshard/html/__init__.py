@@ -4,7 +4,8 @@ by `autoshard plan --html`, `autoshard propagate --html` and `autoshard html PLA
 served at `GET /v1/plans/ID/report.html`.
 
 `markup` holds the escaping and SVG primitives, `mesh` draws a mesh, `tensor` a tensor's
-layout over it, `charts` the time bars and the memory curve, `page` the sections.
+layout over it, `charts` the time bars and the memory curve, `weights` the weights table
+(one row per role of a repeated layer), `page` the sections.
 """
 
 from __future__ import annotations

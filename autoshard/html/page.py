@@ -7,8 +7,8 @@ devices drawn, each axis's role and link), `time` (stacked bars of compute and c
 per mesh axis, per repeated layer and for the rest; a training step's phases; the costliest op
 types and collectives), `memory` (bytes per device over the program's steps against the
 budget, the peak marked, what is live there by kind), `weights` (how each weight is held and
-read, by parameter name), `layout` (which block of a tensor each device holds, for the
-largest weight and the tensors asked for).
+read, by parameter name, the repeated layers' one row per role), `layout` (which block of a
+tensor each device holds, for the largest weight and the tensors asked for).
 
 Deterministic: the same inputs give the same bytes (the only wall-clock figure is the plan's
 own `timing`).
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoshard import __version__
-from autoshard.cost.liveness import MEMORY_KINDS, memory, memory_timeline, shard_bytes, tensor_kinds
+from autoshard.cost.liveness import MEMORY_KINDS, memory, memory_timeline, tensor_kinds
 from autoshard.cost.price import served_ops
 from autoshard.document.blocks import ClusterInfo, CostFigures
 from autoshard.document.plan_document import SCHEMA, PlanDocument
@@ -40,9 +40,9 @@ from autoshard.html.markup import (
 )
 from autoshard.html.mesh import Cell, axis_label, mesh_svg
 from autoshard.html.tensor import tensor_figure
+from autoshard.html.weights import weights_table
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Device, Mesh
-from autoshard.names import is_constant
 from autoshard.plan import Plan
 from autoshard.program import Compute, Program
 from autoshard.units import format_rate
@@ -304,47 +304,15 @@ def _memory(inputs: ReportInputs) -> str:
 
 
 def _weights(inputs: ReportInputs) -> str:
-    doc, graph, plan = inputs.document, inputs.graph, inputs.plan
-    strategies = doc.strategy.weights if doc.strategy is not None else {}
-    values = doc.values
-    header = ["weight (source parameter)", "shape", "dtype", "per device", "held", "used"]
-    if strategies:
-        header += ["strategy", "optimizer state"]
-    rows = [tag("tr", "".join(tag("th", esc(h)) for h in header))]
-    for name, weight in graph.weights.items():
-        if name in graph.constants or is_constant(weight):
-            continue
-        value = graph.values[name]
-        rank = len(value.shape)
-        held = plan.values[name]
-        reads: dict[str, int] = {}
-        entry = values.get(name)
-        for text in ((entry.read_as if entry is not None else None) or {}).values():
-            reads[text] = reads.get(text, 0) + 1
-        used = "<br>".join(
-            tag("code", esc(t)) + esc(f" ({n} op{'s' if n > 1 else ''})") for t, n in reads.items()
-        )
-        params = [p for p in inputs.names.get(name, ()) if p != name]
-        source = tag("span", esc(", ".join(params)), class_="param") if params else ""
-        cells = [
-            tag("code", esc(name), class_="name") + source,
-            esc("x".join(map(str, value.shape)) or "scalar"),
-            esc(value.dtype),
-            esc(size(shard_bytes(value.shape, value.dtype, held, plan.mesh))),
-            tag("code", esc(held.text(rank))),
-            used or "not read",
-        ]
-        if strategies:
-            s = strategies.get(name)
-            cells += [esc(s.strategy if s else "-"), tag("code", esc(s.state if s else "-"))]
-        rows.append(tag("tr", "".join(tag("td", c) for c in cells)))
-    count = len(rows) - 1
+    doc = inputs.document
+    table, count, rows = weights_table(doc, inputs.graph, inputs.plan, inputs.names)
+    trained = doc.strategy is not None and bool(doc.strategy.weights)
     note = (
-        f"{count} weights (shapes and scalars left out): how each is held on a device, how the "
-        "ops that read it use it (held split further than read: gathered before use)"
-        + (", and a training plan's strategy per weight." if strategies else ".")
+        f"{count} weights in {rows} rows (shapes and scalars left out): those of the repeated "
+        "layers one row per role, a layer's index as *, with their count; how each is held on "
+        "a device, how the ops that read it use it (held split further than read: gathered "
+        "before use)" + (", and a training plan's strategy per weight." if trained else ".")
     )
-    table = tag("table", "".join(rows), class_="weights")
     return tag("p", esc(note), class_="note") + tag("div", table, class_="scroll")
 
 

@@ -221,7 +221,8 @@ def test_gpt2_inference_report_in_the_browser(gpt2_reports, page) -> None:
     assert int(peak.get_attribute("data-bytes")) == document["cost"]["memory_bytes_per_device"]
     assert opened.locator("#memory strong.budget").inner_text() == "74.51 GiB"  # 80 GB
     assert opened.locator("#memory svg path.area").count() == 1
-    assert opened.locator("#weights table.weights tr").count() == 1 + 29
+    # 29 weights: 12 roles of the 2 layers a row each, 5 outside them.
+    assert opened.locator("#weights table.weights tr").count() == 1 + 12 + 5
     drawn = opened.locator("#layout .tensor-layout")
     assert [drawn.nth(i).get_attribute("data-tensor") for i in range(drawn.count())] == [
         "lm.transformer.wte.weight", "/lm/transformer/h.0/attn/MatMul_output_0",
@@ -243,6 +244,9 @@ def test_gpt2_training_report_in_the_browser(gpt2_reports, page) -> None:
     expected = {k: format_bytes(v) for k, v in document["cost"]["memory_by_kind"].items() if v}
     assert kinds == expected
     assert opened.locator("#memory svg rect.band-backward").count() >= 1
-    strategies = opened.locator("#weights table.weights tr td:nth-child(7)").all_inner_texts()
+    rows = opened.locator("#weights table.weights tr[data-copies]")
+    told = [r.locator("td").nth(7).inner_text() for r in rows.all()]
+    copies = [int(r.get_attribute("data-copies")) for r in rows.all()]
     weights = document["strategy"]["weights"]
-    assert strategies == [weights[name]["strategy"] for name in weights]
+    assert sum(copies) == len(weights)
+    assert sorted(set(told)) == sorted({w["strategy"] for w in weights.values()})

@@ -1,0 +1,85 @@
+"""Pages that scale (issue 48): the weights table one row per role of a repeated layer, with
+the copies held differently one row per variant, and a 70B-shaped decoder's report a few
+screens tall in a real headless Chromium (tests/browser.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from autoshard.cli.main import main
+from autoshard.html.weights import pattern
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+GPT2 = MODELS / "gpt2.onnx"
+DECODER = MODELS / "decoder_32l_shape_only.onnx"
+
+
+@pytest.mark.parametrize(
+    ("names", "told"),
+    [
+        (["layers.0.attn.q_proj.weight"], "layers.0.attn.q_proj.weight"),
+        (["h.0.mlp.c1.weight", "h.1.mlp.c1.weight", "h.11.mlp.c1.weight"], "h.*.mlp.c1.weight"),
+        (["val_12", "val_40"], "val_*"),
+        (["a.0.x", "b.1.x"], "a.0.x \u2026 b.1.x"),
+    ],
+    ids=["one", "layers", "numbered", "unlike"],
+)
+def test_pattern(names: list[str], told: str) -> None:
+    assert pattern(names) == told
+
+
+def _rows(html: str) -> list[tuple[str, str]]:
+    """(name, copies) of each row of the weights table."""
+    section = html[html.index('id="weights"') : html.index('id="layout"')]
+    found = re.findall(r'<tr data-copies="\d+"><td><code class="name">([^<]*)</code>'
+                       r"(?:<span[^>]*>[^<]*</span>)?</td><td>([^<]*)</td>", section)  # fmt: skip
+    return [(name, copies) for name, copies in found]
+
+
+def test_weights_one_row_per_role_of_a_layer(tmp_path: Path) -> None:
+    """GPT-2's two layers of 12 weights each: 12 rows of 2 copies, between the embeddings and
+    the final norm (and the tied head's transpose)."""
+    out = tmp_path / "r.html"
+    flags = ["--mesh", "2x4", "--dim", "batch=8", "--dim", "seq=128"]
+    assert (
+        main(["plan", str(GPT2), *flags, "-o", str(tmp_path / "p.json"), "--html", str(out)]) == 0
+    )
+    rows = _rows(out.read_text())
+    assert rows[:3] == [
+        ("lm.transformer.wte.weight", "1"),
+        ("lm.transformer.wpe.weight", "1"),
+        ("lm.transformer.h.*.ln_1.weight", "2"),
+    ]
+    assert [c for _, c in rows].count("2") == 12 and len(rows) == 2 + 12 + 3
+
+
+def test_copies_held_differently_are_variants(tmp_path: Path) -> None:
+    """Layer 0's c_fc weight split on its columns, layer 1's left replicated: a row each, by
+    name."""
+    out = tmp_path / "r.html"
+    weight = "lm.transformer.h.0.mlp.c_fc.weight"
+    flags = ["propagate", str(GPT2), "--mesh", "2", "--dim", "batch=8", "--dim", "seq=128"]
+    assert main([*flags, "--annotate", f"{weight}=[[],[0]]", "--html", str(out)]) == 0
+    rows = _rows(out.read_text())
+    assert ("lm.transformer.h.0.mlp.c_fc.weight", "1 of 2") in rows
+    assert ("lm.transformer.h.1.mlp.c_fc.weight", "1 of 2") in rows
+    assert ("lm.transformer.h.*.attn.c_proj.weight", "2") in rows
+
+
+def test_a_70b_shaped_report_is_a_few_screens(tmp_path: Path, page) -> None:
+    """The bundled 32-layer decoder (a Llama-shaped export, shapes only) on 4x8: its weights
+    table one row per role, the page under 5,000 px (it was 11,527 px with a row a weight)."""
+    out = tmp_path / "r.html"
+    flags = ["--mesh", "4x8", "--dim", "batch=8", "--dim", "seq=2048"]
+    assert (
+        main(["plan", str(DECODER), *flags, "-o", str(tmp_path / "p.json"), "--html", str(out)])
+        == 0
+    )
+    opened, console = page
+    opened.goto(out.as_uri())
+    assert opened.locator("#weights table.weights tr").count() == 1 + 3 + 9
+    assert opened.evaluate("document.body.scrollHeight") < 5000
+    assert console.errors == []
