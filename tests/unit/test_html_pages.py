@@ -4,6 +4,7 @@ screens tall in a real headless Chromium (tests/browser.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -83,3 +84,18 @@ def test_a_70b_shaped_report_is_a_few_screens(tmp_path: Path, page) -> None:
     assert opened.locator("#weights table.weights tr").count() == 1 + 3 + 9
     assert opened.evaluate("document.body.scrollHeight") < 5000
     assert console.errors == []
+
+
+def test_backward_op_types_are_named_by_their_forward_op(tmp_path: Path) -> None:
+    """GPT-2's training step: the report's compute by op type names gradients by their forward
+    op (Gemm backward, ...), while the plan document keeps the graph's one `Grad` type."""
+    plan, out = tmp_path / "p.json", tmp_path / "r.html"
+    flags = ["--mesh", "2x4", "--dim", "batch=8", "--dim", "seq=128", "--mode", "training"]
+    assert main(["plan", str(GPT2), *flags, "-o", str(plan), "--html", str(out)]) == 0
+    html = out.read_text()
+    table = html[html.index("Compute by op type") :]
+    table = table[: table.index("</table>")]
+    types = re.findall(r"<tr><td>([^<]*)</td>", table)
+    assert "Grad" not in types and "Gemm backward" in types and "Update" in types
+    assert all(t.split()[0] != "Grad" for t in types)
+    assert "Grad" in json.loads(plan.read_text())["breakdown"]["compute_s_by_op_type"]
