@@ -93,12 +93,14 @@ def memory_chart(
         return top + plot_h * (1 - value / ymax)
 
     out = []
+    taken: list[Box] = []  # the text boxes drawn inside the plot, that the budget's must miss
     for band in bands:
         x0, x1 = x_at(band.start + 1), x_at(band.stop)
         out.append(tag("rect", x=num(x0), y=num(top), width=num(max(x1 - x0, 0.5)),
                        height=num(plot_h), class_=f"band band-{band.name}"))  # fmt: skip
         if x1 - x0 > 60:
             out.append(tag("text", esc(band.name), x=num(x0 + 4), y=num(top + 14), class_="small"))
+            taken.append(text_box(band.name, x0 + 4, top + 14, "start"))
     for value in _ticks(ymax):
         y = y_at(value)
         out.append(tag("line", x1=num(left), x2=num(left + plot_w), y1=num(y), y2=num(y),
@@ -113,8 +115,6 @@ def memory_chart(
         y = y_at(budget)
         out.append(tag("line", x1=num(left), x2=num(left + plot_w), y1=num(y), y2=num(y),
                        class_="budget"))  # fmt: skip
-        out.append(tag("text", esc(f"budget {size(budget)}"), x=num(left + plot_w - 4),
-                       y=num(y - 5), class_="label budget-label"))  # fmt: skip
     else:
         note = f"budget {size(budget)}, above the chart: the peak is {peak / budget:.1%} of it"
         out.append(tag("text", esc(note), x=num(left + plot_w - 4), y=num(top - 8),
@@ -126,8 +126,12 @@ def memory_chart(
                    class_="peak-dot"))  # fmt: skip
     anchor = "end" if px > left + plot_w / 2 else "start"
     shift = -6 if anchor == "end" else 6
-    out.append(tag("text", esc(peak_text), x=num(px + shift), y=num(max(py, top + 24) + 16),
+    peak_y = max(py, top + 24) + 16
+    out.append(tag("text", esc(peak_text), x=num(px + shift), y=num(peak_y),
                    text_anchor=anchor, class_="small"))  # fmt: skip
+    taken.append(text_box(peak_text, px + shift, peak_y, anchor))
+    if shows_budget:
+        out.append(_budget_label(f"budget {size(budget)}", y_at(budget), left, plot_w, taken))
     out.append(tag("text", "program steps \u2192", x=num(left), y=num(height - 8), class_="small"))
     x = left + 120.0
     for name in dict.fromkeys(band.name for band in bands):  # the phases' legend
@@ -138,6 +142,38 @@ def memory_chart(
     out.append(tag("text", esc(f"{n - 1} steps"), x=num(left + plot_w), y=num(height - 8),
                    class_="label"))  # fmt: skip
     return svg(WIDTH, height, "memory per device over the program's steps", "".join(out))
+
+
+Box = tuple[float, float, float, float]
+"""A text's box: left, top, right, bottom."""
+
+CHAR_W = 0.62
+"""A character's width of the chart's sans-serif font, in font sizes (a little over the
+average, so an estimated box holds the drawn text)."""
+
+
+def text_box(text: str, x: float, y: float, anchor: str, font: float = 11.0) -> Box:
+    """The box of `text` drawn at (`x`, baseline `y`) with `text-anchor` `anchor`."""
+    width = CHAR_W * font * len(text)
+    x0 = {"start": x, "middle": x - width / 2, "end": x - width}[anchor]
+    return (x0, y - font, x0 + width, y + 0.3 * font)
+
+
+def overlap(a: Box, b: Box) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _budget_label(text: str, y: float, left: float, width: float, taken: Sequence[Box]) -> str:
+    """The budget line's label, at the first of its places that misses every text in `taken`
+    (the phases' names along the plot's top, the peak's text): above the line at its right
+    end, below it, then the same at the left end. (Not of class `label`, whose CSS anchors
+    every text at its end.)"""
+    places = [(left + width - 4, y - 5, "end"), (left + width - 4, y + 15, "end"),
+              (left + 4, y - 5, "start"), (left + 4, y + 15, "start")]  # fmt: skip
+    free = [p for p in places if not any(overlap(text_box(text, *p), t) for t in taken)]
+    x, baseline, anchor = (free or places)[0]
+    return tag("text", esc(text), x=num(x), y=num(baseline), text_anchor=anchor,
+               class_="budget-label")  # fmt: skip
 
 
 def _ticks(top: float) -> list[float]:

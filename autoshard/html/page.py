@@ -394,7 +394,7 @@ svg .node{fill:none;stroke:#2b5797;stroke-dasharray:5 3;stroke-width:1.5}
 svg .block{stroke:#fff;stroke-width:1.5}svg .grid{stroke:#e6e9ef}
 svg .area{fill:#9fc0e3;stroke:#2b5797;stroke-width:1.2}
 svg .budget{stroke:#c0392b;stroke-dasharray:6 4;stroke-width:1.5}
-svg .budget-label{fill:#c0392b}svg .peak{stroke:#1d2330;stroke-dasharray:2 3}
+svg .budget-label{fill:#c0392b;font-size:11px}svg .peak{stroke:#1d2330;stroke-dasharray:2 3}
 svg .peak-dot{fill:#c0392b}svg .band{fill:#f0f3f8}svg .band-backward{fill:#eef6ee}
 svg .band-gradient_sync{fill:#fbf3e6}svg .band-optimizer{fill:#f6eef6}
 svg .swatch-band{stroke:#8796ad}

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from autoshard.cli.main import main
+from autoshard.html.charts import Band, memory_chart
 from autoshard.html.weights import pattern
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -99,3 +100,32 @@ def test_backward_op_types_are_named_by_their_forward_op(tmp_path: Path) -> None
     assert "Grad" not in types and "Gemm backward" in types and "Update" in types
     assert all(t.split()[0] != "Grad" for t in types)
     assert "Grad" in json.loads(plan.read_text())["breakdown"]["compute_s_by_op_type"]
+
+
+def _texts(svg: str) -> list[tuple[str, tuple[float, float, float, float]]]:
+    """Each text of an SVG, its words and box (left, top, right, bottom) from the x, y and
+    anchor written, at 7 px a character of an 11 px font (a little wider than drawn)."""
+    boxes = []
+    for attrs, words in re.findall(r"<text ([^>]*)>([^<]*)</text>", svg):
+        got = dict(re.findall(r'([\w-]+)="([^"]*)"', attrs))
+        x, y, width = float(got["x"]), float(got["y"]), 7.0 * len(words)
+        anchor = got.get("text-anchor") or ("end" if "label" in got["class"].split() else "start")
+        x0 = {"start": x, "middle": x - width / 2, "end": x - width}[anchor]
+        boxes.append((words, (x0, y - 11, x0 + width, y + 3)))
+    return boxes
+
+
+@pytest.mark.parametrize("budget", [100, 120, 160], ids=["at-peak", "above", "far-above"])
+def test_the_budget_label_misses_the_phase_names(budget: int) -> None:
+    """A training step's last phase (the optimizer) ends the chart at its right, where the
+    budget line's label was drawn over its name when the budget sits near the top."""
+    timeline = [10] * 40 + [95] * 20 + [60] * 33 + [40] * 8
+    bands = [Band("forward", 0, 40), Band("backward", 40, 90), Band("optimizer", 92, 100)]
+    svg = memory_chart(timeline, budget, 45, "peak 95 B", bands)
+    boxes = _texts(svg)
+    label = next(b for w, b in boxes if w.startswith("budget "))
+    others = [b for w, b in boxes if w in ("forward", "backward", "optimizer", "peak 95 B")]
+    assert len(others) == 3 + 3 + 1  # the phases named on the plot and in the legend
+    for box in others:
+        apart = label[2] <= box[0] or box[2] <= label[0] or label[3] <= box[1] or box[3] <= label[1]
+        assert apart, (box, label)
