@@ -144,7 +144,7 @@ def test_a_running_plans_page_refreshes_itself_until_it_ends(
 @pytest.mark.parametrize(
     "fields",
     [
-        pytest.param({"mesh": "2x2", "dims": '{"batch": 8}', "memory": "100KB"}, id="inference"),
+        pytest.param({"mesh": "2x2", "dims": '{"batch": 8}', "memory": "120KB"}, id="inference"),
         pytest.param({"mesh": "2x2", "dims": '{"batch": 8}', "mode": "training"}, id="training"),
     ],
 )
