@@ -340,7 +340,10 @@ def run_solver(
         solver.best_bound_callback = watch.bound
     if threading.current_thread() is not threading.main_thread():
         return solver.solve(model, watch)
-    done, result = threading.Event(), list[cp_model.CpSolverStatus | BaseException]()
+    # An Event, not Thread.join: a KeyboardInterrupt inside join() may leave the thread marked
+    # ended while CP-SAT still runs in it, and exiting then aborts the process.
+    done = threading.Event()
+    result: list[cp_model.CpSolverStatus | BaseException] = []
 
     def solve() -> None:
         try:
