@@ -17,13 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import IO, Any
 
-from autoshard.units import format_bytes, format_seconds
-
-
-def in_units(amount: float, unit: str) -> str:
-    """An objective's value as progress shows it, in the unit that reads: `1.28 ms`,
-    `83.31 KiB` (`unit`: `s` or `B`, as `Progress.unit`)."""
-    return format_bytes(amount) if unit == "B" else format_seconds(amount)
+from autoshard.units import in_units
 
 
 @dataclass(frozen=True, kw_only=True)

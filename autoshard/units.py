@@ -87,3 +87,9 @@ def parse_latency(text: str) -> float:
     if not match or unit not in _TIME_UNITS:
         raise ClusterError(f"latency {text!r} is not like 5us, 1ms or 0 (units: s, ms, us, ns)")
     return float(match.group(1)) * _TIME_UNITS[unit]
+
+
+def in_units(amount: float, unit: str) -> str:
+    """An objective's value as progress shows it, in the unit that reads: `1.28 ms`,
+    `83.31 KiB` (`unit`: `s` or `B`, as `Progress.unit`)."""
+    return format_bytes(amount) if unit == "B" else format_seconds(amount)

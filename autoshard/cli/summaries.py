@@ -48,7 +48,7 @@ def objective_note(searched: float, cost: Any, objective: str) -> str | None:
     where the two read differently: the search prices a reshard once per reader, the program
     makes it once per value and sharding (docs/concepts/search.md). None where they agree,
     or differ by the search's integer scaling alone (which may cross a unit: 1024 B, 1 KiB)."""
-    from autoshard.progress import in_units
+    from autoshard.units import in_units
 
     unit = "B" if objective == "bytes" else "s"
     made = cost.comm_bytes_per_device if unit == "B" else cost.objective

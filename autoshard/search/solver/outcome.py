@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from autoshard.errors import AutoshardError
-from autoshard.progress import Tracker, in_units
+from autoshard.progress import Tracker
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
+from autoshard.units import in_units
 
 
 class InfeasibleError(AutoshardError):
