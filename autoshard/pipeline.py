@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from autoshard.analysis.attention import find_attention
 from autoshard.analysis.repeats import find_repeats
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster
@@ -133,11 +134,13 @@ def load_graph(
     tracker: Tracker | None = None,
 ) -> Graph:
     """The graph planned: the model's forward, or its training step (recomputing the layers
-    `find_repeats` finds, when asked)."""
+    `find_repeats` finds, when asked; its attention cores fused, when asked: `find_attention`)."""
     _enter(tracker, PipelineStage.IMPORT, Path(model).name)
     graph = import_onnx(model, dims)
     if training is None:
         return graph
+    if training.fused_attention:
+        graph = dataclasses.replace(graph, fused=find_attention(graph))
     layers: list[range] = []
     if training.recompute is Recompute.LAYERS:
         layers = [r.span(j) for r in find_repeats(graph).runs[:1] for j in range(r.count)]
@@ -227,6 +230,9 @@ def plan_request(
     `after` sees the stages of the chosen plan (the budget policy lowers its candidates too,
     unseen), partition included; `tracker` is told the progress."""
     training = request.training
+    if training is not None and training.attention is None:
+        training = training.for_device(request.cluster.device.flash_attention)
+        request = dataclasses.replace(request, training=training)
     if training is not None and training.recompute is Recompute.AUTO:
         # Recompute only when the step does not fit without it.
         try:

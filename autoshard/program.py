@@ -17,6 +17,7 @@ from types import MappingProxyType
 import numpy as np
 
 from autoshard.collectives import Collective
+from autoshard.ir.fused import Fused
 from autoshard.ir.graph import Op, TensorLike
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding, ShardingOption
@@ -106,6 +107,7 @@ class Program:
     unruled: tuple[str, ...] = ()
     replaced: frozenset[str] = frozenset()  # inputs a training step writes over
     accumulated: frozenset[str] = frozenset()  # gradients held from the start (micro-batches)
+    fused: Fused = Fused()  # the graph's fused kernels: what they keep of the values inside
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))

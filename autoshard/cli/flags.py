@@ -137,6 +137,10 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
         "--recompute", help="none (default); layers: recompute each repeated layer's "
         "activations in its backward; auto: layers only when the step does not fit without",
     )  # fmt: skip
+    group.add_argument(
+        "--attention", help="fused (default on GPU presets): plan and price each attention "
+        "core as one flash-attention kernel, which keeps no SxS scores; as-exported: op by op",
+    )  # fmt: skip
 
 
 def progress_flags(parser: argparse.ArgumentParser) -> None:

@@ -50,8 +50,17 @@ class DeviceKind:
     matmul_cache_bytes, matmul_cache_speedup: a matmul whose operands and result fit in
     matmul_cache_bytes runs matmul_cache_speedup times faster (0, 1: not modelled; CPUs'
     private caches). pack_bandwidth: bytes/s at which a matmul re-lays out its second operand
-    on every call (0: it does not; CPU BLAS packing).
+    on every call (0: it does not; CPU BLAS packing). attention_efficiency,
+    attention_backward_efficiency: the fraction of the matrix units' peak a fused (flash)
+    attention kernel reaches forward and backward (`cost.compute.attention_cost`); 0: the
+    device has no such kernel (a training plan then prices attention as exported by default,
+    and a fused one at `matmul_efficiency`).
     """
+
+    @property
+    def flash_attention(self) -> bool:
+        """Whether the device runs fused (flash) attention kernels."""
+        return self.attention_efficiency > 0
 
     name: str
     flops: Mapping[str, float]
@@ -77,6 +86,8 @@ class DeviceKind:
     matmul_cache_bytes: int = 0
     matmul_cache_speedup: float = 1.0
     pack_bandwidth: float = 0.0
+    attention_efficiency: float = 0.0
+    attention_backward_efficiency: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -98,6 +109,9 @@ DEVICES = {
     # what its producer just wrote from there) are measured on an H100 with
     # bench/kernel_access.py and `autoshard calibrate --torch`; the figures are in
     # docs/measurements.md, the preset's fidelity against those kernels in bench/data/h100.
+    # Flash attention: FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608) reaches up to 740
+    # TFLOP/s bf16 forward (0.75 of peak) at long sequences, about 0.6 at head dim 128 and
+    # 2k tokens, its backward about 0.45 there (docs/concepts/fused-attention.md).
     "h100": DeviceKind(
         "NVIDIA H100 SXM5 80GB",
         {"bfloat16": 989e12, "float16": 989e12, "float8e4m3fn": 1979e12, "int8": 1979e12},
@@ -112,10 +126,14 @@ DEVICES = {
         transpose_efficiency=0.17,
         cache_bytes=25 << 20,
         cache_bandwidth=8e12,
+        attention_efficiency=0.6,
+        attention_backward_efficiency=0.45,
     ),
     # A100 SXM4 80GB datasheet: 312 TFLOP/s bf16/fp16 (624 int8), 19.5 fp32, HBM2e at
     # 2.039 TB/s, NVLink 3 600 GB/s bidirectional = 300 per direction. DGX A100: 8 GPUs, one
     # ConnectX-6 200 Gb/s HDR NIC each = 25 GB/s. cuBLAS reaches ~0.85 of peak.
+    # FlashAttention-2 (Dao 2023, arXiv:2307.08691) reaches 0.5-0.73 of peak forward and up
+    # to 0.63 backward; at head dim 128 and 2k tokens about 0.6 and 0.5.
     "a100": DeviceKind(
         "NVIDIA A100 SXM4 80GB",
         {"bfloat16": 312e12, "float16": 312e12, "int8": 624e12},
@@ -125,6 +143,8 @@ DEVICES = {
         hbm_bandwidth=2.039e12,
         matmul_efficiency=0.85,
         network_bandwidth=25e9,
+        attention_efficiency=0.6,
+        attention_backward_efficiency=0.5,
     ),
     # MI300X datasheet: 1307 TFLOP/s bf16/fp16 dense (2615 int8), 163.4 fp32, 192 GB HBM3 at
     # 5.3 TB/s, Infinity Fabric 7 links x 64 GB/s = 448 GB/s per GPU. 8-GPU OAM platform with
@@ -140,6 +160,8 @@ DEVICES = {
         matmul_efficiency=0.6,
         memory_efficiency=0.8,
         link_name="Infinity Fabric",
+        attention_efficiency=0.6,  # FlashAttention-2's A100 fractions, assumed (ROCm port)
+        attention_backward_efficiency=0.5,
     ),
     # TPU v5e (Google Cloud docs): 197 TFLOP/s bf16 (394 int8), 16 GB HBM2e at 819 GB/s, ICI
     # 1600 Gbps per chip; a pod is 256 chips on ICI. Between slices (DCN) no per-chip figure is
@@ -169,6 +191,8 @@ DEVICES = {
         matmul_efficiency=0.7,
         network_bandwidth=12.5e9 / 8,
         link_name="PCIe",
+        attention_efficiency=0.6,  # FlashAttention-2's A100 fractions, assumed (Ada)
+        attention_backward_efficiency=0.5,
     ),
 }
 

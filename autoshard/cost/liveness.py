@@ -1,6 +1,7 @@
 """Memory: the bytes a device holds at each step of a sharded program, and what they are.
 
-A tensor takes, per device, the bytes of its largest shard: Π ceil(d_i / g_i) elements.
+A tensor takes, per device, the bytes of its largest shard: Π ceil(d_i / g_i) elements (a
+value inside a fused kernel what the kernel keeps of it: `held_bytes`).
 Walking the program in order, a tensor is live from the step defining it to the last step
 reading it; program inputs, weights and constants are live throughout (a training step's
 weight or optimizer state until the update writing over it, an accumulated gradient from the
@@ -15,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from autoshard.ir import dtypes
+from autoshard.ir.fused import Fused, Held
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.program import Compute, Program, Tensor
@@ -28,6 +30,21 @@ def shard_bytes(shape: Sequence[int], dtype: str, sharding: Sharding, mesh: Mesh
     for dim, size in enumerate(shape):
         elements *= shard_size(size, sharding.shard_count(mesh, dim))
     return dtypes.nbytes(dtype, elements)
+
+
+def held_bytes(
+    value: str, shape: Sequence[int], dtype: str, sharding: Sharding, mesh: Mesh, fused: Fused
+) -> int:
+    """Bytes of the largest shard of a tensor holding graph value `value` as a device holds it
+    (`ir.fused`): whole; a fused attention's probabilities as their row statistics (float32,
+    one per row: what flash attention keeps for the backward); a value inside a fused kernel
+    not at all. The search's memory and the program's both count bytes so."""
+    held = fused.held(value)
+    if held is Held.NONE:
+        return 0
+    if held is Held.STATISTICS:
+        return shard_bytes(shape[:-1], "float32", sharding, mesh)
+    return shard_bytes(shape, dtype, sharding, mesh)
 
 
 @dataclass(frozen=True)
@@ -63,7 +80,7 @@ def _walk_memory(program: Program) -> Iterator[tuple[int, int, Mapping[str, int]
     mesh = program.mesh
 
     def size(t: Tensor) -> int:
-        return shard_bytes(t.shape, t.dtype, t.sharding, mesh)
+        return held_bytes(t.value, t.shape, t.dtype, t.sharding, mesh, program.fused)
 
     resident = [n for n in (*program.inputs, *program.constants) if n not in program.replaced]
     last: dict[str, int] = {}

@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from autoshard.analysis.attention import find_attention
 from autoshard.analysis.patterns import (
     Projection,
     attention_blocks,
@@ -223,8 +224,25 @@ def recognise(
     if not parts and not any(_axes(s) for s in plan.values.values()):
         parts.append("Nothing is split: every device computes everything.")
     parts.append(weights)
+    parts.append(_attention(graph, forward))
     roles = {a: tuple(r for r in Role if r in found) for a, found in findings.roles.items()}
-    return Story(" ".join(parts), dict(sorted(roles.items())))
+    return Story(" ".join(p for p in parts if p), dict(sorted(roles.items())))
+
+
+def _attention(graph: Graph, forward: Graph) -> str:
+    """How a training step runs its attention cores: fused (flash) kernels, or op by op."""
+    if graph.fused:
+        count = len(graph.fused.regions)
+        cores = f"{count} core{"s" if count > 1 else ""}"
+        return (f"Attention: {cores} planned and priced as fused (flash) kernels, which keep "
+                "no SxS scores for the backward, only each row's softmax statistics.")  # fmt: skip
+    if not graph.phases:
+        return ""
+    count = len(find_attention(forward).regions)
+    if not count:
+        return ""
+    cores = f"{count} core{"s" if count > 1 else ""}"
+    return f"Attention: {cores} priced op by op as exported, their SxS scores kept for the backward."
 
 
 def forward_view(graph: Graph) -> Graph:

@@ -30,7 +30,7 @@ from typing import Any
 
 from autoshard.annotations import Annotation, parse_annotations
 from autoshard.cost.cluster import Cluster, make_cluster, recorded_flags
-from autoshard.cost.liveness import live_kinds, memory, memory_kinds, shard_bytes
+from autoshard.cost.liveness import held_bytes, live_kinds, memory, memory_kinds
 from autoshard.cost.price import Cost, price
 from autoshard.document.plan_document import (
     DocumentError,
@@ -258,7 +258,8 @@ def _memory(saved: Saved, values: Sequence[str]) -> dict[str, Any]:
         if program.tensors[name].value in values
     }  # fmt: skip
     held = sum(
-        shard_bytes(graph.values[v].shape, graph.values[v].dtype, plan.values[v], plan.mesh)
+        held_bytes(v, graph.values[v].shape, graph.values[v].dtype, plan.values[v], plan.mesh,
+                   graph.fused)
         for v in values
     )
     return {"bytes_per_device": held, "live_at_peak": dict(sorted(at_peak.items())),

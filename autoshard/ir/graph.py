@@ -22,6 +22,7 @@ from onnx import TensorProto, numpy_helper
 
 from autoshard.errors import GraphError, ModelError
 from autoshard.ir import dtypes
+from autoshard.ir.fused import Fused
 
 AttrValue = int | float | str | bytes | tuple | np.ndarray
 
@@ -235,6 +236,9 @@ class Graph:
     the phase of each op (`phases`: op name -> "forward", "backward", "gradient_sync" or
     "optimizer"; ops not listed are forward), and how many times the forward and backward
     run per step (`micro_batches`: gradients accumulate, then are synchronized once).
+
+    `fused` names the ops engines run as one kernel and what that kernel keeps of the values
+    inside it (`ir.fused`: flash attention; empty when the graph is priced op by op).
     """
 
     name: str
@@ -250,6 +254,7 @@ class Graph:
     updates: Mapping[str, str] = field(default_factory=dict)
     phases: Mapping[str, str] = field(default_factory=dict)
     micro_batches: int = 1
+    fused: Fused = Fused()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ops", tuple(self.ops))

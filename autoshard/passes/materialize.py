@@ -109,4 +109,5 @@ def materialize(graph: Graph, plan: Plan) -> Program:
         plan.unruled,
         frozenset(graph.replaced & set(inputs)),
         accumulated_gradients(graph),
+        graph.fused,
     )

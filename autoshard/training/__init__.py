@@ -3,6 +3,7 @@ optimizer), planned by the same search as inference."""
 
 from autoshard.ir.graph import PHASES
 from autoshard.training.options import (
+    Attention,
     Mode,
     Optimizer,
     Precision,
@@ -14,6 +15,7 @@ from autoshard.training.step import TrainingGraphError, training_graph
 
 __all__ = [
     "PHASES",
+    "Attention",
     "Mode",
     "Optimizer",
     "Precision",

@@ -1,4 +1,5 @@
-"""What a training step is asked to be: optimizer, precision, micro-batches, recompute."""
+"""What a training step is asked to be: optimizer, precision, micro-batches, recompute,
+attention."""
 
 from __future__ import annotations
 
@@ -54,6 +55,14 @@ class Recompute(enum.StrEnum):
     AUTO = "auto"  # layers only when the step does not fit without
 
 
+class Attention(enum.StrEnum):
+    """How attention is planned and priced (`ir.fused`): as one fused (flash) kernel, or op by
+    op as the exporter wrote it."""
+
+    FUSED = "fused"
+    AS_EXPORTED = "as-exported"
+
+
 E = TypeVar("E", bound=enum.StrEnum)
 
 
@@ -80,12 +89,15 @@ def parse_choice(kind: type[E], text: str, what: str) -> E:
 class Training:
     """A training step: forward, backward, gradient sync once per `micro_batches` passes,
     then the optimizer's update. Its byte factors per parameter (mixed-precision Adam: 2 for
-    the weight, 2 for its gradient, 12 of state: ZeRO's K)."""
+    the weight, 2 for its gradient, 12 of state: ZeRO's K). `attention` None: as the device
+    runs it (`for_device`: fused where it has flash-attention kernels), as exported where a
+    step is not planned (a saved plan from before the choice existed)."""
 
     optimizer: Optimizer = Optimizer.ADAM
     precision: Precision = Precision.BF16_MIXED
     micro_batches: int = 1
     recompute: Recompute = Recompute.NONE
+    attention: Attention | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int):
@@ -103,13 +115,29 @@ class Training:
     def but(self, recompute: Recompute) -> Training:
         return dataclasses.replace(self, recompute=recompute)
 
+    def for_device(self, flash: bool) -> Training:
+        """The step with its attention decided: as asked, else fused where the device runs
+        flash-attention kernels (`flash`), as exported where it does not."""
+        if self.attention is not None:
+            return self
+        return dataclasses.replace(
+            self, attention=Attention.FUSED if flash else Attention.AS_EXPORTED
+        )
+
+    @property
+    def fused_attention(self) -> bool:
+        return self.attention is Attention.FUSED
+
     def to_json(self) -> dict[str, object]:
-        return {
+        found: dict[str, object] = {
             "optimizer": str(self.optimizer),
             "precision": str(self.precision),
             "micro_batches": self.micro_batches,
             "recompute": str(self.recompute),
         }
+        if self.attention is not None:
+            found["attention"] = str(self.attention)
+        return found
 
     @staticmethod
     def parse(
@@ -117,6 +145,7 @@ class Training:
         precision: str = "bf16-mixed",
         micro_batches: int | str = 1,
         recompute: str = "none",
+        attention: str | None = None,
     ) -> Training:
         """Options as a user gives them (flags, a form, a plan document's `training`)."""
         return Training(
@@ -124,17 +153,20 @@ class Training:
             precision=parse_choice(Precision, str(precision), "precision"),
             micro_batches=_integer(micro_batches),
             recompute=parse_choice(Recompute, str(recompute), "recompute"),
-        )
+            attention=None if attention is None else parse_choice(
+                Attention, str(attention), "attention"),
+        )  # fmt: skip
 
     def __str__(self) -> str:
         return (
             f"training: {self.optimizer} optimizer, {self.precision}, "
             f"{self.micro_batches} micro-batch{'es' if self.micro_batches > 1 else ''}, "
             f"recompute {self.recompute}"
+            + ("" if self.attention is None else f", attention {self.attention}")
         )
 
 
-OPTIONS = ("optimizer", "precision", "micro_batches", "recompute")
+OPTIONS = ("optimizer", "precision", "micro_batches", "recompute", "attention")
 """The options of a training step, as `Training.parse` names them."""
 
 

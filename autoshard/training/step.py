@@ -26,6 +26,9 @@ weights) is counted by the same liveness as inference.
   until the optimizer's update at the end of the step; the update reads the weight and its
   optimizer state (`Training.state_planes` fp32 planes: master copy, moments), and its
   results replace them (`Graph.updates`), each returned in the sharding it is held in.
+- Fused attention (`Graph.fused`): the gradient ops of a fused region's ops run as its
+  backward kernel (the softmax's gradient op) or inside it, and the gradients of the values
+  inside it are never held; a recomputed region runs its forward kernel again.
 - Precision: every float value is computed in the precision's dtype (a model exported in
   fp32 trains in bf16 under bf16-mixed).
 """
@@ -39,6 +42,7 @@ import numpy as np
 
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
+from autoshard.ir.fused import Kernel
 from autoshard.ir.graph import Attrs, Graph, Op, Value, verify
 from autoshard.rules import rule_for
 from autoshard.rules.gradient import RECOMPUTE_OF, TRAIN, TrainOp
@@ -97,6 +101,9 @@ class _Step:
         self.rules = {op.name: rule_for(op, graph) for op in graph.ops}
         self.trainable = self.find_trainable()
         self.needs = self.find_needs()
+        # What derives from the fused regions' ops and values (`Fused.derived`).
+        self.fused_ops: dict[str, tuple[str, Kernel | None]] = {}
+        self.fused_values: dict[str, tuple[str, bool]] = {}
 
     def recast(self, value: Value) -> Value:
         if value.dtype in dtypes.FLOAT_DTYPES and not value.dtype.startswith("complex"):
@@ -167,6 +174,7 @@ class _Step:
         made = self.contributions.setdefault(name, [])
         made.append(f"{name}@grad{len(made)}")
         self.values[made[-1]] = self.like(name, made[-1])
+        self.fused_values[made[-1]] = (name, False)
         return made[-1]
 
     def total(self, name: str) -> str:
@@ -178,6 +186,7 @@ class _Step:
         if total not in self.values:
             op = Op(f"{name}@gradsum", "Sum", inputs=tuple(made), outputs=(total,))
             self.add(op, "backward", self.like(name, total))
+            self.fused_values[total] = (name, False)
         return total
 
     def build(self) -> Graph:
@@ -211,6 +220,7 @@ class _Step:
             graph.name, tuple(self.ops), self.values, (*graph.inputs, *self.states), outputs,
             graph.weights, self.recast_constants(), graph.opset, graph.nodes_in_file, buffers,
             updates=self.updates, phases=self.phases, micro_batches=self.training.micro_batches,
+            fused=graph.fused.derived(self.fused_ops, self.fused_values),
         )  # fmt: skip
         verify(new)
         return new
@@ -230,6 +240,8 @@ class _Step:
             attrs = Attrs([("op", op.name), ("operand", i)])
             grad = Op(f"{op.name}@grad{i}", TrainOp.GRAD, TRAIN, reads + gradients, (out,), attrs)
             self.add(grad, "backward")
+            softmax = self.graph.fused.kernel(op.name) is Kernel.FORWARD
+            self.fused_ops[grad.name] = (op.name, Kernel.BACKWARD if softmax else Kernel.INSIDE)
 
     def recompute(self, layer: range) -> None:
         """The ops of `layer` again, each with its own option, reading the layer's inputs as
@@ -246,6 +258,8 @@ class _Step:
             made = {o: n for o, n in zip(op.outputs, outputs, strict=True) if o}
             self.add(copy, "backward", *(self.like(o, n) for o, n in made.items()))
             self.recomputed |= made
+            self.fused_ops[copy.name] = (op.name, None)
+            self.fused_values |= {n: (o, True) for o, n in made.items()}
 
     def sync(self, weight: str) -> str:
         total = self.total(weight)

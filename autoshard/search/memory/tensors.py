@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection
 
 import numpy as np
 
-from autoshard.cost.liveness import shard_bytes
+from autoshard.cost.liveness import held_bytes
 from autoshard.errors import ShardingError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
@@ -44,8 +44,8 @@ class Tensors:
         self.graph, self.mesh, self.held = graph, mesh, held
         self.targets = targets
         self.literals = literals
-        self.bytes_cache: dict[tuple[tuple[int, ...], str, Sharding], int] = {}
-        self.vectors: dict[tuple[int, tuple[int, ...], str], np.ndarray] = {}
+        self.bytes_cache: dict[tuple[tuple[int, ...], str, str, Sharding], int] = {}
+        self.vectors: dict[tuple[int, tuple[int, ...], str, str], np.ndarray] = {}
         self.steps_cache: dict[
             tuple[tuple[int, ...], str, Sharding, Sharding], tuple[Sharding, ...]
         ] = {}
@@ -55,17 +55,21 @@ class Tensors:
         self.kept: list[tuple[Sharding, ...]] = []
 
     def nbytes(self, value: str, sharding: Sharding) -> int:
-        info = self.graph.values[value]
-        cache_key = (info.shape, info.dtype, sharding)
+        """Bytes of `value`'s largest shard as a device holds it (`liveness.held_bytes`)."""
+        info, fused = self.graph.values[value], self.graph.fused
+        cache_key = (info.shape, info.dtype, fused.held(value), sharding)
         if cache_key not in self.bytes_cache:
-            self.bytes_cache[cache_key] = shard_bytes(info.shape, info.dtype, sharding, self.mesh)
+            self.bytes_cache[cache_key] = held_bytes(
+                value, info.shape, info.dtype, sharding, self.mesh, fused
+            )
         return self.bytes_cache[cache_key]
 
     def held_bytes(self, value: str) -> np.ndarray:
         """The bytes of `value`'s held shard under each choice of its deciding group."""
         _, shardings = self.held(value)
         info = self.graph.values[value]
-        cache_key = (id(shardings), info.shape, info.dtype)  # alike in repeated layers
+        held = self.graph.fused.held(value)
+        cache_key = (id(shardings), info.shape, info.dtype, held)  # alike in repeated layers
         vector = self.vectors.get(cache_key)
         if vector is None:
             vector = np.array([self.nbytes(value, s) for s in shardings], dtype=np.int64)
