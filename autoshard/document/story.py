@@ -233,7 +233,7 @@ def _attention(graph: Graph, forward: Graph) -> str:
     """How a training step runs its attention cores: fused (flash) kernels, or op by op."""
     if graph.fused:
         count = len(graph.fused.regions)
-        cores = f"{count} core{"s" if count > 1 else ""}"
+        cores = f"{count} core{'s' if count > 1 else ''}"
         return (f"Attention: {cores} planned and priced as fused (flash) kernels, which keep "
                 "no SxS scores for the backward, only each row's softmax statistics.")  # fmt: skip
     if not graph.phases:
@@ -241,7 +241,7 @@ def _attention(graph: Graph, forward: Graph) -> str:
     count = len(find_attention(forward).regions)
     if not count:
         return ""
-    cores = f"{count} core{"s" if count > 1 else ""}"
+    cores = f"{count} core{'s' if count > 1 else ''}"
     return f"Attention: {cores} priced op by op as exported, their SxS scores kept for the backward."
 
 

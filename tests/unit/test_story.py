@@ -131,9 +131,12 @@ def test_training(name):
     tp = story(name, TP, megatron(g, TP, 0), TRAINING)
     both = story(name, DPTP, dp_tp(g, DPTP, 0, 1), TRAINING)
     replicated, split = {"gpt2": (29, 10), "bert": (37, 21)}[name]
-    assert dp == f"{BATCH} Weights: {replicated} replicated, gradients all-reduced (DDP)."
+    exported = "Attention: 2 cores priced op by op as exported, their SxS scores kept for the backward."
+    assert dp == (
+        f"{BATCH} Weights: {replicated} replicated, gradients all-reduced (DDP). {exported}"
+    )
     assert tp.startswith(LAYERS_TP.format(**NAMED[name]))
-    assert tp.endswith(f"{replicated - split} replicated.") or (
+    assert tp.endswith(f"{replicated - split} replicated. {exported}") or (
         f"{replicated - split} replicated," in tp
     )
     assert "DDP" not in tp
