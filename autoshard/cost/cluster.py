@@ -238,9 +238,10 @@ def device_kind(spec: object) -> DeviceKind:
     families = [str(f) for f in Transcendental]
     if bad := sorted(set(values.get("transcendental", {})) - set(families)):
         raise ClusterError(f"unknown transcendental families {bad}; valid: {families}")
-    # times, and a cache not modelled, may be 0; the rest may not
+    # times, and a cache or flash-attention kernel not modelled, may be 0; the rest may not
     times = ("launch_s", "link_latency", "network_latency", "cache_bytes", "cache_bandwidth",
-             "matmul_cache_bytes", "pack_bandwidth")  # fmt: skip
+             "matmul_cache_bytes", "pack_bandwidth", "attention_efficiency",
+             "attention_backward_efficiency")  # fmt: skip
     rates = [*values["flops"].values(), *values.get("transcendental", {}).values()] + [
         v
         for k, v in values.items()

@@ -437,6 +437,17 @@ def _iterations(
     return math.prod(_local_loops(rule, option, mesh))
 
 
+def attention_flops(
+    batch: int, heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool, backward: bool
+) -> int:
+    """FLOPs of a fused attention kernel (`attention_cost`): its matmuls over the pairs of
+    query and key rows it computes, the causal triangle's alone when causal."""
+    pairs = s_q * s_kv
+    if causal:
+        pairs = s_q * max(0, s_kv - s_q) + min(s_q, s_kv) * (min(s_q, s_kv) + 1) // 2
+    return (5 if backward else 2) * 2 * batch * heads * pairs * head_dim
+
+
 def attention_cost(
     batch: int,
     heads: int,
@@ -466,10 +477,7 @@ def attention_cost(
     The efficiencies are the fraction of peak measured flash-attention kernels reach
     (`DeviceKind.attention_efficiency`, `attention_backward_efficiency`; a device without
     them runs it at its matmul efficiency)."""
-    pairs = s_q * s_kv
-    if causal:
-        pairs = s_q * max(0, s_kv - s_q) + min(s_q, s_kv) * (min(s_q, s_kv) + 1) // 2
-    flops = (5 if backward else 2) * 2 * batch * heads * pairs * head_dim
+    flops = attention_flops(batch, heads, s_q, s_kv, head_dim, causal, backward)
     q = batch * heads * s_q * head_dim
     kv = batch * kv_heads * s_kv * head_dim
     statistics = dtypes.nbytes("float32", batch * heads * s_q)

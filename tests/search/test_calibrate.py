@@ -10,10 +10,11 @@ import pytest
 from autoshard.cli.main import main
 from autoshard.collectives import CollectiveKind, ring_steps
 from autoshard.cost.cluster import device_kind, make_cluster
-from autoshard.cost.compute import OpCost, op_cost
+from autoshard.cost.compute import OpCost, attention_flops, op_cost
 from autoshard.cost.measure.calibrate import (
     PACK_RATES,
     LinkSample,
+    attention_efficiencies,
     fit_half_dim,
     fit_link,
     fit_links,
@@ -21,6 +22,7 @@ from autoshard.cost.measure.calibrate import (
     kernel_rates,
     working_set,
 )
+from autoshard.cost.measure.probes import TorchProbe
 from autoshard.errors import ClusterError
 from autoshard.rules import rule_for
 from autoshard.sharding import ShardingOption
@@ -134,6 +136,23 @@ def test_calibrate_writes_a_cluster_file_plan_reads(tmp_path, capsys):
     assert plan["cluster"]["hbm_bandwidth_bytes_per_s"] == device["hbm_bandwidth"]
     ops = plan["ops"].values()
     assert math.fsum(o["compute_s"] for o in ops) == pytest.approx(plan["cost"]["compute_time_s"])
+    # onnxruntime on a CPU runs no flash-attention kernel: training plans price attention
+    # op by op on it by default
+    assert device["attention_efficiency"] == device["attention_backward_efficiency"] == 0
+    assert not device_kind(device).flash_attention
+
+
+def test_torchs_fused_attention_is_measured_as_the_cost_model_counts_it():
+    """SDPA (torch, on this CPU) forward and backward: fractions of a peak that are its
+    attention FLOPs (`attention_flops`) over its measured time."""
+    probe = TorchProbe("cpu", repeats=2, budget=0.01)
+    shape = (1, 2, 128, 16)
+    seconds = probe.attention(shape)
+    assert seconds > 0 and probe.attention(shape, backward=True) > 0
+    flops = attention_flops(1, 2, 128, 128, 16, True, False)
+    assert flops == 2 * 2 * 2 * (128 * 129 // 2) * 16
+    forward, backward = attention_efficiencies(probe, peak=1e15, launch=0.0, scale=16)
+    assert 0 < forward <= 1 and 0 < backward <= 1
 
 
 # ---- links: collectives fitted to the α–β model ------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autoshard.cli.main import build_parser
-from autoshard.training.options import Mode, Optimizer, Precision, Recompute
+from autoshard.training.options import Attention, Mode, Optimizer, Precision, Recompute
 
 
 def _flag_help(command: str, flag: str) -> str:
@@ -23,8 +23,8 @@ def _flag_help(command: str, flag: str) -> str:
 @pytest.mark.parametrize(
     "flag, kind",
     [("--mode", Mode), ("--optimizer", Optimizer), ("--precision", Precision),
-     ("--recompute", Recompute)],
-    ids=["mode", "optimizer", "precision", "recompute"],
+     ("--recompute", Recompute), ("--attention", Attention)],
+    ids=["mode", "optimizer", "precision", "recompute", "attention"],
 )  # fmt: skip
 def test_training_flag_help_names_every_accepted_choice(command, flag, kind: type[enum.StrEnum]):
     """`--recompute auto` is accepted, so `--help` names it beside none and layers."""

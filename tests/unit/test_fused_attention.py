@@ -12,6 +12,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from autoshard.analysis.attention import find_attention
+from autoshard.cli.main import main
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.compute import OpCost, attention_cost, op_cost
 from autoshard.cost.devices import DEVICES
@@ -152,6 +153,20 @@ def test_no_attention_where_none_is(tmp_path, proto):
     """A MatMul–Softmax–MatMul of weights is no attention; nor a core whose probabilities are
     read outside it (a kernel keeping them on chip could not hand them out)."""
     assert not find_attention(import_onnx(save(proto, tmp_path), {}))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--mode", "training", "--attention", "flash"],
+      "autoshard: error: unknown attention 'flash'; choose one of: fused, as-exported\n"),
+     (["--attention", "fused"],
+      "autoshard: error: --attention plans a training step: add --mode training\n")],
+    ids=["unknown", "inference"],
+)  # fmt: skip
+def test_a_bad_attention_flag_is_one_line(capsys, flags, message):
+    model = str(MODELS / "gpt2.onnx")
+    assert main(["plan", model, "--mesh", "2", "--dim", "batch=2", "--dim", "seq=16", *flags]) == 2
+    assert capsys.readouterr().err == message
 
 
 # ---- time ----------------------------------------------------------------------------------------

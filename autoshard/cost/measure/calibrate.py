@@ -40,6 +40,11 @@ each time the median of several runs on CUDA, the fastest on a CPU (`cost.probes
   less the launch floor (Exp, Log, Erf, Tanh, Pow by 1.7, Sqrt, Sin): the device's
   `transcendental` rates, which the roofline takes where they bound an op
   (`cost.compute.special_rate`).
+- fused attention (CUDA): torch's `scaled_dot_product_attention`, causal, at a 7B layer's
+  shape (`ATTENTION`), forward and backward (forward and backward less the forward): its
+  FLOPs as the cost model counts them (`cost.compute.attention_flops`) over its time, against
+  the matmul peak, become `attention_efficiency` and `attention_backward_efficiency` (0 on a
+  CPU: no flash kernel).
 - memory: the machine's physical memory, or the GPU's.
 
 - links (`autoshard.run.measure`, with torch): all_gather, all_reduce, reduce_scatter and
@@ -73,6 +78,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autoshard.collectives import CollectiveKind, ring_bytes, ring_steps
+from autoshard.cost.compute import attention_flops
 from autoshard.cost.devices import Transcendental
 from autoshard.cost.measure.probes import OnnxRuntimeProbe, TorchProbe
 from autoshard.errors import ClusterError
@@ -113,6 +119,8 @@ class Calibration:
     pack_bandwidth: float = 0.0
     strided_efficiency: float = 1.0
     transpose_efficiency: float = 1.0
+    attention_efficiency: float = 0.0
+    attention_backward_efficiency: float = 0.0
 
     @property
     def processor(self) -> str:
@@ -159,6 +167,8 @@ class Calibration:
             "pack_bandwidth": self.pack_bandwidth,
             "strided_efficiency": self.strided_efficiency,
             "transpose_efficiency": self.transpose_efficiency,
+            "attention_efficiency": self.attention_efficiency,
+            "attention_backward_efficiency": self.attention_backward_efficiency,
         }
 
     def to_json(self) -> dict[str, object]:
@@ -446,13 +456,42 @@ def calibrate(
     count = 1 << (22 if cuda else 16)  # in the cache: the function's rate, not memory's
     special = _special_rates(probe, count, launch, progress)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    flash = (0.0, 0.0)
     if gpu is not None:
         memory = gpu.torch.cuda.get_device_properties(gpu.device).total_memory
+        flash = attention_efficiencies(gpu, peak, launch, scale, progress)
     return Calibration(
         tuple(rates), peak, half, copy, launch, memory, None, probe.dtype, vector,
         tuple(special), f"{probe.name} {probe.dtype}", cache, cache_rate, misaligned,
-        private, speedup, pack, strided, transposed,
+        private, speedup, pack, strided, transposed, *flash,
     )  # fmt: skip
+
+
+ATTENTION = (4, 32, 2048, 128)
+"""The shape SDPA is measured at: batch, heads, sequence, head dim (a 7B model's layer)."""
+
+
+def attention_efficiencies(
+    gpu: TorchProbe,
+    peak: float,
+    launch: float,
+    scale: int = 1,
+    progress: Callable[[str], None] = lambda _: None,
+) -> tuple[float, float]:
+    """The fractions of the matmul peak torch's fused attention (causal, at `ATTENTION`,
+    its sequence over `scale`) reaches forward and backward, its FLOPs counted as the cost
+    model counts them (`cost.compute.attention_flops`)."""
+    batch, heads, seq, head_dim = ATTENTION
+    seq //= scale
+    found = []
+    for backward in (False, True):
+        seconds = max(gpu.attention((batch, heads, seq, head_dim), backward) - launch, 1e-9)
+        flops = attention_flops(batch, heads, seq, seq, head_dim, True, backward)
+        found.append(min(1.0, flops / seconds / peak))
+        pass_ = "backward" if backward else "forward"
+        progress(f"attention {pass_}: {found[-1]:.2f} of the matmul peak (SDPA, causal, "
+                 f"{batch}x{heads}x{seq}x{head_dim})")  # fmt: skip
+    return found[0], found[1]
 
 
 def _matmul_rates(

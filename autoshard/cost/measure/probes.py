@@ -242,6 +242,23 @@ class TorchProbe:
         x = self.tensor(elements // 128, 128)
         return self.time(lambda: self.torch.softmax(x, -1))
 
+    def attention(self, shape: tuple[int, int, int, int], backward: bool = False) -> float:
+        """Seconds of torch's fused attention (`scaled_dot_product_attention`, causal: on
+        CUDA its flash kernel) over (batch, heads, seq, head_dim); with `backward`, of its
+        backward alone (forward and backward, less the forward)."""
+        functional = self.torch.nn.functional
+        q, k, v = (self.tensor(*shape).requires_grad_(backward) for _ in range(3))
+
+        def forward() -> Any:
+            return functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        once = self.time(lambda: forward().detach())
+        if not backward:
+            return once
+        grad = self.tensor(*shape)
+        both = self.time(lambda: self.torch.autograd.grad(forward(), (q, k, v), grad))
+        return max(both - once, 1e-9)
+
     def strided(self, elements: int) -> float:
         x, row = self.tensor(elements // ROW, ROW), self.tensor(ROW)
         return self.time(lambda: self.torch.add(x, row))
