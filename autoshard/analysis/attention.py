@@ -61,7 +61,10 @@ def _region(graph: Graph, softmax: Op) -> AttentionRegion | None:
     if softmax.type != "Softmax" or not softmax.outputs[0]:
         return None
     shape = shape_of(graph, softmax.inputs[0])
-    if len(shape) < 3 or int(softmax.attr("axis", -1)) not in (-1, len(shape) - 1):
+    # Before opset 13 the default axis is 1 and the input is coerced to 2-D there: over the
+    # last axis alone only when the axis is the last.
+    axis = softmax.attr("axis", 1 if 0 < graph.opset < 13 else -1)
+    if len(shape) < 3 or axis not in (-1, len(shape) - 1):
         return None
     before = _back_to_scores(graph, softmax)
     if before is None:
@@ -76,8 +79,12 @@ def _region(graph: Graph, softmax: Op) -> AttentionRegion | None:
     if not all(_is_activation(graph, n) for n in (q, k_t, v_in)):
         return None
     q_shape, v_shape = shape_of(graph, q), shape_of(graph, v_in)
-    if (len(q_shape) != len(shape) or q_shape[-2] != shape[-2]
-            or shape_of(graph, k_t)[-2:] != (q_shape[-1], shape[-1]) or v_shape[-2] != shape[-1]):
+    if (
+        len(q_shape) != len(shape)
+        or q_shape[-2] != shape[-2]
+        or shape_of(graph, k_t)[-2:] != (q_shape[-1], shape[-1])
+        or v_shape[-2] != shape[-1]
+    ):
         return None  # fmt: skip
     ops = (scores_op, *chain, softmax, *tail, output_op)
     heads = shape[-3]

@@ -242,7 +242,9 @@ def _attention(graph: Graph, forward: Graph) -> str:
     if not count:
         return ""
     cores = f"{count} core{'s' if count > 1 else ''}"
-    return f"Attention: {cores} priced op by op as exported, their SxS scores kept for the backward."
+    return (
+        f"Attention: {cores} priced op by op as exported, their SxS scores kept for the backward."
+    )
 
 
 def forward_view(graph: Graph) -> Graph:

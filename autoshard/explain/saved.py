@@ -258,8 +258,9 @@ def _memory(saved: Saved, values: Sequence[str]) -> dict[str, Any]:
         if program.tensors[name].value in values
     }  # fmt: skip
     held = sum(
-        held_bytes(v, graph.values[v].shape, graph.values[v].dtype, plan.values[v], plan.mesh,
-                   graph.fused)
+        held_bytes(
+            v, graph.values[v].shape, graph.values[v].dtype, plan.values[v], plan.mesh, graph.fused
+        )
         for v in values
     )
     return {"bytes_per_device": held, "live_at_peak": dict(sorted(at_peak.items())),

@@ -145,6 +145,4 @@ class Fused:
                 inside.add(new)
                 if recomputed and old in self.statistics:
                     statistics.add(new)
-        return Fused(
-            self.regions, kernels, frozenset(statistics), frozenset(inside), region_of
-        )
+        return Fused(self.regions, kernels, frozenset(statistics), frozenset(inside), region_of)

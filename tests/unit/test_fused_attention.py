@@ -32,12 +32,13 @@ B, S, HEADS, D = 2, 8, 4, 4  # the small block's batch, sequence, heads, head di
 HIDDEN = HEADS * D
 
 
-def block(kv_heads: int = HEADS, causal: bool = True, softmax_out: bool = False):
+def block(kv_heads: int = HEADS, causal: bool = True, softmax_out: bool = False, opset=17):
     """x[B, S, 16] -> q, k, v projections -> heads -> softmax(q·kᵀ / 2 + mask)·v -> o
     projection, as a TorchScript export spells it; `kv_heads` < HEADS repeats k and v's heads
     (GQA: Unsqueeze, Expand, Reshape); the mask a constant triangle (Trilu of a Constant,
     folded), or a model input; with
-    `softmax_out` the probabilities are an output too (read outside the core)."""
+    `softmax_out` the probabilities are an output too (read outside the core). Its Softmax
+    names no axis: -1 from opset 13 on, 1 before."""
     group = HEADS // kv_heads
     nodes, inits = [], {}
     for name, width in (("q", HIDDEN), ("k", kv_heads * D), ("v", kv_heads * D)):
@@ -77,7 +78,7 @@ def block(kv_heads: int = HEADS, causal: bool = True, softmax_out: bool = False)
         inputs.append(tensor("mask", F32, [B, 1, S, S]))
     nodes += [
         helper.make_node("Add", ["scaled", "mask"], ["masked"], name="mask"),
-        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1, name="softmax"),
+        helper.make_node("Softmax", ["masked"], ["probs"], name="softmax"),
         helper.make_node("MatMul", ["probs", v], ["ctx"], name="context"),
         helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
         helper.make_node("Reshape", ["ctx_t", "out_shape"], ["merged_heads"]),
@@ -86,7 +87,7 @@ def block(kv_heads: int = HEADS, causal: bool = True, softmax_out: bool = False)
     outputs = [tensor("y", F32, [B, S, HIDDEN])]
     if softmax_out:
         outputs.append(tensor("probs", F32, [B, HEADS, S, S]))
-    return model(nodes, inputs, outputs, inits)
+    return model(nodes, inputs, outputs, inits, opset=opset)
 
 
 def not_attention():
@@ -147,11 +148,14 @@ def test_grouped_query_attention_reads_the_unrepeated_heads(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "proto", [not_attention(), block(softmax_out=True)], ids=["projections", "probs-read-outside"]
+    "proto",
+    [not_attention(), block(softmax_out=True), block(opset=12)],
+    ids=["projections", "probs-read-outside", "opset-12-softmax-over-heads"],
 )
 def test_no_attention_where_none_is(tmp_path, proto):
     """A MatMul–Softmax–MatMul of weights is no attention; nor a core whose probabilities are
-    read outside it (a kernel keeping them on chip could not hand them out)."""
+    read outside it (a kernel keeping them on chip could not hand them out), nor an opset-12
+    Softmax without an axis (over heads and both sequences: axis 1, coerced to 2-D)."""
     assert not find_attention(import_onnx(save(proto, tmp_path), {}))
 
 
@@ -277,7 +281,7 @@ def test_the_7b_decoders_activations_are_megatrons_terms(tmp_path):
     its dropout mask 1, dropout output 2), MLP 19·h, norms 4·h. Our graphs have no dropout
     (less 1·h + 1·h and 3·a·s), and a SwiGLU MLP of f features: its input 2·h, the gate's
     result, SiLU's, the up projection's and their product 2·f each. Flash attention keeps no
-    a·s terms (the statistics, 4·a bytes per token, are in the 1.5 % the embedding and logits
+    a·s terms (the statistics, 4·a bytes per token, are among what the embedding and logits
     add). So Megatron's count for this model is 16·h + 8·f; the graph, spelling RMSNorm and
     SiLU op by op, also keeps each norm's normalized input (2·h, twice) and SiLU's sigmoid
     (2·f). Op by op, the three S x S tensors of each layer are kept too, less the statistics,

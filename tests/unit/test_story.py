@@ -131,7 +131,9 @@ def test_training(name):
     tp = story(name, TP, megatron(g, TP, 0), TRAINING)
     both = story(name, DPTP, dp_tp(g, DPTP, 0, 1), TRAINING)
     replicated, split = {"gpt2": (29, 10), "bert": (37, 21)}[name]
-    exported = "Attention: 2 cores priced op by op as exported, their SxS scores kept for the backward."
+    exported = (
+        "Attention: 2 cores priced op by op as exported, their SxS scores kept for the backward."
+    )
     assert dp == (
         f"{BATCH} Weights: {replicated} replicated, gradients all-reduced (DDP). {exported}"
     )
