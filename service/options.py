@@ -31,7 +31,14 @@ from autoshard.errors import AutoshardError, ClusterError
 from autoshard.pipeline import PlanRequest
 from autoshard.search.options import Objective
 from autoshard.training import Mode, Training
-from autoshard.training.options import OPTIONS, Optimizer, Precision, Recompute, requested
+from autoshard.training.options import (
+    OPTIONS,
+    Attention,
+    Optimizer,
+    Precision,
+    Recompute,
+    requested,
+)
 
 DEFAULT_TIME_LIMIT = 60.0  # `autoshard plan --time-limit`'s default
 MODEL_FIELD = "model"
@@ -82,6 +89,9 @@ FORM_SCHEMA: dict[str, Any] = {
         "recompute": {"type": "string", "enum": _choices(Recompute),
                       "default": _TRAINING.recompute,
                       "description": "training: recompute each repeated layer in its backward"},
+        "attention": {"type": "string", "enum": _choices(Attention),
+                      "description": "training: fused (default on GPU presets: flash-attention "
+                                     "kernels, no SxS scores kept) or as-exported (op by op)"},
     },
 }  # fmt: skip
 """The form of POST /v1/plans, field by field (its OpenAPI schema and the web page's form)."""

@@ -303,7 +303,7 @@ def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys
             {**FIELDS, "colour": "blue"}, 400,
             "unknown form field 'colour'; valid: model, mesh, dims, cluster, device, bandwidth, "
             "latency, memory, annotations, objective, time_limit, mode, optimizer, precision, "
-            "micro_batches, recompute",
+            "micro_batches, recompute, attention",
             id="unknown-field",
         ),
         pytest.param(
