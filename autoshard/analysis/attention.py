@@ -38,7 +38,7 @@ _REPEAT_HEADS = frozenset({"Transpose", "Expand", "Tile", "Unsqueeze", "Reshape"
                            "Identity", "Cast"})  # fmt: skip
 """Ops between K (V) and the MatMul reading it: the transpose of K and GQA's repeat of heads."""
 
-_MASK_WAY = frozenset({"Slice", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Expand", "Not",
+_MASK_WAY = frozenset({"Slice", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Expand", "Not", "And",
                        "Equal", "Where", "Sub", "Mul", "Identity", "Less", "Greater"})  # fmt: skip
 """Ops through which a causal triangle reaches the scores as a mask."""
 

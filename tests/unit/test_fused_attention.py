@@ -117,7 +117,10 @@ def not_attention():
 )  # fmt: skip
 def test_both_exporters_attention_is_found(name, ops):
     """TorchScript's and dynamo's GPT-2: a core per layer, scale and mask inside, causal (the
-    mask a folded constant triangle), 4 heads of 16."""
+    mask a folded constant triangle; at 128 tokens one And-ed with the padding mask), 4 heads
+    of 16."""
+    long = import_onnx(MODELS / f"{name}.onnx", {"batch": 8, "seq": 128})
+    assert find_attention(long).regions[0].causal
     graph = import_onnx(MODELS / f"{name}.onnx", {"batch": 2, "seq": 16})
     fused = find_attention(graph)
     assert len(fused.regions) == 2
