@@ -51,6 +51,13 @@ class DeviceKind:
     matmul_cache_bytes runs matmul_cache_speedup times faster (0, 1: not modelled; CPUs'
     private caches). pack_bandwidth: bytes/s at which a matmul re-lays out its second operand
     on every call (0: it does not; CPU BLAS packing).
+    reserve: bytes of `memory` a training or serving process cannot hold tensors in (the
+    CUDA context and its kernels' modules, NCCL's buffers, the caching allocator's
+    fragmentation: `gpu_reserve`); the budget a plan gets when none is given is memory less
+    it, so a plan that fits fits when it runs.
+    network_bandwidth is one device's share of its node's scale-out bandwidth: a node's NICs
+    together carry node_size × network_bandwidth, which NCCL's rings across nodes use all of
+    (`cost.price.collective_time`).
     """
 
     name: str
@@ -77,6 +84,7 @@ class DeviceKind:
     matmul_cache_bytes: int = 0
     matmul_cache_speedup: float = 1.0
     pack_bandwidth: float = 0.0
+    reserve: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -87,6 +95,14 @@ class DeviceKind:
 
 
 GiB = 1 << 30
+
+
+def gpu_reserve(memory: int) -> int:
+    """What a GPU process cannot use for tensors: 1 GiB for the CUDA (or ROCm) context with
+    the libraries' kernels loaded and cuBLAS's workspace, 0.5 GiB for NCCL's buffers (a few
+    communicators of several channels, 4 MiB a channel per peer), and 1 % of the memory for
+    the caching allocator's fragmentation (docs/concepts/cost-model.md#memory-reserve)."""
+    return GiB + GiB // 2 + memory // 100
 
 
 DEVICES = {
@@ -112,6 +128,28 @@ DEVICES = {
         transpose_efficiency=0.17,
         cache_bytes=25 << 20,
         cache_bandwidth=8e12,
+        reserve=gpu_reserve(80 * 10**9),
+    ),
+    # The H100s of Meta's Grand Teton hosts, on which TorchTitan's published runs were
+    # measured (pytorch/torchtitan docs/performance.md): 96 GB of HBM2e at 2.4 TB/s, a 500 W
+    # power limit, NVLink within a host of 8, 400 Gb/s RDMA per GPU. No peak is published
+    # ("between SXM and NVL", TorchTitan, arXiv 2410.06511): the SXM5's rates less 12.5 %,
+    # the middle of the 11-14 % issue 44 measured; the rest as the SXM5's.
+    "h100-hbm2e": DeviceKind(
+        "NVIDIA H100 HBM2e 96GB 500W",
+        {"bfloat16": 865e12, "float16": 865e12, "float8e4m3fn": 1731e12, "int8": 1731e12},
+        58.6e12,
+        96 * 10**9,
+        450e9,
+        hbm_bandwidth=2.4e12,
+        matmul_efficiency=0.8,
+        memory_efficiency=0.85,
+        misaligned_efficiency=0.2,
+        strided_efficiency=0.5,
+        transpose_efficiency=0.17,
+        cache_bytes=25 << 20,
+        cache_bandwidth=8e12,
+        reserve=gpu_reserve(96 * 10**9),
     ),
     # A100 SXM4 80GB datasheet: 312 TFLOP/s bf16/fp16 (624 int8), 19.5 fp32, HBM2e at
     # 2.039 TB/s, NVLink 3 600 GB/s bidirectional = 300 per direction. DGX A100: 8 GPUs, one
@@ -125,14 +163,15 @@ DEVICES = {
         hbm_bandwidth=2.039e12,
         matmul_efficiency=0.85,
         network_bandwidth=25e9,
+        reserve=gpu_reserve(80 * 10**9),
     ),
-    # MI300X datasheet: 1307 TFLOP/s bf16/fp16 dense (2615 int8), 163.4 fp32, 192 GB HBM3 at
+    # MI300X datasheet: 1307 TFLOP/s bf16/fp16 dense (2615 fp8/int8), 163.4 fp32, 192 GB HBM3 at
     # 5.3 TB/s, Infinity Fabric 7 links x 64 GB/s = 448 GB/s per GPU. 8-GPU OAM platform with
     # a 400 Gb/s NIC per GPU = 50 GB/s. hipBLASLt bf16 GEMMs reach ~0.6 of peak, copies ~0.8
     # of HBM bandwidth.
     "mi300x": DeviceKind(
         "AMD Instinct MI300X",
-        {"bfloat16": 1307e12, "float16": 1307e12, "int8": 2615e12},
+        {"bfloat16": 1307e12, "float16": 1307e12, "float8e4m3fn": 2615e12, "int8": 2615e12},
         163.4e12,
         192 * 10**9,
         448e9,
@@ -140,6 +179,7 @@ DEVICES = {
         matmul_efficiency=0.6,
         memory_efficiency=0.8,
         link_name="Infinity Fabric",
+        reserve=gpu_reserve(192 * 10**9),
     ),
     # TPU v5e (Google Cloud docs): 197 TFLOP/s bf16 (394 int8), 16 GB HBM2e at 819 GB/s, ICI
     # 1600 Gbps per chip; a pod is 256 chips on ICI. Between slices (DCN) no per-chip figure is
@@ -155,13 +195,14 @@ DEVICES = {
         node_size=256,
         network_bandwidth=25e9,
         link_name="ICI",
+        reserve=GiB // 2,
     ),
-    # L4 datasheet: 121 TFLOP/s bf16/fp16 dense, 30.3 fp32, 24 GB GDDR6 at 300 GB/s, PCIe
+    # L4 datasheet: 121 TFLOP/s bf16/fp16 dense (242.5 fp8), 30.3 fp32, 24 GB GDDR6 at 300 GB/s, PCIe
     # Gen4 x16 (~32 GB/s per direction). A g2-standard-96 node holds 8 L4s on PCIe and one
     # 100 Gb/s NIC shared by the 8 = 1.5625 GB/s per GPU. At 72 W it clocks down: ~0.7 of peak.
     "l4": DeviceKind(
         "NVIDIA L4",
-        {"bfloat16": 121e12, "float16": 121e12},
+        {"bfloat16": 121e12, "float16": 121e12, "float8e4m3fn": 242.5e12},
         30.3e12,
         24 * 10**9,
         32e9,
@@ -169,6 +210,7 @@ DEVICES = {
         matmul_efficiency=0.7,
         network_bandwidth=12.5e9 / 8,
         link_name="PCIe",
+        reserve=gpu_reserve(24 * 10**9),
     ),
 }
 
@@ -176,6 +218,10 @@ DEVICES = {
 DEFAULT_DEVICE = "h100"
 
 
-CLUSTERS = {"dgx-h100": "h100", "dgx-a100": "a100", "mi300x-8": "mi300x",
+CLUSTERS = {"dgx-h100": "h100", "dgx-a100": "a100", "selene": "a100",
+            "grand-teton-h100": "h100-hbm2e", "mi300x-8": "mi300x",
             "tpu-v5e-256": "tpu-v5e", "g2-l4-8": "l4"}  # fmt: skip
-"""`--cluster NAME`: the node each device preset describes (node size, scale-up link, NIC)."""
+"""`--cluster NAME`: the node each device preset describes (node size, scale-up link, NICs).
+`selene` is NVIDIA's cluster of DGX A100 80GB nodes (8 HDR 200 Gb/s NICs each) on which
+Megatron-LM's published runs were measured (Korthikanti et al. 2022); `grand-teton-h100`
+Meta's hosts of TorchTitan's runs."""
