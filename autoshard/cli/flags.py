@@ -126,8 +126,9 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument("--optimizer", help="adam (default), adamw, sgd (momentum) or none")
     group.add_argument(
-        "--precision", help="bf16-mixed (default), fp16-mixed or fp32: the dtype of weights, "
-        "activations and gradients; mixed keeps fp32 master weights and moments",
+        "--precision", help="bf16-mixed (default), fp16-mixed, fp8-mixed or fp32: the dtype "
+        "of weights, activations and gradients; mixed keeps fp32 master weights and moments; "
+        "fp8-mixed is bf16-mixed with the linear layers' matmuls on FP8 tensor cores",
     )  # fmt: skip
     group.add_argument(
         "--micro-batches", type=int, metavar="N",

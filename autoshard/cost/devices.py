@@ -116,7 +116,7 @@ DEVICES = {
     # docs/measurements.md, the preset's fidelity against those kernels in bench/data/h100.
     "h100": DeviceKind(
         "NVIDIA H100 SXM5 80GB",
-        {"bfloat16": 989e12, "float16": 989e12, "float8e4m3fn": 1979e12, "int8": 1979e12},
+        {"bfloat16": 989e12, "float16": 989e12, "float8_e4m3fn": 1979e12, "int8": 1979e12},
         67e12,
         80 * 10**9,
         450e9,
@@ -137,7 +137,7 @@ DEVICES = {
     # the middle of the 11-14 % issue 44 measured; the rest as the SXM5's.
     "h100-hbm2e": DeviceKind(
         "NVIDIA H100 HBM2e 96GB 500W",
-        {"bfloat16": 865e12, "float16": 865e12, "float8e4m3fn": 1731e12, "int8": 1731e12},
+        {"bfloat16": 865e12, "float16": 865e12, "float8_e4m3fn": 1731e12, "int8": 1731e12},
         58.6e12,
         96 * 10**9,
         450e9,
@@ -171,7 +171,7 @@ DEVICES = {
     # of HBM bandwidth.
     "mi300x": DeviceKind(
         "AMD Instinct MI300X",
-        {"bfloat16": 1307e12, "float16": 1307e12, "float8e4m3fn": 2615e12, "int8": 2615e12},
+        {"bfloat16": 1307e12, "float16": 1307e12, "float8_e4m3fn": 2615e12, "int8": 2615e12},
         163.4e12,
         192 * 10**9,
         448e9,
@@ -202,7 +202,7 @@ DEVICES = {
     # 100 Gb/s NIC shared by the 8 = 1.5625 GB/s per GPU. At 72 W it clocks down: ~0.7 of peak.
     "l4": DeviceKind(
         "NVIDIA L4",
-        {"bfloat16": 121e12, "float16": 121e12, "float8e4m3fn": 242.5e12},
+        {"bfloat16": 121e12, "float16": 121e12, "float8_e4m3fn": 242.5e12},
         30.3e12,
         24 * 10**9,
         32e9,

@@ -234,7 +234,9 @@ class Graph:
     value is held in, and written over it: the old value is dead after its last reader) and
     the phase of each op (`phases`: op name -> "forward", "backward", "gradient_sync" or
     "optimizer"; ops not listed are forward), and how many times the forward and backward
-    run per step (`micro_batches`: gradients accumulate, then are synchronized once).
+    run per step (`micro_batches`: gradients accumulate, then are synchronized once), and the
+    ops whose matrix units compute in another dtype than their result's (`matmul_dtypes`:
+    op name -> dtype; a linear layer's matmuls in FP8 under fp8-mixed precision).
     """
 
     name: str
@@ -250,6 +252,7 @@ class Graph:
     updates: Mapping[str, str] = field(default_factory=dict)
     phases: Mapping[str, str] = field(default_factory=dict)
     micro_batches: int = 1
+    matmul_dtypes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ops", tuple(self.ops))
@@ -261,6 +264,7 @@ class Graph:
         object.__setattr__(self, "constants", MappingProxyType(consts))
         object.__setattr__(self, "updates", MappingProxyType(dict(self.updates)))
         object.__setattr__(self, "phases", MappingProxyType(dict(self.phases)))
+        object.__setattr__(self, "matmul_dtypes", MappingProxyType(dict(self.matmul_dtypes)))
 
     def phase(self, op_name: str) -> str:
         """The phase of the training step op `op_name` runs in ("forward" outside training)."""
