@@ -12,9 +12,13 @@ Default links: a mesh's last axis is the scale-up domain (NVLink within a node),
 scale-out network, as a job is laid out on nodes of `node_size` devices: walking the axes from
 the last, an axis whose devices together with the inner axes' fit in one node
 (cumulative size <= node_size) runs on the scale-up link, every other axis on the network (a
-ring crossing nodes is as slow as its slowest hop). So 4x8 H100 = 4 nodes of 8 (axis 0 at the
-network's 50 GB/s, axis 1 at NVLink's 450 GB/s), 2x4 is one node, and a flat mesh of 16 is
-two nodes, all of it at the network's speed.
+device's share of its node's NICs). So 4x8 H100 = 4 nodes of 8 (axis 0 at the network's
+50 GB/s, axis 1 at NVLink's 450 GB/s), 2x4 is one node, and a flat mesh of 16 is two nodes,
+its axis on the network. A collective across nodes is priced as NCCL runs it, over every NIC
+of a node and NVLink within (`stages`, `cost.price.collective_time`).
+
+Without `memory`, a device's budget is its memory less its `reserve` (the CUDA context, NCCL's
+buffers, fragmentation); a `memory` given is the tensors' budget, nothing held back.
 
 Device presets are dense (no sparsity) peak FLOP/s, memory, HBM bandwidth and links from the
 vendors' datasheets (cited at each), and the fractions of peak real kernels reach (typical
@@ -141,6 +145,7 @@ class Cluster:
             "bandwidth_bytes_per_s": list(self.bandwidth),
             "latency_s": list(self.latency),
             "memory_bytes": self.memory,
+            **({"reserve_bytes": self.reserve} if self.reserve else {}),
             "node_size": self.device.node_size,
             "in_node": list(self.in_node),
             "hbm_bandwidth_bytes_per_s": self.device.hbm_bandwidth,

@@ -97,12 +97,13 @@ class DeviceKind:
 GiB = 1 << 30
 
 
-def gpu_reserve(memory: int) -> int:
-    """What a GPU process cannot use for tensors: 1 GiB for the CUDA (or ROCm) context with
-    the libraries' kernels loaded and cuBLAS's workspace, 0.5 GiB for NCCL's buffers (a few
-    communicators of several channels, 4 MiB a channel per peer), and 1 % of the memory for
-    the caching allocator's fragmentation (docs/concepts/cost-model.md#memory-reserve)."""
-    return GiB + GiB // 2 + memory // 100
+def gpu_reserve(memory: int, context: int = GiB) -> int:
+    """What a GPU process cannot use for tensors: the CUDA (or ROCm) context with the
+    libraries' kernels loaded and cuBLAS's workspace (`context`: 1 GiB, or as `autoshard
+    calibrate --torch` measures it), 0.5 GiB for NCCL's buffers (a few communicators of
+    several channels, 4 MiB a channel per peer), and 1 % of the memory for the caching
+    allocator's fragmentation (docs/concepts/mesh.md#the-memory-reserve)."""
+    return context + GiB // 2 + memory // 100
 
 
 DEVICES = {

@@ -353,7 +353,9 @@ def plan_markdown(document: PlanDocument) -> str:
         f"latency {', '.join(format_seconds(t) for t in cluster.latency_s)}.",
         "",
         *_table(("cost per device", "value"), 1, [
-            ("memory", f"{format_bytes(memory)} of {format_bytes(budget)} ({memory / budget:.1%})"),
+            ("memory", f"{format_bytes(memory)} of {format_bytes(budget)} ({memory / budget:.1%})"
+                       + (f"; the device's memory less a reserve of "
+                          f"{format_bytes(cluster.reserve_bytes)}" if cluster.reserve_bytes else "")),
             ("compute time", format_seconds(cost.compute_time_s)),
             ("communication", f"{format_bytes(cost.comm_bytes_per_device)} in "
                               f"{format_seconds(cost.comm_time_s)}"),

@@ -2,7 +2,8 @@
 
 import pytest
 
-from autoshard.cost.cluster import make_cluster
+from autoshard.cost.cluster import device_kind, make_cluster
+from autoshard.cost.devices import DEVICES
 from autoshard.cost.liveness import shard_bytes
 from autoshard.cost.price import collective_time
 from autoshard.errors import ClusterError
@@ -151,3 +152,50 @@ def test_cluster_file(tmp_path):
 def test_bad_cluster_flags(flags, message):
     with pytest.raises(ClusterError, match=message.replace("(", r"\(")):
         make_cluster(**flags)
+
+
+def test_the_budget_states_its_reserve():
+    """No --memory: 80 GB less 2410612736 B of reserve = 77589387264 B; a --memory given is the
+    tensors' budget, with nothing held back."""
+    cluster = make_cluster(mesh="4x8")
+    assert (cluster.memory, cluster.reserve) == (77589387264, 2410612736)
+    assert cluster.describe_budget() == (
+        "memory budget 72.26 GiB per device (74.51 GiB - 2.25 GiB reserve: CUDA context, "
+        "NCCL buffers, allocator fragmentation)"
+    )
+    assert cluster.to_json()["reserve_bytes"] == 2410612736
+    given = make_cluster(mesh="4x8", memory="16GiB")
+    assert (given.memory, given.reserve) == (16 * 2**30, 0)
+    assert given.describe_budget() == "memory budget 16.00 GiB per device"
+
+
+@pytest.mark.parametrize(
+    "preset, device, memory, network",
+    [
+        ("selene", "NVIDIA A100 SXM4 80GB", 80 * 10**9, 25e9),  # 8 HDR 200 Gb/s NICs a node
+        ("grand-teton-h100", "NVIDIA H100 HBM2e 96GB 500W", 96 * 10**9, 50e9),  # 400 Gb/s a GPU
+        ("dgx-h100", "NVIDIA H100 SXM5 80GB", 80 * 10**9, 50e9),
+    ],
+)
+def test_presets_of_published_runs(preset, device, memory, network):
+    cluster = make_cluster(mesh="4x8", file=preset)
+    assert cluster.device.name == device and cluster.device.memory == memory
+    assert cluster.bandwidth[0] == network and cluster.device.node_size == 8
+    assert cluster.memory == memory - (2**30 + 2**29 + memory // 100)
+
+
+def test_the_grand_teton_h100_is_the_sxm5_less_an_eighth():
+    """TorchTitan's H100s: no published peak; the SXM5's less 12.5 %, HBM2e at 2.4 TB/s."""
+    sxm, teton = DEVICES["h100"], DEVICES["h100-hbm2e"]
+    for dtype in ("bfloat16", "float8_e4m3fn"):
+        assert teton.peak(dtype) == pytest.approx(0.875 * sxm.peak(dtype), rel=1e-3)
+    assert teton.hbm_bandwidth == 2.4e12
+
+
+def test_a_described_device_takes_a_reserve():
+    spec = {"name": "mine", "flops": {"bfloat16": 1e15}, "default_flops": 5e13,
+            "memory": 10**10, "link_bandwidth": 1e11, "hbm_bandwidth": 1e12,
+            "reserve": 10**9}  # fmt: skip
+    assert device_kind(spec).reserve == 10**9
+    with pytest.raises(ClusterError, match="times >= 0"):
+        device_kind({**spec, "reserve": -1})
