@@ -198,9 +198,10 @@ DEVICES = {
         link_name="ICI",
         reserve=GiB // 2,
     ),
-    # L4 datasheet: 121 TFLOP/s bf16/fp16 dense (242.5 fp8), 30.3 fp32, 24 GB GDDR6 at 300 GB/s, PCIe
-    # Gen4 x16 (~32 GB/s per direction). A g2-standard-96 node holds 8 L4s on PCIe and one
-    # 100 Gb/s NIC shared by the 8 = 1.5625 GB/s per GPU. At 72 W it clocks down: ~0.7 of peak.
+    # L4 datasheet: 121 TFLOP/s bf16/fp16 dense (242.5 fp8), 30.3 fp32, 24 GB GDDR6 at
+    # 300 GB/s, PCIe Gen4 x16 (~32 GB/s per direction). A g2-standard-96 node holds 8 L4s on
+    # PCIe and one 100 Gb/s NIC shared by the 8 = 1.5625 GB/s per GPU. At 72 W it clocks
+    # down: ~0.7 of peak.
     "l4": DeviceKind(
         "NVIDIA L4",
         {"bfloat16": 121e12, "float16": 121e12, "float8_e4m3fn": 242.5e12},

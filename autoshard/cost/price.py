@@ -70,9 +70,7 @@ def collective_time(collective: Collective, cluster: Cluster) -> float:
         return ring_steps(kind, n) * at.across_latency + max(
             out / at.across_bandwidth, (sent - out) / inside
         )
-    ring = ring_steps(kind, n) * at.across_latency + sent / min(
-        inside, k * at.across_bandwidth
-    )
+    ring = ring_steps(kind, n) * at.across_latency + sent / min(inside, k * at.across_bandwidth)
     staged = (
         ring_steps(kind, m) * at.across_latency
         + ring_steps(kind, k) * at.inside_latency

@@ -2,6 +2,7 @@
 
 import pytest
 
+from autoshard.cli.main import main
 from autoshard.cost.cluster import device_kind, make_cluster
 from autoshard.cost.devices import DEVICES
 from autoshard.cost.liveness import shard_bytes
@@ -11,6 +12,7 @@ from autoshard.mesh import Mesh
 from autoshard.reshard import plan_reshard
 from autoshard.sharding import Sharding
 from autoshard.units import parse_bandwidth, parse_size
+from tests.search.test_plan import MODELS
 
 S = Sharding.parse
 CLUSTER = make_cluster(mesh="4x8", bandwidth="25GB/s,450GB/s", latency="5us,1us")
@@ -199,3 +201,14 @@ def test_a_described_device_takes_a_reserve():
     assert device_kind(spec).reserve == 10**9
     with pytest.raises(ClusterError, match="times >= 0"):
         device_kind({**spec, "reserve": -1})
+
+
+def test_the_summary_states_the_reserve(capsys):
+    """`autoshard plan` without --memory says what the budget held back; with it, nothing."""
+    args = ["plan", str(MODELS / "mlp.onnx"), "--mesh", "2", "--dim", "batch=8", "-q"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert " of 72.26 GiB (0.0%); memory budget 72.26 GiB per device (74.51 GiB - 2.25 GiB " in out
+    assert main([*args, "--memory", "1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert " of 1.00 GiB (" in out and "reserve" not in out
