@@ -317,7 +317,7 @@ def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys
         ),
         pytest.param(
             {**FIELDS, "mode": "training", "precision": "fp8"}, 422,
-            "unknown precision 'fp8'; choose one of: bf16-mixed, fp16-mixed, fp32",
+            "unknown precision 'fp8'; choose one of: bf16-mixed, fp16-mixed, fp8-mixed, fp32",
             id="training-precision",
         ),
     ],
