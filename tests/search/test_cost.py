@@ -7,7 +7,9 @@ from autoshard.cost.cluster import device_kind, make_cluster
 from autoshard.cost.devices import DEVICES
 from autoshard.cost.liveness import shard_bytes
 from autoshard.cost.price import collective_time
+from autoshard.document.plan_document import read_document
 from autoshard.errors import ClusterError
+from autoshard.explain.report import plan_markdown
 from autoshard.mesh import Mesh
 from autoshard.reshard import plan_reshard
 from autoshard.sharding import Sharding
@@ -203,12 +205,18 @@ def test_a_described_device_takes_a_reserve():
         device_kind({**spec, "reserve": -1})
 
 
-def test_the_summary_states_the_reserve(capsys):
-    """`autoshard plan` without --memory says what the budget held back; with it, nothing."""
+def test_the_summary_states_the_reserve(capsys, tmp_path):
+    """`autoshard plan` without --memory says what the budget held back, and so do the plan
+    document and its report; with --memory, nothing is held back."""
     args = ["plan", str(MODELS / "mlp.onnx"), "--mesh", "2", "--dim", "batch=8", "-q"]
-    assert main(args) == 0
+    assert main([*args, "-o", str(tmp_path / "plan.json")]) == 0
     out = capsys.readouterr().out
     assert " of 72.26 GiB (0.0%); memory budget 72.26 GiB per device (74.51 GiB - 2.25 GiB " in out
+    document = read_document(tmp_path / "plan.json")
+    assert document.cluster is not None and document.cluster.reserve_bytes == 2410612736
+    assert "of 72.26 GiB (0.0%); the device's memory less a reserve of 2.25 GiB" in (
+        plan_markdown(document)
+    )
     assert main([*args, "--memory", "1GiB"]) == 0
     out = capsys.readouterr().out
     assert " of 1.00 GiB (" in out and "reserve" not in out
