@@ -24,6 +24,7 @@ from autoshard.analysis.attention import find_attention
 from autoshard.analysis.repeats import find_repeats
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster
+from autoshard.cost.compute import check_precision
 from autoshard.document.blocks import Decisions
 from autoshard.document.plan_document import (
     PlanDocument,
@@ -214,6 +215,8 @@ def plan_inputs(request: PlanRequest, tracker: Tracker | None = None) -> tuple[G
     AutoshardError here (a bad cluster where the face made it), before any search: the
     service calls this to answer 4xx at once."""
     cluster = request.cluster
+    if request.training is not None:
+        check_precision(request.training.precision, cluster.device)
     graph = load_graph(request.model_path, request.dims, request.training, tracker)
     shapes = {name: value.shape for name, value in graph.values.items()}
     check_annotations(request.annotations, shapes, cluster.mesh)

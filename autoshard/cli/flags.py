@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from autoshard.cost.devices import CLUSTERS
+from autoshard.cost.devices import CLUSTERS, DEVICES
 from autoshard.errors import AutoshardError, LimitError
 from autoshard.limits import check_elements
 from autoshard.passes import Stage
@@ -126,8 +126,9 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument("--optimizer", help="adam (default), adamw, sgd (momentum) or none")
     group.add_argument(
-        "--precision", help="bf16-mixed (default), fp16-mixed or fp32: the dtype of weights, "
-        "activations and gradients; mixed keeps fp32 master weights and moments",
+        "--precision", help="bf16-mixed (default), fp16-mixed, fp8-mixed or fp32: the dtype "
+        "of weights, activations and gradients; mixed keeps fp32 master weights and moments; "
+        "fp8-mixed is bf16-mixed with the linear layers' matmuls on FP8 tensor cores",
     )  # fmt: skip
     group.add_argument(
         "--micro-batches", type=int, metavar="N",
@@ -166,12 +167,15 @@ def run_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def cluster_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", help="device preset: h100, a100, mi300x, tpu-v5e, l4")
+    parser.add_argument("--device", help=f"device preset: {', '.join(DEVICES)}")
     parser.add_argument(
         "--bandwidth", help="link bandwidth per mesh axis, e.g. 25GB/s,450GB/s (or one for all)"
     )
     parser.add_argument("--latency", help="link latency per mesh axis, e.g. 5us,1us")
-    parser.add_argument("--memory", help="memory budget per device, e.g. 16GiB")
+    parser.add_argument(
+        "--memory", help="the tensors' memory budget per device, e.g. 16GiB (default: the "
+        "device's memory less its reserve for the CUDA context, NCCL and fragmentation)",
+    )  # fmt: skip
     parser.add_argument(
         "--cluster",
         metavar="FILE|PRESET",

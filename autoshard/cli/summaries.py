@@ -19,7 +19,8 @@ def cost_summary(cost: Any, cluster: Any, ops: Mapping[str, OpEntry]) -> str:
     share = [f"{t} {s / (cost.compute_time_s or 1):.0%}" for t, s in top if s]
     lines = [
         f"memory per device: {_size(cost.memory_bytes_per_device)} of {_size(cluster.memory)} "
-        f"({cost.memory_bytes_per_device / cluster.memory:.1%})",
+        f"({cost.memory_bytes_per_device / cluster.memory:.1%})"
+        + (f"; {cluster.describe_budget()}" if cluster.reserve else ""),
         f"compute: {cost.compute_time_s * 1e3:.3f} ms per device on {cluster.device.name} "
         f"(roofline per op; {', '.join(share) or 'no op'})",
         "links: " + "; ".join(cluster.describe_links()),

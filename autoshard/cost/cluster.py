@@ -12,9 +12,13 @@ Default links: a mesh's last axis is the scale-up domain (NVLink within a node),
 scale-out network, as a job is laid out on nodes of `node_size` devices: walking the axes from
 the last, an axis whose devices together with the inner axes' fit in one node
 (cumulative size <= node_size) runs on the scale-up link, every other axis on the network (a
-ring crossing nodes is as slow as its slowest hop). So 4x8 H100 = 4 nodes of 8 (axis 0 at the
-network's 50 GB/s, axis 1 at NVLink's 450 GB/s), 2x4 is one node, and a flat mesh of 16 is
-two nodes, all of it at the network's speed.
+device's share of its node's NICs). So 4x8 H100 = 4 nodes of 8 (axis 0 at the network's
+50 GB/s, axis 1 at NVLink's 450 GB/s), 2x4 is one node, and a flat mesh of 16 is two nodes,
+its axis on the network. A collective across nodes is priced as NCCL runs it, over every NIC
+of a node and NVLink within (`stages`, `cost.price.collective_time`).
+
+Without `memory`, a device's budget is its memory less its `reserve` (the CUDA context, NCCL's
+buffers, fragmentation); a `memory` given is the tensors' budget, nothing held back.
 
 Device presets are dense (no sparsity) peak FLOP/s, memory, HBM bandwidth and links from the
 vendors' datasheets (cited at each), and the fractions of peak real kernels reach (typical
@@ -26,7 +30,10 @@ bandwidths are per direction.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +42,13 @@ from typing import Any
 from autoshard.cost.devices import CLUSTERS, DEFAULT_DEVICE, DEVICES, DeviceKind, Transcendental
 from autoshard.errors import ClusterError
 from autoshard.mesh import Mesh
-from autoshard.units import format_rate, parse_bandwidth, parse_latency, parse_size
+from autoshard.units import (
+    format_bytes,
+    format_rate,
+    parse_bandwidth,
+    parse_latency,
+    parse_size,
+)
 
 
 @dataclass(frozen=True)
@@ -46,8 +59,11 @@ class Cluster:
     device: DeviceKind = DEVICES[DEFAULT_DEVICE]
     bandwidth: tuple[float, ...] = ()
     latency: tuple[float, ...] = ()
-    memory: int = 0  # the budget per device, bytes; 0 = the device's memory
+    memory: int = 0  # the budget per device, bytes; 0 = the device's memory less its reserve
     source: Mapping[str, object] = field(default_factory=dict, compare=False, repr=False)
+    reserve: int = field(init=False, default=0, compare=False, repr=False)
+    """What the budget leaves of the device's memory to what is no tensor (`DeviceKind.reserve`)
+    when no budget was given; 0 when one was (it is then the tensors' budget)."""
 
     def __post_init__(self) -> None:
         n = len(self.mesh.shape)
@@ -61,7 +77,8 @@ class Cluster:
         object.__setattr__(self, "bandwidth", _per_axis(bandwidth, n, "bandwidth"))
         object.__setattr__(self, "latency", _per_axis(latency, n, "latency"))
         if not self.memory:
-            object.__setattr__(self, "memory", self.device.memory)
+            object.__setattr__(self, "reserve", device.reserve)
+            object.__setattr__(self, "memory", device.memory - device.reserve)
         if any(b <= 0 for b in self.bandwidth):
             raise ClusterError(f"bandwidth must be positive, got {self.bandwidth}")
         if any(t < 0 for t in self.latency) or self.memory <= 0:
@@ -88,11 +105,38 @@ class Cluster:
             )
         ]
 
+    def describe_budget(self) -> str:
+        """The memory budget per device, and the reserve it leaves where it is the default."""
+        text = f"memory budget {format_bytes(self.memory)} per device"
+        if self.reserve:
+            text += (
+                f" ({format_bytes(self.device.memory)} - {format_bytes(self.reserve)} reserve: "
+                "CUDA context, NCCL buffers, allocator fragmentation)"
+            )
+        return text
+
     def link(self, mesh_axes: Sequence[int]) -> tuple[float, float]:
         """(bandwidth, latency) of a group over `mesh_axes`: its slowest axis bounds a ring."""
         if not mesh_axes:
             return float("inf"), 0.0
         return min(self.bandwidth[a] for a in mesh_axes), max(self.latency[a] for a in mesh_axes)
+
+    def stages(self, mesh_axes: Sequence[int]) -> Stages:
+        """How a group over `mesh_axes` sits on the nodes (`Stages`)."""
+        inner = [a for a in mesh_axes if self.in_node[a]]
+        outer = [a for a in mesh_axes if not self.in_node[a]]
+        per_node, nodes = _spread(self.mesh.shape, tuple(sorted(mesh_axes)), self.device.node_size)
+        inside = (
+            (min(self.bandwidth[a] for a in inner), max(self.latency[a] for a in inner))
+            if inner
+            else (self.device.link_bandwidth, self.device.link_latency)
+        )
+        across = (
+            (min(self.bandwidth[a] for a in outer), max(self.latency[a] for a in outer))
+            if outer
+            else inside
+        )
+        return Stages(per_node, nodes, *inside, *across)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -101,10 +145,46 @@ class Cluster:
             "bandwidth_bytes_per_s": list(self.bandwidth),
             "latency_s": list(self.latency),
             "memory_bytes": self.memory,
+            **({"reserve_bytes": self.reserve} if self.reserve else {}),
             "node_size": self.device.node_size,
             "in_node": list(self.in_node),
             "hbm_bandwidth_bytes_per_s": self.device.hbm_bandwidth,
         }
+
+
+@dataclass(frozen=True)
+class Stages:
+    """A group of devices as NCCL sees it: `per_node` of its devices in each of `nodes` nodes,
+    the in-node link (`inside_bandwidth`, `inside_latency`: the group's slowest in-node axis,
+    the device's scale-up link when none of its axes is in a node) and each device's share of
+    its node's NICs (`across_bandwidth`, `across_latency`: the group's slowest axis across
+    nodes). A group within one node has nodes == 1."""
+
+    per_node: int
+    nodes: int
+    inside_bandwidth: float
+    inside_latency: float
+    across_bandwidth: float
+    across_latency: float
+
+
+@functools.lru_cache(maxsize=4096)
+def _spread(shape: tuple[int, ...], axes: tuple[int, ...], node_size: int) -> tuple[int, int]:
+    """(devices per node, nodes) of the groups over `axes` of a mesh laid out in row-major
+    order on nodes of `node_size` consecutive devices: the fewest devices any group has in one
+    of its nodes, and the most nodes any group spans (counted, so meshes that do not divide
+    into nodes evenly are right too)."""
+    strides = [math.prod(shape[a + 1 :]) for a in range(len(shape))]
+    others = [a for a in range(len(shape)) if a not in axes]
+    fewest, most = math.prod(shape[a] for a in axes), 1
+    for fixed in itertools.product(*(range(shape[a]) for a in others)):
+        base = sum(i * strides[a] for i, a in zip(fixed, others, strict=True))
+        counts: dict[int, int] = {}
+        for moving in itertools.product(*(range(shape[a]) for a in axes)):
+            device = base + sum(i * strides[a] for i, a in zip(moving, axes, strict=True))
+            counts[device // node_size] = counts.get(device // node_size, 0) + 1
+        fewest, most = min(fewest, *counts.values()), max(most, len(counts))
+    return fewest, most
 
 
 def _per_axis(values: Sequence[float], n: int, what: str) -> tuple[float, ...]:
@@ -229,7 +309,7 @@ def device_kind(spec: object) -> DeviceKind:
             elif key in ("flops", "transcendental"):
                 values[key] = {str(d): float(v) for d, v in dict(value).items()}
             elif key in ("memory", "matmul_half_dim", "node_size", "cache_bytes",
-                         "matmul_cache_bytes"):  # fmt: skip
+                         "matmul_cache_bytes", "reserve"):  # fmt: skip
                 values[key] = int(value)
             else:
                 values[key] = float(value)
@@ -241,7 +321,7 @@ def device_kind(spec: object) -> DeviceKind:
     # times, and a cache or flash-attention kernel not modelled, may be 0; the rest may not
     times = ("launch_s", "link_latency", "network_latency", "cache_bytes", "cache_bandwidth",
              "matmul_cache_bytes", "pack_bandwidth", "attention_efficiency",
-             "attention_backward_efficiency")  # fmt: skip
+             "attention_backward_efficiency", "reserve")  # fmt: skip
     rates = [*values["flops"].values(), *values.get("transcendental", {}).values()] + [
         v
         for k, v in values.items()

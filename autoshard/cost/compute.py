@@ -35,7 +35,9 @@ multiplications (`int_pow`: kernels special-case it), 1 a copy and 0.5 a square 
 views (Reshape, Squeeze, ...) launch no kernel and cost nothing.
 
 A *contraction* (a reduction loop and two data operands: MatMul, Gemm, Einsum, Conv, and
-gradient ops derived from them) runs on the matrix units at `peak(dtype)`; everything else at
+gradient ops derived from them) runs on the matrix units at `peak(dtype)`, dtype its
+result's or the one the graph names for it (`Graph.matmul_dtypes`: FP8 for a linear layer's
+matmuls under fp8-mixed precision, its operands held in bf16); everything else at
 the vector rate `default_flops`. A contraction's efficiency falls for small and thin shapes
 and for misaligned ones: with M, N, K the local sizes of its loops indexing the first data
 operand only, the second only, and its reductions,
@@ -73,6 +75,7 @@ from autoshard.ir.graph import Graph, Op
 from autoshard.mesh import Mesh
 from autoshard.rules import IndexingMap, IteratorType, OpRule
 from autoshard.sharding import ShardingOption, shard_size
+from autoshard.training.options import Precision, TrainingError
 
 TRANSCENDENTAL_FLOPS: Mapping[Transcendental, int] = {
     # Vector instructions per evaluation in float32, where a device has no measured rate: a
@@ -315,6 +318,18 @@ def matmul_efficiency(
     return efficiency
 
 
+def check_precision(precision: Precision, device: DeviceKind) -> None:
+    """That `device` has the matrix units `precision` computes on: a device without an FP8
+    rate (an A100) cannot run fp8-mixed's matmuls in FP8."""
+    wanted = precision.matmul_dtype
+    if wanted is not None and wanted not in device.flops:
+        runs = [str(p) for p in Precision if p.matmul_dtype in (None, *device.flops)]
+        raise TrainingError(
+            f"precision {precision} needs FP8 tensor cores, which device {device.name!r} "
+            f"lacks; its precisions: {', '.join(runs)}"
+        )
+
+
 def op_cost(
     op: Op, rule: OpRule | None, option: ShardingOption | None, graph: Graph, cluster: Cluster
 ) -> OpCost:
@@ -329,6 +344,7 @@ def op_cost(
     flops = op_flops(op, rule, option, graph, mesh)
     moved = op_bytes(op, rule, option, graph, mesh)
     dtype = graph.values[op.outputs[0]].dtype if op.outputs and op.outputs[0] else "float32"
+    dtype = graph.matmul_dtypes.get(op.name, dtype)
     efficiency = None
     if rule is not None and option is not None and flops:
         efficiency = matmul_efficiency(rule, option, mesh, dtype, device, op.inputs)

@@ -55,6 +55,13 @@ class DeviceKind:
     attention kernel reaches forward and backward (`cost.compute.attention_cost`); 0: the
     device has no such kernel (a training plan then prices attention as exported by default,
     and a fused one at `matmul_efficiency`).
+    reserve: bytes of `memory` a training or serving process cannot hold tensors in (the
+    CUDA context and its kernels' modules, NCCL's buffers, the caching allocator's
+    fragmentation: `gpu_reserve`); the budget a plan gets when none is given is memory less
+    it, so a plan that fits fits when it runs.
+    network_bandwidth is one device's share of its node's scale-out bandwidth: a node's NICs
+    together carry node_size × network_bandwidth, which NCCL's rings across nodes use all of
+    (`cost.price.collective_time`).
     """
 
     @property
@@ -88,6 +95,7 @@ class DeviceKind:
     pack_bandwidth: float = 0.0
     attention_efficiency: float = 0.0
     attention_backward_efficiency: float = 0.0
+    reserve: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -98,6 +106,15 @@ class DeviceKind:
 
 
 GiB = 1 << 30
+
+
+def gpu_reserve(memory: int, context: int = GiB) -> int:
+    """What a GPU process cannot use for tensors: the CUDA (or ROCm) context with the
+    libraries' kernels loaded and cuBLAS's workspace (`context`: 1 GiB, or as `autoshard
+    calibrate --torch` measures it), 0.5 GiB for NCCL's buffers (a few communicators of
+    several channels, 4 MiB a channel per peer), and 1 % of the memory for the caching
+    allocator's fragmentation (docs/concepts/mesh.md#the-memory-reserve)."""
+    return context + GiB // 2 + memory // 100
 
 
 DEVICES = {
@@ -114,7 +131,7 @@ DEVICES = {
     # 2k tokens, its backward about 0.45 there (docs/concepts/fused-attention.md).
     "h100": DeviceKind(
         "NVIDIA H100 SXM5 80GB",
-        {"bfloat16": 989e12, "float16": 989e12, "float8e4m3fn": 1979e12, "int8": 1979e12},
+        {"bfloat16": 989e12, "float16": 989e12, "float8_e4m3fn": 1979e12, "int8": 1979e12},
         67e12,
         80 * 10**9,
         450e9,
@@ -128,6 +145,30 @@ DEVICES = {
         cache_bandwidth=8e12,
         attention_efficiency=0.6,
         attention_backward_efficiency=0.45,
+        reserve=gpu_reserve(80 * 10**9),
+    ),
+    # The H100s of Meta's Grand Teton hosts, on which TorchTitan's published runs were
+    # measured (pytorch/torchtitan docs/performance.md): 96 GB of HBM2e at 2.4 TB/s, a 500 W
+    # power limit, NVLink within a host of 8, 400 Gb/s RDMA per GPU. No peak is published
+    # ("between SXM and NVL", TorchTitan, arXiv 2410.06511): the SXM5's rates less 12.5 %,
+    # the middle of the 11-14 % issue 44 measured; the rest as the SXM5's.
+    "h100-hbm2e": DeviceKind(
+        "NVIDIA H100 HBM2e 96GB 500W",
+        {"bfloat16": 865e12, "float16": 865e12, "float8_e4m3fn": 1731e12, "int8": 1731e12},
+        58.6e12,
+        96 * 10**9,
+        450e9,
+        hbm_bandwidth=2.4e12,
+        matmul_efficiency=0.8,
+        memory_efficiency=0.85,
+        misaligned_efficiency=0.2,
+        strided_efficiency=0.5,
+        transpose_efficiency=0.17,
+        cache_bytes=25 << 20,
+        cache_bandwidth=8e12,
+        attention_efficiency=0.6,  # the SXM5's fractions of its own peak
+        attention_backward_efficiency=0.45,
+        reserve=gpu_reserve(96 * 10**9),
     ),
     # A100 SXM4 80GB datasheet: 312 TFLOP/s bf16/fp16 (624 int8), 19.5 fp32, HBM2e at
     # 2.039 TB/s, NVLink 3 600 GB/s bidirectional = 300 per direction. DGX A100: 8 GPUs, one
@@ -145,14 +186,15 @@ DEVICES = {
         network_bandwidth=25e9,
         attention_efficiency=0.6,
         attention_backward_efficiency=0.5,
+        reserve=gpu_reserve(80 * 10**9),
     ),
-    # MI300X datasheet: 1307 TFLOP/s bf16/fp16 dense (2615 int8), 163.4 fp32, 192 GB HBM3 at
+    # MI300X datasheet: 1307 TFLOP/s bf16/fp16 dense (2615 fp8/int8), 163.4 fp32, 192 GB HBM3 at
     # 5.3 TB/s, Infinity Fabric 7 links x 64 GB/s = 448 GB/s per GPU. 8-GPU OAM platform with
     # a 400 Gb/s NIC per GPU = 50 GB/s. hipBLASLt bf16 GEMMs reach ~0.6 of peak, copies ~0.8
     # of HBM bandwidth.
     "mi300x": DeviceKind(
         "AMD Instinct MI300X",
-        {"bfloat16": 1307e12, "float16": 1307e12, "int8": 2615e12},
+        {"bfloat16": 1307e12, "float16": 1307e12, "float8_e4m3fn": 2615e12, "int8": 2615e12},
         163.4e12,
         192 * 10**9,
         448e9,
@@ -162,6 +204,7 @@ DEVICES = {
         link_name="Infinity Fabric",
         attention_efficiency=0.6,  # FlashAttention-2's A100 fractions, assumed (ROCm port)
         attention_backward_efficiency=0.5,
+        reserve=gpu_reserve(192 * 10**9),
     ),
     # TPU v5e (Google Cloud docs): 197 TFLOP/s bf16 (394 int8), 16 GB HBM2e at 819 GB/s, ICI
     # 1600 Gbps per chip; a pod is 256 chips on ICI. Between slices (DCN) no per-chip figure is
@@ -177,13 +220,15 @@ DEVICES = {
         node_size=256,
         network_bandwidth=25e9,
         link_name="ICI",
+        reserve=GiB // 2,
     ),
-    # L4 datasheet: 121 TFLOP/s bf16/fp16 dense, 30.3 fp32, 24 GB GDDR6 at 300 GB/s, PCIe
-    # Gen4 x16 (~32 GB/s per direction). A g2-standard-96 node holds 8 L4s on PCIe and one
-    # 100 Gb/s NIC shared by the 8 = 1.5625 GB/s per GPU. At 72 W it clocks down: ~0.7 of peak.
+    # L4 datasheet: 121 TFLOP/s bf16/fp16 dense (242.5 fp8), 30.3 fp32, 24 GB GDDR6 at
+    # 300 GB/s, PCIe Gen4 x16 (~32 GB/s per direction). A g2-standard-96 node holds 8 L4s on
+    # PCIe and one 100 Gb/s NIC shared by the 8 = 1.5625 GB/s per GPU. At 72 W it clocks
+    # down: ~0.7 of peak.
     "l4": DeviceKind(
         "NVIDIA L4",
-        {"bfloat16": 121e12, "float16": 121e12},
+        {"bfloat16": 121e12, "float16": 121e12, "float8_e4m3fn": 242.5e12},
         30.3e12,
         24 * 10**9,
         32e9,
@@ -193,6 +238,7 @@ DEVICES = {
         link_name="PCIe",
         attention_efficiency=0.6,  # FlashAttention-2's A100 fractions, assumed (Ada)
         attention_backward_efficiency=0.5,
+        reserve=gpu_reserve(24 * 10**9),
     ),
 }
 
@@ -200,6 +246,10 @@ DEVICES = {
 DEFAULT_DEVICE = "h100"
 
 
-CLUSTERS = {"dgx-h100": "h100", "dgx-a100": "a100", "mi300x-8": "mi300x",
+CLUSTERS = {"dgx-h100": "h100", "dgx-a100": "a100", "selene": "a100",
+            "grand-teton-h100": "h100-hbm2e", "mi300x-8": "mi300x",
             "tpu-v5e-256": "tpu-v5e", "g2-l4-8": "l4"}  # fmt: skip
-"""`--cluster NAME`: the node each device preset describes (node size, scale-up link, NIC)."""
+"""`--cluster NAME`: the node each device preset describes (node size, scale-up link, NICs).
+`selene` is NVIDIA's cluster of DGX A100 80GB nodes (8 HDR 200 Gb/s NICs each) on which
+Megatron-LM's published runs were measured (Korthikanti et al. 2022); `grand-teton-h100`
+Meta's hosts of TorchTitan's runs."""

@@ -8,9 +8,32 @@ that, all_to_all (n-1)/n of the shard, a permute one whole shard per device it s
 
     time = steps·α + bytes_per_device / B
 
-A group over several mesh axes is as fast as its slowest axis: B = min, α = max over its axes
-(every ring hop crosses some link of each axis in turn). Bytes come from the very collectives
-that materialization emits (`plan_reshard`), so a plan's estimated bytes are its program's.
+A group within one node runs on its slowest axis's link: B = min, α = max over its axes
+(every ring hop crosses some link of each axis in turn). A group across nodes, k of its n
+devices in each of m nodes (`Cluster.stages`), runs as NCCL runs it, the faster of two
+algorithms (NCCL's tuner picks per size):
+
+- ring: NCCL builds one ring per channel, each leaving a node through a NIC of its own, so
+  a ring step moves a node's share through k NICs at once (its k devices' shares, B_net
+  each, of the node's aggregate) and through the in-node link B_in within:
+
+      time = steps(n)·α_net + bytes / min(B_in, k·B_net)
+
+- hierarchical: an in-node stage on the scale-up link and an across-node stage over the
+  NICs, one after the other (reduce-scatter in the node, the collective across nodes on
+  1/k of the data, all-gather in the node; an all_gather or reduce_scatter one stage
+  each way). Of the ring's bytes, the across-node stage moves (m-1)/(n-1), the in-node
+  stage the rest:
+
+      time = steps(m)·α_net + steps(k)·α_in + bytes·(m-1)/(n-1) / B_net
+             + bytes·(n-m)/(n-1) / B_in
+
+An all_to_all sends (n-k)/(n-1) of its bytes across nodes and the rest within, at once; a
+permute is as fast as its slowest axis. B_net is one device's share of its node's NICs
+(`DeviceKind.network_bandwidth`: a DGX H100's 8 ConnectX-7 at 400 Gb/s = 50 GB/s each), so
+a group with one device per node (k = 1) is priced as a plain ring over the network, and
+every group within a node as before. Bytes come from the very collectives that
+materialization emits (`plan_reshard`), so a plan's estimated bytes are its program's.
 """
 
 from __future__ import annotations
@@ -18,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from autoshard.collectives import Collective, ring_steps
+from autoshard.collectives import Collective, CollectiveKind, ring_steps
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import OpCost, op_cost
 from autoshard.cost.liveness import MEMORY_KINDS, Memory, live_kinds, memory
@@ -29,12 +52,32 @@ from autoshard.rules import rule_for
 
 def collective_time(collective: Collective, cluster: Cluster) -> float:
     """Seconds a collective takes on the cluster's links: its ring steps at the group's latency
-    plus its bytes per device at the group's bandwidth (the module's docstring)."""
+    plus its bytes per device at the group's bandwidth, across nodes as NCCL runs it (the
+    module's docstring)."""
     n = cluster.mesh.group_size(collective.mesh_axes)
-    bandwidth, latency = cluster.link(collective.mesh_axes)
-    if collective.bytes_per_device == 0:
+    sent, kind = collective.bytes_per_device, collective.kind
+    if sent == 0:
         return 0.0
-    return ring_steps(collective.kind, n) * latency + collective.bytes_per_device / bandwidth
+    at = cluster.stages(collective.mesh_axes)
+    if at.nodes == 1 or kind is CollectiveKind.PERMUTE:
+        bandwidth, latency = cluster.link(collective.mesh_axes)
+        return ring_steps(kind, n) * latency + sent / bandwidth
+    k, m = at.per_node, at.nodes
+    inside = at.inside_bandwidth if k > 1 else float("inf")
+    across = sent * (m - 1) / (n - 1)
+    if kind is CollectiveKind.ALL_TO_ALL:
+        out = sent * (n - k) / (n - 1)
+        return ring_steps(kind, n) * at.across_latency + max(
+            out / at.across_bandwidth, (sent - out) / inside
+        )
+    ring = ring_steps(kind, n) * at.across_latency + sent / min(inside, k * at.across_bandwidth)
+    staged = (
+        ring_steps(kind, m) * at.across_latency
+        + ring_steps(kind, k) * at.inside_latency
+        + across / at.across_bandwidth
+        + (sent - across) / inside
+    )
+    return min(ring, staged)
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,9 @@ class CostFigures:
 
 @dataclass(frozen=True)
 class ClusterInfo:
-    """`cluster` (`Cluster.to_json`): what the plan was priced on."""
+    """`cluster` (`Cluster.to_json`): what the plan was priced on. `reserve_bytes`: what the
+    budget left of the device's memory to what is no tensor (0, and not written, where a
+    budget was given and in plans written before it was recorded)."""
 
     mesh: str
     device: str
@@ -226,11 +228,13 @@ class ClusterInfo:
     node_size: int
     in_node: tuple[bool, ...]
     hbm_bandwidth_bytes_per_s: float
+    reserve_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"mesh": self.mesh, "device": self.device,
                 "bandwidth_bytes_per_s": list(self.bandwidth_bytes_per_s),
                 "latency_s": list(self.latency_s), "memory_bytes": self.memory_bytes,
+                **({"reserve_bytes": self.reserve_bytes} if self.reserve_bytes else {}),
                 "node_size": self.node_size, "in_node": list(self.in_node),
                 "hbm_bandwidth_bytes_per_s": self.hbm_bandwidth_bytes_per_s}  # fmt: skip
 
@@ -240,6 +244,7 @@ class ClusterInfo:
             data["mesh"], data["device"], tuple(data["bandwidth_bytes_per_s"]),
             tuple(data["latency_s"]), data["memory_bytes"], data["node_size"],
             tuple(data["in_node"]), data["hbm_bandwidth_bytes_per_s"],
+            int(data.get("reserve_bytes", 0)),
         )  # fmt: skip
 
 

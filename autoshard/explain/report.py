@@ -336,6 +336,11 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
 # ---- one plan ---------------------------------------------------------------------------------
 
 
+def _reserve_note(reserve: int) -> str:
+    """What the budget held back of the device's memory, where it did."""
+    return f"; the device's memory less a reserve of {format_bytes(reserve)}" if reserve else ""
+
+
 def plan_markdown(document: PlanDocument) -> str:
     """One plan document as a Markdown report: the strategy in words, model, cluster, cost,
     solver, collectives and every op's sharding option."""
@@ -353,7 +358,8 @@ def plan_markdown(document: PlanDocument) -> str:
         f"latency {', '.join(format_seconds(t) for t in cluster.latency_s)}.",
         "",
         *_table(("cost per device", "value"), 1, [
-            ("memory", f"{format_bytes(memory)} of {format_bytes(budget)} ({memory / budget:.1%})"),
+            ("memory", f"{format_bytes(memory)} of {format_bytes(budget)} ({memory / budget:.1%})"
+             + _reserve_note(cluster.reserve_bytes)),
             ("compute time", format_seconds(cost.compute_time_s)),
             ("communication", f"{format_bytes(cost.comm_bytes_per_device)} in "
                               f"{format_seconds(cost.comm_time_s)}"),

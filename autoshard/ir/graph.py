@@ -235,7 +235,9 @@ class Graph:
     value is held in, and written over it: the old value is dead after its last reader) and
     the phase of each op (`phases`: op name -> "forward", "backward", "gradient_sync" or
     "optimizer"; ops not listed are forward), and how many times the forward and backward
-    run per step (`micro_batches`: gradients accumulate, then are synchronized once).
+    run per step (`micro_batches`: gradients accumulate, then are synchronized once), and the
+    ops whose matrix units compute in another dtype than their result's (`matmul_dtypes`:
+    op name -> dtype; a linear layer's matmuls in FP8 under fp8-mixed precision).
 
     `fused` names the ops engines run as one kernel and what that kernel keeps of the values
     inside it (`ir.fused`: flash attention; empty when the graph is priced op by op).
@@ -255,6 +257,7 @@ class Graph:
     phases: Mapping[str, str] = field(default_factory=dict)
     micro_batches: int = 1
     fused: Fused = Fused()
+    matmul_dtypes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ops", tuple(self.ops))
@@ -266,6 +269,7 @@ class Graph:
         object.__setattr__(self, "constants", MappingProxyType(consts))
         object.__setattr__(self, "updates", MappingProxyType(dict(self.updates)))
         object.__setattr__(self, "phases", MappingProxyType(dict(self.phases)))
+        object.__setattr__(self, "matmul_dtypes", MappingProxyType(dict(self.matmul_dtypes)))
 
     def phase(self, op_name: str) -> str:
         """The phase of the training step op `op_name` runs in ("forward" outside training)."""

@@ -36,12 +36,22 @@ class Optimizer(enum.StrEnum):
 class Precision(enum.StrEnum):
     BF16_MIXED = "bf16-mixed"
     FP16_MIXED = "fp16-mixed"
+    FP8_MIXED = "fp8-mixed"  # bf16-mixed, its linear layers' matmuls on FP8 tensor cores
     FP32 = "fp32"
 
     @property
     def dtype(self) -> str:
         """The dtype of weights, activations and gradients."""
-        return {"bf16-mixed": "bfloat16", "fp16-mixed": "float16", "fp32": "float32"}[self.value]
+        return {"bf16-mixed": "bfloat16", "fp16-mixed": "float16", "fp8-mixed": "bfloat16",
+                "fp32": "float32"}[self.value]  # fmt: skip
+
+    @property
+    def matmul_dtype(self) -> str | None:
+        """The dtype the linear layers' matmuls (a weight times activations, forward and
+        backward) compute in where it is not `dtype`: FP8 (e4m3) under fp8-mixed, as
+        TorchTitan's Float8Linear and Transformer Engine run them, the operands cast to FP8
+        with a scale and the result in bf16; attention's matmuls stay in bf16."""
+        return "float8_e4m3fn" if self is Precision.FP8_MIXED else None
 
     @property
     def master_copy(self) -> bool:

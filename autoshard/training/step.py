@@ -30,7 +30,8 @@ weights) is counted by the same liveness as inference.
   backward kernel (the softmax's gradient op) or inside it, and the gradients of the values
   inside it are never held; a recomputed region runs its forward kernel again.
 - Precision: every float value is computed in the precision's dtype (a model exported in
-  fp32 trains in bf16 under bf16-mixed).
+  fp32 trains in bf16 under bf16-mixed); under fp8-mixed the linear layers' matmuls, forward
+  and backward, run on FP8 tensor cores (`Graph.matmul_dtypes`, `_Step.low_precision`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ LINEAR = frozenset(
     }
 )  # fmt: skip
 """Ops whose gradient is a linear map of the results' gradients alone."""
+
+WEIGHT_VIEWS = frozenset({"Transpose", "Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze"})
+"""Ops that hand a weight on as a weight: a linear layer reads its weight through them."""
 
 MULTILINEAR = frozenset({"MatMul", "Gemm", "Einsum", "Mul", "Conv", "ConvTranspose"})
 """Ops linear in each float operand: the gradient of one reads the others."""
@@ -221,9 +225,36 @@ class _Step:
             graph.weights, self.recast_constants(), graph.opset, graph.nodes_in_file, buffers,
             updates=self.updates, phases=self.phases, micro_batches=self.training.micro_batches,
             fused=graph.fused.derived(self.fused_ops, self.fused_values),
+            matmul_dtypes=self.low_precision(),
         )  # fmt: skip
         verify(new)
         return new
+
+    def low_precision(self) -> dict[str, str]:
+        """The ops computing in the precision's matmul dtype (none but under fp8-mixed): the
+        linear layers' matmuls, a MatMul or Gemm of activations by a trained weight (read as
+        is or through views and casts: a transposed weight), with their gradients and
+        recomputations. A matmul of two activations (attention's) stays in bf16."""
+        dtype = self.training.precision.matmul_dtype
+        if dtype is None:
+            return {}
+        weights = set(self.trainable)
+        for op in self.graph.ops:
+            if op.type in WEIGHT_VIEWS and op.inputs and op.inputs[0] in weights:
+                weights.update(o for o in op.outputs if o)
+        linear = {
+            op.name
+            for op in self.graph.ops
+            if op.type in ("MatMul", "Gemm")
+            and len([n for n in op.inputs[:2] if n in weights]) == 1
+        }
+        return {
+            op.name: dtype
+            for op in self.ops
+            if op.name in linear
+            or (op.type == TrainOp.GRAD and op.attrs.get("op") in linear)
+            or op.attrs.get(RECOMPUTE_OF) in linear
+        }
 
     def differentiate(self, op: Op) -> None:
         gradients = tuple(self.total(o) if o else "" for o in op.outputs)

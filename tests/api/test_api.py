@@ -317,7 +317,7 @@ def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys
         ),
         pytest.param(
             {**FIELDS, "mode": "training", "precision": "fp8"}, 422,
-            "unknown precision 'fp8'; choose one of: bf16-mixed, fp16-mixed, fp32",
+            "unknown precision 'fp8'; choose one of: bf16-mixed, fp16-mixed, fp8-mixed, fp32",
             id="training-precision",
         ),
     ],
@@ -510,8 +510,9 @@ def test_cluster_field_is_the_cli_cluster_flag(
     [
         pytest.param(
             "dgx-h10",
-            "unknown cluster preset 'dgx-h10'; presets: dgx-h100, dgx-a100, mi300x-8, "
-            "tpu-v5e-256, g2-l4-8 (or give a cluster file's JSON or YAML content)",
+            "unknown cluster preset 'dgx-h10'; presets: dgx-h100, dgx-a100, selene, "
+            "grand-teton-h100, mi300x-8, tpu-v5e-256, g2-l4-8 (or give a cluster file's JSON or "
+            "YAML content)",
             id="bad-preset",
         ),
         pytest.param(
@@ -521,8 +522,8 @@ def test_cluster_field_is_the_cli_cluster_flag(
             id="unknown-key",
         ),
         pytest.param(
-            '{"device": "h200"}', "unknown device 'h200'; presets: a100, h100, l4, mi300x, "
-            "tpu-v5e", id="unknown-device",
+            '{"device": "h200"}', "unknown device 'h200'; presets: a100, h100, h100-hbm2e, l4, "
+            "mi300x, tpu-v5e", id="unknown-device",
         ),
         pytest.param("[1, 2]", "cluster must hold a mapping of keys", id="not-a-mapping"),
     ],

@@ -191,7 +191,8 @@ def test_the_form_takes_a_cluster(server: Server, page: Any) -> None:
     assert navigation.value.status == 422
     assert tab.inner_text("#error") == (
         "The plan was not started: unknown cluster preset 'dgx-h10'; presets: dgx-h100, "
-        "dgx-a100, mi300x-8, tpu-v5e-256, g2-l4-8 (or give a cluster file's JSON or YAML content)"
+        "dgx-a100, selene, grand-teton-h100, mi300x-8, tpu-v5e-256, g2-l4-8 (or give a cluster "
+        "file's JSON or YAML content)"
     )
     assert tab.input_value("#cluster") == "dgx-h10"  # kept, to correct it
     tab.set_input_files("#model", str(MLP))

@@ -9,21 +9,25 @@ import pytest
 
 from autoshard.cli.main import main
 from autoshard.collectives import CollectiveKind, ring_steps
-from autoshard.cost.cluster import device_kind, make_cluster
+from autoshard.cost.cluster import Cluster, device_kind, make_cluster
 from autoshard.cost.compute import OpCost, attention_flops, op_cost
+from autoshard.cost.devices import gpu_reserve
 from autoshard.cost.measure.calibrate import (
     PACK_RATES,
+    Calibration,
     LinkSample,
     attention_efficiencies,
     fit_half_dim,
     fit_link,
     fit_links,
     fit_packing,
+    fp8_peak,
     kernel_rates,
     working_set,
 )
 from autoshard.cost.measure.probes import TorchProbe
 from autoshard.errors import ClusterError
+from autoshard.mesh import Mesh
 from autoshard.rules import rule_for
 from autoshard.sharding import ShardingOption
 from tests.search.test_plan import MODELS
@@ -278,3 +282,19 @@ def test_the_fit_separates_packing_from_multiplying():
     assert (half, found) == (16, limit)
     assert peak == pytest.approx(5e10) and speedup == pytest.approx(3)
     assert pack == PACK_RATES[10] == pytest.approx(4.0e9, rel=1e-3)
+
+
+def test_the_fp8_peak_and_reserve_follow_the_models():
+    """A measured 8192^3 e4m3 matmul at 1500 TFLOP/s, bf16's half dim 64: the peak at
+    efficiency 1 is 1500e12 / (8192 / 8256)^3; a GPU of 80 GB with 0.6 GB of context holds
+    back 0.6 GB + 0.5 GiB + 0.8 GB."""
+    assert fp8_peak(1500e12, 8192, 64) == pytest.approx(1500e12 * (8256 / 8192) ** 3)
+    assert gpu_reserve(80 * 10**9, 6 * 10**8) == 6 * 10**8 + 2**29 + 8 * 10**8
+
+
+def test_a_calibrated_device_carries_its_fp8_rate_and_reserve():
+    calibration = Calibration((), 1e14, 64, 1e12, 2e-6, 80 * 10**9, dtype="bfloat16",
+                              fp8_peak=2e15, reserve=3 * 10**9)  # fmt: skip
+    device = device_kind(calibration.device("gpu"))
+    assert device.peak("float8_e4m3fn") == 2e15 and device.reserve == 3 * 10**9
+    assert Cluster(Mesh((2,)), device).memory == 77 * 10**9

@@ -2,14 +2,19 @@
 
 import pytest
 
-from autoshard.cost.cluster import make_cluster
+from autoshard.cli.main import main
+from autoshard.cost.cluster import device_kind, make_cluster
+from autoshard.cost.devices import DEVICES
 from autoshard.cost.liveness import shard_bytes
 from autoshard.cost.price import collective_time
+from autoshard.document.plan_document import read_document
 from autoshard.errors import ClusterError
+from autoshard.explain.report import plan_markdown
 from autoshard.mesh import Mesh
 from autoshard.reshard import plan_reshard
 from autoshard.sharding import Sharding
 from autoshard.units import parse_bandwidth, parse_size
+from tests.search.test_plan import MODELS
 
 S = Sharding.parse
 CLUSTER = make_cluster(mesh="4x8", bandwidth="25GB/s,450GB/s", latency="5us,1us")
@@ -36,12 +41,17 @@ def test_all_reduce_over_the_fast_axis():
     assert collective_time(c, CLUSTER) == pytest.approx(14e-6 + 7 * 2**20 / 450e9)
 
 
-def test_a_group_over_both_axes_runs_at_the_slowest_link():
-    """all_gather over [0, 1] (32 devices): 31 local shards of 128 KiB at 25 GB/s, 31 steps of
-    5 us: the inter-node axis bounds the whole ring."""
+def test_a_group_over_both_axes_runs_in_two_stages():
+    """all_gather over [0, 1] (32 devices, 8 in each of 4 nodes): 31 local shards of 128 KiB.
+    The ring (31 steps of 5 us, at min(450, 8 x 25) GB/s) takes 175 us; the two stages, 3 of
+    the shards across nodes at 25 GB/s in 3 steps of 5 us, then 28 in the node at 450 GB/s in
+    7 steps of 1 us, take 46 us: small messages go the hierarchical way."""
     c = only("[[0, 1]]", "[[]]", (1024, 1024))
     assert c.bytes_per_device == 31 * 2**17
-    assert collective_time(c, CLUSTER) == pytest.approx(31 * 5e-6 + 31 * 2**17 / 25e9)
+    ring = 31 * 5e-6 + 31 * 2**17 / 200e9
+    staged = 3 * 5e-6 + 7 * 1e-6 + 3 * 2**17 / 25e9 + 28 * 2**17 / 450e9
+    assert staged < ring
+    assert collective_time(c, CLUSTER) == pytest.approx(staged)
 
 
 def test_reduce_scatter_and_all_to_all():
@@ -115,7 +125,9 @@ def test_a_dgx_h100_prices_axis_0_on_the_network_and_axis_1_on_nvlink():
 
 def test_presets_and_defaults():
     cluster = make_cluster(mesh="2x4", device="a100")
-    assert cluster.memory == 80 * 10**9
+    # 80 GB less 1 GiB of CUDA context, 0.5 GiB of NCCL buffers and 1 % for fragmentation
+    assert cluster.reserve == 2**30 + 2**29 + 8 * 10**8
+    assert cluster.memory == 80 * 10**9 - cluster.reserve
     assert cluster.bandwidth == (300e9, 300e9)  # 8 devices: one DGX A100 node
     assert cluster.device.hbm_bandwidth == 2.039e12
     assert cluster.device.peak("bfloat16") == 312e12
@@ -128,6 +140,7 @@ def test_cluster_file(tmp_path):
     cluster = make_cluster(file=path, memory="64GiB")
     assert (cluster.bandwidth, cluster.latency) == ((25e9, 450e9), (2e-6, 2e-6))
     assert cluster.memory == 64 * 2**30 and cluster.device.name == "AMD Instinct MI300X"
+    assert cluster.reserve == 0  # a budget given is the tensors' budget
 
 
 @pytest.mark.parametrize(
@@ -143,3 +156,67 @@ def test_cluster_file(tmp_path):
 def test_bad_cluster_flags(flags, message):
     with pytest.raises(ClusterError, match=message.replace("(", r"\(")):
         make_cluster(**flags)
+
+
+def test_the_budget_states_its_reserve():
+    """No --memory: 80 GB less 2410612736 B of reserve = 77589387264 B; a --memory given is the
+    tensors' budget, with nothing held back."""
+    cluster = make_cluster(mesh="4x8")
+    assert (cluster.memory, cluster.reserve) == (77589387264, 2410612736)
+    assert cluster.describe_budget() == (
+        "memory budget 72.26 GiB per device (74.51 GiB - 2.25 GiB reserve: CUDA context, "
+        "NCCL buffers, allocator fragmentation)"
+    )
+    assert cluster.to_json()["reserve_bytes"] == 2410612736
+    given = make_cluster(mesh="4x8", memory="16GiB")
+    assert (given.memory, given.reserve) == (16 * 2**30, 0)
+    assert given.describe_budget() == "memory budget 16.00 GiB per device"
+
+
+@pytest.mark.parametrize(
+    "preset, device, memory, network",
+    [
+        ("selene", "NVIDIA A100 SXM4 80GB", 80 * 10**9, 25e9),  # 8 HDR 200 Gb/s NICs a node
+        ("grand-teton-h100", "NVIDIA H100 HBM2e 96GB 500W", 96 * 10**9, 50e9),  # 400 Gb/s a GPU
+        ("dgx-h100", "NVIDIA H100 SXM5 80GB", 80 * 10**9, 50e9),
+    ],
+)
+def test_presets_of_published_runs(preset, device, memory, network):
+    cluster = make_cluster(mesh="4x8", file=preset)
+    assert cluster.device.name == device and cluster.device.memory == memory
+    assert cluster.bandwidth[0] == network and cluster.device.node_size == 8
+    assert cluster.memory == memory - (2**30 + 2**29 + memory // 100)
+
+
+def test_the_grand_teton_h100_is_the_sxm5_less_an_eighth():
+    """TorchTitan's H100s: no published peak; the SXM5's less 12.5 %, HBM2e at 2.4 TB/s."""
+    sxm, teton = DEVICES["h100"], DEVICES["h100-hbm2e"]
+    for dtype in ("bfloat16", "float8_e4m3fn"):
+        assert teton.peak(dtype) == pytest.approx(0.875 * sxm.peak(dtype), rel=1e-3)
+    assert teton.hbm_bandwidth == 2.4e12
+
+
+def test_a_described_device_takes_a_reserve():
+    spec = {"name": "mine", "flops": {"bfloat16": 1e15}, "default_flops": 5e13,
+            "memory": 10**10, "link_bandwidth": 1e11, "hbm_bandwidth": 1e12,
+            "reserve": 10**9}  # fmt: skip
+    assert device_kind(spec).reserve == 10**9
+    with pytest.raises(ClusterError, match="times >= 0"):
+        device_kind({**spec, "reserve": -1})
+
+
+def test_the_summary_states_the_reserve(capsys, tmp_path):
+    """`autoshard plan` without --memory says what the budget held back, and so do the plan
+    document and its report; with --memory, nothing is held back."""
+    args = ["plan", str(MODELS / "mlp.onnx"), "--mesh", "2", "--dim", "batch=8", "-q"]
+    assert main([*args, "-o", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    assert " of 72.26 GiB (0.0%); memory budget 72.26 GiB per device (74.51 GiB - 2.25 GiB " in out
+    document = read_document(tmp_path / "plan.json")
+    assert document.cluster is not None and document.cluster.reserve_bytes == 2410612736
+    assert "of 72.26 GiB (0.0%); the device's memory less a reserve of 2.25 GiB" in (
+        plan_markdown(document)
+    )
+    assert main([*args, "--memory", "1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert " of 1.00 GiB (" in out and "reserve" not in out

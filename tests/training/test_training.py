@@ -285,7 +285,7 @@ def test_plan_summary_shows_the_phases_and_the_memory_by_kind(mlp, capsys):
         (["--mode", "train"], "unknown mode 'train'; choose one of: inference, training"),
         (
             ["--mode", "training", "--precision", "fp8"],
-            "unknown precision 'fp8'; choose one of: bf16-mixed, fp16-mixed, fp32",
+            "unknown precision 'fp8'; choose one of: bf16-mixed, fp16-mixed, fp8-mixed, fp32",
         ),
         (
             ["--mode", "training", "--micro-batches", "0"],

@@ -337,7 +337,7 @@ def test_cli_explain(annotated, capsys, tmp_path):
     assert main([*args, "--memory", "1GiB"]) == 2
     assert capsys.readouterr().err == (
         f"autoshard: error: plan {annotated.path} was priced with cluster memory_bytes = "
-        "80000000000, these flags give 1073741824: give the --device, --bandwidth, --latency, "
+        "77589387264, these flags give 1073741824: give the --device, --bandwidth, --latency, "
         "--memory and --cluster the plan was made with\n"
     )
     assert main(["explain", annotated.path, "--model", str(MLP)]) == 2

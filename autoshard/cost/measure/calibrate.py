@@ -46,6 +46,12 @@ each time the median of several runs on CUDA, the fastest on a CPU (`cost.probes
   the matmul peak, become `attention_efficiency` and `attention_backward_efficiency` (0 on a
   CPU: no flash kernel).
 - memory: the machine's physical memory, or the GPU's.
+- on a GPU with FP8 tensor cores (compute capability 8.9 and up), an e4m3 matmul of 8192^3
+  with a bf16 result (`torch._scaled_mm`, as Float8Linear runs it): its rate over the bf16
+  fit's s(M) s(N) s(K) is the device's `float8_e4m3fn` peak (`fp8_peak`).
+- on a GPU, the reserve: what the process holds outside torch's allocator once the probes
+  ran (the CUDA context, the kernels' modules, cuBLAS's workspace), plus NCCL's and the
+  fragmentation's shares of `cost.devices.gpu_reserve`.
 
 - links (`autoshard.run.measure`, with torch): all_gather, all_reduce, reduce_scatter and
   all_to_all over N local processes on torch.distributed (gloo on CPU, nccl on GPUs), at
@@ -79,7 +85,7 @@ from pathlib import Path
 
 from autoshard.collectives import CollectiveKind, ring_bytes, ring_steps
 from autoshard.cost.compute import attention_flops
-from autoshard.cost.devices import Transcendental
+from autoshard.cost.devices import Transcendental, gpu_reserve
 from autoshard.cost.measure.probes import OnnxRuntimeProbe, TorchProbe
 from autoshard.errors import ClusterError
 from autoshard.units import parse_size
@@ -121,6 +127,11 @@ class Calibration:
     transpose_efficiency: float = 1.0
     attention_efficiency: float = 0.0
     attention_backward_efficiency: float = 0.0
+    fp8_peak: float = 0.0
+    """FP8 FLOP/s of the matrix units at efficiency 1 (0: not measured, or no FP8)."""
+    reserve: int = 0
+    """Bytes of the GPU no tensor can use (`cost.devices.gpu_reserve` over the measured
+    context; 0 on a CPU)."""
 
     @property
     def processor(self) -> str:
@@ -144,7 +155,8 @@ class Calibration:
             "name": name,
             # Tensor cores run float16 at bfloat16's rate: a float16 model plans on it too.
             "flops": {self.dtype: self.peak}
-            | ({"float16": self.peak} if self.dtype == "bfloat16" else {}),
+            | ({"float16": self.peak} if self.dtype == "bfloat16" else {})
+            | ({"float8_e4m3fn": self.fp8_peak} if self.fp8_peak else {}),
             "default_flops": self.vector_flops or self.peak,
             "memory": self.memory,
             "hbm_bandwidth": self.copy_bandwidth,
@@ -169,6 +181,7 @@ class Calibration:
             "transpose_efficiency": self.transpose_efficiency,
             "attention_efficiency": self.attention_efficiency,
             "attention_backward_efficiency": self.attention_backward_efficiency,
+            "reserve": self.reserve,
         }
 
     def to_json(self) -> dict[str, object]:
@@ -456,14 +469,15 @@ def calibrate(
     count = 1 << (22 if cuda else 16)  # in the cache: the function's rate, not memory's
     special = _special_rates(probe, count, launch, progress)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    flash = (0.0, 0.0)
+    flash, fp8, reserve = (0.0, 0.0), 0.0, 0
     if gpu is not None:
         memory = gpu.torch.cuda.get_device_properties(gpu.device).total_memory
         flash = attention_efficiencies(gpu, peak, launch, scale, progress)
+        fp8, reserve = _gpu_precision_and_reserve(gpu, memory, half, scale, progress)
     return Calibration(
         tuple(rates), peak, half, copy, launch, memory, None, probe.dtype, vector,
         tuple(special), f"{probe.name} {probe.dtype}", cache, cache_rate, misaligned,
-        private, speedup, pack, strided, transposed, *flash,
+        private, speedup, pack, strided, transposed, *flash, fp8, reserve,
     )  # fmt: skip
 
 
@@ -492,6 +506,30 @@ def attention_efficiencies(
         progress(f"attention {pass_}: {found[-1]:.2f} of the matmul peak (SDPA, causal, "
                  f"{batch}x{heads}x{seq}x{head_dim})")  # fmt: skip
     return found[0], found[1]
+
+
+def _gpu_precision_and_reserve(
+    gpu: TorchProbe, memory: int, half: int, scale: int, progress: Callable[[str], None]
+) -> tuple[float, int]:
+    """The FP8 peak (0 without FP8) and the reserve of a GPU, after the other probes ran
+    (their kernels' modules loaded, as a training process has them)."""
+    d = 8192 // scale
+    seconds = gpu.fp8_matmul(d, d, d)
+    fp8 = 0.0 if seconds is None else fp8_peak(2 * d**3 / seconds, d, half)
+    if fp8:
+        progress(f"fp8: {fp8 / 1e12:.1f} TFLOP/s at efficiency 1 (an e4m3 matmul {d}^3)")
+    context = gpu.runtime_bytes()
+    reserve = gpu_reserve(memory, context)
+    progress(f"reserve: {reserve / 1e9:.2f} GB ({context / 1e9:.2f} GB of CUDA context measured, "
+             "0.5 GiB for NCCL, 1 % for fragmentation)")  # fmt: skip
+    return fp8, reserve
+
+
+def fp8_peak(rate: float, dim: int, half: int) -> float:
+    """The FP8 peak at efficiency 1 that the contraction model (`cost.compute`) puts at a
+    measured `rate` for a dim^3 matmul: rate / s(dim)^3, s(d) = d / (d + half), with the
+    half dim fitted to the bf16 matmuls (the same tiles)."""
+    return rate / (dim / (dim + half)) ** 3
 
 
 def _matmul_rates(

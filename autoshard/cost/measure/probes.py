@@ -233,6 +233,28 @@ class TorchProbe:
         a, b = self.tensor(m, k, dtype=dtype), self.tensor(k, n, dtype=dtype)
         return self.time(lambda: self.torch.matmul(a, b))
 
+    def fp8_matmul(self, m: int, k: int, n: int) -> float | None:
+        """Seconds of an FP8 (e4m3) matmul with a bf16 result, as Float8Linear runs one
+        (`torch._scaled_mm`, its second operand column-major as it requires); None on a
+        device without FP8 tensor cores (compute capability below 8.9, or no CUDA)."""
+        torch = self.torch
+        if not self.cuda or torch.cuda.get_device_capability(self.device) < (8, 9):
+            return None
+        a = self.tensor(m, k).to(torch.float8_e4m3fn)
+        b = self.tensor(n, k).to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=self.device)
+        return self.time(
+            lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        )
+
+    def runtime_bytes(self) -> int:
+        """Bytes of the GPU this process holds outside torch's allocator: the CUDA context,
+        the kernels' modules loaded so far, cuBLAS's workspace (0 on a CPU)."""
+        if not self.cuda:
+            return 0
+        free, total = self.torch.cuda.mem_get_info(self.device)
+        return max(0, total - free - self.torch.cuda.memory_reserved(self.device))
+
     def add(self, elements: int) -> float:
         x, y = self.tensor(elements), self.tensor(elements)
         out = self.torch.empty_like(x)
