@@ -15,7 +15,8 @@ partition rewrites them; two tables say which and how:
   partial); a GatherND whose indexed dims are split subtracts each dim's start from its id
   component; a bias of a Gemm or Conv whose reduction is split ("bias_once") is added by the
   first device of each reduction group only; Conv / GroupNormalization group counts
-  ("local_group") count the groups a device holds. The handler returns each device's local ops.
+  ("local_group") count the groups a device holds, and so do the head counts of attention and
+  rotary ops in the 3-D layout ("local_heads"). The handler returns each device's local ops.
 
 A handler is a function of the partition in progress (`Partitioning`: local shapes, fresh
 names, per-device constants) and the op. It adds the constants and temporaries its rewrite
@@ -233,6 +234,37 @@ def local_groups(p: Partitioning, op: Op) -> list[list[Op]]:
     return out
 
 
+_HEADS: Mapping[str, tuple[tuple[str, int], ...]] = {
+    "Attention": (("q_num_heads", 0), ("kv_num_heads", 1)),
+    "GroupQueryAttention": (("num_heads", 0), ("kv_num_heads", 1)),
+    "MultiHeadAttention": (("num_heads", 0),),
+    "RotaryEmbedding": (("num_heads", 0),),
+}
+"""Op type -> its head-count attributes and the 3-D operand whose last dim holds those heads
+(rule note "local_heads"; the same for the ONNX and the com.microsoft op of one name)."""
+
+
+def local_heads(p: Partitioning, op: Op) -> list[list[Op]]:
+    """Head counts of the 3-D layout ([B, S, heads · head size]): the heads a device holds,
+    from its local hidden dim (the rule splits it by whole heads: rules/attention.py)."""
+    out: list[list[Op]] = [[] for _ in range(p.count)]
+    counts: list[dict[str, AttrValue]] = [{} for _ in range(p.count)]
+    for attr, index in _HEADS[op.type]:
+        heads = op.attr(attr, 0)
+        name = op.inputs[index] if index < len(op.inputs) else ""
+        if not isinstance(heads, int) or heads < 1 or not name:
+            continue
+        hidden = p.tensors[name].shape[-1]
+        for k, shape in enumerate(p.local(name)):
+            if shape[-1] % (hidden // heads):
+                raise p.fail(op, f"a device holds {shape[-1]} of {hidden} of {name}, not whole "
+                             f"heads of {hidden // heads}")  # fmt: skip
+            counts[k][attr] = shape[-1] // (hidden // heads)
+    for k in range(p.count):
+        out[k].append(dataclasses.replace(op, attrs=Attrs({**op.attrs, **counts[k]})))
+    return out
+
+
 def bias_once(p: Partitioning, op: Op) -> list[list[Op]]:
     """With its reduction split, the bias is added by each reduction group's first device
     only (the others drop the optional operand): the partial sums then count it once."""
@@ -414,6 +446,7 @@ NOTE_REWRITES: Mapping[tuple[Note, str], LocalRewrite] = MappingProxyType(
         (Note.BIAS_ONCE, "Conv"): bias_once,
         (Note.LOCAL_GROUP, "Conv"): local_groups,
         (Note.LOCAL_GROUP, "GroupNormalization"): local_groups,
+        **{(Note.LOCAL_HEADS, op_type): local_heads for op_type in _HEADS},
     }
 )
 """(rule note, op type) -> each device's local ops. An op whose split needs no rewrite runs
