@@ -299,3 +299,36 @@ def test_three_d_heads_are_counted_per_device(tmp_path):
     ops = [s.op for d in partitioned.devices for s in d.steps if hasattr(s, "op")]
     attention = [op for op in ops if op.type == "Attention"]
     assert {(op.attr("q_num_heads"), op.attr("kv_num_heads")) for op in attention} == {(4, 1)}
+
+
+def test_attention_gradients_sum_over_the_queries_for_keys_and_values(tmp_path):
+    """The training step's gradients of an Attention, derived from its rule: dQ keeps the
+    query loop parallel; dK and dV sum over it (partial over the axes splitting the queries),
+    and all three split by heads and batch as the forward does."""
+    from autoshard.sharding import Sharding, ShardingOption
+    from autoshard.training import Training, training_graph
+
+    weights = {name: RNG.standard_normal((32, n)).astype(np.float32)
+               for name, n in (("wq", 32), ("wk", 16), ("wv", 16))}  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["x", f"w{t}"], [t], f"proj_{t}") for t in ("q", "k", "v")
+    ] + [helper.make_node("Attention", ["q", "k", "v"], ["y"], "attn", q_num_heads=4,
+                          kv_num_heads=2)]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 4, 32))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 4, 32))],
+        [onnx.numpy_helper.from_array(w, n) for n, w in weights.items()],
+    )  # fmt: skip
+    path = tmp_path / "attn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]), path)
+    step = training_graph(import_onnx(path), Training())
+    grads = {op.attr("operand"): op for op in step.ops if op.attr("op") == "attn"}
+    assert sorted(grads) == [0, 1, 2]
+    rules = {k: rule_for(op, step) for k, op in grads.items()}
+    assert rules[0].loops[3].kind is IteratorType.PARALLEL
+    assert rules[1].loops[3].kind is rules[2].loops[3].kind is IteratorType.REDUCTION
+    option = ShardingOption(((0,), (1,), (), (), (), ()))  # batch on axis 0, heads on 1
+    query_split = ShardingOption(((), (), (), (0,), (), ()))
+    assert rules[1].result_sharding(option, 0) == Sharding(((0,), (), (1,)))
+    assert rules[1].result_sharding(query_split, 0) == Sharding((), (0,))
+    assert rules[0].result_sharding(query_split, 0) == Sharding(((), (0,)))
