@@ -1,5 +1,6 @@
 """Fused attention ops: ONNX Attention and RotaryEmbedding (opset 23), and onnxruntime's
-com.microsoft GroupQueryAttention, MultiHeadAttention and RotaryEmbedding.
+com.microsoft GroupQueryAttention, MultiHeadAttention, RotaryEmbedding, and its packed-weight
+Attention and EmbedLayerNormalization (BERT-style exports; these split the batch only).
 
 Attention computes, per batch b, query head q, query position i and key position j,
 
@@ -313,3 +314,61 @@ def microsoft_rotary_embedding(op: Op, graph: Graph) -> OpRule | None:
     table = IndexingMap.of(None, None)
     operands = (*rule.operands, None if offset else ids, table, table)
     return OpRule(rule.loops, operands, rule.results, rule.note)
+
+
+# ---- onnxruntime's packed-weight ops ------------------------------------------------------------
+
+
+def _batch_leading(shape: Sequence[int] | None, batch: int) -> IndexingMap | None:
+    """A tensor whose dim 0 is the batch (a mask [B, ...], a bias [B or 1, ...]): dim 0 follows
+    the batch loop, the rest is read whole. None when dim 0 is something else."""
+    if shape is None or not shape or shape[0] not in (1, batch):
+        return None
+    return IndexingMap.of(None if shape[0] == 1 and batch > 1 else 0, *(None for _ in shape[1:]))
+
+
+@register("Attention", domain=MICROSOFT)
+def packed_attention(op: Op, graph: Graph) -> OpRule | None:
+    """onnxruntime's Attention: the input [B, S, hidden] projected by packed weights
+    [hidden, Q | K | V] (+ bias) into heads, attended, with mask_index, past [2, B, N, P, H]
+    and attention_bias. Only the batch splits: the packed columns are no block of heads, and
+    the keys come from the same input as the queries, so the sequence is read whole."""
+    x, weights = _shape(graph, op, 0), _shape(graph, op, 1)
+    heads = _int(op, "num_heads")
+    if x is None or weights is None or len(x) != 3 or len(weights) != 2 or heads < 1:
+        return None
+    if any(_shape(graph, op, i) is not None for i in (6,)):  # past_sequence_length
+        return None
+    past = _shape(graph, op, 4)
+    keys = x[1] + (past[3] if past is not None and len(past) == 5 else 0)
+    size = weights[1] // (3 * heads)
+    loops = (Loop(x[0]), invalid(heads), invalid(1), invalid(x[1]), invalid(keys), invalid(size))
+    mask = _batch_leading(_shape(graph, op, 3), x[0])
+    if _shape(graph, op, 3) is not None and (mask is None or _shape(graph, op, 3) == (2 * x[0],)):
+        return None  # [2B]: end and start positions of each batch row, not [B]
+    cache = IndexingMap.of(None, _Loops.BATCH, None, None, None)
+    token = IndexingMap.of(_Loops.BATCH, None, None)
+    bias = _batch_leading(_shape(graph, op, 5), x[0])
+    operands = (token, IndexingMap.of(None, None), IndexingMap.of(None), mask, cache, bias)
+    return OpRule(loops, operands[: len(op.inputs)], (token, cache)[: len(op.outputs)])
+
+
+@register("EmbedLayerNormalization", domain=MICROSOFT)
+def embed_layer_norm(op: Op, graph: Graph) -> OpRule | None:
+    """onnxruntime's BERT embedding: word, position and segment lookups summed and normalized.
+    Only the batch splits: positions default to the token's index in the sequence, and the
+    tables and the hidden dim are read whole. Results: output [B, S, H], mask_index [B],
+    embedding_sum [B, S, H]."""
+    ids = _shape(graph, op, 0)
+    if ids is None or len(ids) != 2:
+        return None
+    hidden = graph.values[op.outputs[0]].shape[-1]
+    loops = (Loop(ids[0]), invalid(ids[1]), invalid(hidden))
+    tokens = IndexingMap.of(0, None)
+    table = IndexingMap.of(None, None)
+    vector = IndexingMap.of(None)
+    positions = _shape(graph, op, 8)
+    position_map = _batch_leading(positions, ids[0]) if positions is not None else None
+    operands = (tokens, tokens, table, table, table, vector, vector, tokens, position_map)
+    results = (IndexingMap.of(0, None, None), IndexingMap.of(0), IndexingMap.of(0, None, None))
+    return OpRule(loops, operands[: len(op.inputs)], results[: len(op.outputs)])

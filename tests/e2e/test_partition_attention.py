@@ -42,6 +42,7 @@ class Case:
     outputs: tuple[tuple[str, tuple[int, ...]], ...]
     attrs: dict[str, object] = field(default_factory=dict)
     domain: str = ""
+    int_outputs: tuple[str, ...] = ()  # int32 results (the rest are float)
 
     def model(self, path):
         node = helper.make_node(
@@ -53,7 +54,12 @@ class Case:
             for n, kind, value in self.inputs
             if n and value is not None
         ]
-        outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in self.outputs]
+        outputs = [
+            helper.make_tensor_value_info(
+                n, TensorProto.INT32 if n in self.int_outputs else TensorProto.FLOAT, s
+            )
+            for n, s in self.outputs
+        ]
         graph = helper.make_graph([node], "case", inputs, outputs, value_info=outputs)
         opsets = [helper.make_opsetid("", 23)] + (
             [helper.make_opsetid(MS, 1)] if self.domain else []
@@ -189,6 +195,31 @@ CASES = {
         (("y", (2, 4, 32)),),
         {"num_heads": 4},
         MS,
+    ),  # fmt: skip
+    # Packed QKV weights: the batch splits only.
+    "ms_attention_packed": Case(
+        "Attention",
+        _in(x=f(2, 4, 16), w=f(16, 48), b=f(48), mask=("i32", np.array([4, 3], np.int32))),
+        (("y", (2, 4, 16)),),
+        {"num_heads": 4},
+        MS,
+    ),
+    "ms_embed_layer_norm": Case(
+        "EmbedLayerNormalization",
+        _in(
+            ids=("i32", RNG.integers(0, 32, (2, 4)).astype(np.int32)),
+            seg=("i32", RNG.integers(0, 2, (2, 4)).astype(np.int32)),
+            word=f(32, 16),
+            pos=f(16, 16),
+            segment=f(2, 16),
+            gamma=f(16),
+            beta=f(16),
+            mask=("i32", np.array([[1, 1, 1, 0], [1, 1, 1, 1]], np.int32)),
+        ),
+        (("y", (2, 4, 16)), ("mask_index", (2,))),
+        {},
+        MS,
+        ("mask_index",),
     ),  # fmt: skip
     "ms_rotary_3d": Case(
         "RotaryEmbedding",
