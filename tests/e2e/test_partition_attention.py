@@ -133,6 +133,15 @@ CASES = {
         (("y", (2, 4, 16)),),
         {"q_num_heads": 4, "kv_num_heads": 4, "softcap": 2.0},
     ),
+    # Decoding: one new token of the 3-D layout, past caches in [B, Hkv, P, D].
+    "attention_3d_decode_past": Case(
+        "Attention",
+        _in(
+            q=f(2, 1, 32), k=f(2, 1, 16), v=f(2, 1, 16), m_=NONE, pk=f(2, 2, 3, 8), pv=f(2, 2, 3, 8)
+        ),
+        (("y", (2, 1, 32)), ("present_k", (2, 2, 4, 8)), ("present_v", (2, 2, 4, 8))),
+        {"q_num_heads": 4, "kv_num_heads": 2, "is_causal": 1},
+    ),  # fmt: skip
     # Multi-query: one key-value head read whole, query heads split alone.
     "attention_mqa": Case(
         "Attention",
@@ -182,6 +191,30 @@ CASES = {
         {"num_heads": 8, "kv_num_heads": 2, "do_rotary": 1},
         MS,
     ),  # fmt: skip
+    # A decoding step: past caches of 4 positions, one new token.
+    "ms_group_query_attention_decode": Case(
+        "GroupQueryAttention",
+        _in(
+            q=f(2, 1, 64),
+            k=f(2, 1, 32),
+            v=f(2, 1, 32),
+            pk=f(2, 2, 4, 16),
+            pv=f(2, 2, 4, 16),
+            seqlens=("i32", np.array([4, 2], np.int32)),
+            total=("i32", np.array(5, np.int32)),
+        ),
+        (("y", (2, 1, 64)), ("present_k", (2, 2, 5, 16)), ("present_v", (2, 2, 5, 16))),
+        {"num_heads": 4, "kv_num_heads": 2},
+        MS,
+    ),  # fmt: skip
+    # Cross attention: key and value already in heads [B, N, L, D].
+    "ms_multi_head_attention_4d_kv": Case(
+        "MultiHeadAttention",
+        _in(q=f(2, 4, 32), k=f(2, 4, 6, 8), v=f(2, 4, 6, 8)),
+        (("y", (2, 4, 32)),),
+        {"num_heads": 4},
+        MS,
+    ),
     "ms_multi_head_attention": Case(
         "MultiHeadAttention",
         _in(
