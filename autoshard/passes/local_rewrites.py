@@ -265,6 +265,56 @@ def local_heads(p: Partitioning, op: Op) -> list[list[Op]]:
     return out
 
 
+def local_attention(p: Partitioning, op: Op) -> list[list[Op]]:
+    """ONNX Attention: its head counts (`local_heads`) and, when causal with its queries
+    split, its causal mask written out. The op places query i at key position i + P (P past
+    keys); a device holding queries [lo, hi) needs them at lo + i + P, which no attribute
+    says, so it gets `is_causal = 0` and the boolean mask `key <= lo + i + P`, combined with
+    its own mask if it has one: `And` for a boolean mask, `Where(allowed, mask, lowest)` for an
+    additive one (onnxruntime's causal mask puts the lowest finite number there, over the
+    mask's value)."""
+    per_device = local_heads(p, op)
+    query = op.inputs[0]
+    dim = 2 if len(p.tensors[query].shape) == 4 else 1
+    if not op.attr("is_causal", 0) or not p.sharding(query).axes_of(dim):
+        return per_device
+    inputs = [*op.inputs, "", "", ""]
+    past = p.tensors[inputs[4]].shape[2] if inputs[4] else 0
+    keys = p.tensors[inputs[1]].shape[dim] + past
+    mask = inputs[3]
+    if mask and p.tensors[mask].shape[-1] != keys:
+        raise p.fail(op, f"its mask covers {p.tensors[mask].shape[-1]} of {keys} keys, and a "
+                     "split causal op needs its mask written out over all of them")  # fmt: skip
+    values = []
+    for region in p.regions(query):
+        lo, hi = region[dim]
+        values.append(np.arange(keys)[None, :] <= np.arange(lo, hi)[:, None] + past)
+    allowed = p.device_constant(f"{op.name}.causal", "bool", values)
+    combined, joined = allowed, []
+    if mask:
+        dtype = p.dtypes[mask]
+        combined = p.fresh(f"{mask}.causal")
+        shapes = [
+            np.broadcast_shapes(m, v.shape) for m, v in zip(p.local(mask), values, strict=True)
+        ]
+        p.temporary(combined, dtype, shapes)
+        if dtype == "bool":
+            joined = [_node(op.name, "causal", "And", (mask, allowed), combined)]
+        else:
+            lowest = np.array(np.finfo(dtypes.numpy_dtype(dtype)).min)
+            floor = p.shared_constant(f"{op.name}.lowest", lowest, dtype, False)
+            joined = [_node(op.name, "causal", "Where", (allowed, mask, floor), combined)]
+    out = []
+    for ops in per_device:
+        attention = ops[-1]
+        rewritten = [*attention.inputs, "", "", ""][: max(4, len(attention.inputs))]
+        rewritten[3] = combined
+        attrs = Attrs({**attention.attrs, "is_causal": 0})
+        local = dataclasses.replace(attention, inputs=tuple(rewritten), attrs=attrs)
+        out.append([*ops[:-1], *joined, local])
+    return out
+
+
 def bias_once(p: Partitioning, op: Op) -> list[list[Op]]:
     """With its reduction split, the bias is added by each reduction group's first device
     only (the others drop the optional operand): the partial sums then count it once."""
@@ -446,7 +496,8 @@ NOTE_REWRITES: Mapping[tuple[Note, str], LocalRewrite] = MappingProxyType(
         (Note.BIAS_ONCE, "Conv"): bias_once,
         (Note.LOCAL_GROUP, "Conv"): local_groups,
         (Note.LOCAL_GROUP, "GroupNormalization"): local_groups,
-        **{(Note.LOCAL_HEADS, op_type): local_heads for op_type in _HEADS},
+        **{(Note.LOCAL_HEADS, t): local_heads for t in _HEADS if t != "Attention"},
+        (Note.LOCAL_HEADS, "Attention"): local_attention,
     }
 )
 """(rule note, op type) -> each device's local ops. An op whose split needs no rewrite runs

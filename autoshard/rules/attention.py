@@ -13,7 +13,7 @@ value head (grouped-query attention; G = 1 is multi-head attention). The loops:
     d0: parallel(B)     batch
     d1: parallel(H)     head groups: H = Hkv (H = Hq when Hkv = 1, multi-query)
     d2: invalid(G)      query heads inside a group (indexed by no tensor)
-    d3: parallel(Sq)    query positions (invalid when the mask depends on where they are)
+    d3: parallel(Sq)    query positions (invalid where no local mask places them: below)
     d4: invalid(T)      key positions, past and new (softmax reads them whole)
     d5: invalid(D)      the head size (contracted inside the softmax)
 
@@ -28,15 +28,17 @@ read whole and the query heads split alone.
 
 The mask broadcasts onto (B, Hq, Sq, T) and splits with the dims it indexes; its key dim is
 read whole (it may be shorter than T: the op pads it). A split of the query positions is exact
-for a mask given as a tensor, not for a causal one (`is_causal`, a sliding window, or
-GroupQueryAttention's positions from `seqlens_k`), which places each query by its global
-position: the query loop is then invalid. Key positions are never split (that needs the
-softmax statistics of every shard: context parallelism). Past key and value, and the present
-ones (past and new concatenated), follow the batch and head loops.
+for a mask given as a tensor. A causal Attention (`is_causal`) places query i at key i + P (P
+past keys), so a device holding queries [lo, hi) gets its causal mask written out, offset by
+lo (note "local_heads", passes/local_rewrites.py). A sliding window, GroupQueryAttention's
+positions from `seqlens_k` (its keys come with its queries) and MultiHeadAttention's
+`unidirectional` have no such rewrite: their query loop is invalid. Key positions are never
+split (that needs the softmax statistics of every shard: context parallelism). Past key and
+value, and the present ones (past and new concatenated), follow the batch and head loops.
 
 In the 3-D layout ([B, S, heads · head size], heads given by attributes) the hidden dim follows
-the head loop, and the rule's note "local_heads" tells the partitioner to count the heads a
-device holds in the attributes. The loops price the op: B·Hq·Sq·T·D iterations of two
+the head loop, and the note "local_heads" tells the partitioner to count the heads a device
+holds in the attributes. The loops price the op: B·Hq·Sq·T·D iterations of two
 multiply-adds each (Q·K and P·V), `cost/compute.py`.
 """
 
@@ -140,8 +142,8 @@ def attention(op: Op, graph: Graph) -> OpRule | None:
     past = _shape(graph, op, 4)
     keys = k[1 if rank == 3 else 2] + (past[2] if past is not None else 0)
     size = q[3] if rank == 4 else q[2] // q_heads
-    windowed = _int(op, "left_window_size", -1) >= 0 or _int(op, "right_window_size", -1) >= 0
-    by_position = bool(_int(op, "is_causal")) or windowed
+    causal = bool(_int(op, "is_causal"))
+    by_position = _int(op, "left_window_size", -1) >= 0 or _int(op, "right_window_size", -1) >= 0
     query_size = q[2] if rank == 4 else q[1]
     found = _attention_loops(q[0], q_heads, kv_heads, query_size, keys, size, by_position)
     if found is None:
@@ -167,7 +169,7 @@ def attention(op: Op, graph: Graph) -> OpRule | None:
         _cache_map(kv),
         IndexingMap.of(_Loops.BATCH, _Loops.HEAD, query, None),
     )
-    note = Note.LOCAL_HEADS if rank == 3 else Note.NONE
+    note = Note.LOCAL_HEADS if rank == 3 or causal else Note.NONE
     return OpRule(loops, tuple(operands[: len(op.inputs)]), results[: len(op.outputs)], note)
 
 

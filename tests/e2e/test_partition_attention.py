@@ -126,6 +126,32 @@ CASES = {
         (("y", (2, 4, 32)),),
         {"q_num_heads": 8, "kv_num_heads": 2, "is_causal": 1},
     ),
+    # Causal with past keys and a boolean mask: a query split writes the causal mask out.
+    "attention_causal_mask_past": Case(
+        "Attention",
+        _in(
+            q=f(2, 2, 4, 8),
+            k=f(2, 2, 4, 8),
+            v=f(2, 2, 4, 8),
+            m=mask(2, 1, 4, 7),
+            pk=f(2, 2, 3, 8),
+            pv=f(2, 2, 3, 8),
+        ),
+        (("y", (2, 2, 4, 8)), ("present_k", (2, 2, 7, 8)), ("present_v", (2, 2, 7, 8))),
+        {"is_causal": 1},
+    ),  # fmt: skip
+    # Causal, an additive mask, keys beyond the queries (no past), qk after the mask.
+    "attention_causal_additive": Case(
+        "Attention",
+        _in(q=f(2, 2, 4, 8), k=f(2, 2, 6, 8), v=f(2, 2, 6, 8), m=f(4, 6)),
+        (
+            ("y", (2, 2, 4, 8)),
+            ("present_k", (2, 2, 6, 8)),
+            ("present_v", (2, 2, 6, 8)),
+            ("qk", (2, 2, 4, 6)),
+        ),
+        {"is_causal": 1, "qk_matmul_output_mode": 2},
+    ),  # fmt: skip
     # The 3-D layout with an additive mask of one head dim per query head, softcap.
     "attention_3d_bias": Case(
         "Attention",
@@ -339,7 +365,7 @@ def test_grouped_heads_split_no_finer_than_the_key_value_heads(tmp_path):
     ("name", "query"),
     [
         ("attention_gqa_mask_past", IteratorType.PARALLEL),
-        ("attention_3d_causal", IteratorType.INVALID),  # causal: positions are global
+        ("attention_3d_causal", IteratorType.PARALLEL),  # its causal mask is written out
         ("ms_group_query_attention", IteratorType.INVALID),  # causal from seqlens_k
         ("ms_multi_head_attention", IteratorType.PARALLEL),
     ],
@@ -363,6 +389,27 @@ def test_three_d_heads_are_counted_per_device(tmp_path):
     ops = [s.op for d in partitioned.devices for s in d.steps if hasattr(s, "op")]
     attention = [op for op in ops if op.type == "Attention"]
     assert {(op.attr("q_num_heads"), op.attr("kv_num_heads")) for op in attention} == {(4, 1)}
+    assert {op.attr("is_causal") for op in attention} == {1}  # its queries are whole
+
+
+def test_a_causal_split_of_the_queries_writes_each_devices_mask(tmp_path):
+    """Queries [0, 2) and [2, 4) of 4, 3 past keys: key j is allowed for local query i where
+    j <= lo + i + 3."""
+    case = CASES["attention_causal_mask_past"]
+    graph = import_onnx(case.model(tmp_path / "a.onnx"))
+    rule = rule_for(graph.op_by_name["op"], graph)
+    option = next(
+        o for o in candidates(rule, MESHES["2x2"]) if o.loops[3] == (1,) and not any(o.loops[:3])
+    )
+    partitioned = partition(lower(graph, propagate(graph, MESHES["2x2"], (), {"op": option})),
+                            graph)  # fmt: skip
+    for device in partitioned.devices:
+        ops = [s.op for s in device.steps if hasattr(s, "op")]
+        assert [op.type for op in ops] == ["And", "Attention"]
+        assert ops[1].attr("is_causal") == 0
+        lo = 2 * device.device[1]
+        want = np.arange(7)[None, :] <= np.arange(lo, lo + 2)[:, None] + 3
+        np.testing.assert_array_equal(device.constants[ops[0].inputs[1]], want)
 
 
 def test_attention_gradients_sum_over_the_queries_for_keys_and_values(tmp_path):
