@@ -11,6 +11,7 @@ multi-query attention, masks (boolean and additive, broadcast), past key-value c
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -443,3 +444,33 @@ def test_attention_gradients_sum_over_the_queries_for_keys_and_values(tmp_path):
     assert rules[1].result_sharding(option, 0) == Sharding(((0,), (), (1,)))
     assert rules[1].result_sharding(query_split, 0) == Sharding((), (0,))
     assert rules[0].result_sharding(query_split, 0) == Sharding(((), (0,)))
+
+
+def test_an_onnxruntime_optimized_bert_plans_partitions_and_verifies(tmp_path, capsys):
+    """models/bert.onnx through onnxruntime's optimizer: EmbedLayerNormalization, packed
+    Attention, SkipLayerNormalization and BiasGelu, whose shapes only onnxruntime infers.
+    Every op has a rule; planned on 2x2 under a budget below the replicated weights, the
+    partition equals onnxruntime on the whole model."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from autoshard.cli.main import main
+    from tests.e2e.helpers import model_path
+
+    path = tmp_path / "bert_ort.onnx"
+    optimized = optimize_model(str(model_path("bert")), model_type="bert", num_heads=4,
+                               hidden_size=64, opt_level=1)  # fmt: skip
+    optimized.save_model_to_file(str(path))
+    fused = {n.op_type for n in optimized.model.graph.node if n.domain == MS}
+    assert fused == {"EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu"}
+    dims = ["--dim", "batch=4", "--dim", "seq=8"]
+    plan = tmp_path / "plan.json"
+    args = ["plan", str(path), "--mesh", "2x2", *dims, "--memory", "300KB", "-o", str(plan)]
+    assert main(args) == 0
+    document = json.loads(plan.read_text())
+    assert document["unruled"] == []
+    out = tmp_path / "out"
+    args = ["partition", str(path), "--mesh", "2x2", *dims, "--plan", str(plan), "-o", str(out)]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(["verify", str(out), "--model", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
