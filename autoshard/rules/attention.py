@@ -30,7 +30,8 @@ The mask broadcasts onto (B, Hq, Sq, T) and splits with the dims it indexes; its
 read whole (it may be shorter than T: the op pads it). A split of the query positions is exact
 for a mask given as a tensor. A causal Attention (`is_causal`) places query i at key i + P (P
 past keys), so a device holding queries [lo, hi) gets its causal mask written out, offset by
-lo (note "local_heads", passes/local_rewrites.py). A sliding window, GroupQueryAttention's
+lo (note "local_heads", passes/local_rewrites.py), unless its mask is shorter than the keys.
+A sliding window, opset 24's per-row `nonpad_kv_seqlen` of a causal op, GroupQueryAttention's
 positions from `seqlens_k` (its keys come with its queries) and MultiHeadAttention's
 `unidirectional` have no such rewrite: their query loop is invalid. Key positions are never
 split (that needs the softmax statistics of every shard: context parallelism). Past key and
@@ -143,7 +144,12 @@ def attention(op: Op, graph: Graph) -> OpRule | None:
     keys = k[1 if rank == 3 else 2] + (past[2] if past is not None else 0)
     size = q[3] if rank == 4 else q[2] // q_heads
     causal = bool(_int(op, "is_causal"))
-    by_position = _int(op, "left_window_size", -1) >= 0 or _int(op, "right_window_size", -1) >= 0
+    windowed = _int(op, "left_window_size", -1) >= 0 or _int(op, "right_window_size", -1) >= 0
+    # The causal rewrite writes the mask out over every key; opset 24's nonpad_kv_seqlen
+    # places a causal op's queries per batch row, which it does not rewrite.
+    mask_shape = _shape(graph, op, 3)
+    short = mask_shape is not None and mask_shape[-1] != keys
+    by_position = windowed or (causal and (short or _shape(graph, op, 6) is not None))
     query_size = q[2] if rank == 4 else q[1]
     found = _attention_loops(q[0], q_heads, kv_heads, query_size, keys, size, by_position)
     if found is None:
@@ -151,8 +157,8 @@ def attention(op: Op, graph: Graph) -> OpRule | None:
     loops, kv_split = found
     query = None if by_position else _Loops.QUERY
     kv = _Loops.HEAD if kv_split else None
-    mask = _bias_map(_shape(graph, op, 3), (q[0], q_heads, loops[3].size, keys), query)
-    if mask is None and _shape(graph, op, 3) is not None:
+    mask = _bias_map(mask_shape, (q[0], q_heads, loops[3].size, keys), query)
+    if mask is None and mask_shape is not None:
         return None
     operands: list[IndexingMap | None] = [_head_map(rank, query, _Loops.HEAD)]
     operands += [
