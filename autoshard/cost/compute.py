@@ -152,6 +152,18 @@ OP_KINDS: Mapping[str, OpKind] = {
     "InstanceNormalization": OpKind(flops=8, reads=2, fused=True),
     # inference: a scale and a shift per element
     "BatchNormalization": OpKind(flops=2, fused=True),
+    # onnxruntime's norms: a residual add (and bias) before a layer or RMS norm.
+    "SimplifiedLayerNormalization": OpKind(flops=4, reads=2, fused=True),
+    "SkipLayerNormalization": OpKind(flops=10, reads=2, fused=True),
+    "SkipSimplifiedLayerNormalization": OpKind(flops=6, reads=2, fused=True),
+    "FastGelu": OpKind(special=Transcendental.TANH),
+    "BiasGelu": OpKind(special=Transcendental.ERF),
+    "QuickGelu": OpKind(special=Transcendental.EXP),
+    # Fused attention: an iteration per (batch, query head, query, key, head-size element)
+    # (rules/attention.py), a multiply-add of Q·K and one of P·V.
+    **dict.fromkeys(("Attention", "GroupQueryAttention", "MultiHeadAttention"), OpKind(flops=4)),
+    # Rotary embedding: x·cos + rotate(x)·sin per element.
+    "RotaryEmbedding": OpKind(flops=3),
 }
 """Op types whose cost differs from the default `OpKind()`: one pass over the data at the
 FLOPs the loops imply. Any other type, a derived gradient op included, is priced by the

@@ -12,9 +12,10 @@ once. Every local result is checked against the shape the partition gave it, so 
 rewrite fails loudly where it happens, not as a numerical difference at the end.
 
 Errors: the max absolute error of an output is max|a - b|; the relative one divides it by
-max(max|b|, tiny), b the reference, so near-zero elements do not blow it up. NaNs count as equal
-where both sides have them. Default tolerance (relative): 1e-5 for float32, 1e-9 for float64,
-1e-2 for 16-bit floats, exact for integers and booleans.
+max(max|b|, tiny), b the reference, so near-zero elements do not blow it up. NaNs, and
+infinities of one sign (a masked attention score's -inf), count as equal where both sides have
+them. Default tolerance (relative): 1e-5 for float32, 1e-9 for float64, 1e-2 for 16-bit floats,
+exact for integers and booleans.
 """
 
 from __future__ import annotations
@@ -358,8 +359,9 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
     if a.dtype.kind == "b":
         return float(np.count_nonzero(a != b))
     x, y = a.astype(np.float64), b.astype(np.float64)
-    diff = np.abs(x - y)
-    diff[np.isnan(x) & np.isnan(y)] = 0.0
+    with np.errstate(invalid="ignore"):  # inf - inf: equal infinities are equal (below)
+        diff = np.abs(x - y)
+    diff[(np.isnan(x) & np.isnan(y)) | (x == y)] = 0.0
     diff[np.isnan(diff)] = np.inf
     return float(diff.max())
 

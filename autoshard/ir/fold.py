@@ -140,13 +140,34 @@ def infer_types(model: ModelProto, data_prop: bool = True) -> dict[str, TensorTy
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"shape inference failed: {first}") from None
-    graph = inferred.graph
+    types = _types(inferred)
+    unknown_ops = [n for n in model.graph.node if not onnx.defs.has(n.op_type, n.domain)]
+    if any(not types.get(o, TensorType(0, None)).static for n in unknown_ops for o in n.output):
+        types = {**_runtime_types(inferred), **{k: t for k, t in types.items() if t.static}}
+    return types
+
+
+def _types(model: ModelProto) -> dict[str, TensorType]:
+    graph = model.graph
     types: dict[str, TensorType] = {}
     for info in (*graph.input, *graph.value_info, *graph.output):
         types[info.name] = tensor_type(info.type)
     for init in graph.initializer:
         types[init.name] = TensorType(init.data_type, tuple(init.dims))
     return types
+
+
+def _runtime_types(model: ModelProto) -> dict[str, TensorType]:
+    """Types from onnxruntime's symbolic shape inference, which knows its own operators
+    (com.microsoft's fused attention, norms and activations, which onnx does not); none
+    where it fails (the import then names the op whose shape stayed unknown)."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    except Exception:  # its own assertion and key errors on what it cannot infer
+        return {}
+    return _types(inferred) if inferred is not None else {}
 
 
 def inference_error(model: ModelProto) -> str | None:

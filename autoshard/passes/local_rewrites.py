@@ -15,7 +15,8 @@ partition rewrites them; two tables say which and how:
   partial); a GatherND whose indexed dims are split subtracts each dim's start from its id
   component; a bias of a Gemm or Conv whose reduction is split ("bias_once") is added by the
   first device of each reduction group only; Conv / GroupNormalization group counts
-  ("local_group") count the groups a device holds. The handler returns each device's local ops.
+  ("local_group") count the groups a device holds, and so do the head counts of attention and
+  rotary ops in the 3-D layout ("local_heads"). The handler returns each device's local ops.
 
 A handler is a function of the partition in progress (`Partitioning`: local shapes, fresh
 names, per-device constants) and the op. It adds the constants and temporaries its rewrite
@@ -233,6 +234,87 @@ def local_groups(p: Partitioning, op: Op) -> list[list[Op]]:
     return out
 
 
+_HEADS: Mapping[str, tuple[tuple[str, int], ...]] = {
+    "Attention": (("q_num_heads", 0), ("kv_num_heads", 1)),
+    "GroupQueryAttention": (("num_heads", 0), ("kv_num_heads", 1)),
+    "MultiHeadAttention": (("num_heads", 0),),
+    "RotaryEmbedding": (("num_heads", 0),),
+}
+"""Op type -> its head-count attributes and the 3-D operand whose last dim holds those heads
+(rule note "local_heads"; the same for the ONNX and the com.microsoft op of one name)."""
+
+
+def local_heads(p: Partitioning, op: Op) -> list[list[Op]]:
+    """Head counts of the 3-D layout ([B, S, heads · head size]): the heads a device holds,
+    from its local hidden dim (the rule splits it by whole heads: rules/attention.py)."""
+    out: list[list[Op]] = [[] for _ in range(p.count)]
+    counts: list[dict[str, AttrValue]] = [{} for _ in range(p.count)]
+    for attr, index in _HEADS[op.type]:
+        heads = op.attr(attr, 0)
+        name = op.inputs[index] if index < len(op.inputs) else ""
+        if not isinstance(heads, int) or heads < 1 or not name:
+            continue
+        hidden = p.tensors[name].shape[-1]
+        for k, shape in enumerate(p.local(name)):
+            if shape[-1] % (hidden // heads):
+                raise p.fail(op, f"a device holds {shape[-1]} of {hidden} of {name}, not whole "
+                             f"heads of {hidden // heads}")  # fmt: skip
+            counts[k][attr] = shape[-1] // (hidden // heads)
+    for k in range(p.count):
+        out[k].append(dataclasses.replace(op, attrs=Attrs({**op.attrs, **counts[k]})))
+    return out
+
+
+def local_attention(p: Partitioning, op: Op) -> list[list[Op]]:
+    """ONNX Attention: its head counts (`local_heads`) and, when causal with its queries
+    split, its causal mask written out. The op places query i at key position i + P (P past
+    keys); a device holding queries [lo, hi) needs them at lo + i + P, which no attribute
+    says, so it gets `is_causal = 0` and the boolean mask `key <= lo + i + P`, combined with
+    its own mask if it has one: `And` for a boolean mask, `Where(allowed, mask, lowest)` for an
+    additive one (onnxruntime's causal mask puts the lowest finite number there, over the
+    mask's value)."""
+    per_device = local_heads(p, op)
+    query = op.inputs[0]
+    dim = 2 if len(p.tensors[query].shape) == 4 else 1
+    if not op.attr("is_causal", 0) or not p.sharding(query).axes_of(dim):
+        return per_device
+    inputs = [*op.inputs, "", "", ""]
+    past = p.tensors[inputs[4]].shape[2] if inputs[4] else 0
+    keys = p.tensors[inputs[1]].shape[dim] + past
+    mask = inputs[3]
+    if mask and p.tensors[mask].shape[-1] != keys:
+        raise p.fail(op, f"its mask covers {p.tensors[mask].shape[-1]} of {keys} keys, and a "
+                     "split causal op needs its mask written out over all of them")  # fmt: skip
+    values = []
+    for region in p.regions(query):
+        lo, hi = region[dim]
+        values.append(np.arange(keys)[None, :] <= np.arange(lo, hi)[:, None] + past)
+    allowed = p.device_constant(f"{op.name}.causal", "bool", values)
+    combined, joined = allowed, []
+    if mask:
+        dtype = p.dtypes[mask]
+        combined = p.fresh(f"{mask}.causal")
+        shapes = [
+            np.broadcast_shapes(m, v.shape) for m, v in zip(p.local(mask), values, strict=True)
+        ]
+        p.temporary(combined, dtype, shapes)
+        if dtype == "bool":
+            joined = [_node(op.name, "causal", "And", (mask, allowed), combined)]
+        else:
+            lowest = np.array(np.finfo(dtypes.numpy_dtype(dtype)).min)
+            floor = p.shared_constant(f"{op.name}.lowest", lowest, dtype, False)
+            joined = [_node(op.name, "causal", "Where", (allowed, mask, floor), combined)]
+    out = []
+    for ops in per_device:
+        attention = ops[-1]
+        rewritten = [*attention.inputs, "", "", ""][: max(4, len(attention.inputs))]
+        rewritten[3] = combined
+        attrs = Attrs({**attention.attrs, "is_causal": 0})
+        local = dataclasses.replace(attention, inputs=tuple(rewritten), attrs=attrs)
+        out.append([*ops[:-1], *joined, local])
+    return out
+
+
 def bias_once(p: Partitioning, op: Op) -> list[list[Op]]:
     """With its reduction split, the bias is added by each reduction group's first device
     only (the others drop the optional operand): the partial sums then count it once."""
@@ -414,6 +496,8 @@ NOTE_REWRITES: Mapping[tuple[Note, str], LocalRewrite] = MappingProxyType(
         (Note.BIAS_ONCE, "Conv"): bias_once,
         (Note.LOCAL_GROUP, "Conv"): local_groups,
         (Note.LOCAL_GROUP, "GroupNormalization"): local_groups,
+        **{(Note.LOCAL_HEADS, t): local_heads for t in _HEADS if t != "Attention"},
+        (Note.LOCAL_HEADS, "Attention"): local_attention,
     }
 )
 """(rule note, op type) -> each device's local ops. An op whose split needs no rewrite runs

@@ -35,13 +35,16 @@ class Note(enum.StrEnum):
     The values are the words docs and tests use: `masked_lookup` (a Gather or GatherND whose
     table is split along what it looks up), `bias_once` (a Gemm or Conv bias, which a split
     reduction would add once per device), `local_group` (a Conv `group` or GroupNormalization
-    `num_groups`, which counts the groups a device holds).
+    `num_groups`, which counts the groups a device holds), `local_heads` (an attention or
+    rotary op in the 3-D layout, whose head-count attributes count the heads a device holds; a
+    causal Attention split on its queries, whose causal mask is written out).
     """
 
     NONE = ""
     MASKED_LOOKUP = "masked_lookup"
     BIAS_ONCE = "bias_once"
     LOCAL_GROUP = "local_group"
+    LOCAL_HEADS = "local_heads"
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,16 @@ def broadcast(op: Op, graph: Graph) -> OpRule | None:
     return elementwise_rule(op, graph, data_inputs=len(op.inputs))
 
 
+MICROSOFT_ACTIVATIONS = frozenset({"BiasGelu", "FastGelu", "Gelu", "QuickGelu"})
+"""onnxruntime's com.microsoft activations: Gelu and QuickGelu of one input, FastGelu (a tanh
+Gelu) and BiasGelu of the input plus a bias broadcast onto it."""
+
+
+@register(*MICROSOFT_ACTIVATIONS, domain="com.microsoft")
+def microsoft_activation(op: Op, graph: Graph) -> OpRule | None:
+    return elementwise_rule(op, graph, data_inputs=len(op.inputs))
+
+
 @register("Expand")
 def expand(op: Op, graph: Graph) -> OpRule | None:
     """The result's loops; the input broadcast onto them; the shape input a parameter."""

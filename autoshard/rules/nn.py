@@ -62,10 +62,11 @@ def _ints(op: Op, name: str, count: int) -> tuple[int, ...] | None:
 # ---- normalizations ---------------------------------------------------------------------------
 
 
-@register("LayerNormalization", "RMSNormalization")
+@register("LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization")
 def layer_norm(op: Op, graph: Graph) -> OpRule | None:
     """Axes from `axis` on are normalized (invalid); scale and bias broadcast onto them; the
-    Mean and InvStdDev results ([..., 1, 1]) follow the leading loops."""
+    Mean and InvStdDev results ([..., 1, 1]) follow the leading loops. onnxruntime's
+    SimplifiedLayerNormalization (an RMS norm, in the ONNX domain) has the InvStdDev only."""
     shape = _shape(graph, op.inputs[0])
     axis = axis_attr(op, len(shape), -1)
     if axis is None:
@@ -77,6 +78,24 @@ def layer_norm(op: Op, graph: Graph) -> OpRule | None:
     stats = IndexingMap.of(*range(axis), *(None for _ in range(axis, len(shape))))
     results = (IndexingMap.of(*range(len(shape))), stats, stats)[: len(op.outputs)]
     return OpRule(loops, (IndexingMap.of(*range(len(shape))), *params), results)
+
+
+@register("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", domain="com.microsoft")
+def skip_layer_norm(op: Op, graph: Graph) -> OpRule | None:
+    """onnxruntime's residual add and norm over the last axis: input + skip (broadcast) + bias,
+    normalized (invalid) and scaled. Results: the output, mean and inverse std ([..., 1]),
+    and the sum before the norm."""
+    shape = _shape(graph, op.inputs[0])
+    if len(shape) < 2:
+        return None
+    loops = (*parallel(*shape[:-1]), invalid(shape[-1]))
+    identity = IndexingMap.of(*range(len(shape)))
+    operands = tuple(
+        broadcast_map(_shape(graph, name), len(shape)) if name else None for name in op.inputs[1:]
+    )
+    stats = IndexingMap.of(*range(len(shape) - 1), None)
+    results = (identity, stats, stats, identity)[: len(op.outputs)]
+    return OpRule(loops, (identity, *operands), results)
 
 
 @register("BatchNormalization")

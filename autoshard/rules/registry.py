@@ -1,5 +1,5 @@
 """The registry: op type -> rule function, filled by the `register` decorator of each family
-module (einsum, elementwise, reduce, shape, nn), imported here once."""
+module (einsum, elementwise, reduce, shape, nn, attention), imported here once."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from autoshard.rules.base import OpRule
 
 Rule = Callable[[Op, Graph], OpRule | None]
 _RULES: dict[tuple[str, str], Rule] = {}
-_FAMILIES = ("einsum", "elementwise", "reduce", "shape", "nn", "gradient")
+_FAMILIES = ("einsum", "elementwise", "reduce", "shape", "nn", "attention", "gradient")
 _ONNX = ("", "ai.onnx")
 _loaded = False
 _KNOWN: weakref.WeakKeyDictionary[Graph, dict[int, tuple[Op, OpRule | None]]] = (
@@ -55,6 +55,8 @@ def rule_for(op: Op, graph: Graph) -> OpRule | None:
     return entry[1]
 
 
-def supported_op_types() -> frozenset[str]:
+def supported_op_types(domain: str = "") -> frozenset[str]:
+    """The op types of `domain` (the default ONNX domain unless told) that have a rule."""
     _load()
-    return frozenset(op_type for domain, op_type in _RULES if domain == "")
+    wanted = "" if domain in _ONNX else domain
+    return frozenset(op_type for known, op_type in _RULES if known == wanted)

@@ -136,6 +136,26 @@ NN = [
     case("LayerNormalization", (D((4, 6, 8)), D((8,)), D((8,))), "p p i", outputs=3),
     case("LayerNormalization-axis1", (D((4, 6, 8)), D((6, 8))), "p i i", axis=1),
     case("RMSNormalization", (D((4, 6, 8)), D((8,))), "p p i", opset=23),
+    # onnxruntime's RMS norm in the ONNX domain: onnx has no shape inference for it
+    case(
+        "SimplifiedLayerNormalization", (D((4, 6, 8)), D((8,))), "p p i", outputs=2, hand_built=True
+    ),  # fmt: skip
+    # Grouped-query attention (4 query heads over 2 key-value heads), mask [B, 1, Sq, T]:
+    # loops batch, head groups, heads in a group, queries, keys, head size.
+    case(
+        "Attention",
+        (D((2, 4, 4, 8)), D((2, 2, 6, 8)), D((2, 2, 6, 8)), D((2, 1, 4, 6))),
+        "p p i p i i",
+        opset=23,
+    ),
+    # (a causal Attention's query split needs its mask written out: tests/e2e/
+    # test_partition_attention.py checks it with that rewrite)
+    case(
+        "RotaryEmbedding",
+        (D((2, 4, 6, 8)), D((16, 4)), D((16, 4)), D((2, 6), array=np.arange(12).reshape(2, 6))),
+        "p p p i",
+        opset=23,
+    ),
     case(
         "BatchNormalization",
         (D((4, 6, 4, 2)), D((6,)), D((6,)), D((6,)), D((6,), "pos")),

@@ -149,7 +149,35 @@ REFUSED = {
         {"sizes": [1, 1, 2, 2]},
         coordinate_transformation_mode="tf_crop_and_resize",
     ),
-    "Gelu-com.microsoft": node("Gelu", {"x": (4, 6)}, {"y": (4, 6)}, domain="com.microsoft"),
+    "Gelu-other-domain": node("Gelu", {"x": (4, 6)}, {"y": (4, 6)}, domain="com.example"),
+    # 4 query heads over 3 key-value heads: no grouping
+    "Attention-heads-not-grouped": node(
+        "Attention", {"q": (2, 4, 4, 8), "k": (2, 3, 4, 8), "v": (2, 3, 4, 8)}, {"y": (2, 4, 4, 8)}
+    ),
+    # a mask of 3 rows for 4 queries: neither the query dim nor a broadcast
+    "Attention-mask-mismatch": node(
+        "Attention",
+        {"q": (2, 4, 4, 8), "k": (2, 2, 4, 8), "v": (2, 2, 4, 8), "m": (3, 4)},
+        {"y": (2, 4, 4, 8)},
+    ),
+    # a quantized cache (k_scale)
+    "GroupQueryAttention-quantized": node(
+        "GroupQueryAttention",
+        {
+            "q": (2, 4, 32),
+            "k": (2, 4, 16),
+            "v": (2, 4, 16),
+            "pk": (2, 2, 3, 8),
+            "pv": (2, 2, 3, 8),
+            "s": (2,),
+            "t": (),
+            **{f"x{i}": (1,) for i in range(7, 13)},
+        },
+        {"y": (2, 4, 32)},
+        domain="com.microsoft",
+        num_heads=4,
+        kv_num_heads=2,
+    ),  # fmt: skip
     "Shape": node("Shape", {"x": (4, 6)}, {"y": (2,)}),
     "Size": node("Size", {"x": (4, 6)}, {"y": ()}),
     "Range": node("Range", {"a": (), "b": (), "c": ()}, {"y": (8,)}),
@@ -161,8 +189,9 @@ REFUSED = {
 @pytest.mark.parametrize("name", sorted(REFUSED), ids=str)
 def test_refused(name: str) -> None:
     op, graph = REFUSED[name]
-    if op.type != "NotAnOnnxOp":  # the refusal comes from the rule, not from a missing one
-        assert op.type in supported_op_types()
+    if op.type != "NotAnOnnxOp":  # the refusal comes from the rule, not from a missing one,
+        # or from the domain: another domain's op of an ONNX op's name is not that op
+        assert op.type in supported_op_types(op.domain if op.domain != "com.example" else "")
     assert rule_for(op, graph) is None
 
 
@@ -189,7 +218,31 @@ ACCEPTED = {
     "Einsum-bad-equation": node(
         "Einsum", {"a": (4, 6), "b": (6, 8)}, {"y": (4, 8)}, equation="ij,jk->ik"
     ),
-    "Gelu-com.microsoft": node("Gelu", {"x": (4, 6)}, {"y": (4, 6)}),
+    "Gelu-other-domain": node("Gelu", {"x": (4, 6)}, {"y": (4, 6)}),
+    "Attention-heads-not-grouped": node(
+        "Attention", {"q": (2, 4, 4, 8), "k": (2, 2, 4, 8), "v": (2, 2, 4, 8)}, {"y": (2, 4, 4, 8)}
+    ),
+    "Attention-mask-mismatch": node(
+        "Attention",
+        {"q": (2, 4, 4, 8), "k": (2, 2, 4, 8), "v": (2, 2, 4, 8), "m": (4, 4)},
+        {"y": (2, 4, 4, 8)},
+    ),
+    "GroupQueryAttention-quantized": node(
+        "GroupQueryAttention",
+        {
+            "q": (2, 4, 32),
+            "k": (2, 4, 16),
+            "v": (2, 4, 16),
+            "pk": (2, 2, 3, 8),
+            "pv": (2, 2, 3, 8),
+            "s": (2,),
+            "t": (),
+        },
+        {"y": (2, 4, 32)},
+        domain="com.microsoft",
+        num_heads=4,
+        kv_num_heads=2,
+    ),  # fmt: skip
 }
 
 

@@ -246,3 +246,22 @@ def test_unbound_dims_lists_names_and_places(tmp_path):
     nodes = [helper.make_node("Add", ["ids", "mask"], ["y"], name="add")]
     path = save(model(nodes, [x, mask], [tensor("y", I64, None)]), tmp_path)
     assert unbound_dims(path) == {"batch": ["ids[0]", "mask[0]"], "seq": ["ids[1]", "mask[1]"]}
+
+
+def test_onnxruntime_operators_get_shapes_from_onnxruntime(tmp_path):
+    """onnx's inference does not know com.microsoft's (or onnxruntime's ONNX-domain) fused ops;
+    onnxruntime's symbolic inference gives their results' shapes, and the symbolic batch dim
+    binds through them."""
+    nodes = [
+        helper.make_node("SkipLayerNormalization", ["x", "skip", "g", "b"], ["n", "", "", "s"],
+                         name="skip_norm", domain="com.microsoft"),
+        helper.make_node("FastGelu", ["n", "b"], ["a"], name="gelu", domain="com.microsoft"),
+        helper.make_node("SimplifiedLayerNormalization", ["a", "g"], ["y"], name="rms"),
+    ]  # fmt: skip
+    x = tensor("x", F32, ["batch", 4, 8])
+    inits = {"skip": np.ones((4, 8), np.float32), "g": np.ones(8, np.float32),
+             "b": np.zeros(8, np.float32)}  # fmt: skip
+    proto = model(nodes, [x], [tensor("y", F32, None), tensor("s", F32, None)], inits)
+    proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    graph = import_onnx(save(proto, tmp_path), {"batch": 2})
+    assert shapes(graph, ["n", "a", "y", "s"]) == dict.fromkeys(["n", "a", "y", "s"], (2, 4, 8))
