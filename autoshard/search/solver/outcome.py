@@ -100,7 +100,9 @@ class Limit:
         """Why the solve stopped without a plan (CP-SAT's `status`): the deadline passed, or
         the solve's deterministic seconds ran out."""
         if self.deadline.passed():
-            return self.deadline.ran_out(f"in the {self.solve} solve, before any plan was found")
+            return self.deadline.ran_out(
+                f"in the {self.solve} solve, before any plan that fits was found"
+            )
         share = f"{self.seconds:.2g} s left for the {self.solve} solve, "
         return (
             f"the solver found no plan within --time-limit {self.of:g} s "

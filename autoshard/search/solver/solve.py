@@ -130,13 +130,12 @@ def _search(
 ) -> Solution:
     """`solve`'s steps, telling `known` what each proves."""
     limit = time_limit if limit is None else limit
-    aside_limit = Limit(time_limit, limit, "memory-aside", deadline)
-    aside = memory_aside(problem, aside_limit, tracker, unit)
+    aside = memory_aside(problem, Limit(time_limit, limit, "memory-aside", deadline), tracker, unit)
     if problem.peak(aside.choice) <= problem.budget:
         return told_end(aside, tracker, problem.unit, unit)
     known.bound, known.work = max(known.bound, math.ceil(aside.bound)), aside.work
-    if deadline.passed():
-        raise OutOfTime(aside_limit.out_of_time("UNKNOWN"))
+    if deadline.passed():  # (the memory-bound search's no plan, `solve`'s fallback)
+        raise OutOfTime(Limit(time_limit, limit, "memory-bound", deadline).out_of_time(""))
     after_aside = time.perf_counter()
     start = _relaxed(problem, aside, hint, known.bound, time_limit, limit, tracker, deadline)
     known.bound, known.work = start.at_least, start.work
