@@ -52,15 +52,15 @@ class Deadline:
         return self.left() <= 0.0
 
     def check(self, phase: str, progress: str = "") -> None:
-        """`TimeUp` naming `phase` (`building the problem`) and how far it got (`312 of 747
-        values`) once the deadline has passed."""
+        """`TimeUp` naming `phase` (`building the problem`) and how far it got (`memory: 312
+        of 747 values`) once the deadline has passed."""
         if self.passed():
             raise TimeUp(self.ran_out(f"while {phase}" + (f" ({progress})" if progress else "")))
 
     def ran_out(self, where: str) -> str:
-        """`the time limit ran out WHERE; raise --time-limit (3 s of wall clock)`."""
+        """`the time limit (3 s of wall clock) ran out WHERE; raise --time-limit`."""
         return (
-            f"the time limit ran out {where}; raise --time-limit ({self.seconds:g} s of wall clock)"
+            f"the time limit ({self.seconds:g} s of wall clock) ran out {where}; raise --time-limit"
         )
 
 

@@ -83,17 +83,15 @@ def solve(
     integer costs to). `limit` is the user's `--time-limit`, of which `time_limit` is what
     is left to this solve (all of it by default): what the error says when a solve stops
     without a plan. `floor`: a bound proven before (on rows counting less:
-    `budget.auto_plan`'s rounds). `deadline`: the command's wall clock; where it passes
-    before a step has found a plan, the plan `hint` or every group's first choice
-    (replicated, where the annotations allow) is the answer where it fits (FEASIBLE, the
-    bound proven so far), else `OutOfTime` names the step.
+    `budget.auto_plan`'s rounds). `deadline`: the command's wall clock. Where it passes, or
+    `time_limit` runs out, before a step has found a plan, the plan `hint` or every group's
+    first choice (replicated, where the annotations allow) is the answer where it fits
+    (FEASIBLE, the bound proven so far), else `OutOfTime` names the step.
     """
-    known = _Known(floor)
+    known, started = _Known(floor), time.perf_counter()
     try:
         return _search(problem, time_limit, hint, tracker, unit, limit, deadline, known)
-    except OutOfTime:
-        if not deadline.passed():
-            raise  # the deterministic seconds ran out: as every machine would
+    except OutOfTime:  # (the wall clock, or the deterministic seconds, as on any machine)
         fallback = [plan for plan in (tuple(hint), (0,) * len(problem.sizes))
                     if plan_fits(problem, plan)]  # fmt: skip
         if not fallback:
@@ -103,8 +101,8 @@ def solve(
         proven = min(known.bound, objective)
         solved = Solution(
             choice=choice, status=SolverStatus.OPTIMAL if proven == objective else
-            SolverStatus.FEASIBLE, objective=objective, bound=proven, wall_s=0.0, variables=0,
-            constraints=0, work=known.work,
+            SolverStatus.FEASIBLE, objective=objective, bound=proven,
+            wall_s=time.perf_counter() - started, variables=0, constraints=0, work=known.work,
         )  # fmt: skip
         return told_end(solved, tracker, problem.unit, unit)
 
