@@ -186,9 +186,10 @@ def _progress(args: argparse.Namespace) -> Iterator[Tracker | None]:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from autoshard.deadline import Deadline
+
+    deadline = Deadline.start(args.time_limit)  # (before the pipeline's imports: they count)
     from autoshard.pipeline import PlanRequest, plan_request
 
-    deadline = Deadline.start(args.time_limit)  # the wall clock from the command's start
     dims, annotations, training = dims_of(args.dim), _annotations(args), _training(args)
     with _progress(args) as tracker:
         after = _dump_after(args)
