@@ -198,13 +198,14 @@ def _relaxed(
     does, the least peak says whether any does, `any_fits`), and the min-marginals, less the
     choices with a memory row alone over the budget (`fitting_choices`; where they are many, the
     relaxation of the rest solved again, `within_budget`). `aside`: the memory-aside optimum,
-    which does not fit; `time_limit`, `limit` and `deadline` as `solve`'s."""
+    which does not fit; `time_limit`, `limit` and `deadline` as `solve`'s: past it, each
+    step after the first relaxation is left out (the plans and bound found so far stand)."""
     if tracker is not None:
         tracker.detail(f"its optimum does not fit the budget: the {len(problem.memory)} "
                        "memory rows relaxed (Lagrangian multipliers)")  # fmt: skip
     relaxation = Relaxation(problem, exact_up_to=table_limit(problem, aside.choice))
     found = dual(problem, relaxation=relaxation, longer=tuning.LONGER, deadline=deadline)
-    if found is not None and not found.infeasible:
+    if found is not None and not found.infeasible and not deadline.passed():
         relaxation, found = strengthened(problem, relaxation, found, deadline)
     plans = [Found(tuple(hint), problem.objective(hint))] if plan_fits(problem, hint) else []
     at_least, marginals, binding = floor, None, None
@@ -215,12 +216,13 @@ def _relaxed(
         at_least = max(at_least, rounded_up(found.bound))
         if found.best is not None:
             plans.append(Found(found.best.choice, found.best.objective))
-        fitting = fitting_choices(problem, found, relaxation)
+        if not deadline.passed():
+            fitting = fitting_choices(problem, found, relaxation)
     spent = aside.work
-    if not plans:
+    if not plans and not deadline.passed():
         plans, work = any_fits(problem, time_left(time_limit, spent), tracker, limit, deadline)
         spent += work
-    if found is not None:
+    if found is not None and not deadline.passed():
         marginals = relaxation.min_marginals(found.multipliers, found.shares)
         binding = np.flatnonzero(found.multipliers > 0)
         if fitting is not None and marginals is not None:
