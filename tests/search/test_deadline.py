@@ -25,6 +25,7 @@ from autoshard.cost.cluster import make_cluster
 from autoshard.deadline import NEVER, Deadline, TimeUp
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.pipeline import PlanRequest, plan_request
+from autoshard.progress import Progress, Tracker
 from autoshard.search import budget
 from autoshard.search.budget import auto_plan
 from autoshard.search.problem import build_search
@@ -189,9 +190,8 @@ def test_out_of_time_in_a_phase_of_the_search_answers_with_the_best_plan_so_far(
             solved = solve(problem, deadline=Deadline.start(1.0, clock))
         except OutOfTime as error:
             assert _replicated_does_not_fit(seed)  # (and the search had none)
-            assert str(error).startswith("the time limit (1 s of wall clock) ran out in the "), str(
-                error
-            )
+            said = str(error)
+            assert said.startswith("the time limit (1 s of wall clock) ran out in the "), said
             answers.append("no plan")
             continue
         except InfeasibleError:
@@ -255,12 +255,17 @@ def test_out_of_time_while_importing_says_so():
 
 def test_out_of_time_as_the_search_starts_plans_the_replicated_model(monkeypatch):
     """No budget binds the MLP on 4x8: the deadline passing as the search's solve begins
-    leaves the replicated plan (every group's first choice), FEASIBLE, lowered and priced."""
+    leaves the replicated plan (every group's first choice), FEASIBLE, lowered and priced;
+    the progress says so."""
     clock = Clock()
     monkeypatch.setattr(budget, "solve", expiring(budget, "solve", clock))
     graph = import_onnx(MODELS / "mlp.onnx", {"batch": 8})
     cluster = make_cluster(mesh="4x8")
-    planned = auto_plan(graph, cluster, deadline=Deadline.start(1.0, clock))
+    shown: list[Progress] = []
+    planned = auto_plan(graph, cluster, tracker=Tracker(shown.append),
+                        deadline=Deadline.start(1.0, clock))  # fmt: skip
+    said = "out of time before a plan of its own: the replicated plan, which fits"
+    assert said in [progress.detail for progress in shown]
     assert planned.solution.status is SolverStatus.FEASIBLE
     assert set(planned.solution.choice) == {0} and planned.solution.gap == 1.0
     assert set(planned.plan.values.values()) == {Sharding()}

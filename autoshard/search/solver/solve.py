@@ -97,6 +97,9 @@ def solve(
         if not fallback:
             raise
         choice = min(fallback, key=problem.objective)
+        if tracker is not None:
+            which = "the plan found before" if choice == tuple(hint) else "the replicated plan"
+            tracker.detail(f"out of time before a plan of its own: {which}, which fits")
         objective = problem.objective(choice)
         proven = min(known.bound, objective)
         solved = Solution(
