@@ -25,6 +25,7 @@ from autoshard.analysis.repeats import find_repeats
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import check_precision
+from autoshard.deadline import Deadline
 from autoshard.document.blocks import Decisions
 from autoshard.document.plan_document import (
     PlanDocument,
@@ -227,11 +228,16 @@ def plan_request(
     request: PlanRequest,
     tracker: Tracker | None = None,
     after: AfterStage | None = None,
+    deadline: Deadline | None = None,
 ) -> RequestedPlan:
     """`autoshard plan` from start to end, shared by the CLI and the REST service so that the
     service's plan is, by construction, what `autoshard plan --json` prints (timings aside).
     `after` sees the stages of the chosen plan (the budget policy lowers its candidates too,
-    unseen), partition included; `tracker` is told the progress."""
+    unseen), partition included; `tracker` is told the progress. `deadline`: the wall clock
+    `request.time_limit` sets (started here where not given: the CLI starts it with the
+    command), shared by the import and every step of the search (`TimeUp` names the phase
+    that has no plan to answer with when it passes)."""
+    deadline = deadline or Deadline.start(request.time_limit)
     training = request.training
     if training is not None and training.attention is None:
         training = training.for_device(request.cluster.device.flash_attention)
@@ -240,14 +246,16 @@ def plan_request(
         # Recompute only when the step does not fit without it.
         try:
             return plan_request(
-                dataclasses.replace(request, training=training.but(Recompute.NONE)), tracker, after
-            )
+                dataclasses.replace(request, training=training.but(Recompute.NONE)), tracker,
+                after, deadline,
+            )  # fmt: skip
         except InfeasibleError:
             request = dataclasses.replace(request, training=training.but(Recompute.LAYERS))
-    graph, cluster = plan_inputs(request, tracker)
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
+    graph, cluster = plan_inputs(request, tracker)
+    deadline.check("importing the model")
     _enter(tracker, PipelineStage.SEARCH, "building the problem")
-    planned = auto_plan(graph, cluster, request.annotations, options, tracker)
+    planned = auto_plan(graph, cluster, request.annotations, options, tracker, deadline)
     _enter(tracker, PipelineStage.DOCUMENT)
     document = plan_document(
         graph, cluster, planned.plan, planned.program, planned.cost,

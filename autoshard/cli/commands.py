@@ -185,6 +185,9 @@ def _progress(args: argparse.Namespace) -> Iterator[Tracker | None]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from autoshard.deadline import Deadline
+
+    deadline = Deadline.start(args.time_limit)  # (before the pipeline's imports: they count)
     from autoshard.pipeline import PlanRequest, plan_request
 
     dims, annotations, training = dims_of(args.dim), _annotations(args), _training(args)
@@ -194,7 +197,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             model_path=args.model, cluster=_cluster(args), dims=dims, annotations=annotations,
             objective=Objective(args.objective), time_limit=args.time_limit, training=training,
         )  # fmt: skip
-        requested = plan_request(request, tracker, after)
+        requested = plan_request(request, tracker, after, deadline)
         document, planned, cluster = requested.document, requested.planned, requested.cluster
         assert document.solver is not None and document.solver.objective is not None
         note = objective_note(document.solver.objective, planned.cost, args.objective)

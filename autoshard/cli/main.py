@@ -100,8 +100,11 @@ def _plan_command(commands: Commands) -> None:
     )  # fmt: skip
     plan.add_argument(
         "--time-limit", type=float, default=60.0,
-        help="the solver's limit in CP-SAT's deterministic seconds, which make the same plan "
-        "on every run, so it does not bound the wall clock (default 60)",
+        help="seconds of wall clock the command may take, from its start (default 60): where "
+        "they run out the best plan found so far is the answer (FEASIBLE, with its gap), and "
+        "'no plan' only where none was found. Also the solver's budget in CP-SAT's "
+        "deterministic seconds, which make the same plan on every run while the wall clock "
+        "does not bind",
     )  # fmt: skip
     plan.add_argument("-o", "--out", metavar="PLAN.json", help="write the plan JSON here")
     plan.add_argument("--json", action="store_true", help="print the plan JSON")

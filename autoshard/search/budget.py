@@ -27,6 +27,7 @@ from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.liveness import Memory
 from autoshard.cost.price import Cost, price
+from autoshard.deadline import NEVER, Deadline, TimeUp
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
@@ -83,16 +84,19 @@ def auto_plan(
     annotations: Sequence[Annotation] = (),
     options: SolverOptions | None = None,
     tracker: Tracker | None = None,
+    deadline: Deadline = NEVER,
 ) -> Planned:
     """Search the cheapest plan that fits the memory budget (CP-SAT), then lower and price
     it; `NoPlanFits` with the lowest feasible budget when none fits. `tracker` is told
-    what the search does and each solve's objective and bound."""
+    what the search does and each solve's objective and bound. `deadline`: the command's
+    wall clock, shared by every step (`solve` says what each answers when it passes);
+    `TimeUp` where it passes while the problem is built."""
     started = time.perf_counter()
     say = tracker.detail if tracker is not None else (lambda _: None)
     options = options or SolverOptions()
     unit = "B" if options.objective == Objective.BYTES else "s"
     check_search_axes(cluster.mesh.ndim, f"mesh {cluster.mesh}")
-    search = build_search(graph, cluster, annotations, options.objective)
+    search = build_search(graph, cluster, annotations, options.objective, deadline=deadline)
     built = time.perf_counter() - started
     problem = search.problem
     say(
@@ -105,12 +109,16 @@ def auto_plan(
     while True:
         try:
             left = time_left(options.time_limit, spent)
-            solution = solve(search.problem, left, hint, tracker, unit, options.time_limit, floor)
+            solution = solve(
+                search.problem, left, hint, tracker, unit, options.time_limit, floor, deadline
+            )
         except InfeasibleError as none:
             lowest = none.lowest
             if lowest is None:
                 say("no plan fits the budget")
-                lowest = lowest_budget(search.problem, options.time_limit, tracker)
+                lowest = lowest_budget(
+                    search.problem, options.time_limit, tracker, deadline=deadline
+                )
             raise _infeasible(graph, cluster, search, lowest) from None
         spent, solve_s = spent + solution.work, solve_s + solution.wall_s
         if tracker is not None:
@@ -118,8 +126,10 @@ def auto_plan(
         plan = search.plan(graph, cluster, solution.choice)
         program, usage = lower_measured(graph, plan)
         counted, held = search.problem.peak(solution.choice), usage.peak
-        if held <= counted:
+        fits = held <= cluster.memory  # (where no time is left to count more, it is the plan)
+        if held <= counted or (fits and deadline.passed()):
             break
+        deadline.check("counting the reshards' intermediates", f"the plan found holds {held} B")
         chains = search.chains | _chains(graph, plan)
         if chains == search.chains:  # the model's promise: checked on every plan
             raise AutoshardError(
@@ -127,7 +137,12 @@ def auto_plan(
                 f"search counted ({counted}); please report it with the model"
             )
         say(f"the program holds {held} bytes, with {len(chains)} reshards' intermediates")
-        search, hint = search.counting(chains), solution.choice
+        try:
+            search, hint = search.counting(chains), solution.choice
+        except TimeUp:
+            if fits:
+                break
+            raise
         floor = math.floor(solution.bound)
     cost = price(program, graph, cluster, usage)
     return Planned(

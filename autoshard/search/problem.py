@@ -39,6 +39,7 @@ from autoshard.collectives import Collective
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import compute_time
 from autoshard.cost.price import collective_time
+from autoshard.deadline import NEVER, Deadline
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
@@ -234,9 +235,10 @@ class _Builder:
         annotations: Sequence[Annotation],
         objective: Objective,
         coarsen: bool,
+        deadline: Deadline = NEVER,
     ) -> None:
         self.graph, self.cluster, self.mesh = graph, cluster, cluster.mesh
-        self.objective = objective
+        self.objective, self.deadline = objective, deadline
         self.rules: dict[str, OpRule | None] = {op.name: rule_for(op, graph) for op in graph.ops}
         self.required = [a for a in annotations if a.required]
         self.hints = [a for a in annotations if not a.required]
@@ -434,7 +436,8 @@ class _Builder:
         ops, copies = grouping.ops, grouping.copies
         reads: Counter[tuple[str, Op, int]] = Counter()
         first: dict[tuple, tuple[str, Op, int]] = {}
-        for op in graph.ops:
+        for done, op in enumerate(graph.ops):
+            self.deadline.check("building the problem", f"{done} of {len(graph.ops)} ops priced")
             d, runs = ops[op.name], graph.runs(op.name)
             for k, cost in enumerate(self.computes(op, d)):
                 node[d.group][k] += runs * cost
@@ -468,7 +471,8 @@ class _Builder:
         edges: dict[tuple[int, int], np.ndarray] = {}
         node_moves = [[0] * n for n in sizes]
         edge_moves: dict[tuple[int, int], np.ndarray] = {}
-        for (name, op, i), count in reads.items():
+        for done, ((name, op, i), count) in enumerate(reads.items()):
+            self.deadline.check("building the problem", f"{done} of {len(reads)} reads priced")
             src = self.deciding(name)
             if op is _UPDATE:
                 reader = self.deciding(self.graph.updates[name])
@@ -540,7 +544,9 @@ class _Builder:
                 group, shardings = held[name]
                 returns = tuple(self.returned(name, s) for s in shardings)
                 reads[name].append((end, i, group, returns))
-        return memory_model(graph, self.mesh, sizes, held.__getitem__, reads.__getitem__, chains)
+        return memory_model(
+            graph, self.mesh, sizes, held.__getitem__, reads.__getitem__, chains, self.deadline
+        )
 
 
 def decision_groups(
@@ -557,5 +563,8 @@ def build_search(
     annotations: Sequence[Annotation] = (),
     objective: Objective = Objective.TIME,
     coarsen: bool = True,
+    deadline: Deadline = NEVER,
 ) -> Search:
-    return _Builder(graph, cluster, annotations, objective, coarsen).build()
+    """The search problem of a graph on a cluster; `TimeUp` (naming how far it got) where
+    `deadline` passes first."""
+    return _Builder(graph, cluster, annotations, objective, coarsen, deadline).build()

@@ -34,7 +34,7 @@ since the redesign; an entry may only shrink or go."""
 
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("leaves", ("autoshard", "autoshard.errors", "autoshard.units", "autoshard.limits",
-                "autoshard.files", "autoshard.progress")),
+                "autoshard.files", "autoshard.progress", "autoshard.deadline")),
     ("value types", ("autoshard.mesh", "autoshard.sharding", "autoshard.collectives")),
     ("graph IR", ("autoshard.ir",)),
     ("parameters", ("autoshard.names", "autoshard.weights")),

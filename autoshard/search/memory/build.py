@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoshard.deadline import NEVER, Deadline
 from autoshard.ir.graph import FORWARD, Graph
 from autoshard.mesh import Mesh
 from autoshard.rules.gradient import accumulated_gradients
@@ -93,17 +94,19 @@ def memory_model(
     held: Callable[[str], Held],
     reads: Callable[[str], Sequence[Read]],
     chains: Collection[Chain] = frozenset(),
+    deadline: Deadline = NEVER,
 ) -> MemoryModel:
     """The rows of the program of every plan: `held(value)` and `reads(value)` say how each
     value is held and read under the choices. The intermediate tensors of a reshard of
     several collectives are counted for the targets of the `chains` given (from any held
     sharding): on a 3-axis mesh most pairs of candidate shardings reshard in several steps,
-    but a plan uses few of them, and the search adds those it finds (`search.budget`)."""
+    but a plan uses few of them, and the search adds those it finds (`search.budget`).
+    `TimeUp` once `deadline` has passed (looked at after each value)."""
     literals = Literals(sizes)
     targets = {(shape, dtype, dst) for shape, dtype, _, dst in frozenset(chains)}
     tensors = Tensors(graph, mesh, held, targets, literals)
     layout = slot_layout(graph, reads, tensors.longest)
-    terms = _Liveness(graph, reads, literals, tensors, layout).terms()
+    terms = _Liveness(graph, reads, literals, tensors, layout).terms(deadline)
     return assemble_rows(terms, literals.sizes, literals.indicators)
 
 
@@ -123,16 +126,17 @@ class _Liveness:
         self.literals, self.tensors, self.layout = literals, tensors, layout
         self.ops = layout.ops
 
-    def terms(self) -> Terms:
+    def terms(self, deadline: Deadline) -> Terms:
         """Every value's terms at their slots, in graph order (the indicators are numbered in
-        the order the values ask for them)."""
+        the order the values ask for them); `TimeUp` once `deadline` has passed."""
         graph, layout = self.graph, self.layout
         terms = Terms(layout, self.literals.sizes)
         produced_at = {o: p for p, op in enumerate(graph.ops) for o in op.outputs if o}
         accumulated = accumulated_gradients(graph)
         replays: dict[tuple, list[Mark]] = {}
         copies: dict[tuple, list[list[int]]] = {}  # the reading positions of each copy
-        for name in graph.values:
+        for done, name in enumerate(graph.values):
+            deadline.check("building the problem", f"memory: {done} of {len(graph.values)} values")
             readings = sorted(self.reads(name), key=lambda r: (r[0], r[1]))
             positions = sorted({r[0] for r in readings})
             # The home tensor (the value as held): from where it is made (a resident one,

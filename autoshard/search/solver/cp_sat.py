@@ -312,15 +312,19 @@ def _members(of: Sequence[int], count: int) -> list[list[int]]:
     return out
 
 
-def deterministic_solver(time_limit: float) -> cp_model.CpSolver:
+def deterministic_solver(time_limit: float, wall: float = math.inf) -> cp_model.CpSolver:
     """Deterministic settings. Probing in presolve only (level 1), the LP the full
     linearization (its bound is what proves optimality here). Probing's deterministic time
     is charged above its wall time, the search's below, and level 1 swings less than the
-    default level 2 for the same speed."""
+    default level 2 for the same speed. `wall`: the seconds left to the command's deadline,
+    a second limit that decides only where it binds first (a single worker's search takes the
+    same path whatever its wall-clock limit, up to where that limit stops it)."""
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
     solver.parameters.max_deterministic_time = time_limit
+    if math.isfinite(wall):
+        solver.parameters.max_time_in_seconds = wall
     solver.parameters.cp_model_probing_level = 1
     solver.parameters.linearization_level = 2
     # Ctrl-C is Python's (`run_solver`): CP-SAT's own catch would end the solve as if out of
@@ -390,9 +394,11 @@ def solve_cp_sat(
     among = rows if memory else None
     started, work, bound = time.perf_counter(), 0.0, -math.inf
     while True:
-        model, x = ilp_model(problem, memory, hint, among)
         given = dataclasses.replace(limit, seconds=limit.seconds - work)
-        solver = deterministic_solver(max(given.seconds, 0.0))
+        if limit.deadline.passed():  # (a large model takes seconds to write out)
+            raise OutOfTime(given.out_of_time("FEASIBLE" if work else "UNKNOWN"))
+        model, x = ilp_model(problem, memory, hint, among)
+        solver = deterministic_solver(max(given.seconds, 0.0), limit.deadline.left())
         if watch is not None:
             watch.fits = None if among is None else fitting_plans(problem, x, problem.budget)
         status = run_solver(solver, model, watch)
@@ -409,7 +415,7 @@ def solve_cp_sat(
         if watch is not None:  # the next solve's bound starts lower
             watch.floor = max(watch.floor, bound)
         if work >= limit.seconds:
-            raise OutOfTime(_out_of_time(given, "FEASIBLE"))
+            raise OutOfTime(given.out_of_time("FEASIBLE"))
         among = np.union1d(among, over)
     optimal = status == cp_model.OPTIMAL
     proto = model.proto
@@ -447,7 +453,7 @@ def chosen_plan(
 ) -> tuple[int, ...]:
     """The choice per group of a solve that found a plan."""
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise OutOfTime(_out_of_time(limit, solver.status_name(status)))
+        raise OutOfTime(limit.out_of_time(solver.status_name(status)))
     return _read(solver.value, x)
 
 
@@ -456,11 +462,3 @@ def _read(
 ) -> tuple[int, ...]:
     """The choice per group of a solution, from the value of each one-hot variable."""
     return tuple(next(k for k, v in enumerate(row) if value(v)) for row in x)
-
-
-def _out_of_time(limit: Limit, status: str) -> str:
-    share = f"{limit.seconds:.2g} s left for the {limit.solve} solve, "
-    return (
-        f"the solver found no plan within --time-limit {limit.of:g} s "
-        f"({share if limit.seconds < limit.of else ''}{status}); raise --time-limit"
-    )

@@ -1,7 +1,9 @@
 """The relaxation's multipliers, stepped: projected subgradient steps with Polyak's step length
 towards the best plan that fits (`dual`), or on the simplex towards the least peak found
 (`least_peak`); each step also moves the mix of each wide indicator's bounds towards the one
-highest at its plan. Iteration counts and counted work decide, never the clock."""
+highest at its plan. Iteration counts and counted work decide, never the clock, but for the
+command's wall-clock deadline: once it has passed, no step more (the bound and plans so far
+stand)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoshard.deadline import NEVER, Deadline
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
 from autoshard.search.solver.bounds import Shares
@@ -38,6 +41,7 @@ def dual(
     start: np.ndarray | None = None,
     longer: int = 0,
     shares: Shares | None = None,
+    deadline: Deadline = NEVER,
 ) -> Dual | None:
     """The best bound the multipliers reach in `iterations` subgradient steps (fewer when
     their subproblems' `work` adds up to more), and the cheapest plan that fits among the
@@ -45,7 +49,8 @@ def dual(
     made already; `start`: the multipliers to step from (none: zeros), and `shares` the mix
     of the indicators' options (none: as they start), which each step moves too
     (`_stepped_shares`); `longer`: steps more, at most, `RISE_STEPS` at a time
-    while they still raise the bound by `RISE`."""
+    while they still raise the bound by `RISE`; none after the first once `deadline` has
+    passed."""
     relaxation = relaxation or Relaxation(problem)
     # No plan costs more: a bound above it proves that none fits.
     most = sum(max(costs) for costs in problem.node_costs) + sum(
@@ -75,7 +80,7 @@ def dual(
         direction = relaxed.excess.astype(np.float64)
         direction[(multipliers <= 0) & (direction < 0)] = 0.0
         norm = float(direction @ direction)
-        if norm == 0 or spent >= work:  # (norm 0: no multiplier can change)
+        if norm == 0 or spent >= work or deadline.passed():  # (norm 0: no multiplier can change)
             break
         shares = _stepped_shares(relaxed, shares, _share_step(done))
         target = best.objective if best is not None else bound + max(reach * abs(bound), 1.0)
@@ -128,12 +133,14 @@ def least_peak(
     iterations: int = tuning.ITERATIONS,
     work: int = tuning.WORK,
     relaxation: Relaxation | None = None,
+    deadline: Deadline = NEVER,
 ) -> Dual | None:
     """The least peak any plan reaches, bounded from below: for weights mu on the simplex,
     min_x sum_r mu_r bytes_r(x) <= min_x max_r bytes_r(x). Projected subgradient steps on the
     simplex with Polyak's length towards the least peak found; `best` is the plan of the
     least peak among the minima (its `peak`), `bound` the best bound. `relaxation`: the
-    problem's `peak_relaxation`, if made already."""
+    problem's `peak_relaxation`, if made already; no step after the first once `deadline`
+    has passed."""
     relaxation = relaxation or peak_relaxation(problem)
     rows = relaxation.rows
     if rows == 0:
@@ -156,7 +163,7 @@ def least_peak(
             peak_rows = np.argsort(-relaxed.excess, kind="stable")[: tuning.PEAK_ROWS]
             probes = [np.eye(1, rows, int(r))[0] for r in reversed(peak_rows.tolist())]
         steps.saw(relaxed.value, at, shares)
-        if best.peak - steps.bound < 1 or spent >= work:
+        if best.peak - steps.bound < 1 or spent >= work or deadline.passed():
             break
         if at is not weights:  # a probe: no step from it
             continue

@@ -19,6 +19,7 @@ from autoshard.search.solver.factors import minimize, problem_factors, undominat
 from autoshard.search.solver.outcome import (
     Improvements,
     Limit,
+    OutOfTime,
     Solution,
     SolverStatus,
     in_whole,
@@ -31,10 +32,13 @@ def memory_aside(problem: Problem, limit: Limit, tracker: Tracker | None, unit: 
     those of all do not; else CP-SAT on what is left once the groups of degree <= 2 are
     eliminated, of the choices no dead end where some are (fewer choices, a faster proof).
     The choices left may hold dead ends again (a neighbour lost its own): narrowed in a loop,
-    not a call per round, since the rounds may follow a chain of layers."""
+    not a call per round, since the rounds may follow a chain of layers. `OutOfTime` where
+    the deadline passes first (a round is not stopped within)."""
     started = time.perf_counter()
     narrowings: list[list[list[int]]] = []  # the choices kept in each round, in order
     while True:
+        if limit.deadline.passed():
+            raise OutOfTime(limit.out_of_time("UNKNOWN"))
         if tracker is not None:
             tracker.detail(f"exact elimination of {len(problem.sizes)} groups, memory aside")
         exact = minimize(problem.sizes, problem_factors(problem))

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
+from autoshard.deadline import NEVER, Deadline
 from autoshard.progress import Tracker
 from autoshard.search.problem import Problem
 from autoshard.search.solver.cp_sat import (
@@ -41,16 +42,19 @@ def lowest_budget(
     tracker: Tracker | None = None,
     of: float | None = None,
     enough: int = -1,
+    deadline: Deadline = NEVER,
 ) -> LowestBudget:
     """The smallest peak memory any choice reaches. The rows' weighted sums relaxed
     (`dual.least_peak`) give a bound and plans; CP-SAT minimizes the peak over the
     choices a plan of a lower peak may take (`Narrowing`), from the least found. `of`: the
     user's `--time-limit`, where `time_limit` is what is left of it; `enough`: a peak at
-    which to stop (FEASIBLE), once a plan reaches it."""
+    which to stop (FEASIBLE), once a plan reaches it; `deadline`: the command's wall clock,
+    at which the least peak found so far is the answer (FEASIBLE; `OutOfTime` where the
+    relaxation found none)."""
     if tracker is not None:
         tracker.detail("the least memory any plan needs: the rows' weighted sums relaxed")
     relaxation = peak_relaxation(problem)
-    found = least_peak(problem, relaxation=relaxation)
+    found = least_peak(problem, relaxation=relaxation, deadline=deadline)
     best, bound, marginals = None, 0, None
     if found is not None and found.best is not None:
         best = Found(found.best.choice, found.best.peak)
@@ -71,7 +75,7 @@ def lowest_budget(
         return got
 
     search = Narrowing(problem, marginals, attempt, watch, "the peak", 1.0)
-    limit = Limit(time_limit, time_limit if of is None else of, "lowest-budget")
+    limit = Limit(time_limit, time_limit if of is None else of, "lowest-budget", deadline)
     best, bound, work = search.run(best, bound, limit, enough=enough)
     assert best is not None  # the least peak is always some plan's
     bound = min(bound, best.value)
@@ -103,9 +107,15 @@ def _least_peak(
         among = among if joined is None else np.union1d(among, joined)
     best, bound, work = tuple(hint), at_least, 0.0
     reached = problem.peak(best) if best else None
+    size = (0, 0)  # the last model's variables and constraints
     while True:
+        if limit.deadline.passed():
+            if best:
+                break  # the best plan so far
+            raise OutOfTime(limit.out_of_time("UNKNOWN"))
         model, x = least_peak_model(problem, best, at_least, among)
-        solver = deterministic_solver(max(limit.seconds - work, 0.0))
+        solver = deterministic_solver(max(limit.seconds - work, 0.0), limit.deadline.left())
+        size = (len(model.proto.variables), len(model.proto.constraints))
         if watch is not None:
             watch.fits = None if among is None else fitting_plans(problem, x, None)
         status = run_solver(solver, model, watch)
@@ -126,15 +136,15 @@ def _least_peak(
         among = np.union1d(among, np.flatnonzero(problem.live(choice) > least))
     assert reached is not None  # (a plan: the hint, or the first solve's)
     bound = min(reached, bound)
-    proto = model.proto
-    got = Attempt(
-        best, reached, bound, bound == reached, work, len(proto.variables), len(proto.constraints)
-    )
-    return got, among
+    return Attempt(best, reached, bound, bound == reached, work, *size), among
 
 
 def any_fits(
-    problem: Problem, time_limit: float, tracker: Tracker | None, limit: float
+    problem: Problem,
+    time_limit: float,
+    tracker: Tracker | None,
+    limit: float,
+    deadline: Deadline = NEVER,
 ) -> tuple[list[Found], float]:
     """Where no plan the relaxation found fits the budget, whether any does: a plan that
     does (none where time ran out first) and the work spent, from the least peak
@@ -144,7 +154,9 @@ def any_fits(
     if tracker is not None:
         tracker.detail("no plan the relaxation found fits the budget: does any?")
     try:
-        lowest = lowest_budget(problem, time_limit, tracker, limit, enough=problem.budget)
+        lowest = lowest_budget(
+            problem, time_limit, tracker, limit, enough=problem.budget, deadline=deadline
+        )
     except OutOfTime:  # the cost's search goes on, with what is left
         return [], time_limit
     if lowest.bound > problem.budget:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from autoshard.deadline import NEVER, Deadline
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
 from autoshard.search.solver.dual import Dual, dual
@@ -90,20 +91,24 @@ def fitting_choices(
 
 
 def within_budget(
-    problem: Problem, fitting: list[list[int]], marginals: list[np.ndarray], whole: Relaxation
+    problem: Problem,
+    fitting: list[list[int]],
+    marginals: list[np.ndarray],
+    whole: Relaxation,
+    deadline: Deadline = NEVER,
 ) -> tuple[int, Found | None, list[np.ndarray], np.ndarray]:
     """The relaxation of the choices that may fit (`fitting_choices`), solved again where they are
     few enough (`AGAIN`): stronger, as it no longer mixes in those that cannot (near the
     lowest budget, it may reach the optimum). Its bound, its best plan, the min-marginals of
     the whole widened by its own, infinite for the choices left out (`_widened`), and the
-    rows that bind it. `whole`: the whole problem's relaxation."""
+    rows that bind it. `whole`: the whole problem's relaxation; its steps stop at `deadline`."""
     none = np.zeros(0, np.int64)
     if problem.variables - sum(map(len, fitting)) < tuning.AGAIN * problem.variables:
         return 0, None, _widened(marginals, None, fitting), none
     within = problem.restricted(fitting)
     hubs = None if whole.hubs else ()  # exact where the whole's are (made anew: fewer choices)
     relaxation = Relaxation(within, exact_up_to=whole.exact_up_to, hubs=hubs)
-    again = dual(within, relaxation=relaxation)
+    again = dual(within, relaxation=relaxation, deadline=deadline)
     if again is None:
         return 0, None, _widened(marginals, None, fitting), none
     if again.infeasible:
@@ -140,6 +145,7 @@ def tightened(
     keep: Sequence[int],
     exact_up_to: int | None = None,
     hubs: bool = False,
+    deadline: Deadline = NEVER,
 ) -> list[list[int]]:
     """The choices `kept` of each group, which hold every plan below `below` and the plan `keep`
     (`still_possible`'s), fewer: the multipliers (`multipliers`: the whole problem's)
@@ -148,12 +154,19 @@ def tightened(
     them, `strengthened`) give higher min-marginals, which leave more out; again while they
     do (at most `TIGHTEN_ROUNDS` times). Where the bound reaches `below`, no plan below takes
     only them: `keep`'s choices alone. The whole problem's steps stop short of its best
-    bound, and steps on the few choices a threshold keeps go further for less."""
+    bound, and steps on the few choices a threshold keeps go further for less. No round
+    starts once `deadline` has passed (any multipliers' min-marginals leave out only choices
+    in no plan below `below`)."""
     limit = below - 1 + tuning.ROUNDING * max(1.0, abs(below))
     for _ in range(tuning.TIGHTEN_ROUNDS):
+        if deadline.passed():
+            break
         restricted = problem.restricted(kept)
         relaxation = Relaxation(restricted, exact_up_to=exact_up_to, hubs=None if hubs else ())
-        found = dual(restricted, tuning.TIGHTEN_STEPS, relaxation=relaxation, start=multipliers)
+        found = dual(
+            restricted, tuning.TIGHTEN_STEPS, relaxation=relaxation, start=multipliers,
+            deadline=deadline,
+        )  # fmt: skip
         if found is None:
             break
         if found.infeasible or found.bound > limit:
@@ -171,25 +184,33 @@ def tightened(
     return kept
 
 
-def strengthened(problem: Problem, relaxation: Relaxation, found: Dual) -> tuple[Relaxation, Dual]:
+def strengthened(
+    problem: Problem, relaxation: Relaxation, found: Dual, deadline: Deadline = NEVER
+) -> tuple[Relaxation, Dual]:
     """The relaxation with its large indicators exact (`hub_tables`) and its multipliers
     stepped on from `found`'s, where `HUB_TRIAL` steps raise the bound by `HUB_GAIN` or more;
     else `relaxation` and `found` as they are. Where a value is read by several groups at
     once (BERT's hidden state by q, k, v and the residual), its reshard buffers and its own
     savings are bounded apart, and near the lowest budget their sum binds: exact, they raise
-    the bound much. Elsewhere they change little, and the trial is cheap."""
+    the bound much. Elsewhere they change little, and the trial is cheap. Its steps stop at
+    `deadline`."""
     scopes = relaxation.hub_scopes()
     if not scopes or not relaxation.joins_in_time(list(scopes), found.multipliers):
         return relaxation, found
     exact = Relaxation(problem, exact_up_to=relaxation.exact_up_to, hubs=relaxation.hub_tables())
-    trial = dual(problem, tuning.HUB_TRIAL, relaxation=exact, start=found.multipliers)
+    trial = dual(
+        problem, tuning.HUB_TRIAL, relaxation=exact, start=found.multipliers, deadline=deadline
+    )
     if trial is None:
         return relaxation, found
     if not trial.infeasible and trial.bound < found.bound + tuning.HUB_GAIN * abs(found.bound):
         return relaxation, found
     more: Dual | None = trial
     if not trial.infeasible:
-        more = dual(problem, relaxation=exact, start=trial.multipliers, shares=trial.shares)
+        more = dual(
+            problem, relaxation=exact, start=trial.multipliers, shares=trial.shares,
+            deadline=deadline,
+        )  # fmt: skip
     stepped = trial if more is None or more.bound < trial.bound else more
     plans = [d.best for d in (found, trial, stepped) if d.best is not None]
     best = min(plans, key=lambda plan: plan.objective, default=None)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from autoshard.deadline import NEVER, Deadline
 from autoshard.errors import AutoshardError
 from autoshard.progress import Tracker
 from autoshard.search.problem import Problem
@@ -41,7 +42,7 @@ class NoPlan(InfeasibleError):
 
 
 class OutOfTime(AutoshardError):
-    """A solve found no plan in its time."""
+    """A solve found no plan in its time (its deterministic seconds, or the wall clock's)."""
 
 
 class SolverStatus(enum.StrEnum):
@@ -87,11 +88,26 @@ class LowestBudget:
 @dataclass(frozen=True)
 class Limit:
     """The deterministic seconds one solve may use, the user's `--time-limit` they are part of,
-    and which solve it is: what the error says when the solve stops without a plan."""
+    and which solve it is: what the error says when the solve stops without a plan; and the
+    command's wall-clock `deadline`, which CP-SAT is given what is left of."""
 
     seconds: float
     of: float
     solve: str
+    deadline: Deadline = NEVER
+
+    def out_of_time(self, status: str) -> str:
+        """Why the solve stopped without a plan (CP-SAT's `status`): the deadline passed, or
+        the solve's deterministic seconds ran out."""
+        if self.deadline.passed():
+            return self.deadline.ran_out(
+                f"in the {self.solve} solve, before any plan that fits was found"
+            )
+        share = f"{self.seconds:.2g} s left for the {self.solve} solve, "
+        return (
+            f"the solver found no plan within --time-limit {self.of:g} s "
+            f"({share if self.seconds < self.of else ''}{status}); raise --time-limit"
+        )
 
 
 def time_left(time_limit: float, spent: float) -> float:

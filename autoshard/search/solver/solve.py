@@ -12,8 +12,11 @@ then CP-SAT on the choices a plan below a threshold may take.
    rising to the best plan's value.
 
 Deterministic: iteration counts and CP-SAT's deterministic time decide, never the clock, so
-the same problem gives the same solution on any machine. A `Tracker` may watch a solve; its
-callbacks only read.
+the same problem gives the same solution on any machine. The one exception is the command's
+wall-clock deadline (`--time-limit`, `Deadline`): where it passes first, every step stops
+where it is and the best plan so far is the answer (FEASIBLE, with the bound proven so far),
+which depends on how fast the machine got there. A `Tracker` may watch a solve; its callbacks
+only read.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoshard.deadline import NEVER, Deadline
 from autoshard.progress import Tracker
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
@@ -47,6 +51,7 @@ from autoshard.search.solver.outcome import (
     InfeasibleError,
     Limit,
     NoPlan,
+    OutOfTime,
     Solution,
     SolverStatus,
     plan_fits,
@@ -66,6 +71,7 @@ def solve(
     unit: str = "s",
     limit: float | None = None,
     floor: int = 0,
+    deadline: Deadline = NEVER,
 ) -> Solution:
     """The best choice per group; `InfeasibleError` when the budget cannot hold any plan.
 
@@ -77,14 +83,63 @@ def solve(
     integer costs to). `limit` is the user's `--time-limit`, of which `time_limit` is what
     is left to this solve (all of it by default): what the error says when a solve stops
     without a plan. `floor`: a bound proven before (on rows counting less:
-    `budget.auto_plan`'s rounds).
+    `budget.auto_plan`'s rounds). `deadline`: the command's wall clock. Where it passes, or
+    `time_limit` runs out, before a step has found a plan, the plan `hint` or every group's
+    first choice (replicated, where the annotations allow) is the answer where it fits
+    (FEASIBLE, the bound proven so far), else `OutOfTime` names the step.
     """
+    known, started = _Known(floor), time.perf_counter()
+    try:
+        return _search(problem, time_limit, hint, tracker, unit, limit, deadline, known)
+    except OutOfTime:  # (the wall clock, or the deterministic seconds, as on any machine)
+        fallback = [plan for plan in (tuple(hint), (0,) * len(problem.sizes))
+                    if plan_fits(problem, plan)]  # fmt: skip
+        if not fallback:
+            raise
+        choice = min(fallback, key=problem.objective)
+        if tracker is not None:
+            which = "the plan found before" if choice == tuple(hint) else "the replicated plan"
+            tracker.detail(f"out of time before a plan of its own: {which}, which fits")
+        objective = problem.objective(choice)
+        proven = min(known.bound, objective)
+        solved = Solution(
+            choice=choice, status=SolverStatus.OPTIMAL if proven == objective else
+            SolverStatus.FEASIBLE, objective=objective, bound=proven,
+            wall_s=time.perf_counter() - started, variables=0, constraints=0, work=known.work,
+        )  # fmt: skip
+        return told_end(solved, tracker, problem.unit, unit)
+
+
+@dataclass
+class _Known:
+    """The bound proven and the deterministic seconds spent so far by a solve: what it
+    answers with when the deadline cuts it short before it has a plan of its own."""
+
+    bound: int
+    work: float = 0.0
+
+
+def _search(
+    problem: Problem,
+    time_limit: float,
+    hint: Sequence[int],
+    tracker: Tracker | None,
+    unit: str,
+    limit: float | None,
+    deadline: Deadline,
+    known: _Known,
+) -> Solution:
+    """`solve`'s steps, telling `known` what each proves."""
     limit = time_limit if limit is None else limit
-    aside = memory_aside(problem, Limit(time_limit, limit, "memory-aside"), tracker, unit)
+    aside = memory_aside(problem, Limit(time_limit, limit, "memory-aside", deadline), tracker, unit)
     if problem.peak(aside.choice) <= problem.budget:
         return told_end(aside, tracker, problem.unit, unit)
+    known.bound, known.work = max(known.bound, math.ceil(aside.bound)), aside.work
+    if deadline.passed():  # (the memory-bound search's no plan, `solve`'s fallback)
+        raise OutOfTime(Limit(time_limit, limit, "memory-bound", deadline).out_of_time(""))
     after_aside = time.perf_counter()
-    start = _relaxed(problem, aside, hint, floor, time_limit, limit, tracker)
+    start = _relaxed(problem, aside, hint, known.bound, time_limit, limit, tracker, deadline)
+    known.bound, known.work = start.at_least, start.work
     watch = None
     if tracker is not None:
         value = None if start.best is None else start.best.value * problem.unit
@@ -96,12 +151,13 @@ def solve(
         tighten = functools.partial(
             tightened, problem, start.found.multipliers,
             exact_up_to=start.relaxation.exact_up_to, hubs=bool(start.relaxation.hubs),
+            deadline=deadline,
         )  # fmt: skip
     attempt = _attempts(watch, start.binding)
     search = Narrowing(
         problem, start.marginals, attempt, watch, "the cost", tuning.WHOLE_SHARE, True, tighten
     )  # fmt: skip
-    rest = Limit(time_left(time_limit, start.work), limit, "memory-bound")
+    rest = Limit(time_left(time_limit, start.work), limit, "memory-bound", deadline)
     found, bound, work = search.run(start.best, start.at_least, rest, aside.choice)
     if found is None:
         raise InfeasibleError("no plan fits the memory budget")
@@ -139,21 +195,23 @@ def _relaxed(
     time_limit: float,
     limit: float,
     tracker: Tracker | None,
+    deadline: Deadline = NEVER,
 ) -> _Start:
     """The memory rows relaxed (`dual`, `strengthened`): a bound, plans that fit (where none
     does, the least peak says whether any does, `any_fits`), and the min-marginals, less the
     choices with a memory row alone over the budget (`fitting_choices`; where they are many, the
     relaxation of the rest solved again, `within_budget`). `aside`: the memory-aside optimum,
-    which does not fit; `time_limit` and `limit` as `solve`'s."""
+    which does not fit; `time_limit`, `limit` and `deadline` as `solve`'s: past it, each
+    step after the first relaxation is left out (the plans and bound found so far stand)."""
     if tracker is not None:
         tracker.detail(f"its optimum does not fit the budget: the {len(problem.memory)} "
                        "memory rows relaxed (Lagrangian multipliers)")  # fmt: skip
     relaxation = Relaxation(problem, exact_up_to=table_limit(problem, aside.choice))
-    found = dual(problem, relaxation=relaxation, longer=tuning.LONGER)
-    if found is not None and not found.infeasible:
-        relaxation, found = strengthened(problem, relaxation, found)
+    found = dual(problem, relaxation=relaxation, longer=tuning.LONGER, deadline=deadline)
+    if found is not None and not found.infeasible and not deadline.passed():
+        relaxation, found = strengthened(problem, relaxation, found, deadline)
     plans = [Found(tuple(hint), problem.objective(hint))] if plan_fits(problem, hint) else []
-    at_least, marginals, binding = max(floor, math.ceil(aside.bound)), None, None
+    at_least, marginals, binding = floor, None, None
     fitting = None
     if found is not None:
         if found.infeasible:
@@ -161,16 +219,19 @@ def _relaxed(
         at_least = max(at_least, rounded_up(found.bound))
         if found.best is not None:
             plans.append(Found(found.best.choice, found.best.objective))
-        fitting = fitting_choices(problem, found, relaxation)
+        if not deadline.passed():
+            fitting = fitting_choices(problem, found, relaxation)
     spent = aside.work
-    if not plans:
-        plans, work = any_fits(problem, time_left(time_limit, spent), tracker, limit)
+    if not plans and not deadline.passed():
+        plans, work = any_fits(problem, time_left(time_limit, spent), tracker, limit, deadline)
         spent += work
-    if found is not None:
+    if found is not None and not deadline.passed():
         marginals = relaxation.min_marginals(found.multipliers, found.shares)
         binding = np.flatnonzero(found.multipliers > 0)
         if fitting is not None and marginals is not None:
-            bound, plan, marginals, again = within_budget(problem, fitting, marginals, relaxation)
+            bound, plan, marginals, again = within_budget(
+                problem, fitting, marginals, relaxation, deadline
+            )
             binding = np.union1d(binding, again)
             at_least = max(at_least, bound)
             plans += [plan] if plan is not None else []
