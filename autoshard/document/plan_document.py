@@ -61,7 +61,7 @@ from autoshard.document.blocks import (
     WeightStrategy,
 )
 from autoshard.document.breakdown import breakdown
-from autoshard.document.story import strategy_story
+from autoshard.document.story import batch_axes, strategy_story
 from autoshard.errors import AutoshardError
 from autoshard.files import sha256_file, write_atomic
 from autoshard.ir.graph import Graph
@@ -257,7 +257,7 @@ def plan_document(
         timing = Timing(round(planned.build_s, 3), round(planned.solve_s, 3))
     strategy = None
     if training is not None:
-        strategies = weight_strategies(graph, plan)
+        strategies = weight_strategies(graph, plan, batch_axes(graph, plan))
         strategy = Strategy(strategy_counts(strategies),
                             {w: WeightStrategy(**s) for w, s in strategies.items()})  # fmt: skip
     collectives = program.collectives_json()

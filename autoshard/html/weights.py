@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from autoshard.analysis.repeats import Run, find_repeats
 from autoshard.cost.liveness import shard_bytes
 from autoshard.document.plan_document import PlanDocument
+from autoshard.holding import words_of
 from autoshard.html.markup import esc, size, tag
 from autoshard.ir.graph import FORWARD, Graph
 from autoshard.names import is_constant
@@ -79,7 +80,7 @@ def weights_table(
     header = ["weight (source parameter)", "copies", "shape", "dtype", "per device", "held",
               "used"]  # fmt: skip
     if strategies:
-        header += ["strategy", "optimizer state"]
+        header += ["held as", "optimizer state"]
     shown = [n for n, w in graph.weights.items() if n not in graph.constants and not is_constant(w)]
     rows = [tag("tr", "".join(tag("th", esc(h)) for h in header))]
     for group in weight_roles(graph, shown):
@@ -120,5 +121,5 @@ def _cells(document: PlanDocument, graph: Graph, plan: Plan, name: str) -> tuple
     strategies = document.strategy.weights if document.strategy is not None else {}
     if strategies:
         s = strategies.get(name)
-        cells += [esc(s.strategy if s else "-"), tag("code", esc(s.state if s else "-"))]
+        cells += [esc(words_of(s.strategy) if s else "-"), tag("code", esc(s.state if s else "-"))]
     return tuple(cells)

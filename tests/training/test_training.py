@@ -305,7 +305,11 @@ def test_a_training_plan_partitions_as_planned_and_verify_refuses_it(mlp, tmp_pa
     report = plan_markdown(read_document(plan))
     assert "## Training step: adamw, bf16-mixed, 1 micro-batch(es), recompute none" in report
     assert "| gradient_sync |" in report and "| optimizer_state |" in report
-    assert "| `w1` | ddp | `[[], []]` | `[[], []]` | `[[], []]` |" in report
+    # nothing is split: no gradient is synchronized, and the report does not say one is
+    assert report.split("\n")[2] == (
+        "Nothing is split: every device computes everything. Weights: 2 replicated."
+    )
+    assert "| `w1` | replicated | `[[], []]` | `[[], []]` | `[[], []]` |" in report
     out = tmp_path / "out"
     assert main(["partition", str(mlp), "--mesh", "2x2", "--plan", str(plan), "-o", str(out)]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
