@@ -65,6 +65,7 @@ from autoshard.plan import Plan
 from autoshard.rules import rule_for
 from autoshard.rules.elementwise import ELEMENTWISE
 from autoshard.sharding import Sharding
+from autoshard.training.buffers import buffer_names, buffers_text
 from autoshard.training.strategy import strategy_counts, weight_strategies
 
 NORMS = frozenset(
@@ -427,7 +428,9 @@ def _weights(graph: Graph, plan: Plan, batch: frozenset[int], findings: _Finding
             findings.role(Role.FSDP, stored - _axes(Sharding.parse(s["used"])))
             findings.role(Role.ZERO, _axes(Sharding.parse(s["state"])) - stored)
         told = counts_text(strategy_counts(strategies))
-        return f"Weights: {told}." if told else "No trained weights."
+        buffers = buffer_names(graph)
+        untrained = f" Not trained: {buffers_text(buffers, findings.names)}." if buffers else ""
+        return (f"Weights: {told}." if told else "No trained weights.") + untrained
     kinds: dict[str, list[str]] = {}
     for name in sorted(graph.weights):
         if name in graph.constants:

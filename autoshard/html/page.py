@@ -46,6 +46,7 @@ from autoshard.mesh import Device, Mesh
 from autoshard.plan import Plan
 from autoshard.program import Compute, Program
 from autoshard.rules.gradient import TRAIN, TrainOp
+from autoshard.training.buffers import buffer_names, buffers_text
 from autoshard.units import format_rate
 
 LIVE_SHOWN = 3
@@ -332,6 +333,11 @@ def _weights(inputs: ReportInputs) -> str:
         "a device, how the ops that read it use it (held split further than read: gathered "
         "before use)" + (", and a training plan's strategy per weight." if trained else ".")
     )
+    buffers = buffer_names(inputs.graph) if trained else []
+    if buffers:  # named by their source parameters where known
+        sources = {b: inputs.names[b][0] for b in buffers if inputs.names.get(b)}
+        note += (f" Not trained (no gradient, sync or optimizer state): "
+                 f"{buffers_text(buffers, sources)}.")  # fmt: skip
     return tag("p", esc(note), class_="note") + tag("div", table, class_="scroll")
 
 
