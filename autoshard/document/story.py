@@ -310,12 +310,12 @@ def _reads(graph: Graph, plan: Plan, name: str) -> list[Sharding]:
             for i, x in enumerate(op.inputs) if x == name]  # fmt: skip
 
 
-def _column(graph: Graph, plan: Plan, p: Projection) -> frozenset[int]:
+def column_axes(graph: Graph, plan: Plan, p: Projection) -> frozenset[int]:
     """The axes splitting the projection's output features."""
     return _dim_axes(plan.produced[p.output], -1, len(graph.values[p.output].shape))
 
 
-def _row(graph: Graph, plan: Plan, p: Projection) -> frozenset[int]:
+def row_axes(graph: Graph, plan: Plan, p: Projection) -> frozenset[int]:
     """The axes splitting the features the projection contracts."""
     return _dim_axes(plan.needs[(p.op, 0)], -1, len(graph.values[p.data].shape))
 
@@ -333,7 +333,8 @@ def _megatron(
         firsts, seconds = mlp
         seen.add(frozenset(p.op for p in firsts))
         axes = frozenset.intersection(
-            *(_column(graph, plan, p) for p in firsts), *(_row(graph, plan, p) for p in seconds)
+            *(column_axes(graph, plan, p) for p in firsts),
+            *(row_axes(graph, plan, p) for p in seconds),
         )
         if axes:
             split = [p.op for p in firsts + seconds]
@@ -345,8 +346,10 @@ def _megatron(
         ops = block.region | block.inputs | block.outputs
         for op in ops:
             regions[op] = ops
-        column = [_column(graph, plan, projections[p]) for p in sorted(block.inputs - block.fused)]
-        rows = [_row(graph, plan, projections[p]) for p in sorted(block.outputs)]
+        column = [
+            column_axes(graph, plan, projections[p]) for p in sorted(block.inputs - block.fused)
+        ]
+        rows = [row_axes(graph, plan, projections[p]) for p in sorted(block.outputs)]
         axes = frozenset.intersection(*column, *rows) if rows else frozenset()
         if axes:
             split = sorted(block.inputs | block.outputs)
