@@ -58,7 +58,7 @@ from autoshard.analysis.patterns import (
     weight_source,
 )
 from autoshard.analysis.repeats import Repeats, Run, find_repeats
-from autoshard.holding import counts_text, holding
+from autoshard.holding import counts_text
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.plan import Plan
@@ -66,7 +66,7 @@ from autoshard.rules import rule_for
 from autoshard.rules.elementwise import ELEMENTWISE
 from autoshard.sharding import Sharding
 from autoshard.training.buffers import buffer_names, buffers_text
-from autoshard.training.strategy import strategy_counts, weight_strategies
+from autoshard.training.strategy import held_as, strategy_counts, weight_strategies
 
 NORMS = frozenset(
     {"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
@@ -439,9 +439,8 @@ def _weights(graph: Graph, plan: Plan, batch: frozenset[int], findings: _Finding
         if name in graph.constants:
             continue
         held = _axes(plan.values[name])
-        read = frozenset().union(*map(_axes, _reads(graph, plan, name)))
-        findings.role(Role.FSDP, held - read)
-        kinds.setdefault(holding(held, read), []).append(name)
+        findings.role(Role.FSDP, held - frozenset().union(*map(_axes, _reads(graph, plan, name))))
+        kinds.setdefault(held_as(graph, plan, name), []).append(name)
     total = sum(graph.values[n].nbytes for names in kinds.values() for n in names) or 1
     ordered = sorted(kinds.items(), key=lambda kv: (-len(kv[1]), kv[0]))
     shares = {k: sum(graph.values[n].nbytes for n in names) / total for k, names in ordered}

@@ -39,7 +39,7 @@ from autoshard.document.plan_document import (
     read_document,
 )
 from autoshard.errors import AutoshardError
-from autoshard.holding import holding, words_of
+from autoshard.holding import words_of
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.names import parameter_names
@@ -51,6 +51,7 @@ from autoshard.search.candidates import candidates
 from autoshard.search.coarsen import Grouping, Key, Kind, OpDecision, Tie
 from autoshard.search.options import Objective
 from autoshard.search.problem import decision_groups
+from autoshard.training.strategy import held_as
 from autoshard.units import format_bytes, format_seconds
 
 TIES = {
@@ -310,11 +311,7 @@ def _holding(saved: Saved, name: str) -> str | None:
     found = _strategy(saved.document, name)
     if found is not None:
         return str(found["strategy"])
-    forward = [plan.needs[(op.name, i)] for op in graph.consumers(name)
-               for i, x in enumerate(op.inputs) if x == name]  # fmt: skip
-    held = {a for axes in plan.values[name].split_axes for a in axes}
-    read = {a for s in forward for axes in s.split_axes for a in axes}
-    return str(holding(held, read))
+    return str(held_as(graph, plan, name))
 
 
 def _strategy(document: PlanDocument, weight: str) -> dict[str, Any] | None:

@@ -25,10 +25,11 @@ from autoshard.analysis.repeats import Run, find_repeats
 from autoshard.document.blocks import CollectiveEntry
 from autoshard.document.plan_document import PlanDocument
 from autoshard.document.story import axes_text, column_axes, forward_view, row_axes
-from autoshard.holding import Holding, holding
+from autoshard.holding import Holding
 from autoshard.html.markup import esc, size, tag
 from autoshard.ir.graph import FORWARD, Graph, Op
 from autoshard.plan import Plan
+from autoshard.training.strategy import held_as
 
 MATMULS = frozenset({"MatMul", "Gemm", "Einsum", "MatMulInteger", "FusedMatMul"})
 """The op types drawn: the matrix multiplies, with a weight (projections) or not (attention)."""
@@ -181,15 +182,7 @@ def _held(document: PlanDocument, graph: Graph, plan: Plan, weight: str) -> Hold
     trained = document.strategy.weights.get(weight) if document.strategy is not None else None
     if trained is not None:
         return Holding(trained.strategy)
-    reads = [
-        plan.needs[(op.name, i)]
-        for op in graph.consumers(weight)
-        if graph.phase(op.name) == FORWARD
-        for i, x in enumerate(op.inputs)
-        if x == weight
-    ]
-    held = {a for axes in plan.values[weight].split_axes for a in axes}
-    return holding(held, {a for s in reads for axes in s.split_axes for a in axes})  # fmt: skip
+    return held_as(graph, plan, weight)
 
 
 def _collective(graph: Graph, plan: Plan, c: CollectiveEntry) -> Cells:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from autoshard.holding import holding
+from autoshard.holding import Holding, holding
 from autoshard.ir.graph import Graph
 from autoshard.plan import Plan
 from autoshard.rules.gradient import TRAIN, TrainOp
@@ -62,6 +62,21 @@ def weight_strategies(
             "strategy": str(kind),
         }
     return found
+
+
+def held_as(graph: Graph, plan: Plan, weight: str) -> Holding:
+    """How a weight is held by a plan's forward (`autoshard.holding`): its held sharding against
+    how its forward readers read it (a training plan adds its state and gradient sync:
+    `weight_strategies`)."""
+    reads = [
+        plan.needs[(op.name, i)]
+        for op in graph.consumers(weight)
+        if graph.phase(op.name) == "forward"
+        for i, x in enumerate(op.inputs)
+        if x == weight
+    ]
+    read = frozenset().union(*map(_axes, reads)) if reads else frozenset()
+    return holding(_axes(plan.values[weight]), read)
 
 
 def strategy_counts(strategies: Mapping[str, Mapping[str, str]]) -> dict[str, int]:
