@@ -482,7 +482,9 @@ def test_weights_that_only_compute_tables_from_constants_are_not_trained(tmp_pat
     args = ["plan", str(path), "--mesh", "2", "--mode", "training", "-o", str(out)]
     assert main([*args, "--html", str(html)]) == 0
     told = "Not trained: 2 buffers (inv_freq, M)."
-    assert f" {told} " in " ".join(capsys.readouterr().out.split())  # the summary's story
+    summary = capsys.readouterr().out
+    assert f" {told} " in " ".join(summary.split())  # the summary's story
+    assert "\nweights: " not in summary  # the story's counts, not again by key (`2 ddp`)
     document = json.loads(out.read_text())
     assert list(document["strategy"]["weights"]) == ["W", "V"]
     assert document["strategy"]["buffers"] == {"count": 2, "names": ["inv_freq", "M"]}

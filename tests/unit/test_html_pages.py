@@ -150,6 +150,14 @@ def test_one_layer_of_megatron_in_the_report(tmp_path: Path) -> None:
         (f"{layer}/mlp/c_proj/Gemm Gemm", "lm.transformer.h.0.mlp.c_proj.weight 256x64",
          "row over axis tp: partial sums", split),
     ]  # fmt: skip
+    # the weights table says how each is held in the same words
+    weights = html[html.index('id="weights"') : html.index('id="layout"')]
+    held = {}
+    for cells in re.findall(r"<tr data-copies=\"\d+\">(.*?)</tr>", weights):
+        texts = [re.sub(r"<[^>]+>", " ", t).split() for t in re.findall(r"<td>(.*?)</td>", cells)]
+        held[texts[0][0]] = " ".join(texts[-1])
+    assert held["lm.transformer.h.*.mlp.c_fc.weight"] == split
+    assert held["lm.transformer.h.*.attn.c_attn.weight"] == "replicated"
     reduces = [i for i, row in enumerate(rows) if "all_reduce" in row[1]]
     for block, i in zip(("attn", "mlp"), reduces, strict=True):
         gemm = f"{layer}/{block}/c_proj/Gemm"
