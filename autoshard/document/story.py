@@ -133,6 +133,7 @@ class _Findings:
                    == "forward" and r.count > 1]  # fmt: skip
         self.run: Run | None = forward[0] if forward else None
         self.found: dict[Idea, dict[frozenset[int], set[int | None]]] = {}
+        self.ops: dict[tuple[Idea, frozenset[int]], set[str]] = {}  # each variant's ops
         self.roles: dict[int, set[Role]] = {}
 
     def layer(self, op: str) -> int | None:
@@ -140,8 +141,9 @@ class _Findings:
         return run.layer(i) if run is not None else None
 
     def add(self, idea: Idea, axes: frozenset[int], ops: Iterable[str], role: Role) -> None:
-        variants = self.found.setdefault(idea, {})
+        variants, ops = self.found.setdefault(idea, {}), list(ops)
         variants.setdefault(axes, set()).update(self.layer(op) for op in ops)
+        self.ops.setdefault((idea, axes), set()).update(ops)
         self.role(role, axes)
 
     def role(self, role: Role, axes: Iterable[int]) -> None:
@@ -184,13 +186,20 @@ class _Findings:
             also = ", also outside the layers" if inside and outside else ""
             return inside, f"{subject} over {axes_text(self.mesh, axes)}{tag}{also}"
         told = []
-        for axes, layers in sorted(variants.items(), key=lambda kv: (-len(kv[1]), sorted(kv[0]))):
+
+        def most(kv: tuple[frozenset[int], set[int | None]]) -> tuple[int, int, list[int]]:
+            return -len(kv[1]), -len(self.ops[(idea, kv[0])]), sorted(kv[0])
+
+        for axes, layers in sorted(variants.items(), key=most):
             n = len(layers - {None})
             many = "every layer" if n == count else f"{n} layer{'s' if n > 1 else ''}"
             where = " and ".join(
                 ([many] if n else [])
                 + (["outside" if n else "outside the layers"] if None in layers else [])
             )
+            if self.run is None:  # no layers: where is told by the ops
+                ops = len(self.ops[(idea, axes)])
+                where = f"{ops} op{'s' if ops > 1 else ''}"
             told.append(f"{axes_text(self.mesh, axes)} ({where})")
         return inside, f"{subject}{tag} over {', '.join(told)}"
 

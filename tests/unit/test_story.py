@@ -16,7 +16,7 @@ from autoshard.cost.cluster import make_cluster
 from autoshard.cost.price import price
 from autoshard.document.blocks import RepeatedLayers, SearchFigures
 from autoshard.document.plan_document import model_info, plan_document, write_document
-from autoshard.document.story import strategy_story
+from autoshard.document.story import Role, strategy_story
 from autoshard.explain.diff import diff_plans, diff_text
 from autoshard.mesh import Mesh
 from autoshard.passes.materialize import materialize
@@ -354,15 +354,18 @@ def test_variants_found_in_some_layers():
     axes in other layers), checked on findings set by hand on the 2-layer GPT-2."""
     from autoshard.document.story import _Findings
 
-    findings = _Findings(graph("gpt2"), DPTP, {}, None)
+    g = graph("gpt2")
+    findings = _Findings(g, DPTP, {}, None)
+    first, second = (next(op.name for op in g.ops if f"/h.{i}/" in op.name) for i in (0, 1))
+    outside = "/lm/transformer/wte/Gather"
     sequence = ("elementwise ops split on the sequence", "sequence parallel")
     mlp = ("Megatron column->row split of the MLP (h.*.mlp)", "")
     table = ("the embedding table (wte) split by vocabulary", "")
-    findings.found = {
-        sequence: {frozenset({1}): {0, None}, frozenset({0, 1}): {1}},
-        mlp: {frozenset({1}): {1}},
-        table: {frozenset({1}): {None}},
-    }
+    findings.add(sequence, frozenset({1}), [first, outside], Role.SEQUENCE)
+    findings.add(sequence, frozenset({0, 1}), [second], Role.SEQUENCE)
+    findings.add(mlp, frozenset({1}), [second], Role.TENSOR)
+    findings.add(table, frozenset({1}), [outside], Role.VOCABULARY)
+    assert (findings.layer(first), findings.layer(second), findings.layer(outside)) == (0, 1, None)
     assert findings.sentences() == [
         "In each of the 2 repeated layers: elementwise ops split on the sequence (sequence "
         "parallel) over axis tp (1 layer and outside), axes dp, tp (1 layer).",
@@ -370,3 +373,21 @@ def test_variants_found_in_some_layers():
         "axis tp.",
         "Outside the layers: the embedding table (wte) split by vocabulary over axis tp.",
     ]
+
+
+def test_variants_without_repeated_layers_count_their_ops():
+    """With no repeated layers, an idea's variants say how many ops each was found in."""
+    from autoshard.document.story import _Findings
+
+    g = graph("gpt2")
+    findings = _Findings(g, DPTP, {}, None)
+    findings.run = None  # as in a model with no repeated layers
+    sequence = ("elementwise ops split on the sequence", "sequence parallel")
+    ops = [op.name for op in g.ops[:3]]
+    findings.add(sequence, frozenset({1}), ops[:2], Role.SEQUENCE)
+    findings.add(sequence, frozenset({0}), ops[2:], Role.SEQUENCE)
+    assert findings.sentences() == [
+        "Throughout: elementwise ops split on the sequence (sequence parallel) over axis tp "
+        "(2 ops), axis dp (1 op)."
+    ]
+    assert findings.roles == {0: {Role.SEQUENCE}, 1: {Role.SEQUENCE}}
