@@ -73,9 +73,10 @@ def chosen_layer(graph: Graph, plan: Plan) -> Layer:
 
 def layer_picture(
     document: PlanDocument, graph: Graph, plan: Plan, names: Mapping[str, Sequence[str]]
-) -> str:
-    """The section's markup: a note saying which layer is drawn, and its table."""
+) -> tuple[str, str]:
+    """The section's heading and markup: a note saying which layer is drawn, and its table."""
     layer = chosen_layer(graph, plan)
+    heading = "One layer" if layer.index is not None else "The forward pass"
     rows = _rows(document, graph, plan, layer, names)
     head = tag("tr", "".join(tag("th", esc(h)) for h in ("op", "weight", "split", "held as")))
     body = [tag("tr", "".join(tag("td", c, **attrs) for c, attrs in row), class_=kind)
@@ -83,9 +84,8 @@ def layer_picture(
     if len(rows) > ROWS_SHOWN:
         more = f"\u2026 and {len(rows) - ROWS_SHOWN} more rows"
         body.append(tag("tr", tag("td", esc(more), colspan=4), class_="more"))
-    return tag("p", esc(_caption(layer)), class_="note") + tag(
-        "div", tag("table", head + "".join(body), class_="layer"), class_="scroll"
-    )
+    table = tag("div", tag("table", head + "".join(body), class_="layer"), class_="scroll")
+    return heading, tag("p", esc(_caption(layer)), class_="note") + table
 
 
 def _caption(layer: Layer) -> str:

@@ -79,10 +79,11 @@ def html_report(inputs: ReportInputs) -> str:
     doc, graph = inputs.document, inputs.graph
     chosen = layout_tensors(graph, inputs.tensors)
     title = f"autoshard plan: {doc.model.name or graph.name} on mesh {doc.mesh}"
+    layer, picture = layer_picture(doc, graph, inputs.plan, inputs.names)
     sections = [
         ("strategy", "Strategy", _strategy(inputs)),
         ("mesh", "Mesh", _mesh(inputs)),
-        ("layer", "One layer", layer_picture(doc, graph, inputs.plan, inputs.names)),
+        ("layer", layer, picture),
         ("time", "Where the time goes", _time(doc, graph, inputs.plan.mesh)),
         ("memory", "Memory over the program", _memory(inputs)),
         ("weights", "Weights", _weights(inputs)),

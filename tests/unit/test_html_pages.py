@@ -210,3 +210,22 @@ def test_the_budget_label_misses_the_phase_names(budget: int) -> None:
     for box in others:
         apart = label[2] <= box[0] or box[2] <= label[0] or label[3] <= box[1] or box[3] <= label[1]
         assert apart, (box, label)
+
+
+def test_a_model_without_layers_is_drawn_whole(tmp_path: Path) -> None:
+    """The MLP split Megatron-style by hand: the first Gemm by column, the second by row, and
+    the all_reduce of its partial sums (the model's output y, [8, 64] float32: 2 KiB) after it,
+    read by no op."""
+    out = tmp_path / "r.html"
+    weights = ["--annotate", "0.weight=[[0],[]]", "--annotate", "2.weight=[[],[0]]"]
+    mlp = str(MODELS / "mlp.onnx")
+    args = ["propagate", mlp, "--mesh", "tp=2", "--dim", "batch=8", *weights, "--html", str(out)]
+    assert main(args) == 0
+    html = out.read_text()
+    assert '<h2>The forward pass</h2><p class="note">The model has no repeated layers' in html
+    split = "split (tensor parallel)"
+    assert _layer_rows(html) == [
+        ("matmul", "/0/Gemm Gemm", "0.weight 256x64", "column over axis tp", split),
+        ("matmul", "/2/Gemm Gemm", "2.weight 64x256", "row over axis tp: partial sums", split),
+        ("collective", "\u2192 all_reduce of y over axis tp, 2.00 KiB per device: after /2/Gemm"),
+    ]
