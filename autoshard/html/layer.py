@@ -96,13 +96,15 @@ def _caption(layer: Layer) -> str:
     )
     if layer.index is None:
         return f"The model has no repeated layers: its forward pass. {what}"
-    alike = len(layer.alike)
+    alike, count = len(layer.alike), layer.count
+    others = count - alike
     like = (
-        f"all {layer.count} are alike"
-        if alike == layer.count
-        else f"{alike} of the {layer.count} are alike ({_spans(layer.alike)}); the others differ"
+        f"all {count} are alike"
+        if alike == count
+        else f"it stands for {alike} of them ({_spans(layer.alike)}); {others} other"
+        f"{'s' if others > 1 else ''} {'differ' if others > 1 else 'differs'}"
     )
-    return f"Layer {layer.index} of the {layer.count} repeated layers (forward): {like}. {what}"
+    return f"Layer {layer.index} of the {count} repeated layers (forward): {like}. {what}"
 
 
 def _spans(layers: Sequence[int]) -> str:

@@ -229,3 +229,26 @@ def test_a_model_without_layers_is_drawn_whole(tmp_path: Path) -> None:
         ("matmul", "/2/Gemm Gemm", "2.weight 64x256", "row over axis tp: partial sums", split),
         ("collective", "\u2192 all_reduce of y over axis tp, 2.00 KiB per device: after /2/Gemm"),
     ]
+
+
+def test_the_layer_drawn_says_which_layers_it_stands_for(tmp_path: Path) -> None:
+    """Layer 0's c_fc weight split on its columns, layer 1's left replicated: the layers
+    differ, the first is drawn, and the picture says it stands for itself alone."""
+    out = tmp_path / "r.html"
+    weight = "lm.transformer.h.0.mlp.c_fc.weight"
+    flags = ["propagate", str(GPT2), "--mesh", "2", "--dim", "batch=8", "--dim", "seq=128"]
+    assert main([*flags, "--annotate", f"{weight}=[[],[0]]", "--html", str(out)]) == 0
+    html = out.read_text()
+    assert "Layer 0 of the 2 repeated layers (forward): it stands for 1 of them (0); 1 other " \
+        "differs." in html  # fmt: skip
+    fc = next(row for row in _layer_rows(html) if row[1].startswith("/lm/transformer/h.0/mlp/c_fc"))
+    assert fc[3:] == ("column over axis 0", "split (tensor parallel)")
+
+
+@pytest.mark.parametrize(
+    ("layers", "told"), [([0], "0"), ([0, 1, 2, 5, 7, 8], "0-2, 5, 7-8")], ids=["one", "spans"]
+)
+def test_layers_alike_are_told_as_spans(layers: list[int], told: str) -> None:
+    from autoshard.html.layer import _spans
+
+    assert _spans(layers) == told
