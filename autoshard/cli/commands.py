@@ -26,6 +26,7 @@ from autoshard.cli.summaries import (
     print_checks,
 )
 from autoshard.errors import AutoshardError
+from autoshard.holding import words_of
 from autoshard.mesh import Mesh
 from autoshard.passes import Stage
 from autoshard.search.options import Objective
@@ -232,9 +233,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if note is not None:
         print(note)
     print(breakdown_summary(document.breakdown or {}))
-    if document.strategy is not None:
-        counts = document.strategy.counts
-        print("weights: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
     if planned.plan.unruled:
         print(f"computed replicated (no rule): {', '.join(planned.plan.unruled)}")
     if args.out:
@@ -549,7 +547,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 line += f"  [{entry['style']}]"
             if "strategy" in entry:
                 state = entry["optimizer_state"]
-                line += f"  {entry['strategy']}, optimizer state "
+                line += f"  {words_of(entry['strategy'])}; optimizer state "
                 line += ", ".join(state) if isinstance(state, list) else state
             print(line)
         for weight, why in document["unnamed"].items():

@@ -355,24 +355,36 @@ class WeightStrategy:
                 "strategy": self.strategy}  # fmt: skip
 
 
+BUFFERS_LISTED = 8
+"""How many of its buffers a plan document names (a 70B decoder has one rotary table per layer;
+the count says how many there are)."""
+
+
 @dataclass(frozen=True)
 class Strategy:
-    """`strategy`: a training plan's weights by strategy (most first) and each weight's."""
+    """`strategy`: a training plan's weights by strategy (most first) and each weight's; and,
+    where the step has any, its `buffers` (weights it does not train: `training.buffers`), their
+    count and the first `BUFFERS_LISTED` names (`{"count": 80, "names": [...]}`)."""
 
     counts: Mapping[str, int]
     weights: Mapping[str, WeightStrategy]
+    buffers: int = 0
+    buffer_names: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"counts": dict(self.counts),
+        data = {"counts": dict(self.counts),
                 "weights": {name: w.to_json() for name, w in self.weights.items()}}  # fmt: skip
+        if self.buffers:
+            data["buffers"] = {"count": self.buffers, "names": list(self.buffer_names)}
+        return data
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> Strategy:
-        weights = data.get("weights") or {}
+        weights, buffers = data.get("weights") or {}, data.get("buffers") or {}
         return Strategy(dict(data.get("counts") or {}), {
             name: WeightStrategy(w["stored"], w["used"], w["state"], w["strategy"])
             for name, w in weights.items()
-        })  # fmt: skip
+        }, int(buffers.get("count") or 0), tuple(buffers.get("names") or ()))  # fmt: skip
 
 
 @dataclass(frozen=True)

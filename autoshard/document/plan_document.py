@@ -22,7 +22,8 @@ was asked (its objective, time limit and annotations), so that `autoshard explai
 again with one more annotation (`--why-not`). A plan that annotations decided (`autoshard
 propagate`) has no search: its `solver`, `search` and `timing` are null. A training step's
 plan also has `"mode": "training"`, its `training` options and each trained weight's
-`strategy` (`autoshard.training.strategy`: how it is held, used, its optimizer state split),
+`strategy` (`autoshard.training.strategy`: how it is held, used, its optimizer state split,
+and the buffers it does not train, counted and the first few named),
 with `cost.phases` and `cost.memory_by_kind`.
 
 Everything but `timing` is a function of the request: two runs write the same bytes once the
@@ -44,6 +45,7 @@ from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.price import Cost
 from autoshard.document.blocks import (
+    BUFFERS_LISTED,
     Asked,
     ClusterInfo,
     CollectiveEntry,
@@ -61,7 +63,7 @@ from autoshard.document.blocks import (
     WeightStrategy,
 )
 from autoshard.document.breakdown import breakdown
-from autoshard.document.story import strategy_story
+from autoshard.document.story import batch_axes, strategy_story
 from autoshard.errors import AutoshardError
 from autoshard.files import sha256_file, write_atomic
 from autoshard.ir.graph import Graph
@@ -72,6 +74,7 @@ from autoshard.rules import rule_for
 from autoshard.search.options import SolverOptions
 from autoshard.sharding import Sharding, ShardingOption
 from autoshard.training import Training
+from autoshard.training.buffers import buffer_names
 from autoshard.training.strategy import strategy_counts, weight_strategies
 
 if TYPE_CHECKING:  # only for the figures it reports; reading a plan needs no search
@@ -257,9 +260,11 @@ def plan_document(
         timing = Timing(round(planned.build_s, 3), round(planned.solve_s, 3))
     strategy = None
     if training is not None:
-        strategies = weight_strategies(graph, plan)
+        strategies = weight_strategies(graph, plan, batch_axes(graph, plan))
+        buffers = buffer_names(graph)
         strategy = Strategy(strategy_counts(strategies),
-                            {w: WeightStrategy(**s) for w, s in strategies.items()})  # fmt: skip
+                            {w: WeightStrategy(**s) for w, s in strategies.items()},
+                            len(buffers), tuple(buffers[:BUFFERS_LISTED]))  # fmt: skip
     collectives = program.collectives_json()
     described = describe(plan, graph, cost)
     return PlanDocument(

@@ -17,19 +17,25 @@ parameter names (`export.names`, given by the caller), else by their initializer
 - *Ulysses*: an all_to_all of the program on a value an attention block reads or writes
   (heads <-> sequence);
 - *experts split*: an MoE expert table (`patterns.expert_downs`) split on its expert dim;
-- weights: held split further than read (gathered before use: FSDP/ZeRO-3), read split
-  (tensor parallel), or replicated; a training plan counts its `strategy` per weight.
+- weights: in `autoshard.holding`'s words, held split further than read (sharded, gathered
+  for use: FSDP/ZeRO-3), read split (tensor parallel), or replicated; a training plan counts
+  its `strategy` per weight.
 
-Findings are told per repeated layer (the forward's largest run of `repeats.find_repeats`:
-"in each of the 12 repeated layers", or "in 3 of 12" where layers differ) and for the rest.
+Each decision (an *idea*: what is split, and how) is told once, per repeated layer (the
+forward's largest run of `repeats.find_repeats`: "in each of the 12 repeated layers", or "in 3
+of 12" where layers differ), with ", also outside the layers" where the rest has it too, and
+"Outside the layers" for what only the rest has. The variants of an idea (the same split over
+other axes in other layers, as a tight budget's plan makes them) are one phrase, each variant
+with where it is found: "elementwise ops split on the sequence (sequence parallel) over axis 1
+(20 layers), axes 0, 1 (12 layers and outside)".
 
 Worked example: GPT-2 with `dp_tp` on mesh `dp=2,tp=2` reads
 
     Batch split over mesh axis dp (data parallel). In each of the 2 repeated layers: Megatron
     column->row split of the MLP over axis tp; Megatron column->row split of the attention
     (fused QKV computed whole) over axis tp. Outside the layers: the embedding table split by
-    vocabulary over axis tp. Weights: 19 replicated (20% of the weight bytes), 10 read split
-    (tensor parallel) (80% of the weight bytes).
+    vocabulary over axis tp. Weights: 19 replicated, 20% of the weight bytes; 10 split (tensor
+    parallel), 80% of the weight bytes.
 
 (with the blocks and tables named: "the MLP (lm.transformer.h.*.mlp)", "the embedding table
 (lm.transformer.wte.weight)"; a layer's index is `*`.)
@@ -53,28 +59,21 @@ from autoshard.analysis.patterns import (
     weight_source,
 )
 from autoshard.analysis.repeats import Repeats, Run, find_repeats
+from autoshard.holding import counts_text
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.plan import Plan
 from autoshard.rules import rule_for
 from autoshard.rules.elementwise import ELEMENTWISE
 from autoshard.sharding import Sharding
-from autoshard.training.strategy import strategy_counts, weight_strategies
+from autoshard.training.buffers import buffer_names, buffers_text
+from autoshard.training.strategy import held_as, strategy_counts, weight_strategies
 
 NORMS = frozenset(
     {"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
      "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
 )  # fmt: skip
 """Norm op types (a decomposed norm is elementwise and reduce ops: its elementwise ops count)."""
-
-STRATEGY_WORDS = {
-    "ddp": "replicated, gradients all-reduced (DDP)",
-    "zero": "replicated, optimizer state split (ZeRO-1/2)",
-    "fsdp": "held split and gathered before use (FSDP/ZeRO-3)",
-    "tp": "read split (tensor parallel)",
-    "tp+zero": "read split, optimizer state split further (TP+ZeRO)",
-    "tp+fsdp": "read split, held split further (TP+FSDP)",
-}
 
 
 class Role(enum.StrEnum):
@@ -116,8 +115,14 @@ def _axes(sharding: Sharding) -> frozenset[int]:
     return frozenset(a for axes in sharding.split_axes for a in axes)
 
 
+Idea = tuple[str, str]
+"""A decision the story names once: what is split (`Megatron column->row split of the MLP
+(layers.*.mlp)`) and the name of the technique ("sequence parallel"; "" for none)."""
+
+
 class _Findings:
-    """Phrases with the layers they were found in (None: outside the repeated layers)."""
+    """Each idea found, with the mesh axes of each variant and the layers each variant was
+    found in (None: outside the repeated layers)."""
 
     def __init__(
         self, graph: Graph, mesh: Mesh, names: Mapping[str, str], repeats: Repeats | None
@@ -128,15 +133,18 @@ class _Findings:
         forward = [r for r in repeats.runs if graph.phase(graph.ops[r.start].name)
                    == "forward" and r.count > 1]  # fmt: skip
         self.run: Run | None = forward[0] if forward else None
-        self.found: dict[str, set[int | None]] = {}
+        self.found: dict[Idea, dict[frozenset[int], set[int | None]]] = {}
+        self.ops: dict[tuple[Idea, frozenset[int]], set[str]] = {}  # each variant's ops
         self.roles: dict[int, set[Role]] = {}
 
     def layer(self, op: str) -> int | None:
         i, run = self.index[op], self.run
         return run.layer(i) if run is not None else None
 
-    def add(self, phrase: str, ops: Iterable[str], role: Role, axes: Iterable[int]) -> None:
-        self.found.setdefault(phrase, set()).update(self.layer(op) for op in ops)
+    def add(self, idea: Idea, axes: frozenset[int], ops: Iterable[str], role: Role) -> None:
+        variants, ops = self.found.setdefault(idea, {}), list(ops)
+        variants.setdefault(axes, set()).update(self.layer(op) for op in ops)
+        self.ops.setdefault((idea, axes), set()).update(ops)
         self.role(role, axes)
 
     def role(self, role: Role, axes: Iterable[int]) -> None:
@@ -164,17 +172,47 @@ class _Findings:
         inside = any(self.layer(op) is not None for op in ops)
         return ".".join("*" if inside and part.isdigit() else part for part in paths[0])
 
+    def phrase(self, idea: Idea) -> tuple[int, str]:
+        """An idea in words, once, with the number of repeated layers it was found in. Its
+        variants (other axes) are told with their layers, most first: `elementwise ops split
+        on the sequence (sequence parallel) over axis 1 (20 layers), axes 0, 1 (12 layers and
+        outside)`."""
+        (subject, technique), variants = idea, self.found[idea]
+        count = self.run.count if self.run is not None else 0
+        tag = f" ({technique})" if technique else ""
+        inside = len(set().union(*variants.values()) - {None})
+        outside = any(None in layers for layers in variants.values())
+        if len(variants) == 1:
+            (axes,) = variants
+            also = ", also outside the layers" if inside and outside else ""
+            return inside, f"{subject} over {axes_text(self.mesh, axes)}{tag}{also}"
+        told = []
+
+        def most(kv: tuple[frozenset[int], set[int | None]]) -> tuple[int, int, list[int]]:
+            return -len(kv[1]), -len(self.ops[(idea, kv[0])]), sorted(kv[0])
+
+        for axes, layers in sorted(variants.items(), key=most):
+            n = len(layers - {None})
+            many = "every layer" if n == count else f"{n} layer{'s' if n > 1 else ''}"
+            where = " and ".join(
+                ([many] if n else [])
+                + (["outside" if n else "outside the layers"] if None in layers else [])
+            )
+            if self.run is None:  # no layers: where is told by the ops
+                ops = len(self.ops[(idea, axes)])
+                where = f"{ops} op{'s' if ops > 1 else ''}"
+            told.append(f"{axes_text(self.mesh, axes)} ({where})")
+        return inside, f"{subject}{tag} over {', '.join(told)}"
+
     def sentences(self) -> list[str]:
-        """`In each of the N repeated layers: ...`, then `Outside the layers: ...`."""
+        """`In each of the N repeated layers: ...`, `In K of the N ...`, then `Outside the
+        layers: ...` for what is found outside them alone; each idea told once."""
         count = self.run.count if self.run is not None else 0
         by_layers: dict[int, list[str]] = {}
         rest: list[str] = []
-        for phrase, layers in self.found.items():
-            inside = len(layers - {None})
-            if inside:
-                by_layers.setdefault(inside, []).append(phrase)
-            if None in layers:
-                rest.append(phrase)
+        for idea in self.found:
+            inside, text = self.phrase(idea)
+            (by_layers.setdefault(inside, []) if inside else rest).append(text)
         out = []
         for inside in sorted(by_layers, reverse=True):
             where = f"each of the {count}" if inside == count else f"{inside} of the {count}"
@@ -220,7 +258,7 @@ def recognise(
     _ulysses(graph, regions, collectives, findings)
     _tables(graph, plan, findings)
     parts += findings.sentences()
-    weights = _weights(graph, plan, bool(batch), findings)
+    weights = _weights(graph, plan, batch, findings)
     if not parts and not any(_axes(s) for s in plan.values.values()):
         parts.append("Nothing is split: every device computes everything.")
     parts.append(weights)
@@ -301,12 +339,12 @@ def _reads(graph: Graph, plan: Plan, name: str) -> list[Sharding]:
             for i, x in enumerate(op.inputs) if x == name]  # fmt: skip
 
 
-def _column(graph: Graph, plan: Plan, p: Projection) -> frozenset[int]:
+def column_axes(graph: Graph, plan: Plan, p: Projection) -> frozenset[int]:
     """The axes splitting the projection's output features."""
     return _dim_axes(plan.produced[p.output], -1, len(graph.values[p.output].shape))
 
 
-def _row(graph: Graph, plan: Plan, p: Projection) -> frozenset[int]:
+def row_axes(graph: Graph, plan: Plan, p: Projection) -> frozenset[int]:
     """The axes splitting the features the projection contracts."""
     return _dim_axes(plan.needs[(p.op, 0)], -1, len(graph.values[p.data].shape))
 
@@ -324,34 +362,31 @@ def _megatron(
         firsts, seconds = mlp
         seen.add(frozenset(p.op for p in firsts))
         axes = frozenset.intersection(
-            *(_column(graph, plan, p) for p in firsts), *(_row(graph, plan, p) for p in seconds)
+            *(column_axes(graph, plan, p) for p in firsts),
+            *(row_axes(graph, plan, p) for p in seconds),
         )
         if axes:
             split = [p.op for p in firsts + seconds]
             where = findings.named([p.weight for p in firsts + seconds], split, module=True)
-            phrase = (
-                f"Megatron column->row split of the MLP{_aside(where)} over "
-                f"{axes_text(plan.mesh, axes)}"
-            )
-            findings.add(phrase, split, Role.TENSOR, axes)
+            idea = (f"Megatron column->row split of the MLP{_aside(where)}", "")
+            findings.add(idea, axes, split, Role.TENSOR)
     regions: dict[str, frozenset[str]] = {}
     for block in attention_blocks(graph, projections):
         ops = block.region | block.inputs | block.outputs
         for op in ops:
             regions[op] = ops
-        column = [_column(graph, plan, projections[p]) for p in sorted(block.inputs - block.fused)]
-        rows = [_row(graph, plan, projections[p]) for p in sorted(block.outputs)]
+        column = [
+            column_axes(graph, plan, projections[p]) for p in sorted(block.inputs - block.fused)
+        ]
+        rows = [row_axes(graph, plan, projections[p]) for p in sorted(block.outputs)]
         axes = frozenset.intersection(*column, *rows) if rows else frozenset()
         if axes:
             split = sorted(block.inputs | block.outputs)
             weights = [projections[p].weight for p in split]
             where = findings.named(weights, split, module=True)
             fused = "fused QKV computed whole" if block.fused else ""
-            phrase = (
-                f"Megatron column->row split of the attention{_aside(where, fused)} over "
-                f"{axes_text(plan.mesh, axes)}"
-            )
-            findings.add(phrase, split, Role.TENSOR, axes)
+            idea = (f"Megatron column->row split of the attention{_aside(where, fused)}", "")
+            findings.add(idea, axes, split, Role.TENSOR)
     return regions
 
 
@@ -369,13 +404,11 @@ def _sequence_parallel(
         axes = _dim_axes(plan.produced[op.outputs[0]], 1, 3)
         if axes:
             by_axes.setdefault(axes, []).append(op.name)
+    norms = any(graph.op_by_name[o].type in NORMS for ops in by_axes.values() for o in ops)
+    kinds = "norms and elementwise ops" if norms else "elementwise ops"
     for axes, ops in sorted(by_axes.items(), key=lambda kv: sorted(kv[0])):
-        kinds = "norms and elementwise ops" if any(
-            graph.op_by_name[o].type in NORMS for o in ops
-        ) else "elementwise ops"  # fmt: skip
-        axes_words = axes_text(findings.mesh, axes)
-        phrase = f"{kinds} split on the sequence over {axes_words} (sequence parallel)"
-        findings.add(phrase, ops, Role.SEQUENCE, axes)
+        findings.add((f"{kinds} split on the sequence", "sequence parallel"), axes, ops,
+                     Role.SEQUENCE)  # fmt: skip
 
 
 def _ulysses(
@@ -392,12 +425,8 @@ def _ulysses(
         user = c.get("user")
         at = [o for o in (producer.name if producer else None, user) if o and o in regions]
         if at:
-            axes = frozenset(c["mesh_axes"])
-            phrase = (
-                f"heads<->sequence all_to_all around the attention over "
-                f"{axes_text(findings.mesh, axes)} (Ulysses)"
-            )
-            findings.add(phrase, at[:1], Role.ULYSSES, axes)
+            idea = ("heads<->sequence all_to_all around the attention", "Ulysses")
+            findings.add(idea, frozenset(c["mesh_axes"]), at[:1], Role.ULYSSES)
 
 
 def _tables(graph: Graph, plan: Plan, findings: _Findings) -> None:
@@ -406,58 +435,46 @@ def _tables(graph: Graph, plan: Plan, findings: _Findings) -> None:
         reader = graph.consumers(table)[0].name
         axes = frozenset().union(*(_dim_axes(s, 0, 2) for s in _reads(graph, plan, table)))
         if axes:
-            phrase = (
-                f"the embedding table{_aside(findings.named([table], [reader], False))} split "
-                f"by vocabulary over {axes_text(plan.mesh, axes)}"
-            )
-            findings.add(phrase, [reader], Role.VOCABULARY, axes)
+            named = _aside(findings.named([table], [reader], False))
+            idea = (f"the embedding table{named} split by vocabulary", "")
+            findings.add(idea, axes, [reader], Role.VOCABULARY)
     for table, dim in expert_downs(graph):
         reader, reads = graph.consumers(table)[0].name, _reads(graph, plan, table)
         axes = frozenset().union(*(_dim_axes(s, 0, 3) for s in reads))
         if axes:
             named = _aside(findings.named([table], [reader], False))
-            phrase = f"experts{named} split over {axes_text(plan.mesh, axes)} (expert parallel)"
-            findings.add(phrase, [reader], Role.EXPERT, axes)
+            findings.add((f"experts{named} split", "expert parallel"), axes, [reader], Role.EXPERT)
         inner = frozenset().union(*(_dim_axes(s, dim, 3) for s in reads))
         if inner:
-            phrase = f"each expert's FFN split Megatron-style over {axes_text(plan.mesh, inner)}"
-            findings.add(phrase, [reader], Role.TENSOR, inner)
+            idea = ("each expert's FFN split Megatron-style", "")
+            findings.add(idea, inner, [reader], Role.TENSOR)
 
 
-def _weights(graph: Graph, plan: Plan, batch: bool, findings: _Findings) -> str:
-    """How the weights are held: a training plan's strategies, or held vs read. A `ddp`
-    weight's gradient is all-reduced only where the `batch` is split."""
+def _weights(graph: Graph, plan: Plan, batch: frozenset[int], findings: _Findings) -> str:
+    """How the weights are held (`autoshard.holding`): a training plan's strategies, else
+    held vs read, with each kind's share of the weight bytes."""
     if any(graph.phase(op.name) != "forward" for op in graph.ops):
-        strategies = weight_strategies(graph, plan)
+        strategies = weight_strategies(graph, plan, batch)
         for s in strategies.values():
             stored = _axes(Sharding.parse(s["stored"]))
             findings.role(Role.FSDP, stored - _axes(Sharding.parse(s["used"])))
             findings.role(Role.ZERO, _axes(Sharding.parse(s["state"])) - stored)
-        counts = strategy_counts(strategies)
-        words = STRATEGY_WORDS | ({} if batch else {"ddp": "replicated"})
-        told = [f"{n} {words.get(kind, kind)}" for kind, n in counts.items()]
-        return f"Weights: {', '.join(told)}." if told else "No trained weights."
+        told = counts_text(strategy_counts(strategies))
+        buffers = buffer_names(graph)
+        untrained = f" Not trained: {buffers_text(buffers, findings.names)}." if buffers else ""
+        return (f"Weights: {told}." if told else "No trained weights.") + untrained
     kinds: dict[str, list[str]] = {}
     for name in sorted(graph.weights):
         if name in graph.constants:
             continue
         held = _axes(plan.values[name])
-        read = frozenset().union(*map(_axes, _reads(graph, plan, name)))
-        findings.role(Role.FSDP, held - read)
-        if held - read:
-            kind = f"held split over {axes_text(plan.mesh, held - read)} further than read, " \
-                   "gathered before use (FSDP/ZeRO-3)"  # fmt: skip
-        elif read:
-            kind = "read split (tensor parallel)"
-        else:
-            kind = "replicated"
-        kinds.setdefault(kind, []).append(name)
+        findings.role(Role.FSDP, held - frozenset().union(*map(_axes, _reads(graph, plan, name))))
+        kinds.setdefault(held_as(graph, plan, name), []).append(name)
     total = sum(graph.values[n].nbytes for names in kinds.values() for n in names) or 1
-    told = []
-    for kind, names in sorted(kinds.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        share = sum(graph.values[n].nbytes for n in names) / total
-        told.append(
-            f"{len(names)} {kind} ({f'{share:.0%}' if share >= 0.01 else '<1%'} of "
-            "the weight bytes)"
-        )
-    return f"Weights: {', '.join(told)}." if told else "No weights."
+    ordered = sorted(kinds.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    shares = {k: sum(graph.values[n].nbytes for n in names) / total for k, names in ordered}
+    notes = {
+        k: f"{f'{v:.0%}' if v >= 0.01 else '<1%'} of the weight bytes" for k, v in shares.items()
+    }
+    told = counts_text({k: len(names) for k, names in ordered}, notes)
+    return f"Weights: {told}." if told else "No weights."

@@ -28,6 +28,7 @@ from typing import Any
 from autoshard.document.blocks import CostFigures, Strategy
 from autoshard.document.plan_document import PlanDocument, read_document
 from autoshard.errors import AutoshardError
+from autoshard.holding import words_of
 from autoshard.training import Training
 from autoshard.units import format_bytes, format_seconds
 
@@ -412,7 +413,7 @@ def _training_markdown(
     ]  # fmt: skip
     kinds = [(kind, format_bytes(size)) for kind, size in (cost.memory_by_kind or {}).items()]
     weights = [
-        (f"`{name}`", w.strategy, f"`{w.stored}`", f"`{w.used}`", f"`{w.state}`")
+        (f"`{name}`", words_of(w.strategy), f"`{w.stored}`", f"`{w.used}`", f"`{w.state}`")
         for name, w in (strategy.weights if strategy else {}).items()
     ]
     return [
@@ -423,5 +424,5 @@ def _training_markdown(
         "",
         *_table(("memory at the peak", "bytes"), 1, kinds),
         "",
-        *_table(("weight", "strategy", "held", "used", "optimizer state"), 5, weights),
+        *_table(("weight", "held as", "stored", "used", "optimizer state"), 5, weights),
     ]

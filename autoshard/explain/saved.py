@@ -39,6 +39,7 @@ from autoshard.document.plan_document import (
     read_document,
 )
 from autoshard.errors import AutoshardError
+from autoshard.holding import words_of
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.names import parameter_names
@@ -50,6 +51,7 @@ from autoshard.search.candidates import candidates
 from autoshard.search.coarsen import Grouping, Key, Kind, OpDecision, Tie
 from autoshard.search.options import Objective
 from autoshard.search.problem import decision_groups
+from autoshard.training.strategy import held_as
 from autoshard.units import format_bytes, format_seconds
 
 TIES = {
@@ -298,8 +300,20 @@ def explain_value(saved: Saved, name: str) -> dict[str, Any]:
         "readers": readers, "decided": decided, "collectives": moved,
         "comm_by_mesh_axes": _by_axes(moved), "memory": _memory(saved, [name]),
         "parameter": saved.parameters.get(name),
-        "training": _strategy(saved.document, name),
+        "holding": _holding(saved, name), "training": _strategy(saved.document, name),
     }  # fmt: skip
+
+
+def _holding(saved: Saved, name: str) -> str | None:
+    """How a weight is held (`autoshard.holding`'s key): a training plan's strategy, else
+    held against read; None for any other value."""
+    graph, plan = saved.graph, saved.lowered.plan
+    if name not in graph.weights or name in graph.constants:
+        return None
+    found = _strategy(saved.document, name)
+    if found is not None:
+        return str(found["strategy"])
+    return str(held_as(graph, plan, name))
 
 
 def _strategy(document: PlanDocument, weight: str) -> dict[str, Any] | None:
@@ -377,10 +391,12 @@ def explain_text(found: Mapping[str, Any]) -> str:
         ]
         if found["parameter"] not in (None, found["name"]):
             lines.insert(1, f"  source parameter: {found['parameter']}")
+        if found["holding"]:  # a weight
+            lines.append(f"  held as a weight: {words_of(found['holding'])}")
         if found["training"]:  # a training plan's weight: how its step treats it
             t = found["training"]
-            lines.append(f"  training: {t['strategy']} (stored {t['stored']}, used {t['used']}, "
-                         f"optimizer state {t['state']})")  # fmt: skip
+            lines.append(f"  training: stored {t['stored']}, used {t['used']}, optimizer state "
+                         f"{t['state']}")  # fmt: skip
         for r in found["readers"]:
             how = "resharded" if r["resharded"] else "as held"
             lines.append(f"  read by {r['op']} (operand {r['operand']}): {r['reads']} ({how})")

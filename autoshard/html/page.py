@@ -3,12 +3,14 @@ image from anywhere, and a Content-Security-Policy that forbids them), a pure fu
 plan document, its graph, plan and program (`ReportInputs`).
 
 Sections, each a `<section id=...>`: `strategy` (the story and the plan's figures), `mesh` (the
-devices drawn, each axis's role and link), `time` (stacked bars of compute and communication
-per mesh axis, per repeated layer and for the rest; a training step's phases; the costliest op
-types and collectives), `memory` (bytes per device over the program's steps against the
-budget, the peak marked, what is live there by kind), `weights` (how each weight is held and
-read, by parameter name, the repeated layers' one row per role), `layout` (which block of a
-tensor each device holds, for the largest weight and the tensors asked for).
+devices drawn, each axis's role and link), `layer` (one repeated layer's matrix multiplies,
+split by column or row, and the collectives between its ops: `html.layer`), `time` (stacked
+bars of compute and communication per mesh axis, per repeated layer and for the rest; a
+training step's phases; the costliest op types and collectives), `memory` (bytes per device
+over the program's steps against the budget, the peak marked, what is live there by kind),
+`weights` (how each weight is held and read, by parameter name, the repeated layers' one row
+per role), `layout` (which block of a tensor each device holds, for the largest weight and the
+tensors asked for).
 
 Deterministic: the same inputs give the same bytes (the only wall-clock figure is the plan's
 own `timing`).
@@ -28,6 +30,7 @@ from autoshard.document.plan_document import SCHEMA, PlanDocument
 from autoshard.document.story import recognise
 from autoshard.errors import AutoshardError
 from autoshard.html.charts import Band, Bar, Segment, memory_chart, stacked_bars
+from autoshard.html.layer import layer_picture
 from autoshard.html.markup import (
     COMPUTE,
     KIND_COLOURS,
@@ -46,6 +49,7 @@ from autoshard.mesh import Device, Mesh
 from autoshard.plan import Plan
 from autoshard.program import Compute, Program
 from autoshard.rules.gradient import TRAIN, TrainOp
+from autoshard.training.buffers import buffer_names, buffers_text
 from autoshard.units import format_rate
 
 LIVE_SHOWN = 3
@@ -75,9 +79,11 @@ def html_report(inputs: ReportInputs) -> str:
     doc, graph = inputs.document, inputs.graph
     chosen = layout_tensors(graph, inputs.tensors)
     title = f"autoshard plan: {doc.model.name or graph.name} on mesh {doc.mesh}"
+    layer, picture = layer_picture(doc, graph, inputs.plan, inputs.names)
     sections = [
         ("strategy", "Strategy", _strategy(inputs)),
         ("mesh", "Mesh", _mesh(inputs)),
+        ("layer", layer, picture),
         ("time", "Where the time goes", _time(doc, graph, inputs.plan.mesh)),
         ("memory", "Memory over the program", _memory(inputs)),
         ("weights", "Weights", _weights(inputs)),
@@ -332,6 +338,11 @@ def _weights(inputs: ReportInputs) -> str:
         "a device, how the ops that read it use it (held split further than read: gathered "
         "before use)" + (", and a training plan's strategy per weight." if trained else ".")
     )
+    buffers = buffer_names(inputs.graph) if trained else []
+    if buffers:  # named by their source parameters where known
+        sources = {b: inputs.names[b][0] for b in buffers if inputs.names.get(b)}
+        note += (f" Not trained (no gradient, sync or optimizer state): "
+                 f"{buffers_text(buffers, sources)}.")  # fmt: skip
     return tag("p", esc(note), class_="note") + tag("div", table, class_="scroll")
 
 
@@ -405,6 +416,8 @@ th,td{border-bottom:1px solid var(--line);padding:4px 8px;text-align:left;vertic
 th{background:var(--bg);font-weight:600}td code{white-space:nowrap}
 td code.name{white-space:normal;overflow-wrap:anywhere}
 .param{display:block;color:var(--muted);font-size:12px}.scroll{overflow-x:auto}
+table.layer tr.collective td{background:#fbf3e6;font-size:12px;padding:2px 8px 2px 24px}
+table.layer .param{display:inline;margin-left:6px}
 code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}
 .swatch{display:inline-block;width:10px;height:10px;margin-right:6px;border-radius:2px}
 figure{margin:12px 0 20px}figcaption{font-size:13px;color:var(--muted);margin-top:6px}

@@ -17,10 +17,12 @@ from collections.abc import Mapping, Sequence
 from autoshard.analysis.repeats import Run, find_repeats
 from autoshard.cost.liveness import shard_bytes
 from autoshard.document.plan_document import PlanDocument
+from autoshard.holding import words_of
 from autoshard.html.markup import esc, size, tag
 from autoshard.ir.graph import FORWARD, Graph
 from autoshard.names import is_constant
 from autoshard.plan import Plan
+from autoshard.training.strategy import held_as
 
 
 def weight_roles(graph: Graph, weights: Sequence[str]) -> list[list[str]]:
@@ -77,9 +79,9 @@ def weights_table(
     """The table's markup, the weights it tells of and its rows."""
     strategies = document.strategy.weights if document.strategy is not None else {}
     header = ["weight (source parameter)", "copies", "shape", "dtype", "per device", "held",
-              "used"]  # fmt: skip
+              "used", "held as"]  # fmt: skip
     if strategies:
-        header += ["strategy", "optimizer state"]
+        header += ["optimizer state"]
     shown = [n for n, w in graph.weights.items() if n not in graph.constants and not is_constant(w)]
     rows = [tag("tr", "".join(tag("th", esc(h)) for h in header))]
     for group in weight_roles(graph, shown):
@@ -100,7 +102,9 @@ def weights_table(
 
 def _cells(document: PlanDocument, graph: Graph, plan: Plan, name: str) -> tuple[str, ...]:
     """A weight's cells after its name and count: shape, dtype, bytes per device, how it is
-    held and read, and a training plan's strategy and optimizer state."""
+    held and read, how it is held in `autoshard.holding`'s words (a training plan's strategy;
+    a weight it does not train as its forward holds it), and a training plan's optimizer
+    state."""
     value = graph.values[name]
     held = plan.values[name]
     reads: dict[str, int] = {}
@@ -118,7 +122,8 @@ def _cells(document: PlanDocument, graph: Graph, plan: Plan, name: str) -> tuple
         used or "not read",
     ]
     strategies = document.strategy.weights if document.strategy is not None else {}
+    s = strategies.get(name)
+    cells.append(esc(words_of(s.strategy) if s else held_as(graph, plan, name).words))
     if strategies:
-        s = strategies.get(name)
-        cells += [esc(s.strategy if s else "-"), tag("code", esc(s.state if s else "-"))]
+        cells.append(tag("code", esc(s.state if s else "-")))
     return tuple(cells)

@@ -31,7 +31,8 @@ tables.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping, Sequence
 
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
@@ -112,3 +113,28 @@ def _reaching_outputs(graph: Graph, is_data: IsData) -> set[str]:
 
 def _is_float(graph: Graph, name: str) -> bool:
     return graph.values[name].dtype in dtypes.FLOAT_DTYPES
+
+
+NAMED = 3
+"""How many buffers (or patterns of a repeated layer's buffers) a page names: a 70B decoder
+has one rotary table per layer, told as one pattern."""
+
+
+def buffer_names(graph: Graph) -> list[str]:
+    """A training step's buffers (`Graph.buffers`: the export's and those found here) among
+    its weights, in the weights' order."""
+    return [name for name in graph.weights if name in graph.buffers]
+
+
+def buffers_text(names: Sequence[str], sources: Mapping[str, str] | None = None) -> str:
+    """`2 buffers (inv_freq, M)`; the buffers of repeated layers as one pattern with their
+    count, a layer's index as `*`: `80 buffers (layers.*.rotary_emb.inv_freq (80))`; at most
+    `NAMED` told, then how many more. `sources` names them by their source parameters."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        told = (sources or {}).get(name, name)
+        groups.setdefault(re.sub(r"\d+", "*", told), []).append(told)
+    shown = [f"{key} ({len(g)})" if len(g) > 1 else g[0] for key, g in groups.items()]
+    more = f", and {len(shown) - NAMED} more" if len(shown) > NAMED else ""
+    plural = "s" if len(names) != 1 else ""
+    return f"{len(names)} buffer{plural} ({', '.join(shown[:NAMED])}{more})"

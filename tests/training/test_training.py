@@ -28,6 +28,7 @@ from autoshard.search.problem import build_search
 from autoshard.search.solver.solve import solve
 from autoshard.sharding import Sharding, ShardingOption
 from autoshard.training import Training, TrainingError, training_graph
+from autoshard.training.buffers import buffers_text
 from tests.golden.seed_models import write_seed_mlp
 from tests.search.test_ilp import brute_force
 from tests.search.test_plan import write_mlp
@@ -306,7 +307,11 @@ def test_a_training_plan_partitions_as_planned_and_verify_refuses_it(mlp, tmp_pa
     report = plan_markdown(read_document(plan))
     assert "## Training step: adamw, bf16-mixed, 1 micro-batch(es), recompute none" in report
     assert "| gradient_sync |" in report and "| optimizer_state |" in report
-    assert "| `w1` | ddp | `[[], []]` | `[[], []]` | `[[], []]` |" in report
+    # nothing is split: no gradient is synchronized, and the report does not say one is
+    assert report.split("\n")[2] == (
+        "Nothing is split: every device computes everything. Weights: 2 replicated."
+    )
+    assert "| `w1` | replicated | `[[], []]` | `[[], []]` | `[[], []]` |" in report
     out = tmp_path / "out"
     assert main(["partition", str(mlp), "--mesh", "2x2", "--plan", str(plan), "-o", str(out)]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
@@ -474,10 +479,20 @@ def test_weights_that_only_compute_tables_from_constants_are_not_trained(tmp_pat
     for buffer in ("inv_freq", "M"):
         assert not {m for m in made if m.startswith(f"{buffer}@")}, buffer
     assert "cos@grad0" not in made and "h@grad0" in made
-    out = tmp_path / "plan.json"
-    assert main(["plan", str(path), "--mesh", "2", "--mode", "training", "-o", str(out)]) == 0
-    capsys.readouterr()
-    assert list(json.loads(out.read_text())["strategy"]["weights"]) == ["W", "V"]
+    out, html = tmp_path / "plan.json", tmp_path / "plan.html"
+    args = ["plan", str(path), "--mesh", "2", "--mode", "training", "-o", str(out)]
+    assert main([*args, "--html", str(html)]) == 0
+    told = "Not trained: 2 buffers (inv_freq, M)."
+    summary = capsys.readouterr().out
+    assert f" {told} " in " ".join(summary.split())  # the summary's story
+    assert "\nweights: " not in summary  # the story's counts, not again by key (`2 ddp`)
+    document = json.loads(out.read_text())
+    assert list(document["strategy"]["weights"]) == ["W", "V"]
+    assert document["strategy"]["buffers"] == {"count": 2, "names": ["inv_freq", "M"]}
+    assert document["story"].endswith(f" {told}")
+    assert "Not trained (no gradient, sync or optimizer state): 2 buffers (inv_freq, M)." in (
+        html.read_text()
+    )
 
 
 def test_rope_tables_of_a_dynamo_llama_export_get_no_optimizer_state(tmp_path, capsys):
@@ -519,6 +534,25 @@ def test_rope_tables_of_a_dynamo_llama_export_get_no_optimizer_state(tmp_path, c
     assert inv_freq in training_graph(stripped, Training()).buffers
     weights = {k: list(p["strategy"]["weights"]) for k, p in plans.items()}
     assert inv_freq not in weights["stripped"]
+    for kind, plan in plans.items():  # the document names it, found or marked
+        assert inv_freq in plan["strategy"]["buffers"]["names"], kind
     assert weights["stripped"] == weights["meta"]
     memory = {k: p["cost"]["memory_by_kind"]["optimizer_state"] for k, p in plans.items()}
     assert memory["stripped"] == memory["meta"]
+
+
+@pytest.mark.parametrize(
+    ("names", "told"),
+    [
+        (["inv_freq"], "1 buffer (inv_freq)"),
+        ([f"layers.{i}.rotary.inv_freq" for i in range(80)],
+         "80 buffers (layers.*.rotary.inv_freq (80))"),
+        ([*(f"l.{i}.inv_freq" for i in range(80)), *(f"l.{i}.mask" for i in range(80)), "a",
+          "b"], "162 buffers (l.*.inv_freq (80), l.*.mask (80), a, and 1 more)"),
+    ],
+    ids=["one", "one-per-layer", "bounded"],
+)  # fmt: skip
+def test_buffers_are_told_in_a_bounded_way(names, told):
+    """A 70B decoder's rotary tables, one per layer, are one pattern with their count; at most
+    three are told, then how many more."""
+    assert buffers_text(names) == told

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from autoshard.document.plan_document import write_document
 from autoshard.document.story import strategy_story
 from autoshard.explain.saved import ExplainError, decided_by, explain, explain_text, load_saved
 from autoshard.explain.whynot import Verdict, why_not
+from autoshard.holding import Holding
 from autoshard.mesh import Mesh
 from autoshard.passes.materialize import materialize
 from autoshard.pipeline import PlanRequest, load_graph, plan_request
@@ -200,6 +202,22 @@ def test_source_parameter_names(gpt2):
     assert text[1] == "  source parameter: lm.lm_head.weight"
 
 
+def test_weights_held_in_the_storys_words(gpt2):
+    """explain says how each weight is held in the story's words: counted over the weights,
+    explain's holdings are the story's weights sentence."""
+    graph = gpt2.graph
+    weights = [w for w in graph.weights if w not in graph.constants]
+    counts = Counter(explain(gpt2, w)["holding"] for w in weights)
+    told = [f"{n} {Holding(key).words}" for key, n in counts.most_common()]
+    story = gpt2.document.story or ""
+    assert story[story.index("Weights: ") :].count(";") == len(told) - 1
+    assert all(t in story for t in told), (told, story)
+    found = explain(gpt2, weights[0])
+    words = Holding(found["holding"]).words
+    assert f"  held as a weight: {words}" in explain_text(found).splitlines()
+    assert explain(gpt2, "/lm/transformer/h.0/attn/MatMul_output_0")["holding"] is None
+
+
 def test_training_weight_says_its_strategy(tmp_path):
     """A training plan's weight: the strategy the step gives it, as the plan's strategy block
     says (MLP on 2x2 under a budget that splits the optimizer state)."""
@@ -213,9 +231,13 @@ def test_training_weight_says_its_strategy(tmp_path):
     entry = saved.document.strategy.weights["0.weight"].to_json()
     found = explain(saved, "0.weight")
     assert found["training"] == entry and found["parameter"] == "0.weight"
-    line = (f"  training: {entry['strategy']} (stored {entry['stored']}, used {entry['used']}, "
-            f"optimizer state {entry['state']})")  # fmt: skip
-    assert line in explain_text(found).splitlines()
+    assert (entry["strategy"], found["holding"]) == ("tp+zero", "tp+zero")
+    lines = explain_text(found).splitlines()
+    assert "  held as a weight: split (tensor parallel), optimizer state split further " \
+        "(TP+ZeRO-1/2)" in lines  # fmt: skip
+    line = (f"  training: stored {entry['stored']}, used {entry['used']}, optimizer state "
+            f"{entry['state']}")  # fmt: skip
+    assert line in lines
     assert "source parameter" not in explain_text(found)  # the weight's own name
 
 

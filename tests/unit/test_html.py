@@ -19,6 +19,7 @@ from autoshard.annotations import Annotation
 from autoshard.cli.main import main
 from autoshard.cost.liveness import memory, memory_timeline
 from autoshard.document.story import Role, recognise
+from autoshard.holding import Holding
 from autoshard.html.markup import ms
 from autoshard.html.mesh import Cell, mesh_svg
 from autoshard.html.tensor import tensor_figure
@@ -250,4 +251,4 @@ def test_gpt2_training_report_in_the_browser(gpt2_reports, page) -> None:
     copies = [int(r.get_attribute("data-copies")) for r in rows.all()]
     weights = document["strategy"]["weights"]
     assert sum(copies) == len(weights)
-    assert sorted(set(told)) == sorted({w["strategy"] for w in weights.values()})
+    assert sorted(set(told)) == sorted({Holding(w["strategy"]).words for w in weights.values()})

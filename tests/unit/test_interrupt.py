@@ -146,3 +146,48 @@ def test_an_interrupt_while_the_report_is_drawn_writes_neither_file(
     code = main(["plan", *flags, "-o", str(out / "plan.json"), "--html", str(out / "plan.html")])
     assert (code, capsys.readouterr().err) == (130, "autoshard: interrupted\n")
     assert list(out.iterdir()) == []
+
+
+CONSOLE_SCRIPT = "import sys; from autoshard.cli import main; sys.exit(main())"
+"""What the `autoshard` console script runs (pyproject.toml's `autoshard.cli:main`)."""
+
+
+def _importing(pid: int) -> bool:
+    """Whether process `pid` has loaded numpy's C core: it is inside the command line's
+    imports (numpy comes first of them; onnx, ortools and the planner follow)."""
+    try:
+        return "_multiarray_umath" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+TRIES = 8
+"""Interrupts per entry: where in the imports one lands varies; numpy's core, interrupted in
+its C init, raised an ImportError instead of KeyboardInterrupt in about 1 try in 20."""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
+@pytest.mark.parametrize(
+    "entry", [["-c", CONSOLE_SCRIPT], ["-m", "autoshard"]], ids=["console-script", "python-m"]
+)
+def test_an_interrupt_while_importing_says_so(entry: list[str], tmp_path: Path) -> None:
+    """SIGINT while the command line is still being imported (numpy loaded, the rest not yet)
+    ends like any other interrupt: one line, exit 130, no traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, *entry, "plan", *DECODER, "-o", str(tmp_path / "plan.json")]
+    for _ in range(TRIES):
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not _importing(process.pid) and process.poll() is None:
+                assert time.monotonic() < deadline, "numpy never loaded"
+                time.sleep(0.001)
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=60)
+        finally:
+            process.kill()
+            process.wait()
+        assert (process.returncode, out, err) == (130, "", "autoshard: interrupted\n")
+        assert list(tmp_path.iterdir()) == []

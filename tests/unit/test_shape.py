@@ -35,7 +35,8 @@ since the redesign; an entry may only shrink or go."""
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("leaves", ("autoshard", "autoshard.errors", "autoshard.units", "autoshard.limits",
                 "autoshard.files", "autoshard.progress", "autoshard.deadline")),
-    ("value types", ("autoshard.mesh", "autoshard.sharding", "autoshard.collectives")),
+    ("value types", ("autoshard.mesh", "autoshard.sharding", "autoshard.collectives",
+                     "autoshard.holding")),
     ("graph IR", ("autoshard.ir",)),
     ("parameters", ("autoshard.names", "autoshard.weights")),
     ("op rules", ("autoshard.rules",)),
