@@ -232,6 +232,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if document.strategy is not None:
         counts = document.strategy.counts
         print("weights: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+    if document.recipes is not None:
+        from autoshard.document.recipes import recipes_table
+
+        print("\n".join(recipes_table(document.recipes)))
     if planned.plan.unruled:
         print(f"computed replicated (no rule): {', '.join(planned.plan.unruled)}")
     if args.out:

@@ -68,6 +68,7 @@ from autoshard.search.memory.rows import (
 from autoshard.search.memory.slots import Read
 from autoshard.search.memory.tensors import Held
 from autoshard.search.options import Objective
+from autoshard.search.prices import Prices
 from autoshard.sharding import Sharding, ShardingOption
 
 SCALE = 10**9
@@ -203,6 +204,7 @@ class Search:
     memory_with: Callable[[frozenset[Chain]], MemoryModel] = field(compare=False, repr=False)
     chains: frozenset[Chain] = frozenset()  # reshards whose intermediates the rows count
     returns: Mapping[str, Sharding] = field(default_factory=dict)  # outputs returned so
+    prices: Prices | None = field(default=None, compare=False, repr=False)
 
     def counting(self, chains: frozenset[Chain]) -> Search:
         """The same search, its memory rows counting the intermediates of `chains` too."""
@@ -216,6 +218,13 @@ class Search:
     @property
     def repeats(self) -> Repeats:
         return self.grouping.repeats
+
+    def priced(self, choice: Sequence[int]) -> tuple[float, float]:
+        """The compute and the whole objective of one choice per group, unscaled (seconds,
+        or bytes): what the integer objective rounds, without its tie-breakers."""
+        if self.prices is None:
+            raise ValueError("this search keeps no unscaled prices")
+        return self.prices.of(choice)
 
     def plan(self, graph: Graph, cluster: Cluster, choice: Sequence[int]) -> Plan:
         options = {name: d.chosen(choice) for name, d in self.grouping.ops.items()}
@@ -390,7 +399,8 @@ class _Builder:
         grouping = self.grouping
         sizes = [len(leader.choices) for leader in grouping.groups]
         node = [[0.0] * n for n in sizes]
-        reads = self.reads(node)
+        compute = [[0.0] * n for n in sizes]
+        reads = self.reads(node, compute)
         edges, node_moves, edge_moves = self.priced_reads(reads, node, sizes)
         unit = self.unit(node, edges)
         node_costs = [
@@ -422,14 +432,20 @@ class _Builder:
             memory.indicators,
             memory.base,
         )
-        return Search(
-            problem, grouping, functools.partial(self.memory_model, sizes), returns=self.returns
+        prices = Prices(
+            tuple(np.array(row) for row in compute), tuple(np.array(row) for row in node), edges
         )
+        return Search(
+            problem, grouping, functools.partial(self.memory_model, sizes), returns=self.returns,
+            prices=prices,
+        )  # fmt: skip
 
-    def reads(self, node: list[list[float]]) -> Counter[tuple[str, Op, int]]:
-        """Adds each op's compute and each returned value's reshard to `node`; returns the
-        reads between decisions by what they carry: a layer's read and its copies count once,
-        times their number."""
+    def reads(
+        self, node: list[list[float]], compute: list[list[float]]
+    ) -> Counter[tuple[str, Op, int]]:
+        """Adds each op's compute (to `compute` too) and each returned value's reshard to
+        `node`; returns the reads between decisions by what they carry: a layer's read and its
+        copies count once, times their number."""
         graph, grouping = self.graph, self.grouping
         ops, copies = grouping.ops, grouping.copies
         reads: Counter[tuple[str, Op, int]] = Counter()
@@ -438,6 +454,7 @@ class _Builder:
             d, runs = ops[op.name], graph.runs(op.name)
             for k, cost in enumerate(self.computes(op, d)):
                 node[d.group][k] += runs * cost
+                compute[d.group][k] += runs * cost
             for i, name in enumerate(op.inputs):
                 if name and name not in graph.constants:
                     src = self.deciding(name)

@@ -1,0 +1,163 @@
+"""The plan document's `recipes` block: the standard layouts priced beside the plan
+(`search.recipe_prices`), and a line saying how the plan differs from the best of them.
+
+    "recipes": {"plan_step_time_s": ..., "plan_memory_bytes_per_device": ..., "best": "zero",
+                "rows": [{"name": "dp", "title": "data parallel (DDP)", "step_time_s": ...,
+                          "compute_time_s": ..., "memory_bytes_per_device": ...,
+                          "fits": true, "refused": null}, ...],
+                "difference": "the plan is 3.7% faster than zero, ..."}
+
+`plan_step_time_s` is the plan priced as the recipes are (the search's own costs, unrounded),
+so the line compares like with like; a recipe that does not apply has `refused`, its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autoshard.search.recipe_prices import RecipePrice
+from autoshard.units import format_bytes, format_seconds
+
+SAME = 1e-9
+"""Relative difference under which two step times are the same (float summation order)."""
+
+
+@dataclass(frozen=True)
+class RecipeRow:
+    """One recipe's price: its step time, compute, memory per device, whether it fits the
+    budget, or why it does not apply (`refused`)."""
+
+    name: str
+    title: str
+    step_time_s: float | None
+    compute_time_s: float | None
+    memory_bytes_per_device: int | None
+    fits: bool | None
+    refused: str | None = None
+
+    @property
+    def comm_time_s(self) -> float:
+        return (self.step_time_s or 0.0) - (self.compute_time_s or 0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "step_time_s": self.step_time_s,
+                "compute_time_s": self.compute_time_s,
+                "memory_bytes_per_device": self.memory_bytes_per_device, "fits": self.fits,
+                "refused": self.refused}  # fmt: skip
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> RecipeRow:
+        return RecipeRow(
+            str(data["name"]), str(data.get("title") or data["name"]), data.get("step_time_s"),
+            data.get("compute_time_s"), data.get("memory_bytes_per_device"), data.get("fits"),
+            data.get("refused"),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Recipes:
+    """`recipes`: the rows, the plan's step time priced alike, the best recipe that fits
+    (None: none fits) and the line saying how the plan differs from it."""
+
+    rows: tuple[RecipeRow, ...]
+    plan_step_time_s: float
+    plan_memory_bytes_per_device: int
+    best: str | None
+    difference: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan_step_time_s": self.plan_step_time_s,
+                "plan_memory_bytes_per_device": self.plan_memory_bytes_per_device,
+                "best": self.best,
+                "rows": [r.to_json() for r in self.rows], "difference": self.difference}  # fmt: skip
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Recipes:
+        return Recipes(
+            tuple(RecipeRow.from_json(r) for r in data.get("rows") or ()),
+            float(data.get("plan_step_time_s") or 0.0),
+            int(data.get("plan_memory_bytes_per_device") or 0), data.get("best"),
+            str(data.get("difference") or ""),
+        )  # fmt: skip
+
+    def row(self, name: str) -> RecipeRow | None:
+        return next((r for r in self.rows if r.name == name), None)
+
+
+def recipes_block(
+    prices: Sequence[RecipePrice], plan_time: float, plan_compute: float, plan_memory: int,
+    budget: int,
+) -> Recipes:  # fmt: skip
+    """The block of the recipes' `prices` beside a plan of step time `plan_time` (priced as
+    they are), compute `plan_compute`, memory `plan_memory`, on a budget of `budget` bytes."""
+    rows = tuple(
+        RecipeRow(p.recipe.value, p.recipe.title, None, None, None, None, p.refused)
+        if p.refused
+        else RecipeRow(p.recipe.value, p.recipe.title, p.step_time_s, p.compute_time_s,
+                       p.memory_bytes_per_device, p.fits)  # fmt: skip
+        for p in prices
+    )
+    fitting = [r for r in rows if r.fits]
+    best = min(fitting, key=lambda r: (r.step_time_s or 0.0)) if fitting else None
+    plan = RecipeRow("plan", "plan", plan_time, plan_compute, plan_memory, True)
+    line = difference(plan, rows, best, budget)
+    return Recipes(rows, plan_time, plan_memory, best.name if best else None, line)
+
+
+def difference(
+    plan: RecipeRow, rows: Sequence[RecipeRow], best: RecipeRow | None, budget: int
+) -> str:
+    """How the plan differs from the best recipe that fits, and why it wins, in a line."""
+    t = format_seconds
+    if best is None:
+        priced = [r for r in rows if r.memory_bytes_per_device is not None]
+        if not priced:
+            return "no recipe applies to this model and mesh"
+        least = min(priced, key=lambda r: (r.memory_bytes_per_device or 0))
+        return (
+            f"no recipe fits the budget of {format_bytes(budget)} per device (the least, "
+            f"{least.name}, needs {format_bytes(least.memory_bytes_per_device or 0)}); the "
+            f"plan fits in {format_bytes(plan.memory_bytes_per_device or 0)}"
+        )
+    mine, theirs = plan.step_time_s or 0.0, best.step_time_s or 0.0
+    if abs(mine - theirs) <= SAME * max(abs(mine), abs(theirs)):
+        return f"the plan costs what {best.name} costs ({t(theirs)}): it is that layout, or ties"
+    if theirs < mine:
+        return (
+            f"{best.name} ({t(theirs)}) is {(mine - theirs) / mine:.1%} faster than the plan "
+            f"({t(mine)}): the search stopped short of it (see the solver's gap); "
+            f"`explain --why-not {best.name}` compares them"
+        )
+    why = (
+        f"communication {t(plan.comm_time_s)} vs {t(best.comm_time_s)}, compute "
+        f"{t(plan.compute_time_s or 0.0)} vs {t(best.compute_time_s or 0.0)}, memory "
+        f"{format_bytes(plan.memory_bytes_per_device or 0)} vs "
+        f"{format_bytes(best.memory_bytes_per_device or 0)}"
+    )
+    return (
+        f"the plan is {(theirs - mine) / theirs:.1%} faster than the best recipe that fits, "
+        f"{best.name} ({t(mine)} vs {t(theirs)}): {why}"
+    )
+
+
+def recipes_table(block: Recipes) -> list[str]:
+    """The block as a small text table: a row per recipe (and the plan's), then the line."""
+    head = ("layout", "step time", "memory/device", "fits")
+    rows = [("plan (chosen)", format_seconds(block.plan_step_time_s),
+             format_bytes(block.plan_memory_bytes_per_device), "yes")]  # fmt: skip
+    for r in block.rows:
+        if r.refused:
+            rows.append((r.name, "n/a", "", r.refused))
+            continue
+        rows.append((
+            r.name, format_seconds(r.step_time_s or 0.0),
+            format_bytes(r.memory_bytes_per_device or 0), "yes" if r.fits else "no",
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in (head, *rows)) for i in range(3)]
+    lines = [
+        "  " + "".join(cell.ljust(w + 2) for cell, w in zip(row, widths, strict=False)) + row[3]
+        for row in (head, *rows)
+    ]
+    return ["standard recipes, priced alike:", *lines, f"  {block.difference}"]

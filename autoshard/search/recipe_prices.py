@@ -1,0 +1,154 @@
+"""The standard recipes priced in the plan's own search problem, beside the plan.
+
+A recipe (`recipes`) pins how the batch, the weights and their training state are held; in
+the search problem that is, per group, the choices holding each pinned value so. Its price
+is the problem's optimum over those choices, memory aside (exact elimination, the solver's
+first step): the fastest program with the recipe's layout, its step time the unscaled sum of
+the same costs the solver minimizes (`Search.priced`), its memory the peak of the same memory
+rows. No program is lowered, and a 32-layer model prices one layer, as its search does.
+
+So the price is what `autoshard plan` with the recipe's annotations finds whenever that
+program fits the budget (the search's first step is the same optimum); when it does not fit,
+the recipe is told as not fitting, at the memory of its fastest program: a slower program
+with the same layout may still fit, and `explain --why-not RECIPE` searches for it under the
+budget. The bytes objective prices the recipe's program lowered (`cost.price`), its step time
+not being among the problem's costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.annotations import Annotation
+from autoshard.cost.cluster import Cluster
+from autoshard.cost.price import price
+from autoshard.ir.graph import Graph, Op
+from autoshard.passes.lower import lower_measured
+from autoshard.rules import rule_for
+from autoshard.search.candidates import option_reads, option_writes
+from autoshard.search.coarsen import OpDecision
+from autoshard.search.memory.rows import NO_ROWS
+from autoshard.search.options import Objective
+from autoshard.search.problem import Problem, Search
+from autoshard.search.recipes import Layout, Recipe, recipe_layouts
+from autoshard.search.solver.eliminate import memory_aside
+from autoshard.search.solver.outcome import Limit, in_whole
+from autoshard.sharding import Sharding, ShardingOption
+
+
+@dataclass(frozen=True)
+class RecipePrice:
+    """A recipe's fastest program on the plan's cluster: its step time (compute plus
+    communication, seconds), its compute, its peak memory per device and whether that fits
+    the budget; or why the recipe does not apply (`refused`, the rest zero)."""
+
+    recipe: Recipe
+    step_time_s: float = 0.0
+    compute_time_s: float = 0.0
+    memory_bytes_per_device: int = 0
+    fits: bool = False
+    refused: str = ""
+
+
+def price_recipes(
+    graph: Graph, forward: Graph, cluster: Cluster, search: Search, objective: Objective
+) -> tuple[RecipePrice, ...]:
+    """Every recipe of the plan's mode (`recipes_for`), priced in the plan's `search`."""
+    return tuple(
+        price_recipe(graph, cluster, search, layout, objective)
+        for layout in recipe_layouts(graph, forward, cluster.mesh)
+    )
+
+
+def price_recipe(
+    graph: Graph, cluster: Cluster, search: Search, layout: Layout, objective: Objective
+) -> RecipePrice:
+    """One recipe's price (the module docstring)."""
+    recipe = layout.recipe
+    if layout.refused:
+        return RecipePrice(recipe, refused=layout.refused)
+    kept = _kept(graph, search, layout.annotations)
+    if isinstance(kept, str):
+        return RecipePrice(recipe, refused=kept)
+    limit = Limit(60.0, 60.0, f"the recipe {recipe}")
+    best = memory_aside(_restricted_aside(search.problem, kept), limit, None, "s")
+    choice = in_whole(best.choice, kept)
+    if objective is Objective.BYTES:
+        program, usage = lower_measured(graph, search.plan(graph, cluster, choice))
+        cost = price(program, graph, cluster, usage)
+        step, compute, peak = cost.objective, cost.compute_time_s, cost.memory_bytes_per_device
+    else:
+        compute, step = search.priced(choice)
+        peak = search.problem.peak(choice)
+    return RecipePrice(recipe, step, compute, peak, peak <= cluster.memory)
+
+
+def _kept(graph: Graph, search: Search, pins: Sequence[Annotation]) -> list[list[int]] | str:
+    """Per group, the choices holding every pinned value as pinned; or, where a group keeps
+    none, which value no choice holds so (the plan's own annotations may forbid it)."""
+    allowed = [set(range(n)) for n in search.problem.sizes]
+    for pin in pins:
+        for group, shardings in _decided(graph, search, pin):
+            allowed[group] &= {k for k, s in enumerate(shardings) if s == pin.sharding}
+            if allowed[group]:
+                continue
+            rank = len(graph.values[pin.value].shape)
+            return (
+                f"no plan the search considers {'reads' if pin.for_users else 'holds'} "
+                f"{pin.value} as {pin.sharding.text(rank)} with the recipe's other pins and "
+                "the plan's annotations"
+            )
+    return [sorted(k) for k in allowed]
+
+
+def _decided(
+    graph: Graph, search: Search, pin: Annotation
+) -> list[tuple[int, tuple[Sharding, ...]]]:
+    """The groups deciding what `pin` pins, each with the sharding it pins under each of the
+    group's choices: how the value is held (a weight's or input's own decision, or its
+    producer's), or, for users, how each reader reads it. None for a constant or a value
+    no op reads: nothing decides it."""
+    grouping, name = search.grouping, pin.value
+    if pin.for_users:
+        found = []
+        for op in graph.consumers(name):
+            d = grouping.ops[op.name]
+            for i in (i for i, read in enumerate(op.inputs) if read == name):
+                found.append((d.group, tuple(_reads(graph, op, c, i) for c in d.picked)))
+        return found
+    if name in grouping.values:
+        return [(grouping.values[name].group, grouping.values[name].picked)]
+    producer = graph.producer(name)
+    if producer is None or producer.name not in grouping.ops:
+        return []
+    op: OpDecision = grouping.ops[producer.name]
+    rule, out = rule_for(producer, graph), producer.outputs.index(name)
+    return [(op.group, tuple(
+        option_writes(rule, c, out) if rule is not None and c is not None else Sharding()
+        for c in op.picked
+    ))]  # fmt: skip
+
+
+def _reads(graph: Graph, op: Op, option: ShardingOption | None, i: int) -> Sharding:
+    rule = rule_for(op, graph)
+    if rule is None or option is None or i >= len(rule.operands):
+        return Sharding()
+    return option_reads(rule, option, i)
+
+
+def _restricted_aside(problem: Problem, kept: Sequence[Sequence[int]]) -> Problem:
+    """The problem over the choices `kept[g]` of each group, memory rows aside (the memory-aside
+    optimum needs none, and restricting them is most of `Problem.restricted`'s work)."""
+    index = [np.asarray(k, dtype=np.int64) for k in kept]
+    node = tuple(
+        tuple(int(c) for c in np.asarray(costs, dtype=np.int64)[i])
+        for costs, i in zip(problem.node_costs, index, strict=True)
+    )
+    edges = tuple(
+        (a, b, tuple(map(tuple, np.asarray(m, dtype=np.int64)[np.ix_(index[a], index[b])].tolist())))
+        for a, b, m in problem.edges
+    )
+    return Problem(tuple(map(len, kept)), node, edges, NO_ROWS, problem.budget, problem.unit)
