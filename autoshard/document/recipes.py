@@ -142,9 +142,12 @@ def difference(
     )
 
 
-def recipes_table(block: Recipes) -> list[str]:
-    """The block as a small text table: a row per recipe (and the plan's), then the line."""
-    head = ("layout", "step time", "memory/device", "fits")
+RECIPE_HEADER = ("layout", "step time", "memory/device", "fits")
+
+
+def recipe_cells(block: Recipes) -> list[tuple[str, str, str, str]]:
+    """The block's rows as text cells (`RECIPE_HEADER`), the plan's first; a recipe that does
+    not apply says why in its last cell."""
     rows = [("plan (chosen)", format_seconds(block.plan_step_time_s),
              format_bytes(block.plan_memory_bytes_per_device), "yes")]  # fmt: skip
     for r in block.rows:
@@ -155,9 +158,15 @@ def recipes_table(block: Recipes) -> list[str]:
             r.name, format_seconds(r.step_time_s or 0.0),
             format_bytes(r.memory_bytes_per_device or 0), "yes" if r.fits else "no",
         ))  # fmt: skip
-    widths = [max(len(row[i]) for row in (head, *rows)) for i in range(3)]
+    return rows
+
+
+def recipes_table(block: Recipes) -> list[str]:
+    """The block as a small text table: a row per recipe (and the plan's), then the line."""
+    rows = [RECIPE_HEADER, *recipe_cells(block)]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [
         "  " + "".join(cell.ljust(w + 2) for cell, w in zip(row, widths, strict=False)) + row[3]
-        for row in (head, *rows)
+        for row in rows
     ]
     return ["standard recipes, priced alike:", *lines, f"  {block.difference}"]

@@ -25,6 +25,7 @@ from autoshard.cost.liveness import MEMORY_KINDS, memory, memory_timeline, tenso
 from autoshard.cost.price import served_ops
 from autoshard.document.blocks import ClusterInfo, CostFigures
 from autoshard.document.plan_document import SCHEMA, PlanDocument
+from autoshard.document.recipes import RECIPE_HEADER, Recipes, recipe_cells
 from autoshard.document.story import recognise
 from autoshard.errors import AutoshardError
 from autoshard.html.charts import Band, Bar, Segment, memory_chart, stacked_bars
@@ -77,6 +78,8 @@ def html_report(inputs: ReportInputs) -> str:
     title = f"autoshard plan: {doc.model.name or graph.name} on mesh {doc.mesh}"
     sections = [
         ("strategy", "Strategy", _strategy(inputs)),
+        *([("recipes", "Beside the standard recipes", _recipes(doc.recipes))]
+          if doc.recipes is not None else []),
         ("mesh", "Mesh", _mesh(inputs)),
         ("time", "Where the time goes", _time(doc, graph, inputs.plan.mesh)),
         ("memory", "Memory over the program", _memory(inputs)),
@@ -156,6 +159,23 @@ def _strategy(inputs: ReportInputs) -> str:
         for k, v, c in figures
     )
     return tag("p", esc(doc.story or ""), class_="story") + tag("dl", items, class_="figures")
+
+
+def _recipes(block: Recipes) -> str:
+    """The standard layouts priced beside the plan (`document.recipes`), and how it differs."""
+    titles = {r.name: r.title for r in block.rows}
+    named = [(f"{n} ({titles[n]})" if n in titles else n, *rest)
+             for n, *rest in recipe_cells(block)]  # fmt: skip
+    note = (
+        "Each recipe pins how the batch, the weights and their optimizer state are held, and "
+        "is priced in the plan's own search problem at its fastest program (the plan priced "
+        "alike); a recipe that does not fit the budget says no."
+    )
+    return (
+        tag("p", esc(block.difference), class_="story")
+        + _table(RECIPE_HEADER, named, "recipes")
+        + tag("p", esc(note), class_="note")
+    )
 
 
 def _mesh(inputs: ReportInputs) -> str:

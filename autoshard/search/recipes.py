@@ -60,9 +60,9 @@ class Recipe(enum.StrEnum):
 
 
 _TITLES = {
-    Recipe.DP: "data parallel (DDP)",
+    Recipe.DP: "DDP",
     Recipe.ZERO: "ZeRO-1/2",
-    Recipe.FSDP: "FSDP (ZeRO-3)",
+    Recipe.FSDP: "FSDP, ZeRO-3",
     Recipe.TP_DP: "Megatron TP x DP",
     Recipe.TP_FSDP: "TP x FSDP",
 }
