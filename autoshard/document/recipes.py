@@ -1,7 +1,8 @@
 """The plan document's `recipes` block: the standard layouts priced beside the plan
 (`search.recipe_prices`), and a line saying how the plan differs from the best of them.
 
-    "recipes": {"plan_step_time_s": ..., "plan_memory_bytes_per_device": ..., "best": "zero",
+    "recipes": {"plan_step_time_s": ..., "plan_compute_time_s": ...,
+                "plan_memory_bytes_per_device": ..., "best": "zero",
                 "rows": [{"name": "dp", "title": "data parallel (DDP)", "step_time_s": ...,
                           "compute_time_s": ..., "memory_bytes_per_device": ...,
                           "fits": true, "refused": null}, ...],
@@ -63,12 +64,14 @@ class Recipes:
 
     rows: tuple[RecipeRow, ...]
     plan_step_time_s: float
+    plan_compute_time_s: float
     plan_memory_bytes_per_device: int
     best: str | None
     difference: str
 
     def to_json(self) -> dict[str, Any]:
         return {"plan_step_time_s": self.plan_step_time_s,
+                "plan_compute_time_s": self.plan_compute_time_s,
                 "plan_memory_bytes_per_device": self.plan_memory_bytes_per_device,
                 "best": self.best,
                 "rows": [r.to_json() for r in self.rows], "difference": self.difference}  # fmt: skip
@@ -78,12 +81,19 @@ class Recipes:
         return Recipes(
             tuple(RecipeRow.from_json(r) for r in data.get("rows") or ()),
             float(data.get("plan_step_time_s") or 0.0),
+            float(data.get("plan_compute_time_s") or 0.0),
             int(data.get("plan_memory_bytes_per_device") or 0), data.get("best"),
             str(data.get("difference") or ""),
         )  # fmt: skip
 
     def row(self, name: str) -> RecipeRow | None:
         return next((r for r in self.rows if r.name == name), None)
+
+    @property
+    def plan(self) -> RecipeRow:
+        """The plan as a row, priced as the recipes are."""
+        return RecipeRow("plan", "plan", self.plan_step_time_s, self.plan_compute_time_s,
+                         self.plan_memory_bytes_per_device, True)  # fmt: skip
 
 
 def recipes_block(
@@ -103,7 +113,7 @@ def recipes_block(
     best = min(fitting, key=lambda r: (r.step_time_s or 0.0)) if fitting else None
     plan = RecipeRow("plan", "plan", plan_time, plan_compute, plan_memory, True)
     line = difference(plan, rows, best, budget)
-    return Recipes(rows, plan_time, plan_memory, best.name if best else None, line)
+    return Recipes(rows, plan_time, plan_compute, plan_memory, best.name if best else None, line)
 
 
 def difference(
@@ -130,15 +140,30 @@ def difference(
             f"({t(mine)}): the search stopped short of it (see the solver's gap); "
             f"`explain --why-not {best.name}` compares them"
         )
-    why = (
-        f"communication {t(plan.comm_time_s)} vs {t(best.comm_time_s)}, compute "
-        f"{t(plan.compute_time_s or 0.0)} vs {t(best.compute_time_s or 0.0)}, memory "
-        f"{format_bytes(plan.memory_bytes_per_device or 0)} vs "
-        f"{format_bytes(best.memory_bytes_per_device or 0)}"
+    return versus(plan, best, "the best recipe that fits, ")
+
+
+def versus(plan: RecipeRow, row: RecipeRow, which: str = "") -> str:
+    """The plan beside one recipe, in a line: how much faster and where the time goes (its
+    communication, compute and memory against the recipe's)."""
+    t = format_seconds
+    mine, theirs = plan.step_time_s or 0.0, row.step_time_s or 0.0
+    if row.refused:
+        return f"{row.name} does not apply: {row.refused}"
+    if abs(mine - theirs) <= SAME * max(abs(mine), abs(theirs)):
+        return f"the plan costs what {row.name} costs ({t(theirs)}): it is that layout, or ties"
+    faster = (
+        f"the plan is {(theirs - mine) / theirs:.1%} faster than {which}{row.name}"
+        if theirs > mine
+        else f"{which}{row.name} is {(mine - theirs) / mine:.1%} faster than the plan"
     )
+    fits = "" if row.fits else " (which does not fit the budget)"
     return (
-        f"the plan is {(theirs - mine) / theirs:.1%} faster than the best recipe that fits, "
-        f"{best.name} ({t(mine)} vs {t(theirs)}): {why}"
+        f"{faster}{fits} ({t(mine)} vs {t(theirs)}): communication {t(plan.comm_time_s)} vs "
+        f"{t(row.comm_time_s)}, compute {t(plan.compute_time_s or 0.0)} vs "
+        f"{t(row.compute_time_s or 0.0)}, memory "
+        f"{format_bytes(plan.memory_bytes_per_device or 0)} vs "
+        f"{format_bytes(row.memory_bytes_per_device or 0)}"
     )
 
 

@@ -77,17 +77,24 @@ def recipes_for(training: bool) -> tuple[Recipe, ...]:
     return tuple(r for r in Recipe if training or not r.training_only)
 
 
-def parse_recipe(text: str, training: bool) -> Recipe:
-    """A recipe by name, or one line naming the valid ones (those of the plan's mode)."""
+ALIASES = {"ddp": Recipe.DP, "zero1": Recipe.ZERO, "zero2": Recipe.ZERO, "zero3": Recipe.FSDP}
+"""Other names users give: ZeRO-1 and ZeRO-2 send the same (a gradient reduce-scatter, then
+the updated weights' all-gather), so one recipe stands for both."""
+
+
+def parse_recipe(text: str, training: bool, what: str = "recipe") -> Recipe:
+    """A recipe by name (or `ALIASES`), or one line naming the valid ones (those of the
+    plan's mode); `what` names the text in the error."""
     valid = ", ".join(recipes_for(training))
+    key = text.strip().lower()
     try:
-        recipe = Recipe(text.strip().lower())
+        recipe = ALIASES.get(key) or Recipe(key)
     except ValueError:
-        raise RecipeError(f"unknown recipe {text!r}; choose one of: {valid}") from None
+        raise RecipeError(f"{what}: unknown recipe {text!r}; choose one of: {valid}") from None
     if recipe.training_only and not training:
         raise RecipeError(
-            f"recipe {recipe} is a training layout and this plan is inference; choose one of: "
-            f"{valid}"
+            f"{what}: recipe {recipe} is a training layout and this plan is inference; choose "
+            f"one of: {valid}"
         )
     return recipe
 
