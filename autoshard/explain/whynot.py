@@ -42,7 +42,12 @@ from autoshard.rules import IteratorType, OpRule, rule_for
 from autoshard.search.candidates import candidates, option_writes
 from autoshard.search.options import Objective
 from autoshard.search.problem import SearchError
-from autoshard.search.recipes import Recipe, megatron_splits, parse_recipe, recipe_layout
+from autoshard.search.recipes import (
+    RecipeError,
+    megatron_splits,
+    parse_recipe,
+    recipe_layout,
+)
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.sharding import Sharding, ShardingOption
 from autoshard.units import format_bytes, format_seconds
@@ -80,10 +85,7 @@ def parse_target(
     names); a spec no rule allows is a Target with the reason it is `refused`."""
     match = _TARGET.fullmatch(text.strip())
     if match is None:
-        raise ExplainError(
-            f"--why-not {text!r} is neither a recipe ({', '.join(Recipe)}) nor NAME=SHARDING "
-            "(e.g. 'x=[[0], []]')"
-        )
+        raise ExplainError(f"--why-not {text!r} is not NAME=SHARDING (e.g. 'x=[[0], []]')")
     name, spec = match["name"], match["spec"]
     kind, name = resolve(graph, name, f"--why-not {text!r}: ", parameters)
     if kind == "value":
@@ -177,7 +179,10 @@ def recipe_target(saved: Saved, text: str) -> Target:
     model and mesh, or why it does not apply; a name of no recipe of the plan's mode is one
     line naming those that are."""
     training = saved.document.training is not None
-    recipe = parse_recipe(text, training, f"--why-not {text!r}")
+    try:
+        recipe = parse_recipe(text, training, f"--why-not {text!r}")
+    except RecipeError as error:
+        raise ExplainError(f"{error}; or give NAME=SHARDING (e.g. 'x=[[0], []]')") from None
     request, mesh = saved.request, saved.cluster.mesh
     forward = load_graph(request.model_path, request.dims, None)
     layout = recipe_layout(saved.graph, megatron_splits(forward, mesh), mesh, recipe)
