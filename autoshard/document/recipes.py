@@ -3,7 +3,7 @@
 
     "recipes": {"plan_step_time_s": ..., "plan_compute_time_s": ...,
                 "plan_memory_bytes_per_device": ..., "best": "zero",
-                "rows": [{"name": "dp", "title": "data parallel (DDP)", "step_time_s": ...,
+                "rows": [{"name": "dp", "title": "DDP", "step_time_s": ...,
                           "compute_time_s": ..., "memory_bytes_per_device": ...,
                           "fits": true, "refused": null}, ...],
                 "difference": "the plan is 3.7% faster than zero, ..."}
@@ -73,8 +73,8 @@ class Recipes:
         return {"plan_step_time_s": self.plan_step_time_s,
                 "plan_compute_time_s": self.plan_compute_time_s,
                 "plan_memory_bytes_per_device": self.plan_memory_bytes_per_device,
-                "best": self.best,
-                "rows": [r.to_json() for r in self.rows], "difference": self.difference}  # fmt: skip
+                "best": self.best, "rows": [r.to_json() for r in self.rows],
+                "difference": self.difference}  # fmt: skip
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> Recipes:
@@ -102,18 +102,20 @@ def recipes_block(
 ) -> Recipes:  # fmt: skip
     """The block of the recipes' `prices` beside a plan of step time `plan_time` (priced as
     they are), compute `plan_compute`, memory `plan_memory`, on a budget of `budget` bytes."""
-    rows = tuple(
-        RecipeRow(p.recipe.value, p.recipe.title, None, None, None, None, p.refused)
-        if p.refused
-        else RecipeRow(p.recipe.value, p.recipe.title, p.step_time_s, p.compute_time_s,
-                       p.memory_bytes_per_device, p.fits)  # fmt: skip
-        for p in prices
-    )
+    rows = tuple(map(_row, prices))
     fitting = [r for r in rows if r.fits]
-    best = min(fitting, key=lambda r: (r.step_time_s or 0.0)) if fitting else None
+    best = min(fitting, key=lambda r: r.step_time_s or 0.0) if fitting else None
     plan = RecipeRow("plan", "plan", plan_time, plan_compute, plan_memory, True)
     line = difference(plan, rows, best, budget)
     return Recipes(rows, plan_time, plan_compute, plan_memory, best.name if best else None, line)
+
+
+def _row(price: RecipePrice) -> RecipeRow:
+    name, title = price.recipe.value, price.recipe.label
+    if price.refused:
+        return RecipeRow(name, title, None, None, None, None, price.refused)
+    return RecipeRow(name, title, price.step_time_s, price.compute_time_s,
+                     price.memory_bytes_per_device, price.fits)  # fmt: skip
 
 
 def difference(
@@ -125,7 +127,7 @@ def difference(
         priced = [r for r in rows if r.memory_bytes_per_device is not None]
         if not priced:
             return "no recipe applies to this model and mesh"
-        least = min(priced, key=lambda r: (r.memory_bytes_per_device or 0))
+        least = min(priced, key=lambda r: r.memory_bytes_per_device or 0)
         return (
             f"no recipe fits the budget of {format_bytes(budget)} per device (the least, "
             f"{least.name}, needs {format_bytes(least.memory_bytes_per_device or 0)}); the "

@@ -31,8 +31,8 @@ from typing import Any
 
 from autoshard.annotations import Annotation, AnnotationError, check_annotations
 from autoshard.document.plan_document import PlanDocument
-from autoshard.errors import ShardingError
 from autoshard.document.recipes import versus
+from autoshard.errors import ShardingError
 from autoshard.explain.diff import change_lines, cost_lines, diff_plans
 from autoshard.explain.saved import ExplainError, Saved, resolve
 from autoshard.ir.graph import Graph

@@ -78,14 +78,14 @@ def html_report(inputs: ReportInputs) -> str:
     title = f"autoshard plan: {doc.model.name or graph.name} on mesh {doc.mesh}"
     sections = [
         ("strategy", "Strategy", _strategy(inputs)),
-        *([("recipes", "Beside the standard recipes", _recipes(doc.recipes))]
-          if doc.recipes is not None else []),
         ("mesh", "Mesh", _mesh(inputs)),
         ("time", "Where the time goes", _time(doc, graph, inputs.plan.mesh)),
         ("memory", "Memory over the program", _memory(inputs)),
         ("weights", "Weights", _weights(inputs)),
         ("layout", "Tensor layouts", _layouts(inputs, chosen)),
     ]
+    if doc.recipes is not None:
+        sections.insert(1, ("recipes", "Beside the standard recipes", _recipes(doc.recipes)))
     nav = tag("nav", " ".join(tag("a", esc(h), href=f"#{i}") for i, h, _ in sections))
     main = "".join(tag("section", tag("h2", esc(h)) + body, id=i) for i, h, body in sections)
     head = (

@@ -124,11 +124,11 @@ def _decided(
     producer = graph.producer(name)
     if producer is None or producer.name not in grouping.ops:
         return []
-    op: OpDecision = grouping.ops[producer.name]
+    decision: OpDecision = grouping.ops[producer.name]
     rule, out = rule_for(producer, graph), producer.outputs.index(name)
-    return [(op.group, tuple(
+    return [(decision.group, tuple(
         option_writes(rule, c, out) if rule is not None and c is not None else Sharding()
-        for c in op.picked
+        for c in decision.picked
     ))]  # fmt: skip
 
 
@@ -147,8 +147,8 @@ def _restricted_aside(problem: Problem, kept: Sequence[Sequence[int]]) -> Proble
         tuple(int(c) for c in np.asarray(costs, dtype=np.int64)[i])
         for costs, i in zip(problem.node_costs, index, strict=True)
     )
-    edges = tuple(
-        (a, b, tuple(map(tuple, np.asarray(m, dtype=np.int64)[np.ix_(index[a], index[b])].tolist())))
-        for a, b, m in problem.edges
-    )
-    return Problem(tuple(map(len, kept)), node, edges, NO_ROWS, problem.budget, problem.unit)
+    edges = []
+    for a, b, matrix in problem.edges:
+        kept_matrix = np.asarray(matrix, dtype=np.int64)[np.ix_(index[a], index[b])]
+        edges.append((a, b, tuple(map(tuple, kept_matrix.tolist()))))
+    return Problem(tuple(map(len, kept)), node, tuple(edges), NO_ROWS, problem.budget, problem.unit)

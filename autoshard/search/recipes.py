@@ -50,16 +50,16 @@ class Recipe(enum.StrEnum):
     TP_FSDP = "tp-fsdp"
 
     @property
-    def title(self) -> str:
+    def label(self) -> str:
         """What users call it."""
-        return _TITLES[self]
+        return _LABELS[self]
 
     @property
     def training_only(self) -> bool:
         return self in (Recipe.ZERO, Recipe.FSDP, Recipe.TP_FSDP)
 
 
-_TITLES = {
+_LABELS = {
     Recipe.DP: "DDP",
     Recipe.ZERO: "ZeRO-1/2",
     Recipe.FSDP: "FSDP, ZeRO-3",
