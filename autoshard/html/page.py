@@ -172,7 +172,7 @@ def _recipes(block: Recipes) -> str:
         "alike); a recipe that does not fit the budget says no."
     )
     return (
-        tag("p", esc(block.difference), class_="story")
+        tag("p", esc(block.difference), class_="difference")
         + _table(RECIPE_HEADER, named, "recipes")
         + tag("p", esc(note), class_="note")
     )
@@ -403,6 +403,7 @@ nav{position:sticky;top:0;background:#fff;border-bottom:1px solid var(--line);pa
 padding-bottom:8px;z-index:1}nav a{margin-right:16px;color:#2b5797;text-decoration:none}
 section{border-bottom:1px solid var(--line);padding:20px 0}
 .story{font-size:16px;background:var(--bg);border-left:4px solid #4e79a7;padding:10px 14px}
+.difference{background:var(--bg);border-left:4px solid #59a14f;padding:8px 14px}
 dl.figures{display:grid;grid-template-columns:repeat(auto-fill,minmax(230px,1fr));gap:8px;
 margin:12px 0 0}dl.figures div{background:var(--bg);padding:8px 12px;border-radius:6px}
 dt{font-size:12px;color:var(--muted)}dd{margin:0;font-weight:600}
