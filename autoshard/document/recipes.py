@@ -154,14 +154,14 @@ def versus(plan: RecipeRow, row: RecipeRow, which: str = "") -> str:
         return f"{row.name} does not apply: {row.refused}"
     if abs(mine - theirs) <= SAME * max(abs(mine), abs(theirs)):
         return f"the plan costs what {row.name} costs ({t(theirs)}): it is that layout, or ties"
+    name = f"{which}{row.name}" + ("" if row.fits else " (over the budget)")
     faster = (
-        f"the plan is {(theirs - mine) / theirs:.1%} faster than {which}{row.name}"
+        f"the plan is {(theirs - mine) / theirs:.1%} faster than {name}"
         if theirs > mine
-        else f"{which}{row.name} is {(mine - theirs) / mine:.1%} faster than the plan"
+        else f"{name} is {(mine - theirs) / mine:.1%} faster than the plan"
     )
-    fits = "" if row.fits else " (which does not fit the budget)"
     return (
-        f"{faster}{fits} ({t(mine)} vs {t(theirs)}): communication {t(plan.comm_time_s)} vs "
+        f"{faster} ({t(mine)} vs {t(theirs)}): communication {t(plan.comm_time_s)} vs "
         f"{t(row.comm_time_s)}, compute {t(plan.compute_time_s or 0.0)} vs "
         f"{t(row.compute_time_s or 0.0)}, memory "
         f"{format_bytes(plan.memory_bytes_per_device or 0)} vs "
