@@ -63,7 +63,7 @@ from autoshard.document.blocks import (
     WeightStrategy,
 )
 from autoshard.document.breakdown import breakdown
-from autoshard.document.recipes import Recipes, recipes_block
+from autoshard.document.recipes import RecipeRow, Recipes, recipes_block
 from autoshard.document.story import strategy_story
 from autoshard.errors import AutoshardError
 from autoshard.files import sha256_file, write_atomic
@@ -292,14 +292,17 @@ def _recipes(
     cluster: Cluster, asked: tuple[SolverOptions, Sequence[Annotation]] | None,
 ) -> Recipes | None:  # fmt: skip
     """The `recipes` block, the plan priced as its recipes are: by the search's own costs
-    (the time objective), else as lowered."""
+    (the time objective), else as lowered, ranked by its communication bytes."""
     if prices is None:
         return None
-    time, compute = cost.objective, cost.compute_time_s
+    time, compute, sent = cost.objective, cost.compute_time_s, None
     by_search = asked is None or asked[0].objective is Objective.TIME
     if planned is not None and planned.search.prices is not None and by_search:
         compute, time = planned.search.priced(planned.solution.choice)
-    return recipes_block(prices, time, compute, cost.memory_bytes_per_device, cluster.memory)
+    elif not by_search:
+        sent = cost.comm_bytes_per_device
+    plan = RecipeRow("plan", "plan", time, compute, cost.memory_bytes_per_device, True, None, sent)
+    return recipes_block(prices, plan, cluster.memory)
 
 
 def model_info(path: str | Path, graph: Graph, dims: Mapping[str, int]) -> ModelInfo:

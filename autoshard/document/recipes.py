@@ -37,6 +37,7 @@ class RecipeRow:
     memory_bytes_per_device: int | None
     fits: bool | None
     refused: str | None = None
+    comm_bytes_per_device: int | None = None  # under the bytes objective only
 
     @property
     def comm_time_s(self) -> float:
@@ -46,14 +47,17 @@ class RecipeRow:
         return {"name": self.name, "title": self.title, "step_time_s": self.step_time_s,
                 "compute_time_s": self.compute_time_s,
                 "memory_bytes_per_device": self.memory_bytes_per_device, "fits": self.fits,
-                "refused": self.refused}  # fmt: skip
+                "refused": self.refused} | (
+            {"comm_bytes_per_device": self.comm_bytes_per_device}
+            if self.comm_bytes_per_device is not None else {}
+        )  # fmt: skip
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> RecipeRow:
         return RecipeRow(
             str(data["name"]), str(data.get("title") or data["name"]), data.get("step_time_s"),
             data.get("compute_time_s"), data.get("memory_bytes_per_device"), data.get("fits"),
-            data.get("refused"),
+            data.get("refused"), data.get("comm_bytes_per_device"),
         )  # fmt: skip
 
 
@@ -68,13 +72,17 @@ class Recipes:
     plan_memory_bytes_per_device: int
     best: str | None
     difference: str
+    plan_comm_bytes_per_device: int | None = None  # the bytes objective: what it ranks by
 
     def to_json(self) -> dict[str, Any]:
         return {"plan_step_time_s": self.plan_step_time_s,
                 "plan_compute_time_s": self.plan_compute_time_s,
                 "plan_memory_bytes_per_device": self.plan_memory_bytes_per_device,
                 "best": self.best, "rows": [r.to_json() for r in self.rows],
-                "difference": self.difference}  # fmt: skip
+                "difference": self.difference} | (
+            {"plan_comm_bytes_per_device": self.plan_comm_bytes_per_device}
+            if self.plan_comm_bytes_per_device is not None else {}
+        )  # fmt: skip
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> Recipes:
@@ -83,7 +91,7 @@ class Recipes:
             float(data.get("plan_step_time_s") or 0.0),
             float(data.get("plan_compute_time_s") or 0.0),
             int(data.get("plan_memory_bytes_per_device") or 0), data.get("best"),
-            str(data.get("difference") or ""),
+            str(data.get("difference") or ""), data.get("plan_comm_bytes_per_device"),
         )  # fmt: skip
 
     def row(self, name: str) -> RecipeRow | None:
@@ -93,21 +101,29 @@ class Recipes:
     def plan(self) -> RecipeRow:
         """The plan as a row, priced as the recipes are."""
         return RecipeRow("plan", "plan", self.plan_step_time_s, self.plan_compute_time_s,
-                         self.plan_memory_bytes_per_device, True)  # fmt: skip
+                         self.plan_memory_bytes_per_device, True, None,
+                         self.plan_comm_bytes_per_device)  # fmt: skip
 
 
-def recipes_block(
-    prices: Sequence[RecipePrice], plan_time: float, plan_compute: float, plan_memory: int,
-    budget: int,
-) -> Recipes:  # fmt: skip
-    """The block of the recipes' `prices` beside a plan of step time `plan_time` (priced as
-    they are), compute `plan_compute`, memory `plan_memory`, on a budget of `budget` bytes."""
+def recipes_block(prices: Sequence[RecipePrice], plan: RecipeRow, budget: int) -> Recipes:
+    """The block of the recipes' `prices` beside `plan` (as a row, priced as they are: its
+    communication bytes given where the plan minimized them), on a budget of `budget` bytes.
+    The best recipe is the one that fits and costs least by the plan's objective."""
     rows = tuple(map(_row, prices))
     fitting = [r for r in rows if r.fits]
-    best = min(fitting, key=lambda r: r.step_time_s or 0.0) if fitting else None
-    plan = RecipeRow("plan", "plan", plan_time, plan_compute, plan_memory, True)
-    line = difference(plan, rows, best, budget)
-    return Recipes(rows, plan_time, plan_compute, plan_memory, best.name if best else None, line)
+    best = min(fitting, key=_measure) if fitting else None
+    return Recipes(
+        rows, plan.step_time_s or 0.0, plan.compute_time_s or 0.0,
+        plan.memory_bytes_per_device or 0, best.name if best else None,
+        difference(plan, rows, best, budget), plan.comm_bytes_per_device,
+    )  # fmt: skip
+
+
+def _measure(row: RecipeRow) -> float:
+    """What the plan minimized: its communication bytes, where it minimized them, else time."""
+    if row.comm_bytes_per_device is not None:
+        return float(row.comm_bytes_per_device)
+    return row.step_time_s or 0.0
 
 
 def _row(price: RecipePrice) -> RecipeRow:
@@ -115,7 +131,8 @@ def _row(price: RecipePrice) -> RecipeRow:
     if price.refused:
         return RecipeRow(name, title, None, None, None, None, price.refused)
     return RecipeRow(name, title, price.step_time_s, price.compute_time_s,
-                     price.memory_bytes_per_device, price.fits)  # fmt: skip
+                     price.memory_bytes_per_device, price.fits, None,
+                     price.comm_bytes_per_device)  # fmt: skip
 
 
 def difference(
@@ -133,14 +150,13 @@ def difference(
             f"{least.name}, needs {format_bytes(least.memory_bytes_per_device or 0)}); the "
             f"plan fits in {format_bytes(plan.memory_bytes_per_device or 0)}"
         )
-    mine, theirs = plan.step_time_s or 0.0, best.step_time_s or 0.0
-    if abs(mine - theirs) <= SAME * max(abs(mine), abs(theirs)):
-        return f"the plan costs what {best.name} costs ({t(theirs)}): it is that layout, or ties"
-    if theirs < mine:
+    mine, theirs = _measure(plan), _measure(best)
+    if theirs < mine and abs(mine - theirs) > SAME * max(abs(mine), abs(theirs)):
+        shown = format_bytes if plan.comm_bytes_per_device is not None else t
         return (
-            f"{best.name} ({t(theirs)}) is {(mine - theirs) / mine:.1%} faster than the plan "
-            f"({t(mine)}): the search stopped short of it (see the solver's gap); "
-            f"`explain --why-not {best.name}` compares them"
+            f"{best.name} ({shown(theirs)}) costs {(mine - theirs) / mine:.1%} less than the "
+            f"plan ({shown(mine)}): the plan is not the search's optimum (a solver gap, or "
+            f"the annotations' hints); `explain --why-not {best.name}` compares them"
         )
     return versus(plan, best, "the best recipe that fits, ")
 
@@ -149,12 +165,14 @@ def versus(plan: RecipeRow, row: RecipeRow, which: str = "") -> str:
     """The plan beside one recipe, in a line: how much faster and where the time goes (its
     communication, compute and memory against the recipe's)."""
     t = format_seconds
-    mine, theirs = plan.step_time_s or 0.0, row.step_time_s or 0.0
     if row.refused:
         return f"{row.name} does not apply: {row.refused}"
+    name = f"{which}{row.name}" + ("" if row.fits else " (over the budget)")
+    if plan.comm_bytes_per_device is not None and row.comm_bytes_per_device is not None:
+        return _versus_bytes(plan, row, name)
+    mine, theirs = plan.step_time_s or 0.0, row.step_time_s or 0.0
     if abs(mine - theirs) <= SAME * max(abs(mine), abs(theirs)):
         return f"the plan costs what {row.name} costs ({t(theirs)}): it is that layout, or ties"
-    name = f"{which}{row.name}" + ("" if row.fits else " (over the budget)")
     faster = (
         f"the plan is {(theirs - mine) / theirs:.1%} faster than {name}"
         if theirs > mine
@@ -197,3 +215,20 @@ def recipes_table(block: Recipes) -> list[str]:
         for row in rows
     ]
     return ["standard recipes, priced alike:", *lines, f"  {block.difference}"]
+
+
+def _versus_bytes(plan: RecipeRow, row: RecipeRow, name: str) -> str:
+    """`versus` for a plan that minimized its communication bytes."""
+    mine, theirs = plan.comm_bytes_per_device or 0, row.comm_bytes_per_device or 0
+    if mine == theirs:
+        less = f"the plan sends what {name} sends"
+    elif theirs > mine:
+        less = f"the plan sends {(theirs - mine) / theirs:.1%} less than {name}"
+    else:
+        less = f"{name} sends {(mine - theirs) / mine:.1%} less than the plan"
+    return (
+        f"{less} ({format_bytes(mine)} vs {format_bytes(theirs)} per device): step time "
+        f"{format_seconds(plan.step_time_s or 0.0)} vs {format_seconds(row.step_time_s or 0.0)}"
+        f", memory {format_bytes(plan.memory_bytes_per_device or 0)} vs "
+        f"{format_bytes(row.memory_bytes_per_device or 0)}"
+    )

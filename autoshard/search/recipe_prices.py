@@ -43,7 +43,8 @@ from autoshard.sharding import Sharding, ShardingOption
 class RecipePrice:
     """A recipe's fastest program on the plan's cluster: its step time (compute plus
     communication, seconds), its compute, its peak memory per device and whether that fits
-    the budget; or why the recipe does not apply (`refused`, the rest zero)."""
+    the budget (and, priced for the bytes objective, its communication per device); or why
+    the recipe does not apply (`refused`, the rest zero)."""
 
     recipe: Recipe
     step_time_s: float = 0.0
@@ -51,6 +52,7 @@ class RecipePrice:
     memory_bytes_per_device: int = 0
     fits: bool = False
     refused: str = ""
+    comm_bytes_per_device: int | None = None  # priced by the bytes objective only
 
 
 def price_recipes(
@@ -79,10 +81,11 @@ def price_recipe(
     if objective is Objective.BYTES:
         program, usage = lower_measured(graph, search.plan(graph, cluster, choice))
         cost = price(program, graph, cluster, usage)
-        step, compute, peak = cost.objective, cost.compute_time_s, cost.memory_bytes_per_device
-    else:
-        compute, step = search.priced(choice)
-        peak = search.problem.peak(choice)
+        peak = cost.memory_bytes_per_device
+        return RecipePrice(recipe, cost.objective, cost.compute_time_s, peak,
+                           peak <= cluster.memory, "", cost.comm_bytes_per_device)  # fmt: skip
+    compute, step = search.priced(choice)
+    peak = search.problem.peak(choice)
     return RecipePrice(recipe, step, compute, peak, peak <= cluster.memory)
 
 

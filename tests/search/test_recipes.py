@@ -18,6 +18,7 @@ from autoshard.explain.saved import ExplainError, load_saved
 from autoshard.explain.whynot import why_not, why_not_text
 from autoshard.pipeline import PlanRequest, load_graphs, plan_request
 from autoshard.rules import rule_for
+from autoshard.search.options import Objective
 from autoshard.search.recipes import (
     Recipe,
     RecipeError,
@@ -224,3 +225,16 @@ def test_why_not_a_recipe(mlp, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["autoshard: error: --why-not 'megatron': unknown recipe 'megatron'; choose "
                    "one of: dp, tp-dp; or give NAME=SHARDING (e.g. 'x=[[0], []]')"]  # fmt: skip
+
+
+def test_a_bytes_plan_ranks_the_recipes_by_bytes():
+    """Under `--objective bytes` the recipes are lowered and priced as programs, and ranked by
+    what they send: dp sends nothing, tp-dp its all_reduce of y (1 KiB per device)."""
+    request = PlanRequest(model_path=MLP, cluster=make_cluster("2x2"), dims={"batch": 8},
+                          objective=Objective.BYTES)  # fmt: skip
+    block = plan_request(request).document.recipes
+    assert block is not None and block.plan_comm_bytes_per_device == 0
+    assert block.row("dp").comm_bytes_per_device == 0
+    assert block.row("tp-dp").comm_bytes_per_device == 1024
+    assert block.best == "dp"
+    assert block.difference.startswith("the plan sends what the best recipe that fits, dp sends")
