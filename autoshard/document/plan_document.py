@@ -282,26 +282,23 @@ def plan_document(
         unruled=tuple(plan.unruled), collectives=tuple(map(CollectiveEntry.from_json, collectives)),
         cost=CostFigures.from_json(cost.to_json()),
         breakdown=breakdown(graph, program, cost, repeats, usage),
-        recipes=_recipes(recipes, planned, cost, cluster, asked), solver=solver, search=search,
+        recipes=_recipes(recipes, cost, cluster, asked), solver=solver, search=search,
         timing=timing,
     )  # fmt: skip
 
 
 def _recipes(
-    prices: Sequence[RecipePrice] | None, planned: Planned | None, cost: Cost,
-    cluster: Cluster, asked: tuple[SolverOptions, Sequence[Annotation]] | None,
+    prices: Sequence[RecipePrice] | None, cost: Cost, cluster: Cluster,
+    asked: tuple[SolverOptions, Sequence[Annotation]] | None,
 ) -> Recipes | None:  # fmt: skip
-    """The `recipes` block, the plan priced as its recipes are: by the search's own costs
-    (the time objective), else as lowered, ranked by its communication bytes."""
+    """The `recipes` block beside the plan's cost, ranked by its communication bytes where
+    the plan minimized them."""
     if prices is None:
         return None
-    time, compute, sent = cost.objective, cost.compute_time_s, None
-    by_search = asked is None or asked[0].objective is Objective.TIME
-    if planned is not None and planned.search.prices is not None and by_search:
-        compute, time = planned.search.priced(planned.solution.choice)
-    elif not by_search:
-        sent = cost.comm_bytes_per_device
-    plan = RecipeRow("plan", "plan", time, compute, cost.memory_bytes_per_device, True, None, sent)
+    by_bytes = asked is not None and asked[0].objective is Objective.BYTES
+    plan = RecipeRow("plan", "plan", cost.objective, cost.compute_time_s,
+                     cost.memory_bytes_per_device, True, None,
+                     cost.comm_bytes_per_device if by_bytes else None)  # fmt: skip
     return recipes_block(prices, plan, cluster.memory)
 
 

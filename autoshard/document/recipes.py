@@ -8,8 +8,10 @@
                           "fits": true, "refused": null}, ...],
                 "difference": "the plan is 3.7% faster than zero, ..."}
 
-`plan_step_time_s` is the plan priced as the recipes are (the search's own costs, unrounded),
-so the line compares like with like; a recipe that does not apply has `refused`, its reason.
+`plan_*` are the plan's own figures (its program's cost); a recipe is priced by the same
+costs without lowering its program (`search.recipe_prices`: its time is the materialized
+program's, its memory a lower bound where `memory_at_least`, `fits` then null unless even that
+is over the budget); a recipe that does not apply has `refused`, its reason.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class RecipeRow:
     fits: bool | None
     refused: str | None = None
     comm_bytes_per_device: int | None = None  # under the bytes objective only
+    memory_at_least: bool = False  # a lower bound (`search.recipe_prices`); fits None: unknown
 
     @property
     def comm_time_s(self) -> float:
@@ -47,7 +50,7 @@ class RecipeRow:
         return {"name": self.name, "title": self.title, "step_time_s": self.step_time_s,
                 "compute_time_s": self.compute_time_s,
                 "memory_bytes_per_device": self.memory_bytes_per_device, "fits": self.fits,
-                "refused": self.refused} | (
+                "refused": self.refused, "memory_at_least": self.memory_at_least} | (
             {"comm_bytes_per_device": self.comm_bytes_per_device}
             if self.comm_bytes_per_device is not None else {}
         )  # fmt: skip
@@ -58,13 +61,14 @@ class RecipeRow:
             str(data["name"]), str(data.get("title") or data["name"]), data.get("step_time_s"),
             data.get("compute_time_s"), data.get("memory_bytes_per_device"), data.get("fits"),
             data.get("refused"), data.get("comm_bytes_per_device"),
+            bool(data.get("memory_at_least")),
         )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Recipes:
-    """`recipes`: the rows, the plan's step time priced alike, the best recipe that fits
-    (None: none fits) and the line saying how the plan differs from it."""
+    """`recipes`: the rows, the plan's own figures, the best recipe that fits (None: none
+    does) and the line saying how the plan differs from it."""
 
     rows: tuple[RecipeRow, ...]
     plan_step_time_s: float
@@ -106,7 +110,7 @@ class Recipes:
 
 
 def recipes_block(prices: Sequence[RecipePrice], plan: RecipeRow, budget: int) -> Recipes:
-    """The block of the recipes' `prices` beside `plan` (as a row, priced as they are: its
+    """The block of the recipes' `prices` beside `plan` (as a row: its program's cost, its
     communication bytes given where the plan minimized them), on a budget of `budget` bytes.
     The best recipe is the one that fits and costs least by the plan's objective."""
     rows = tuple(map(_row, prices))
@@ -132,7 +136,7 @@ def _row(price: RecipePrice) -> RecipeRow:
         return RecipeRow(name, title, None, None, None, None, price.refused)
     return RecipeRow(name, title, price.step_time_s, price.compute_time_s,
                      price.memory_bytes_per_device, price.fits, None,
-                     price.comm_bytes_per_device)  # fmt: skip
+                     price.comm_bytes_per_device, price.memory_at_least)  # fmt: skip
 
 
 def difference(
@@ -167,7 +171,10 @@ def versus(plan: RecipeRow, row: RecipeRow, which: str = "") -> str:
     t = format_seconds
     if row.refused:
         return f"{row.name} does not apply: {row.refused}"
-    name = f"{which}{row.name}" + ("" if row.fits else " (over the budget)")
+    name = (
+        f"{which}{row.name}"
+        + {True: "", False: " (over the budget)", None: " (may not fit)"}[row.fits]
+    )
     if plan.comm_bytes_per_device is not None and row.comm_bytes_per_device is not None:
         return _versus_bytes(plan, row, name)
     mine, theirs = plan.step_time_s or 0.0, row.step_time_s or 0.0
@@ -199,10 +206,10 @@ def recipe_cells(block: Recipes) -> list[tuple[str, str, str, str]]:
         if r.refused:
             rows.append((r.name, "n/a", "", r.refused))
             continue
-        rows.append((
-            r.name, format_seconds(r.step_time_s or 0.0),
-            format_bytes(r.memory_bytes_per_device or 0), "yes" if r.fits else "no",
-        ))  # fmt: skip
+        memory = format_bytes(r.memory_bytes_per_device or 0)
+        fits = "unknown" if r.fits is None else "yes" if r.fits else "no"
+        rows.append((r.name, format_seconds(r.step_time_s or 0.0),
+                     f">= {memory}" if r.memory_at_least else memory, fits))  # fmt: skip
     return rows
 
 
@@ -214,7 +221,7 @@ def recipes_table(block: Recipes) -> list[str]:
         "  " + "".join(cell.ljust(w + 2) for cell, w in zip(row, widths, strict=False)) + row[3]
         for row in rows
     ]
-    return ["standard recipes, priced alike:", *lines, f"  {block.difference}"]
+    return ["beside the standard recipes:", *lines, f"  {block.difference}"]
 
 
 def _versus_bytes(plan: RecipeRow, row: RecipeRow, name: str) -> str:

@@ -256,12 +256,13 @@ def why_not_text(answer: Mapping[str, Any]) -> str:
     lines = [f"why not {answer['why_not']}: {answer['verdict']}"]
     if answer.get("recipe"):
         row = answer["recipe"]
-        fits = "fits" if row["fits"] else "does not fit the budget"
+        fits = {True: "fits", False: "does not fit the budget", None: "may fit"}[row["fits"]]
+        least = "at least " if row.get("memory_at_least") else ""
         if row["refused"] is None:
             lines.append(
                 f"  recipe {row['name']} ({row['title']}) priced beside the plan: "
                 f"{format_seconds(row['step_time_s'])}, "
-                f"{format_bytes(row['memory_bytes_per_device'])} per device, {fits}"
+                f"{least}{format_bytes(row['memory_bytes_per_device'])} per device, {fits}"
             )
         lines.append(f"  {answer['versus']}")
     if answer["verdict"] == Verdict.INFEASIBLE:

@@ -168,8 +168,10 @@ def _recipes(block: Recipes) -> str:
              for n, *rest in recipe_cells(block)]  # fmt: skip
     note = (
         "Each recipe pins how the batch, the weights and their optimizer state are held, and "
-        "is priced in the plan's own search problem at its fastest program (the plan priced "
-        "alike); a recipe that does not fit the budget says no."
+        "is priced at its fastest program in the plan's own search problem, without lowering "
+        "it: its time is its materialized program's (the CCL passes may shave it further), "
+        "its memory the search's rows' (>=: a lower bound). A recipe whose fastest program "
+        "does not fit the budget says no; autoshard explain --why-not RECIPE plans it."
     )
     return (
         tag("p", esc(block.difference), class_="difference")

@@ -1,28 +1,29 @@
-"""The search problem's costs before scaling to integers: what a choice per group costs in
-the objective's own unit (seconds, or bytes), compute apart. The solver minimizes the scaled
-integer costs (tie-breakers added); a plan's price, read here, is the unrounded sum of the
-same terms, so pricing a choice never needs its program lowered."""
+"""What the program of a choice per group costs, without lowering it: its compute (the
+search's own compute costs, unscaled: each op's roofline, `cost.compute`) and its
+communication as materialization makes it (`traffic`). The solver minimizes the scaled
+integer costs, which count a reshard per reader; these are the program's seconds."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from autoshard.search.memory.build import Chain
+from autoshard.search.traffic import Traffic
+
 
 @dataclass(frozen=True, eq=False)
 class Prices:
-    """The problem's costs before scaling, in the objective's unit (seconds, or bytes): each
-    group's compute and its whole node cost per choice, and each edge's matrix."""
+    """Each group's compute per choice (seconds; zero under the bytes objective) and the
+    program's communication (`traffic`)."""
 
     compute: tuple[np.ndarray, ...]
-    node: tuple[np.ndarray, ...]
-    edges: Mapping[tuple[int, int], np.ndarray]
+    traffic: Traffic
 
-    def of(self, choice: Sequence[int]) -> tuple[float, float]:
-        """The compute and the whole cost of one choice per group."""
+    def of(self, choice: Sequence[int]) -> tuple[float, float, frozenset[Chain]]:
+        """The compute and the communication seconds of one choice per group, and the
+        reshards of several collectives its program makes."""
         compute = sum(float(costs[k]) for costs, k in zip(self.compute, choice, strict=True))
-        total = sum(float(costs[k]) for costs, k in zip(self.node, choice, strict=True))
-        edges = sum(float(m[choice[a], choice[b]]) for (a, b), m in sorted(self.edges.items()))
-        return compute, total + edges
+        return compute, *self.traffic.seconds(choice)

@@ -69,6 +69,7 @@ from autoshard.search.memory.slots import Read
 from autoshard.search.memory.tensors import Held
 from autoshard.search.options import Objective
 from autoshard.search.prices import Prices
+from autoshard.search.traffic import Traffic
 from autoshard.sharding import Sharding, ShardingOption
 
 SCALE = 10**9
@@ -219,11 +220,12 @@ class Search:
     def repeats(self) -> Repeats:
         return self.grouping.repeats
 
-    def priced(self, choice: Sequence[int]) -> tuple[float, float]:
-        """The compute and the whole objective of one choice per group, unscaled (seconds,
-        or bytes): what the integer objective rounds, without its tie-breakers."""
+    def priced(self, choice: Sequence[int]) -> tuple[float, float, frozenset[Chain]]:
+        """The compute and the communication seconds of one choice per group's program, as
+        `cost.price` prices it once materialized (`prices`), and the reshards of several
+        collectives it makes."""
         if self.prices is None:
-            raise ValueError("this search keeps no unscaled prices")
+            raise ValueError("this search keeps no prices")
         return self.prices.of(choice)
 
     def plan(self, graph: Graph, cluster: Cluster, choice: Sequence[int]) -> Plan:
@@ -432,12 +434,10 @@ class _Builder:
             memory.indicators,
             memory.base,
         )
-        prices = Prices(
-            tuple(np.array(row) for row in compute), tuple(np.array(row) for row in node), edges
-        )
+        traffic = Traffic(self.graph, self.cluster, *self.value_reads)
         return Search(
             problem, grouping, functools.partial(self.memory_model, sizes), returns=self.returns,
-            prices=prices,
+            prices=Prices(tuple(np.array(row) for row in compute), traffic),
         )  # fmt: skip
 
     def reads(
@@ -534,6 +534,14 @@ class _Builder:
 
     def memory_model(self, sizes: Sequence[int], chains: frozenset[Chain]) -> MemoryModel:
         """The bytes live at each step of the program, as `search.memory` models them."""
+        held, reads = self.value_reads
+        return memory_model(graph=self.graph, mesh=self.mesh, sizes=sizes, held=held.__getitem__,
+                            reads=reads.__getitem__, chains=chains)  # fmt: skip
+
+    @functools.cached_property
+    def value_reads(self) -> tuple[dict[str, Held], dict[str, list[Read]]]:
+        """How each value is held and read under the choices (what the memory rows and the
+        program's communication, `traffic`, are built from)."""
         graph, grouping = self.graph, self.grouping
         replicated: Held = (None, (Sharding(),))
         held: dict[str, Held] = {}
@@ -557,7 +565,7 @@ class _Builder:
                 group, shardings = held[name]
                 returns = tuple(self.returned(name, s) for s in shardings)
                 reads[name].append((end, i, group, returns))
-        return memory_model(graph, self.mesh, sizes, held.__getitem__, reads.__getitem__, chains)
+        return held, reads
 
 
 def decision_groups(

@@ -1,18 +1,26 @@
 """The standard recipes priced in the plan's own search problem, beside the plan.
 
 A recipe (`recipes`) pins how the batch, the weights and their training state are held; in
-the search problem that is, per group, the choices holding each pinned value so. Its price
-is the problem's optimum over those choices, memory aside (exact elimination, the solver's
-first step): the fastest program with the recipe's layout, its step time the unscaled sum of
-the same costs the solver minimizes (`Search.priced`), its memory the peak of the same memory
-rows. No program is lowered, and a 32-layer model prices one layer, as its search does.
+the search problem that is, per group, the choices holding (or reading) each pinned value so.
+The recipe's program is the problem's optimum over those choices, memory aside (exact
+elimination, the solver's first step): the fastest program with the recipe's layout, as
+`autoshard plan` with the recipe's annotations finds it whenever it fits the budget. No
+program is lowered, and a 32-layer model solves one layer, as its search does:
 
-So the price is what `autoshard plan` with the recipe's annotations finds whenever that
-program fits the budget (the search's first step is the same optimum); when it does not fit,
-the recipe is told as not fitting, at the memory of its fastest program: a slower program
+- its step time is its compute (the search's own costs, each op's roofline) plus its
+  communication as materialization makes it (`traffic`: a reshard once per value and
+  sharding, not once per reader as the search's objective counts it). The CCL passes after
+  materialization may send less still, so the program's time is this or lower;
+- its memory is the peak of the search's memory rows. Where its program makes a reshard of
+  several collectives whose intermediates the rows do not count yet (`search.budget` counts
+  them once a plan makes them), the memory is a lower bound (`memory_at_least`): the recipe
+  fits when that bound plus every such intermediate whole (`Traffic.intermediates_bound`)
+  does, does not when the bound alone is over, and may fit between the two.
+
+When its fastest program does not fit, the recipe is told as not fitting: a slower program
 with the same layout may still fit, and `explain --why-not RECIPE` searches for it under the
-budget. The bytes objective prices the recipe's program lowered (`cost.price`), its step time
-not being among the problem's costs.
+budget and lowers it. The bytes objective prices the recipe's program lowered (`cost.price`),
+as it ranks recipes by the bytes they send.
 """
 
 from __future__ import annotations
@@ -50,9 +58,10 @@ class RecipePrice:
     step_time_s: float = 0.0
     compute_time_s: float = 0.0
     memory_bytes_per_device: int = 0
-    fits: bool = False
+    fits: bool | None = False  # None: unknown, its memory a lower bound under the budget
     refused: str = ""
     comm_bytes_per_device: int | None = None  # priced by the bytes objective only
+    memory_at_least: bool = False  # reshards whose intermediates the memory rows leave out
 
 
 def price_recipes(
@@ -84,9 +93,15 @@ def price_recipe(
         peak = cost.memory_bytes_per_device
         return RecipePrice(recipe, cost.objective, cost.compute_time_s, peak,
                            peak <= cluster.memory, "", cost.comm_bytes_per_device)  # fmt: skip
-    compute, step = search.priced(choice)
+    compute, comm, chains = search.priced(choice)
     peak = search.problem.peak(choice)
-    return RecipePrice(recipe, step, compute, peak, peak <= cluster.memory)
+    uncounted = chains - search.chains  # intermediates the rows do not count
+    most = peak
+    if uncounted and search.prices is not None:
+        most += search.prices.traffic.intermediates_bound(uncounted)
+    fits = True if most <= cluster.memory else False if peak > cluster.memory else None
+    return RecipePrice(recipe, compute + comm, compute, peak, fits,
+                       memory_at_least=bool(uncounted))  # fmt: skip
 
 
 def _kept(graph: Graph, search: Search, pins: Sequence[Annotation]) -> list[list[int]] | str:

@@ -119,10 +119,31 @@ def test_a_recipes_price_is_the_plan_with_it_pinned(path, dims, recipe):
     assert row["memory_bytes_per_device"] == cost.memory_bytes_per_device
 
 
+@pytest.mark.parametrize("recipe", ["dp", "zero", "fsdp", "tp-dp", "tp-fsdp"])
+def test_an_mlp_training_recipes_price_is_the_plan_with_it_pinned(recipe):
+    """A training step's recipes too: the pinned plan's program costs the recipe's step time;
+    its memory is the recipe's, or above it where the recipe's reshards of several
+    collectives hold intermediates its memory rows leave out (`memory_at_least`)."""
+    dims = {"batch": 8}
+    request, requested = planned(MLP, "2x2", dims, Training())
+    row = rows(requested.document)[recipe]
+    forward, graph = load_graphs(MLP, dims, Training())
+    mesh = request.cluster.mesh
+    layout = recipe_layout(graph, megatron_splits(forward, mesh), mesh, Recipe(recipe))
+    cost = plan_request(dataclasses.replace(request, annotations=layout.annotations)).document.cost
+    assert cost is not None
+    assert row["step_time_s"] == pytest.approx(cost.objective, rel=1e-12)
+    if row["memory_at_least"]:
+        assert row["memory_bytes_per_device"] <= cost.memory_bytes_per_device
+    else:
+        assert row["memory_bytes_per_device"] == cost.memory_bytes_per_device
+
+
 def test_training_recipes_bound_the_pinned_programs():
-    """A training step's recipes are priced by the search's costs, which count a reshard per
-    reader: the program with the recipe pinned shares one among readers and costs no more;
-    its memory is the same."""
+    """On a GPT-2 block's training step the CCL passes after materialization send less than
+    a recipe's materialized program: the pinned plan's program costs no more than the
+    recipe's price. ZeRO splits the optimizer state over the 4 devices, FSDP the weights
+    too: each needs less memory than the one before."""
     dims = {"batch": 8, "seq": 128}
     request, requested = planned(BLOCK, "2x2", dims, Training())
     found = rows(requested.document)
@@ -135,8 +156,7 @@ def test_training_recipes_bound_the_pinned_programs():
         cost = pinned.document.cost
         assert cost is not None
         assert found[recipe]["step_time_s"] >= cost.objective * (1 - 1e-12)
-        assert found[recipe]["memory_bytes_per_device"] == cost.memory_bytes_per_device
-    # zero splits the optimizer state over all 4 devices, fsdp the weights too: less memory
+        assert found[recipe]["memory_bytes_per_device"] <= cost.memory_bytes_per_device
     assert found["fsdp"]["memory_bytes_per_device"] < found["zero"]["memory_bytes_per_device"]
     assert found["zero"]["memory_bytes_per_device"] < found["dp"]["memory_bytes_per_device"]
 
