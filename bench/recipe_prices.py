@@ -68,7 +68,7 @@ def main() -> int:
         shown = "; ".join(
             f"{p.recipe} n/a" if p.refused else
             f"{p.recipe} {format_seconds(p.step_time_s)} {format_bytes(p.memory_bytes_per_device)}"
-            f"{'' if p.fits else ' (no fit)'}"
+            f"{'' if p.fits else ' (no fit)' if p.fits is False else ' (may fit)'}"
             for p in prices
         )  # fmt: skip
         added = best / (whole - best)
