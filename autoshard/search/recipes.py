@@ -1,30 +1,33 @@
 """The standard layouts a performance engineer would write by hand, as required annotations:
 the recipes every plan is priced beside (`recipe_prices`), and `explain --why-not` pins.
 
-A recipe says how the batch and every weight are held; for a training step also how each
-trained weight's synchronized gradient (`W@grad`) and optimizer state (`W@state`) are held.
-The ops between are left to the search, as `autoshard plan` with these annotations would
-(for a recipe, propagation and the search agree but for ties). With D the data-parallel mesh
-axes and T the tensor-parallel axis (the last one, a node's fast links in a cluster's mesh):
+A recipe says how the batch is held and read (it stays split: free to gather it, a search
+would compute a small model replicated and call that data parallel), how every weight is
+held and, for a training step, how each trained weight's optimizer state (`W@state`) is held.
+The ops between, gradients included, are left to the search, as `autoshard plan` with these
+annotations leaves them. With D the data-parallel mesh axes and T the tensor-parallel axis
+(the last one, a node's fast links in a cluster's mesh):
 
-    recipe   batch   weight held        gradient           optimizer state
-    dp       all     replicated         replicated         replicated        (DDP)
-    zero1    all     replicated         replicated         split over all    (ZeRO-1)
-    zero2    all     replicated         split over all     split over all    (ZeRO-2)
-    fsdp     all     split over all     split over all     split over all    (FSDP, ZeRO-3)
-    tp-dp    D       Megatron on T      as held            as held           (Megatron TP x DP)
-    tp-fsdp  D       Megatron on T,     as held            as held           (TP x FSDP)
-                     split over D
+    recipe   batch   weight held                optimizer state
+    dp       all     replicated                 replicated        (DDP)
+    zero     all     replicated                 split over all    (ZeRO-1/2)
+    fsdp     all     split over all             split over all    (FSDP, ZeRO-3)
+    tp-dp    D       Megatron on T              as held           (Megatron TP x DP)
+    tp-fsdp  D       Megatron on T, split on D  as held           (TP x FSDP)
 
-"Split over" axes: added to the first dim of the weight (after its Megatron split, if any)
-whose size they divide, as the search's own FSDP candidates are (`problem._split_further`); a
-weight no such dim fits stays as read. Megatron's splits are `baselines.megatron`'s, found on
-the forward graph (a training step's backward hides its patterns). Inference plans are priced
-beside dp and tp-dp only: the others differ from them in training state alone.
+ZeRO-1 and ZeRO-2 send the same (the gradient reduce-scattered to the state's shards, the
+updated weight all-gathered) and differ in a gradient buffer: the search keeps the gradient
+as it likes, so one recipe stands for both. "Split over" axes: added to the first dim of the
+weight (after its Megatron split, if any) whose size they divide, as the search's own FSDP
+candidates are (`problem._split_further`); a weight no such dim fits stays as read.
+Megatron's splits are `baselines.megatron`'s, found on the forward graph (a training step's
+backward hides its patterns). Inference plans are priced beside dp and tp-dp only: the others
+differ from them in training state alone. TP x PP waits for pipelines.
 
-Worked example, the MLP (x [8, 16] -> MatMul w1 [16, 32] -> Relu -> MatMul w2 [32, 16]) on mesh
-2x2, inference: dp holds x as [[0, 1], []] and w1, w2 replicated; tp-dp holds x as [[0], []],
-w1 as [[], [1]] and w2 as [[1], []].
+Worked example, the MLP (x [8, 64] -> Gemm 0.weight [256, 64] -> Relu -> Gemm 2.weight
+[64, 256], transB) on mesh 2x2, inference: dp holds and reads x as [[0, 1]] and every weight
+replicated; tp-dp holds x as [[0]], 0.weight and 0.bias as [[1]] (output features) and
+2.weight as [[], [1]] (input features).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from autoshard.training.step import state_name
 
 
 class Recipe(enum.StrEnum):
+    """A standard layout, by the name `explain --why-not` takes (the module docstring)."""
+
     DP = "dp"
     ZERO = "zero"
     FSDP = "fsdp"
