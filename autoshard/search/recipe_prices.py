@@ -43,6 +43,7 @@ from autoshard.search.options import Objective
 from autoshard.search.problem import Problem, Search
 from autoshard.search.recipes import Layout, Recipe, recipe_layouts
 from autoshard.search.solver.eliminate import memory_aside
+from autoshard.search.solver.factors import Factor, minimize
 from autoshard.search.solver.outcome import Limit, in_whole
 from autoshard.sharding import Sharding, ShardingOption
 
@@ -68,14 +69,20 @@ def price_recipes(
     graph: Graph, forward: Graph, cluster: Cluster, search: Search, objective: Objective
 ) -> tuple[RecipePrice, ...]:
     """Every recipe of the plan's mode (`recipes_for`), priced in the plan's `search`."""
+    tables = _Tables.of(search.problem)
     return tuple(
-        price_recipe(graph, cluster, search, layout, objective)
+        price_recipe(graph, cluster, search, layout, objective, tables)
         for layout in recipe_layouts(graph, forward, cluster.mesh)
     )
 
 
 def price_recipe(
-    graph: Graph, cluster: Cluster, search: Search, layout: Layout, objective: Objective
+    graph: Graph,
+    cluster: Cluster,
+    search: Search,
+    layout: Layout,
+    objective: Objective,
+    tables: _Tables | None = None,
 ) -> RecipePrice:
     """One recipe's price (the module docstring)."""
     recipe = layout.recipe
@@ -84,9 +91,7 @@ def price_recipe(
     kept = _kept(graph, search, layout.annotations)
     if isinstance(kept, str):
         return RecipePrice(recipe, refused=kept)
-    limit = Limit(60.0, 60.0, f"the recipe {recipe}")
-    best = memory_aside(_restricted_aside(search.problem, kept), limit, None, "s")
-    choice = in_whole(best.choice, kept)
+    choice = _fastest(search.problem, tables or _Tables.of(search.problem), kept, recipe)
     if objective is Objective.BYTES:
         program, usage = lower_measured(graph, search.plan(graph, cluster, choice))
         cost = price(program, graph, cluster, usage)
@@ -155,6 +160,43 @@ def _reads(graph: Graph, op: Op, option: ShardingOption | None, i: int) -> Shard
     if rule is None or option is None or i >= len(rule.operands):
         return Sharding()
     return option_reads(rule, option, i)
+
+
+@dataclass(frozen=True, eq=False)
+class _Tables:
+    """The problem's integer costs as arrays, made once for all the recipes."""
+
+    node: tuple[np.ndarray, ...]
+    edges: tuple[tuple[int, int, np.ndarray], ...]
+
+    @staticmethod
+    def of(problem: Problem) -> _Tables:
+        node = tuple(np.asarray(costs, dtype=np.int64) for costs in problem.node_costs)
+        edges = tuple((a, b, np.asarray(m, dtype=np.int64)) for a, b, m in problem.edges)
+        return _Tables(node, edges)
+
+
+def _fastest(
+    problem: Problem, tables: _Tables, kept: Sequence[Sequence[int]], recipe: Recipe
+) -> tuple[int, ...]:
+    """The optimum over the choices `kept`, memory aside: exact elimination of the problem's
+    tables restricted to them (the factors `memory_aside` builds, in its order: the same
+    ties), else, where its tables would be too large, `memory_aside` itself."""
+    index = [np.asarray(k, dtype=np.int64) for k in kept]
+    factors = [
+        Factor((g,), costs[i]) for g, (costs, i) in enumerate(zip(tables.node, index, strict=True))
+    ]
+    for a, b, matrix in tables.edges:
+        table = matrix[np.ix_(index[a], index[b])]
+        if a == b:  # pragma: no cover - the builder folds these into node costs
+            factors.append(Factor((a,), np.diag(table).copy()))
+        else:
+            factors.append(Factor((a, b), table) if a < b else Factor((b, a), table.T.copy()))
+    found = minimize([len(k) for k in kept], factors)
+    if found is not None:
+        return in_whole(found.choice, kept)
+    limit = Limit(60.0, 60.0, f"the recipe {recipe}")
+    return in_whole(memory_aside(_restricted_aside(problem, kept), limit, None, "s").choice, kept)
 
 
 def _restricted_aside(problem: Problem, kept: Sequence[Sequence[int]]) -> Problem:
