@@ -42,7 +42,9 @@ class Traffic:
     cluster: Cluster
     held: Mapping[str, Held]
     reads: Mapping[str, Sequence[Read]]
-    _steps: dict[tuple, tuple[tuple[Sharding, float], ...]] = field(default_factory=dict)
+    _steps: dict[tuple, tuple[tuple[Sharding, float], ...]] = field(
+        default_factory=dict, init=False
+    )  # each reshard's steps, planned once
 
     def seconds(self, choice: Sequence[int]) -> tuple[float, frozenset[Chain]]:
         """The communication time of the program of `choice` (one choice per group), and the
