@@ -47,6 +47,7 @@ from autoshard.progress import Tracker
 from autoshard.propagate import propagate
 from autoshard.search.budget import Planned, auto_plan
 from autoshard.search.options import Objective, SolverOptions
+from autoshard.search.recipe_prices import price_recipes
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
 
@@ -137,16 +138,27 @@ def load_graph(
 ) -> Graph:
     """The graph planned: the model's forward, or its training step (recomputing the layers
     `find_repeats` finds, when asked; its attention cores fused, when asked: `find_attention`)."""
+    return load_graphs(model, dims, training, tracker)[1]
+
+
+def load_graphs(
+    model: str | Path,
+    dims: Mapping[str, int],
+    training: Training | None,
+    tracker: Tracker | None = None,
+) -> tuple[Graph, Graph]:
+    """The model's forward and the graph planned (`load_graph`): the recipes find Megatron's
+    patterns in the forward, where a training step's backward hides them."""
     _enter(tracker, PipelineStage.IMPORT, Path(model).name)
     graph = import_onnx(model, dims)
     if training is None:
-        return graph
+        return graph, graph
     if training.fused_attention:
         graph = dataclasses.replace(graph, fused=find_attention(graph))
     layers: list[range] = []
     if training.recompute is Recompute.LAYERS:
         layers = [r.span(j) for r in find_repeats(graph).runs[:1] for j in range(r.count)]
-    return training_graph(graph, training, layers)
+    return graph, training_graph(graph, training, layers)
 
 
 # ---- `autoshard propagate`: annotations decide ----------------------------------------------
@@ -215,13 +227,21 @@ def plan_inputs(request: PlanRequest, tracker: Tracker | None = None) -> tuple[G
     values of the model and fit its cluster. Every bad input raises its one-line
     AutoshardError here (a bad cluster where the face made it), before any search: the
     service calls this to answer 4xx at once."""
+    _, graph, cluster = _plan_inputs(request, tracker)
+    return graph, cluster
+
+
+def _plan_inputs(
+    request: PlanRequest, tracker: Tracker | None = None
+) -> tuple[Graph, Graph, Cluster]:
+    """`plan_inputs`, the model's forward too (`load_graphs`)."""
     cluster = request.cluster
     if request.training is not None:
         check_precision(request.training.precision, cluster.device)
-    graph = load_graph(request.model_path, request.dims, request.training, tracker)
+    forward, graph = load_graphs(request.model_path, request.dims, request.training, tracker)
     shapes = {name: value.shape for name, value in graph.values.items()}
     check_annotations(request.annotations, shapes, cluster.mesh)
-    return graph, cluster
+    return forward, graph, cluster
 
 
 def plan_request(
@@ -252,15 +272,17 @@ def plan_request(
         except InfeasibleError:
             request = dataclasses.replace(request, training=training.but(Recompute.LAYERS))
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
-    graph, cluster = plan_inputs(request, tracker)
+    forward, graph, cluster = _plan_inputs(request, tracker)
     deadline.check("importing the model")
     _enter(tracker, PipelineStage.SEARCH, "building the problem")
     planned = auto_plan(graph, cluster, request.annotations, options, tracker, deadline)
     _enter(tracker, PipelineStage.DOCUMENT)
+    recipes = price_recipes(graph, forward, cluster, planned.search, options.objective)
     document = plan_document(
         graph, cluster, planned.plan, planned.program, planned.cost,
         model_info(request.model_path, graph, request.dims), planned, request.training,
         asked=(options, request.annotations), names=parameter_names(request.model_path),
+        recipes=recipes,
     )  # fmt: skip
     if after is not None:
         build(graph, planned.plan, after, tracker)

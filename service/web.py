@@ -7,7 +7,7 @@ fetched from elsewhere.
                       error in words and the values as given
     GET  /plans/{id}  a plan's status and progress, polled by a few lines of inline script
                       until it is done or failed; then its links, strategy, step time and
-                      memory, or its error
+                      memory, the standard recipes priced beside it, or its error
 
 Every string from a user or a model (file names, options, errors) is escaped.
 """
@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from autoshard.document.plan_document import PlanDocument
+from autoshard.document.recipes import RECIPE_HEADER, recipe_cells
 from autoshard.progress import Progress
 from autoshard.units import format_bytes, format_seconds
 from service.options import FORM_SCHEMA, MODEL_FIELD, RequestError, in_form_words
@@ -241,6 +242,24 @@ def _outcome(plan: PlanDocument) -> str:
     return f'<section id="plan"><h2>Strategy</h2>{story}<dl>{figures}</dl></section>'
 
 
+def _recipes(plan: PlanDocument) -> str:
+    """The standard recipes priced beside a done plan, and how the plan differs from the
+    best of them (the plan document's `recipes`); nothing for a plan without the block."""
+    block = plan.recipes
+    if block is None:
+        return ""
+    head = "".join(f"<th>{_e(h)}</th>" for h in RECIPE_HEADER)
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{_e(cell)}</td>" for cell in row) + "</tr>"
+        for row in recipe_cells(block)
+    )
+    return (
+        f'<section id="recipes"><h2>Beside the standard recipes</h2>'
+        f'<p id="difference">{_e(block.difference)}</p><table><tr>{head}</tr>{rows}</table>'
+        "</section>"
+    )
+
+
 # Replaces the plan's section with the page's own, fetched again, until the job ends; then
 # the page is loaded once more, with its links or its error.
 _POLL = """<script>
@@ -273,7 +292,7 @@ async def plan_page(request: Request, job_id: str) -> HTMLResponse:
     error = f'<p class="error" id="error">{_e(said)}</p>' if said else ""
     links = f"<p>{_links(job)}</p>" if job.status == "done" else ""
     if job.status == "done" and job.plan is not None:
-        links += _outcome(job.plan)
+        links += _outcome(job.plan) + _recipes(job.plan)
     attribute = ' data-running="1"' if running else ""
     body = (
         f'<p><a href="/">autoshard</a></p><h1>Plan <code>{job.id}</code></h1>'

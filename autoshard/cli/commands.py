@@ -233,6 +233,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if note is not None:
         print(note)
     print(breakdown_summary(document.breakdown or {}))
+    if document.recipes is not None:
+        from autoshard.document.recipes import recipes_table
+
+        print("\n".join(recipes_table(document.recipes)))
     if planned.plan.unruled:
         print(f"computed replicated (no rule): {', '.join(planned.plan.unruled)}")
     if args.out:

@@ -8,7 +8,7 @@ versioned by its schema and written and read here only (`to_json`, `from_json`):
      "values": {name: {"sharding", "partial"}},
      "ops": {name: {"type", "sharding_option", "flops", "bytes", "compute_s"[, "phase"]}},
      "unruled": [...], "collectives": [...], "cost": {...}, "breakdown": {...},
-     "solver": {...} | null,
+     "recipes": {...}, "solver": {...} | null,
      "search": {..., "objective", "time_limit", "annotations"} | null,
      "timing": {"build_s", "solve_s"} | null}
 
@@ -17,7 +17,9 @@ sequence and expert parallelism the plan uses, per repeated layer and for the re
 weights are held; the plan summary and report.md open with it. `breakdown` regroups the cost
 (`document.breakdown`): compute and communication per mesh axis of one repeated layer and of
 all of them, of the rest, compute by op type, the top collectives by time, and the memory at
-the peak by kind per repeated layer and for the rest. `search` also records what the search
+the peak by kind per repeated layer and for the rest. `recipes` prices the standard layouts
+(data parallel, ZeRO, FSDP, Megatron TP x DP, TP x FSDP) beside the plan (`document.recipes`).
+`search` also records what the search
 was asked (its objective, time limit and annotations), so that `autoshard explain` can solve
 again with one more annotation (`--why-not`). A plan that annotations decided (`autoshard
 propagate`) has no search: its `solver`, `search` and `timing` are null. A training step's
@@ -63,6 +65,7 @@ from autoshard.document.blocks import (
     WeightStrategy,
 )
 from autoshard.document.breakdown import breakdown
+from autoshard.document.recipes import RecipeRow, Recipes, recipes_block
 from autoshard.document.story import batch_axes, strategy_story
 from autoshard.errors import AutoshardError
 from autoshard.files import sha256_file, write_atomic
@@ -71,7 +74,8 @@ from autoshard.mesh import Mesh
 from autoshard.plan import RETURN, Plan, plan_from_options, returned_as
 from autoshard.program import Program
 from autoshard.rules import rule_for
-from autoshard.search.options import SolverOptions
+from autoshard.search.options import Objective, SolverOptions
+from autoshard.search.recipe_prices import RecipePrice
 from autoshard.sharding import Sharding, ShardingOption
 from autoshard.training import Training
 from autoshard.training.buffers import buffer_names
@@ -107,6 +111,7 @@ class PlanDocument:
     breakdown: Mapping[str, Any] | None = None
     """The cost regrouped (`document.breakdown`), kept as its JSON: it is large, and read only
     to be shown (the plan summary, the HTML report)."""
+    recipes: Recipes | None = None
     solver: SolverFigures | None = None
     search: SearchFigures | None = None
     timing: Timing | None = None
@@ -137,6 +142,8 @@ class PlanDocument:
             data["cost"] = self.cost.to_json()
         if self.breakdown is not None:
             data["breakdown"] = self.breakdown
+        if self.recipes is not None:
+            data["recipes"] = self.recipes.to_json()
         return data | {
             "solver": self.solver.to_json() if self.solver is not None else None,
             "search": self.search.to_json() if self.search is not None else None,
@@ -165,6 +172,7 @@ class PlanDocument:
                 unruled=tuple(data.get("unruled") or ()),
                 collectives=tuple(map(CollectiveEntry.from_json, data.get("collectives") or ())),
                 cost=block("cost", CostFigures.from_json), breakdown=data.get("breakdown"),
+                recipes=block("recipes", Recipes.from_json),
                 solver=block("solver", SolverFigures.from_json),
                 search=block("search", SearchFigures.from_json),
                 timing=block("timing", lambda t: Timing(t["build_s"], t["solve_s"])),
@@ -238,10 +246,12 @@ def plan_document(
     *,
     asked: tuple[SolverOptions, Sequence[Annotation]] | None = None,
     names: Mapping[str, str] | None = None,
+    recipes: Sequence[RecipePrice] | None = None,
 ) -> PlanDocument:
     """The plan document; `planned` adds the solver's and the search problem's figures, and
     `asked` what it was asked (its options and annotations); a training step's plan says so
-    (`mode`, `training`). `names` are the source model's parameter names, for the story."""
+    (`mode`, `training`). `names` are the source model's parameter names, for the story;
+    `recipes` the standard layouts' prices (`search.recipe_prices`), beside the plan's."""
     solver = search = timing = repeats = usage = None
     if planned is not None:
         s, problem = planned.solution, planned.search.problem
@@ -277,8 +287,24 @@ def plan_document(
         unruled=tuple(plan.unruled), collectives=tuple(map(CollectiveEntry.from_json, collectives)),
         cost=CostFigures.from_json(cost.to_json()),
         breakdown=breakdown(graph, program, cost, repeats, usage),
-        solver=solver, search=search, timing=timing,
+        recipes=_recipes(recipes, cost, cluster, asked), solver=solver, search=search,
+        timing=timing,
     )  # fmt: skip
+
+
+def _recipes(
+    prices: Sequence[RecipePrice] | None, cost: Cost, cluster: Cluster,
+    asked: tuple[SolverOptions, Sequence[Annotation]] | None,
+) -> Recipes | None:  # fmt: skip
+    """The `recipes` block beside the plan's cost, ranked by its communication bytes where
+    the plan minimized them."""
+    if prices is None:
+        return None
+    by_bytes = asked is not None and asked[0].objective is Objective.BYTES
+    plan = RecipeRow("plan", "plan", cost.objective, cost.compute_time_s,
+                     cost.memory_bytes_per_device, True, None,
+                     cost.comm_bytes_per_device if by_bytes else None)  # fmt: skip
+    return recipes_block(prices, plan, cluster.memory)
 
 
 def model_info(path: str | Path, graph: Graph, dims: Mapping[str, int]) -> ModelInfo:

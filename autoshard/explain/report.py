@@ -27,6 +27,7 @@ from typing import Any
 
 from autoshard.document.blocks import CostFigures, Strategy
 from autoshard.document.plan_document import PlanDocument, read_document
+from autoshard.document.recipes import RECIPE_HEADER, recipe_cells
 from autoshard.errors import AutoshardError
 from autoshard.holding import words_of
 from autoshard.training import Training
@@ -344,7 +345,7 @@ def _reserve_note(reserve: int) -> str:
 
 def plan_markdown(document: PlanDocument) -> str:
     """One plan document as a Markdown report: the strategy in words, model, cluster, cost,
-    solver, collectives and every op's sharding option."""
+    the standard recipes beside it, solver, collectives and every op's sharding option."""
     model, cluster, cost = document.model, document.cluster, document.cost
     if cluster is None or cost is None:
         raise ReportError("a plan's report needs its cluster and cost blocks")
@@ -369,6 +370,10 @@ def plan_markdown(document: PlanDocument) -> str:
     ]  # fmt: skip
     if document.training is not None:
         lines += ["", *_training_markdown(document.training, cost, document.strategy)]
+    if document.recipes is not None:
+        cells = recipe_cells(document.recipes)
+        lines += ["", "## Beside the standard recipes", "", document.recipes.difference, "",
+                  *_table(RECIPE_HEADER, 1, cells)]  # fmt: skip
     solver, timing = document.solver, document.timing
     if solver:
         lines += [

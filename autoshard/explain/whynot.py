@@ -1,6 +1,8 @@
-"""Why not another sharding (`autoshard explain PLAN.json --model MODEL --why-not NAME=SPEC`):
-the plan's search asked again with that sharding pinned, and the best plan with it (the
-*target*) compared with the chosen one.
+"""Why not another sharding (`autoshard explain PLAN.json --model MODEL --why-not NAME=SPEC`),
+or a standard recipe (`--why-not zero`: `search.recipes`): the plan's search asked again with
+that sharding (the recipe's layout) pinned, and the best plan with it (the *target*) compared
+with the chosen one; a recipe's answer also gives its price beside the plan (the plan
+document's `recipes`) and how the plan differs from it.
 
 The request is the plan's own (`pipeline.plan_request`: model, cluster and budget, objective,
 time limit, annotations) plus one required annotation: value NAME produced as SPEC (the
@@ -29,18 +31,26 @@ from typing import Any
 
 from autoshard.annotations import Annotation, AnnotationError, check_annotations
 from autoshard.document.plan_document import PlanDocument
+from autoshard.document.recipes import versus
 from autoshard.errors import ShardingError
 from autoshard.explain.diff import change_lines, cost_lines, diff_plans
 from autoshard.explain.saved import ExplainError, Saved, resolve
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
-from autoshard.pipeline import plan_request
+from autoshard.pipeline import load_graph, plan_request
 from autoshard.rules import IteratorType, OpRule, rule_for
 from autoshard.search.candidates import candidates, option_writes
 from autoshard.search.options import Objective
 from autoshard.search.problem import SearchError
+from autoshard.search.recipes import (
+    RecipeError,
+    megatron_splits,
+    parse_recipe,
+    recipe_layout,
+)
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.sharding import Sharding, ShardingOption
+from autoshard.units import format_bytes, format_seconds
 
 SHOWN = 8
 """How many of the shardings an op can write an INFEASIBLE verdict lists."""
@@ -59,7 +69,7 @@ class Target:
 
     text: str
     name: str
-    kind: str  # "value" or "op"
+    kind: str  # "value", "op" or "recipe"
     annotations: tuple[Annotation, ...] = ()
     refused: str = ""
 
@@ -164,9 +174,39 @@ def _measure(document: PlanDocument, objective: Objective) -> float:
     return float(cost.objective if objective is Objective.TIME else cost.comm_bytes_per_device)
 
 
+def recipe_target(saved: Saved, text: str) -> Target:
+    """A recipe named by `text` (`search.recipes`): its annotations on the saved plan's
+    model and mesh, or why it does not apply; a name of no recipe of the plan's mode is one
+    line naming those that are."""
+    training = saved.document.training is not None
+    try:
+        recipe = parse_recipe(text, training, f"--why-not {text!r}")
+    except RecipeError as error:
+        raise ExplainError(f"{error}; or give NAME=SHARDING (e.g. 'x=[[0], []]')") from None
+    request, mesh = saved.request, saved.cluster.mesh
+    forward = load_graph(request.model_path, request.dims, None)
+    layout = recipe_layout(saved.graph, megatron_splits(forward, mesh), mesh, recipe)
+    return Target(text, str(recipe), "recipe", layout.annotations, layout.refused)
+
+
+def _recipe_answer(saved: Saved, target: Target) -> dict[str, Any]:
+    """A recipe's price beside the plan (the plan document's `recipes`) and how the plan
+    differs from it, in a line."""
+    block = saved.document.recipes
+    row = block.row(target.name) if block is not None else None
+    if block is None or row is None:
+        return {"recipe": None, "versus": None}
+    return {"recipe": row.to_json(), "versus": versus(block.plan, row)}
+
+
 def why_not(saved: Saved, text: str) -> tuple[dict[str, Any], PlanDocument | None]:
-    """The answer as JSON, and the target plan's document (None when INFEASIBLE)."""
-    target = parse_target(saved.graph, saved.cluster.mesh, text, saved.parameters)
+    """The answer as JSON, and the target plan's document (None when INFEASIBLE). `text` is
+    NAME=SHARDING, or a recipe's name: the plan's search asked again with the recipe's layout
+    pinned, the answer adding its price beside the plan (`recipes`)."""
+    if "=" in text:
+        target = parse_target(saved.graph, saved.cluster.mesh, text, saved.parameters)
+    else:
+        target = recipe_target(saved, text)
     answer: dict[str, Any] = {
         "why_not": target.text, "name": target.name, "kind": target.kind,
         "annotations": [a.to_json() for a in target.annotations],
@@ -187,6 +227,8 @@ def why_not(saved: Saved, text: str) -> tuple[dict[str, Any], PlanDocument | Non
         except SearchError as error:  # it contradicts the plan's own annotations
             own = "; ".join(map(str, request.annotations))
             refused = f"{error}, with the plan's annotations {own}" if own else str(error)
+    if target.kind == "recipe":
+        answer |= _recipe_answer(saved, target)
     if document is None:
         return answer | {"verdict": str(Verdict.INFEASIBLE), "reason": refused}, None
     objective = saved.request.objective
@@ -212,6 +254,17 @@ def why_not(saved: Saved, text: str) -> tuple[dict[str, Any], PlanDocument | Non
 def why_not_text(answer: Mapping[str, Any]) -> str:
     """The answer for a terminal."""
     lines = [f"why not {answer['why_not']}: {answer['verdict']}"]
+    if answer.get("recipe"):
+        row = answer["recipe"]
+        fits = {True: "fits", False: "does not fit the budget", None: "may fit"}[row["fits"]]
+        least = "at least " if row.get("memory_at_least") else ""
+        if row["refused"] is None:
+            lines.append(
+                f"  recipe {row['name']} ({row['title']}) priced beside the plan: "
+                f"{format_seconds(row['step_time_s'])}, "
+                f"{least}{format_bytes(row['memory_bytes_per_device'])} per device, {fits}"
+            )
+        lines.append(f"  {answer['versus']}")
     if answer["verdict"] == Verdict.INFEASIBLE:
         return "\n".join([*lines, f"  {answer['reason']}"])
     objective = answer["objective"]

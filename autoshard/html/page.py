@@ -27,6 +27,7 @@ from autoshard.cost.liveness import MEMORY_KINDS, memory, memory_timeline, tenso
 from autoshard.cost.price import served_ops
 from autoshard.document.blocks import ClusterInfo, CostFigures
 from autoshard.document.plan_document import SCHEMA, PlanDocument
+from autoshard.document.recipes import RECIPE_HEADER, Recipes, recipe_cells
 from autoshard.document.story import recognise
 from autoshard.errors import AutoshardError
 from autoshard.html.charts import Band, Bar, Segment, memory_chart, stacked_bars
@@ -89,6 +90,8 @@ def html_report(inputs: ReportInputs) -> str:
         ("weights", "Weights", _weights(inputs)),
         ("layout", "Tensor layouts", _layouts(inputs, chosen)),
     ]
+    if doc.recipes is not None:
+        sections.insert(1, ("recipes", "Beside the standard recipes", _recipes(doc.recipes)))
     nav = tag("nav", " ".join(tag("a", esc(h), href=f"#{i}") for i, h, _ in sections))
     main = "".join(tag("section", tag("h2", esc(h)) + body, id=i) for i, h, body in sections)
     head = (
@@ -162,6 +165,25 @@ def _strategy(inputs: ReportInputs) -> str:
         for k, v, c in figures
     )
     return tag("p", esc(doc.story or ""), class_="story") + tag("dl", items, class_="figures")
+
+
+def _recipes(block: Recipes) -> str:
+    """The standard layouts priced beside the plan (`document.recipes`), and how it differs."""
+    titles = {r.name: r.title for r in block.rows}
+    named = [(f"{n} ({titles[n]})" if n in titles else n, *rest)
+             for n, *rest in recipe_cells(block)]  # fmt: skip
+    note = (
+        "Each recipe pins how the batch, the weights and their optimizer state are held, and "
+        "is priced at its fastest program in the plan's own search problem, without lowering "
+        "it: its time is its materialized program's (the CCL passes may shave it further), "
+        "its memory the search's rows' (>=: a lower bound). A recipe whose fastest program "
+        "does not fit the budget says no; autoshard explain --why-not RECIPE plans it."
+    )
+    return (
+        tag("p", esc(block.difference), class_="difference")
+        + _table(RECIPE_HEADER, named, "recipes")
+        + tag("p", esc(note), class_="note")
+    )
 
 
 def _mesh(inputs: ReportInputs) -> str:
@@ -394,6 +416,7 @@ nav{position:sticky;top:0;background:#fff;border-bottom:1px solid var(--line);pa
 padding-bottom:8px;z-index:1}nav a{margin-right:16px;color:#2b5797;text-decoration:none}
 section{border-bottom:1px solid var(--line);padding:20px 0}
 .story{font-size:16px;background:var(--bg);border-left:4px solid #4e79a7;padding:10px 14px}
+.difference{background:var(--bg);border-left:4px solid #59a14f;padding:8px 14px}
 dl.figures{display:grid;grid-template-columns:repeat(auto-fill,minmax(230px,1fr));gap:8px;
 margin:12px 0 0}dl.figures div{background:var(--bg);padding:8px 12px;border-radius:6px}
 dt{font-size:12px;color:var(--muted)}dd{margin:0;font-weight:600}

@@ -13,6 +13,7 @@ than keep the forward's buffer alive (FSDP gathers a weight before each use).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Sequence
 
 from autoshard.ir import dtypes
 from autoshard.ir.graph import FORWARD, Graph
@@ -53,16 +54,40 @@ class _Builder:
         info = self.graph.values[value]
         current = start = self.home[value]
         size = dtypes.nbytes(info.dtype, 1)
-        for collective in plan_reshard(
-            self.tensors[start].sharding, sharding, info.shape, self.mesh, size
-        ):
-            if collective.dst in held:  # a step already taken for another user: reuse it
+        steps = plan_reshard(self.tensors[start].sharding, sharding, info.shape, self.mesh, size)
+        made_steps = taken([c.dst for c in steps], held)
+        for collective, made in zip(steps, made_steps, strict=True):
+            if not made:  # a step already taken for another user: reuse it
                 current = held[collective.dst]
                 continue
             target = self.define(value, collective.dst)
             self.steps.append(Communicate(current, target, collective))
             current = target
         return current
+
+
+def taken(targets: Sequence[Sharding], reached: Collection[Sharding]) -> list[bool]:
+    """Which steps of a reshard (by the sharding each reaches, `targets`) materialization
+    makes, the value already held in the shardings `reached` (by its home and its earlier
+    reshards): a step to one of those is reused, not made again. The search prices a plan's
+    communication by the same rule (`search.traffic`)."""
+    seen = set(reached)
+    made = []
+    for target in targets:
+        made.append(target not in seen)
+        seen.add(target)
+    return made
+
+
+def backward_starts(graph: Graph) -> list[int]:
+    """The positions of the ops where a training step's backward begins after forward ops:
+    there materialization reshards a weight (an input, a constant) again rather than keep
+    the forward's buffers of it (FSDP gathers a weight before each use)."""
+    ops = graph.ops
+    return [
+        p for p in range(1, len(ops))
+        if graph.phase(ops[p].name) != FORWARD == graph.phase(ops[p - 1].name)
+    ]  # fmt: skip
 
 
 def materialize(graph: Graph, plan: Plan) -> Program:
@@ -74,10 +99,9 @@ def materialize(graph: Graph, plan: Plan) -> Program:
         if name in graph.values:
             build.define(name, values[name])
     sources = [n for n in inputs + tuple(graph.constants) if n in graph.values]
+    starts = set(backward_starts(graph))
     for position, op in enumerate(graph.ops):
-        if position and graph.phase(op.name) != FORWARD == graph.phase(
-            graph.ops[position - 1].name
-        ):
+        if position in starts:
             # The backward gathers a weight (an input, a constant) again, as FSDP does: the
             # forward's buffers of it are gone.
             for name in sources:

@@ -113,7 +113,8 @@ def data_parallel(graph: Graph, mesh: Mesh, axes: Sequence[int | str] = (0,)) ->
     GPT-2, input_ids [8, 16], mesh 2x4: `input_ids=[[0]]`; with axes (0, 1): `[[0, 1]]`.
     """
     checked = _axes(mesh, axes, "data_parallel")
-    ranked = [name for name in graph.inputs if shape_of(graph, name)]
+    # A training step's optimizer state is an input too, but no batch (`Graph.replaced`).
+    ranked = [n for n in graph.inputs if shape_of(graph, n) and n not in graph.replaced]
     if not ranked or not checked:
         return []
     batch = Counter(shape_of(graph, name)[0] for name in ranked).most_common(1)[0][0]

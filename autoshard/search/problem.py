@@ -69,6 +69,8 @@ from autoshard.search.memory.rows import (
 from autoshard.search.memory.slots import Read
 from autoshard.search.memory.tensors import Held
 from autoshard.search.options import Objective
+from autoshard.search.prices import Prices
+from autoshard.search.traffic import Traffic
 from autoshard.sharding import Sharding, ShardingOption
 
 SCALE = 10**9
@@ -204,6 +206,7 @@ class Search:
     memory_with: Callable[[frozenset[Chain]], MemoryModel] = field(compare=False, repr=False)
     chains: frozenset[Chain] = frozenset()  # reshards whose intermediates the rows count
     returns: Mapping[str, Sharding] = field(default_factory=dict)  # outputs returned so
+    prices: Prices | None = field(default=None, compare=False, repr=False)
 
     def counting(self, chains: frozenset[Chain]) -> Search:
         """The same search, its memory rows counting the intermediates of `chains` too."""
@@ -217,6 +220,14 @@ class Search:
     @property
     def repeats(self) -> Repeats:
         return self.grouping.repeats
+
+    def priced(self, choice: Sequence[int]) -> tuple[float, float, frozenset[Chain]]:
+        """The compute and the communication seconds of one choice per group's program, as
+        `cost.price` prices it once materialized (`prices`), and the reshards of several
+        collectives it makes."""
+        if self.prices is None:
+            raise ValueError("this search keeps no prices")
+        return self.prices.of(choice)
 
     def plan(self, graph: Graph, cluster: Cluster, choice: Sequence[int]) -> Plan:
         options = {name: d.chosen(choice) for name, d in self.grouping.ops.items()}
@@ -392,7 +403,8 @@ class _Builder:
         grouping = self.grouping
         sizes = [len(leader.choices) for leader in grouping.groups]
         node = [[0.0] * n for n in sizes]
-        reads = self.reads(node)
+        compute = [[0.0] * n for n in sizes]
+        reads = self.reads(node, compute)
         edges, node_moves, edge_moves = self.priced_reads(reads, node, sizes)
         unit = self.unit(node, edges)
         node_costs = [
@@ -424,14 +436,18 @@ class _Builder:
             memory.indicators,
             memory.base,
         )
+        traffic = Traffic(self.graph, self.cluster, *self.value_reads)
         return Search(
-            problem, grouping, functools.partial(self.memory_model, sizes), returns=self.returns
-        )
+            problem, grouping, functools.partial(self.memory_model, sizes), returns=self.returns,
+            prices=Prices(tuple(np.array(row) for row in compute), traffic),
+        )  # fmt: skip
 
-    def reads(self, node: list[list[float]]) -> Counter[tuple[str, Op, int]]:
-        """Adds each op's compute and each returned value's reshard to `node`; returns the
-        reads between decisions by what they carry: a layer's read and its copies count once,
-        times their number."""
+    def reads(
+        self, node: list[list[float]], compute: list[list[float]]
+    ) -> Counter[tuple[str, Op, int]]:
+        """Adds each op's compute (to `compute` too) and each returned value's reshard to
+        `node`; returns the reads between decisions by what they carry: a layer's read and its
+        copies count once, times their number."""
         graph, grouping = self.graph, self.grouping
         ops, copies = grouping.ops, grouping.copies
         reads: Counter[tuple[str, Op, int]] = Counter()
@@ -441,6 +457,7 @@ class _Builder:
             d, runs = ops[op.name], graph.runs(op.name)
             for k, cost in enumerate(self.computes(op, d)):
                 node[d.group][k] += runs * cost
+                compute[d.group][k] += runs * cost
             for i, name in enumerate(op.inputs):
                 if name and name not in graph.constants:
                     src = self.deciding(name)
@@ -521,6 +538,15 @@ class _Builder:
 
     def memory_model(self, sizes: Sequence[int], chains: frozenset[Chain]) -> MemoryModel:
         """The bytes live at each step of the program, as `search.memory` models them."""
+        held, reads = self.value_reads
+        return memory_model(graph=self.graph, mesh=self.mesh, sizes=sizes, held=held.__getitem__,
+                            reads=reads.__getitem__, chains=chains,
+                            deadline=self.deadline)  # fmt: skip
+
+    @functools.cached_property
+    def value_reads(self) -> tuple[dict[str, Held], dict[str, list[Read]]]:
+        """How each value is held and read under the choices (what the memory rows and the
+        program's communication, `traffic`, are built from)."""
         graph, grouping = self.graph, self.grouping
         replicated: Held = (None, (Sharding(),))
         held: dict[str, Held] = {}
@@ -544,9 +570,7 @@ class _Builder:
                 group, shardings = held[name]
                 returns = tuple(self.returned(name, s) for s in shardings)
                 reads[name].append((end, i, group, returns))
-        return memory_model(
-            graph, self.mesh, sizes, held.__getitem__, reads.__getitem__, chains, self.deadline
-        )
+        return held, reads
 
 
 def decision_groups(

@@ -159,6 +159,9 @@ def test_a_done_plans_page_shows_its_strategy_step_time_and_memory(
     tab.goto(f"{server.url}/plans/{job['id']}")
     shown = tab.inner_text("#plan")
     assert tab.inner_text("#plan #story") == plan.story
+    assert plan.recipes is not None  # the standard recipes beside it, and how it differs
+    assert tab.inner_text("#recipes #difference") == plan.recipes.difference
+    assert "dp" in tab.inner_text("#recipes table")
     cost, budget = plan.cost, plan.cluster.memory_bytes
     step = (
         f"step time\n{format_seconds(cost.objective)} (compute "

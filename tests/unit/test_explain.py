@@ -177,13 +177,17 @@ def test_recorded_flags_make_the_cluster_again():
         ("input_ids=[[0],",
          "--why-not input_ids: invalid sharding '[[0],': expected '[' at column 6; write e.g. "
          "[[0], [1, 2]] partial = sum[1]"),
-        ("input_ids", "--why-not 'input_ids' is not NAME=SHARDING (e.g. 'x=[[0], []]')"),
+        ("input_ids", "--why-not 'input_ids': unknown recipe 'input_ids'; choose one of: dp, "
+         "tp-dp; or give NAME=SHARDING (e.g. 'x=[[0], []]')"),
+        ("zero", "--why-not 'zero': recipe zero is a training layout and this plan is "
+         "inference; choose one of: dp, tp-dp; or give NAME=SHARDING (e.g. 'x=[[0], []]')"),
         ("/lm/lm_head/MatMul=[[0], [0]]", "--why-not /lm/lm_head/MatMul: mesh axis 0 splits on "
          "dims 0 and 1 in [[0], [0]]"),
         ("/lm/lm_head/MatMul=[[2]]", "--why-not /lm/lm_head/MatMul: unknown mesh axis 2 in [[2]]; "
          "mesh 2x4 has axes 0..1"),
     ],
-    ids=["unknown-name", "bad-axis", "bad-text", "no-spec", "axis-twice", "op-bad-axis"],
+    ids=["unknown-name", "bad-axis", "bad-text", "no-spec", "training-recipe", "axis-twice",
+         "op-bad-axis"],
 )  # fmt: skip
 def test_why_not_bad_input(gpt2, target, message):
     with pytest.raises(Exception) as error:

@@ -207,6 +207,13 @@ def test_gpt2_inference_report_in_the_browser(gpt2_reports, page) -> None:
     document, report = gpt2_reports["inference"]
     opened = _render(page, report)
     assert opened.locator("p.story").inner_text() == document["story"]
+    # the standard recipes beside the plan: the line, then the plan's row and each recipe's
+    recipes = document["recipes"]
+    assert opened.locator("#recipes p.difference").inner_text() == recipes["difference"]
+    shown = opened.locator("#recipes table.recipes tr").all_inner_texts()
+    assert [row.split("\t")[0] for row in shown] == [
+        "layout", "plan (chosen)", "dp (DDP)", "tp-dp (Megatron TP x DP)",
+    ]  # fmt: skip
     assert opened.locator("#mesh svg rect.cell").count() == 8
     axes = opened.locator("#mesh table.axes tr[data-axis]")
     assert axes.all_inner_texts() == [
@@ -245,6 +252,11 @@ def test_gpt2_training_report_in_the_browser(gpt2_reports, page) -> None:
     }
     expected = {k: format_bytes(v) for k, v in document["cost"]["memory_by_kind"].items() if v}
     assert kinds == expected
+    rows = opened.locator("#recipes table.recipes tr").all_inner_texts()
+    assert [row.split("\t")[0] for row in rows][2:] == [
+        "dp (DDP)", "zero (ZeRO-1/2)", "fsdp (FSDP, ZeRO-3)", "tp-dp (Megatron TP x DP)",
+        "tp-fsdp (TP x FSDP)",
+    ]  # fmt: skip
     assert opened.locator("#memory svg rect.band-backward").count() >= 1
     rows = opened.locator("#weights table.weights tr[data-copies]")
     told = [r.locator("td").nth(7).inner_text() for r in rows.all()]

@@ -1,0 +1,214 @@
+"""The standard recipes priced in the plan's own search problem, beside the plan.
+
+A recipe (`recipes`) pins how the batch, the weights and their training state are held; in
+the search problem that is, per group, the choices holding (or reading) each pinned value so.
+The recipe's program is the problem's optimum over those choices, memory aside (exact
+elimination, the solver's first step): the fastest program with the recipe's layout, as
+`autoshard plan` with the recipe's annotations finds it whenever it fits the budget. No
+program is lowered, and a 32-layer model solves one layer, as its search does:
+
+- its step time is its compute (the search's own costs, each op's roofline) plus its
+  communication as materialization makes it (`traffic`: a reshard once per value and
+  sharding, not once per reader as the search's objective counts it). The CCL passes after
+  materialization may send less still, so the program's time is this or lower;
+- its memory is the peak of the search's memory rows. Where its program makes a reshard of
+  several collectives whose intermediates the rows do not count yet (`search.budget` counts
+  them once a plan makes them), the memory is a lower bound (`memory_at_least`): the recipe
+  fits when that bound plus every such intermediate whole (`Traffic.intermediates_bound`)
+  does, does not when the bound alone is over, and may fit between the two.
+
+When its fastest program does not fit, the recipe is told as not fitting: a slower program
+with the same layout may still fit, and `explain --why-not RECIPE` searches for it under the
+budget and lowers it. The bytes objective prices the recipe's program lowered (`cost.price`),
+as it ranks recipes by the bytes they send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.annotations import Annotation
+from autoshard.cost.cluster import Cluster
+from autoshard.cost.price import price
+from autoshard.ir.graph import Graph, Op
+from autoshard.passes.lower import lower_measured
+from autoshard.rules import rule_for
+from autoshard.search.candidates import option_reads, option_writes
+from autoshard.search.coarsen import OpDecision
+from autoshard.search.memory.rows import NO_ROWS
+from autoshard.search.options import Objective
+from autoshard.search.problem import Problem, Search
+from autoshard.search.recipes import Layout, Recipe, recipe_layouts
+from autoshard.search.solver.eliminate import memory_aside
+from autoshard.search.solver.factors import Factor, minimize
+from autoshard.search.solver.outcome import Limit, in_whole
+from autoshard.sharding import Sharding, ShardingOption
+
+
+@dataclass(frozen=True)
+class RecipePrice:
+    """A recipe's fastest program on the plan's cluster: its step time (compute plus
+    communication, seconds), its compute, its peak memory per device and whether that fits
+    the budget (and, priced for the bytes objective, its communication per device); or why
+    the recipe does not apply (`refused`, the rest zero)."""
+
+    recipe: Recipe
+    step_time_s: float = 0.0
+    compute_time_s: float = 0.0
+    memory_bytes_per_device: int = 0
+    fits: bool | None = False  # None: unknown, its memory a lower bound under the budget
+    refused: str = ""
+    comm_bytes_per_device: int | None = None  # priced by the bytes objective only
+    memory_at_least: bool = False  # reshards whose intermediates the memory rows leave out
+
+
+def price_recipes(
+    graph: Graph, forward: Graph, cluster: Cluster, search: Search, objective: Objective
+) -> tuple[RecipePrice, ...]:
+    """Every recipe of the plan's mode (`recipes_for`), priced in the plan's `search`."""
+    tables = _Tables.of(search.problem)
+    return tuple(
+        price_recipe(graph, cluster, search, layout, objective, tables)
+        for layout in recipe_layouts(graph, forward, cluster.mesh)
+    )
+
+
+def price_recipe(
+    graph: Graph,
+    cluster: Cluster,
+    search: Search,
+    layout: Layout,
+    objective: Objective,
+    tables: _Tables | None = None,
+) -> RecipePrice:
+    """One recipe's price (the module docstring)."""
+    recipe = layout.recipe
+    if layout.refused:
+        return RecipePrice(recipe, refused=layout.refused)
+    kept = _kept(graph, search, layout.annotations)
+    if isinstance(kept, str):
+        return RecipePrice(recipe, refused=kept)
+    choice = _fastest(search.problem, tables or _Tables.of(search.problem), kept, recipe)
+    if objective is Objective.BYTES:
+        program, usage = lower_measured(graph, search.plan(graph, cluster, choice))
+        cost = price(program, graph, cluster, usage)
+        peak = cost.memory_bytes_per_device
+        return RecipePrice(recipe, cost.objective, cost.compute_time_s, peak,
+                           peak <= cluster.memory, "", cost.comm_bytes_per_device)  # fmt: skip
+    compute, comm, chains = search.priced(choice)
+    peak = search.problem.peak(choice)
+    uncounted = chains - search.chains  # intermediates the rows do not count
+    most = peak
+    if uncounted and search.prices is not None:
+        most += search.prices.traffic.intermediates_bound(uncounted)
+    fits = True if most <= cluster.memory else False if peak > cluster.memory else None
+    return RecipePrice(recipe, compute + comm, compute, peak, fits,
+                       memory_at_least=bool(uncounted))  # fmt: skip
+
+
+def _kept(graph: Graph, search: Search, pins: Sequence[Annotation]) -> list[list[int]] | str:
+    """Per group, the choices holding every pinned value as pinned; or, where a group keeps
+    none, which value no choice holds so (the plan's own annotations may forbid it)."""
+    allowed = [set(range(n)) for n in search.problem.sizes]
+    for pin in pins:
+        for group, shardings in _decided(graph, search, pin):
+            allowed[group] &= {k for k, s in enumerate(shardings) if s == pin.sharding}
+            if allowed[group]:
+                continue
+            rank = len(graph.values[pin.value].shape)
+            return (
+                f"no plan the search considers {'reads' if pin.for_users else 'holds'} "
+                f"{pin.value} as {pin.sharding.text(rank)} with the recipe's other pins and "
+                "the plan's annotations"
+            )
+    return [sorted(k) for k in allowed]
+
+
+def _decided(
+    graph: Graph, search: Search, pin: Annotation
+) -> list[tuple[int, tuple[Sharding, ...]]]:
+    """The groups deciding what `pin` pins, each with the sharding it pins under each of the
+    group's choices: how the value is held (a weight's or input's own decision, or its
+    producer's), or, for users, how each reader reads it. None for a constant or a value
+    no op reads: nothing decides it."""
+    grouping, name = search.grouping, pin.value
+    if pin.for_users:
+        found = []
+        for op in graph.consumers(name):
+            d = grouping.ops[op.name]
+            for i in (i for i, read in enumerate(op.inputs) if read == name):
+                found.append((d.group, tuple(_reads(graph, op, c, i) for c in d.picked)))
+        return found
+    if name in grouping.values:
+        return [(grouping.values[name].group, grouping.values[name].picked)]
+    producer = graph.producer(name)
+    if producer is None or producer.name not in grouping.ops:
+        return []
+    decision: OpDecision = grouping.ops[producer.name]
+    rule, out = rule_for(producer, graph), producer.outputs.index(name)
+    return [(decision.group, tuple(
+        option_writes(rule, c, out) if rule is not None and c is not None else Sharding()
+        for c in decision.picked
+    ))]  # fmt: skip
+
+
+def _reads(graph: Graph, op: Op, option: ShardingOption | None, i: int) -> Sharding:
+    rule = rule_for(op, graph)
+    if rule is None or option is None or i >= len(rule.operands):
+        return Sharding()
+    return option_reads(rule, option, i)
+
+
+@dataclass(frozen=True, eq=False)
+class _Tables:
+    """The problem's integer costs as arrays, made once for all the recipes."""
+
+    node: tuple[np.ndarray, ...]
+    edges: tuple[tuple[int, int, np.ndarray], ...]
+
+    @staticmethod
+    def of(problem: Problem) -> _Tables:
+        node = tuple(np.asarray(costs, dtype=np.int64) for costs in problem.node_costs)
+        edges = tuple((a, b, np.asarray(m, dtype=np.int64)) for a, b, m in problem.edges)
+        return _Tables(node, edges)
+
+
+def _fastest(
+    problem: Problem, tables: _Tables, kept: Sequence[Sequence[int]], recipe: Recipe
+) -> tuple[int, ...]:
+    """The optimum over the choices `kept`, memory aside: exact elimination of the problem's
+    tables restricted to them (the factors `memory_aside` builds, in its order: the same
+    ties), else, where its tables would be too large, `memory_aside` itself."""
+    index = [np.asarray(k, dtype=np.int64) for k in kept]
+    factors = [
+        Factor((g,), costs[i]) for g, (costs, i) in enumerate(zip(tables.node, index, strict=True))
+    ]
+    for a, b, matrix in tables.edges:
+        table = matrix[np.ix_(index[a], index[b])]
+        if a == b:  # pragma: no cover - the builder folds these into node costs
+            factors.append(Factor((a,), np.diag(table).copy()))
+        else:
+            factors.append(Factor((a, b), table) if a < b else Factor((b, a), table.T.copy()))
+    found = minimize([len(k) for k in kept], factors)
+    if found is not None:
+        return in_whole(found.choice, kept)
+    limit = Limit(60.0, 60.0, f"the recipe {recipe}")
+    return in_whole(memory_aside(_restricted_aside(problem, kept), limit, None, "s").choice, kept)
+
+
+def _restricted_aside(problem: Problem, kept: Sequence[Sequence[int]]) -> Problem:
+    """The problem over the choices `kept[g]` of each group, memory rows aside (the memory-aside
+    optimum needs none, and restricting them is most of `Problem.restricted`'s work)."""
+    index = [np.asarray(k, dtype=np.int64) for k in kept]
+    node = tuple(
+        tuple(int(c) for c in np.asarray(costs, dtype=np.int64)[i])
+        for costs, i in zip(problem.node_costs, index, strict=True)
+    )
+    edges = []
+    for a, b, matrix in problem.edges:
+        kept_matrix = np.asarray(matrix, dtype=np.int64)[np.ix_(index[a], index[b])]
+        edges.append((a, b, tuple(map(tuple, kept_matrix.tolist()))))
+    return Problem(tuple(map(len, kept)), node, tuple(edges), NO_ROWS, problem.budget, problem.unit)
