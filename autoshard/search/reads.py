@@ -22,20 +22,16 @@ reshards are kept), not each alone:
 
 One shared sharding per value is priced once across groups: where readers of several groups
 need two shardings other than the held one each, the second is paid per group (an
-over-count the search has, the program not). So is every shared sharding of a value whose
-shared reshard group would make exact elimination build a table past `tuning.MAX_ENTRIES`
-(its pairs times its neighbours' choices): elimination would give up on the whole problem.
+over-count the search has, the program not).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoshard.search.solver import tuning
 from autoshard.sharding import Sharding
 
 Pricer = Callable[[str, tuple[Sharding, ...], tuple[Sharding, ...]], np.ndarray]
@@ -107,8 +103,7 @@ def price_reads(
         for read in value_reads.reads:
             by_group.setdefault(read.group, []).append(read)
         pairs = _shared_pairs(value_reads, by_group, pricer)
-        table = len(pairs) * math.prod(priced.sizes[b] for b in {value_reads.group, *by_group})
-        if pairs and table <= tuning.MAX_ENTRIES:
+        if pairs:
             _price_shared(priced, value_reads, by_group, pairs, count, pricer)
             continue
         a, held = value_reads.group, value_reads.held
