@@ -68,7 +68,7 @@ from autoshard.search.memory.rows import (
 from autoshard.search.memory.slots import Read
 from autoshard.search.memory.tensors import Held
 from autoshard.search.options import Objective
-from autoshard.search.reads import Read, ValueReads, price_reads
+from autoshard.search.reads import Reading, ValueReads, price_reads
 from autoshard.sharding import Sharding, ShardingOption
 
 SCALE = 10**9
@@ -442,7 +442,7 @@ class _Builder:
         the program where its reshards are kept (a training step's backward reshards a weight
         or input again), with the copies of repeated layers each read stands for."""
         graph = self.graph
-        found: dict[tuple[str, int], list[Read]] = {}
+        found: dict[tuple[str, int], list[Reading]] = {}
         stretch = 0
         for position, op in enumerate(graph.ops):
             if position and graph.phase(op.name) != FORWARD == graph.phase(
@@ -454,39 +454,42 @@ class _Builder:
             for i, name in enumerate(op.inputs):
                 if name and name not in graph.constants:
                     key = (self.grouping.copies[op.name], i)
-                    read = Read(d.group, self.needs(op, i, d), runs, key)
-                    found.setdefault((name, 0 if name in self.producer else stretch), []).append(read)
+                    read = Reading(d.group, self.needs(op, i, d), runs, key)
+                    found.setdefault((name, 0 if name in self.producer else stretch), []).append(
+                        read
+                    )
         runs = graph.runs(graph.ops[-1].name) if graph.ops else 1
         for name in graph.outputs:
-            read = self.returning(name, runs)
-            if read is not None:
-                found.setdefault((name, 0 if name in self.producer else stretch), []).append(read)
+            returned = self.returning(name, runs)
+            if returned is not None:
+                at = 0 if name in self.producer else stretch
+                found.setdefault((name, at), []).append(returned)
         counted: Counter[tuple] = Counter()
         first: dict[tuple, ValueReads] = {}
         for (name, at), value_reads in found.items():
             src = self.deciding(name)
             signature = tuple((r.group, r.key, r.runs) for r in value_reads)
-            key = (src.group, self.grouping.representative(name), at, signature)
-            counted[key] += 1
+            same = (src.group, self.grouping.representative(name), at, signature)
+            counted[same] += 1
             held = self.held(name, src)
-            first.setdefault(key, ValueReads(name, src.group, held, tuple(value_reads)))
-        return [(first[key], count) for key, count in counted.items()]
+            first.setdefault(same, ValueReads(name, src.group, held, tuple(value_reads)))
+        return [(first[same], count) for same, count in counted.items()]
 
-    def returning(self, name: str, runs: int) -> Read | None:
+    def returning(self, name: str, runs: int) -> Reading | None:
         """The read of graph output `name` by the return (None: a value no decision holds): a
         next weight or optimizer state goes back where the old one is held (a ZeRO-1 update
         gathers the updated shards), any other as `returned`."""
         if name in self.graph.updates:
             old = self.graph.updates[name]
             reader = self.deciding(old)
-            return Read(reader.group, self.held(old, reader), runs, ("update", name))
+            return Reading(reader.group, self.held(old, reader), runs, ("update", name))
         if name not in self.producer:
             return None
         d = self.grouping.ops[self.producer[name].name]
         key = ("return", self.grouping.representative(name))
         if key not in self.held_cache:
             self.held_cache[key] = tuple(self.returned(name, h) for h in self.held(name, d))
-        return Read(d.group, self.held_cache[key], runs, key)
+        return Reading(d.group, self.held_cache[key], runs, key)
 
     def add_hints(self, node_costs: list[list[int]]) -> None:
         """A small penalty on every choice that holds a hinted value otherwise (a tie-breaker,

@@ -39,7 +39,7 @@ Pricer = Callable[[str, tuple[Sharding, ...], tuple[Sharding, ...]], np.ndarray]
 
 
 @dataclass(frozen=True)
-class Read:
+class Reading:
     """A read of a value by a member of group `group` (an op's operand, the return, a training
     step's update): the sharding it needs under each choice of its group, the runs per step of
     the op it serves, and what the read is known by (the same for its copies in repeated
@@ -59,7 +59,7 @@ class ValueReads:
     value: str
     group: int
     held: tuple[Sharding, ...]
-    reads: tuple[Read, ...]
+    reads: tuple[Reading, ...]
 
 
 @dataclass
@@ -99,7 +99,7 @@ def price_reads(
         [np.zeros(n, np.int64) for n in sizes],
     )
     for value_reads, count in reads:
-        by_group: dict[int, list[Read]] = {}
+        by_group: dict[int, list[Reading]] = {}
         for read in value_reads.reads:
             by_group.setdefault(read.group, []).append(read)
         pairs = _shared_pairs(value_reads, by_group, pricer)
@@ -118,7 +118,7 @@ def price_reads(
 
 
 def _shared_pairs(
-    value_reads: ValueReads, by_group: dict[int, list[Read]], pricer: Pricer
+    value_reads: ValueReads, by_group: dict[int, list[Reading]], pricer: Pricer
 ) -> list[tuple[Sharding, Sharding]]:
     """The choices (H, L) of a value's shared reshard group: held in H, resharded once to L
     (at a cost: a free reshard needs no sharing); none where no sharding may be read by two
@@ -138,7 +138,7 @@ def _shared_pairs(
     return [(h, h) for h in held] + pairs if pairs else []
 
 
-def _first(reads: Sequence[Read], j: int) -> np.ndarray:
+def _first(reads: Sequence[Reading], j: int) -> np.ndarray:
     """Under each choice, whether read j is the first of `reads` to need its sharding."""
     needs = reads[j].needs
     first = np.ones(len(needs), bool)
@@ -154,7 +154,7 @@ def _ids(*lists: Sequence[Sharding]) -> list[np.ndarray]:
 
 
 def _distinct(
-    value: str, held: tuple[Sharding, ...], reads: Sequence[Read], pricer: Pricer
+    value: str, held: tuple[Sharding, ...], reads: Sequence[Reading], pricer: Pricer
 ) -> tuple[np.ndarray, np.ndarray]:
     """The cost and the reshards of one group's reads from each held sharding, under each of
     the group's choices: each distinct sharding read paid once, at its first reader's runs."""
@@ -175,7 +175,7 @@ def _differ(held: Sequence[Sharding], need: Sequence[Sharding]) -> np.ndarray:
 def _price_shared(
     priced: PricedReads,
     value_reads: ValueReads,
-    by_group: dict[int, list[Read]],
+    by_group: dict[int, list[Reading]],
     pairs: list[tuple[Sharding, Sharding]],
     count: int,
     pricer: Pricer,
@@ -198,7 +198,9 @@ def _price_shared(
             if b == a:  # the value's own group reads it: priced on the edge to the pairs
                 rows = count * read.runs * np.diagonal(pricer(value, held, read.needs)) * first
                 link += rows[:, None] * other
-                link_moves += (count * np.diagonal(_differ(held, read.needs)) * first)[:, None] * other
+                link_moves += (count * np.diagonal(_differ(held, read.needs)) * first)[
+                    :, None
+                ] * other
             else:
                 mask = first[None, :] * other.T
                 priced.add_edge(

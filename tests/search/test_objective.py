@@ -15,7 +15,7 @@ from autoshard.ir.onnx_import import import_onnx, unbound_dims
 from autoshard.passes.lower import lower
 from autoshard.passes.materialize import materialize
 from autoshard.search.budget import NoPlanFits, auto_plan
-from autoshard.search.reads import Read, ValueReads, price_reads
+from autoshard.search.reads import Reading, ValueReads, price_reads
 from autoshard.sharding import Sharding
 from autoshard.training import Training, training_graph
 
@@ -50,7 +50,7 @@ def test_three_readers_in_three_groups_pay_one_reshard_and_the_optimum_changes()
     # and computes in 1.0, choice 1 reads it whole and computes in 2.0. Priced per reader, S1
     # costs 1.0 + 1.5 > 2.0 each: all read it whole (6.0). Made once, three S1 reads cost
     # 3 * 1.0 + 1.5 = 4.5: the optimum.
-    reads = tuple(Read(g, (S1, R), 1, ("op", g)) for g in (1, 2, 3))
+    reads = tuple(Reading(g, (S1, R), 1, ("op", g)) for g in (1, 2, 3))
     priced = price_reads([(ValueReads("x", 0, (R,), reads), 1)], [1, 2, 2, 2], pricer)
     assert len(priced.sizes) == 5  # the shared reshard's group
     compute = [np.zeros(1), *[np.array([1.0, 2.0])] * 3]
@@ -73,9 +73,9 @@ def test_readers_in_one_group_pay_each_sharding_once() -> None:
     # Group 1 reads x three times: under choice 0 twice as S1 and once whole, under choice 1
     # all three as S1. Held S0: choice 0 costs S0->S1 once and S0->R once, choice 1 S0->S1 once.
     reads = (
-        Read(1, (S1, S1), 1, ("op", 0)),
-        Read(1, (S1, S1), 1, ("op", 1)),
-        Read(1, (R, S1), 1, ("op", 2)),
+        Reading(1, (S1, S1), 1, ("op", 0)),
+        Reading(1, (S1, S1), 1, ("op", 1)),
+        Reading(1, (R, S1), 1, ("op", 2)),
     )
     priced = price_reads([(ValueReads("x", 0, (S0, R), reads), 2)], [2, 2], pricer)
     assert len(priced.sizes) == 2  # one reader group: nothing shared across groups
