@@ -22,7 +22,9 @@ reshards are kept), not each alone:
 
 One shared sharding per value is priced once across groups: where readers of several groups
 need two shardings other than the held one each, the second is paid per group (an
-over-count the search has, the program not).
+over-count the search has, the program not). So is every sharding of a value whose readers
+run unlike (a training step's micro-batches against its optimizer): the program pays a reshard
+at the runs of its first reader, whichever group's it is.
 """
 
 from __future__ import annotations
@@ -198,9 +200,8 @@ def _price_shared(
             if b == a:  # the value's own group reads it: priced on the edge to the pairs
                 rows = count * read.runs * np.diagonal(pricer(value, held, read.needs)) * first
                 link += rows[:, None] * other
-                link_moves += (count * np.diagonal(_differ(held, read.needs)) * first)[
-                    :, None
-                ] * other
+                moved = count * np.diagonal(_differ(held, read.needs)) * first
+                link_moves += moved[:, None] * other
             else:
                 mask = first[None, :] * other.T
                 priced.add_edge(
