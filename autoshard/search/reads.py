@@ -24,7 +24,8 @@ One shared sharding per value is priced once across groups: where readers of sev
 need two shardings other than the held one each, the second is paid per group (an
 over-count the search has, the program not). So is every sharding of a value whose readers
 run unlike (a training step's micro-batches against its optimizer): the program pays a reshard
-at the runs of its first reader, whichever group's it is.
+at the runs of its first reader, whichever group's it is. And so is every sharding of a value
+whose shared reshard group would have more than `tuning.SHARED_PAIRS` choices.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autoshard.search.solver import tuning
 from autoshard.sharding import Sharding
 
 Pricer = Callable[[str, tuple[Sharding, ...], tuple[Sharding, ...]], np.ndarray]
@@ -105,7 +107,7 @@ def price_reads(
         for read in value_reads.reads:
             by_group.setdefault(read.group, []).append(read)
         pairs = _shared_pairs(value_reads, by_group, pricer)
-        if pairs:
+        if 0 < len(pairs) <= tuning.SHARED_PAIRS:
             _price_shared(priced, value_reads, by_group, pairs, count, pricer)
             continue
         a, held = value_reads.group, value_reads.held
