@@ -46,8 +46,9 @@ def cost_summary(cost: Any, cluster: Any, ops: Mapping[str, OpEntry]) -> str:
 
 def objective_note(searched: float, cost: Any, objective: str) -> str | None:
     """Why the search's objective (`searched`, as progress showed it) is not the program's,
-    where the two read differently: the search prices a reshard once per reader, the program
-    makes it once per value and sharding (docs/concepts/search.md). None where they agree,
+    where the two read differently: where readers of several groups share two shardings of one
+    value, the search prices the second per group, the program makes it once
+    (docs/concepts/search.md). None where they agree,
     or differ by the search's integer scaling alone (which may cross a unit: 1024 B, 1 KiB)."""
     from autoshard.units import in_units
 

@@ -25,5 +25,9 @@ class Prices:
     def of(self, choice: Sequence[int]) -> tuple[float, float, frozenset[Chain]]:
         """The compute and the communication seconds of one choice per group, and the
         reshards of several collectives its program makes."""
-        compute = sum(float(costs[k]) for costs, k in zip(self.compute, choice, strict=True))
+        # The choice's groups beyond the decisions' are shared reshards: no compute.
+        compute = sum(
+            float(costs[k])
+            for costs, k in zip(self.compute, choice[: len(self.compute)], strict=True)
+        )
         return compute, *self.traffic.seconds(choice)

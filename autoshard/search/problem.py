@@ -42,7 +42,7 @@ from autoshard.cost.price import collective_time
 from autoshard.deadline import NEVER, Deadline
 from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
-from autoshard.ir.graph import Graph, Op
+from autoshard.ir.graph import FORWARD, Graph, Op
 from autoshard.mesh import Mesh
 from autoshard.plan import Plan, plan_from_options, returned
 from autoshard.reshard import ReshardPrices
@@ -70,6 +70,7 @@ from autoshard.search.memory.slots import Read
 from autoshard.search.memory.tensors import Held
 from autoshard.search.options import Objective
 from autoshard.search.prices import Prices
+from autoshard.search.reads import Reading, ValueReads, price_reads
 from autoshard.search.traffic import Traffic
 from autoshard.sharding import Sharding, ShardingOption
 
@@ -81,14 +82,6 @@ keep CP-SAT's arithmetic exact."""
 @functools.lru_cache(maxsize=1024)
 def _candidates(rule: OpRule, mesh: Mesh) -> tuple[ShardingOption, ...]:
     return candidates(rule, mesh)
-
-
-def _differ(held: Sequence[Sharding], need: Sequence[Sharding]) -> np.ndarray:
-    """1 where `held[i]` differs from `need[j]` (compared as integer ids, in bulk)."""
-    index: dict[Sharding, int] = {}
-    rows = np.array([index.setdefault(s, len(index)) for s in held])
-    columns = np.array([index.setdefault(s, len(index)) for s in need])
-    return np.not_equal.outer(rows, columns).astype(np.int64)
 
 
 def _split_further(sharding: Sharding, shape: tuple[int, ...], mesh: Mesh) -> list[Sharding]:
@@ -106,10 +99,6 @@ def _split_further(sharding: Sharding, shape: tuple[int, ...], mesh: Mesh) -> li
                 split[dim] = axes
                 found.append(Sharding(tuple(split)))
     return found
-
-
-_UPDATE = Op("<update>", "<update>")
-"""The reader of a training step's next weights and optimizer state: where the old are held."""
 
 
 class SearchError(AutoshardError):
@@ -198,6 +187,27 @@ class Problem:
 
 
 @dataclass(frozen=True)
+class Priced:
+    """The search's costs before scaling (seconds, or bytes): per group and choice, and per
+    edge, with the edges' `forbidden` cells (a shared reshard's pairs no plan takes)."""
+
+    node: tuple[np.ndarray, ...] = ()
+    edges: Mapping[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    forbidden: Mapping[tuple[int, int], np.ndarray] = field(default_factory=dict)
+
+    def objective(self, choice: Sequence[int]) -> float:
+        """What a choice per group costs, unscaled: the program's cost of its plan."""
+        total = sum(float(costs[k]) for costs, k in zip(self.node, choice, strict=True))
+        return total + sum(float(m[choice[a], choice[b]]) for (a, b), m in self.edges.items())
+
+
+def _forbidding(node_costs: Sequence[Sequence[int]], edges: Iterable[np.ndarray]) -> int:
+    """An integer cost above any plan's: what a forbidden cell costs."""
+    most = sum(max(row, default=0) for row in node_costs)
+    return 1 + most + sum(int(m.max()) for m in edges if m.size)
+
+
+@dataclass(frozen=True)
 class Search:
     """A problem and how to read its solution (a choice per group) back as a plan."""
 
@@ -206,6 +216,7 @@ class Search:
     memory_with: Callable[[frozenset[Chain]], MemoryModel] = field(compare=False, repr=False)
     chains: frozenset[Chain] = frozenset()  # reshards whose intermediates the rows count
     returns: Mapping[str, Sharding] = field(default_factory=dict)  # outputs returned so
+    priced: Priced = field(default_factory=Priced, compare=False, repr=False)
     prices: Prices | None = field(default=None, compare=False, repr=False)
 
     def counting(self, chains: frozenset[Chain]) -> Search:
@@ -221,7 +232,7 @@ class Search:
     def repeats(self) -> Repeats:
         return self.grouping.repeats
 
-    def priced(self, choice: Sequence[int]) -> tuple[float, float, frozenset[Chain]]:
+    def program_cost(self, choice: Sequence[int]) -> tuple[float, float, frozenset[Chain]]:
         """The compute and the communication seconds of one choice per group's program, as
         `cost.price` prices it once materialized (`prices`), and the reshards of several
         collectives it makes."""
@@ -402,113 +413,101 @@ class _Builder:
     def build(self) -> Search:
         grouping = self.grouping
         sizes = [len(leader.choices) for leader in grouping.groups]
-        node = [[0.0] * n for n in sizes]
-        compute = [[0.0] * n for n in sizes]
-        reads = self.reads(node, compute)
-        edges, node_moves, edge_moves = self.priced_reads(reads, node, sizes)
-        unit = self.unit(node, edges)
+        compute = [np.zeros(n) for n in sizes]
+        priced = price_reads(self.reads(compute), sizes, self.matrix)
+        for g, seconds in enumerate(compute):
+            priced.node[g] += seconds
+        unit = self.unit(priced.node, priced.edges)
         node_costs = [
-            [round(c / unit) + moved for c, moved in zip(row, moves, strict=True)]
-            for row, moves in zip(node, node_moves, strict=True)
+            (np.rint(c / unit).astype(np.int64) + moves).tolist()
+            for c, moves in zip(priced.node, priced.node_moves, strict=True)
         ]
         self.add_hints(node_costs)
-        memory = self.memory_model(sizes, frozenset())
+        edges = {
+            # np.rint rounds half to even, as round does.
+            (a, b): np.rint(m / unit).astype(np.int64) + priced.edge_moves[(a, b)]
+            for (a, b), m in sorted(priced.edges.items())
+        }
+        forbid = _forbidding(node_costs, edges.values())
+        for (a, b), cells in priced.forbidden.items():
+            edges[(a, b)][cells] = forbid
+        memory = self.memory_model(priced.sizes, frozenset())
         problem = Problem(
-            tuple(sizes),
+            tuple(priced.sizes),
             tuple(tuple(r) for r in node_costs),
-            tuple(
-                # np.rint rounds half to even, as round does.
-                (
-                    a,
-                    b,
-                    tuple(
-                        map(
-                            tuple,
-                            (np.rint(m / unit).astype(np.int64) + edge_moves[(a, b)]).tolist(),
-                        )
-                    ),
-                )
-                for (a, b), m in sorted(edges.items())
-            ),
+            tuple((a, b, tuple(map(tuple, m.tolist()))) for (a, b), m in edges.items()),
             memory.rows,
             self.cluster.memory,
             unit,
             memory.indicators,
             memory.base,
         )
+        priced_costs = Priced(
+            tuple(priced.node), {k: m for k, m in priced.edges.items()}, priced.forbidden
+        )
         traffic = Traffic(self.graph, self.cluster, *self.value_reads)
         return Search(
-            problem, grouping, functools.partial(self.memory_model, sizes), returns=self.returns,
+            problem, grouping, functools.partial(self.memory_model, priced.sizes),
+            returns=self.returns, priced=priced_costs,
             prices=Prices(tuple(np.array(row) for row in compute), traffic),
         )  # fmt: skip
 
-    def reads(
-        self, node: list[list[float]], compute: list[list[float]]
-    ) -> Counter[tuple[str, Op, int]]:
-        """Adds each op's compute (to `compute` too) and each returned value's reshard to
-        `node`; returns the reads between decisions by what they carry: a layer's read and its
-        copies count once, times their number."""
-        graph, grouping = self.graph, self.grouping
-        ops, copies = grouping.ops, grouping.copies
-        reads: Counter[tuple[str, Op, int]] = Counter()
-        first: dict[tuple, tuple[str, Op, int]] = {}
-        for done, op in enumerate(graph.ops):
-            self.deadline.check("building the problem", f"{done} of {len(graph.ops)} ops priced")
-            d, runs = ops[op.name], graph.runs(op.name)
-            for k, cost in enumerate(self.computes(op, d)):
-                node[d.group][k] += runs * cost
-                compute[d.group][k] += runs * cost
+    def reads(self, compute: list[np.ndarray]) -> list[tuple[ValueReads, int]]:
+        """Adds each op's compute to `compute`; returns each value's reads in each stretch of
+        the program where its reshards are kept (a training step's backward reshards a weight
+        or input again), with the copies of repeated layers each read stands for."""
+        graph = self.graph
+        found: dict[tuple[str, int], list[Reading]] = {}
+        stretch = 0
+        for position, op in enumerate(graph.ops):
+            self.deadline.check(
+                "building the problem", f"{position} of {len(graph.ops)} ops priced"
+            )
+            if position and graph.phase(op.name) != FORWARD == graph.phase(
+                graph.ops[position - 1].name
+            ):
+                stretch += 1
+            d, runs = self.grouping.ops[op.name], graph.runs(op.name)
+            compute[d.group] += runs * np.asarray(self.computes(op, d))
             for i, name in enumerate(op.inputs):
                 if name and name not in graph.constants:
-                    src = self.deciding(name)
-                    key = (src.group, d.group, grouping.representative(name), copies[op.name], i)
-                    reads[first.setdefault(key, (name, op, i))] += runs
+                    key = (self.grouping.copies[op.name], i)
+                    read = Reading(d.group, self.needs(op, i, d), runs, key)
+                    found.setdefault((name, 0 if name in self.producer else stretch), []).append(
+                        read
+                    )
+        runs = graph.runs(graph.ops[-1].name) if graph.ops else 1
         for name in graph.outputs:
-            if name in graph.updates:
-                # A next weight or optimizer state goes back where the old one is held (a
-                # ZeRO-1 update gathers the updated shards); a copy per layer, as edges are.
-                producer, old = ops[self.producer[name].name], self.deciding(graph.updates[name])
-                key = (producer.group, old.group, grouping.representative(name), "update", 0)
-                reads[first.setdefault(key, (name, _UPDATE, 0))] += 1
-            elif name in self.producer:
-                d = ops[self.producer[name].name]
-                for k, held_k in enumerate(self.held(name, d)):
-                    node[d.group][k] += self.reshard_cost(name, held_k, self.returned(name, held_k))
-        return reads
-
-    def priced_reads(
-        self, reads: Counter[tuple[str, Op, int]], node: list[list[float]], sizes: list[int]
-    ) -> tuple[
-        dict[tuple[int, int], np.ndarray], list[list[int]], dict[tuple[int, int], np.ndarray]
-    ]:
-        """The reshards the reads need: a read within a decision adds to `node`, one across two
-        a matrix on their edge. Beside the costs, the reshards per choice: one unit each on top
-        of the scaled costs, so that of plans costing the same the one resharding least wins (a
-        value held as it is read, not held whole and sliced for free)."""
-        edges: dict[tuple[int, int], np.ndarray] = {}
-        node_moves = [[0] * n for n in sizes]
-        edge_moves: dict[tuple[int, int], np.ndarray] = {}
-        for done, ((name, op, i), count) in enumerate(reads.items()):
-            self.deadline.check("building the problem", f"{done} of {len(reads)} reads priced")
+            returned = self.returning(name, runs)
+            if returned is not None:
+                at = 0 if name in self.producer else stretch
+                found.setdefault((name, at), []).append(returned)
+        counted: Counter[tuple] = Counter()
+        first: dict[tuple, ValueReads] = {}
+        for (name, at), value_reads in found.items():
             src = self.deciding(name)
-            if op is _UPDATE:
-                reader = self.deciding(self.graph.updates[name])
-                need = self.held(self.graph.updates[name], reader)
-            else:
-                reader = self.grouping.ops[op.name]
-                need = self.needs(op, i, reader)
+            signature = tuple((r.group, r.key, r.runs) for r in value_reads)
+            same = (src.group, self.grouping.representative(name), at, signature)
+            counted[same] += 1
             held = self.held(name, src)
-            a, b = src.group, reader.group
-            if a == b:
-                for k in range(sizes[a]):
-                    node[a][k] += count * self.reshard_cost(name, held[k], need[k])
-                    node_moves[a][k] += count * (held[k] != need[k])
-                continue
-            matrix = edges.setdefault((a, b), np.zeros((sizes[a], sizes[b])))
-            matrix += count * self.matrix(name, held, need)
-            moves = edge_moves.setdefault((a, b), np.zeros((sizes[a], sizes[b]), np.int64))
-            moves += count * _differ(held, need)
-        return edges, node_moves, edge_moves
+            first.setdefault(same, ValueReads(name, src.group, held, tuple(value_reads)))
+        return [(first[same], count) for same, count in counted.items()]
+
+    def returning(self, name: str, runs: int) -> Reading | None:
+        """The read of graph output `name` by the return (None: a value no decision holds): a
+        next weight or optimizer state goes back where the old one is held (a ZeRO-1 update
+        gathers the updated shards), any other as `returned`."""
+        if name in self.graph.updates:
+            old = self.graph.updates[name]
+            reader = self.deciding(old)
+            return Reading(reader.group, self.held(old, reader), runs, ("update", name))
+        if name not in self.producer:
+            return None
+        d = self.grouping.ops[self.producer[name].name]
+        key = ("return", self.grouping.representative(name))
+        if key not in self.held_cache:
+            self.held_cache[key] = tuple(self.returned(name, h) for h in self.held(name, d))
+        return Reading(d.group, self.held_cache[key], runs, key)
 
     def add_hints(self, node_costs: list[list[int]]) -> None:
         """A small penalty on every choice that holds a hinted value otherwise (a tie-breaker,
@@ -529,9 +528,10 @@ class _Builder:
         return self.grouping.ops[op.name] if op is not None else self.grouping.values[name]
 
     @staticmethod
-    def unit(node: list[list[float]], edges: Mapping[tuple[int, int], np.ndarray]) -> float:
+    def unit(node: Sequence[np.ndarray], edges: Mapping[tuple[int, int], np.ndarray]) -> float:
         biggest = max(
-            [c for row in node for c in row] + [float(m.max()) for m in edges.values() if m.size],
+            [float(row.max()) for row in node if row.size]
+            + [float(m.max()) for m in edges.values() if m.size],
             default=0.0,
         )
         return biggest / SCALE if biggest > 0 else 1.0

@@ -98,7 +98,7 @@ def price_recipe(
         peak = cost.memory_bytes_per_device
         return RecipePrice(recipe, cost.objective, cost.compute_time_s, peak,
                            peak <= cluster.memory, "", cost.comm_bytes_per_device)  # fmt: skip
-    compute, comm, chains = search.priced(choice)
+    compute, comm, chains = search.program_cost(choice)
     peak = search.problem.peak(choice)
     uncounted = chains - search.chains  # intermediates the rows do not count
     most = peak

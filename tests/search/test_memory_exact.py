@@ -90,7 +90,7 @@ def test_a_value_read_after_its_last_use_from_a_buffer_made_earlier_is_counted_e
     graph = import_onnx(MODELS / "bert.onnx", DIMS["bert"])
     planned = auto_plan(graph, make_cluster(mesh="4x8", memory="673315"))
     _assert_counted_is_held([planned])
-    assert memory(planned.program).peak == 665_489
+    assert memory(planned.program).peak == 667_793
     assert planned.solution.status is SolverStatus.OPTIMAL
     assert planned.solution.objective < 256_287_548
 

@@ -121,9 +121,13 @@ def test_backward_flops_come_from_the_gradient_ops_loops(step):
 
 # ---- plans against hand counts ----------------------------------------------------------------
 
+# Data parallel pinned whole: priced as the program makes it (a reshard once for all its
+# readers), gathering relu's output r and running the second layer replicated beats DDP on
+# this small MLP.
 _DP = [
     Annotation("x", Sharding(((0,), ()))),
     Annotation("x", Sharding(((0,), ())), for_users=True),
+    Annotation("r", Sharding(((0,), ())), for_users=True),
     *(Annotation(name, Sharding()) for name in ("w1", "w2", "w1@grad", "w2@grad")),
     *(Annotation(name, Sharding()) for name in ("w1@next", "w2@next")),
 ]
@@ -213,7 +217,7 @@ def test_exhaustive_search_equals_the_ilp_on_a_training_step(tmp_path, budget):
     ]
     search = build_search(graph, cluster, pins)
     free = search.problem
-    assert 100 < np.prod(free.sizes) < 20_000
+    assert 100 < np.prod(free.sizes) < 100_000
     choices = list(itertools.product(*(range(n) for n in free.sizes)))
     peaks = [free.peak(c) for c in choices]
     top, least = free.peak(solve(free).choice), min(peaks)

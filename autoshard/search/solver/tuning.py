@@ -23,6 +23,14 @@ SMALL = 2**16
 """A step whose whole table has at most this many entries is summed at once, in cache; a
 larger one a choice of its group at a time, to bound its memory."""
 
+# ---- the problem (`search.reads`) -------------------------------------------------------------
+
+SHARED_PAIRS = 2**10
+"""The most choices a value's shared reshard group may have (pairs of the sharding held and the
+one made once for readers of several groups): past it the value's reads are priced per group,
+over-counting what several groups share, since on a 3-axis mesh the pairs run to thousands and
+the memory-bound solve slows many times over."""
+
 # ---- the relaxation's steps (`dual`) -----------------------------------------------------------
 
 ITERATIONS = 20
