@@ -414,7 +414,7 @@ class _Builder:
         grouping = self.grouping
         sizes = [len(leader.choices) for leader in grouping.groups]
         compute = [np.zeros(n) for n in sizes]
-        priced = price_reads(self.reads(compute), sizes, self.matrix)
+        priced = price_reads(self.reads(compute), sizes, self.matrix, self.deadline)
         for g, seconds in enumerate(compute):
             priced.node[g] += seconds
         unit = self.unit(priced.node, priced.edges)

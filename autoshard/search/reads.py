@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autoshard.deadline import NEVER, Deadline
 from autoshard.search.solver import tuning
 from autoshard.sharding import Sharding
 
@@ -93,16 +94,20 @@ class PricedReads:
 
 
 def price_reads(
-    reads: Sequence[tuple[ValueReads, int]], sizes: Sequence[int], pricer: Pricer
+    reads: Sequence[tuple[ValueReads, int]],
+    sizes: Sequence[int],
+    pricer: Pricer,
+    deadline: Deadline = NEVER,
 ) -> PricedReads:
     """Each value's reads (times the copies it stands for) priced as the module's docstring
-    says."""
+    says; `TimeUp` where `deadline` passes first."""
     priced = PricedReads(
         list(sizes),
         [np.zeros(n) for n in sizes],
         [np.zeros(n, np.int64) for n in sizes],
     )
-    for value_reads, count in reads:
+    for done, (value_reads, count) in enumerate(reads):
+        deadline.check("building the problem", f"{done} of {len(reads)} reads priced")
         by_group: dict[int, list[Reading]] = {}
         for read in value_reads.reads:
             by_group.setdefault(read.group, []).append(read)
