@@ -25,7 +25,6 @@ from autoshard.cli.commands import (
     cmd_serve,
     cmd_verify,
 )
-from autoshard.cli.solve import cmd_solve
 from autoshard.cli.flags import (
     EXIT_USAGE,
     MESH_NAMES,
@@ -40,6 +39,7 @@ from autoshard.cli.flags import (
     shape_flag,
     training_flags,
 )
+from autoshard.cli.solve import cmd_solve
 from autoshard.errors import AutoshardError
 from autoshard.mlir.syntax import Dialect
 from autoshard.search.options import Objective

@@ -26,6 +26,7 @@ from autoshard.errors import AutoshardError
 FORBIDDEN = 10**18
 """The contest's cost of a strategy or a pair that must not be taken."""
 
+
 class IopddlError(AutoshardError):
     """A problem or solution file that is not the contest's format, or a problem no solution
     solves within its usage limit."""

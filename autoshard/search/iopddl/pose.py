@@ -102,22 +102,21 @@ def pose(iop: IopddlProblem) -> Posed:
             raise IopddlError(f"every strategy of node {node} is forbidden (costs {FORBIDDEN})")
     pairs = _pair_costs(iop)
     kept = _consistent(kept, pairs)
-    node = [
-        np.array(c, dtype=object)[k].astype(np.int64)
-        for c, k in zip(iop.costs, kept, strict=True)
+    costs = [
+        np.array(c, dtype=object)[k].astype(np.int64) for c, k in zip(iop.costs, kept, strict=True)
     ]
     edges: Pairs = {}
     for (a, b), (finite, forbidden) in pairs.items():
         finite, forbidden = finite[np.ix_(kept[a], kept[b])], forbidden[np.ix_(kept[a], kept[b])]
         if a == b:
-            node[a] = node[a] + np.diagonal(finite)
+            costs[a] = costs[a] + np.diagonal(finite)
         elif len(kept[b]) == 1:  # a node of one strategy: the edge is a cost of the other's
-            node[a] = node[a] + finite[:, 0]
+            costs[a] = costs[a] + finite[:, 0]
         elif len(kept[a]) == 1:
-            node[b] = node[b] + finite[0]
+            costs[b] = costs[b] + finite[0]
         else:
             edges[(a, b)] = (finite, forbidden)
-    largest = max([1] + [int(c.max()) for c in node] + [int(m.max()) for m, _ in edges.values()])
+    largest = max([1] + [int(c.max()) for c in costs] + [int(m.max()) for m, _ in edges.values()])
     step = -(-largest // SCALE)  # costs divided by it, rounding down: a bound stays one
     matrices = tuple(
         (a, b, tuple(map(tuple, np.where(forbidden, PENALTY, finite // step).tolist())))
@@ -126,7 +125,7 @@ def pose(iop: IopddlProblem) -> Posed:
     usage = _usage(iop, kept)
     problem = Problem(
         sizes=tuple(len(k) for k in kept),
-        node_costs=tuple(tuple((c // step).tolist()) for c in node),
+        node_costs=tuple(tuple((c // step).tolist()) for c in costs),
         edges=matrices, memory=usage.runs, budget=usage.limit or 0, unit=float(step),
     )  # fmt: skip
     return Posed(problem, tuple(tuple(k.tolist()) for k in kept), step, usage)
