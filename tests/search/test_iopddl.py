@@ -85,9 +85,9 @@ def random_problem(seed: int, nodes: int = 6, forbidden: bool = False) -> dict:
     pairs = [[rng.randrange(nodes), rng.randrange(nodes)] for _ in range(nodes + 3)]
     pairs = [pair for pair in pairs if pair[0] != pair[1]]
     edge_costs = [[rng.randrange(60) for _ in range(sizes[a] * sizes[b])] for a, b in pairs]
-    if forbidden:
-        for row in edge_costs[:2]:
-            row[rng.randrange(len(row))] = FORBIDDEN
+    if forbidden:  # (past int64 too: the contest's penalty, or more, forbids alike)
+        for row, cost in zip(edge_costs[:2], (FORBIDDEN, 10**20), strict=False):
+            row[rng.randrange(len(row))] = cost
         costs[0][0] = FORBIDDEN
     problem = {"nodes": {"intervals": intervals, "costs": costs, "usages": usages},
                "edges": {"nodes": pairs, "costs": edge_costs}}  # fmt: skip
@@ -216,6 +216,17 @@ def test_cli_bad_problem_is_one_line(
     assert main(["solve", str(problem)]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_infeasible_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = json.loads(json.dumps(EXAMPLE))
+    data["problem"]["usage_limit"] = 39
+    problem = tmp_path / "p.json"
+    problem.write_text(json.dumps(data))
+    assert main(["solve", str(problem)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["autoshard: error: no solution fits the usage limit 39: the least usage "
+                   "found is 50, at time 69 (the least any solution reaches)"]  # fmt: skip
 
 
 def test_cli_unwritable_solution_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -96,15 +96,14 @@ class Posed:
 
 def pose(iop: IopddlProblem) -> Posed:
     """The problem as our search `Problem` (the module's docstring says how)."""
-    kept = [np.flatnonzero(np.array(c, dtype=object) < FORBIDDEN) for c in iop.costs]
+    node_costs = [_int64(c) for c in iop.costs]
+    kept = [np.flatnonzero(c < FORBIDDEN) for c in node_costs]
     for node, choices in enumerate(kept):
         if not len(choices):
             raise IopddlError(f"every strategy of node {node} is forbidden (costs {FORBIDDEN})")
     pairs = _pair_costs(iop)
     kept = _consistent(kept, pairs)
-    costs = [
-        np.array(c, dtype=object)[k].astype(np.int64) for c, k in zip(iop.costs, kept, strict=True)
-    ]
+    costs = [c[k] for c, k in zip(node_costs, kept, strict=True)]
     edges: Pairs = {}
     for (a, b), (finite, forbidden) in pairs.items():
         finite, forbidden = finite[np.ix_(kept[a], kept[b])], forbidden[np.ix_(kept[a], kept[b])]
@@ -136,9 +135,9 @@ def _pair_costs(iop: IopddlProblem) -> Pairs:
     its own pair): the finite costs of its edges summed, and where any edge forbids."""
     pairs: Pairs = {}
     for (a, b), costs in zip(iop.edges.tolist(), iop.edge_costs, strict=True):
-        flat = np.array(costs, dtype=object)
-        forbidden = (flat >= FORBIDDEN).astype(bool).reshape(len(iop.costs[a]), -1)
-        finite = np.where(forbidden.ravel(), 0, flat).astype(np.int64).reshape(forbidden.shape)
+        flat = _int64(costs)
+        forbidden = (flat >= FORBIDDEN).reshape(len(iop.costs[a]), -1)
+        finite = np.where(forbidden.ravel(), 0, flat).reshape(forbidden.shape)
         if a > b:
             a, b, finite, forbidden = b, a, finite.T, forbidden.T
         if a == b:  # both ends take the same strategy: only the diagonal counts
@@ -148,6 +147,14 @@ def _pair_costs(iop: IopddlProblem) -> Pairs:
             finite, forbidden = old_finite + finite, old_forbidden | forbidden
         pairs[(a, b)] = (finite, forbidden)
     return pairs
+
+
+def _int64(values: Sequence[int]) -> np.ndarray:
+    """Costs as int64, those past it (forbidden anyway) as `FORBIDDEN`."""
+    try:
+        return np.asarray(values, np.int64)
+    except OverflowError:
+        return np.array([max(-FORBIDDEN, min(v, FORBIDDEN)) for v in values], np.int64)
 
 
 def _consistent(kept: list[np.ndarray], pairs: Pairs) -> list[np.ndarray]:
