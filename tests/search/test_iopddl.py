@@ -241,3 +241,18 @@ def test_cli_unwritable_solution_is_one_line(tmp_path: Path, capsys: pytest.Capt
 def test_read_problem_missing_file(tmp_path: Path) -> None:
     with pytest.raises(IopddlError, match="cannot read"):
         read_problem(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_memory_rows_price_every_solution_as_the_evaluator(seed: int) -> None:
+    data = random_problem(seed)
+    problem = parse_problem(data)
+    posed = pose(problem)
+    search = posed.problem_with(np.arange(len(posed.usage.times)))
+    sizes = [len(c) for c in data["problem"]["nodes"]["costs"]]
+    for choice in itertools.islice(itertools.product(*map(range, sizes)), 200):
+        solution = posed.solution(choice)
+        _, _, peak = evaluate(data, solution)
+        assert search.peak(choice) == peak == problem.usage(solution)
+        assert posed.usage.profile(choice).max() == peak
+        assert search.objective(choice) == problem.cost(solution)  # no cost scaled here
