@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +32,8 @@ PENALTY = 1000 * SCALE
 """A forbidden pair's scaled cost: past any finite term, within CP-SAT's int64 sums."""
 
 Pairs = dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
+
+_ONE = np.ones(1, np.int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,6 +51,15 @@ class Usage:
     run_of: np.ndarray
     runs: MemoryRows  # no rows: the runs' arrays only
     limit: int | None
+    forbids: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
+
+    @property
+    def budget(self) -> int:
+        return self.limit or 0
+
+    def may_bind(self) -> np.ndarray:
+        """The rows some choice takes over the limit."""
+        return np.flatnonzero(self.most > self.budget)
 
     def profile(self, choice: Sequence[int]) -> np.ndarray:
         """Each row's usage under one choice per group."""
@@ -56,7 +67,9 @@ class Usage:
         return self.fixed + _spread(self.first, self.last, chosen, len(self.times))
 
     def rows(self, among: np.ndarray) -> MemoryRows:
-        """The memory rows `among` (ascending)."""
+        """The memory rows `among` (ascending), then a row per forbidding pair of runs
+        (`forbids`): the budget less one, and one unit per run whose choice is taken, so that
+        no plan fitting the rows takes both."""
         nodes = np.flatnonzero(self.run_of >= 0)
         lo = np.searchsorted(among, self.first[nodes])
         hi = np.searchsorted(among, self.last[nodes])
@@ -64,10 +77,15 @@ class Usage:
         row = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
         order = np.argsort(row, kind="stable")
         runs = np.repeat(self.run_of[nodes], counts)[order]
-        starts = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=len(among)))])
+        per_row = np.concatenate(
+            [np.bincount(row, minlength=len(among)), np.full(len(self.forbids), 2)]
+        )
+        fixed = np.full(len(self.forbids), self.budget - 1, np.int64)
         return dataclasses.replace(
-            self.runs, fixed=self.fixed[among], starts=starts.astype(np.int64),
-            runs=runs.astype(np.int64), indicated_starts=np.zeros(len(among) + 1, np.int64),
+            self.runs, fixed=np.concatenate([self.fixed[among], fixed]),
+            starts=np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64),
+            runs=np.concatenate([runs, self.forbids.ravel()]).astype(np.int64),
+            indicated_starts=np.zeros(len(per_row) + 1, np.int64),
         )  # fmt: skip
 
 
@@ -121,11 +139,12 @@ def pose(iop: IopddlProblem) -> Posed:
         (a, b, tuple(map(tuple, np.where(forbidden, PENALTY, finite // step).tolist())))
         for (a, b), (finite, forbidden) in sorted(edges.items())
     )
-    usage = _usage(iop, kept)
+    usage = _usage(iop, kept, edges)
     problem = Problem(
         sizes=tuple(len(k) for k in kept),
         node_costs=tuple(tuple((c // step).tolist()) for c in costs),
-        edges=matrices, memory=usage.runs, budget=usage.limit or 0, unit=float(step),
+        edges=matrices, memory=usage.rows(np.zeros(0, np.int64)), budget=usage.budget,
+        unit=float(step),
     )  # fmt: skip
     return Posed(problem, tuple(tuple(k.tolist()) for k in kept), step, usage)
 
@@ -180,9 +199,10 @@ def _consistent(kept: list[np.ndarray], pairs: Pairs) -> list[np.ndarray]:
     return kept
 
 
-def _usage(iop: IopddlProblem, kept: Sequence[np.ndarray]) -> Usage:
-    """The memory rows of the kept strategies (`Usage`); `IopddlError` where the least usages
-    alone pass the limit at some point."""
+def _usage(iop: IopddlProblem, kept: Sequence[np.ndarray], edges: Pairs) -> Usage:
+    """The memory rows of the kept strategies (`Usage`), and for each strategy of a node
+    that some of a neighbour's forbid, a row that keeps them apart; `IopddlError` where the
+    least usages alone pass the limit at some point."""
     usages = [np.array(u, np.int64)[k] for u, k in zip(iop.usages, kept, strict=True)]
     least = np.array([u.min() for u in usages], np.int64)
     extra = tuple(u - low for u, low in zip(usages, least, strict=True))
@@ -202,8 +222,15 @@ def _usage(iop: IopddlProblem, kept: Sequence[np.ndarray]) -> Usage:
     for n, more in enumerate(extra):
         if more.any():
             run_of[n] = table.add(n, np.flatnonzero(more).astype(np.int64), more[more > 0])
+    forbids = [
+        (table.add(a, np.array([k], np.int64), _ONE), table.add(b, others, np.ones_like(others)))
+        for (a, b), (_, forbidden) in sorted(edges.items())
+        for k in np.flatnonzero(forbidden.any(axis=1)).tolist()
+        if len(others := np.flatnonzero(forbidden[k]).astype(np.int64))
+    ]
     runs = table.rows([], [], [])
-    return Usage(times, first, last, fixed, most, extra, run_of, runs, limit)
+    pairs = np.array(forbids, np.int64).reshape(-1, 2)
+    return Usage(times, first, last, fixed, most, extra, run_of, runs, limit, pairs)
 
 
 def largest_sets(intervals: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoshard.search.iopddl.format import IopddlError, IopddlProblem
+from autoshard.search.iopddl.format import FORBIDDEN, IopddlError, IopddlProblem
 from autoshard.search.iopddl.pose import Posed, pose
 from autoshard.search.solver import tuning
 from autoshard.search.solver.lowest import lowest_budget
@@ -64,7 +64,7 @@ def solve_iopddl(iop: IopddlProblem, time_limit: float = 60.0) -> Solved:
         rounds += 1
         last = rounds > ROUNDS or spent >= time_limit
         if last:  # every row that may bind
-            rows = np.flatnonzero(posed.usage.most > (posed.usage.limit or 0))
+            rows = posed.usage.may_bind()
         problem = posed.problem_with(rows)
         left = max(time_limit - spent, time_limit / 10)
         try:
@@ -109,9 +109,12 @@ def _over(posed: Posed, choice: tuple[int, ...]) -> np.ndarray:
 def _infeasible(iop: IopddlProblem, posed: Posed, time_limit: float) -> IopddlError:
     """The error where no solution fits: the limit, and the least usage found (over every
     row that may bind, so that it is the usage of the solution found)."""
-    rows = np.flatnonzero(posed.usage.most > (posed.usage.limit or 0))
+    rows = posed.usage.may_bind()
     lowest = lowest_budget(posed.problem_with(rows), time_limit)
     usage = iop.usage(posed.solution(lowest.choice))
+    if iop.usage_limit is None or usage <= iop.usage_limit:  # (the rows keeping pairs apart)
+        return IopddlError(f"no solution within the usage limit {iop.usage_limit} avoids "
+                           f"the forbidden costs ({FORBIDDEN})")  # fmt: skip
     exact = lowest.bound >= lowest.peak
     return IopddlError(
         f"no solution fits the usage limit {iop.usage_limit}: the least usage found is {usage}"
