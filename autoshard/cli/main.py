@@ -39,6 +39,7 @@ from autoshard.cli.flags import (
     shape_flag,
     training_flags,
 )
+from autoshard.cli.solve import cmd_solve
 from autoshard.errors import AutoshardError
 from autoshard.mlir.syntax import Dialect
 from autoshard.search.options import Objective
@@ -333,6 +334,24 @@ def _serve_command(commands: Commands) -> None:
     serve.set_defaults(run=cmd_serve)
 
 
+def _solve_command(commands: Commands) -> None:
+    solve = commands.add_parser(
+        "solve", help="solve an IOPDDL contest problem (ASPLOS 2025) with the planner's solver"
+    )
+    solve.add_argument("problem", metavar="PROBLEM.json[.gz]", help="a contest problem file")
+    solve.add_argument(
+        "--time-limit", type=float, default=60.0,
+        help="the solver's limit in CP-SAT's deterministic seconds, which make the same "
+        "solution on every run, so it does not bound the wall clock (default 60)",
+    )  # fmt: skip
+    solve.add_argument(
+        "-o", "--out", metavar="SOLUTION.json",
+        help="write the solution here (the contest's list of strategy indices); without it, "
+        "print it as the last line",
+    )  # fmt: skip
+    solve.set_defaults(run=cmd_solve)
+
+
 COMMANDS: tuple[Callable[[Commands], None], ...] = (
     _inspect_command,
     _propagate_command,
@@ -348,6 +367,7 @@ COMMANDS: tuple[Callable[[Commands], None], ...] = (
     _html_command,
     _explain_command,
     _export_command,
+    _solve_command,
     _serve_command,
 )
 """Each subcommand's parser, in the order `--help` lists them."""

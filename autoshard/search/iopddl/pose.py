@@ -1,0 +1,254 @@
+"""An IOPDDL problem posed as our search `Problem`.
+
+A group per node, over its strategies of finite cost (and, round after round, less those that
+every strategy of a neighbour forbids); an edge matrix per pair of nodes joined, the edges
+between them summed (an edge to a node of one strategy adds to the other node's costs). Costs
+are divided by `step`, rounding down, so that the largest is at most `SCALE` and a bound of
+the scaled problem times `step` is a bound of the contest's costs.
+
+The memory rows are the usage at the time points where the set of live nodes is largest (a
+point whose nodes are a subset of another's never binds): a node's least usage is a fixed term
+of its rows, what a strategy uses past it a run. They are many (tens of thousands, each of
+thousands of nodes, on the contest's problems), so the problem holds only the rows asked for
+(`Posed.problem_with`), and `Usage.profile` checks a solution against all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autoshard.search.iopddl.format import FORBIDDEN, IopddlError, IopddlProblem
+from autoshard.search.memory.rows import MemoryRows, RunTable
+from autoshard.search.problem import Problem
+
+SCALE = 10**9
+"""The largest finite cost after scaling (the plans' `problem.SCALE`): CP-SAT stays exact."""
+
+PENALTY = 1000 * SCALE
+"""A forbidden pair's scaled cost: past any finite term, within CP-SAT's int64 sums."""
+
+Pairs = dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
+
+_ONE = np.ones(1, np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class Usage:
+    """The memory rows, all of them: row r is time point `times[r]`; node n is live in rows
+    `first[n]` to `last[n] - 1`, holding its least usage there (summed in `fixed`) and, under
+    choice k, `extra[n][k]` more (run `run_of[n]` of `runs`, -1 where it has none)."""
+
+    times: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    fixed: np.ndarray
+    most: np.ndarray  # each row's largest usage under any choice
+    extra: tuple[np.ndarray, ...]
+    run_of: np.ndarray
+    runs: MemoryRows  # no rows: the runs' arrays only
+    limit: int | None
+    forbids: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
+
+    @property
+    def budget(self) -> int:
+        return self.limit or 0
+
+    def may_bind(self) -> np.ndarray:
+        """The rows some choice takes over the limit."""
+        return np.flatnonzero(self.most > self.budget)
+
+    def profile(self, choice: Sequence[int]) -> np.ndarray:
+        """Each row's usage under one choice per group."""
+        chosen = np.array([e[k] for e, k in zip(self.extra, choice, strict=True)], np.int64)
+        return self.fixed + _spread(self.first, self.last, chosen, len(self.times))
+
+    def rows(self, among: np.ndarray) -> MemoryRows:
+        """The memory rows `among` (ascending), then a row per forbidding pair of runs
+        (`forbids`): the budget less one, and one unit per run whose choice is taken, so that
+        no plan fitting the rows takes both."""
+        nodes = np.flatnonzero(self.run_of >= 0)
+        lo = np.searchsorted(among, self.first[nodes])
+        hi = np.searchsorted(among, self.last[nodes])
+        counts = hi - lo
+        row = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        order = np.argsort(row, kind="stable")
+        runs = np.repeat(self.run_of[nodes], counts)[order]
+        per_row = np.concatenate(
+            [np.bincount(row, minlength=len(among)), np.full(len(self.forbids), 2)]
+        )
+        fixed = np.full(len(self.forbids), self.budget - 1, np.int64)
+        return dataclasses.replace(
+            self.runs, fixed=np.concatenate([self.fixed[among], fixed]),
+            starts=np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64),
+            runs=np.concatenate([runs, self.forbids.ravel()]).astype(np.int64),
+            indicated_starts=np.zeros(len(per_row) + 1, np.int64),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, eq=False)
+class Posed:
+    """The contest's problem as ours: group g is node g over its strategies `kept[g]`; a
+    scaled cost times `step` is at most the contest's; `problem` holds no memory rows."""
+
+    problem: Problem
+    kept: tuple[tuple[int, ...], ...]
+    step: int
+    usage: Usage
+
+    def solution(self, choice: Sequence[int]) -> list[int]:
+        """A choice per group as the contest's strategy per node."""
+        return [kept[k] for kept, k in zip(self.kept, choice, strict=True)]
+
+    def cost_bound(self, bound: int) -> int:
+        """A bound of the scaled problem as a bound of the contest's costs."""
+        return bound * self.step
+
+    def problem_with(self, rows: np.ndarray) -> Problem:
+        """The problem holding the memory rows `rows` (ascending) of all."""
+        return dataclasses.replace(self.problem, memory=self.usage.rows(rows))
+
+
+def pose(iop: IopddlProblem) -> Posed:
+    """The problem as our search `Problem` (the module's docstring says how)."""
+    node_costs = [_int64(c) for c in iop.costs]
+    kept = [np.flatnonzero(c < FORBIDDEN) for c in node_costs]
+    for node, choices in enumerate(kept):
+        if not len(choices):
+            raise IopddlError(f"every strategy of node {node} is forbidden (costs {FORBIDDEN})")
+    pairs = _pair_costs(iop)
+    kept = _consistent(kept, pairs)
+    costs = [c[k] for c, k in zip(node_costs, kept, strict=True)]
+    edges: Pairs = {}
+    for (a, b), (finite, forbidden) in pairs.items():
+        finite, forbidden = finite[np.ix_(kept[a], kept[b])], forbidden[np.ix_(kept[a], kept[b])]
+        if a == b:
+            costs[a] = costs[a] + np.diagonal(finite)
+        elif len(kept[b]) == 1:  # a node of one strategy: the edge is a cost of the other's
+            costs[a] = costs[a] + finite[:, 0]
+        elif len(kept[a]) == 1:
+            costs[b] = costs[b] + finite[0]
+        else:
+            edges[(a, b)] = (finite, forbidden)
+    largest = max([1] + [int(c.max()) for c in costs] + [int(m.max()) for m, _ in edges.values()])
+    step = -(-largest // SCALE)  # costs divided by it, rounding down: a bound stays one
+    matrices = tuple(
+        (a, b, tuple(map(tuple, np.where(forbidden, PENALTY, finite // step).tolist())))
+        for (a, b), (finite, forbidden) in sorted(edges.items())
+    )
+    usage = _usage(iop, kept, edges)
+    problem = Problem(
+        sizes=tuple(len(k) for k in kept),
+        node_costs=tuple(tuple((c // step).tolist()) for c in costs),
+        edges=matrices, memory=usage.rows(np.zeros(0, np.int64)), budget=usage.budget,
+        unit=float(step),
+    )  # fmt: skip
+    return Posed(problem, tuple(tuple(k.tolist()) for k in kept), step, usage)
+
+
+def _pair_costs(iop: IopddlProblem) -> Pairs:
+    """Each pair of nodes joined (a < b; an edge of a node to itself goes on the diagonal of
+    its own pair): the finite costs of its edges summed, and where any edge forbids."""
+    pairs: Pairs = {}
+    for (a, b), costs in zip(iop.edges.tolist(), iop.edge_costs, strict=True):
+        flat = _int64(costs)
+        forbidden = (flat >= FORBIDDEN).reshape(len(iop.costs[a]), -1)
+        finite = np.where(forbidden.ravel(), 0, flat).reshape(forbidden.shape)
+        if a > b:
+            a, b, finite, forbidden = b, a, finite.T, forbidden.T
+        if a == b:  # both ends take the same strategy: only the diagonal counts
+            forbidden = np.diag(np.diagonal(forbidden))
+        if (a, b) in pairs:
+            old_finite, old_forbidden = pairs[(a, b)]
+            finite, forbidden = old_finite + finite, old_forbidden | forbidden
+        pairs[(a, b)] = (finite, forbidden)
+    return pairs
+
+
+def _int64(values: Sequence[int]) -> np.ndarray:
+    """Costs as int64, those past it (forbidden anyway) as `FORBIDDEN`."""
+    try:
+        return np.asarray(values, np.int64)
+    except OverflowError:
+        return np.array([max(-FORBIDDEN, min(v, FORBIDDEN)) for v in values], np.int64)
+
+
+def _consistent(kept: list[np.ndarray], pairs: Pairs) -> list[np.ndarray]:
+    """The strategies left once each that every strategy of a neighbour forbids is left out,
+    until none is (a node left none: no solution avoids a forbidden cost)."""
+    forbidding = [(a, b, forbidden) for (a, b), (_, forbidden) in pairs.items() if forbidden.any()]
+    changed = True
+    while changed:
+        changed = False
+        for a, b, forbidden in forbidding:
+            cells = forbidden[np.ix_(kept[a], kept[b])]
+            if a == b:
+                alive_a = alive_b = ~np.diagonal(cells)
+            else:
+                alive_a, alive_b = ~cells.all(axis=1), ~cells.all(axis=0)
+            for node, alive in ((a, alive_a), (b, alive_b)):
+                if not alive.all():
+                    if not alive.any():
+                        raise IopddlError(f"every strategy of node {node} takes a forbidden "
+                                          f"cost ({FORBIDDEN}) on an edge with node "
+                                          f"{b if node == a else a}")  # fmt: skip
+                    kept[node], changed = kept[node][alive], True
+    return kept
+
+
+def _usage(iop: IopddlProblem, kept: Sequence[np.ndarray], edges: Pairs) -> Usage:
+    """The memory rows of the kept strategies (`Usage`), and for each strategy of a node
+    that some of a neighbour's forbid, a row that keeps them apart; `IopddlError` where the
+    least usages alone pass the limit at some point."""
+    usages = [np.array(u, np.int64)[k] for u, k in zip(iop.usages, kept, strict=True)]
+    least = np.array([u.min() for u in usages], np.int64)
+    extra = tuple(u - low for u, low in zip(usages, least, strict=True))
+    times = largest_sets(iop.intervals)
+    first = np.searchsorted(times, iop.intervals[:, 0])
+    last = np.searchsorted(times, iop.intervals[:, 1])
+    fixed = _spread(first, last, least, len(times))
+    most = fixed + _spread(first, last, np.array([e.max() for e in extra], np.int64), len(times))
+    limit = iop.usage_limit
+    if limit is not None and len(times) and fixed.max() > limit:
+        at = int(np.argmax(fixed))
+        raise IopddlError(  # each node's least usage makes every row's fixed terms alone
+            f"no solution fits the usage limit {limit}: the least usage found is "
+            f"{int(fixed[at])}, at time {int(times[at])} (the least any solution reaches)"
+        )
+    table, run_of = RunTable(), np.full(len(usages), -1, np.int64)
+    for n, more in enumerate(extra):
+        if more.any():
+            run_of[n] = table.add(n, np.flatnonzero(more).astype(np.int64), more[more > 0])
+    forbids = [
+        (table.add(a, np.array([k], np.int64), _ONE), table.add(b, others, np.ones_like(others)))
+        for (a, b), (_, forbidden) in sorted(edges.items())
+        for k in np.flatnonzero(forbidden.any(axis=1)).tolist()
+        if len(others := np.flatnonzero(forbidden[k]).astype(np.int64))
+    ]
+    runs = table.rows([], [], [])
+    pairs = np.array(forbids, np.int64).reshape(-1, 2)
+    return Usage(times, first, last, fixed, most, extra, run_of, runs, limit, pairs)
+
+
+def largest_sets(intervals: np.ndarray) -> np.ndarray:
+    """The time points whose live nodes are no subset of another point's: each last point
+    before an interval ends that some interval started at or after the last such point.
+    Between two ends the live nodes only grow; across an end with no start since, shrink."""
+    live = intervals[intervals[:, 1] > intervals[:, 0]]
+    if not len(live):
+        return np.zeros(0, np.int64)
+    ends = np.unique(live[:, 1]) - 1
+    started = np.searchsorted(np.sort(live[:, 0]), ends, side="right")  # starts <= each
+    fresh = np.diff(np.concatenate([[0], started])) > 0
+    return ends[fresh]
+
+
+def _spread(first: np.ndarray, last: np.ndarray, amounts: np.ndarray, rows: int) -> np.ndarray:
+    """Each row's sum of `amounts[n]` over the nodes n live in it (rows first[n]..last[n]-1)."""
+    change = np.zeros(rows + 1, np.int64)
+    np.add.at(change, first, amounts)
+    np.add.at(change, last, -amounts)
+    return np.cumsum(change[:-1])

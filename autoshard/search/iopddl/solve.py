@@ -1,0 +1,123 @@
+"""An IOPDDL problem solved by the planner's solver (`solver.solve`), its memory rows added as
+solutions go over them.
+
+A contest problem has tens of thousands of memory rows of thousands of nodes each, most of
+which no good solution comes near. So the first solve holds none (the optimum with memory
+aside), and each solve after holds, besides the rows before, those the last solution went
+over: of each run of consecutive rows over the limit, the one most over, and the rows most
+over of all (`ROWS_PER_ROUND`). A solve of fewer rows is a relaxation of the whole problem,
+so its bound holds, and its solution, where it fits every row, is the whole problem's; the
+rows only grow, so each bound is the floor of the next solve. Where the rounds run out
+(`ROUNDS`, or the time limit's work spent), a last solve holds every row some choice may take
+over the limit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.search.iopddl.format import FORBIDDEN, IopddlError, IopddlProblem
+from autoshard.search.iopddl.pose import Posed, pose
+from autoshard.search.solver import tuning
+from autoshard.search.solver.lowest import lowest_budget
+from autoshard.search.solver.outcome import InfeasibleError, Solution, SolverStatus
+from autoshard.search.solver.solve import solve
+
+ROUNDS = 12
+"""Solves of more rows at most before the last of all the rows that may bind."""
+
+ROWS_PER_ROUND = 256
+"""The rows most over the limit a round adds, besides the worst of each run of them."""
+
+
+@dataclass(frozen=True)
+class Solved:
+    """A contest problem solved: the strategy per node, its cost (the evaluator's), its
+    usage's peak, the bound proven on any solution's cost, whether it is the optimum, the
+    rounds of solves and the memory rows the last held."""
+
+    solution: tuple[int, ...]
+    cost: int
+    usage: int
+    bound: int
+    optimal: bool
+    wall_s: float
+    rounds: int = 1
+    rows: int = 0
+
+    @property
+    def gap(self) -> float:
+        return (self.cost - self.bound) / self.cost if self.cost > 0 else 0.0
+
+
+def solve_iopddl(iop: IopddlProblem, time_limit: float = 60.0) -> Solved:
+    """The least-cost solution within the usage limit (the module's docstring says how);
+    `IopddlError` naming the limit and the least usage found where none fits."""
+    started = time.perf_counter()
+    posed = pose(iop)
+    rows, floor, spent, rounds = np.zeros(0, np.int64), 0, 0.0, 0
+    while True:
+        rounds += 1
+        last = rounds > ROUNDS or spent >= time_limit
+        if last:  # every row that may bind
+            rows = posed.usage.may_bind()
+        problem = posed.problem_with(rows)
+        left = max(time_limit - spent, time_limit / 10)
+        try:
+            found = solve(problem, time_limit=left, limit=time_limit, floor=floor)
+        except InfeasibleError:
+            raise _infeasible(iop, posed, time_limit) from None
+        spent += found.work
+        floor = max(floor, _bound(found))
+        over = _over(posed, found.choice)
+        if not len(over) or last:
+            break
+        rows = np.union1d(rows, over)
+    solution = tuple(posed.solution(found.choice))
+    cost = iop.cost(solution)
+    bound = min(cost, posed.cost_bound(floor))
+    # The scaled problem's optimum is the contest's where no cost was scaled.
+    optimal = bound == cost or (found.status is SolverStatus.OPTIMAL and posed.step == 1)
+    return Solved(solution, cost, iop.usage(solution), bound, optimal,
+                  time.perf_counter() - started, rounds, len(rows))  # fmt: skip
+
+
+def _bound(found: Solution) -> int:
+    return math.ceil(found.bound - tuning.ROUNDING * max(1.0, abs(found.bound)))
+
+
+def _over(posed: Posed, choice: tuple[int, ...]) -> np.ndarray:
+    """The rows to add where `choice` goes over the limit (none where it fits): the worst of
+    each run of consecutive rows over it, and the `ROWS_PER_ROUND` worst of all."""
+    limit = posed.usage.limit
+    if limit is None:
+        return np.zeros(0, np.int64)
+    live = posed.usage.profile(choice)
+    over = np.flatnonzero(live > limit)
+    if not len(over):
+        return over
+    runs = np.split(over, np.flatnonzero(np.diff(over) > 1) + 1)
+    worst = [run[np.argmax(live[run])] for run in runs]
+    most = over[np.argsort(-live[over], kind="stable")[:ROWS_PER_ROUND]]
+    return np.union1d(np.array(worst, np.int64), most)
+
+
+def _infeasible(iop: IopddlProblem, posed: Posed, time_limit: float) -> IopddlError:
+    """The error where no solution fits: the limit, and the least usage found (over every
+    row that may bind, so that it is the usage of the solution found)."""
+    rows = posed.usage.may_bind()
+    lowest = lowest_budget(posed.problem_with(rows), time_limit)
+    usage = iop.usage(posed.solution(lowest.choice))
+    if iop.usage_limit is None or usage <= iop.usage_limit:  # (the rows keeping pairs apart)
+        return IopddlError(f"no solution within the usage limit {iop.usage_limit} avoids "
+                           f"the forbidden costs ({FORBIDDEN})")  # fmt: skip
+    exact = lowest.bound >= lowest.peak
+    return IopddlError(
+        f"no solution fits the usage limit {iop.usage_limit}: the least usage found is {usage}"
+        + (" (the least any solution reaches)" if exact else f" (none uses less than "
+           f"{lowest.bound})")
+    )  # fmt: skip
