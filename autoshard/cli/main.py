@@ -39,6 +39,7 @@ from autoshard.cli.flags import (
     shape_flag,
     training_flags,
 )
+from autoshard.cli.sweep import add_sweep_command
 from autoshard.errors import AutoshardError
 from autoshard.mlir.syntax import Dialect
 from autoshard.search.options import Objective
@@ -337,6 +338,7 @@ COMMANDS: tuple[Callable[[Commands], None], ...] = (
     _inspect_command,
     _propagate_command,
     _plan_command,
+    add_sweep_command,
     _calibrate_command,
     _reshard_command,
     _partition_command,
