@@ -8,6 +8,8 @@ graphs it imported (`GraphCache`) for the next point of the same model, dims and
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import traceback
 from collections import OrderedDict
@@ -110,5 +112,14 @@ def figures(requested_plan: RequestedPlan, point: Point) -> dict[str, Any]:
         "comm_bytes_per_device": cost.comm_bytes_per_device,
         "recompute": str(document.training.recompute) if document.training else "",
         "solver": f"{solver.status} gap {solver.gap:.2%}" if solver else "",
-        "strategy": story,
+        "strategy": story, "plan_sha256": plan_sha256(document.to_json()),
     }  # fmt: skip
+
+
+def plan_sha256(document: dict[str, Any]) -> str:
+    """What a plan decides, as a hash: its values' shardings, its ops' options and its
+    collectives (`autoshard plan --json`'s `values`, `ops` and `collectives`), so points
+    that chose the same plan show the same hash."""
+    decided = {key: document[key] for key in ("values", "ops", "collectives")}
+    text = json.dumps(decided, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]

@@ -121,7 +121,7 @@ class _Watch:
 COLUMNS = ("key", "mesh", "devices", "cluster", "device", "memory", "dims", "training",
            "status", "step_time_s", "tokens_per_s_per_device", "memory_bytes_per_device",
            "memory_budget_bytes", "comm_bytes_per_device", "cost_per_step", "on_front",
-           "strategy", "error")  # fmt: skip
+           "strategy", "plan_sha256", "error")  # fmt: skip
 
 
 def table(rows: Sequence[dict[str, Any]], price: float | None) -> list[dict[str, Any]]:
@@ -148,6 +148,7 @@ def table(rows: Sequence[dict[str, Any]], price: float | None) -> list[dict[str,
             "cost_per_step": step_cost(row["devices"], row["step_time_s"], price)
             if ok and price is not None else None,
             "on_front": " ".join(marks.get(i, [])), "strategy": row.get("strategy", ""),
+            "plan_sha256": row.get("plan_sha256", ""),
             "error": row["error"],
         })  # fmt: skip
     return records

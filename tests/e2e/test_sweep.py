@@ -1,0 +1,98 @@
+"""`autoshard sweep` end to end: each point's row is what `autoshard plan` of that point
+prints (same step time, memory and plan), on the local pool and on a real local Ray; a
+resumed sweep plans only the points it lacks; the outputs are the same bytes run again."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autoshard.cli.main import main
+from autoshard.sweep.points import plan_sha256
+
+MLP = str(Path(__file__).parents[2] / "models" / "mlp.onnx")
+GRID = ["--devices", "4", "--max-axes", "2", "--dim", "batch=8", "--mode", "training",
+        "--micro-batches", "1,2", "--price-per-device-hour", "2"]  # fmt: skip
+POINTS = [("4", "1"), ("2x2", "1"), ("4", "2"), ("2x2", "2")]  # the grid, mesh fastest
+
+
+def _sweep(out: Path, *extra: str) -> int:
+    return main(["sweep", MLP, "-o", str(out), "-q", *GRID, *extra])
+
+
+@pytest.fixture(scope="module")
+def plans() -> dict[tuple[str, str], dict[str, Any]]:
+    """`autoshard plan --json` of each point."""
+    found = {}
+    for mesh, micro in POINTS:
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            args = ["plan", MLP, "--mesh", mesh, "--dim", "batch=8", "--mode", "training",
+                    "--micro-batches", micro, "--json", "-q"]  # fmt: skip
+            assert main(args) == 0
+        found[mesh, micro] = json.loads(text.getvalue())
+    return found
+
+
+def _rows(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def _check_points(out: Path, plans: dict[tuple[str, str], dict[str, Any]]) -> None:
+    table = json.loads((out / "points.json").read_text())["points"]
+    assert [(p["mesh"], p["training"]) for p in table] == [
+        (mesh, f"micro_batches={micro}") for mesh, micro in POINTS
+    ]
+    for record, (mesh, micro) in zip(table, POINTS, strict=True):
+        plan = plans[mesh, micro]
+        cost = plan["cost"]
+        assert record["status"] == "ok", record["error"]
+        assert record["step_time_s"] == cost["compute_time_s"] + cost["comm_time_s"]
+        assert record["memory_bytes_per_device"] == cost["memory_bytes_per_device"]
+        assert record["comm_bytes_per_device"] == cost["comm_bytes_per_device"]
+        assert record["plan_sha256"] == plan_sha256(plan)
+        assert record["strategy"] and plan["story"].startswith(record["strategy"])
+
+
+def test_local_sweep_equals_plan_point_by_point(
+    tmp_path: Path, plans: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    assert _sweep(tmp_path / "a", "--executor", "local", "--workers", "2") == 0
+    _check_points(tmp_path / "a", plans)
+    page = (tmp_path / "a" / "front.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 2
+    assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")
+
+
+def test_resumed_sweep_plans_no_point_twice(
+    tmp_path: Path, plans: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    out = tmp_path / "a"
+    assert _sweep(out, "--executor", "local", "--workers", "1", "--limit", "1") == 0
+    assert len(_rows(out)) == 1  # killed after one point
+    assert _sweep(out, "--executor", "local", "--workers", "2") == 0
+    keys = [row["key"] for row in _rows(out)]
+    assert len(keys) == len(POINTS) == len(set(keys))  # the 3 others planned, none again
+    _check_points(out, plans)
+    before = {name: (out / name).read_bytes() for name in ("points.csv", "points.json",
+                                                          "front.html")}  # fmt: skip
+    assert _sweep(out, "--executor", "local") == 0  # nothing left: no plan at all
+    assert len(_rows(out)) == len(POINTS)
+    assert before == {name: (out / name).read_bytes() for name in before}
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="Ray is not installed (pip install 'autoshard[sweep]'); the pool's test covers the rest",
+)
+def test_ray_sweep_equals_plan_point_by_point(
+    tmp_path: Path, plans: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    assert _sweep(tmp_path / "a", "--executor", "ray", "--workers", "2") == 0
+    _check_points(tmp_path / "a", plans)
