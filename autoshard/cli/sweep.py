@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import enum
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from autoshard.cli.flags import Parser, progress_flags
+from autoshard.cli.flags import MESH_NAMES, Parser, progress_flags
 from autoshard.search.options import Objective
+from autoshard.training.options import Attention, Optimizer, Precision, Recompute
 
 LISTS = "comma-separated: each value is a point of the grid"
+TRAINING_CHOICES: dict[str, type[enum.StrEnum] | None] = {
+    "optimizer": Optimizer, "precision": Precision, "micro-batches": None,
+    "recompute": Recompute, "attention": Attention,
+}  # fmt: skip
+"""The training flags a sweep takes lists of, and the choices each value has."""
 
 
 def add_sweep_command(commands: Any) -> None:
@@ -33,7 +40,9 @@ def add_sweep_command(commands: Any) -> None:
         help="device counts, e.g. 64,128,256, or 32-256 (every power "
         "of two); each planned on every mesh of at most --max-axes axes",
     )
-    grid.add_argument("--mesh", help=f"meshes instead of --devices, e.g. 8x8,4x16 ({LISTS})")
+    grid.add_argument(
+        "--mesh", help=f"meshes instead of --devices, e.g. 8x8,4x16 ({LISTS}); {MESH_NAMES}"
+    )
     grid.add_argument(
         "--max-axes",
         type=int,
@@ -51,8 +60,9 @@ def add_sweep_command(commands: Any) -> None:
     )
     train = sweep.add_argument_group("training step (with --mode training; each a list)")
     train.add_argument("--mode", default="inference", help="inference (default) or training")
-    for name in ("optimizer", "precision", "micro-batches", "recompute", "attention"):
-        train.add_argument(f"--{name}", help=f"as autoshard plan's --{name} ({LISTS})")
+    for name, kind in TRAINING_CHOICES.items():
+        choices = ", ".join(m.value for m in kind) if kind else "counts, e.g. 1,4"
+        train.add_argument(f"--{name}", help=f"as autoshard plan's --{name}: {choices} ({LISTS})")
     run = sweep.add_argument_group("each plan and where it runs")
     run.add_argument("--objective", choices=[str(o) for o in Objective], default="time")
     run.add_argument(

@@ -8,13 +8,18 @@ import contextlib
 import importlib.util
 import io
 import json
+import multiprocessing
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from autoshard.cli.main import main
-from autoshard.sweep.points import plan_sha256
+from autoshard.sweep.executors import run_local
+from autoshard.sweep.grid import Point
+from autoshard.sweep.points import Task, plan_sha256
 
 MLP = str(Path(__file__).parents[2] / "models" / "mlp.onnx")
 GRID = ["--devices", "4", "--max-axes", "2", "--dim", "batch=8", "--mode", "training",
@@ -96,3 +101,25 @@ def test_ray_sweep_equals_plan_point_by_point(
 ) -> None:
     assert _sweep(tmp_path / "a", "--executor", "ray", "--workers", "2") == 0
     _check_points(tmp_path / "a", plans)
+
+
+def test_a_killed_pool_worker_plans_its_point_again() -> None:
+    """The pool's worker is killed (SIGKILL) as the first point finishes: the points it had
+    are planned again on a fresh pool, and each is recorded once, planned."""
+    points = [Point(mesh=mesh, dims=(("batch", 8),)) for mesh in ("2", "4", "2x2")]
+    tasks = [Task(key=str(p), point=p, model=MLP, objective="time", time_limit=60.0)
+             for p in points]  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    killed: list[int] = []
+
+    def on_row(row: dict[str, Any]) -> None:
+        if not rows:
+            for child in multiprocessing.active_children():
+                os.kill(child.pid or 0, signal.SIGKILL)
+                killed.append(child.pid or 0)
+        rows.append(row)
+
+    run_local(tasks, 1, on_row)
+    assert len(killed) == 1  # the pool's one worker
+    assert sorted(row["key"] for row in rows) == sorted(t.key for t in tasks)
+    assert [row["status"] for row in rows] == ["ok"] * 3
