@@ -9,10 +9,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from autoshard import __version__
 from autoshard.html.charts import WIDTH
 from autoshard.html.markup import COMPUTE, esc, ms, num, size, svg, tag
-from autoshard.html.page import CSS
+from autoshard.html.page import html_page
 
 FRONT = "#e15759"
 """The colour of the points on the front and the line through them."""
@@ -116,19 +115,6 @@ def sweep_html(
     sections.append(("front", "The front (step time against devices)",
                      _table(front_rows, [None] * len(front_rows))))  # fmt: skip
     sections.append(("points", "Every point", _table(rows, costs)))
-    nav = tag("nav", " ".join(tag("a", esc(h), href=f"#{i}") for i, h, _ in sections))
-    main = "".join(tag("section", tag("h2", esc(h)) + body, id=i) for i, h, body in sections)
-    head = (
-        '<meta charset="utf-8">'
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
-        "style-src 'unsafe-inline'\">"
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        + tag("title", esc(title)) + tag("style", CSS)
-    )  # fmt: skip
     failed = len(rows) - len(planned)
     sub = f"{len(rows)} points, {len(planned)} planned" + (f", {failed} not" if failed else "")
-    header = tag("header", tag("h1", esc(title)) + tag("p", esc(sub), class_="sub"))
-    footer = tag("footer", esc(f"autoshard {__version__} sweep"))
-    page = tag("html", tag("head", head) + tag("body", header + nav + tag("main", main) + footer),
-               lang="en")  # fmt: skip
-    return f"<!DOCTYPE html>\n{page}\n"
+    return html_page(title, sub, sections, "sweep")
