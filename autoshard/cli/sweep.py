@@ -106,6 +106,8 @@ def _sweep_of(args: argparse.Namespace) -> Any:
     max_axes = args.max_axes or MAX_SEARCH_AXES
     if not 1 <= max_axes <= MAX_SEARCH_AXES:
         raise SweepError(f"--max-axes {max_axes}: choose 1..{MAX_SEARCH_AXES} (MAX_SEARCH_AXES)")
+    if args.ray_address and args.executor == "local":
+        raise SweepError("--ray-address runs on Ray: drop --executor local")
     if args.devices and args.mesh:
         raise SweepError("give --devices or --mesh, not both")
     counts = device_counts(args.devices) if args.devices else []

@@ -147,6 +147,7 @@ def test_results_skip_a_line_the_kill_cut_and_append_after_it(tmp_path: Path) ->
     ("args", "message"),
     [
         (["--devices", "4", "--mesh", "2x2"], "give --devices or --mesh, not both"),
+        (["--devices", "4", "--ray-address", "x:1"], "--ray-address runs on Ray"),
         ([], "the grid is empty: give --devices or --mesh"),
         (["--devices", "0"], "'0' is outside 1..65536"),
         (["--devices", "4", "--max-axes", "5"], "--max-axes 5: choose 1..4"),
