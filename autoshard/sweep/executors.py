@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import importlib.util
+import logging
 import multiprocessing
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -69,9 +70,10 @@ def run_ray(tasks: Sequence[Task], workers: int, address: str | None, on_row: On
         ) from None
     try:
         if address:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         else:
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.ERROR)  # fmt: skip
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise SweepError(f"cannot start or reach Ray at {address or 'local'}: {error}") from None
     try:
