@@ -27,7 +27,7 @@ def scatter(
 ) -> str:
     """Every point at (x, step time), each front's points (one per workload) joined by a
     line; log2 x for device counts. Hover a point for its mesh and figures."""
-    left, right, top, bottom, height = 70, 30, 20, 50, 360
+    left, right, top, bottom, height = 90, 30, 24, 50, 360
     ys = [row["step_time_s"] for row in rows]
     fx = (lambda v: math.log2(v)) if log_x else (lambda v: v)
     lo_x, hi_x = min(map(fx, xs), default=0.0), max(map(fx, xs), default=1.0)
@@ -45,8 +45,12 @@ def scatter(
         _, py = at(xs[0] if xs else 1.0, y)
         out.append(tag("line", x1=num(left), y1=num(py), x2=num(WIDTH - right), y2=num(py),
                        class_="grid"))  # fmt: skip
-        out.append(tag("text", esc(ms(y)), x=num(left - 6), y=num(py + 4), class_="label"))
-    for x in sorted(set(xs)):
+        out.append(tag("text", esc(f"{y * 1e3:.4g} ms"), x=num(left - 6), y=num(py + 4),
+                       class_="label"))  # fmt: skip
+    lo, hi = min(xs, default=0.0), max(xs, default=0.0)
+    # Every device count (few, a log scale apart); five ticks of a cost.
+    ticks = sorted(set(xs)) if log_x else sorted({lo + (hi - lo) * i / 4 for i in range(5)})
+    for x in ticks:
         px, _ = at(x, 0.0)
         tick = f"{x:g}" if log_x else f"{x:.3g}"
         out.append(tag("text", esc(tick), x=num(px), y=num(height - bottom + 16),
@@ -62,6 +66,9 @@ def scatter(
         colour = FRONT if i in on_front else COMPUTE
         out.append(tag("circle", title, cx=num(px), cy=num(py), r="4" if i in on_front else "3",
                        fill=colour, fill_opacity="0.85"))  # fmt: skip
+        if i in on_front:
+            out.append(tag("text", esc(row["point"]["mesh"]), x=num(px), y=num(py - 8),
+                           class_="cell-label"))  # fmt: skip
     return svg(WIDTH, height, label, "".join(out))
 
 
