@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,5 +122,62 @@ def test_a_killed_pool_worker_plans_its_point_again() -> None:
 
     run_local(tasks, 1, on_row)
     assert len(killed) == 1  # the pool's one worker
+    assert sorted(row["key"] for row in rows) == sorted(t.key for t in tasks)
+    assert [row["status"] for row in rows] == ["ok"] * 3
+
+
+def _ray_workers_planning() -> list[int]:
+    """The processes below this one whose title says they run a point (Ray titles a worker
+    `ray::plan_point` while it runs one)."""
+
+    def parent(pid: int) -> int:
+        try:
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return 0
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        pid = int(entry.name)
+        if title.startswith(b"ray::plan_point"):
+            ancestor = pid
+            while ancestor > 1 and ancestor != os.getpid():
+                ancestor = parent(ancestor)
+            if ancestor == os.getpid():
+                found.append(pid)
+    return found
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed")
+def test_a_killed_ray_worker_plans_its_point_again() -> None:
+    """A Ray worker killed (SIGKILL) mid-point: Ray runs the task again (its max_retries),
+    and each point is recorded once, planned."""
+    from autoshard.sweep.executors import run_ray
+
+    gpt2 = str(Path(MLP).parent / "gpt2.onnx")
+    points = [Point(mesh=mesh, dims=(("batch", 8), ("seq", 128))) for mesh in ("2", "4", "2x2")]
+    tasks = [Task(key=str(p), point=p, model=gpt2, objective="time", time_limit=60.0)
+             for p in points]  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    killed: list[int] = []
+
+    def on_row(row: dict[str, Any]) -> None:
+        rows.append(row)
+        for _ in range(100):  # the one worker takes the next point
+            if killed:
+                return
+            for pid in _ray_workers_planning():
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.05)
+
+    run_ray(tasks, 1, None, on_row)
+    assert killed
     assert sorted(row["key"] for row in rows) == sorted(t.key for t in tasks)
     assert [row["status"] for row in rows] == ["ok"] * 3
