@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import sys
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -231,14 +231,30 @@ def plan_inputs(request: PlanRequest, tracker: Tracker | None = None) -> tuple[G
     return graph, cluster
 
 
+GraphCache = MutableMapping[
+    tuple[str, tuple[tuple[str, int], ...], Training | None], tuple[Graph, Graph]
+]
+"""Imported graphs (`load_graphs`) by model path, dims and training step: what a caller that
+plans one model many times (`autoshard sweep`, on several meshes and budgets) keeps to import
+it once. The graphs are read-only values, so sharing them changes no plan."""
+
+
 def _plan_inputs(
-    request: PlanRequest, tracker: Tracker | None = None
+    request: PlanRequest, tracker: Tracker | None = None, graphs: GraphCache | None = None
 ) -> tuple[Graph, Graph, Cluster]:
-    """`plan_inputs`, the model's forward too (`load_graphs`)."""
+    """`plan_inputs`, the model's forward too (`load_graphs`, or `graphs` where it holds
+    them)."""
     cluster = request.cluster
     if request.training is not None:
         check_precision(request.training.precision, cluster.device)
-    forward, graph = load_graphs(request.model_path, request.dims, request.training, tracker)
+    key = (str(request.model_path), tuple(sorted(request.dims.items())), request.training)
+    if graphs is not None and key in graphs:
+        _enter(tracker, PipelineStage.IMPORT, Path(request.model_path).name)
+        forward, graph = graphs[key]
+    else:
+        forward, graph = load_graphs(request.model_path, request.dims, request.training, tracker)
+        if graphs is not None:
+            graphs[key] = forward, graph
     shapes = {name: value.shape for name, value in graph.values.items()}
     check_annotations(request.annotations, shapes, cluster.mesh)
     return forward, graph, cluster
@@ -249,6 +265,7 @@ def plan_request(
     tracker: Tracker | None = None,
     after: AfterStage | None = None,
     deadline: Deadline | None = None,
+    graphs: GraphCache | None = None,
 ) -> RequestedPlan:
     """`autoshard plan` from start to end, shared by the CLI and the REST service so that the
     service's plan is, by construction, what `autoshard plan --json` prints (timings aside).
@@ -256,7 +273,8 @@ def plan_request(
     unseen), partition included; `tracker` is told the progress. `deadline`: the wall clock
     `request.time_limit` sets (started here where not given: the CLI starts it with the
     command), shared by the import and every step of the search (`TimeUp` names the phase
-    that has no plan to answer with when it passes)."""
+    that has no plan to answer with when it passes). `graphs`: the imports kept for the next
+    request of the same model (`GraphCache`)."""
     deadline = deadline or Deadline.start(request.time_limit)
     training = request.training
     if training is not None and training.attention is None:
@@ -267,12 +285,12 @@ def plan_request(
         try:
             return plan_request(
                 dataclasses.replace(request, training=training.but(Recompute.NONE)), tracker,
-                after, deadline,
+                after, deadline, graphs,
             )  # fmt: skip
         except InfeasibleError:
             request = dataclasses.replace(request, training=training.but(Recompute.LAYERS))
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
-    forward, graph, cluster = _plan_inputs(request, tracker)
+    forward, graph, cluster = _plan_inputs(request, tracker, graphs)
     deadline.check("importing the model")
     _enter(tracker, PipelineStage.SEARCH, "building the problem")
     planned = auto_plan(graph, cluster, request.annotations, options, tracker, deadline)

@@ -40,6 +40,7 @@ from autoshard.cli.flags import (
     training_flags,
 )
 from autoshard.cli.solve import cmd_solve
+from autoshard.cli.sweep import add_sweep_command
 from autoshard.errors import AutoshardError
 from autoshard.mlir.syntax import Dialect
 from autoshard.search.options import Objective
@@ -356,6 +357,7 @@ COMMANDS: tuple[Callable[[Commands], None], ...] = (
     _inspect_command,
     _propagate_command,
     _plan_command,
+    add_sweep_command,
     _calibrate_command,
     _reshard_command,
     _partition_command,

@@ -92,6 +92,17 @@ def html_report(inputs: ReportInputs) -> str:
     ]
     if doc.recipes is not None:
         sections.insert(1, ("recipes", "Beside the standard recipes", _recipes(doc.recipes)))
+    subtitle = _subtitle(doc, inputs.plan.mesh.size)
+    return html_page(title, subtitle, sections, f"plan schema {SCHEMA}")
+
+
+def html_page(
+    title: str, subtitle: str, sections: Sequence[tuple[str, str, str]], footnote: str
+) -> str:
+    """A page of the report's style: its title and subtitle, a bar of links to its sections
+    (id, heading, markup), the sections, and a footer naming autoshard's version and
+    `footnote`. Self-contained: inline CSS and SVG, and a Content-Security-Policy that lets
+    nothing else load."""
     nav = tag("nav", " ".join(tag("a", esc(h), href=f"#{i}") for i, h, _ in sections))
     main = "".join(tag("section", tag("h2", esc(h)) + body, id=i) for i, h, body in sections)
     head = (
@@ -101,9 +112,8 @@ def html_report(inputs: ReportInputs) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         + tag("title", esc(title)) + tag("style", CSS)
     )  # fmt: skip
-    subtitle = tag("p", esc(_subtitle(doc, inputs.plan.mesh.size)), class_="sub")
-    header = tag("header", tag("h1", esc(title)) + subtitle)
-    footer = tag("footer", esc(f"autoshard {__version__} \u00b7 plan schema {SCHEMA}"))
+    header = tag("header", tag("h1", esc(title)) + tag("p", esc(subtitle), class_="sub"))
+    footer = tag("footer", esc(f"autoshard {__version__} \u00b7 {footnote}"))
     body = header + nav + tag("main", main) + footer
     page = tag("html", tag("head", head) + tag("body", body), lang="en")
     return f"<!DOCTYPE html>\n{page}\n"

@@ -19,7 +19,7 @@ def _flag_help(command: str, flag: str) -> str:
     return str(action.help)
 
 
-@pytest.mark.parametrize("command", ["propagate", "plan", "partition"])
+@pytest.mark.parametrize("command", ["propagate", "plan", "partition", "sweep"])
 @pytest.mark.parametrize(
     "flag, kind",
     [("--mode", Mode), ("--optimizer", Optimizer), ("--precision", Precision),
@@ -32,7 +32,7 @@ def test_training_flag_help_names_every_accepted_choice(command, flag, kind: typ
     assert [m.value for m in kind if m.value not in shown] == []
 
 
-@pytest.mark.parametrize("command", ["propagate", "plan", "partition", "layout"])
+@pytest.mark.parametrize("command", ["propagate", "plan", "partition", "layout", "sweep"])
 def test_mesh_help_says_axis_names_are_labels(command):
     """`dp=2,tp=2` names axes; the plan may still split weights over "dp": --help says so."""
     assert "axis names are labels only" in _flag_help(command, "--mesh")

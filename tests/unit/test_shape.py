@@ -50,7 +50,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plan document", ("autoshard.document",)),
     ("pipeline", ("autoshard.pipeline",)),
     ("uses of a plan", ("autoshard.export", "autoshard.execute", "autoshard.explain",
-                        "autoshard.html", "autoshard.run")),
+                        "autoshard.html", "autoshard.run", "autoshard.sweep")),
     ("REST service", ("service",)),
     ("command line", ("autoshard.cli", "autoshard.__main__")),
 )  # fmt: skip

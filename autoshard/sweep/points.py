@@ -1,0 +1,125 @@
+"""One point of a sweep planned as `autoshard plan` plans it (the pipeline's `plan_request`,
+from the same flag text through the same parsers), and its plan as a row of the table.
+
+`plan_point` runs in a worker (a process of the local pool, or a Ray worker): it never
+raises, so a point that fails records its error and the sweep goes on. A worker keeps the
+graphs it imported (`GraphCache`) for the next point of the same model, dims and step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from autoshard.cost.cluster import make_cluster
+from autoshard.errors import AutoshardError
+from autoshard.pipeline import GraphCache, PlanRequest, RequestedPlan, plan_request
+from autoshard.search.options import Objective
+from autoshard.search.solver.outcome import InfeasibleError
+from autoshard.sweep.grid import Point
+from autoshard.training.options import requested
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    """What a worker is sent: the point, its key, and what every point is asked alike."""
+
+    key: str
+    point: Point
+    model: str
+    objective: str
+    time_limit: float
+
+
+class _Imports(OrderedDict[Any, Any]):
+    """The last few imports of this process (a sweep's points come grouped by import)."""
+
+    KEEP = 4
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        while len(self) > self.KEEP:
+            self.popitem(last=False)
+
+
+_GRAPHS: GraphCache = _Imports()
+
+
+def plan_request_of(task: Task) -> PlanRequest:
+    """The request `autoshard plan` makes of the point's flags."""
+    point = task.point
+    training = requested(
+        point.mode, dict(point.training), lambda name: "--" + name.replace("_", "-"),
+        "--mode training",
+    )  # fmt: skip
+    cluster = make_cluster(point.mesh, point.device, None, None, point.memory, point.cluster)
+    return PlanRequest(
+        model_path=task.model, cluster=cluster, dims=dict(point.dims),
+        objective=Objective(task.objective), time_limit=task.time_limit, training=training,
+    )  # fmt: skip
+
+
+def plan_point(task: Task) -> dict[str, Any]:
+    """The point's row: planned, or its error (`status` infeasible or error)."""
+    started = time.monotonic()
+    try:
+        requested_plan = plan_request(plan_request_of(task), graphs=_GRAPHS)
+        row = {"status": "ok", "error": ""} | figures(requested_plan, task.point)
+    except InfeasibleError as error:
+        row = {"status": "infeasible", "error": str(error)}
+    except AutoshardError as error:
+        row = {"status": "error", "error": str(error)}
+    except Exception as error:  # noqa: BLE001 - a point's failure is its row, not the sweep's
+        last = traceback.extract_tb(error.__traceback__)[-1]
+        where = f"{last.filename}:{last.lineno}"
+        row = {"status": "error", "error": f"{type(error).__name__}: {error} ({where})"}
+    return {"key": task.key, "point": task.point.to_json(), "devices": task.point.devices,
+            **row, "wall_s": round(time.monotonic() - started, 3)}  # fmt: skip
+
+
+def tokens_per_step(requested_plan: RequestedPlan) -> int:
+    """The tokens a step takes: the elements of the model's first input where it holds
+    integer ids (batch x sequence), else its leading dim (samples); times the micro-batches
+    of a training step."""
+    graph = requested_plan.graph
+    first = graph.values[graph.inputs[0]]
+    shape = first.shape
+    ids = str(first.dtype).startswith(("int", "uint"))
+    count = 1
+    for size in shape if ids else shape[:1]:
+        count *= size
+    training = requested_plan.document.training
+    return count * (training.micro_batches if training is not None else 1)
+
+
+def figures(requested_plan: RequestedPlan, point: Point) -> dict[str, Any]:
+    """The plan's figures in the table: step time, tokens/s/device, memory, the strategy."""
+    document, cost = requested_plan.document, requested_plan.planned.cost
+    step = cost.compute_time_s + cost.comm_time_s
+    tokens = tokens_per_step(requested_plan)
+    story = (document.story or "").split(". ")[0].rstrip(".")
+    solver = document.solver
+    return {
+        "step_time_s": step, "tokens_per_step": tokens,
+        "tokens_per_s_per_device": tokens / step / point.devices if step else 0.0,
+        "memory_bytes_per_device": cost.memory_bytes_per_device,
+        "memory_budget_bytes": requested_plan.cluster.memory,
+        "comm_bytes_per_device": cost.comm_bytes_per_device,
+        "recompute": str(document.training.recompute) if document.training else "",
+        "solver": f"{solver.status} gap {solver.gap:.2%}" if solver else "",
+        "strategy": story, "plan_sha256": plan_sha256(document.to_json()),
+    }  # fmt: skip
+
+
+def plan_sha256(document: dict[str, Any]) -> str:
+    """What a plan decides, as a hash: its values' shardings, its ops' options and its
+    collectives (`autoshard plan --json`'s `values`, `ops` and `collectives`), so points
+    that chose the same plan show the same hash."""
+    decided = {key: document[key] for key in ("values", "ops", "collectives")}
+    text = json.dumps(decided, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
