@@ -350,6 +350,8 @@ def op_cost(
     kernel = graph.fused.kernel(op.name)
     if kernel is not None:
         return fused_cost(op, kernel, rule, option, graph, cluster)
+    if (op.domain, op.type) in ATTENTION_OPS and cluster.device.flash_attention and rule:
+        return _attention_op_cost(op, rule, option, graph, cluster.device, cluster.mesh)
     if op_kind(op).view:
         return OpCost(0, 0, 0.0)
     device, mesh = cluster.device, cluster.mesh
@@ -542,6 +544,37 @@ def fused_cost(
     return attention_cost(
         math.prod(local[:-3]), heads, kv_heads, local[-2], local[-1], region.head_dim,
         region.causal, value.dtype, cluster.device, backward=kernel is Kernel.BACKWARD,
+    )  # fmt: skip
+
+
+ATTENTION_OPS = frozenset({("", "Attention"), ("com.microsoft", "GroupQueryAttention"),
+                           ("com.microsoft", "MultiHeadAttention")})  # fmt: skip
+"""Attention ops an engine runs as one fused (flash) kernel (rules/attention.py's loops)."""
+
+
+def _attention_op_cost(
+    op: Op,
+    rule: OpRule,
+    option: ShardingOption | None,
+    graph: Graph,
+    device: DeviceKind,
+    mesh: Mesh,
+) -> OpCost:
+    """An attention op on a device with flash kernels: `attention_cost` over its local loops
+    (batch, head groups, heads per group, queries, keys, head size), its key and value heads
+    those of the group loop when its key follows it, else one (multi-query); causal when the
+    op masks causally (GroupQueryAttention always does). A causal split of the queries is
+    priced as its last shard, which sees the most keys."""
+    loops = _local_loops(rule, option, mesh) if option else [loop.size for loop in rule.loops]
+    batch, groups, per_group, s_q, s_kv, head_dim = loops
+    key = rule.operands[1] if len(op.inputs) > 1 and op.inputs[1] else None
+    follows = key is not None and any(1 in key.loops(d) for d in range(len(key.dims)))
+    packed = int(op.attr("kv_num_heads", 1)) if key is None else 1  # type: ignore[call-overload]
+    causal = bool(op.attr("is_causal", 0) or op.attr("unidirectional", 0))
+    causal |= op.type == "GroupQueryAttention"
+    return attention_cost(
+        batch, groups * per_group, groups if follows else packed, s_q, s_kv, head_dim, causal,
+        graph.values[op.inputs[0]].dtype, device,
     )  # fmt: skip
 
 

@@ -1,0 +1,51 @@
+"""Context parallelism: attention's query rows split over a mesh axis, its keys and values
+gathered whole (all-gather K/V, Llama 3's context parallelism), priced and chosen by the
+search; and the ONNX Attention op priced as the fused kernel it runs as."""
+
+from __future__ import annotations
+
+import pytest
+from onnx import TensorProto, helper
+
+from autoshard.cost.cluster import make_cluster
+from autoshard.cost.compute import attention_cost, op_cost
+from autoshard.cost.devices import DEVICES
+from autoshard.ir.onnx_import import import_onnx
+from autoshard.rules import rule_for
+from autoshard.sharding import ShardingOption
+from tests.unit.onnx_factory import model, save, tensor
+
+H100 = DEVICES["h100"]
+F16 = TensorProto.FLOAT16
+
+
+def attention_op(batch=2, heads=8, kv_heads=2, seq=256, head_dim=64, causal=1):
+    """One ONNX Attention (opset 23), [B, H, S, D] layout, float16."""
+    q, kv = [batch, heads, seq, head_dim], [batch, kv_heads, seq, head_dim]
+    node = helper.make_node("Attention", ["q", "k", "v"], ["y"], "attention", is_causal=causal)
+    inputs = [tensor("q", F16, q), tensor("k", F16, kv), tensor("v", F16, kv)]
+    return model([node], inputs, [tensor("y", F16, q)], opset=23)
+
+
+def test_the_attention_op_is_priced_as_a_flash_kernel(tmp_path):
+    """B 2, 8 query heads over 2 kv heads, 256 tokens, head dim 64, causal, float16 on an H100,
+    queries split over 2 devices: the last shard (rows 128..255) sees 128·128 keys below its
+    block and its own 128·129/2 triangle; Q and O of 128 rows, K and V whole."""
+    graph = import_onnx(save(attention_op(), tmp_path), {})
+    op = graph.op_by_name["attention"]
+    cluster = make_cluster(mesh="2", device="h100")
+    option = ShardingOption(((), (), (), (0,), (), ()))
+    cost = op_cost(op, rule_for(op, graph), option, graph, cluster)
+    pairs = 128 * 128 + 128 * 129 // 2
+    flops = 2 * 2 * 2 * 8 * pairs * 64
+    assert cost.flops == flops == 100_925_440
+    q, kv = 2 * 8 * 128 * 64, 2 * 2 * 256 * 64
+    assert cost.bytes == 2 * (2 * q + 2 * kv) + 4 * 2 * 8 * 128 == 794_624
+    # bound by its traffic: 794624 B at 3.35 TB/s x 0.85 (279 ns) against 170 ns of FLOPs
+    seconds = max(flops / (989e12 * 0.6), cost.bytes / (3.35e12 * H100.memory_efficiency))
+    assert cost.seconds == pytest.approx(seconds + H100.launch_s, rel=1e-12)
+    assert cost == attention_cost(2, 8, 2, 128, 256, 64, True, "float16", H100)
+    whole = op_cost(op, rule_for(op, graph), None, graph, cluster)
+    assert whole == attention_cost(2, 8, 2, 256, 256, 64, True, "float16", H100)
+    tpu = make_cluster(mesh="2", device="tpu-v5e")  # no flash kernel: the roofline of its loops
+    assert op_cost(op, rule_for(op, graph), option, graph, tpu).flops == 4 * 2 * 8 * 128 * 256 * 64
