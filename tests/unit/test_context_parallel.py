@@ -7,12 +7,16 @@ from __future__ import annotations
 import pytest
 from onnx import TensorProto, helper
 
+from autoshard.annotations import Annotation
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.compute import attention_cost, op_cost
 from autoshard.cost.devices import DEVICES
+from autoshard.cost.price import price
 from autoshard.ir.onnx_import import import_onnx
+from autoshard.passes.lower import lower
+from autoshard.propagate import propagate
 from autoshard.rules import rule_for
-from autoshard.sharding import ShardingOption
+from autoshard.sharding import Sharding, ShardingOption
 from tests.unit.onnx_factory import model, save, tensor
 
 H100 = DEVICES["h100"]
@@ -49,3 +53,35 @@ def test_the_attention_op_is_priced_as_a_flash_kernel(tmp_path):
     assert whole == attention_cost(2, 8, 2, 256, 256, 64, True, "float16", H100)
     tpu = make_cluster(mesh="2", device="tpu-v5e")  # no flash kernel: the roofline of its loops
     assert op_cost(op, rule_for(op, graph), option, graph, tpu).flops == 4 * 2 * 8 * 128 * 256 * 64
+
+
+def _lowered(tmp_path, mesh, sequence_axes, **shape):
+    """The Attention op with Q, K, V and Y all split on the sequence (dim 2) over
+    `sequence_axes`: propagated, lowered to its program."""
+    graph = import_onnx(save(attention_op(**shape), tmp_path), {})
+    cluster = make_cluster(mesh=mesh, device="h100", bandwidth="100GB/s", latency="1us")
+    split = Sharding(((), (), tuple(sequence_axes), ()))
+    marks = [Annotation(name, split) for name in ("q", "k", "v", "y")]
+    plan = propagate(graph, cluster.mesh, marks)
+    return graph, cluster, plan, lower(graph, plan)
+
+
+def test_all_gather_kv_costs_by_hand(tmp_path):
+    """B 1, 8 heads over 2 kv heads, 4096 tokens, head dim 64, float16, on 4 devices at
+    100 GB/s and 1 us: the queries split 4 ways, K and V each all-gathered (1024 rows of
+    2·64 halves a device: 262144 B, 3 of them sent, 3 ring steps), then the last shard's
+    causal kernel (1024 rows over 4096 keys); K and V held whole, gathered."""
+    graph, cluster, plan, program = _lowered(tmp_path, "4", (0,), batch=1, seq=4096)
+    assert str(plan.options["attention"]) == "[[], [], [], [0]]"
+    cost = price(program, graph, cluster)
+    gathers = [(c.value, c.kind, c.bytes_per_device) for c in cost.collectives]
+    local = 1 * 2 * 1024 * 64 * 2
+    assert gathers == [("k", "all_gather", 3 * local), ("v", "all_gather", 3 * local)]
+    assert cost.comm_time_s == pytest.approx(2 * (3 * 1e-6 + 3 * local / 100e9), rel=1e-9)
+    kernel = attention_cost(1, 8, 2, 1024, 4096, 64, True, "float16", H100)
+    pairs = 1024 * 3072 + 1024 * 1025 // 2
+    assert kernel.flops == 2 * 2 * 8 * pairs * 64
+    assert cost.ops["attention"] == kernel
+    # Live at the op: Q, Y (a quarter each), K and V shards and their gathered copies.
+    quarter, whole_kv = 8 * 1024 * 64 * 2, 2 * 4096 * 64 * 2
+    assert cost.memory_bytes_per_device == 2 * quarter + 2 * local + 2 * whole_kv
