@@ -436,11 +436,15 @@ def _ulysses(
 
 def _context_parallel(graph: Graph, forward: Graph, plan: Plan, findings: _Findings) -> None:
     """Attention cores whose query rows are split (their keys and values then read whole):
-    a region's probabilities split on their query dim, an Attention op's query loop."""
+    a region's scores, probabilities and output split on their query dim alike (not moved
+    between heads and rows inside the core), an Attention op's query loop."""
     cores = graph.fused.regions or find_attention(forward).regions
     for region in cores:
-        rank = len(graph.values[region.probabilities].shape)
-        axes = _dim_axes(plan.produced[region.probabilities], -2, rank)
+        scores = graph.op_by_name[region.ops[0]].outputs[0]
+        values = (scores, region.probabilities, region.output)
+        axes = frozenset.intersection(*(
+            _dim_axes(plan.produced[v], -2, len(graph.values[v].shape)) for v in values
+        ))  # fmt: skip
         if axes:
             findings.add(CONTEXT_PARALLEL, axes, [region.softmax], Role.CONTEXT)
     for op in forward.ops:

@@ -4,6 +4,11 @@ search; and the ONNX Attention op priced as the fused kernel it runs as."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -14,11 +19,14 @@ from autoshard.cost.devices import DEVICES
 from autoshard.cost.price import price
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
+from autoshard.pipeline import PlanRequest, plan_request
 from autoshard.propagate import propagate
 from autoshard.rules import rule_for
 from autoshard.sharding import Sharding, ShardingOption
+from autoshard.training import Training
 from tests.unit.onnx_factory import model, save, tensor
 
+MODELS = Path(__file__).resolve().parents[2] / "models"
 H100 = DEVICES["h100"]
 F16 = TensorProto.FLOAT16
 
@@ -85,3 +93,37 @@ def test_all_gather_kv_costs_by_hand(tmp_path):
     # Live at the op: Q, Y (a quarter each), K and V shards and their gathered copies.
     quarter, whole_kv = 8 * 1024 * 64 * 2, 2 * 4096 * 64 * 2
     assert cost.memory_bytes_per_device == 2 * quarter + 2 * local + 2 * whole_kv
+
+
+@pytest.fixture
+def make_models(monkeypatch):
+    spec = importlib.util.spec_from_file_location("make_models", MODELS / "make_models.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "make_models", module)  # its dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("seq", "context_parallel"), [(512, False), (2048, True)])
+def test_the_search_splits_attention_by_context_where_memory_binds(
+    tmp_path, make_models, seq, context_parallel
+):
+    """A 2-layer decoder with 2 heads (they cannot fill 4 devices), a training step of one
+    sequence on 4 H100s given 20 MB each: at 512 tokens the replicated step fits (13 MB)
+    and nothing is split; at 2048 it needs 33 MB whole, and the plan splits the attention's
+    query rows over the axis, its keys and values gathered whole."""
+    built = make_models.build_decoder_shape_only(2, hidden=128, heads=2, ffn=256, vocab=512)
+    onnx.save(built.proto, tmp_path / "decoder.onnx")
+    request = PlanRequest(
+        model_path=tmp_path / "decoder.onnx", cluster=make_cluster("4", "h100", memory="20MB"),
+        dims={"batch": 1, "seq": seq}, training=Training(),
+    )  # fmt: skip
+    requested = plan_request(request)
+    plan, graph = requested.planned.plan, requested.graph
+    split = [plan.produced[r.probabilities].split_axes for r in graph.fused.regions]
+    assert len(split) == 2
+    assert all(s[2:3] == (((0,),) if context_parallel else ()) for s in split)
+    told = "context parallel attention over axis 0 (all-gather K/V)"
+    assert (told in requested.document.story) == context_parallel
+    assert requested.planned.cost.memory_bytes_per_device <= 20_000_000
