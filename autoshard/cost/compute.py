@@ -569,7 +569,8 @@ def _attention_op_cost(
     batch, groups, per_group, s_q, s_kv, head_dim = loops
     key = rule.operands[1] if len(op.inputs) > 1 and op.inputs[1] else None
     follows = key is not None and any(1 in key.loops(d) for d in range(len(key.dims)))
-    packed = int(op.attr("kv_num_heads", 1)) if key is None else 1  # type: ignore[call-overload]
+    named = op.attr("kv_num_heads", 1)
+    packed = named if key is None and isinstance(named, int) else 1  # QKV packed in the query
     causal = bool(op.attr("is_causal", 0) or op.attr("unidirectional", 0))
     causal |= op.type == "GroupQueryAttention"
     return attention_cost(
