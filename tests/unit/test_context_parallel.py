@@ -19,11 +19,11 @@ from autoshard.cost.devices import DEVICES
 from autoshard.cost.price import price
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
-from autoshard.pipeline import PlanRequest, plan_request
+from autoshard.pipeline import PlanRequest, load_graph, plan_request
 from autoshard.propagate import propagate
 from autoshard.rules import rule_for
 from autoshard.sharding import Sharding, ShardingOption
-from autoshard.training import Training
+from autoshard.training import Attention, Training
 from tests.unit.onnx_factory import model, save, tensor
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -127,3 +127,28 @@ def test_the_search_splits_attention_by_context_where_memory_binds(
     told = "context parallel attention over axis 0 (all-gather K/V)"
     assert (told in requested.document.story) == context_parallel
     assert requested.planned.cost.memory_bytes_per_device <= 20_000_000
+
+
+def test_a_fused_core_split_by_context_costs_its_last_block(tmp_path):
+    """The decomposed core of tests/unit/test_fused_attention.py (B 2, 4 heads over 2 kv
+    heads, 8 tokens, head dim 4, causal), its training step fused, on 2 devices with x split
+    on the sequence: the core computes its query rows split, the forward and backward kernels
+    priced over the last 4 rows against all 8 keys (4·4 + 4·5/2 = 26 of the 36 pairs); K
+    and V, as the core reads them (its heads repeated for GQA), all-gathered forward and
+    their gradients reduce-scattered backward, the causal mask cut to the device's rows."""
+    from tests.unit.test_fused_attention import B, D, HEADS, S, block
+
+    graph = load_graph(save(block(kv_heads=2), tmp_path), {}, Training(attention=Attention.FUSED))
+    cluster = make_cluster(mesh="2", device="h100")
+    plan = propagate(graph, cluster.mesh, [Annotation("x", Sharding(((), (0,), ())))])
+    assert plan.produced["probs"].split_axes[2] == (0,)
+    program = lower(graph, plan)
+    cost = price(program, graph, cluster)
+    forward = attention_cost(B, HEADS, 2, S // 2, S, D, True, "bfloat16", H100)
+    assert forward.flops == 2 * 2 * B * HEADS * 26 * D
+    assert cost.ops["softmax"] == forward
+    backward = attention_cost(B, HEADS, 2, S // 2, S, D, True, "bfloat16", H100, backward=True)
+    assert cost.ops["softmax@grad0"] == backward
+    moved = [(c["kind"], c["value"]) for c in program.collectives_json()]
+    assert moved[:3] == [("all_gather", "kT"), ("all_slice", "mask"), ("all_gather", "v_r")]
+    assert ("reduce_scatter", "kT@grad0") in moved and ("reduce_scatter", "v_r@grad0") in moved
