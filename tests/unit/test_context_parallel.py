@@ -136,7 +136,7 @@ def test_a_fused_core_split_by_context_costs_its_last_block(tmp_path):
     priced over the last 4 rows against all 8 keys (4·4 + 4·5/2 = 26 of the 36 pairs); K
     and V, as the core reads them (its heads repeated for GQA), all-gathered forward and
     their gradients reduce-scattered backward, the causal mask cut to the device's rows."""
-    from tests.unit.test_fused_attention import B, D, HEADS, S, block
+    from tests.unit.test_fused_attention import HEADS, B, D, S, block
 
     graph = load_graph(save(block(kv_heads=2), tmp_path), {}, Training(attention=Attention.FUSED))
     cluster = make_cluster(mesh="2", device="h100")
