@@ -13,8 +13,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from autoshard.annotations import Annotation
+from autoshard.cost.attention import attention_cost
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.compute import attention_cost, op_cost
+from autoshard.cost.compute import op_cost
 from autoshard.cost.devices import DEVICES
 from autoshard.cost.price import price
 from autoshard.ir.onnx_import import import_onnx
