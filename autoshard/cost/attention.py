@@ -14,6 +14,7 @@ from autoshard.ir.fused import Kernel
 from autoshard.ir.graph import Graph, Op
 from autoshard.mesh import Mesh
 from autoshard.rules import OpRule
+from autoshard.rules.gradient import TRAIN, TrainOp
 from autoshard.sharding import ShardingOption
 
 
@@ -102,19 +103,35 @@ ATTENTION_OPS = frozenset({("", "Attention"), ("com.microsoft", "GroupQueryAtten
 """Attention ops an engine runs as one fused (flash) kernel (rules/attention.py's loops)."""
 
 
+def attention_kernel(op: Op, graph: Graph) -> tuple[Op, Kernel] | None:
+    """The attention op (`ATTENTION_OPS`) whose kernel `op` runs, and which kernel: the op
+    itself (or its recomputation) the forward; the gradient of its query the backward, which
+    computes dQ, dK and dV at once; its other gradients, inside that one. None for any other
+    op."""
+    forward, kernel = op, Kernel.FORWARD
+    if op.domain == TRAIN and op.type == TrainOp.GRAD:
+        forward = graph.op_by_name[str(op.attr("op"))]
+        kernel = Kernel.BACKWARD if op.attr("operand", 0) == 0 else Kernel.INSIDE
+    return (forward, kernel) if (forward.domain, forward.type) in ATTENTION_OPS else None
+
+
 def attention_op_cost(
     op: Op,
+    kernel: Kernel,
     rule: OpRule,
     option: ShardingOption | None,
     graph: Graph,
     device: DeviceKind,
     mesh: Mesh,
 ) -> OpCost:
-    """An attention op on a device with flash kernels: `attention_cost` over its local loops
-    (batch, head groups, heads per group, queries, keys, head size), its key and value heads
-    those of the group loop when its key follows it, else one (multi-query); causal when the
-    op masks causally (GroupQueryAttention always does). A causal split of the queries is
-    priced as its last shard, which sees the most keys."""
+    """Attention op `op`'s `kernel` on a device with flash kernels: `attention_cost` over
+    the local loops of `rule` (the op's, or its gradient's: batch, head groups, heads per
+    group, queries, keys, head size), its key and value heads those of the group loop when
+    its key follows it, else one (multi-query); causal when the op masks causally
+    (GroupQueryAttention always does); nothing for a kernel inside another. A causal split
+    of the queries is priced as its last shard, which sees the most keys."""
+    if kernel is Kernel.INSIDE:
+        return OpCost(0, 0, 0.0)
     loops = local_loops(rule, option, mesh) if option else [loop.size for loop in rule.loops]
     batch, groups, per_group, s_q, s_kv, head_dim = loops
     key = rule.operands[1] if len(op.inputs) > 1 and op.inputs[1] else None
@@ -125,5 +142,5 @@ def attention_op_cost(
     causal |= op.type == "GroupQueryAttention"
     return attention_cost(
         batch, groups * per_group, groups if follows else packed, s_q, s_kv, head_dim, causal,
-        graph.values[op.inputs[0]].dtype, device,
+        graph.values[op.inputs[0]].dtype, device, backward=kernel is Kernel.BACKWARD,
     )  # fmt: skip

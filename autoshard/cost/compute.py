@@ -67,7 +67,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from autoshard.cost.attention import ATTENTION_OPS, attention_op_cost, fused_cost
+from autoshard.cost.attention import attention_kernel, attention_op_cost, fused_cost
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.devices import DeviceKind, Transcendental
 from autoshard.cost.kernel import OpCost, local_loops
@@ -323,12 +323,14 @@ def op_cost(
     op: Op, rule: OpRule | None, option: ShardingOption | None, graph: Graph, cluster: Cluster
 ) -> OpCost:
     """The roofline of `op` computed with `option` on one device (the module's docstring); an
-    op of a fused region, its share of the region's kernel (`fused_cost`)."""
+    op of a fused region, its share of the region's kernel (`fused_cost`); an attention op and
+    its gradients, its forward and backward flash kernels (`attention_op_cost`)."""
     kernel = graph.fused.kernel(op.name)
     if kernel is not None:
         return fused_cost(op, kernel, rule, option, graph, cluster)
-    if (op.domain, op.type) in ATTENTION_OPS and cluster.device.flash_attention and rule:
-        return attention_op_cost(op, rule, option, graph, cluster.device, cluster.mesh)
+    attention = attention_kernel(op, graph) if cluster.device.flash_attention and rule else None
+    if attention is not None and rule is not None:
+        return attention_op_cost(*attention, rule, option, graph, cluster.device, cluster.mesh)
     if op_kind(op).view:
         return OpCost(0, 0, 0.0)
     device, mesh = cluster.device, cluster.mesh

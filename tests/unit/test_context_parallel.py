@@ -8,6 +8,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -15,7 +16,7 @@ from onnx import TensorProto, helper
 from autoshard.annotations import Annotation
 from autoshard.cost.attention import attention_cost
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.compute import op_cost
+from autoshard.cost.compute import OpCost, op_cost
 from autoshard.cost.devices import DEVICES
 from autoshard.cost.price import price
 from autoshard.ir.onnx_import import import_onnx
@@ -32,12 +33,18 @@ H100 = DEVICES["h100"]
 F16 = TensorProto.FLOAT16
 
 
-def attention_op(batch=2, heads=8, kv_heads=2, seq=256, head_dim=64, causal=1):
-    """One ONNX Attention (opset 23), [B, H, S, D] layout, float16."""
+def attention_op(batch=2, heads=8, kv_heads=2, seq=256, head_dim=64, causal=1, project=False):
+    """One ONNX Attention (opset 23), [B, H, S, D] layout, float16; with `project` its query,
+    key and value are inputs times one weight [D, D] (something to train)."""
     q, kv = [batch, heads, seq, head_dim], [batch, kv_heads, seq, head_dim]
     node = helper.make_node("Attention", ["q", "k", "v"], ["y"], "attention", is_causal=causal)
-    inputs = [tensor("q", F16, q), tensor("k", F16, kv), tensor("v", F16, kv)]
-    return model([node], inputs, [tensor("y", F16, q)], opset=23)
+    given = [f"x{n}" if project else n for n in "qkv"]
+    inputs = [tensor(n, F16, shape) for n, shape in zip(given, (q, kv, kv), strict=True)]
+    nodes, weights = [node], {}
+    if project:
+        nodes[:0] = [helper.make_node("MatMul", [f"x{n}", "w"], [n], f"project_{n}") for n in "qkv"]
+        weights["w"] = np.eye(head_dim, dtype=np.float16)
+    return model(nodes, inputs, [tensor("y", F16, q)], weights, opset=23)
 
 
 def test_the_attention_op_is_priced_as_a_flash_kernel(tmp_path):
@@ -153,3 +160,21 @@ def test_a_fused_core_split_by_context_costs_its_last_block(tmp_path):
     moved = [(c["kind"], c["value"]) for c in program.collectives_json()]
     assert moved[:3] == [("all_gather", "kT"), ("all_slice", "mask"), ("all_gather", "v_r")]
     assert ("reduce_scatter", "kT@grad0") in moved and ("reduce_scatter", "v_r@grad0") in moved
+
+
+def test_the_attention_ops_gradients_are_one_backward_kernel(tmp_path):
+    """The training step of the Attention op: the gradient of its query is the flash
+    backward kernel over the op's loops (5 matmuls over the causal pairs), the gradients of
+    its key and value are inside that kernel and cost nothing of their own."""
+    graph = load_graph(save(attention_op(project=True), tmp_path), {}, Training())
+    cluster = make_cluster(mesh="2", device="h100")
+    grads = {
+        op.attr("operand"): op for op in graph.ops
+        if op.type == "Grad" and op.attr("op") == "attention"
+    }  # fmt: skip
+    assert sorted(grads) == [0, 1, 2]
+    dtype = graph.values[graph.op_by_name["attention"].inputs[0]].dtype
+    costs = {k: op_cost(op, rule_for(op, graph), None, graph, cluster) for k, op in grads.items()}
+    backward = attention_cost(2, 8, 2, 256, 256, 64, True, dtype, H100, backward=True)
+    assert backward.flops == 5 * 2 * 2 * 8 * (256 * 257 // 2) * 64
+    assert costs == {0: backward, 1: OpCost(0, 0, 0.0), 2: OpCost(0, 0, 0.0)}
