@@ -67,10 +67,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from autoshard.cost.attention import attention_kernel, attention_op_cost, fused_cost
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.devices import DeviceKind, Transcendental
+from autoshard.cost.kernel import OpCost, local_loops
 from autoshard.ir import dtypes
-from autoshard.ir.fused import Kernel
 from autoshard.ir.graph import Graph, Op
 from autoshard.mesh import Mesh
 from autoshard.rules import IndexingMap, IteratorType, OpRule
@@ -173,23 +174,6 @@ default from its own rule."""
 _DEFAULT = OpKind()
 
 
-@dataclass(frozen=True)
-class OpCost:
-    """What one device spends on one op: FLOPs, bytes read and written, seconds."""
-
-    flops: int
-    bytes: int
-    seconds: float
-
-    def __add__(self, other: OpCost) -> OpCost:
-        return OpCost(
-            self.flops + other.flops, self.bytes + other.bytes, self.seconds + other.seconds
-        )
-
-    def to_json(self) -> dict[str, object]:
-        return {"flops": self.flops, "bytes": self.bytes, "compute_s": self.seconds}
-
-
 def op_kind(op: Op) -> OpKind:
     return OP_KINDS.get(op.type, _DEFAULT)
 
@@ -226,13 +210,6 @@ def _scalar(graph: Graph, name: str) -> float | None:
     else:
         return None
     return float(array.reshape(-1)[0]) if array.size == 1 else None
-
-
-def _local_loops(rule: OpRule, option: ShardingOption, mesh: Mesh) -> list[int]:
-    return [
-        shard_size(loop.size, mesh.group_size(axes))
-        for loop, axes in zip(rule.loops, option.loops, strict=True)
-    ]
 
 
 def op_flops(
@@ -309,7 +286,7 @@ def matmul_efficiency(
     reductions = [i for i, loop in enumerate(rule.loops) if loop.kind is IteratorType.REDUCTION]
     if len(data) < 2 or not reductions:
         return None
-    local = _local_loops(rule, option, mesh)
+    local = local_loops(rule, option, mesh)
     first = {loop for dim in range(len(data[0].dims)) for loop in data[0].loops(dim)}
     second = {loop for dim in range(len(data[1].dims)) for loop in data[1].loops(dim)}
     parallel = set(range(len(local))) - set(reductions)
@@ -346,10 +323,14 @@ def op_cost(
     op: Op, rule: OpRule | None, option: ShardingOption | None, graph: Graph, cluster: Cluster
 ) -> OpCost:
     """The roofline of `op` computed with `option` on one device (the module's docstring); an
-    op of a fused region, its share of the region's kernel (`fused_cost`)."""
+    op of a fused region, its share of the region's kernel (`fused_cost`); an attention op and
+    its gradients, its forward and backward flash kernels (`attention_op_cost`)."""
     kernel = graph.fused.kernel(op.name)
     if kernel is not None:
         return fused_cost(op, kernel, rule, option, graph, cluster)
+    attention = attention_kernel(op, graph) if cluster.device.flash_attention and rule else None
+    if attention is not None and rule is not None:
+        return attention_op_cost(*attention, rule, option, graph, cluster.device, cluster.mesh)
     if op_kind(op).view:
         return OpCost(0, 0, 0.0)
     device, mesh = cluster.device, cluster.mesh
@@ -462,98 +443,7 @@ def _iterations(
     """The iterations of `op` one device runs: its local loops, or (no rule) its outputs."""
     if rule is None or option is None:
         return sum(math.prod(graph.values[o].shape) for o in op.outputs if o)
-    return math.prod(_local_loops(rule, option, mesh))
-
-
-def attention_flops(
-    batch: int, heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool, backward: bool
-) -> int:
-    """FLOPs of a fused attention kernel (`attention_cost`): its matmuls over the pairs of
-    query and key rows it computes, the causal triangle's alone when causal."""
-    pairs = s_q * s_kv
-    if causal:
-        pairs = s_q * max(0, s_kv - s_q) + min(s_q, s_kv) * (min(s_q, s_kv) + 1) // 2
-    return (5 if backward else 2) * 2 * batch * heads * pairs * head_dim
-
-
-def attention_cost(
-    batch: int,
-    heads: int,
-    kv_heads: int,
-    s_q: int,
-    s_kv: int,
-    head_dim: int,
-    causal: bool,
-    dtype: str,
-    device: DeviceKind,
-    backward: bool = False,
-) -> OpCost:
-    """What one device spends on a fused (flash) attention kernel over its local shard:
-    `batch` x `heads` query heads of `s_q` rows, `kv_heads` key/value heads of `s_kv` rows,
-    all of `head_dim` features, in `dtype`.
-
-        pairs   = s_q · s_kv, or when causal the pairs on and below the diagonal (query row
-                  i sees the first s_kv - s_q + i + 1 keys): s_q·(s_kv - s_q) + s_q·(s_q+1)/2
-        FLOPs   = 2 matmuls (Q·Kᵀ, P·V) · 2 · batch · heads · pairs · head_dim forward; 5
-                  (Q·Kᵀ again, dV, dP, dQ, dK) backward
-        bytes   = Q, K, V read and O written, plus the softmax's row statistics (float32, one
-                  per query row) forward; Q, K, V, O, dO and the statistics read and dQ, dK, dV
-                  written backward: never an s_q x s_kv tensor
-        time    = max(FLOPs / (peak(dtype) · attention efficiency), bytes / (HBM bandwidth ·
-                  memory efficiency)) + launch
-
-    The efficiencies are the fraction of peak measured flash-attention kernels reach
-    (`DeviceKind.attention_efficiency`, `attention_backward_efficiency`; a device without
-    them runs it at its matmul efficiency)."""
-    flops = attention_flops(batch, heads, s_q, s_kv, head_dim, causal, backward)
-    q = batch * heads * s_q * head_dim
-    kv = batch * kv_heads * s_kv * head_dim
-    statistics = dtypes.nbytes("float32", batch * heads * s_q)
-    moved = dtypes.nbytes(dtype, 4 * q + 4 * kv if backward else 2 * q + 2 * kv) + statistics
-    efficiency = device.attention_backward_efficiency if backward else device.attention_efficiency
-    efficiency = efficiency or device.matmul_efficiency  # a device with no flash kernel
-    seconds = max(
-        flops / (device.peak(dtype) * efficiency),
-        moved / (device.hbm_bandwidth * device.memory_efficiency),
-    )
-    return OpCost(flops, moved, seconds + device.launch_s)
-
-
-def fused_cost(
-    op: Op,
-    kernel: Kernel,
-    rule: OpRule | None,
-    option: ShardingOption | None,
-    graph: Graph,
-    cluster: Cluster,
-) -> OpCost:
-    """An op of a fused attention region: the region's forward or backward kernel
-    (`attention_cost`) over the local shard of the scores the op computes (its first result,
-    [..., heads, s_q, s_kv], cut as its option cuts it), or nothing for the ops inside."""
-    if kernel is Kernel.INSIDE:
-        return OpCost(0, 0, 0.0)
-    region = graph.fused.region(op.name)
-    value = graph.values[op.outputs[0]]
-    local = list(value.shape)
-    if rule is not None and option is not None:
-        local = _local_shape(value.shape, rule.results[0], option, cluster.mesh)
-    heads = local[-3]
-    kv_heads = max(1, heads * region.kv_heads // region.heads)
-    return attention_cost(
-        math.prod(local[:-3]), heads, kv_heads, local[-2], local[-1], region.head_dim,
-        region.causal, value.dtype, cluster.device, backward=kernel is Kernel.BACKWARD,
-    )  # fmt: skip
-
-
-def _local_shape(
-    shape: Sequence[int], indexing: IndexingMap, option: ShardingOption, mesh: Mesh
-) -> list[int]:
-    """The local shard's dims of a tensor of `shape` read through `indexing`."""
-    return [
-        shard_size(size, mesh.group_size([a for loop in indexing.loops(dim)
-                                          for a in option.loops[loop]]))
-        for dim, size in enumerate(shape)
-    ]  # fmt: skip
+    return math.prod(local_loops(rule, option, mesh))
 
 
 def compute_time(

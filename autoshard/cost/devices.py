@@ -52,7 +52,7 @@ class DeviceKind:
     private caches). pack_bandwidth: bytes/s at which a matmul re-lays out its second operand
     on every call (0: it does not; CPU BLAS packing). attention_efficiency,
     attention_backward_efficiency: the fraction of the matrix units' peak a fused (flash)
-    attention kernel reaches forward and backward (`cost.compute.attention_cost`); 0: the
+    attention kernel reaches forward and backward (`cost.attention.attention_cost`); 0: the
     device has no such kernel (a training plan then prices attention as exported by default,
     and a fused one at `matmul_efficiency`).
     reserve: bytes of `memory` a training or serving process cannot hold tensors in (the

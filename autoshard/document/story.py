@@ -16,6 +16,9 @@ parameter names (`export.names`, given by the caller), else by their initializer
   (the sequence of a [batch, seq, hidden] activation) split;
 - *Ulysses*: an all_to_all of the program on a value an attention block reads or writes
   (heads <-> sequence);
+- *context parallel (all-gather K/V)*: an attention core (a fused region, or an ONNX
+  Attention op) with its query rows split, its keys and values read whole: gathered over
+  the axes splitting the queries (Llama 3's context parallelism);
 - *experts split*: an MoE expert table (`patterns.expert_downs`) split on its expert dim;
 - weights: in `autoshard.holding`'s words, held split further than read (sharded, gathered
   for use: FSDP/ZeRO-3), read split (tensor parallel), or replicated; a training plan counts
@@ -83,6 +86,7 @@ class Role(enum.StrEnum):
     TENSOR = "tensor parallel"
     SEQUENCE = "sequence parallel"
     ULYSSES = "Ulysses all_to_all"
+    CONTEXT = "context parallel"
     VOCABULARY = "vocabulary split"
     EXPERT = "expert parallel"
     FSDP = "FSDP/ZeRO-3"
@@ -256,6 +260,7 @@ def recognise(
     regions = _megatron(forward, plan, find_projections(forward), findings)
     _sequence_parallel(graph, plan, regions, findings)
     _ulysses(graph, regions, collectives, findings)
+    _context_parallel(graph, forward, plan, findings)
     _tables(graph, plan, findings)
     parts += findings.sentences()
     weights = _weights(graph, plan, batch, findings)
@@ -427,6 +432,30 @@ def _ulysses(
         if at:
             idea = ("heads<->sequence all_to_all around the attention", "Ulysses")
             findings.add(idea, frozenset(c["mesh_axes"]), at[:1], Role.ULYSSES)
+
+
+def _context_parallel(graph: Graph, forward: Graph, plan: Plan, findings: _Findings) -> None:
+    """Attention cores whose query rows are split (their keys and values then read whole):
+    a region's scores, probabilities and output split on their query dim alike (not moved
+    between heads and rows inside the core), an Attention op's query loop."""
+    cores = graph.fused.regions or find_attention(forward).regions
+    for region in cores:
+        scores = graph.op_by_name[region.ops[0]].outputs[0]
+        values = (scores, region.probabilities, region.output)
+        axes = frozenset.intersection(*(
+            _dim_axes(plan.produced[v], -2, len(graph.values[v].shape)) for v in values
+        ))  # fmt: skip
+        if axes:
+            findings.add(CONTEXT_PARALLEL, axes, [region.softmax], Role.CONTEXT)
+    for op in forward.ops:
+        option = plan.options.get(op.name)
+        if op.type == "Attention" and not op.domain and option is not None:
+            axes = frozenset(option.loops[3]) if len(option.loops) == 6 else frozenset()
+            if axes:
+                findings.add(CONTEXT_PARALLEL, axes, [op.name], Role.CONTEXT)
+
+
+CONTEXT_PARALLEL: Idea = ("context parallel attention", "all-gather K/V")
 
 
 def _tables(graph: Graph, plan: Plan, findings: _Findings) -> None:

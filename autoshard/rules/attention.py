@@ -39,8 +39,9 @@ value, and the present ones (past and new concatenated), follow the batch and he
 
 In the 3-D layout ([B, S, heads · head size], heads given by attributes) the hidden dim follows
 the head loop, and the note "local_heads" tells the partitioner to count the heads a device
-holds in the attributes. The loops price the op: B·Hq·Sq·T·D iterations of two
-multiply-adds each (Q·K and P·V), `cost/compute.py`.
+holds in the attributes. The loops price the op: on a device with flash kernels as one over
+its local loops (`cost/attention.py`), else B·Hq·Sq·T·D iterations of two multiply-adds each
+(Q·K and P·V, `cost/compute.py`).
 """
 
 from __future__ import annotations

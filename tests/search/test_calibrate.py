@@ -9,8 +9,9 @@ import pytest
 
 from autoshard.cli.main import main
 from autoshard.collectives import CollectiveKind, ring_steps
+from autoshard.cost.attention import attention_flops
 from autoshard.cost.cluster import Cluster, device_kind, make_cluster
-from autoshard.cost.compute import OpCost, attention_flops, op_cost
+from autoshard.cost.compute import OpCost, op_cost
 from autoshard.cost.devices import gpu_reserve
 from autoshard.cost.measure.calibrate import (
     PACK_RATES,

@@ -13,8 +13,9 @@ from onnx import helper, numpy_helper
 
 from autoshard.analysis.attention import find_attention
 from autoshard.cli.main import main
+from autoshard.cost.attention import attention_cost
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.compute import OpCost, attention_cost, op_cost
+from autoshard.cost.compute import OpCost, op_cost
 from autoshard.cost.devices import DEVICES
 from autoshard.cost.liveness import memory_timeline
 from autoshard.ir.fused import Held, Kernel

@@ -343,14 +343,16 @@ def test_story_names_blocks_by_parameter_names():
 def test_variants_of_one_idea_are_told_once():
     """Norms split on the sequence over axis a in layer 0 and over b in layer 1: propagation
     carries both splits through the elementwise ops of both layers, and the story names the
-    idea once with its two variants, where each is found."""
+    idea once with its two variants, where each is found (each layer's attention computes its
+    query rows split as its norm's sequence is: context parallel)."""
     g, mesh = graph("bert"), Mesh.parse("a=2,b=2")
     norms = [op for op in g.ops if op.type == "LayerNormalization"]
     annotations = [Annotation(op.outputs[0], Sharding(((), (1 if "layer.0" in op.name else 0,))))
                    for op in norms]  # fmt: skip
     assert story("bert", mesh, annotations) == (
         "In each of the 2 repeated layers: norms and elementwise ops split on the sequence "
-        "(sequence parallel) over axis a (every layer and outside), axis b (every layer). "
+        "(sequence parallel) over axis a (every layer and outside), axis b (every layer); "
+        "context parallel attention (all-gather K/V) over axis a (1 layer), axis b (1 layer). "
         "Weights: 37 replicated, 100% of the weight bytes."
     )
 

@@ -42,7 +42,7 @@ each time the median of several runs on CUDA, the fastest on a CPU (`cost.probes
   (`cost.compute.special_rate`).
 - fused attention (CUDA): torch's `scaled_dot_product_attention`, causal, at a 7B layer's
   shape (`ATTENTION`), forward and backward (forward and backward less the forward): its
-  FLOPs as the cost model counts them (`cost.compute.attention_flops`) over its time, against
+  FLOPs as the cost model counts them (`cost.attention.attention_flops`) over its time, against
   the matmul peak, become `attention_efficiency` and `attention_backward_efficiency` (0 on a
   CPU: no flash kernel).
 - memory: the machine's physical memory, or the GPU's.
@@ -84,7 +84,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autoshard.collectives import CollectiveKind, ring_bytes, ring_steps
-from autoshard.cost.compute import attention_flops
+from autoshard.cost.attention import attention_flops
 from autoshard.cost.devices import Transcendental, gpu_reserve
 from autoshard.cost.measure.probes import OnnxRuntimeProbe, TorchProbe
 from autoshard.errors import ClusterError
@@ -494,7 +494,7 @@ def attention_efficiencies(
 ) -> tuple[float, float]:
     """The fractions of the matmul peak torch's fused attention (causal, at `ATTENTION`,
     its sequence over `scale`) reaches forward and backward, its FLOPs counted as the cost
-    model counts them (`cost.compute.attention_flops`)."""
+    model counts them (`cost.attention.attention_flops`)."""
     batch, heads, seq, head_dim = ATTENTION
     seq //= scale
     found = []
