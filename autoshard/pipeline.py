@@ -248,6 +248,7 @@ def plan_request(
     after: AfterStage | None = None,
     deadline: Deadline | None = None,
     chosen: bool = False,
+    explain: bool = True,
 ) -> RequestedPlan:
     """`autoshard plan` from start to end, shared by the CLI and the REST service so that the
     service's plan is, by construction, what `autoshard plan --json` prints (timings aside).
@@ -256,7 +257,9 @@ def plan_request(
     `request.time_limit` sets (started here where not given: the CLI starts it with the
     command), shared by the import and every step of the search (`TimeUp` names the phase
     that has no plan to answer with when it passes). `chosen`: the request's recomputation
-    is the one `--recompute auto` chose (`_cheapest_recompute`), as the story says."""
+    is the one `--recompute auto` chose (`_cheapest_recompute`), as the story says;
+    `explain` false: no plan fitting raises the solve's InfeasibleError, without the least
+    memory a plan needs (`auto_plan`)."""
     deadline = deadline or Deadline.start(request.time_limit)
     training = request.training
     if training is not None and training.attention is None:
@@ -268,7 +271,9 @@ def plan_request(
     forward, graph, cluster = _plan_inputs(request, tracker)
     deadline.check("importing the model")
     _enter(tracker, PipelineStage.SEARCH, "building the problem")
-    planned = auto_plan(graph, cluster, request.annotations, options, tracker, deadline)
+    planned = auto_plan(
+        graph, cluster, request.annotations, options, tracker, deadline, explain=explain
+    )
     _enter(tracker, PipelineStage.DOCUMENT)
     recipes = price_recipes(graph, forward, cluster, planned.search, options.objective)
     document = plan_document(
@@ -297,12 +302,12 @@ def _cheapest_recompute(
 ) -> RequestedPlan:  # fmt: skip
     """The plan of the first recomputation of `recompute_ladder` that fits the budget: the
     search recomputes exactly when, and only as much as, the budget requires; the last
-    one's error where none fits."""
+    one's error (with the least memory its plans need) where none fits."""
     *cheaper, last = recompute_ladder(training)
     for step in cheaper:
         try:
             asked = dataclasses.replace(request, training=step)
-            return plan_request(asked, tracker, after, deadline, chosen=True)
+            return plan_request(asked, tracker, after, deadline, chosen=True, explain=False)
         except InfeasibleError:
             deadline.check("trying the recomputations")
     asked = dataclasses.replace(request, training=last)
