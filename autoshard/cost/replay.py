@@ -13,6 +13,7 @@ from autoshard.ir.graph import Graph
 from autoshard.plan import Plan
 from autoshard.rules.gradient import RECOMPUTE_OF, TrainOp
 from autoshard.training.options import Recompute, Training
+from autoshard.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,6 @@ def replay_figures(graph: Graph, plan: Plan, cost: Cost) -> ReplayFigures:
 def replay_text(training: Training, figures: ReplayFigures, chosen: bool) -> str:
     """The story's sentence on recomputation: what was asked, or `chosen` by the search (the
     cheapest that fits the budget), and its figures."""
-    gib = figures.freed_bytes / 2**30
     what = {
         Recompute.SELECTIVE: "selective recompute (each attention core)",
         Recompute.LAYERS: "layer recompute ("
@@ -63,7 +63,5 @@ def replay_text(training: Training, figures: ReplayFigures, chosen: bool) -> str
         + ")",
     }[training.recompute]
     why = "the cheapest that fits the budget" if chosen else "as asked"
-    return (
-        f"Recomputation: {what}, {why}: frees {gib:.1f} "
-        f"GiB per device for {100 * figures.added_share:.1f} % more compute."
-    )
+    freed, added = format_bytes(figures.freed_bytes), 100 * figures.added_share
+    return f"Recomputation: {what}, {why}: frees {freed} per device for {added:.1f} % more compute."

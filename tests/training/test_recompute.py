@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.replay import replay_figures
+from autoshard.cost.replay import ReplayFigures, replay_figures, replay_text
+from autoshard.document.plan_document import PlanDocument
 from autoshard.pipeline import PlanRequest, load_graph, plan_request, recompute_ladder
 from autoshard.rules.gradient import RECOMPUTE_OF
 from autoshard.search.budget import auto_plan
@@ -77,16 +78,14 @@ def test_every_kth_layer_recomputes_the_first_of_each_k():
     assert layers == {"h.0"}
 
 
-def _plan(memory: int | None, recompute: Recompute) -> Training:
+def _plan(memory: int | None, recompute: Recompute) -> PlanDocument:
     budget = None if memory is None else str(memory)
     request = PlanRequest(
         model_path=GPT2, cluster=make_cluster(mesh="2x2", memory=budget),
         dims={"batch": 8, "seq": 32}, time_limit=120,
         training=Training(recompute=recompute, attention=Attention.AS_EXPORTED),
     )  # fmt: skip
-    planned = plan_request(request)
-    assert planned.document.training is not None
-    return planned.document.training
+    return plan_request(request).document
 
 
 def test_auto_recomputes_exactly_when_the_budget_requires_it():
@@ -96,9 +95,24 @@ def test_auto_recomputes_exactly_when_the_budget_requires_it():
         _plan(2**20, Recompute.NONE)
     lowest = refused.value.lowest
     assert lowest is not None and lowest.peak == lowest.bound  # proven optimal
-    assert _plan(lowest.peak, Recompute.AUTO).recompute is Recompute.NONE
+    at = _plan(lowest.peak, Recompute.AUTO)
+    assert at.training is not None and at.training.recompute is Recompute.NONE
+    assert "Recomputation" not in (at.story or "")
     below = _plan(lowest.peak - 1, Recompute.AUTO)
-    assert below.recompute is Recompute.SELECTIVE
+    assert below.training is not None and below.training.recompute is Recompute.SELECTIVE
+    assert below.cost is not None and below.cost.memory_bytes_per_device < lowest.peak
+    assert "selective recompute (each attention core), the cheapest that fits the budget: " in (
+        below.story or ""
+    )
+    assert "cores priced op by op as exported, recomputed in the backward." in (below.story or "")
+
+
+def test_the_story_says_the_recomputation_with_its_figures():
+    figures = ReplayFigures(freed_bytes=31 * 2**30, added_s=1.0, base_s=25.0)
+    assert replay_text(Training(recompute=Recompute.LAYERS, every=4), figures, True) == (
+        "Recomputation: layer recompute (every 4th layer), the cheapest that fits the budget: "
+        "frees 31.00 GiB per device for 4.0 % more compute."
+    )
 
 
 @pytest.mark.parametrize(
