@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import IO
 
 from autoshard.analysis.attention import find_attention
-from autoshard.analysis.repeats import find_repeats
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import check_precision
@@ -50,6 +49,7 @@ from autoshard.search.options import Objective, SolverOptions
 from autoshard.search.recipe_prices import price_recipes
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
+from autoshard.training.replay import replays
 
 AfterStage = Callable[[Stage, Program | Partitioned], None]
 """Told each stage after a plan is decided and what it left (dump points, timings)."""
@@ -136,8 +136,9 @@ def load_graph(
     training: Training | None,
     tracker: Tracker | None = None,
 ) -> Graph:
-    """The graph planned: the model's forward, or its training step (recomputing the layers
-    `find_repeats` finds, when asked; its attention cores fused, when asked: `find_attention`)."""
+    """The graph planned: the model's forward, or its training step (recomputing what
+    `training.replay` finds, when asked; its attention cores fused, when asked:
+    `find_attention`)."""
     return load_graphs(model, dims, training, tracker)[1]
 
 
@@ -155,10 +156,7 @@ def load_graphs(
         return graph, graph
     if training.fused_attention:
         graph = dataclasses.replace(graph, fused=find_attention(graph))
-    layers: list[range] = []
-    if training.recompute is Recompute.LAYERS:
-        layers = [r.span(j) for r in find_repeats(graph).runs[:1] for j in range(r.count)]
-    return graph, training_graph(graph, training, layers)
+    return graph, training_graph(graph, training, replays(graph, training))
 
 
 # ---- `autoshard propagate`: annotations decide ----------------------------------------------
@@ -266,6 +264,8 @@ def plan_request(
     after: AfterStage | None = None,
     deadline: Deadline | None = None,
     graphs: GraphCache | None = None,
+    chosen: bool = False,
+    explain: bool = True,
 ) -> RequestedPlan:
     """`autoshard plan` from start to end, shared by the CLI and the REST service so that the
     service's plan is, by construction, what `autoshard plan --json` prints (timings aside).
@@ -274,37 +274,62 @@ def plan_request(
     `request.time_limit` sets (started here where not given: the CLI starts it with the
     command), shared by the import and every step of the search (`TimeUp` names the phase
     that has no plan to answer with when it passes). `graphs`: the imports kept for the next
-    request of the same model (`GraphCache`)."""
+    request of the same model (`GraphCache`). `chosen`: the request's recomputation is the
+    one `--recompute auto` chose (`_cheapest_recompute`), as the story says; `explain` false:
+    no plan fitting raises the solve's InfeasibleError, without the least memory a plan needs
+    (`auto_plan`)."""
     deadline = deadline or Deadline.start(request.time_limit)
     training = request.training
     if training is not None and training.attention is None:
         training = training.for_device(request.cluster.device.flash_attention)
         request = dataclasses.replace(request, training=training)
     if training is not None and training.recompute is Recompute.AUTO:
-        # Recompute only when the step does not fit without it.
-        try:
-            return plan_request(
-                dataclasses.replace(request, training=training.but(Recompute.NONE)), tracker,
-                after, deadline, graphs,
-            )  # fmt: skip
-        except InfeasibleError:
-            request = dataclasses.replace(request, training=training.but(Recompute.LAYERS))
+        return _cheapest_recompute(request, training, tracker, after, deadline, graphs)
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
     forward, graph, cluster = _plan_inputs(request, tracker, graphs)
     deadline.check("importing the model")
     _enter(tracker, PipelineStage.SEARCH, "building the problem")
-    planned = auto_plan(graph, cluster, request.annotations, options, tracker, deadline)
+    planned = auto_plan(
+        graph, cluster, request.annotations, options, tracker, deadline, explain=explain
+    )
     _enter(tracker, PipelineStage.DOCUMENT)
     recipes = price_recipes(graph, forward, cluster, planned.search, options.objective)
     document = plan_document(
         graph, cluster, planned.plan, planned.program, planned.cost,
         model_info(request.model_path, graph, request.dims), planned, request.training,
         asked=(options, request.annotations), names=parameter_names(request.model_path),
-        recipes=recipes,
+        recipes=recipes, recompute_chosen=chosen,
     )  # fmt: skip
     if after is not None:
         build(graph, planned.plan, after, tracker)
     return RequestedPlan(document=document, planned=planned, graph=graph, cluster=cluster)
+
+
+def recompute_ladder(training: Training) -> tuple[Training, ...]:
+    """The recomputations `--recompute auto` tries, cheapest in compute first: none, selective
+    (where attention is not fused: a fused kernel keeps no S x S tensor to free), every 4th,
+    every 2nd, every layer."""
+    selective = () if training.fused_attention else ((Recompute.SELECTIVE, 1),)
+    ladder = ((Recompute.NONE, 1), *selective, *((Recompute.LAYERS, k) for k in (4, 2, 1)))
+    return tuple(training.but(recompute, every) for recompute, every in ladder)
+
+
+def _cheapest_recompute(
+    request: PlanRequest, training: Training, tracker: Tracker | None,
+    after: AfterStage | None, deadline: Deadline, graphs: GraphCache | None = None,
+) -> RequestedPlan:  # fmt: skip
+    """The plan of the first recomputation of `recompute_ladder` that fits the budget: the
+    search recomputes exactly when, and only as much as, the budget requires; the last
+    one's error (with the least memory its plans need) where none fits."""
+    *cheaper, last = recompute_ladder(training)
+    for step in cheaper:
+        try:
+            asked = dataclasses.replace(request, training=step)
+            return plan_request(asked, tracker, after, deadline, graphs, chosen=True, explain=False)
+        except InfeasibleError:
+            deadline.check("trying the recomputations")
+    asked = dataclasses.replace(request, training=last)
+    return plan_request(asked, tracker, after, deadline, graphs, chosen=True)
 
 
 # ---- `autoshard partition` / `verify`: annotations or a saved plan decide -------------------

@@ -33,10 +33,10 @@ from autoshard.search.options import Objective
 from autoshard.training import Mode, Training
 from autoshard.training.options import (
     OPTIONS,
+    RECOMPUTE_CHOICES,
     Attention,
     Optimizer,
     Precision,
-    Recompute,
     requested,
 )
 
@@ -86,9 +86,10 @@ FORM_SCHEMA: dict[str, Any] = {
                       "default": _TRAINING.precision, "description": "training"},
         "micro_batches": {"type": "integer", "default": _TRAINING.micro_batches,
                           "description": "training: forward and backward N times per sync"},
-        "recompute": {"type": "string", "enum": _choices(Recompute),
+        "recompute": {"type": "string", "pattern": "^(none|selective|auto|layers(:[1-9][0-9]*)?)$",
                       "default": _TRAINING.recompute,
-                      "description": "training: recompute each repeated layer in its backward"},
+                      "description": "training: what the backward recomputes: "
+                                     + RECOMPUTE_CHOICES + " (default: the search decides)"},
         "attention": {"type": "string", "enum": _choices(Attention),
                       "description": "training: fused (default on GPU presets: flash-attention "
                                      "kernels, no SxS scores kept) or as-exported (op by op)"},

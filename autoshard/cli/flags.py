@@ -135,8 +135,10 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
         help="gradient accumulation: forward and backward N times per gradient sync",
     )  # fmt: skip
     group.add_argument(
-        "--recompute", help="none (default); layers: recompute each repeated layer's "
-        "activations in its backward; auto: layers only when the step does not fit without",
+        "--recompute", metavar="WHAT", help="what the backward recomputes instead of keeping: "
+        "auto (default: the cheapest that fits the memory budget), none, selective (each "
+        "attention core's scores and probabilities), layers (each repeated layer) or layers:K "
+        "(every K-th layer)",
     )  # fmt: skip
     group.add_argument(
         "--attention", help="fused (default on GPU presets): plan and price each attention "

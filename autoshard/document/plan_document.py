@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.price import Cost
+from autoshard.cost.replay import replay_figures, replay_text
 from autoshard.document.blocks import (
     BUFFERS_LISTED,
     Asked,
@@ -77,7 +78,7 @@ from autoshard.rules import rule_for
 from autoshard.search.options import Objective, SolverOptions
 from autoshard.search.recipe_prices import RecipePrice
 from autoshard.sharding import Sharding, ShardingOption
-from autoshard.training import Training
+from autoshard.training import Recompute, Training
 from autoshard.training.buffers import buffer_names
 from autoshard.training.strategy import strategy_counts, weight_strategies
 
@@ -247,11 +248,14 @@ def plan_document(
     asked: tuple[SolverOptions, Sequence[Annotation]] | None = None,
     names: Mapping[str, str] | None = None,
     recipes: Sequence[RecipePrice] | None = None,
+    recompute_chosen: bool = False,
 ) -> PlanDocument:
     """The plan document; `planned` adds the solver's and the search problem's figures, and
     `asked` what it was asked (its options and annotations); a training step's plan says so
     (`mode`, `training`). `names` are the source model's parameter names, for the story;
-    `recipes` the standard layouts' prices (`search.recipe_prices`), beside the plan's."""
+    `recipes` the standard layouts' prices (`search.recipe_prices`), beside the plan's;
+    `recompute_chosen` whether the search chose the step's recomputation (`--recompute auto`),
+    which the story says with its figures (`cost.replay`)."""
     solver = search = timing = repeats = usage = None
     if planned is not None:
         s, problem = planned.solution, planned.search.problem
@@ -277,9 +281,12 @@ def plan_document(
                             len(buffers), tuple(buffers[:BUFFERS_LISTED]))  # fmt: skip
     collectives = program.collectives_json()
     described = describe(plan, graph, cost)
+    story = strategy_story(graph, plan, collectives, names, repeats)
+    if training is not None and training.recompute is not Recompute.NONE:
+        figures = replay_figures(graph, plan, cost)
+        story = f"{story} {replay_text(training, figures, recompute_chosen)}"
     return PlanDocument(
-        model=model, mesh=cluster.mesh,
-        story=strategy_story(graph, plan, collectives, names, repeats),
+        model=model, mesh=cluster.mesh, story=story,
         mode="training" if training is not None else None, training=training, strategy=strategy,
         cluster=ClusterInfo.from_json(cluster.to_json()),
         values={name: HeldValue.from_json(v) for name, v in described["values"].items()},

@@ -68,6 +68,7 @@ from autoshard.mesh import Mesh
 from autoshard.plan import Plan
 from autoshard.rules import rule_for
 from autoshard.rules.elementwise import ELEMENTWISE
+from autoshard.rules.gradient import RECOMPUTE_OF
 from autoshard.sharding import Sharding
 from autoshard.training.buffers import buffer_names, buffers_text
 from autoshard.training.strategy import held_as, strategy_counts, weight_strategies
@@ -281,10 +282,12 @@ def _attention(graph: Graph, forward: Graph) -> str:
                 "no SxS scores for the backward, only each row's softmax statistics.")  # fmt: skip
     if not graph.phases:
         return ""
-    count = len(find_attention(forward).regions)
-    if not count:
+    softmaxes = {region.softmax for region in find_attention(forward).regions}
+    if not softmaxes:
         return ""
-    cores = f"{count} core{'s' if count > 1 else ''}"
+    cores = f"{len(softmaxes)} core{'s' if len(softmaxes) > 1 else ''}"
+    if any(op.attr(RECOMPUTE_OF, "") in softmaxes for op in graph.ops):
+        return f"Attention: {cores} priced op by op as exported, recomputed in the backward."
     return (
         f"Attention: {cores} priced op by op as exported, their SxS scores kept for the backward."
     )

@@ -85,9 +85,12 @@ def auto_plan(
     options: SolverOptions | None = None,
     tracker: Tracker | None = None,
     deadline: Deadline = NEVER,
+    explain: bool = True,
 ) -> Planned:
     """Search the cheapest plan that fits the memory budget (CP-SAT), then lower and price
-    it; `NoPlanFits` with the lowest feasible budget when none fits. `tracker` is told
+    it; `NoPlanFits` with the lowest feasible budget when none fits (`explain`; else the
+    solve's `InfeasibleError` as it comes: a caller with other steps to try skips that
+    solve, longer than the search's own). `tracker` is told
     what the search does and each solve's objective and bound. `deadline`: the command's
     wall clock, shared by every step (`solve` says what each answers when it passes);
     `TimeUp` where it passes while the problem is built."""
@@ -114,6 +117,8 @@ def auto_plan(
             )
         except InfeasibleError as none:
             lowest = none.lowest
+            if not explain:
+                raise
             if lowest is None:
                 say("no plan fits the budget")
                 lowest = lowest_budget(

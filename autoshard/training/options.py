@@ -60,9 +60,31 @@ class Precision(enum.StrEnum):
 
 
 class Recompute(enum.StrEnum):
+    """What the backward recomputes instead of keeping it from the forward (`training.replay`);
+    `layers` with `Training.every` k recomputes every k-th layer (`layers:K`)."""
+
     NONE = "none"
+    SELECTIVE = "selective"  # each attention core (scores to probabilities), as Korthikanti's
     LAYERS = "layers"  # each repeated layer's activations recomputed in its backward
-    AUTO = "auto"  # layers only when the step does not fit without
+    AUTO = "auto"  # the search's choice: the cheapest recomputation that fits the budget
+
+
+RECOMPUTE_CHOICES = "none, selective, layers, layers:K (every K-th layer), auto"
+
+
+def parse_recompute(text: str) -> tuple[Recompute, int]:
+    """`--recompute` as a user gives it: a `Recompute`, or `layers:K`, and the K (1 but there)."""
+    kind, colon, every = str(text).partition(":")
+    try:
+        recompute = Recompute(kind)
+        count = int(every) if colon else 1
+        if colon and (recompute is not Recompute.LAYERS or count < 1):
+            raise ValueError(text)
+    except ValueError:
+        raise TrainingError(
+            f"unknown recompute {text!r}; choose one of: {RECOMPUTE_CHOICES}"
+        ) from None
+    return recompute, count
 
 
 class Attention(enum.StrEnum):
@@ -106,10 +128,15 @@ class Training:
     optimizer: Optimizer = Optimizer.ADAM
     precision: Precision = Precision.BF16_MIXED
     micro_batches: int = 1
-    recompute: Recompute = Recompute.NONE
+    recompute: Recompute = Recompute.AUTO
+    every: int = 1  # with `Recompute.LAYERS`: every k-th layer recomputed
     attention: Attention | None = None
 
     def __post_init__(self) -> None:
+        if self.every < 1 or (self.every > 1 and self.recompute is not Recompute.LAYERS):
+            raise TrainingError(
+                f"recompute every {self.every} layers needs recompute layers and K >= 1"
+            )
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int):
             raise TrainingError(f"micro-batches must be an integer, got {self.micro_batches!r}")
         if self.micro_batches < 1:
@@ -122,8 +149,13 @@ class Training:
             return 0
         return self.optimizer.moments + int(self.precision.master_copy)
 
-    def but(self, recompute: Recompute) -> Training:
-        return dataclasses.replace(self, recompute=recompute)
+    def but(self, recompute: Recompute, every: int = 1) -> Training:
+        return dataclasses.replace(self, recompute=recompute, every=every)
+
+    @property
+    def recompute_text(self) -> str:
+        """The recomputation as `--recompute` spells it (`layers:4`)."""
+        return f"{self.recompute}:{self.every}" if self.every > 1 else str(self.recompute)
 
     def for_device(self, flash: bool) -> Training:
         """The step with its attention decided: as asked, else fused where the device runs
@@ -143,7 +175,7 @@ class Training:
             "optimizer": str(self.optimizer),
             "precision": str(self.precision),
             "micro_batches": self.micro_batches,
-            "recompute": str(self.recompute),
+            "recompute": self.recompute_text,
         }
         if self.attention is not None:
             found["attention"] = str(self.attention)
@@ -154,15 +186,17 @@ class Training:
         optimizer: str = "adam",
         precision: str = "bf16-mixed",
         micro_batches: int | str = 1,
-        recompute: str = "none",
+        recompute: str = "auto",
         attention: str | None = None,
     ) -> Training:
         """Options as a user gives them (flags, a form, a plan document's `training`)."""
+        recompute_as, every = parse_recompute(recompute)
         return Training(
             optimizer=parse_choice(Optimizer, str(optimizer), "optimizer"),
             precision=parse_choice(Precision, str(precision), "precision"),
             micro_batches=_integer(micro_batches),
-            recompute=parse_choice(Recompute, str(recompute), "recompute"),
+            recompute=recompute_as,
+            every=every,
             attention=None if attention is None else parse_choice(
                 Attention, str(attention), "attention"),
         )  # fmt: skip
@@ -171,7 +205,7 @@ class Training:
         return (
             f"training: {self.optimizer} optimizer, {self.precision}, "
             f"{self.micro_batches} micro-batch{'es' if self.micro_batches > 1 else ''}, "
-            f"recompute {self.recompute}"
+            f"recompute {self.recompute_text}"
             + ("" if self.attention is None else f", attention {self.attention}")
         )
 

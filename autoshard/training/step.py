@@ -48,7 +48,8 @@ from autoshard.ir.graph import Attrs, Graph, Op, Value, verify
 from autoshard.rules import rule_for
 from autoshard.rules.gradient import RECOMPUTE_OF, TRAIN, TrainOp
 from autoshard.training.buffers import candidates, trained_weights
-from autoshard.training.options import Recompute, Training
+from autoshard.training.options import Training
+from autoshard.training.replay import Replay
 
 LINEAR = frozenset(
     {
@@ -71,13 +72,14 @@ class TrainingGraphError(AutoshardError):
     """The model cannot be trained as asked (no output depends on a parameter)."""
 
 
-def training_graph(graph: Graph, training: Training, layers: Sequence[range] = ()) -> Graph:
+def training_graph(graph: Graph, training: Training, replays: Sequence[Replay] = ()) -> Graph:
     """The training step of `graph` (see the module docstring), its ops in program order:
-    forward, backward (gradient syncs among it), optimizer. With `Recompute.LAYERS`, the ops
-    of each of `layers` (ranges of op positions: the repeated layers) run again at the start
-    of their backward, which reads what they recompute: of a layer's activations only its
-    inputs are kept from the forward."""
-    return _Step(graph, training, layers).build()
+    forward, backward (gradient syncs among it), optimizer. The ops of each of `replays`
+    (`training.replay`: a repeated layer, an attention core) run again just before the
+    backward of its `before` op, which, with the backward of the ops before it, reads what
+    they recompute: of a recomputed layer's activations only its inputs are kept from the
+    forward."""
+    return _Step(graph, training, replays).build()
 
 
 def gradient_name(value: str) -> str:
@@ -90,10 +92,9 @@ def state_name(weight: str) -> str:
 
 
 class _Step:
-    def __init__(self, graph: Graph, training: Training, layers: Sequence[range]) -> None:
+    def __init__(self, graph: Graph, training: Training, replays: Sequence[Replay]) -> None:
         self.graph, self.training = graph, training
-        recompute = training.recompute is Recompute.LAYERS
-        self.layer_ending = {layer[-1]: layer for layer in layers if recompute and layer}
+        self.replay_before = {replay.before: replay.ops for replay in replays if replay.ops}
         self.recomputed: dict[str, str] = {}  # value -> its recomputed value
         self.dtype = training.precision.dtype
         self.values: dict[str, Value] = {name: self.recast(v) for name, v in graph.values.items()}
@@ -210,10 +211,10 @@ class _Step:
         synced: dict[str, str] = {}
         for index in reversed(range(len(graph.ops))):
             op = graph.ops[index]
-            if index in self.layer_ending:  # the layer's gradient first, as without recompute
+            if index in self.replay_before:  # the op's gradient first, as without recompute
                 for name in op.outputs:
                     self.total(name)
-                self.recompute(self.layer_ending[index])
+                self.recompute(self.replay_before[index])
             self.differentiate(op)
             for name in dict.fromkeys(op.inputs):
                 if first_reader.get(name) == op.name:
@@ -274,10 +275,10 @@ class _Step:
             softmax = self.graph.fused.kernel(op.name) is Kernel.FORWARD
             self.fused_ops[grad.name] = (op.name, Kernel.BACKWARD if softmax else Kernel.INSIDE)
 
-    def recompute(self, layer: range) -> None:
-        """The ops of `layer` again, each with its own option, reading the layer's inputs as
-        kept and what the layer computes as recomputed."""
-        for op in self.graph.ops[layer.start : layer.stop]:
+    def recompute(self, positions: Sequence[int]) -> None:
+        """The ops at `positions` again, each with its own option, reading their inputs from
+        outside as kept and what they compute as recomputed."""
+        for op in (self.graph.ops[i] for i in positions):
             outputs = tuple(f"{o}@re" if o else "" for o in op.outputs)
             copy = dataclasses.replace(
                 op,

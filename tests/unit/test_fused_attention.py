@@ -25,6 +25,7 @@ from autoshard.pipeline import load_graph
 from autoshard.propagate import propagate
 from autoshard.rules import rule_for
 from autoshard.training import Attention, Recompute, Training, training_graph
+from autoshard.training.replay import Replay
 from tests.unit.onnx_factory import F32, model, rng_weight, save, tensor
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -270,7 +271,8 @@ def test_a_recomputed_core_runs_its_forward_kernel_again(tmp_path):
     forward = import_onnx(path, {})
     forward = dataclasses.replace(forward, fused=find_attention(forward))
     training = Training(recompute=Recompute.LAYERS, attention=Attention.FUSED)
-    graph = training_graph(forward, training, [range(len(forward.ops))])
+    everything = tuple(range(len(forward.ops)))
+    graph = training_graph(forward, training, [Replay(everything, everything[-1])])
     assert graph.fused.kernel("softmax@recompute") is Kernel.FORWARD
     assert graph.fused.held("probs@re") is Held.STATISTICS
     assert graph.fused.held("scores@re") is Held.NONE
