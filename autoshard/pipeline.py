@@ -33,6 +33,7 @@ from autoshard.document.plan_document import (
     plan_document,
     plan_from_document,
 )
+from autoshard.errors import PipelineError
 from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
@@ -47,6 +48,13 @@ from autoshard.progress import Tracker
 from autoshard.propagate import propagate
 from autoshard.search.budget import Planned, auto_plan
 from autoshard.search.options import Objective, SolverOptions
+from autoshard.search.pipelined import (
+    PipelineAsk,
+    check_pipeline,
+    layer_runs,
+    price_pipeline,
+    sub_cluster,
+)
 from autoshard.search.recipe_prices import price_recipes
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
@@ -199,6 +207,9 @@ class PlanRequest:
     objective: Objective = Objective.TIME
     time_limit: float = 60.0
     training: Training | None = None
+    pipeline: PipelineAsk | None = None
+    """A pipeline over a mesh axis (`search.pipelined.pipeline_ask`): the search plans one
+    stage on the mesh without it, the schedule prices the stages."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,6 +255,19 @@ def _plan_inputs(
     return forward, graph, cluster
 
 
+def _stage_cluster(request: PlanRequest, graph: Graph, cluster: Cluster) -> Cluster:
+    """The cluster one stage of the asked pipeline is planned on, the pipeline checked first
+    (its stages against the model's repeated layers), before any search."""
+    ask = request.pipeline
+    assert ask is not None
+    if request.training is None:
+        raise PipelineError("a pipeline plans a training step: add --mode training")
+    if request.annotations:
+        raise PipelineError("annotations with a pipeline are not supported yet: leave them out")
+    check_pipeline(ask, cluster.mesh, layer_runs(graph)[0], graph.micro_batches)
+    return sub_cluster(cluster, ask.axis)
+
+
 def plan_request(
     request: PlanRequest,
     tracker: Tracker | None = None,
@@ -272,7 +296,8 @@ def plan_request(
         except InfeasibleError:
             request = dataclasses.replace(request, training=training.but(Recompute.LAYERS))
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
-    forward, graph, cluster = _plan_inputs(request, tracker)
+    forward, graph, whole = _plan_inputs(request, tracker)
+    cluster = whole if request.pipeline is None else _stage_cluster(request, graph, whole)
     deadline.check("importing the model")
     _enter(tracker, PipelineStage.SEARCH, "building the problem")
     planned = auto_plan(graph, cluster, request.annotations, options, tracker, deadline)
@@ -284,6 +309,15 @@ def plan_request(
         asked=(options, request.annotations), names=parameter_names(request.model_path),
         recipes=recipes,
     )  # fmt: skip
+    if request.pipeline is not None:
+        priced = price_pipeline(
+            graph, planned.plan, planned.program, planned.cost, whole, request.pipeline
+        )
+        document = dataclasses.replace(
+            document, story=f"{priced}; each stage: {document.story}",
+            pipeline={"mesh": str(whole.mesh), "memory_budget_bytes": whole.memory,
+                      **priced.to_json()},
+        )  # fmt: skip
     if after is not None:
         build(graph, planned.plan, after, tracker)
     return RequestedPlan(document=document, planned=planned, graph=graph, cluster=cluster)

@@ -158,6 +158,13 @@ def _training(args: argparse.Namespace) -> Any:
     )
 
 
+def _pipeline(args: argparse.Namespace, mesh: Mesh) -> Any:
+    """The pipeline the flags and the mesh's axis names ask for (None: none)."""
+    from autoshard.search.pipelined import pipeline_ask
+
+    return pipeline_ask(mesh, args.pipeline_axis, args.schedule)
+
+
 def _dump_after(args: argparse.Namespace) -> AfterStage | None:
     """The dump points asked for with --dump-after, printing in the command's dialect."""
     if not args.dump_after:
@@ -194,9 +201,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     dims, annotations, training = dims_of(args.dim), _annotations(args), _training(args)
     with _progress(args) as tracker:
         after = _dump_after(args)
+        cluster = _cluster(args)
         request = PlanRequest(
-            model_path=args.model, cluster=_cluster(args), dims=dims, annotations=annotations,
+            model_path=args.model, cluster=cluster, dims=dims, annotations=annotations,
             objective=Objective(args.objective), time_limit=args.time_limit, training=training,
+            pipeline=_pipeline(args, cluster.mesh),
         )  # fmt: skip
         requested = plan_request(request, tracker, after, deadline)
         document, planned, cluster = requested.document, requested.planned, requested.cluster

@@ -132,7 +132,8 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument(
         "--micro-batches", type=int, metavar="N",
-        help="gradient accumulation: forward and backward N times per gradient sync",
+        help="gradient accumulation: forward and backward N times per gradient sync (a "
+        "pipeline's micro-batches: the batch the model is given is one micro-batch)",
     )  # fmt: skip
     group.add_argument(
         "--recompute", help="none (default); layers: recompute each repeated layer's "
@@ -141,6 +142,20 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--attention", help="fused (default on GPU presets): plan and price each attention "
         "core as one flash-attention kernel, which keeps no SxS scores; as-exported: op by op",
+    )  # fmt: skip
+
+
+def pipeline_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("pipeline (with --mode training)")
+    group.add_argument(
+        "--pipeline-axis", metavar="AXIS",
+        help="pipeline the repeated layers over this mesh axis (number or name; an axis named "
+        "pp is one without this flag): one stage per device on it, --micro-batches per step",
+    )  # fmt: skip
+    group.add_argument(
+        "--schedule", metavar="NAME",
+        help="a pipeline's schedule: 1f1b (default), gpipe, or interleaved[:V] (V virtual "
+        "stages per device, default 2)",
     )  # fmt: skip
 
 

@@ -32,11 +32,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autoshard.errors import AutoshardError
-
-
-class PipelineError(AutoshardError, ValueError):
-    """A pipeline option that is not one of the valid choices."""
+from autoshard.errors import PipelineError
 
 
 class ScheduleKind(enum.StrEnum):

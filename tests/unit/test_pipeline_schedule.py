@@ -7,7 +7,6 @@ import pytest
 
 from autoshard.cost.schedule import (
     Pipeline,
-    PipelineError,
     Schedule,
     ScheduleKind,
     StageTime,
@@ -15,6 +14,7 @@ from autoshard.cost.schedule import (
     order,
     simulate,
 )
+from autoshard.errors import PipelineError
 
 GPIPE, ONE_F = Schedule(ScheduleKind.GPIPE), Schedule(ScheduleKind.ONE_F_ONE_B)
 EQUAL = [StageTime(1.0, 2.0)] * 4

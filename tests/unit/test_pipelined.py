@@ -1,0 +1,103 @@
+"""A pipelined plan priced from one intra-stage plan: the stages regroup the sub-plan's priced
+ops and memory without losing any, the schedule prices them, the document says it."""
+
+from pathlib import Path
+
+import pytest
+
+from autoshard.cost.cluster import make_cluster
+from autoshard.cost.schedule import Pipeline, Schedule, StageTime, simulate
+from autoshard.mesh import Mesh
+from autoshard.pipeline import PlanRequest, plan_request
+from autoshard.search.pipelined import (
+    PipelineAsk,
+    layer_runs,
+    pipeline_ask,
+    price_pipeline,
+    split_layers,
+    sub_cluster,
+)
+from autoshard.training import Training
+
+GPT2 = Path(__file__).resolve().parents[2] / "models" / "gpt2.onnx"
+DIMS = {"batch": 2, "seq": 16}
+M = 4
+
+
+@pytest.fixture(scope="module")
+def planned():
+    cluster = make_cluster("pp=2,dp=2")
+    ask = pipeline_ask(cluster.mesh, None, None)
+    request = PlanRequest(model_path=GPT2, cluster=cluster, dims=DIMS,
+                          training=Training(micro_batches=M), pipeline=ask)  # fmt: skip
+    return cluster, ask, plan_request(request)
+
+
+def test_split_layers_first_stages_take_the_extra():
+    assert [len(r) for r in split_layers(126, 8)] == [16] * 6 + [15] * 2
+    assert split_layers(4, 4) == (range(0, 1), range(1, 2), range(2, 3), range(3, 4))
+
+
+def test_pipeline_axis_by_name_or_flag():
+    assert pipeline_ask(Mesh.parse("dp=2,pp=4"), None, "gpipe") == PipelineAsk(
+        1, Schedule.parse("gpipe")
+    )
+    assert pipeline_ask(Mesh.parse("4x2"), "0", None) == PipelineAsk(0)
+    assert pipeline_ask(Mesh.parse("dp=4,tp=2"), None, None) is None
+
+
+def test_sub_cluster_drops_the_axis_and_scales_the_budget():
+    cluster = make_cluster("pp=4,dp=2,tp=8", memory="10GB")
+    sub = sub_cluster(cluster, 0)
+    assert str(sub.mesh) == "dp=2,tp=8"
+    assert sub.bandwidth == cluster.bandwidth[1:] and sub.memory == 4 * cluster.memory
+
+
+def test_stages_regroup_the_sub_plan(planned):
+    cluster, ask, requested = planned
+    plan, cost = requested.planned, requested.planned.cost
+    priced = price_pipeline(requested.graph, plan.plan, plan.program, cost, cluster, ask)
+    assert [s.layers for s in priced.stages] == [range(0, 1), range(1, 2)]
+    assert layer_runs(requested.graph)[0] == 2
+    # Per micro-batch, every forward and backward op's seconds land in exactly one stage.
+    for phase, each in (("forward", "forward_s"), ("backward", "backward_s")):
+        spent = cost.phases[phase]
+        total = sum(getattr(s, each) for s in priced.stages) * M
+        assert total == pytest.approx(spent.compute_time_s + spent.comm_time_s)
+    once = sum(cost.phases[p].compute_time_s + cost.phases[p].comm_time_s
+               for p in ("gradient_sync", "optimizer"))  # fmt: skip
+    assert sum(s.update_s for s in priced.stages) == pytest.approx(once)
+    # Memory at the sub-plan's peak, regrouped: nothing lost, nothing counted twice.
+    held = sum(s.held_bytes + s.activation_bytes for s in priced.stages)
+    assert held == cost.memory_bytes_per_device
+    # 1F1B on 2 stages: the first keeps 2 micro-batches, the last 1.
+    assert [s.in_flight for s in priced.stages] == [2.0, 1.0]
+    for s in priced.stages:
+        assert s.memory_bytes == s.held_bytes + s.activation_bytes * s.in_flight
+    # The step: the schedule's critical path on these stage times, then the update.
+    times = [StageTime(s.forward_s, s.backward_s) for s in priced.stages]
+    timeline = simulate(Pipeline(2, M, Schedule()), times, priced.send_s)
+    assert priced.step_s == timeline.step_s + max(s.update_s for s in priced.stages)
+    assert priced.bubble == timeline.bubble
+    # The boundary: gpt2's residual stream (batch 2, seq 16, hidden 32, float32) and its
+    # attention mask (16 x 16 float32), held whole on the stage's devices.
+    assert priced.send_bytes == 2 * 16 * 32 * 4 + 16 * 16 * 4
+
+
+def test_document_records_the_pipeline(planned):
+    _, _, requested = planned
+    data = requested.document.to_json()
+    block = data["pipeline"]
+    assert block["mesh"] == "pp=2,dp=2" and block["schedule"] == "1f1b"
+    assert block["micro_batches"] == M and len(block["stages"]) == 2
+    assert data["mesh"] == "dp=2"  # one stage's plan
+    bubble = round(block["bubble"] * 100)
+    assert data["story"].startswith(
+        f"pipeline of 2 stages (1F1B, {M} micro-batches, bubble {bubble} %); each stage: "
+    )
+
+
+def test_no_pipeline_no_block():
+    cluster = make_cluster("dp=2,tp=2")
+    request = PlanRequest(model_path=GPT2, cluster=cluster, dims=DIMS, training=Training())
+    assert "pipeline" not in plan_request(request).document.to_json()
