@@ -23,6 +23,7 @@ from autoshard.cli.summaries import (
     breakdown_summary,
     cost_summary,
     objective_note,
+    pipeline_summary,
     print_checks,
 )
 from autoshard.errors import AutoshardError
@@ -232,6 +233,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     layers = search.repeated_layers.layers
     print(f"plan for {args.model} on mesh {cluster.mesh} ({cluster.mesh.size} devices)")
     print(textwrap.fill(document.story or "", width=100))
+    if document.pipeline is not None:
+        print(pipeline_summary(document.pipeline))
     print(cost_summary(planned.cost, cluster, document.ops))
     print(
         f"collectives: {len(document.collectives)}; solver {solver.status}, gap "

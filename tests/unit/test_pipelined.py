@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from autoshard.cli.main import main
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.schedule import Pipeline, Schedule, StageTime, simulate
 from autoshard.mesh import Mesh
@@ -101,3 +102,14 @@ def test_no_pipeline_no_block():
     cluster = make_cluster("dp=2,tp=2")
     request = PlanRequest(model_path=GPT2, cluster=cluster, dims=DIMS, training=Training())
     assert "pipeline" not in plan_request(request).document.to_json()
+
+
+def test_plan_command_prints_the_stages(capsys):
+    argv = ["plan", str(GPT2), "--mesh", "dp=2,x=2", "--pipeline-axis", "x", "--mode",
+            "training", "--micro-batches", "4", "--schedule", "gpipe", "--dim", "batch=2",
+            "--dim", "seq=16", "-q"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "pipeline of 2 stages (GPipe, 4 micro-batches, bubble " in out
+    assert "pipeline on mesh dp=2,x=2 (axis 1): step " in out
+    assert "  stage 1: layers 1..1, forward " in out and "(4 micro-batches in flight)" in out
