@@ -88,7 +88,16 @@ def check_pipeline(ask: PipelineAsk, mesh: Mesh, layers: int, micro_batches: int
             f"pipeline axis {ask.axis} has {stages} stages but the model has {layers} repeated "
             f"layers; choose a pipeline axis of at most {layers}"
         )
-    return Pipeline(stages, micro_batches, ask.schedule)
+    pipeline = Pipeline(stages, micro_batches, ask.schedule)
+    chunks = stages * ask.schedule.virtual
+    if ask.schedule.virtual > 1 and chunks > layers:
+        most = layers // stages
+        instead = f"interleaved:{most} at most, or 1f1b" if most >= 2 else "1f1b or gpipe"
+        raise PipelineError(
+            f"schedule {ask.schedule.flag} on {stages} stages cuts the model into {chunks} "
+            f"chunks but it has {layers} repeated layers; choose {instead}"
+        )
+    return pipeline
 
 
 def sub_cluster(cluster: Cluster, axis: int) -> Cluster:

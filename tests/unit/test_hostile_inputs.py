@@ -303,6 +303,23 @@ CASES = {
         lambda tmp: ["plan", MLP, "--mesh", "pp=2,dp=2", "--dim", "batch=8"],
         "a pipeline plans a training step: add --mode training",
     ),
+    "interleaved-chunks-over-the-layers": (
+        lambda tmp: [
+            "plan",
+            GPT2,
+            "--mesh",
+            "pp=2,dp=2",
+            "--mode",
+            "training",
+            *GPT2_DIMS,
+            "--micro-batches",
+            "2",
+            "--schedule",
+            "interleaved:2",
+        ],
+        "schedule interleaved:2 on 2 stages cuts the model into 4 chunks but it has 2 "
+        "repeated layers; choose 1f1b or gpipe",
+    ),  # fmt: skip
     "interleaved-micro-batches": (
         lambda tmp: [
             "plan",
