@@ -16,6 +16,7 @@ from autoshard.search.pipelined import (
     pipeline_ask,
     price_pipeline,
     split_layers,
+    stage_of_ops,
     sub_cluster,
 )
 from autoshard.training import Training
@@ -113,3 +114,27 @@ def test_plan_command_prints_the_stages(capsys):
     assert "pipeline of 2 stages (GPipe, 4 micro-batches, bubble " in out
     assert "pipeline on mesh dp=2,x=2 (axis 1): step " in out
     assert "  stage 1: layers 1..1, forward " in out and "(4 micro-batches in flight)" in out
+
+
+def test_ops_outside_the_layers_go_to_the_first_or_last_stage(planned):
+    _, _, requested = planned
+    graph = requested.graph
+    count, runs = layer_runs(graph)
+    stage = dict(zip((op.name for op in graph.ops),
+                     stage_of_ops(graph, split_layers(count, 2), runs), strict=True))  # fmt: skip
+    head = graph.ops[[op.name for op in graph.ops].index("/lm/lm_head/MatMul")]
+    placed = {
+        "/lm/transformer/wte/Gather": 0,  # the embedding, with the first stage
+        "/lm/transformer/wte/Gather@grad0": 0,  # its backward too (mirrored)
+        "lm.transformer.wte.weight@sync": 0,  # its gradient, synced and updated there
+        "lm.transformer.wte.weight@update": 0,
+        head.name: 1,  # the head, with the last
+        f"{head.inputs[1]}@sync": 1,
+        f"{head.inputs[1]}@update": 1,
+    }
+    assert {name: stage[name] for name in placed} == placed
+    # Each layer's ops, forward and backward (mirrored), go to the layer's stage.
+    forward, backward = runs["forward"], runs["backward"]
+    assert {stage[graph.ops[i].name] for i in forward.layers[1]} == {1}
+    assert {stage[graph.ops[i].name] for i in backward.layers[0]} == {1}
+    assert {stage[graph.ops[i].name] for i in backward.layers[1]} == {0}
