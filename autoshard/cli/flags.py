@@ -200,7 +200,9 @@ def cluster_flags(parser: argparse.ArgumentParser) -> None:
 
 MESH_NAMES = (
     "axis names are labels only: the plan gives each axis its role (data, tensor or other "
-    "parallelism) by cost alone, so it may split weights over the axis named dp"
+    "parallelism) by cost alone, so it may split weights over the axis named dp; one "
+    "exception: plan pipelines the layers over an axis named pp"
 )
-"""What `--mesh`'s help says of axis names: they name axes in outputs and hint nothing."""
+"""What `--mesh`'s help says of axis names: they name axes in outputs and hint nothing, but
+for `pp` (`search.pipelined.PIPELINE_AXIS`), which asks `plan` for a pipeline."""
 PROGRESS_DELAY_S = 1.0  # a run quicker than this shows no progress (unless --verbose)
