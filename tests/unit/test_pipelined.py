@@ -8,6 +8,7 @@ import pytest
 from autoshard.cli.main import main
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.schedule import Pipeline, Schedule, StageTime, simulate
+from autoshard.document.plan_document import PlanDocument
 from autoshard.mesh import Mesh
 from autoshard.pipeline import PlanRequest, plan_request
 from autoshard.search.pipelined import (
@@ -93,6 +94,7 @@ def test_document_records_the_pipeline(planned):
     assert block["mesh"] == "pp=2,dp=2" and block["schedule"] == "1f1b"
     assert block["micro_batches"] == M and len(block["stages"]) == 2
     assert data["mesh"] == "dp=2"  # one stage's plan
+    assert PlanDocument.from_json(data).to_json() == data  # read back as written
     bubble = round(block["bubble"] * 100)
     assert data["story"].startswith(
         f"pipeline of 2 stages (1F1B, {M} micro-batches, bubble {bubble} %); each stage: "
