@@ -50,10 +50,10 @@ from autoshard.search.budget import Planned, auto_plan
 from autoshard.search.options import Objective, SolverOptions
 from autoshard.search.pipelined import (
     PipelineAsk,
+    PipelinePrice,
     check_pipeline,
     layer_runs,
-    price_pipeline,
-    sub_cluster,
+    plan_pipelined,
 )
 from autoshard.search.recipe_prices import price_recipes
 from autoshard.search.solver.outcome import InfeasibleError
@@ -255,9 +255,9 @@ def _plan_inputs(
     return forward, graph, cluster
 
 
-def _stage_cluster(request: PlanRequest, graph: Graph, cluster: Cluster) -> Cluster:
-    """The cluster one stage of the asked pipeline is planned on, the pipeline checked first
-    (its stages against the model's repeated layers), before any search."""
+def _check_pipeline(request: PlanRequest, graph: Graph, cluster: Cluster) -> None:
+    """The asked pipeline checked (its stages against the model's repeated layers) before
+    any search."""
     ask = request.pipeline
     assert ask is not None
     if request.training is None:
@@ -265,7 +265,6 @@ def _stage_cluster(request: PlanRequest, graph: Graph, cluster: Cluster) -> Clus
     if request.annotations:
         raise PipelineError("annotations with a pipeline are not supported yet: leave them out")
     check_pipeline(ask, cluster.mesh, layer_runs(graph)[0], graph.micro_batches)
-    return sub_cluster(cluster, ask.axis)
 
 
 def plan_request(
@@ -297,10 +296,18 @@ def plan_request(
             request = dataclasses.replace(request, training=training.but(Recompute.LAYERS))
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
     forward, graph, whole = _plan_inputs(request, tracker)
-    cluster = whole if request.pipeline is None else _stage_cluster(request, graph, whole)
+    if request.pipeline is not None:
+        _check_pipeline(request, graph, whole)
     deadline.check("importing the model")
     _enter(tracker, PipelineStage.SEARCH, "building the problem")
-    planned = auto_plan(graph, cluster, request.annotations, options, tracker, deadline)
+    priced: PipelinePrice | None = None
+    if request.pipeline is None:
+        cluster = whole
+        planned = auto_plan(graph, cluster, request.annotations, options, tracker, deadline)
+    else:
+        planned, priced, cluster = plan_pipelined(
+            graph, whole, request.pipeline, options, tracker, deadline
+        )
     _enter(tracker, PipelineStage.DOCUMENT)
     recipes = price_recipes(graph, forward, cluster, planned.search, options.objective)
     document = plan_document(
@@ -309,10 +316,7 @@ def plan_request(
         asked=(options, request.annotations), names=parameter_names(request.model_path),
         recipes=recipes,
     )  # fmt: skip
-    if request.pipeline is not None:
-        priced = price_pipeline(
-            graph, planned.plan, planned.program, planned.cost, whole, request.pipeline
-        )
+    if priced is not None:
         document = dataclasses.replace(
             document, story=f"{priced}; each stage: {document.story}",
             pipeline={"mesh": str(whole.mesh), "memory_budget_bytes": whole.memory,

@@ -11,10 +11,11 @@ stage that computed it. A stage's forward and backward seconds per
 micro-batch are its ops' seconds and their collectives' per run; its gradient sync and update
 run once, after the pipeline drains. The schedule (`cost.schedule.simulate`) turns them and
 the boundary send into the step's critical path and the activations each stage keeps.
-Approximations: every layer of a run is priced alike, the sub-plan was chosen under the
+Approximations: every layer of a run is priced alike, the sub-plan is chosen under the
 budget times the stages (a 1F1B first stage holds `p` micro-batches of `L/p` layers, as much
-as the whole sub-plan's one), and memory is what the sub-plan holds at its peak, regrouped by
-stage, its activations times the micro-batches in flight.
+as the whole sub-plan's one; `plan_pipelined` lowers it where a stage does not fit), and
+memory is what the sub-plan holds at its peak, regrouped by stage, its activations times the
+micro-batches in flight.
 """
 
 from __future__ import annotations
@@ -29,11 +30,15 @@ from autoshard.cost.cluster import Cluster
 from autoshard.cost.liveness import held_bytes
 from autoshard.cost.price import Cost, held_at_peak, send_time
 from autoshard.cost.schedule import Pipeline, Schedule, StageTime, simulate
+from autoshard.deadline import NEVER, Deadline
 from autoshard.errors import PipelineError
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.plan import Plan
 from autoshard.program import Program
+from autoshard.progress import Tracker
+from autoshard.search.budget import NoPlanFits, Planned, auto_plan
+from autoshard.search.options import SolverOptions
 
 PIPELINE_AXIS = "pp"
 """The mesh axis name that asks for a pipeline over that axis (`--mesh pp=8,dp=8,tp=8`)."""
@@ -297,3 +302,37 @@ def price_pipeline(
         pipeline=pipeline, axis=ask.axis, stages=stages, send_bytes=sent,
         send_s=send_s, step_s=timeline.step_s + max(update), bubble=timeline.bubble,
     )  # fmt: skip
+
+
+REFITS = 3
+"""How many times the intra-stage plan is searched again, under a lower budget, where its
+largest stage does not fit: each is a solve."""
+
+
+def plan_pipelined(
+    graph: Graph,
+    cluster: Cluster,
+    ask: PipelineAsk,
+    options: SolverOptions,
+    tracker: Tracker | None = None,
+    deadline: Deadline = NEVER,
+) -> tuple[Planned, PipelinePrice, Cluster]:
+    """The intra-stage plan searched on `sub_cluster(cluster, ask.axis)`, its pipeline priced,
+    and the sub-cluster it was found on. Where the largest stage does not fit the budget, the
+    search runs again under the sub-cluster's budget scaled down by the overshoot (`REFITS`
+    times at most, while some plan fits it): the budget times the stages bounds a stage's
+    weights and activations together, not as the schedule keeps them."""
+    sub = sub_cluster(cluster, ask.axis)
+    planned = auto_plan(graph, sub, (), options, tracker, deadline)
+    priced = price_pipeline(graph, planned.plan, planned.program, planned.cost, cluster, ask)
+    for _ in range(REFITS):
+        if priced.memory_bytes <= cluster.memory:
+            break
+        lower = dataclasses.replace(sub, memory=sub.memory * cluster.memory // priced.memory_bytes)
+        try:
+            again = auto_plan(graph, lower, (), options, tracker, deadline)
+        except NoPlanFits:
+            break
+        sub, planned = lower, again
+        priced = price_pipeline(graph, planned.plan, planned.program, planned.cost, cluster, ask)
+    return planned, priced, sub

@@ -10,11 +10,14 @@ from autoshard.cost.cluster import make_cluster
 from autoshard.cost.schedule import Pipeline, Schedule, StageTime, simulate
 from autoshard.document.plan_document import PlanDocument
 from autoshard.mesh import Mesh
-from autoshard.pipeline import PlanRequest, plan_request
+from autoshard.pipeline import PlanRequest, load_graph, plan_request
+from autoshard.search.budget import auto_plan
+from autoshard.search.options import SolverOptions
 from autoshard.search.pipelined import (
     PipelineAsk,
     layer_runs,
     pipeline_ask,
+    plan_pipelined,
     price_pipeline,
     split_layers,
     stage_of_ops,
@@ -140,3 +143,18 @@ def test_ops_outside_the_layers_go_to_the_first_or_last_stage(planned):
     assert {stage[graph.ops[i].name] for i in forward.layers[1]} == {1}
     assert {stage[graph.ops[i].name] for i in backward.layers[0]} == {1}
     assert {stage[graph.ops[i].name] for i in backward.layers[1]} == {0}
+
+
+def test_a_stage_over_the_budget_is_planned_again_lower():
+    # At 2 MB a device, the intra-stage plan found under 2 x 2 MB leaves the first stage over
+    # the budget (its weights replicated); searched again under the budget scaled down by the
+    # overshoot, the stages fit.
+    graph = load_graph(GPT2, {"batch": 8, "seq": 64}, Training(micro_batches=4))
+    cluster = make_cluster("pp=2,dp=4", memory="2MB")
+    ask, options = pipeline_ask(cluster.mesh, None, None), SolverOptions()
+    first = auto_plan(graph, sub_cluster(cluster, 0), (), options)
+    over = price_pipeline(graph, first.plan, first.program, first.cost, cluster, ask)
+    assert over.memory_bytes > cluster.memory
+    planned, priced, sub = plan_pipelined(graph, cluster, ask, options)
+    assert priced.memory_bytes <= cluster.memory < sub.memory < 2 * cluster.memory
+    assert planned.cost.memory_bytes_per_device <= sub.memory
