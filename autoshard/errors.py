@@ -54,3 +54,7 @@ class MlirError(AutoshardError, ValueError):
 
 class ClusterError(AutoshardError, ValueError):
     """A bad cluster description: the message names the flag or key and the valid choices."""
+
+
+class PipelineError(AutoshardError, ValueError):
+    """A pipeline that cannot be: its axis, stages, micro-batches or schedule."""

@@ -32,6 +32,7 @@ from autoshard.document.plan_document import (
     plan_document,
     plan_from_document,
 )
+from autoshard.errors import PipelineError
 from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
@@ -46,6 +47,13 @@ from autoshard.progress import Tracker
 from autoshard.propagate import propagate
 from autoshard.search.budget import Planned, auto_plan
 from autoshard.search.options import Objective, SolverOptions
+from autoshard.search.pipelined import (
+    PipelineAsk,
+    PipelinePrice,
+    check_pipeline,
+    layer_runs,
+    plan_pipelined,
+)
 from autoshard.search.recipe_prices import price_recipes
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
@@ -197,6 +205,9 @@ class PlanRequest:
     objective: Objective = Objective.TIME
     time_limit: float = 60.0
     training: Training | None = None
+    pipeline: PipelineAsk | None = None
+    """A pipeline over a mesh axis (`search.pipelined.pipeline_ask`): the search plans one
+    stage on the mesh without it, the schedule prices the stages."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,6 +269,18 @@ def _plan_inputs(
     return forward, graph, cluster
 
 
+def _check_pipeline(request: PlanRequest, graph: Graph, cluster: Cluster) -> None:
+    """The asked pipeline checked (its stages against the model's repeated layers) before
+    any search."""
+    ask = request.pipeline
+    assert ask is not None
+    if request.training is None:
+        raise PipelineError("a pipeline plans a training step: add --mode training")
+    if request.annotations:
+        raise PipelineError("annotations with a pipeline are not supported yet: leave them out")
+    check_pipeline(ask, cluster.mesh, layer_runs(graph)[0], graph.micro_batches)
+
+
 def plan_request(
     request: PlanRequest,
     tracker: Tracker | None = None,
@@ -286,12 +309,21 @@ def plan_request(
     if training is not None and training.recompute is Recompute.AUTO:
         return _cheapest_recompute(request, training, tracker, after, deadline, graphs)
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
-    forward, graph, cluster = _plan_inputs(request, tracker, graphs)
+    forward, graph, whole = _plan_inputs(request, tracker, graphs)
+    if request.pipeline is not None:
+        _check_pipeline(request, graph, whole)
     deadline.check("importing the model")
     _enter(tracker, PipelineStage.SEARCH, "building the problem")
-    planned = auto_plan(
-        graph, cluster, request.annotations, options, tracker, deadline, explain=explain
-    )
+    priced: PipelinePrice | None = None
+    if request.pipeline is None:
+        cluster = whole
+        planned = auto_plan(
+            graph, cluster, request.annotations, options, tracker, deadline, explain=explain
+        )
+    else:
+        planned, priced, cluster = plan_pipelined(
+            graph, whole, request.pipeline, options, tracker, deadline
+        )
     _enter(tracker, PipelineStage.DOCUMENT)
     recipes = price_recipes(graph, forward, cluster, planned.search, options.objective)
     document = plan_document(
@@ -300,6 +332,12 @@ def plan_request(
         asked=(options, request.annotations), names=parameter_names(request.model_path),
         recipes=recipes, recompute_chosen=chosen,
     )  # fmt: skip
+    if priced is not None:
+        document = dataclasses.replace(
+            document, story=f"{priced}; each stage: {document.story}",
+            pipeline={"mesh": str(whole.mesh), "memory_budget_bytes": whole.memory,
+                      **priced.to_json()},
+        )  # fmt: skip
     if after is not None:
         build(graph, planned.plan, after, tracker)
     return RequestedPlan(document=document, planned=planned, graph=graph, cluster=cluster)

@@ -30,6 +30,7 @@ from autoshard.cost.devices import CLUSTERS, DEFAULT_DEVICE, DEVICES
 from autoshard.errors import AutoshardError, ClusterError
 from autoshard.pipeline import PlanRequest
 from autoshard.search.options import Objective
+from autoshard.search.pipelined import pipeline_ask
 from autoshard.training import Mode, Training
 from autoshard.training.options import (
     OPTIONS,
@@ -193,7 +194,7 @@ class PlanOptions:
         return PlanRequest(
             model_path=model_path, cluster=cluster, dims=dict(self.dims),
             annotations=annotations, objective=self.objective, time_limit=self.time_limit,
-            training=self.training,
+            training=self.training, pipeline=pipeline_ask(cluster.mesh, None, None),
         )  # fmt: skip
 
     def job_id(self, model_sha256: str) -> str:

@@ -23,6 +23,7 @@ from autoshard.cli.summaries import (
     breakdown_summary,
     cost_summary,
     objective_note,
+    pipeline_summary,
     print_checks,
 )
 from autoshard.errors import AutoshardError
@@ -158,6 +159,13 @@ def _training(args: argparse.Namespace) -> Any:
     )
 
 
+def _pipeline(args: argparse.Namespace, mesh: Mesh) -> Any:
+    """The pipeline the flags and the mesh's axis names ask for (None: none)."""
+    from autoshard.search.pipelined import pipeline_ask
+
+    return pipeline_ask(mesh, args.pipeline_axis, args.schedule)
+
+
 def _dump_after(args: argparse.Namespace) -> AfterStage | None:
     """The dump points asked for with --dump-after, printing in the command's dialect."""
     if not args.dump_after:
@@ -194,9 +202,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     dims, annotations, training = dims_of(args.dim), _annotations(args), _training(args)
     with _progress(args) as tracker:
         after = _dump_after(args)
+        cluster = _cluster(args)
         request = PlanRequest(
-            model_path=args.model, cluster=_cluster(args), dims=dims, annotations=annotations,
+            model_path=args.model, cluster=cluster, dims=dims, annotations=annotations,
             objective=Objective(args.objective), time_limit=args.time_limit, training=training,
+            pipeline=_pipeline(args, cluster.mesh),
         )  # fmt: skip
         requested = plan_request(request, tracker, after, deadline)
         document, planned, cluster = requested.document, requested.planned, requested.cluster
@@ -223,6 +233,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     layers = search.repeated_layers.layers
     print(f"plan for {args.model} on mesh {cluster.mesh} ({cluster.mesh.size} devices)")
     print(textwrap.fill(document.story or "", width=100))
+    if document.pipeline is not None:
+        print(pipeline_summary(document.pipeline))
     print(cost_summary(planned.cost, cluster, document.ops))
     print(
         f"collectives: {len(document.collectives)}; solver {solver.status}, gap "

@@ -132,7 +132,8 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument(
         "--micro-batches", type=int, metavar="N",
-        help="gradient accumulation: forward and backward N times per gradient sync",
+        help="gradient accumulation: forward and backward N times per gradient sync (a "
+        "pipeline's micro-batches: the batch the model is given is one micro-batch)",
     )  # fmt: skip
     group.add_argument(
         "--recompute", metavar="WHAT", help="what the backward recomputes instead of keeping: "
@@ -143,6 +144,20 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--attention", help="fused (default on GPU presets): plan and price each attention "
         "core as one flash-attention kernel, which keeps no SxS scores; as-exported: op by op",
+    )  # fmt: skip
+
+
+def pipeline_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("pipeline (with --mode training)")
+    group.add_argument(
+        "--pipeline-axis", metavar="AXIS",
+        help="pipeline the repeated layers over this mesh axis (number or name; an axis named "
+        "pp is one without this flag): one stage per device on it, --micro-batches per step",
+    )  # fmt: skip
+    group.add_argument(
+        "--schedule", metavar="NAME",
+        help="a pipeline's schedule: 1f1b (default), gpipe, or interleaved[:V] (V virtual "
+        "stages per device, default 2)",
     )  # fmt: skip
 
 
@@ -187,7 +202,9 @@ def cluster_flags(parser: argparse.ArgumentParser) -> None:
 
 MESH_NAMES = (
     "axis names are labels only: the plan gives each axis its role (data, tensor or other "
-    "parallelism) by cost alone, so it may split weights over the axis named dp"
+    "parallelism) by cost alone, so it may split weights over the axis named dp; one "
+    "exception: plan pipelines the layers over an axis named pp"
 )
-"""What `--mesh`'s help says of axis names: they name axes in outputs and hint nothing."""
+"""What `--mesh`'s help says of axis names: they name axes in outputs and hint nothing, but
+for `pp` (`search.pipelined.PIPELINE_AXIS`), which asks `plan` for a pipeline."""
 PROGRESS_DELAY_S = 1.0  # a run quicker than this shows no progress (unless --verbose)

@@ -34,6 +34,7 @@ from autoshard.cli.flags import (
     dim_flag,
     html_flags,
     model_flags,
+    pipeline_flags,
     progress_flags,
     run_flags,
     shape_flag,
@@ -96,6 +97,7 @@ def _plan_command(commands: Commands) -> None:
     model_flags(plan, mesh_from="in --cluster")
     cluster_flags(plan)
     training_flags(plan)
+    pipeline_flags(plan)
     plan.add_argument(
         "--objective", choices=[str(o) for o in Objective], default=str(Objective.TIME),
         help="minimize compute + communication time (default) or communication bytes",

@@ -111,3 +111,27 @@ def print_checks(checks: Any) -> None:
             f"{check.max_rel_err:.3g} (tolerance {check.tolerance:g}){replica}"
             f"  {'ok' if check.ok else 'FAILED'}"
         )
+
+
+def pipeline_summary(block: Mapping[str, Any]) -> str:
+    """A pipelined plan's `pipeline` block in lines: the whole mesh, the step, each stage."""
+    from autoshard.units import format_bytes as _size
+
+    budget = block["memory_budget_bytes"]
+    lines = [
+        f"pipeline on mesh {block['mesh']} (axis {block['axis']}): step "
+        f"{block['step_time_s'] * 1e3:.3f} ms, bubble {block['bubble']:.1%}, p2p "
+        f"{_size(block['p2p']['bytes_per_device_per_micro_batch'])} per micro-batch, "
+        f"{block['p2p']['time_s'] * 1e6:.1f} us (the cost below: the whole model on one "
+        "stage's devices, the plan each stage runs its layers in)"
+    ]
+    for s, stage in enumerate(block["stages"]):
+        first, stop = stage["layers"]
+        compute, memory = stage["compute"], stage["memory"]
+        lines.append(
+            f"  stage {s}: layers {first}..{stop - 1}, forward {compute['forward_s'] * 1e3:.3f} "
+            f"ms + backward {compute['backward_s'] * 1e3:.3f} ms per micro-batch, memory "
+            f"{_size(memory['bytes_per_device'])} of {_size(budget)} "
+            f"({memory['micro_batches_in_flight']:g} micro-batches in flight)"
+        )
+    return "\n".join(lines)

@@ -46,7 +46,7 @@ from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import OpCost, op_cost
 from autoshard.cost.liveness import MEMORY_KINDS, Memory, live_kinds, memory
 from autoshard.ir.graph import PHASES, Graph
-from autoshard.program import Communicate, Compute, Program
+from autoshard.program import Communicate, Compute, Program, step_index
 from autoshard.rules import rule_for
 
 
@@ -59,7 +59,9 @@ def collective_time(collective: Collective, cluster: Cluster) -> float:
     if sent == 0:
         return 0.0
     at = cluster.stages(collective.mesh_axes)
-    if at.nodes == 1 or kind is CollectiveKind.PERMUTE:
+    if kind is CollectiveKind.PERMUTE:
+        return send_time(sent, collective.mesh_axes, cluster)
+    if at.nodes == 1:
         bandwidth, latency = cluster.link(collective.mesh_axes)
         return ring_steps(kind, n) * latency + sent / bandwidth
     k, m = at.per_node, at.nodes
@@ -78,6 +80,16 @@ def collective_time(collective: Collective, cluster: Cluster) -> float:
         + (sent - across) / inside
     )
     return min(ring, staged)
+
+
+def send_time(sent: int, mesh_axes: tuple[int, ...], cluster: Cluster) -> float:
+    """Seconds a point-to-point send of `sent` bytes per device takes between neighbours over
+    `mesh_axes` (a permute, a pipeline stage's boundary): one exchange at the link's latency
+    and bandwidth."""
+    if sent == 0:
+        return 0.0
+    bandwidth, latency = cluster.link(mesh_axes)
+    return ring_steps(CollectiveKind.PERMUTE, 2) * latency + sent / bandwidth
 
 
 @dataclass(frozen=True)
@@ -219,3 +231,25 @@ def _memory_by_kind(program: Program, graph: Graph, peak: Memory) -> dict[str, i
     for _, kind, size in live_kinds(program, graph, peak):
         found[kind] += size
     return found
+
+
+def held_at_peak(
+    graph: Graph, program: Program, peak: Memory | None = None
+) -> tuple[dict[str, dict[str, int]], str | None]:
+    """What each op holds at the program's peak (`peak`: its `memory`, when the caller has it),
+    by kind: a tensor an op computes is that op's, a collective's result the op's it serves, a
+    weight, input or state its first reader's; and the op running at the peak (None: the peak
+    is before the first step)."""
+    peak = memory(program) if peak is None else peak
+    served = served_ops(program)
+    defined = step_index(program.steps, program.outputs)[0]
+    held: dict[str, dict[str, int]] = {}
+    for tensor, kind, size in live_kinds(program, graph, peak):
+        if tensor in defined:
+            owner = served[defined[tensor]]
+        else:  # a weight, input or state: its first reader's
+            readers = graph.consumers(program.tensors[tensor].value)
+            owner = readers[0].name if readers else ""
+        mine = held.setdefault(owner, {})
+        mine[kind] = mine.get(kind, 0) + size
+    return held, served[peak.step] if peak.step >= 0 else None

@@ -22,10 +22,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from autoshard.analysis.repeats import Repeats, find_repeats
-from autoshard.cost.liveness import MEMORY_KINDS, Memory, live_kinds, memory
-from autoshard.cost.price import Cost, served_ops
+from autoshard.cost.liveness import MEMORY_KINDS, Memory
+from autoshard.cost.price import Cost, held_at_peak
 from autoshard.ir.graph import Graph
-from autoshard.program import Program, step_index
+from autoshard.program import Program
 
 TOP = 5
 """How many collectives `top_collectives` lists."""
@@ -55,27 +55,6 @@ def _kinds(held: Held, ops: Iterable[str]) -> dict[str, int]:
         for kind, size in held.get(op, {}).items():
             found[kind] += size
     return found
-
-
-def held_at_peak(
-    graph: Graph, program: Program, peak: Memory | None = None
-) -> tuple[dict[str, dict[str, int]], str | None]:
-    """What each op holds at the program's peak (`peak`: its `memory`, when the caller has it),
-    by kind (see the module docstring), and the op running at the peak (None: the peak is
-    before the first step)."""
-    peak = memory(program) if peak is None else peak
-    served = served_ops(program)
-    defined = step_index(program.steps, program.outputs)[0]
-    held: dict[str, dict[str, int]] = {}
-    for tensor, kind, size in live_kinds(program, graph, peak):
-        if tensor in defined:
-            owner = served[defined[tensor]]
-        else:  # a weight, input or state: its first reader's
-            readers = graph.consumers(program.tensors[tensor].value)
-            owner = readers[0].name if readers else ""
-        mine = held.setdefault(owner, {})
-        mine[kind] = mine.get(kind, 0) + size
-    return held, served[peak.step] if peak.step >= 0 else None
 
 
 def breakdown(

@@ -113,6 +113,10 @@ class PlanDocument:
     """The cost regrouped (`document.breakdown`), kept as its JSON: it is large, and read only
     to be shown (the plan summary, the HTML report)."""
     recipes: Recipes | None = None
+    pipeline: Mapping[str, Any] | None = None
+    """A pipelined plan's stages, schedule and price (`search.pipelined.PipelinePrice`, its
+    JSON with the whole mesh): its `mesh`, `cost` and decisions are one stage's, on the mesh
+    without the pipeline axis. Absent where the plan has no pipeline."""
     solver: SolverFigures | None = None
     search: SearchFigures | None = None
     timing: Timing | None = None
@@ -145,6 +149,8 @@ class PlanDocument:
             data["breakdown"] = self.breakdown
         if self.recipes is not None:
             data["recipes"] = self.recipes.to_json()
+        if self.pipeline is not None:
+            data["pipeline"] = self.pipeline
         return data | {
             "solver": self.solver.to_json() if self.solver is not None else None,
             "search": self.search.to_json() if self.search is not None else None,
@@ -173,7 +179,7 @@ class PlanDocument:
                 unruled=tuple(data.get("unruled") or ()),
                 collectives=tuple(map(CollectiveEntry.from_json, data.get("collectives") or ())),
                 cost=block("cost", CostFigures.from_json), breakdown=data.get("breakdown"),
-                recipes=block("recipes", Recipes.from_json),
+                recipes=block("recipes", Recipes.from_json), pipeline=data.get("pipeline"),
                 solver=block("solver", SolverFigures.from_json),
                 search=block("search", SearchFigures.from_json),
                 timing=block("timing", lambda t: Timing(t["build_s"], t["solve_s"])),

@@ -23,6 +23,8 @@ from autoshard.limits import (
 )
 
 MLP = str(Path(__file__).resolve().parents[2] / "models" / "mlp.onnx")
+GPT2 = str(Path(__file__).resolve().parents[2] / "models" / "gpt2.onnx")
+GPT2_DIMS = ("--dim", "batch=2", "--dim", "seq=16")
 BIG = 1 << 40
 
 
@@ -266,6 +268,74 @@ CASES = {
         ],  # fmt: skip
         "value 'W' is both an initializer and the result of op 'a' (Relu)",
     ),
+    # ---- pipelines: an axis, a schedule, micro-batches that cannot be
+    "pipeline-axis-over-the-layers": (
+        lambda tmp: ["plan", GPT2, "--mesh", "pp=4,dp=2", "--mode", "training", *GPT2_DIMS],
+        "pipeline axis 0 has 4 stages but the model has 2 repeated layers; choose a pipeline "
+        "axis of at most 2",
+    ),
+    "pipeline-of-a-model-without-layers": (
+        lambda tmp: ["plan", MLP, "--mesh", "pp=2,dp=2", "--mode", "training", "--dim", "batch=8"],
+        "a pipeline cuts repeated layers into stages, and the model has none",
+    ),  # fmt: skip
+    "unknown-schedule": (
+        lambda tmp: [
+            "plan",
+            MLP,
+            "--mesh",
+            "pp=2,dp=2",
+            "--mode",
+            "training",
+            "--schedule",
+            "zb-h1",
+        ],
+        "unknown schedule 'zb-h1'; choose one of: gpipe, 1f1b, interleaved[:V]",
+    ),  # fmt: skip
+    "pipeline-axis-off-the-mesh": (
+        lambda tmp: ["plan", MLP, "--mesh", "2x2", "--mode", "training", "--pipeline-axis", "3"],
+        "--pipeline-axis: unknown mesh axis 3; mesh 2x2 has axes 0..1",
+    ),
+    "schedule-without-a-pipeline": (
+        lambda tmp: ["plan", MLP, "--mesh", "dp=2,tp=2", "--schedule", "gpipe"],
+        "--schedule gpipe needs a pipeline: name a mesh axis pp or give --pipeline-axis",
+    ),
+    "pipeline-without-training": (
+        lambda tmp: ["plan", MLP, "--mesh", "pp=2,dp=2", "--dim", "batch=8"],
+        "a pipeline plans a training step: add --mode training",
+    ),
+    "interleaved-chunks-over-the-layers": (
+        lambda tmp: [
+            "plan",
+            GPT2,
+            "--mesh",
+            "pp=2,dp=2",
+            "--mode",
+            "training",
+            *GPT2_DIMS,
+            "--micro-batches",
+            "2",
+            "--schedule",
+            "interleaved:2",
+        ],
+        "schedule interleaved:2 on 2 stages cuts the model into 4 chunks but it has 2 "
+        "repeated layers; choose 1f1b or gpipe",
+    ),  # fmt: skip
+    "interleaved-micro-batches": (
+        lambda tmp: [
+            "plan",
+            GPT2,
+            "--mesh",
+            "pp=2,dp=2",
+            "--mode",
+            "training",
+            *GPT2_DIMS,
+            "--micro-batches",
+            "3",
+            "--schedule",
+            "interleaved:2",
+        ],
+        "interleaved schedule needs micro-batches divisible by the 2 stages, got 3",
+    ),  # fmt: skip
 }
 
 
