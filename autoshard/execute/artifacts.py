@@ -9,7 +9,7 @@
     OUT/steps.json, OUT/segments/        the same program as `autoshard run` executes it: ONNX
                                          segments between collectives and the steps of each
                                          device (autoshard/steps.py); not for a shape-only model
-                                         nor a training step
+                                         (a training step's: `execute.train_verify` runs them)
 
 Every file is written to a temporary name and renamed, and nothing in it depends on time or
 on the order a dict happened to be filled: running the command twice gives the same bytes.
@@ -29,7 +29,8 @@ import numpy as np
 from autoshard.annotations import Annotation, AnnotationError, parse_annotations
 from autoshard.document.blocks import Decisions, training_of
 from autoshard.errors import AutoshardError
-from autoshard.execute.steps import STEPS, write_steps
+from autoshard.execute.steps import STEPS, read_steps, write_steps
+from autoshard.execute.train_verify import TrainingReport, verify_training
 from autoshard.execute.verify import Report, verify
 from autoshard.files import json_text, sha256_file, write_atomic
 from autoshard.mesh import Mesh
@@ -88,9 +89,9 @@ def write_partition(
     devices = _write_weights(folder, setup, built, names, shape_only)
     _remove_stale(folder / WEIGHTS, {d["file"] for d in devices})
     write_atomic(folder / SPMD, print_spmd(partitioned, dialect).encode())
-    # Runnable steps of a forward pass with weights (a training step's gradient ops are no
-    # ONNX ops: its program is the MLIR text only).
-    runnable = not shape_only and setup.training is None
+    # Runnable steps of a model with weights: a training step's segments hold its gradient,
+    # sync and update ops (domain autoshard.train), run as torch ops (`execute.train_ops`).
+    runnable = not shape_only
     if runnable:
         write_steps(folder, partitioned, graph, {d["index"]: d["file"] for d in devices})
     manifest = {
@@ -282,15 +283,23 @@ def verify_folder(
     dims: Mapping[str, int],
     inputs: Mapping[str, np.ndarray] | None = None,
     rtol: float | None = None,
-) -> Report:
+    steps: int = 3,
+) -> Report | TrainingReport:
     """Rebuild the partition of folder `out`, run it on every device with each device's own
-    weight file, and compare with onnxruntime on `model`."""
-    if "training" in read_manifest(out):
-        raise PartitionFolderError(
-            f"'{out}' is the partition of a training step; verify runs forward passes only "
-            "(partition the model without --mode training to verify it)"
-        )
-    built, weights, _ = load_partition(out, model, dims)
+    weight file, and compare with onnxruntime on `model`; a training step: train it `steps`
+    steps and compare with PyTorch autograd (`execute.train_verify`)."""
+    built, weights, manifest = load_partition(out, model, dims)
+    training = training_of(manifest, "the manifest")
+    if training is not None:
+        if inputs is not None or rtol is not None:
+            raise PartitionFolderError(
+                "verify trains a training step on seeded random inputs to 1e-5: "
+                "--inputs and --rtol are for forward passes"
+            )
+        return verify_training(
+            built.partitioned, built.graph, model, weights, read_steps(out), out, training,
+            steps,
+        )  # fmt: skip
     return verify(built.partitioned, built.graph, model, weights, inputs, rtol)
 
 

@@ -1,0 +1,190 @@
+"""The executable form of a training step's ops, in one place: ONNX ops as differentiable torch
+functions (`forward`), and the ops a training step adds (`rules.gradient.TrainOp`) on top of
+them (`train_op`).
+
+    forward(op_type, attrs, args)     ONNX semantics, every result; a float tensor stays in
+                                      torch's autograd graph
+    train_op(op, forward_op, args, shapes, step)
+      LossGrad   ones of the output's local shape: the step's loss is the sum of every element
+                 of the model's outputs (`LOSS`)
+      Grad       the forward op run again on the operands it reads (zeros where it reads none:
+                 a linear op's gradient does not depend on them) and differentiated by autograd
+                 with respect to operand `operand`, given its results' gradients
+      GradSync   the gradient as synchronized: the collective before it did the sync
+      Update     the optimizer's update of one weight (`OPTIMIZER_SETTINGS`), as torch.optim
+                 computes it: (gradient, weight, state) -> (next weight, next state)
+
+The same `forward` runs the single-process reference (`autoshard.execute.train_verify`), on
+the original ONNX file's nodes, so the two sides share ONNX semantics and nothing else: the
+reference never sees a sharding, a collective or a gradient op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from autoshard.errors import AutoshardError
+from autoshard.ir.graph import Op
+from autoshard.rules.gradient import TrainOp
+from autoshard.training.options import OPTIMIZER_SETTINGS, Optimizer
+
+LOSS = "sum"
+"""The loss a training step differentiates: the sum of every element of the model's outputs."""
+
+Tensor = Any  # torch.Tensor (torch's stubs make every tensor Any here)
+
+
+class NoTorchForm(AutoshardError):
+    """An op with no torch form here: the training step cannot be executed."""
+
+
+def _shape(value: Any) -> list[int]:
+    return [int(v) for v in value.reshape(-1).tolist()]
+
+
+def _reshape(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> Tensor:
+    x, target = args[0], _shape(args[1])
+    if not attrs.get("allowzero", 0):
+        target = [x.shape[i] if t == 0 else t for i, t in enumerate(target)]
+    return x.reshape(target)
+
+
+def _gemm(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> Tensor:
+    a = args[0].t() if attrs.get("transA", 0) else args[0]
+    b = args[1].t() if attrs.get("transB", 0) else args[1]
+    y = float(attrs.get("alpha", 1.0)) * (a @ b)
+    if len(args) > 2 and args[2] is not None:
+        y = y + float(attrs.get("beta", 1.0)) * args[2]
+    return y
+
+
+def _softmax(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> Tensor:
+    return torch.softmax(args[0], dim=int(attrs.get("axis", -1)))
+
+
+def _reduce(name: str) -> Any:
+    def run(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> Tensor:
+        x = args[0]
+        axes = _shape(args[1]) if len(args) > 1 and args[1] is not None else attrs.get("axes")
+        keep = bool(attrs.get("keepdims", 1))
+        dims = list(range(x.dim())) if not axes else [int(a) for a in axes]
+        return getattr(torch, name)(x, dim=dims, keepdim=keep)
+
+    return run
+
+
+_ONE = {
+    "Relu": torch.relu, "Tanh": torch.tanh, "Sigmoid": torch.sigmoid, "Exp": torch.exp,
+    "Neg": torch.neg, "Sqrt": torch.sqrt, "Erf": torch.erf, "Log": torch.log,
+    "Identity": lambda x: x, "Reciprocal": torch.reciprocal,
+}  # fmt: skip
+_TWO = {
+    "MatMul": torch.matmul, "Add": torch.add, "Sub": torch.sub, "Mul": torch.mul,
+    "Div": torch.div, "Pow": torch.pow, "Max": torch.maximum, "Min": torch.minimum,
+}  # fmt: skip
+_OTHER = {
+    "Gemm": _gemm,
+    "Reshape": _reshape,
+    "Softmax": _softmax,
+    "Transpose": lambda attrs, args: args[0].permute(
+        *(attrs.get("perm") or range(args[0].dim() - 1, -1, -1))
+    ),
+    "ReduceSum": _reduce("sum"),
+    "ReduceMean": _reduce("mean"),
+    "Sum": lambda attrs, args: sum(args[1:], args[0]),
+}
+
+
+def forward(op_type: str, attrs: Mapping[str, Any], args: Sequence[Tensor]) -> list[Tensor]:
+    """The results of ONNX op `op_type` on `args` (None where an operand is omitted)."""
+    if op_type in _ONE:
+        return [_ONE[op_type](args[0])]
+    if op_type in _TWO:
+        return [_TWO[op_type](args[0], args[1])]
+    if op_type in _OTHER:
+        return [_OTHER[op_type](attrs, args)]
+    if op_type == "Constant":
+        return [torch.as_tensor(attrs["value"])]
+    supported = sorted([*_ONE, *_TWO, *_OTHER, "Constant"])
+    raise NoTorchForm(
+        f"op type {op_type} has no torch form for a training step; supported: {', '.join(supported)}"
+    )
+
+
+def train_op(
+    op: Op, forward_op: Op | None, args: Sequence[Tensor], shapes: Sequence[Sequence[int]], step: int
+) -> list[Tensor]:
+    """The results of training op `op` (see the module docstring); `forward_op` is the op a
+    Grad differentiates as this device runs it, `shapes` the local shapes of `forward_op`'s
+    operands (for the operands the gradient does not read), `step` counts from 1."""
+    kind = TrainOp(op.type)
+    if kind is TrainOp.LOSS_GRAD:
+        return [torch.ones_like(args[0])]
+    if kind is TrainOp.GRAD_SYNC:
+        return [args[0]]
+    if kind is TrainOp.UPDATE:
+        return list(update(str(op.attr("optimizer")), args[0], args[1], args[2], step))
+    assert forward_op is not None
+    return [_gradient(op, forward_op, args, shapes)]
+
+
+def _gradient(
+    op: Op, forward_op: Op, args: Sequence[Tensor], shapes: Sequence[Sequence[int]]
+) -> Tensor:
+    count = len(forward_op.inputs)
+    operand = int(op.attr("operand", 0))  # type: ignore[arg-type]
+    operands = [
+        args[j]
+        if args[j] is not None
+        else (torch.zeros(tuple(shapes[j])) if forward_op.inputs[j] else None)
+        for j in range(count)
+    ]
+    target = operands[operand].detach().requires_grad_(True)
+    operands[operand] = target
+    with torch.enable_grad():
+        results = forward(forward_op.type, dict(forward_op.attrs), operands)
+        pairs = [(r, g) for r, g in zip(results, args[count:], strict=False) if g is not None]
+        (grad,) = torch.autograd.grad(
+            [r for r, _ in pairs], [target], [g for _, g in pairs], allow_unused=True
+        )
+    return torch.zeros_like(target) if grad is None else grad.detach()
+
+
+def update(
+    optimizer: str, grad: Tensor, weight: Tensor, state: Tensor, step: int
+) -> tuple[Tensor, Tensor]:
+    """One optimizer step of `weight` as torch.optim takes it (Adam, AdamW, SGD with momentum,
+    `OPTIMIZER_SETTINGS`), `state` its planes (Adam: m, v; SGD: the momentum buffer)."""
+    s = OPTIMIZER_SETTINGS
+    kind = Optimizer(optimizer)
+    if kind is Optimizer.SGD:
+        momentum = s.momentum * state[0] + grad
+        return weight - s.lr * momentum, momentum.unsqueeze(0)
+    if kind is Optimizer.NONE:
+        return weight, state
+    decay = s.adamw_weight_decay if kind is Optimizer.ADAMW else 0.0
+    weight = weight * (1 - s.lr * decay)
+    m = s.beta1 * state[0] + (1 - s.beta1) * grad
+    v = s.beta2 * state[1] + (1 - s.beta2) * grad * grad
+    correction1, correction2 = 1 - s.beta1**step, 1 - s.beta2**step
+    denominator = v.sqrt() / correction2**0.5 + s.eps
+    return weight - (s.lr / correction1) * m / denominator, torch.stack([m, v])
+
+
+def reference_optimizer(optimizer: str, parameters: Sequence[Tensor]) -> Any:
+    """torch.optim's own optimizer of `parameters` with `OPTIMIZER_SETTINGS` (the reference
+    step never calls `update`)."""
+    s, kind = OPTIMIZER_SETTINGS, Optimizer(optimizer)
+    if kind is Optimizer.SGD:
+        return torch.optim.SGD(parameters, lr=s.lr, momentum=s.momentum)
+    if kind is Optimizer.ADAMW:
+        return torch.optim.AdamW(
+            parameters, lr=s.lr, betas=(s.beta1, s.beta2), eps=s.eps,
+            weight_decay=s.adamw_weight_decay,
+        )  # fmt: skip
+    if kind is Optimizer.ADAM:
+        return torch.optim.Adam(parameters, lr=s.lr, betas=(s.beta1, s.beta2), eps=s.eps)
+    return None
