@@ -361,6 +361,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from autoshard.execute.artifacts import load_inputs, read_manifest, setup_of, verify_folder
 
     inputs = load_inputs(args.inputs) if args.inputs else None
+    if "training" in read_manifest(args.out):
+        return _verify_training(args, inputs)
     if args.distributed:
         from autoshard.run import run_partition
 
@@ -381,6 +383,33 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"verify {args.out} on {devices} devices{how}: {'ok' if ok else 'FAILED'}")
         print_checks(checks)
     return 0 if ok else 1
+
+
+def _verify_training(args: argparse.Namespace, inputs: Any) -> int:
+    """A training step's partition trained `--steps` steps against PyTorch autograd."""
+    from autoshard.execute.artifacts import verify_folder
+    from autoshard.execute.train_verify import TrainingReport
+
+    if args.distributed:
+        raise AutoshardError(
+            "verify --distributed runs forward passes only; verify a training step's "
+            "partition in-process (leave out --distributed)"
+        )
+    if args.steps < 1:
+        raise AutoshardError(f"--steps must be at least 1, got {args.steps}")
+    report = verify_folder(args.out, args.model, dims_of(args.dim), inputs, args.rtol, args.steps)
+    assert isinstance(report, TrainingReport)
+    if args.json:
+        _emit(report.to_json())
+    else:
+        status = "ok" if report.ok else "FAILED"
+        print(f"verify {args.out}: {report.steps} training steps on {report.devices} devices "
+              f"against torch autograd: {status}")  # fmt: skip
+        for what in ("loss", "gradient", "weight"):
+            print(f"  {what}: max rel err {report.worst(what):.3g} (tolerance 1e-05)")
+        for failure in report.failures:
+            print(f"  {failure.line()}")
+    return 0 if report.ok else 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -115,11 +115,20 @@ def forward(op_type: str, attrs: Mapping[str, Any], args: Sequence[Tensor]) -> l
 
 
 def train_op(
-    op: Op, forward_op: Op | None, args: Sequence[Tensor], shapes: Sequence[Sequence[int]], step: int
+    op: Op,
+    forward_op: Op | None,
+    args: Sequence[Tensor],
+    shapes: Sequence[Sequence[int]],
+    step: int,
+    operands: int = 0,
+    result: Sequence[int] = (),
 ) -> list[Tensor]:
     """The results of training op `op` (see the module docstring); `forward_op` is the op a
-    Grad differentiates as this device runs it, `shapes` the local shapes of `forward_op`'s
-    operands (for the operands the gradient does not read), `step` counts from 1."""
+    Grad differentiates as this device runs it (a local rewrite may leave out an operand: the
+    bias of a partial sum's Gemm on all devices but one), `shapes` the local shapes of its
+    operands, `operands` how many operands the graph's forward op has (the Grad reads them,
+    then its results' gradients), `result` the local shape of a Grad's result, `step` counts
+    from 1."""
     kind = TrainOp(op.type)
     if kind is TrainOp.LOSS_GRAD:
         return [torch.ones_like(args[0])]
@@ -128,25 +137,32 @@ def train_op(
     if kind is TrainOp.UPDATE:
         return list(update(str(op.attr("optimizer")), args[0], args[1], args[2], step))
     assert forward_op is not None
-    return [_gradient(op, forward_op, args, shapes)]
+    operand = int(op.attr("operand", 0))  # type: ignore[arg-type]
+    if operand >= len(forward_op.inputs) or not forward_op.inputs[operand]:
+        return [torch.zeros(tuple(result))]  # the local op does not read it
+    return [_gradient(op, forward_op, args[:operands], args[operands:], shapes)]
 
 
 def _gradient(
-    op: Op, forward_op: Op, args: Sequence[Tensor], shapes: Sequence[Sequence[int]]
+    op: Op,
+    forward_op: Op,
+    reads: Sequence[Tensor],
+    gradients: Sequence[Tensor],
+    shapes: Sequence[Sequence[int]],
 ) -> Tensor:
-    count = len(forward_op.inputs)
+    """The gradient of operand `operand` of `forward_op` (as this device runs it) given its
+    results' `gradients`."""
     operand = int(op.attr("operand", 0))  # type: ignore[arg-type]
-    operands = [
-        args[j]
-        if args[j] is not None
-        else (torch.zeros(tuple(shapes[j])) if forward_op.inputs[j] else None)
-        for j in range(count)
-    ]
-    target = operands[operand].detach().requires_grad_(True)
-    operands[operand] = target
+    local = [
+        reads[j] if j < len(reads) and reads[j] is not None
+        else (torch.zeros(tuple(shapes[j])) if name else None)
+        for j, name in enumerate(forward_op.inputs)
+    ]  # fmt: skip
+    target = local[operand].detach().requires_grad_(True)
+    local[operand] = target
     with torch.enable_grad():
-        results = forward(forward_op.type, dict(forward_op.attrs), operands)
-        pairs = [(r, g) for r, g in zip(results, args[count:], strict=False) if g is not None]
+        results = forward(forward_op.type, dict(forward_op.attrs), local)
+        pairs = [(r, g) for r, g in zip(results, gradients, strict=False) if g is not None]
         (grad,) = torch.autograd.grad(
             [r for r, _ in pairs], [target], [g for _, g in pairs], allow_unused=True
         )

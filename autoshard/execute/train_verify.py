@@ -113,12 +113,11 @@ def _torch(array: Any) -> Any:
 class _Device:
     """One device's program, its step list from steps.json and the tensors it holds."""
 
-    def __init__(self, program: DeviceProgram, steps: Sequence[Mapping[str, Any]], folder: Path):
-        self.program = program
+    def __init__(self, program: DeviceProgram, steps: Sequence[Mapping[str, Any]], graph: Graph):
+        self.program, self.graph = program, graph
         self.ops = {s.op.name: s.op for s in program.steps if isinstance(s, LocalCompute)}
         self.collectives = [s for s in program.steps if isinstance(s, LocalCollective)]
         self.steps = steps
-        self.folder = folder
         self.env: dict[str, Any] = {}  # every tensor of the running step
         self.held: dict[str, Any] = {}  # constants, weights and optimizer state across steps
         self.position = 0
@@ -151,12 +150,15 @@ class _Device:
                 "made (a collective missing from its program?)"
             )
         args = [self.env[n] if n else None for n in op.inputs]
-        if op.domain == TRAIN:
-            forward = self.ops[str(op.attr("op"))] if op.type == TrainOp.GRAD else None
-            shapes = [self.program.shapes.get(n, ()) for n in forward.inputs] if forward else []
-            results = train_ops.train_op(op, forward, args, shapes, step)
-        else:
-            results = train_ops.forward(op.type, dict(op.attrs), args)
+        try:
+            if op.domain == TRAIN:
+                results = self.train_op(op, args, step)
+            else:
+                results = train_ops.forward(op.type, dict(op.attrs), args)
+        except RuntimeError as error:  # torch's own error type
+            raise VerifyError(
+                f"device {index}: op {op.name!r} failed: {str(error).splitlines()[0]}"
+            ) from None
         for name, result in zip(op.outputs, results, strict=False):
             if not name:
                 continue
@@ -166,6 +168,20 @@ class _Device:
                     f"{list(result.shape)}; the partition says {list(self.program.shapes[name])}"
                 )
             self.env[name] = result.detach()
+
+    def train_op(self, op: Op, args: list[Any], step: int) -> list[Any]:
+        """A training op; a Grad differentiates its forward op as this device runs it (its
+        own constants: a rewritten shape), the graph's forward op telling the operand count."""
+        if op.type != TrainOp.GRAD:
+            return train_ops.train_op(op, None, args, (), step)
+        name = str(op.attr("op"))
+        forward, count = self.ops[name], len(self.graph.op_by_name[name].inputs)
+        for j, local in enumerate(forward.inputs[:count]):
+            if local and local != op.inputs[j] and local in self.held:
+                args[j] = self.held[local]
+        shapes = [self.program.shapes.get(n, ()) for n in forward.inputs]
+        result = self.program.shapes[op.outputs[0]]
+        return train_ops.train_op(op, forward, args, shapes, step, count, result)
 
 
 def _segment_nodes(folder: Path, manifest: Mapping[str, Any]) -> dict[str, list[tuple[str, str]]]:
@@ -188,7 +204,7 @@ class _Partitioned:
     ):
         self.partitioned, self.graph = partitioned, graph
         self.devices = [
-            _Device(d, m["steps"], folder)
+            _Device(d, m["steps"], graph)
             for d, m in zip(partitioned.devices, manifest["devices"], strict=True)
         ]
         self.nodes = _segment_nodes(folder, manifest)
