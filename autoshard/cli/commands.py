@@ -24,6 +24,7 @@ from autoshard.cli.summaries import (
     cost_summary,
     objective_note,
     print_checks,
+    print_training,
 )
 from autoshard.errors import AutoshardError
 from autoshard.holding import words_of
@@ -387,28 +388,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def _verify_training(args: argparse.Namespace, inputs: Any) -> int:
     """A training step's partition trained `--steps` steps against PyTorch autograd."""
-    from autoshard.execute.artifacts import verify_folder
-    from autoshard.execute.train_verify import TrainingReport
+    from autoshard.execute.artifacts import verify_training_folder
 
-    if args.distributed:
+    if args.distributed or inputs is not None or args.rtol is not None or args.steps < 1:
         raise AutoshardError(
-            "verify --distributed runs forward passes only; verify a training step's "
-            "partition in-process (leave out --distributed)"
+            "verify trains a training step's partition in-process on seeded random inputs to "
+            f"1e-5 for --steps N >= 1 (got {args.steps}): --distributed, --inputs and --rtol "
+            "are for forward passes"
         )
-    if args.steps < 1:
-        raise AutoshardError(f"--steps must be at least 1, got {args.steps}")
-    report = verify_folder(args.out, args.model, dims_of(args.dim), inputs, args.rtol, args.steps)
-    assert isinstance(report, TrainingReport)
+    report = verify_training_folder(args.out, args.model, dims_of(args.dim), args.steps)
     if args.json:
         _emit(report.to_json())
     else:
-        status = "ok" if report.ok else "FAILED"
-        print(f"verify {args.out}: {report.steps} training steps on {report.devices} devices "
-              f"against torch autograd: {status}")  # fmt: skip
-        for what in ("loss", "gradient", "weight"):
-            print(f"  {what}: max rel err {report.worst(what):.3g} (tolerance 1e-05)")
-        for failure in report.failures:
-            print(f"  {failure.line()}")
+        print_training(args.out, report)
     return 0 if report.ok else 1
 
 

@@ -110,3 +110,14 @@ def print_checks(checks: Any) -> None:
             f"{check.max_rel_err:.3g} (tolerance {check.tolerance:g}){replica}"
             f"  {'ok' if check.ok else 'FAILED'}"
         )
+
+
+def print_training(out: str, report: Any) -> None:
+    """A training verification: the worst error of each kind, then each failure's line."""
+    status = "ok" if report.ok else "FAILED"
+    print(f"verify {out}: {report.steps} training steps on {report.devices} devices against "
+          f"torch autograd: {status}")  # fmt: skip
+    for what in ("loss", "gradient", "weight"):
+        print(f"  {what}: max rel err {report.worst(what):.3g} (tolerance 1e-05)")
+    for failure in report.failures:
+        print(f"  {failure.line()}")

@@ -283,24 +283,33 @@ def verify_folder(
     dims: Mapping[str, int],
     inputs: Mapping[str, np.ndarray] | None = None,
     rtol: float | None = None,
-    steps: int = 3,
-) -> Report | TrainingReport:
+) -> Report:
     """Rebuild the partition of folder `out`, run it on every device with each device's own
-    weight file, and compare with onnxruntime on `model`; a training step: train it `steps`
-    steps and compare with PyTorch autograd (`execute.train_verify`)."""
+    weight file, and compare with onnxruntime on `model`."""
+    if "training" in read_manifest(out):
+        raise PartitionFolderError(
+            f"'{out}' is the partition of a training step: train it with verify_training_folder"
+        )
+    built, weights, _ = load_partition(out, model, dims)
+    return verify(built.partitioned, built.graph, model, weights, inputs, rtol)
+
+
+def verify_training_folder(
+    out: str | os.PathLike[str],
+    model: str | os.PathLike[str],
+    dims: Mapping[str, int],
+    steps: int = 3,
+) -> TrainingReport:
+    """Rebuild the training step's partition of folder `out`, train it `steps` steps on every
+    device as its steps.json says, each from its own weight file, and compare every step with
+    PyTorch autograd on `model` (`execute.train_verify`)."""
     built, weights, manifest = load_partition(out, model, dims)
     training = training_of(manifest, "the manifest")
-    if training is not None:
-        if inputs is not None or rtol is not None:
-            raise PartitionFolderError(
-                "verify trains a training step on seeded random inputs to 1e-5: "
-                "--inputs and --rtol are for forward passes"
-            )
-        return verify_training(
-            built.partitioned, built.graph, model, weights, read_steps(out), out, training,
-            steps,
-        )  # fmt: skip
-    return verify(built.partitioned, built.graph, model, weights, inputs, rtol)
+    if training is None:
+        raise PartitionFolderError(f"'{out}' is the partition of a forward pass: verify it")
+    return verify_training(
+        built.partitioned, built.graph, model, weights, read_steps(out), out, training, steps
+    )
 
 
 def load_inputs(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:

@@ -21,7 +21,7 @@ reference never sees a sharding, a collective or a gradient op.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -76,16 +76,16 @@ def _reduce(name: str) -> Any:
     return run
 
 
-_ONE = {
+_ONE: dict[str, Callable[[Tensor], Tensor]] = {
     "Relu": torch.relu, "Tanh": torch.tanh, "Sigmoid": torch.sigmoid, "Exp": torch.exp,
     "Neg": torch.neg, "Sqrt": torch.sqrt, "Erf": torch.erf, "Log": torch.log,
     "Identity": lambda x: x, "Reciprocal": torch.reciprocal,
 }  # fmt: skip
-_TWO = {
+_TWO: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "MatMul": torch.matmul, "Add": torch.add, "Sub": torch.sub, "Mul": torch.mul,
     "Div": torch.div, "Pow": torch.pow, "Max": torch.maximum, "Min": torch.minimum,
 }  # fmt: skip
-_OTHER = {
+_OTHER: dict[str, Callable[[Mapping[str, Any], Sequence[Tensor]], Tensor]] = {
     "Gemm": _gemm,
     "Reshape": _reshape,
     "Softmax": _softmax,
@@ -110,7 +110,8 @@ def forward(op_type: str, attrs: Mapping[str, Any], args: Sequence[Tensor]) -> l
         return [torch.as_tensor(attrs["value"])]
     supported = sorted([*_ONE, *_TWO, *_OTHER, "Constant"])
     raise NoTorchForm(
-        f"op type {op_type} has no torch form for a training step; supported: {', '.join(supported)}"
+        f"op type {op_type} has no torch form for a training step; supported: "
+        + ", ".join(supported)
     )
 
 
@@ -158,7 +159,9 @@ def _gradient(
         else (torch.zeros(tuple(shapes[j])) if name else None)
         for j, name in enumerate(forward_op.inputs)
     ]  # fmt: skip
-    target = local[operand].detach().requires_grad_(True)
+    value = local[operand]
+    assert value is not None  # the caller checked that the local op reads it
+    target = value.detach().requires_grad_(True)
     local[operand] = target
     with torch.enable_grad():
         results = forward(forward_op.type, dict(forward_op.attrs), local)

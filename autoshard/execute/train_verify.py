@@ -145,10 +145,13 @@ class _Device:
         index = self.program.index
         missing = [n for n in op.inputs if n and n not in self.env]
         if missing:
-            raise VerifyError(
-                f"device {index}: op {op.name!r} reads {missing[0]!r}, which no step before it "
-                "made (a collective missing from its program?)"
+            made = [j for j, c in enumerate(self.collectives) if c.target == missing[0]]
+            cause = (
+                f"the result of {_name(self, made[0])}, which its steps do not run"
+                if made
+                else "which no step before it made"
             )
+            raise VerifyError(f"device {index}: op {op.name!r} reads {missing[0]!r}, {cause}")
         args = [self.env[n] if n else None for n in op.inputs]
         try:
             if op.domain == TRAIN:
