@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from autoshard.errors import AutoshardError
@@ -76,14 +77,83 @@ def _reduce(name: str) -> Any:
     return run
 
 
+def _gather(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> Tensor:
+    x, indices = args[0], args[1].long()
+    axis = int(attrs.get("axis", 0)) % x.dim()
+    indices = torch.where(indices < 0, indices + x.shape[axis], indices)
+    picked = x.index_select(axis, indices.reshape(-1))
+    return picked.reshape((*x.shape[:axis], *indices.shape, *x.shape[axis + 1 :]))
+
+
+def _axes(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> list[int] | None:
+    if len(args) > 1 and args[1] is not None:
+        return _shape(args[1])
+    axes = attrs.get("axes")
+    return None if axes is None else [int(a) for a in axes]
+
+
+def _unsqueeze(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> Tensor:
+    x, axes = args[0], _axes(attrs, args) or []
+    rank = x.dim() + len(axes)
+    for axis in sorted(a % rank for a in axes):
+        x = x.unsqueeze(axis)
+    return x
+
+
+def _squeeze(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> Tensor:
+    x, axes = args[0], _axes(attrs, args)
+    if axes is None:
+        return x.squeeze()
+    return x.squeeze(tuple(a % x.dim() for a in axes))
+
+
+def _slice(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> Tensor:
+    x = args[0]
+    starts, ends = _shape(args[1]), _shape(args[2])
+    axes = _shape(args[3]) if len(args) > 3 and args[3] is not None else range(len(starts))
+    steps = _shape(args[4]) if len(args) > 4 and args[4] is not None else [1] * len(starts)
+    index = [slice(None)] * x.dim()
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        index[axis % x.dim()] = slice(start, end, step)
+    return x[tuple(index)]
+
+
+_ZERO = np.zeros(1, np.float32)  # ConstantOfShape's default value
+_CAST = {1: torch.float32, 6: torch.int32, 7: torch.int64, 9: torch.bool, 10: torch.float16,
+         11: torch.float64, 16: torch.bfloat16}  # fmt: skip
+
+
+def _split(attrs: Mapping[str, Any], args: Sequence[Tensor], outputs: int) -> list[Tensor]:
+    x, axis = args[0], int(attrs.get("axis", 0))
+    if len(args) > 1 and args[1] is not None:
+        sizes = _shape(args[1])
+    elif "split" in attrs:
+        sizes = [int(v) for v in attrs["split"]]
+    else:
+        count = int(attrs.get("num_outputs", outputs))
+        size = -(-x.shape[axis] // count)
+        sizes = [min(size, x.shape[axis] - k * size) for k in range(count)]
+    return list(torch.split(x, sizes, dim=axis))
+
+
+def _layer_norm(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> Tensor:
+    x = args[0]
+    axis = int(attrs.get("axis", -1)) % x.dim()
+    bias = args[2] if len(args) > 2 else None
+    epsilon = float(attrs.get("epsilon", 1e-5))
+    return torch.nn.functional.layer_norm(x, x.shape[axis:], args[1], bias, epsilon)
+
+
 _ONE: dict[str, Callable[[Tensor], Tensor]] = {
     "Relu": torch.relu, "Tanh": torch.tanh, "Sigmoid": torch.sigmoid, "Exp": torch.exp,
     "Neg": torch.neg, "Sqrt": torch.sqrt, "Erf": torch.erf, "Log": torch.log,
-    "Identity": lambda x: x, "Reciprocal": torch.reciprocal,
+    "Identity": lambda x: x, "Reciprocal": torch.reciprocal, "Not": torch.logical_not,
 }  # fmt: skip
 _TWO: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "MatMul": torch.matmul, "Add": torch.add, "Sub": torch.sub, "Mul": torch.mul,
     "Div": torch.div, "Pow": torch.pow, "Max": torch.maximum, "Min": torch.minimum,
+    "And": torch.logical_and, "Or": torch.logical_or, "Equal": torch.eq, "Less": torch.lt,
+    "LessOrEqual": torch.le, "Greater": torch.gt, "GreaterOrEqual": torch.ge,
 }  # fmt: skip
 _OTHER: dict[str, Callable[[Mapping[str, Any], Sequence[Tensor]], Tensor]] = {
     "Gemm": _gemm,
@@ -95,20 +165,47 @@ _OTHER: dict[str, Callable[[Mapping[str, Any], Sequence[Tensor]], Tensor]] = {
     "ReduceSum": _reduce("sum"),
     "ReduceMean": _reduce("mean"),
     "Sum": lambda attrs, args: sum(args[1:], args[0]),
-}
+    "Gather": _gather,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Slice": _slice,
+    "Concat": lambda attrs, args: torch.cat(list(args), dim=int(attrs["axis"])),
+    "Cast": lambda attrs, args: args[0].to(_CAST[int(attrs["to"])]),
+    "Shape": lambda attrs, args: torch.tensor(args[0].shape, dtype=torch.int64)[
+        attrs.get("start", 0) : attrs.get("end")
+    ],
+    "ConstantOfShape": lambda attrs, args: torch.from_numpy(
+        np.full(_shape(args[0]), np.asarray(attrs.get("value", _ZERO)).reshape(-1)[0])
+    ),
+    "Range": lambda attrs, args: torch.arange(args[0].item(), args[1].item(), args[2].item(),
+                                              dtype=args[0].dtype),
+    "Where": lambda attrs, args: torch.where(args[0], args[1], args[2]),
+    "Flatten": lambda attrs, args: args[0].reshape(
+        int(torch.tensor(args[0].shape[: int(attrs.get("axis", 1))]).prod()), -1
+    ),
+    "Expand": lambda attrs, args: args[0].expand(
+        torch.broadcast_shapes(args[0].shape, tuple(_shape(args[1])))
+    ),
+    "LayerNormalization": _layer_norm,
+}  # fmt: skip
 
 
-def forward(op_type: str, attrs: Mapping[str, Any], args: Sequence[Tensor]) -> list[Tensor]:
-    """The results of ONNX op `op_type` on `args` (None where an operand is omitted)."""
+def forward(
+    op_type: str, attrs: Mapping[str, Any], args: Sequence[Tensor], outputs: int = 1
+) -> list[Tensor]:
+    """The results of ONNX op `op_type` on `args` (None where an operand is omitted) with
+    `outputs` results."""
     if op_type in _ONE:
         return [_ONE[op_type](args[0])]
     if op_type in _TWO:
         return [_TWO[op_type](args[0], args[1])]
+    if op_type == "Split":
+        return _split(attrs, args, outputs)
     if op_type in _OTHER:
         return [_OTHER[op_type](attrs, args)]
     if op_type == "Constant":
-        return [torch.as_tensor(attrs["value"])]
-    supported = sorted([*_ONE, *_TWO, *_OTHER, "Constant"])
+        return [torch.from_numpy(np.array(attrs["value"]))]
+    supported = sorted([*_ONE, *_TWO, *_OTHER, "Constant", "Split"])
     raise NoTorchForm(
         f"op type {op_type} has no torch form for a training step; supported: "
         + ", ".join(supported)
@@ -164,7 +261,7 @@ def _gradient(
     target = value.detach().requires_grad_(True)
     local[operand] = target
     with torch.enable_grad():
-        results = forward(forward_op.type, dict(forward_op.attrs), local)
+        results = forward(forward_op.type, dict(forward_op.attrs), local, len(forward_op.outputs))
         pairs = [(r, g) for r, g in zip(results, gradients, strict=False) if g is not None]
         (grad,) = torch.autograd.grad(
             [r for r, _ in pairs], [target], [g for _, g in pairs], allow_unused=True

@@ -157,7 +157,7 @@ class _Device:
             if op.domain == TRAIN:
                 results = self.train_op(op, args, step)
             else:
-                results = train_ops.forward(op.type, dict(op.attrs), args)
+                results = train_ops.forward(op.type, dict(op.attrs), args, len(op.outputs))
         except RuntimeError as error:  # torch's own error type
             raise VerifyError(
                 f"device {index}: op {op.name!r} failed: {str(error).splitlines()[0]}"
@@ -279,8 +279,8 @@ def reference_steps(
         for node in proto.graph.node:
             attrs = {a.name: _attribute(a) for a in node.attribute}
             args = [env[n] if n else None for n in node.input]
-            for name, result in zip(node.output, train_ops.forward(node.op_type, attrs, args),
-                                    strict=False):  # fmt: skip
+            results = train_ops.forward(node.op_type, attrs, args, len(node.output))
+            for name, result in zip(node.output, results, strict=False):
                 env[name] = result
         loss = sum(env[o.name].sum() for o in proto.graph.output)
         for p in parameters.values():
