@@ -246,7 +246,8 @@ class _Partitioned:
             theirs = at[d.program.index]
             raise VerifyError(
                 f"device {d.program.index} runs {_name(d, theirs)} where the other devices run "
-                f"{_name(self.devices[at.index(j)], j)}: a collective is missing from its program"
+                f"{_name(self.devices[at.index(j)], j)}: its steps leave out or reorder a "
+                "collective"
             )
         step = self.devices[0].collectives[j]
         local = {d.program.device: d.env[step.source].numpy() for d in self.devices}

@@ -94,7 +94,8 @@ def test_a_dropped_gradient_all_reduce_is_named(tmp_path):
     out = partition(tmp_path, "dp")
     kinds = collectives(out)
     j = kinds.index(("all_reduce", "2.weight@grad0"))
-    steps = json.loads((out / "steps.json").read_text())
+    text = (out / "steps.json").read_text()
+    steps = json.loads(text)
     device = steps["devices"][2]
     device["steps"] = [s for s in device["steps"] if s.get("collective") != j]
     (out / "steps.json").write_text(json.dumps(steps))
@@ -104,7 +105,21 @@ def test_a_dropped_gradient_all_reduce_is_named(tmp_path):
         "device 2: op '2.weight@sync' reads '2.weight@grad0~1', the result of collective "
         f"{j} (all_reduce of 2.weight@grad0), which its steps do not run"
     )
+    # two collectives swapped in device 2's steps: it reaches the second while the rest wait
+    steps = json.loads(text)
+    device = steps["devices"][2]["steps"]
+    first, second = (i for i, s in enumerate(device) if s.get("collective") in (j, j + 1))
+    device[first], device[second] = device[second], device[first]
+    (out / "steps.json").write_text(json.dumps(steps))
+    with pytest.raises(VerifyError) as caught:
+        verify_training_folder(out, model_path("mlp"), {}, steps=1)
+    assert str(caught.value) == (
+        f"device 2 runs collective {j + 1} (all_reduce of {kinds[j + 1][1]}) where the other "
+        f"devices run collective {j} (all_reduce of 2.weight@grad0): its steps leave out or "
+        "reorder a collective"
+    )
     # dropped from every device: the gradient's sync reads what no step made
+    steps = json.loads(text)
     for device in steps["devices"]:
         device["steps"] = [s for s in device["steps"] if s.get("collective") != j]
     (out / "steps.json").write_text(json.dumps(steps))
