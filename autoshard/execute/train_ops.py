@@ -250,18 +250,34 @@ def _gradient(
 ) -> Tensor:
     """The gradient of operand `operand` of `forward_op` (as this device runs it) given its
     results' `gradients`."""
-    operand = int(op.attr("operand", 0))  # type: ignore[arg-type]
     local = [
         reads[j] if j < len(reads) and reads[j] is not None
         else (torch.zeros(tuple(shapes[j])) if name else None)
         for j, name in enumerate(forward_op.inputs)
     ]  # fmt: skip
-    value = local[operand]
-    assert value is not None  # the caller checked that the local op reads it
-    target = value.detach().requires_grad_(True)
-    local[operand] = target
+    attrs, count = dict(forward_op.attrs), len(forward_op.outputs)
+    return gradient(
+        int(op.attr("operand", 0)),  # type: ignore[arg-type]
+        lambda operands: forward(forward_op.type, attrs, operands, count),
+        local,
+        gradients,
+    )
+
+
+def gradient(
+    operand: int,
+    run: Callable[[list[Tensor]], list[Tensor]],
+    operands: Sequence[Tensor],
+    gradients: Sequence[Tensor],
+) -> Tensor:
+    """The gradient of `run`'s operand `operand` at `operands`, given its results' gradients
+    (None: a result no one reads): `run` is one op, or the local ops a partition rewrote it
+    into (a masked lookup)."""
+    values = list(operands)
+    target = values[operand].detach().requires_grad_(True)
+    values[operand] = target
     with torch.enable_grad():
-        results = forward(forward_op.type, dict(forward_op.attrs), local, len(forward_op.outputs))
+        results = run(values)
         pairs = [(r, g) for r, g in zip(results, gradients, strict=False) if g is not None]
         (grad,) = torch.autograd.grad(
             [r for r, _ in pairs], [target], [g for _, g in pairs], allow_unused=True

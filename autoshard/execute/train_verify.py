@@ -34,6 +34,7 @@ from autoshard.execute.simulate import run_collective
 from autoshard.execute.verify import TINY, VerifyError, assemble, input_specs, random_inputs
 from autoshard.ir.graph import Graph, Op
 from autoshard.passes.partition import DeviceProgram, LocalCollective, LocalCompute, Partitioned
+from autoshard.program import Compute
 from autoshard.rules.gradient import TRAIN, TrainOp
 from autoshard.training.options import Precision, Training
 from autoshard.training.step import gradient_name
@@ -113,8 +114,15 @@ def _torch(array: Any) -> Any:
 class _Device:
     """One device's program, its step list from steps.json and the tensors it holds."""
 
-    def __init__(self, program: DeviceProgram, steps: Sequence[Mapping[str, Any]], graph: Graph):
-        self.program, self.graph = program, graph
+    def __init__(
+        self,
+        program: DeviceProgram,
+        steps: Sequence[Mapping[str, Any]],
+        graph: Graph,
+        program_ops: Mapping[int, Op],
+    ):
+        self.program, self.graph, self.program_ops = program, graph, program_ops
+        self.step_of = {o.name: i for i, o in program_ops.items()}
         self.ops = {s.op.name: s.op for s in program.steps if isinstance(s, LocalCompute)}
         self.collectives = [s for s in program.steps if isinstance(s, LocalCollective)]
         self.steps = steps
@@ -178,13 +186,40 @@ class _Device:
         if op.type != TrainOp.GRAD:
             return train_ops.train_op(op, None, args, (), step)
         name = str(op.attr("op"))
-        forward, count = self.ops[name], len(self.graph.op_by_name[name].inputs)
+        count = len(self.graph.op_by_name[name].inputs)
+        if name not in self.ops:  # rewritten into several local ops (a masked lookup)
+            return [self.rewritten_gradient(op, name, args[:count], args[count:])]
+        forward = self.ops[name]
         for j, local in enumerate(forward.inputs[:count]):
             if local and local != op.inputs[j] and local in self.held:
                 args[j] = self.held[local]
         shapes = [self.program.shapes.get(n, ()) for n in forward.inputs]
         result = self.program.shapes[op.outputs[0]]
         return train_ops.train_op(op, forward, args, shapes, step, count, result)
+
+    def rewritten_gradient(
+        self, op: Op, name: str, reads: Sequence[Any], gradients: Sequence[Any]
+    ) -> Any:
+        """The gradient of forward op `name`'s operand as the local ops it was rewritten into
+        compute it: those of its program step, reading its operands by the program's names."""
+        step = self.step_of[name]
+        forward = self.program_ops[step]
+        local = [s.op for s in self.program.steps if isinstance(s, LocalCompute) and s.step == step]
+        operands = [
+            r if r is not None else torch.zeros(tuple(self.program.shapes[n]))
+            for r, n in zip(reads, forward.inputs, strict=True)
+        ]
+
+        def run(values: list[Any]) -> list[Any]:
+            env = dict(self.env)
+            env.update({n: v for n, v in zip(forward.inputs, values, strict=True) if n})
+            for o in local:
+                args = [env[n] if n else None for n in o.inputs]
+                results = train_ops.forward(o.type, dict(o.attrs), args, len(o.outputs))
+                env.update({n: r for n, r in zip(o.outputs, results, strict=False) if n})
+            return [env[n] for n in forward.outputs]
+
+        return train_ops.gradient(int(op.attr("operand", 0)), run, operands, gradients)  # type: ignore[arg-type]
 
 
 def _segment_nodes(folder: Path, manifest: Mapping[str, Any]) -> dict[str, list[tuple[str, str]]]:
@@ -206,8 +241,9 @@ class _Partitioned:
         self, partitioned: Partitioned, graph: Graph, manifest: Mapping[str, Any], folder: Path
     ):
         self.partitioned, self.graph = partitioned, graph
+        ops = {i: s.op for i, s in enumerate(partitioned.program.steps) if isinstance(s, Compute)}
         self.devices = [
-            _Device(d, m["steps"], graph)
+            _Device(d, m["steps"], graph, ops)
             for d, m in zip(partitioned.devices, manifest["devices"], strict=True)
         ]
         self.nodes = _segment_nodes(folder, manifest)

@@ -65,15 +65,18 @@ def test_training_steps_equal_autograd(tmp_path, plan, optimizer):
 
 
 def test_gpt2_trains_under_megatron_as_autograd(tmp_path):
-    """GPT-2 with its first MLP column- then row-parallel over axis 1, the batch over axis 0:
-    3 SGD steps. (Under Adam the attention's key bias, whose gradient is zero but for rounding,
-    moves by +-lr on the sign of that rounding on both sides alike: not comparable.)"""
+    """GPT-2 with its first MLP column- then row-parallel over axis 1 and its token embedding
+    split over the vocabulary (a masked lookup, its gradient through the rewritten local ops),
+    the batch over axis 0: 3 SGD steps. (Under Adam the attention's key bias, whose gradient
+    is zero but for rounding, moves by about lr on the sign of that rounding, which the two
+    sides need not share.)"""
     out = tmp_path / "gpt2"
     layer = "lm.transformer.h.0.mlp"
     args = ["partition", model_path("gpt2"), "--mesh", "2x2", "--dim", "batch=4", "--dim",
             "seq=8", "-q", "--mode", "training", "--precision", "fp32", "--optimizer", "sgd",
             "--annotate", "input_ids=[[0]]", "--annotate", f"{layer}.c_fc.weight=[[], [1]]",
-            "--annotate", f"{layer}.c_proj.weight=[[1]]", "-o", out]  # fmt: skip
+            "--annotate", f"{layer}.c_proj.weight=[[1]]",
+            "--annotate", "lm.transformer.wte.weight=[[1]]", "-o", out]  # fmt: skip
     assert main([str(a) for a in args]) == 0
     report = verify_training_folder(out, model_path("gpt2"), {}, steps=3)
     assert report.ok, [c.line() for c in report.failures]
