@@ -7,9 +7,11 @@ them (`train_op`).
     train_op(op, forward_op, args, shapes, step)
       LossGrad   ones of the output's local shape: the step's loss is the sum of every element
                  of the model's outputs (`LOSS`)
-      Grad       the forward op run again on the operands it reads (zeros where it reads none:
-                 a linear op's gradient does not depend on them) and differentiated by autograd
-                 with respect to operand `operand`, given its results' gradients
+      Grad       the forward op, as the device runs it, run again on the operands it reads
+                 (zeros where it reads none: a linear op's gradient does not depend on them) and
+                 differentiated by autograd with respect to operand `operand`, given its
+                 results' gradients (`gradient`; an op the partition rewrote into several
+                 local ops, a masked lookup, is differentiated through them)
       GradSync   the gradient as synchronized: the collective before it did the sync
       Update     the optimizer's update of one weight (`OPTIMIZER_SETTINGS`), as torch.optim
                  computes it: (gradient, weight, state) -> (next weight, next state)

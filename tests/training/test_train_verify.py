@@ -64,6 +64,22 @@ def test_training_steps_equal_autograd(tmp_path, plan, optimizer):
         assert ("reduce_scatter", "/1/Relu_output_0@grad0") in kinds
 
 
+def test_a_searched_zero_plan_trains_as_autograd(tmp_path):
+    """Under a 200 KB budget the search splits the MLP Megatron-style and the optimizer state
+    further (TP+ZeRO-1/2): each device updates its slice of a weight, then gathers it."""
+    plan, out = tmp_path / "plan.json", tmp_path / "zero"
+    args = ["plan", model_path("mlp"), "--mesh", "2x2", "--dim", "batch=8", "--mode",
+            "training", "--precision", "fp32", "--memory", "200KB", "-q", "-o", plan]  # fmt: skip
+    assert main([str(a) for a in args]) == 0
+    assert (
+        main(["partition", str(model_path("mlp")), "--plan", str(plan), "-q", "-o", str(out)]) == 0
+    )
+    kinds = collectives(out)
+    assert ("all_gather", "0.weight@next") in kinds and ("all_slice", "0.weight") in kinds
+    report = verify_training_folder(out, model_path("mlp"), {}, steps=3)
+    assert report.ok, [c.line() for c in report.failures]
+
+
 def test_gpt2_trains_under_megatron_as_autograd(tmp_path):
     """GPT-2 with its first MLP column- then row-parallel over axis 1 and its token embedding
     split over the vocabulary (a masked lookup, its gradient through the rewritten local ops),
