@@ -312,14 +312,8 @@ def reference_steps(
     step_of = train_ops.reference_optimizer(optimizer, list(parameters.values()))
     out = []
     for feed in inputs:
-        env = dict(values) | {n: _torch(a) for n, a in feed.items()}
-        for node in proto.graph.node:
-            attrs = {a.name: _attribute(a) for a in node.attribute}
-            args = [env[n] if n else None for n in node.input]
-            results = train_ops.forward(node.op_type, attrs, args, len(node.output))
-            for name, result in zip(node.output, results, strict=False):
-                env[name] = result
-        loss = sum(env[o.name].sum() for o in proto.graph.output)
+        outputs = run_model(proto, dict(values) | {n: _torch(a) for n, a in feed.items()})
+        loss = sum(o.sum() for o in outputs.values())
         for p in parameters.values():
             p.grad = None
         loss.backward()
@@ -329,6 +323,18 @@ def reference_steps(
         weights = {n: p.detach().clone().numpy() for n, p in parameters.items()}
         out.append((float(loss.detach()), grads, weights))
     return out
+
+
+def run_model(proto: onnx.ModelProto, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The model's outputs by name, its nodes run as torch ops on `values` (initializers and
+    inputs by name)."""
+    env = dict(values)
+    for node in proto.graph.node:
+        attrs = {a.name: _attribute(a) for a in node.attribute}
+        args = [env[n] if n else None for n in node.input]
+        results = train_ops.forward(node.op_type, attrs, args, len(node.output))
+        env.update({n: r for n, r in zip(node.output, results, strict=False) if n})
+    return {o.name: env[o.name] for o in proto.graph.output}
 
 
 def _attribute(attribute: onnx.AttributeProto) -> Any:

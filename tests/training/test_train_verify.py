@@ -10,12 +10,16 @@ import hashlib
 import json
 
 import numpy as np
+import onnx
 import pytest
+import torch
+from onnx import numpy_helper
 
 from autoshard.cli.main import main
 from autoshard.execute.artifacts import verify_training_folder
-from autoshard.execute.train_verify import TrainingReport
-from autoshard.execute.verify import VerifyError
+from autoshard.execute.train_verify import TrainingReport, run_model
+from autoshard.execute.verify import VerifyError, random_inputs, reference_outputs
+from autoshard.ir.onnx_import import import_onnx
 from tests.e2e.helpers import model_path
 
 PLANS = {
@@ -98,6 +102,25 @@ def test_gpt2_trains_under_megatron_as_autograd(tmp_path):
     assert report.ok, [c.line() for c in report.failures]
     assert {c.step for c in report.checks} == {1, 2, 3}
     assert len({c.name for c in report.checks if c.what == "weight"}) >= 20
+
+
+@pytest.mark.parametrize(
+    ("name", "dims"), [("mlp", {"batch": 4}), ("gpt2", {"batch": 2, "seq": 8})]
+)
+def test_the_references_torch_ops_equal_onnxruntime(name, dims):
+    """The reference runs the ONNX file's nodes as torch ops: its forward pass is onnxruntime's."""
+    path = model_path(name)
+    inputs = random_inputs(import_onnx(path, dims), seed=1)
+    proto = onnx.load(str(path))
+    values = {
+        i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in proto.graph.initializer
+    }
+    values |= {n: torch.from_numpy(a) for n, a in inputs.items()}
+    ours = run_model(proto, values)
+    theirs = reference_outputs(path, inputs)
+    for output, want in theirs.items():
+        got = ours[output].detach().numpy()
+        assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), output
 
 
 def test_verify_command_reports_a_training_step(tmp_path, capsys):
