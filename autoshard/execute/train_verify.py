@@ -248,6 +248,11 @@ class _Partitioned:
         ]
         self.nodes = _segment_nodes(folder, manifest)
         self.outputs = dict(zip(graph.outputs, partitioned.program.outputs, strict=True))
+        tensors = partitioned.program.tensors
+        for new, old in graph.updates.items():
+            made, held = tensors[self.outputs[new]].sharding, tensors[old].sharding
+            if made != held:  # the next step reads the update's result as the held value
+                raise VerifyError(f"the update returns {new} as {made} but {old} is held {held}")
 
     def start(self, weights: Mapping[int, Mapping[str, Any]]) -> None:
         program = self.partitioned.program
