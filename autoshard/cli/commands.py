@@ -25,6 +25,7 @@ from autoshard.cli.summaries import (
     objective_note,
     pipeline_summary,
     print_checks,
+    print_training,
 )
 from autoshard.errors import AutoshardError
 from autoshard.holding import words_of
@@ -373,6 +374,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from autoshard.execute.artifacts import load_inputs, read_manifest, setup_of, verify_folder
 
     inputs = load_inputs(args.inputs) if args.inputs else None
+    if "training" in read_manifest(args.out):
+        return _verify_training(args, inputs)
     if args.distributed:
         from autoshard.run import run_partition
 
@@ -393,6 +396,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"verify {args.out} on {devices} devices{how}: {'ok' if ok else 'FAILED'}")
         print_checks(checks)
     return 0 if ok else 1
+
+
+def _verify_training(args: argparse.Namespace, inputs: Any) -> int:
+    """A training step's partition trained `--steps` steps against PyTorch autograd."""
+    from autoshard.execute.artifacts import verify_training_folder
+
+    if args.distributed or inputs is not None or args.rtol is not None or args.steps < 1:
+        raise AutoshardError(
+            "verify trains a training step's partition in-process on seeded random inputs to "
+            f"1e-5 for --steps N >= 1 (got {args.steps}): --distributed, --inputs and --rtol "
+            "are for forward passes"
+        )
+    report = verify_training_folder(args.out, args.model, dims_of(args.dim), args.steps)
+    if args.json:
+        _emit(report.to_json())
+    else:
+        print_training(args.out, report)
+    return 0 if report.ok else 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:

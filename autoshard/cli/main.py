@@ -200,6 +200,13 @@ def _verify_command(commands: Commands) -> None:
         help="relative tolerance (default 1e-5 for float32, 1e-2 for 16-bit floats)",
     )
     verify.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        metavar="N",
+        help="a training step's partition: train N steps against PyTorch autograd (default 3)",
+    )
+    verify.add_argument(
         "--distributed",
         action="store_true",
         help="run as one process per device on torch.distributed (autoshard run), not in-process",

@@ -135,3 +135,17 @@ def pipeline_summary(block: Mapping[str, Any]) -> str:
             f"({memory['micro_batches_in_flight']:g} micro-batches in flight)"
         )
     return "\n".join(lines)
+
+
+def print_training(out: str, report: Any) -> None:
+    """A training verification: the worst error of each kind, then each failure's line."""
+    status = "ok" if report.ok else "FAILED"
+    print(f"verify {out}: {report.steps} training steps on {report.devices} devices against "
+          f"torch autograd: {status}")  # fmt: skip
+    for what in ("loss", "gradient", "weight"):
+        checks = [c for c in report.checks if c.what == what]  # no weight updates: no optimizer
+        if checks:
+            tolerance = checks[0].tolerance
+            print(f"  {what}: max rel err {report.worst(what):.3g} (tolerance {tolerance:g})")
+    for failure in report.failures:
+        print(f"  {failure.line()}")

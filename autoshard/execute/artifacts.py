@@ -9,7 +9,7 @@
     OUT/steps.json, OUT/segments/        the same program as `autoshard run` executes it: ONNX
                                          segments between collectives and the steps of each
                                          device (autoshard/steps.py); not for a shape-only model
-                                         nor a training step
+                                         (a training step's: `execute.train_verify` runs them)
 
 Every file is written to a temporary name and renamed, and nothing in it depends on time or
 on the order a dict happened to be filled: running the command twice gives the same bytes.
@@ -29,7 +29,8 @@ import numpy as np
 from autoshard.annotations import Annotation, AnnotationError, parse_annotations
 from autoshard.document.blocks import Decisions, training_of
 from autoshard.errors import AutoshardError
-from autoshard.execute.steps import STEPS, write_steps
+from autoshard.execute.steps import STEPS, read_steps, write_steps
+from autoshard.execute.train_verify import TrainingReport, verify_training
 from autoshard.execute.verify import Report, verify
 from autoshard.files import json_text, sha256_file, write_atomic
 from autoshard.mesh import Mesh
@@ -88,9 +89,9 @@ def write_partition(
     devices = _write_weights(folder, setup, built, names, shape_only)
     _remove_stale(folder / WEIGHTS, {d["file"] for d in devices})
     write_atomic(folder / SPMD, print_spmd(partitioned, dialect).encode())
-    # Runnable steps of a forward pass with weights (a training step's gradient ops are no
-    # ONNX ops: its program is the MLIR text only).
-    runnable = not shape_only and setup.training is None
+    # Runnable steps of a model with weights: a training step's segments hold its gradient,
+    # sync and update ops (domain autoshard.train), run as torch ops (`execute.train_ops`).
+    runnable = not shape_only
     if runnable:
         write_steps(folder, partitioned, graph, {d["index"]: d["file"] for d in devices})
     manifest = {
@@ -287,11 +288,28 @@ def verify_folder(
     weight file, and compare with onnxruntime on `model`."""
     if "training" in read_manifest(out):
         raise PartitionFolderError(
-            f"'{out}' is the partition of a training step; verify runs forward passes only "
-            "(partition the model without --mode training to verify it)"
+            f"'{out}' is the partition of a training step: train it with verify_training_folder"
         )
     built, weights, _ = load_partition(out, model, dims)
     return verify(built.partitioned, built.graph, model, weights, inputs, rtol)
+
+
+def verify_training_folder(
+    out: str | os.PathLike[str],
+    model: str | os.PathLike[str],
+    dims: Mapping[str, int],
+    steps: int = 3,
+) -> TrainingReport:
+    """Rebuild the training step's partition of folder `out`, train it `steps` steps on every
+    device as its steps.json says, each from its own weight file, and compare every step with
+    PyTorch autograd on `model` (`execute.train_verify`)."""
+    built, weights, manifest = load_partition(out, model, dims)
+    training = training_of(manifest, "the manifest")
+    if training is None:
+        raise PartitionFolderError(f"'{out}' is the partition of a forward pass: verify it")
+    return verify_training(
+        built.partitioned, built.graph, model, weights, read_steps(out), out, training, steps
+    )
 
 
 def load_inputs(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:

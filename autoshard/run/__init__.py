@@ -112,7 +112,7 @@ def run_partition(
     if "training" in partition:
         raise RunSetupError(
             f"'{out}' is the partition of a training step; autoshard run executes forward "
-            "passes only (partition the model without --mode training to run it)"
+            "passes only (autoshard verify trains it against PyTorch autograd in one process)"
         )
     steps = read_steps(folder)
     if check is not None:

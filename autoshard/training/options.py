@@ -33,6 +33,22 @@ class Optimizer(enum.StrEnum):
         return {"adam": 2, "adamw": 2, "sgd": 1, "none": 0}[self.value]
 
 
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """The optimizer's hyperparameters a training step is executed with (`autoshard verify`):
+    torch.optim's defaults, AdamW's weight decay included, and SGD's momentum."""
+
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    adamw_weight_decay: float = 1e-2
+    momentum: float = 0.9
+
+
+OPTIMIZER_SETTINGS = OptimizerSettings()
+
+
 class Precision(enum.StrEnum):
     BF16_MIXED = "bf16-mixed"
     FP16_MIXED = "fp16-mixed"
