@@ -223,7 +223,7 @@ def test_problem_factors_are_the_ilp_objective(seed):
 # The decoder's seq=2048 rest on 2x4x8 is 7 groups of up to 284 choices in cycles, too slow
 # for CP-SAT to prove here: its objective, proven OPTIMAL by CP-SAT after elimination (as
 # `solve` did before exact elimination), is pinned.
-DECODER_2X4X8_CP_SAT = 4889769
+DECODER_2X4X8_CP_SAT = 5505530
 
 
 @pytest.mark.parametrize(
