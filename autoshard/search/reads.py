@@ -117,7 +117,7 @@ def price_reads(
             continue
         a, held = value_reads.group, value_reads.held
         for b, group_reads in by_group.items():
-            cost, moves = _distinct(value_reads.value, held, group_reads, pricer)
+            cost, moves = _distinct(value_reads.value, held, group_reads, pricer, a == b)
             if a == b:
                 priced.node[a] += count * np.diagonal(cost)
                 priced.node_moves[a] += count * np.diagonal(moves)
@@ -140,7 +140,10 @@ def _shared_pairs(
         for read in group_reads:
             for need in read.needs:
                 seen.setdefault(need, set()).add(b)
-    shared = tuple(need for need, groups in seen.items() if len(groups) > 1)
+    # A partial sharding is read as made, never made once for several groups.
+    shared = tuple(
+        need for need, groups in seen.items() if len(groups) > 1 and not need.partial_axes
+    )
     held = tuple(dict.fromkeys(value_reads.held))
     costs = pricer(value_reads.value, held, shared) if shared else np.zeros((len(held), 0))
     pairs = [(h, shared[j]) for i, h in enumerate(held) for j in np.flatnonzero(costs[i] > 0)]
@@ -163,7 +166,11 @@ def _ids(*lists: Sequence[Sharding]) -> list[np.ndarray]:
 
 
 def _distinct(
-    value: str, held: tuple[Sharding, ...], reads: Sequence[Reading], pricer: Pricer
+    value: str,
+    held: tuple[Sharding, ...],
+    reads: Sequence[Reading],
+    pricer: Pricer,
+    same: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The cost and the reshards of one group's reads from each held sharding, under each of
     the group's choices: each distinct sharding read paid once, at its first reader's runs."""
@@ -171,9 +178,27 @@ def _distinct(
     moves = np.zeros(cost.shape, np.int64)
     for j, read in enumerate(reads):
         first = _first(reads, j)
-        cost += read.runs * pricer(value, held, read.needs) * first
+        cost += read.runs * _priced(pricer, value, held, read.needs, same) * first
         moves += _differ(held, read.needs) * first
     return cost, moves
+
+
+def _priced(
+    pricer: Pricer,
+    value: str,
+    held: tuple[Sharding, ...],
+    needs: tuple[Sharding, ...],
+    same: bool,
+) -> np.ndarray:
+    """`pricer`'s matrix; where the holder and the reader are one group (`same`), only its
+    diagonal is a plan (one choice holds and reads), the rest zero: a choice may hold a value
+    whole where another reads it as its own partial sums, which no reshard makes."""
+    if not same:
+        return pricer(value, held, needs)
+    cost = np.zeros((len(held), len(needs)))
+    for k, (h, n) in enumerate(zip(held, needs, strict=True)):
+        cost[k, k] = pricer(value, (h,), (n,))[0, 0]
+    return cost
 
 
 def _differ(held: Sequence[Sharding], need: Sequence[Sharding]) -> np.ndarray:
@@ -195,7 +220,7 @@ def _price_shared(
     value, a, held = value_reads.value, value_reads.group, value_reads.held
     runs = value_reads.reads[0].runs
     hs, ls = tuple(h for h, _ in pairs), tuple(target for _, target in pairs)
-    once = np.diagonal(pricer(value, hs, ls))
+    once = np.diagonal(_priced(pricer, value, hs, ls, True))
     v = priced.add_group(count * runs * once, count * np.not_equal(*_ids(hs, ls)))
     forbidden = np.not_equal.outer(*_ids(held, hs))
     link = np.zeros((len(held), len(pairs)))
@@ -205,7 +230,8 @@ def _price_shared(
             first = _first(group_reads, j)
             other = np.not_equal.outer(*_ids(read.needs, ls))  # need x pair
             if b == a:  # the value's own group reads it: priced on the edge to the pairs
-                rows = count * read.runs * np.diagonal(pricer(value, held, read.needs)) * first
+                paired = _priced(pricer, value, held, read.needs, True)
+                rows = count * read.runs * np.diagonal(paired) * first
                 link += rows[:, None] * other
                 moved = count * np.diagonal(_differ(held, read.needs)) * first
                 link_moves += moved[:, None] * other
