@@ -43,7 +43,7 @@ class _Local:
     costs: list[np.ndarray]
     edges: list[list[tuple[int, np.ndarray]]]
 
-    def vector(self, g: int, choice: Sequence[int]) -> np.ndarray:
+    def vector(self, g: int, choice: np.ndarray) -> np.ndarray:
         """Group g's cost per choice, its neighbours' choices given."""
         total = self.costs[g].copy()
         for h, matrix in self.edges[g]:
