@@ -1,7 +1,8 @@
 """A fast solution of a posed IOPDDL problem, found without the exact solver: the answer
 `autoshard solve` always has, and the hint it starts the solver from.
 
-1. Per node the cheapest strategy by its own cost.
+1. Per node the cheapest strategy by its own cost; and, a second start, node by node in
+   order the cheapest given the nodes before (edges counted from the start).
 2. Where that goes over the usage limit, repair: at the row most over it, the swap of one
    live node's strategy that takes the most usage off per cost added, until every row fits
    (or no swap takes usage off: no fitting solution found).
@@ -9,12 +10,12 @@
    given its neighbours' (its own cost and its edges'), among those whose usage fits the
    headroom of its rows, until a sweep improves nothing or the deadline passes.
 
-Deterministic where the deadline does not pass (ties: the lowest index).
+Of the two starts, the best that fits. Deterministic where the deadline does not pass (ties:
+the lowest index).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,10 +53,38 @@ class _Local:
 
 
 def greedy(posed: Posed, deadline: Deadline = NEVER) -> Greedy:
-    """A solution by the module's steps."""
-    problem, usage = posed.problem, posed.usage
+    """A solution by the module's steps, from each start (`_STARTS`): the best that fits
+    (ties: the first), else the first."""
     local = _local(posed)
-    choice = np.array([int(np.argmin(c)) for c in local.costs], np.int64)
+    found = [_improved(posed, local, start(local), deadline) for start in _STARTS]
+    fitting = [f for f in found if f.fits]
+    return min(fitting, key=lambda f: f.objective) if fitting else found[0]
+
+
+def _cheapest(local: _Local) -> np.ndarray:
+    """Per group the choice of the least own cost."""
+    return np.array([int(np.argmin(c)) for c in local.costs], np.int64)
+
+
+def _in_order(local: _Local) -> np.ndarray:
+    """Group by group in order, the choice of the least cost given the groups before's
+    choices (its own cost and its edges to them): edges count from the start."""
+    choice = np.zeros(len(local.costs), np.int64)
+    for g, costs in enumerate(local.costs):
+        total = costs.copy()
+        for h, matrix in local.edges[g]:
+            if h < g:
+                total += matrix[:, choice[h]]
+        choice[g] = int(np.argmin(total))
+    return choice
+
+
+_STARTS = (_cheapest, _in_order)
+
+
+def _improved(posed: Posed, local: _Local, choice: np.ndarray, deadline: Deadline) -> Greedy:
+    """`choice` repaired where it goes over the limit, then improved by sweeps."""
+    usage = posed.usage
     live = usage.profile(choice.tolist())
     limit = usage.limit
     if limit is not None and len(live) and live.max() > limit:
@@ -66,7 +95,7 @@ def greedy(posed: Posed, deadline: Deadline = NEVER) -> Greedy:
             if not _sweep(posed, local, choice, live) or deadline.passed():
                 break
     plan = tuple(choice.tolist())
-    objective = problem.objective(plan)
+    objective = posed.problem.objective(plan)
     forbidden = any(int(m[plan[g], plan[h]]) >= PENALTY for g in range(len(plan))
                     for h, m in local.edges[g] if g < h)  # fmt: skip
     return Greedy(plan, fits_now and not forbidden, int(objective))
@@ -107,16 +136,18 @@ def _sweep(posed: Posed, local: _Local, choice: np.ndarray, live: np.ndarray) ->
 
 
 def _repair(posed: Posed, local: _Local, choice: np.ndarray, live: np.ndarray) -> np.ndarray:
-    """Swaps at the row most over the limit, each the most usage off per cost added, until
-    every row fits or no swap at that row takes usage off (each takes some off: it ends; in
-    place; the rows' usage)."""
+    """Swaps at the row most over the limit, each the most usage off per cost added (its own
+    and its edges', the neighbours' choices given), until every row fits or no swap at that
+    row takes usage off (each takes some off: it ends; in place; the rows' usage)."""
     usage = posed.usage
     limit = usage.limit
     assert limit is not None
-    owner = np.repeat(np.arange(len(choice)), [len(e) for e in usage.extra])
-    offsets = np.concatenate([[0], np.cumsum([len(e) for e in usage.extra])])
+    counts = [len(e) for e in usage.extra]
+    owner = np.repeat(np.arange(len(choice)), counts)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     extra = np.concatenate(usage.extra) if usage.extra else np.zeros(0, np.int64)
-    cost = np.concatenate(local.costs).astype(np.float64) if local.costs else np.zeros(0)
+    vectors = [local.vector(g, choice) for g in range(len(choice))]
+    cost = np.concatenate(vectors).astype(np.float64) if vectors else np.zeros(0)
     first, last = usage.first[owner], usage.last[owner]
     while True:
         row = int(np.argmax(live))
@@ -127,10 +158,11 @@ def _repair(posed: Posed, local: _Local, choice: np.ndarray, live: np.ndarray) -
         at = (first <= row) & (row < last) & (off > 0)
         if not at.any():
             return live
-        added = cost - cost[taken]
-        score = np.where(at, added / np.maximum(off, 1), np.inf)
+        score = np.where(at, (cost - cost[taken]) / np.maximum(off, 1), np.inf)
         flat = int(np.argmin(score))
         g = int(owner[flat])
         lo, hi = int(usage.first[g]), int(usage.last[g])
         live[lo:hi] -= off[flat]
         choice[g] = flat - offsets[g]
+        for h, _ in local.edges[g]:  # their costs given g's new choice
+            cost[offsets[h] : offsets[h + 1]] = local.vector(h, choice)
