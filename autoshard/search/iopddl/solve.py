@@ -68,18 +68,21 @@ class Solved:
         return (self.cost - self.bound) / self.cost if self.cost > 0 else 0.0
 
 
-def solve_iopddl(iop: IopddlProblem, time_limit: float = 60.0) -> Solved:
+def solve_iopddl(
+    iop: IopddlProblem, time_limit: float = 60.0, deadline: Deadline | None = None
+) -> Solved:
     """The least-cost solution within the usage limit found in `time_limit` seconds of wall
     clock: the greedy solution (`greedy`) at once, then the solver's rounds (the module's
     docstring says how) in a child process, from it, stopped where the time runs out, the
     greedy solution the answer where they have none or a worse one. `IopddlError` naming
     the limit and the least usage found where none fits; `TimeUp` where the time ran out
-    before any solution fit."""
+    before any solution fit. `deadline`: started before (the command's, which read the
+    problem), else now."""
     started = time.perf_counter()
-    deadline = Deadline.start(time_limit)
+    deadline = deadline or Deadline.start(time_limit)
     posed = pose(iop)
     quick = greedy(posed, deadline)
-    margin = min(MARGIN, time_limit * MARGIN_SHARE)
+    margin = min(MARGIN, deadline.seconds * MARGIN_SHARE)
     within = Deadline(deadline.seconds - margin, deadline.started, deadline.clock)
     rounds = functools.partial(_rounds, iop, posed, quick, time_limit, within)
     exact = _in_child(rounds, deadline)
