@@ -26,6 +26,9 @@ from autoshard.search.iopddl.pose import PENALTY, Posed
 SWEEPS = 50
 """Sweeps of local improvement at most."""
 
+FREE_SWEEPS = 5
+"""Sweeps with memory aside at most, before the repair."""
+
 
 @dataclass(frozen=True)
 class Greedy:
@@ -83,10 +86,14 @@ _STARTS = (_cheapest, _in_order)
 
 
 def _improved(posed: Posed, local: _Local, choice: np.ndarray, deadline: Deadline) -> Greedy:
-    """`choice` repaired where it goes over the limit, then improved by sweeps."""
+    """`choice` improved by sweeps with memory aside (`FREE_SWEEPS`: away from forbidden
+    pairs), repaired where it goes over the limit, then improved by sweeps within it."""
     usage = posed.usage
     live = usage.profile(choice.tolist())
     limit = usage.limit
+    for _ in range(FREE_SWEEPS):
+        if not _sweep(posed, local, choice, live, free=True) or deadline.passed():
+            break
     if limit is not None and len(live) and live.max() > limit:
         live = _repair(posed, local, choice, live)  # (past the deadline too: the answer)
     fits_now = limit is None or not len(live) or bool(live.max() <= limit)
@@ -112,10 +119,13 @@ def _local(posed: Posed) -> _Local:
     return _Local(costs, edges)
 
 
-def _sweep(posed: Posed, local: _Local, choice: np.ndarray, live: np.ndarray) -> bool:
-    """One sweep of local improvement (in place); whether it improved anything."""
+def _sweep(
+    posed: Posed, local: _Local, choice: np.ndarray, live: np.ndarray, free: bool = False
+) -> bool:
+    """One sweep of local improvement (in place; `free`: memory aside); whether it improved
+    anything."""
     usage = posed.usage
-    limit = usage.limit
+    limit = None if free else usage.limit
     improved = False
     for g in range(len(choice)):
         if len(local.costs[g]) < 2:
@@ -136,9 +146,10 @@ def _sweep(posed: Posed, local: _Local, choice: np.ndarray, live: np.ndarray) ->
 
 
 def _repair(posed: Posed, local: _Local, choice: np.ndarray, live: np.ndarray) -> np.ndarray:
-    """Swaps at the row most over the limit, each the most usage off per cost added (its own
-    and its edges', the neighbours' choices given), until every row fits or no swap at that
-    row takes usage off (each takes some off: it ends; in place; the rows' usage)."""
+    """Swaps at the row most over the limit, those of the most usage off per cost added (its
+    own and its edges', the neighbours' choices given; a node once) until the row fits,
+    until every row fits or no swap at the row takes usage off (each takes some off: it
+    ends; in place; the rows' usage)."""
     usage = posed.usage
     limit = usage.limit
     assert limit is not None
@@ -155,14 +166,21 @@ def _repair(posed: Posed, local: _Local, choice: np.ndarray, live: np.ndarray) -
             return live
         taken = offsets[owner] + choice[owner]
         off = extra[taken] - extra
-        at = (first <= row) & (row < last) & (off > 0)
-        if not at.any():
+        at = np.flatnonzero((first <= row) & (row < last) & (off > 0))
+        if not len(at):
             return live
-        score = np.where(at, (cost - cost[taken]) / np.maximum(off, 1), np.inf)
-        flat = int(np.argmin(score))
-        g = int(owner[flat])
-        lo, hi = int(usage.first[g]), int(usage.last[g])
-        live[lo:hi] -= off[flat]
-        choice[g] = flat - offsets[g]
-        for h, _ in local.edges[g]:  # their costs given g's new choice
+        score = (cost[at] - cost[taken[at]]) / off[at]
+        over, moved = int(live[row]) - limit, set()
+        for flat in at[np.argsort(score, kind="stable")].tolist():  # the best, a node once
+            g = int(owner[flat])
+            if g in moved:
+                continue
+            moved.add(g)
+            lo, hi = int(usage.first[g]), int(usage.last[g])
+            live[lo:hi] -= off[flat]
+            choice[g] = flat - offsets[g]
+            over -= int(off[flat])
+            if over <= 0:
+                break
+        for h in {h for g in moved for h, _ in local.edges[g]} | moved:
             cost[offsets[h] : offsets[h + 1]] = local.vector(h, choice)
