@@ -351,8 +351,8 @@ def _solve_command(commands: Commands) -> None:
     solve.add_argument("problem", metavar="PROBLEM.json[.gz]", help="a contest problem file")
     solve.add_argument(
         "--time-limit", type=float, default=60.0,
-        help="the solver's limit in CP-SAT's deterministic seconds, which make the same "
-        "solution on every run, so it does not bound the wall clock (default 60)",
+        help="seconds of wall clock, reading the problem included: the best solution found "
+        "by then, a greedy one at least (default 60)",
     )  # fmt: skip
     solve.add_argument(
         "-o", "--out", metavar="SOLUTION.json",

@@ -9,6 +9,7 @@ from autoshard.files import write_atomic
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
+    from autoshard.deadline import Deadline
     from autoshard.search.iopddl.format import read_problem, solution_text
     from autoshard.search.iopddl.solve import solve_iopddl
 
@@ -21,8 +22,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
         from autoshard.files import FileWriteError
 
         raise FileWriteError(f"cannot write '{out}': its folder does not exist")
+    deadline = Deadline.start(args.time_limit)  # (reading the problem counts too)
     problem = read_problem(args.problem)
-    solved = solve_iopddl(problem, args.time_limit)
+    solved = solve_iopddl(problem, args.time_limit, deadline)
     text = solution_text(solved.solution)
     if out is not None:
         write_atomic(out, text.encode())

@@ -2,6 +2,7 @@
 against CP-SAT on the memory-aside problems of the bundled models."""
 
 import itertools
+import random
 import time
 from pathlib import Path
 
@@ -328,3 +329,22 @@ def test_min_marginals_answer_none_when_minimize_does():
     sizes = [64] * 5
     clique = [Factor(scope, np.zeros((64, 64))) for scope in itertools.combinations(range(5), 2)]
     assert min_marginals(sizes, clique, max_entries=64**3) is None
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_capped_order_is_the_whole_order_where_it_fits_and_past_the_cap_where_not(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    groups = rng.randint(4, 14)
+    sizes = [rng.randint(1, 5) for _ in range(groups)]
+    scopes = [
+        tuple(sorted(rng.sample(range(groups), rng.randint(1, 3)))) for _ in range(groups * 2)
+    ]
+    whole, largest = elimination_order(sizes, scopes)
+    for cap in (1, 4, 16, 64, 256, largest, largest - 1):
+        capped, most = elimination_order(sizes, scopes, cap)
+        if largest <= cap:
+            assert (capped, most) == (whole, largest)
+        else:
+            assert most > cap

@@ -14,13 +14,21 @@ over the limit.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+import multiprocessing
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 import numpy as np
 
+from autoshard.deadline import Deadline, TimeUp
+from autoshard.errors import AutoshardError
 from autoshard.search.iopddl.format import FORBIDDEN, IopddlError, IopddlProblem
+from autoshard.search.iopddl.greedy import Greedy, greedy
 from autoshard.search.iopddl.pose import Posed, pose
 from autoshard.search.solver import tuning
 from autoshard.search.solver.lowest import lowest_budget
@@ -32,6 +40,12 @@ ROUNDS = 12
 
 ROWS_PER_ROUND = 256
 """The rows most over the limit a round adds, besides the worst of each run of them."""
+
+MARGIN = 2.0
+"""Seconds before the time limit at which the solver's rounds stop, at most..."""
+
+MARGIN_SHARE = 0.1
+"""...and at most this share of it: the time to hand their solution back."""
 
 
 @dataclass(frozen=True)
@@ -54,21 +68,88 @@ class Solved:
         return (self.cost - self.bound) / self.cost if self.cost > 0 else 0.0
 
 
-def solve_iopddl(iop: IopddlProblem, time_limit: float = 60.0) -> Solved:
-    """The least-cost solution within the usage limit (the module's docstring says how);
-    `IopddlError` naming the limit and the least usage found where none fits."""
+def solve_iopddl(
+    iop: IopddlProblem, time_limit: float = 60.0, deadline: Deadline | None = None
+) -> Solved:
+    """The least-cost solution within the usage limit found in `time_limit` seconds of wall
+    clock: the greedy solution (`greedy`) at once, then the solver's rounds (the module's
+    docstring says how) in a child process, from it, stopped where the time runs out, the
+    greedy solution the answer where they have none or a worse one. `IopddlError` naming
+    the limit and the least usage found where none fits; `TimeUp` where the time ran out
+    before any solution fit. `deadline`: started before (the command's, which read the
+    problem), else now."""
     started = time.perf_counter()
+    deadline = deadline or Deadline.start(time_limit)
     posed = pose(iop)
+    quick = greedy(posed, deadline)
+    margin = min(MARGIN, deadline.seconds * MARGIN_SHARE)
+    within = Deadline(deadline.seconds - margin, deadline.started, deadline.clock)
+    rounds = functools.partial(_rounds, iop, posed, quick, time_limit, within)
+    exact = _in_child(rounds, deadline)
+    if quick.fits:
+        solution = tuple(posed.solution(quick.choice))
+        cost = iop.cost(solution)
+        if exact is None or cost < exact.cost:
+            floor = exact.bound if exact is not None else posed.cost_bound(_least(posed))
+            bound = min(cost, floor)
+            return Solved(solution, cost, iop.usage(solution), bound, bound == cost,
+                          time.perf_counter() - started)  # fmt: skip
+    if exact is None:
+        raise TimeUp(deadline.ran_out("before a solution within the usage limit was found"))
+    return dataclasses.replace(exact, wall_s=time.perf_counter() - started)
+
+
+def _in_child(work: Callable[[], Solved], deadline: Deadline) -> Solved | None:
+    """`work` done in a child process, which is ended where the deadline passes first (None,
+    as where its time ran out); the problem's error it raised, raised here."""
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_report, args=(work, send), daemon=True)
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(deadline.left()):
+            return None
+        kind, value = receive.recv()
+    except EOFError:  # (it died without a word: killed for memory)
+        return None
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+        receive.close()
+    if kind == "error" and isinstance(value, IopddlError):
+        raise value
+    return None if kind == "error" else value  # (else the time ran out in the child)
+
+
+def _report(work: Callable[[], Solved], send: Connection) -> None:
+    try:
+        send.send(("solved", work()))
+    except AutoshardError as error:
+        send.send(("error", error))
+    finally:
+        send.close()
+
+
+def _rounds(
+    iop: IopddlProblem, posed: Posed, quick: Greedy, time_limit: float, deadline: Deadline
+) -> Solved:
+    """The solver's rounds (the module's docstring), each from the greedy solution where it
+    fits, each stopped where `deadline` passes."""
+    started = time.perf_counter()
+    hint = quick.choice if quick.fits else ()
     rows, floor, spent, rounds = np.zeros(0, np.int64), 0, 0.0, 0
     while True:
         rounds += 1
-        last = rounds > ROUNDS or spent >= time_limit
+        last = rounds > ROUNDS or spent >= time_limit or deadline.passed()
         if last:  # every row that may bind
             rows = posed.usage.may_bind()
         problem = posed.problem_with(rows)
         left = max(time_limit - spent, time_limit / 10)
         try:
-            found = solve(problem, time_limit=left, limit=time_limit, floor=floor)
+            found = solve(problem, time_limit=left, hint=hint, limit=time_limit, floor=floor,
+                          deadline=deadline)  # fmt: skip
         except InfeasibleError:
             raise _infeasible(iop, posed, time_limit) from None
         spent += found.work
@@ -84,6 +165,14 @@ def solve_iopddl(iop: IopddlProblem, time_limit: float = 60.0) -> Solved:
     optimal = bound == cost or (found.status is SolverStatus.OPTIMAL and posed.step == 1)
     return Solved(solution, cost, iop.usage(solution), bound, optimal,
                   time.perf_counter() - started, rounds, len(rows))  # fmt: skip
+
+
+def _least(posed: Posed) -> int:
+    """A bound of the scaled problem at once: each group's least cost and each edge's."""
+    problem = posed.problem
+    return sum(min(c) for c in problem.node_costs) + sum(
+        min(map(min, rows)) for _, _, rows in problem.edges
+    )
 
 
 def _bound(found: Solution) -> int:

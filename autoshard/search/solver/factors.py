@@ -123,26 +123,42 @@ def _least_difference(matrix: np.ndarray) -> np.ndarray:
 
 
 def elimination_order(
-    sizes: Sequence[int], scopes: Sequence[Sequence[int]]
+    sizes: Sequence[int], scopes: Sequence[Sequence[int]], cap: int | None = None
 ) -> tuple[tuple[tuple[int, tuple[int, ...]], ...], int]:
     """An order over the groups the scopes mention: (group, its neighbours when eliminated)
     per step, and the most entries a step's minimum has (the product of its neighbours'
     sizes). Of two greedy orders, the one of less work (`additions`; ties: the first):
     by the fewest entries, and by the least fill (`_fill`). Kept for the last scopes asked:
-    a Lagrangian's subproblems share a few graphs over many multipliers."""
-    return _order(tuple(sizes), frozenset(tuple(scope) for scope in scopes))
+    a Lagrangian's subproblems share a few graphs over many multipliers.
+
+    `cap`: the most entries the caller takes (None: any). An order that passes it is left
+    unfinished where it does (its largest is past the cap all the same), unless the other
+    order fits and only the whole of this one's work says which is chosen: the order a
+    caller takes is the one it would take without a cap. A graph far past any table (tens
+    of thousands of groups, their neighbourhoods growing into the thousands) passes it early."""
+    return _order(tuple(sizes), frozenset(tuple(scope) for scope in scopes), cap)
 
 
 @functools.lru_cache(maxsize=64)
 def _order(
-    sizes: tuple[int, ...], scopes: frozenset[tuple[int, ...]]
+    sizes: tuple[int, ...], scopes: frozenset[tuple[int, ...]], cap: int | None = None
 ) -> tuple[tuple[tuple[int, tuple[int, ...]], ...], int]:
     near: dict[int, set[int]] = {}
     for scope in scopes:
         for g in scope:
             near.setdefault(g, set()).update(h for h in scope if h != g)
-    orders = [_greedy(sizes, near, _entries), _greedy(sizes, near, _fill)]
-    return min(orders, key=lambda order: additions(sizes, order[0]))
+    orders = [_greedy(sizes, near, score, cap) for score in (_entries, _fill)]
+    works = [additions(sizes, order) for order, _ in orders]
+    most = math.inf if cap is None else cap
+    for i, (_, largest) in enumerate(orders):
+        if largest > most >= orders[1 - i][1]:
+            # the unfinished one's work so far is a floor of its whole: where that does not
+            # already lose to the other's (ties: the first), its whole decides
+            loses = works[i] > works[1 - i] or (works[i] == works[1 - i] and i == 1)
+            if not loses:
+                whole = _greedy(sizes, near, (_entries, _fill)[i], None)
+                orders[i], works[i] = whole, additions(sizes, whole[0])
+    return orders[0] if works[0] <= works[1] else orders[1]
 
 
 def _entries(sizes: Sequence[int], near: dict[int, set[int]], g: int) -> tuple[int, ...]:
@@ -169,10 +185,12 @@ def _greedy(
     sizes: Sequence[int],
     adjacent: dict[int, set[int]],
     score: Callable[[Sequence[int], dict[int, set[int]], int], tuple[int, ...]],
+    cap: int | None = None,
 ) -> tuple[tuple[tuple[int, tuple[int, ...]], ...], int]:
     """The order eliminating at each step the group of the least `score` (ties: the lowest
     index), and its largest minimum. A step changes the scores of its neighbours and of
-    theirs (a pair of those may now be joined), only those."""
+    theirs (a pair of those may now be joined), only those. Left unfinished where a minimum
+    passes `cap`."""
     near = {g: set(others) for g, others in adjacent.items()}
     current = {g: score(sizes, near, g) for g in near}
     heap = [(value, g) for g, value in current.items()]
@@ -187,6 +205,8 @@ def _greedy(
         neighbours = tuple(sorted(near.pop(g)))
         largest = max(largest, math.prod(sizes[h] for h in neighbours))
         order.append((g, neighbours))
+        if cap is not None and largest > cap:
+            break
         for h in neighbours:  # they now neighbour each other, and no longer g
             near[h].discard(g)
             near[h].update(n for n in neighbours if n != h)
@@ -357,7 +377,7 @@ def _forward(
             add(scope, table)
         else:
             constant += float(table)
-    order, largest = elimination_order(sizes, list(tables))
+    order, largest = elimination_order(sizes, list(tables), max_entries)
     if largest > max_entries:
         return None
     steps = []

@@ -228,7 +228,9 @@ class Relaxation:
                 self.hubs = self.hub_tables()
             while not self.within_pairs:
                 found, constant, bounded = self.factors(unary, coefficients, None, shares)
-                _, largest = elimination_order(self.sizes, [f.scope for f in found])
+                _, largest = elimination_order(
+                    self.sizes, [f.scope for f in found], tuning.MAX_ENTRIES
+                )
                 if largest <= tuning.MAX_ENTRIES and _work(self.sizes, found) <= tuning.STEP_WORK:
                     break
                 if self.hubs:  # without them first
@@ -266,7 +268,7 @@ class Relaxation:
         scopes: none is made)."""
         found, _ = self.at(multipliers)
         every = [f.scope for f in found] + list(scopes)
-        order, largest = elimination_order(self.sizes, every)
+        order, largest = elimination_order(self.sizes, every, tuning.MAX_ENTRIES)
         tables = sum(math.prod(self.sizes[g] for g in scope) for scope in every)
         return (
             largest <= tuning.MAX_ENTRIES
@@ -407,7 +409,10 @@ def _work(sizes: Sequence[int], factors: Sequence[Factor]) -> int:
     """The entries of the tables a subproblem builds and the additions its elimination makes:
     what an iteration costs, counted (never timed), so that the work allowed decides alike on
     any machine."""
-    order, _ = elimination_order(sizes, [f.scope for f in factors])
+    scopes = [f.scope for f in factors]
+    order, largest = elimination_order(sizes, scopes, tuning.MAX_ENTRIES)  # (as `subproblem`'s)
+    if largest > tuning.MAX_ENTRIES:  # (left unfinished: the whole order's work)
+        order, _ = elimination_order(sizes, scopes)
     return sum(f.table.size for f in factors) + additions(sizes, order)
 
 
