@@ -305,15 +305,17 @@ def forward_view(graph: Graph) -> Graph:
 
 
 def batch_axes(graph: Graph, plan: Plan) -> frozenset[int]:
-    """The mesh axes some op splits the batch over. The batch is dim 0 of the graph inputs
-    (not a training step's optimizer state), followed through the rules: a loop indexing a
-    batch dim of an operand carries the batch to the result dims it indexes (a Reshape's loop
+    """The mesh axes some forward op splits the batch over. The batch is dim 0 of the graph
+    inputs (not a training step's optimizer state), followed through the rules: a loop indexing
+    a batch dim of an operand carries the batch to the result dims it indexes (a Reshape's loop
     is its block's outermost factor: [B, S, H] -> [B*S, H] or [B, S, heads, d] keep the batch
-    on dim 0; a Transpose moves it; a MatMul's batch dims keep it)."""
+    on dim 0; a Transpose moves it; a MatMul's batch dims keep it). A training step's forward
+    alone: a backward that splits only the loss gradient's batch (a partial output
+    reduce-scattered, then gathered again) is no data parallelism."""
     carries = {name: {0} for name in graph.inputs
                if graph.values[name].shape and name not in graph.replaced}  # fmt: skip
     axes: set[int] = set()
-    for op in graph.ops:
+    for op in forward_view(graph).ops:
         rule, option = rule_for(op, graph), plan.options.get(op.name)
         if rule is None:
             continue

@@ -46,9 +46,12 @@ CASES = {
     "mlp-inference": ("mlp.onnx", ["--dim", "batch=8"],
                       ["x=[[0], []]", "0.weight=[[1], []]", "0.bias=[[1]]", "2.weight=[[], [1]]",
                        "2.bias=[[]]"]),
+    # Training: the Megatron reads pinned on the activations (the search would run the second
+    # Gemm whole on so small a model); a weight's `@users` pin would also pin its Update's read.
     "mlp-training": ("mlp.onnx", ["--dim", "batch=8", "--mode", "training"],
                      ["0.weight=[[1], [0]]", "0.bias=[[1, 0]]", "2.weight=[[], [1]]",
-                      "2.bias=[[]]"]),
+                      "2.bias=[[]]", "/0/Gemm_output_0=[[], [1]]",
+                      "/1/Relu_output_0=[[], [1]]@users"]),
     # 2.weight held split on tp but read whole: distributed as held (DTensor gathers it).
     "mlp-gathered": ("mlp.onnx", ["--dim", "batch=8"],
                      ["x=[[0], []]", "0.weight=[[1], []]", "0.bias=[[1]]", "2.weight=[[], [1]]",

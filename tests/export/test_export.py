@@ -249,15 +249,32 @@ def test_what_the_targets_cannot_hold_is_warned(tmp_path):
 def training_plan(tmp_path_factory) -> Path:
     """A training step of models/mlp.onnx on dp=2,tp=2: 0.weight stored split over tp and dp
     (read over tp alone: tp+fsdp), 2.weight over tp as read (tp), 2.bias whole with its
-    optimizer state split (zero)."""
+    optimizer state split (zero).
+
+    Holding the weights so is not enough to get these reads: the search's cheapest plan on so
+    small a model gathers the hidden activation and 2.weight over tp and runs the second Gemm
+    whole (fsdp), and keeps 2.bias's state whole (replicated). So the Megatron reads are pinned
+    on the activations (the first Gemm's output split over tp, the second Gemm reading it so),
+    not on the weights: a weight's `users` annotation would pin its Update's read too (and
+    gather its optimizer state). 2.bias's state, a value of its own, is pinned split."""
     folder = tmp_path_factory.mktemp("training")
     shutil.copy(MODELS / "mlp.onnx", folder)
-    path = folder / "plan.json"
+    path, notes = folder / "plan.json", folder / "annotations.json"
+    pins = [
+        ("0.weight", "[[1], [0]]", "result"),
+        ("0.bias", "[[1, 0]]", "result"),
+        ("2.weight", "[[], [1]]", "result"),
+        ("2.bias", "[[]]", "result"),
+        ("/0/Gemm_output_0", "[[], [1]]", "result"),
+        ("/1/Relu_output_0", "[[], [1]]", "users"),
+        ("2.bias@state", "[[], [1]]", "result"),
+    ]
+    notes.write_text(json.dumps({"annotations": [
+        {"value": v, "sharding": s, "required": True, "for": f} for v, s, f in pins
+    ]}))  # fmt: skip
     code = main([
         "plan", str(folder / "mlp.onnx"), "--mesh", str(MESH), "--dim", "batch=8",
-        "--mode", "training", "--annotate", "0.weight=[[1], [0]]",
-        "--annotate", "0.bias=[[1, 0]]", "--annotate", "2.weight=[[], [1]]",
-        "--annotate", "2.bias=[[]]", "-o", str(path),
+        "--mode", "training", "--annotations", str(notes), "-o", str(path),
     ])  # fmt: skip
     assert code == 0
     return path

@@ -399,3 +399,31 @@ def test_variants_without_repeated_layers_count_their_ops():
         "(2 ops), axis dp (1 op)."
     ]
     assert findings.roles == {0: {Role.SEQUENCE}, 1: {Role.SEQUENCE}}
+
+
+def test_a_loss_gradient_split_alone_is_no_data_parallelism(tmp_path):
+    """models/mlp.onnx trained Megatron-wise over tp, its batch whole: the row-parallel Gemm's
+    partial output is reduce-scattered over tp into the loss gradient (split on the batch
+    there alone), then gathered again. The forward splits no batch: no data parallelism told."""
+    (tmp_path / "mlp.onnx").write_bytes((MODELS / "mlp.onnx").read_bytes())
+    pins = [
+        ("0.weight", "[[1], []]", "result"),
+        ("/0/Gemm_output_0", "[[], [1]]", "result"),
+        ("/1/Relu_output_0", "[[], [1]]", "users"),
+        ("x", "[[], []]", "result"),
+    ]
+    notes = tmp_path / "annotations.json"
+    notes.write_text(json.dumps({"annotations": [
+        {"value": v, "sharding": s, "required": True, "for": f} for v, s, f in pins
+    ]}))  # fmt: skip
+    path = tmp_path / "plan.json"
+    argv = ["plan", str(tmp_path / "mlp.onnx"), "--mesh", "dp=2,tp=2", "--dim", "batch=8",
+            "--mode", "training", "--annotations", str(notes), "-o", str(path)]  # fmt: skip
+    assert main(argv) == 0
+    document = json.loads(path.read_text())
+    found = {(c["value"], c["user"], c["kind"], tuple(c["mesh_axes"]))
+             for c in document["collectives"]}  # fmt: skip
+    assert ("y", "y@loss_grad", "reduce_scatter", (1,)) in found
+    assert document["story"].startswith(
+        "Throughout: Megatron column->row split of the MLP over axis tp. Weights:"
+    )
