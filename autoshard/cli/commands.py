@@ -28,7 +28,6 @@ from autoshard.cli.summaries import (
     print_training,
 )
 from autoshard.errors import AutoshardError
-from autoshard.holding import words_of
 from autoshard.mesh import Mesh
 from autoshard.passes import Stage
 from autoshard.search.options import Objective
@@ -41,7 +40,7 @@ if TYPE_CHECKING:  # the pipeline is imported by the commands that run it, not a
     from autoshard.progress import Tracker
 
 
-def _emit(data: object) -> None:
+def emit(data: object) -> None:
     print(json.dumps(data, indent=2))
 
 
@@ -53,7 +52,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     summary = inspect_model(args.model, dims_of(args.dim))
     if args.json:
-        _emit(summary)
+        emit(summary)
     else:
         print(format_summary(summary))
     return 0
@@ -65,7 +64,7 @@ def cmd_layout(args: argparse.Namespace) -> int:
     mesh = Mesh.parse(args.mesh)
     sharding = Sharding.parse(args.sharding).check(mesh, args.shape)
     if args.json:
-        _emit(layout_json(mesh, args.shape, sharding))
+        emit(layout_json(mesh, args.shape, sharding))
     else:
         print(draw_layout(mesh, args.shape, sharding))
     return 0
@@ -102,7 +101,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
 
         write_html(args.html, _html_text(args, document, lowered))
     if args.json:
-        _emit(document.to_json())
+        emit(document.to_json())
         return 0
     print(
         f"model {graph.name} on mesh {mesh}: {len(graph.ops)} ops, {len(annotations)} annotations"
@@ -227,7 +226,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         write_html(args.html, html)
     if args.json:
-        _emit(document.to_json())
+        emit(document.to_json())
         return 0
     solver, search, timing = document.solver, document.search, document.timing
     assert solver is not None and search is not None and timing is not None  # a search's plan
@@ -280,7 +279,7 @@ def cmd_reshard(args: argparse.Namespace) -> int:
     plan = plan_reshard(src, dst, args.shape, mesh, args.itemsize)
     total = sum(c.bytes_per_device for c in plan)
     if args.json:
-        _emit({"collectives": [c.to_json() for c in plan], "bytes_per_device": total})
+        emit({"collectives": [c.to_json() for c in plan], "bytes_per_device": total})
         return 0
     rank = len(args.shape)
     print(f"{src.text(rank)} -> {dst.text(rank)} on mesh {mesh}: {len(plan)} collectives")
@@ -333,7 +332,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     with _progress(args) as tracker:
         manifest = write_partition(setup, args.out, args.dialect, _dump_after(args), tracker)
     if args.json:
-        _emit(
+        emit(
             {k: v for k, v in manifest.items() if k != "devices"}
             | {
                 "devices": [
@@ -390,7 +389,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         checks, devices, data = report.outputs, report.devices, report.to_json()
     ok = all(c.ok for c in checks.values())
     if args.json:
-        _emit(data)
+        emit(data)
     else:
         how = f" as {devices} processes ({args.backend})" if args.distributed else ""
         print(f"verify {args.out} on {devices} devices{how}: {'ok' if ok else 'FAILED'}")
@@ -410,7 +409,7 @@ def _verify_training(args: argparse.Namespace, inputs: Any) -> int:
         )
     report = verify_training_folder(args.out, args.model, dims_of(args.dim), args.steps)
     if args.json:
-        _emit(report.to_json())
+        emit(report.to_json())
     else:
         print_training(args.out, report)
     return 0 if report.ok else 1
@@ -425,7 +424,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if report is None:  # a rank other than 0 under torchrun: rank 0 reports
         return 0
     if args.json:
-        _emit(report.to_json())
+        emit(report.to_json())
         return 0 if report.ok else 1
     status = "" if not report.checks else (": ok" if report.ok else ": FAILED")
     print(f"ran {args.out} as {report.devices} processes ({report.backend}){status}")
@@ -461,7 +460,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.markdown:
         write_atomic(Path(args.markdown), markdown.encode())
     if args.json:
-        _emit(comparison_json(comparison))
+        emit(comparison_json(comparison))
     else:
         print(markdown, end="")
     return 1 if comparison.regressed else 0
@@ -473,7 +472,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     diff = diff_plans(read_document(args.a), read_document(args.b))
     if args.json:
-        _emit(diff)
+        emit(diff)
     else:
         print(diff_text(diff))
     return 0
@@ -505,7 +504,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
             write_document(args.out, target)
     if args.json:
-        _emit(data)
+        emit(data)
         return 0
     if "explain" in data:
         print(explain_text(data["explain"]))
@@ -549,50 +548,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     data = calibration.to_json()
     write_atomic(Path(args.out), (json.dumps(data, indent=2) + "\n").encode())
     if args.json:
-        _emit(data)
+        emit(data)
     else:
         print(f"cluster file written to {args.out}: plan with --cluster {args.out} --mesh N")
-    return 0
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    from autoshard.export import Target, export_plan
-    from autoshard.files import write_atomic
-
-    target = Target(args.to)
-    if target is Target.ONNX and not args.out:
-        raise AutoshardError("--to onnx writes a model: give -o OUT.onnx")
-    exported = export_plan(args.plan, target, args.model, args.checkpoint)
-    if args.out:
-        write_atomic(Path(args.out), exported.payload)
-    document = exported.document
-    if args.json:
-        _emit(document)
-        return 0
-    if target is Target.ONNX:
-        print(
-            f"{document['nodes_annotated']} of {document['nodes']} nodes annotated for "
-            f"{document['devices']} devices (IR version {document['ir_version']})"
-        )
-    else:
-        if target is Target.DTENSOR and document["parallelize"]["fallback"]:
-            print(f"no parallel style applies: {document['parallelize']['fallback']}")
-        for name, entry in document["parameters"].items():
-            value = entry["placements"] if target is Target.DTENSOR else entry["text"]
-            line = f"  {name}: {', '.join(value) if isinstance(value, list) else value}"
-            if "style" in entry:
-                line += f"  [{entry['style']}]"
-            if "strategy" in entry:
-                state = entry["optimizer_state"]
-                line += f"  {words_of(entry['strategy'])}; optimizer state "
-                line += ", ".join(state) if isinstance(state, list) else state
-            print(line)
-        for weight, why in document["unnamed"].items():
-            print(f"  ONNX weight {weight}: {why}")
-    for warning in document["warnings"]:
-        print(f"warning: {warning}")
-    if args.out:
-        print(f"{target} export written to {args.out}")
     return 0
 
 

@@ -12,7 +12,6 @@ from autoshard.cli.commands import (
     cmd_calibrate,
     cmd_diff,
     cmd_explain,
-    cmd_export,
     cmd_html,
     cmd_inspect,
     cmd_layout,
@@ -25,6 +24,7 @@ from autoshard.cli.commands import (
     cmd_serve,
     cmd_verify,
 )
+from autoshard.cli.export import cmd_export
 from autoshard.cli.flags import (
     EXIT_USAGE,
     MESH_NAMES,
