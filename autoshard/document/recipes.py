@@ -181,9 +181,9 @@ def versus(plan: RecipeRow, row: RecipeRow, which: str = "") -> str:
     if abs(mine - theirs) <= SAME * max(abs(mine), abs(theirs)):
         return f"the plan costs what {row.name} costs ({t(theirs)}): it is that layout, or ties"
     faster = (
-        f"the plan is {(theirs - mine) / theirs:.1%} faster than {name}"
+        f"the plan is {_share((theirs - mine) / theirs)} faster than {name}"
         if theirs > mine
-        else f"{name} is {(mine - theirs) / mine:.1%} faster than the plan"
+        else f"{name} is {_share((mine - theirs) / mine)} faster than the plan"
     )
     return (
         f"{faster} ({t(mine)} vs {t(theirs)}): communication {t(plan.comm_time_s)} vs "
@@ -192,6 +192,11 @@ def versus(plan: RecipeRow, row: RecipeRow, which: str = "") -> str:
         f"{format_bytes(plan.memory_bytes_per_device or 0)} vs "
         f"{format_bytes(row.memory_bytes_per_device or 0)}"
     )
+
+
+def _share(fraction: float) -> str:
+    """A fraction as a percentage, with a second decimal under 0.1 % (never "0.0% faster")."""
+    return f"{fraction:.2%}" if fraction < 0.001 else f"{fraction:.1%}"
 
 
 RECIPE_HEADER = ("layout", "step time", "memory/device", "fits")
