@@ -86,13 +86,14 @@ def test_a_value_read_after_its_last_use_from_a_buffer_made_earlier_is_counted_e
     MatMul resharded, by key and value as held, and by the attention's residual Add from the
     query's buffer: its home is dead after the value MatMul, and the rows say so (rows
     counting it to the Add count more than the program holds). The plan the exact rows allow
-    is cheaper than the 256,287,548 of the one the conservative rows found."""
+    is cheaper than the one the conservative rows found (its program holds 554,449 bytes),
+    whose choices priced by today's objective come to 437,442,362."""
     graph = import_onnx(MODELS / "bert.onnx", DIMS["bert"])
     planned = auto_plan(graph, make_cluster(mesh="4x8", memory="673315"))
     _assert_counted_is_held([planned])
     assert memory(planned.program).peak == 667_793
     assert planned.solution.status is SolverStatus.OPTIMAL
-    assert planned.solution.objective < 256_287_548
+    assert planned.solution.objective < 437_442_362
 
 
 @pytest.mark.parametrize(
