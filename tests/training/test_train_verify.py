@@ -70,7 +70,8 @@ def test_training_steps_equal_autograd(tmp_path, plan, optimizer):
 
 def test_a_searched_zero_plan_trains_as_autograd(tmp_path):
     """Under a 200 KB budget the search splits the MLP Megatron-style and the optimizer state
-    further (TP+ZeRO-1/2): each device updates its slice of a weight, then gathers it."""
+    further (TP+ZeRO-1/2): each device updates its slice of a weight, then gathers it (which
+    weight is the search's choice: 2.weight since a shared reshard is priced once)."""
     plan, out = tmp_path / "plan.json", tmp_path / "zero"
     args = ["plan", model_path("mlp"), "--mesh", "2x2", "--dim", "batch=8", "--mode",
             "training", "--precision", "fp32", "--memory", "200KB", "-q", "-o", plan]  # fmt: skip
@@ -79,7 +80,10 @@ def test_a_searched_zero_plan_trains_as_autograd(tmp_path):
         main(["partition", str(model_path("mlp")), "--plan", str(plan), "-q", "-o", str(out)]) == 0
     )
     kinds = collectives(out)
-    assert ("all_gather", "0.weight@next") in kinds and ("all_slice", "0.weight") in kinds
+    # which weight the search updates by slices depends on its prices: some weight does
+    sliced = {value for kind, value in kinds if kind == "all_slice"}
+    gathered = {value for kind, value in kinds if kind == "all_gather"}
+    assert any(f"{w}@next" in gathered for w in sliced if w.endswith(("weight", "bias"))), kinds
     report = verify_training_folder(out, model_path("mlp"), {}, steps=3)
     assert report.ok, [c.line() for c in report.failures]
 
