@@ -3,6 +3,7 @@ clusters preset on them."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -126,9 +127,8 @@ DEVICES = {
     # what its producer just wrote from there) are measured on an H100 with
     # bench/kernel_access.py and `autoshard calibrate --torch`; the figures are in
     # docs/measurements.md, the preset's fidelity against those kernels in bench/data/h100.
-    # Flash attention: FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608) reaches up to 740
-    # TFLOP/s bf16 forward (0.75 of peak) at long sequences, about 0.6 at head dim 128 and
-    # 2k tokens, its backward about 0.45 there (docs/concepts/fused-attention.md).
+    # Flash attention: FlashAttention-3's fractions at head dim 128 and 2k tokens (Shah et al.
+    # 2024, arXiv:2407.08608; figures in docs/concepts/fused-attention.md).
     "h100": DeviceKind(
         "NVIDIA H100 SXM5 80GB",
         {"bfloat16": 989e12, "float16": 989e12, "float8_e4m3fn": 1979e12, "int8": 1979e12},
@@ -147,34 +147,11 @@ DEVICES = {
         attention_backward_efficiency=0.45,
         reserve=gpu_reserve(80 * 10**9),
     ),
-    # The H100s of Meta's Grand Teton hosts, on which TorchTitan's published runs were
-    # measured (pytorch/torchtitan docs/performance.md): 96 GB of HBM2e at 2.4 TB/s, a 500 W
-    # power limit, NVLink within a host of 8, 400 Gb/s RDMA per GPU. No peak is published
-    # ("between SXM and NVL", TorchTitan, arXiv 2410.06511): the SXM5's rates less 12.5 %,
-    # the middle of the 11-14 % issue 44 measured; the rest as the SXM5's.
-    "h100-hbm2e": DeviceKind(
-        "NVIDIA H100 HBM2e 96GB 500W",
-        {"bfloat16": 865e12, "float16": 865e12, "float8_e4m3fn": 1731e12, "int8": 1731e12},
-        58.6e12,
-        96 * 10**9,
-        450e9,
-        hbm_bandwidth=2.4e12,
-        matmul_efficiency=0.8,
-        memory_efficiency=0.85,
-        misaligned_efficiency=0.2,
-        strided_efficiency=0.5,
-        transpose_efficiency=0.17,
-        cache_bytes=25 << 20,
-        cache_bandwidth=8e12,
-        attention_efficiency=0.6,  # the SXM5's fractions of its own peak
-        attention_backward_efficiency=0.45,
-        reserve=gpu_reserve(96 * 10**9),
-    ),
     # A100 SXM4 80GB datasheet: 312 TFLOP/s bf16/fp16 (624 int8), 19.5 fp32, HBM2e at
     # 2.039 TB/s, NVLink 3 600 GB/s bidirectional = 300 per direction. DGX A100: 8 GPUs, one
     # ConnectX-6 200 Gb/s HDR NIC each = 25 GB/s. cuBLAS reaches ~0.85 of peak.
-    # FlashAttention-2 (Dao 2023, arXiv:2307.08691) reaches 0.5-0.73 of peak forward and up
-    # to 0.63 backward; at head dim 128 and 2k tokens about 0.6 and 0.5.
+    # Flash attention: FlashAttention-2's fractions at head dim 128 and 2k tokens (Dao 2023,
+    # arXiv:2307.08691; figures in docs/concepts/fused-attention.md).
     "a100": DeviceKind(
         "NVIDIA A100 SXM4 80GB",
         {"bfloat16": 312e12, "float16": 312e12, "int8": 624e12},
@@ -241,6 +218,23 @@ DEVICES = {
         reserve=gpu_reserve(24 * 10**9),
     ),
 }
+
+# The H100s of Meta's Grand Teton hosts, on which TorchTitan's published runs were measured
+# (pytorch/torchtitan docs/performance.md; HBM2e, a 500 W limit, 400 Gb/s RDMA per GPU): no
+# peak is published ("between SXM and NVL"), so the SXM5's rates scaled by the assumption
+# below, the rest as the SXM5's (sources and figures in docs/concepts/mesh.md).
+_HBM2E_SPEED = 0.875
+"""The Grand Teton H100's rates against the SXM5's: the middle of the slowdown issue 44 saw."""
+_H100_HBM2E = dataclasses.replace(
+    DEVICES["h100"],
+    name="NVIDIA H100 HBM2e 96GB 500W",
+    flops={k: v * _HBM2E_SPEED for k, v in DEVICES["h100"].flops.items()},
+    default_flops=DEVICES["h100"].default_flops * _HBM2E_SPEED,
+    memory=96 * 10**9,
+    hbm_bandwidth=2.4e12,
+    reserve=gpu_reserve(96 * 10**9),
+)
+DEVICES = {**dict(list(DEVICES.items())[:1]), "h100-hbm2e": _H100_HBM2E, **DEVICES}
 
 
 DEFAULT_DEVICE = "h100"
