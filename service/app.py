@@ -1,9 +1,14 @@
-"""The FastAPI app of `autoshard serve`: settings, startup (recover the store, start the pool)
-and shutdown. The data folder holds everything that must survive a restart:
+"""The FastAPI app of `autoshard serve`: settings, startup (migrate the store, start the
+executor and the dispatcher) and shutdown. The data folder holds everything that must survive
+a restart:
 
-    DATA/jobs.sqlite3            jobs, plans, SPMD programs and reports (see store.py)
+    DATA/jobs.sqlite3            jobs, plans, SPMD programs and reports (see store.py), unless
+                                 --database names a PostgreSQL
     DATA/models/<sha256>/<name>  the uploaded models, once per content and name
     DATA/uploads/                uploads in flight (emptied at startup)
+
+Several replicas share one PostgreSQL and one data folder (a volume every replica and Ray
+worker mounts at the same path: a job names its model by path); docs/guide/deploy.md.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from fastapi import FastAPI
 from autoshard import __version__
 from autoshard.errors import AutoshardError
 from service import web
+from service.database import database_url, is_postgres
+from service.dispatch import Dispatcher, Executor, Timing
 from service.routes import router
 from service.store import Store
 from service.worker import Pool
@@ -38,8 +45,19 @@ class Settings:
     max_upload: int = DEFAULT_MAX_UPLOAD
     workers: int | None = None  # None: one per CPU
     max_time_limit: float = 600.0
+    database: str | None = None  # None: DATA/jobs.sqlite3
+    executor: str = "local"  # local, ray (a local Ray), or ray://HOST:PORT
+    lease_s: float = 30.0
 
     def __post_init__(self) -> None:
+        if self.database is not None:
+            database_url(self.database)  # DatabaseError on a bad one
+        if not (self.executor in ("local", "ray") or self.executor.startswith("ray://")):
+            raise ServiceError(
+                f"--executor {self.executor}: give local, ray (a local Ray) or ray://HOST:PORT"
+            )
+        if not self.lease_s > 0:
+            raise ServiceError(f"--lease {self.lease_s} must be > 0 seconds")
         if self.max_upload < 1:
             raise ServiceError(f"--max-upload {self.max_upload} must be at least 1 byte")
         if self.workers is not None and self.workers < 1:
@@ -52,8 +70,9 @@ class Settings:
         return self.workers or os.cpu_count() or 1
 
     @property
-    def db(self) -> Path:
-        return self.data / "jobs.sqlite3"
+    def db(self) -> str:
+        """The store's database: --database, or the SQLite file in the data folder."""
+        return self.database or str(self.data / "jobs.sqlite3")
 
     @property
     def models(self) -> Path:
@@ -74,15 +93,20 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = Store(settings.db)
-        pool = Pool(store, settings.worker_count, asyncio.get_running_loop())
-        app.state.store, app.state.pool = store, pool
-        for job in store.recover():  # queued before a stop: queue them again
-            pool.submit(job.id, job.attempt, job.model_path, job.options)
+        store = Store(settings.db, migrate=True)
+        if not is_postgres(store.url):  # embedded: no other server runs its jobs
+            store.reap(lease_s=0)
+        executor = _executor(settings, store)
+        dispatcher = Dispatcher(store, executor, Timing(settings.lease_s))
+        executor.on_free = dispatcher.poke
+        app.state.store, app.state.executor, app.state.dispatcher = store, executor, dispatcher
+        dispatcher.start()
         try:
             yield
         finally:
-            pool.shutdown()
+            await dispatcher.stop()
+            executor.shutdown()
+            store.release(dispatcher.owner)
             store.close()
 
     app = FastAPI(
@@ -100,6 +124,14 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(router)
     app.include_router(web.router)
     return app
+
+
+def _executor(settings: Settings, store: Store) -> Executor:
+    if settings.executor == "local":
+        return Pool(store, settings.worker_count, asyncio.get_running_loop())
+    from service.ray_executor import RayExecutor
+
+    return RayExecutor(store, settings.executor, settings.workers, asyncio.get_running_loop())
 
 
 def serve(settings: Settings, host: str, port: int) -> None:

@@ -1,5 +1,6 @@
-"""The HTTP routes: parse, check, hand over to the store and the pool, format. No planning
-logic lives here; `autoshard.pipeline.plan_request` does the work in a worker process.
+"""The HTTP routes: parse, check, queue in the store (a replica's dispatcher runs the job),
+format. No planning logic lives here; `autoshard.pipeline.plan_request` does the work in a
+worker process.
 
 Status codes:
 - 202: a solve was queued.
@@ -207,15 +208,11 @@ async def _submit(request: Request, form: Form) -> tuple[int, dict[str, Any]]:
             job = store.get(job_id)  # an identical request was faster
             assert job is not None
             return 200, job.view()
-        attempt = 1
-    else:
-        requeued = store.requeue(job_id)
-        if requeued is None:  # requeued by an identical request meanwhile
-            job = store.get(job_id)
-            assert job is not None
-            return 200, job.view()
-        attempt = requeued
-    request.app.state.pool.submit(job_id, attempt, model, options.to_json())
+    elif store.requeue(job_id) is None:  # requeued by an identical request meanwhile
+        job = store.get(job_id)
+        assert job is not None
+        return 200, job.view()
+    request.app.state.dispatcher.poke()  # a replica with a free worker claims it
     return 202, {"id": job_id, "status": "queued"}
 
 
@@ -321,7 +318,7 @@ async def get_report_html(
     text = _store(request).report_html(job_id, tensor)  # built by the job, or asked before
     if text is None:
         try:
-            text = await request.app.state.pool.report(job_id, tuple(tensor))
+            text = await request.app.state.executor.report(job_id, tuple(tensor))
         except AutoshardError as error:
             raise HTTPException(422, _named(str(error), job.model_path)) from None
     return HTMLResponse(text)
@@ -358,6 +355,6 @@ async def get_export(request: Request, job_id: str, target: Target) -> Response:
 async def healthz(request: Request) -> dict[str, Any]:
     return {
         "status": "ok",
-        "workers": request.app.state.pool.workers,
+        "workers": request.app.state.executor.workers,
         "jobs": _store(request).counts(),
     }

@@ -9,9 +9,10 @@ the server's own thread never holds the GIL for it.
 
 Workers write their job's progress and result to the store themselves, so a result survives
 the server even if the server dies right after; each write names the job's attempt (see
-store.py). On Linux a worker is killed with its server (PR_SET_PDEATHSIG), so a crashed server
-leaves no orphan solving on; every pool submission is made from the event-loop thread, the
-thread whose exit would send that signal.
+store.py). Which job a worker runs is the dispatcher's (dispatch.py): it claims a job from
+the store and submits it here. On Linux a worker is killed with its server (PR_SET_PDEATHSIG),
+so a crashed server leaves no orphan solving on; every pool submission is made from the
+event-loop thread, the thread whose exit would send that signal.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 from autoshard.errors import AutoshardError
 from autoshard.progress import Progress
 from service.options import PlanOptions
-from service.store import Store
+from service.store import Job, Store
 
 log = logging.getLogger("autoshard.service")
 
@@ -41,7 +42,7 @@ SHUTDOWN_GRACE_S = 1.0
 _store: Store | None = None  # the worker process's connection (one per process)
 
 
-def _init_worker(db_path: str, parent: int) -> None:
+def _init_worker(database: str, parent: int) -> None:
     global _store
     if sys.platform.startswith("linux"):
         PR_SET_PDEATHSIG = 1
@@ -49,7 +50,7 @@ def _init_worker(db_path: str, parent: int) -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:  # the server died before the signal was armed
             os._exit(1)
-    _store = Store(db_path)
+    _store = Store(database)
 
 
 class StoreView:
@@ -69,16 +70,22 @@ class StoreView:
 
 
 def run_job(job_id: str, attempt: int, model_path: str, options_json: dict) -> None:
-    """Solve one job in a worker process and store its plan, SPMD program and reports."""
+    """Solve one job in a pool worker and store its plan, SPMD program and reports."""
+    store = _store
+    assert store is not None, "run_job runs in a pool worker"
+    solve_job(store, job_id, attempt, model_path, options_json)
+
+
+def solve_job(store: Store, job_id: str, attempt: int, model_path: str, options_json: dict) -> None:
+    """Solve a claimed job and store its results (on any executor's worker)."""
     from autoshard.explain.report import plan_markdown
     from autoshard.html import plan_html
     from autoshard.pipeline import plan_request, print_spmd
     from autoshard.progress import Tracker
 
-    store = _store
-    assert store is not None, "run_job runs in a pool worker"
-    if not store.start(job_id, attempt):
-        return  # a newer attempt owns the job
+    job = store.get(job_id)
+    if job is None or (job.status, job.attempt) != ("running", attempt):
+        return  # a newer attempt owns the job (this one was retried after its replica died)
     options = PlanOptions.from_json(options_json)
     tracker = Tracker(StoreView(store, job_id, attempt))
     try:
@@ -99,11 +106,15 @@ def run_job(job_id: str, attempt: int, model_path: str, options_json: dict) -> N
 
 
 def build_report(job_id: str, tensors: tuple[str, ...]) -> str:
-    """In a worker process: a done job's HTML report drawing `tensors`, kept in the store."""
+    """In a pool worker: a done job's HTML report drawing `tensors`, kept in the store."""
+    assert _store is not None, "build_report runs in a pool worker"
+    return keep_report(_store, job_id, tensors)
+
+
+def keep_report(store: Store, job_id: str, tensors: tuple[str, ...]) -> str:
+    """A done job's HTML report drawing `tensors`, built and kept in the store."""
     from autoshard.html import plan_html
 
-    store = _store
-    assert store is not None, "build_report runs in a pool worker"
     job = store.get(job_id)
     assert job is not None and job.plan is not None, f"job {job_id} has no plan"
     html = plan_html(job.plan, job.model_path, tensors)
@@ -112,10 +123,13 @@ def build_report(job_id: str, tensors: tuple[str, ...]) -> str:
 
 
 class Pool:
-    """A process pool for plan jobs; submit from the event-loop thread only."""
+    """A process pool for plan jobs (the dispatcher's executor); submit from the event-loop
+    thread only."""
 
     def __init__(self, store: Store, workers: int, loop: asyncio.AbstractEventLoop) -> None:
         self.store, self.workers, self.loop = store, workers, loop
+        self.on_free: Callable[[], None] = lambda: None  # a worker is free again
+        self._running: set[tuple[str, int]] = set()
         self._executor = self._start()
 
     def _start(self) -> ProcessPoolExecutor:
@@ -124,14 +138,19 @@ class Pool:
             self.workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(str(self.store.path), os.getpid()),
+            initargs=(self.store.url, os.getpid()),
         )
 
-    def submit(self, job_id: str, attempt: int, model_path: Path | str, options: dict) -> None:
+    def running(self) -> list[tuple[str, int]]:
+        return sorted(self._running)
+
+    def submit(self, job: Job) -> None:
         if getattr(self._executor, "_broken", False):
             self._executor = self._start()
-        future = self._executor.submit(run_job, job_id, attempt, str(model_path), options)
-        future.add_done_callback(self._on_done(job_id, attempt, str(model_path), options))
+        key = (job.id, job.attempt)
+        self._running.add(key)
+        future = self._executor.submit(run_job, job.id, job.attempt, job.model_path, job.options)
+        future.add_done_callback(self._on_done(key))
 
     async def report(self, job_id: str, tensors: tuple[str, ...]) -> str:
         """A done job's HTML report drawing `tensors`, built by a worker (`build_report`)."""
@@ -139,47 +158,21 @@ class Pool:
             self._executor = self._start()
         return await asyncio.wrap_future(self._executor.submit(build_report, job_id, tensors))
 
-    def _on_done(
-        self, job_id: str, attempt: int, model_path: str, options: dict
-    ) -> Callable[[Future[None]], None]:
+    def _on_done(self, key: tuple[str, int]) -> Callable[[Future[None]], None]:
         def done(future: Future[None]) -> None:
-            # Cancelled at shutdown: the job stays queued and is queued again at startup.
-            if future.cancelled() or future.exception() is None:
-                return
-            error = future.exception()
-            log.error("job %s: worker failed: %r", job_id, error)
-            if self.loop.is_closed():
-                self._died(job_id, attempt, error)
-            else:  # submit again from the event-loop thread (see the module docstring)
-                self.loop.call_soon_threadsafe(self._retry, job_id, attempt, model_path, options,
-                                               error)  # fmt: skip
+            # Cancelled at shutdown: the job's lease runs out and a replica queues it again.
+            if not future.cancelled() and future.exception() is not None:
+                log.error("job %s: worker failed: %r", key[0], future.exception())
+                self.store.lose(*key)  # a worker died (killed, out of memory): run it again
+            self._running.discard(key)
+            if not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(self.on_free)
 
         return done
 
-    def _retry(
-        self,
-        job_id: str,
-        attempt: int,
-        model_path: str,
-        options: dict,
-        error: BaseException | None,
-    ) -> None:
-        """A worker died (killed, out of memory): the job it was running fails; a job the
-        broken pool had not started yet goes to a new pool."""
-        job = self.store.get(job_id)
-        if job is not None and job.attempt == attempt and job.status == "queued":
-            self.submit(job_id, attempt, model_path, options)
-        else:
-            self._died(job_id, attempt, error)
-
-    def _died(self, job_id: str, attempt: int, error: BaseException | None) -> None:
-        self.store.fail(
-            job_id, attempt, f"the worker process solving this job died ({error})", "internal"
-        )
-
     def shutdown(self) -> None:
-        """Stop now: queued jobs stay queued (the next start queues them again), running ones
-        are killed (the next start marks them failed, with the reason)."""
+        """Stop now: running jobs are killed (their leases run out and they are queued again,
+        by this server's next start or another replica)."""
         executor = self._executor
         processes = list(getattr(executor, "_processes", {}).values())
         executor.shutdown(wait=False, cancel_futures=True)

@@ -560,7 +560,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = Settings(
         Path(args.data), parse_size(args.max_upload, "--max-upload"), args.workers,
-        args.max_time_limit,
+        args.max_time_limit, args.database, args.executor, args.lease,
     )  # fmt: skip
     serve(settings, args.host, args.port)
     return 0

@@ -341,6 +341,20 @@ def _serve_command(commands: Commands) -> None:
         "--max-time-limit", type=float, default=600.0,
         help="largest time_limit a request may ask for, seconds (default 600)",
     )  # fmt: skip
+    serve.add_argument(
+        "--database", metavar="URL",
+        help="the job store: postgresql://USER:PASSWORD@HOST/DB, shared by API replicas "
+        "(pip install 'autoshard[postgres]'), or sqlite:///PATH (default: DATA/jobs.sqlite3)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--executor", default="local",
+        help="where jobs run: local (a process pool, default), ray (a local Ray) or "
+        "ray://HOST:PORT (a Ray cluster; pip install 'autoshard[sweep]')",
+    )  # fmt: skip
+    serve.add_argument(
+        "--lease", type=float, default=30.0, metavar="S",
+        help="a running job whose replica is silent this long is queued again (default 30)",
+    )  # fmt: skip
     serve.set_defaults(run=cmd_serve)
 
 
