@@ -1,4 +1,5 @@
-"""The REST service over real HTTP: `autoshard serve` started as a subprocess on a free port."""
+"""The REST service over real HTTP: `autoshard serve` started as a subprocess on a free port,
+its store SQLite or a real PostgreSQL server (postgres.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy
+
+from service.database import database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -27,10 +31,14 @@ def free_port() -> int:
 
 
 class Server:
-    """One `python -m autoshard serve` process on `data`."""
+    """One `python -m autoshard serve` process on `data` (and `database`, else the SQLite file
+    in `data`); `flags` are more of its command line."""
 
-    def __init__(self, data: Path, workers: int = 2) -> None:
-        self.data, self.workers = data, workers
+    def __init__(
+        self, data: Path, workers: int = 2, database: str | None = None, flags: tuple = ()
+    ) -> None:
+        self.data, self.workers, self.flags = data, workers, list(flags)
+        self.database = database or str(data / "jobs.sqlite3")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = data.parent / f"{data.name}-server-{self.port}.log"
@@ -40,6 +48,7 @@ class Server:
         command = [
             sys.executable, "-m", "autoshard", "serve", "--port", str(self.port), "--data",
             str(self.data), "--max-upload", str(UPLOAD_LIMIT), "--workers", str(self.workers),
+            "--database", self.database, *self.flags,
         ]  # fmt: skip
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log)
@@ -74,6 +83,16 @@ class Server:
                 self.process.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+    def sql(self, query: str, rows: list[dict[str, Any]] | None = None, **params: Any) -> list:
+        """Run SQL on the server's store, as the server's own (its rows, if any)."""
+        engine = sqlalchemy.create_engine(database_url(self.database))
+        try:
+            with engine.begin() as db:
+                result = db.execute(sqlalchemy.text(query), rows or params)
+                return list(result.fetchall()) if result.returns_rows else []
+        finally:
+            engine.dispose()
 
     # -- the API --
 
@@ -127,9 +146,26 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    started = Server(tmp_path_factory.mktemp("service") / "data").start()
-    yield started
+def postgres() -> Iterator[Any]:
+    """A PostgreSQL server of the session (postgres.py); skipped where none is installed."""
+    from .postgres import Postgres, binaries
+
+    found = binaries()
+    if found is None:
+        pytest.skip("no PostgreSQL server (initdb) on PATH or under /usr/lib/postgresql: "
+                    "apt-get install postgresql to run the service's tests on PostgreSQL")  # fmt: skip
+    server = Postgres(found)
+    server.start()
+    yield server
+    server.remove()
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The session's server, once on each store: every test that takes it runs on both."""
+    database = request.getfixturevalue("postgres").url() if request.param == "postgresql" else None
+    started = Server(tmp_path_factory.mktemp(f"service-{request.param}") / "data", 2, database)
+    yield started.start()
     started.stop()
 
 
@@ -138,8 +174,8 @@ def new_server(tmp_path: Path) -> Iterator[Any]:
     """Servers of one test, stopped after it."""
     made: list[Server] = []
 
-    def make(data: Path | None = None, workers: int = 2) -> Server:
-        made.append(Server(data or tmp_path / "data", workers).start())
+    def make(data: Path | None = None, workers: int = 2, **more: Any) -> Server:
+        made.append(Server(data or tmp_path / "data", workers, **more).start())
         return made[-1]
 
     yield make

@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -132,9 +131,7 @@ def test_exports(server: Server, done: dict[str, Any], tmp_path, capsys) -> None
 
 def kept_reports(server: Server, job_id: str) -> dict[str, str]:
     """The HTML reports the store keeps for a job, by the tensors they draw."""
-    with sqlite3.connect(server.data / "jobs.sqlite3") as db:
-        rows = db.execute("SELECT tensors, html FROM reports WHERE job_id = ?", (job_id,))
-        return dict(rows.fetchall())
+    return dict(server.sql("SELECT tensors, html FROM reports WHERE job_id = :id", id=job_id))
 
 
 def test_html_report_is_what_autoshard_html_writes(
@@ -161,13 +158,11 @@ def test_html_report_is_what_autoshard_html_writes(
     assert kept_reports(server, job_id) == {"[]": out.read_text(), f'["{tensor}"]': first.text}
     # The second request is served from the store, not built again: what the store holds.
     kept = kept_reports(server, job_id)
-    with sqlite3.connect(server.data / "jobs.sqlite3") as db:
-        db.execute("UPDATE reports SET html = 'kept ' || tensors WHERE job_id = ?", (job_id,))
+    server.sql("UPDATE reports SET html = 'kept ' || tensors WHERE job_id = :id", id=job_id)
     for path, key in (("report.html", "[]"), (f"report.html?tensor={tensor}", f'["{tensor}"]')):
         assert server.get(f"/v1/plans/{job_id}/{path}").text == f"kept {key}"
-    with sqlite3.connect(server.data / "jobs.sqlite3") as db:
-        db.executemany("UPDATE reports SET html = ? WHERE job_id = ? AND tensors = ?",
-                       [(html, job_id, key) for key, html in kept.items()])  # fmt: skip
+    server.sql("UPDATE reports SET html = :html WHERE job_id = :id AND tensors = :key",
+               [{"html": html, "id": job_id, "key": key} for key, html in kept.items()])  # fmt: skip
     asked = server.get(f"/v1/plans/{job_id}/report.html?tensor=nope")
     assert asked.status_code == 422 and asked.json()["detail"].startswith("no tensor 'nope'")
     assert set(kept_reports(server, job_id)) == {"[]", f'["{tensor}"]'}
@@ -202,10 +197,8 @@ def test_twenty_concurrent_submissions_all_complete(server: Server) -> None:
         assert job["plan"]["mesh"] == fields["mesh"]
         assert job["plan"]["model"]["dims"] == json.loads(fields["dims"])
     # The pool ran at most `workers` solves at once; the rest queued.
-    with sqlite3.connect(server.data / "jobs.sqlite3") as db:
-        spans = db.execute(
-            f"SELECT started, finished FROM jobs WHERE id IN ({','.join('?' * 20)})", ids
-        ).fetchall()
+    rows = server.sql("SELECT id, started, finished FROM jobs")
+    spans = [(started, finished) for id_, started, finished in rows if id_ in ids]
     most = max(sum(s <= t < f for s, f in spans) for t, _ in spans)
     assert 1 <= most <= server.workers
 

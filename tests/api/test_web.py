@@ -21,6 +21,9 @@ from .conftest import MODELS, Server
 
 MLP = MODELS / "mlp.onnx"
 
+# The pages read the store as the API does: test_api.py runs on both stores, these on SQLite.
+pytestmark = pytest.mark.parametrize("server", ["sqlite"], indirect=True)
+
 
 def untimed(plan: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in plan.items() if k != "timing"}
