@@ -5,7 +5,7 @@ a restart:
     DATA/jobs.sqlite3            jobs, plans, SPMD programs and reports (see store.py), unless
                                  --database names a PostgreSQL
     DATA/models/<sha256>/<name>  the uploaded models, once per content and name
-    DATA/uploads/                uploads in flight (emptied at startup)
+    DATA/uploads/HOST-PID/       a replica's uploads in flight (emptied at its startup)
 
 Several replicas share one PostgreSQL and one data folder (a volume every replica and Ray
 worker mounts at the same path: a job names its model by path); docs/guide/deploy.md.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -80,14 +81,17 @@ class Settings:
 
     @property
     def uploads(self) -> Path:
-        return self.data / "uploads"
+        """This replica's uploads in flight: replicas may share the data folder."""
+        return self.data / "uploads" / f"{socket.gethostname()}-{os.getpid()}"
 
 
 def create_app(settings: Settings) -> FastAPI:
     try:
         settings.models.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(settings.uploads, ignore_errors=True)
-        settings.uploads.mkdir()
+        embedded = settings.database is None or not is_postgres(database_url(settings.database))
+        # Alone on the data folder (SQLite), every upload left there is a stopped server's.
+        shutil.rmtree(settings.uploads.parent if embedded else settings.uploads, True)
+        settings.uploads.mkdir(parents=True)
     except OSError as error:
         raise ServiceError(f"cannot use data folder '{settings.data}': {error.strerror}") from None
 

@@ -35,9 +35,14 @@ class Server:
     in `data`); `flags` are more of its command line."""
 
     def __init__(
-        self, data: Path, workers: int = 2, database: str | None = None, flags: tuple = ()
+        self,
+        data: Path,
+        workers: int = 2,
+        database: str | None = None,
+        flags: tuple = (),
+        start_s: float = 30,
     ) -> None:
-        self.data, self.workers, self.flags = data, workers, list(flags)
+        self.data, self.workers, self.flags, self.start_s = data, workers, list(flags), start_s
         self.database = database or str(data / "jobs.sqlite3")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -52,7 +57,7 @@ class Server:
         ]  # fmt: skip
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + self.start_s
         while time.monotonic() < deadline:
             assert self.process.poll() is None, f"server exited: {self.log.read_text()}"
             try:
@@ -152,8 +157,10 @@ def postgres() -> Iterator[Any]:
 
     found = binaries()
     if found is None:
-        pytest.skip("no PostgreSQL server (initdb) on PATH or under /usr/lib/postgresql: "
-                    "apt-get install postgresql to run the service's tests on PostgreSQL")  # fmt: skip
+        pytest.skip(
+            "no PostgreSQL server (initdb) on PATH or under /usr/lib/postgresql: "
+            "apt-get install postgresql to run the service's tests on PostgreSQL"
+        )
     server = Postgres(found)
     server.start()
     yield server
