@@ -14,6 +14,7 @@ worker mounts at the same path: a job names its model by path); docs/guide/deplo
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import shutil
 import socket
@@ -56,6 +57,10 @@ class Settings:
         if not (self.executor in ("local", "ray") or self.executor.startswith("ray://")):
             raise ServiceError(
                 f"--executor {self.executor}: give local, ray (a local Ray) or ray://HOST:PORT"
+            )
+        if self.executor != "local" and importlib.util.find_spec("ray") is None:
+            raise ServiceError(
+                f"--executor {self.executor} needs Ray: pip install 'autoshard[cluster]'"
             )
         if not self.lease_s > 0:
             raise ServiceError(f"--lease {self.lease_s} must be > 0 seconds")

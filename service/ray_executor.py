@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from autoshard.errors import AutoshardError
 from service.store import Job, Store
 from service.worker import keep_report, solve_job
 
@@ -39,6 +40,10 @@ def ray_report(database: str, job_id: str, tensors: tuple[str, ...]) -> str:
     return keep_report(_store(database), job_id, tensors)
 
 
+class ExecutorError(AutoshardError):
+    """A Ray the service cannot start or reach."""
+
+
 class RayExecutor:
     """The dispatcher's executor on Ray: at most `workers` jobs in flight from this replica
     (default: the cluster's CPUs)."""
@@ -46,19 +51,15 @@ class RayExecutor:
     def __init__(
         self, store: Store, address: str, workers: int | None, loop: asyncio.AbstractEventLoop
     ) -> None:
-        from service.app import ServiceError
+        import ray
 
-        try:
-            import ray
-        except ImportError:
-            raise ServiceError("--executor ray needs Ray: pip install 'autoshard[sweep]'") from None
         self.store, self.loop, self._ray = store, loop, ray
         self.on_free: Callable[[], None] = lambda: None
         try:
             ray.init(address=None if address == "ray" else address, include_dashboard=False,
                      log_to_driver=False, logging_level=logging.ERROR)  # fmt: skip
         except (ConnectionError, RuntimeError, ValueError) as error:
-            raise ServiceError(f"cannot start or reach Ray at {address}: {error}") from None
+            raise ExecutorError(f"cannot start or reach Ray at {address}: {error}") from None
         self.workers = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._solve = ray.remote(max_retries=RETRIES, retry_exceptions=False)(ray_solve)
         self._report = ray.remote(max_retries=RETRIES, retry_exceptions=False)(ray_report)
