@@ -23,7 +23,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 
 from autoshard import __version__
 from autoshard.errors import AutoshardError
@@ -132,7 +134,16 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.include_router(router)
     app.include_router(web.router)
+    app.add_exception_handler(OperationalError, _store_down)
     return app
+
+
+async def _store_down(request: Request, error: Exception) -> JSONResponse:
+    """The database stayed unreachable past the store's retries: 503, which a retry fixes."""
+    return JSONResponse(
+        {"detail": "the job store is unreachable; retry in a few seconds"},
+        status_code=503, headers={"Retry-After": "5"},
+    )  # fmt: skip
 
 
 def _executor(settings: Settings, store: Store) -> Executor:

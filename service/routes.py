@@ -9,6 +9,7 @@ Status codes:
 - 400: a malformed form; 404: no such plan; 413: too large; 415: not multipart.
 - 409: the plan is not done yet, or failed for a reason unrelated to the request.
 - 422: bad input, with the message `autoshard plan` prints (`autoshard: error: <message>`).
+- 503: the job store (PostgreSQL) was unreachable for longer than its retries; retry later.
 """
 
 from __future__ import annotations
