@@ -29,7 +29,7 @@ from sqlalchemy.exc import OperationalError
 
 from autoshard import __version__
 from autoshard.errors import AutoshardError
-from service import web
+from service import sweeps, web
 from service.database import database_url, is_postgres
 from service.dispatch import Dispatcher, Executor, Timing
 from service.routes import router
@@ -134,6 +134,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.include_router(router)
     app.include_router(web.router)
+    app.include_router(sweeps.router)
     app.add_exception_handler(OperationalError, _store_down)
     return app
 

@@ -85,6 +85,8 @@ ARTIFACTS = ("plan.json", "report.html", "report.md", "spmd.mlir")
 
 def job_links(job: Job) -> dict[str, str]:
     """The job's URLs: its JSON and web page, and its results once it is done."""
+    if job.options.get("kind") == "sweep":
+        return {"job": f"/v1/sweeps/{job.id}", "page": f"/sweeps/{job.id}"}
     base = f"/v1/plans/{job.id}"
     results = {name: f"{base}/{name}" for name in ARTIFACTS} if job.status == "done" else {}
     return {"job": base, "page": f"/plans/{job.id}", **results}
@@ -228,7 +230,7 @@ def _check(model: Path, options: PlanOptions) -> None:
 
 def _job(request: Request, job_id: str) -> Job:
     job = _store(request).get(job_id) if _ID.fullmatch(job_id) else None
-    if job is None:
+    if job is None or job.options.get("kind") == "sweep":  # a sweep: /v1/sweeps/{id}
         raise HTTPException(404, f"no plan {job_id!r}")
     return job
 

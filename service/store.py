@@ -329,6 +329,22 @@ class Store:
 
         self._tx(work)
 
+    def finish_sweep(self, job_id: str, attempt: int, table: str, html: str) -> None:
+        """A sweep job is done: its table (points.json) and its page of fronts."""
+
+        def work(db: Connection) -> None:
+            done = db.execute(
+                sqlalchemy.text(
+                    "UPDATE jobs SET status = 'done', report = :table, finished = :now, "
+                    "owner = NULL WHERE id = :id AND attempt = :attempt AND status = 'running'"
+                ),
+                {"table": table, "now": time.time(), "id": job_id, "attempt": attempt},
+            )
+            if done.rowcount == 1:
+                _keep(db, job_id, (), html)
+
+        self._tx(work)
+
     def keep_report(self, job_id: str, tensors: Sequence[str], html: str) -> None:
         """Keep a done job's HTML report drawing `tensors`."""
         self._tx(lambda db: _keep(db, job_id, tensors, html))

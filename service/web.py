@@ -282,8 +282,10 @@ setTimeout(poll, POLL_MS);
 
 
 @router.get("/plans/{job_id}", response_class=HTMLResponse)
-async def plan_page(request: Request, job_id: str) -> HTMLResponse:
+async def plan_page(request: Request, job_id: str) -> Response:
     job = _store(request).get(job_id)
+    if job is not None and job.options.get("kind") == "sweep":
+        return RedirectResponse(f"/sweeps/{job_id}", status_code=303)
     if job is None:
         body = f'<h1>No plan {_e(job_id)}</h1><p><a href="/">All plans</a></p>'
         return HTMLResponse(_page("autoshard: no such plan", body), status_code=404)

@@ -86,6 +86,14 @@ def solve_job(store: Store, job_id: str, attempt: int, model_path: str, options_
     job = store.get(job_id)
     if job is None or (job.status, job.attempt) != ("running", attempt):
         return  # a newer attempt owns the job (this one was retried after its replica died)
+    if options_json.get("kind") == "sweep":
+        from service.sweeps import run_sweep_job
+
+        try:
+            run_sweep_job(store, job_id, attempt, model_path, options_json)
+        except AutoshardError as error:
+            store.fail(job_id, attempt, str(error), "input")
+        return
     options = PlanOptions.from_json(options_json)
     tracker = Tracker(StoreView(store, job_id, attempt))
     try:

@@ -1,0 +1,163 @@
+"""Sweeps as a job kind: `POST /v1/sweeps` uploads a model with a grid (meshes or device
+counts, memory budgets, dims, a cluster or device, a price per device-hour) and queues one job
+that runs `autoshard sweep` over it on a worker of any replica; `GET /v1/sweeps/{id}` gives its
+progress (points done, best so far, time left) and, done, its table; `/sweeps/{id}` is its web
+page: the progress while it runs, then the sweep's own page of fronts.
+
+A sweep job writes its points to DATA/sweeps/ID/ as it goes (the sweep's resumable folder): a
+sweep whose replica died is claimed again and continues where it stopped, planning no point
+twice. Its table and page are kept in the store with the job (`report` and the kept report).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from autoshard.errors import AutoshardError
+from autoshard.limits import MAX_SEARCH_AXES
+from autoshard.sweep.grid import Point, device_counts, expand, meshes
+from service.options import RequestError
+from service.routes import receive
+from service.store import Job, Store
+from service.upload import discard, keep
+
+router = APIRouter()
+
+DEFAULT_TIME_LIMIT = 60.0
+FIELDS = ("mesh", "devices", "memory", "dims", "cluster", "device", "mode", "price", "time_limit")
+
+
+def _list(text: str | None) -> list[str]:
+    return [v.strip() for v in (text or "").split(",") if v.strip()]
+
+
+def sweep_options(fields: Mapping[str, str], max_time_limit: float) -> dict[str, Any]:
+    """A sweep request's options (JSON), checked; RequestError on a bad field."""
+    unknown = sorted(set(fields) - set(FIELDS))
+    if unknown:
+        raise RequestError(f"unknown field '{unknown[0]}'; a sweep takes {', '.join(FIELDS)}")
+    if bool(fields.get("mesh")) == bool(fields.get("devices")):
+        raise RequestError("give the mesh field (e.g. 2x2,4) or devices (e.g. 4,8), not both")
+    counts = device_counts(fields["devices"]) if fields.get("devices") else []
+    swept = meshes(counts, _list(fields.get("mesh")), MAX_SEARCH_AXES)
+    try:
+        dims = json.loads(fields.get("dims") or "{}")
+        dims = {str(k): [v] if isinstance(v, int) else [int(x) for x in v] for k, v in dims.items()}
+    except (ValueError, TypeError, AttributeError):
+        raise RequestError('dims is not JSON of sizes, e.g. {"batch": [8, 16]}') from None
+    mode = fields.get("mode") or "inference"
+    if mode not in ("inference", "training"):
+        raise RequestError(f"mode '{mode}': choose inference or training")
+    try:
+        price = float(fields["price"]) if fields.get("price") else None
+        limit = float(fields.get("time_limit") or DEFAULT_TIME_LIMIT)
+    except ValueError:
+        raise RequestError("price and time_limit are numbers") from None
+    if not 0 < limit <= max_time_limit:
+        raise RequestError(f"time_limit {limit}: choose in (0, {max_time_limit}] seconds")
+    return {"kind": "sweep", "mesh": ",".join(swept), "memory": _list(fields.get("memory")),
+            "dims": dims, "cluster": fields.get("cluster") or None,
+            "device": fields.get("device") or None, "mode": mode, "price": price,
+            "time_limit": limit}  # fmt: skip
+
+
+def points_of(options: Mapping[str, Any]) -> tuple[Point, ...]:
+    return tuple(expand(
+        options["mesh"].split(","), [options["cluster"]], [options["device"]],
+        options["memory"] or [None], options["dims"], options["mode"], {},
+    ))  # fmt: skip
+
+
+def is_sweep(job: Job) -> bool:
+    return job.options.get("kind") == "sweep"
+
+
+def run_sweep_job(store: Store, job_id: str, attempt: int, model_path: str, options: dict) -> None:
+    """Run a claimed sweep job (on a worker) into DATA/sweeps/ID and keep its table and page."""
+    from autoshard.sweep.run import Sweep, run_sweep
+
+    out = Path(model_path).parents[2] / "sweeps" / job_id
+    sweep = Sweep(model=Path(model_path), points=points_of(options), out=out,
+                  time_limit=options["time_limit"], price=options["price"])  # fmt: skip
+
+    def tell(line: str) -> None:
+        store.progress(job_id, attempt, {"stage": None, "detail": line})
+
+    run_sweep(sweep, tell)
+    store.finish_sweep(job_id, attempt, (out / "points.json").read_text(),
+                       (out / "front.html").read_text())  # fmt: skip
+
+
+@router.post("/v1/sweeps", status_code=202, summary="Sweep a model over a grid of plans")
+async def submit_sweep(request: Request) -> JSONResponse:
+    settings, store = request.app.state.settings, request.app.state.store
+    try:
+        form = await receive(request)
+    except RequestError as error:
+        return JSONResponse({"detail": str(error)}, status_code=error.status)
+    try:
+        options = sweep_options(form.fields, settings.max_time_limit)
+        points_of(options)
+        job_id = hashlib.sha256(json.dumps([form.sha256, options]).encode()).hexdigest()[:20]
+        found = store.get(job_id)
+        if found is not None and not found.retryable:
+            return JSONResponse(sweep_view(store, found))
+        model = keep(form, settings.models)
+        if found is None:
+            store.create(job_id, form.sha256, str(model), options)
+        else:
+            store.requeue(job_id)
+    except AutoshardError as error:
+        return JSONResponse({"detail": str(error)}, status_code=getattr(error, "status", 422))
+    finally:
+        discard(form)
+    request.app.state.dispatcher.poke()
+    return JSONResponse({"id": job_id, "status": "queued"}, status_code=202)
+
+
+def sweep_view(store: Store, job: Job) -> dict[str, Any]:
+    """A sweep job as GET /v1/sweeps/{id} shows it: `points` once done (points.json)."""
+    table = store.artifact(job.id, "report")[0] if job.status == "done" else None
+    points = json.loads(table)["points"] if table else None
+    return {"id": job.id, "status": job.status, "progress": job.progress_view(),
+            "error": job.error, "points": points}  # fmt: skip
+
+
+def _sweep(request: Request, job_id: str) -> Job:
+    job = request.app.state.store.get(job_id)
+    if job is None or not is_sweep(job):
+        raise HTTPException(404, f"no sweep {job_id!r}")
+    return job
+
+
+@router.get("/v1/sweeps/{job_id}", summary="A sweep: status, progress, its table when done")
+async def get_sweep(request: Request, job_id: str) -> dict[str, Any]:
+    return sweep_view(request.app.state.store, _sweep(request, job_id))
+
+
+@router.get("/sweeps/{job_id}", response_class=HTMLResponse, include_in_schema=False)
+async def sweep_page(request: Request, job_id: str) -> HTMLResponse:
+    """The sweep's page of fronts once done; before, its progress, refreshed every second."""
+    job = _sweep(request, job_id)
+    if job.status == "done":
+        return HTMLResponse(request.app.state.store.report_html(job_id, ()))
+    detail = (job.progress or {}).get("detail") or ""
+    said = job.error or detail or "waiting for a worker"
+    refresh = '<meta http-equiv="refresh" content="1">' if job.status != "failed" else ""
+    return HTMLResponse(
+        f"<!doctype html><html><head><meta charset='utf-8'>{refresh}<title>autoshard sweep "
+        f"{job.id}</title></head><body><h1>Sweep <code>{job.id}</code></h1><p id='status'>"
+        f"{job.status}</p><p id='progress'>{_escape(said)}</p></body></html>"
+    )
+
+
+def _escape(text: str) -> str:
+    return html.escape(text)
