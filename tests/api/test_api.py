@@ -413,7 +413,7 @@ def test_unknown_plan_and_docs(server: Server) -> None:
         "/healthz", "/v1/plans", "/v1/plans/{job_id}", "/v1/plans/{job_id}/export/{target}",
         "/v1/plans/{job_id}/plan.json", "/v1/plans/{job_id}/report.html",
         "/v1/plans/{job_id}/report.md",
-        "/v1/plans/{job_id}/spmd.mlir",
+        "/v1/plans/{job_id}/spmd.mlir", "/v1/sweeps", "/v1/sweeps/{job_id}",
     ]  # fmt: skip
     form = paths["/v1/plans"]["post"]["requestBody"]["content"]["multipart/form-data"]
     assert form["schema"]["required"] == ["model", "mesh"]
