@@ -83,7 +83,9 @@ def test_killed_replica_and_restarted_postgres_lose_no_job(
 
     with ThreadPoolExecutor(4) as threads:
         futures = [threads.submit(one, i) for i in range(len(REQUESTS))]
+        deadline = time.monotonic() + 120
         while len(accepted) < len(REQUESTS) // 3:
+            assert time.monotonic() < deadline, f"too few accepted: {retried}"
             time.sleep(0.05)
         doomed.kill()  # mid-load: whatever it was solving or answering dies with it
         postgres_server.stop()
