@@ -36,6 +36,7 @@ G_A 0-3, A 3-7, G_B 7-10, B 10-14: the serial 14 s.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
@@ -246,29 +247,45 @@ def _issuers(found: list[Kernel | Transfer], depth: int) -> list[Kernel | Transf
     return out
 
 
-class _Streams:
-    """The communication streams: each a sorted list of busy (start, end) spans."""
+class _Timeline:
+    """A stream's busy spans: disjoint, sorted (so their ends are too)."""
 
     def __init__(self) -> None:
-        self.busy: dict[Link, list[tuple[float, float]]] = {}
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def take(self, issued: float, seconds: float) -> tuple[float, float]:
+        """The first gap of `seconds` at or after `issued`, taken."""
+        i, start = bisect.bisect_right(self.ends, issued), issued
+        while i < len(self.starts) and self.starts[i] < start + seconds:
+            start, i = max(start, self.ends[i]), i + 1
+        self.starts.insert(i, start)
+        self.ends.insert(i, start + seconds)
+        return start, start + seconds
+
+    def pieces(self, start: float, end: float) -> list[tuple[float, float]]:
+        """The parts of [start, end) the spans cover."""
+        found, i = [], bisect.bisect_right(self.ends, start)
+        while i < len(self.starts) and self.starts[i] < end:
+            found.append((max(self.starts[i], start), min(self.ends[i], end)))
+            i += 1
+        return found
+
+
+class _Streams:
+    """The communication streams, one `_Timeline` per link class."""
+
+    def __init__(self) -> None:
+        self.busy: dict[Link, _Timeline] = {}
 
     def place(self, link: Link, issued: float, seconds: float) -> tuple[float, float]:
         """The first gap of `seconds` at or after `issued` on the link's stream, taken."""
-        spans = self.busy.setdefault(link, [])
-        start = issued
-        for a, b in spans:
-            if b <= start:
-                continue
-            if a >= start + seconds:
-                break
-            start = b
-        spans.append((start, start + seconds))
-        spans.sort()
-        return start, start + seconds
+        return self.busy.setdefault(link, _Timeline()).take(issued, seconds)
 
     def overlap(self, start: float, end: float) -> float:
         """Seconds of [start, end) during which some collective runs."""
-        return _covered(sorted(s for spans in self.busy.values() for s in spans), start, end)
+        spans = sorted(p for line in self.busy.values() for p in line.pieces(start, end))
+        return _covered(spans, start, end)
 
 
 def _covered(spans: Sequence[tuple[float, float]], start: float, end: float) -> float:
@@ -300,7 +317,7 @@ def schedule(found: Sequence[Kernel | Transfer], overlap: Overlap, slowdown: flo
     spans = tuple(run.spans[t.target] for t in transfers)
     phases: dict[str, PhaseOverlap] = {}
     for task, (a, b) in zip(transfers, spans, strict=True):
-        hidden = _covered(run.computing, a, b)
+        hidden = sum(y - x for x, y in run.computing.pieces(a, b))
         mine = phases.get(task.phase, PhaseOverlap())
         phases[task.phase] = PhaseOverlap(mine.exposed_s + (b - a) - hidden, mine.hidden_s + hidden)
     end = max([run.free, *(b for _, b in spans)])
@@ -337,7 +354,7 @@ class _Run:
         self.streams = _Streams()
         self.spans: dict[str, tuple[float, float]] = {}
         self.alias: dict[str, str] = {}
-        self.computing: list[tuple[float, float]] = []
+        self.computing = _Timeline()
         self.bucket_open: list[Transfer] = []
         self.early: dict[str, list[Transfer]] = {}
         for task in found:
@@ -376,7 +393,7 @@ class _Run:
         extra = self.slowdown * self.streams.overlap(start, start + task.seconds)
         end = max([start + task.seconds + extra, *(self.spans[t.target][1] for t in mine)])
         self.slowed += extra
-        self.computing.append((start, start + task.seconds + extra))
+        self.computing.take(start, task.seconds + extra)
         self.free = end
 
     def bucket(self, task: Transfer) -> None:

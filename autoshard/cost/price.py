@@ -194,7 +194,8 @@ def price(
 ) -> Cost:  # fmt: skip
     """The cost of a sharded program: its collectives, its ops' local compute, its memory
     (`usage`: `memory(program)`, when the caller has it already), and a training step's
-    schedule (`cost.overlap`) as `overlap` runs it (None: the defaults).
+    schedule (`cost.overlap`) as `overlap` runs it (None: not scheduled; its step time is
+    its objective).
     Each step counts as many times as it runs per step of the model (`Graph.runs`: the
     forward and backward of a training step once per micro-batch); a collective runs with the
     op it serves (the next op), the ones after the last op with that one. Totals, per mesh
@@ -233,8 +234,8 @@ def price(
             )  # fmt: skip
     peak = usage if usage is not None else memory(program)
     scheduled = (
-        step_schedule(program, graph, cluster, overlap or Overlap(), times, served)
-        if graph.phases
+        step_schedule(program, graph, cluster, overlap, times, served)
+        if graph.phases and overlap is not None
         else None
     )
     return Cost(

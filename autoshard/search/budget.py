@@ -90,9 +90,10 @@ def auto_plan(
     overlap: Overlap | None = None,
 ) -> Planned:
     """Search the cheapest plan that fits the memory budget (CP-SAT), then lower and price
-    it (a training step's schedule as `overlap` runs it: `cost.price`); `NoPlanFits` with the
-    lowest feasible budget when none fits (`explain`; else the solve's `InfeasibleError` as it
-    comes: a caller with other steps to try skips that solve, longer than the search's own).
+    it (a training step's schedule as `overlap` runs it: `cost.price`; None: none);
+    `NoPlanFits` with the lowest feasible budget when none fits (`explain`; else the solve's
+    `InfeasibleError` as it comes: a caller with other steps to try skips that solve, longer
+    than the search's own).
     `tracker` is told what the search does and each solve's objective and bound. `deadline`:
     the command's wall clock, shared by every step (`solve` says what each answers when it
     passes); `TimeUp` where it passes while the problem is built."""
