@@ -103,3 +103,10 @@ def test_a_training_block_from_before_the_schedule_reads_as_the_defaults():
     old = {"optimizer": "adam", "precision": "bf16-mixed", "micro_batches": 1, "recompute": "none"}
     assert Training.parse(**old).overlap == Overlap()
     assert dataclasses.replace(Training(), overlap=Overlap(prefetch=0)).to_json()["prefetch"] == 0
+
+
+def test_a_bad_bucket_size_is_one_line(capsys):
+    args = ["plan", str(MLP), "--mesh", "2x2", "--dim", "batch=8", "--mode", "training"]
+    assert main([*args, "--bucket-mb", "-1", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err == "autoshard: error: bucket MB must be a finite number >= 0, got -1.0\n"
