@@ -318,7 +318,14 @@ def plan_request(
     if request.pipeline is None:
         cluster = whole
         planned = auto_plan(
-            graph, cluster, request.annotations, options, tracker, deadline, explain=explain
+            graph,
+            cluster,
+            request.annotations,
+            options,
+            tracker,
+            deadline,
+            explain=explain,
+            overlap=training.overlap if training is not None else None,
         )
     else:
         planned, priced, cluster = plan_pipelined(

@@ -221,9 +221,10 @@ def _outcome(plan: PlanDocument) -> str:
     rows = []
     cost, cluster = plan.cost, plan.cluster
     if cost is not None:
-        rows.append(("step time", f"{format_seconds(cost.objective)} (compute "
+        overlapped = "" if cost.scheduled_s is None else ", overlapped: the critical path"
+        rows.append(("step time", f"{format_seconds(cost.step_time_s)} (compute "
                      f"{format_seconds(cost.compute_time_s)} + communication "
-                     f"{format_seconds(cost.comm_time_s)}, "
+                     f"{format_seconds(cost.comm_time_s)}{overlapped}, "
                      f"{format_bytes(cost.comm_bytes_per_device)} sent per device)"))  # fmt: skip
         peak = f"{format_bytes(cost.memory_bytes_per_device)} per device"
         if cluster is not None and cluster.memory_bytes:

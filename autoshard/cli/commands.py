@@ -90,7 +90,7 @@ def cmd_propagate(args: argparse.Namespace) -> int:
 
         print(print_program(program, args.dialect), end="")
         return 0
-    cost = price(program, graph, cluster)
+    cost = price(program, graph, cluster, overlap=training.overlap if training else None)
     info = model_info(args.model, graph, dims_of(args.dim))
     document = plan_document(
         graph, cluster, result, program, cost, info, training=training,

@@ -145,6 +145,28 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
         "--attention", help="fused (default on GPU presets): plan and price each attention "
         "core as one flash-attention kernel, which keeps no SxS scores; as-exported: op by op",
     )  # fmt: skip
+    overlap_flags(group)
+
+
+def overlap_flags(group: argparse._ArgumentGroup) -> None:
+    """How the step's time overlaps communication with compute (`cost.overlap`)."""
+    group.add_argument(
+        "--prefetch", type=int, metavar="N", help="FSDP all_gathers of weights issued N "
+        "gathering ops ahead (FSDP2's prefetch depth; default 1; 0: each where it is needed)",
+    )  # fmt: skip
+    group.add_argument(
+        "--bucket-mb", type=float, metavar="MB", help="gradient syncs launched during the "
+        "backward in buckets of MB megabytes of gradients (DDP's bucket_cap_mb; default 25; "
+        "0: each gradient as soon as it is computed)",
+    )  # fmt: skip
+    group.add_argument(
+        "--async-tp", action="store_const", const=True, help="run tensor-parallel all_gathers "
+        "and reduce_scatters inside their matmuls (async TP) instead of on the critical path",
+    )  # fmt: skip
+    group.add_argument(
+        "--no-overlap", dest="overlap", action="store_const", const=False,
+        help="price the step as its compute plus its communication, nothing overlapped",
+    )  # fmt: skip
 
 
 def pipeline_flags(parser: argparse.ArgumentParser) -> None:

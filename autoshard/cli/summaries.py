@@ -31,13 +31,22 @@ def cost_summary(cost: Any, cluster: Any, ops: Mapping[str, OpEntry]) -> str:
         if sent:
             lines.append(f"  mesh axes {axes}: {_size(sent)}, {seconds * 1e3:.3f} ms")
     lines.append(f"objective (compute + communication): {cost.objective * 1e3:.3f} ms")
+    if cost.schedule is not None:
+        run = cost.schedule
+        lines.append(
+            f"step time (critical path, communication overlapped): {run.step_time_s * 1e3:.3f} "
+            f"ms; communication exposed {run.exposed_s * 1e3:.3f} ms, hidden "
+            f"{run.hidden_s * 1e3:.3f} ms; overlap slowdown {run.slowdown_s * 1e3:.3f} ms"
+        )
     if cost.phases:
         lines.append("training step by phase:")
         for name, phase in cost.phases.items():
+            ran = cost.schedule.phases.get(name) if cost.schedule is not None else None
+            hidden = f", {ran.hidden_s * 1e3:.3f} ms hidden" if ran and ran.hidden_s else ""
             lines.append(
                 f"  {name}: {(phase.compute_time_s + phase.comm_time_s) * 1e3:.3f} ms "
                 f"(compute {phase.compute_time_s * 1e3:.3f} ms, communication "
-                f"{_size(phase.comm_bytes_per_device)}, {phase.comm_time_s * 1e3:.3f} ms)"
+                f"{_size(phase.comm_bytes_per_device)}, {phase.comm_time_s * 1e3:.3f} ms{hidden})"
             )
         held = ", ".join(f"{k} {_size(v)}" for k, v in cost.memory_by_kind.items() if v)
         lines.append(f"memory at the peak: {held}")

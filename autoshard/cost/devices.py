@@ -60,6 +60,9 @@ class DeviceKind:
     CUDA context and its kernels' modules, NCCL's buffers, the caching allocator's
     fragmentation: `gpu_reserve`); the budget a plan gets when none is given is memory less
     it, so a plan that fits fits when it runs.
+    overlap_slowdown: how much slower a compute kernel runs while a collective runs beside
+    it (they share SMs and memory bandwidth): 0.19 is 19 % longer for the time they overlap
+    (`cost.overlap`); 0: not modelled.
     network_bandwidth is one device's share of its node's scale-out bandwidth: a node's NICs
     together carry node_size × network_bandwidth, which NCCL's rings across nodes use all of
     (`cost.price.collective_time`).
@@ -97,6 +100,7 @@ class DeviceKind:
     attention_efficiency: float = 0.0
     attention_backward_efficiency: float = 0.0
     reserve: int = 0
+    overlap_slowdown: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
@@ -118,6 +122,9 @@ def gpu_reserve(memory: int, context: int = GiB) -> int:
     return context + GiB // 2 + memory // 100
 
 
+OVERLAP_SLOWDOWN = 0.189
+"""Lee et al. 2025's mean compute slowdown under overlapped communication (module presets)."""
+
 DEVICES = {
     # H100 SXM5 datasheet: 989 TFLOP/s bf16/fp16 dense (1979 fp8/int8), 67 fp32 (non-tensor),
     # 80 GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s bidirectional = 450 per direction. DGX H100:
@@ -128,7 +135,9 @@ DEVICES = {
     # bench/kernel_access.py and `autoshard calibrate --torch`; the figures are in
     # docs/measurements.md, the preset's fidelity against those kernels in bench/data/h100.
     # Flash attention: FlashAttention-3's fractions at head dim 128 and 2k tokens (Shah et al.
-    # 2024, arXiv:2407.08608; figures in docs/concepts/fused-attention.md).
+    # 2024, arXiv:2407.08608; figures in docs/concepts/fused-attention.md). Overlap slowdown:
+    # the mean compute slowdown beside collectives Lee et al. 2025 measured on A100s and
+    # H100s training GPT and Llama models (arXiv:2507.03114; docs/concepts/step-time.md).
     "h100": DeviceKind(
         "NVIDIA H100 SXM5 80GB",
         {"bfloat16": 989e12, "float16": 989e12, "float8_e4m3fn": 1979e12, "int8": 1979e12},
@@ -146,12 +155,14 @@ DEVICES = {
         attention_efficiency=0.6,
         attention_backward_efficiency=0.45,
         reserve=gpu_reserve(80 * 10**9),
+        overlap_slowdown=OVERLAP_SLOWDOWN,
     ),
     # A100 SXM4 80GB datasheet: 312 TFLOP/s bf16/fp16 (624 int8), 19.5 fp32, HBM2e at
     # 2.039 TB/s, NVLink 3 600 GB/s bidirectional = 300 per direction. DGX A100: 8 GPUs, one
     # ConnectX-6 200 Gb/s HDR NIC each = 25 GB/s. cuBLAS reaches ~0.85 of peak.
     # Flash attention: FlashAttention-2's fractions at head dim 128 and 2k tokens (Dao 2023,
-    # arXiv:2307.08691; figures in docs/concepts/fused-attention.md).
+    # arXiv:2307.08691; figures in docs/concepts/fused-attention.md). Overlap slowdown: as
+    # the H100's (Lee et al. 2025 measured both).
     "a100": DeviceKind(
         "NVIDIA A100 SXM4 80GB",
         {"bfloat16": 312e12, "float16": 312e12, "int8": 624e12},
@@ -164,6 +175,7 @@ DEVICES = {
         attention_efficiency=0.6,
         attention_backward_efficiency=0.5,
         reserve=gpu_reserve(80 * 10**9),
+        overlap_slowdown=OVERLAP_SLOWDOWN,
     ),
     # MI300X datasheet: 1307 TFLOP/s bf16/fp16 dense (2615 fp8/int8), 163.4 fp32, 192 GB HBM3 at
     # 5.3 TB/s, Infinity Fabric 7 links x 64 GB/s = 448 GB/s per GPU. 8-GPU OAM platform with
@@ -182,6 +194,7 @@ DEVICES = {
         attention_efficiency=0.6,  # FlashAttention-2's A100 fractions, assumed (ROCm port)
         attention_backward_efficiency=0.5,
         reserve=gpu_reserve(192 * 10**9),
+        overlap_slowdown=OVERLAP_SLOWDOWN,  # Lee et al. 2025's MI250/MI210 runs, assumed
     ),
     # TPU v5e (Google Cloud docs): 197 TFLOP/s bf16 (394 int8), 16 GB HBM2e at 819 GB/s, ICI
     # 1600 Gbps per chip; a pod is 256 chips on ICI. Between slices (DCN) no per-chip figure is
@@ -216,6 +229,7 @@ DEVICES = {
         attention_efficiency=0.6,  # FlashAttention-2's A100 fractions, assumed (Ada)
         attention_backward_efficiency=0.5,
         reserve=gpu_reserve(24 * 10**9),
+        overlap_slowdown=OVERLAP_SLOWDOWN,  # assumed (Ada, not measured)
     ),
 }
 

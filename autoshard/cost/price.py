@@ -40,14 +40,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from autoshard.collectives import Collective, CollectiveKind, ring_steps
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import OpCost, op_cost
 from autoshard.cost.liveness import MEMORY_KINDS, Memory, live_kinds, memory
+from autoshard.cost.overlap import StepSchedule, step_schedule
 from autoshard.ir.graph import PHASES, Graph
 from autoshard.program import Communicate, Compute, Program, step_index
 from autoshard.rules import rule_for
+from autoshard.training.options import Overlap
 
 
 def collective_time(collective: Collective, cluster: Cluster) -> float:
@@ -146,11 +149,21 @@ class Cost:
     memory_by_kind: Mapping[str, int] = field(default_factory=dict)
     collectives: tuple[CollectiveCost, ...] = ()
     """Each collective, in program order; their seconds add up to `comm_time_s`."""
+    schedule: StepSchedule | None = None
+    """A training step's schedule (`cost.overlap`): its critical path, what overlaps."""
 
     @property
     def objective(self) -> float:
-        """Seconds: compute plus communication, without overlap."""
+        """Seconds: compute plus communication, without overlap (what the search minimizes,
+        an upper bound of the step's time)."""
         return self.compute_time_s + self.comm_time_s
+
+    @property
+    def step_time_s(self) -> float:
+        """Seconds a step takes: a training step's schedule's critical path, communication
+        overlapped with compute; a forward pass's objective (its collectives on its critical
+        path)."""
+        return self.schedule.step_time_s if self.schedule is not None else self.objective
 
     def to_json(self) -> dict[str, object]:
         found: dict[str, object] = {
@@ -166,19 +179,31 @@ class Cost:
         if self.phases:
             found["phases"] = {name: phase.to_json() for name, phase in self.phases.items()}
             found["memory_by_kind"] = dict(self.memory_by_kind)
+        if self.schedule is not None:
+            found |= {"step_time_s": self.schedule.step_time_s,
+                      "overlap_slowdown_s": self.schedule.slowdown_s}  # fmt: skip
+            for name, phase in self.schedule.phases.items():
+                mine = cast(dict[str, object], cast(dict[str, object], found["phases"])[name])
+                mine |= {"exposed_comm_s": phase.exposed_s, "hidden_comm_s": phase.hidden_s}
         return found
 
 
-def price(program: Program, graph: Graph, cluster: Cluster, usage: Memory | None = None) -> Cost:
+def price(
+    program: Program, graph: Graph, cluster: Cluster, usage: Memory | None = None,
+    overlap: Overlap | None = None,
+) -> Cost:  # fmt: skip
     """The cost of a sharded program: its collectives, its ops' local compute, its memory
-    (`usage`: `memory(program)`, when the caller has it already).
+    (`usage`: `memory(program)`, when the caller has it already), and a training step's
+    schedule (`cost.overlap`) as `overlap` runs it (None: not scheduled; its step time is
+    its objective).
     Each step counts as many times as it runs per step of the model (`Graph.runs`: the
     forward and backward of a training step once per micro-batch); a collective runs with the
     op it serves (the next op), the ones after the last op with that one. Totals, per mesh
     axes and per phase are sums of the ops' and collectives' costs, in program order."""
     ops: dict[str, OpCost] = {}
     collectives: list[CollectiveCost] = []
-    for step, op_name in zip(program.steps, served_ops(program), strict=True):
+    served, times = served_ops(program), list[float]()
+    for step, op_name in zip(program.steps, served, strict=True):
         runs = graph.runs(op_name)
         if isinstance(step, Communicate):
             moved = step.collective
@@ -187,12 +212,14 @@ def price(program: Program, graph: Graph, cluster: Cluster, usage: Memory | None
                 str(list(moved.mesh_axes)), op_name, runs * moved.bytes_per_device,
                 runs * collective_time(moved, cluster),
             ))  # fmt: skip
+            times.append(collectives[-1].seconds)
         else:
             op = graph.op_by_name[step.op.name]
             rule = rule_for(op, graph) if step.option is not None else None
             once = op_cost(op, rule, step.option, graph, cluster)
             cost = OpCost(runs * once.flops, runs * once.bytes, runs * once.seconds)
             ops[op.name] = ops[op.name] + cost if op.name in ops else cost
+            times.append(cost.seconds)
     by_axes: dict[str, tuple[int, float]] = {}
     for c in collectives:
         sent, seconds = by_axes.get(c.mesh_axes, (0, 0.0))
@@ -206,11 +233,16 @@ def price(program: Program, graph: Graph, cluster: Cluster, usage: Memory | None
                 sum(c.seconds for c in mine), sum(c.bytes_per_device for c in mine),
             )  # fmt: skip
     peak = usage if usage is not None else memory(program)
+    scheduled = (
+        step_schedule(program, graph, cluster, overlap, times, served)
+        if graph.phases and overlap is not None
+        else None
+    )
     return Cost(
         sum(c.bytes_per_device for c in collectives), sum(c.seconds for c in collectives),
         sum(cost.seconds for cost in ops.values()), peak.peak, dict(sorted(by_axes.items())),
         ops, phases, _memory_by_kind(program, graph, peak) if graph.phases else {},
-        tuple(collectives),
+        tuple(collectives), scheduled,
     )  # fmt: skip
 
 

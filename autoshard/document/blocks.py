@@ -157,23 +157,32 @@ class Traffic:
 
 @dataclass(frozen=True)
 class PhaseFigures:
-    """What one phase of a training step costs (`cost.phases`)."""
+    """What one phase of a training step costs (`cost.phases`): `time_s` its compute plus
+    its communication; of that communication, the seconds exposed and hidden under compute
+    in the step's schedule (`cost.overlap`; None in a plan from before it)."""
 
     time_s: float
     compute_time_s: float
     comm_time_s: float
     comm_bytes_per_device: int
+    exposed_comm_s: float | None = None
+    hidden_comm_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"time_s": self.time_s, "compute_time_s": self.compute_time_s,
+        data: dict[str, Any] = {"time_s": self.time_s, "compute_time_s": self.compute_time_s,
                 "comm_time_s": self.comm_time_s,
                 "comm_bytes_per_device": self.comm_bytes_per_device}  # fmt: skip
+        if self.exposed_comm_s is not None:
+            data |= {"exposed_comm_s": self.exposed_comm_s, "hidden_comm_s": self.hidden_comm_s}
+        return data
 
 
 @dataclass(frozen=True)
 class CostFigures:
-    """`cost` (`Cost.to_json`): per device; a training step's also by phase and the memory at
-    the peak by kind."""
+    """`cost` (`Cost.to_json`): per device; a training step's also by phase, the memory at
+    the peak by kind, and its schedule's critical path (`step_time_s`) with the seconds the
+    overlap slowed its kernels by (None: a forward pass, or a plan from before the schedule;
+    its step time is the objective)."""
 
     objective: float
     comm_bytes_per_device: int
@@ -183,6 +192,13 @@ class CostFigures:
     comm_by_mesh_axes: Mapping[str, Traffic] = field(default_factory=dict)
     phases: Mapping[str, PhaseFigures] | None = None
     memory_by_kind: Mapping[str, int] | None = None
+    scheduled_s: float | None = None
+    overlap_slowdown_s: float | None = None
+
+    @property
+    def step_time_s(self) -> float:
+        """Seconds a step takes: the schedule's critical path, else the objective."""
+        return self.scheduled_s if self.scheduled_s is not None else self.objective
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -195,6 +211,9 @@ class CostFigures:
             data["phases"] = {name: p.to_json() for name, p in self.phases.items()}
         if self.memory_by_kind is not None:
             data["memory_by_kind"] = dict(self.memory_by_kind)
+        if self.scheduled_s is not None:
+            data |= {"step_time_s": self.scheduled_s,
+                     "overlap_slowdown_s": self.overlap_slowdown_s}  # fmt: skip
         return data
 
     @staticmethod
@@ -208,9 +227,11 @@ class CostFigures:
              for k, t in (data.get("comm_by_mesh_axes") or {}).items()},
             None if phases is None else {
                 name: PhaseFigures(p["time_s"], p["compute_time_s"], p["comm_time_s"],
-                                   p["comm_bytes_per_device"]) for name, p in phases.items()
+                                   p["comm_bytes_per_device"], p.get("exposed_comm_s"),
+                                   p.get("hidden_comm_s")) for name, p in phases.items()
             },
             None if kinds is None else dict(kinds),
+            data.get("step_time_s"), data.get("overlap_slowdown_s"),
         )  # fmt: skip
 
 

@@ -59,6 +59,8 @@ METRICS = (
            lambda d: d.cost.compute_time_s if d.cost else None, "seconds", True),
     Metric("objective", "objective", "cost.objective",
            lambda d: d.cost.objective if d.cost else None, "seconds", True),
+    Metric("step_time", "step time", "cost.step_time_s",
+           lambda d: d.cost.step_time_s if d.cost else None, "seconds", True),
     Metric("solve_time", "solve time", "timing.solve_s",
            lambda d: d.timing.solve_s if d.timing else None, "seconds", False),
 )  # fmt: skip
@@ -366,6 +368,8 @@ def plan_markdown(document: PlanDocument) -> str:
             ("communication", f"{format_bytes(cost.comm_bytes_per_device)} in "
                               f"{format_seconds(cost.comm_time_s)}"),
             ("objective (compute + communication)", format_seconds(cost.objective)),
+            *([("step time (critical path, overlapped)", format_seconds(cost.step_time_s))]
+              if cost.scheduled_s is not None else []),
         ]),
     ]  # fmt: skip
     if document.training is not None:

@@ -129,7 +129,8 @@ def load_saved(
     lowered = lower_document(document, model)
     return Saved(
         path=path, document=document, lowered=lowered, cluster=cluster,
-        cost=price(lowered.program, lowered.graph, cluster),
+        cost=price(lowered.program, lowered.graph, cluster,
+                   overlap=training.overlap if training is not None else None),
         grouping=decision_groups(lowered.graph, cluster, annotations), request=request,
         parameters=parameter_names(model),
     )  # fmt: skip

@@ -160,6 +160,8 @@ def _strategy(inputs: ReportInputs) -> str:
     peak, budget = cost.memory_bytes_per_device, cluster.memory_bytes
     figures = [
         ("objective (compute + communication)", ms(cost.objective), "objective"),
+        *([("step time (critical path, overlapped)", ms(cost.step_time_s), "step")]
+          if cost.scheduled_s is not None else []),
         ("compute per device", ms(cost.compute_time_s), "compute"),
         ("communication per device",
          f"{size(cost.comm_bytes_per_device)}, {ms(cost.comm_time_s)}", "comm"),

@@ -49,6 +49,7 @@ from autoshard.search.solver.outcome import (
     time_left,
 )
 from autoshard.search.solver.solve import solve
+from autoshard.training.options import Overlap
 from autoshard.units import format_bytes
 
 
@@ -86,14 +87,16 @@ def auto_plan(
     tracker: Tracker | None = None,
     deadline: Deadline = NEVER,
     explain: bool = True,
+    overlap: Overlap | None = None,
 ) -> Planned:
     """Search the cheapest plan that fits the memory budget (CP-SAT), then lower and price
-    it; `NoPlanFits` with the lowest feasible budget when none fits (`explain`; else the
-    solve's `InfeasibleError` as it comes: a caller with other steps to try skips that
-    solve, longer than the search's own). `tracker` is told
-    what the search does and each solve's objective and bound. `deadline`: the command's
-    wall clock, shared by every step (`solve` says what each answers when it passes);
-    `TimeUp` where it passes while the problem is built."""
+    it (a training step's schedule as `overlap` runs it: `cost.price`; None: none);
+    `NoPlanFits` with the lowest feasible budget when none fits (`explain`; else the solve's
+    `InfeasibleError` as it comes: a caller with other steps to try skips that solve, longer
+    than the search's own).
+    `tracker` is told what the search does and each solve's objective and bound. `deadline`:
+    the command's wall clock, shared by every step (`solve` says what each answers when it
+    passes); `TimeUp` where it passes while the problem is built."""
     started = time.perf_counter()
     say = tracker.detail if tracker is not None else (lambda _: None)
     options = options or SolverOptions()
@@ -149,7 +152,7 @@ def auto_plan(
                 break
             raise
         floor = math.floor(solution.bound)
-    cost = price(program, graph, cluster, usage)
+    cost = price(program, graph, cluster, usage, overlap)
     return Planned(
         plan=plan, program=program, cost=cost, usage=usage, solution=solution, search=search,
         build_s=built, solve_s=solve_s,

@@ -100,7 +100,7 @@ def tokens_per_step(requested_plan: RequestedPlan) -> int:
 def figures(requested_plan: RequestedPlan, point: Point) -> dict[str, Any]:
     """The plan's figures in the table: step time, tokens/s/device, memory, the strategy."""
     document, cost = requested_plan.document, requested_plan.planned.cost
-    step = cost.compute_time_s + cost.comm_time_s
+    step = cost.step_time_s  # a training step overlapped (`cost.overlap`)
     tokens = tokens_per_step(requested_plan)
     story = (document.story or "").split(". ")[0].rstrip(".")
     solver = document.solver

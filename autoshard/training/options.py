@@ -1,5 +1,5 @@
 """What a training step is asked to be: optimizer, precision, micro-batches, recompute,
-attention."""
+attention, and how it overlaps communication with compute."""
 
 from __future__ import annotations
 
@@ -113,15 +113,84 @@ class Attention(enum.StrEnum):
 
 E = TypeVar("E", bound=enum.StrEnum)
 
+DDP_BUCKET_MB = 25.0
+"""PyTorch DDP's default gradient bucket (`bucket_cap_mb`), in MB of gradients."""
 
-def _integer(text: int | str) -> int:
+
+@dataclass(frozen=True)
+class Overlap:
+    """How the step runs its communication beside its compute (`cost.overlap`): `prefetch`
+    weight all_gathers issued that many gathering ops ahead (FSDP2's prefetch depth; 0: each
+    where its op needs it), gradient syncs launched in buckets of `bucket_mb` MB of
+    gradients as the backward computes them (DDP's `bucket_cap_mb`; 0: each gradient on its
+    own), tensor-parallel all_gathers and reduce_scatters run inside their matmul when
+    `async_tp` (PyTorch's async TP), else on the critical path. `enabled` false: nothing
+    overlaps, the step is its compute plus its communication."""
+
+    prefetch: int = 1
+    bucket_mb: float = DDP_BUCKET_MB
+    async_tp: bool = False
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int):
+            raise TrainingError(f"prefetch must be an integer, got {self.prefetch!r}")
+        if self.prefetch < 0:
+            raise TrainingError(f"prefetch must be at least 0, got {self.prefetch}")
+        if not self.bucket_mb >= 0 or self.bucket_mb == float("inf"):
+            raise TrainingError(f"bucket MB must be a finite number >= 0, got {self.bucket_mb}")
+
+    @property
+    def bucket_bytes(self) -> int:
+        return int(self.bucket_mb * 2**20)
+
+    def to_json(self) -> dict[str, object]:
+        return {"prefetch": self.prefetch, "bucket_mb": self.bucket_mb,
+                "async_tp": self.async_tp, "overlap": self.enabled}  # fmt: skip
+
+    def __str__(self) -> str:
+        if not self.enabled:
+            return "no overlap"
+        tp = "async TP" if self.async_tp else "TP on the critical path"
+        return f"prefetch {self.prefetch}, buckets of {self.bucket_mb:g} MB, {tp}"
+
+
+def _flag(text: bool | str, what: str) -> bool:
+    """A switch as given: a bool, or its text (a form field, a plan document)."""
+    if isinstance(text, bool):
+        return text
+    if str(text).lower() in ("true", "1", "yes", "on"):
+        return True
+    if str(text).lower() in ("false", "0", "no", "off"):
+        return False
+    raise TrainingError(f"{what} must be true or false, got {text!r}")
+
+
+def parse_overlap(
+    prefetch: int | str = 1, bucket_mb: float | str = DDP_BUCKET_MB,
+    async_tp: bool | str = False, overlap: bool | str = True,
+) -> Overlap:  # fmt: skip
+    """`Overlap` from options as a user gives them (flags, a form, a plan document)."""
+    try:
+        bucket = float(bucket_mb)
+    except ValueError:
+        raise TrainingError(f"bucket MB must be a number, got {bucket_mb!r}") from None
+    return Overlap(
+        _integer(prefetch, "prefetch"),
+        bucket,
+        _flag(async_tp, "async TP"),
+        _flag(overlap, "overlap"),
+    )
+
+
+def _integer(text: int | str, what: str = "micro-batches") -> int:
     """A count as given: an int, or the text of one (a form field)."""
     if isinstance(text, int):
         return text
     try:
         return int(text)
     except ValueError:
-        raise TrainingError(f"micro-batches must be an integer, got {text!r}") from None
+        raise TrainingError(f"{what} must be an integer, got {text!r}") from None
 
 
 def parse_choice(kind: type[E], text: str, what: str) -> E:
@@ -147,6 +216,7 @@ class Training:
     recompute: Recompute = Recompute.AUTO
     every: int = 1  # with `Recompute.LAYERS`: every k-th layer recomputed
     attention: Attention | None = None
+    overlap: Overlap = Overlap()
 
     def __post_init__(self) -> None:
         if self.every < 1 or (self.every > 1 and self.recompute is not Recompute.LAYERS):
@@ -195,7 +265,7 @@ class Training:
         }
         if self.attention is not None:
             found["attention"] = str(self.attention)
-        return found
+        return found | self.overlap.to_json()
 
     @staticmethod
     def parse(
@@ -204,8 +274,10 @@ class Training:
         micro_batches: int | str = 1,
         recompute: str = "auto",
         attention: str | None = None,
+        **overlap: Any,
     ) -> Training:
-        """Options as a user gives them (flags, a form, a plan document's `training`)."""
+        """Options as a user gives them (flags, a form, a plan document's `training`);
+        `overlap`: `parse_overlap`'s."""
         recompute_as, every = parse_recompute(recompute)
         return Training(
             optimizer=parse_choice(Optimizer, str(optimizer), "optimizer"),
@@ -215,6 +287,7 @@ class Training:
             every=every,
             attention=None if attention is None else parse_choice(
                 Attention, str(attention), "attention"),
+            overlap=parse_overlap(**overlap),
         )  # fmt: skip
 
     def __str__(self) -> str:
@@ -223,10 +296,21 @@ class Training:
             f"{self.micro_batches} micro-batch{'es' if self.micro_batches > 1 else ''}, "
             f"recompute {self.recompute_text}"
             + ("" if self.attention is None else f", attention {self.attention}")
+            + ("" if self.overlap == Overlap() else f", {self.overlap}")
         )
 
 
-OPTIONS = ("optimizer", "precision", "micro_batches", "recompute", "attention")
+OPTIONS = (
+    "optimizer",
+    "precision",
+    "micro_batches",
+    "recompute",
+    "attention",
+    "prefetch",
+    "bucket_mb",
+    "async_tp",
+    "overlap",
+)
 """The options of a training step, as `Training.parse` names them."""
 
 

@@ -1,5 +1,7 @@
 """The search's objective is the program's cost: a reshard several readers need is priced once,
-as materialization makes it once (`search.reads`)."""
+as materialization makes it once (`search.reads`). The cost is compute plus communication: a
+training step's time with nothing overlapped, an upper bound of its overlapped step time
+(`cost.overlap`, docs/concepts/step-time.md)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from autoshard.search.budget import NoPlanFits, auto_plan
 from autoshard.search.reads import Reading, ValueReads, price_reads
 from autoshard.sharding import Sharding
 from autoshard.training import Training, training_graph
+from autoshard.training.options import Overlap
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 DIMS = {"batch": 8, "seq": 128}
@@ -113,5 +116,11 @@ def test_the_searched_objective_is_the_programs_cost(model, mesh, training, budg
     # Sums of the same float terms in another order: equal to rounding.
     assert searched == pytest.approx(made.objective, rel=1e-12, abs=0)
     assert planned.cost.objective == pytest.approx(made.objective, rel=1e-12, abs=0)
-    lowered = price(lower(graph, planned.plan), graph, cluster)
+    program = lower(graph, planned.plan)
+    lowered = price(program, graph, cluster)
     assert lowered.objective == pytest.approx(made.objective, rel=1e-12, abs=0)
+    if graph.phases:  # the step with nothing overlapped; overlapped, no longer
+        serial = price(program, graph, cluster, overlap=Overlap(enabled=False))
+        assert serial.step_time_s == pytest.approx(made.objective, rel=1e-12, abs=0)
+        overlapped = price(program, graph, cluster, overlap=Overlap(bucket_mb=0.0))
+        assert overlapped.step_time_s <= made.objective * (1 + 1e-12)

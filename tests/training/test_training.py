@@ -254,7 +254,7 @@ def test_training_plans_are_deterministic_and_list_the_programs_collectives(
     assert first["mode"] == "training"
     assert first["training"] == {
         "optimizer": "adam", "precision": "bf16-mixed", "micro_batches": 1, "recompute": "none",
-        "attention": "fused",
+        "attention": "fused", "prefetch": 1, "bucket_mb": 25.0, "async_tp": False, "overlap": True,
     }  # fmt: skip
     listed = sum(c["bytes_per_device"] for c in first["collectives"])
     assert listed == first["cost"]["comm_bytes_per_device"]

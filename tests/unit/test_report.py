@@ -72,22 +72,22 @@ EXPECTED = """\
 
 ### New
 
-| model | mesh | memory per device | comm bytes per device | comm time | compute time | objective | solve time |
-| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |
-| bert.onnx batch=8 seq=128 | 2x4 | 1.07 MiB | 0 B | 0 s | 510 ns | 510 ns | 1.6 s |
+| model | mesh | memory per device | comm bytes per device | comm time | compute time | objective | step time | solve time |
+| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+| bert.onnx batch=8 seq=128 | 2x4 | 1.07 MiB | 0 B | 0 s | 510 ns | 510 ns | 510 ns | 1.6 s |
 
 ### Removed
 
-| model | mesh | memory per device | comm bytes per device | comm time | compute time | objective | solve time |
-| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |
-| cnn.onnx batch=8 | 2x2 | 82.23 KiB | 0 B | 0 s | 16 ns | 16 ns | 2 ms |
+| model | mesh | memory per device | comm bytes per device | comm time | compute time | objective | step time | solve time |
+| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+| cnn.onnx batch=8 | 2x2 | 82.23 KiB | 0 B | 0 s | 16 ns | 16 ns | 16 ns | 2 ms |
 
 ### All compared plans (current, change from baseline)
 
-| model | mesh | memory per device | comm bytes per device | comm time | compute time | objective | solve time |
-| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |
-| gpt2.onnx batch=8 seq=128 | 4x8 | **1.05 MiB (+10.0%)** | 1.00 KiB | 2 µs | 1 ms | 1 ms | 900 ms (+80.0%) |
-| mlp.onnx batch=8 | 2x2 | 40.38 KiB (-43.6%) | 2.00 KiB | 5 µs | 2.02 ns (+1.0%) | 5 µs (+0.0%) | 10 ms |
+| model | mesh | memory per device | comm bytes per device | comm time | compute time | objective | step time | solve time |
+| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+| gpt2.onnx batch=8 seq=128 | 4x8 | **1.05 MiB (+10.0%)** | 1.00 KiB | 2 µs | 1 ms | 1 ms | 1 ms | 900 ms (+80.0%) |
+| mlp.onnx batch=8 | 2x2 | 40.38 KiB (-43.6%) | 2.00 KiB | 5 µs | 2.02 ns (+1.0%) | 5 µs (+0.0%) | 5 µs (+0.0%) | 10 ms |
 
 ### What changed in the regressed plans
 
@@ -211,3 +211,17 @@ def test_a_training_plan_is_compared_with_the_training_plan(tmp_path: Path) -> N
     step = plan(*MLP, 300, 64, 1e-6, 3e-9, 0.1) | {"mode": "training"}
     entries = load_entries(write(tmp_path / "a", {"f": forward, "t": step}))
     assert sorted(entries) == [("mlp.onnx batch=8", "2x2"), ("mlp.onnx batch=8 (training)", "2x2")]
+
+
+def test_step_time_is_the_schedules_where_a_plan_has_one(tmp_path: Path) -> None:
+    """A training plan's step time is its schedule's critical path (`cost.step_time_s`); a
+    baseline from before the schedule reads its objective as its step time."""
+    before = plan(*MLP, 1000, 0, 4e-6, 6e-6, 0.01)
+    after = dict(before, cost=dict(before["cost"], step_time_s=8e-6))
+    found = compare(load_entries(write(tmp_path / "b", {"mlp": before})),
+                    load_entries(write(tmp_path / "c", {"mlp": after})), 0.02)  # fmt: skip
+    changes = {c.metric: c for c in found.compared[0][2]}
+    assert changes["step_time"].baseline == before["cost"]["objective"]
+    assert changes["step_time"].current == 8e-6
+    assert changes["step_time"].verdict == "improvement"
+    assert changes["objective"].verdict == "same"
