@@ -330,7 +330,7 @@ def op_cost(
         return fused_cost(op, kernel, rule, option, graph, cluster)
     attention = attention_kernel(op, graph) if cluster.device.flash_attention and rule else None
     if attention is not None and rule is not None:
-        return attention_op_cost(*attention, rule, option, graph, cluster.device, cluster.mesh)
+        return attention_op_cost(*attention, rule, option, graph, cluster)
     if op_kind(op).view:
         return OpCost(0, 0, 0.0)
     device, mesh = cluster.device, cluster.mesh

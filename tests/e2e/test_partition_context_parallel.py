@@ -16,7 +16,7 @@ from autoshard.mesh import Mesh
 from autoshard.passes.lower import lower
 from autoshard.passes.partition import partition
 from autoshard.propagate import propagate
-from autoshard.sharding import Sharding
+from autoshard.sharding import Sharding, ShardingOption
 from tests.unit.onnx_factory import model, save, tensor
 
 F32 = TensorProto.FLOAT
@@ -48,5 +48,40 @@ def test_all_gather_kv_partitions_exactly(tmp_path, heads, sequence, option):
     gathered = sorted((c["value"], c["kind"]) for c in program.collectives_json())
     assert gathered == [("k", "all_gather"), ("v", "all_gather")]
     partitioned = partition(program, graph)
+    report = verify(partitioned, graph, path, model_weights(graph, partitioned), feed)
+    assert report.ok, report.to_json()
+
+
+@pytest.mark.parametrize(
+    ("heads", "sequence", "option", "steps"),
+    [
+        ((), (0, 1), "[[], [], [], [0, 1], [0, 1]]", 3),
+        ((1,), (0,), "[[], [1], [], [0], [0]]", 1),
+    ],
+    ids=["ring_4_ways", "heads_tp_ring_2_ways"],
+)
+def test_ring_attention_partitions_exactly(tmp_path, heads, sequence, option, steps):
+    """Ring attention's partitioned program equal to the unsplit attention: the causal GQA
+    Attention with its queries and its keys split together over the sequence axes (the ring
+    option, `rules.base.ring_loops`), no K/V all_gather: p - 1 permutes pass each of K and V
+    one block a step around the ring, each device joins the blocks it held in key order and
+    computes its query rows with its causal mask written out; onnxruntime on each device's
+    segments equals onnxruntime on the whole op."""
+    proto, feed = causal_gqa()
+    path = save(proto, tmp_path)
+    graph = import_onnx(path)
+    split = Sharding(((), heads, sequence, ()))
+    ring = ShardingOption.parse(option, 6)
+    plan = propagate(
+        graph, Mesh((2, 2)), [Annotation(n, split) for n in ("q", "k", "v", "y")],
+        {"attention": ring},
+    )  # fmt: skip
+    assert str(plan.options["attention"]) == option
+    assert plan.needs[("attention", 1)] == split  # K read as it arrives: no gather
+    program = lower(graph, plan)
+    assert program.collectives_json() == []
+    partitioned = partition(program, graph)
+    moved = [(c["kind"], c["value"]) for c in partitioned.collectives_json()]
+    assert moved == [("permute", "k")] * steps + [("permute", "v")] * steps
     report = verify(partitioned, graph, path, model_weights(graph, partitioned), feed)
     assert report.ok, report.to_json()
