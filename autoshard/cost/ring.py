@@ -34,7 +34,7 @@ from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
 from autoshard.mesh import Mesh
 from autoshard.rules import OpRule
-from autoshard.rules.base import IndexingMap, ring_loops
+from autoshard.rules.base import ring_loops
 from autoshard.rules.gradient import TRAIN, TrainOp
 from autoshard.sharding import Sharding, ShardingOption
 
@@ -66,10 +66,10 @@ def ring_permute(
     )  # fmt: skip
 
 
-def passed(rule: OpRule, option: ShardingOption) -> list[tuple[int, IndexingMap]]:
+def passed(rule: OpRule, option: ShardingOption) -> list[int]:
     """The tensors a ring option passes around (`rules.base.ring_loops`): the operands and
-    results indexed by a ring loop and not its home loop, as (index among operands then
-    results, map)."""
+    results indexed by a ring loop and not its home loop, by index among the operands then
+    the results."""
     maps = [*rule.operands, *rule.results]
     found = []
     for home, ring in ring_loops(option):
@@ -78,7 +78,7 @@ def passed(rule: OpRule, option: ShardingOption) -> list[tuple[int, IndexingMap]
                 continue
             loops = {loop for dim in range(len(indexing.dims)) for loop in indexing.loops(dim)}
             if ring in loops and home not in loops:
-                found.append((index, indexing))
+                found.append(index)
     return found
 
 
@@ -105,12 +105,12 @@ def exposed_sends(
     maps = [*rule.operands, *rule.results]
     share = step_s / (4 if is_backward(op) else 2)
     seconds, blocks = 0.0, []
-    for index, indexing in passed(rule, option):
-        name = values[index] if index < len(values) else ""
-        if not name:
+    for index in passed(rule, option):
+        name, indexing = values[index] if index < len(values) else "", maps[index]
+        if not name or indexing is None:
             continue
         value = graph.values[name]
-        local = local_shape(value.shape, maps[index], option, cluster.mesh)
+        local = local_shape(value.shape, indexing, option, cluster.mesh)
         blocks.append(dtypes.nbytes(value.dtype, math.prod(local)))
     blocks += blocks[:1] * extra
     for home, _ in ring_loops(option)[:1]:

@@ -30,8 +30,6 @@ from autoshard.rules.base import ring_loops
 class Ringing(Partitioning, Protocol):
     """What the ring needs of the partitioner beyond a local rewrite's (`_Partitioner`)."""
 
-    def fail(self, op: Op, why: str) -> Exception: ...
-
     def add_tensor(self, tensor: Tensor) -> None: ...
 
 
@@ -48,7 +46,7 @@ def ring_steps(
     size = p.mesh.group_size(axes)
     inputs, moves = list(op.inputs), []
     joins: list[list[Op]] = [[] for _ in range(p.count)]
-    for index, indexing in passed(rule, option):
+    for index in passed(rule, option):
         if index >= len(op.inputs):
             raise p.fail(op, "ring attention passing its gradients back is not partitioned")
         name = op.inputs[index]

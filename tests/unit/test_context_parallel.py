@@ -103,6 +103,40 @@ def test_all_gather_kv_costs_by_hand(tmp_path):
     assert cost.memory_bytes_per_device == 2 * quarter + 2 * local + 2 * whole_kv
 
 
+def test_ring_attention_costs_by_hand(tmp_path):
+    """The case above as ring attention: K and V stay split with the queries (the ring
+    option, keys over the same axis), each device computing its 1024 query rows over all 4096
+    keys as the kernel does (the last, fullest block: 3 full blocks and its own triangle) while
+    K and V pass around the 4 devices in 3 steps. A block of K (or V) is 262144 B: one permute
+    at 1 us and 100 GB/s, 3.62 us. A step of the kernel over one full block (1024 x 1024,
+    no mask) has two blocks to hide, half a step each: each of the 3 steps exposes what a
+    send takes past that. No collective is left in the program, no gathered K or V in memory:
+    Q and Y a quarter each, K and V their own blocks."""
+    graph, cluster, plan, _ = _lowered(tmp_path, "4", (0,), batch=1, seq=4096)
+    option = ShardingOption(((), (), (), (0,), (0,), ()))
+    plan = propagate(
+        graph, cluster.mesh, [Annotation(n, Sharding(((), (), (0,), ()))) for n in "qkvy"],
+        {"attention": option},
+    )  # fmt: skip
+    program = lower(graph, plan)
+    cost = price(program, graph, cluster)
+    assert cost.collectives == ()
+    kernel = attention_cost(1, 8, 2, 1024, 4096, 64, True, "float16", H100)
+    step = attention_cost(1, 8, 2, 1024, 1024, 64, False, "float16", H100)
+    block = 1 * 2 * 1024 * 64 * 2
+    send = 1e-6 + block / 100e9
+    assert step.flops == 2 * 2 * 8 * 1024 * 1024 * 64
+    exposed = 2 * 3 * max(0.0, send - step.seconds / 2)
+    assert exposed > 0
+    assert cost.ops["attention"].seconds == pytest.approx(kernel.seconds + exposed, rel=1e-12)
+    assert cost.ops["attention"].flops == kernel.flops
+    quarter = 8 * 1024 * 64 * 2
+    assert cost.memory_bytes_per_device == 2 * quarter + 2 * block
+    # Against all-gather-K/V: its gathers (21.7 us) and its gathered K and V (1 MiB more).
+    gathered = 2 * (3 * 1e-6 + 3 * block / 100e9)
+    assert exposed < gathered
+
+
 @pytest.fixture
 def make_models(monkeypatch):
     spec = importlib.util.spec_from_file_location("make_models", MODELS / "make_models.py")
