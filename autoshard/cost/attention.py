@@ -9,7 +9,7 @@ import math
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.devices import DeviceKind
 from autoshard.cost.kernel import OpCost, local_loops, local_shape
-from autoshard.cost.ring import exposed_sends, is_backward
+from autoshard.cost.ring import balanced_pairs, exposed_sends, is_backward, relayout_time
 from autoshard.ir import dtypes
 from autoshard.ir.fused import Kernel
 from autoshard.ir.graph import Graph, Op
@@ -20,13 +20,22 @@ from autoshard.sharding import ShardingOption
 
 
 def attention_flops(
-    batch: int, heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool, backward: bool
+    batch: int,
+    heads: int,
+    s_q: int,
+    s_kv: int,
+    head_dim: int,
+    causal: bool,
+    backward: bool,
+    pairs: int | None = None,
 ) -> int:
     """FLOPs of a fused attention kernel (`attention_cost`): its matmuls over the pairs of
-    query and key rows it computes, the causal triangle's alone when causal."""
-    pairs = s_q * s_kv
-    if causal:
-        pairs = s_q * max(0, s_kv - s_q) + min(s_q, s_kv) * (min(s_q, s_kv) + 1) // 2
+    query and key rows it computes, the causal triangle's alone when causal (or `pairs`, when
+    its rows are not the last s_q: a load-balanced split, `cost.ring.balanced_pairs`)."""
+    if pairs is None:
+        pairs = s_q * s_kv
+        if causal:
+            pairs = s_q * max(0, s_kv - s_q) + min(s_q, s_kv) * (min(s_q, s_kv) + 1) // 2
     return (5 if backward else 2) * 2 * batch * heads * pairs * head_dim
 
 
@@ -41,6 +50,7 @@ def attention_cost(
     dtype: str,
     device: DeviceKind,
     backward: bool = False,
+    pairs: int | None = None,
 ) -> OpCost:
     """What one device spends on a fused (flash) attention kernel over its local shard:
     `batch` x `heads` query heads of `s_q` rows, `kv_heads` key/value heads of `s_kv` rows,
@@ -59,7 +69,7 @@ def attention_cost(
     The efficiencies are the fraction of peak measured flash-attention kernels reach
     (`DeviceKind.attention_efficiency`, `attention_backward_efficiency`; a device without
     them runs it at its matmul efficiency)."""
-    flops = attention_flops(batch, heads, s_q, s_kv, head_dim, causal, backward)
+    flops = attention_flops(batch, heads, s_q, s_kv, head_dim, causal, backward, pairs)
     q = batch * heads * s_q * head_dim
     kv = batch * kv_heads * s_kv * head_dim
     statistics = dtypes.nbytes("float32", batch * heads * s_q)
@@ -95,10 +105,20 @@ def fused_cost(
         local = local_shape(value.shape, rule.results[0], option, cluster.mesh)
     heads = local[-3]
     kv_heads = max(1, heads * region.kv_heads // region.heads)
-    return attention_cost(
-        math.prod(local[:-3]), heads, kv_heads, local[-2], local[-1], region.head_dim,
-        region.causal, value.dtype, cluster.device, backward=kernel is Kernel.BACKWARD,
+    batch, backward = math.prod(local[:-3]), kernel is Kernel.BACKWARD
+    balanced = option is not None and bool(ring_loops(option))
+    pairs = balanced_pairs(value.shape[-1], value.shape[-1] // local[-2]) if balanced else None
+    cost = attention_cost(
+        batch, heads, kv_heads, local[-2], local[-1], region.head_dim, region.causal,
+        value.dtype, cluster.device, backward=backward, pairs=pairs,
     )  # fmt: skip
+    if not balanced or option is None:
+        return cost
+    # Q in and O out (backward: Q, O, dO in, dQ out) between the program's blocks and the
+    # balanced chunks.
+    rows = dtypes.nbytes(value.dtype, batch * heads * local[-2] * region.head_dim)
+    moved = relayout_time(rows, option.loops[ring_loops(option)[0][0]], cluster)
+    return OpCost(cost.flops, cost.bytes, cost.seconds + (4 if backward else 2) * moved)
 
 
 def _ring_matmul(
@@ -114,8 +134,11 @@ def _ring_matmul(
     step = attention_cost(
         math.prod(loops[:-4]), heads, max(1, heads * region.kv_heads // region.heads), block,
         block, region.head_dim, False, dtype, cluster.device, backward=is_backward(op),
+        pairs=block * block // 2 if region.causal else None,
     )  # fmt: skip
-    return exposed_sends(op, rule, option, graph, cluster, step.seconds)
+    kept = (region.kv_heads, region.heads)  # the kernel reads K and V unrepeated
+    return exposed_sends(op, rule, option, graph, cluster, step.seconds, kept=kept,
+                         balanced=region.causal)  # fmt: skip
 
 
 ATTENTION_OPS = frozenset({("", "Attention"), ("com.microsoft", "GroupQueryAttention"),
@@ -157,23 +180,34 @@ def attention_op_cost(
     loops = local_loops(rule, option, mesh) if option else [loop.size for loop in rule.loops]
     batch, groups, per_group, s_q, s_kv, head_dim = loops
     ring = bool(option and ring_loops(option))
+    pairs = None
     if ring:  # the keys pass around the axes: the kernel sees them all, a block at a time
         s_kv = rule.loops[4].size
+        pairs = balanced_pairs(s_kv, s_kv // s_q) if _causal(op) else None
     key = rule.operands[1] if len(op.inputs) > 1 and op.inputs[1] else None
     follows = key is not None and any(1 in key.loops(d) for d in range(len(key.dims)))
     named = op.attr("kv_num_heads", 1)
     packed = named if key is None and isinstance(named, int) else 1  # QKV packed in the query
-    causal = bool(op.attr("is_causal", 0) or op.attr("unidirectional", 0))
-    causal |= op.type == "GroupQueryAttention"
+    causal = _causal(op)
     heads, kv_heads = groups * per_group, groups if follows else packed
     dtype, backward = graph.values[op.inputs[0]].dtype, kernel is Kernel.BACKWARD
-    cost = attention_cost(
-        batch, heads, kv_heads, s_q, s_kv, head_dim, causal, dtype, device, backward=backward
-    )
+    cost = attention_cost(batch, heads, kv_heads, s_q, s_kv, head_dim, causal, dtype, device,
+                          backward=backward, pairs=pairs)  # fmt: skip
     if not ring or option is None:
         return cost
     step = attention_cost(batch, heads, kv_heads, s_q, s_q, head_dim, False, dtype, device,
-                          backward=backward)  # fmt: skip
+                          backward=backward, pairs=s_q * s_q // 2 if causal else None)  # fmt: skip
     # The backward kernel passes dK and dV with K and V: two more blocks of their size.
-    sends = exposed_sends(op, rule, option, graph, cluster, step.seconds, 2 if backward else 0)
-    return OpCost(cost.flops, cost.bytes, cost.seconds + sends.seconds)
+    sends = exposed_sends(op, rule, option, graph, cluster, step.seconds, 2 if backward else 0,
+                          balanced=causal)  # fmt: skip
+    seconds = cost.seconds + sends.seconds
+    if causal:  # Q in and O out (backward Q, O, dO in and dQ out) to the balanced chunks
+        rows = dtypes.nbytes(dtype, batch * heads * s_q * head_dim)
+        axes = option.loops[ring_loops(option)[0][0]]
+        seconds += (4 if backward else 2) * relayout_time(rows, axes, cluster)
+    return OpCost(cost.flops, cost.bytes, seconds)
+
+
+def _causal(op: Op) -> bool:
+    causal = bool(op.attr("is_causal", 0) or op.attr("unidirectional", 0))
+    return causal or op.type == "GroupQueryAttention"

@@ -87,6 +87,24 @@ def is_backward(op: Op) -> bool:
     return op.domain == TRAIN and op.type == TrainOp.GRAD
 
 
+def balanced_pairs(s: int, p: int) -> int:
+    """The query-key pairs each of `p` devices computes of a causal kernel over `s` rows split
+    load-balanced: the rows in 2p chunks of c = s/2p, device i holding chunks i and 2p-1-i.
+    Chunk q sees q whole chunks and its own triangle, so device i computes (i + 2p-1-i)·c² +
+    2·c(c+1)/2 = 2p·c² + c pairs, the same on every device: s(s+1)/2p, the triangle's 1/p.
+    A contiguous split's last block computes (2p-1)/p² of it, about twice as much."""
+    return s * (s + 1) // (2 * p)
+
+
+def relayout_time(block: int, mesh_axes: tuple[int, ...], cluster: Cluster) -> float:
+    """Seconds to move a device's block of `block` bytes between the program's contiguous
+    split and the load-balanced chunks (`balanced_pairs`): device r holds chunks 2r and 2r+1
+    and needs chunks r and 2p-1-r, so each chunk goes to its device in one of two permutes
+    (the first chunks, then the second: each a permutation of the devices), half a block
+    each."""
+    return 2 * send_time(block // 2, mesh_axes, cluster) if block else 0.0
+
+
 def exposed_sends(
     op: Op,
     rule: OpRule,
@@ -95,11 +113,15 @@ def exposed_sends(
     cluster: Cluster,
     step_s: float,
     extra: int = 0,
+    kept: tuple[int, int] = (1, 1),
+    balanced: bool = False,
 ) -> OpCost:
     """What the ring sends of op `op` computed with ring option `option` expose beyond a kernel
     step of `step_s` seconds (the module's docstring): each tensor it passes, and `extra`
     more blocks the size of the first (a fused op's gradients passed with its backward
-    kernel), each (p - 1) times."""
+    kernel), each (p - 1) times, at `kept` = (a, b): a/b of its bytes (the key and value heads
+    a kernel reads of the repeated heads the graph passes); when `balanced`, each also moved
+    to and from the balanced chunks (`relayout_time`)."""
     inputs = [*op.inputs, *("",) * len(rule.operands)][: len(rule.operands)]
     values = [*inputs, *op.outputs]
     maps = [*rule.operands, *rule.results]
@@ -111,11 +133,12 @@ def exposed_sends(
             continue
         value = graph.values[name]
         local = local_shape(value.shape, indexing, option, cluster.mesh)
-        blocks.append(dtypes.nbytes(value.dtype, math.prod(local)))
+        blocks.append(dtypes.nbytes(value.dtype, math.prod(local)) * kept[0] // kept[1])
     blocks += blocks[:1] * extra
-    for home, _ in ring_loops(option)[:1]:
-        axes = option.loops[home]
-        p = cluster.mesh.group_size(axes)
-        for sent in blocks:
-            seconds += (p - 1) * max(0.0, send_time(sent, axes, cluster) - share)
+    axes = option.loops[ring_loops(option)[0][0]]
+    p = cluster.mesh.group_size(axes)
+    for sent in blocks:
+        seconds += (p - 1) * max(0.0, send_time(sent, axes, cluster) - share)
+        if balanced:
+            seconds += relayout_time(sent, axes, cluster)
     return OpCost(0, 0, seconds)

@@ -43,10 +43,10 @@ def candidates(rule: OpRule, mesh: Mesh) -> tuple[ShardingOption, ...]:
             key = _boundary(rule, option)
             if key not in seen:
                 seen[key] = option
-    for option in list(seen.values()):
-        for ring in _rings(rule, option, mesh):
-            seen.setdefault(_boundary(rule, ring), ring)
-    return tuple(seen.values())
+    found = list(seen.values())
+    for option in found[:]:  # a ring reads and writes like a split may: a key of its own
+        found += [ring for ring in _rings(rule, option, mesh) if ring not in found]
+    return tuple(found)
 
 
 def _rings(rule: OpRule, option: ShardingOption, mesh: Mesh) -> list[ShardingOption]:

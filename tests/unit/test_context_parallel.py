@@ -104,14 +104,19 @@ def test_all_gather_kv_costs_by_hand(tmp_path):
 
 
 def test_ring_attention_costs_by_hand(tmp_path):
-    """The case above as ring attention: K and V stay split with the queries (the ring
-    option, keys over the same axis), each device computing its 1024 query rows over all 4096
-    keys as the kernel does (the last, fullest block: 3 full blocks and its own triangle) while
-    K and V pass around the 4 devices in 3 steps. A block of K (or V) is 262144 B: one permute
-    at 1 us and 100 GB/s, 3.62 us. A step of the kernel over one full block (1024 x 1024,
-    no mask) has two blocks to hide, half a step each: each of the 3 steps exposes what a
-    send takes past that. No collective is left in the program, no gathered K or V in memory:
-    Q and Y a quarter each, K and V their own blocks."""
+    """The case above as ring attention, causal load-balanced: K and V stay split with the
+    queries (the ring option: keys over the same axis), no collective in the program, no
+    gathered K or V in memory (Q and Y a quarter each, K and V their own 262144 B blocks).
+
+    Time, at 1 us and 100 GB/s:
+    - the kernel over the device's two opposite chunks (512 rows each) of the 4096: 4096 ·
+      4097 / 8 = 2,097,664 causal pairs, the triangle's quarter (the contiguous last block
+      does 1024 · 3072 + 1024 · 1025 / 2 = 3,670,528);
+    - a step: the kernel over half a full block's pairs (1024 · 1024 / 2: balanced, each
+      step's block is half masked), with two blocks to hide, half a step each: the 3 steps
+      of K and of V expose 3 · max(0, send - step / 2), send = 1 us + 262144 B / 100 GB/s;
+    - K, V and Q moved to the balanced chunks and Y back: two permutes of half a block
+      each (K, V: 131072 B; Q, Y: 524288 B)."""
     graph, cluster, plan, _ = _lowered(tmp_path, "4", (0,), batch=1, seq=4096)
     option = ShardingOption(((), (), (), (0,), (0,), ()))
     plan = propagate(
@@ -121,20 +126,26 @@ def test_ring_attention_costs_by_hand(tmp_path):
     program = lower(graph, plan)
     cost = price(program, graph, cluster)
     assert cost.collectives == ()
-    kernel = attention_cost(1, 8, 2, 1024, 4096, 64, True, "float16", H100)
-    step = attention_cost(1, 8, 2, 1024, 1024, 64, False, "float16", H100)
-    block = 1 * 2 * 1024 * 64 * 2
+    pairs = 4096 * 4097 // 8
+    assert pairs == 2_097_664 < 1024 * 3072 + 1024 * 1025 // 2 == 3_670_528
+    kernel = attention_cost(1, 8, 2, 1024, 4096, 64, True, "float16", H100, pairs=pairs)
+    assert kernel.flops == 2 * 2 * 8 * pairs * 64
+    step = attention_cost(1, 8, 2, 1024, 1024, 64, False, "float16", H100, pairs=1024 * 512)
+    block, rows = 1 * 2 * 1024 * 64 * 2, 8 * 1024 * 64 * 2
     send = 1e-6 + block / 100e9
-    assert step.flops == 2 * 2 * 8 * 1024 * 1024 * 64
     exposed = 2 * 3 * max(0.0, send - step.seconds / 2)
     assert exposed > 0
-    assert cost.ops["attention"].seconds == pytest.approx(kernel.seconds + exposed, rel=1e-12)
+    relayout = 2 * 2 * (1e-6 + block / 2 / 100e9) + 2 * 2 * (1e-6 + rows / 2 / 100e9)
+    assert cost.ops["attention"].seconds == pytest.approx(
+        kernel.seconds + exposed + relayout, rel=1e-12
+    )
     assert cost.ops["attention"].flops == kernel.flops
-    quarter = 8 * 1024 * 64 * 2
-    assert cost.memory_bytes_per_device == 2 * quarter + 2 * block
-    # Against all-gather-K/V: its gathers (21.7 us) and its gathered K and V (1 MiB more).
+    assert cost.memory_bytes_per_device == 2 * rows + 2 * block
+    # All-gather-K/V (its gathers, 21.7 us, and the last block's kernel) is faster at this
+    # size, where every send is latency-bound (8 relayout permutes), and holds 1.5 MiB more.
     gathered = 2 * (3 * 1e-6 + 3 * block / 100e9)
-    assert exposed < gathered
+    last = attention_cost(1, 8, 2, 1024, 4096, 64, True, "float16", H100)
+    assert gathered + last.seconds < cost.ops["attention"].seconds
 
 
 @pytest.fixture
