@@ -63,6 +63,8 @@ def _kernel_masks(graph: Graph, fused: Fused) -> tuple[set[str], set[str]]:
         name for r in fused.regions if r.causal
         for name in r.ops[1 : r.ops.index(r.softmax)]
     }  # fmt: skip
+    if not chain:
+        return set(), set()
     position = {op.name: i for i, op in enumerate(graph.ops)}
     candidates: dict[str, Op] = {}
     stack = [n for name in chain for n in graph.op_by_name[name].inputs if n]
@@ -90,14 +92,12 @@ def _kernel_masks(graph: Graph, fused: Fused) -> tuple[set[str], set[str]]:
     # folder left read by nothing (the full matrix a triangle was cut from).
     for name, array in graph.constants.items():
         readers = {r.name for r in graph.consumers(name)}
-        if name in graph.values and name not in graph.outputs and array.ndim >= 2:
-            if readers <= chain | accepted and (readers or not _is_read(graph, name)):
-                values.add(name)
+        if (
+            name in graph.values and name not in graph.outputs and array.ndim >= 2
+            and readers <= chain | accepted
+        ):  # fmt: skip
+            values.add(name)
     return accepted, values
-
-
-def _is_read(graph: Graph, name: str) -> bool:
-    return bool(graph.consumers(name)) or name in graph.outputs
 
 
 def _only_reader(graph: Graph, value: str) -> Op | None:
