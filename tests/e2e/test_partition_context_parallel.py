@@ -5,10 +5,13 @@ causal mask written out, over keys and values all-gathered whole."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from autoshard.analysis.attention import find_attention
 from autoshard.annotations import Annotation
 from autoshard.execute.verify import model_weights, verify
 from autoshard.ir.onnx_import import import_onnx
@@ -83,5 +86,33 @@ def test_ring_attention_partitions_exactly(tmp_path, heads, sequence, option, st
     partitioned = partition(program, graph)
     moved = [(c["kind"], c["value"]) for c in partitioned.collectives_json()]
     assert moved == [("permute", "k")] * steps + [("permute", "v")] * steps
+    report = verify(partitioned, graph, path, model_weights(graph, partitioned), feed)
+    assert report.ok, report.to_json()
+
+
+def test_decomposed_ring_attention_partitions_exactly(tmp_path):
+    """Ring attention on a decomposed core (MatMul, scale, causal mask, Softmax, MatMul, as a
+    TorchScript export spells it, with GQA's repeat of K and V): x split on its sequence over
+    both axes of 2x2, the core's two MatMuls computed as a ring (K and V read split with the
+    queries, passed around in 3 permutes each) and its kernel load-balanced; onnxruntime on
+    each device's segments equals onnxruntime on the whole model."""
+    from tests.unit.test_fused_attention import block
+
+    path = save(block(kv_heads=2), tmp_path)
+    graph = import_onnx(path)
+    graph = dataclasses.replace(graph, fused=find_attention(graph))
+    options = {
+        "scores": ShardingOption.parse("[[], [], [0, 1], [0, 1]]", 5),
+        "softmax": ShardingOption.parse("[[], [], [0, 1], [0, 1]]", 4),
+        "context": ShardingOption.parse("[[], [], [0, 1], [], [0, 1]]", 5),
+    }
+    plan = propagate(graph, Mesh((2, 2)), [Annotation("x", Sharding(((), (0, 1), ())))], options)
+    assert plan.needs[("scores", 1)].split_axes == ((), (), (), (0, 1))  # kT split on keys
+    program = lower(graph, plan)
+    assert not [c for c in program.collectives_json() if c["value"] in ("kT", "v_r")]
+    partitioned = partition(program, graph)
+    moved = [(c["kind"], c["value"]) for c in partitioned.collectives_json()]
+    assert moved.count(("permute", "kT")) == 3 and moved.count(("permute", "v_r")) == 3
+    feed = {"x": RNG.standard_normal((2, 8, 16)).astype(np.float32)}
     report = verify(partitioned, graph, path, model_weights(graph, partitioned), feed)
     assert report.ok, report.to_json()
