@@ -9,7 +9,7 @@ import math
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.devices import DeviceKind
 from autoshard.cost.kernel import OpCost, local_loops, local_shape
-from autoshard.cost.ring import balanced_pairs, exposed_sends, is_backward, relayout_time
+from autoshard.cost.ring import balanced_pairs, exposed_sends, is_backward, step_overhead
 from autoshard.ir import dtypes
 from autoshard.ir.fused import Kernel
 from autoshard.ir.graph import Graph, Op
@@ -112,13 +112,7 @@ def fused_cost(
         batch, heads, kv_heads, local[-2], local[-1], region.head_dim, region.causal,
         value.dtype, cluster.device, backward=backward, pairs=pairs,
     )  # fmt: skip
-    if not balanced or option is None:
-        return cost
-    # Q in and O out (backward: Q, O, dO in, dQ out) between the program's blocks and the
-    # balanced chunks.
-    rows = dtypes.nbytes(value.dtype, batch * heads * local[-2] * region.head_dim)
-    moved = relayout_time(rows, option.loops[ring_loops(option)[0][0]], cluster)
-    return OpCost(cost.flops, cost.bytes, cost.seconds + (4 if backward else 2) * moved)
+    return cost
 
 
 def _ring_matmul(
@@ -137,8 +131,12 @@ def _ring_matmul(
         pairs=block * block // 2 if region.causal else None,
     )  # fmt: skip
     kept = (region.kv_heads, region.heads)  # the kernel reads K and V unrepeated
+    # The op passing K (the scores', or the gradient reading them) runs the kernel's steps.
+    runs = graph.op_by_name[region.ops[0]].inputs[1] in op.inputs
+    rows = math.prod(loops[:-4]) * heads * block * region.head_dim
+    overhead = step_overhead(rows, cluster.device) if runs else 0.0
     return exposed_sends(op, rule, option, graph, cluster, step.seconds, kept=kept,
-                         balanced=region.causal)  # fmt: skip
+                         overhead=overhead)  # fmt: skip
 
 
 ATTENTION_OPS = frozenset({("", "Attention"), ("com.microsoft", "GroupQueryAttention"),
@@ -198,14 +196,10 @@ def attention_op_cost(
     step = attention_cost(batch, heads, kv_heads, s_q, s_q, head_dim, False, dtype, device,
                           backward=backward, pairs=s_q * s_q // 2 if causal else None)  # fmt: skip
     # The backward kernel passes dK and dV with K and V: two more blocks of their size.
+    overhead = step_overhead(batch * heads * s_q * head_dim, device)
     sends = exposed_sends(op, rule, option, graph, cluster, step.seconds, 2 if backward else 0,
-                          balanced=causal)  # fmt: skip
-    seconds = cost.seconds + sends.seconds
-    if causal:  # Q in and O out (backward Q, O, dO in and dQ out) to the balanced chunks
-        rows = dtypes.nbytes(dtype, batch * heads * s_q * head_dim)
-        axes = option.loops[ring_loops(option)[0][0]]
-        seconds += (4 if backward else 2) * relayout_time(rows, axes, cluster)
-    return OpCost(cost.flops, cost.bytes, seconds)
+                          overhead=overhead)  # fmt: skip
+    return OpCost(cost.flops, cost.bytes, cost.seconds + sends.seconds)
 
 
 def _causal(op: Op) -> bool:

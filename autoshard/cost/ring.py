@@ -8,19 +8,27 @@ With p devices on the axes, each kernel runs p steps: its own block, then p - 1 
 it computes over the block it holds while sending it on (`ring_permute`, a permute of one
 block per device along the ring). A step takes the longer of its compute and its sends; the
 first step has nothing to wait for. The kernel's compute over all its blocks is priced as the
-kernel is (`cost.attention`: a contiguous causal split at its last, fullest block, which
-computes a full block at each of the p - 1 steps), so the ring adds what its sends expose:
+kernel is (`cost.attention`), so the ring adds what its sends expose and what its steps cost:
 
-    exposed = Σ over the blocks passed  (p - 1) · max(0, send(block) - step / n)
+    added = Σ over the blocks passed  (p - 1) · max(0, send(block) - step / n)
+            + (p - 1) · (launch + the running output read and written, float32)
 
-where step is the kernel over one full block (s/p queries by s/p keys, no mask) and n the
-blocks passed per step: 2 forward (K, V), 4 backward (K, V, dK, dV). The blocks of one step
-go out together, so each has its share of the step to hide in (for equal blocks this is
-max(0, n · send - step), the step's own max); a send takes `send_time` on the axes' links (a
-permute: one exchange at the slowest axis's latency and bandwidth). The assumption is that
-the kernel and the sends overlap perfectly (the sends on their own stream, the kernel not
-slowed by them); each device holds its own K and V blocks and receives the next into a second
-pair (the receive buffer, a kernel's workspace, not counted with the program's tensors).
+where step is the kernel over one block (s/p queries by s/p keys; half of them under a
+causal mask: load-balanced, every step's block is half masked) and n the blocks passed per
+step: 2 forward (K, V), 4 backward (K, V, dK, dV). The blocks of one step go out together, so
+each has its share of the step to hide in (for equal blocks this is max(0, n · send - step),
+the step's own max); a send takes `send_time` on the axes' links (a permute: one exchange at
+the slowest axis's latency and bandwidth). A fused kernel reads K and V unrepeated (GQA's
+repeat is its indexing), so the ring passes the key and value heads, not the repeated ones.
+
+Assumptions: the kernel and the sends overlap perfectly (the sends on their own stream, the
+kernel not slowed by them); each device holds its own K and V blocks and receives the next
+into a second pair (the receive buffer, a kernel workspace, not counted with the program's
+tensors). A causal kernel split over the ring runs load-balanced (`balanced_pairs`: each
+device the two opposite chunks i and 2p-1-i of the rows), its tokens in that order from the
+data loader as Megatron-LM's and Llama 3's context parallelism feed them (every op but the
+attention is per token, and the loss a sum), so no relayout is priced; the partitioned
+program computes the same numbers over contiguous rows.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import math
 
 from autoshard.collectives import Collective, CollectiveKind, ring_steps
 from autoshard.cost.cluster import Cluster
+from autoshard.cost.devices import DeviceKind
 from autoshard.cost.kernel import OpCost, local_shape
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
@@ -96,13 +105,12 @@ def balanced_pairs(s: int, p: int) -> int:
     return s * (s + 1) // (2 * p)
 
 
-def relayout_time(block: int, mesh_axes: tuple[int, ...], cluster: Cluster) -> float:
-    """Seconds to move a device's block of `block` bytes between the program's contiguous
-    split and the load-balanced chunks (`balanced_pairs`): device r holds chunks 2r and 2r+1
-    and needs chunks r and 2p-1-r, so each chunk goes to its device in one of two permutes
-    (the first chunks, then the second: each a permutation of the devices), half a block
-    each."""
-    return 2 * send_time(block // 2, mesh_axes, cluster) if block else 0.0
+def step_overhead(rows: int, device: DeviceKind) -> float:
+    """Seconds each ring step adds beyond its share of the kernel: a kernel launched per
+    block, and the running output (float32, `rows` query rows by the head size, forward; dQ
+    backward) read and written to fold the block's result in by its log-sum-exp."""
+    moved = 2 * dtypes.nbytes("float32", rows)
+    return device.launch_s + moved / (device.hbm_bandwidth * device.memory_efficiency)
 
 
 def exposed_sends(
@@ -114,14 +122,14 @@ def exposed_sends(
     step_s: float,
     extra: int = 0,
     kept: tuple[int, int] = (1, 1),
-    balanced: bool = False,
+    overhead: float = 0.0,
 ) -> OpCost:
     """What the ring sends of op `op` computed with ring option `option` expose beyond a kernel
     step of `step_s` seconds (the module's docstring): each tensor it passes, and `extra`
     more blocks the size of the first (a fused op's gradients passed with its backward
     kernel), each (p - 1) times, at `kept` = (a, b): a/b of its bytes (the key and value heads
-    a kernel reads of the repeated heads the graph passes); when `balanced`, each also moved
-    to and from the balanced chunks (`relayout_time`)."""
+    a kernel reads of the repeated heads the graph passes); plus `overhead` a step
+    (`step_overhead`) for the op that runs the kernel's steps."""
     inputs = [*op.inputs, *("",) * len(rule.operands)][: len(rule.operands)]
     values = [*inputs, *op.outputs]
     maps = [*rule.operands, *rule.results]
@@ -139,6 +147,4 @@ def exposed_sends(
     p = cluster.mesh.group_size(axes)
     for sent in blocks:
         seconds += (p - 1) * max(0.0, send_time(sent, axes, cluster) - share)
-        if balanced:
-            seconds += relayout_time(sent, axes, cluster)
-    return OpCost(0, 0, seconds)
+    return OpCost(0, 0, seconds + (p - 1) * overhead)
