@@ -130,13 +130,11 @@ def _ring_matmul(
         block, region.head_dim, False, dtype, cluster.device, backward=is_backward(op),
         pairs=block * block // 2 if region.causal else None,
     )  # fmt: skip
-    kept = (region.kv_heads, region.heads)  # the kernel reads K and V unrepeated
     # The op passing K (the scores', or the gradient reading them) runs the kernel's steps.
     runs = graph.op_by_name[region.ops[0]].inputs[1] in op.inputs
     rows = math.prod(loops[:-4]) * heads * block * region.head_dim
     overhead = step_overhead(rows, cluster.device) if runs else 0.0
-    return exposed_sends(op, rule, option, graph, cluster, step.seconds, kept=kept,
-                         overhead=overhead)  # fmt: skip
+    return exposed_sends(op, rule, option, graph, cluster, step.seconds, overhead=overhead)
 
 
 ATTENTION_OPS = frozenset({("", "Attention"), ("com.microsoft", "GroupQueryAttention"),

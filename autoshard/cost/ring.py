@@ -18,8 +18,8 @@ causal mask: load-balanced, every step's block is half masked) and n the blocks 
 step: 2 forward (K, V), 4 backward (K, V, dK, dV). The blocks of one step go out together, so
 each has its share of the step to hide in (for equal blocks this is max(0, n · send - step),
 the step's own max); a send takes `send_time` on the axes' links (a permute: one exchange at
-the slowest axis's latency and bandwidth). A fused kernel reads K and V unrepeated (GQA's
-repeat is its indexing), so the ring passes the key and value heads, not the repeated ones.
+the slowest axis's latency and bandwidth). The blocks are those the program passes (a
+decomposed core's K and V as it reads them: after GQA's repeat, where the graph repeats).
 
 Assumptions: the kernel and the sends overlap perfectly (the sends on their own stream, the
 kernel not slowed by them); each device holds its own K and V blocks and receives the next
@@ -121,15 +121,13 @@ def exposed_sends(
     cluster: Cluster,
     step_s: float,
     extra: int = 0,
-    kept: tuple[int, int] = (1, 1),
     overhead: float = 0.0,
 ) -> OpCost:
     """What the ring sends of op `op` computed with ring option `option` expose beyond a kernel
     step of `step_s` seconds (the module's docstring): each tensor it passes, and `extra`
     more blocks the size of the first (a fused op's gradients passed with its backward
-    kernel), each (p - 1) times, at `kept` = (a, b): a/b of its bytes (the key and value heads
-    a kernel reads of the repeated heads the graph passes); plus `overhead` a step
-    (`step_overhead`) for the op that runs the kernel's steps."""
+    kernel), each (p - 1) times; plus `overhead` a step (`step_overhead`) for the op that
+    runs the kernel's steps."""
     inputs = [*op.inputs, *("",) * len(rule.operands)][: len(rule.operands)]
     values = [*inputs, *op.outputs]
     maps = [*rule.operands, *rule.results]
@@ -141,7 +139,7 @@ def exposed_sends(
             continue
         value = graph.values[name]
         local = local_shape(value.shape, indexing, option, cluster.mesh)
-        blocks.append(dtypes.nbytes(value.dtype, math.prod(local)) * kept[0] // kept[1])
+        blocks.append(dtypes.nbytes(value.dtype, math.prod(local)))
     blocks += blocks[:1] * extra
     axes = option.loops[ring_loops(option)[0][0]]
     p = cluster.mesh.group_size(axes)
