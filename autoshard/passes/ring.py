@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,14 +36,6 @@ class Ringing(Partitioning, Protocol):
     """What the ring needs of the partitioner beyond a local rewrite's (`_Partitioner`)."""
 
     def add_tensor(self, tensor: Tensor) -> None: ...
-
-    def device_constant(
-        self,
-        base: str,
-        dtype: str,
-        values: Sequence[np.ndarray],
-        global_value: np.ndarray | None = None,
-    ) -> str: ...
 
 
 @dataclass
