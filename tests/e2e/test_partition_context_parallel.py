@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 
 from autoshard.analysis.attention import find_attention
 from autoshard.annotations import Annotation
+from autoshard.document.story import strategy_story
 from autoshard.execute.verify import model_weights, verify
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
@@ -83,6 +84,9 @@ def test_ring_attention_partitions_exactly(tmp_path, heads, sequence, option, st
     assert plan.needs[("attention", 1)] == split  # K read as it arrives: no gather
     program = lower(graph, plan)
     assert program.collectives_json() == []
+    axes = " and ".join(f"axis {a}" for a in sequence).replace("axis 0 and axis 1", "axes 0, 1")
+    told = f"ring attention over {axes} (causal load-balanced)"
+    assert told in strategy_story(graph, plan, []), strategy_story(graph, plan, [])
     partitioned = partition(program, graph)
     moved = [(c["kind"], c["value"]) for c in partitioned.collectives_json()]
     assert moved == [("permute", "k")] * steps + [("permute", "v")] * steps
@@ -110,6 +114,8 @@ def test_decomposed_ring_attention_partitions_exactly(tmp_path):
     assert plan.needs[("scores", 1)].split_axes == ((), (), (), (0, 1))  # kT split on keys
     program = lower(graph, plan)
     assert not [c for c in program.collectives_json() if c["value"] in ("kT", "v_r")]
+    told = "ring attention over axes 0, 1 (causal load-balanced)"
+    assert told in strategy_story(graph, plan, program.collectives_json())
     partitioned = partition(program, graph)
     moved = [(c["kind"], c["value"]) for c in partitioned.collectives_json()]
     assert moved.count(("permute", "kT")) == 3 and moved.count(("permute", "v_r")) == 3
