@@ -4,6 +4,7 @@ search; and the ONNX Attention op priced as the fused kernel it runs as."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from autoshard.cost.cluster import make_cluster
 from autoshard.cost.compute import OpCost, op_cost
 from autoshard.cost.devices import DEVICES
 from autoshard.cost.price import price
+from autoshard.errors import ShardingError
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
 from autoshard.pipeline import PlanRequest, load_graph, plan_request
@@ -233,3 +235,25 @@ def test_the_attention_ops_gradients_are_one_backward_kernel(tmp_path):
     backward = attention_cost(2, 8, 2, 256, 256, 64, True, dtype, H100, backward=True)
     assert backward.flops == 5 * 2 * 2 * 8 * (256 * 257 // 2) * 64
     assert costs == {0: backward, 1: OpCost(0, 0, 0.0), 2: OpCost(0, 0, 0.0)}
+
+
+def test_a_ring_option_splits_what_each_tensor_indexes():
+    """`ring_loops`: the key loop split over the query loop's axes. Of Q·Kᵀ (loops b, h, m,
+    n, k), Q and the scores split by the queries (m) alone, Kᵀ by the keys (n); of its
+    gradient dKᵀ (m a sum there), dKᵀ split by the keys and not partial: the ring sums it. An
+    option's text reads back, and a repeat that is not a loop's whole axes is refused."""
+    from autoshard.rules.base import reduction, ring_loops
+    from autoshard.rules.einsum import einsum_rule
+
+    rule = einsum_rule("...mk,...kn->...mn", ((1, 2, 8, 4), (1, 2, 4, 8)))
+    option = ShardingOption.parse("[[], [], [0], [0]]", 5)
+    assert ring_loops(option) == ((2, 3),)
+    assert str(rule.operand_sharding(option, 0)) == "[[], [], [0]]"
+    assert str(rule.operand_sharding(option, 1)) == "[[], [], [], [0]]"
+    assert str(rule.result_sharding(option, 0)) == "[[], [], [0]]"
+    loops = (*rule.loops[:2], reduction(8), *rule.loops[3:])  # dKᵀ = Qᵀ·dS sums over m
+    gradient = dataclasses.replace(rule, loops=loops, results=(rule.operands[1],))
+    assert str(gradient.result_sharding(option, 0)) == "[[], [], [], [0]]"  # no partial
+    assert ShardingOption.parse(str(option), 5) == option
+    with pytest.raises(ShardingError, match="splits on dims"):
+        ShardingOption.parse("[[0], [0, 1]]", 2)
