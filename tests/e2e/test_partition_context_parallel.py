@@ -14,13 +14,21 @@ from onnx import TensorProto, helper
 from autoshard.analysis.attention import find_attention
 from autoshard.annotations import Annotation
 from autoshard.document.story import strategy_story
+from autoshard.execute.steps import write_steps
+from autoshard.execute.train_verify import verify_training
 from autoshard.execute.verify import model_weights, verify
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.passes.lower import lower
 from autoshard.passes.partition import partition
+from autoshard.pipeline import load_graph
 from autoshard.propagate import propagate
+from autoshard.rules import rule_for
+from autoshard.rules.base import ring_loops
 from autoshard.sharding import Sharding, ShardingOption
+from autoshard.training import Attention, Training
+from autoshard.training.options import Optimizer, Precision
+from tests.e2e.helpers import MODELS
 from tests.unit.onnx_factory import model, save, tensor
 
 F32 = TensorProto.FLOAT
@@ -122,3 +130,38 @@ def test_decomposed_ring_attention_partitions_exactly(tmp_path):
     feed = {"x": RNG.standard_normal((2, 8, 16)).astype(np.float32)}
     report = verify(partitioned, graph, path, model_weights(graph, partitioned), feed)
     assert report.ok, report.to_json()
+
+
+def test_ring_attention_trains_as_autograd(tmp_path):
+    """GPT-2's two attention cores computed as ring attention over 2 devices in a training
+    step (fp32, SGD), the rest replicated: forward, K and V pass around the ring (a permute
+    each); backward, K and V again for dQ and dP, and dK and dV summed around the ring as
+    they pass (a permute each): 6 per core. Two steps of every device's partitioned program
+    equal PyTorch autograd on the model: loss, every gradient, every updated weight."""
+    training = Training(
+        attention=Attention.FUSED, precision=Precision.FP32, optimizer=Optimizer.SGD
+    )
+    model = MODELS / "gpt2.onnx"
+    graph = load_graph(model, {"batch": 2, "seq": 8}, training)
+    mesh = Mesh((2,))
+    options = {}
+    for region in graph.fused.regions:
+        for name in (region.ops[0], region.softmax, region.ops[-1]):
+            rank = len(graph.values[graph.op_by_name[name].inputs[0]].shape)
+            loops = [()] * len(rule_for(graph.op_by_name[name], graph).loops)
+            query, key = rule_for(graph.op_by_name[name], graph).ring[0]
+            loops[query] = loops[key] = (0,)
+            option = ShardingOption(tuple(loops))
+            assert rank == 4 and ring_loops(option)
+            for op in graph.ops:
+                if op.name == name or (op.type == "Grad" and op.attr("op") == name):
+                    options[op.name] = option
+    plan = propagate(graph, mesh, [], options)
+    partitioned = partition(lower(graph, plan), graph)
+    sent = [c["value"] for c in partitioned.collectives_json() if c["kind"] == "permute"]
+    assert len(sent) == 12
+    assert sum("@grad" in value for value in sent) == 4  # dK and dV, each core
+    manifest = write_steps(tmp_path, partitioned, graph, dict.fromkeys(range(mesh.size)))
+    weights = model_weights(graph, partitioned)
+    report = verify_training(partitioned, graph, model, weights, manifest, tmp_path, training, 2)
+    assert report.ok, [c.line() for c in report.failures]
