@@ -59,7 +59,7 @@ from autoshard.mesh import Mesh
 from autoshard.plan import RETURN, Plan, computed_shardings, returned_as
 from autoshard.reshard import plan_reshard
 from autoshard.rules import IteratorType, OpRule, rule_for
-from autoshard.rules.base import IndexingMap
+from autoshard.rules.base import IndexingMap, ring_loops
 from autoshard.sharding import Sharding, ShardingOption
 
 
@@ -226,10 +226,17 @@ class _State:
             raise AutoshardError(
                 f"{where} has {len(option.loops)} loops; the op has {len(rule.loops)}"
             )
-        axes = [a for loop in option.loops for a in loop]
+        rings = ring_loops(option)
+        if any((home, ring) not in rule.ring for home, ring in rings):
+            raise AutoshardError(
+                f"{where} splits two loops over one axis, and the op has no "
+                f"ring attention over them (its rings: {list(rule.ring)})"
+            )
+        passed = {ring for _, ring in rings}
+        axes = [a for i, loop in enumerate(option.loops) if i not in passed for a in loop]
         Sharding(tuple((a,) for a in axes)).check(self.mesh)  # each axis exists, used once
         for i, (loop, split) in enumerate(zip(rule.loops, option.loops, strict=True)):
-            if split and loop.kind is IteratorType.INVALID:
+            if split and loop.kind is IteratorType.INVALID and i not in passed:
                 raise AutoshardError(f"{where} splits loop d{i}, which cannot be split")
         return option
 

@@ -388,7 +388,17 @@ class ShardingOption:
 
     @staticmethod
     def parse(text: str, loop_count: int) -> ShardingOption:
-        split = Sharding.parse(text).split_axes
+        """The option `text` writes (`str`): a sharding's split, but that a loop may repeat an
+        earlier loop's axes exactly (ring attention: `rules.base.ring_loops`)."""
+        lists = re.findall(r"\[([\d,\s]*)\]", text)
+        loops = [tuple(int(a) for a in item.replace(",", " ").split()) for item in lists]
+        first = {axes for k, axes in enumerate(loops) if axes and axes not in loops[:k]}
+        kept = [() if axes in first and axes in loops[:k] else axes for k, axes in enumerate(loops)]
+        if first and kept != loops and re.fullmatch(r"\[(\s*\[[\d,\s]*\]\s*,?)*\]", text):
+            Sharding(tuple(kept))  # the axes once each, as any sharding
+            split: tuple[tuple[int, ...], ...] = tuple(loops)
+        else:
+            split = Sharding.parse(text).split_axes
         if len(split) > loop_count:
             raise AutoshardError(
                 f"sharding option {text} has {len(split)} loops; the op has {loop_count}"

@@ -1,5 +1,5 @@
 """Plan a shape-only Llama-3-8B training step at long and short context: does it split the
-attention by context (all-gather K/V), by heads (Ulysses), and does it fit?
+attention by context (ring attention, all-gather K/V), by heads (Ulysses), and does it fit?
 
     python bench/plan_context.py [--seqs 8192 131072] [--mesh 4x8] [--device h100]
 
@@ -8,7 +8,7 @@ weights absent) is written by models/make_models.py and planned as `autoshard pl
 --training` does (`pipeline.plan_request`: batch 1, one sequence of `seq` tokens, attention
 fused on the GPU presets, recomputation chosen), on the device's memory. Each row: the peak per
 device against the budget, the step's compute and communication seconds, and the plan's
-story (its attention: "context parallel attention", "Ulysses", "Megatron").
+story (its attention: "ring attention", "context parallel attention", "Ulysses", "Megatron").
 """
 
 from __future__ import annotations

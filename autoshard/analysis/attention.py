@@ -44,8 +44,60 @@ _MASK_WAY = frozenset({"Slice", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Expa
 
 
 def find_attention(graph: Graph) -> Fused:
-    """The attention cores of `graph`, each as one fused region (the module's docstring)."""
-    return Fused.of(r for op in graph.ops if (r := _region(graph, op)) is not None)
+    """The attention cores of `graph`, each as one fused region, and the ops making the
+    causal masks only their kernels read (the module's docstring)."""
+    fused = Fused.of(r for op in graph.ops if (r := _region(graph, op)) is not None)
+    return fused.with_masks(*_kernel_masks(graph, fused))
+
+
+_MAKES_MASK = _MASK_WAY | {"Trilu", "ConstantOfShape"}
+
+
+def _kernel_masks(graph: Graph, fused: Fused) -> tuple[set[str], set[str]]:
+    """The ops (and their values) that make a causal mask read by causal cores alone: a
+    causal flash kernel masks its tiles itself, so it needs none of them. An op counts when
+    its type is a mask's (`_MAKES_MASK`), each value it makes is read by a causal core's
+    scale-and-mask ops or by ops that count, and it reads no tensor of two dims or more but
+    constants and values of ops that count (never a padding mask made from the inputs)."""
+    chain = {
+        name for r in fused.regions if r.causal
+        for name in r.ops[1 : r.ops.index(r.softmax)]
+    }  # fmt: skip
+    if not chain:
+        return set(), set()
+    position = {op.name: i for i, op in enumerate(graph.ops)}
+    candidates: dict[str, Op] = {}
+    stack = [n for name in chain for n in graph.op_by_name[name].inputs if n]
+    while stack:
+        op = graph.producer(stack.pop())
+        if op is not None and op.type in _MAKES_MASK and op.name not in {*candidates, *chain}:
+            candidates[op.name] = op
+            stack += [n for n in op.inputs if n]
+    accepted, before = set(candidates), None
+    while accepted != before:  # drop what a kept reader or a data input rules out, to a fixpoint
+        before = set(accepted)
+        made = {n for name in accepted for n in candidates[name].outputs if n}
+        for name in sorted(before, key=position.__getitem__):
+            op = candidates[name]
+            readers = {r.name for n in op.outputs if n for r in graph.consumers(n)}
+            data = [n for n in op.inputs if n and len(shape_of(graph, n)) >= 2]
+            if (
+                any(n in graph.outputs for n in op.outputs)
+                or not readers <= chain | accepted
+                or any(n not in graph.constants and n not in made for n in data)
+            ):  # fmt: skip
+                accepted.discard(name)
+    values = {n for name in accepted for n in candidates[name].outputs if n}
+    # Constants (folded masks) read by the causal cores and counted ops alone, and those the
+    # folder left read by nothing (the full matrix a triangle was cut from).
+    for name, array in graph.constants.items():
+        readers = {r.name for r in graph.consumers(name)}
+        if (
+            name in graph.values and name not in graph.outputs and array.ndim >= 2
+            and readers <= chain | accepted
+        ):  # fmt: skip
+            values.add(name)
+    return accepted, values
 
 
 def _only_reader(graph: Graph, value: str) -> Op | None:

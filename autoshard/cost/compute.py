@@ -325,12 +325,14 @@ def op_cost(
     """The roofline of `op` computed with `option` on one device (the module's docstring); an
     op of a fused region, its share of the region's kernel (`fused_cost`); an attention op and
     its gradients, its forward and backward flash kernels (`attention_op_cost`)."""
+    if op.name in graph.fused.masks:  # a causal kernel masks its tiles itself
+        return OpCost(0, 0, 0.0)
     kernel = graph.fused.kernel(op.name)
     if kernel is not None:
         return fused_cost(op, kernel, rule, option, graph, cluster)
     attention = attention_kernel(op, graph) if cluster.device.flash_attention and rule else None
     if attention is not None and rule is not None:
-        return attention_op_cost(*attention, rule, option, graph, cluster.device, cluster.mesh)
+        return attention_op_cost(*attention, rule, option, graph, cluster)
     if op_kind(op).view:
         return OpCost(0, 0, 0.0)
     device, mesh = cluster.device, cluster.mesh

@@ -47,6 +47,7 @@ from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import OpCost, op_cost
 from autoshard.cost.liveness import MEMORY_KINDS, Memory, live_kinds, memory
 from autoshard.cost.overlap import StepSchedule, step_schedule
+from autoshard.cost.ring import send_time
 from autoshard.ir.graph import PHASES, Graph
 from autoshard.program import Communicate, Compute, Program, step_index
 from autoshard.rules import rule_for
@@ -83,16 +84,6 @@ def collective_time(collective: Collective, cluster: Cluster) -> float:
         + (sent - across) / inside
     )
     return min(ring, staged)
-
-
-def send_time(sent: int, mesh_axes: tuple[int, ...], cluster: Cluster) -> float:
-    """Seconds a point-to-point send of `sent` bytes per device takes between neighbours over
-    `mesh_axes` (a permute, a pipeline stage's boundary): one exchange at the link's latency
-    and bandwidth."""
-    if sent == 0:
-        return 0.0
-    bandwidth, latency = cluster.link(mesh_axes)
-    return ring_steps(CollectiveKind.PERMUTE, 2) * latency + sent / bandwidth
 
 
 @dataclass(frozen=True)

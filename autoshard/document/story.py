@@ -18,7 +18,10 @@ parameter names (`export.names`, given by the caller), else by their initializer
   (heads <-> sequence);
 - *context parallel (all-gather K/V)*: an attention core (a fused region, or an ONNX
   Attention op) with its query rows split, its keys and values read whole: gathered over
-  the axes splitting the queries (Llama 3's context parallelism);
+  the axes splitting the queries (Llama 3's context parallelism); *ring attention* where the
+  core reads its keys or values split with the queries (`rules.base.ring_loops`): their
+  blocks passed around those axes; "causal load-balanced" where its causal kernel takes two
+  opposite chunks of the rows on each device (`cost.ring.balanced_pairs`);
 - *experts split*: an MoE expert table (`patterns.expert_downs`) split on its expert dim;
 - weights: in `autoshard.holding`'s words, held split further than read (sharded, gathered
   for use: FSDP/ZeRO-3), read split (tensor parallel), or replicated; a training plan counts
@@ -67,6 +70,7 @@ from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.plan import Plan
 from autoshard.rules import rule_for
+from autoshard.rules.base import ring_loops
 from autoshard.rules.elementwise import ELEMENTWISE
 from autoshard.rules.gradient import RECOMPUTE_OF
 from autoshard.sharding import Sharding
@@ -450,17 +454,31 @@ def _context_parallel(graph: Graph, forward: Graph, plan: Plan, findings: _Findi
         axes = frozenset.intersection(*(
             _dim_axes(plan.produced[v], -2, len(graph.values[v].shape)) for v in values
         ))  # fmt: skip
+        ends = (plan.options.get(region.ops[0]), plan.options.get(region.ops[-1]))
+        ring = any(option is not None and ring_loops(option) for option in ends)
+        kernel = plan.options.get(region.softmax)
+        balanced = kernel is not None and bool(ring_loops(kernel))
         if axes:
-            findings.add(CONTEXT_PARALLEL, axes, [region.softmax], Role.CONTEXT)
+            findings.add(_CONTEXT[ring, balanced], axes, [region.softmax], Role.CONTEXT)
     for op in forward.ops:
         option = plan.options.get(op.name)
         if op.type == "Attention" and not op.domain and option is not None:
             axes = frozenset(option.loops[3]) if len(option.loops) == 6 else frozenset()
+            ring = bool(ring_loops(option))
             if axes:
-                findings.add(CONTEXT_PARALLEL, axes, [op.name], Role.CONTEXT)
+                idea = _CONTEXT[ring, ring and bool(op.attr("is_causal", 0))]
+                findings.add(idea, axes, [op.name], Role.CONTEXT)
 
 
 CONTEXT_PARALLEL: Idea = ("context parallel attention", "all-gather K/V")
+RING_ATTENTION: Idea = ("ring attention", "K/V blocks passed around the axis")
+_CONTEXT: dict[tuple[bool, bool], Idea] = {
+    (False, False): CONTEXT_PARALLEL,
+    (False, True): ("context parallel attention", "all-gather K/V, causal load-balanced"),
+    (True, False): RING_ATTENTION,
+    (True, True): ("ring attention", "causal load-balanced"),
+}
+"""The context-parallel idea by (K/V passed around a ring, the kernel load-balanced)."""
 
 
 def _tables(graph: Graph, plan: Plan, findings: _Findings) -> None:

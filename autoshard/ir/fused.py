@@ -18,6 +18,7 @@ recomputed ops and values derived from the region's.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -84,6 +85,8 @@ class Fused:
     statistics: frozenset[str] = frozenset()
     inside: frozenset[str] = frozenset()
     region_of: Mapping[str, int] = field(default_factory=dict)
+    masks: frozenset[str] = frozenset()
+    """Ops that make a causal mask only fused causal kernels read (`with_masks`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kernels", MappingProxyType(dict(self.kernels)))
@@ -105,6 +108,14 @@ class Fused:
             frozenset(r.probabilities for r in regions),
             frozenset(v for r in regions for v in r.inside),
             region_of,
+        )
+
+    def with_masks(self, ops: Iterable[str], values: Iterable[str]) -> Fused:
+        """These regions, knowing that ops `ops` make values `values` for the causal masks of
+        their kernels alone: a causal kernel masks its tiles itself (`is_causal`), so the ops
+        cost nothing and the values, S x S each, are never written to memory."""
+        return dataclasses.replace(
+            self, masks=self.masks | frozenset(ops), inside=self.inside | frozenset(values)
         )
 
     def __bool__(self) -> bool:
@@ -145,4 +156,6 @@ class Fused:
                 inside.add(new)
                 if recomputed and old in self.statistics:
                     statistics.add(new)
-        return Fused(self.regions, kernels, frozenset(statistics), frozenset(inside), region_of)
+        return Fused(
+            self.regions, kernels, frozenset(statistics), frozenset(inside), region_of, self.masks
+        )

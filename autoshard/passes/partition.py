@@ -53,8 +53,10 @@ from autoshard.ir import dtypes
 from autoshard.ir.graph import Attrs, Graph, Op
 from autoshard.mesh import Device, Mesh
 from autoshard.passes.local_rewrites import NOTE_REWRITES, SHAPE_REWRITES, Shape
+from autoshard.passes.ring import RingSteps, ring_steps
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
 from autoshard.rules import IteratorType, Note, OpRule, rule_for
+from autoshard.rules.base import ring_loops
 from autoshard.rules.shape import constant
 from autoshard.sharding import ReductionKind, Sharding, Slice
 
@@ -321,16 +323,29 @@ class _Partitioner:
             for k, shape in enumerate(self.local(name)):
                 self.shapes[k][name] = shape
         steps: list[Step] = []
-        for i, step in enumerate(self.program.steps):
-            self.step = i
+        for step in self.program.steps:
             if isinstance(step, Communicate):
+                self.step = len(steps)
                 self.communicate(step)
                 steps.append(step)
-            else:
-                op, per_device = self.compute(step)
-                steps.append(dataclasses.replace(step, op=op))
+                continue
+            ring = self.ring(step)
+            for move in ring.before:
+                self.step = len(steps)
+                self.communicate(move)
+                steps.append(move)
+            at = self.step = len(steps)
+            op, per_device = self.compute(ring.step)
+            steps.append(dataclasses.replace(ring.step, op=op))
+            for k in range(self.count):
+                ops = ring.joins[k] + per_device[k] + ring.first[k]
+                self.steps[k].extend(LocalCompute(o, at) for o in ops)
+            for move, added in ring.after:
+                self.step = len(steps)
+                self.communicate(move)
+                steps.append(move)
                 for k in range(self.count):
-                    self.steps[k].extend(LocalCompute(o, i) for o in per_device[k])
+                    self.steps[k].extend(LocalCompute(o, at) for o in added[k])
         program = dataclasses.replace(
             self.program, tensors=self.tensors, steps=tuple(steps), constants=self.constants
         )
@@ -357,6 +372,22 @@ class _Partitioner:
             self.steps[k].append(
                 LocalCollective(step.source, step.target, step.collective, self.step, group, rank)
             )
+
+    def add_tensor(self, tensor: Tensor) -> None:
+        """A program tensor the partition adds (a block of ring attention)."""
+        self.tensors[tensor.name] = tensor
+        self.dtypes[tensor.name] = tensor.dtype
+        for k, shape in enumerate(self.local(tensor.name)):
+            self.shapes[k][tensor.name] = shape
+
+    def ring(self, step: Compute) -> RingSteps:
+        """A step computed as ring attention (`passes.ring`), or the step alone."""
+        source = self.graph.op_by_name.get(step.op.name)
+        rule = rule_for(source, self.graph) if source is not None else None
+        if rule is None or step.option is None or not ring_loops(step.option):
+            empty: list[list[Op]] = [[] for _ in range(self.count)]
+            return RingSteps(step, [], empty, [list(e) for e in empty])
+        return ring_steps(self, step, rule)
 
     def compute(self, step: Compute) -> tuple[Op, list[list[Op]]]:
         """The program's op (shape operands split out) and each device's local ops: the

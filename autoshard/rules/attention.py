@@ -34,7 +34,9 @@ lo (note "local_heads", passes/local_rewrites.py), unless its mask is shorter th
 A sliding window, opset 24's per-row `nonpad_kv_seqlen` of a causal op, GroupQueryAttention's
 positions from `seqlens_k` (its keys come with its queries) and MultiHeadAttention's
 `unidirectional` have no such rewrite: their query loop is invalid. Key positions are never
-split (that needs the softmax statistics of every shard: context parallelism). Past key and
+split alone (that needs the softmax statistics of every shard); ring attention splits them
+with the queries over the same axes (`OpRule.ring`: self-attention with no mask tensor and no
+cache), the key and value blocks passed around those axes (`cost/ring.py`). Past key and
 value, and the present ones (past and new concatenated), follow the batch and head loops.
 
 In the 3-D layout ([B, S, heads · head size], heads given by attributes) the hidden dim follows
@@ -161,10 +163,17 @@ def attention(op: Op, graph: Graph) -> OpRule | None:
     mask = _bias_map(mask_shape, (q[0], q_heads, loops[3].size, keys), query)
     if mask is None and mask_shape is not None:
         return None
+    # Ring attention (keys split with the queries, passed around: `rules.base.ring_loops`) for
+    # self-attention over its own keys alone: no mask tensor, no cache in or out.
+    ring = (
+        query is not None and mask_shape is None and past is None and keys == query_size
+        and not any(op.outputs[1:3])
+    )  # fmt: skip
+    key = _Loops.KEY if ring else None
     operands: list[IndexingMap | None] = [_head_map(rank, query, _Loops.HEAD)]
     operands += [
-        _head_map(rank, None, kv),
-        _head_map(rank, None, kv),
+        _head_map(rank, key, kv),
+        _head_map(rank, key, kv),
         mask,
         _cache_map(kv),
         _cache_map(kv),
@@ -177,7 +186,8 @@ def attention(op: Op, graph: Graph) -> OpRule | None:
         IndexingMap.of(_Loops.BATCH, _Loops.HEAD, query, None),
     )
     note = Note.LOCAL_HEADS if rank == 3 or causal else Note.NONE
-    return OpRule(loops, tuple(operands[: len(op.inputs)]), results[: len(op.outputs)], note)
+    rings = ((_Loops.QUERY, _Loops.KEY),) if ring else ()
+    return OpRule(loops, tuple(operands[: len(op.inputs)]), results[: len(op.outputs)], note, rings)
 
 
 @register("GroupQueryAttention", domain=MICROSOFT)

@@ -103,13 +103,15 @@ class OpRule:
     An operand map of None marks an input that is not data but a parameter of the op (a
     Reshape's target shape, Slice bounds, axes): it is never sharded. `note` tells later stages
     of a local rewrite the split needs (e.g. `Note.MASKED_LOOKUP` for a vocabulary-split
-    Gather).
+    Gather). `ring` lists the (home, ring) loop pairs an attention kernel may split together
+    as ring attention (`ring_loops`): its query rows and the keys it passes around the axis.
     """
 
     loops: tuple[Loop, ...]
     operands: tuple[IndexingMap | None, ...]
     results: tuple[IndexingMap, ...]
     note: Note = Note.NONE
+    ring: tuple[tuple[int, int], ...] = ()
 
     def __str__(self) -> str:
         loops = ", ".join(f"d{i}: {loop}" for i, loop in enumerate(self.loops))
@@ -127,17 +129,43 @@ class OpRule:
         """How `option` shards result `index`: partial over the axes of its split reductions."""
         partial: list[int] = []
         kind = ReductionKind.SUM
-        for loop, axes in zip(self.loops, option.loops, strict=True):
-            if loop.kind is IteratorType.REDUCTION and axes:
+        rings = ring_loops(option)
+        passed = {h for h, _ in rings} | {r for _, r in rings}
+        for number, (loop, axes) in enumerate(zip(self.loops, option.loops, strict=True)):
+            if loop.kind is IteratorType.REDUCTION and axes and number not in passed:
                 partial += axes
                 kind = loop.reduction or kind
         return Sharding(_split(self.results[index], option), tuple(partial), kind)
 
 
+def ring_loops(option: ShardingOption) -> tuple[tuple[int, int], ...]:
+    """The (home, ring) loop pairs of a ring attention option: a loop split over exactly the
+    axes of an earlier loop (no other option splits two loops over one axis). Each device
+    keeps its block of the home loop (its query rows) and sees every block of the ring loop
+    (the keys) as the blocks pass around the axes: a tensor indexed by both loops (the
+    scores) is split by the home loop alone, one indexed by either alone is split by it (K
+    and V arrive split on the sequence; dK and dV leave so), and neither loop leaves a
+    partial result (the ring sums dK and dV as they pass)."""
+    first: dict[tuple[int, ...], int] = {}
+    pairs = []
+    for loop, axes in enumerate(option.loops):
+        if not axes:
+            continue
+        if axes in first:
+            pairs.append((first[axes], loop))
+        else:
+            first[axes] = loop
+    return tuple(pairs)
+
+
 def _split(indexing: IndexingMap, option: ShardingOption) -> tuple[tuple[int, ...], ...]:
-    """The mesh axes of each dim: those of the loops that index it, in order."""
+    """The mesh axes of each dim: those of the loops that index it, in order; under ring
+    attention (`ring_loops`) a ring loop's dim is whole where the tensor has its home loop."""
+    rings = ring_loops(option)
+    indexed = {loop for dim in range(len(indexing.dims)) for loop in indexing.loops(dim)}
+    whole = {r for h, r in rings if h in indexed}
     return tuple(
-        tuple(a for loop in indexing.loops(dim) for a in option.loops[loop])
+        tuple(a for loop in indexing.loops(dim) if loop not in whole for a in option.loops[loop])
         for dim in range(len(indexing.dims))
     )
 

@@ -134,7 +134,29 @@ def matmul(op: Op, graph: Graph) -> OpRule | None:
     shapes = [_shape(graph, name) for name in op.inputs]
     if any(len(s) == 0 for s in shapes):
         return None
-    return einsum_rule(matmul_equation(len(shapes[0]), len(shapes[1])), shapes)
+    rule = einsum_rule(matmul_equation(len(shapes[0]), len(shapes[1])), shapes)
+    ring = _attention_ring(op, graph)
+    if rule is None or ring is None:
+        return rule
+    return dataclasses.replace(rule, ring=(ring,))
+
+
+def _attention_ring(op: Op, graph: Graph) -> tuple[int, int] | None:
+    """The (query, key) loops of a MatMul of a fused attention core over as many keys as
+    queries, which ring attention splits together (`rules.base.ring_loops`): the scores'
+    Q·Kᵀ (loops ..., m, n, k: m and n) and the output's P·V (m and k)."""
+    if graph.fused.kernel(op.name) is None:
+        return None
+    region = graph.fused.region(op.name)
+    scores = graph.values[graph.op_by_name[region.ops[0]].outputs[0]].shape
+    if (
+        len(scores) < 3
+        or scores[-1] != scores[-2]
+        or op.name not in (region.ops[0], region.ops[-1])
+    ):
+        return None
+    rank = len(graph.values[op.outputs[0]].shape)
+    return (rank - 2, rank - 1 if op.name == region.ops[0] else rank)
 
 
 @register("Gemm")

@@ -87,7 +87,12 @@ def softmax(op: Op, graph: Graph) -> OpRule | None:
     bad = set(range(axis, len(shape))) if old else {axis}
     loops = tuple(invalid(d) if k in bad else Loop(d) for k, d in enumerate(shape))
     identity = IndexingMap.of(*range(len(shape)))
-    return OpRule(loops, (identity,), (identity,))
+    # A causal fused core's kernel may run load-balanced over the ring's axes (`cost.ring`):
+    # its query and key loops split together (`rules.base.ring_loops`), as one kernel.
+    region = graph.fused.region(op.name) if graph.fused.kernel(op.name) else None
+    balanced = region is not None and region.causal and len(shape) >= 3 and shape[-1] == shape[-2]
+    ring = ((len(shape) - 2, len(shape) - 1),) if balanced else ()
+    return OpRule(loops, (identity,), (identity,), ring=ring)
 
 
 @register("ArgMax", "ArgMin")

@@ -11,6 +11,9 @@ nor result does not exist in the rules.
     MatMul [8, 16] x [16, 32] on mesh 2x2: loops d0 (8), d1 (32), d2 (16, reduction);
     axis 0 in {none, d0, d1, d2} x axis 1 in {none, d0, d1, d2}, plus the reversed orders of
     the two axes on one loop: 16 + 3 = 19 candidates.
+
+An attention kernel's rule may add ring attention (`OpRule.ring`): its key loop split over the
+axes that split its query loop, the keys passed around them (`rules.base.ring_loops`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,24 @@ def candidates(rule: OpRule, mesh: Mesh) -> tuple[ShardingOption, ...]:
             key = _boundary(rule, option)
             if key not in seen:
                 seen[key] = option
-    return tuple(seen.values())
+    found = list(seen.values())
+    for option in found[:]:  # a ring reads and writes like a split may: a key of its own
+        found += [ring for ring in _rings(rule, option, mesh) if ring not in found]
+    return tuple(found)
+
+
+def _rings(rule: OpRule, option: ShardingOption, mesh: Mesh) -> list[ShardingOption]:
+    """Ring attention variants of `option` (`rules.base.ring_loops`): for each of the rule's
+    (home, ring) pairs whose home loop `option` splits and whose ring loop it leaves whole,
+    the ring loop split over the same axes, where they divide it."""
+    found = []
+    for home, ring in rule.ring:
+        axes = option.loops[home]
+        if axes and not option.loops[ring] and rule.loops[ring].size % mesh.group_size(axes) == 0:
+            loops = list(option.loops)
+            loops[ring] = axes
+            found.append(ShardingOption(tuple(loops)))
+    return found
 
 
 @functools.lru_cache(maxsize=1 << 16)

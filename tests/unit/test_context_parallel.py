@@ -4,6 +4,7 @@ search; and the ONNX Attention op priced as the fused kernel it runs as."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from autoshard.cost.cluster import make_cluster
 from autoshard.cost.compute import OpCost, op_cost
 from autoshard.cost.devices import DEVICES
 from autoshard.cost.price import price
+from autoshard.errors import ShardingError
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
 from autoshard.pipeline import PlanRequest, load_graph, plan_request
@@ -101,6 +103,50 @@ def test_all_gather_kv_costs_by_hand(tmp_path):
     # Live at the op: Q, Y (a quarter each), K and V shards and their gathered copies.
     quarter, whole_kv = 8 * 1024 * 64 * 2, 2 * 4096 * 64 * 2
     assert cost.memory_bytes_per_device == 2 * quarter + 2 * local + 2 * whole_kv
+
+
+def test_ring_attention_costs_by_hand(tmp_path):
+    """The case above as ring attention, causal load-balanced: K and V stay split with the
+    queries (the ring option: keys over the same axis), no collective in the program, no
+    gathered K or V in memory (Q and Y a quarter each, K and V their own 262144 B blocks).
+
+    Time, at 1 us and 100 GB/s:
+    - the kernel over the device's two opposite chunks (512 rows each) of the 4096: 4096 ·
+      4097 / 8 = 2,097,664 causal pairs, the triangle's quarter (the contiguous last block
+      does 1024 · 3072 + 1024 · 1025 / 2 = 3,670,528);
+    - a step: the kernel over half a full block's pairs (1024 · 1024 / 2: balanced, each
+      step's block is half masked), with two blocks to hide, half a step each: the 3 steps
+      of K and of V expose 3 · max(0, send - step / 2), send = 1 us + 262144 B / 100 GB/s;
+    - each of the 3 steps a kernel launch (2 us) and the running output, 1024 rows x 8 heads
+      x 64 in float32, read and written at 3.35 TB/s x 0.85 (the step overhead)."""
+    graph, cluster, plan, _ = _lowered(tmp_path, "4", (0,), batch=1, seq=4096)
+    option = ShardingOption(((), (), (), (0,), (0,), ()))
+    plan = propagate(
+        graph, cluster.mesh, [Annotation(n, Sharding(((), (), (0,), ()))) for n in "qkvy"],
+        {"attention": option},
+    )  # fmt: skip
+    program = lower(graph, plan)
+    cost = price(program, graph, cluster)
+    assert cost.collectives == ()
+    pairs = 4096 * 4097 // 8
+    assert pairs == 2_097_664 < 1024 * 3072 + 1024 * 1025 // 2 == 3_670_528
+    kernel = attention_cost(1, 8, 2, 1024, 4096, 64, True, "float16", H100, pairs=pairs)
+    assert kernel.flops == 2 * 2 * 8 * pairs * 64
+    step = attention_cost(1, 8, 2, 1024, 1024, 64, False, "float16", H100, pairs=1024 * 512)
+    block, rows = 1 * 2 * 1024 * 64 * 2, 8 * 1024 * 64 * 2
+    send = 1e-6 + block / 100e9
+    exposed = 2 * 3 * max(0.0, send - step.seconds / 2)
+    assert exposed > 0
+    overhead = 3 * (2e-6 + 2 * 4 * 8 * 1024 * 64 / (3.35e12 * H100.memory_efficiency))
+    assert cost.ops["attention"].seconds == pytest.approx(
+        kernel.seconds + exposed + overhead, rel=1e-12
+    )
+    assert cost.ops["attention"].flops == kernel.flops
+    assert cost.memory_bytes_per_device == 2 * rows + 2 * block
+    # All-gather-K/V: its gathers (21.7 us) and the last block's kernel; 1.5 MiB more held.
+    gathered = 2 * (3 * 1e-6 + 3 * block / 100e9)
+    last = attention_cost(1, 8, 2, 1024, 4096, 64, True, "float16", H100)
+    assert cost.ops["attention"].seconds < gathered + last.seconds
 
 
 @pytest.fixture
@@ -189,3 +235,25 @@ def test_the_attention_ops_gradients_are_one_backward_kernel(tmp_path):
     backward = attention_cost(2, 8, 2, 256, 256, 64, True, dtype, H100, backward=True)
     assert backward.flops == 5 * 2 * 2 * 8 * (256 * 257 // 2) * 64
     assert costs == {0: backward, 1: OpCost(0, 0, 0.0), 2: OpCost(0, 0, 0.0)}
+
+
+def test_a_ring_option_splits_what_each_tensor_indexes():
+    """`ring_loops`: the key loop split over the query loop's axes. Of Q·Kᵀ (loops b, h, m,
+    n, k), Q and the scores split by the queries (m) alone, Kᵀ by the keys (n); of its
+    gradient dKᵀ (m a sum there), dKᵀ split by the keys and not partial: the ring sums it. An
+    option's text reads back, and a repeat that is not a loop's whole axes is refused."""
+    from autoshard.rules.base import reduction, ring_loops
+    from autoshard.rules.einsum import einsum_rule
+
+    rule = einsum_rule("...mk,...kn->...mn", ((1, 2, 8, 4), (1, 2, 4, 8)))
+    option = ShardingOption.parse("[[], [], [0], [0]]", 5)
+    assert ring_loops(option) == ((2, 3),)
+    assert str(rule.operand_sharding(option, 0)) == "[[], [], [0]]"
+    assert str(rule.operand_sharding(option, 1)) == "[[], [], [], [0]]"
+    assert str(rule.result_sharding(option, 0)) == "[[], [], [0]]"
+    loops = (*rule.loops[:2], reduction(8), *rule.loops[3:])  # dKᵀ = Qᵀ·dS sums over m
+    gradient = dataclasses.replace(rule, loops=loops, results=(rule.operands[1],))
+    assert str(gradient.result_sharding(option, 0)) == "[[], [], [], [0]]"  # no partial
+    assert ShardingOption.parse(str(option), 5) == option
+    with pytest.raises(ShardingError, match="splits on dims"):
+        ShardingOption.parse("[[0], [0, 1]]", 2)

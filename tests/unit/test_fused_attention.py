@@ -248,10 +248,12 @@ def test_fused_memory_by_hand(tmp_path):
     """At the end of the forward, op by op the core keeps three S x S tensors for the backward
     (the scores, read by the scale's gradient; the masked scores, by the softmax's; the
     probabilities, by the context's); fused it keeps only the probabilities' row statistics,
-    float32, one per row. Nothing else differs."""
+    float32, one per row, and not the causal mask (S x S, float32), which the kernel makes
+    itself. Nothing else differs."""
     bf16 = 2
     square = B * HEADS * S * S * bf16
     statistics = B * HEADS * S * 4
+    mask = S * S * 4
     held = {}
     for attention in Attention:
         graph = _step(tmp_path, attention)
@@ -259,9 +261,9 @@ def test_fused_memory_by_hand(tmp_path):
         # the program has one step per op here (nothing resharded on one device)
         held[attention] = memory_timeline(program)[_end_of_forward(graph) + 1]
         if attention is Attention.FUSED:
-            inside = {"scores", "scaled", "masked", "scores@grad0", "masked@grad0"}
+            inside = {"scores", "scaled", "masked", "scores@grad0", "masked@grad0", "mask"}
             assert inside <= graph.fused.inside
-    assert held[Attention.AS_EXPORTED] - held[Attention.FUSED] == 3 * square - statistics
+    assert held[Attention.AS_EXPORTED] - held[Attention.FUSED] == 3 * square - statistics + mask
 
 
 def test_a_recomputed_core_runs_its_forward_kernel_again(tmp_path):
