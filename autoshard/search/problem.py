@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoshard.annotations import Annotation, unread
+from autoshard.annotations import Annotation, binds, bound_readers, unread
 from autoshard.collectives import Collective
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import compute_time
@@ -299,7 +299,7 @@ class _Builder:
         for a in self.required:
             if not a.for_users or a.sharding == Sharding():
                 continue
-            for op in self.graph.consumers(a.value):
+            for op in bound_readers(self.graph, a.value):
                 if self.rules[op.name] is None:
                     raise SearchError(unread(op.name, op.type, a.value, a.sharding, "no rule"))
 
@@ -322,6 +322,8 @@ class _Builder:
     def allowed(self, op: Op, rule: OpRule, option: ShardingOption) -> bool:
         for a in self.required:
             if a.for_users:
+                if not binds(op):
+                    continue
                 for i, name in enumerate(op.inputs):
                     if name == a.value and option_reads(rule, option, i) != a.sharding:
                         return False
