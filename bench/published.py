@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the 22B and 8B rows only")
     parser.add_argument("--no-free", action="store_true", help="the pinned layouts only")
-    parser.add_argument("--time-limit", type=float, default=120.0)
+    parser.add_argument("--time-limit", type=float, default=900.0)
     args = parser.parse_args(argv)
     runs = [r for r in RUNS if r.quick or not args.quick]
     print(
