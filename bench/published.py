@@ -200,9 +200,17 @@ def predict(run: Run, path: Path, pinned: bool, time_limit: float) -> Predicted:
     return Predicted(
         cost.compute_time_s + cost.comm_time_s, cost.compute_time_s, cost.comm_time_s,
         cost.memory_bytes_per_device, usable,
-        str(chosen.recompute) if chosen is not None else "", time.perf_counter() - started,
+        _recompute_text(chosen), time.perf_counter() - started,
         answer.document.story or "",
     )  # fmt: skip
+
+
+def _recompute_text(training: Training | None) -> str:
+    """`--recompute` as written (`layers:2`)."""
+    if training is None:
+        return ""
+    every = f":{training.every}" if training.every > 1 else ""
+    return f"{training.recompute}{every}"
 
 
 def _row(run: Run, pinned: Predicted, free: Predicted | None) -> str:
