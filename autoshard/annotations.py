@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoshard.errors import AutoshardError, ShardingError
+from autoshard.ir.graph import Graph, Op
 from autoshard.mesh import Mesh
+from autoshard.rules.gradient import TrainOp
 from autoshard.sharding import Sharding
 
 FOR_CHOICES = ("result", "users")
@@ -46,6 +48,18 @@ class Annotation:
         """Its entry in the annotations file format (`parse_annotations` reads it back)."""
         return {"value": self.value, "sharding": str(self.sharding), "required": self.required,
                 "for": FOR_CHOICES[self.for_users]}  # fmt: skip
+
+
+def binds(op: Op) -> bool:
+    """Whether an annotation for users binds `op` where it reads the value: every reader but
+    a training step's optimizer update, which reads a weight as it is held (its gradient and
+    state follow it), not as the weight's users (the forward and its backward) read it."""
+    return op.type != TrainOp.UPDATE
+
+
+def bound_readers(graph: Graph, value: str) -> tuple[Op, ...]:
+    """The ops that an annotation for users on `value` binds (`binds`)."""
+    return tuple(op for op in graph.consumers(value) if binds(op))
 
 
 def unread(op: str, op_type: str, value: str, sharding: Sharding, why: str) -> str:

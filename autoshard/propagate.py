@@ -51,7 +51,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autoshard.annotations import Annotation, check_annotations, unread
+from autoshard.annotations import Annotation, binds, check_annotations, unread
 from autoshard.errors import AutoshardError, ShardingError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
@@ -381,7 +381,8 @@ def propagate(
         mark = Mark(a.sharding, Source.REQUIRED if a.required else Source.HINT, a.value)
         if a.for_users:
             for use in state.uses(a.value):
-                state.mark(use, mark, state.use)
+                if use[0] == RETURN or binds(graph.op_by_name[use[0]]):
+                    state.mark(use, mark, state.use)
         else:
             state.mark(a.value, mark, state.result)
     user_results = dict(state.result)

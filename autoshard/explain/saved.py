@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.annotations import Annotation, parse_annotations
+from autoshard.annotations import Annotation, binds, parse_annotations
 from autoshard.cost.cluster import Cluster, make_cluster, recorded_flags
 from autoshard.cost.liveness import held_bytes, live_kinds, memory, memory_kinds
 from autoshard.cost.price import Cost, price
@@ -176,7 +176,8 @@ def _touching(saved: Saved, key: Key) -> list[Annotation]:
     op = saved.graph.op_by_name[key.name]
     return [
         a for a in saved.annotations
-        if (a.value in op.outputs and not a.for_users) or (a.value in op.inputs and a.for_users)
+        if (a.value in op.outputs and not a.for_users)
+        or (a.value in op.inputs and a.for_users and binds(op))
     ]  # fmt: skip
 
 

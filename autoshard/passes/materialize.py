@@ -7,7 +7,8 @@ in program order: a value whose required result annotation differs from what its
 computes is resharded right after the producer; each use then gets what its op needs. Uses
 that need the same sharding of a value share one reshard, so the bytes counted are the bytes
 the program sends; but a training step's backward reshards a weight or input again rather
-than keep the forward's buffer alive (FSDP gathers a weight before each use).
+than keep the forward's buffer alive (FSDP gathers a weight before each use), and so a
+recomputed layer's inputs (`reshards_again`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from autoshard.ir.graph import FORWARD, Graph
 from autoshard.plan import RETURN, Plan
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
 from autoshard.reshard import plan_reshard
-from autoshard.rules.gradient import accumulated_gradients
+from autoshard.rules.gradient import RECOMPUTE_OF, accumulated_gradients
 from autoshard.sharding import Sharding
 
 
@@ -90,6 +91,21 @@ def backward_starts(graph: Graph) -> list[int]:
     ]  # fmt: skip
 
 
+def reshards_again(graph: Graph) -> frozenset[str]:
+    """The values a training step's backward reshards again rather than keep the forward's
+    reshards of alive: the weights, inputs and constants (FSDP gathers a weight before each
+    use), and the forward values a recomputed op reads (a recomputed layer's inputs: its
+    recompute gathers a sequence-split input again, as Megatron's sequence parallelism does,
+    rather than keep the gathered copy from the forward to the backward)."""
+    recomputing = {n for op in graph.ops if op.attr(RECOMPUTE_OF, "") for n in op.inputs if n}
+    again = set()
+    for name in graph.values:
+        producer = graph.producer(name)
+        if producer is None or (name in recomputing and graph.phase(producer.name) == FORWARD):
+            again.add(name)
+    return frozenset(again)
+
+
 def materialize(graph: Graph, plan: Plan) -> Program:
     """The sharded program of a completed plan, in the graph's op order."""
     build = _Builder(graph, plan)
@@ -98,13 +114,13 @@ def materialize(graph: Graph, plan: Plan) -> Program:
     for name in inputs + tuple(graph.constants):
         if name in graph.values:
             build.define(name, values[name])
-    sources = [n for n in inputs + tuple(graph.constants) if n in graph.values]
+    again = reshards_again(graph)
     starts = set(backward_starts(graph))
     for position, op in enumerate(graph.ops):
         if position in starts:
-            # The backward gathers a weight (an input, a constant) again, as FSDP does: the
-            # forward's buffers of it are gone.
-            for name in sources:
+            # The backward gathers a weight (an input, a constant, a recomputed layer's
+            # input) again, as FSDP does: the forward's buffers of it are gone.
+            for name in again & build.home.keys():
                 home = build.home[name]
                 build.held[name] = {build.tensors[home].sharding: home}
         renamed = tuple(

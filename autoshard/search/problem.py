@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoshard.annotations import Annotation, unread
+from autoshard.annotations import Annotation, binds, bound_readers, unread
 from autoshard.collectives import Collective
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import compute_time
@@ -44,6 +44,7 @@ from autoshard.errors import AutoshardError
 from autoshard.ir import dtypes
 from autoshard.ir.graph import FORWARD, Graph, Op
 from autoshard.mesh import Mesh
+from autoshard.passes.materialize import reshards_again
 from autoshard.plan import Plan, plan_from_options, returned
 from autoshard.reshard import ReshardPrices
 from autoshard.rules import OpRule, rule_for
@@ -299,7 +300,7 @@ class _Builder:
         for a in self.required:
             if not a.for_users or a.sharding == Sharding():
                 continue
-            for op in self.graph.consumers(a.value):
+            for op in bound_readers(self.graph, a.value):
                 if self.rules[op.name] is None:
                     raise SearchError(unread(op.name, op.type, a.value, a.sharding, "no rule"))
 
@@ -322,6 +323,8 @@ class _Builder:
     def allowed(self, op: Op, rule: OpRule, option: ShardingOption) -> bool:
         for a in self.required:
             if a.for_users:
+                if not binds(op):
+                    continue
                 for i, name in enumerate(op.inputs):
                     if name == a.value and option_reads(rule, option, i) != a.sharding:
                         return False
@@ -454,9 +457,10 @@ class _Builder:
 
     def reads(self, compute: list[np.ndarray]) -> list[tuple[ValueReads, int]]:
         """Adds each op's compute to `compute`; returns each value's reads in each stretch of
-        the program where its reshards are kept (a training step's backward reshards a weight
-        or input again), with the copies of repeated layers each read stands for."""
-        graph = self.graph
+        the program where its reshards are kept (a training step's backward reshards a weight,
+        input or recomputed layer's input again: `reshards_again`), with the copies of
+        repeated layers each read stands for."""
+        graph, again = self.graph, reshards_again(self.graph)
         found: dict[tuple[str, int], list[Reading]] = {}
         stretch = 0
         for position, op in enumerate(graph.ops):
@@ -473,14 +477,12 @@ class _Builder:
                 if name and name not in graph.constants:
                     key = (self.grouping.copies[op.name], i)
                     read = Reading(d.group, self.needs(op, i, d), runs, key)
-                    found.setdefault((name, 0 if name in self.producer else stretch), []).append(
-                        read
-                    )
+                    found.setdefault((name, stretch if name in again else 0), []).append(read)
         runs = graph.runs(graph.ops[-1].name) if graph.ops else 1
         for name in graph.outputs:
             returned = self.returning(name, runs)
             if returned is not None:
-                at = 0 if name in self.producer else stretch
+                at = stretch if name in again else 0
                 found.setdefault((name, at), []).append(returned)
         counted: Counter[tuple] = Counter()
         first: dict[tuple, ValueReads] = {}

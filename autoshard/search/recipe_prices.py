@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoshard.annotations import Annotation
+from autoshard.annotations import Annotation, bound_readers
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.price import price
 from autoshard.ir.graph import Graph, Op
@@ -137,7 +137,7 @@ def _decided(
     grouping, name = search.grouping, pin.value
     if pin.for_users:
         found = []
-        for op in graph.consumers(name):
+        for op in bound_readers(graph, name):
             d = grouping.ops[op.name]
             for i in (i for i, read in enumerate(op.inputs) if read == name):
                 found.append((d.group, tuple(_reads(graph, op, c, i) for c in d.picked)))

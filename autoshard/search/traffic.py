@@ -3,14 +3,15 @@
 The search's objective prices a value's reshard once per reader (docs/concepts/search.md);
 materialization makes it once per value and sharding, and reuses a step an earlier reshard of
 the value took (`passes.materialize.taken`), a training step's backward resharding a weight,
-input or constant again (`passes.materialize.backward_starts`). `Traffic` replays that rule
-over the reads the search's memory rows are built from (each value's home sharding and every
-read's sharding, under each choice of the groups deciding them), so the seconds it gives for a
-choice are those of the materialized program's collectives (`cost.price`), each run as often
-as the op it serves. The CCL passes that follow materialization may send less still (one
-all_reduce after an Add of two, an all_gather moved below an elementwise op): then the
-program's seconds are below these. Pricing a choice this way reads every value of the graph
-once, not a layer, and stays far cheaper than lowering it (no tensors, no program, no memory).
+input, constant or recomputed layer's input again (`passes.materialize.reshards_again`).
+`Traffic` replays that rule over the reads the search's memory rows are built from (each
+value's home sharding and every read's sharding, under each choice of the groups deciding
+them), so the seconds it gives for a choice are those of the materialized program's collectives
+(`cost.price`), each run as often as the op it serves. The CCL passes that follow
+materialization may send less still (one all_reduce after an Add of two, an all_gather moved
+below an elementwise op): then the program's seconds are below these. Pricing a choice this way
+reads every value of the graph once, not a layer, and stays far cheaper than lowering it (no
+tensors, no program, no memory).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from autoshard.cost.cluster import Cluster
 from autoshard.cost.price import collective_time
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
-from autoshard.passes.materialize import backward_starts, taken
+from autoshard.passes.materialize import backward_starts, reshards_again, taken
 from autoshard.reshard import plan_reshard
 from autoshard.search.memory.build import Chain
 from autoshard.search.memory.slots import Read
@@ -50,7 +51,7 @@ class Traffic:
         """The communication time of the program of `choice` (one choice per group), and the
         reshards of several collectives it makes (`budget.chains_of`)."""
         graph = self.graph
-        starts = backward_starts(graph)
+        starts, again = backward_starts(graph), reshards_again(graph)
         runs = [graph.runs(op.name) for op in graph.ops]
         runs.append(runs[-1] if runs else 1)  # the returns run with the last op
         total, chains = 0.0, set()
@@ -59,7 +60,7 @@ class Traffic:
                 continue
             group, shardings = self.held[name]
             home = shardings[0 if group is None else choice[group]]
-            source = graph.producer(name) is None
+            source = name in again
             reached, segment = {home}, 0
             for position, _, reader, needs in reads:
                 if source and bisect.bisect_right(starts, position) != segment:

@@ -3,17 +3,25 @@ core), and `--recompute auto` recomputing exactly when the budget requires it.""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
+import onnx
 import pytest
 
+from autoshard.annotations import Annotation
+from autoshard.collectives import CollectiveKind
 from autoshard.cost.cluster import make_cluster
+from autoshard.cost.liveness import _walk_memory
 from autoshard.cost.replay import ReplayFigures, replay_figures, replay_text
 from autoshard.document.plan_document import PlanDocument
 from autoshard.pipeline import PlanRequest, load_graph, plan_request, recompute_ladder
+from autoshard.program import Compute
 from autoshard.rules.gradient import RECOMPUTE_OF
 from autoshard.search.budget import auto_plan
 from autoshard.search.solver.outcome import InfeasibleError
+from autoshard.sharding import Sharding
 from autoshard.training import Attention, Recompute, Training, TrainingError
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -134,3 +142,47 @@ def test_layers_every_k_round_trips_through_the_document_text():
     assert training.to_json()["recompute"] == "layers:4"
     assert Training.parse(recompute=training.recompute_text) == training
     assert Training.parse().recompute is Recompute.AUTO
+
+
+def _small_decoder(path: Path) -> Path:
+    """models/make_models.py's shape-only decoder, 2 layers of hidden 64 (the 70B's shape)."""
+    spec = importlib.util.spec_from_file_location("make_models", MODELS / "make_models.py")
+    assert spec is not None and spec.loader is not None
+    make_models = importlib.util.module_from_spec(spec)
+    sys.modules["make_models"] = make_models  # its dataclasses look it up
+    spec.loader.exec_module(make_models)
+    built = make_models.build_decoder_shape_only(2, hidden=64, heads=4, ffn=128, vocab=128)
+    onnx.save(built.proto, path)
+    return path
+
+
+def test_a_recomputed_layer_gathers_its_sequence_split_input_again(tmp_path):
+    """Sequence parallelism on mesh 2 with layer recompute: each layer's input (the residual
+    stream, B x S x H = 2 x 16 x 64 bf16) held split on the sequence and read gathered (the
+    layer's RMSNorm and residual Add computed on it whole). The recompute gathers the input
+    again, as Megatron does, rather than keep the forward's gathered copy to the backward:
+    at the backward's start only the split inputs (2 x 2048 bytes) are live of them, no
+    gathered copy (2 x 4096 bytes before), and each input is all-gathered twice (forward,
+    recompute)."""
+    path = _small_decoder(tmp_path / "decoder.onnx")
+    graph = load_graph(path, {"batch": 2, "seq": 16}, Training(recompute=Recompute.LAYERS))
+    inputs = ("embed.out", "layers.0.mlp_residual")
+    pins = []
+    for name in inputs:
+        pins += [Annotation(name, Sharding(((), (0,), ()))),
+                 Annotation(name, Sharding(), for_users=True)]  # fmt: skip
+    planned = auto_plan(graph, make_cluster(mesh="2"), pins)
+    program = planned.program
+    gathers = [
+        (program.tensors[c.source].value, c.collective.kind)
+        for c in program.communications
+        if program.tensors[c.source].value in inputs
+    ]
+    assert sorted(gathers) == sorted(2 * [(n, CollectiveKind.ALL_GATHER) for n in inputs])
+    backward = next(
+        i for i, s in enumerate(program.steps)
+        if isinstance(s, Compute) and graph.phase(s.op.name) != "forward"
+    )  # fmt: skip
+    live = next(live for i, _, live in _walk_memory(program) if i == backward)
+    kept = {n: b for n, b in live.items() if program.tensors[n].value in inputs}
+    assert kept == dict.fromkeys(inputs, 2 * 8 * 64 * 2)

@@ -24,6 +24,7 @@ from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
 from autoshard.rules import IteratorType, rule_for
 from autoshard.search.budget import auto_plan
+from autoshard.search.candidates import option_reads
 from autoshard.search.problem import build_search
 from autoshard.search.solver.solve import solve
 from autoshard.sharding import Sharding, ShardingOption
@@ -560,3 +561,24 @@ def test_buffers_are_told_in_a_bounded_way(names, told):
     """A 70B decoder's rotary tables, one per layer, are one pattern with their count; at most
     three are told, then how many more."""
     assert buffers_text(names) == told
+
+
+def test_a_weights_annotation_for_users_leaves_its_update_reading_it_as_held(step):
+    """w1 held FSDP x TP on 2x2 (H over axis 0, F over axis 1) and read by its users as TP's
+    column split alone: the forward and backward read it gathered over axis 0, while the
+    optimizer's update, which reads the weight too, reads it as held, so the gradient and the
+    fp32 state are never gathered over the FSDP axis (the update is not a user the
+    annotation pins)."""
+    cluster = make_cluster(mesh="2x2")
+    held, read = Sharding(((0,), (1,))), Sharding(((), (1,)))
+    pins = [Annotation("w1", held), Annotation("w1", read, for_users=True)]
+    planned = auto_plan(step, cluster, pins)
+    rule = rule_for(_op(step, "w1@update"), step)
+    assert option_reads(rule, planned.plan.options["w1@update"], 1) == held
+    for op in step.consumers("w1"):
+        if op.name != "w1@update":
+            reads = op.inputs.index("w1")
+            assert option_reads(rule_for(op, step), planned.plan.options[op.name], reads) == read
+    assert planned.cost.phases["optimizer"].comm_bytes_per_device == 0
+    moved = {planned.program.tensors[c.source].value for c in planned.program.communications}
+    assert not moved & {"w1@grad", "w1@state"}

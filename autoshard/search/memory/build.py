@@ -19,8 +19,9 @@ step, END(i, k) for the outputs' reshards; and a row per distinct slot. What is 
   once, at the first read of s (made by the reshard's last step), and the buffer lives until
   the last read of s. With P(t) "made at or before t" and Q(t) "read at or after t", it is
   live at t exactly when held != s and P(t) and Q(t);
-- a weight (an input, a constant) is resharded again for a training step's backward, not kept
-  from its forward (FSDP gathers a weight before each use): its buffers are counted apart;
+- a weight (an input, a constant, a recomputed layer's input: `materialize.reshards_again`)
+  is resharded again for a training step's backward, not kept from its forward (FSDP gathers
+  a weight before each use): its buffers are counted apart;
 - the tensors a reshard of several collectives makes on its way: live at the step making one
   and the next (reading it); those `materialize` keeps (a reader needs that sharding, or a
   later reshard passes the same way) as buffers, to their last use. For the reshards counted
@@ -58,6 +59,7 @@ import numpy as np
 from autoshard.deadline import NEVER, Deadline
 from autoshard.ir.graph import FORWARD, Graph
 from autoshard.mesh import Mesh
+from autoshard.passes.materialize import reshards_again
 from autoshard.rules.gradient import accumulated_gradients
 from autoshard.search.memory.assembly import assemble_rows
 from autoshard.search.memory.literals import Literals
@@ -125,6 +127,7 @@ class _Liveness:
         self.graph, self.reads, self.held = graph, reads, tensors.held
         self.literals, self.tensors, self.layout = literals, tensors, layout
         self.ops = layout.ops
+        self.again = reshards_again(graph)
 
     def terms(self, deadline: Deadline) -> Terms:
         """Every value's terms at their slots, in graph order (the indicators are numbered in
@@ -158,10 +161,11 @@ class _Liveness:
             # positions: made once. (A forward layer's activation and its backward are at
             # other distances in each layer.)
             recorder = Recorder(layout, positions)
-            signature = self.signature(name, readings, recorder, name in produced_at, over)
+            kept = name not in self.again  # its reshards kept from the forward to the backward
+            signature = self.signature(name, readings, recorder, kept, over)
             marks = replays.get(signature)
             if marks is None:
-                self.record(recorder, name, readings, name in produced_at, over, home is not None)
+                self.record(recorder, name, readings, kept, over, home is not None)
                 marks = replays[signature] = recorder.marks
             if home is not None:
                 last = recorder.slot(recorder.last_home_read(readings, over))
@@ -173,7 +177,7 @@ class _Liveness:
         return terms
 
     def signature(
-        self, name: str, readings: Sequence[Read], recorder: Recorder, made: bool, over: bool
+        self, name: str, readings: Sequence[Read], recorder: Recorder, kept: bool, over: bool
     ) -> tuple:
         """What a value's marks depend on, relative to its reading positions: alike for its
         copies in repeated layers."""
@@ -181,7 +185,7 @@ class _Liveness:
         info = self.graph.values[name]
         rank, widths = recorder.rank, self.layout.widths
         return (
-            made, over, group, id(shardings), info.shape, info.dtype,
+            kept, over, group, id(shardings), info.shape, info.dtype,
             tuple((rank[p], i, g, id(needs)) for p, i, g, needs in readings),
             tuple((widths[p], p == self.ops, self.in_forward(p)) for p in recorder.positions),
         )  # fmt: skip
@@ -191,14 +195,14 @@ class _Liveness:
         recorder: Recorder,
         name: str,
         readings: Sequence[Read],
-        made: bool,
+        kept: bool,
         over: bool,
         home: bool,
     ) -> None:
         """A value's marks: its buffers' and, where it has a home tensor, its savings."""
         # Each buffer's live conditions, by phase (None: one for the whole step).
         buffers: dict[bool | None, dict[Sharding, Buffer]] = {}
-        if made:
+        if kept:
             buffers[None] = self.add_buffers(recorder, name, readings)
         else:  # a weight is gathered for the forward, and again for the backward
             for forward in (True, False):
