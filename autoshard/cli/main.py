@@ -223,7 +223,24 @@ def _run_command(commands: Commands) -> None:
     run.add_argument("out", metavar="OUT", help="folder written by autoshard partition")
     run.add_argument("--inputs", metavar="NPZ", help="inputs by name (default: seeded random)")
     run.add_argument(
-        "--check", metavar="MODEL", help="compare the outputs with onnxruntime on this model"
+        "--check",
+        metavar="MODEL",
+        help="compare the outputs with onnxruntime on this model (a training step's partition: "
+        "train it against PyTorch autograd on this model; required)",
+    )
+    run.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        metavar="N",
+        help="a training step's partition: train N steps (default 3)",
+    )
+    run.add_argument(
+        "--dim",
+        action="append",
+        type=dim_flag,
+        metavar="NAME=SIZE",
+        help="must agree with the partition's dims (they are in its manifest)",
     )
     run_flags(run)
     run.add_argument("--json", action="store_true", help="machine-readable output")
