@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
 from autoshard.execute.artifacts import load_partition
@@ -132,6 +133,8 @@ def train_rank(
     """Join the process group, train this rank's device every step, gather each rank's
     records and timings to rank 0 (which returns them; the others None)."""
     world = len(work.manifest["devices"])
+    # The ranks share the host's cores: one thread each, not each as many as the host has.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         _join(rank, world, work.backend, rendezvous)
         collectives = Executor(work.manifest, rank, work.backend)
