@@ -35,6 +35,9 @@ from autoshard.training.options import Precision, Training
 from autoshard.training.step import gradient_name, state_name
 
 TOLERANCE = 1e-5
+REFERENCE = np.float64
+"""The reference computes in float64: the plan runs in float32 and is compared with the exact
+step, so the reference's own rounding (another order of summation) does not count against it."""
 KINDS = ("loss", "gradient", "weight", "state")
 # torch.optim's names of a weight's state, in the order `train_ops.update` stacks them.
 _STATE_KEYS = {"adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq"),
@@ -109,9 +112,10 @@ def check_training(training: Training) -> None:
                           f"{training.micro_batches}")  # fmt: skip
 
 
-def to_torch(array: Any) -> Any:
+def to_torch(array: Any, floats: Any = np.float32) -> Any:
+    """A torch tensor of `array`, its floats as `floats`."""
     array = np.asarray(array)
-    return torch.from_numpy(array.astype(np.float32) if array.dtype.kind == "f" else array.copy())
+    return torch.from_numpy(array.astype(floats) if array.dtype.kind == "f" else array.copy())
 
 
 @dataclass(frozen=True)
@@ -160,13 +164,16 @@ def reference_steps(
 ) -> list[Reference]:  # fmt: skip
     """PyTorch autograd and torch.optim on the original ONNX file, one entry per step."""
     proto = onnx.load(os.fspath(model))
-    values = {i.name: to_torch(numpy_helper.to_array(i)) for i in proto.graph.initializer}
+    values = {
+        i.name: to_torch(numpy_helper.to_array(i), REFERENCE) for i in proto.graph.initializer
+    }
     parameters = {n: values[n].clone().requires_grad_(True) for n in trained}
     values.update(parameters)
     step_of = train_ops.reference_optimizer(optimizer, list(parameters.values()))
     out = []
     for feed in inputs:
-        outputs = run_model(proto, dict(values) | {n: to_torch(a) for n, a in feed.items()})
+        feed_values = {n: to_torch(a, REFERENCE) for n, a in feed.items()}
+        outputs = run_model(proto, dict(values) | feed_values, torch.float64)
         loss = sum(o.sum() for o in outputs.values())
         for p in parameters.values():
             p.grad = None
@@ -183,14 +190,18 @@ def reference_steps(
     return out
 
 
-def run_model(proto: onnx.ModelProto, values: Mapping[str, Any]) -> dict[str, Any]:
+def run_model(
+    proto: onnx.ModelProto, values: Mapping[str, Any], floats: Any = None
+) -> dict[str, Any]:
     """The model's outputs by name, its nodes run as torch ops on `values` (initializers and
-    inputs by name)."""
+    inputs by name); `floats`: the dtype every float result is made (a constant's, a cast's)."""
     env = dict(values)
     for node in proto.graph.node:
         attrs = {a.name: _attribute(a) for a in node.attribute}
         args = [env[n] if n else None for n in node.input]
         results = train_ops.forward(node.op_type, attrs, args, len(node.output))
+        if floats is not None:
+            results = [r.to(floats) if r.is_floating_point() else r for r in results]
         env.update({n: r for n, r in zip(node.output, results, strict=False) if n})
     return {o.name: env[o.name] for o in proto.graph.output}
 

@@ -292,6 +292,9 @@ def train_op(
     operand = int(op.attr("operand", 0))  # type: ignore[arg-type]
     if operand >= len(forward_op.inputs) or not forward_op.inputs[operand]:
         return [torch.zeros(tuple(result))]  # the local op does not read it
+    # The operand differentiated has the local shape of its gradient: a Grad may run at
+    # another sharding than its forward op (a weight's gradient by row slices, ZeRO).
+    shapes = [tuple(result) if j == operand and result else s for j, s in enumerate(shapes)]
     return [_gradient(op, forward_op, args[:operands], args[operands:], shapes)]
 
 

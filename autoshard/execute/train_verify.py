@@ -40,22 +40,29 @@ from autoshard.execute.train_check import (
 )
 from autoshard.execute.verify import VerifyError, check_inputs, input_specs, random_inputs
 from autoshard.ir.graph import Graph, Op
-from autoshard.passes.partition import DeviceProgram, LocalCollective, LocalCompute, Partitioned
+from autoshard.passes.partition import LocalCollective, LocalCompute, Partitioned
 from autoshard.program import Compute
 from autoshard.rules.gradient import TRAIN, TrainOp
 from autoshard.training.options import Training
+
+_SHAPED = frozenset({"Reshape", "Expand"})
+"""Ops whose operand 1 is their result's shape: a Grad at any sharding reads it from the
+local shape of its result's gradient."""
+
+
+_ADDING = frozenset({"Add", "Sub", "Sum"})
+"""Ops whose gradient reads none of their operands (their addends' values do not matter)."""
 
 
 class TrainingDevice:
     """One device's program, its step list from steps.json and the tensors it holds."""
 
     def __init__(
-        self,
-        program: DeviceProgram,
-        steps: Sequence[Mapping[str, Any]],
-        graph: Graph,
-        program_ops: Mapping[int, Op],
+        self, partitioned: Partitioned, index: int, steps: Sequence[Mapping[str, Any]], graph: Graph
     ):
+        program_ops = program_ops_of(partitioned)
+        program = partitioned.devices[index]
+        self.partitioned = partitioned
         self.program, self.graph, self.program_ops = program, graph, program_ops
         self.step_of = {o.name: i for i, o in program_ops.items()}
         self.ops = {s.op.name: s.op for s in program.steps if isinstance(s, LocalCompute)}
@@ -119,7 +126,7 @@ class TrainingDevice:
                 results = self.train_op(op, args, step)
             else:
                 results = train_ops.forward(op.type, dict(op.attrs), args, len(op.outputs))
-        except RuntimeError as error:  # torch's own error type
+        except (RuntimeError, IndexError, ValueError) as error:  # torch's own error types
             raise VerifyError(
                 f"device {index}: op {op.name!r} failed: {str(error).splitlines()[0]}"
             ) from None
@@ -147,12 +154,38 @@ class TrainingDevice:
         if name not in self.ops:  # rewritten into several local ops (a masked lookup)
             return [self.rewritten_gradient(op, name, args[:count], args[count:])]
         forward = self.ops[name]
-        for j, local in enumerate(forward.inputs[:count]):
-            if local and local != op.inputs[j] and local in self.held:
-                args[j] = self.held[local]
+        if forward.type == "Gather" and int(op.attr("operand", 0)) == 0:  # type: ignore[arg-type]
+            return [self.lookup_gradient(op, forward, args[1], args[count])]
+        gradients = zip(args[count:], forward.outputs, strict=False)
         shapes = [self.program.shapes.get(n, ()) for n in forward.inputs]
+        if all(g is None or tuple(g.shape) == self.program.shapes[o] for g, o in gradients):
+            # The Grad runs at its forward op's sharding: it reads the op's local constants.
+            for j, local in enumerate(forward.inputs[:count]):
+                if local and op.inputs[j] and local != op.inputs[j] and local in self.held:
+                    args[j] = self.held[local]
+        elif forward.type in _ADDING and args[count] is not None:
+            # Another sharding: the unread addends take the sum's shape (the operand's own
+            # comes from the Grad's result).
+            shapes = [tuple(args[count].shape)] * len(shapes)
+        if forward.type in _SHAPED and count < len(args) and args[count] is not None:
+            args[1] = torch.tensor(tuple(args[count].shape), dtype=torch.int64)
         result = self.program.shapes[op.outputs[0]]
         return train_ops.train_op(op, forward, args, shapes, step, count, result)
+
+    def lookup_gradient(self, op: Op, forward: Op, indices: Any, gradient: Any) -> Any:
+        """The gradient of a lookup's table: rows of the whole table (a Grad that writes its
+        device's rows reads every index) scattered, then the device's rows of it."""
+        result = op.outputs[0]
+        axis = int(forward.attr("axis", 0)) % len(self.program.shapes[result])  # type: ignore[arg-type]
+        start, stop = self.partitioned.slices(result, self.program.index)[axis]
+        shape = list(self.program.shapes[result])
+        shape[axis] = self.partitioned.program.tensors[result].shape[axis]
+        attrs = dict(forward.attrs)
+        whole = train_ops.gradient(
+            0, lambda values: train_ops.forward("Gather", attrs, values), [torch.zeros(shape),
+            indices], [gradient],
+        )  # fmt: skip
+        return whole.narrow(axis, start, stop - start)
 
     def rewritten_gradient(
         self, op: Op, name: str, reads: Sequence[Any], gradients: Sequence[Any]
@@ -206,7 +239,7 @@ def segment_nodes(folder: Path, manifest: Mapping[str, Any]) -> dict[str, list[t
     return out
 
 
-def program_ops(partitioned: Partitioned) -> dict[int, Op]:
+def program_ops_of(partitioned: Partitioned) -> dict[int, Op]:
     """The whole program's compute ops by step (a Grad of a rewritten op reads its step)."""
     steps = partitioned.program.steps
     return {i: s.op for i, s in enumerate(steps) if isinstance(s, Compute)}
@@ -219,9 +252,8 @@ class _Partitioned:
         self, partitioned: Partitioned, graph: Graph, manifest: Mapping[str, Any], folder: Path
     ):
         self.partitioned, self.graph = partitioned, graph
-        ops = program_ops(partitioned)
         self.devices = [
-            TrainingDevice(d, m["steps"], graph, ops)
+            TrainingDevice(partitioned, d.index, m["steps"], graph)
             for d, m in zip(partitioned.devices, manifest["devices"], strict=True)
         ]
         self.nodes = segment_nodes(folder, manifest)

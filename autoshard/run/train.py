@@ -51,7 +51,6 @@ from autoshard.execute.train_check import (
 from autoshard.execute.train_verify import (
     TrainingDevice,
     local_inputs,
-    program_ops,
     segment_nodes,
     start_tensors,
     training_feeds,
@@ -166,9 +165,7 @@ def _train(
 
     try:
         weights = read_weights(work.folder, work.manifest, rank, work.sha256[rank])
-        device = TrainingDevice(
-            work.partitioned.devices[rank], steps, work.graph, program_ops(work.partitioned)
-        )
+        device = TrainingDevice(work.partitioned, rank, steps, work.graph)
         device.held = start_tensors(work.partitioned, work.graph, rank, weights)
     except Exception as error:  # a missing or bad file
         raise fail(-1, _line(error)) from None
