@@ -38,6 +38,7 @@ TOLERANCE = 1e-5
 REFERENCE = np.float64
 """The reference computes in float64: the plan runs in float32 and is compared with the exact
 step, so the reference's own rounding (another order of summation) does not count against it."""
+_TORCH_FLOATS = {np.float64: torch.float64, np.float32: torch.float32}
 KINDS = ("loss", "gradient", "weight", "state")
 # torch.optim's names of a weight's state, in the order `train_ops.update` stacks them.
 _STATE_KEYS = {"adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq"),
@@ -160,20 +161,19 @@ class Reference:
 
 def reference_steps(
     model: str | os.PathLike[str], trained: Sequence[str], optimizer: str,
-    inputs: Sequence[Mapping[str, np.ndarray]],
+    inputs: Sequence[Mapping[str, np.ndarray]], floats: Any = REFERENCE,
 ) -> list[Reference]:  # fmt: skip
-    """PyTorch autograd and torch.optim on the original ONNX file, one entry per step."""
+    """PyTorch autograd and torch.optim on the original ONNX file, one entry per step, in
+    `floats` (the bench times a float32 step)."""
     proto = onnx.load(os.fspath(model))
-    values = {
-        i.name: to_torch(numpy_helper.to_array(i), REFERENCE) for i in proto.graph.initializer
-    }
+    values = {i.name: to_torch(numpy_helper.to_array(i), floats) for i in proto.graph.initializer}
     parameters = {n: values[n].clone().requires_grad_(True) for n in trained}
     values.update(parameters)
     step_of = train_ops.reference_optimizer(optimizer, list(parameters.values()))
     out = []
     for feed in inputs:
-        feed_values = {n: to_torch(a, REFERENCE) for n, a in feed.items()}
-        outputs = run_model(proto, dict(values) | feed_values, torch.float64)
+        feed_values = {n: to_torch(a, floats) for n, a in feed.items()}
+        outputs = run_model(proto, dict(values) | feed_values, _TORCH_FLOATS[floats])
         loss = sum(o.sum() for o in outputs.values())
         for p in parameters.values():
             p.grad = None

@@ -247,8 +247,16 @@ def run_training(
     """Train the partition of folder `out` `steps` steps as one process per device and check
     every step against PyTorch autograd on `model` (module docstring)."""
     from autoshard.document.blocks import training_of
+    from autoshard.run import RunSetupError, torch_rank
     from autoshard.run.launch import launch_work
 
+    if torch_rank() is not None:
+        raise RunSetupError(
+            "a training step's partition is run by autoshard run itself, one process per "
+            "device on this host: start it once, not under torchrun"
+        )
+    if backend not in ("gloo", "nccl"):
+        raise RunSetupError(f"unknown backend {backend!r}; valid: gloo, nccl")
     built, _, partition = load_partition(out, model, dims or {})
     training = training_of(partition, "the manifest")
     if training is None:
