@@ -409,7 +409,10 @@ def _verify_training(args: argparse.Namespace, inputs: Any) -> int:
         return _run_training(args, args.model, inputs, "verify")
     from autoshard.execute.artifacts import verify_training_folder
 
-    report = verify_training_folder(args.out, args.model, dims_of(args.dim), args.steps, inputs)
+    floats = "float64" if args.float64 else "float32"
+    report = verify_training_folder(
+        args.out, args.model, dims_of(args.dim), args.steps, inputs, floats
+    )
     if args.json:
         emit(report.to_json())
     else:
@@ -427,8 +430,9 @@ def _run_training(args: argparse.Namespace, model: str | None, inputs: Any, how:
         )
     from autoshard.run.train import run_training
 
+    floats = "float64" if args.float64 else "float32"
     report = run_training(args.out, model, dims_of(args.dim), args.steps, args.backend, inputs,
-                          args.timeout)  # fmt: skip
+                          args.timeout, floats=floats)  # fmt: skip
     if args.json:
         emit(report.to_json())
     else:

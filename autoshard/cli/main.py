@@ -211,6 +211,12 @@ def _verify_command(commands: Commands) -> None:
         action="store_true",
         help="run as one process per device on torch.distributed (autoshard run), not in-process",
     )
+    verify.add_argument(
+        "--float64",
+        action="store_true",
+        help="a training step's partition: compute it in float64, to tell a plan's error from "
+        "float32 rounding",
+    )
     run_flags(verify)
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(run=cmd_verify)
@@ -241,6 +247,12 @@ def _run_command(commands: Commands) -> None:
         type=dim_flag,
         metavar="NAME=SIZE",
         help="must agree with the partition's dims (they are in its manifest)",
+    )
+    run.add_argument(
+        "--float64",
+        action="store_true",
+        help="a training step's partition: compute it in float64, to tell a plan's error from "
+        "float32 rounding",
     )
     run_flags(run)
     run.add_argument("--json", action="store_true", help="machine-readable output")

@@ -143,6 +143,7 @@ def print_training(out: str, report: Any, how: str = "verify") -> None:
     status = "ok" if report.ok else "FAILED"
     timing = report.timing
     where = f" as {report.devices} processes ({timing['backend']})" if timing else ""
+    where += " in float64" if report.floats == "float64" else ""
     print(f"{how} {out}: {report.steps} training steps on {report.devices} devices{where} "
           f"against torch autograd: {status}")  # fmt: skip
     for what in ("loss", "gradient", "weight", "state"):

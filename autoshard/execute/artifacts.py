@@ -301,6 +301,7 @@ def verify_training_folder(
     dims: Mapping[str, int],
     steps: int = 3,
     inputs: Mapping[str, np.ndarray] | None = None,
+    floats: str = "float32",
 ) -> TrainingReport:
     """Rebuild the training step's partition of folder `out`, train it `steps` steps on every
     device as its steps.json says, each from its own weight file, and compare every step with
@@ -319,6 +320,7 @@ def verify_training_folder(
         training,
         steps,
         inputs=inputs,
+        floats=floats,
     )
 
 

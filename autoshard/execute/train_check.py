@@ -16,8 +16,9 @@ is stacked the same way to compare.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,7 @@ class TrainingReport:
     devices: int
     steps: int
     timing: Mapping[str, object] | None = None  # a distributed run's wall times
+    floats: str = "float32"  # what the partition's step computed in
 
     @property
     def ok(self) -> bool:
@@ -94,6 +96,7 @@ class TrainingReport:
             "ok": self.ok,
             "devices": self.devices,
             "steps": self.steps,
+            "floats": self.floats,
             "max_rel_err": {w: self.worst(w) for w in KINDS},
             "failures": [f.line() for f in self.failures],
         }
@@ -113,10 +116,32 @@ def check_training(training: Training) -> None:
                           f"{training.micro_batches}")  # fmt: skip
 
 
-def to_torch(array: Any, floats: Any = np.float32) -> Any:
-    """A torch tensor of `array`, its floats as `floats`."""
+FLOATS = {"float32": torch.float32, "float64": torch.float64}
+"""What a partition's training step may compute in: its own float32, or float64 to tell a
+plan's error from float32 rounding (the order of summation differs from the reference's)."""
+
+
+@contextlib.contextmanager
+def computing_in(floats: str) -> Iterator[None]:
+    """Every float tensor made inside is a `floats` one (torch's default dtype, restored)."""
+    if floats not in FLOATS:
+        raise VerifyError(f"unknown float type {floats!r}; valid: {', '.join(FLOATS)}")
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(FLOATS[floats])
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def to_torch(array: Any, floats: Any = None) -> Any:
+    """A torch tensor of `array`, its floats as `floats` (None: torch's default dtype)."""
     array = np.asarray(array)
-    return torch.from_numpy(array.astype(floats) if array.dtype.kind == "f" else array.copy())
+    if array.dtype.kind != "f":
+        return torch.from_numpy(array.copy())
+    if floats is None:
+        floats = np.float64 if torch.get_default_dtype() == torch.float64 else np.float32
+    return torch.from_numpy(array.astype(floats))
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from autoshard.execute.train_check import (
     Checked,
     TrainingReport,
     check_training,
+    computing_in,
     reference_steps,
     step_checks,
     to_torch,
@@ -130,6 +131,8 @@ class TrainingDevice:
             raise VerifyError(
                 f"device {index}: op {op.name!r} failed: {str(error).splitlines()[0]}"
             ) from None
+        floats = torch.get_default_dtype()  # a constant's or a cast's: the step's floats
+        results = [r.to(floats) if r.is_floating_point() else r for r in results]
         for name, result in zip(op.outputs, results, strict=False):
             if not name:
                 continue
@@ -352,6 +355,7 @@ def verify_training(
     steps: int = 3,
     seed: int = 0,
     inputs: Mapping[str, np.ndarray] | None = None,
+    floats: str = "float32",
 ) -> TrainingReport:
     """Train the partition of `folder` (its steps.json, `graph` the training step, `weights`
     each device's own) `steps` steps on `inputs` or seeded random ones, and check every step
@@ -361,11 +365,12 @@ def verify_training(
     feeds = training_feeds(graph, steps, seed, inputs)
     reference = reference_steps(model, checked.trained, str(training.optimizer), feeds)
     runner = _Partitioned(partitioned, graph, steps_manifest, Path(folder))
-    runner.start(weights)
     checks: list[Check] = []
-    for k, want in enumerate(reference, start=1):
-        runner.step(k, feeds[k - 1])
-        computed = [{n: d.env[n].numpy() for n in checked.computed} for d in runner.devices]
-        held = [{n: d.held[n].numpy() for n in checked.held} for d in runner.devices]
-        checks += step_checks(partitioned, checked, k, want, computed, held)
-    return TrainingReport(tuple(checks), len(partitioned.devices), steps)
+    with computing_in(floats):
+        runner.start(weights)
+        for k, want in enumerate(reference, start=1):
+            runner.step(k, feeds[k - 1])
+            computed = [{n: d.env[n].numpy() for n in checked.computed} for d in runner.devices]
+            held = [{n: d.held[n].numpy() for n in checked.held} for d in runner.devices]
+            checks += step_checks(partitioned, checked, k, want, computed, held)
+    return TrainingReport(tuple(checks), len(partitioned.devices), steps, floats=floats)

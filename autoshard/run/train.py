@@ -41,9 +41,11 @@ import torch.distributed as dist
 from autoshard.execute.artifacts import load_partition
 from autoshard.execute.steps import read_steps
 from autoshard.execute.train_check import (
+    FLOATS,
     Checked,
     TrainingReport,
     check_training,
+    computing_in,
     reference_steps,
     step_checks,
     to_torch,
@@ -106,6 +108,7 @@ class TrainingWork:
     checked: Checked
     backend: str
     sha256: tuple[str | None, ...]
+    floats: str = "float32"
     preload: str = "autoshard.run.train"
 
     def __call__(
@@ -140,7 +143,8 @@ def train_rank(
     except Exception as error:  # torch's own errors
         raise TrainingFailure(rank, 0, -1, "joining the process group", _line(error)) from None
     try:
-        records, timing = _train(work, rank, collectives, progress)
+        with computing_in(work.floats):
+            records, timing = _train(work, rank, collectives, progress)
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         try:
             dist.gather_object((records, timing), gathered, dst=0)
@@ -243,6 +247,7 @@ def run_training(
     inputs: Mapping[str, np.ndarray] | None = None,
     timeout_s: float = 60.0,
     seed: int = 0,
+    floats: str = "float32",
 ) -> TrainingReport:
     """Train the partition of folder `out` `steps` steps as one process per device and check
     every step against PyTorch autograd on `model` (module docstring)."""
@@ -255,6 +260,8 @@ def run_training(
             "a training step's partition is run by autoshard run itself, one process per "
             "device on this host: start it once, not under torchrun"
         )
+    if floats not in FLOATS:
+        raise RunSetupError(f"unknown float type {floats!r}; valid: {', '.join(FLOATS)}")
     if backend not in ("gloo", "nccl"):
         raise RunSetupError(f"unknown backend {backend!r}; valid: gloo, nccl")
     built, _, partition = load_partition(out, model, dims or {})
@@ -269,7 +276,7 @@ def run_training(
     reference = reference_steps(model, checked.trained, str(training.optimizer), feeds)
     sha256 = tuple(d.get("sha256") for d in partition["devices"])
     work = TrainingWork(folder, manifest, built.partitioned, graph, segment_nodes(folder, manifest),
-                        feeds, checked, backend, sha256)  # fmt: skip
+                        feeds, checked, backend, sha256, floats)  # fmt: skip
     started = time.perf_counter()
     gathered = launch_work(work, len(manifest["devices"]), timeout_s)
     wall = time.perf_counter() - started
@@ -280,4 +287,4 @@ def run_training(
         checks += step_checks(built.partitioned, checked, k, want, computed, held)
     ranks = [{"rank": r, **timing} for r, (_, timing) in enumerate(gathered)]
     timing = {"wall_s": wall, "backend": backend, "ranks": ranks}
-    return TrainingReport(tuple(checks), len(gathered), steps, timing)
+    return TrainingReport(tuple(checks), len(gathered), steps, timing, floats)

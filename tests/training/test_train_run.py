@@ -106,37 +106,43 @@ def kinds(out):
     return {c["kind"] for c in manifest["collectives"]}
 
 
-# (model, mesh, plan, optimizer): a recipe, or "searched@BUDGET".
+# (model, mesh, plan, optimizer, floats): a recipe, or "searched@BUDGET". GPT-2's layernorm
+# weights and attention biases have gradients summed over many terms that nearly cancel: under
+# ZeRO, FSDP and 3-axis TP the partition's float32 sums (in another order than autograd's) land
+# a little past 1e-5 of the exact step after step 2 on one or two of them; these run in float64,
+# where a wrong rule or a missing sync still shows and rounding does not.
 CASES = [
-    ("mlp", "2x2", "dp", "adam"),
-    ("mlp", "2x2", "zero", "adamw"),
-    ("mlp", "2x2", "fsdp", "adam"),
-    ("mlp", "2x2", "tp-dp", "sgd"),
-    ("mlp", "2x2", "searched@200KB", "adam"),
-    ("mlp", "2x2x2", "tp-fsdp", "adam"),
-    ("mlp", "2x2x2", "searched@120KB", "adam"),
-    ("gpt2", "2x2", "dp", "sgd"),
-    ("gpt2", "2x2", "zero", "sgd"),
-    ("gpt2", "2x2", "fsdp", "sgd"),
-    ("gpt2", "2x2", "tp-dp", "sgd"),
-    ("gpt2", "2x2", "searched@1MB", "sgd"),
-    ("gpt2", "2x2x2", "tp-dp", "sgd"),
-    ("llama", "2x2", "dp", "adam"),
-    ("llama", "2x2", "tp-dp", "adam"),
-    ("llama", "2x2", "searched@150KB", "adam"),
+    ("mlp", "2x2", "dp", "adam", "float32"),
+    ("mlp", "2x2", "zero", "adamw", "float32"),
+    ("mlp", "2x2", "fsdp", "adam", "float32"),
+    ("mlp", "2x2", "tp-dp", "sgd", "float32"),
+    ("mlp", "2x2", "searched@200KB", "adam", "float32"),
+    ("mlp", "2x2x2", "tp-fsdp", "adam", "float32"),
+    ("mlp", "2x2x2", "searched@120KB", "adam", "float32"),
+    ("gpt2", "2x2", "dp", "sgd", "float32"),
+    ("gpt2", "2x2", "zero", "sgd", "float64"),
+    ("gpt2", "2x2", "fsdp", "sgd", "float64"),
+    ("gpt2", "2x2", "tp-dp", "sgd", "float32"),
+    ("gpt2", "2x2", "searched@1MB", "sgd", "float32"),
+    ("gpt2", "2x2x2", "tp-dp", "sgd", "float64"),
+    ("llama", "2x2", "dp", "adam", "float32"),
+    ("llama", "2x2", "tp-dp", "adam", "float32"),
+    ("llama", "2x2", "searched@150KB", "adam", "float32"),
 ]
 
 
-@pytest.mark.parametrize(("name", "mesh", "plan", "optimizer"), CASES,
+@pytest.mark.parametrize(("name", "mesh", "plan", "optimizer", "floats"), CASES,
                          ids=["-".join(c[:3]) for c in CASES])  # fmt: skip
-def test_run_trains_as_autograd(tmp_path, request, name, mesh, plan, optimizer):
+def test_run_trains_as_autograd(tmp_path, request, name, mesh, plan, optimizer, floats):
     model = request.getfixturevalue("llama") if name == "llama" else model_path(name)
     if plan.startswith("searched@"):
         out = searched_partition(tmp_path, model, name, mesh, plan.split("@")[1], optimizer)
     else:
         out = recipe_partition(tmp_path, model, name, mesh, plan, optimizer)
-    report = run_training(out, model, steps=3, timeout_s=120)
+    report = run_training(out, model, steps=3, timeout_s=120, floats=floats)
     assert report.ok, [c.line() for c in report.failures]
+    if floats == "float64":  # equal to the exact step but for float64 rounding
+        assert all(c.max_rel_err < 1e-10 for c in report.checks)
     assert report.devices == Mesh.parse(mesh).size
     assert {c.step for c in report.checks} == {1, 2, 3}
     checked = {c.what for c in report.checks}
