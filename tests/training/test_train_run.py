@@ -285,3 +285,22 @@ def _processes_with(marker: str) -> list[int]:
         except OSError:  # gone meanwhile, or not ours
             continue
     return found
+
+
+def test_the_llamas_torch_forms_equal_onnxruntime(llama):
+    """The reference and the ranks run the export's Attention-23 and RMSNormalization as torch
+    ops (`train_ops`): the whole model equals onnxruntime."""
+    from autoshard.execute.train_check import run_model
+    from autoshard.execute.verify import random_inputs, reference_outputs
+    from autoshard.ir.onnx_import import import_onnx
+
+    inputs = random_inputs(import_onnx(llama), seed=1)
+    proto = onnx.load(str(llama))
+    assert {"Attention", "RMSNormalization"} <= {n.op_type for n in proto.graph.node}
+    values = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy())
+              for i in proto.graph.initializer}  # fmt: skip
+    values |= {n: torch.from_numpy(a) for n, a in inputs.items()}
+    ours = run_model(proto, values)
+    for output, want in reference_outputs(llama, inputs).items():
+        got = ours[output].detach().numpy()
+        assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), output
