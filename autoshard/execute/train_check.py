@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -187,9 +188,10 @@ class Reference:
 def reference_steps(
     model: str | os.PathLike[str], trained: Sequence[str], optimizer: str,
     inputs: Sequence[Mapping[str, np.ndarray]], floats: Any = REFERENCE,
+    times: list[float] | None = None,
 ) -> list[Reference]:  # fmt: skip
     """PyTorch autograd and torch.optim on the original ONNX file, one entry per step, in
-    `floats` (the bench times a float32 step)."""
+    `floats`; each step's wall time appended to `times` (the bench times a float32 step)."""
     proto = onnx.load(os.fspath(model))
     values = {i.name: to_torch(numpy_helper.to_array(i), floats) for i in proto.graph.initializer}
     parameters = {n: values[n].clone().requires_grad_(True) for n in trained}
@@ -197,6 +199,7 @@ def reference_steps(
     step_of = train_ops.reference_optimizer(optimizer, list(parameters.values()))
     out = []
     for feed in inputs:
+        started = time.perf_counter()
         feed_values = {n: to_torch(a, floats) for n, a in feed.items()}
         outputs = run_model(proto, dict(values) | feed_values, _TORCH_FLOATS[floats])
         loss = sum(o.sum() for o in outputs.values())
@@ -211,6 +214,8 @@ def reference_steps(
                 keys = _STATE_KEYS[optimizer]
                 states[n] = np.stack([step_of.state[p][k].detach().numpy() for k in keys])
         weights = {n: p.detach().clone().numpy() for n, p in parameters.items()}
+        if times is not None:
+            times.append(time.perf_counter() - started)
         out.append(Reference(float(loss.detach()), grads, weights, states))
     return out
 

@@ -18,7 +18,7 @@ is gone, a rank that dies (its place read from the progress the ranks share); th
 stops every other rank (`launch.launch_work`). A mismatch against the reference is a failed
 check naming the step, the rank, the parameter and the difference.
 
-Timings per rank: each training step's wall time, the compute (torch ops) and each collective
+Timings per rank: each training step's wall time and compute (torch ops), and each collective
 kind's count, seconds and bytes, summed over the steps.
 """
 
@@ -178,11 +178,11 @@ def _train(
     def at(position: int) -> None:
         progress[rank] = position
 
-    timing, step_s = Timing(), []
+    timing, step_s, compute_s = Timing(), [], []
     records: Records = []
     for step, feed in enumerate(work.feeds, start=1):
         progress[world + rank] = step
-        started = time.perf_counter()
+        started, computed = time.perf_counter(), timing.compute_s
         device.begin(local_inputs(work.partitioned, rank, feed))
         while True:
             computing = time.perf_counter()
@@ -197,13 +197,14 @@ def _train(
             _collective(device, j, work.manifest, collectives, timing, fail)
         device.end(work.graph.updates, outputs)
         step_s.append(time.perf_counter() - started)
+        compute_s.append(timing.compute_s - computed)
         records.append(
             (
                 {n: device.env[n].numpy().copy() for n in work.checked.computed},
                 {n: device.held[n].numpy().copy() for n in work.checked.held},
             )
         )
-    return records, {**timing.to_json(), "step_s": step_s}
+    return records, {**timing.to_json(), "step_s": step_s, "step_compute_s": compute_s}
 
 
 def _collective(
