@@ -177,6 +177,12 @@ def test_run_and_distributed_verify_print_a_training_run(tmp_path, capsys):
     assert report["ok"] is True and report["steps"] == 1
     assert set(report["max_rel_err"]) == {"loss", "gradient", "weight", "state"}
     assert len(report["timing"]["ranks"]) == 4
+    # in float64, in this process: the exact step but for float64 rounding
+    args = ["verify", str(out), "--model", str(model_path("mlp")), "--float64", "--json"]
+    assert main([*args, "--steps", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["floats"] == "float64" and report["steps"] == 2
+    assert max(report["max_rel_err"].values()) < 1e-12
     # a training partition cannot run without its model
     assert main(["run", str(out)]) == 2
     assert "give --check MODEL" in capsys.readouterr().err
