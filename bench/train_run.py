@@ -8,11 +8,10 @@ autograd and torch.optim on the ONNX graph run as torch ops, float32).
 
 Prints per case: the devices, the run's step (the slowest rank's mean over steps 2..3: the
 first pays torch's warm-up), rank 0's compute in it (torch ops) and the rest (collectives and
-waiting for peers), the single-process step (mean of steps 2..3), their ratio, and whether the
-run's worst relative error against the exact step (float32 rounding: 1e-5 is the tests'
-bound). On a CPU host
-the ranks share its cores, so the ratio says what the step lists, the collectives and the
-host's contention cost, not what a GPU cluster would see.
+waiting for peers), the single-process step (best of steps 2..3, once per model), their ratio,
+and the run's worst relative error against the exact step (float32 rounding; the tests' bound
+is 1e-5). On a CPU host the ranks share its cores, so the ratio says what the step lists, the
+collectives and the host's contention cost, not what a GPU cluster would see.
 """
 
 from __future__ import annotations
@@ -97,17 +96,19 @@ def partition(folder: Path, model: Path, name: str, mesh: str, recipe: str, opti
 
 
 def single_step(model: Path, name: str, optimizer: str) -> float:
-    """The single-process step in float32: the mean of steps 2 and 3."""
+    """The single-process step in float32: the best of steps 2 and 3 (the host's noise
+    aside)."""
     training = Training(optimizer=Optimizer(optimizer), precision=Precision.FP32)
     graph = load_graphs(model, DIMS[name], training)[1]
     times: list[float] = []
     trained = Checked.of(graph).trained
     reference_steps(model, trained, optimizer, training_feeds(graph, 3), np.float32, times)
-    return float(np.mean(times[1:]))
+    return min(times[1:])
 
 
 def bench(folder: Path, only: str | None) -> None:
     models = {"mlp": MODELS / "mlp.onnx", "gpt2": MODELS / "gpt2.onnx"}
+    single: dict[tuple[str, str], float] = {}
     print("| model | mesh | plan | devices | run step | compute | the rest | one process "
           "| ratio | worst rel err |")  # fmt: skip
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -124,7 +125,9 @@ def bench(folder: Path, only: str | None) -> None:
         step = max(float(np.mean(r["step_s"][1:])) for r in ranks)  # type: ignore[index]
         first = ranks[0]  # type: ignore[index]
         compute = float(np.mean(first["step_compute_s"][1:]))
-        one = single_step(model, name, optimizer)
+        if (name, optimizer) not in single:  # one per model: the plan does not change it
+            single[name, optimizer] = single_step(model, name, optimizer)
+        one = single[name, optimizer]
         worst = max(c.max_rel_err for c in report.checks)
         print(f"| {name} | {mesh} | {recipe} | {report.devices} | {step * 1e3:.1f} ms "
               f"| {compute * 1e3:.1f} ms | {(step - compute) * 1e3:.1f} ms "
