@@ -398,16 +398,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _verify_training(args: argparse.Namespace, inputs: Any) -> int:
-    """A training step's partition trained `--steps` steps against PyTorch autograd."""
+    """A training step's partition trained `--steps` steps against PyTorch autograd, in this
+    process or (`--distributed`) as one process per device."""
+    if args.rtol is not None or args.steps < 1:
+        raise AutoshardError(
+            f"verify trains a training step's partition to 1e-5 for --steps N >= 1 (got "
+            f"{args.steps}); --rtol is for forward passes"
+        )
+    if args.distributed:
+        return _run_training(args, args.model, inputs, "verify")
     from autoshard.execute.artifacts import verify_training_folder
 
-    if args.distributed or inputs is not None or args.rtol is not None or args.steps < 1:
-        raise AutoshardError(
-            "verify trains a training step's partition in-process on seeded random inputs to "
-            f"1e-5 for --steps N >= 1 (got {args.steps}): --distributed, --inputs and --rtol "
-            "are for forward passes"
-        )
-    report = verify_training_folder(args.out, args.model, dims_of(args.dim), args.steps)
+    floats = "float64" if args.float64 else "float32"
+    report = verify_training_folder(
+        args.out, args.model, dims_of(args.dim), args.steps, inputs, floats
+    )
     if args.json:
         emit(report.to_json())
     else:
@@ -415,11 +420,33 @@ def _verify_training(args: argparse.Namespace, inputs: Any) -> int:
     return 0 if report.ok else 1
 
 
+def _run_training(args: argparse.Namespace, model: str | None, inputs: Any, how: str) -> int:
+    """`run` (or `verify --distributed`) of a training step's partition on torch.distributed."""
+    if model is None or args.steps < 1:
+        raise AutoshardError(
+            f"'{args.out}' is the partition of a training step: run trains it against PyTorch "
+            f"autograd on its model for --steps N >= 1; give --check MODEL (got steps "
+            f"{args.steps})"
+        )
+    from autoshard.run.train import run_training
+
+    floats = "float64" if args.float64 else "float32"
+    report = run_training(args.out, model, dims_of(args.dim), args.steps, args.backend, inputs,
+                          args.timeout, floats=floats)  # fmt: skip
+    if args.json:
+        emit(report.to_json())
+    else:
+        print_training(args.out, report, how)
+    return 0 if report.ok else 1
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from autoshard.execute.artifacts import load_inputs
+    from autoshard.execute.artifacts import load_inputs, read_manifest
     from autoshard.run import run_partition
 
     inputs = load_inputs(args.inputs) if args.inputs else None
+    if "training" in read_manifest(args.out):
+        return _run_training(args, args.check, inputs, "run")
     report = run_partition(args.out, args.backend, inputs, args.check, args.timeout)
     if report is None:  # a rank other than 0 under torchrun: rank 0 reports
         return 0

@@ -211,6 +211,12 @@ def _verify_command(commands: Commands) -> None:
         action="store_true",
         help="run as one process per device on torch.distributed (autoshard run), not in-process",
     )
+    verify.add_argument(
+        "--float64",
+        action="store_true",
+        help="a training step's partition: compute it in float64, to tell a plan's error from "
+        "float32 rounding",
+    )
     run_flags(verify)
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(run=cmd_verify)
@@ -223,7 +229,30 @@ def _run_command(commands: Commands) -> None:
     run.add_argument("out", metavar="OUT", help="folder written by autoshard partition")
     run.add_argument("--inputs", metavar="NPZ", help="inputs by name (default: seeded random)")
     run.add_argument(
-        "--check", metavar="MODEL", help="compare the outputs with onnxruntime on this model"
+        "--check",
+        metavar="MODEL",
+        help="compare the outputs with onnxruntime on this model (a training step's partition: "
+        "train it against PyTorch autograd on this model; required)",
+    )
+    run.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        metavar="N",
+        help="a training step's partition: train N steps (default 3)",
+    )
+    run.add_argument(
+        "--dim",
+        action="append",
+        type=dim_flag,
+        metavar="NAME=SIZE",
+        help="must agree with the partition's dims (they are in its manifest)",
+    )
+    run.add_argument(
+        "--float64",
+        action="store_true",
+        help="a training step's partition: compute it in float64, to tell a plan's error from "
+        "float32 rounding",
     )
     run_flags(run)
     run.add_argument("--json", action="store_true", help="machine-readable output")

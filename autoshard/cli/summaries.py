@@ -146,15 +146,27 @@ def pipeline_summary(block: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def print_training(out: str, report: Any) -> None:
-    """A training verification: the worst error of each kind, then each failure's line."""
+def print_training(out: str, report: Any, how: str = "verify") -> None:
+    """A training verification: the worst error of each kind, then each failure's line (a
+    distributed run: then each rank's step time, compute and collectives)."""
     status = "ok" if report.ok else "FAILED"
-    print(f"verify {out}: {report.steps} training steps on {report.devices} devices against "
-          f"torch autograd: {status}")  # fmt: skip
-    for what in ("loss", "gradient", "weight"):
+    timing = report.timing
+    where = f" as {report.devices} processes ({timing['backend']})" if timing else ""
+    where += " in float64" if report.floats == "float64" else ""
+    print(f"{how} {out}: {report.steps} training steps on {report.devices} devices{where} "
+          f"against torch autograd: {status}")  # fmt: skip
+    for what in ("loss", "gradient", "weight", "state"):
         checks = [c for c in report.checks if c.what == what]  # no weight updates: no optimizer
         if checks:
             tolerance = checks[0].tolerance
             print(f"  {what}: max rel err {report.worst(what):.3g} (tolerance {tolerance:g})")
     for failure in report.failures:
         print(f"  {failure.line()}")
+    if timing:
+        print(f"wall time {timing['wall_s']:.2f} s; per rank (mean step, compute, collectives):")
+        for rank in timing["ranks"]:
+            steps = rank["step_s"]
+            kinds = ", ".join(f"{kind} {c['count']}x {c['seconds'] * 1e3:.2f} ms"
+                              for kind, c in rank["collectives"].items())  # fmt: skip
+            print(f"  rank {rank['rank']}: step {sum(steps) / len(steps) * 1e3:.2f} ms, compute "
+                  f"{rank['compute_s'] * 1e3:.2f} ms; {kinds or 'no collectives'}")  # fmt: skip

@@ -30,7 +30,8 @@ from autoshard.annotations import Annotation, AnnotationError, parse_annotations
 from autoshard.document.blocks import Decisions, training_of
 from autoshard.errors import AutoshardError
 from autoshard.execute.steps import STEPS, read_steps, write_steps
-from autoshard.execute.train_verify import TrainingReport, verify_training
+from autoshard.execute.train_check import TrainingReport
+from autoshard.execute.train_verify import verify_training
 from autoshard.execute.verify import Report, verify
 from autoshard.files import json_text, sha256_file, write_atomic
 from autoshard.mesh import Mesh
@@ -299,6 +300,8 @@ def verify_training_folder(
     model: str | os.PathLike[str],
     dims: Mapping[str, int],
     steps: int = 3,
+    inputs: Mapping[str, np.ndarray] | None = None,
+    floats: str = "float32",
 ) -> TrainingReport:
     """Rebuild the training step's partition of folder `out`, train it `steps` steps on every
     device as its steps.json says, each from its own weight file, and compare every step with
@@ -308,7 +311,16 @@ def verify_training_folder(
     if training is None:
         raise PartitionFolderError(f"'{out}' is the partition of a forward pass: verify it")
     return verify_training(
-        built.partitioned, built.graph, model, weights, read_steps(out), out, training, steps
+        built.partitioned,
+        built.graph,
+        model,
+        weights,
+        read_steps(out),
+        out,
+        training,
+        steps,
+        inputs=inputs,
+        floats=floats,
     )
 
 

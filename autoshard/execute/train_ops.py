@@ -146,10 +146,59 @@ def _layer_norm(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> Tensor:
     return torch.nn.functional.layer_norm(x, x.shape[axis:], args[1], bias, epsilon)
 
 
+def _rms_norm(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> Tensor:
+    """RMSNormalization-23: x / sqrt(mean(x^2 over the dims from `axis`) + epsilon) * scale."""
+    x = args[0]
+    dims = list(range(int(attrs.get("axis", -1)) % x.dim(), x.dim()))
+    epsilon = float(attrs.get("epsilon", 1e-5))
+    return x * torch.rsqrt((x * x).mean(dim=dims, keepdim=True) + epsilon) * args[1]
+
+
+def _heads(x: Tensor, count: int) -> Tensor:
+    """A 3-D (batch, seq, heads * size) operand of Attention as 4-D (batch, heads, seq, size)."""
+    if x.dim() == 4:
+        return x
+    return x.reshape(x.shape[0], x.shape[1], count, -1).transpose(1, 2)
+
+
+def _attention(attrs: Mapping[str, Any], args: Sequence[Tensor], outputs: int) -> list[Tensor]:
+    """Attention-23 without a past key/value cache: softmax(scale Q K^T + mask) V, the key and
+    value heads repeated for grouped queries, a fully masked row all zeros (as ONNX defines
+    it); the present key and value are K and V."""
+    if any(a is not None for a in args[4:]) or outputs > 3:
+        raise NoTorchForm("Attention with a past key/value cache or its QK output has no torch "
+                          "form for a training step")  # fmt: skip
+    q = _heads(args[0], int(attrs.get("q_num_heads", 0)))
+    k = _heads(args[1], int(attrs.get("kv_num_heads", 0)))
+    v = _heads(args[2], int(attrs.get("kv_num_heads", 0)))
+    group = q.shape[1] // k.shape[1]
+    keys, values = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scale = attrs.get("scale") or 1.0 / float(q.shape[-1]) ** 0.5
+    scores = (q * float(scale)) @ keys.transpose(-1, -2)
+    softcap = float(attrs.get("softcap", 0.0))
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    mask = args[3] if len(args) > 3 else None
+    if mask is not None:
+        bias = mask if mask.dtype != torch.bool else torch.zeros(mask.shape).masked_fill(
+            ~mask, float("-inf"))  # fmt: skip
+        scores = scores + bias
+    if attrs.get("is_causal", 0):
+        allowed = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    probabilities = torch.softmax(scores, dim=-1)
+    probabilities = torch.where(torch.isnan(probabilities), 0.0, probabilities)
+    y = probabilities @ values
+    if args[0].dim() == 3:
+        y = y.transpose(1, 2).reshape(args[0].shape[0], args[0].shape[1], -1)
+    return [y, args[1], args[2]][:outputs]
+
+
 _ONE: dict[str, Callable[[Tensor], Tensor]] = {
     "Relu": torch.relu, "Tanh": torch.tanh, "Sigmoid": torch.sigmoid, "Exp": torch.exp,
     "Neg": torch.neg, "Sqrt": torch.sqrt, "Erf": torch.erf, "Log": torch.log,
     "Identity": lambda x: x, "Reciprocal": torch.reciprocal, "Not": torch.logical_not,
+    "IsNaN": torch.isnan,
 }  # fmt: skip
 _TWO: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "MatMul": torch.matmul, "Add": torch.add, "Sub": torch.sub, "Mul": torch.mul,
@@ -189,6 +238,7 @@ _OTHER: dict[str, Callable[[Mapping[str, Any], Sequence[Tensor]], Tensor]] = {
         torch.broadcast_shapes(args[0].shape, tuple(_shape(args[1])))
     ),
     "LayerNormalization": _layer_norm,
+    "RMSNormalization": _rms_norm,
 }  # fmt: skip
 
 
@@ -203,11 +253,13 @@ def forward(
         return [_TWO[op_type](args[0], args[1])]
     if op_type == "Split":
         return _split(attrs, args, outputs)
+    if op_type == "Attention":
+        return _attention(attrs, args, outputs)
     if op_type in _OTHER:
         return [_OTHER[op_type](attrs, args)]
     if op_type == "Constant":
         return [torch.from_numpy(np.array(attrs["value"]))]
-    supported = sorted([*_ONE, *_TWO, *_OTHER, "Constant", "Split"])
+    supported = sorted([*_ONE, *_TWO, *_OTHER, "Attention", "Constant", "Split"])
     raise NoTorchForm(
         f"op type {op_type} has no torch form for a training step; supported: "
         + ", ".join(supported)
@@ -240,6 +292,9 @@ def train_op(
     operand = int(op.attr("operand", 0))  # type: ignore[arg-type]
     if operand >= len(forward_op.inputs) or not forward_op.inputs[operand]:
         return [torch.zeros(tuple(result))]  # the local op does not read it
+    # The operand differentiated has the local shape of its gradient: a Grad may run at
+    # another sharding than its forward op (a weight's gradient by row slices, ZeRO).
+    shapes = [tuple(result) if j == operand and result else s for j, s in enumerate(shapes)]
     return [_gradient(op, forward_op, args[:operands], args[operands:], shapes)]
 
 

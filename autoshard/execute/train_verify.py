@@ -9,118 +9,61 @@ reaches another collective than the rest (one dropped from its file) is named, a
 reading a tensor no step made. After each step a device's weights and optimizer state are its
 update's results (`Graph.updates`), in the shardings they are held in.
 
-The reference is single-process: the original ONNX file's nodes run as torch ops, the loss
-(`train_ops.LOSS`) differentiated by `backward()`, and torch.optim's optimizer steps the
-weights. After every step the loss, every synchronized gradient and every updated weight are
-compared, each device's shard with the reference's region of it: a mismatch names the step,
-the rank, the parameter and the relative difference (max |a - b| / max |b|).
+The checks (`train_check`): the loss, every synchronized gradient, every updated weight and
+optimizer state against PyTorch autograd and torch.optim on the original ONNX file. A NaN made
+by any op stops the step at once, naming the device and the op (a gradient op: its parameter).
+`autoshard run` runs the same `TrainingDevice` per process, its collectives on
+torch.distributed (`run.train`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 import torch
-from onnx import helper, numpy_helper
 
 from autoshard.execute import train_ops
 from autoshard.execute.simulate import run_collective
-from autoshard.execute.verify import TINY, VerifyError, assemble, input_specs, random_inputs
+from autoshard.execute.train_check import (
+    Check,
+    Checked,
+    TrainingReport,
+    check_training,
+    computing_in,
+    reference_steps,
+    step_checks,
+    to_torch,
+)
+from autoshard.execute.verify import VerifyError, check_inputs, input_specs, random_inputs
 from autoshard.ir.graph import Graph, Op
-from autoshard.passes.partition import DeviceProgram, LocalCollective, LocalCompute, Partitioned
+from autoshard.passes.partition import LocalCollective, LocalCompute, Partitioned
 from autoshard.program import Compute
 from autoshard.rules.gradient import TRAIN, TrainOp
-from autoshard.training.options import Precision, Training
-from autoshard.training.step import gradient_name
+from autoshard.training.options import Training
 
-TOLERANCE = 1e-5
-
-
-@dataclass(frozen=True)
-class Check:
-    """How far one trained quantity is from the reference after one step (`rank` None: the
-    loss, compared whole)."""
-
-    step: int
-    what: str  # loss, gradient, weight
-    name: str
-    rank: int | None
-    max_rel_err: float
-    max_abs_err: float
-    tolerance: float
-
-    @property
-    def ok(self) -> bool:
-        return self.max_rel_err <= self.tolerance
-
-    def line(self) -> str:
-        where = f"rank {self.rank}" if self.rank is not None else "all ranks"
-        return (
-            f"step {self.step}, {where}: {self.what} of {self.name} differs from torch autograd "
-            f"by {self.max_rel_err:.3g} relative (max abs {self.max_abs_err:.3g}, "
-            f"tolerance {self.tolerance:g})"
-        )
+_SHAPED = frozenset({"Reshape", "Expand"})
+"""Ops whose operand 1 is their result's shape: a Grad at any sharding reads it from the
+local shape of its result's gradient."""
 
 
-@dataclass(frozen=True)
-class TrainingReport:
-    checks: tuple[Check, ...]
-    devices: int
-    steps: int
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
-
-    @property
-    def failures(self) -> tuple[Check, ...]:
-        return tuple(c for c in self.checks if not c.ok)
-
-    def worst(self, what: str) -> float:
-        return max((c.max_rel_err for c in self.checks if c.what == what), default=0.0)
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "ok": self.ok,
-            "devices": self.devices,
-            "steps": self.steps,
-            "max_rel_err": {w: self.worst(w) for w in ("loss", "gradient", "weight")},
-            "failures": [f.line() for f in self.failures],
-        }
+_ADDING = frozenset({"Add", "Sub", "Sum"})
+"""Ops whose gradient reads none of their operands (their addends' values do not matter)."""
 
 
-def check_training(training: Training) -> None:
-    if training.precision is not Precision.FP32:
-        raise VerifyError(
-            f"verify runs training steps in fp32 only; partition with --precision fp32 "
-            f"(this one is {training.precision})"
-        )
-    if training.micro_batches != 1:
-        raise VerifyError("verify runs training steps of one micro-batch; this one has "
-                          f"{training.micro_batches}")  # fmt: skip
-
-
-def _torch(array: Any) -> Any:
-    array = np.asarray(array)
-    return torch.from_numpy(array.astype(np.float32) if array.dtype.kind == "f" else array.copy())
-
-
-class _Device:
+class TrainingDevice:
     """One device's program, its step list from steps.json and the tensors it holds."""
 
     def __init__(
-        self,
-        program: DeviceProgram,
-        steps: Sequence[Mapping[str, Any]],
-        graph: Graph,
-        program_ops: Mapping[int, Op],
+        self, partitioned: Partitioned, index: int, steps: Sequence[Mapping[str, Any]], graph: Graph
     ):
+        program_ops = program_ops_of(partitioned)
+        program = partitioned.devices[index]
+        self.partitioned = partitioned
         self.program, self.graph, self.program_ops = program, graph, program_ops
         self.step_of = {o.name: i for i, o in program_ops.items()}
         self.ops = {s.op.name: s.op for s in program.steps if isinstance(s, LocalCompute)}
@@ -130,9 +73,27 @@ class _Device:
         self.held: dict[str, Any] = {}  # constants, weights and optimizer state across steps
         self.position = 0
 
-    def advance(self, step: int, nodes: Mapping[str, list[tuple[str, str]]]) -> int | None:
-        """Run the device's steps up to its next collective; return its index (None: done)."""
+    def begin(self, inputs: Mapping[str, Any]) -> None:
+        """Start a step: the held tensors and this device's slices of the graph inputs."""
+        self.env = dict(self.held) | dict(inputs)
+        self.position = 0
+
+    def end(self, updates: Mapping[str, str], outputs: Mapping[str, str]) -> None:
+        """End a step: each weight and optimizer state held is its update's result."""
+        for new, old in updates.items():
+            self.held[old] = self.env[outputs[new]]
+
+    def advance(
+        self,
+        step: int,
+        nodes: Mapping[str, list[tuple[str, str]]],
+        at: Callable[[int], None] | None = None,
+    ) -> int | None:
+        """Run the device's steps up to its next collective; return its index (None: done).
+        `at` is told the position of each entry of the step list as it starts."""
         while self.position < len(self.steps):
+            if at is not None:
+                at(self.position)
             entry = self.steps[self.position]
             self.position += 1
             if "collective" in entry:
@@ -166,10 +127,12 @@ class _Device:
                 results = self.train_op(op, args, step)
             else:
                 results = train_ops.forward(op.type, dict(op.attrs), args, len(op.outputs))
-        except RuntimeError as error:  # torch's own error type
+        except (RuntimeError, IndexError, ValueError) as error:  # torch's own error types
             raise VerifyError(
                 f"device {index}: op {op.name!r} failed: {str(error).splitlines()[0]}"
             ) from None
+        floats = torch.get_default_dtype()  # a constant's or a cast's: the step's floats
+        results = [r.to(floats) if r.is_floating_point() else r for r in results]
         for name, result in zip(op.outputs, results, strict=False):
             if not name:
                 continue
@@ -179,6 +142,10 @@ class _Device:
                     f"{list(result.shape)}; the partition says {list(self.program.shapes[name])}"
                 )
             self.env[name] = result.detach()
+            if result.is_floating_point() and bool(torch.isnan(result).any()):
+                raise NotANumber(f"device {index}: {_what(op, self.graph)} has NaN in "
+                                 f"{int(torch.isnan(result).sum())} of {result.numel()} "
+                                 "elements")  # fmt: skip
 
     def train_op(self, op: Op, args: list[Any], step: int) -> list[Any]:
         """A training op; a Grad differentiates its forward op as this device runs it (its
@@ -190,12 +157,38 @@ class _Device:
         if name not in self.ops:  # rewritten into several local ops (a masked lookup)
             return [self.rewritten_gradient(op, name, args[:count], args[count:])]
         forward = self.ops[name]
-        for j, local in enumerate(forward.inputs[:count]):
-            if local and local != op.inputs[j] and local in self.held:
-                args[j] = self.held[local]
+        if forward.type == "Gather" and int(op.attr("operand", 0)) == 0:  # type: ignore[arg-type]
+            return [self.lookup_gradient(op, forward, args[1], args[count])]
+        gradients = zip(args[count:], forward.outputs, strict=False)
         shapes = [self.program.shapes.get(n, ()) for n in forward.inputs]
+        if all(g is None or tuple(g.shape) == self.program.shapes[o] for g, o in gradients):
+            # The Grad runs at its forward op's sharding: it reads the op's local constants.
+            for j, local in enumerate(forward.inputs[:count]):
+                if local and op.inputs[j] and local != op.inputs[j] and local in self.held:
+                    args[j] = self.held[local]
+        elif forward.type in _ADDING and args[count] is not None:
+            # Another sharding: the unread addends take the sum's shape (the operand's own
+            # comes from the Grad's result).
+            shapes = [tuple(args[count].shape)] * len(shapes)
+        if forward.type in _SHAPED and count < len(args) and args[count] is not None:
+            args[1] = torch.tensor(tuple(args[count].shape), dtype=torch.int64)
         result = self.program.shapes[op.outputs[0]]
         return train_ops.train_op(op, forward, args, shapes, step, count, result)
+
+    def lookup_gradient(self, op: Op, forward: Op, indices: Any, gradient: Any) -> Any:
+        """The gradient of a lookup's table: rows of the whole table (a Grad that writes its
+        device's rows reads every index) scattered, then the device's rows of it."""
+        result = op.outputs[0]
+        axis = int(forward.attr("axis", 0)) % len(self.program.shapes[result])  # type: ignore[arg-type]
+        start, stop = self.partitioned.slices(result, self.program.index)[axis]
+        shape = list(self.program.shapes[result])
+        shape[axis] = self.partitioned.program.tensors[result].shape[axis]
+        attrs = dict(forward.attrs)
+        whole = train_ops.gradient(
+            0, lambda values: train_ops.forward("Gather", attrs, values), [torch.zeros(shape),
+            indices], [gradient],
+        )  # fmt: skip
+        return whole.narrow(axis, start, stop - start)
 
     def rewritten_gradient(
         self, op: Op, name: str, reads: Sequence[Any], gradients: Sequence[Any]
@@ -222,7 +215,22 @@ class _Device:
         return train_ops.gradient(int(op.attr("operand", 0)), run, operands, gradients)  # type: ignore[arg-type]
 
 
-def _segment_nodes(folder: Path, manifest: Mapping[str, Any]) -> dict[str, list[tuple[str, str]]]:
+class NotANumber(VerifyError):
+    """A NaN made by a device's op: the step cannot go on."""
+
+
+def _what(op: Op, graph: Graph) -> str:
+    """An op for a message: a gradient op names its parameter or its forward op's operand."""
+    if op.domain != TRAIN or op.type != TrainOp.GRAD:
+        return f"op {op.name!r} ({op.type})"
+    forward = graph.op_by_name[str(op.attr("op"))]
+    operand = int(op.attr("operand", 0))  # type: ignore[arg-type]
+    read = forward.inputs[operand] if operand < len(forward.inputs) else ""
+    of = f"parameter {read}" if read in graph.weights else f"{read!r}"
+    return f"op {op.name!r} (the gradient of {of} through {forward.type} {forward.name!r})"
+
+
+def segment_nodes(folder: Path, manifest: Mapping[str, Any]) -> dict[str, list[tuple[str, str]]]:
     """Each segment file's nodes (name, type) in order."""
     out: dict[str, list[tuple[str, str]]] = {}
     for device in manifest["devices"]:
@@ -234,6 +242,12 @@ def _segment_nodes(folder: Path, manifest: Mapping[str, Any]) -> dict[str, list[
     return out
 
 
+def program_ops_of(partitioned: Partitioned) -> dict[int, Op]:
+    """The whole program's compute ops by step (a Grad of a rewritten op reads its step)."""
+    steps = partitioned.program.steps
+    return {i: s.op for i, s in enumerate(steps) if isinstance(s, Compute)}
+
+
 class _Partitioned:
     """Every device of the partition, stepped together."""
 
@@ -241,12 +255,11 @@ class _Partitioned:
         self, partitioned: Partitioned, graph: Graph, manifest: Mapping[str, Any], folder: Path
     ):
         self.partitioned, self.graph = partitioned, graph
-        ops = {i: s.op for i, s in enumerate(partitioned.program.steps) if isinstance(s, Compute)}
         self.devices = [
-            _Device(d, m["steps"], graph, ops)
+            TrainingDevice(partitioned, d.index, m["steps"], graph)
             for d, m in zip(partitioned.devices, manifest["devices"], strict=True)
         ]
-        self.nodes = _segment_nodes(folder, manifest)
+        self.nodes = segment_nodes(folder, manifest)
         self.outputs = dict(zip(graph.outputs, partitioned.program.outputs, strict=True))
         tensors = partitioned.program.tensors
         for new, old in graph.updates.items():
@@ -254,29 +267,21 @@ class _Partitioned:
             if made != held:  # the next step reads the update's result as the held value
                 raise VerifyError(f"the update returns {new} as {made} but {old} is held {held}")
 
-    def start(self, weights: Mapping[int, Mapping[str, Any]]) -> None:
-        program = self.partitioned.program
+    def start(self, weights: Any) -> None:
         for device in self.devices:
-            env = {n: _torch(v) for n, v in program.constants.items()}
-            env.update({n: _torch(v) for n, v in device.program.constants.items()})
-            env.update(weights[device.program.index])
-            device.held = env
+            index = device.program.index
+            device.held = start_tensors(self.partitioned, self.graph, index, weights(index))
 
     def step(self, step: int, inputs: Mapping[str, np.ndarray]) -> None:
         for device in self.devices:
-            device.env = dict(device.held)
-            device.position = 0
-            for name, array in inputs.items():
-                region = self.partitioned.slices(name, device.program.index)
-                device.env[name] = _torch(array[tuple(slice(a, b) for a, b in region)])
+            device.begin(local_inputs(self.partitioned, device.program.index, inputs))
         while True:
             at = [d.advance(step, self.nodes) for d in self.devices]
             if all(j is None for j in at):
                 break
             self.collective(at)
         for device in self.devices:
-            for new, old in self.graph.updates.items():
-                device.held[old] = device.env[self.outputs[new]]
+            device.end(self.graph.updates, self.outputs)
 
     def collective(self, at: Sequence[int | None]) -> None:
         counts = {j: at.count(j) for j in at}
@@ -294,64 +299,49 @@ class _Partitioned:
         local = {d.program.device: d.env[step.source].numpy() for d in self.devices}
         moved = run_collective(step.collective, self.partitioned.mesh, local)
         for d in self.devices:
-            d.env[step.target] = _torch(moved[d.program.device])
+            d.env[step.target] = to_torch(moved[d.program.device])
 
 
-def _name(device: _Device, j: int | None) -> str:
+def local_inputs(
+    partitioned: Partitioned, index: int, inputs: Mapping[str, np.ndarray]
+) -> dict[str, Any]:
+    """Device `index`'s slices of the graph inputs, as torch tensors."""
+    return {
+        name: to_torch(array[tuple(slice(a, b) for a, b in partitioned.slices(name, index))])
+        for name, array in inputs.items()
+    }
+
+
+def _name(device: TrainingDevice, j: int | None) -> str:
     if j is None:
         return "no more collectives"
     step = device.collectives[j]
     return f"collective {j} ({step.collective.kind} of {step.source})"
 
 
-def reference_steps(
-    model: str | os.PathLike[str], trained: Sequence[str], optimizer: str,
-    inputs: Sequence[Mapping[str, np.ndarray]],
-) -> list[tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]]:  # fmt: skip
-    """PyTorch autograd and torch.optim on the original ONNX file: per step, the loss, every
-    trained weight's gradient and its value after the step."""
-    proto = onnx.load(os.fspath(model))
-    values = {i.name: _torch(numpy_helper.to_array(i)) for i in proto.graph.initializer}
-    parameters = {n: values[n].clone().requires_grad_(True) for n in trained}
-    values.update(parameters)
-    step_of = train_ops.reference_optimizer(optimizer, list(parameters.values()))
-    out = []
-    for feed in inputs:
-        outputs = run_model(proto, dict(values) | {n: _torch(a) for n, a in feed.items()})
-        loss = sum(o.sum() for o in outputs.values())
-        for p in parameters.values():
-            p.grad = None
-        loss.backward()
-        grads = {n: p.grad.detach().clone().numpy() for n, p in parameters.items()}
-        if step_of is not None:
-            step_of.step()
-        weights = {n: p.detach().clone().numpy() for n, p in parameters.items()}
-        out.append((float(loss.detach()), grads, weights))
-    return out
+def training_feeds(
+    graph: Graph, steps: int, seed: int = 0, inputs: Mapping[str, np.ndarray] | None = None
+) -> list[dict[str, np.ndarray]]:
+    """Each step's graph inputs: `inputs` every step (checked against the graph), or seeded
+    random ones, new each step."""
+    states = set(graph.updates.values()) - set(graph.weights)
+    specs = [s for s in input_specs(graph) if s.name not in states]
+    if inputs is not None:
+        return [check_inputs(specs, inputs)] * steps
+    return [random_inputs(specs, seed + k) for k in range(steps)]
 
 
-def run_model(proto: onnx.ModelProto, values: Mapping[str, Any]) -> dict[str, Any]:
-    """The model's outputs by name, its nodes run as torch ops on `values` (initializers and
-    inputs by name)."""
-    env = dict(values)
-    for node in proto.graph.node:
-        attrs = {a.name: _attribute(a) for a in node.attribute}
-        args = [env[n] if n else None for n in node.input]
-        results = train_ops.forward(node.op_type, attrs, args, len(node.output))
-        env.update({n: r for n, r in zip(node.output, results, strict=False) if n})
-    return {o.name: env[o.name] for o in proto.graph.output}
-
-
-def _attribute(attribute: onnx.AttributeProto) -> Any:
-    value = helper.get_attribute_value(attribute)
-    if isinstance(value, onnx.TensorProto):
-        return numpy_helper.to_array(value)
-    return tuple(value) if isinstance(value, list) else value
-
-
-def _errors(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    diff = float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0
-    return diff / max(float(np.max(np.abs(b))) if b.size else 0.0, TINY), diff
+def start_tensors(
+    partitioned: Partitioned, graph: Graph, index: int, weights: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What device `index` holds before the first step: the program's constants and its own,
+    its weights, and zeros for its optimizer states."""
+    device = partitioned.devices[index]
+    states = set(graph.updates.values()) - set(graph.weights)
+    held = {n: to_torch(v) for n, v in partitioned.program.constants.items()}
+    held |= {n: to_torch(v) for n, v in device.constants.items()}
+    held |= {n: to_torch(a) for n, a in weights.items()}
+    return held | {n: torch.zeros(tuple(device.shapes[n])) for n in states}
 
 
 def verify_training(
@@ -364,55 +354,23 @@ def verify_training(
     training: Training,
     steps: int = 3,
     seed: int = 0,
+    inputs: Mapping[str, np.ndarray] | None = None,
+    floats: str = "float32",
 ) -> TrainingReport:
     """Train the partition of `folder` (its steps.json, `graph` the training step, `weights`
-    each device's own) `steps` steps on seeded random inputs, and check every step against
-    the reference (`reference_steps`)."""
+    each device's own) `steps` steps on `inputs` or seeded random ones, and check every step
+    against the reference (`train_check.reference_steps`)."""
     check_training(training)
-    states = set(graph.updates.values()) - set(graph.weights)
-    trained = [w for w in graph.weights if gradient_name(w) in graph.values]
-    specs = [s for s in input_specs(graph) if s.name not in states]
-    feeds = [random_inputs(specs, seed + k) for k in range(steps)]
-    reference = reference_steps(model, trained, str(training.optimizer), feeds)
+    checked = Checked.of(graph)
+    feeds = training_feeds(graph, steps, seed, inputs)
+    reference = reference_steps(model, checked.trained, str(training.optimizer), feeds)
     runner = _Partitioned(partitioned, graph, steps_manifest, Path(folder))
-    start = {}
-    for device in partitioned.devices:
-        own = {n: _torch(a) for n, a in weights(device.index).items()}
-        own |= {n: torch.zeros(tuple(device.shapes[n])) for n in states}
-        start[device.index] = own
-    runner.start(start)
-    losses = [op.inputs[0] for op in graph.ops if op.type == TrainOp.LOSS_GRAD]
     checks: list[Check] = []
-    for k, (loss, grads, new_weights) in enumerate(reference, start=1):
-        runner.step(k, feeds[k - 1])
-        total = sum(
-            float(assemble(partitioned, n, [d.env[n].numpy() for d in runner.devices])[0].sum())
-            for n in losses
-        )
-        rel, diff = _errors(np.asarray([total]), np.asarray([loss]))
-        checks.append(Check(k, "loss", "+".join(losses), None, rel, diff, TOLERANCE))
-        for w in trained:
-            checks.append(_compare(runner, k, "gradient", w, gradient_name(w), grads[w], False))
-            if w in graph.updates.values():
-                checks.append(_compare(runner, k, "weight", w, w, new_weights[w], True))
-    return TrainingReport(tuple(checks), len(partitioned.devices), steps)
-
-
-def _compare(
-    runner: _Partitioned, step: int, what: str, name: str, tensor: str, want: np.ndarray,
-    held: bool,
-) -> Check:  # fmt: skip
-    """Each device's shard of `tensor` (a held one: its value after the update) against its
-    region of `want`; the worst device's errors."""
-    partitioned = runner.partitioned
-    sharding = partitioned.program.tensors[tensor].sharding
-    arrays = [(d.held if held else d.env)[tensor].numpy() for d in runner.devices]
-    if sharding.partial_axes:
-        rel, diff = _errors(assemble(partitioned, tensor, arrays)[0], want)
-        return Check(step, what, name, None, rel, diff, TOLERANCE)
-    worst = (-1.0, 0.0, 0)
-    for device, array in zip(partitioned.devices, arrays, strict=True):
-        region = tuple(slice(a, b) for a, b in partitioned.slices(tensor, device.index))
-        rel, diff = _errors(array, want[region])
-        worst = max(worst, (rel, diff, device.index))
-    return Check(step, what, name, worst[2], worst[0], worst[1], TOLERANCE)
+    with computing_in(floats):
+        runner.start(weights)
+        for k, want in enumerate(reference, start=1):
+            runner.step(k, feeds[k - 1])
+            computed = [{n: d.env[n].numpy() for n in checked.computed} for d in runner.devices]
+            held = [{n: d.held[n].numpy() for n in checked.held} for d in runner.devices]
+            checks += step_checks(partitioned, checked, k, want, computed, held)
+    return TrainingReport(tuple(checks), len(partitioned.devices), steps, floats=floats)

@@ -87,7 +87,7 @@ def _input_specs(steps: Mapping[str, Any]) -> list[InputSpec]:
     return [InputSpec(i["name"], i["dtype"], tuple(i["shape"]), i["high"]) for i in steps["inputs"]]
 
 
-def _torch_rank() -> tuple[int, int] | None:
+def torch_rank() -> tuple[int, int] | None:
     """(rank, world size) when started by torchrun or another launcher setting them."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -130,7 +130,7 @@ def run_partition(
     world = len(steps["devices"])
     sha256 = [d.get("sha256") for d in partition["devices"]]
     started = time.perf_counter()
-    torchrun = _torch_rank()
+    torchrun = torch_rank()
     if torchrun is None:
         from autoshard.run.launch import launch
 

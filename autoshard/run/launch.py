@@ -31,9 +31,10 @@ import signal
 import site
 import time
 from collections.abc import Iterator, Mapping, MutableSequence, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -45,21 +46,54 @@ GRACE_S = 3.0
 """How long a stopped rank has to end after SIGTERM before SIGKILL."""
 
 
+class Work(Protocol):
+    """What each rank runs (picklable: the forkserver sends it to every child): `__call__`
+    runs rank `rank` (its result goes to the launcher), `where` names a dead rank's place from
+    its progress (the position in its steps, and the training step; -1: not started)."""
+
+    @property
+    def preload(self) -> str:
+        """The module the forkserver imports before forking the ranks."""
+
+    def __call__(
+        self, rank: int, rendezvous: Rendezvous, progress: MutableSequence[int]
+    ) -> Any: ...
+
+    def where(self, rank: int, position: int, step: int) -> str: ...
+
+
+@dataclass(frozen=True)
+class _Forward:
+    """A forward pass's rank: `run_rank` on its steps."""
+
+    folder: Path
+    manifest: Mapping[str, Any]
+    feed: Mapping[str, np.ndarray]
+    backend: str
+    sha256: tuple[str | None, ...]
+    preload: str = "autoshard.run.rank"
+
+    def __call__(self, rank: int, rendezvous: Rendezvous, progress: MutableSequence[int]) -> Any:
+        return run_rank(self.folder, self.manifest, rank, self.feed, self.backend, rendezvous,
+                        progress, self.sha256[rank])  # fmt: skip
+
+    def where(self, rank: int, position: int, step: int) -> str:
+        steps = self.manifest["devices"][rank]["steps"]
+        if 0 <= position < len(steps):
+            return f"step {position} ({describe(steps[position], self.manifest)})"
+        return "start"
+
+
 def _child(
-    folder: Path,
-    manifest: Mapping[str, Any],
+    work: Work,
     rank: int,
-    feed: Mapping[str, np.ndarray],
-    backend: str,
     rendezvous: Rendezvous,
     progress: MutableSequence[int],
-    sha256: str | None,
     conn: Connection,
 ) -> None:
     code = 0
     try:
-        result = run_rank(folder, manifest, rank, feed, backend, rendezvous, progress, sha256)
-        conn.send(("ok", result))
+        conn.send(("ok", work(rank, rendezvous, progress)))
     except StepFailure as failure:
         conn.send(("error", str(failure), failure.own))
         code = 1
@@ -110,19 +144,26 @@ def launch(
     timeout_s: float,
     sha256: Sequence[str | None],
 ) -> Gathered:
-    """Run every rank as a child process on this host; rank 0's gathered result."""
+    """Run every rank of a forward pass as a child process on this host; rank 0's gathered
+    result."""
+    work = _Forward(folder, manifest, feed, backend, tuple(sha256))
+    return launch_work(work, len(manifest["devices"]), timeout_s)  # type: ignore[no-any-return]
+
+
+def launch_work(work: Work, world: int, timeout_s: float) -> Any:
+    """Run `work` as `world` ranks, each a child process on this host; rank 0's result."""
     import datetime
 
     import torch.distributed as dist
 
-    world = len(manifest["devices"])
-    context = forkserver(["autoshard.run.rank"])
+    context = forkserver([work.preload])
     store = dist.TCPStore(
         "127.0.0.1", 0, world, True, timeout=datetime.timedelta(seconds=timeout_s),
         wait_for_workers=False,
     )  # fmt: skip
     rendezvous = Rendezvous("127.0.0.1", store.port, timeout_s)
-    progress = context.Array("i", [-1] * world, lock=False)
+    # Per rank: its position in its steps (first `world`), then its training step.
+    progress = context.Array("i", [-1] * (2 * world), lock=False)
     pipes: list[Connection] = []
     processes = []
     try:
@@ -130,23 +171,22 @@ def launch(
             receiver, sender = context.Pipe(duplex=False)
             process = context.Process(
                 target=_child,
-                args=(folder, manifest, rank, feed, backend, rendezvous, progress,
-                      sha256[rank], sender),
+                args=(work, rank, rendezvous, progress, sender),
                 name=f"autoshard-rank-{rank}",
                 daemon=True,
-            )  # fmt: skip
+            )
             process.start()
             sender.close()
             pipes.append(receiver)
             processes.append(process)
-        return _watch(manifest, processes, pipes, progress)
+        return _watch(work, processes, pipes, progress)
     finally:
         stop_ranks(processes)
         del store
 
 
 def _watch(
-    manifest: Mapping[str, Any],
+    work: Work,
     processes: Sequence[Any],
     pipes: Sequence[Connection],
     progress: Sequence[int],
@@ -184,7 +224,7 @@ def _watch(
             if message is not None:
                 failures.append((0 if message[2] else 2, now, message[1]))
             else:
-                failures.append((1, now, _died(manifest, rank, processes[rank].exitcode, progress)))
+                failures.append((1, now, _died(work, rank, processes[rank].exitcode, progress)))
         if failures:
             first_failure = first_failure or time.monotonic()
             # A moment for the peers' messages, so the cause is told before its echoes.
@@ -199,18 +239,14 @@ def _watch(
     return ok[1]
 
 
-def _died(manifest: Mapping[str, Any], rank: int, code: int | None, progress: Sequence[int]) -> str:
+def _died(work: Work, rank: int, code: int | None, progress: Sequence[int]) -> str:
     how = (
         f"killed by {signal.Signals(-code).name}"
         if code is not None and code < 0
         else f"exited with code {code} without a word"
     )
-    step = progress[rank]
-    steps = manifest["devices"][rank]["steps"]
-    where = (
-        f"step {step} ({describe(steps[step], manifest)})" if 0 <= step < len(steps) else "start"
-    )
-    return f"rank {rank} died at {where}: {how}"
+    world = len(progress) // 2
+    return f"rank {rank} died at {work.where(rank, progress[rank], progress[world + rank])}: {how}"
 
 
 def stop_ranks(processes: Sequence[Any]) -> None:

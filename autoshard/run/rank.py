@@ -87,7 +87,7 @@ def _providers() -> list[Any]:
     return ["CPUExecutionProvider"]
 
 
-def _weights(folder: Path, manifest: Mapping[str, Any], rank: int, sha256: str | None) -> dict:
+def read_weights(folder: Path, manifest: Mapping[str, Any], rank: int, sha256: str | None) -> dict:
     device = manifest["devices"][rank]
     if not manifest["weights"]:
         return {}
@@ -122,7 +122,7 @@ def execute(
         return StepFailure(rank, at, what, cause)
 
     try:
-        env: dict[str, np.ndarray] = dict(_weights(folder, manifest, rank, sha256))
+        env: dict[str, np.ndarray] = dict(read_weights(folder, manifest, rank, sha256))
         for name, region in device["inputs"].items():
             env[name] = np.ascontiguousarray(feed[name][tuple(slice(a, b) for a, b in region)])
         sessions = {

@@ -17,7 +17,7 @@ from onnx import numpy_helper
 
 from autoshard.cli.main import main
 from autoshard.execute.artifacts import verify_training_folder
-from autoshard.execute.train_verify import TrainingReport, run_model
+from autoshard.execute.train_check import TrainingReport, run_model
 from autoshard.execute.verify import VerifyError, random_inputs, reference_outputs
 from autoshard.ir.onnx_import import import_onnx
 from tests.e2e.helpers import model_path
@@ -54,8 +54,8 @@ def test_training_steps_equal_autograd(tmp_path, plan, optimizer):
     report = verify_training_folder(out, model_path("mlp"), {}, steps=3)
     assert isinstance(report, TrainingReport)
     assert report.ok, [c.line() for c in report.failures]
-    # every step checks the loss and each of the 4 weights' gradient and value after it
-    assert len(report.checks) == 3 * (1 + 4 * 2)
+    # every step checks the loss and each of the 4 weights' gradient, value and state after it
+    assert len(report.checks) == 3 * (1 + 4 * 3)
     assert {c.step for c in report.checks} == {1, 2, 3}
     assert all(c.max_rel_err <= 1e-5 for c in report.checks)
     # the plan is what it says: its gradients are synchronized by collectives

@@ -1,0 +1,297 @@
+"""A trained partition checked against its single-process reference, step by step: what is
+compared, the reference itself, and the comparison, shared by the in-process `verify`
+(`execute.train_verify`) and the distributed `run` (`run.train`).
+
+The reference is single-process: the original ONNX file's nodes run as torch ops
+(`train_ops.forward`), the loss (`train_ops.LOSS`) differentiated by `backward()`, and
+torch.optim's optimizer steps the weights. After every step the loss, every synchronized
+gradient, every updated weight and every optimizer state are compared, each device's shard
+with the reference's region of it: a mismatch names the step, the rank, the parameter and the
+relative difference (max |a - b| / max |b|).
+
+An optimizer state is held as its planes stacked before the weight's dims (Adam: m then v;
+SGD: the momentum buffer), as `training.step` lays it out; torch.optim's state of the weight
+is stacked the same way to compare.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from autoshard.execute import train_ops
+from autoshard.execute.verify import TINY, VerifyError, assemble
+from autoshard.ir.graph import Graph
+from autoshard.passes.partition import Partitioned
+from autoshard.rules.gradient import TrainOp
+from autoshard.training.options import Precision, Training
+from autoshard.training.step import gradient_name, state_name
+
+TOLERANCE = 1e-5
+REFERENCE = np.float64
+"""The reference computes in float64: the plan runs in float32 and is compared with the exact
+step, so the reference's own rounding (another order of summation) does not count against it."""
+_TORCH_FLOATS = {np.float64: torch.float64, np.float32: torch.float32}
+KINDS = ("loss", "gradient", "weight", "state")
+# torch.optim's names of a weight's state, in the order `train_ops.update` stacks them.
+_STATE_KEYS = {"adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq"),
+               "sgd": ("momentum_buffer",)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Check:
+    """How far one trained quantity is from the reference after one step (`rank` None: the
+    loss, or a partial sum compared whole)."""
+
+    step: int
+    what: str  # one of KINDS
+    name: str
+    rank: int | None
+    max_rel_err: float
+    max_abs_err: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_rel_err <= self.tolerance
+
+    def line(self) -> str:
+        where = f"rank {self.rank}" if self.rank is not None else "all ranks"
+        return (
+            f"step {self.step}, {where}: {self.what} of {self.name} differs from torch autograd "
+            f"by {self.max_rel_err:.3g} relative (max abs {self.max_abs_err:.3g}, "
+            f"tolerance {self.tolerance:g})"
+        )
+
+
+@dataclass(frozen=True)
+class TrainingReport:
+    checks: tuple[Check, ...]
+    devices: int
+    steps: int
+    timing: Mapping[str, object] | None = None  # a distributed run's wall times
+    floats: str = "float32"  # what the partition's step computed in
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.ok)
+
+    def worst(self, what: str) -> float:
+        return max((c.max_rel_err for c in self.checks if c.what == what), default=0.0)
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "ok": self.ok,
+            "devices": self.devices,
+            "steps": self.steps,
+            "floats": self.floats,
+            "max_rel_err": {w: self.worst(w) for w in KINDS},
+            "failures": [f.line() for f in self.failures],
+        }
+        if self.timing is not None:
+            out["timing"] = dict(self.timing)
+        return out
+
+
+def check_training(training: Training) -> None:
+    if training.precision is not Precision.FP32:
+        raise VerifyError(
+            f"training steps run in fp32 only; partition with --precision fp32 "
+            f"(this one is {training.precision})"
+        )
+    if training.micro_batches != 1:
+        raise VerifyError("training steps run with one micro-batch; this one has "
+                          f"{training.micro_batches}")  # fmt: skip
+
+
+FLOATS = {"float32": torch.float32, "float64": torch.float64}
+"""What a partition's training step may compute in: its own float32, or float64 to tell a
+plan's error from float32 rounding (the order of summation differs from the reference's)."""
+
+
+@contextlib.contextmanager
+def computing_in(floats: str) -> Iterator[None]:
+    """Every float tensor made inside is a `floats` one (torch's default dtype, restored)."""
+    if floats not in FLOATS:
+        raise VerifyError(f"unknown float type {floats!r}; valid: {', '.join(FLOATS)}")
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(FLOATS[floats])
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def to_torch(array: Any, floats: Any = None) -> Any:
+    """A torch tensor of `array`, its floats as `floats` (None: torch's default dtype)."""
+    array = np.asarray(array)
+    if array.dtype.kind != "f":
+        return torch.from_numpy(array.copy())
+    if floats is None:
+        floats = np.float64 if torch.get_default_dtype() == torch.float64 else np.float32
+    return torch.from_numpy(array.astype(floats))
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What a training step's checks read: the trained weights, the tensors summed into the
+    loss, and the optimizer states (a weight's `state_name`, where it has one)."""
+
+    trained: tuple[str, ...]
+    losses: tuple[str, ...]
+    states: tuple[str, ...]
+    updated: frozenset[str]
+
+    @classmethod
+    def of(cls, graph: Graph) -> Checked:
+        held = set(graph.updates.values())
+        trained = tuple(w for w in graph.weights if gradient_name(w) in graph.values)
+        losses = tuple(op.inputs[0] for op in graph.ops if op.type == TrainOp.LOSS_GRAD)
+        states = tuple(state_name(w) for w in trained if state_name(w) in held)
+        return cls(trained, losses, states, frozenset(held))
+
+    @property
+    def computed(self) -> tuple[str, ...]:
+        """The tensors of a step a device's check reads: the loss terms and the gradients."""
+        return (*self.losses, *(gradient_name(w) for w in self.trained))
+
+    @property
+    def held(self) -> tuple[str, ...]:
+        """The tensors a device holds after a step that are checked: weights and states."""
+        return (*(w for w in self.trained if w in self.updated), *self.states)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One step of the reference: the loss, and per trained weight its gradient, its value
+    after the step and its optimizer state (stacked planes)."""
+
+    loss: float
+    gradients: Mapping[str, np.ndarray]
+    weights: Mapping[str, np.ndarray]
+    states: Mapping[str, np.ndarray]
+
+
+def reference_steps(
+    model: str | os.PathLike[str], trained: Sequence[str], optimizer: str,
+    inputs: Sequence[Mapping[str, np.ndarray]], floats: Any = REFERENCE,
+    times: list[float] | None = None,
+) -> list[Reference]:  # fmt: skip
+    """PyTorch autograd and torch.optim on the original ONNX file, one entry per step, in
+    `floats`; each step's wall time appended to `times` (the bench times a float32 step)."""
+    proto = onnx.load(os.fspath(model))
+    values = {i.name: to_torch(numpy_helper.to_array(i), floats) for i in proto.graph.initializer}
+    parameters = {n: values[n].clone().requires_grad_(True) for n in trained}
+    values.update(parameters)
+    step_of = train_ops.reference_optimizer(optimizer, list(parameters.values()))
+    out = []
+    for feed in inputs:
+        started = time.perf_counter()
+        feed_values = {n: to_torch(a, floats) for n, a in feed.items()}
+        outputs = run_model(proto, dict(values) | feed_values, _TORCH_FLOATS[floats])
+        loss = sum(o.sum() for o in outputs.values())
+        for p in parameters.values():
+            p.grad = None
+        loss.backward()
+        grads = {n: p.grad.detach().clone().numpy() for n, p in parameters.items()}
+        states = {}
+        if step_of is not None:
+            step_of.step()
+            for n, p in parameters.items():
+                keys = _STATE_KEYS[optimizer]
+                states[n] = np.stack([step_of.state[p][k].detach().numpy() for k in keys])
+        weights = {n: p.detach().clone().numpy() for n, p in parameters.items()}
+        if times is not None:
+            times.append(time.perf_counter() - started)
+        out.append(Reference(float(loss.detach()), grads, weights, states))
+    return out
+
+
+def run_model(
+    proto: onnx.ModelProto, values: Mapping[str, Any], floats: Any = None
+) -> dict[str, Any]:
+    """The model's outputs by name, its nodes run as torch ops on `values` (initializers and
+    inputs by name); `floats`: the dtype every float result is made (a constant's, a cast's)."""
+    env = dict(values)
+    for node in proto.graph.node:
+        attrs = {a.name: _attribute(a) for a in node.attribute}
+        args = [env[n] if n else None for n in node.input]
+        results = train_ops.forward(node.op_type, attrs, args, len(node.output))
+        if floats is not None:
+            results = [r.to(floats) if r.is_floating_point() else r for r in results]
+        env.update({n: r for n, r in zip(node.output, results, strict=False) if n})
+    return {o.name: env[o.name] for o in proto.graph.output}
+
+
+def _attribute(attribute: onnx.AttributeProto) -> Any:
+    value = helper.get_attribute_value(attribute)
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _errors(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    if not a.size:
+        return 0.0, 0.0
+    difference = np.abs(a.astype(np.float64) - b)
+    diff = float(np.max(np.where(np.isnan(difference), np.inf, difference)))
+    return diff / max(float(np.max(np.abs(b))), TINY), diff
+
+
+def step_checks(
+    partitioned: Partitioned,
+    checked: Checked,
+    step: int,
+    reference: Reference,
+    computed: Sequence[Mapping[str, np.ndarray]],
+    held: Sequence[Mapping[str, np.ndarray]],
+) -> list[Check]:
+    """Step `step`'s checks: `computed[d]` and `held[d]` are device d's tensors of the step
+    (`Checked.computed`) and those it holds after it (`Checked.held`)."""
+    total = sum(
+        float(assemble(partitioned, n, [c[n] for c in computed])[0].sum()) for n in checked.losses
+    )
+    rel, diff = _errors(np.asarray([total]), np.asarray([reference.loss]))
+    checks = [Check(step, "loss", "+".join(checked.losses), None, rel, diff, TOLERANCE)]
+    for w in checked.trained:
+        tensor = gradient_name(w)
+        want = reference.gradients[w]
+        checks.append(_compare(partitioned, step, "gradient", w, tensor, want, computed))
+        if w in checked.updated:
+            checks.append(_compare(partitioned, step, "weight", w, w, reference.weights[w], held))
+        if state_name(w) in checked.states:
+            want = reference.states[w]
+            checks.append(_compare(partitioned, step, "state", w, state_name(w), want, held))
+    return checks
+
+
+def _compare(
+    partitioned: Partitioned, step: int, what: str, name: str, tensor: str, want: np.ndarray,
+    tensors: Sequence[Mapping[str, np.ndarray]],
+) -> Check:  # fmt: skip
+    """Each device's shard of `tensor` against its region of `want`; the worst device's
+    errors (a partial sum's: the sum compared whole)."""
+    sharding = partitioned.program.tensors[tensor].sharding
+    arrays = [t[tensor] for t in tensors]
+    if sharding.partial_axes:
+        rel, diff = _errors(assemble(partitioned, tensor, arrays)[0], want)
+        return Check(step, what, name, None, rel, diff, TOLERANCE)
+    worst = (-1.0, 0.0, 0)
+    for device, array in zip(partitioned.devices, arrays, strict=True):
+        region = tuple(slice(a, b) for a, b in partitioned.slices(tensor, device.index))
+        rel, diff = _errors(array, want[region])
+        worst = max(worst, (rel, diff, device.index))
+    return Check(step, what, name, worst[2], worst[0], worst[1], TOLERANCE)
