@@ -106,7 +106,8 @@ def table(model: Path, mesh: str, mode: str, budgets: list[str], limit: float) -
             memory = str(int(float(budget[:-1]) * lowest))
         else:
             if not free:
-                raise SystemExit(f"budget {budget}: a fraction of the free peak needs free first")
+                print(f"| {model.stem} | {mesh} | {mode} | {budget} | no free plan before it |")
+                continue
             memory = str(int(float(budget) * free))
         row = plan(model, mesh, mode, memory, limit)
         free = row.peak if budget == "free" else free
