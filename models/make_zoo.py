@@ -94,6 +94,13 @@ KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
         "length u0); torch.export cannot guard on it: GuardOnDataDependentSymNode Eq(u0, 0)"
     ),
 }
+# Qwen3-MoE's experts are transformers' same MoE kernels: it fails as Mixtral does.
+KNOWN_FAILURES.update(
+    {
+        ("qwen3_moe", exporter, variant): why
+        for (_, exporter, variant), why in KNOWN_FAILURES.items()
+    }
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,6 +310,25 @@ def build_mixtral(variant: str | None) -> Case:
         token_feeds(VOCAB, with_mask=True),
         variant=f"experts={config._experts_implementation}",
     )
+
+
+def build_qwen3_moe(variant: str | None) -> Case:
+    """Qwen3MoeForCausalLM: GQA with per-head q/k RMSNorm, a sparse MoE in every layer (4
+    experts, top-2 routing, no shared expert). ``variant`` as Mixtral's."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, moe_intermediate_size=FFN,
+        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=2,
+        head_dim=HIDDEN // HEADS, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=MAX_POS, use_cache=False,
+    )  # fmt: skip
+    config._experts_implementation = variant
+    lm = _hf_model(Qwen3MoeForCausalLM, config)
+    return Case(
+        CausalLMLogits(lm).eval(), TOKENS, "logits", LOGITS_AXES,
+        token_feeds(VOCAB, with_mask=True), variant=f"experts={config._experts_implementation}",
+    )  # fmt: skip
 
 
 def build_t5(variant: str | None) -> Case:
@@ -622,6 +648,7 @@ MODELS: dict[str, tuple[Callable[[str | None], Case], tuple[str | None, ...]]] =
     "bart": (build_bart, (None,)),
     "vit": (build_vit, (None,)),
     "mixtral": (build_mixtral, (None, "eager", "batched_mm")),  # see KNOWN_FAILURES
+    "qwen3_moe": (build_qwen3_moe, (None, "eager", "batched_mm")),  # as Mixtral
     "resnet": (build_resnet, (None,)),
     "vgg": (build_vgg, (None,)),
     "densenet": (build_densenet, (None,)),
