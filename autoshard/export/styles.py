@@ -2,7 +2,9 @@
 parameters: per torch module, `ColwiseParallel` / `RowwiseParallel` (Megatron's column and row
 splits of a Linear; the vocabulary or hidden split of an Embedding), `SequenceParallel` (a norm
 whose input is split on the sequence) over one mesh axis, and `fully_shard` (FSDP2) over another
-for parameters held split further than they are read.
+for parameters held split further than they are read (and, kept gathered from forward to
+backward, those a training plan stores whole but updates in slices: ZeRO-1/2, the optimizer
+state's split).
 
 A parameter is *stored* as the plan holds it (a training plan's `stored`) and *used* as its
 forward readers need it. DTensor's styles each take one mesh dim, so they apply when every
@@ -55,6 +57,9 @@ class ModuleStyle:
     style: Style
     sequence_dim: int | None = None
     fsdp_dims: Mapping[str, int] = field(default_factory=dict)
+    # ZeRO-1/2: every sharded parameter is held whole and only its optimizer state split, so
+    # FSDP keeps it gathered from forward to backward (`reshard_after_forward=False`).
+    zero: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,9 +163,11 @@ def choose_styles(held: Held) -> Styles:
     tp = next(iter(tp_axes), None)
     fsdp: dict[str, tuple[int, int]] = {}  # parameter -> (dim, axis) FSDP shards
     as_stored: set[str] = set()  # held on tp otherwise than read: distributed as held
+    zero = _zero(held)
     for p in held.params:
         rank = len(held.shapes[p.weight])
-        have, need = _dims(stored[p.param], rank), _dims(used[p.param], rank)
+        have = _dims(zero.get(p.param, stored[p.param]), rank)
+        need = _dims(used[p.param], rank)
         extra = [(d, a) for d in range(rank) for a in have[d] if a not in need[d] and a != tp]
         if len(extra) > 1 or (extra and have[extra[0][0]][-1] != extra[0][1]):
             return _fallback(
@@ -203,11 +210,23 @@ def choose_styles(held: Held) -> Styles:
         style, sequence_dim = _module_style(members, tp)
         if as_stored & set(names.values()):
             style, sequence_dim = Style.DISTRIBUTE, None
-        modules[path] = ModuleStyle(style, sequence_dim, sharded)
+        kept = bool(sharded) and all(n in zero for n in names.values())
+        modules[path] = ModuleStyle(style, sequence_dim, sharded, kept)
         for leaf, n in names.items():
-            params[n] = str(style) + ("+fsdp" if leaf in sharded else "")
+            params[n] = str(style) + ("" if leaf not in sharded else "+zero" if kept else "+fsdp")
     fsdp_axis = next(iter(fsdp_axes), None)
     return Styles(tp, fsdp_axis, modules, params, used)
+
+
+def _zero(held: Held) -> dict[str, Split]:
+    """The parameters a training plan stores as used but whose optimizer state it splits
+    further (ZeRO-1/2): their state's split (torch layout), which FSDP2 holds them in."""
+    out = {}
+    for p in held.params:
+        strategy = held.strategies.get(p.weight)
+        if strategy is not None and "zero" in strategy.strategy.split("+"):
+            out[p.param] = torch_layout(Sharding.parse(strategy.state).split_axes, p.transposed)
+    return out
 
 
 def _names(held: Held, axes: set[int]) -> str:

@@ -1,0 +1,185 @@
+"""What one training step of a DTensor export moves, per device, phase and collective kind: the
+plan's estimate *for that target*, priced with the plan's own ring formula
+(`collectives.ring_bytes`). torch runs the export, not the plan's program: it moves what its
+styles, FSDP2 and `sync_gradients` issue, which is not the plan's list of collectives.
+
+    phase          what torch moves                                   for
+    forward        all_gather of a module's flat parameter shards     each fully_shard module
+                   all_reduce of a rowwise Linear's output (tp)       each rowwise Linear
+    backward       all_gather again (reshard_after_forward=True)      each fully_shard module
+                                                                      but ZeRO-1/2's
+                   reduce_scatter of the module's flat gradient       each fully_shard module
+                   all_reduce of a colwise Linear's input gradient    each colwise Linear whose
+                   (tp)                                               input is no model input
+    gradient_sync  all_reduce of a gradient over the data dims it     each parameter
+                   is held whole on (one flattened group)
+    optimizer      nothing: each rank updates the shard it holds
+
+FSDP2 gathers a module's parameters as one flat buffer, each parameter's shard padded to
+ceil(size / n) rows of its sharded dim; a parameter's local shape elsewhere is DTensor's
+(nested `torch.chunk`: the first device's ceil-div piece). What the table does not cover is
+listed in `DtensorTraffic.unmodeled` (an embedding's or a norm's style, a fallback export), and
+not priced.
+
+Worked example, models/mlp.onnx, batch 8 on dp=2,tp=2 under Megatron (x split over dp): the
+rowwise Linear `2`'s output [4, 64] float32 (1 KiB) is all-reduced over tp in forward, ring
+bytes 2(n-1)/n of it: 1024; the gradients are all-reduced over dp: 0.weight [128, 64] local,
+32 KiB, and so on.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autoshard.collectives import CollectiveKind, ring_bytes
+from autoshard.export.held import Held
+from autoshard.export.styles import LINEAR_OPS
+from autoshard.ir import dtypes
+
+PHASES = ("forward", "backward", "gradient_sync", "optimizer")
+_SHARD = re.compile(r"Shard\((\d+)")
+
+
+@dataclass(frozen=True)
+class Moved:
+    """One collective the export's step issues: where, what kind, over which mesh dims, for
+    which module or parameter, and the bytes one device sends (`ring_bytes`)."""
+
+    phase: str
+    kind: CollectiveKind
+    dims: tuple[str, ...]
+    serves: str
+    bytes_per_device: int
+
+
+@dataclass(frozen=True)
+class DtensorTraffic:
+    moved: tuple[Moved, ...]
+    unmodeled: tuple[str, ...]
+
+    def by_phase(self) -> dict[str, dict[str, int]]:
+        """Bytes per device by phase, then kind (phases in step order, kinds sorted)."""
+        out: dict[str, dict[str, int]] = {}
+        for m in sorted(self.moved, key=lambda m: (PHASES.index(m.phase), m.kind)):
+            kinds = out.setdefault(m.phase, {})
+            kinds[str(m.kind)] = kinds.get(str(m.kind), 0) + m.bytes_per_device
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bytes_per_device": self.by_phase(), "unmodeled": list(self.unmodeled)}
+
+
+def _sizes(export: Mapping[str, Any]) -> dict[str, int]:
+    mesh = export["mesh"]
+    return dict(zip(mesh["dim_names"], mesh["shape"], strict=True))
+
+
+def _held(
+    entry: Mapping[str, Any], names: Sequence[str], tp: str | None, fsdp: str | None, dim: int | None
+) -> list[str]:
+    """The placement per mesh dim `apply_plan` leaves a parameter with: its style's on tp,
+    FSDP's shard of torch dim `dim` on the fsdp dim (None: not fully_shard-ed), and with no tp
+    dim the stored placements of the rest."""
+    out = []
+    for name, placement in zip(names, entry["placements"], strict=True):
+        if name == fsdp and dim is not None:
+            out.append(f"Shard({dim})")
+        elif name == tp or (tp is None and dim is None):
+            out.append(placement)
+        else:
+            out.append("Replicate()")
+    return out
+
+
+def _local(shape: Sequence[int], placements: Sequence[str], sizes: Sequence[int]) -> list[int]:
+    """The first device's shard of `shape` (ceil-div per splitting mesh dim)."""
+    local = list(shape)
+    for placement, n in zip(placements, sizes, strict=True):
+        found = _SHARD.search(placement)
+        if found:
+            dim = int(found.group(1))
+            local[dim] = -(-local[dim] // n)
+    return local
+
+
+def dtensor_traffic(held: Held, export: Mapping[str, Any]) -> DtensorTraffic:
+    """The collectives one training step of `export` (`to_dtensor.dtensor_export` of `held`)
+    issues on the first device (see the module's docstring)."""
+    parallel = export["parallelize"]
+    if parallel["fallback"] is not None:
+        return DtensorTraffic((), (f"no parallel style: {parallel['fallback']}",))
+    sizes = _sizes(export)
+    names, tp, fsdp = list(sizes), parallel["tp"], parallel["fsdp"]
+    data = tuple(export["data"])
+    by_param = {p.param: p for p in held.params}
+    moved: list[Moved] = []
+    unmodeled: list[str] = []
+    flat: dict[str, int] = {}  # fully_shard module -> its flat shard's bytes
+    for name, entry in export["parameters"].items():
+        p = by_param[name]
+        shape = held.shapes[p.weight][::-1] if p.transposed else held.shapes[p.weight]
+        path, _, leaf = name.rpartition(".")
+        dim = parallel["modules"].get(path, {}).get("fsdp_dims", {}).get(leaf)
+        placements = _held(entry, names, tp, fsdp, dim)
+        itemsize = dtypes.nbytes(held.graph.values[p.weight].dtype, 1)
+        if dim is not None:  # FSDP2's padded shard of the tensor-parallel shard
+            tp_only = [x if d == tp else "Replicate()" for d, x in zip(names, placements)]
+            shard = _local(shape, tp_only, list(sizes.values()))
+            shard[dim] = -(-shard[dim] // sizes[fsdp])
+            flat[path] = flat.get(path, 0) + math.prod(shard) * itemsize
+        whole = tuple(d for d, x in zip(names, placements, strict=True) if d in data and x == "Replicate()")  # fmt: skip
+        if whole:
+            local = math.prod(_local(shape, placements, list(sizes.values()))) * itemsize
+            n = math.prod(sizes[d] for d in whole)
+            moved.append(Moved("gradient_sync", CollectiveKind.ALL_REDUCE, whole, name,
+                               ring_bytes(CollectiveKind.ALL_REDUCE, n, local)))  # fmt: skip
+    modules = parallel["modules"]
+    for path, local in sorted(flat.items()):
+        n = sizes[fsdp]
+        gather = ring_bytes(CollectiveKind.ALL_GATHER, n, local)
+        moved.append(Moved("forward", CollectiveKind.ALL_GATHER, (fsdp,), path, gather))
+        if modules[path].get("reshard_after_forward", True):
+            moved.append(Moved("backward", CollectiveKind.ALL_GATHER, (fsdp,), path, gather))
+        moved.append(Moved("backward", CollectiveKind.REDUCE_SCATTER, (fsdp,), path,
+                           ring_bytes(CollectiveKind.REDUCE_SCATTER, n, n * local)))  # fmt: skip
+    moved += _activations(held, export, data, sizes, unmodeled)
+    return DtensorTraffic(tuple(moved), tuple(unmodeled))
+
+
+def _activations(
+    held: Held,
+    export: Mapping[str, Any],
+    data: Sequence[str],
+    sizes: Mapping[str, int],
+    unmodeled: list[str],
+) -> list[Moved]:
+    """The tensor-parallel styles' activation collectives (see the module's docstring)."""
+    tp = export["parallelize"]["tp"]
+    groups = math.prod(sizes[d] for d in data)
+    by_param = {p.param: p for p in held.params}
+    moved = []
+    for path, module in export["parallelize"]["modules"].items():
+        style = module["style"]
+        if style not in ("colwise", "rowwise", "sequence"):
+            continue
+        weight = by_param.get(f"{path}.weight" if path else "weight")
+        op = next((o for o in held.graph.consumers(weight.weight) if o.type in LINEAR_OPS), None)
+        if style == "sequence" or op is None or op.inputs[1] != weight.weight:
+            unmodeled.append(f"{path}: a {style} {op.type if op else 'module'}'s activations")
+            continue
+        if style == "rowwise":
+            value = held.graph.values[op.outputs[0]]
+            phase, serves = "forward", f"{path} output"
+        else:
+            value = held.graph.values[op.inputs[0]]
+            if value.name in held.graph.inputs:
+                continue  # a model input: no gradient to sum
+            phase, serves = "backward", f"{path} input gradient"
+        local = value.nbytes // groups
+        moved.append(Moved(phase, CollectiveKind.ALL_REDUCE, (tp,), serves,
+                           ring_bytes(CollectiveKind.ALL_REDUCE, sizes[tp], local)))  # fmt: skip
+    return moved

@@ -1,0 +1,111 @@
+"""A training step of a DTensor export on a gloo rank, and the same step in one process: what
+the tests and bench/export_dtensor_train.py share. The loss is the plan's, the sum of the
+model's output; a rank reads its piece of the batch (`INPUTS`), scales its loss by the number
+of data-parallel groups (gradients are averaged over them: `sync_gradients`, FSDP2), and the
+step's collectives are counted per phase (`traffic.Traffic`). torch is imported inside."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.export.gloo import load_module
+from tests.export.traffic import Traffic
+
+OPTIMIZERS = {
+    "sgd": lambda params: __import__("torch").optim.SGD(params, lr=0.05, momentum=0.9),
+    "adam": lambda params: __import__("torch").optim.Adam(params, lr=1e-3),
+    "adamw": lambda params: __import__("torch").optim.AdamW(params, lr=1e-3, weight_decay=0.1),
+}
+STEPS = (1, 3)  # checked after these steps
+
+
+def _full(tensor: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    value = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    return value.detach().clone()
+
+
+def reference(model: Any, batches: Sequence[Any], optimizer: str) -> list[dict[str, Any]]:
+    """The single-process steps: per checked step, its loss, every gradient and weight."""
+    opt = OPTIMIZERS[optimizer](model.parameters())
+    out = []
+    for step, batch in enumerate(batches, 1):
+        opt.zero_grad()
+        loss = model(batch).sum()
+        loss.backward()
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        if step in STEPS:
+            weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+            out.append({"loss": loss.detach().clone(), "grads": grads, "weights": weights})
+    return out
+
+
+def distributed(
+    module_path: str | Path,
+    build: Callable[[], Any],
+    batches: Sequence[Any],
+    optimizer: str,
+    input_name: str,
+) -> tuple[list[dict[str, Any]], Traffic, Any]:
+    """The export's steps on this rank (every rank builds the mesh): per checked step its loss,
+    every full gradient and weight; the collectives counted; the generated module."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    generated = load_module(module_path, f"apply_{Path(module_path).parent.name}")
+    shape, names = generated.MESH_SHAPE, generated.MESH_DIM_NAMES
+    mesh = torch.distributed.device_mesh.DeviceMesh(
+        "cpu", torch.arange(math.prod(shape)).reshape(shape), mesh_dim_names=names
+    )
+    model = build()
+    generated.apply_plan(model, mesh)
+    opt = OPTIMIZERS[optimizer](model.parameters())
+    data = math.prod(shape[names.index(d)] for d in generated.DATA_DIMS)
+    traffic, out = Traffic(), []
+    for step, batch in enumerate(batches, 1):
+        local = distribute_tensor(batch, mesh, generated.INPUTS[input_name]).to_local()
+        opt.zero_grad()
+        with traffic.phase("forward"), implicit_replication():
+            output = model(local)
+            loss = output.sum() * data
+        with traffic.phase("backward"), implicit_replication():
+            loss.backward()
+        with traffic.phase("gradient_sync"):
+            generated.sync_gradients(model, mesh)
+        grads = {n: _full(p.grad) for n, p in model.named_parameters()}
+        with traffic.phase("optimizer"):
+            opt.step()
+        if step in STEPS:
+            total = _full(loss) / data
+            if generated.DATA_DIMS:
+                group = mesh[generated.DATA_DIMS]
+                group = group._flatten("_".join(generated.DATA_DIMS)) if data > 1 else group
+                dist.all_reduce(total, group=group.get_group())
+            weights = {n: _full(p) for n, p in model.named_parameters()}
+            out.append({"loss": total, "grads": grads, "weights": weights})
+    return out, traffic, generated
+
+
+def worst(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> dict[str, float]:
+    """The largest relative error of each checked quantity (`step loss`, `step grad NAME`,
+    `step weight NAME`): max |a - b| / max |b|."""
+    errors = {}
+    for step, g, w in zip(STEPS, got, want, strict=True):
+        errors[f"{step} loss"] = _rel(g["loss"], w["loss"])
+        for what in ("grads", "weights"):
+            assert g[what].keys() == w[what].keys(), (g[what].keys(), w[what].keys())
+            for name in w[what]:
+                errors[f"{step} {what[:-1]} {name}"] = _rel(g[what][name], w[what][name])
+    return errors
+
+
+def _rel(a: Any, b: Any) -> float:
+    scale = float(b.abs().max()) or 1.0
+    return float((a - b).abs().max()) / scale
