@@ -39,6 +39,7 @@ from autoshard.collectives import CollectiveKind, ring_bytes
 from autoshard.export.held import Held
 from autoshard.export.styles import LINEAR_OPS
 from autoshard.ir import dtypes
+from autoshard.ir.graph import Graph
 
 PHASES = ("forward", "backward", "gradient_sync", "optimizer")
 _SHARD = re.compile(r"Shard\((\d+)")
@@ -160,26 +161,65 @@ def _activations(
     """The tensor-parallel styles' activation collectives (see the module's docstring)."""
     tp = export["parallelize"]["tp"]
     groups = math.prod(sizes[d] for d in data)
-    by_param = {p.param: p for p in held.params}
-    moved = []
+    graph, by_param = held.graph, {p.param: p for p in held.params}
+    linears: dict[str, tuple[str, str]] = {}  # the op of a styled Linear -> (module, style)
     for path, module in export["parallelize"]["modules"].items():
         style = module["style"]
         if style not in ("colwise", "rowwise", "sequence"):
             continue
         weight = by_param.get(f"{path}.weight" if path else "weight")
-        op = next((o for o in held.graph.consumers(weight.weight) if o.type in LINEAR_OPS), None)
+        op = next((o for o in graph.consumers(weight.weight) if o.type in LINEAR_OPS), None)
         if style == "sequence" or op is None or op.inputs[1] != weight.weight:
             unmodeled.append(f"{path}: a {style} {op.type if op else 'module'}'s activations")
             continue
+        linears[op.name] = (path, style)
+    ring, n = ring_bytes, sizes[tp] if tp is not None else 1
+    moved = []
+    for name, (path, style) in linears.items():
+        op = graph.op_by_name[name]
+        value = graph.values[op.inputs[0]]
+        whole = value.nbytes // groups  # the rank's examples, whole on tp
+        source = _source(graph, value.name, linears)
         if style == "rowwise":
-            value = held.graph.values[op.outputs[0]]
-            phase, serves = "forward", f"{path} output"
-        else:
-            value = held.graph.values[op.inputs[0]]
-            if value.name in held.graph.inputs:
-                continue  # a model input: no gradient to sum
-            phase, serves = "backward", f"{path} input gradient"
-        local = value.nbytes // groups
-        moved.append(Moved(phase, CollectiveKind.ALL_REDUCE, (tp,), serves,
-                           ring_bytes(CollectiveKind.ALL_REDUCE, sizes[tp], local)))  # fmt: skip
+            out = graph.values[op.outputs[0]].nbytes // groups
+            moved.append(Moved("forward", ALL_REDUCE, (tp,), f"{path} output",
+                               ring(ALL_REDUCE, n, out)))  # fmt: skip
+            if source not in ("colwise", "input"):  # sliced from a whole input
+                moved.append(Moved("backward", ALL_GATHER, (tp,), f"{path} input gradient",
+                                   ring(ALL_GATHER, n, -(-whole // n))))  # fmt: skip
+        elif source == "colwise":  # gathered to read whole; its gradient summed to shards
+            moved += [
+                Moved("forward", ALL_GATHER, (tp,), f"{path} input", ring(ALL_GATHER, n, -(-whole // n))),
+                Moved("backward", REDUCE_SCATTER, (tp,), f"{path} input gradient",
+                      ring(REDUCE_SCATTER, n, whole)),
+            ]  # fmt: skip
+        elif source != "input":
+            moved.append(Moved("backward", ALL_REDUCE, (tp,), f"{path} input gradient",
+                               ring(ALL_REDUCE, n, whole)))  # fmt: skip
     return moved
+
+
+ALL_GATHER, ALL_REDUCE = CollectiveKind.ALL_GATHER, CollectiveKind.ALL_REDUCE
+REDUCE_SCATTER = CollectiveKind.REDUCE_SCATTER
+
+
+def _source(graph: Graph, name: str, linears: Mapping[str, tuple[str, str]]) -> str:
+    """Where an activation comes from, through ops of one dynamic input (elementwise chains,
+    a bias Add): `input` (the model's), the style of a styled Linear, or `other`."""
+    seen: set[str] = set()
+    while name not in seen:
+        seen.add(name)
+        if name in graph.inputs:
+            return "input"
+        op = graph.producer(name)
+        if op is None:
+            return "other"
+        if op.name in linears:
+            return linears[op.name][1]
+        dynamic = {
+            i for i in op.inputs if i and i not in graph.weights and i not in graph.constants
+        }
+        if len(dynamic) != 1:
+            return "other"
+        name = dynamic.pop()
+    return "other"

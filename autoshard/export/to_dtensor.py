@@ -114,6 +114,11 @@ def dtensor_export(held: Held) -> dict[str, object]:
                 f"{p.param}: {p.sharding.text(len(shape))} on shape {list(shape)} is uneven; "
                 "DTensor cuts it by nested torch.chunk, not the plan's ceil-div"
             )
+    warnings += [
+        f"{path or '(root)'}: the plan splits optimizer state (ZeRO) as fully_shard cannot "
+        "(some parameters' and not the others', or over more than one mesh dim): kept whole"
+        for path in styles.whole_state
+    ]
     modules: dict[str, dict[str, object]] = {}
     for path, m in styles.modules.items():
         modules[path] = {"style": str(m.style)}

@@ -9,7 +9,7 @@ it first)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -113,3 +113,18 @@ class Traffic:
 
     def debug_calls(self) -> dict[str, int]:
         return {phase: sum(c.values()) for phase, c in sorted(self.debug.items()) if c}
+
+
+def mismatches(
+    estimate: Mapping[str, Mapping[str, int]], counted: Mapping[str, Mapping[str, int]], steps: int
+) -> list[str]:
+    """Each phase and kind whose counted bytes over `steps` steps are not `steps` times the
+    estimate of one, as a line naming both."""
+    out = []
+    for phase in sorted(set(estimate) | set(counted)):
+        want, got = estimate.get(phase, {}), counted.get(phase, {})
+        for kind in sorted(set(want) | set(got)):
+            if steps * want.get(kind, 0) != got.get(kind, 0):
+                out.append(f"{phase} {kind}: estimated {steps * want.get(kind, 0)} B, "
+                           f"counted {got.get(kind, 0)} B")  # fmt: skip
+    return out
