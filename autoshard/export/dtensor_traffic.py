@@ -174,12 +174,13 @@ def _activations(
             continue
         linears[op.name] = (path, style)
     ring, n = ring_bytes, sizes[tp] if tp is not None else 1
+    sources = _sources(graph, linears, frozenset(held.strategies))
     moved = []
     for name, (path, style) in linears.items():
         op = graph.op_by_name[name]
         value = graph.values[op.inputs[0]]
         whole = value.nbytes // groups  # the rank's examples, whole on tp
-        source = _source(graph, value.name, linears)
+        source = sources.get(value.name, "input")
         if style == "rowwise":
             out = graph.values[op.outputs[0]].nbytes // groups
             moved.append(Moved("forward", ALL_REDUCE, (tp,), f"{path} output",
@@ -196,6 +197,36 @@ def _activations(
         elif source != "input":
             moved.append(Moved("backward", ALL_REDUCE, (tp,), f"{path} input gradient",
                                ring(ALL_REDUCE, n, whole)))  # fmt: skip
+    return moved + _lookups(held, export, groups, sizes, unmodeled)
+
+
+def _lookups(
+    held: Held,
+    export: Mapping[str, Any],
+    groups: int,
+    sizes: Mapping[str, int],
+    unmodeled: list[str],
+) -> list[Moved]:
+    """A parameter `apply_plan` distributes (no style) split on tp: an embedding table split on
+    its vocabulary over one mesh dim sums its masked lookups there (an all_reduce of the
+    output in forward); DTensor's own moves for any other are not modeled."""
+    tp = export["parallelize"]["tp"]
+    names = list(sizes)
+    moved = []
+    for name, entry in export["parameters"].items():
+        if entry["style"] != "distribute" or tp is None:
+            continue
+        placement = entry["placements"][names.index(tp)]
+        if placement == "Replicate()":
+            continue
+        p = next(q for q in held.params if q.param == name)
+        readers = [o for o in held.graph.consumers(p.weight) if o.inputs[0] == p.weight]
+        if not p.transposed and placement == "Shard(0)" and [o.type for o in readers] == ["Gather"]:
+            out = held.graph.values[readers[0].outputs[0]].nbytes // groups
+            moved.append(Moved("forward", ALL_REDUCE, (tp,), f"{name} lookup",
+                               ring_bytes(ALL_REDUCE, sizes[tp], out)))  # fmt: skip
+        else:
+            unmodeled.append(f"{name}: distributed {placement} on {tp}, DTensor's moves")
     return moved
 
 
@@ -203,23 +234,28 @@ ALL_GATHER, ALL_REDUCE = CollectiveKind.ALL_GATHER, CollectiveKind.ALL_REDUCE
 REDUCE_SCATTER = CollectiveKind.REDUCE_SCATTER
 
 
-def _source(graph: Graph, name: str, linears: Mapping[str, tuple[str, str]]) -> str:
-    """Where an activation comes from, through ops of one dynamic input (elementwise chains,
-    a bias Add): `input` (the model's), the style of a styled Linear, or `other`."""
-    seen: set[str] = set()
-    while name not in seen:
-        seen.add(name)
-        if name in graph.inputs:
-            return "input"
-        op = graph.producer(name)
-        if op is None:
-            return "other"
+def _sources(
+    graph: Graph, linears: Mapping[str, tuple[str, str]], trained: frozenset[str]
+) -> dict[str, str]:
+    """Where each forward activation comes from: `input` (from the model's inputs and
+    constants alone: held whole, no gradient), `whole` (the same with a trained weight among
+    them: a gradient flows back), `colwise` (from column-split Linears' outputs, split as they
+    are: attention over their heads, a gated product; a bias or a table beside them) or `other`
+    (a row-split Linear's summed output, or a mix). Values no op writes: `input`, or `whole`
+    for a trained weight."""
+    found: dict[str, str] = {w: "whole" for w in trained}
+    for op in graph.ops:
+        if graph.phase(op.name) != "forward":
+            continue
         if op.name in linears:
-            return linears[op.name][1]
-        dynamic = {
-            i for i in op.inputs if i and i not in graph.weights and i not in graph.constants
-        }
-        if len(dynamic) != 1:
-            return "other"
-        name = dynamic.pop()
-    return "other"
+            kind = "colwise" if linears[op.name][1] == "colwise" else "other"
+        else:
+            kinds = {found.get(i, "input") for i in op.inputs if i}
+            split = kinds - {"input", "whole"}
+            if split:
+                kind = split.pop() if len(split) == 1 else "other"
+            else:
+                kind = "whole" if "whole" in kinds else "input"
+        for out in op.outputs:
+            found[out] = kind
+    return found

@@ -14,11 +14,21 @@ from typing import Any
 from tests.export.gloo import load_module
 from tests.export.traffic import Traffic
 
-OPTIMIZERS = {
-    "sgd": lambda params: __import__("torch").optim.SGD(params, lr=0.05, momentum=0.9),
-    "adam": lambda params: __import__("torch").optim.Adam(params, lr=1e-3),
-    "adamw": lambda params: __import__("torch").optim.AdamW(params, lr=1e-3, weight_decay=0.1),
-}
+LEARNING_RATES = {"sgd": 0.05, "adam": 1e-3, "adamw": 1e-3}
+
+
+def make_optimizer(name: str, params: Any, scale: float = 1.0) -> Any:
+    """SGD with momentum, Adam or AdamW, its learning rate `LEARNING_RATES`' times `scale`."""
+    import torch
+
+    lr = LEARNING_RATES[name] * scale
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.1)
+
+
 STEPS = (1, 3)  # checked after these steps
 
 
@@ -29,9 +39,11 @@ def _full(tensor: Any) -> Any:
     return value.detach().clone()
 
 
-def reference(model: Any, batches: Sequence[Any], optimizer: str) -> list[dict[str, Any]]:
+def reference(
+    model: Any, batches: Sequence[Any], optimizer: str, scale: float = 1.0
+) -> list[dict[str, Any]]:
     """The single-process steps: per checked step, its loss, every gradient and weight."""
-    opt = OPTIMIZERS[optimizer](model.parameters())
+    opt = make_optimizer(optimizer, model.parameters(), scale)
     out = []
     for step, batch in enumerate(batches, 1):
         opt.zero_grad()
@@ -51,6 +63,7 @@ def distributed(
     batches: Sequence[Any],
     optimizer: str,
     input_name: str,
+    scale: float = 1.0,
 ) -> tuple[list[dict[str, Any]], Traffic, Any]:
     """The export's steps on this rank (every rank builds the mesh): per checked step its loss,
     every full gradient and weight; the collectives counted; the generated module."""
@@ -66,7 +79,7 @@ def distributed(
     )
     model = build()
     generated.apply_plan(model, mesh)
-    opt = OPTIMIZERS[optimizer](model.parameters())
+    opt = make_optimizer(optimizer, model.parameters(), scale)
     data = math.prod(shape[names.index(d)] for d in generated.DATA_DIMS)
     traffic, out = Traffic(), []
     for step, batch in enumerate(batches, 1):
