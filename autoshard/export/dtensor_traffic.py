@@ -42,6 +42,8 @@ from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
 
 PHASES = ("forward", "backward", "gradient_sync", "optimizer")
+ALL_GATHER, ALL_REDUCE = CollectiveKind.ALL_GATHER, CollectiveKind.ALL_REDUCE
+REDUCE_SCATTER = CollectiveKind.REDUCE_SCATTER
 _SHARD = re.compile(r"Shard\((\d+)")
 
 
@@ -80,7 +82,11 @@ def _sizes(export: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _held(
-    entry: Mapping[str, Any], names: Sequence[str], tp: str | None, fsdp: str | None, dim: int | None
+    entry: Mapping[str, Any],
+    names: Sequence[str],
+    tp: str | None,
+    fsdp: str | None,
+    dim: int | None,
 ) -> list[str]:
     """The placement per mesh dim `apply_plan` leaves a parameter with: its style's on tp,
     FSDP's shard of torch dim `dim` on the fsdp dim (None: not fully_shard-ed), and with no tp
@@ -128,25 +134,27 @@ def dtensor_traffic(held: Held, export: Mapping[str, Any]) -> DtensorTraffic:
         placements = _held(entry, names, tp, fsdp, dim)
         itemsize = dtypes.nbytes(held.graph.values[p.weight].dtype, 1)
         if dim is not None:  # FSDP2's padded shard of the tensor-parallel shard
-            tp_only = [x if d == tp else "Replicate()" for d, x in zip(names, placements)]
+            tp_only = [
+                x if d == tp else "Replicate()" for d, x in zip(names, placements, strict=True)
+            ]
             shard = _local(shape, tp_only, list(sizes.values()))
             shard[dim] = -(-shard[dim] // sizes[fsdp])
             flat[path] = flat.get(path, 0) + math.prod(shard) * itemsize
-        whole = tuple(d for d, x in zip(names, placements, strict=True) if d in data and x == "Replicate()")  # fmt: skip
+        whole = tuple(
+            d for d, x in zip(names, placements, strict=True) if d in data and x == "Replicate()"
+        )
         if whole:
             local = math.prod(_local(shape, placements, list(sizes.values()))) * itemsize
-            n = math.prod(sizes[d] for d in whole)
-            moved.append(Moved("gradient_sync", CollectiveKind.ALL_REDUCE, whole, name,
-                               ring_bytes(CollectiveKind.ALL_REDUCE, n, local)))  # fmt: skip
-    modules = parallel["modules"]
+            sent = ring_bytes(ALL_REDUCE, math.prod(sizes[d] for d in whole), local)
+            moved.append(Moved("gradient_sync", ALL_REDUCE, whole, name, sent))
     for path, local in sorted(flat.items()):
-        n = sizes[fsdp]
-        gather = ring_bytes(CollectiveKind.ALL_GATHER, n, local)
-        moved.append(Moved("forward", CollectiveKind.ALL_GATHER, (fsdp,), path, gather))
-        if modules[path].get("reshard_after_forward", True):
-            moved.append(Moved("backward", CollectiveKind.ALL_GATHER, (fsdp,), path, gather))
-        moved.append(Moved("backward", CollectiveKind.REDUCE_SCATTER, (fsdp,), path,
-                           ring_bytes(CollectiveKind.REDUCE_SCATTER, n, n * local)))  # fmt: skip
+        n, axes = sizes[fsdp], (fsdp,)
+        gather = ring_bytes(ALL_GATHER, n, local)
+        moved.append(Moved("forward", ALL_GATHER, axes, path, gather))
+        if parallel["modules"][path].get("reshard_after_forward", True):
+            moved.append(Moved("backward", ALL_GATHER, axes, path, gather))
+        scatter = ring_bytes(REDUCE_SCATTER, n, n * local)
+        moved.append(Moved("backward", REDUCE_SCATTER, axes, path, scatter))
     moved += _activations(held, export, data, sizes, unmodeled)
     return DtensorTraffic(tuple(moved), tuple(unmodeled))
 
@@ -167,36 +175,33 @@ def _activations(
         style = module["style"]
         if style not in ("colwise", "rowwise", "sequence"):
             continue
-        weight = by_param.get(f"{path}.weight" if path else "weight")
+        weight = by_param[f"{path}.weight" if path else "weight"]
         op = next((o for o in graph.consumers(weight.weight) if o.type in LINEAR_OPS), None)
         if style == "sequence" or op is None or op.inputs[1] != weight.weight:
             unmodeled.append(f"{path}: a {style} {op.type if op else 'module'}'s activations")
             continue
         linears[op.name] = (path, style)
-    ring, n = ring_bytes, sizes[tp] if tp is not None else 1
+    n, axes = (sizes[tp] if tp is not None else 1), (tp,)
     sources = _sources(graph, linears, frozenset(held.strategies))
     moved = []
     for name, (path, style) in linears.items():
         op = graph.op_by_name[name]
-        value = graph.values[op.inputs[0]]
-        whole = value.nbytes // groups  # the rank's examples, whole on tp
-        source = sources.get(value.name, "input")
+        whole = graph.values[op.inputs[0]].nbytes // groups  # the rank's examples, whole on tp
+        source = sources.get(op.inputs[0], "input")
         if style == "rowwise":
             out = graph.values[op.outputs[0]].nbytes // groups
-            moved.append(Moved("forward", ALL_REDUCE, (tp,), f"{path} output",
-                               ring(ALL_REDUCE, n, out)))  # fmt: skip
+            moved.append(Moved("forward", ALL_REDUCE, axes, path, ring_bytes(ALL_REDUCE, n, out)))
             if source not in ("colwise", "input"):  # sliced from a whole input
-                moved.append(Moved("backward", ALL_GATHER, (tp,), f"{path} input gradient",
-                                   ring(ALL_GATHER, n, -(-whole // n))))  # fmt: skip
-        elif source == "colwise":  # gathered to read whole; its gradient summed to shards
-            moved += [
-                Moved("forward", ALL_GATHER, (tp,), f"{path} input", ring(ALL_GATHER, n, -(-whole // n))),
-                Moved("backward", REDUCE_SCATTER, (tp,), f"{path} input gradient",
-                      ring(REDUCE_SCATTER, n, whole)),
-            ]  # fmt: skip
-        elif source != "input":
-            moved.append(Moved("backward", ALL_REDUCE, (tp,), f"{path} input gradient",
-                               ring(ALL_REDUCE, n, whole)))  # fmt: skip
+                sent = ring_bytes(ALL_GATHER, n, -(-whole // n))
+                moved.append(Moved("backward", ALL_GATHER, axes, f"{path} input", sent))
+        elif source == "colwise":  # gathered to be read whole; its gradient summed to shards
+            sent = ring_bytes(ALL_GATHER, n, -(-whole // n))
+            moved.append(Moved("forward", ALL_GATHER, axes, f"{path} input", sent))
+            sent = ring_bytes(REDUCE_SCATTER, n, whole)
+            moved.append(Moved("backward", REDUCE_SCATTER, axes, f"{path} input", sent))
+        elif source != "input":  # a gradient flows back to a whole input: summed
+            sent = ring_bytes(ALL_REDUCE, n, whole)
+            moved.append(Moved("backward", ALL_REDUCE, axes, f"{path} input", sent))
     return moved + _lookups(held, export, groups, sizes, unmodeled)
 
 
@@ -223,15 +228,11 @@ def _lookups(
         readers = [o for o in held.graph.consumers(p.weight) if o.inputs[0] == p.weight]
         if not p.transposed and placement == "Shard(0)" and [o.type for o in readers] == ["Gather"]:
             out = held.graph.values[readers[0].outputs[0]].nbytes // groups
-            moved.append(Moved("forward", ALL_REDUCE, (tp,), f"{name} lookup",
-                               ring_bytes(ALL_REDUCE, sizes[tp], out)))  # fmt: skip
+            sent = ring_bytes(ALL_REDUCE, sizes[tp], out)
+            moved.append(Moved("forward", ALL_REDUCE, (tp,), f"{name} lookup", sent))
         else:
             unmodeled.append(f"{name}: distributed {placement} on {tp}, DTensor's moves")
     return moved
-
-
-ALL_GATHER, ALL_REDUCE = CollectiveKind.ALL_GATHER, CollectiveKind.ALL_REDUCE
-REDUCE_SCATTER = CollectiveKind.REDUCE_SCATTER
 
 
 def _sources(

@@ -439,6 +439,8 @@ def dtensor_module(export: Mapping[str, object], plan_name: str) -> str:
     fsdp = {path: m["fsdp_dims"] for path, m in modules.items() if m.get("fsdp_dims")}
     unnamed = export["unnamed"]
     assert isinstance(unnamed, dict)
+    inputs, data = export.get("inputs", {}), export.get("data", [])
+    assert isinstance(inputs, dict) and isinstance(data, list)
     return MODULE.format(
         plan=plan_name,
         shape=tuple(mesh["shape"]),
@@ -449,13 +451,10 @@ def dtensor_module(export: Mapping[str, object], plan_name: str) -> str:
         fallback=repr(parallel["fallback"]),
         styles=repr(styles),
         fsdp_dims=repr(fsdp),
-        keep=repr(
-            sorted(p for p, m in modules.items() if m.get("reshard_after_forward") is False)
-        ),
+        keep=repr(sorted(p for p, m in modules.items() if m.get("reshard_after_forward") is False)),
         unnamed=json.dumps(sorted(unnamed)),
         inputs="".join(
-            f"    {json.dumps(name)}: ({', '.join(p)},),\n"
-            for name, p in dict(export.get("inputs", {})).items()
+            f"    {json.dumps(name)}: ({', '.join(p)},),\n" for name, p in inputs.items()
         ),
-        data=repr(tuple(export.get("data", ()))),
+        data=repr(tuple(data)),
     )

@@ -117,7 +117,8 @@ def trained(tmp_path_factory) -> Path:
         (path / "notes.json").write_text(json.dumps(_notes(written)))
         argv = ["plan", str(path / "mlp.onnx"), "--mesh", mesh, "--dim", f"batch={BATCH}",
                 "--mode", "training", "--precision", "fp32", "--optimizer", optimizer, *flags,
-                "--annotations", str(path / "notes.json"), "-q", "-o", str(path / "plan.json")]  # fmt: skip
+                "--annotations", str(path / "notes.json"), "-q",
+                "-o", str(path / "plan.json")]  # fmt: skip
         assert main(argv) == 0, case
         exported = export_plan(path / "plan.json", Target.DTENSOR)
         (path / "apply.py").write_bytes(exported.payload)
