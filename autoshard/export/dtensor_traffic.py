@@ -6,20 +6,28 @@ styles, FSDP2 and `sync_gradients` issue, which is not the plan's list of collec
     phase          what torch moves                                   for
     forward        all_gather of a module's flat parameter shards     each fully_shard module
                    all_reduce of a rowwise Linear's output (tp)       each rowwise Linear
+                   all_gather of a colwise Linear's input (tp)        when a column split made it
+                   all_reduce of a vocabulary-split lookup (tp)       each such nn.Embedding
     backward       all_gather again (reshard_after_forward=True)      each fully_shard module
                                                                       but ZeRO-1/2's
                    reduce_scatter of the module's flat gradient       each fully_shard module
-                   all_reduce of a colwise Linear's input gradient    each colwise Linear whose
-                   (tp)                                               input is no model input
+                   a colwise Linear's input gradient (tp):            each colwise Linear whose
+                     reduce_scatter where a column split made it,     input needs a gradient
+                     else all_reduce
+                   a rowwise Linear's input gradient all_gathered     when it was sliced from a
+                   (tp)                                               whole input
     gradient_sync  all_reduce of a gradient over the data dims it     each parameter
                    is held whole on (one flattened group)
     optimizer      nothing: each rank updates the shard it holds
 
+Where an activation comes from (`_sources`) decides: the model's inputs and constants (no
+gradient), the same with a trained weight (held whole, a gradient), column-split Linears'
+outputs alone (attention over their heads, a gated product: split as they are), or a mix.
 FSDP2 gathers a module's parameters as one flat buffer, each parameter's shard padded to
 ceil(size / n) rows of its sharded dim; a parameter's local shape elsewhere is DTensor's
 (nested `torch.chunk`: the first device's ceil-div piece). What the table does not cover is
-listed in `DtensorTraffic.unmodeled` (an embedding's or a norm's style, a fallback export), and
-not priced.
+listed in `DtensorTraffic.unmodeled` (a sequence-parallel norm, a parameter distributed on tp
+with no style, a fallback export), and not priced.
 
 Worked example, models/mlp.onnx, batch 8 on dp=2,tp=2 under Megatron (x split over dp): the
 rowwise Linear `2`'s output [4, 64] float32 (1 KiB) is all-reduced over tp in forward, ring
