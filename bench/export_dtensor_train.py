@@ -18,6 +18,8 @@ torch and transformers.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
 import tempfile
@@ -51,7 +53,7 @@ def _prepare(case: str, folder: Path) -> tuple[str, str, float]:
     name, recipe, _ = hf.CASES[case]
     (folder / "model.onnx").write_bytes(export(build(name), "ts"))
     argv = ["plan", str(folder / "model.onnx"), "--mesh", "dp=2,tp=2", "--mode", "training",
-            "--precision", "fp32", "--optimizer", "sgd", "--memory", "1.2MB", "--time-limit", "10",
+            "--precision", "fp32", "--optimizer", "sgd", "--memory", "1.2MB", "--time-limit", "30",
             "-q", "-o", str(folder / "search.json")]  # fmt: skip
     assert main(argv) == 0, case
     main(["explain", str(folder / "search.json"), "--model", str(folder / "model.onnx"),
@@ -100,7 +102,8 @@ def main() -> int:
         prepared, sizes = {}, {}
         for case in args.cases:
             folder = Path(tmp) / case
-            prepared[case] = _prepare(case, folder)
+            with contextlib.redirect_stdout(io.StringIO()):  # the plans' summaries
+                prepared[case] = _prepare(case, folder)
             exported = export_plan(folder / "plan.json", Target.DTENSOR, str(folder / "model.onnx"))
             (folder / "apply.py").write_bytes(exported.payload)
             (folder / "export.json").write_text(json.dumps(exported.document))

@@ -64,7 +64,7 @@ def trained(tmp_path_factory) -> Path:
         model = path / f"{name}.onnx"
         model.write_bytes(export(build(name), "ts"))
         argv = ["plan", str(model), "--mesh", "dp=2,tp=2", "--mode", "training", "--precision",
-                "fp32", "--optimizer", "sgd", "--memory", "1.2MB", "--time-limit", "10", "-q",
+                "fp32", "--optimizer", "sgd", "--memory", "1.2MB", "--time-limit", "30", "-q",
                 "-o", str(path / "search.json")]  # fmt: skip
         assert main(argv) == 0, case
         pinned = ["explain", str(path / "search.json"), "--model", str(model), "--why-not",

@@ -174,14 +174,15 @@ def _worker(rank: int, folder: str, cases: list[str]) -> None:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 generated.apply_plan(model, mesh)
+            # as applied: FSDP2 keeps a ZeRO-2 module gathered from a forward to its backward
+            held = {k: repr(tuple(v)) for k, v in generated.held_placements(model, mesh).items()}
             with implicit_replication():
                 got = model(ids)
         got = got.full_tensor() if isinstance(got, tensor_api.DTensor) else got
         torch.save(
             {
                 "error": float((got - expected).abs().max() / expected.abs().max()),
-                "held": {k: repr(tuple(v))
-                         for k, v in generated.held_placements(model, mesh).items()},
+                "held": held,
                 "warnings": [str(w.message) for w in caught],
                 # each nn.Embedding: does it look tokens up by apply_plan's masked lookup
                 "masked": {path: "forward" in vars(m) for path, m in model.named_modules()
