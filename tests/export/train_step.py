@@ -92,14 +92,15 @@ def distributed(
             loss.backward()
         with traffic.phase("gradient_sync"):
             generated.sync_gradients(model, mesh)
-        grads = {n: _full(p.grad) for n, p in model.named_parameters()}
+        checked = step in STEPS  # gathering the gradients is the check's, not the step's
+        grads = {n: _full(p.grad) for n, p in model.named_parameters()} if checked else {}
         with traffic.phase("optimizer"):
             opt.step()
-        if step in STEPS:
+        if checked:
             total = _full(loss) / data
-            if generated.DATA_DIMS:
-                group = mesh[generated.DATA_DIMS]
-                group = group._flatten("_".join(generated.DATA_DIMS)) if data > 1 else group
+            dims = generated.DATA_DIMS
+            if dims:  # the data-parallel groups' losses summed
+                group = mesh[dims[0]] if len(dims) == 1 else mesh[dims]._flatten("_".join(dims))
                 dist.all_reduce(total, group=group.get_group())
             weights = {n: _full(p) for n, p in model.named_parameters()}
             out.append({"loss": total, "grads": grads, "weights": weights})
