@@ -50,7 +50,7 @@ def _prepare(case: str, folder: Path) -> tuple[str, str, float]:
         return "mlp", optimizer, 1.0
     from tests.export.test_hf_models import build, export
 
-    name, recipe, _ = hf.CASES[case]
+    name, recipe = hf.CASES[case]
     (folder / "model.onnx").write_bytes(export(build(name), "ts"))
     argv = ["plan", str(folder / "model.onnx"), "--mesh", "dp=2,tp=2", "--mode", "training",
             "--precision", "fp32", "--optimizer", "sgd", "--memory", "1.2MB", "--time-limit", "30",

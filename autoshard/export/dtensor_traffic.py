@@ -139,6 +139,10 @@ def dtensor_traffic(held: Held, export: Mapping[str, Any]) -> DtensorTraffic:
         shape = held.shapes[p.weight][::-1] if p.transposed else held.shapes[p.weight]
         path, _, leaf = name.rpartition(".")
         dim = parallel["modules"].get(path, {}).get("fsdp_dims", {}).get(leaf)
+        if name in held.tied:  # apply_plan distributes a tied tensor, once: no fully_shard
+            if held.tied[name] != name:
+                continue
+            dim = None
         placements = _held(entry, names, tp, fsdp, dim)
         itemsize = dtypes.nbytes(held.graph.values[p.weight].dtype, 1)
         if dim is not None:  # FSDP2's padded shard of the tensor-parallel shard
@@ -181,8 +185,8 @@ def _activations(
     linears: dict[str, tuple[str, str]] = {}  # the op of a styled Linear -> (module, style)
     for path, module in export["parallelize"]["modules"].items():
         style = module["style"]
-        if style not in ("colwise", "rowwise", "sequence"):
-            continue
+        if style not in ("colwise", "rowwise", "sequence") or f"{path}.weight" in held.tied:
+            continue  # no style, or a tied module's (distributed, not styled)
         weight = by_param[f"{path}.weight" if path else "weight"]
         op = next((o for o in graph.consumers(weight.weight) if o.type in LINEAR_OPS), None)
         if style == "sequence" or op is None or op.inputs[1] != weight.weight:
