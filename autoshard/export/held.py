@@ -16,11 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from autoshard.document.blocks import WeightStrategy
 from autoshard.document.plan_document import PlanDocument, plan_from_document
 from autoshard.errors import AutoshardError
 from autoshard.files import sha256_file
-from autoshard.ir.graph import Graph
+from autoshard.ir.graph import Graph, Weight
 from autoshard.ir.onnx_import import file_weights, import_onnx, load_model
 from autoshard.mesh import Mesh
 from autoshard.names import NameSource, load_checkpoint, recover_names
@@ -71,6 +73,9 @@ class Held:
     warnings: tuple[str, ...]
     # A training plan's strategy per ONNX weight (`stored`, `used`, `state`, `strategy`).
     strategies: Mapping[str, WeightStrategy] = field(default_factory=dict)
+    # A parameter held by two ONNX weights of one content (a tied embedding and LM head the
+    # TorchScript exporter copies): each of the pair -> the first of it, by name.
+    tied: Mapping[str, str] = field(default_factory=dict)
 
 
 def mesh_dim_names(mesh: Mesh) -> tuple[str, ...]:
@@ -138,4 +143,34 @@ def held_params(
     unnamed = {w: e.note for w, e in names.items() if not e.params}
     shapes = {w: tuple(weights[w].shape) for w in names}
     strategies = document.strategy.weights if document.strategy is not None else {}
-    return Held(mesh, graph, plan, tuple(params), shapes, unnamed, tuple(warnings), strategies)
+    tied = _ties(graph, params, weights)
+    return Held(
+        mesh, graph, plan, tuple(params), shapes, unnamed, tuple(warnings), strategies, tied
+    )
+
+
+def _ties(graph: Graph, params: list[ParamPlacement], weights: Mapping[str, Weight]) -> dict:
+    """Pairs of parameters whose weights hold one content in the torch layout, an embedding
+    table among them (torch ties a table to its LM head; only those are compared, not every
+    weight of a large model): each of a pair -> the first of it by name."""
+    tables = {
+        p.param
+        for p in params
+        if not p.transposed and any(op.type == "Gather" for op in graph.consumers(p.weight))
+    }
+    tied: dict[str, str] = {}
+    for table in sorted(tables):
+        first = next(p for p in params if p.param == table)
+        if not weights[first.weight].has_data:
+            continue
+        data = weights[first.weight].load()
+        for other in params:
+            w = weights[other.weight]
+            shape = w.shape[::-1] if other.transposed else w.shape
+            if other.weight == first.weight or shape != tuple(data.shape) or not w.has_data:
+                continue
+            array = w.load().T if other.transposed else w.load()
+            if np.array_equal(array, data):
+                pair = sorted((table, other.param))
+                tied[pair[0]] = tied[pair[1]] = pair[0]
+    return tied

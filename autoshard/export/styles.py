@@ -2,7 +2,9 @@
 parameters: per torch module, `ColwiseParallel` / `RowwiseParallel` (Megatron's column and row
 splits of a Linear; the vocabulary or hidden split of an Embedding), `SequenceParallel` (a norm
 whose input is split on the sequence) over one mesh axis, and `fully_shard` (FSDP2) over another
-for parameters held split further than they are read.
+for parameters held split further than they are read (and, kept gathered from forward to
+backward, those a training plan stores whole but updates in slices: ZeRO-1/2, the optimizer
+state's split).
 
 A parameter is *stored* as the plan holds it (a training plan's `stored`) and *used* as its
 forward readers need it. DTensor's styles each take one mesh dim, so they apply when every
@@ -55,6 +57,9 @@ class ModuleStyle:
     style: Style
     sequence_dim: int | None = None
     fsdp_dims: Mapping[str, int] = field(default_factory=dict)
+    # ZeRO-1/2: every sharded parameter is held whole and only its optimizer state split, so
+    # FSDP keeps it gathered from forward to backward (`reshard_after_forward=False`).
+    zero: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class Styles:
     params: Mapping[str, str]  # parameter -> its style, `colwise+fsdp`, `distribute`, ...
     used: Mapping[str, Split]  # parameter -> its used split (torch layout)
     fallback: str | None = None
+    whole_state: tuple[str, ...] = ()  # modules whose ZeRO-split state torch keeps whole
 
 
 def _axes(split: Split) -> set[int]:
@@ -158,10 +164,12 @@ def choose_styles(held: Held) -> Styles:
     tp = next(iter(tp_axes), None)
     fsdp: dict[str, tuple[int, int]] = {}  # parameter -> (dim, axis) FSDP shards
     as_stored: set[str] = set()  # held on tp otherwise than read: distributed as held
+    zero, mixed = _zero(held, stored, used, tp)
     for p in held.params:
         rank = len(held.shapes[p.weight])
-        have, need = _dims(stored[p.param], rank), _dims(used[p.param], rank)
-        extra = [(d, a) for d in range(rank) for a in have[d] if a not in need[d] and a != tp]
+        have = _dims(zero.get(p.param, stored[p.param]), rank)
+        need = _dims(used[p.param], rank)
+        extra = _extra(have, need, tp)
         if len(extra) > 1 or (extra and have[extra[0][0]][-1] != extra[0][1]):
             return _fallback(
                 held,
@@ -203,11 +211,55 @@ def choose_styles(held: Held) -> Styles:
         style, sequence_dim = _module_style(members, tp)
         if as_stored & set(names.values()):
             style, sequence_dim = Style.DISTRIBUTE, None
-        modules[path] = ModuleStyle(style, sequence_dim, sharded)
+        kept = bool(sharded) and all(n in zero for n in names.values())
+        modules[path] = ModuleStyle(style, sequence_dim, sharded, kept)
         for leaf, n in names.items():
-            params[n] = str(style) + ("+fsdp" if leaf in sharded else "")
+            params[n] = str(style) + ("" if leaf not in sharded else "+zero" if kept else "+fsdp")
     fsdp_axis = next(iter(fsdp_axes), None)
-    return Styles(tp, fsdp_axis, modules, params, used)
+    return Styles(tp, fsdp_axis, modules, params, used, whole_state=tuple(mixed))
+
+
+def _zero(
+    held: Held, stored: Mapping[str, Split], used: Mapping[str, Split], tp: int | None
+) -> tuple[dict[str, Split], list[str]]:
+    """The parameters a training plan stores as used but whose optimizer state it splits
+    further on a mesh dim other than tp (ZeRO-1/2): their state's split (torch layout), which
+    FSDP2 holds them in. fully_shard shards a module's parameters all, one more tensor dim over
+    one mesh dim: a module where others are held whole, or a state is split otherwise, keeps
+    its states whole (the second list)."""
+    found: dict[str, Split] = {}
+    further = set()  # held further than read, beside tp: fully_shard's
+    unfit = set()  # modules with a state split as fully_shard cannot hold it
+    for p in held.params:
+        rank = len(held.shapes[p.weight])
+        need = _dims(used[p.param], rank)
+        if _extra(_dims(stored[p.param], rank), need, tp):
+            further.add(p.param)
+        strategy = held.strategies.get(p.weight)
+        if strategy is None or "zero" not in strategy.strategy.split("+"):
+            continue
+        state = _dims(torch_layout(Sharding.parse(strategy.state).split_axes, p.transposed), rank)
+        extra = _extra(state, need, tp)
+        # fully_shard splits one more dim over one mesh dim, inside the rest
+        if len(extra) == 1 and state[extra[0][0]][-1] == extra[0][1]:
+            found[p.param] = state
+        elif extra:
+            unfit.add(p.param.rpartition(".")[0])
+    modules: dict[str, list[str]] = {}
+    for p in held.params:
+        modules.setdefault(p.param.rpartition(".")[0], []).append(p.param)
+    mixed = sorted(
+        path
+        for path, names in modules.items()
+        if path in unfit
+        or (any(n in found for n in names) and not all(n in found or n in further for n in names))
+    )
+    return {n: s for n, s in found.items() if n.rpartition(".")[0] not in mixed}, mixed
+
+
+def _extra(have: Split, need: Split, tp: int | None) -> list[tuple[int, int]]:
+    """(dim, mesh axis) of each split `have` holds beyond `need`, tp's aside."""
+    return [(d, a) for d in range(len(have)) for a in have[d] if a not in need[d] and a != tp]
 
 
 def _names(held: Held, axes: set[int]) -> str:

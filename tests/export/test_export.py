@@ -295,7 +295,7 @@ def test_training_plan_exports_what_is_stored(training_plan):
     assert bias["placements"] == ["Replicate()", "Replicate()"]
     assert (bias["strategy"], bias["optimizer_state"]) == ("zero", ["Replicate()", "Shard(0)"])
     assert dtensor["parallelize"]["modules"]["0"] == {
-        "style": "colwise", "fsdp_dims": {"bias": 0, "weight": 1}
+        "style": "colwise", "fsdp_dims": {"bias": 0, "weight": 1}, "reshard_after_forward": True
     }  # fmt: skip
     jax = export_plan(training_plan, Target.JAX).document["parameters"]
     assert jax["0.weight"]["text"] == "PartitionSpec('tp', 'dp')"

@@ -1,0 +1,274 @@
+"""What one training step of a DTensor export moves, per device, phase and collective kind: the
+plan's estimate *for that target*, priced with the plan's own ring formula
+(`collectives.ring_bytes`). torch runs the export, not the plan's program: it moves what its
+styles, FSDP2 and `sync_gradients` issue, which is not the plan's list of collectives.
+
+    phase          what torch moves                                   for
+    forward        all_gather of a module's flat parameter shards     each fully_shard module
+                   all_reduce of a rowwise Linear's output (tp)       each rowwise Linear
+                   all_gather of a colwise Linear's input (tp)        when a column split made it
+                   all_reduce of a vocabulary-split lookup (tp)       each such nn.Embedding
+    backward       all_gather again (reshard_after_forward=True)      each fully_shard module
+                                                                      but ZeRO-1/2's
+                   reduce_scatter of the module's flat gradient       each fully_shard module
+                   a colwise Linear's input gradient (tp):            each colwise Linear whose
+                     reduce_scatter where a column split made it,     input needs a gradient
+                     else all_reduce
+                   a rowwise Linear's input gradient all_gathered     when it was sliced from a
+                   (tp)                                               whole input
+    gradient_sync  all_reduce of a gradient over the data dims it     each parameter
+                   is held whole on (one flattened group)
+    optimizer      nothing: each rank updates the shard it holds
+
+Where an activation comes from (`_sources`) decides: the model's inputs and constants (no
+gradient), the same with a trained weight (held whole, a gradient), column-split Linears'
+outputs alone (attention over their heads, a gated product: split as they are), or a mix.
+FSDP2 gathers a module's parameters as one flat buffer, each parameter's shard padded to
+ceil(size / n) rows of its sharded dim; a parameter's local shape elsewhere is DTensor's
+(nested `torch.chunk`: the first device's ceil-div piece). What the table does not cover is
+listed in `DtensorTraffic.unmodeled` (a sequence-parallel norm, a parameter distributed on tp
+with no style, a fallback export), and not priced.
+
+Worked example, models/mlp.onnx, batch 8 on dp=2,tp=2 under Megatron (x split over dp): the
+rowwise Linear `2`'s output [4, 64] float32 (1 KiB) is all-reduced over tp in forward, ring
+bytes 2(n-1)/n of it: 1024; the gradients are all-reduced over dp: 0.weight [128, 64] local,
+32 KiB, and so on.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autoshard.collectives import CollectiveKind, ring_bytes
+from autoshard.export.held import Held
+from autoshard.export.styles import LINEAR_OPS
+from autoshard.ir import dtypes
+from autoshard.ir.graph import Graph
+
+PHASES = ("forward", "backward", "gradient_sync", "optimizer")
+ALL_GATHER, ALL_REDUCE = CollectiveKind.ALL_GATHER, CollectiveKind.ALL_REDUCE
+REDUCE_SCATTER = CollectiveKind.REDUCE_SCATTER
+_SHARD = re.compile(r"Shard\((\d+)")
+
+
+@dataclass(frozen=True)
+class Moved:
+    """One collective the export's step issues: where, what kind, over which mesh dims, for
+    which module or parameter, and the bytes one device sends (`ring_bytes`)."""
+
+    phase: str
+    kind: CollectiveKind
+    dims: tuple[str, ...]
+    serves: str
+    bytes_per_device: int
+
+
+@dataclass(frozen=True)
+class DtensorTraffic:
+    moved: tuple[Moved, ...]
+    unmodeled: tuple[str, ...]
+
+    def by_phase(self) -> dict[str, dict[str, int]]:
+        """Bytes per device by phase, then kind (phases in step order, kinds sorted)."""
+        out: dict[str, dict[str, int]] = {}
+        for m in sorted(self.moved, key=lambda m: (PHASES.index(m.phase), m.kind)):
+            kinds = out.setdefault(m.phase, {})
+            kinds[str(m.kind)] = kinds.get(str(m.kind), 0) + m.bytes_per_device
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bytes_per_device": self.by_phase(), "unmodeled": list(self.unmodeled)}
+
+
+def _sizes(export: Mapping[str, Any]) -> dict[str, int]:
+    mesh = export["mesh"]
+    return dict(zip(mesh["dim_names"], mesh["shape"], strict=True))
+
+
+def _held(
+    entry: Mapping[str, Any],
+    names: Sequence[str],
+    tp: str | None,
+    fsdp: str | None,
+    dim: int | None,
+) -> list[str]:
+    """The placement per mesh dim `apply_plan` leaves a parameter with: its style's on tp,
+    FSDP's shard of torch dim `dim` on the fsdp dim (None: not fully_shard-ed), and with no tp
+    dim the stored placements of the rest."""
+    out = []
+    for name, placement in zip(names, entry["placements"], strict=True):
+        if name == fsdp and dim is not None:
+            out.append(f"Shard({dim})")
+        elif name == tp or (tp is None and dim is None):
+            out.append(placement)
+        else:
+            out.append("Replicate()")
+    return out
+
+
+def _local(shape: Sequence[int], placements: Sequence[str], sizes: Sequence[int]) -> list[int]:
+    """The first device's shard of `shape` (ceil-div per splitting mesh dim)."""
+    local = list(shape)
+    for placement, n in zip(placements, sizes, strict=True):
+        found = _SHARD.search(placement)
+        if found:
+            dim = int(found.group(1))
+            local[dim] = -(-local[dim] // n)
+    return local
+
+
+def dtensor_traffic(held: Held, export: Mapping[str, Any]) -> DtensorTraffic:
+    """The collectives one training step of `export` (`to_dtensor.dtensor_export` of `held`)
+    issues on the first device (see the module's docstring)."""
+    parallel = export["parallelize"]
+    if parallel["fallback"] is not None:
+        return DtensorTraffic((), (f"no parallel style: {parallel['fallback']}",))
+    sizes = _sizes(export)
+    names, tp, fsdp = list(sizes), parallel["tp"], parallel["fsdp"]
+    data = tuple(export["data"])
+    by_param = {p.param: p for p in held.params}
+    moved: list[Moved] = []
+    unmodeled: list[str] = []
+    flat: dict[str, int] = {}  # fully_shard module -> its flat shard's bytes
+    for name, entry in export["parameters"].items():
+        p = by_param[name]
+        shape = held.shapes[p.weight][::-1] if p.transposed else held.shapes[p.weight]
+        path, _, leaf = name.rpartition(".")
+        dim = parallel["modules"].get(path, {}).get("fsdp_dims", {}).get(leaf)
+        if name in held.tied:  # apply_plan distributes a tied tensor, once: no fully_shard
+            if held.tied[name] != name:
+                continue
+            dim = None
+        placements = _held(entry, names, tp, fsdp, dim)
+        itemsize = dtypes.nbytes(held.graph.values[p.weight].dtype, 1)
+        if dim is not None:  # FSDP2's padded shard of the tensor-parallel shard
+            tp_only = [
+                x if d == tp else "Replicate()" for d, x in zip(names, placements, strict=True)
+            ]
+            shard = _local(shape, tp_only, list(sizes.values()))
+            shard[dim] = -(-shard[dim] // sizes[fsdp])
+            flat[path] = flat.get(path, 0) + math.prod(shard) * itemsize
+        whole = tuple(
+            d for d, x in zip(names, placements, strict=True) if d in data and x == "Replicate()"
+        )
+        if whole:
+            local = math.prod(_local(shape, placements, list(sizes.values()))) * itemsize
+            sent = ring_bytes(ALL_REDUCE, math.prod(sizes[d] for d in whole), local)
+            moved.append(Moved("gradient_sync", ALL_REDUCE, whole, name, sent))
+    for path, local in sorted(flat.items()):
+        n, axes = sizes[fsdp], (fsdp,)
+        gather = ring_bytes(ALL_GATHER, n, local)
+        moved.append(Moved("forward", ALL_GATHER, axes, path, gather))
+        if parallel["modules"][path].get("reshard_after_forward", True):
+            moved.append(Moved("backward", ALL_GATHER, axes, path, gather))
+        scatter = ring_bytes(REDUCE_SCATTER, n, n * local)
+        moved.append(Moved("backward", REDUCE_SCATTER, axes, path, scatter))
+    moved += _activations(held, export, data, sizes, unmodeled)
+    return DtensorTraffic(tuple(moved), tuple(unmodeled))
+
+
+def _activations(
+    held: Held,
+    export: Mapping[str, Any],
+    data: Sequence[str],
+    sizes: Mapping[str, int],
+    unmodeled: list[str],
+) -> list[Moved]:
+    """The tensor-parallel styles' activation collectives (see the module's docstring)."""
+    tp = export["parallelize"]["tp"]
+    groups = math.prod(sizes[d] for d in data)
+    graph, by_param = held.graph, {p.param: p for p in held.params}
+    linears: dict[str, tuple[str, str]] = {}  # the op of a styled Linear -> (module, style)
+    for path, module in export["parallelize"]["modules"].items():
+        style = module["style"]
+        if style not in ("colwise", "rowwise", "sequence") or f"{path}.weight" in held.tied:
+            continue  # no style, or a tied module's (distributed, not styled)
+        weight = by_param[f"{path}.weight" if path else "weight"]
+        op = next((o for o in graph.consumers(weight.weight) if o.type in LINEAR_OPS), None)
+        if style == "sequence" or op is None or op.inputs[1] != weight.weight:
+            unmodeled.append(f"{path}: a {style} {op.type if op else 'module'}'s activations")
+            continue
+        linears[op.name] = (path, style)
+    n, axes = (sizes[tp] if tp is not None else 1), (tp,)
+    sources = _sources(graph, linears, frozenset(held.strategies))
+    moved = []
+    for name, (path, style) in linears.items():
+        op = graph.op_by_name[name]
+        whole = graph.values[op.inputs[0]].nbytes // groups  # the rank's examples, whole on tp
+        source = sources.get(op.inputs[0], "input")
+        if style == "rowwise":
+            out = graph.values[op.outputs[0]].nbytes // groups
+            moved.append(Moved("forward", ALL_REDUCE, axes, path, ring_bytes(ALL_REDUCE, n, out)))
+            if source not in ("colwise", "input"):  # sliced from a whole input
+                sent = ring_bytes(ALL_GATHER, n, -(-whole // n))
+                moved.append(Moved("backward", ALL_GATHER, axes, f"{path} input", sent))
+        elif source == "colwise":  # gathered to be read whole; its gradient summed to shards
+            sent = ring_bytes(ALL_GATHER, n, -(-whole // n))
+            moved.append(Moved("forward", ALL_GATHER, axes, f"{path} input", sent))
+            sent = ring_bytes(REDUCE_SCATTER, n, whole)
+            moved.append(Moved("backward", REDUCE_SCATTER, axes, f"{path} input", sent))
+        elif source != "input":  # a gradient flows back to a whole input: summed
+            sent = ring_bytes(ALL_REDUCE, n, whole)
+            moved.append(Moved("backward", ALL_REDUCE, axes, f"{path} input", sent))
+    return moved + _lookups(held, export, groups, sizes, unmodeled)
+
+
+def _lookups(
+    held: Held,
+    export: Mapping[str, Any],
+    groups: int,
+    sizes: Mapping[str, int],
+    unmodeled: list[str],
+) -> list[Moved]:
+    """A parameter `apply_plan` distributes (no style) split on tp: an embedding table split on
+    its vocabulary over one mesh dim sums its masked lookups there (an all_reduce of the
+    output in forward); DTensor's own moves for any other are not modeled."""
+    tp = export["parallelize"]["tp"]
+    names = list(sizes)
+    moved = []
+    for name, entry in export["parameters"].items():
+        if entry["style"] != "distribute" or tp is None:
+            continue
+        placement = entry["placements"][names.index(tp)]
+        if placement == "Replicate()":
+            continue
+        p = next(q for q in held.params if q.param == name)
+        readers = [o for o in held.graph.consumers(p.weight) if o.inputs[0] == p.weight]
+        if not p.transposed and placement == "Shard(0)" and [o.type for o in readers] == ["Gather"]:
+            out = held.graph.values[readers[0].outputs[0]].nbytes // groups
+            sent = ring_bytes(ALL_REDUCE, sizes[tp], out)
+            moved.append(Moved("forward", ALL_REDUCE, (tp,), f"{name} lookup", sent))
+        else:
+            unmodeled.append(f"{name}: distributed {placement} on {tp}, DTensor's moves")
+    return moved
+
+
+def _sources(
+    graph: Graph, linears: Mapping[str, tuple[str, str]], trained: frozenset[str]
+) -> dict[str, str]:
+    """Where each forward activation comes from: `input` (from the model's inputs and
+    constants alone: held whole, no gradient), `whole` (the same with a trained weight among
+    them: a gradient flows back), `colwise` (from column-split Linears' outputs, split as they
+    are: attention over their heads, a gated product; a bias or a table beside them) or `other`
+    (a row-split Linear's summed output, or a mix). Values no op writes: `input`, or `whole`
+    for a trained weight."""
+    found: dict[str, str] = {w: "whole" for w in trained}
+    for op in graph.ops:
+        if graph.phase(op.name) != "forward":
+            continue
+        if op.name in linears:
+            kind = "colwise" if linears[op.name][1] == "colwise" else "other"
+        else:
+            kinds = {found.get(i, "input") for i in op.inputs if i}
+            split = kinds - {"input", "whole"}
+            if split:
+                kind = split.pop() if len(split) == 1 else "other"
+            else:
+                kind = "whole" if "whole" in kinds else "input"
+        for out in op.outputs:
+            found[out] = kind
+    return found

@@ -1,0 +1,140 @@
+"""The DTensor export of training plans trained on gloo: predicted against counted bytes.
+
+    python bench/export_dtensor_train.py                  # the MLP plans, Llama and GPT-2
+    python bench/export_dtensor_train.py --cases mlp-dp llama-tp-dp
+
+For each model and plan (the cases of tests/export/test_dtensor_train.py and
+test_dtensor_train_hf.py), `autoshard export --to dtensor`, then on one start of gloo ranks
+(one per device) the generated `apply_plan` applied to the torch module trains 3 steps (the
+batch split as the plan's, `sync_gradients`, FSDP2), every collective counted per phase and kind
+(tests/export/traffic.py, CommDebugMode beside it). One row per phase and collective kind: the
+plan's own communication for the phase (its program's collectives, `cost.phases`), the
+export's estimate (`traffic` of the export document, torch's collectives priced by the same
+ring formula), what torch moved (bytes per device per step, on rank 0), and the largest
+relative error of the loss, gradients and weights against the single-process steps. Needs
+torch and transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _prepare(case: str, folder: Path) -> tuple[str, str, float]:
+    """Plan and export one case into `folder`: (model name, optimizer, learning-rate scale)."""
+    import shutil
+
+    from autoshard.cli.main import main
+    from tests.export import test_dtensor_train as mlp
+    from tests.export import test_dtensor_train_hf as hf
+
+    folder.mkdir(parents=True)
+    if case.startswith("mlp-"):
+        mesh, optimizer, flags, written = mlp.CASES[case.removeprefix("mlp-")]
+        shutil.copy(mlp.MODELS / "mlp.onnx", folder / "model.onnx")
+        (folder / "notes.json").write_text(json.dumps(mlp._notes(written)))
+        argv = ["plan", str(folder / "model.onnx"), "--mesh", mesh, "--dim", f"batch={mlp.BATCH}",
+                "--mode", "training", "--precision", "fp32", "--optimizer", optimizer, *flags,
+                "--annotations", str(folder / "notes.json"), "-q",
+                "-o", str(folder / "plan.json")]  # fmt: skip
+        assert main(argv) == 0, case
+        return "mlp", optimizer, 1.0
+    from tests.export.test_hf_models import build, export
+
+    name, recipe = hf.CASES[case]
+    (folder / "model.onnx").write_bytes(export(build(name), "ts"))
+    argv = ["plan", str(folder / "model.onnx"), "--mesh", "dp=2,tp=2", "--mode", "training",
+            "--precision", "fp32", "--optimizer", "sgd", "--memory", "1.2MB", "--time-limit", "30",
+            "-q", "-o", str(folder / "search.json")]  # fmt: skip
+    assert main(argv) == 0, case
+    main(["explain", str(folder / "search.json"), "--model", str(folder / "model.onnx"),
+          "--why-not", recipe, "-o", str(folder / "plan.json")])  # fmt: skip
+    return name, "sgd", hf.SCALE
+
+
+def _worker(rank: int, folder: str, cases: dict[str, tuple[str, str, float]]) -> None:
+    import torch
+
+    from tests.export import test_dtensor_train as mlp
+    from tests.export import test_dtensor_train_hf as hf
+    from tests.export.test_hf_models import build
+    from tests.export.train_step import distributed, reference, worst
+
+    for case, (name, optimizer, scale) in cases.items():
+        path = Path(folder) / case
+        make = mlp.build if name == "mlp" else (lambda n=name: build(n))
+        data = mlp.batches() if name == "mlp" else hf.batches()
+        feed = "x" if name == "mlp" else "input_ids"
+        got, traffic, _ = distributed(path / "apply.py", make, data, optimizer, feed, scale)
+        want = reference(make(), data, optimizer, scale)
+        if rank == 0:
+            result = {"bytes": traffic.by_kind(), "error": max(worst(got, want).values()),
+                      "same_calls": traffic.calls() == traffic.debug_calls()}  # fmt: skip
+            (path / "result.json").write_text(json.dumps(result))
+        torch.distributed.barrier()
+
+
+def main() -> int:
+    from tests.export import test_dtensor_train as mlp
+    from tests.export import test_dtensor_train_hf as hf
+
+    every = [f"mlp-{c}" for c in mlp.CASES] + list(hf.CASES)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", nargs="+", default=every, choices=every)
+    args = parser.parse_args()
+
+    from autoshard.export import Target, export_plan
+    from tests.export.gloo import run_on_ranks
+
+    print("| model, plan | mesh | phase | kind | plan's phase | export estimate | counted | "
+          "rel err |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    with tempfile.TemporaryDirectory() as tmp:
+        prepared, sizes = {}, {}
+        for case in args.cases:
+            folder = Path(tmp) / case
+            with contextlib.redirect_stdout(io.StringIO()):  # the plans' summaries
+                prepared[case] = _prepare(case, folder)
+            exported = export_plan(folder / "plan.json", Target.DTENSOR, str(folder / "model.onnx"))
+            (folder / "apply.py").write_bytes(exported.payload)
+            (folder / "export.json").write_text(json.dumps(exported.document))
+            shape = exported.document["mesh"]["shape"]
+            sizes.setdefault(len(shape), {})[case] = prepared[case]
+        for ndim, cases in sorted(sizes.items()):
+            run_on_ranks(_worker, 2**ndim, tmp, cases)
+        for case in args.cases:
+            _rows(case, Path(tmp) / case, mlp.STEPS)
+    return 0
+
+
+def _rows(case: str, folder: Path, steps: int) -> None:
+    export = json.loads((folder / "export.json").read_text())
+    plan = json.loads((folder / "plan.json").read_text())
+    result = json.loads((folder / "result.json").read_text())
+    estimate, counted = export["traffic"]["bytes_per_device"], result["bytes"]
+    mesh = "x".join(map(str, export["mesh"]["shape"]))
+    for phase in ("forward", "backward", "gradient_sync", "optimizer"):
+        planned = plan["cost"]["phases"].get(phase, {}).get("comm_bytes_per_device", 0)
+        kinds = sorted(set(estimate.get(phase, {})) | set(counted.get(phase, {}))) or ["-"]
+        for kind in kinds:
+            want = estimate.get(phase, {}).get(kind, 0)
+            got = counted.get(phase, {}).get(kind, 0) // steps
+            mark = "" if want == got else " (differs)"
+            print(f"| {case} | {mesh} | {phase} | {kind} | {planned} | {want} | {got}{mark} | "
+                  f"{result['error']:.1e} |")  # fmt: skip
+            planned = ""  # once per phase
+    if export["traffic"]["unmodeled"]:
+        print(f"| {case} | {mesh} | not modeled: {'; '.join(export['traffic']['unmodeled'])} |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
