@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             priced = price_pipeline(
                 requested.graph, planned.plan, planned.program, planned.cost, cluster,
-                schedule_ask,
+                schedule_ask, args.layers,
             )  # fmt: skip
         except PipelineError as error:
             print(f"{name:>14} refused: {error}")
