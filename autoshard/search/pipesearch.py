@@ -222,8 +222,8 @@ def choose_pipeline(
             continue
         priced = staged.priced
         fits = priced.memory_bytes <= budget
-        words = _words(stages, priced.step_s, priced.memory_bytes, budget,
-                       f"{priced.pipeline.schedule}, bubble {priced.bubble:.0%}".replace("%", " %"))  # fmt: skip
+        how = f"{priced.pipeline.schedule}, bubble {priced.bubble:.0%}".replace("%", " %")
+        words = _words(stages, priced.step_s, priced.memory_bytes, budget, how)
         tried.append(Candidate(stages, priced.step_s, priced.memory_bytes, fits, words))
         if fits and (best is None or priced.step_s < best[0]):
             best = (priced.step_s, staged.planned, staged)

@@ -142,3 +142,33 @@ def test_refusals_are_one_line(argv, message, capsys):
     assert main(base + argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_report_explain_and_diff_show_the_stages(tmp_path, page, capsys):
+    plan, html = tmp_path / "p.json", tmp_path / "r.html"
+    flags = ["--mode", "training", "--dim", "batch=2", "--dim", "seq=16", "--micro-batches",
+             "4", "--schedule", "gpipe", "-q"]  # fmt: skip
+    argv = ["plan", str(GPT2), "--mesh", "pp=2,dp=2", *flags, "-o", str(plan), "--html", str(html)]
+    assert main(argv) == 0
+    other = tmp_path / "none.json"
+    assert main(["plan", str(GPT2), "--mesh", "2x2", *flags[:-3], "-q", "-o", str(other)]) == 0
+    capsys.readouterr()
+    opened, console = page
+    opened.goto(html.as_uri())
+    stages = opened.locator("#stages")
+    assert stages.locator("table.stages tr").count() == 1 + 2
+    # GPipe, 2 stages, 4 micro-batches: 8 passes a stage, and each stage's update after them.
+    assert stages.locator("figure.timeline svg rect").count() == 2 * 8 + 2
+    assert "stages over mesh pp=2,dp=2 (axis 0), schedule gpipe, 4 micro-batches" in (
+        stages.inner_text()
+    )
+    assert console.errors == []
+    # explain reads the plan back on the stage's model; its op stands for every stage's copy.
+    assert main(["explain", str(plan), "/lm/lm_head/MatMul", "--model", str(GPT2)]) == 0
+    out = capsys.readouterr().out
+    assert "  pipeline: 2 stages (layers 0..0 1..1) on mesh pp=2,dp=2, gpipe, 4 micro-batches" in (
+        out
+    )
+    assert main(["diff", str(other), str(plan)]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline A: none\npipeline B: 2 stages (layers 0..0 1..1) on mesh pp=2,dp=2" in out
