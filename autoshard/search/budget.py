@@ -18,6 +18,7 @@ When no plan fits, the least memory any plan needs is an ILP of its own
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -86,6 +87,7 @@ def auto_plan(
     tracker: Tracker | None = None,
     deadline: Deadline = NEVER,
     explain: bool = True,
+    built: Search | None = None,
 ) -> Planned:
     """Search the cheapest plan that fits the memory budget (CP-SAT), then lower and price
     it; `NoPlanFits` with the lowest feasible budget when none fits (`explain`; else the
@@ -93,13 +95,19 @@ def auto_plan(
     solve, longer than the search's own). `tracker` is told
     what the search does and each solve's objective and bound. `deadline`: the command's
     wall clock, shared by every step (`solve` says what each answers when it passes);
-    `TimeUp` where it passes while the problem is built."""
+    `TimeUp` where it passes while the problem is built. `built`: the search of an earlier
+    call on the same graph, annotations and cluster but for its budget (the budget is only
+    the memory rows' bound), solved again under `cluster`'s instead of built again."""
     started = time.perf_counter()
     say = tracker.detail if tracker is not None else (lambda _: None)
     options = options or SolverOptions()
     unit = "B" if options.objective == Objective.BYTES else "s"
     check_search_axes(cluster.mesh.ndim, f"mesh {cluster.mesh}")
-    search = build_search(graph, cluster, annotations, options.objective, deadline=deadline)
+    if built is None:
+        search = build_search(graph, cluster, annotations, options.objective, deadline=deadline)
+    else:
+        problem = dataclasses.replace(built.problem, budget=cluster.memory)
+        search = dataclasses.replace(built, problem=problem)
     built = time.perf_counter() - started
     problem = search.problem
     say(

@@ -2,16 +2,17 @@
 pipelining is allowed, which pipeline, if any (`choose_pipeline`; docs/concepts/pipeline.md).
 
 A stage's plan is searched on a stage's model: the model cut to as many repeated layers as the
-deepest even stage holds (`analysis.shorten`, at least two, so the boundary between two layers
-is in it), its embedding and head included, on the stage's devices
+deepest even stage holds, at most `DEPTH` (`analysis.shorten`; at least two, so the boundary
+between two layers is in it), its embedding and head included, on the stage's devices
 (`search.pipelined.sub_cluster`) under the device's budget times the stages (loose: the
 fastest plan, found at once). Repeated layers make the stages alike, so one solve stands for
 every stage, and its size depends on the stage's depth, not the model's. The plan is then
 priced as each stage runs it (`price_stages`: the layers split so the slowest stage is the
 fastest) under each schedule the pipeline can run, and the fastest that fits is kept. Where
 none fits (the schedule keeps several micro-batches' activations a stage's solve saw once),
-the stage is searched again under the memory its plan used less the overshoot (what the
-stage holds once drops as much as the plan; its activations, kept several times, drop more).
+the stage is searched again under the memory its plan used less the overshoot and a margin
+(`MARGIN`): what the stage holds once drops as much as the plan, its activations, kept several
+times, drop more; the problem is built once and solved again under the lower bound.
 
 Allowed to choose (`--pipeline auto`), the search plans the step without a pipeline and with
 every divisor `p >= 2` of the pipeline axis (the outermost unless named; at most the layers)
@@ -55,6 +56,11 @@ REFITS = 3
 """How many times a stage's plan is searched again, under a lower budget, where its largest
 stage does not fit: each is a solve."""
 
+MARGIN = 1.25
+"""How much more than its overshoot a refit takes off the memory a stage's plan used: what a
+plan frees is not all the largest stage's (the head's is the last stage's), and a refit
+that falls short is another solve under binding memory rows, the search's slowest."""
+
 VIRTUAL = (2, 4, 8)
 """The virtual stages per device interleaved schedules are tried with."""
 
@@ -86,10 +92,17 @@ def fastest(
     return min(priced, key=lambda p: (p.memory_bytes, p.step_s))
 
 
+DEPTH = 64
+"""The most repeated layers a stage's model keeps: a deeper stage repeats its middle layer's
+price (`LayerCosts.parts`). Generous: a model cut much shorter than its stages prices their
+memory from one layer's share at the peak, which moves with the plan (a 4-layer model of
+16-layer stages swung by 10 GiB between refits), so each refit's budget misses."""
+
+
 def stage_depth(layers: int, stages: int) -> int:
-    """The layers of a stage's model: the deepest even stage's, at least two where the model
-    has them (the boundary between two layers is what a stage sends)."""
-    return min(layers, max(2, math.ceil(layers / stages)))
+    """The layers of a stage's model: the deepest even stage's, at most `DEPTH`, at least two
+    where the model has them (the boundary between two layers is what a stage sends)."""
+    return min(layers, max(2, min(DEPTH, math.ceil(layers / stages))))
 
 
 @dataclass(frozen=True)
@@ -131,11 +144,14 @@ def plan_pipelined(
         if priced.memory_bytes <= cluster.memory:
             break
         usage = min(sub.memory, planned.cost.memory_bytes_per_device)
-        lower = dataclasses.replace(sub, memory=usage - (priced.memory_bytes - cluster.memory))
+        deepest = max(len(stage.layers) for stage in priced.stages)
+        over = (priced.memory_bytes - cluster.memory) * MARGIN * min(depth, deepest) / deepest
+        lower = dataclasses.replace(sub, memory=usage - math.ceil(over))
         if lower.memory <= 0:
             break
         try:
-            again = auto_plan(graph, lower, annotations, options, tracker, deadline, explain=False)
+            again = auto_plan(graph, lower, annotations, options, tracker, deadline,
+                              explain=False, built=planned.search)  # fmt: skip
         except InfeasibleError:
             break
         sub, planned = lower, again
