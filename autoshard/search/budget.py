@@ -87,7 +87,7 @@ def auto_plan(
     tracker: Tracker | None = None,
     deadline: Deadline = NEVER,
     explain: bool = True,
-    built: Search | None = None,
+    reuse: Search | None = None,
 ) -> Planned:
     """Search the cheapest plan that fits the memory budget (CP-SAT), then lower and price
     it; `NoPlanFits` with the lowest feasible budget when none fits (`explain`; else the
@@ -95,7 +95,7 @@ def auto_plan(
     solve, longer than the search's own). `tracker` is told
     what the search does and each solve's objective and bound. `deadline`: the command's
     wall clock, shared by every step (`solve` says what each answers when it passes);
-    `TimeUp` where it passes while the problem is built. `built`: the search of an earlier
+    `TimeUp` where it passes while the problem is built. `reuse`: the search of an earlier
     call on the same graph, annotations and cluster but for its budget (the budget is only
     the memory rows' bound), solved again under `cluster`'s instead of built again."""
     started = time.perf_counter()
@@ -103,11 +103,11 @@ def auto_plan(
     options = options or SolverOptions()
     unit = "B" if options.objective == Objective.BYTES else "s"
     check_search_axes(cluster.mesh.ndim, f"mesh {cluster.mesh}")
-    if built is None:
+    if reuse is None:
         search = build_search(graph, cluster, annotations, options.objective, deadline=deadline)
     else:
-        problem = dataclasses.replace(built.problem, budget=cluster.memory)
-        search = dataclasses.replace(built, problem=problem)
+        problem = dataclasses.replace(reuse.problem, budget=cluster.memory)
+        search = dataclasses.replace(reuse, problem=problem)
     built = time.perf_counter() - started
     problem = search.problem
     say(

@@ -151,7 +151,7 @@ def plan_pipelined(
             break
         try:
             again = auto_plan(graph, lower, annotations, options, tracker, deadline,
-                              explain=False, built=planned.search)  # fmt: skip
+                              explain=False, reuse=planned.search)  # fmt: skip
         except InfeasibleError:
             break
         sub, planned = lower, again
