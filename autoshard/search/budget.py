@@ -103,11 +103,7 @@ def auto_plan(
     options = options or SolverOptions()
     unit = "B" if options.objective == Objective.BYTES else "s"
     check_search_axes(cluster.mesh.ndim, f"mesh {cluster.mesh}")
-    if reuse is None:
-        search = build_search(graph, cluster, annotations, options.objective, deadline=deadline)
-    else:
-        problem = dataclasses.replace(reuse.problem, budget=cluster.memory)
-        search = dataclasses.replace(reuse, problem=problem)
+    search = _search_for(graph, cluster, annotations, options, deadline, reuse)
     built = time.perf_counter() - started
     problem = search.problem
     say(
@@ -162,6 +158,18 @@ def auto_plan(
         plan=plan, program=program, cost=cost, usage=usage, solution=solution, search=search,
         build_s=built, solve_s=solve_s,
     )  # fmt: skip
+
+
+def _search_for(
+    graph: Graph, cluster: Cluster, annotations: Sequence[Annotation], options: SolverOptions,
+    deadline: Deadline, reuse: Search | None,
+) -> Search:  # fmt: skip
+    """The search of `graph` on `cluster`: built, or `reuse` under `cluster`'s budget."""
+    if reuse is None:
+        return build_search(graph, cluster, annotations, options.objective, deadline=deadline)
+    return dataclasses.replace(
+        reuse, problem=dataclasses.replace(reuse.problem, budget=cluster.memory)
+    )
 
 
 def _chains(graph: Graph, plan: Plan) -> frozenset[Chain]:
