@@ -21,7 +21,7 @@ Every row is `autoshard plan --mode training --cluster dgx-h100 --dim batch=8 --
 Adam, fused attention; weights absent. Columns: the predicted step, the largest stage's memory
 per device (the plan's own where none), the bubble, the pipeline (stages, schedule), the solve
 seconds (CP-SAT, every solve of the row), the row's wall and CPU seconds end to end (import,
-search, document).
+search, document); under an auto row, each candidate the search tried.
 """
 
 from __future__ import annotations
@@ -130,8 +130,11 @@ def run_row(name: str, folder: Path, micro_batches: int) -> str:
     else:
         step, bubble, pipe = planned.cost.objective, "-", "none"
         memory = planned.cost.memory_bytes_per_device
+    considered = "".join(f"\n{'':>28}{c['words']}" for c in (block or {}).get("considered", ()))
+    if how == "auto" and not block:  # no pipeline chosen: the story says why
+        considered = f"\n{'':>28}{document.story.split('.')[0]}"
     return (f"{name:>11} {mesh:>15} {step:>8.3f} {format_bytes(memory):>10} {bubble:>6} "
-            f"{pipe:>18} {planned.solve_s:>7.1f} {wall:>7.1f} {cpu:>7.1f}")  # fmt: skip
+            f"{pipe:>18} {planned.solve_s:>7.1f} {wall:>7.1f} {cpu:>7.1f}{considered}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
