@@ -162,7 +162,7 @@ def pipeline_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pipeline", choices=("auto", "none"), default="none",
         help="auto: the search decides whether to pipeline, over how many stages of the "
-        "pipeline axis (--pipeline-axis, else the outermost) and how; none (default): only "
+        "pipeline axis (--pipeline-axis or pp, else the outermost) and how; none (default): only "
         "where asked (an axis named pp, --pipeline-axis)",
     )  # fmt: skip
 

@@ -72,9 +72,9 @@ def pipeline_ask(
     mesh: Mesh, axis: str | None, schedule: str | None, auto: bool = False
 ) -> PipelineAsk | AutoPipeline | None:
     """The pipeline asked for: over `axis` (a number or name), else over the axis named `pp`;
-    the search's choice where `auto` (over `axis` where given); None where neither (a
+    the search's choice where `auto` (over that axis where there is one); None where neither (a
     `schedule` then is an error: there is no pipeline to order)."""
-    if axis is None and PIPELINE_AXIS in mesh.axis_names and not auto:
+    if axis is None and PIPELINE_AXIS in mesh.axis_names:
         axis = PIPELINE_AXIS
     order = None if schedule is None else Schedule.parse(schedule)
     if axis is None and not auto:
