@@ -172,3 +172,18 @@ def test_report_explain_and_diff_show_the_stages(tmp_path, page, capsys):
     assert main(["diff", str(other), str(plan)]) == 0
     out = capsys.readouterr().out
     assert "pipeline A: none\npipeline B: 2 stages (layers 0..0 1..1) on mesh pp=2,dp=2" in out
+
+
+def test_a_hand_layout_is_pinned_with_a_pipeline():
+    # Mesh pp=2,dp=2,tp=2: the MLP's first weight split by column over tp (axis 2 of the whole
+    # mesh) is held so in each stage's plan, where tp is axis 1 of the stage's dp=2,tp=2.
+    cluster = make_cluster("pp=2,dp=2,tp=2")
+    weight = "lm.transformer.h.0.mlp.c_fc.weight"
+    pinned = Annotation(weight, Sharding(((), (2,))))
+    request = PlanRequest(model_path=GPT2, cluster=cluster, dims=DIMS, annotations=(pinned,),
+                          pipeline=pipeline_ask(cluster.mesh, None, None),
+                          training=Training(micro_batches=4))  # fmt: skip
+    requested = plan_request(request)
+    assert str(requested.planned.plan.mesh) == "dp=2,tp=2"
+    assert requested.planned.plan.values[weight] == Sharding(((), (1,)))
+    assert requested.document.pipeline is not None
