@@ -44,6 +44,7 @@ from autoshard.search.pipelined import (
     check_pipeline,
     layer_costs,
     price_stages,
+    stage_annotations,
     sub_cluster,
 )
 from autoshard.search.solver.outcome import InfeasibleError
@@ -213,7 +214,8 @@ def choose_pipeline(
     deadline: Deadline = NEVER,
 ) -> PipelineChoice:
     """The fastest plan that fits of: `graph` (the whole step) on `cluster` without a
-    pipeline, and a pipeline of each divisor of `auto`'s axis (the module's docstring);
+    pipeline, and a pipeline of each divisor of `auto`'s axis (the module's docstring),
+    `annotations` naming the whole mesh (a candidate whose pipeline axis they split fails);
     `NoPlanFits` (the one without a pipeline's) where none fits."""
     axis = 0 if auto.axis is None else auto.axis
     size = cluster.mesh.shape[axis]
@@ -230,7 +232,8 @@ def choose_pipeline(
     for stages in (p for p in range(2, min(size, layers) + 1) if size % p == 0):
         ask = PipelineAsk(axis, auto.schedule, stages)
         try:
-            staged = plan_pipelined(stage_graph, cluster, ask, layers, options, annotations,
+            pinned = stage_annotations(annotations, axis, cluster.mesh, stages)
+            staged = plan_pipelined(stage_graph, cluster, ask, layers, options, pinned,
                                     tracker, deadline)  # fmt: skip
         except (InfeasibleError, PipelineError) as error:
             why = "no plan fits" if isinstance(error, InfeasibleError) else str(error)
