@@ -22,6 +22,17 @@ Adam, fused attention; weights absent. Columns: the predicted step, the largest 
 per device (the plan's own where none), the bubble, the pipeline (stages, schedule), the solve
 seconds (CP-SAT, every solve of the row), the row's wall and CPU seconds end to end (import,
 search, document); under an auto row, each candidate the search tried.
+
+Measured on the shared 2-core machine (branch ppsearch; wall seconds at load 2-3 where given,
+else under load 10-27, CPU seconds comparable):
+
+    row            mesh   step s     memory bubble           pipeline solve s  wall s   cpu s
+    405b-pp8  pp=8,dp=8,tp=8  5.935  70.14 GiB  20.0%           8 x 1f1b     7.3    12.8    11.8
+    405b32-pp8 pp=8,dp=8,tp=8 1.544  28.95 GiB  18.4%  8 x interleaved:4     0.1     2.3     1.6
+    405b-hand pp=8,dp=8,tp=8 12.906  51.51 GiB   3.1%  8 x interleaved:8     0.1    31.6     9.4
+    405b-none          8x8x8 84.193  70.13 GiB      -               none   754.8  1210.1   387.7
+    70b-none             8x8  8.439  66.44 GiB      -               none   208.3   333.5    43.7
+    70b-auto             8x8  7.079  68.75 GiB   2.1%  4 x interleaved:8   267.3  1010.6   140.1
 """
 
 from __future__ import annotations
