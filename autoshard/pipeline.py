@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from autoshard.analysis.attention import find_attention
+from autoshard.analysis.shorten import layer_run, shortened
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import check_precision
@@ -48,16 +49,17 @@ from autoshard.propagate import propagate
 from autoshard.search.budget import Planned, auto_plan
 from autoshard.search.options import Objective, SolverOptions
 from autoshard.search.pipelined import (
+    AutoPipeline,
     PipelineAsk,
-    PipelinePrice,
     check_pipeline,
-    layer_runs,
-    plan_pipelined,
+    stage_annotations,
 )
+from autoshard.search.pipesearch import PipelineChoice, StagePlan, choose_pipeline, plan_pipelined
 from autoshard.search.recipe_prices import price_recipes
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
 from autoshard.training.replay import replays
+from autoshard.training.stages import stage_steps
 
 AfterStage = Callable[[Stage, Program | Partitioned], None]
 """Told each stage after a plan is decided and what it left (dump points, timings)."""
@@ -155,11 +157,15 @@ def load_graphs(
     dims: Mapping[str, int],
     training: Training | None,
     tracker: Tracker | None = None,
+    layers: int = 0,
 ) -> tuple[Graph, Graph]:
     """The model's forward and the graph planned (`load_graph`): the recipes find Megatron's
-    patterns in the forward, where a training step's backward hides them."""
+    patterns in the forward, where a training step's backward hides them. `layers`: a
+    pipeline stage's model, cut to that many repeated layers (`analysis.shorten`; 0: all)."""
     _enter(tracker, PipelineStage.IMPORT, Path(model).name)
     graph = import_onnx(model, dims)
+    if layers:
+        graph = shortened(graph, layers)
     if training is None:
         return graph, graph
     if training.fused_attention:
@@ -205,9 +211,10 @@ class PlanRequest:
     objective: Objective = Objective.TIME
     time_limit: float = 60.0
     training: Training | None = None
-    pipeline: PipelineAsk | None = None
-    """A pipeline over a mesh axis (`search.pipelined.pipeline_ask`): the search plans one
-    stage on the mesh without it, the schedule prices the stages."""
+    pipeline: PipelineAsk | AutoPipeline | None = None
+    """A pipeline over a mesh axis, or pipelining allowed (`search.pipelined.pipeline_ask`):
+    the search plans a stage on the mesh without it, the schedule prices the stages
+    (`search.pipesearch`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,16 +276,68 @@ def _plan_inputs(
     return forward, graph, cluster
 
 
-def _check_pipeline(request: PlanRequest, graph: Graph, cluster: Cluster) -> None:
-    """The asked pipeline checked (its stages against the model's repeated layers) before
-    any search."""
+def _layers(forward: Graph) -> int:
+    run = layer_run(forward)
+    return run.count if run is not None else 0
+
+
+def _check_pipeline(request: PlanRequest, layers: int, micro_batches: int, mesh: Mesh) -> None:
+    """The asked pipeline checked (its stages against the model's repeated layers, the
+    annotations against its axis) before any search."""
     ask = request.pipeline
     assert ask is not None
     if request.training is None:
         raise PipelineError("a pipeline plans a training step: add --mode training")
-    if request.annotations:
-        raise PipelineError("annotations with a pipeline are not supported yet: leave them out")
-    check_pipeline(ask, cluster.mesh, layer_runs(graph)[0], graph.micro_batches)
+    if isinstance(ask, PipelineAsk):
+        check_pipeline(ask, mesh, layers, micro_batches)
+        stage_annotations(request.annotations, ask.axis, mesh)
+
+
+@dataclass(frozen=True)
+class _Searched:
+    """The search's answer to a plan request: the plan (a stage's, where pipelined), the graph
+    and cluster it is for, and the pipeline (`staged`) and what else was tried (`choice`)."""
+
+    planned: Planned
+    graph: Graph
+    forward: Graph
+    cluster: Cluster
+    staged: StagePlan | None = None
+    choice: PipelineChoice | None = None
+
+
+def _search(
+    request: PlanRequest, forward: Graph, graph: Graph, whole: Cluster, options: SolverOptions,
+    tracker: Tracker | None, deadline: Deadline, explain: bool,
+) -> _Searched:  # fmt: skip
+    """The plan `request` asks the search for: without a pipeline, with the one it names, or
+    the best of either where pipelining is allowed (`search.pipesearch`)."""
+    ask, annotations = request.pipeline, request.annotations
+    if ask is None:
+        training = request.training
+        overlap = training.overlap if training is not None else None
+        planned = auto_plan(graph, whole, annotations, options, tracker, deadline,
+                            explain=explain, overlap=overlap)  # fmt: skip
+        return _Searched(planned=planned, graph=graph, forward=forward, cluster=whole)
+    assert request.training is not None
+    steps = stage_steps(forward, request.training)
+    staged: StagePlan | None
+    if isinstance(ask, PipelineAsk):
+        pinned = stage_annotations(annotations, ask.axis, whole.mesh, ask.stages)
+        staged = plan_pipelined(steps.step, whole, ask, steps.layers, options, pinned, tracker,
+                                deadline)  # fmt: skip
+        choice = None
+    else:
+        choice = choose_pipeline(graph, steps.step, whole, ask, steps.layers, options,
+                                 annotations, tracker, deadline)  # fmt: skip
+        staged = choice.staged
+    if staged is None:
+        assert choice is not None
+        return _Searched(planned=choice.planned, graph=graph, forward=forward, cluster=whole,
+                         choice=choice)  # fmt: skip
+    return _Searched(planned=staged.planned, graph=staged.graph,
+                     forward=steps.forward(staged.depth),
+                     cluster=staged.cluster, staged=staged, choice=choice)  # fmt: skip
 
 
 def plan_request(
@@ -311,26 +370,11 @@ def plan_request(
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
     forward, graph, whole = _plan_inputs(request, tracker, graphs)
     if request.pipeline is not None:
-        _check_pipeline(request, graph, whole)
+        _check_pipeline(request, _layers(forward), graph.micro_batches, whole.mesh)
     deadline.check("importing the model")
     _enter(tracker, PipelineStage.SEARCH, "building the problem")
-    priced: PipelinePrice | None = None
-    if request.pipeline is None:
-        cluster = whole
-        planned = auto_plan(
-            graph,
-            cluster,
-            request.annotations,
-            options,
-            tracker,
-            deadline,
-            explain=explain,
-            overlap=training.overlap if training is not None else None,
-        )
-    else:
-        planned, priced, cluster = plan_pipelined(
-            graph, whole, request.pipeline, options, tracker, deadline
-        )
+    found = _search(request, forward, graph, whole, options, tracker, deadline, explain)
+    planned, graph, cluster, forward = found.planned, found.graph, found.cluster, found.forward
     _enter(tracker, PipelineStage.DOCUMENT)
     recipes = price_recipes(graph, forward, cluster, planned.search, options.objective)
     document = plan_document(
@@ -339,15 +383,28 @@ def plan_request(
         asked=(options, request.annotations), names=parameter_names(request.model_path),
         recipes=recipes, recompute_chosen=chosen,
     )  # fmt: skip
-    if priced is not None:
-        document = dataclasses.replace(
-            document, story=f"{priced}; each stage: {document.story}",
-            pipeline={"mesh": str(whole.mesh), "memory_budget_bytes": whole.memory,
-                      **priced.to_json()},
-        )  # fmt: skip
+    document = _with_pipeline(document, found, whole)
     if after is not None:
         build(graph, planned.plan, after, tracker)
     return RequestedPlan(document=document, planned=planned, graph=graph, cluster=cluster)
+
+
+def _with_pipeline(document: PlanDocument, found: _Searched, whole: Cluster) -> PlanDocument:
+    """`document` with the pipeline's block and the story's words on it (where pipelined),
+    and why the search chose as it did (where allowed to choose)."""
+    why = f"; {found.choice.why()}" if found.choice is not None else ""
+    if found.staged is None:
+        if not why:
+            return document
+        return dataclasses.replace(document, story=f"No pipeline{why}. {document.story}")
+    priced = found.staged.priced
+    return dataclasses.replace(
+        document, story=f"{priced}{why}; each stage: {document.story}",
+        pipeline={"mesh": str(whole.mesh), "memory_budget_bytes": whole.memory,
+                  "stage_model_layers": found.staged.depth, **priced.to_json(),
+                  **({"considered": [c.to_json() for c in found.choice.candidates]}
+                     if found.choice is not None else {})},
+    )  # fmt: skip
 
 
 def recompute_ladder(training: Training) -> tuple[Training, ...]:
@@ -391,11 +448,13 @@ class Setup:
     annotations: tuple[Annotation, ...]
     plan: Decisions | None = None
     training: Training | None = None
+    layers: int = 0
+    """A pipelined plan's: the repeated layers of the stage's model it decides (0: all)."""
 
 
 def _decide(setup: Setup, tracker: Tracker | None = None) -> tuple[Graph, Plan]:
     """Import, then decide: the saved plan, else propagate the annotations."""
-    graph = load_graph(setup.model, setup.dims, setup.training, tracker)
+    graph = load_graphs(setup.model, setup.dims, setup.training, tracker, setup.layers)[1]
     if setup.plan is not None:
         return graph, plan_from_document(setup.plan, graph, setup.mesh, "the plan")
     _enter(tracker, PipelineStage.PROPAGATE, f"{len(setup.annotations)} annotations")
@@ -419,5 +478,6 @@ def lower_document(document: PlanDocument, model: str | Path) -> Lowered:
     graph, plan = _decide(Setup(
         model=Path(model), mesh=document.mesh, dims=document.model.dims, annotations=(),
         plan=document.decisions, training=document.training,
+        layers=(document.pipeline or {}).get("stage_model_layers", 0),
     ))  # fmt: skip
     return Lowered(graph=graph, plan=plan, program=lower(graph, plan))

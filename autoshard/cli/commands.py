@@ -163,7 +163,7 @@ def _pipeline(args: argparse.Namespace, mesh: Mesh) -> Any:
     """The pipeline the flags and the mesh's axis names ask for (None: none)."""
     from autoshard.search.pipelined import pipeline_ask
 
-    return pipeline_ask(mesh, args.pipeline_axis, args.schedule)
+    return pipeline_ask(mesh, args.pipeline_axis, args.schedule, args.pipeline == "auto")
 
 
 def _dump_after(args: argparse.Namespace) -> AfterStage | None:

@@ -178,8 +178,14 @@ def pipeline_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument(
         "--schedule", metavar="NAME",
-        help="a pipeline's schedule: 1f1b (default), gpipe, or interleaved[:V] (V virtual "
-        "stages per device, default 2)",
+        help="a pipeline's schedule: 1f1b, gpipe, or interleaved[:V] (V virtual stages per "
+        "device, default 2); without it the search picks the fastest that fits",
+    )  # fmt: skip
+    group.add_argument(
+        "--pipeline", choices=("auto", "none"), default="none",
+        help="auto: the search decides whether to pipeline, over how many stages of the "
+        "pipeline axis (--pipeline-axis or pp, else the outermost) and how; none (default): only "
+        "where asked (an axis named pp, --pipeline-axis)",
     )  # fmt: skip
 
 

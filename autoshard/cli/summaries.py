@@ -131,9 +131,12 @@ def pipeline_summary(block: Mapping[str, Any]) -> str:
         f"pipeline on mesh {block['mesh']} (axis {block['axis']}): step "
         f"{block['step_time_s'] * 1e3:.3f} ms, bubble {block['bubble']:.1%}, p2p "
         f"{_size(block['p2p']['bytes_per_device_per_micro_batch'])} per micro-batch, "
-        f"{block['p2p']['time_s'] * 1e6:.1f} us (the cost below: the whole model on one "
-        "stage's devices, the plan each stage runs its layers in)"
+        f"{block['p2p']['time_s'] * 1e6:.1f} us (the cost below: a stage's model, "
+        f"{block.get('stage_model_layers', '?')} layers and the ends, on a stage's devices, "
+        "the plan each stage runs its layers in)"
     ]
+    for c in block.get("considered", ()):
+        lines.append(f"  considered: {c['words']}")
     for s, stage in enumerate(block["stages"]):
         first, stop = stage["layers"]
         compute, memory = stage["compute"], stage["memory"]

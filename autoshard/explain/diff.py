@@ -85,7 +85,10 @@ def diff_plans(a: PlanDocument, b: PlanDocument) -> dict[str, Any]:
         if read_a != read_b:
             entry |= {"read_a": read_a, "read_b": read_b}
         changes.append((layer, offset, entry))
-    return {
+    found: dict[str, Any] = {}
+    if a.pipeline is not None or b.pipeline is not None:
+        found["pipeline"] = {"a": pipeline_words(a.pipeline), "b": pipeline_words(b.pipeline)}
+    return found | {
         "a": {"model": a.model.label, "mesh": str(a.mesh)},
         "b": {"model": b.model.label, "mesh": str(b.mesh)},
         "same_model": a.model.sha256 == b.model.sha256,
@@ -98,6 +101,18 @@ def diff_plans(a: PlanDocument, b: PlanDocument) -> dict[str, Any]:
             if isinstance(ca, int | float) and isinstance(cb, int | float)
         },
     }
+
+
+def pipeline_words(block: Mapping[str, Any] | None) -> str:
+    """A plan's pipeline in a line: its stages (their layers), schedule, micro-batches, step
+    and bubble; "none" without one."""
+    if block is None:
+        return "none"
+    layers = " ".join(f"{first}..{stop - 1}" for first, stop in
+                      (stage["layers"] for stage in block["stages"]))  # fmt: skip
+    return (f"{len(block['stages'])} stages (layers {layers}) on mesh {block['mesh']}, "
+            f"{block['schedule']}, {block['micro_batches']} micro-batches, step "
+            f"{format_seconds(block['step_time_s'])}, bubble {block['bubble']:.1%}")  # fmt: skip
 
 
 def _figure(cost: CostFigures | None, key: str) -> object:
@@ -170,6 +185,9 @@ def diff_text(diff: Mapping[str, Any]) -> str:
     lines = [f"A: {a['model']} on mesh {a['mesh']}", f"B: {b['model']} on mesh {b['mesh']}"]
     if not diff["same_model"]:
         lines.append("note: A and B are plans of different models (sha256)")
+    if "pipeline" in diff:
+        pipe = diff["pipeline"]
+        lines += [f"pipeline A: {pipe['a']}", f"pipeline B: {pipe['b']}"]
     return "\n".join(lines + cost_lines(diff) + change_lines(diff))
 
 

@@ -39,6 +39,7 @@ from autoshard.document.plan_document import (
     read_document,
 )
 from autoshard.errors import AutoshardError
+from autoshard.explain.diff import pipeline_words
 from autoshard.holding import words_of
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
@@ -359,7 +360,11 @@ def explain_op(saved: Saved, name: str) -> dict[str, Any]:
 def explain(saved: Saved, name: str) -> dict[str, Any]:
     """The explanation of value or op `name` as JSON (see the module docstring)."""
     kind, name = resolve(saved.graph, name, parameters=saved.parameters)
-    return explain_value(saved, name) if kind == "value" else explain_op(saved, name)
+    found = explain_value(saved, name) if kind == "value" else explain_op(saved, name)
+    block = saved.document.pipeline
+    if block is not None:  # the plan is each stage's: the name stands for its every copy
+        found["pipeline"] = pipeline_words(block)
+    return found
 
 
 # ---- text --------------------------------------------------------------------------------------
@@ -430,4 +435,6 @@ def explain_text(found: Mapping[str, Any]) -> str:
             f"{format_seconds(spent['time_s'])}"
         )
     lines += [f"  {line}" for line in _memory_lines(found["memory"])]
+    if "pipeline" in found:
+        lines.append(f"  pipeline: {found['pipeline']}; the plan above is each stage's")
     return "\n".join(lines)

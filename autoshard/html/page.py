@@ -43,6 +43,7 @@ from autoshard.html.markup import (
     tag,
 )
 from autoshard.html.mesh import Cell, axis_label, mesh_svg
+from autoshard.html.stages import stages_section
 from autoshard.html.tensor import tensor_figure
 from autoshard.html.weights import weights_table
 from autoshard.ir.graph import Graph
@@ -92,6 +93,8 @@ def html_report(inputs: ReportInputs) -> str:
     ]
     if doc.recipes is not None:
         sections.insert(1, ("recipes", "Beside the standard recipes", _recipes(doc.recipes)))
+    if doc.pipeline is not None:
+        sections.insert(1, ("stages", "Pipeline stages", stages_section(doc.pipeline)))
     subtitle = _subtitle(doc, inputs.plan.mesh.size)
     return html_page(title, subtitle, sections, f"plan schema {SCHEMA}")
 

@@ -18,6 +18,7 @@ When no plan fits, the least memory any plan needs is an ILP of its own
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -88,6 +89,7 @@ def auto_plan(
     deadline: Deadline = NEVER,
     explain: bool = True,
     overlap: Overlap | None = None,
+    reuse: Search | None = None,
 ) -> Planned:
     """Search the cheapest plan that fits the memory budget (CP-SAT), then lower and price
     it (a training step's schedule as `overlap` runs it: `cost.price`; None: none);
@@ -96,13 +98,15 @@ def auto_plan(
     than the search's own).
     `tracker` is told what the search does and each solve's objective and bound. `deadline`:
     the command's wall clock, shared by every step (`solve` says what each answers when it
-    passes); `TimeUp` where it passes while the problem is built."""
+    passes); `TimeUp` where it passes while the problem is built. `reuse`: the search of an
+    earlier call on the same graph, annotations and cluster but for its budget (the budget is
+    only the memory rows' bound), solved again under `cluster`'s instead of built again."""
     started = time.perf_counter()
     say = tracker.detail if tracker is not None else (lambda _: None)
     options = options or SolverOptions()
     unit = "B" if options.objective == Objective.BYTES else "s"
     check_search_axes(cluster.mesh.ndim, f"mesh {cluster.mesh}")
-    search = build_search(graph, cluster, annotations, options.objective, deadline=deadline)
+    search = _search_for(graph, cluster, annotations, options, deadline, reuse)
     built = time.perf_counter() - started
     problem = search.problem
     say(
@@ -157,6 +161,18 @@ def auto_plan(
         plan=plan, program=program, cost=cost, usage=usage, solution=solution, search=search,
         build_s=built, solve_s=solve_s,
     )  # fmt: skip
+
+
+def _search_for(
+    graph: Graph, cluster: Cluster, annotations: Sequence[Annotation], options: SolverOptions,
+    deadline: Deadline, reuse: Search | None,
+) -> Search:  # fmt: skip
+    """The search of `graph` on `cluster`: built, or `reuse` under `cluster`'s budget."""
+    if reuse is None:
+        return build_search(graph, cluster, annotations, options.objective, deadline=deadline)
+    return dataclasses.replace(
+        reuse, problem=dataclasses.replace(reuse.problem, budget=cluster.memory)
+    )
 
 
 def _chains(graph: Graph, plan: Plan) -> frozenset[Chain]:

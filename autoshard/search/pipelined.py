@@ -1,44 +1,40 @@
-"""A pipelined plan: the pipeline a request asks for, checked, and its price from one
-intra-stage plan (docs/concepts/pipeline.md).
+"""A pipelined plan: the pipeline a request asks for, checked, and its price from an
+intra-stage plan (docs/concepts/pipeline.md; the search for it: `search.pipesearch`).
 
-The intra-stage plan is solved once: the search plans the whole step on the sub-mesh without
-the pipeline axis (`sub_cluster`), at the micro-batch size; `price_pipeline` then cuts that
-plan's priced ops into stages. The repeated layers are split evenly over the stages (the first
-stages take one more where they do not divide); an op outside the layers goes to the first
-stage where it comes before them in its phase (the embedding) and to the last where it comes
-after (the head, the loss), the backward mirrored, and a gradient's sync and update to the
-stage that computed it. A stage's forward and backward seconds per
+`layer_costs` cuts a stage's plan's priced ops into parts: the ops before the repeated layers
+(the embedding), each layer, the ops after them (the final norm, the head, the loss). An op of
+a layer goes to its layer (the backward mirrored); an op outside the layers to the first part
+where it comes before them in its phase and to the last where it comes after; a gradient's
+sync and update to the part that computed it. A part's forward and backward seconds per
 micro-batch are its ops' seconds and their collectives' per run; its gradient sync and update
-run once, after the pipeline drains. The schedule (`cost.schedule.simulate`) turns them and
-the boundary send into the step's critical path and the activations each stage keeps.
-Approximations: every layer of a run is priced alike, the sub-plan is chosen under the
-budget times the stages (a 1F1B first stage holds `p` micro-batches of `L/p` layers, as much
-as the whole sub-plan's one; `plan_pipelined` lowers it where a stage does not fit), and
-memory is what the sub-plan holds at its peak, regrouped by stage, its activations times the
-micro-batches in flight.
+run once, after the pipeline drains. `price_stages` splits the model's layers into contiguous
+stages so that the slowest is the fastest (`balanced_split`: the first stage also runs the
+embedding, the last the head), sums each stage's parts, and the schedule
+(`cost.schedule.simulate`) turns them and the boundary send into the step's critical path and
+the activations each stage keeps. Approximations: every layer of a run is priced alike (a
+stage deeper than the plan's model repeats its last layer), and memory is what the plan holds
+at its peak, regrouped by part, its activations times the micro-batches in flight.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autoshard.analysis.repeats import Run, find_repeats
+from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.liveness import held_bytes
 from autoshard.cost.price import Cost, held_at_peak, send_time
 from autoshard.cost.schedule import Pipeline, Schedule, StageTime, simulate
-from autoshard.deadline import NEVER, Deadline
 from autoshard.errors import PipelineError
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.plan import Plan
 from autoshard.program import Program
-from autoshard.progress import Tracker
-from autoshard.search.budget import NoPlanFits, Planned, auto_plan
-from autoshard.search.options import SolverOptions
 
 PIPELINE_AXIS = "pp"
 """The mesh axis name that asks for a pipeline over that axis (`--mesh pp=8,dp=8,tp=8`)."""
@@ -48,42 +44,68 @@ _ORDERED = ("forward", "backward", "gradient_sync", "optimizer")
 
 @dataclass(frozen=True)
 class PipelineAsk:
-    """A pipeline over mesh axis `axis`, in `schedule`'s order; the micro-batches are the
-    training step's."""
+    """A pipeline over mesh axis `axis`: `stages` of its positions (0: the axis's size; fewer
+    split it, each stage's devices keeping `size / stages` of it), run in `schedule`'s order
+    (None: the fastest that fits, `search.pipesearch`); the micro-batches are the training
+    step's."""
 
     axis: int
-    schedule: Schedule = Schedule()
+    schedule: Schedule | None = None
+    stages: int = 0
+
+    def on(self, mesh: Mesh) -> int:
+        """The stages on `mesh`."""
+        return self.stages or mesh.shape[self.axis]
 
 
-def pipeline_ask(mesh: Mesh, axis: str | None, schedule: str | None) -> PipelineAsk | None:
+@dataclass(frozen=True)
+class AutoPipeline:
+    """Pipelining allowed (`--pipeline auto`): the search tries the divisors of mesh axis
+    `axis` (None: the outermost) as stages, or none (`search.pipesearch.choose_pipeline`);
+    `schedule` fixes the schedule (None: the search picks)."""
+
+    axis: int | None = None
+    schedule: Schedule | None = None
+
+
+def pipeline_ask(
+    mesh: Mesh, axis: str | None, schedule: str | None, auto: bool = False
+) -> PipelineAsk | AutoPipeline | None:
     """The pipeline asked for: over `axis` (a number or name), else over the axis named `pp`;
-    None where neither (a `schedule` then is an error: there is no pipeline to order)."""
+    the search's choice where `auto` (over that axis where there is one); None where neither (a
+    `schedule` then is an error: there is no pipeline to order)."""
     if axis is None and PIPELINE_AXIS in mesh.axis_names:
         axis = PIPELINE_AXIS
-    if axis is None:
+    order = None if schedule is None else Schedule.parse(schedule)
+    if axis is None and not auto:
         if schedule is not None:
             raise PipelineError(
-                f"--schedule {schedule} needs a pipeline: name a mesh axis {PIPELINE_AXIS} "
-                f"or give --pipeline-axis (mesh {mesh} has axes {mesh.axes_text()})"
+                f"--schedule {schedule} needs a pipeline: name a mesh axis {PIPELINE_AXIS}, "
+                f"give --pipeline-axis or --pipeline auto (mesh {mesh} has axes "
+                f"{mesh.axes_text()})"
             )
         return None
     try:
-        index = mesh.axis(axis)
+        index = None if axis is None else mesh.axis(axis)
     except ValueError as error:
         raise PipelineError(f"--pipeline-axis: {error}") from None
-    return PipelineAsk(index, Schedule() if schedule is None else Schedule.parse(schedule))
+    if auto:
+        return AutoPipeline(index, order)
+    assert index is not None
+    return PipelineAsk(index, order)
 
 
 def check_pipeline(ask: PipelineAsk, mesh: Mesh, layers: int, micro_batches: int) -> Pipeline:
-    """The pipeline `ask` makes on `mesh` for a model of `layers` repeated layers, or the
-    error naming what cannot be."""
-    stages = mesh.shape[ask.axis]
+    """The pipeline `ask` makes on `mesh` for a model of `layers` repeated layers (its
+    schedule 1F1B where the search picks), or the error naming what cannot be."""
+    stages = ask.on(mesh)
+    schedule = ask.schedule or Schedule()
     if not layers:
         raise PipelineError(
             "a pipeline cuts repeated layers into stages, and the model has none: plan it "
             "without a pipeline axis"
         )
-    if mesh.ndim < 2:
+    if mesh.ndim < 2 and stages == mesh.shape[ask.axis]:
         raise PipelineError(
             f"pipeline axis {ask.axis} is the whole mesh {mesh}: add an axis for the stages' "
             f"devices (e.g. pp={stages},dp=1)"
@@ -93,29 +115,61 @@ def check_pipeline(ask: PipelineAsk, mesh: Mesh, layers: int, micro_batches: int
             f"pipeline axis {ask.axis} has {stages} stages but the model has {layers} repeated "
             f"layers; choose a pipeline axis of at most {layers}"
         )
-    pipeline = Pipeline(stages, micro_batches, ask.schedule)
-    chunks = stages * ask.schedule.virtual
-    if ask.schedule.virtual > 1 and chunks > layers:
+    pipeline = Pipeline(stages, micro_batches, schedule)
+    chunks = stages * schedule.virtual
+    if schedule.virtual > 1 and chunks > layers:
         most = layers // stages
         instead = f"interleaved:{most} at most, or 1f1b" if most >= 2 else "1f1b or gpipe"
         raise PipelineError(
-            f"schedule {ask.schedule.flag} on {stages} stages cuts the model into {chunks} "
+            f"schedule {schedule.flag} on {stages} stages cuts the model into {chunks} "
             f"chunks but it has {layers} repeated layers; choose {instead}"
         )
     return pipeline
 
 
-def sub_cluster(cluster: Cluster, axis: int) -> Cluster:
-    """The cluster of one stage: the mesh without the pipeline axis, its links, the budget
-    times the stages (the module's docstring)."""
-    keep = [a for a in range(cluster.mesh.ndim) if a != axis]
+def sub_cluster(cluster: Cluster, axis: int, stages: int = 0) -> Cluster:
+    """The cluster of one stage of `stages` on mesh axis `axis` (0: the axis's size): the mesh
+    without the axis, or with `size / stages` of it where the stages split it, its links,
+    the budget per device as it is (a stage's model holds a stage's layers)."""
+    size = cluster.mesh.shape[axis]
+    left = size // (stages or size)
+    keep = [a for a in range(cluster.mesh.ndim) if a != axis or left > 1]
     names = tuple(cluster.mesh.axis_names[a] for a in keep) if cluster.mesh.axis_names else ()
-    mesh = Mesh(tuple(cluster.mesh.shape[a] for a in keep), names, cluster.mesh.name)
+    shape = tuple(left if a == axis else cluster.mesh.shape[a] for a in keep)
     return dataclasses.replace(
-        cluster, mesh=mesh, bandwidth=tuple(cluster.bandwidth[a] for a in keep),
-        latency=tuple(cluster.latency[a] for a in keep),
-        memory=cluster.memory * cluster.mesh.shape[axis],
+        cluster, mesh=Mesh(shape, names, cluster.mesh.name),
+        bandwidth=tuple(cluster.bandwidth[a] for a in keep),
+        latency=tuple(cluster.latency[a] for a in keep), memory=cluster.memory,
     )  # fmt: skip
+
+
+def stage_annotations(
+    annotations: Sequence[Annotation], axis: int, mesh: Mesh, stages: int = 0
+) -> tuple[Annotation, ...]:
+    """`annotations` of the whole `mesh` as a stage's mesh names them (`sub_cluster`): the
+    axes after the pipeline axis one lower where the stages take the whole axis; an
+    annotation splitting over that axis is refused (a stage holds its own layers, not a
+    slice of the others'); where the stages split it, what is left of it keeps its number."""
+    dropped = (stages or mesh.shape[axis]) == mesh.shape[axis]
+    found = []
+    for annotation in annotations:
+        sharding = annotation.sharding
+        used = {a for axes in sharding.split_axes for a in axes} | set(sharding.partial_axes)
+        if axis in used and dropped:
+            raise PipelineError(
+                f"annotation {annotation} uses the pipeline axis {axis} of mesh {mesh}; a "
+                f"stage's devices are the other axes: split over those"
+            )
+        if not dropped:
+            found.append(annotation)
+            continue
+        lower = {a: a - (a > axis) for a in used}
+        found.append(dataclasses.replace(annotation, sharding=dataclasses.replace(
+            sharding, split_axes=tuple(tuple(lower[a] for a in axes)
+                                       for axes in sharding.split_axes),
+            partial_axes=tuple(lower[a] for a in sharding.partial_axes),
+        )))  # fmt: skip
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -188,11 +242,42 @@ class PipelinePrice:
 def split_layers(layers: int, stages: int) -> tuple[range, ...]:
     """Contiguous runs of `layers` over `stages`, the first ones a layer longer where they do
     not divide."""
-    each, extra = divmod(layers, stages)
-    bounds = [0]
-    for s in range(stages):
-        bounds.append(bounds[-1] + each + (1 if s < extra else 0))
-    return tuple(range(a, b) for a, b in zip(bounds, bounds[1:], strict=False))
+    return _runs([layers // stages + (1 if s < layers % stages else 0) for s in range(stages)])
+
+
+def _runs(counts: Sequence[int]) -> tuple[range, ...]:
+    bounds = [0, *itertools.accumulate(counts)]
+    return tuple(range(a, b) for a, b in itertools.pairwise(bounds))
+
+
+def balanced_split(
+    layers: int, stages: int, layer_s: float, first_s: float, last_s: float
+) -> tuple[range, ...]:
+    """Contiguous runs of `layers` over `stages` (at least one layer each) whose slowest
+    stage is the fastest, a layer taking `layer_s`, the first stage `first_s` more (the
+    embedding) and the last `last_s` more (the head, the loss). Of the counts that reach
+    the least bound, the extra layers go to the stages with the most room, the latest first.
+
+    Worked example: 10 layers, 4 stages, 1 s a layer, the head 1.5 s: the bound 3 s gives
+    3, 3, 3 and 1; the extra 0 layers leave it; an even split (3, 3, 2, 2) would end at
+    3.5 s."""
+    if stages == 1 or layer_s <= 0:
+        return split_layers(layers, stages)
+    ends = (first_s, last_s)
+    bounds = sorted({extra + n * layer_s for extra in (0.0, *ends) for n in range(1, layers + 1)})
+    for bound in bounds:
+        counts = [int((bound - (first_s if s == 0 else last_s if s == stages - 1 else 0.0))
+                      / layer_s + 1e-9) for s in range(stages)]  # fmt: skip
+        if min(counts) >= 1 and sum(counts) >= layers:
+            break
+    else:
+        return split_layers(layers, stages)
+    while sum(counts) > layers:  # give back from the stage that ends latest
+        times = [counts[s] * layer_s + (first_s if s == 0 else 0.0)
+                 + (last_s if s == stages - 1 else 0.0) for s in range(stages)]  # fmt: skip
+        s = max((s for s in range(stages) if counts[s] > 1), key=lambda s: (times[s], s))
+        counts[s] -= 1
+    return _runs(counts)
 
 
 def layer_runs(graph: Graph) -> tuple[int, dict[str, Run]]:
@@ -255,84 +340,119 @@ def boundary_bytes(graph: Graph, plan: Plan, run: Run) -> int:
     )  # fmt: skip
 
 
-def price_pipeline(
-    graph: Graph, plan: Plan, program: Program, cost: Cost, cluster: Cluster, ask: PipelineAsk
-) -> PipelinePrice:
-    """The pipelined step on `cluster` whose intra-stage plan is `plan`, its `program` priced
-    `cost` on `sub_cluster(cluster, ask.axis)`; a stage sends the layer boundary
-    (`boundary_bytes`) per micro-batch."""
+@dataclass(frozen=True)
+class LayerCosts:
+    """An intra-stage plan's price by part of its model: the ops before the repeated layers
+    (part 0), each layer (1 .. `depth`), the ops after them (the last part). Per part: the
+    forward's and the backward's seconds per micro-batch, the seconds once a step (gradient
+    sync, update), the bytes held at the plan's peak besides activations, and the activations'
+    bytes of one micro-batch; and the boundary a stage sends per micro-batch."""
+
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    update: tuple[float, ...]
+    held: tuple[int, ...]
+    activations: tuple[int, ...]
+    send_bytes: int
+    training: bool
+
+    @property
+    def depth(self) -> int:
+        return len(self.forward) - 2
+
+    def parts(self, stage: int, stages: int, layers: range, total: int) -> list[int]:
+        """The parts stage `stage` of `stages` runs, holding `layers` of the model's `total`:
+        layer `g` is the plan's model's layer `g` where it has it, the model's last layer
+        its last, another a middle one of it (layers are alike; the first and the last
+        border the embedding and the head)."""
+        first = [0] if stage == 0 else []
+        last = [self.depth + 1] if stage == stages - 1 else []
+        return first + [self._part(g, total) for g in layers] + last
+
+    def _part(self, layer: int, total: int) -> int:
+        if layer < self.depth - 1:
+            return 1 + layer
+        return self.depth if layer == total - 1 else max(self.depth - 1, 1)
+
+    def layer_s(self) -> float:
+        """A layer's forward and backward seconds per micro-batch (the layers' mean)."""
+        inner = range(1, self.depth + 1)
+        return sum(self.forward[j] + self.backward[j] for j in inner) / max(self.depth, 1)
+
+
+def layer_costs(graph: Graph, plan: Plan, program: Program, cost: Cost) -> LayerCosts:
+    """`LayerCosts` of `plan` on `graph`, its `program` priced `cost`: each op's seconds and
+    those of the collectives it is charged, per run, and what it holds at the peak, go to
+    its part (`stage_of_ops`, each layer a stage of its own); what no op owns (a graph input)
+    to the first."""
     count, runs = layer_runs(graph)
-    pipeline = check_pipeline(ask, cluster.mesh, count, graph.micro_batches)
-    sent = boundary_bytes(graph, plan, runs["forward"])
-    layers = split_layers(count, pipeline.stages)
-    stage = stage_of_ops(graph, layers, runs)
-    p = pipeline.stages
-    spent = {phase: [0.0] * p for phase in _ORDERED}
+    parts = (range(0, 0), *(range(j, j + 1) for j in range(count)), range(count, count))
+    part = stage_of_ops(graph, parts, runs)
+    n = len(parts)
+    spent = {phase: [0.0] * n for phase in _ORDERED}
     charged: dict[str, float] = {}
     for c in cost.collectives:
         charged[c.op] = charged.get(c.op, 0.0) + c.seconds
     held, _ = held_at_peak(graph, program)
-    kept, acts = [0] * p, [0] * p
+    kept, acts = [0] * n, [0] * n
     for i, op in enumerate(graph.ops):
-        seconds = (cost.ops[op.name].seconds if op.name in cost.ops else 0.0) + charged.get(
-            op.name, 0.0
-        )
-        spent[graph.phase(op.name)][stage[i]] += seconds / graph.runs(op.name)
+        seconds = cost.ops[op.name].seconds if op.name in cost.ops else 0.0
+        seconds += charged.get(op.name, 0.0)
+        spent[graph.phase(op.name)][part[i]] += seconds / graph.runs(op.name)
         for kind, size in held.get(op.name, {}).items():
             if kind == "activations":
-                acts[stage[i]] += size
+                acts[part[i]] += size
             else:
-                kept[stage[i]] += size
+                kept[part[i]] += size
     kept[0] += sum(held.get("", {}).values())
-    times = [StageTime(spent["forward"][s], spent["backward"][s]) for s in range(p)]
-    send_s = send_time(sent, (ask.axis,), cluster)
-    timeline = simulate(pipeline, times, send_s, training="backward" in graph.phases.values())
-    update = [spent["gradient_sync"][s] + spent["optimizer"][s] for s in range(p)]
-    devices = cluster.mesh.size // p
-    stages = tuple(
-        StagePrice(
-            layers=layers[s], devices=devices, forward_s=times[s].forward,
-            backward_s=times[s].backward, update_s=update[s], held_bytes=kept[s],
-            activation_bytes=acts[s], in_flight=timeline.in_flight[s],
-            memory_bytes=kept[s] + math.ceil(acts[s] * timeline.in_flight[s]),
-        )
-        for s in range(p)
+    update = [spent["gradient_sync"][j] + spent["optimizer"][j] for j in range(n)]
+    return LayerCosts(
+        forward=tuple(spent["forward"]), backward=tuple(spent["backward"]), update=tuple(update),
+        held=tuple(kept), activations=tuple(acts),
+        send_bytes=boundary_bytes(graph, plan, runs["forward"]) if runs else 0,
+        training="backward" in graph.phases.values(),
     )  # fmt: skip
+
+
+def price_stages(
+    costs: LayerCosts, cluster: Cluster, ask: PipelineAsk, layers: int, micro_batches: int
+) -> PipelinePrice:
+    """The pipelined step on `cluster` of a model of `layers` repeated layers whose stages
+    run the plan `costs` prices: the layers split so that the slowest stage is the fastest
+    (`balanced_split`), each stage's parts summed, the schedule simulated with the boundary's
+    send on the pipeline axis's link."""
+    pipeline = check_pipeline(ask, cluster.mesh, layers, micro_batches)
+    p = pipeline.stages
+    ends = (costs.forward[0] + costs.backward[0], costs.forward[-1] + costs.backward[-1])
+    split = balanced_split(layers, p, costs.layer_s(), *ends)
+    parts = [costs.parts(s, p, split[s], layers) for s in range(p)]
+    times = [StageTime(sum(costs.forward[j] for j in ps), sum(costs.backward[j] for j in ps))
+             for ps in parts]  # fmt: skip
+    send_s = send_time(costs.send_bytes, (ask.axis,), cluster)
+    timeline = simulate(pipeline, times, send_s, training=costs.training)
+    update = [sum(costs.update[j] for j in ps) for ps in parts]
+    devices = cluster.mesh.size // p
+    stages = []
+    for s, ps in enumerate(parts):
+        kept, acts = sum(costs.held[j] for j in ps), sum(costs.activations[j] for j in ps)
+        stages.append(StagePrice(
+            layers=split[s], devices=devices, forward_s=times[s].forward,
+            backward_s=times[s].backward, update_s=update[s], held_bytes=kept,
+            activation_bytes=acts, in_flight=timeline.in_flight[s],
+            memory_bytes=kept + math.ceil(acts * timeline.in_flight[s]),
+        ))  # fmt: skip
     return PipelinePrice(
-        pipeline=pipeline, axis=ask.axis, stages=stages, send_bytes=sent,
+        pipeline=pipeline, axis=ask.axis, stages=tuple(stages), send_bytes=costs.send_bytes,
         send_s=send_s, step_s=timeline.step_s + max(update), bubble=timeline.bubble,
     )  # fmt: skip
 
 
-REFITS = 3
-"""How many times the intra-stage plan is searched again, under a lower budget, where its
-largest stage does not fit: each is a solve."""
-
-
-def plan_pipelined(
-    graph: Graph,
-    cluster: Cluster,
-    ask: PipelineAsk,
-    options: SolverOptions,
-    tracker: Tracker | None = None,
-    deadline: Deadline = NEVER,
-) -> tuple[Planned, PipelinePrice, Cluster]:
-    """The intra-stage plan searched on `sub_cluster(cluster, ask.axis)`, its pipeline priced,
-    and the sub-cluster it was found on. Where the largest stage does not fit the budget, the
-    search runs again under the sub-cluster's budget scaled down by the overshoot (`REFITS`
-    times at most, while some plan fits it): the budget times the stages bounds a stage's
-    weights and activations together, not as the schedule keeps them."""
-    sub = sub_cluster(cluster, ask.axis)
-    planned = auto_plan(graph, sub, (), options, tracker, deadline)
-    priced = price_pipeline(graph, planned.plan, planned.program, planned.cost, cluster, ask)
-    for _ in range(REFITS):
-        if priced.memory_bytes <= cluster.memory:
-            break
-        lower = dataclasses.replace(sub, memory=sub.memory * cluster.memory // priced.memory_bytes)
-        try:
-            again = auto_plan(graph, lower, (), options, tracker, deadline)
-        except NoPlanFits:
-            break
-        sub, planned = lower, again
-        priced = price_pipeline(graph, planned.plan, planned.program, planned.cost, cluster, ask)
-    return planned, priced, sub
+def price_pipeline(
+    graph: Graph, plan: Plan, program: Program, cost: Cost, cluster: Cluster, ask: PipelineAsk,
+    layers: int = 0,
+) -> PipelinePrice:  # fmt: skip
+    """The pipelined step on `cluster` of a model of `layers` repeated layers (0: `graph`'s)
+    whose stages run `plan` (on `graph`: a stage's model, `analysis.shorten`), its `program`
+    priced `cost` on the stage's cluster (`sub_cluster`)."""
+    costs = layer_costs(graph, plan, program, cost)
+    return price_stages(costs, cluster, ask, layers or costs.depth, graph.micro_batches)

@@ -1,6 +1,7 @@
 """A pipelined plan priced from one intra-stage plan: the stages regroup the sub-plan's priced
 ops and memory without losing any, the schedule prices them, the document says it."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -17,13 +18,14 @@ from autoshard.search.pipelined import (
     PipelineAsk,
     layer_runs,
     pipeline_ask,
-    plan_pipelined,
     price_pipeline,
     split_layers,
     stage_of_ops,
     sub_cluster,
 )
+from autoshard.search.pipesearch import plan_pipelined, schedules
 from autoshard.training import Training
+from autoshard.training.stages import stage_steps
 
 GPT2 = Path(__file__).resolve().parents[2] / "models" / "gpt2.onnx"
 DIMS = {"batch": 2, "seq": 16}
@@ -52,11 +54,13 @@ def test_pipeline_axis_by_name_or_flag():
     assert pipeline_ask(Mesh.parse("dp=4,tp=2"), None, None) is None
 
 
-def test_sub_cluster_drops_the_axis_and_scales_the_budget():
+def test_sub_cluster_drops_or_splits_the_axis():
     cluster = make_cluster("pp=4,dp=2,tp=8", memory="10GB")
     sub = sub_cluster(cluster, 0)
     assert str(sub.mesh) == "dp=2,tp=8"
-    assert sub.bandwidth == cluster.bandwidth[1:] and sub.memory == 4 * cluster.memory
+    assert sub.bandwidth == cluster.bandwidth[1:] and sub.memory == cluster.memory
+    half = sub_cluster(cluster, 0, 2)  # 2 stages of 4: each keeps 2 of the axis
+    assert str(half.mesh) == "pp=2,dp=2,tp=8" and half.bandwidth == cluster.bandwidth
 
 
 def test_stages_regroup_the_sub_plan(planned):
@@ -99,8 +103,11 @@ def test_document_records_the_pipeline(planned):
     assert data["mesh"] == "dp=2"  # one stage's plan
     assert PlanDocument.from_json(data).to_json() == data  # read back as written
     bubble = round(block["bubble"] * 100)
+    # The search picked the fastest schedule that fits (interleaved cannot: 2 layers).
+    assert block["schedule"] in ("1f1b", "gpipe")
+    name = {"1f1b": "1F1B", "gpipe": "GPipe"}[block["schedule"]]
     assert data["story"].startswith(
-        f"pipeline of 2 stages (1F1B, {M} micro-batches, bubble {bubble} %); each stage: "
+        f"pipeline of 2 stages ({name}, {M} micro-batches, bubble {bubble} %); each stage: "
     )
 
 
@@ -146,15 +153,24 @@ def test_ops_outside_the_layers_go_to_the_first_or_last_stage(planned):
 
 
 def test_a_stage_over_the_budget_is_planned_again_lower():
-    # At 2 MB a device, the intra-stage plan found under 2 x 2 MB leaves the first stage over
-    # the budget (its weights replicated); searched again under the budget scaled down by the
-    # overshoot, the stages fit.
-    graph = load_graph(GPT2, {"batch": 8, "seq": 64}, Training(micro_batches=4))
+    # At 2 MB a device, the stage's plan found under the loose budget (2 x 2 MB) leaves the
+    # first stage over the budget (its weights replicated); searched again under what that
+    # plan used less the overshoot, the stages fit.
+    dims, training = {"batch": 8, "seq": 64}, Training(micro_batches=4)
+    graph = load_graph(GPT2, dims, training)
+    steps = stage_steps(load_graph(GPT2, dims, None), training)
     cluster = make_cluster("pp=2,dp=4", memory="2MB")
-    ask, options = pipeline_ask(cluster.mesh, None, None), SolverOptions()
-    first = auto_plan(graph, sub_cluster(cluster, 0), (), options)
+    ask, options = PipelineAsk(0), SolverOptions()
+    loose = sub_cluster(cluster, 0)
+    first = auto_plan(graph, dataclasses.replace(loose, memory=2 * cluster.memory), (), options)
     over = price_pipeline(graph, first.plan, first.program, first.cost, cluster, ask)
     assert over.memory_bytes > cluster.memory
-    planned, priced, sub = plan_pipelined(graph, cluster, ask, options)
-    assert priced.memory_bytes <= cluster.memory < sub.memory < 2 * cluster.memory
-    assert planned.cost.memory_bytes_per_device <= sub.memory
+    staged = plan_pipelined(steps.step, cluster, ask, steps.layers, options)
+    assert staged.priced.memory_bytes <= cluster.memory < staged.cluster.memory
+    assert staged.planned.cost.memory_bytes_per_device <= staged.cluster.memory
+
+
+def test_schedules_tried():
+    names = [s.flag for s in schedules(4, 16, 8)]
+    assert names == ["1f1b", "gpipe", "interleaved:2", "interleaved:4"]
+    assert [s.flag for s in schedules(4, 16, 6)] == ["1f1b", "gpipe"]  # 6 % 4: no interleaving
