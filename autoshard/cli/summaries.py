@@ -42,7 +42,7 @@ def cost_summary(cost: Any, cluster: Any, ops: Mapping[str, OpEntry]) -> str:
         lines.append("training step by phase:")
         for name, phase in cost.phases.items():
             ran = cost.schedule.phases.get(name) if cost.schedule is not None else None
-            hidden = f", {ran.hidden_s * 1e3:.3f} ms hidden" if ran and ran.hidden_s else ""
+            hidden = f", {ran.hidden_s * 1e3:.3f} ms hidden" if ran and ran.hidden_s >= 5e-7 else ""
             lines.append(
                 f"  {name}: {(phase.compute_time_s + phase.comm_time_s) * 1e3:.3f} ms "
                 f"(compute {phase.compute_time_s * 1e3:.3f} ms, communication "
