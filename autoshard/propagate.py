@@ -227,11 +227,13 @@ class _State:
                 f"{where} has {len(option.loops)} loops; the op has {len(rule.loops)}"
             )
         rings = ring_loops(option)
-        if any((home, ring) not in rule.ring for home, ring in rings):
-            raise AutoshardError(
-                f"{where} splits two loops over one axis, and the op has no "
-                f"ring attention over them (its rings: {list(rule.ring)})"
-            )
+        for home, ring in rings:
+            if (home, ring) not in rule.ring:
+                axis = min(set(option.loops[home]) & set(option.loops[ring]))
+                raise AutoshardError(
+                    f"{where}: mesh axis {axis} splits on dims {home} and {ring}, and the op has "
+                    f"no ring attention over them (its rings: {list(rule.ring)})"
+                )
         passed = {ring for _, ring in rings}
         axes = [a for i, loop in enumerate(option.loops) if i not in passed for a in loop]
         Sharding(tuple((a,) for a in axes)).check(self.mesh)  # each axis exists, used once

@@ -39,6 +39,7 @@ from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.pipeline import load_graph, plan_request
 from autoshard.rules import IteratorType, OpRule, rule_for
+from autoshard.rules.base import ring_loops
 from autoshard.search.candidates import candidates, option_writes
 from autoshard.search.options import Objective
 from autoshard.search.problem import SearchError
@@ -116,6 +117,12 @@ def _option(rule: OpRule, mesh: Mesh, name: str, spec: str) -> ShardingOption:
         option = ShardingOption.parse(spec, len(rule.loops))
     except ShardingError as error:
         raise AnnotationError(f"--why-not {name}: {error}") from None
+    for home, ring in ring_loops(option):
+        if (home, ring) not in rule.ring:
+            axis = min(set(option.loops[home]) & set(option.loops[ring]))
+            raise AnnotationError(
+                f"--why-not {name}: mesh axis {axis} splits on dims {home} and {ring} in {spec}"
+            )
     used = [a for axes in option.loops for a in axes]
     for axis in used:
         if axis >= mesh.ndim:

@@ -95,12 +95,11 @@ def auto_plan(
     it (a training step's schedule as `overlap` runs it: `cost.price`; None: none);
     `NoPlanFits` with the lowest feasible budget when none fits (`explain`; else the solve's
     `InfeasibleError` as it comes: a caller with other steps to try skips that solve, longer
-    than the search's own).
-    `tracker` is told what the search does and each solve's objective and bound. `deadline`:
-    the command's wall clock, shared by every step (`solve` says what each answers when it
-    passes); `TimeUp` where it passes while the problem is built. `reuse`: the search of an
-    earlier call on the same graph, annotations and cluster but for its budget (the budget is
-    only the memory rows' bound), solved again under `cluster`'s instead of built again."""
+    than the search's own). `tracker` is told what the search does and each solve's objective
+    and bound. `deadline`: the command's wall clock, shared by every step (`solve` says what
+    each answers when it passes); `TimeUp` where it passes while the problem is built.
+    `reuse`: the search of an earlier call on the same graph, annotations and cluster but for
+    its budget (only the memory rows' bound), solved again under `cluster`'s, not rebuilt."""
     started = time.perf_counter()
     say = tracker.detail if tracker is not None else (lambda _: None)
     options = options or SolverOptions()

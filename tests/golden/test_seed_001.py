@@ -138,7 +138,7 @@ def test_one_value_with_two_required_shardings_is_an_error(mlp):
     "loops, message",
     [
         (((), (), (0,)), "has 3 loops; the op has 4"),
-        (((0,), (), (), (0,)), "mesh axis 0 splits on dims 0 and 1"),
+        (((0,), (), (), (0,)), "mesh axis 0 splits on dims 0 and 3"),
         (((), (), (), (1,)), "unknown mesh axis 1"),
     ],
 )

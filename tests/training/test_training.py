@@ -325,9 +325,9 @@ def test_a_training_plan_partitions_as_planned_and_verify_refuses_bf16(mlp, tmp_
     assert manifest["steps"] == "steps.json" and (out / "steps.json").exists()
     capsys.readouterr()
     assert main(["verify", str(out), "--model", str(mlp)]) == 2  # bf16-mixed: not exact
-    assert "verify runs training steps in fp32 only" in capsys.readouterr().err
+    assert "training steps run in fp32 only" in capsys.readouterr().err
     assert main(["run", str(out)]) == 2
-    assert "autoshard run executes forward passes only" in capsys.readouterr().err
+    assert "is the partition of a training step: run trains it" in capsys.readouterr().err
     wrong = ["partition", str(mlp), "--mesh", "2x2", "--plan", str(plan), "-o", str(out)]
     assert main([*wrong, "--mode", "training", "--optimizer", "sgd"]) == 2
     assert "leave out --mode and the training flags" in capsys.readouterr().err
