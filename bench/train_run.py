@@ -20,7 +20,6 @@ import argparse
 import json
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -51,31 +50,10 @@ CASES = [  # (model, mesh, plan, optimizer)
 
 def llama(folder: Path) -> Path:
     """A tiny Hugging Face Llama (2 layers, GQA) exported at opset 23, batch 4 x 8 tokens."""
-    import torch
-    import transformers
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+    from make_models import export_tiny_llama
 
-    config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-        use_cache=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    lm = transformers.LlamaForCausalLM(config).eval()
-
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, ids):  # type: ignore[no-untyped-def]
-            return self.lm(input_ids=ids, use_cache=False).logits
-
-    path = folder / "llama.onnx"
-    ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(0))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(Logits(), (ids,), path, dynamo=True, opset_version=23, verbose=False)
-    return path
+    return export_tiny_llama(folder / "llama.onnx", 64, 32, 4, 8)
 
 
 def partition(folder: Path, model: Path, name: str, mesh: str, recipe: str, optimizer: str) -> Path:

@@ -261,6 +261,38 @@ def build_gpt2() -> Built:
     )
 
 
+def export_tiny_llama(
+    path: Path, vocab: int, hidden: int, batch: int, seq: int, opset: int = 23
+) -> Path:
+    """A 2-layer Hugging Face Llama (4 query heads over 2 key-value heads, MLP twice as wide)
+    exported by the dynamo exporter to `path`, its logits the output and (batch, seq) token ids
+    the input: what the opset-23 and training-run tests and bench/train_run.py plan."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        use_cache=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    lm = transformers.LlamaForCausalLM(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids):  # type: ignore[no-untyped-def]
+            return self.lm(input_ids=ids, use_cache=False).logits
+
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Logits(), (ids,), path, dynamo=True, opset_version=opset, verbose=False)
+    return path
+
+
 def strip_stack_traces(proto: onnx.ModelProto) -> None:
     """Drop the dynamo exporter's per-node ``pkg.torch.onnx.stack_trace`` metadata, in place.
 

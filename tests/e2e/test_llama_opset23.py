@@ -8,7 +8,8 @@ plans with every op ruled too (the attention's gradients derived from its rule).
 from __future__ import annotations
 
 import json
-import warnings
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,28 +24,10 @@ pytest.importorskip("onnxscript")
 
 @pytest.fixture(scope="module")
 def llama23(tmp_path_factory):
-    config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-        use_cache=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    lm = transformers.LlamaForCausalLM(config).eval()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
+    from make_models import export_tiny_llama
 
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, ids):
-            return self.lm(input_ids=ids, use_cache=False).logits
-
-    path = tmp_path_factory.mktemp("llama23") / "llama23.onnx"
-    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(Logits(), (ids,), path, dynamo=True, opset_version=23, verbose=False)
-    return path
+    return export_tiny_llama(tmp_path_factory.mktemp("llama23") / "llama23.onnx", 128, 64, 2, 16)
 
 
 def test_the_export_uses_the_fused_ops_and_every_op_has_a_rule(llama23):

@@ -18,7 +18,6 @@ import re
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -44,30 +43,12 @@ DIMS = {"mlp": {"batch": 8}, "gpt2": {"batch": 4, "seq": 8}, "llama": {}}
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """A 2-layer Llama (4 query heads over 2 key-value heads), batch 4 and 8 tokens bound."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     pytest.importorskip("onnxscript")
-    config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-        use_cache=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    lm = transformers.LlamaForCausalLM(config).eval()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
+    from make_models import export_tiny_llama
 
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, ids):
-            return self.lm(input_ids=ids, use_cache=False).logits
-
-    path = tmp_path_factory.mktemp("llama") / "llama.onnx"
-    ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(0))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(Logits(), (ids,), path, dynamo=True, opset_version=23, verbose=False)
-    return path
+    return export_tiny_llama(tmp_path_factory.mktemp("llama") / "llama.onnx", 64, 32, 4, 8)
 
 
 def _flags(name, optimizer):
