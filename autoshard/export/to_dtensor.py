@@ -180,13 +180,15 @@ FSDP_DIM holds the parameters the plan stores split further than they are read (
 per parameter); every other parameter is distributed with `distribute_tensor`. When no style
 applies (FALLBACK says why) each parameter is distributed as stored over the whole mesh, and
 DTensor lays out the activations op by op. An nn.Embedding distributed split on its vocabulary
-looks tokens up in its own rows and sums over the mesh dims that split them (`_vocab_parallel`).
+looks tokens up in its own rows and sums over the mesh dims that split them (`_vocab_parallel`);
+any other module reads a parameter held `_StridedShard` gathered on that dim (`_gather_strided`).
 Data parallelism is the caller's: feed each data-parallel group its slice of the batch
 (INPUTS), and average the gradients over DATA_DIMS after backward (`sync_gradients`).
 
 `_StridedShard` (a dim split over several mesh dims, minor one first) is private torch API.
 """
 
+import functools
 import warnings
 
 import torch
@@ -227,6 +229,7 @@ def apply_plan(model: torch.nn.Module, mesh) -> torch.nn.Module:
     if FALLBACK is not None:
         _distribute(model, mesh, PLACEMENTS)
         _vocab_parallel(model, styled=set())
+        _gather_strided(model)
         return model
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import (
@@ -275,6 +278,7 @@ def apply_plan(model: torch.nn.Module, mesh) -> torch.nn.Module:
         rest = {{n: p for n, p in PLACEMENTS.items() if n not in styled | sharded}}
     _distribute(model, compute, rest)
     _vocab_parallel(model, styled=set(styles))
+    _gather_strided(model)
     for path, dims in fsdp.items():
         module = model.get_submodule(path)
         shard = {{id(getattr(module, leaf)): Shard(dim) for leaf, dim in dims.items()}}
@@ -370,6 +374,35 @@ def _vocab_parallel(model, styled):
                 and module.max_norm is None and isinstance(weight, DTensor)
                 and any(getattr(p, "dim", None) == 0 for p in weight.placements)):
             module.forward = _masked_lookup(module)
+
+
+def _gather_strided(model):
+    """Each module (but a masked lookup) reads a parameter it holds `_StridedShard` (a dim
+    split over several mesh dims, the minor one first) gathered on that dim, for its forward
+    alone: DTensor's op rules read a `_StridedShard` as a plain `Shard` (a Linear's rows so
+    held give its outputs in the wrong order, and a wrong result). The gather is
+    differentiable: the gradient comes back to the parameter as it is held."""
+    for module in model.modules():
+        leaves = [leaf for leaf, p in module.named_parameters(recurse=False)
+                  if isinstance(p, DTensor) and "forward" not in vars(module)
+                  and any(isinstance(q, _StridedShard) for q in p.placements)]
+        if leaves:
+            held = {{}}
+            module.register_forward_pre_hook(functools.partial(_gathered, leaves, held))
+            module.register_forward_hook(functools.partial(_restored, held))
+
+
+def _gathered(leaves, held, module, args):
+    for leaf in leaves:
+        param = held[leaf] = module._parameters[leaf]
+        dims = {{p.dim for p in param.placements if isinstance(p, _StridedShard)}}
+        want = [Replicate() if getattr(p, "dim", None) in dims else p for p in param.placements]
+        module._parameters[leaf] = param.redistribute(param.device_mesh, want)
+
+
+def _restored(held, module, args, output):
+    module._parameters.update(held)
+    held.clear()
 
 
 def _masked_lookup(module):
