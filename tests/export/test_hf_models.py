@@ -41,9 +41,10 @@ BATCH, SEQ = 4, 16
 # name -> (model, torch exporter, mesh, planning flags): each memory budget is below what the
 # replicated plan needs, so the plan splits weights. Each search proves its optimum well
 # inside the default --time-limit (60 s), so the plan is the same on a loaded machine (a
-# shorter limit once returned another plan there, whose export computed wrong logits); but
-# Llama's 2x2 training plan keeps 10 s: its optimum splits a ZeRO state on tp as well, which
-# the export does not hold yet. One plan
+# shorter limit once returned another plan there, whose export computed wrong logits).
+# Llama's 2x2 training optimum splits a ZeRO state on tp as well, which the export does not
+# hold yet (`styles._zero` distributes it over dp alone): its placements test is a strict
+# xfail until it does. One plan
 # is made to split Llama's token embedding over both mesh axes, tp-major (which DTensor's own
 # embedding rule cannot look up): an annotation, no budget (a quick solve). Another splits the
 # first query projection's outputs over both axes, tp-major (`_StridedShard` rows, which DTensor's
@@ -68,8 +69,7 @@ CASES = {
     "gpt2-tp2-training": ("gpt2", "ts", "tp=2", ["--mode", "training", "--memory", "1.2MB"]),
     "gpt2-2x2-training": ("gpt2", "ts", "dp=2,tp=2", ["--mode", "training", "--memory", "1.2MB"]),
     "llama-tp2-training": ("llama", "ts", "tp=2", ["--mode", "training", "--memory", "1.2MB"]),
-    "llama-2x2-training": ("llama", "ts", "dp=2,tp=2", ["--mode", "training", "--memory", "1.2MB",
-                           "--time-limit", "10"]),
+    "llama-2x2-training": ("llama", "ts", "dp=2,tp=2", ["--mode", "training", "--memory", "1.2MB"]),
     "gpt2-dynamo-tp2-inference": ("gpt2", "dynamo", "tp=2", ["--memory", "400KB"]),
     "gpt2-dynamo-2x2-inference": ("gpt2", "dynamo", "dp=2,tp=2", ["--memory", "300KB"]),
     "llama-dynamo-tp2-inference": ("llama", "dynamo", "tp=2", ["--memory", "300KB"]),
@@ -82,6 +82,12 @@ PARAMS = [
     pytest.param(case, marks=pytest.mark.skipif(case not in RUN, reason="needs onnxscript"))
     for case in CASES
 ]
+ZERO_TP = "llama-2x2-training"  # a ZeRO state split on tp too: held over dp alone (above)
+HELD_PARAMS = [
+    pytest.param(case, marks=pytest.mark.xfail(strict=True, reason="ZeRO state's tp split"))
+    if case == ZERO_TP else param
+    for case, param in zip(CASES, PARAMS, strict=True)
+]  # fmt: skip
 
 
 class Logits(torch.nn.Module):
@@ -228,7 +234,7 @@ def runs(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("case", PARAMS)
+@pytest.mark.parametrize("case", HELD_PARAMS)
 def test_forward_matches_and_placements_are_the_plans(runs, case):
     path = runs / case
     export = json.loads((path / "export.json").read_text())
