@@ -297,7 +297,8 @@ CASES = {
     ),
     "schedule-without-a-pipeline": (
         lambda tmp: ["plan", MLP, "--mesh", "dp=2,tp=2", "--schedule", "gpipe"],
-        "--schedule gpipe needs a pipeline: name a mesh axis pp or give --pipeline-axis",
+        "--schedule gpipe needs a pipeline: name a mesh axis pp, give --pipeline-axis or "
+        "--pipeline auto (mesh dp=2,tp=2 has axes 0..1 (dp, tp))",
     ),
     "pipeline-without-training": (
         lambda tmp: ["plan", MLP, "--mesh", "pp=2,dp=2", "--dim", "batch=8"],
