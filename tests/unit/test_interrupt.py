@@ -31,6 +31,13 @@ STARTING_S = 300  # to reach the phase: generous, for a loaded machine
 STOPPING_S = 3.0  # from SIGINT to exit; measured 0.2-0.3 s on 2 busy cores
 
 
+def ctrl_c_as_a_shell_gives_it() -> None:
+    """The child's SIGINT as a user's shell leaves it, whatever this process inherited or was
+    left with by earlier tests (an ignored or blocked SIGINT is inherited through exec)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupted_plan(flags: list[str], phase: str, out: Path) -> tuple[float, str]:
     """`autoshard plan` sent SIGINT once a progress line matches `phase`: the seconds from
     the signal to its exit, and its stderr; it must exit 130."""
@@ -39,7 +46,12 @@ def interrupted_plan(flags: list[str], phase: str, out: Path) -> tuple[float, st
                "-o", str(out / "plan.json"), "--html", str(out / "plan.html")]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=ctrl_c_as_a_shell_gives_it,
     )
     lines: queue.Queue[str | None] = queue.Queue()
 
@@ -112,7 +124,12 @@ def test_a_solve_leaves_ctrl_c_to_python() -> None:
     returns: a later Ctrl-C killed the process without a word."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run(
-        [sys.executable, "-c", AFTER_A_SOLVE], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", AFTER_A_SOLVE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=ctrl_c_as_a_shell_gives_it,
     )
     assert (run.returncode, run.stdout) == (0, "interrupted\n"), run.stderr
 
@@ -177,7 +194,12 @@ def test_an_interrupt_while_importing_says_so(entry: list[str], tmp_path: Path) 
     command = [sys.executable, *entry, "plan", *DECODER, "-o", str(tmp_path / "plan.json")]
     for _ in range(TRIES):
         process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=ctrl_c_as_a_shell_gives_it,
         )
         try:
             deadline = time.monotonic() + 60
