@@ -378,7 +378,7 @@ def _serve_command(commands: Commands) -> None:
     serve.add_argument(
         "--executor", default="local",
         help="where jobs run: local (a process pool, default), ray (a local Ray) or "
-        "ray://HOST:PORT (a Ray cluster; pip install 'autoshard[sweep]')",
+        "ray://HOST:PORT (a Ray cluster; pip install 'autoshard[cluster]')",
     )  # fmt: skip
     serve.add_argument(
         "--lease", type=float, default=30.0, metavar="S",

@@ -96,8 +96,8 @@ def fastest(
 DEPTH = 64
 """The most repeated layers a stage's model keeps: a deeper stage repeats its middle layer's
 price (`LayerCosts.parts`). Generous: a model cut much shorter than its stages prices their
-memory from one layer's share at the peak, which moves with the plan (a 4-layer model of
-16-layer stages swung by 10 GiB between refits), so each refit's budget misses."""
+memory from one layer's share at the peak, which moves with the plan between refits, so
+each refit's budget misses."""
 
 
 def stage_depth(layers: int, stages: int) -> int:
