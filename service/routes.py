@@ -158,7 +158,7 @@ MAX_LISTED = 100  # jobs per page of GET /v1/plans at most
     response_model=JobList,
     summary="The plans, newest first, a page at a time (limit, offset)",
 )
-async def list_plans(
+def list_plans(
     request: Request,
     limit: int = Query(default=20, ge=1, le=MAX_LISTED),
     offset: int = Query(default=0, ge=0),
@@ -194,8 +194,21 @@ async def submit(request: Request, form: Form) -> tuple[int, dict[str, Any]]:
 
 
 async def _submit(request: Request, form: Form) -> tuple[int, dict[str, Any]]:
-    settings, store = request.app.state.settings, _store(request)
+    settings = request.app.state.settings
     options = parse_options(form.fields, settings.max_time_limit)
+    status, body = await anyio.to_thread.run_sync(
+        _queue, _store(request), settings.models, form, options
+    )
+    if status == 202:
+        request.app.state.dispatcher.poke()  # a replica with a free worker claims it
+    return status, body
+
+
+def _queue(
+    store: Store, models: Path, form: Form, options: PlanOptions
+) -> tuple[int, dict[str, Any]]:
+    """Queue a checked request's job (202) or find an identical request's (200), off the
+    event loop: a store that stalls (PostgreSQL restarting) stalls this request alone."""
     job_id = options.job_id(form.sha256)
     found = store.get(job_id)
     if found is not None and found.status == "failed" and found.cause == "input":
@@ -204,8 +217,8 @@ async def _submit(request: Request, form: Form) -> tuple[int, dict[str, Any]]:
         return 200, found.view()
     if found is None:
         assert form.path is not None
-        await anyio.to_thread.run_sync(_check, form.path, options)
-    model = keep(form, settings.models)
+        _check(form.path, options)
+    model = keep(form, models)
     if found is None:
         if not store.create(job_id, form.sha256, str(model), options.to_json()):
             job = store.get(job_id)  # an identical request was faster
@@ -215,7 +228,6 @@ async def _submit(request: Request, form: Form) -> tuple[int, dict[str, Any]]:
         job = store.get(job_id)
         assert job is not None
         return 200, job.view()
-    request.app.state.dispatcher.poke()  # a replica with a free worker claims it
     return 202, {"id": job_id, "status": "queued"}
 
 
@@ -241,7 +253,7 @@ def _job(request: Request, job_id: str) -> Job:
     responses={404: {"model": ErrorBody}},
     summary="A plan job: status, progress, error, and the plan when done",
 )
-async def get_plan(request: Request, job_id: str) -> dict[str, Any]:
+def get_plan(request: Request, job_id: str) -> dict[str, Any]:
     view = _job(request, job_id).view()
     return view | {"error": view["error"] and in_form_words(view["error"])}
 
@@ -251,7 +263,7 @@ async def get_plan(request: Request, job_id: str) -> dict[str, Any]:
     responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 422: {"model": ErrorBody}},
     summary="The plan document alone, as autoshard plan -o writes it (for partition --plan)",
 )
-async def get_plan_document(request: Request, job_id: str) -> Response:
+def get_plan_document(request: Request, job_id: str) -> Response:
     job = _done(request, job_id)
     assert job.plan is not None
     return Response(document_text(job.plan), media_type="application/json")
@@ -288,7 +300,7 @@ _TEXT_ERRORS: dict[int | str, dict[str, Any]] = {
     responses=_TEXT_ERRORS,
     summary="The plan's SPMD program (MLIR, mesh dialect), as autoshard partition writes it",
 )
-async def get_spmd(request: Request, job_id: str) -> PlainTextResponse:
+def get_spmd(request: Request, job_id: str) -> PlainTextResponse:
     return PlainTextResponse(_artifact(request, job_id, "spmd"))
 
 
@@ -298,7 +310,7 @@ async def get_spmd(request: Request, job_id: str) -> PlainTextResponse:
     responses=_TEXT_ERRORS,
     summary="The plan as a Markdown report",
 )
-async def get_report(request: Request, job_id: str) -> PlainTextResponse:
+def get_report(request: Request, job_id: str) -> PlainTextResponse:
     return PlainTextResponse(
         _artifact(request, job_id, "report"), media_type="text/markdown; charset=utf-8"
     )
@@ -316,15 +328,21 @@ async def get_report_html(
     job_id: str,
     tensor: list[str] = Query(default=[]),  # noqa: B008
 ) -> HTMLResponse:
-    job = _job(request, job_id)
-    _artifact(request, job_id, "report")  # done, or the job's error
-    text = _store(request).report_html(job_id, tensor)  # built by the job, or asked before
+    job, text = await anyio.to_thread.run_sync(_built_report, request, job_id, tensor)
     if text is None:
         try:
             text = await request.app.state.executor.report(job_id, tuple(tensor))
         except AutoshardError as error:
             raise HTTPException(422, _named(str(error), job.model_path)) from None
     return HTMLResponse(text)
+
+
+def _built_report(request: Request, job_id: str, tensor: list[str]) -> tuple[Job, str | None]:
+    """The done job and its HTML report with these tensors, if built (by the job, or asked
+    before); the job's error otherwise."""
+    job = _job(request, job_id)
+    _artifact(request, job_id, "report")
+    return job, _store(request).report_html(job_id, tensor)
 
 
 def _named(message: str, model_path: str) -> str:
@@ -343,7 +361,7 @@ _EXPORT_MEDIA = {"dtensor": "text/x-python", "jax": "application/json",
     "(PartitionSpecs JSON) or onnx (the model with IR v11 sharding metadata)",
 )
 async def get_export(request: Request, job_id: str, target: Target) -> Response:
-    job = _done(request, job_id)
+    job = await anyio.to_thread.run_sync(_done, request, job_id)
     assert job.plan is not None
     try:
         exported = await anyio.to_thread.run_sync(
@@ -355,7 +373,7 @@ async def get_export(request: Request, job_id: str, target: Target) -> Response:
 
 
 @router.get("/healthz", summary="Liveness, the worker count and the jobs by status")
-async def healthz(request: Request) -> dict[str, Any]:
+def healthz(request: Request) -> dict[str, Any]:
     return {
         "status": "ok",
         "workers": request.app.state.executor.workers,

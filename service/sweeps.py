@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
@@ -27,7 +28,7 @@ from autoshard.sweep.grid import Point, device_counts, expand, meshes
 from service.options import RequestError
 from service.routes import receive
 from service.store import Job, Store
-from service.upload import discard, keep
+from service.upload import Form, discard, keep
 
 router = APIRouter()
 
@@ -106,21 +107,32 @@ async def submit_sweep(request: Request) -> JSONResponse:
     try:
         options = sweep_options(form.fields, settings.max_time_limit)
         points_of(options)
-        job_id = hashlib.sha256(json.dumps([form.sha256, options]).encode()).hexdigest()[:20]
-        found = store.get(job_id)
-        if found is not None and not found.retryable:
-            return JSONResponse(sweep_view(store, found))
-        model = keep(form, settings.models)
-        if found is None:
-            store.create(job_id, form.sha256, str(model), options)
-        else:
-            store.requeue(job_id)
+        status, body = await anyio.to_thread.run_sync(
+            _queue_sweep, store, settings.models, form, options
+        )
     except AutoshardError as error:
         return JSONResponse({"detail": str(error)}, status_code=getattr(error, "status", 422))
     finally:
         discard(form)
-    request.app.state.dispatcher.poke()
-    return JSONResponse({"id": job_id, "status": "queued"}, status_code=202)
+    if status == 202:
+        request.app.state.dispatcher.poke()
+    return JSONResponse(body, status_code=status)
+
+
+def _queue_sweep(
+    store: Store, models: Path, form: Form, options: dict[str, Any]
+) -> tuple[int, dict[str, Any]]:
+    """Queue a sweep's job (202) or find an identical request's (200), off the event loop."""
+    job_id = hashlib.sha256(json.dumps([form.sha256, options]).encode()).hexdigest()[:20]
+    found = store.get(job_id)
+    if found is not None and not found.retryable:
+        return 200, sweep_view(store, found)
+    model = keep(form, models)
+    if found is None:
+        store.create(job_id, form.sha256, str(model), options)
+    else:
+        store.requeue(job_id)
+    return 202, {"id": job_id, "status": "queued"}
 
 
 def sweep_view(store: Store, job: Job) -> dict[str, Any]:
@@ -139,12 +151,12 @@ def _sweep(request: Request, job_id: str) -> Job:
 
 
 @router.get("/v1/sweeps/{job_id}", summary="A sweep: status, progress, its table when done")
-async def get_sweep(request: Request, job_id: str) -> dict[str, Any]:
+def get_sweep(request: Request, job_id: str) -> dict[str, Any]:
     return sweep_view(request.app.state.store, _sweep(request, job_id))
 
 
 @router.get("/sweeps/{job_id}", response_class=HTMLResponse, include_in_schema=False)
-async def sweep_page(request: Request, job_id: str) -> HTMLResponse:
+def sweep_page(request: Request, job_id: str) -> HTMLResponse:
     """The sweep's page of fronts once done; before, its progress, refreshed every second."""
     job = _sweep(request, job_id)
     if job.status == "done":

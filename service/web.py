@@ -169,7 +169,7 @@ async def favicon() -> Response:
 
 
 @router.get("/", response_class=HTMLResponse)
-async def index(request: Request) -> HTMLResponse:
+def index(request: Request) -> HTMLResponse:
     return HTMLResponse(_index(_store(request), {}))
 
 
@@ -283,7 +283,7 @@ setTimeout(poll, POLL_MS);
 
 
 @router.get("/plans/{job_id}", response_class=HTMLResponse)
-async def plan_page(request: Request, job_id: str) -> Response:
+def plan_page(request: Request, job_id: str) -> Response:
     job = _store(request).get(job_id)
     if job is not None and job.options.get("kind") == "sweep":
         return RedirectResponse(f"/sweeps/{job_id}", status_code=303)
