@@ -33,7 +33,30 @@ from service.upload import Form, discard, keep
 router = APIRouter()
 
 DEFAULT_TIME_LIMIT = 60.0
-FIELDS = ("mesh", "devices", "memory", "dims", "cluster", "device", "mode", "price", "time_limit")
+SWEEP_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["model"],
+    "properties": {
+        "model": {"type": "string", "format": "binary", "description": "the ONNX model"},
+        "mesh": {"type": "string", "example": "2x2,4",
+                 "description": "mesh shapes to plan, comma-separated (or give devices)"},
+        "devices": {"type": "string", "example": "4,8",
+                    "description": "device counts: every mesh shape of each (or give mesh)"},
+        "memory": {"type": "string", "example": "16GiB,40GiB",
+                   "description": "budgets per device, comma-separated (default: the device's)"},
+        "dims": {"type": "string", "example": '{"batch": [8, 16]}',
+                 "description": "the model's symbolic dims, a JSON object of NAME: SIZE or "
+                                "[SIZES] (each size a point)"},
+        "cluster": {"type": "string", "example": "dgx-h100", "description": "cluster preset"},
+        "device": {"type": "string", "description": "device preset"},
+        "mode": {"type": "string", "enum": ["inference", "training"], "default": "inference"},
+        "price": {"type": "number", "description": "price per device-hour (the cost front)"},
+        "time_limit": {"type": "number", "default": DEFAULT_TIME_LIMIT,
+                       "description": "each point's limit, seconds"},
+    },
+}  # fmt: skip
+"""The form of POST /v1/sweeps, field by field (its OpenAPI schema)."""
+FIELDS = tuple(name for name in SWEEP_SCHEMA["properties"] if name != "model")
 
 
 def _list(text: str | None) -> list[str]:
@@ -97,7 +120,17 @@ def run_sweep_job(store: Store, job_id: str, attempt: int, model_path: str, opti
                        (out / "front.html").read_text())  # fmt: skip
 
 
-@router.post("/v1/sweeps", status_code=202, summary="Sweep a model over a grid of plans")
+@router.post(
+    "/v1/sweeps",
+    status_code=202,
+    summary="Sweep a model over a grid of plans",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"multipart/form-data": {"schema": SWEEP_SCHEMA}},
+        }
+    },
+)
 async def submit_sweep(request: Request) -> JSONResponse:
     settings, store = request.app.state.settings, request.app.state.store
     try:

@@ -14,6 +14,7 @@ import pytest
 
 from autoshard.cli.main import main
 from autoshard.mlir import parse_module
+from service.sweeps import FIELDS as SWEEP_FIELDS
 
 from .conftest import MODELS, UPLOAD_LIMIT, Server
 
@@ -418,6 +419,8 @@ def test_unknown_plan_and_docs(server: Server) -> None:
     ]  # fmt: skip
     form = paths["/v1/plans"]["post"]["requestBody"]["content"]["multipart/form-data"]
     assert form["schema"]["required"] == ["model", "mesh"]
+    sweep = paths["/v1/sweeps"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert sorted(sweep["schema"]["properties"]) == sorted(["model", *SWEEP_FIELDS])
 
 
 def test_a_training_plan_is_what_autoshard_plan_mode_training_prints(
