@@ -64,6 +64,7 @@ class RayExecutor:
         self._solve = ray.remote(max_retries=RETRIES, retry_exceptions=False)(ray_solve)
         self._report = ray.remote(max_retries=RETRIES, retry_exceptions=False)(ray_report)
         self._running: set[tuple[str, int]] = set()
+        self._stopping = False  # shutdown kills running jobs: not lost runs (Store.release)
 
     def running(self) -> list[tuple[str, int]]:
         return sorted(self._running)
@@ -82,7 +83,7 @@ class RayExecutor:
 
     def _on_done(self, key: tuple[str, int]) -> Callable[[Future[Any]], None]:
         def done(future: Future[Any]) -> None:
-            if not future.cancelled() and future.exception() is not None:
+            if not (self._stopping or future.cancelled()) and future.exception() is not None:
                 log.error("job %s: Ray task failed: %r", key[0], future.exception())
                 self.store.lose(*key)  # its workers lost past the retries: run it again
             self._running.discard(key)
@@ -92,4 +93,5 @@ class RayExecutor:
         return done
 
     def shutdown(self) -> None:
+        self._stopping = True
         self._ray.shutdown()

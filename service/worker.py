@@ -138,6 +138,7 @@ class Pool:
         self.store, self.workers, self.loop = store, workers, loop
         self.on_free: Callable[[], None] = lambda: None  # a worker is free again
         self._running: set[tuple[str, int]] = set()
+        self._stopping = False  # shutdown kills running jobs: not lost runs (Store.release)
         self._executor = self._start()
 
     def _start(self) -> ProcessPoolExecutor:
@@ -168,8 +169,8 @@ class Pool:
 
     def _on_done(self, key: tuple[str, int]) -> Callable[[Future[None]], None]:
         def done(future: Future[None]) -> None:
-            # Cancelled at shutdown: the job's lease runs out and a replica queues it again.
-            if not future.cancelled() and future.exception() is not None:
+            # Killed at shutdown: queued again by `Store.release`, with no run counted lost.
+            if not (self._stopping or future.cancelled()) and future.exception() is not None:
                 log.error("job %s: worker failed: %r", key[0], future.exception())
                 self.store.lose(*key)  # a worker died (killed, out of memory): run it again
             self._running.discard(key)
@@ -181,6 +182,7 @@ class Pool:
     def shutdown(self) -> None:
         """Stop now: running jobs are killed (their leases run out and they are queued again,
         by this server's next start or another replica)."""
+        self._stopping = True
         executor = self._executor
         processes = list(getattr(executor, "_processes", {}).values())
         executor.shutdown(wait=False, cancel_futures=True)

@@ -77,3 +77,17 @@ def test_crash_and_restart(new_server, tmp_path) -> None:
     assert re.search(r"<dt>solver</dt><dd>objective [\d.]+ ms, bound [\d.]+ ms \(gap", page)
     assert finished["plan"]["model"]["dims"] == {"batch": 8, "seq": 2048}
     assert second.wait(queued)["status"] == "done"  # queued again at startup
+
+
+def test_a_stopped_server_requeues_its_running_job_without_counting_it_lost(
+    new_server, tmp_path
+) -> None:
+    # A graceful stop (SIGTERM) kills the running job's worker: the job is queued again at
+    # once, and the kill is the server's doing, not a lost run (three of those fail a job).
+    server = new_server(tmp_path / "data", workers=1)
+    running = server.submit(DECODER, DECODER_FIELDS).json()["id"]
+    server.wait(running, until=("running",))
+    server.stop()
+    assert server.process is not None and server.process.returncode is not None
+    status = "SELECT status, attempt, lost, owner FROM jobs WHERE id = :id"
+    assert server.sql(status, id=running) == [("queued", 2, 0, None)]
