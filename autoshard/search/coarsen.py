@@ -184,7 +184,7 @@ class _Grouper:
         pinned: Collection[str] = (),
     ) -> None:
         self.graph, self.rules, self.coarsen = graph, rules, coarsen
-        self.pinned = frozenset(pinned)
+        self.pinned = _with_their_gradients(graph, pinned)
         self.repeats = find_repeats(graph) if coarsen else NONE
         ops = graph.ops
         # A pinned op is its own; the other copies of its layer position follow the first
@@ -192,7 +192,7 @@ class _Grouper:
         first_free: dict[int, str] = {}
         self.copies = {}
         for i, op in enumerate(ops):
-            if op.name in pinned:
+            if op.name in self.pinned:
                 self.copies[op.name] = op.name
             else:
                 self.copies[op.name] = first_free.setdefault(self.repeats.first(i), op.name)
@@ -355,3 +355,14 @@ class _Grouper:
             pick.append(k_me)
         self.ties[Key(Kind.OP, op.name)] = (Key(Kind.OP, source.name), Tie.ELEMENTWISE)
         return head, tuple(pick)
+
+
+def _with_their_gradients(graph: Graph, pinned: Collection[str]) -> frozenset[str]:
+    """The pinned ops and those computed with one (`computed_with`: a pinned op's gradient or
+    recomputed copy decides with the pinned op, so it is no copy of another layer's either).
+    In graph order, a forward op comes before the ops computed with it."""
+    found = set(pinned)
+    for op in graph.ops:
+        if computed_with(op) in found:
+            found.add(op.name)
+    return frozenset(found)

@@ -22,9 +22,11 @@ from autoshard.document.plan_document import read_document
 from autoshard.explain.report import plan_markdown
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
+from autoshard.pipeline import load_graph
 from autoshard.rules import IteratorType, rule_for
+from autoshard.rules.gradient import computed_with
 from autoshard.search.budget import auto_plan
-from autoshard.search.candidates import option_reads
+from autoshard.search.candidates import option_reads, option_writes
 from autoshard.search.problem import build_search
 from autoshard.search.solver.solve import solve
 from autoshard.sharding import Sharding, ShardingOption
@@ -582,3 +584,19 @@ def test_a_weights_annotation_for_users_leaves_its_update_reading_it_as_held(ste
     assert planned.cost.phases["optimizer"].comm_bytes_per_device == 0
     moved = {planned.program.tensors[c.source].value for c in planned.program.communications}
     assert not moved & {"w1@grad", "w1@state"}
+
+
+def test_an_annotation_on_one_layer_pins_that_layer_and_its_gradients_alone():
+    """GPT-2's attention probabilities in layer 0 pinned split over batch and heads on 2x2:
+    layer 0's Softmax and the gradient computed with its option are decided on their own, not
+    as copies of layer 1 (whose gradient comes first in the backward), and the plan holds the
+    value as pinned."""
+    graph = load_graph(MODELS / "gpt2.onnx", {"batch": 2, "seq": 16}, Training())
+    value, pinned = "/lm/transformer/h.0/attn/Softmax_output_0", Sharding(((0,), (1,)))
+    planned = auto_plan(graph, make_cluster(mesh="2x2"), [Annotation(value, pinned)])
+    softmax = graph.producer(value)
+    assert option_writes(rule_for(softmax, graph), planned.plan.options[softmax.name], 0) == (
+        pinned
+    )
+    (gradient,) = [op for op in graph.ops if computed_with(op) == softmax.name]
+    assert planned.plan.options[gradient.name] == planned.plan.options[softmax.name]
