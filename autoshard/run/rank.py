@@ -111,8 +111,11 @@ def execute(
     collectives: Executor,
     progress: MutableSequence[int] | None = None,
     sha256: str | None = None,
+    local: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, np.ndarray], Timing]:
-    """Run device `rank`'s steps; its outputs (local arrays, by program tensor name)."""
+    """Run device `rank`'s steps; its outputs (local arrays, by program tensor name).
+    `local`: inputs given as this device's shard already (a pipeline stage's received
+    values), not sliced from `feed`."""
     device = manifest["devices"][rank]
     steps = device["steps"]
     at = -1
@@ -124,6 +127,9 @@ def execute(
     try:
         env: dict[str, np.ndarray] = dict(read_weights(folder, manifest, rank, sha256))
         for name, region in device["inputs"].items():
+            if local is not None and name in local:
+                env[name] = local[name]
+                continue
             env[name] = np.ascontiguousarray(feed[name][tuple(slice(a, b) for a, b in region)])
         sessions = {
             s["run"]: ort.InferenceSession(
