@@ -84,15 +84,19 @@ def cut_stages(graph: Graph, run: Run, ranges: Sequence[range]) -> tuple[StageCu
             f"model output {unmade[0]!r} is computed by no op: no stage can return it"
         )
     order = list(produced)
-    crossing = [
-        [n for n in order if produced[n] <= s < read_last.get(n, -1)] for s in range(count)
-    ]
+    crossing = [[n for n in order if produced[n] <= s < read_last.get(n, -1)] for s in range(count)]
     return tuple(
         StageCut(
             index=s,
             layers=ranges[s],
-            graph=_stage_graph(graph, [op for i, op in enumerate(graph.ops) if stage_of[i] == s],
-                               crossing[s - 1] if s else [], crossing[s], produced, s),
+            graph=_stage_graph(
+                graph,
+                [op for i, op in enumerate(graph.ops) if stage_of[i] == s],
+                crossing[s - 1] if s else [],
+                crossing[s],
+                produced,
+                s,
+            ),
             receives=tuple(crossing[s - 1]) if s else (),
             sends=tuple(crossing[s]),
         )  # fmt: skip

@@ -19,6 +19,7 @@ from autoshard.cli.flags import (
     PROGRESS_DELAY_S,
     dims_of,
 )
+from autoshard.cli.pipelined import is_pipelined, partition_pipelined, run_pipelined_forward
 from autoshard.cli.summaries import (
     breakdown_summary,
     cost_summary,
@@ -306,8 +307,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
     annotations = tuple(_annotations(args))
     plan, training, dims = None, _training(args), dims_of(args.dim)
-    if args.plan and _pipelined(args.plan):
-        return _partition_pipelined(args, annotations)
+    if args.plan and is_pipelined(args.plan):
+        return partition_pipelined(args, annotations)
     if not args.plan:
         if args.mesh is None:
             raise AutoshardError("partition needs --mesh (or --plan, whose mesh it takes)")
@@ -358,54 +359,6 @@ def cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pipelined(plan: str) -> bool:
-    from autoshard.document.plan_document import read_document
-
-    return read_document(plan).pipeline is not None
-
-
-def _partition_pipelined(args: argparse.Namespace, annotations: tuple[Any, ...]) -> int:
-    """`partition --plan` of a pipelined plan: each stage's programs and the sends between."""
-    from autoshard.document.plan_document import planned_dims, read_document
-    from autoshard.execute.pipe_folder import write_pipelined
-    from autoshard.execute.stage_plans import pipelined_partition
-
-    document = read_document(args.plan)
-    assert document.pipeline is not None
-    whole = str(document.pipeline["mesh"])
-    if annotations or args.mode == "training":
-        raise AutoshardError(
-            f"plan {args.plan} is pipelined: its partition is the forward the plan decides; "
-            "leave out annotations, --mode and the training flags"
-        )
-    if args.mesh is not None and str(Mesh.parse(args.mesh)) != whole:
-        raise AutoshardError(
-            f"plan {args.plan} is a pipeline on mesh {whole}, not {args.mesh}: leave out --mesh"
-        )
-    dims = dims_of(args.dim) or planned_dims(args.plan)
-    staged = pipelined_partition(document, args.plan, args.model, dims)
-    manifest = write_pipelined(staged, args.model, dims, args.out, args.dialect)
-    if args.json:
-        emit(manifest)
-        return 0
-    print(
-        f"partitioned {args.model} as a pipeline of {len(staged.stages)} stages on mesh "
-        f"{whole} (axis {staged.axis}, {staged.schedule}, {staged.micro_batches} "
-        "micro-batches): the forward"
-    )
-    for stage in staged.stages:
-        cut, program = stage.cut, stage.built.partitioned.program
-        print(
-            f"  stage {cut.index}: layers {cut.layers.start}..{cut.layers.stop - 1}, devices "
-            f"{list(stage.devices)}, {len(list(program.communications))} collectives, receives "
-            f"{len(cut.receives)} and sends {len(cut.sends)} values ({args.out}/stage-"
-            f"{cut.index}/)"
-        )
-    print(f"sends and receives: {args.out}/{manifest['spmd']['file']} ({args.dialect} dialect)")
-    print(f"manifest: {args.out}/manifest.json")
-    return 0
-
-
 def _planned_mesh(plan: str, given: str | None) -> Mesh:
     """The mesh plan file `plan` was made for: `--mesh` may leave it out, or must repeat it."""
     from autoshard.document.plan_document import read_document
@@ -424,7 +377,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     inputs = load_inputs(args.inputs) if args.inputs else None
     if "pipeline" in read_manifest(args.out):
-        return _run_pipelined(args, args.model, inputs, "verify")
+        return run_pipelined_forward(args, args.model, inputs, "verify")
     if "training" in read_manifest(args.out):
         return _verify_training(args, inputs)
     if args.distributed:
@@ -492,32 +445,13 @@ def _run_training(args: argparse.Namespace, model: str | None, inputs: Any, how:
     return 0 if report.ok else 1
 
 
-def _run_pipelined(args: argparse.Namespace, model: str | None, inputs: Any, how: str) -> int:
-    """`run` or `verify` of a pipelined partition: its forward as one process per device,
-    checked against onnxruntime on the whole model (with `model`)."""
-    from autoshard.run.pipelined import run_pipelined
-
-    report = run_pipelined(args.out, args.backend, inputs, model, args.timeout,
-                           rtol=getattr(args, "rtol", None))  # fmt: skip
-    if args.json:
-        emit(report.to_json())
-        return 0 if report.ok else 1
-    status = "" if not report.checks else (": ok" if report.ok else ": FAILED")
-    stacked = next(iter(report.outputs.values())).shape[0] if report.outputs else 0
-    print(f"{how} {args.out}: a pipelined forward of {stacked} micro-batches as "
-          f"{report.devices} processes ({report.backend}){status}")  # fmt: skip
-    if report.checks:
-        print_checks(report.checks)
-    return 0 if report.ok else 1
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from autoshard.execute.artifacts import load_inputs, read_manifest
     from autoshard.run import run_partition
 
     inputs = load_inputs(args.inputs) if args.inputs else None
     if "pipeline" in read_manifest(args.out):
-        return _run_pipelined(args, args.check, inputs, "run")
+        return run_pipelined_forward(args, args.check, inputs, "run")
     if "training" in read_manifest(args.out):
         return _run_training(args, args.check, inputs, "run")
     report = run_partition(args.out, args.backend, inputs, args.check, args.timeout)

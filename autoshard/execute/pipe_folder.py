@@ -27,8 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autoshard.execute.artifacts import FORMAT, MANIFEST, SPMD, PartitionFolderError
-from autoshard.execute.artifacts import write_weights
+from autoshard.execute.artifacts import FORMAT, MANIFEST, SPMD, PartitionFolderError, write_weights
 from autoshard.execute.stage_plans import PipelinedPartition, StagePartition
 from autoshard.execute.steps import STEPS, write_steps
 from autoshard.execute.verify import id_bound
@@ -63,7 +62,9 @@ def write_pipelined(
         names = sorted(built.graph.weights)
         files = write_weights(here, built.plan.mesh, built, names, shape_only)
         if not shape_only:
-            write_steps(here, built.partitioned, built.graph, {d["index"]: d["file"] for d in files})
+            write_steps(
+                here, built.partitioned, built.graph, {d["index"]: d["file"] for d in files}
+            )
         write_atomic(here / SPMD, print_spmd(built.partitioned, dialect).encode())
         for local, (index, entry) in enumerate(zip(stage.devices, files, strict=True)):
             devices[index] = {
@@ -96,8 +97,12 @@ def _pipeline_json(staged: PipelinedPartition, shape_only: bool) -> dict[str, An
         "schedule": staged.schedule,
         "micro_batches": staged.micro_batches,
         "inputs": [
-            {"name": n, "dtype": values[n].dtype, "shape": list(values[n].shape),
-             "high": id_bound(forward, n)}
+            {
+                "name": n,
+                "dtype": values[n].dtype,
+                "shape": list(values[n].shape),
+                "high": id_bound(forward, n),
+            }
             for n in forward.inputs
         ],  # fmt: skip
         "outputs": [
@@ -147,10 +152,11 @@ def p2p_text(staged: PipelinedPartition, dialect: str = Dialect.MESH) -> str:
     grid = "mesh.mesh" if dialect == Dialect.MESH else "shard.grid"
     axes = "mesh_axes" if dialect == Dialect.MESH else "grid_axes"
     shape = "x".join(map(str, mesh.shape))
-    names = f" {{axis_names = [{', '.join(f'{n!r}' for n in mesh.axis_names)}]}}".replace(
-        "'", '"'
-    )
-    lines = ["module {", f"  {grid} @{mesh.name}(shape = {shape}){names if mesh.axis_names else ''}"]
+    names = f" {{axis_names = [{', '.join(f'{n!r}' for n in mesh.axis_names)}]}}".replace("'", '"')
+    lines = [
+        "module {",
+        f"  {grid} @{mesh.name}(shape = {shape}){names if mesh.axis_names else ''}",
+    ]
     stage_mesh = staged.stages[0].built.plan.mesh
     for stage in staged.stages:
         s, cut = stage.cut.index, stage.cut

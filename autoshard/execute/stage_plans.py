@@ -89,9 +89,7 @@ def pipelined_partition(
     whole = Mesh.parse(str(block["mesh"]))
     axis = int(block["axis"])
     names = _cut_names(forward, run, ranges)
-    boundary = {
-        v: returned(stage_plan.values[names.get(v, v)]) for cut in cuts for v in cut.sends
-    }
+    boundary = {v: returned(stage_plan.values[names.get(v, v)]) for cut in cuts for v in cut.sends}
     stages = tuple(
         StagePartition(
             cut=cut,

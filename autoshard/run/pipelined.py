@@ -81,10 +81,15 @@ def _feeds(
     if inputs is None:
         return [random_inputs(specs, seed + m) for m in range(count)]
     return [
-        check_inputs(specs, {
-            n: a[m] if a.ndim and a.shape[0] == count and a.shape[1:] == s.shape else a
-            for n, a in inputs.items() for s in specs if s.name == n
-        })  # fmt: skip
+        check_inputs(
+            specs,
+            {
+                n: a[m] if a.ndim and a.shape[0] == count and a.shape[1:] == s.shape else a
+                for n, a in inputs.items()
+                for s in specs
+                if s.name == n
+            },
+        )  # fmt: skip
         for m in range(count)
     ]
 
@@ -124,8 +129,13 @@ class _Stages:
         world = len(self.steps["devices"])
         try:
             store = rendezvous.store(world, rendezvous.host_store)
-            dist.init_process_group(self.backend, store=store, rank=rank, world_size=world,
-                                    timeout=datetime.timedelta(seconds=rendezvous.timeout_s))
+            dist.init_process_group(
+                self.backend,
+                store=store,
+                rank=rank,
+                world_size=world,
+                timeout=datetime.timedelta(seconds=rendezvous.timeout_s),
+            )
             collectives = Executor(self.steps, rank, self.backend)  # every stage's groups
         except Exception as error:  # torch's own errors
             raise StepFailure(rank, -1, "joining the process group", str(error)) from None
@@ -228,8 +238,8 @@ def _report(
         for output in pipeline["outputs"]:
             name = output["name"]
             expected = np.stack([np.asarray(r[name]) for r in references])
-            checks[name] = compare(values[name], expected,
-                                   tolerance_for(output["dtype"], rtol), replicas[name])
+            checks[name] = compare(
+                values[name], expected, tolerance_for(output["dtype"], rtol), replicas[name]
+            )
     ranks = tuple({"rank": r, **timing} for r, (_, timing) in enumerate(gathered))
     return RunReport(len(gathered), backend, values, checks, ranks, wall)  # fmt: skip
-

@@ -16,8 +16,8 @@ from autoshard.analysis.stage_cut import StageCutError, cut_stages
 from autoshard.cli.main import main
 from autoshard.ir.graph import verify
 from autoshard.pipeline import load_graphs
-
 from tests.unit.onnx_factory import F32, model, rng_weight, save, tensor
+
 from .helpers import model_path
 
 pytest.importorskip("torch")
@@ -45,8 +45,16 @@ def mlp(directory: Path) -> Path:
 
 # A slow device (0.1 GFLOP/s) beside fast links: splitting the stage's work pays, so the
 # search splits each stage over its 2 devices as it would a large model on a GPU.
-SLOW = {"device": {"name": "slow", "flops": {"float32": 1e8}, "default_flops": 1e8,
-                   "memory": 10**10, "link_bandwidth": 1e11, "hbm_bandwidth": 1e10}}
+SLOW = {
+    "device": {
+        "name": "slow",
+        "flops": {"float32": 1e8},
+        "default_flops": 1e8,
+        "memory": 10**10,
+        "link_bandwidth": 1e11,
+        "hbm_bandwidth": 1e10,
+    }
+}
 
 
 def _plan(tmp_path: Path, onnx: Path, mesh: str, dims: list[str], *flags: str) -> Path:
