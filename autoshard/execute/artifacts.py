@@ -88,7 +88,7 @@ def write_partition(
         tracker.stage(PipelineStage.WRITE, f"{len(partitioned.devices)} devices' files in {folder}")
     names = sorted(graph.weights)
     devices = write_weights(folder, setup.mesh, built, names, shape_only)
-    _remove_stale(folder / WEIGHTS, {d["file"] for d in devices})
+    remove_stale(folder / WEIGHTS, {d["file"] for d in devices})
     write_atomic(folder / SPMD, print_spmd(partitioned, dialect).encode())
     # Runnable steps of a model with weights: a training step's segments hold its gradient,
     # sync and update ops (domain autoshard.train), run as torch ops (`execute.train_ops`).
@@ -163,7 +163,7 @@ def write_weights(
     return devices
 
 
-def _remove_stale(folder: Path, keep: set[str | None]) -> None:
+def remove_stale(folder: Path, keep: set[str | None]) -> None:
     """Weight files of an earlier run on a larger mesh would look like this run's."""
     for path in folder.glob("device-*.safetensors") if folder.is_dir() else ():
         if f"{WEIGHTS}/{path.name}" not in keep:

@@ -27,7 +27,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autoshard.execute.artifacts import FORMAT, MANIFEST, SPMD, PartitionFolderError, write_weights
+from autoshard.execute.artifacts import (
+    FORMAT,
+    MANIFEST,
+    SPMD,
+    PartitionFolderError,
+    remove_stale,
+    write_weights,
+)
 from autoshard.execute.stage_plans import PipelinedPartition, StagePartition
 from autoshard.execute.steps import STEPS, write_steps
 from autoshard.execute.verify import id_bound
@@ -61,6 +68,7 @@ def write_pipelined(
         built = stage.built
         names = sorted(built.graph.weights)
         files = write_weights(here, built.plan.mesh, built, names, shape_only)
+        remove_stale(here / "weights", {d["file"] for d in files})
         if not shape_only:
             write_steps(
                 here, built.partitioned, built.graph, {d["index"]: d["file"] for d in files}

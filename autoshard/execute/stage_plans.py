@@ -94,7 +94,7 @@ def pipelined_partition(
         StagePartition(
             cut=cut,
             built=build(cut.graph, _stage_plan(cut, stage_plan, names, boundary, path)),
-            devices=_devices(whole, axis, len(cuts), cut.index, document.mesh),
+            devices=stage_devices(whole, axis, len(cuts), cut.index, document.mesh),
         )
         for cut in cuts
     )
@@ -144,7 +144,7 @@ def _stage_plan(
     return plan_from_options(graph, stage_plan.mesh, options, held, returns)
 
 
-def _devices(whole: Mesh, axis: int, stages: int, stage: int, mesh: Mesh) -> tuple[int, ...]:
+def stage_devices(whole: Mesh, axis: int, stages: int, stage: int, mesh: Mesh) -> tuple[int, ...]:
     """The whole mesh's linear index of each device of stage `stage` of `stages` on `axis`,
     in the stage mesh `mesh`'s order: the stage mesh is the whole one without the axis, or
     with `size / stages` of it where the stages split it."""

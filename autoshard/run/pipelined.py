@@ -192,6 +192,10 @@ def run_pipelined(
     pipeline = manifest["pipeline"]
     if manifest["shape_only"]:
         raise RunSetupError(f"'{out}' is the partition of a shape-only model: nothing to run")
+    if backend != "gloo":
+        raise RunSetupError(
+            f"a pipelined forward runs on gloo (its sends move CPU tensors); got {backend!r}"
+        )
     if torch_rank() is not None:
         raise RunSetupError(
             f"'{out}' is a pipelined partition: run it without torchrun (autoshard run starts "

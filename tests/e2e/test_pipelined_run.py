@@ -182,3 +182,31 @@ def test_given_inputs_run_per_micro_batch(tmp_path, capsys):
     report = run_pipelined(out, inputs={"x": x}, check=onnx)
     assert report.ok and report.outputs["y"].shape == (2, 4, 4)
     assert not np.allclose(report.outputs["y"][0], report.outputs["y"][1])
+
+
+def test_partitioning_twice_gives_the_same_bytes(tmp_path, capsys):
+    onnx = mlp(tmp_path)
+    plan = _plan(tmp_path, onnx, "pp=2,tp=2", ["batch=4"])
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for out in folders:
+        assert main(["partition", str(onnx), "--plan", str(plan), "-o", str(out)]) == 0
+    files = [sorted(p.relative_to(f) for p in f.rglob("*") if p.is_file()) for f in folders]
+    assert files[0] == files[1] and len(files[0]) > 10
+    for name in files[0]:
+        assert (folders[0] / name).read_bytes() == (folders[1] / name).read_bytes(), name
+
+
+@pytest.mark.parametrize(
+    ("whole", "axis", "stages", "stage", "mesh", "devices"),
+    [
+        ("pp=2,tp=2", 0, 2, 1, "tp=2", (2, 3)),
+        ("pp=4,dp=2", 0, 2, 1, "pp=2,dp=2", (4, 5, 6, 7)),  # 2 stages split the axis of 4
+        ("pp=4,dp=2", 0, 4, 2, "dp=2", (4, 5)),
+        ("dp=2,pp=4", 1, 4, 1, "dp=2", (1, 5)),  # the pipeline axis inner
+    ],
+)
+def test_a_stages_devices_on_the_whole_mesh(whole, axis, stages, stage, mesh, devices):
+    from autoshard.execute.stage_plans import stage_devices
+    from autoshard.mesh import Mesh
+
+    assert stage_devices(Mesh.parse(whole), axis, stages, stage, Mesh.parse(mesh)) == devices
