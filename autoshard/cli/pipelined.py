@@ -54,7 +54,7 @@ def partition_pipelined(args: argparse.Namespace, annotations: tuple[Any, ...]) 
         print(
             f"  stage {cut.index}: layers {cut.layers.start}..{cut.layers.stop - 1}, devices "
             f"{list(stage.devices)}, {len(list(program.communications))} collectives, receives "
-            f"{len(cut.receives)} and sends {len(cut.sends)} values ({args.out}/stage-"
+            f"{len(cut.receives)}, sends {len(cut.sends)} boundary values ({args.out}/stage-"
             f"{cut.index}/)"
         )
     print(f"sends and receives: {args.out}/{manifest['spmd']['file']} ({args.dialect} dialect)")
