@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from autoshard.analysis.repeats import Run
 from autoshard.errors import AutoshardError
 from autoshard.ir.fused import Fused
-from autoshard.ir.graph import Graph
+from autoshard.ir.graph import Graph, Op
 
 
 class StageCutError(AutoshardError):
@@ -105,8 +105,9 @@ def cut_stages(graph: Graph, run: Run, ranges: Sequence[range]) -> tuple[StageCu
 
 
 def _stage_graph(
-    graph: Graph, ops: list, receives: list[str], sends: list[str], produced: dict, stage: int
-) -> Graph:
+    graph: Graph, ops: list[Op], receives: list[str], sends: list[str],
+    produced: dict[str, int], stage: int,
+) -> Graph:  # fmt: skip
     """Stage `stage`'s ops as a graph of their own."""
     read = {name for op in ops for name in op.inputs if name}
     inputs = [n for n in graph.inputs if n in read] + [n for n in receives if n in read]

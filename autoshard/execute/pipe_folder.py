@@ -40,7 +40,7 @@ from autoshard.execute.steps import STEPS, write_steps
 from autoshard.execute.verify import id_bound
 from autoshard.files import json_text, sha256_file, write_atomic
 from autoshard.mlir import Dialect
-from autoshard.mlir.syntax import TensorType
+from autoshard.mlir.syntax import TensorType, attr_text, quote
 from autoshard.pipeline import print_spmd
 
 PIPELINE_MLIR = "pipeline.mlir"
@@ -160,11 +160,8 @@ def p2p_text(staged: PipelinedPartition, dialect: str = Dialect.MESH) -> str:
     grid = "mesh.mesh" if dialect == Dialect.MESH else "shard.grid"
     axes = "mesh_axes" if dialect == Dialect.MESH else "grid_axes"
     shape = "x".join(map(str, mesh.shape))
-    names = f" {{axis_names = [{', '.join(f'{n!r}' for n in mesh.axis_names)}]}}".replace("'", '"')
-    lines = [
-        "module {",
-        f"  {grid} @{mesh.name}(shape = {shape}){names if mesh.axis_names else ''}",
-    ]
+    names = f" {{axis_names = {attr_text(mesh.axis_names)}}}" if mesh.axis_names else ""
+    lines = ["module {", f"  {grid} @{mesh.name}(shape = {shape}){names}"]
     stage_mesh = staged.stages[0].built.plan.mesh
     for stage in staged.stages:
         s, cut = stage.cut.index, stage.cut
@@ -182,14 +179,14 @@ def p2p_text(staged: PipelinedPartition, dialect: str = Dialect.MESH) -> str:
             body.append(f"%r{k} = tensor.empty() : {t}")
             body.append(
                 f"%recv{k} = {dialect}.recv %r{k} on @{mesh.name} {axes} = [{axis}] "
-                f"source = [{s - 1}] : ({t}) -> {t} loc({_quote(name)})"
+                f"source = [{s - 1}] : ({t}) -> {t} loc({quote(name)})"
             )
             returned.append(f"%recv{k}")
         for k, name in enumerate(cut.sends):
             t = types[name]
             body.append(
                 f"%send{k} = {dialect}.send %arg{k} on @{mesh.name} {axes} = [{axis}] "
-                f"destination = [{s + 1}] : ({t}) -> {t} loc({_quote(name)})"
+                f"destination = [{s + 1}] : ({t}) -> {t} loc({quote(name)})"
             )
         body.append(f"return {', '.join(returned)} : {results}" if returned else "return")
         lines += [f"    {line}" for line in body] + ["  }"]
@@ -204,7 +201,3 @@ def _local_type(staged: PipelinedPartition, mesh: Any, name: str) -> TensorType:
         dims[0] if len(set(dims)) == 1 else None for dims in zip(*shapes, strict=True)
     ) if shapes else tuple(value.shape)  # fmt: skip
     return TensorType(dims, value.dtype)
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace("\\", "\\5C").replace('"', "\\22") + '"'

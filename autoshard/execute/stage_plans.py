@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from autoshard.analysis.repeats import Run
 from autoshard.analysis.shorten import layer_run, shortened
 from autoshard.analysis.stage_cut import StageCut, cut_stages
 from autoshard.document.plan_document import PlanDocument, decisions_for, plan_from_document
@@ -76,7 +76,9 @@ def pipelined_partition(
     ranges = [range(*s["layers"]) for s in block["stages"]]
     if run is None:
         raise StageMapError(f"plan {path} is pipelined but model {model} has no repeated layers")
-    depth = int(block["stage_model_layers"])
+    depth = int(block.get("stage_model_layers") or 0)
+    if depth < 1:
+        raise StageMapError(f"plan {path}'s pipeline block names no stage_model_layers; plan again")
     deepest = max(len(r) for r in ranges)
     if deepest > depth:
         raise StageMapError(
@@ -102,7 +104,7 @@ def pipelined_partition(
                               int(block["micro_batches"]), stages, boundary)  # fmt: skip
 
 
-def _cut_names(graph: Graph, run: Any, ranges: Sequence[range]) -> dict[str, str]:
+def _cut_names(graph: Graph, run: Run, ranges: Sequence[range]) -> dict[str, str]:
     """Each op's and value's name in the stage's model, where it differs: the `k`-th layer of
     a stage is the stage's model's layer `k` (its ops, their results, the weights they read);
     what is outside the layers keeps its name."""
