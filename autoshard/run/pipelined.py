@@ -149,7 +149,7 @@ class _Stages:
 
     def _run(self, rank: int, collectives: Any, progress: MutableSequence[int]) -> Any:
         from autoshard.run.p2p import Boundary
-        from autoshard.run.rank import execute
+        from autoshard.run.rank import execute, load_device
 
         s, local = self.stage_of(rank)
         stages = self.pipeline["stages"]
@@ -161,13 +161,14 @@ class _Stages:
         before = stages[s - 1]["devices"][local] if s else None
         after = stages[s + 1]["devices"][local] if s + 1 < len(stages) else None
         folder = self.folder / stages[s]["folder"]
+        loaded = load_device(folder, manifest, rank, self.sha256[rank])  # once, for every batch
         results, compute = [], 0.0
         world = len(self.steps["devices"])
         for m, feed in enumerate(self.feeds):
             progress[world + rank] = m
             received = boundary.receive(stages[s]["receives"], before, m)
             found, timing = execute(folder, manifest, rank, feed, collectives, progress,
-                                    self.sha256[rank], local=received)  # fmt: skip
+                                    self.sha256[rank], received, loaded)  # fmt: skip
             compute += timing.compute_s
             values = {n: found[tensor[n]] for n in tensor} | received
             boundary.send({n: values[n] for n in stages[s]["sends"]}, after, m)

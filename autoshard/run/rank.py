@@ -103,6 +103,33 @@ def read_weights(folder: Path, manifest: Mapping[str, Any], rank: int, sha256: s
     return arrays
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """A device's weights (from its own file) and a session per segment it runs."""
+
+    weights: Mapping[str, np.ndarray]
+    sessions: Mapping[str, Any]
+
+
+def load_device(
+    folder: Path, manifest: Mapping[str, Any], rank: int, sha256: str | None = None
+) -> Loaded:
+    """Device `rank`'s weights and sessions (a failure names the rank, at loading)."""
+    steps = manifest["devices"][rank]["steps"]
+    try:
+        weights = read_weights(folder, manifest, rank, sha256)
+        sessions = {
+            s["run"]: ort.InferenceSession(
+                os.fspath(folder / s["run"]), session_options(), providers=_providers()
+            )
+            for s in steps
+            if "run" in s
+        }
+    except Exception as error:  # a missing or bad file, onnxruntime's own errors
+        raise StepFailure(rank, -1, "loading", _first_line(error)) from None
+    return Loaded(weights, sessions)
+
+
 def execute(
     folder: Path,
     manifest: Mapping[str, Any],
@@ -112,10 +139,12 @@ def execute(
     progress: MutableSequence[int] | None = None,
     sha256: str | None = None,
     local: Mapping[str, np.ndarray] | None = None,
+    loaded: Loaded | None = None,
 ) -> tuple[dict[str, np.ndarray], Timing]:
     """Run device `rank`'s steps; its outputs (local arrays, by program tensor name).
     `local`: inputs given as this device's shard already (a pipeline stage's received
-    values), not sliced from `feed`."""
+    values), not sliced from `feed`; `loaded`: its weights and sessions, loaded once for
+    several runs (a pipeline's micro-batches)."""
     device = manifest["devices"][rank]
     steps = device["steps"]
     at = -1
@@ -124,21 +153,16 @@ def execute(
         what = describe(steps[at], manifest) if at >= 0 else "loading"
         return StepFailure(rank, at, what, cause)
 
+    loaded = loaded or load_device(folder, manifest, rank, sha256)
+    sessions = loaded.sessions
+    env: dict[str, np.ndarray] = dict(loaded.weights)
     try:
-        env: dict[str, np.ndarray] = dict(read_weights(folder, manifest, rank, sha256))
         for name, region in device["inputs"].items():
             if local is not None and name in local:
                 env[name] = local[name]
                 continue
             env[name] = np.ascontiguousarray(feed[name][tuple(slice(a, b) for a, b in region)])
-        sessions = {
-            s["run"]: ort.InferenceSession(
-                os.fspath(folder / s["run"]), session_options(), providers=_providers()
-            )
-            for s in steps
-            if "run" in s
-        }
-    except Exception as error:  # a missing or bad file, onnxruntime's own errors
+    except Exception as error:  # an input of another shape than the partition's
         raise fail(_first_line(error)) from None
     timing = Timing()
     for at, step in enumerate(steps):
