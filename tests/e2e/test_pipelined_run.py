@@ -170,18 +170,25 @@ def test_a_plan_whose_stages_cannot_be_mapped_is_refused_in_one_line(tmp_path, c
     assert "is a pipeline on mesh pp=2,tp=2, not 2x2: leave out --mesh" in capsys.readouterr().err
 
 
-def test_given_inputs_run_per_micro_batch(tmp_path, capsys):
+def test_given_inputs_run_per_micro_batch_and_a_bad_file_stops_every_rank(tmp_path, capsys):
     onnx = mlp(tmp_path)
     plan = _plan(tmp_path, onnx, "pp=2,tp=2", ["batch=4"])
     out = tmp_path / "out"
     assert main(["partition", str(onnx), "--plan", str(plan), "-o", str(out)]) == 0
-    x = np.arange(2 * 4 * 8, dtype=np.float32).reshape(2, 4, 8) / 64
-    np.savez(tmp_path / "in.npz", x=x)
     from autoshard.run.pipelined import run_pipelined
 
+    x = np.arange(2 * 4 * 8, dtype=np.float32).reshape(2, 4, 8) / 64
     report = run_pipelined(out, inputs={"x": x}, check=onnx)
     assert report.ok and report.outputs["y"].shape == (2, 4, 4)
     assert not np.allclose(report.outputs["y"][0], report.outputs["y"][1])
+    # Device 2 of the whole mesh is stage 1's first device: its weight file, changed.
+    weights = out / "stage-1" / "weights" / "device-0.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
+    capsys.readouterr()
+    assert main(["run", str(out), "--check", str(onnx)]) == 2
+    err = capsys.readouterr().err
+    assert "rank 2 failed at loading: weight file" in err
+    assert "does not match the manifest's sha256 (all 4 ranks stopped)" in err
 
 
 def test_partitioning_twice_gives_the_same_bytes(tmp_path, capsys):
