@@ -114,6 +114,14 @@ def test_a_4_layer_mlp_pipelined_over_2_stages_of_2_way_tensor_parallelism(tmp_p
         mlir
     )
     assert "mesh.recv %r0 on @mesh0 mesh_axes = [0] source = [0] : (tensor<4x32xf32>)" in mlir
+    # autoshard's MLIR reader takes them back: a send to position 1, a receive from 0.
+    from autoshard.mlir.parse import parse_module
+
+    p2p = [op for op in parse_module(mlir).ops if op.name in ("mesh.send", "mesh.recv")]
+    assert [(op.name, dict(op.attrs), op.loc) for op in p2p] == [
+        ("mesh.send", {"mesh": "mesh0", "mesh_axes": (0,), "destination": (1,)}, ("h2",)),
+        ("mesh.recv", {"mesh": "mesh0", "mesh_axes": (0,), "source": (0,)}, ("h2",)),
+    ]
 
 
 def test_a_gpt2_export_pipelined_over_2_stages_of_2_way_tensor_parallelism(tmp_path, capsys):
