@@ -62,7 +62,9 @@ def write_pipelined(
     for stage in staged.stages:
         here = folder / stage_folder(stage.cut.index)
         try:
-            (here / "weights").mkdir(parents=True, exist_ok=True)
+            here.mkdir(parents=True, exist_ok=True)
+            if not shape_only:
+                (here / "weights").mkdir(exist_ok=True)
         except OSError as error:
             raise PartitionFolderError(f"cannot create '{here}': {error.strerror}") from None
         built = stage.built

@@ -225,3 +225,25 @@ def test_a_stages_devices_on_the_whole_mesh(whole, axis, stages, stage, mesh, de
     from autoshard.mesh import Mesh
 
     assert stage_devices(Mesh.parse(whole), axis, stages, stage, Mesh.parse(mesh)) == devices
+
+
+def test_a_shape_only_decoder_is_partitioned_not_run(tmp_path, capsys):
+    import sys
+
+    import onnx as onnx_lib
+
+    sys.path.insert(0, str(model_path("gpt2").parent))
+    from make_models import build_decoder_shape_only
+
+    built = build_decoder_shape_only(4, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=100)
+    decoder = tmp_path / "decoder.onnx"
+    onnx_lib.save(built.proto, decoder)
+    plan = _plan(tmp_path, decoder, "pp=2,tp=2", ["batch=2", "seq=8"], "--schedule", "gpipe")
+    out = tmp_path / "out"
+    assert main(["partition", str(decoder), "--plan", str(plan), "-o", str(out)]) == 0
+    for stage in (0, 1):
+        assert (out / f"stage-{stage}" / "spmd.mlir").read_text().startswith("module {")
+        assert not (out / f"stage-{stage}" / "weights").exists()
+    capsys.readouterr()
+    assert main(["run", str(out)]) == 2
+    assert "is the partition of a shape-only model: nothing to run" in capsys.readouterr().err
