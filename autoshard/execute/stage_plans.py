@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autoshard.analysis.repeats import Run
 from autoshard.analysis.shorten import layer_run, shortened
@@ -36,6 +37,9 @@ from autoshard.sharding import Sharding
 
 class StageMapError(AutoshardError):
     """A pipelined plan whose stages cannot be mapped onto the model's layers."""
+
+
+_MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,13 @@ def pipelined_partition(
     whole = Mesh.parse(str(block["mesh"]))
     axis = int(block["axis"])
     names = _cut_names(forward, run, ranges)
-    boundary = {v: returned(stage_plan.values[names.get(v, v)]) for cut in cuts for v in cut.sends}
+    sent = [v for cut in cuts for v in cut.sends]
+    if missing := [v for v in sent if names.get(v, v) not in stage_plan.values]:
+        raise StageMapError(
+            f"plan {path} cannot be mapped onto the stages: the boundary value {missing[0]!r} "
+            "has no counterpart in the stage's model it decides"
+        )
+    boundary = {v: returned(stage_plan.values[names.get(v, v)]) for v in sent}
     stages = tuple(
         StagePartition(
             cut=cut,
@@ -129,18 +139,20 @@ def _stage_plan(
     """The stage's plan: every op's option and every weight's holding its counterpart's in
     the stage's model; what it receives held, and what it sends returned, as `boundary`."""
     graph = cut.graph
-    options = {}
-    for op in graph.ops:
-        twin = names.get(op.name, op.name)
-        if twin not in stage_plan.options:
+
+    def twin(name: str, table: Mapping[str, Any], what: str) -> Any:
+        found = table.get(names.get(name, name), _MISSING)
+        if found is _MISSING:
             raise StageMapError(
                 f"plan {path} cannot be mapped onto stage {cut.index} (layers "
-                f"{cut.layers.start}..{cut.layers.stop - 1}): op {op.name!r} has no "
+                f"{cut.layers.start}..{cut.layers.stop - 1}): {what} {name!r} has no "
                 "counterpart in the stage's model it decides"
             )
-        options[op.name] = stage_plan.options[twin]
-    held = {n: stage_plan.values[names.get(n, n)] for n in graph.inputs if n not in boundary}
-    held |= {n: stage_plan.values[names.get(n, n)] for n in graph.weights}
+        return found
+
+    options = {op.name: twin(op.name, stage_plan.options, "op") for op in graph.ops}
+    held = {n: twin(n, stage_plan.values, "value") for n in graph.inputs if n not in boundary}
+    held |= {n: twin(n, stage_plan.values, "weight") for n in graph.weights}
     held |= {n: boundary[n] for n in graph.inputs if n in boundary}
     returns = {n: boundary[n] for n in graph.outputs if n in boundary}
     return plan_from_options(graph, stage_plan.mesh, options, held, returns)

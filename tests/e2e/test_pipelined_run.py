@@ -176,6 +176,12 @@ def test_a_plan_whose_stages_cannot_be_mapped_is_refused_in_one_line(tmp_path, c
     assert main(["partition", str(onnx), "--plan", str(plan), "--mesh", "2x2", "-o",
                  str(tmp_path / "o")]) == 2  # fmt: skip
     assert "is a pipeline on mesh pp=2,tp=2, not 2x2: leave out --mesh" in capsys.readouterr().err
+    data = json.loads(plan.read_text())
+    del data["ops"]["l1.mm"]
+    bad.write_text(json.dumps(data))
+    assert main(["partition", str(onnx), "--plan", str(bad), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has no op 'l1.mm': is it for this model?" in err and "\n" not in err
 
 
 def test_given_inputs_run_per_micro_batch_and_a_bad_file_stops_every_rank(tmp_path, capsys):
