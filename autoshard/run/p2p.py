@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from autoshard.ir import dtypes
+from autoshard.run.rank import StepFailure, first_line
 
 
 class Boundary:
@@ -42,7 +43,11 @@ class Boundary:
             dtype = dtypes.numpy_dtype(entry["dtype"])
             shape = entry["local_shapes"][self.local]
             data = torch.empty(int(np.prod(shape)) * dtype.itemsize, dtype=torch.uint8)
-            dist.recv(data, source, tag=self._tag(name, micro_batch))
+            try:
+                dist.recv(data, source, tag=self._tag(name, micro_batch))
+            except Exception as error:  # torch's own errors: a peer gone, a timeout
+                what = f"receiving {name!r} of micro-batch {micro_batch} from rank {source}"
+                raise StepFailure(self.rank, -1, what, first_line(error)) from None
             found[name] = data.numpy().view(dtype).reshape(shape)
         return found
 
@@ -56,5 +61,8 @@ class Boundary:
     def wait(self) -> None:
         """Every send taken."""
         for work, _ in self.pending:
-            work.wait()
+            try:
+                work.wait()
+            except Exception as error:  # torch's own errors: a peer gone, a timeout
+                raise StepFailure(self.rank, -1, "sending", first_line(error)) from None
         self.pending.clear()

@@ -126,7 +126,7 @@ def load_device(
             if "run" in s
         }
     except Exception as error:  # a missing or bad file, onnxruntime's own errors
-        raise StepFailure(rank, -1, "loading", _first_line(error)) from None
+        raise StepFailure(rank, -1, "loading", first_line(error)) from None
     return Loaded(weights, sessions)
 
 
@@ -163,7 +163,7 @@ def execute(
                 continue
             env[name] = np.ascontiguousarray(feed[name][tuple(slice(a, b) for a, b in region)])
     except Exception as error:  # an input of another shape than the partition's
-        raise fail(_first_line(error)) from None
+        raise fail(first_line(error)) from None
     timing = Timing()
     for at, step in enumerate(steps):
         if progress is not None:
@@ -189,7 +189,7 @@ def execute(
         except StepFailure:
             raise
         except Exception as error:  # onnxruntime's and torch's errors are untyped
-            raise fail(_first_line(error)) from None
+            raise fail(first_line(error)) from None
         stats = timing.collectives.setdefault(entry["kind"], [0, 0.0, 0])
         stats[0] += 1
         stats[1] += time.perf_counter() - started
@@ -198,7 +198,7 @@ def execute(
     return outputs, timing
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
 
@@ -262,7 +262,7 @@ def run_rank(
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
         collectives = Executor(manifest, rank, backend)
     except Exception as error:  # torch's own errors
-        raise StepFailure(rank, -1, "joining the process group", _first_line(error)) from None
+        raise StepFailure(rank, -1, "joining the process group", first_line(error)) from None
     failed = threading.Event()
     if rendezvous.watch:
         watcher = threading.Thread(target=_watch, args=(rendezvous, rank, world, failed))
@@ -274,7 +274,7 @@ def run_rank(
         try:
             dist.gather_object((outputs, timing.to_json()), gathered, dst=0)
         except Exception as error:  # torch's own errors
-            raise StepFailure(rank, -1, "gathering outputs to rank 0", _first_line(error)) from None
+            raise StepFailure(rank, -1, "gathering outputs to rank 0", first_line(error)) from None
         return gathered
     except StepFailure as failure:
         if rendezvous.watch:
