@@ -19,6 +19,7 @@ from autoshard.cli.flags import (
     PROGRESS_DELAY_S,
     dims_of,
 )
+from autoshard.cli.pipelined import is_pipelined, partition_pipelined, run_pipelined_forward
 from autoshard.cli.summaries import (
     breakdown_summary,
     cost_summary,
@@ -306,6 +307,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
     annotations = tuple(_annotations(args))
     plan, training, dims = None, _training(args), dims_of(args.dim)
+    if args.plan and is_pipelined(args.plan):
+        return partition_pipelined(args, annotations)
     if not args.plan:
         if args.mesh is None:
             raise AutoshardError("partition needs --mesh (or --plan, whose mesh it takes)")
@@ -373,6 +376,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from autoshard.execute.artifacts import load_inputs, read_manifest, setup_of, verify_folder
 
     inputs = load_inputs(args.inputs) if args.inputs else None
+    if "pipeline" in read_manifest(args.out):
+        return run_pipelined_forward(args, args.model, inputs, "verify")
     if "training" in read_manifest(args.out):
         return _verify_training(args, inputs)
     if args.distributed:
@@ -445,6 +450,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from autoshard.run import run_partition
 
     inputs = load_inputs(args.inputs) if args.inputs else None
+    if "pipeline" in read_manifest(args.out):
+        return run_pipelined_forward(args, args.check, inputs, "run")
     if "training" in read_manifest(args.out):
         return _run_training(args, args.check, inputs, "run")
     report = run_partition(args.out, args.backend, inputs, args.check, args.timeout)

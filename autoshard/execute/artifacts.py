@@ -87,8 +87,8 @@ def write_partition(
     if tracker is not None:
         tracker.stage(PipelineStage.WRITE, f"{len(partitioned.devices)} devices' files in {folder}")
     names = sorted(graph.weights)
-    devices = _write_weights(folder, setup, built, names, shape_only)
-    _remove_stale(folder / WEIGHTS, {d["file"] for d in devices})
+    devices = write_weights(folder, setup.mesh, built, names, shape_only)
+    remove_stale(folder / WEIGHTS, {d["file"] for d in devices})
     write_atomic(folder / SPMD, print_spmd(partitioned, dialect).encode())
     # Runnable steps of a model with weights: a training step's segments hold its gradient,
     # sync and update ops (domain autoshard.train), run as torch ops (`execute.train_ops`).
@@ -127,8 +127,8 @@ def write_partition(
     return manifest
 
 
-def _write_weights(
-    folder: Path, setup: Setup, built: Built, names: list[str], shape_only: bool
+def write_weights(
+    folder: Path, mesh: Mesh, built: Built, names: list[str], shape_only: bool
 ) -> list[dict[str, Any]]:
     """Each device's weight shards in one safetensors file (none for a shape-only model), and
     the manifest's entry per device: its slices of every weight and its file's hash."""
@@ -150,7 +150,7 @@ def _write_weights(
             entry["file"] = f"{WEIGHTS}/device-{device.index}.safetensors"
             metadata = {
                 "format": FORMAT,
-                "mesh": str(setup.mesh),
+                "mesh": str(mesh),
                 "device": str(device.index),
                 "coordinates": ",".join(map(str, device.device)),
             }
@@ -163,7 +163,7 @@ def _write_weights(
     return devices
 
 
-def _remove_stale(folder: Path, keep: set[str | None]) -> None:
+def remove_stale(folder: Path, keep: set[str | None]) -> None:
     """Weight files of an earlier run on a larger mesh would look like this run's."""
     for path in folder.glob("device-*.safetensors") if folder.is_dir() else ():
         if f"{WEIGHTS}/{path.name}" not in keep:

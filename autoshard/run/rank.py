@@ -103,28 +103,21 @@ def read_weights(folder: Path, manifest: Mapping[str, Any], rank: int, sha256: s
     return arrays
 
 
-def execute(
-    folder: Path,
-    manifest: Mapping[str, Any],
-    rank: int,
-    feed: Mapping[str, np.ndarray],
-    collectives: Executor,
-    progress: MutableSequence[int] | None = None,
-    sha256: str | None = None,
-) -> tuple[dict[str, np.ndarray], Timing]:
-    """Run device `rank`'s steps; its outputs (local arrays, by program tensor name)."""
-    device = manifest["devices"][rank]
-    steps = device["steps"]
-    at = -1
+@dataclass(frozen=True)
+class Loaded:
+    """A device's weights (from its own file) and a session per segment it runs."""
 
-    def fail(cause: str) -> StepFailure:
-        what = describe(steps[at], manifest) if at >= 0 else "loading"
-        return StepFailure(rank, at, what, cause)
+    weights: Mapping[str, np.ndarray]
+    sessions: Mapping[str, Any]
 
+
+def load_device(
+    folder: Path, manifest: Mapping[str, Any], rank: int, sha256: str | None = None
+) -> Loaded:
+    """Device `rank`'s weights and sessions (a failure names the rank, at loading)."""
+    steps = manifest["devices"][rank]["steps"]
     try:
-        env: dict[str, np.ndarray] = dict(read_weights(folder, manifest, rank, sha256))
-        for name, region in device["inputs"].items():
-            env[name] = np.ascontiguousarray(feed[name][tuple(slice(a, b) for a, b in region)])
+        weights = read_weights(folder, manifest, rank, sha256)
         sessions = {
             s["run"]: ort.InferenceSession(
                 os.fspath(folder / s["run"]), session_options(), providers=_providers()
@@ -133,7 +126,44 @@ def execute(
             if "run" in s
         }
     except Exception as error:  # a missing or bad file, onnxruntime's own errors
-        raise fail(_first_line(error)) from None
+        raise StepFailure(rank, -1, "loading", first_line(error)) from None
+    return Loaded(weights, sessions)
+
+
+def execute(
+    folder: Path,
+    manifest: Mapping[str, Any],
+    rank: int,
+    feed: Mapping[str, np.ndarray],
+    collectives: Executor,
+    progress: MutableSequence[int] | None = None,
+    sha256: str | None = None,
+    local: Mapping[str, np.ndarray] | None = None,
+    loaded: Loaded | None = None,
+) -> tuple[dict[str, np.ndarray], Timing]:
+    """Run device `rank`'s steps; its outputs (local arrays, by program tensor name).
+    `local`: inputs given as this device's shard already (a pipeline stage's received
+    values), not sliced from `feed`; `loaded`: its weights and sessions, loaded once for
+    several runs (a pipeline's micro-batches)."""
+    device = manifest["devices"][rank]
+    steps = device["steps"]
+    at = -1
+
+    def fail(cause: str) -> StepFailure:
+        what = describe(steps[at], manifest) if at >= 0 else "loading"
+        return StepFailure(rank, at, what, cause)
+
+    loaded = loaded or load_device(folder, manifest, rank, sha256)
+    sessions = loaded.sessions
+    env: dict[str, np.ndarray] = dict(loaded.weights)
+    try:
+        for name, region in device["inputs"].items():
+            if local is not None and name in local:
+                env[name] = local[name]
+                continue
+            env[name] = np.ascontiguousarray(feed[name][tuple(slice(a, b) for a, b in region)])
+    except Exception as error:  # an input of another shape than the partition's
+        raise fail(first_line(error)) from None
     timing = Timing()
     for at, step in enumerate(steps):
         if progress is not None:
@@ -159,7 +189,7 @@ def execute(
         except StepFailure:
             raise
         except Exception as error:  # onnxruntime's and torch's errors are untyped
-            raise fail(_first_line(error)) from None
+            raise fail(first_line(error)) from None
         stats = timing.collectives.setdefault(entry["kind"], [0, 0.0, 0])
         stats[0] += 1
         stats[1] += time.perf_counter() - started
@@ -168,7 +198,7 @@ def execute(
     return outputs, timing
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
 
@@ -232,7 +262,7 @@ def run_rank(
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
         collectives = Executor(manifest, rank, backend)
     except Exception as error:  # torch's own errors
-        raise StepFailure(rank, -1, "joining the process group", _first_line(error)) from None
+        raise StepFailure(rank, -1, "joining the process group", first_line(error)) from None
     failed = threading.Event()
     if rendezvous.watch:
         watcher = threading.Thread(target=_watch, args=(rendezvous, rank, world, failed))
@@ -244,7 +274,7 @@ def run_rank(
         try:
             dist.gather_object((outputs, timing.to_json()), gathered, dst=0)
         except Exception as error:  # torch's own errors
-            raise StepFailure(rank, -1, "gathering outputs to rank 0", _first_line(error)) from None
+            raise StepFailure(rank, -1, "gathering outputs to rank 0", first_line(error)) from None
         return gathered
     except StepFailure as failure:
         if rendezvous.watch:

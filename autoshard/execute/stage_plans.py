@@ -1,0 +1,174 @@
+"""A pipelined plan mapped onto the stages of the whole model, each lowered and partitioned.
+
+A pipelined plan document decides the *stage's model* (`analysis.shorten`: the forward cut to
+`stage_model_layers` repeated layers, embedding and head kept) on a stage's devices. Stage `s`
+of the whole model (`analysis.stage_cut`) runs the layers of its range with that plan: its
+`k`-th layer takes the decisions of the stage's model's layer `k`, op for op by the repeated
+layers' correspondence (`analysis.repeats`), its weights held as that layer's are; the ops
+outside the layers (the embedding, the head) keep their own decisions, by name.
+
+A boundary value (what a stage sends on) is held on both sides as the stage's model holds its
+counterpart, complete (a partial sum reduced first: `plan.returned`), so the sender's device
+and the receiver's device at the same place in their stages hold the same region and the
+send moves each device's shard as it is.
+
+Forward passes only: the plan's training step decides the forward's ops as it decides its
+own, and the backward of a pipeline is not partitioned here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoshard.analysis.repeats import Run
+from autoshard.analysis.shorten import layer_run, shortened
+from autoshard.analysis.stage_cut import StageCut, cut_stages
+from autoshard.document.plan_document import PlanDocument, decisions_for, plan_from_document
+from autoshard.errors import AutoshardError
+from autoshard.ir.graph import Graph
+from autoshard.mesh import Device, Mesh
+from autoshard.pipeline import Built, build, load_graphs
+from autoshard.plan import Plan, plan_from_options, returned
+from autoshard.sharding import Sharding
+
+
+class StageMapError(AutoshardError):
+    """A pipelined plan whose stages cannot be mapped onto the model's layers."""
+
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class StagePartition:
+    """One stage: its cut of the whole model, its plan lowered and partitioned on the stage's
+    mesh, and the whole mesh's linear index of each of its devices (in the stage mesh's
+    linear order)."""
+
+    cut: StageCut
+    built: Built
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PipelinedPartition:
+    """Every stage of a pipelined plan, the whole mesh and its pipeline axis, the schedule and
+    micro-batches, and how each boundary value is held (on the stage mesh)."""
+
+    forward: Graph
+    mesh: Mesh
+    axis: int
+    schedule: str
+    micro_batches: int
+    stages: tuple[StagePartition, ...]
+    boundary: Mapping[str, Sharding]
+
+
+def pipelined_partition(
+    document: PlanDocument, path: str | Path, model: str | Path, dims: Mapping[str, int]
+) -> PipelinedPartition:
+    """Plan document `document` (read from `path`, a pipelined plan) partitioned stage by
+    stage on the whole model `model` with `dims`."""
+    block = document.pipeline
+    assert block is not None
+    decisions = decisions_for(document, path, document.mesh, model, dims)
+    forward = load_graphs(model, dims, None)[0]
+    run = layer_run(forward)
+    ranges = [range(*s["layers"]) for s in block["stages"]]
+    if run is None:
+        raise StageMapError(f"plan {path} is pipelined but model {model} has no repeated layers")
+    depth = int(block.get("stage_model_layers") or 0)
+    if depth < 1:
+        raise StageMapError(f"plan {path}'s pipeline block names no stage_model_layers; plan again")
+    deepest = max(len(r) for r in ranges)
+    if deepest > depth:
+        raise StageMapError(
+            f"plan {path}: a stage of {deepest} layers is deeper than the stage's model it "
+            f"decides ({depth} layers); plan again"
+        )
+    cut_model = shortened(forward, depth, run)
+    stage_plan = plan_from_document(decisions, cut_model, document.mesh, f"plan {path}")
+    cuts = cut_stages(forward, run, ranges)
+    whole = Mesh.parse(str(block["mesh"]))
+    axis = int(block["axis"])
+    names = _cut_names(forward, run, ranges)
+    sent = [v for cut in cuts for v in cut.sends]
+    if missing := [v for v in sent if names.get(v, v) not in stage_plan.values]:
+        raise StageMapError(
+            f"plan {path} cannot be mapped onto the stages: the boundary value {missing[0]!r} "
+            "has no counterpart in the stage's model it decides"
+        )
+    boundary = {v: returned(stage_plan.values[names.get(v, v)]) for v in sent}
+    stages = tuple(
+        StagePartition(
+            cut=cut,
+            built=build(cut.graph, _stage_plan(cut, stage_plan, names, boundary, path)),
+            devices=stage_devices(whole, axis, len(cuts), cut.index, document.mesh),
+        )
+        for cut in cuts
+    )
+    return PipelinedPartition(forward, whole, axis, str(block["schedule"]),
+                              int(block["micro_batches"]), stages, boundary)  # fmt: skip
+
+
+def _cut_names(graph: Graph, run: Run, ranges: Sequence[range]) -> dict[str, str]:
+    """Each op's and value's name in the stage's model, where it differs: the `k`-th layer of
+    a stage is the stage's model's layer `k` (its ops, their results, the weights they read);
+    what is outside the layers keeps its name."""
+    names: dict[str, str] = {}
+    for stage in ranges:
+        for j in stage:
+            for i, c in zip(run.layers[j], run.layers[j - stage.start], strict=True):
+                op, twin = graph.ops[i], graph.ops[c]
+                names.setdefault(op.name, twin.name)
+                for mine, theirs in zip(op.outputs, twin.outputs, strict=True):
+                    names.setdefault(mine, theirs)
+                for mine, theirs in zip(op.inputs, twin.inputs, strict=True):
+                    if mine in graph.weights or mine in graph.constants:
+                        names.setdefault(mine, theirs)
+    return names
+
+
+def _stage_plan(
+    cut: StageCut, stage_plan: Plan, names: Mapping[str, str],
+    boundary: Mapping[str, Sharding], path: str | Path,
+) -> Plan:  # fmt: skip
+    """The stage's plan: every op's option and every weight's holding its counterpart's in
+    the stage's model; what it receives held, and what it sends returned, as `boundary`."""
+    graph = cut.graph
+
+    def twin(name: str, table: Mapping[str, Any], what: str) -> Any:
+        found = table.get(names.get(name, name), _MISSING)
+        if found is _MISSING:
+            raise StageMapError(
+                f"plan {path} cannot be mapped onto stage {cut.index} (layers "
+                f"{cut.layers.start}..{cut.layers.stop - 1}): {what} {name!r} has no "
+                "counterpart in the stage's model it decides"
+            )
+        return found
+
+    options = {op.name: twin(op.name, stage_plan.options, "op") for op in graph.ops}
+    held = {n: twin(n, stage_plan.values, "value") for n in graph.inputs if n not in boundary}
+    held |= {n: twin(n, stage_plan.values, "weight") for n in graph.weights}
+    held |= {n: boundary[n] for n in graph.inputs if n in boundary}
+    returns = {n: boundary[n] for n in graph.outputs if n in boundary}
+    return plan_from_options(graph, stage_plan.mesh, options, held, returns)
+
+
+def stage_devices(whole: Mesh, axis: int, stages: int, stage: int, mesh: Mesh) -> tuple[int, ...]:
+    """The whole mesh's linear index of each device of stage `stage` of `stages` on `axis`,
+    in the stage mesh `mesh`'s order: the stage mesh is the whole one without the axis, or
+    with `size / stages` of it where the stages split it."""
+    left = whole.shape[axis] // stages
+
+    def placed(local: Device) -> tuple[int, ...]:
+        if mesh.ndim == whole.ndim:
+            c = list(local)
+            c[axis] = stage * left + c[axis]
+            return tuple(c)
+        return (*local[:axis], stage, *local[axis:])
+
+    return tuple(whole.linear_index(placed(d)) for d in mesh.devices())
