@@ -150,7 +150,15 @@ def held_params(
     shapes = {w: tuple(weights[w].shape) for w in names}
     tied = _ties(graph, params, weights)
     return Held(
-        mesh, graph, plan, tuple(params), shapes, unnamed, tuple(warnings), strategies, tied,
+        mesh,
+        graph,
+        plan,
+        tuple(params),
+        shapes,
+        unnamed,
+        tuple(warnings),
+        strategies,
+        tied,
         document.pipeline,
     )
 

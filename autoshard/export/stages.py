@@ -194,7 +194,8 @@ def build_stages(model, mesh, example_args, device="cpu"):
     from torch.distributed.pipelining import pipeline
 
     if tuple(mesh.shape) != PIPELINE_MESH_SHAPE:
-        raise ValueError(f"the pipeline's mesh is {{PIPELINE_MESH_SHAPE}}, not {{tuple(mesh.shape)}}")
+        shape = tuple(mesh.shape)
+        raise ValueError(f"the pipeline's mesh is {{PIPELINE_MESH_SHAPE}}, not {{shape}}")
     pipe = pipeline(model, mb_args=tuple(example_args), split_spec=split_spec())
     pp = mesh[PP_DIM]
     stages = []
@@ -223,6 +224,7 @@ def _place_stage(module, mesh):
     from torch.distributed.tensor.experimental import implicit_replication
     from torch.utils._pytree import tree_map
 
+    _without_asserts(module)
     names = {{name for name, _ in module.named_parameters()}}
     names |= {{name for name, _ in module.named_buffers()}}
     _distribute(module, mesh, {{n: p for n, p in PLACEMENTS.items() if n in names}})
@@ -234,6 +236,21 @@ def _place_stage(module, mesh):
         return tree_map(lambda t: t.full_tensor() if isinstance(t, DTensor) else t, out)
 
     module.forward = whole
+
+
+def _without_asserts(module):
+    """The metadata checks tracing leaves in a stage's graphs dropped: DTensor has no rule for
+    them, and nothing reads them."""
+    check = torch.ops.aten._assert_tensor_metadata.default
+    for sub in module.modules():
+        graph = getattr(sub, "graph", None)
+        if not isinstance(graph, torch.fx.Graph):
+            continue
+        for node in [n for n in graph.nodes if n.target is check and not n.users]:
+            graph.erase_node(node)
+        for compiled in (sub, getattr(sub, "graph_module", None)):
+            if isinstance(compiled, torch.fx.GraphModule):
+                compiled.recompile()
 '''
 
 

@@ -79,9 +79,9 @@ def jax_export(held: Held) -> dict[str, object]:
         "unnamed": held.unnamed,
         "warnings": warnings,
     }
-    split = stage_split(held)
-    if split is not None:
-        document["pipeline"] = pipeline_layout(held, split, parameters)
+    stages = stage_split(held)
+    if stages is not None:
+        document["pipeline"] = pipeline_layout(held, stages, parameters)
     return document
 
 
@@ -102,4 +102,5 @@ def pipeline_layout(
         "micro_batches": split.micro_batches,
         "stage_of_layer": list(split.stage_of_layer),
         "layer_modules": list(split.layer_modules),
+        "split_points": list(split.split_points),
     }

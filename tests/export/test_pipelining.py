@@ -1,9 +1,12 @@
 """A pipelined plan's DTensor export run by `torch.distributed.pipelining`: a tiny Hugging
 Face Llama of 4 layers (seeded, nothing downloaded; TorchScript's ONNX export) planned for
-training over `pp=2,dp=1` with 2 micro-batches (a stage's plan is searched on the model cut
-to 2 layers), exported, and its `build_stages` / `build_schedule` run on 2 gloo ranks: the
-last stage's output of a global batch of 2 micro-batches must be the single-process logits
-(rel <= 1e-5). The JAX export carries the same split."""
+training with 2 micro-batches (a stage's plan is searched on the model cut to 2 layers),
+exported, and its `build_stages` / `build_schedule` run on gloo ranks: the last stage's output
+of a global batch of 2 micro-batches must be the single-process logits (rel <= 1e-5). Two
+plans: 1F1B over `pp=2,dp=1` (2 ranks), and GPipe over `pp=2,tp=2` (4 ranks) with two
+weights pinned split over tp, which the export unrolls from the stage's model to the whole
+(layers 1 and 2 held as layer 0, layer 3 as layer 1: `export.unroll`) and each stage holds
+as DTensors. The JAX export carries the same split."""
 
 from __future__ import annotations
 
@@ -17,13 +20,17 @@ from pathlib import Path
 import pytest
 
 from autoshard.cli.main import main
+from autoshard.ir.onnx_import import file_weights, load_model
+from autoshard.names import recover_names
 from tests.export.gloo import load_module, run_on_ranks
 
 torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
 pytest.importorskip("torch.distributed.pipelining")
 transformers = pytest.importorskip("transformers")
 
 VOCAB, HIDDEN, LAYERS, BATCH, SEQ, MICRO = 128, 64, 4, 2, 16, 2
+SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
 
 
 class Logits(torch.nn.Module):
@@ -47,11 +54,23 @@ def pristine() -> torch.nn.Module:
     )  # fmt: skip
     config._attn_implementation = "eager"
     torch.manual_seed(0)
-    return Logits(transformers.LlamaForCausalLM(config)).eval()
+    lm = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():  # no two parameters equal: the exporter merges none
+        for param in lm.parameters():
+            param.add_(torch.randn_like(param) * 0.02)
+    return Logits(lm).eval()
 
 
 def tokens(count: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (count, SEQ), generator=torch.Generator().manual_seed(0))
+
+
+# name -> (mesh, schedule, ranks, pinned: parameter -> its ONNX weight's split on the mesh)
+CASES = {
+    "pp2": ("pp=2,dp=1", "1f1b", 2, {}),
+    "pp2-tp2": ("pp=2,tp=2", "gpipe", 4, {"lm.model.layers.0.mlp.up_proj.weight": "[[], [1]]",
+                                          "lm.model.layers.1.mlp.down_proj.weight": "[[1], []]"}),
+}  # fmt: skip
 
 
 def _worker(rank: int, module_path: str, out: str) -> None:
@@ -64,39 +83,70 @@ def _worker(rank: int, module_path: str, out: str) -> None:
     batch = tokens(BATCH * MICRO)
     stages = exported.build_stages(copy.deepcopy(pristine()), mesh, (batch[:BATCH],))
     schedule = exported.build_schedule(stages)
+    stage = mesh[exported.PP_DIM].get_local_rank()  # every device of the first stage reads
     with torch.no_grad():
-        result = schedule.step(batch) if rank == 0 else schedule.step()
-    if rank == exported.PIPELINE_MESH_SHAPE[0] - 1:
+        result = schedule.step(batch) if stage == 0 else schedule.step()
+    if rank == dist.get_world_size() - 1:
         torch.save(result, out)
 
 
+def _pinned(model: Path, pinned: dict[str, str]) -> list[str]:
+    """`--annotate` flags pinning each parameter's ONNX weight (its name recovered)."""
+    proto = load_model(model)
+    holding = {p.name: w for w, e in recover_names(proto, file_weights(proto, model)).items()
+               for p in e.params}  # fmt: skip
+    return [
+        f for param, split in pinned.items() for f in ("--annotate", f"{holding[param]}={split}")
+    ]
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("pipelining")
+def onnx_model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("pipelining") / "llama.onnx"
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(pristine(), (tokens(BATCH),), buffer, dynamo=False, opset_version=17,
                           input_names=["input_ids"], output_names=["logits"])  # fmt: skip
-    (folder / "llama.onnx").write_bytes(buffer.getvalue())
+    path.write_bytes(buffer.getvalue())
+    return path
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def exported(request, onnx_model) -> tuple[str, Path]:
+    mesh, schedule, _, pinned = CASES[request.param]
+    folder = onnx_model.parent / request.param
+    folder.mkdir()
     plan = folder / "plan.json"
-    argv = ["plan", str(folder / "llama.onnx"), "--mesh", "pp=2,dp=1", "--mode", "training",
-            "--micro-batches", str(MICRO), "--schedule", "1f1b", "-q", "-o", str(plan)]  # fmt: skip
+    argv = ["plan", str(onnx_model), "--mesh", mesh, "--mode", "training", "--micro-batches",
+            str(MICRO), "--schedule", schedule, *_pinned(onnx_model, pinned), "-q", "-o",
+            str(plan)]  # fmt: skip
     assert main(argv) == 0
     assert json.loads(plan.read_text())["pipeline"]["stage_model_layers"] == 2
     for target, name in (("dtensor", "plan.py"), ("jax", "plan.jax.json")):
-        argv = ["export", str(plan), "--to", target, "-o", str(folder / name)]
+        argv = ["export", str(plan), "--to", target, "--model", str(onnx_model), "-o",
+                str(folder / name)]  # fmt: skip
         assert main(argv) == 0
-    return folder
+    return request.param, folder
 
 
 def test_the_stage_split_runs_on_torch_pipelining(exported):
-    module = load_module(exported / "plan.py", "pp_plan")
+    case, folder = exported
+    _, schedule, ranks, pinned = CASES[case]
+    module = load_module(folder / "plan.py", "pp_plan")
     assert module.SPLIT_POINTS == ("lm.model.layers.2",)
-    assert (module.SCHEDULE, module.MICRO_BATCHES) == ("Schedule1F1B", MICRO)
-    assert module.PIPELINE_MESH_DIM_NAMES == ("pp", "dp")
-    out = exported / "logits.pt"
-    run_on_ranks(_worker, 2, str(exported / "plan.py"), str(out))
+    assert (SCHEDULES[schedule], MICRO) == (module.SCHEDULE, module.MICRO_BATCHES)
+    assert (2, ranks // 2) == module.PIPELINE_MESH_SHAPE
+    split = {name for name, p in module.PLACEMENTS.items() if p != (module.Replicate(),)}
+    if pinned:  # layers 1 and 2 as the stage's layer 0, layer 3 as its layer 1
+        up, down = (
+            "lm.model.layers.{}.mlp.up_proj.weight",
+            "lm.model.layers.{}.mlp.down_proj.weight",
+        )
+        assert {up.format(g) for g in (0, 1, 2)} | {down.format(3)} <= split
+        assert not {up.format(3), down.format(1), down.format(2)} & split
+    out = folder / "logits.pt"
+    run_on_ranks(_worker, ranks, str(folder / "plan.py"), str(out))
     with torch.no_grad():
         expected = pristine()(tokens(BATCH * MICRO))
     got = torch.load(out)
@@ -105,9 +155,11 @@ def test_the_stage_split_runs_on_torch_pipelining(exported):
 
 
 def test_the_jax_export_places_layers_on_stages(exported):
-    layout = json.loads((exported / "plan.jax.json").read_text())
+    case, folder = exported
+    layout = json.loads((folder / "plan.jax.json").read_text())
     block = layout["pipeline"]
-    assert block["axis"] == "pp" and block["mesh"] == {"shape": [2, 1], "axis_names": ["pp", "dp"]}
+    shape = [2, CASES[case][2] // 2]
+    assert block["axis"] == "pp" and block["mesh"]["shape"] == shape
     assert block["stage_of_layer"] == [0, 0, 1, 1]
     assert block["layer_modules"] == [f"lm.model.layers.{g}" for g in range(LAYERS)]
     params = layout["parameters"]
