@@ -273,6 +273,8 @@ def _plan_inputs(
             graphs[key] = forward, graph
     shapes = {name: value.shape for name, value in graph.values.items()}
     check_annotations(request.annotations, shapes, cluster.mesh)
+    if request.pipeline is not None:
+        _check_pipeline(request, _layers(forward), graph.micro_batches, cluster.mesh)
     return forward, graph, cluster
 
 
@@ -369,8 +371,6 @@ def plan_request(
         return _cheapest_recompute(request, training, tracker, after, deadline, graphs)
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
     forward, graph, whole = _plan_inputs(request, tracker, graphs)
-    if request.pipeline is not None:
-        _check_pipeline(request, _layers(forward), graph.micro_batches, whole.mesh)
     deadline.check("importing the model")
     _enter(tracker, PipelineStage.SEARCH, "building the problem")
     found = _search(request, forward, graph, whole, options, tracker, deadline, explain)

@@ -27,7 +27,8 @@ from typing import Any
 from autoshard.annotations import Annotation, parse_annotations
 from autoshard.cost.cluster import load_cluster_file, make_cluster
 from autoshard.cost.devices import CLUSTERS, DEFAULT_DEVICE, DEVICES
-from autoshard.errors import AutoshardError, ClusterError
+from autoshard.cost.schedule import Schedule
+from autoshard.errors import AutoshardError, ClusterError, PipelineError
 from autoshard.pipeline import PlanRequest
 from autoshard.search.options import Objective
 from autoshard.search.pipelined import pipeline_ask
@@ -94,6 +95,9 @@ FORM_SCHEMA: dict[str, Any] = {
         "attention": {"type": "string", "enum": _choices(Attention),
                       "description": "training: fused (default on GPU presets: flash-attention "
                                      "kernels, no SxS scores kept) or as-exported (op by op)"},
+        "schedule": {"type": "string", "example": "1f1b",
+                     "description": "training on a mesh with an axis named pp (a pipeline): "
+                                    "the schedule, 1f1b (default), gpipe or interleaved[:V]"},
     },
 }  # fmt: skip
 """The form of POST /v1/plans, field by field (its OpenAPI schema and the web page's form)."""
@@ -146,6 +150,7 @@ class PlanOptions:
     objective: Objective = Objective.TIME
     time_limit: float = DEFAULT_TIME_LIMIT
     training: Training | None = None  # mode "training"
+    schedule: str | None = None  # a pipeline's, on a mesh with an axis named pp
 
     def to_json(self) -> dict[str, Any]:
         trained = (
@@ -154,6 +159,7 @@ class PlanOptions:
         )  # fmt: skip
         # Only when given: a request without one keeps the job id it had before the field.
         cluster = {} if self.cluster is None else {"cluster": _cluster_json(self.cluster)}
+        cluster |= {} if self.schedule is None else {"schedule": self.schedule}
         return {
             "mesh": self.mesh, "dims": dict(self.dims), "device": self.device,
             "bandwidth": self.bandwidth, "latency": self.latency, "memory": self.memory,
@@ -176,6 +182,7 @@ class PlanOptions:
             objective=Objective(data.get("objective", Objective.TIME)),
             time_limit=float(data.get("time_limit", DEFAULT_TIME_LIMIT)),
             training=Training.parse(**data["training"]) if data.get("training") else None,
+            schedule=data.get("schedule"),
         )  # fmt: skip
 
     def parsed_annotations(self) -> tuple[Annotation, ...]:
@@ -194,7 +201,8 @@ class PlanOptions:
         return PlanRequest(
             model_path=model_path, cluster=cluster, dims=dict(self.dims),
             annotations=annotations, objective=self.objective, time_limit=self.time_limit,
-            training=self.training, pipeline=pipeline_ask(cluster.mesh, None, None),
+            training=self.training,
+            pipeline=pipeline_ask(cluster.mesh, None, self.schedule),
         )  # fmt: skip
 
     def job_id(self, model_sha256: str) -> str:
@@ -306,8 +314,19 @@ def parse_options(fields: Mapping[str, str], max_time_limit: float) -> PlanOptio
         memory=given.get("memory"),
         cluster=_cluster(given["cluster"]) if "cluster" in given else None,
         annotations=annotations, objective=Objective(objective),
-        time_limit=time_limit, training=_training(given),
+        time_limit=time_limit, training=_training(given), schedule=_schedule(given),
     )  # fmt: skip
+
+
+def _schedule(given: Mapping[str, str]) -> str | None:
+    """The `schedule` field, checked (its name; whether the mesh has a pipeline is the
+    request's check, as the CLI's)."""
+    if "schedule" not in given:
+        return None
+    try:
+        return Schedule.parse(given["schedule"]).flag
+    except PipelineError as error:
+        raise RequestError(str(error)) from None
 
 
 def _training(given: Mapping[str, str]) -> Training | None:

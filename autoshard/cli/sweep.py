@@ -76,6 +76,15 @@ def add_sweep_command(commands: Any) -> None:
         choices=("local", "ray"),
         help="local: a process pool; ray: Ray tasks (default where Ray is installed)",
     )
+    run.add_argument(
+        "--pipeline-axis",
+        metavar="N",
+        help="pipeline the repeated layers over this axis of every mesh (with --mode training)",
+    )
+    run.add_argument(
+        "--schedule", metavar="NAME",
+        help="the pipeline's schedule: 1f1b (default), gpipe, interleaved[:V]",
+    )  # fmt: skip
     run.add_argument("--workers", type=int, help="points planned at once (default: the CPUs)")
     run.add_argument(
         "--ray-address",
@@ -98,11 +107,16 @@ def _list(text: str | None) -> list[Any]:
 
 
 def _sweep_of(args: argparse.Namespace) -> Any:
+    from autoshard.cost.schedule import Schedule
     from autoshard.limits import MAX_SEARCH_AXES
     from autoshard.sweep.executors import default_executor
     from autoshard.sweep.grid import SweepError, device_counts, expand, meshes
     from autoshard.sweep.run import Sweep
 
+    if args.schedule is not None:
+        Schedule.parse(args.schedule)  # a bad name is the command's error, not every point's
+        if args.pipeline_axis is None:
+            raise SweepError(f"--schedule {args.schedule} orders a pipeline: give --pipeline-axis")
     max_axes = args.max_axes or MAX_SEARCH_AXES
     if not 1 <= max_axes <= MAX_SEARCH_AXES:
         raise SweepError(f"--max-axes {max_axes}: choose 1..{MAX_SEARCH_AXES} (MAX_SEARCH_AXES)")
@@ -150,6 +164,8 @@ def _sweep_of(args: argparse.Namespace) -> Any:
         ray_address=args.ray_address,
         price=args.price_per_device_hour,
         limit=args.limit,
+        pipeline_axis=args.pipeline_axis,
+        schedule=args.schedule,
     )
 
 

@@ -20,6 +20,7 @@ from autoshard.cost.cluster import make_cluster
 from autoshard.errors import AutoshardError
 from autoshard.pipeline import GraphCache, PlanRequest, RequestedPlan, plan_request
 from autoshard.search.options import Objective
+from autoshard.search.pipelined import pipeline_ask
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.sweep.grid import Point
 from autoshard.training.options import requested
@@ -34,6 +35,8 @@ class Task:
     model: str
     objective: str
     time_limit: float
+    pipeline_axis: str | None = None
+    schedule: str | None = None
 
 
 class _Imports(OrderedDict[Any, Any]):
@@ -61,6 +64,7 @@ def plan_request_of(task: Task) -> PlanRequest:
     return PlanRequest(
         model_path=task.model, cluster=cluster, dims=dict(point.dims),
         objective=Objective(task.objective), time_limit=task.time_limit, training=training,
+        pipeline=pipeline_ask(cluster.mesh, task.pipeline_axis, task.schedule),
     )  # fmt: skip
 
 

@@ -249,6 +249,30 @@ def test_bad_input_is_422_with_the_cli_message(
     assert (response.status_code, response.json()) == (422, {"detail": message})
 
 
+GPT2_FIELDS = {"dims": '{"batch": 2, "seq": 16}', "mode": "training"}
+GPT2_FLAGS = ["--dim", "batch=2", "--dim", "seq=16", "--mode", "training"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "flags"),
+    [
+        pytest.param({"mesh": "pp=4,dp=1"}, ["--mesh", "pp=4,dp=1"], id="more-stages-than-layers"),
+        pytest.param({"mesh": "pp=2,dp=1", "schedule": "zigzag"},
+                     ["--mesh", "pp=2,dp=1", "--schedule", "zigzag"], id="unknown-schedule"),
+        pytest.param({"mesh": "pp=2,dp=1", "schedule": "interleaved", "micro_batches": "3"},
+                     ["--mesh", "pp=2,dp=1", "--schedule", "interleaved", "--micro-batches", "3"],
+                     id="micro-batches-not-divisible-by-stages"),
+    ],
+)  # fmt: skip
+def test_pipeline_refusals_are_the_cli_message(server: Server, capsys, fields, flags) -> None:
+    gpt2 = MODELS / "gpt2.onnx"
+    code, _, err = cli(["plan", str(gpt2), *GPT2_FLAGS, *flags], capsys)
+    assert code == 2 and err.startswith("autoshard: error: ") and err.count("\n") == 1
+    message = err.removeprefix("autoshard: error: ").strip()
+    response = server.submit(gpt2, {**GPT2_FIELDS, **fields})
+    assert (response.status_code, response.json()) == (422, {"detail": message})
+
+
 def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys) -> None:
     annotations = {"annotations": [{"value": "x", "sharding": "[[0]]", "for": "everyone"}]}
     path = tmp_path / "a.json"
@@ -296,7 +320,7 @@ def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys
             {**FIELDS, "colour": "blue"}, 400,
             "unknown form field 'colour'; valid: model, mesh, dims, cluster, device, bandwidth, "
             "latency, memory, annotations, objective, time_limit, mode, optimizer, precision, "
-            "micro_batches, recompute, attention",
+            "micro_batches, recompute, attention, schedule",
             id="unknown-field",
         ),
         pytest.param(
