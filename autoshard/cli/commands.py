@@ -166,6 +166,15 @@ def _pipeline(args: argparse.Namespace, mesh: Mesh) -> Any:
     return pipeline_ask(mesh, args.pipeline_axis, args.schedule, args.pipeline == "auto")
 
 
+def _global_batch(args: argparse.Namespace) -> Any:
+    """The step's global batch `--global-batch` gives (None: none)."""
+    if args.global_batch is None:
+        return None
+    from autoshard.search.microbatch import GlobalBatch
+
+    return GlobalBatch.parse(args.global_batch, args.micro_batches)
+
+
 def _dump_after(args: argparse.Namespace) -> AfterStage | None:
     """The dump points asked for with --dump-after, printing in the command's dialect."""
     if not args.dump_after:
@@ -206,7 +215,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         request = PlanRequest(
             model_path=args.model, cluster=cluster, dims=dims, annotations=annotations,
             objective=Objective(args.objective), time_limit=args.time_limit, training=training,
-            pipeline=_pipeline(args, cluster.mesh),
+            pipeline=_pipeline(args, cluster.mesh), global_batch=_global_batch(args),
         )  # fmt: skip
         requested = plan_request(request, tracker, after, deadline)
         document, planned, cluster = requested.document, requested.planned, requested.cluster
