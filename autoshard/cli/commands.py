@@ -166,15 +166,6 @@ def _pipeline(args: argparse.Namespace, mesh: Mesh) -> Any:
     return pipeline_ask(mesh, args.pipeline_axis, args.schedule, args.pipeline == "auto")
 
 
-def _global_batch(args: argparse.Namespace) -> Any:
-    """The step's global batch `--global-batch` gives (None: none)."""
-    if args.global_batch is None:
-        return None
-    from autoshard.search.microbatch import GlobalBatch
-
-    return GlobalBatch.parse(args.global_batch, args.micro_batches)
-
-
 def _dump_after(args: argparse.Namespace) -> AfterStage | None:
     """The dump points asked for with --dump-after, printing in the command's dialect."""
     if not args.dump_after:
@@ -207,15 +198,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     deadline = Deadline.start(args.time_limit)  # (before the pipeline's imports: they count)
     from autoshard.pipeline import PlanRequest, plan_request
+    from autoshard.search.microbatch import GlobalBatch
 
     dims, annotations, training = dims_of(args.dim), _annotations(args), _training(args)
+    batch = args.global_batch
     with _progress(args) as tracker:
         after = _dump_after(args)
         cluster = _cluster(args)
         request = PlanRequest(
             model_path=args.model, cluster=cluster, dims=dims, annotations=annotations,
             objective=Objective(args.objective), time_limit=args.time_limit, training=training,
-            pipeline=_pipeline(args, cluster.mesh), global_batch=_global_batch(args),
+            pipeline=_pipeline(args, cluster.mesh), global_batch=batch and GlobalBatch.parse(
+                batch, args.micro_batches),
         )  # fmt: skip
         requested = plan_request(request, tracker, after, deadline)
         document, planned, cluster = requested.document, requested.planned, requested.cluster
