@@ -1,12 +1,14 @@
-"""A pipelined plan's DTensor export run by `torch.distributed.pipelining`: a tiny Hugging
-Face Llama of 4 layers (seeded, nothing downloaded; TorchScript's ONNX export) planned for
-training with 2 micro-batches (a stage's plan is searched on the model cut to 2 layers),
-exported, and its `build_stages` / `build_schedule` run on gloo ranks: the last stage's output
-of a global batch of 2 micro-batches must be the single-process logits (rel <= 1e-5). Two
-plans: 1F1B over `pp=2,dp=1` (2 ranks), and GPipe over `pp=2,tp=2` (4 ranks) with two
-weights pinned split over tp, which the export unrolls from the stage's model to the whole
-(layers 1 and 2 held as layer 0, layer 3 as layer 1: `export.unroll`) and each stage holds
-as DTensors. The JAX export carries the same split."""
+"""A pipelined plan's DTensor export run by `torch.distributed.pipelining`: models of 4
+repeated layers (seeded, nothing downloaded; TorchScript's ONNX export) planned for training
+with 2 micro-batches (a stage's plan is searched on the model cut to 2 layers), exported, and
+the module's `build_stages` / `build_schedule` run on gloo ranks: the last stage's output of a
+global batch of 2 micro-batches must be the single-process output (rel <= 1e-5). A tiny
+Hugging Face Llama, 1F1B over `pp=2,dp=1` (2 ranks), and GPipe over `pp=2,tp=2` (4 ranks) with
+two weights pinned split over tp, which the export unrolls from the stage's model to the whole
+(layers 1 and 2 held as layer 0, layer 3 as layer 1: `export.unroll`) and each stage holds as
+DTensors; a residual MLP, interleaved 1F1B of 2 chunks per stage (torch's multi-stage
+schedules take no value sent past the next stage, and Llama's first stage sends its rotary
+tables to every stage). The JAX export carries the same split."""
 
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ pytest.importorskip("torch.distributed.pipelining")
 transformers = pytest.importorskip("transformers")
 
 VOCAB, HIDDEN, LAYERS, BATCH, SEQ, MICRO = 128, 64, 4, 2, 16, 2
-SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
+SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe",
+             "interleaved:2": "ScheduleInterleaved1F1B"}  # fmt: skip
 
 
 class Logits(torch.nn.Module):
@@ -45,8 +48,29 @@ class Logits(torch.nn.Module):
         return self.lm(input_ids=ids, attention_mask=mask, use_cache=False).logits
 
 
+class MLP(torch.nn.Module):
+    """An input projection, 4 repeated residual layers (GELU, then Linear) and a head: a
+    model whose stages hand on one tensor, as torch's multi-stage (interleaved) schedules
+    need."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(LAYERS))
+        self.head = torch.nn.Linear(HIDDEN, 8)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = x + layer(torch.nn.functional.gelu(x))
+        return self.head(x)
+
+
 @functools.cache
-def pristine() -> torch.nn.Module:
+def pristine(model: str) -> torch.nn.Module:
+    if model == "mlp":
+        torch.manual_seed(0)
+        return MLP().eval()
     config = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
@@ -61,27 +85,36 @@ def pristine() -> torch.nn.Module:
     return Logits(lm).eval()
 
 
-def tokens(count: int) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (count, SEQ), generator=torch.Generator().manual_seed(0))
+def inputs(model: str, count: int) -> torch.Tensor:
+    """A batch of `count`: token ids (Llama) or features (the MLP)."""
+    generator = torch.Generator().manual_seed(0)
+    if model == "mlp":
+        return torch.randn(count, HIDDEN, generator=generator)
+    return torch.randint(0, VOCAB, (count, SEQ), generator=generator)
 
 
-# name -> (mesh, schedule, ranks, pinned: parameter -> its ONNX weight's split on the mesh)
+LAYER = {"llama": "lm.model.layers", "mlp": "layers"}  # the layers' ModuleList
+
+
+# name -> (model, mesh, schedule, ranks, pinned: parameter -> its ONNX weight's split)
 CASES = {
-    "pp2": ("pp=2,dp=1", "1f1b", 2, {}),
-    "pp2-tp2": ("pp=2,tp=2", "gpipe", 4, {"lm.model.layers.0.mlp.up_proj.weight": "[[], [1]]",
-                                          "lm.model.layers.1.mlp.down_proj.weight": "[[1], []]"}),
+    "llama-pp2": ("llama", "pp=2,dp=1", "1f1b", 2, {}),
+    "llama-pp2-tp2": ("llama", "pp=2,tp=2", "gpipe", 4, {
+        "lm.model.layers.0.mlp.up_proj.weight": "[[], [1]]",
+        "lm.model.layers.1.mlp.down_proj.weight": "[[1], []]"}),
+    "mlp-pp2-interleaved": ("mlp", "pp=2,dp=1", "interleaved:2", 2, {}),
 }  # fmt: skip
 
 
-def _worker(rank: int, module_path: str, out: str) -> None:
+def _worker(rank: int, model: str, module_path: str, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     exported = load_module(module_path, f"pp_plan_{rank}")
     mesh = init_device_mesh(
         "cpu", exported.PIPELINE_MESH_SHAPE, mesh_dim_names=exported.PIPELINE_MESH_DIM_NAMES
     )
-    batch = tokens(BATCH * MICRO)
-    stages = exported.build_stages(copy.deepcopy(pristine()), mesh, (batch[:BATCH],))
+    batch = inputs(model, BATCH * MICRO)
+    stages = exported.build_stages(copy.deepcopy(pristine(model)), mesh, (batch[:BATCH],))
     schedule = exported.build_schedule(stages)
     stage = mesh[exported.PP_DIM].get_local_rank()  # every device of the first stage reads
     with torch.no_grad():
@@ -101,21 +134,23 @@ def _pinned(model: Path, pinned: dict[str, str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def onnx_model(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("pipelining") / "llama.onnx"
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(pristine(), (tokens(BATCH),), buffer, dynamo=False, opset_version=17,
-                          input_names=["input_ids"], output_names=["logits"])  # fmt: skip
-    path.write_bytes(buffer.getvalue())
-    return path
+def models(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("pipelining")
+    for model in LAYER:
+        buffer = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(pristine(model), (inputs(model, BATCH),), buffer, dynamo=False,
+                              opset_version=17, input_names=["x"], output_names=["y"])  # fmt: skip
+        (folder / f"{model}.onnx").write_bytes(buffer.getvalue())
+    return folder
 
 
 @pytest.fixture(scope="module", params=list(CASES))
-def exported(request, onnx_model) -> tuple[str, Path]:
-    mesh, schedule, _, pinned = CASES[request.param]
-    folder = onnx_model.parent / request.param
+def exported(request, models) -> tuple[str, Path]:
+    model, mesh, schedule, _, pinned = CASES[request.param]
+    onnx_model = models / f"{model}.onnx"
+    folder = models / request.param
     folder.mkdir()
     plan = folder / "plan.json"
     argv = ["plan", str(onnx_model), "--mesh", mesh, "--mode", "training", "--micro-batches",
@@ -132,9 +167,10 @@ def exported(request, onnx_model) -> tuple[str, Path]:
 
 def test_the_stage_split_runs_on_torch_pipelining(exported):
     case, folder = exported
-    _, schedule, ranks, pinned = CASES[case]
+    model, _, schedule, ranks, pinned = CASES[case]
     module = load_module(folder / "plan.py", "pp_plan")
-    assert module.SPLIT_POINTS == ("lm.model.layers.2",)
+    points = [1, 2, 3] if "interleaved" in schedule else [2]  # 4 chunks of 1 layer, or 2 of 2
+    assert [f"{LAYER[model]}.{g}" for g in points] == list(module.SPLIT_POINTS)
     assert (SCHEDULES[schedule], MICRO) == (module.SCHEDULE, module.MICRO_BATCHES)
     assert (2, ranks // 2) == module.PIPELINE_MESH_SHAPE
     split = {name for name, p in module.PLACEMENTS.items() if p != (module.Replicate(),)}
@@ -146,9 +182,9 @@ def test_the_stage_split_runs_on_torch_pipelining(exported):
         assert {up.format(g) for g in (0, 1, 2)} | {down.format(3)} <= split
         assert not {up.format(3), down.format(1), down.format(2)} & split
     out = folder / "logits.pt"
-    run_on_ranks(_worker, ranks, str(folder / "plan.py"), str(out))
+    run_on_ranks(_worker, ranks, model, str(folder / "plan.py"), str(out))
     with torch.no_grad():
-        expected = pristine()(tokens(BATCH * MICRO))
+        expected = pristine(model)(inputs(model, BATCH * MICRO))
     got = torch.load(out)
     assert got.shape == expected.shape
     assert (got - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
@@ -156,13 +192,18 @@ def test_the_stage_split_runs_on_torch_pipelining(exported):
 
 def test_the_jax_export_places_layers_on_stages(exported):
     case, folder = exported
+    model, _, schedule, ranks, _ = CASES[case]
     layout = json.loads((folder / "plan.jax.json").read_text())
     block = layout["pipeline"]
-    shape = [2, CASES[case][2] // 2]
-    assert block["axis"] == "pp" and block["mesh"]["shape"] == shape
-    assert block["stage_of_layer"] == [0, 0, 1, 1]
-    assert block["layer_modules"] == [f"lm.model.layers.{g}" for g in range(LAYERS)]
+    assert block["axis"] == "pp" and block["mesh"]["shape"] == [2, ranks // 2]
+    # interleaved: chunk c (one layer) on stage c % 2
+    stages = [0, 1, 0, 1] if "interleaved" in schedule else [0, 0, 1, 1]
+    assert block["stage_of_layer"] == stages
+    assert block["layer_modules"] == [f"{LAYER[model]}.{g}" for g in range(LAYERS)]
     params = layout["parameters"]
+    if model == "mlp":
+        assert params["layers.2.weight"]["stages"] == [0] and params["head.bias"]["stages"] == [1]
+        return
     assert params["lm.model.layers.3.mlp.up_proj.weight"]["stages"] == [1]
     assert params["lm.model.embed_tokens.weight"]["stages"] == [0]
     assert params["lm.lm_head.weight"]["stages"] == [1]
