@@ -82,6 +82,12 @@ def add_sweep_command(commands: Any) -> None:
         help="pipeline the repeated layers over this axis of every mesh (with --mode training)",
     )
     run.add_argument(
+        "--global-batch",
+        metavar="DIM",
+        help="read the grid's --dim DIM sizes as global batches: each split into micro-batches "
+        "(--micro-batches, or with --pipeline-axis the search's choice of divisors)",
+    )
+    run.add_argument(
         "--schedule", metavar="NAME",
         help="the pipeline's schedule: 1f1b (default), gpipe, interleaved[:V]",
     )  # fmt: skip
@@ -135,6 +141,9 @@ def _sweep_of(args: argparse.Namespace) -> Any:
             raise SweepError(f"--dim {text!r} is not NAME=SIZES (e.g. batch=256,512)") from None
         if not name.strip() or not dims[name.strip()] or min(dims[name.strip()]) < 1:
             raise SweepError(f"--dim {text!r} is not NAME=SIZES of sizes >= 1 (e.g. batch=256,512)")
+    if args.global_batch is not None and args.global_batch not in dims:
+        raise SweepError(f"--global-batch {args.global_batch} names no --dim of the grid: give "
+                         f"--dim {args.global_batch}=SIZES")  # fmt: skip
     training = {
         n: _list(getattr(args, n))
         for n in ("optimizer", "precision", "micro_batches", "recompute", "attention")
@@ -166,6 +175,7 @@ def _sweep_of(args: argparse.Namespace) -> Any:
         limit=args.limit,
         pipeline_axis=args.pipeline_axis,
         schedule=args.schedule,
+        global_batch=args.global_batch,
     )
 
 

@@ -273,6 +273,23 @@ def test_pipeline_refusals_are_the_cli_message(server: Server, capsys, fields, f
     assert (response.status_code, response.json()) == (422, {"detail": message})
 
 
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        pytest.param({"dims": '{"seq": 16}', "global_batch": "batch=8", "micro_batches": "3"},
+                     "micro_batches=3 does not divide the global batch batch=8 (a micro-batch "
+                     "is the global batch / micro-batches); choose one of: 1, 2, 4, 8",
+                     id="micro-batches-not-dividing"),
+        pytest.param({"global_batch": "batch=8"},
+                     "global_batch batch=8 sets dim batch: drop it from dims", id="dim-twice"),
+    ],
+)  # fmt: skip
+def test_a_bad_global_batch_is_422(server: Server, fields, message) -> None:
+    asked = {**GPT2_FIELDS, "mesh": "pp=2,dp=1", **fields}
+    response = server.submit(MODELS / "gpt2.onnx", asked)
+    assert (response.status_code, response.json()) == (422, {"detail": message})
+
+
 def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys) -> None:
     annotations = {"annotations": [{"value": "x", "sharding": "[[0]]", "for": "everyone"}]}
     path = tmp_path / "a.json"
@@ -320,7 +337,7 @@ def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys
             {**FIELDS, "colour": "blue"}, 400,
             "unknown form field 'colour'; valid: model, mesh, dims, cluster, device, bandwidth, "
             "latency, memory, annotations, objective, time_limit, mode, optimizer, precision, "
-            "micro_batches, recompute, attention, schedule",
+            "micro_batches, recompute, attention, global_batch, schedule",
             id="unknown-field",
         ),
         pytest.param(

@@ -21,12 +21,16 @@ GPT2 = MODELS / "gpt2.onnx"
 TRAINING = ["--mode", "training", "--dim", "batch=2", "--dim", "seq=16"]
 
 
-def test_a_sweep_point_with_more_stages_than_layers_is_its_row(tmp_path, capsys):
+def _rows(tmp_path, *argv):
     out = tmp_path / "out"
-    argv = ["sweep", str(GPT2), "-o", str(out), "--mesh", "4x1", "--pipeline-axis", "0", *TRAINING,
-            "--executor", "local", "--workers", "1", "-q"]  # fmt: skip
+    argv = ["sweep", str(GPT2), "-o", str(out), *argv, "--executor", "local", "--workers", "1",
+            "-q"]  # fmt: skip
     assert main(argv) == 0
-    (row,) = json.loads((out / "points.json").read_text())["points"]
+    return json.loads((out / "points.json").read_text())["points"]
+
+
+def test_a_sweep_point_with_more_stages_than_layers_is_its_row(tmp_path, capsys):
+    (row,) = _rows(tmp_path, "--mesh", "4x1", "--pipeline-axis", "0", *TRAINING)
     assert row["status"] == "error"
     assert row["error"] == (
         "pipeline axis 0 has 4 stages but the model has 2 repeated layers; choose a pipeline "
@@ -79,3 +83,19 @@ def test_a_global_batch_refused_in_one_line(argv, message, capsys):
     assert main([*base, *argv, "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_a_sweep_of_global_batches(tmp_path):
+    # --dim batch=8 read as the global batch: 3 micro-batches do not divide it (the row says
+    # so); 2 do (a micro-batch of 4); with a pipeline and none given, the search picks.
+    flags = ["--mesh", "2x1", "--pipeline-axis", "0", "--mode", "training", "--dim", "batch=8",
+             "--dim", "seq=16", "--global-batch", "batch"]  # fmt: skip
+    bad, good = _rows(tmp_path, *flags, "--micro-batches", "3,2")
+    assert (bad["status"], good["status"]) == ("error", "ok"), (bad, good)
+    assert bad["error"].startswith("--micro-batches 3 does not divide the global batch batch=8")
+    (searched,) = _rows(tmp_path / "searched", *flags)
+    assert searched["status"] == "ok"
+    for row in (good, searched):  # the pipeline's step, over the global batch's tokens
+        assert row["strategy"].startswith("micro-batches: " if row is searched else "pipeline")
+        tokens = row["tokens_per_s_per_device"] * row["step_time_s"] * row["devices"]
+        assert tokens == pytest.approx(8 * 16, rel=1e-9)
