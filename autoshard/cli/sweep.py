@@ -76,21 +76,7 @@ def add_sweep_command(commands: Any) -> None:
         choices=("local", "ray"),
         help="local: a process pool; ray: Ray tasks (default where Ray is installed)",
     )
-    run.add_argument(
-        "--pipeline-axis",
-        metavar="N",
-        help="pipeline the repeated layers over this axis of every mesh (with --mode training)",
-    )
-    run.add_argument(
-        "--global-batch",
-        metavar="DIM",
-        help="read the grid's --dim DIM sizes as global batches: each split into micro-batches "
-        "(--micro-batches, or with --pipeline-axis the search's choice of divisors)",
-    )
-    run.add_argument(
-        "--schedule", metavar="NAME",
-        help="the pipeline's schedule: 1f1b (default), gpipe, interleaved[:V]",
-    )  # fmt: skip
+    _pipeline_flags(sweep)
     run.add_argument("--workers", type=int, help="points planned at once (default: the CPUs)")
     run.add_argument(
         "--ray-address",
@@ -106,6 +92,25 @@ def add_sweep_command(commands: Any) -> None:
     run.add_argument("--limit", type=int, metavar="N", help="plan at most N points this run")
     progress_flags(sweep)
     sweep.set_defaults(run=cmd_sweep, dump_after=None)
+
+
+def _pipeline_flags(sweep: Parser) -> None:
+    group = sweep.add_argument_group("pipeline (with --mode training; for every point)")
+    group.add_argument(
+        "--pipeline-axis",
+        metavar="N",
+        help="pipeline the repeated layers over this axis of every mesh (with --mode training)",
+    )
+    group.add_argument(
+        "--global-batch",
+        metavar="DIM",
+        help="read the grid's --dim DIM sizes as global batches: each split into micro-batches "
+        "(--micro-batches, or with --pipeline-axis the search's choice of divisors)",
+    )
+    group.add_argument(
+        "--schedule", metavar="NAME",
+        help="the pipeline's schedule: 1f1b (default), gpipe, interleaved[:V]",
+    )  # fmt: skip
 
 
 def _list(text: str | None) -> list[Any]:
