@@ -246,7 +246,16 @@ def plan_inputs(request: PlanRequest, tracker: Tracker | None = None) -> tuple[G
     """The checked inputs of a plan request: the imported model, and annotations that name
     values of the model and fit its cluster. Every bad input raises its one-line
     AutoshardError here (a bad cluster where the face made it), before any search: the
-    service calls this to answer 4xx at once."""
+    service calls this to answer 4xx at once. A global batch is checked as its first count
+    of micro-batches plans it (each count's shapes are the model's at another batch)."""
+    batch = request.global_batch
+    if batch is not None:
+        if batch.dim in request.dims:
+            raise PipelineError(f"--global-batch {batch} sets dim {batch.dim}: drop its --dim")
+        size = batch.size // batch.choices(searched=request.pipeline is not None)[0]
+        request = dataclasses.replace(
+            request, global_batch=None, dims={**request.dims, batch.dim: size}
+        )
     _, graph, cluster = _plan_inputs(request, tracker)
     return graph, cluster
 

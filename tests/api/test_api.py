@@ -576,3 +576,14 @@ def test_bad_cluster_is_422_with_the_cli_message(
         assert said == message.replace("in cluster", f"in {path}").replace(
             "cluster must", f"cluster file {path} must"
         )
+
+
+def test_a_global_batch_is_planned_in_the_searched_micro_batches(server: Server) -> None:
+    fields = {**GPT2_FIELDS, "dims": '{"seq": 16}', "mesh": "pp=2,dp=1", "global_batch": "batch=4"}
+    response = server.submit(MODELS / "gpt2.onnx", fields)
+    assert response.status_code == 202, response.json()
+    done = server.wait(response.json()["id"])
+    assert done["status"] == "done", done
+    plan = server.get(f"/v1/plans/{done['id']}/plan.json").json()
+    assert plan["story"].startswith("micro-batches: ")
+    assert [c["micro_batches"] for c in plan["pipeline"]["micro_batches_considered"]] == [1, 2, 4]
