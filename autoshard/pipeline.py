@@ -47,6 +47,7 @@ from autoshard.program import Program
 from autoshard.progress import Tracker
 from autoshard.propagate import propagate
 from autoshard.search.budget import Planned, auto_plan
+from autoshard.search.microbatch import GlobalBatch, MicroBatchCandidate, chosen_words
 from autoshard.search.options import Objective, SolverOptions
 from autoshard.search.pipelined import (
     AutoPipeline,
@@ -215,6 +216,9 @@ class PlanRequest:
     """A pipeline over a mesh axis, or pipelining allowed (`search.pipelined.pipeline_ask`):
     the search plans a stage on the mesh without it, the schedule prices the stages
     (`search.pipesearch`)."""
+    global_batch: GlobalBatch | None = None
+    """The step's global batch (`search.microbatch`): the model's dim it names is set to a
+    micro-batch of it, the micro-batches searched where a pipeline is planned and none given."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,7 +246,16 @@ def plan_inputs(request: PlanRequest, tracker: Tracker | None = None) -> tuple[G
     """The checked inputs of a plan request: the imported model, and annotations that name
     values of the model and fit its cluster. Every bad input raises its one-line
     AutoshardError here (a bad cluster where the face made it), before any search: the
-    service calls this to answer 4xx at once."""
+    service calls this to answer 4xx at once. A global batch is checked as its first count
+    of micro-batches plans it (each count's shapes are the model's at another batch)."""
+    batch = request.global_batch
+    if batch is not None:
+        if batch.dim in request.dims:
+            raise PipelineError(f"--global-batch {batch} sets dim {batch.dim}: drop its --dim")
+        size = batch.size // batch.choices(searched=request.pipeline is not None)[0]
+        request = dataclasses.replace(
+            request, global_batch=None, dims={**request.dims, batch.dim: size}
+        )
     _, graph, cluster = _plan_inputs(request, tracker)
     return graph, cluster
 
@@ -273,6 +286,8 @@ def _plan_inputs(
             graphs[key] = forward, graph
     shapes = {name: value.shape for name, value in graph.values.items()}
     check_annotations(request.annotations, shapes, cluster.mesh)
+    if request.pipeline is not None:
+        _check_pipeline(request, _layers(forward), graph.micro_batches, cluster.mesh)
     return forward, graph, cluster
 
 
@@ -361,6 +376,8 @@ def plan_request(
     no plan fitting raises the solve's InfeasibleError, without the least memory a plan needs
     (`auto_plan`)."""
     deadline = deadline or Deadline.start(request.time_limit)
+    if request.global_batch is not None:
+        return _in_micro_batches(request, tracker, after, deadline, graphs)
     training = request.training
     if training is not None and training.attention is None:
         training = training.for_device(request.cluster.device.flash_attention)
@@ -369,8 +386,6 @@ def plan_request(
         return _cheapest_recompute(request, training, tracker, after, deadline, graphs)
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
     forward, graph, whole = _plan_inputs(request, tracker, graphs)
-    if request.pipeline is not None:
-        _check_pipeline(request, _layers(forward), graph.micro_batches, whole.mesh)
     deadline.check("importing the model")
     _enter(tracker, PipelineStage.SEARCH, "building the problem")
     found = _search(request, forward, graph, whole, options, tracker, deadline, explain)
@@ -405,6 +420,63 @@ def _with_pipeline(document: PlanDocument, found: _Searched, whole: Cluster) -> 
                   **({"considered": [c.to_json() for c in found.choice.candidates]}
                      if found.choice is not None else {})},
     )  # fmt: skip
+
+
+def _in_micro_batches(
+    request: PlanRequest, tracker: Tracker | None, after: AfterStage | None,
+    deadline: Deadline, graphs: GraphCache | None,
+) -> RequestedPlan:  # fmt: skip
+    """The plan of `request`'s global batch in the fastest of the micro-batch counts it allows
+    (`GlobalBatch.choices`) that has a plan that fits; where none has, the largest count's
+    error (its micro-batch the smallest)."""
+    batch, training = request.global_batch, request.training
+    assert batch is not None
+    if training is None:
+        raise PipelineError(f"--global-batch {batch} is a training step's: add --mode training")
+    if batch.dim in request.dims:
+        raise PipelineError(f"--global-batch {batch} sets dim {batch.dim}: drop its --dim")
+    counts = batch.choices(searched=request.pipeline is not None)
+
+    def asked(m: int) -> PlanRequest:
+        return dataclasses.replace(
+            request, global_batch=None, dims={**request.dims, batch.dim: batch.size // m},
+            training=dataclasses.replace(training, micro_batches=m),
+        )  # fmt: skip
+
+    if len(counts) == 1:
+        return plan_request(asked(counts[0]), tracker, after, deadline, graphs)
+    tried: list[MicroBatchCandidate] = []
+    best: tuple[float, int, RequestedPlan] | None = None
+    for m in counts:
+        try:
+            found = plan_request(asked(m), tracker, None, deadline, graphs, explain=False)
+        except (InfeasibleError, PipelineError) as error:
+            why = "no plan fits" if isinstance(error, InfeasibleError) else str(error)
+            tried.append(MicroBatchCandidate(m, None, why))
+            deadline.check("trying the micro-batch counts")
+            continue
+        block = found.document.pipeline
+        step = block["step_time_s"] if block else found.planned.cost.objective
+        tried.append(MicroBatchCandidate(m, step))
+        if best is None or step < best[0]:
+            best = (step, m, found)
+    if best is None:
+        plan_request(asked(counts[-1]), tracker, after, deadline, graphs)
+        raise PipelineError(f"no micro-batch count of {batch} has a plan")  # (it raised)
+    _, chosen, found = best
+    words = chosen_words(batch, chosen, [c for c in tried if c.micro_batches != chosen])
+    document = found.document
+    block = document.pipeline
+    document = dataclasses.replace(
+        document, story=f"{words}. {document.story}",
+        pipeline=None if block is None else {
+            **block, "global_batch": {"dim": batch.dim, "size": batch.size},
+            "micro_batches_considered": [c.to_json() for c in tried],
+        },
+    )  # fmt: skip
+    if after is not None:
+        build(found.graph, found.planned.plan, after, tracker)
+    return dataclasses.replace(found, document=document)
 
 
 def recompute_ladder(training: Training) -> tuple[Training, ...]:

@@ -27,8 +27,10 @@ from typing import Any
 from autoshard.annotations import Annotation, parse_annotations
 from autoshard.cost.cluster import load_cluster_file, make_cluster
 from autoshard.cost.devices import CLUSTERS, DEFAULT_DEVICE, DEVICES
-from autoshard.errors import AutoshardError, ClusterError
+from autoshard.cost.schedule import Schedule
+from autoshard.errors import AutoshardError, ClusterError, PipelineError
 from autoshard.pipeline import PlanRequest
+from autoshard.search.microbatch import GlobalBatch
 from autoshard.search.options import Objective
 from autoshard.search.pipelined import pipeline_ask
 from autoshard.training import Mode, Training
@@ -94,6 +96,14 @@ FORM_SCHEMA: dict[str, Any] = {
         "attention": {"type": "string", "enum": _choices(Attention),
                       "description": "training: fused (default on GPU presets: flash-attention "
                                      "kernels, no SxS scores kept) or as-exported (op by op)"},
+        "global_batch": {"type": "string", "example": "batch=64",
+                         "description": "training: the step's global batch along the model's "
+                                        "dim DIM, DIM=SIZE, in place of that dim in dims: a "
+                                        "micro-batch is SIZE / micro_batches of it; with a "
+                                        "pipeline and no micro_batches the search picks them"},
+        "schedule": {"type": "string", "example": "1f1b",
+                     "description": "training on a mesh with an axis named pp (a pipeline): "
+                                    "the schedule, 1f1b (default), gpipe or interleaved[:V]"},
     },
 }  # fmt: skip
 """The form of POST /v1/plans, field by field (its OpenAPI schema and the web page's form)."""
@@ -146,6 +156,8 @@ class PlanOptions:
     objective: Objective = Objective.TIME
     time_limit: float = DEFAULT_TIME_LIMIT
     training: Training | None = None  # mode "training"
+    schedule: str | None = None  # a pipeline's, on a mesh with an axis named pp
+    global_batch: GlobalBatch | None = None
 
     def to_json(self) -> dict[str, Any]:
         trained = (
@@ -154,11 +166,16 @@ class PlanOptions:
         )  # fmt: skip
         # Only when given: a request without one keeps the job id it had before the field.
         cluster = {} if self.cluster is None else {"cluster": _cluster_json(self.cluster)}
+        cluster |= {} if self.schedule is None else {"schedule": self.schedule}
+        batch = self.global_batch
+        batched: dict[str, Any] = {} if batch is None else {
+            "global_batch": [batch.dim, batch.size, batch.micro_batches]}  # fmt: skip
         return {
             "mesh": self.mesh, "dims": dict(self.dims), "device": self.device,
             "bandwidth": self.bandwidth, "latency": self.latency, "memory": self.memory,
             "annotations": json.loads(self.annotations) if self.annotations else None,
             "objective": self.objective, "time_limit": self.time_limit, **cluster, **trained,
+            **batched,
         }  # fmt: skip
 
     @classmethod
@@ -176,6 +193,8 @@ class PlanOptions:
             objective=Objective(data.get("objective", Objective.TIME)),
             time_limit=float(data.get("time_limit", DEFAULT_TIME_LIMIT)),
             training=Training.parse(**data["training"]) if data.get("training") else None,
+            schedule=data.get("schedule"),
+            global_batch=GlobalBatch(*data["global_batch"]) if data.get("global_batch") else None,
         )  # fmt: skip
 
     def parsed_annotations(self) -> tuple[Annotation, ...]:
@@ -194,7 +213,9 @@ class PlanOptions:
         return PlanRequest(
             model_path=model_path, cluster=cluster, dims=dict(self.dims),
             annotations=annotations, objective=self.objective, time_limit=self.time_limit,
-            training=self.training, pipeline=pipeline_ask(cluster.mesh, None, None),
+            training=self.training,
+            pipeline=pipeline_ask(cluster.mesh, None, self.schedule),
+            global_batch=self.global_batch,
         )  # fmt: skip
 
     def job_id(self, model_sha256: str) -> str:
@@ -306,8 +327,40 @@ def parse_options(fields: Mapping[str, str], max_time_limit: float) -> PlanOptio
         memory=given.get("memory"),
         cluster=_cluster(given["cluster"]) if "cluster" in given else None,
         annotations=annotations, objective=Objective(objective),
-        time_limit=time_limit, training=_training(given),
+        time_limit=time_limit, training=_training(given), schedule=_schedule(given),
+        global_batch=_global_batch(given, dims),
     )  # fmt: skip
+
+
+def _global_batch(
+    given: Mapping[str, str], dims: tuple[tuple[str, int], ...]
+) -> GlobalBatch | None:
+    """The `global_batch` field with the `micro_batches` field where given (else the search
+    picks them, with a pipeline)."""
+    if "global_batch" not in given:
+        return None
+    micro = given.get("micro_batches")
+    batch = given["global_batch"]
+    if batch.partition("=")[0].strip() in dict(dims):
+        raise RequestError(f"global_batch {batch} sets dim {batch.partition('=')[0].strip()}: "
+                           "drop it from dims")  # fmt: skip
+    if micro and not micro.isdigit():
+        raise RequestError(f"micro_batches {micro!r} is not an integer")
+    try:
+        return GlobalBatch.parse(batch, int(micro) if micro else None)
+    except PipelineError as error:
+        raise RequestError(in_form_words(str(error))) from None
+
+
+def _schedule(given: Mapping[str, str]) -> str | None:
+    """The `schedule` field, checked (its name; whether the mesh has a pipeline is the
+    request's check, as the CLI's)."""
+    if "schedule" not in given:
+        return None
+    try:
+        return Schedule.parse(given["schedule"]).flag
+    except PipelineError as error:
+        raise RequestError(str(error)) from None
 
 
 def _training(given: Mapping[str, str]) -> Training | None:

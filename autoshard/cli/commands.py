@@ -199,15 +199,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     deadline = Deadline.start(args.time_limit)  # (before the pipeline's imports: they count)
     from autoshard.pipeline import PlanRequest, plan_request
+    from autoshard.search.microbatch import GlobalBatch
 
     dims, annotations, training = dims_of(args.dim), _annotations(args), _training(args)
+    batch = args.global_batch
     with _progress(args) as tracker:
         after = _dump_after(args)
         cluster = _cluster(args)
         request = PlanRequest(
             model_path=args.model, cluster=cluster, dims=dims, annotations=annotations,
             objective=Objective(args.objective), time_limit=args.time_limit, training=training,
-            pipeline=_pipeline(args, cluster.mesh),
+            pipeline=_pipeline(args, cluster.mesh), global_batch=batch and GlobalBatch.parse(
+                batch, args.micro_batches),
         )  # fmt: skip
         requested = plan_request(request, tracker, after, deadline)
         document, planned, cluster = requested.document, requested.planned, requested.cluster

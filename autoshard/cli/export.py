@@ -44,8 +44,20 @@ def cmd_export(args: argparse.Namespace) -> int:
             print(line)
         for weight, why in document["unnamed"].items():
             print(f"  ONNX weight {weight}: {why}")
+    if "pipeline" in document:
+        print(pipeline_line(document["pipeline"]))
     for warning in document["warnings"]:
         print(f"warning: {warning}")
     if args.out:
         print(f"{target} export written to {args.out}")
     return 0
+
+
+def pipeline_line(block: dict) -> str:
+    """A pipelined plan's stage split in a line: `pipeline: 2 stages over pp, split before
+    lm.model.layers.2 (SplitPoint.BEGINNING), Schedule1F1B, 4 micro-batches`."""
+    points = ", ".join(p if isinstance(p, str) else p["module"] for p in block["split_points"])
+    where = f", split before {points} (SplitPoint.BEGINNING)" if points else ""
+    how = f", {block['schedule_class']}" if "schedule_class" in block else ""
+    return (f"pipeline: {block['stages']} stages over {block['axis']}{where}{how}, "
+            f"{block['micro_batches']} micro-batches")  # fmt: skip

@@ -182,6 +182,12 @@ def pipeline_flags(parser: argparse.ArgumentParser) -> None:
         "device, default 2); without it the search picks the fastest that fits",
     )  # fmt: skip
     group.add_argument(
+        "--global-batch", metavar="DIM=SIZE",
+        help="the step's global batch along the model's dim DIM (e.g. batch=256), in place of "
+        "--dim DIM: a micro-batch is SIZE / --micro-batches of it; with a pipeline and no "
+        "--micro-batches the search picks the micro-batches among SIZE's divisors",
+    )  # fmt: skip
+    group.add_argument(
         "--pipeline", choices=("auto", "none"), default="none",
         help="auto: the search decides whether to pipeline, over how many stages of the "
         "pipeline axis (--pipeline-axis or pp, else the outermost) and how; none (default): only "

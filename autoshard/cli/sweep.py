@@ -76,6 +76,7 @@ def add_sweep_command(commands: Any) -> None:
         choices=("local", "ray"),
         help="local: a process pool; ray: Ray tasks (default where Ray is installed)",
     )
+    _pipeline_flags(sweep)
     run.add_argument("--workers", type=int, help="points planned at once (default: the CPUs)")
     run.add_argument(
         "--ray-address",
@@ -93,16 +94,40 @@ def add_sweep_command(commands: Any) -> None:
     sweep.set_defaults(run=cmd_sweep, dump_after=None)
 
 
+def _pipeline_flags(sweep: Parser) -> None:
+    group = sweep.add_argument_group("pipeline (with --mode training; for every point)")
+    group.add_argument(
+        "--pipeline-axis",
+        metavar="N",
+        help="pipeline the repeated layers over this axis of every mesh (with --mode training)",
+    )
+    group.add_argument(
+        "--global-batch",
+        metavar="DIM",
+        help="read the grid's --dim DIM sizes as global batches: each split into micro-batches "
+        "(--micro-batches, or with --pipeline-axis the search's choice of divisors)",
+    )
+    group.add_argument(
+        "--schedule", metavar="NAME",
+        help="the pipeline's schedule: 1f1b (default), gpipe, interleaved[:V]",
+    )  # fmt: skip
+
+
 def _list(text: str | None) -> list[Any]:
     return [None] if text is None else [v.strip() for v in text.split(",") if v.strip()]
 
 
 def _sweep_of(args: argparse.Namespace) -> Any:
+    from autoshard.cost.schedule import Schedule
     from autoshard.limits import MAX_SEARCH_AXES
     from autoshard.sweep.executors import default_executor
     from autoshard.sweep.grid import SweepError, device_counts, expand, meshes
     from autoshard.sweep.run import Sweep
 
+    if args.schedule is not None:
+        Schedule.parse(args.schedule)  # a bad name is the command's error, not every point's
+        if args.pipeline_axis is None:
+            raise SweepError(f"--schedule {args.schedule} orders a pipeline: give --pipeline-axis")
     max_axes = args.max_axes or MAX_SEARCH_AXES
     if not 1 <= max_axes <= MAX_SEARCH_AXES:
         raise SweepError(f"--max-axes {max_axes}: choose 1..{MAX_SEARCH_AXES} (MAX_SEARCH_AXES)")
@@ -121,6 +146,9 @@ def _sweep_of(args: argparse.Namespace) -> Any:
             raise SweepError(f"--dim {text!r} is not NAME=SIZES (e.g. batch=256,512)") from None
         if not name.strip() or not dims[name.strip()] or min(dims[name.strip()]) < 1:
             raise SweepError(f"--dim {text!r} is not NAME=SIZES of sizes >= 1 (e.g. batch=256,512)")
+    if args.global_batch is not None and args.global_batch not in dims:
+        raise SweepError(f"--global-batch {args.global_batch} names no --dim of the grid: give "
+                         f"--dim {args.global_batch}=SIZES")  # fmt: skip
     training = {
         n: _list(getattr(args, n))
         for n in ("optimizer", "precision", "micro_batches", "recompute", "attention")
@@ -150,6 +178,9 @@ def _sweep_of(args: argparse.Namespace) -> Any:
         ray_address=args.ray_address,
         price=args.price_per_device_hour,
         limit=args.limit,
+        pipeline_axis=args.pipeline_axis,
+        schedule=args.schedule,
+        global_batch=args.global_batch,
     )
 
 

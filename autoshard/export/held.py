@@ -15,12 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from autoshard.document.blocks import WeightStrategy
 from autoshard.document.plan_document import PlanDocument, plan_from_document
 from autoshard.errors import AutoshardError
+from autoshard.export.unroll import unrolled
 from autoshard.files import sha256_file
 from autoshard.ir.graph import Graph, Weight
 from autoshard.ir.onnx_import import file_weights, import_onnx, load_model
@@ -76,6 +78,8 @@ class Held:
     # A parameter held by two ONNX weights of one content (a tied embedding and LM head the
     # TorchScript exporter copies): each of the pair -> the first of it, by name.
     tied: Mapping[str, str] = field(default_factory=dict)
+    # A pipelined plan's `pipeline` block (the plan document's): its stages and schedule.
+    pipeline: Mapping[str, Any] | None = None
 
 
 def mesh_dim_names(mesh: Mesh) -> tuple[str, ...]:
@@ -114,10 +118,12 @@ def held_params(
     source: str = "the plan",
 ) -> Held:
     """A plan document on its model (and the checkpoint, when given): every named parameter
-    with the sharding its weight is held in."""
+    with the sharding its weight is held in (a pipelined plan's stage unrolled over the whole
+    model: `export.unroll`)."""
     mesh = document.mesh
     graph = import_onnx(path, document.model.dims)
-    plan = plan_from_document(document, graph, mesh, source)
+    decisions, strategies = unrolled(document, graph)
+    plan = plan_from_document(decisions, graph, mesh, source)
     proto = load_model(path)
     weights = file_weights(proto, path)
     names = recover_names(proto, weights, load_checkpoint(checkpoint) if checkpoint else None)
@@ -142,10 +148,18 @@ def held_params(
                 )
     unnamed = {w: e.note for w, e in names.items() if not e.params}
     shapes = {w: tuple(weights[w].shape) for w in names}
-    strategies = document.strategy.weights if document.strategy is not None else {}
     tied = _ties(graph, params, weights)
     return Held(
-        mesh, graph, plan, tuple(params), shapes, unnamed, tuple(warnings), strategies, tied
+        mesh,
+        graph,
+        plan,
+        tuple(params),
+        shapes,
+        unnamed,
+        tuple(warnings),
+        strategies,
+        tied,
+        document.pipeline,
     )
 
 

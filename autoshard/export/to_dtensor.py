@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from autoshard.export.dtensor_traffic import dtensor_traffic
 from autoshard.export.held import Held, mesh_dim_names
+from autoshard.export.stages import stage_split, torch_text
 from autoshard.export.styles import choose_styles
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding
@@ -147,6 +148,9 @@ def dtensor_export(held: Held) -> dict[str, object]:
         "unnamed": held.unnamed,
         "warnings": warnings,
     }
+    split = stage_split(held)
+    if split is not None:  # a pipelined plan: its stages as torch.distributed.pipelining takes
+        document["pipeline"] = split.to_json()
     if held.strategies:  # a training plan: what its step moves as torch runs it
         document["traffic"] = dtensor_traffic(held, document).to_json()
     return document
@@ -490,4 +494,4 @@ def dtensor_module(export: Mapping[str, object], plan_name: str) -> str:
             f"    {json.dumps(name)}: ({', '.join(p)},),\n" for name, p in inputs.items()
         ),
         data=repr(tuple(data)),
-    )
+    ) + (torch_text(pipeline) if isinstance(pipeline := export.get("pipeline"), dict) else "")

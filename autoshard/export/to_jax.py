@@ -4,7 +4,8 @@ A dim split over one mesh axis is that axis's name; over several, a tuple of nam
 minor, which is the plan's split_axes order (`[[1, 0]]` on dp=2,tp=2 is `P(('tp', 'dp'))`).
 Specs are in the parameter's own layout (an ONNX weight that is its transpose swaps them).
 JAX splits evenly only: a dim a spec does not divide is listed in the warnings (`device_put`
-refuses it).
+refuses it). A pipelined plan's specs are a stage's; its `pipeline` block says which stage
+holds each layer and parameter, on the whole mesh with the pipeline axis first.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 
 from autoshard.export.held import Held, mesh_dim_names, torch_layout
+from autoshard.export.stages import StageSplit, parameter_stages, stage_split
 from autoshard.sharding import Sharding
 
 SCHEMA = "autoshard.export.jax/1"
@@ -70,10 +72,35 @@ def jax_export(held: Held) -> dict[str, object]:
             parameters[p.param]["optimizer_state_spec"] = state_spec
         if p.sharding.partial_axes:
             warnings.append(f"{p.param}: a partial value has no PartitionSpec; exported unsplit")
-    return {
+    document: dict[str, object] = {
         "schema": SCHEMA,
         "mesh": {"shape": list(mesh.shape), "axis_names": list(names)},
         "parameters": parameters,
         "unnamed": held.unnamed,
         "warnings": warnings,
+    }
+    stages = stage_split(held)
+    if stages is not None:
+        document["pipeline"] = pipeline_layout(held, stages, parameters)
+    return document
+
+
+def pipeline_layout(
+    held: Held, split: StageSplit, parameters: dict[str, dict[str, object]]
+) -> dict[str, object]:
+    """A pipelined plan's layout: the specs above are a stage's, on the mesh without the
+    pipeline axis; the whole mesh puts that axis first, and each layer and each parameter
+    (added to `parameters` as `stages`) lives on the stages listed."""
+    for param, stages in parameter_stages(held, split).items():
+        parameters[param]["stages"] = stages
+    return {
+        "axis": split.axis_name,
+        "mesh": {"shape": list(split.mesh_shape), "axis_names": list(split.mesh_names)},
+        "stages": split.stages,
+        "virtual_stages": split.virtual,
+        "schedule": split.schedule.flag,
+        "micro_batches": split.micro_batches,
+        "stage_of_layer": list(split.stage_of_layer),
+        "layer_modules": list(split.layer_modules),
+        "split_points": list(split.split_points),
     }

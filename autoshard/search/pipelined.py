@@ -340,6 +340,16 @@ def boundary_bytes(graph: Graph, plan: Plan, run: Run) -> int:
     )  # fmt: skip
 
 
+def model_layer(layer: int, depth: int, total: int) -> int:
+    """The layer of a stage's model `depth` layers deep that layer `layer` of the model's
+    `total` runs as (layers are alike): itself where the stage's model has it short of its
+    last, the stage's model's last (which borders the head) for the model's last, a middle
+    one for the others (which border layers on both sides)."""
+    if layer < depth - 1:
+        return layer
+    return depth - 1 if layer == total - 1 else max(depth - 2, 0)
+
+
 @dataclass(frozen=True)
 class LayerCosts:
     """An intra-stage plan's price by part of its model: the ops before the repeated layers
@@ -370,9 +380,7 @@ class LayerCosts:
         return first + [self._part(g, total) for g in layers] + last
 
     def _part(self, layer: int, total: int) -> int:
-        if layer < self.depth - 1:
-            return 1 + layer
-        return self.depth if layer == total - 1 else max(self.depth - 1, 1)
+        return 1 + model_layer(layer, self.depth, total)
 
     def layer_s(self) -> float:
         """A layer's forward and backward seconds per micro-batch (the layers' mean)."""

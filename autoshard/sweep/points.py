@@ -19,7 +19,9 @@ from typing import Any
 from autoshard.cost.cluster import make_cluster
 from autoshard.errors import AutoshardError
 from autoshard.pipeline import GraphCache, PlanRequest, RequestedPlan, plan_request
+from autoshard.search.microbatch import GlobalBatch
 from autoshard.search.options import Objective
+from autoshard.search.pipelined import pipeline_ask
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.sweep.grid import Point
 from autoshard.training.options import requested
@@ -34,6 +36,9 @@ class Task:
     model: str
     objective: str
     time_limit: float
+    pipeline_axis: str | None = None
+    schedule: str | None = None
+    global_batch: str | None = None
 
 
 class _Imports(OrderedDict[Any, Any]):
@@ -58,9 +63,15 @@ def plan_request_of(task: Task) -> PlanRequest:
         "--mode training",
     )  # fmt: skip
     cluster = make_cluster(point.mesh, point.device, None, None, point.memory, point.cluster)
+    dims, batch = dict(point.dims), None
+    if task.global_batch is not None:  # the dim's size is the global batch (checked: given)
+        given = dict(point.training).get("micro_batches")
+        batch = GlobalBatch(task.global_batch, dims.pop(task.global_batch),
+                            int(given) if given else None)  # fmt: skip
     return PlanRequest(
-        model_path=task.model, cluster=cluster, dims=dict(point.dims),
+        model_path=task.model, cluster=cluster, dims=dims, global_batch=batch,
         objective=Objective(task.objective), time_limit=task.time_limit, training=training,
+        pipeline=pipeline_ask(cluster.mesh, task.pipeline_axis, task.schedule),
     )  # fmt: skip
 
 
@@ -101,13 +112,17 @@ def figures(requested_plan: RequestedPlan, point: Point) -> dict[str, Any]:
     """The plan's figures in the table: step time, tokens/s/device, memory, the strategy."""
     document, cost = requested_plan.document, requested_plan.planned.cost
     step = cost.step_time_s  # a training step overlapped (`cost.overlap`)
+    memory = cost.memory_bytes_per_device
+    if document.pipeline is not None:  # the cost is a stage's: the pipeline's step and stages
+        step = document.pipeline["step_time_s"]
+        memory = max(s["memory"]["bytes_per_device"] for s in document.pipeline["stages"])
     tokens = tokens_per_step(requested_plan)
     story = (document.story or "").split(". ")[0].rstrip(".")
     solver = document.solver
     return {
         "step_time_s": step, "tokens_per_step": tokens,
         "tokens_per_s_per_device": tokens / step / point.devices if step else 0.0,
-        "memory_bytes_per_device": cost.memory_bytes_per_device,
+        "memory_bytes_per_device": memory,
         "memory_budget_bytes": requested_plan.cluster.memory,
         "comm_bytes_per_device": cost.comm_bytes_per_device,
         "recompute": str(document.training.recompute) if document.training else "",

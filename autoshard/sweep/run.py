@@ -42,6 +42,11 @@ class Sweep:
     ray_address: str | None = None
     price: float | None = None
     limit: int | None = None
+    pipeline_axis: str | None = None
+    """Every point's pipeline axis (None: none), run in `schedule`'s order (None: 1F1B)."""
+    schedule: str | None = None
+    global_batch: str | None = None
+    """The dim whose grid sizes (`--dim`) are global batches (`search.microbatch`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,12 +69,20 @@ def run_sweep(sweep: Sweep, tell: Callable[[str], None] = lambda _: None) -> Out
     """Plan the points the folder has no row for; write the tables and the page."""
     asked = {"objective": sweep.objective, "time_limit": sweep.time_limit,
              "autoshard": __version__}  # fmt: skip
+    for name in (
+        "pipeline_axis",
+        "schedule",
+        "global_batch",
+    ):  # absent if not given: earlier keys hold
+        if getattr(sweep, name) is not None:
+            asked[name] = getattr(sweep, name)
     sha = model_sha256(sweep.model)
     keys = [point_key(sha, point, asked) for point in sweep.points]
     results = Results(sweep.out)
     done = read_results(sweep.out)
     todo = [Task(key=k, point=p, model=str(sweep.model), objective=sweep.objective,
-                 time_limit=sweep.time_limit)
+                 time_limit=sweep.time_limit, pipeline_axis=sweep.pipeline_axis,
+                 schedule=sweep.schedule, global_batch=sweep.global_batch)
             for k, p in zip(keys, sweep.points, strict=True) if k not in done]  # fmt: skip
     todo = list({task.key: task for task in todo}.values())
     resumed = len(sweep.points) - len(todo)

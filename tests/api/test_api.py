@@ -250,6 +250,47 @@ def test_bad_input_is_422_with_the_cli_message(
     assert (response.status_code, response.json()) == (422, {"detail": message})
 
 
+GPT2_FIELDS = {"dims": '{"batch": 2, "seq": 16}', "mode": "training"}
+GPT2_FLAGS = ["--dim", "batch=2", "--dim", "seq=16", "--mode", "training"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "flags"),
+    [
+        pytest.param({"mesh": "pp=4,dp=1"}, ["--mesh", "pp=4,dp=1"], id="more-stages-than-layers"),
+        pytest.param({"mesh": "pp=2,dp=1", "schedule": "zigzag"},
+                     ["--mesh", "pp=2,dp=1", "--schedule", "zigzag"], id="unknown-schedule"),
+        pytest.param({"mesh": "pp=2,dp=1", "schedule": "interleaved", "micro_batches": "3"},
+                     ["--mesh", "pp=2,dp=1", "--schedule", "interleaved", "--micro-batches", "3"],
+                     id="micro-batches-not-divisible-by-stages"),
+    ],
+)  # fmt: skip
+def test_pipeline_refusals_are_the_cli_message(server: Server, capsys, fields, flags) -> None:
+    gpt2 = MODELS / "gpt2.onnx"
+    code, _, err = cli(["plan", str(gpt2), *GPT2_FLAGS, *flags], capsys)
+    assert code == 2 and err.startswith("autoshard: error: ") and err.count("\n") == 1
+    message = err.removeprefix("autoshard: error: ").strip()
+    response = server.submit(gpt2, {**GPT2_FIELDS, **fields})
+    assert (response.status_code, response.json()) == (422, {"detail": message})
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        pytest.param({"dims": '{"seq": 16}', "global_batch": "batch=8", "micro_batches": "3"},
+                     "micro_batches=3 does not divide the global batch batch=8 (a micro-batch "
+                     "is the global batch / micro-batches); choose one of: 1, 2, 4, 8",
+                     id="micro-batches-not-dividing"),
+        pytest.param({"global_batch": "batch=8"},
+                     "global_batch batch=8 sets dim batch: drop it from dims", id="dim-twice"),
+    ],
+)  # fmt: skip
+def test_a_bad_global_batch_is_422(server: Server, fields, message) -> None:
+    asked = {**GPT2_FIELDS, "mesh": "pp=2,dp=1", **fields}
+    response = server.submit(MODELS / "gpt2.onnx", asked)
+    assert (response.status_code, response.json()) == (422, {"detail": message})
+
+
 def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys) -> None:
     annotations = {"annotations": [{"value": "x", "sharding": "[[0]]", "for": "everyone"}]}
     path = tmp_path / "a.json"
@@ -297,7 +338,7 @@ def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys
             {**FIELDS, "colour": "blue"}, 400,
             "unknown form field 'colour'; valid: model, mesh, dims, cluster, device, bandwidth, "
             "latency, memory, annotations, objective, time_limit, mode, optimizer, precision, "
-            "micro_batches, recompute, attention",
+            "micro_batches, recompute, attention, global_batch, schedule",
             id="unknown-field",
         ),
         pytest.param(
@@ -539,3 +580,14 @@ def test_bad_cluster_is_422_with_the_cli_message(
         assert said == message.replace("in cluster", f"in {path}").replace(
             "cluster must", f"cluster file {path} must"
         )
+
+
+def test_a_global_batch_is_planned_in_the_searched_micro_batches(server: Server) -> None:
+    fields = {**GPT2_FIELDS, "dims": '{"seq": 16}', "mesh": "pp=2,dp=1", "global_batch": "batch=4"}
+    response = server.submit(MODELS / "gpt2.onnx", fields)
+    assert response.status_code == 202, response.json()
+    done = server.wait(response.json()["id"])
+    assert done["status"] == "done", done
+    plan = server.get(f"/v1/plans/{done['id']}/plan.json").json()
+    assert plan["story"].startswith("micro-batches: ")
+    assert [c["micro_batches"] for c in plan["pipeline"]["micro_batches_considered"]] == [1, 2, 4]

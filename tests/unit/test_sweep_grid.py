@@ -155,6 +155,10 @@ def test_results_skip_a_line_the_kill_cut_and_append_after_it(tmp_path: Path) ->
         (["--devices", "4", "--memory", "lots"], "lots"),
         (["--devices", "4", "--micro-batches", "2"], "--micro-batches plans a training step"),
         (["--devices", "4", "--dim", "batch=a"], "--dim 'batch=a' is not NAME=SIZES"),
+        (
+            ["--devices", "4", "--schedule", "zigzag"],
+            "unknown schedule 'zigzag'; choose one of: gpipe, 1f1b, interleaved[:V]",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
