@@ -2,10 +2,11 @@
 
 A pipelined plan document decides the *stage's model* (`analysis.shorten`: the forward cut to
 `stage_model_layers` repeated layers, embedding and head kept) on a stage's devices. Stage `s`
-of the whole model (`analysis.stage_cut`) runs the layers of its range with that plan: its
-`k`-th layer takes the decisions of the stage's model's layer `k`, op for op by the repeated
-layers' correspondence (`analysis.repeats`), its weights held as that layer's are; the ops
-outside the layers (the embedding, the head) keep their own decisions, by name.
+of the whole model (`analysis.stage_cut`) runs the layers of its range with that plan: each
+layer takes the decisions of the stage's model's layer it was priced as
+(`search.pipelined.model_layer`, as the exports unroll it), op for op by the repeated layers'
+correspondence (`analysis.repeats`), its weights held as that layer's are; the ops outside
+the layers (the embedding, the head) keep their own decisions, by name.
 
 A boundary value (what a stage sends on) is held on both sides as the stage's model holds its
 counterpart, complete (a partial sum reduced first: `plan.returned`), so the sender's device
@@ -32,6 +33,7 @@ from autoshard.ir.graph import Graph
 from autoshard.mesh import Device, Mesh
 from autoshard.pipeline import Built, build, load_graphs
 from autoshard.plan import Plan, plan_from_options, returned
+from autoshard.search.pipelined import model_layer
 from autoshard.sharding import Sharding
 
 
@@ -94,7 +96,7 @@ def pipelined_partition(
     cuts = cut_stages(forward, run, ranges)
     whole = Mesh.parse(str(block["mesh"]))
     axis = int(block["axis"])
-    names = _cut_names(forward, run, ranges)
+    names = _cut_names(forward, run, ranges, depth)
     sent = [v for cut in cuts for v in cut.sends]
     if missing := [v for v in sent if names.get(v, v) not in stage_plan.values]:
         raise StageMapError(
@@ -114,14 +116,16 @@ def pipelined_partition(
                               int(block["micro_batches"]), stages, boundary)  # fmt: skip
 
 
-def _cut_names(graph: Graph, run: Run, ranges: Sequence[range]) -> dict[str, str]:
-    """Each op's and value's name in the stage's model, where it differs: the `k`-th layer of
-    a stage is the stage's model's layer `k` (its ops, their results, the weights they read);
-    what is outside the layers keeps its name."""
+def _cut_names(graph: Graph, run: Run, ranges: Sequence[range], depth: int) -> dict[str, str]:
+    """Each op's and value's name in the stage's model, where it differs: layer `j` of the
+    model is the stage's model's layer the search priced it as (`search.pipelined.
+    model_layer`: its ops, their results, the weights they read); what is outside the layers
+    keeps its name."""
     names: dict[str, str] = {}
     for stage in ranges:
         for j in stage:
-            for i, c in zip(run.layers[j], run.layers[j - stage.start], strict=True):
+            like = run.layers[model_layer(j, depth, run.count)]
+            for i, c in zip(run.layers[j], like, strict=True):
                 op, twin = graph.ops[i], graph.ops[c]
                 names.setdefault(op.name, twin.name)
                 for mine, theirs in zip(op.outputs, twin.outputs, strict=True):
