@@ -196,6 +196,11 @@ class _Grouper:
                 self.copies[op.name] = op.name
             else:
                 self.copies[op.name] = first_free.setdefault(self.repeats.first(i), op.name)
+            # An op computed with another is a copy only where that one is a copy of the
+            # first's (the backward's run of layers may pair ops the forward's does not).
+            mine, first = computed_with(op), computed_with(graph.op_by_name[self.copies[op.name]])
+            if mine and first and self.copies[mine] != self.copies[first]:
+                self.copies[op.name] = op.name
         # The producer-less values decided, and who reads them.
         self.readers: dict[str, list[Reader]] = {}
         for op in ops:

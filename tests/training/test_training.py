@@ -600,3 +600,15 @@ def test_an_annotation_on_one_layer_pins_that_layer_and_its_gradients_alone():
     )
     (gradient,) = [op for op in graph.ops if computed_with(op) == softmax.name]
     assert planned.plan.options[gradient.name] == planned.plan.options[softmax.name]
+
+
+def test_gradients_are_copies_only_where_their_forward_ops_are():
+    """GPT-2 at batch 1: the forward's run of layers pairs layer 0's residual Add with the
+    embedding's Add, the backward's pairs the two layers' gradients of it; a gradient decides
+    with its forward op, so it is no copy of a gradient whose forward op is decided apart
+    (this plan failed to build before)."""
+    graph = load_graph(MODELS / "gpt2.onnx", {"batch": 1, "seq": 16}, Training())
+    planned = auto_plan(graph, make_cluster(mesh="2"))
+    for op in graph.ops:
+        if forward := computed_with(op):
+            assert planned.plan.options[op.name] == planned.plan.options[forward]
