@@ -14,6 +14,7 @@ over the limit.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -31,8 +32,9 @@ from autoshard.search.iopddl.format import FORBIDDEN, IopddlError, IopddlProblem
 from autoshard.search.iopddl.greedy import Greedy, greedy
 from autoshard.search.iopddl.pose import Posed, pose
 from autoshard.search.solver import tuning
+from autoshard.search.solver.eliminate import memory_aside
 from autoshard.search.solver.lowest import lowest_budget
-from autoshard.search.solver.outcome import InfeasibleError, Solution, SolverStatus
+from autoshard.search.solver.outcome import InfeasibleError, Limit, OutOfTime, Solution, SolverStatus
 from autoshard.search.solver.solve import solve
 
 ROUNDS = 12
@@ -40,6 +42,10 @@ ROUNDS = 12
 
 ROWS_PER_ROUND = 256
 """The rows most over the limit a round adds, besides the worst of each run of them."""
+
+ASIDE_SHARE = 0.25
+"""The share of the time limit the optimum with memory aside may take at most: past it, its
+best found and bound serve (it only starts the memory-bound search, which needs the rest)."""
 
 MARGIN = 2.0
 """Seconds before the time limit at which the solver's rounds stop, at most..."""
@@ -140,6 +146,13 @@ def _rounds(
     started = time.perf_counter()
     hint = quick.choice if quick.fits else ()
     rows, floor, spent, rounds = np.zeros(0, np.int64), 0, 0.0, 0
+    # The optimum with memory aside is every round's: solved once (where the time runs out
+    # first, the first round's solve answers from the hint).
+    aside: Solution | None = None
+    with contextlib.suppress(OutOfTime):
+        within = Limit(time_limit * ASIDE_SHARE, time_limit, "memory-aside", deadline)
+        aside = memory_aside(posed.problem, within, None, "s")
+        spent += aside.work
     while True:
         rounds += 1
         last = rounds > ROUNDS or spent >= time_limit or deadline.passed()
@@ -149,7 +162,7 @@ def _rounds(
         left = max(time_limit - spent, time_limit / 10)
         try:
             found = solve(problem, time_limit=left, hint=hint, limit=time_limit, floor=floor,
-                          deadline=deadline)  # fmt: skip
+                          deadline=deadline, aside=aside)  # fmt: skip
         except InfeasibleError:
             raise _infeasible(iop, posed, time_limit) from None
         spent += found.work
