@@ -34,7 +34,13 @@ from autoshard.search.iopddl.pose import Posed, pose
 from autoshard.search.solver import tuning
 from autoshard.search.solver.eliminate import memory_aside
 from autoshard.search.solver.lowest import lowest_budget
-from autoshard.search.solver.outcome import InfeasibleError, Limit, OutOfTime, Solution, SolverStatus
+from autoshard.search.solver.outcome import (
+    InfeasibleError,
+    Limit,
+    OutOfTime,
+    Solution,
+    SolverStatus,
+)
 from autoshard.search.solver.solve import solve
 
 ROUNDS = 12

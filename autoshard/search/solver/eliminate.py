@@ -142,12 +142,13 @@ def eliminate(problem: Problem) -> tuple[Problem, list[int], list[_Eliminated]]:
         if g not in alive:
             continue
         around = sorted(near[g])
+        kept_near: list[int] = []
         if len(node[g]) == 1:  # no choice: its edges are costs of its neighbours' choices
             for h in around:
                 node[h] = node[h] + matrix(g, h)[:, 0]
-            kept_near, best = [], np.zeros(1, dtype=np.int64)
+            best = np.zeros(1, dtype=np.int64)
         elif not around:
-            kept_near, best = [], np.array([int(np.argmin(node[g]))])
+            best = np.array([int(np.argmin(node[g]))])
         elif len(around) == 1:
             (h,) = kept_near = around
             total = matrix(g, h) + node[g][None, :]
@@ -169,8 +170,16 @@ def eliminate(problem: Problem) -> tuple[Problem, list[int], list[_Eliminated]]:
         alive.discard(g)
         order.append(_Eliminated(g, tuple(kept_near), best))
     kept = sorted(alive)
+    return _reduced(problem, node, edges, kept), kept, order
+
+
+def _reduced(
+    problem: Problem, node: list[np.ndarray], edges: dict[tuple[int, int], np.ndarray],
+    kept: list[int],
+) -> Problem:  # fmt: skip
+    """The problem of the groups `kept`, with the costs and edges elimination left them."""
     index = {g: i for i, g in enumerate(kept)}
-    reduced = Problem(
+    return Problem(
         tuple(len(node[g]) for g in kept),
         tuple(tuple(int(c) for c in node[g]) for g in kept),
         tuple(
@@ -181,7 +190,6 @@ def eliminate(problem: Problem) -> tuple[Problem, list[int], list[_Eliminated]]:
         problem.budget,
         problem.unit,
     )
-    return reduced, kept, order
 
 
 def _expand(choice_of_kept: Sequence[int], kept: Sequence[int], order: Sequence[_Eliminated],
