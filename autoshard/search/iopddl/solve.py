@@ -64,7 +64,7 @@ MARGIN_SHARE = 0.1
 class Solved:
     """A contest problem solved: the strategy per node, its cost (the evaluator's), its
     usage's peak, the bound proven on any solution's cost, whether it is the optimum, the
-    rounds of solves and the memory rows the last held."""
+    rounds of solves, the memory rows the last held, and the groups the nodes made (`ties`)."""
 
     solution: tuple[int, ...]
     cost: int
@@ -74,6 +74,7 @@ class Solved:
     wall_s: float
     rounds: int = 1
     rows: int = 0
+    groups: int = 0
 
     @property
     def gap(self) -> float:
@@ -104,11 +105,14 @@ def solve_iopddl(
         if exact is None or cost < exact.cost:
             floor = exact.bound if exact is not None else posed.cost_bound(_least(posed))
             bound = min(cost, floor)
-            return Solved(solution, cost, iop.usage(solution), bound, bound == cost,
-                          time.perf_counter() - started)  # fmt: skip
+            wall = time.perf_counter() - started
+            return Solved(solution, cost, iop.usage(solution), bound, bound == cost, wall,
+                          groups=len(posed.problem.sizes))  # fmt: skip
     if exact is None:
         raise TimeUp(deadline.ran_out("before a solution within the usage limit was found"))
-    return dataclasses.replace(exact, wall_s=time.perf_counter() - started)
+    return dataclasses.replace(
+        exact, wall_s=time.perf_counter() - started, groups=len(posed.problem.sizes)
+    )
 
 
 def _in_child(work: Callable[[], Solved], deadline: Deadline) -> Solved | None:
