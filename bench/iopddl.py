@@ -6,11 +6,12 @@ solve`, against the best cost a team submitted.
 
 INSTANCE_DIR holds google/iopddl's `benchmarks/asplos-2025-iopddl-?.json.gz` (nothing is
 downloaded). Each problem is solved in a child process of its own (a crash or a memory limit
-ends that row, not the table), `--time-limit` CP-SAT deterministic seconds each, the child
+ends that row, not the table), `--time-limit` wall seconds each after reading it, the child
 killed after `--kill-after` wall seconds (default three times the limit and 30 s). The
-table: nodes, strategies, our cost, the best team's (`BEST`, from asplos-contest/2025
-`misc/iopddl_final_results.csv`, the least below the contest's 10**18 penalty), their ratio,
-the bound we prove (its ratio to the best), the status and the wall seconds.
+table: nodes, the groups they make (`iopddl.ties`), strategies, our cost, the best team's
+(`BEST`, from asplos-contest/2025 `misc/iopddl_final_results.csv`, the least below the
+contest's 10**18 penalty), their ratio, the bound we prove (its ratio to the best), the
+status and the wall seconds.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def _solve(path: str, time_limit: float, memory_gib: float, out: multiprocessing
         size = {"nodes": len(problem.costs), "strategies": problem.strategies}
         out.put(size)
         solved = solve_iopddl(problem, time_limit)
-        out.put({"cost": solved.cost, "bound": solved.bound, "optimal": solved.optimal})
+        out.put({"cost": solved.cost, "bound": solved.bound, "optimal": solved.optimal,
+                 "groups": solved.groups})  # fmt: skip
     except AutoshardError as error:
         out.put({"error": str(error)})
     except MemoryError:
@@ -87,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     files = sorted(args.instances.glob("asplos-2025-iopddl-*.json*"))
     rows = []
-    print(f"{'':3}{'nodes':>7}{'strategies':>11}{'cost':>16}{'best':>16}{'ratio':>8}"
+    print(f"{'':3}{'nodes':>7}{'groups':>7}{'strategies':>11}{'cost':>16}{'best':>16}{'ratio':>8}"
           f"{'bound/best':>11}  {'status':9}{'wall s':>7}")  # fmt: skip
     for path in files:
         letter = path.name.split("-")[-1].split(".")[0]
@@ -97,7 +99,8 @@ def main() -> None:
         found = run(path, args.time_limit, args.memory_gib, kill_after) | {"problem": letter}
         rows.append(found)
         best = BEST.get(letter)
-        size = f"{found.get('nodes', '?'):>7}{found.get('strategies', '?'):>11}"
+        size = (f"{found.get('nodes', '?'):>7}{found.get('groups', '?'):>7}"
+                f"{found.get('strategies', '?'):>11}")  # fmt: skip
         if "cost" in found:
             ratio = f"{found['cost'] / best:8.3f}" if best else f"{'?':>8}"
             bound = f"{found['bound'] / best:11.3f}" if best else f"{'?':>11}"

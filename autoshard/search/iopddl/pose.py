@@ -1,8 +1,10 @@
 """An IOPDDL problem posed as our search `Problem`.
 
-A group per node, over its strategies of finite cost (and, round after round, less those that
-every strategy of a neighbour forbids); an edge matrix per pair of nodes joined, the edges
-between them summed (an edge to a node of one strategy adds to the other node's costs). Costs
+A group per set of nodes that forbidden pairs tie one-to-one (`ties`: most are one node), over
+the choices of finite cost that no neighbour's every choice forbids; an edge matrix per pair of
+groups joined, their edges summed (an edge to a group of one choice adds to the other's costs).
+A node's usage is a term of its group's choice, so a memory row may hold several runs of one
+group (their sum is the row's usage, as the solver sums it). Costs
 are divided by `step`, rounding down, so that the largest is at most `SCALE` and a bound of
 the scaled problem times `step` is a bound of the contest's costs.
 
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoshard.search.iopddl.format import FORBIDDEN, IopddlError, IopddlProblem
+from autoshard.search.iopddl.ties import Groups, Pairs, grouped
 from autoshard.search.memory.rows import MemoryRows, RunTable
 from autoshard.search.problem import Problem
 
@@ -31,16 +34,15 @@ SCALE = 10**9
 PENALTY = 1000 * SCALE
 """A forbidden pair's scaled cost: past any finite term, within CP-SAT's int64 sums."""
 
-Pairs = dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
-
 _ONE = np.ones(1, np.int64)
 
 
 @dataclass(frozen=True, eq=False)
 class Usage:
-    """The memory rows, all of them: row r is time point `times[r]`; node n is live in rows
-    `first[n]` to `last[n] - 1`, holding its least usage there (summed in `fixed`) and, under
-    choice k, `extra[n][k]` more (run `run_of[n]` of `runs`, -1 where it has none)."""
+    """The memory rows, all of them: row r is time point `times[r]`; node n, of group
+    `group_of[n]`, is live in rows `first[n]` to `last[n] - 1`, holding its least usage there
+    (summed in `fixed`) and, under its group's choice k, `extra[n][k]` more (run `run_of[n]`
+    of `runs`, -1 where it has none)."""
 
     times: np.ndarray
     first: np.ndarray
@@ -49,6 +51,7 @@ class Usage:
     most: np.ndarray  # each row's largest usage under any choice
     extra: tuple[np.ndarray, ...]
     run_of: np.ndarray
+    group_of: np.ndarray
     runs: MemoryRows  # no rows: the runs' arrays only
     limit: int | None
     forbids: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
@@ -63,7 +66,8 @@ class Usage:
 
     def profile(self, choice: Sequence[int]) -> np.ndarray:
         """Each row's usage under one choice per group."""
-        chosen = np.array([e[k] for e, k in zip(self.extra, choice, strict=True)], np.int64)
+        at = np.asarray(choice, np.int64)[self.group_of].tolist()
+        chosen = np.array([e[k] for e, k in zip(self.extra, at, strict=True)], np.int64)
         return self.fixed + _spread(self.first, self.last, chosen, len(self.times))
 
     def rows(self, among: np.ndarray) -> MemoryRows:
@@ -91,17 +95,23 @@ class Usage:
 
 @dataclass(frozen=True, eq=False)
 class Posed:
-    """The contest's problem as ours: group g is node g over its strategies `kept[g]`; a
-    scaled cost times `step` is at most the contest's; `problem` holds no memory rows."""
+    """The contest's problem as ours: group g decides the nodes `groups.nodes[g]`
+    (`ties.Groups`); a scaled cost times `step` is at most the contest's; `problem` holds no
+    memory rows."""
 
     problem: Problem
-    kept: tuple[tuple[int, ...], ...]
+    groups: Groups
     step: int
     usage: Usage
 
     def solution(self, choice: Sequence[int]) -> list[int]:
         """A choice per group as the contest's strategy per node."""
-        return [kept[k] for kept, k in zip(self.kept, choice, strict=True)]
+        strategy = np.zeros(len(self.usage.group_of), np.int64)
+        for nodes, strategies, k in zip(
+            self.groups.nodes, self.groups.strategies, choice, strict=True
+        ):
+            strategy[nodes] = strategies[:, k]
+        return strategy.tolist()
 
     def cost_bound(self, bound: int) -> int:
         """A bound of the scaled problem as a bound of the contest's costs."""
@@ -114,22 +124,13 @@ class Posed:
 
 def pose(iop: IopddlProblem) -> Posed:
     """The problem as our search `Problem` (the module's docstring says how)."""
-    node_costs = [_int64(c) for c in iop.costs]
-    kept = [np.flatnonzero(c < FORBIDDEN) for c in node_costs]
-    for node, choices in enumerate(kept):
-        if not len(choices):
-            raise IopddlError(f"every strategy of node {node} is forbidden (costs {FORBIDDEN})")
-    pairs = _pair_costs(iop)
-    kept = _consistent(kept, pairs)
-    costs = [c[k] for c, k in zip(node_costs, kept, strict=True)]
+    groups = grouped([_int64(c) for c in iop.costs], _pair_costs(iop))
+    costs = list(groups.costs)
     edges: Pairs = {}
-    for (a, b), (finite, forbidden) in pairs.items():
-        finite, forbidden = finite[np.ix_(kept[a], kept[b])], forbidden[np.ix_(kept[a], kept[b])]
-        if a == b:
-            costs[a] = costs[a] + np.diagonal(finite)
-        elif len(kept[b]) == 1:  # a node of one strategy: the edge is a cost of the other's
+    for (a, b), (finite, forbidden) in groups.pairs.items():
+        if len(costs[b]) == 1:  # a group of one choice: the edge is a cost of the other's
             costs[a] = costs[a] + finite[:, 0]
-        elif len(kept[a]) == 1:
+        elif len(costs[a]) == 1:
             costs[b] = costs[b] + finite[0]
         else:
             edges[(a, b)] = (finite, forbidden)
@@ -139,14 +140,14 @@ def pose(iop: IopddlProblem) -> Posed:
         (a, b, tuple(map(tuple, np.where(forbidden, PENALTY, finite // step).tolist())))
         for (a, b), (finite, forbidden) in sorted(edges.items())
     )
-    usage = _usage(iop, kept, edges)
+    usage = _usage(iop, groups, edges)
     problem = Problem(
-        sizes=tuple(len(k) for k in kept),
+        sizes=tuple(len(c) for c in costs),
         node_costs=tuple(tuple((c // step).tolist()) for c in costs),
         edges=matrices, memory=usage.rows(np.zeros(0, np.int64)), budget=usage.budget,
         unit=float(step),
     )  # fmt: skip
-    return Posed(problem, tuple(tuple(k.tolist()) for k in kept), step, usage)
+    return Posed(problem, groups, step, usage)
 
 
 def _pair_costs(iop: IopddlProblem) -> Pairs:
@@ -176,34 +177,16 @@ def _int64(values: Sequence[int]) -> np.ndarray:
         return np.array([max(-FORBIDDEN, min(v, FORBIDDEN)) for v in values], np.int64)
 
 
-def _consistent(kept: list[np.ndarray], pairs: Pairs) -> list[np.ndarray]:
-    """The strategies left once each that every strategy of a neighbour forbids is left out,
-    until none is (a node left none: no solution avoids a forbidden cost)."""
-    forbidding = [(a, b, forbidden) for (a, b), (_, forbidden) in pairs.items() if forbidden.any()]
-    changed = True
-    while changed:
-        changed = False
-        for a, b, forbidden in forbidding:
-            cells = forbidden[np.ix_(kept[a], kept[b])]
-            if a == b:
-                alive_a = alive_b = ~np.diagonal(cells)
-            else:
-                alive_a, alive_b = ~cells.all(axis=1), ~cells.all(axis=0)
-            for node, alive in ((a, alive_a), (b, alive_b)):
-                if not alive.all():
-                    if not alive.any():
-                        raise IopddlError(f"every strategy of node {node} takes a forbidden "
-                                          f"cost ({FORBIDDEN}) on an edge with node "
-                                          f"{b if node == a else a}")  # fmt: skip
-                    kept[node], changed = kept[node][alive], True
-    return kept
-
-
-def _usage(iop: IopddlProblem, kept: Sequence[np.ndarray], edges: Pairs) -> Usage:
-    """The memory rows of the kept strategies (`Usage`), and for each strategy of a node
+def _usage(iop: IopddlProblem, groups: Groups, edges: Pairs) -> Usage:
+    """The memory rows of the groups' choices (`Usage`), and for each choice of a group
     that some of a neighbour's forbid, a row that keeps them apart; `IopddlError` where the
     least usages alone pass the limit at some point."""
-    usages = [np.array(u, np.int64)[k] for u, k in zip(iop.usages, kept, strict=True)]
+    group_of = np.zeros(len(iop.usages), np.int64)
+    usages: list[np.ndarray] = [np.zeros(0, np.int64)] * len(iop.usages)
+    for g, (nodes, strategies) in enumerate(zip(groups.nodes, groups.strategies, strict=True)):
+        group_of[nodes] = g
+        for n, chosen in zip(nodes.tolist(), strategies, strict=True):
+            usages[n] = np.array(iop.usages[n], np.int64)[chosen]
     least = np.array([u.min() for u in usages], np.int64)
     extra = tuple(u - low for u, low in zip(usages, least, strict=True))
     times = largest_sets(iop.intervals)
@@ -221,7 +204,8 @@ def _usage(iop: IopddlProblem, kept: Sequence[np.ndarray], edges: Pairs) -> Usag
     table, run_of = RunTable(), np.full(len(usages), -1, np.int64)
     for n, more in enumerate(extra):
         if more.any():
-            run_of[n] = table.add(n, np.flatnonzero(more).astype(np.int64), more[more > 0])
+            choices = np.flatnonzero(more).astype(np.int64)
+            run_of[n] = table.add(int(group_of[n]), choices, more[choices])
     forbids = [
         (table.add(a, np.array([k], np.int64), _ONE), table.add(b, others, np.ones_like(others)))
         for (a, b), (_, forbidden) in sorted(edges.items())
@@ -230,7 +214,7 @@ def _usage(iop: IopddlProblem, kept: Sequence[np.ndarray], edges: Pairs) -> Usag
     ]
     runs = table.rows([], [], [])
     pairs = np.array(forbids, np.int64).reshape(-1, 2)
-    return Usage(times, first, last, fixed, most, extra, run_of, runs, limit, pairs)
+    return Usage(times, first, last, fixed, most, extra, run_of, group_of, runs, limit, pairs)
 
 
 def largest_sets(intervals: np.ndarray) -> np.ndarray:

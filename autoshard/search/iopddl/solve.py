@@ -14,6 +14,7 @@ over the limit.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -31,8 +32,15 @@ from autoshard.search.iopddl.format import FORBIDDEN, IopddlError, IopddlProblem
 from autoshard.search.iopddl.greedy import Greedy, greedy
 from autoshard.search.iopddl.pose import Posed, pose
 from autoshard.search.solver import tuning
+from autoshard.search.solver.eliminate import memory_aside
 from autoshard.search.solver.lowest import lowest_budget
-from autoshard.search.solver.outcome import InfeasibleError, Solution, SolverStatus
+from autoshard.search.solver.outcome import (
+    InfeasibleError,
+    Limit,
+    OutOfTime,
+    Solution,
+    SolverStatus,
+)
 from autoshard.search.solver.solve import solve
 
 ROUNDS = 12
@@ -40,6 +48,10 @@ ROUNDS = 12
 
 ROWS_PER_ROUND = 256
 """The rows most over the limit a round adds, besides the worst of each run of them."""
+
+ASIDE_SHARE = 0.25
+"""The share of the time limit the optimum with memory aside may take at most: past it, its
+best found and bound serve (it only starts the memory-bound search, which needs the rest)."""
 
 MARGIN = 2.0
 """Seconds before the time limit at which the solver's rounds stop, at most..."""
@@ -52,7 +64,7 @@ MARGIN_SHARE = 0.1
 class Solved:
     """A contest problem solved: the strategy per node, its cost (the evaluator's), its
     usage's peak, the bound proven on any solution's cost, whether it is the optimum, the
-    rounds of solves and the memory rows the last held."""
+    rounds of solves, the memory rows the last held, and the groups the nodes made (`ties`)."""
 
     solution: tuple[int, ...]
     cost: int
@@ -62,6 +74,7 @@ class Solved:
     wall_s: float
     rounds: int = 1
     rows: int = 0
+    groups: int = 0
 
     @property
     def gap(self) -> float:
@@ -92,11 +105,14 @@ def solve_iopddl(
         if exact is None or cost < exact.cost:
             floor = exact.bound if exact is not None else posed.cost_bound(_least(posed))
             bound = min(cost, floor)
-            return Solved(solution, cost, iop.usage(solution), bound, bound == cost,
-                          time.perf_counter() - started)  # fmt: skip
+            wall = time.perf_counter() - started
+            return Solved(solution, cost, iop.usage(solution), bound, bound == cost, wall,
+                          groups=len(posed.problem.sizes))  # fmt: skip
     if exact is None:
         raise TimeUp(deadline.ran_out("before a solution within the usage limit was found"))
-    return dataclasses.replace(exact, wall_s=time.perf_counter() - started)
+    return dataclasses.replace(
+        exact, wall_s=time.perf_counter() - started, groups=len(posed.problem.sizes)
+    )
 
 
 def _in_child(work: Callable[[], Solved], deadline: Deadline) -> Solved | None:
@@ -140,6 +156,13 @@ def _rounds(
     started = time.perf_counter()
     hint = quick.choice if quick.fits else ()
     rows, floor, spent, rounds = np.zeros(0, np.int64), 0, 0.0, 0
+    # The optimum with memory aside is every round's: solved once (where the time runs out
+    # first, the first round's solve answers from the hint).
+    aside: Solution | None = None
+    with contextlib.suppress(OutOfTime):
+        within = Limit(time_limit * ASIDE_SHARE, time_limit, "memory-aside", deadline)
+        aside = memory_aside(posed.problem, within, None, "s")
+        spent += aside.work
     while True:
         rounds += 1
         last = rounds > ROUNDS or spent >= time_limit or deadline.passed()
@@ -149,7 +172,7 @@ def _rounds(
         left = max(time_limit - spent, time_limit / 10)
         try:
             found = solve(problem, time_limit=left, hint=hint, limit=time_limit, floor=floor,
-                          deadline=deadline)  # fmt: skip
+                          deadline=deadline, aside=aside)  # fmt: skip
         except InfeasibleError:
             raise _infeasible(iop, posed, time_limit) from None
         spent += found.work

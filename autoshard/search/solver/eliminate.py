@@ -5,6 +5,7 @@ would be too large, CP-SAT on what is left once the groups of degree <= 2 are el
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -108,11 +109,14 @@ def eliminate(problem: Problem) -> tuple[Problem, list[int], list[_Eliminated]]:
     original group of each of its groups, and the eliminations in order."""
     node = [np.array(c, dtype=np.int64) for c in problem.node_costs]
     edges: dict[tuple[int, int], np.ndarray] = {}
+    near: list[set[int]] = [set() for _ in node]  # each group's neighbours
 
     def add(a: int, b: int, m: np.ndarray) -> None:
         if a > b:
             a, b, m = b, a, m.T
         edges[(a, b)] = edges[(a, b)] + m if (a, b) in edges else m.copy()
+        near[a].add(b)
+        near[b].add(a)
 
     for a, b, m in problem.edges:
         if a == b:  # pragma: no cover - the builder folds these into node costs
@@ -122,46 +126,60 @@ def eliminate(problem: Problem) -> tuple[Problem, list[int], list[_Eliminated]]:
     alive = set(range(len(node)))
     order: list[_Eliminated] = []
 
-    def neighbours(g: int) -> list[int]:
-        return sorted({b if a == g else a for a, b in edges if g in (a, b)})
-
     def matrix(g: int, h: int) -> np.ndarray:  # rows: h's choices, columns: g's
         return edges[(h, g)] if (h, g) in edges else edges[(g, h)].T
 
-    progress = True
-    while progress:
-        progress = False
-        for g in sorted(alive):
-            near = neighbours(g)
-            if len(node[g]) == 1:  # no choice: its edges are costs of its neighbours' choices
-                for h in near:
-                    node[h] = node[h] + matrix(g, h)[:, 0]
-                near, best = [], np.zeros(1, dtype=np.int64)
-            elif len(near) > 2:
-                continue
-            elif not near:
-                best = np.array([int(np.argmin(node[g]))])
-            elif len(near) == 1:
-                (h,) = near
-                total = matrix(g, h) + node[g][None, :]
-                best = np.argmin(total, axis=1)
-                node[h] = node[h] + total[np.arange(len(best)), best]
-            else:
-                h1, h2 = near
-                total = (
-                    matrix(g, h1)[:, :, None] + node[g][None, :, None] + matrix(g, h2).T[None]
-                )  # [k1, kg, k2]
-                best = np.argmin(total, axis=1)
-                add(h1, h2, np.take_along_axis(total, best[:, None, :], axis=1)[:, 0, :])
-            for key in [k for k in edges if g in k]:
-                del edges[key]
-            alive.discard(g)
-            order.append(_Eliminated(g, tuple(near), best))
-            progress = True
-            break
+    def removable(g: int) -> bool:
+        return len(node[g]) == 1 or len(near[g]) <= 2
+
+    # The least removable group first, as a scan from the first group after each removal
+    # would find it: a removal never adds to a neighbour's degree (a chain link's two
+    # neighbours trade it for each other), so a group once removable stays so.
+    ready = [g for g in range(len(node)) if removable(g)]
+    heapq.heapify(ready)
+    while ready:
+        g = heapq.heappop(ready)
+        if g not in alive:
+            continue
+        around = sorted(near[g])
+        kept_near: list[int] = []
+        if len(node[g]) == 1:  # no choice: its edges are costs of its neighbours' choices
+            for h in around:
+                node[h] = node[h] + matrix(g, h)[:, 0]
+            best = np.zeros(1, dtype=np.int64)
+        elif not around:
+            best = np.array([int(np.argmin(node[g]))])
+        elif len(around) == 1:
+            (h,) = kept_near = around
+            total = matrix(g, h) + node[g][None, :]
+            best = np.argmin(total, axis=1)
+            node[h] = node[h] + total[np.arange(len(best)), best]
+        else:
+            h1, h2 = kept_near = around
+            total = (
+                matrix(g, h1)[:, :, None] + node[g][None, :, None] + matrix(g, h2).T[None]
+            )  # [k1, kg, k2]
+            best = np.argmin(total, axis=1)
+            add(h1, h2, np.take_along_axis(total, best[:, None, :], axis=1)[:, 0, :])
+        for h in around:
+            del edges[(min(g, h), max(g, h))]
+            near[h].discard(g)
+            if removable(h):
+                heapq.heappush(ready, h)
+        near[g].clear()
+        alive.discard(g)
+        order.append(_Eliminated(g, tuple(kept_near), best))
     kept = sorted(alive)
+    return _reduced(problem, node, edges, kept), kept, order
+
+
+def _reduced(
+    problem: Problem, node: list[np.ndarray], edges: dict[tuple[int, int], np.ndarray],
+    kept: list[int],
+) -> Problem:  # fmt: skip
+    """The problem of the groups `kept`, with the costs and edges elimination left them."""
     index = {g: i for i, g in enumerate(kept)}
-    reduced = Problem(
+    return Problem(
         tuple(len(node[g]) for g in kept),
         tuple(tuple(int(c) for c in node[g]) for g in kept),
         tuple(
@@ -172,7 +190,6 @@ def eliminate(problem: Problem) -> tuple[Problem, list[int], list[_Eliminated]]:
         problem.budget,
         problem.unit,
     )
-    return reduced, kept, order
 
 
 def _expand(choice_of_kept: Sequence[int], kept: Sequence[int], order: Sequence[_Eliminated],

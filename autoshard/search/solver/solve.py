@@ -72,6 +72,7 @@ def solve(
     limit: float | None = None,
     floor: int = 0,
     deadline: Deadline = NEVER,
+    aside: Solution | None = None,
 ) -> Solution:
     """The best choice per group; `InfeasibleError` when the budget cannot hold any plan.
 
@@ -86,11 +87,13 @@ def solve(
     `budget.auto_plan`'s rounds). `deadline`: the command's wall clock. Where it passes, or
     `time_limit` runs out, before a step has found a plan, the plan `hint` or every group's
     first choice (replicated, where the annotations allow) is the answer where it fits
-    (FEASIBLE, the bound proven so far), else `OutOfTime` names the step.
+    (FEASIBLE, the bound proven so far), else `OutOfTime` names the step. `aside`: the
+    memory-aside optimum (`memory_aside`) where the caller has it, as for a problem that
+    differs from one solved before in its memory rows alone (rounds adding rows).
     """
     known, started = _Known(floor), time.perf_counter()
     try:
-        return _search(problem, time_limit, hint, tracker, unit, limit, deadline, known)
+        return _search(problem, time_limit, hint, tracker, unit, limit, deadline, known, aside)
     except OutOfTime:  # (the wall clock, or the deterministic seconds, as on any machine)
         fallback = [plan for plan in (tuple(hint), (0,) * len(problem.sizes))
                     if plan_fits(problem, plan)]  # fmt: skip
@@ -128,10 +131,14 @@ def _search(
     limit: float | None,
     deadline: Deadline,
     known: _Known,
+    aside: Solution | None,
 ) -> Solution:
     """`solve`'s steps, telling `known` what each proves."""
     limit = time_limit if limit is None else limit
-    aside = memory_aside(problem, Limit(time_limit, limit, "memory-aside", deadline), tracker, unit)
+    if aside is None:
+        aside = memory_aside(
+            problem, Limit(time_limit, limit, "memory-aside", deadline), tracker, unit
+        )
     if problem.peak(aside.choice) <= problem.budget:
         return told_end(aside, tracker, problem.unit, unit)
     known.bound, known.work = max(known.bound, math.ceil(aside.bound)), aside.work
