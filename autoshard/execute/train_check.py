@@ -3,8 +3,9 @@ compared, the reference itself, and the comparison, shared by the in-process `ve
 (`execute.train_verify`) and the distributed `run` (`run.train`).
 
 The reference is single-process: the original ONNX file's nodes run as torch ops
-(`train_ops.forward`), the loss (`train_ops.LOSS`) differentiated by `backward()`, and
-torch.optim's optimizer steps the weights. After every step the loss, every synchronized
+(`train_ops.forward`), the loss differentiated by `backward()` (`reference_loss`: the outputs'
+sum, or torch's own `cross_entropy` of the first output against the labels, never the ops
+`training.loss` plans), and torch.optim's optimizer steps the weights. After every step the loss, every synchronized
 gradient, every updated weight and every optimizer state are compared, each device's shard
 with the reference's region of it: a mismatch names the step, the rank, the parameter and the
 relative difference (max |a - b| / max |b|).
@@ -33,7 +34,8 @@ from autoshard.execute.verify import TINY, VerifyError, assemble
 from autoshard.ir.graph import Graph
 from autoshard.passes.partition import Partitioned
 from autoshard.rules.gradient import TrainOp
-from autoshard.training.options import Precision, Training
+from autoshard.training.loss import LABELS
+from autoshard.training.options import Loss, Precision, Training
 from autoshard.training.step import gradient_name, state_name
 
 TOLERANCE = 1e-5
@@ -188,10 +190,11 @@ class Reference:
 def reference_steps(
     model: str | os.PathLike[str], trained: Sequence[str], optimizer: str,
     inputs: Sequence[Mapping[str, np.ndarray]], floats: Any = REFERENCE,
-    times: list[float] | None = None,
+    times: list[float] | None = None, loss: Loss = Loss.SUM,
 ) -> list[Reference]:  # fmt: skip
     """PyTorch autograd and torch.optim on the original ONNX file, one entry per step, in
-    `floats`; each step's wall time appended to `times` (the bench times a float32 step)."""
+    `floats`, differentiating `loss` (`reference_loss`); each step's wall time appended to
+    `times` (the bench times a float32 step)."""
     proto = onnx.load(os.fspath(model))
     values = {i.name: to_torch(numpy_helper.to_array(i), floats) for i in proto.graph.initializer}
     parameters = {n: values[n].clone().requires_grad_(True) for n in trained}
@@ -202,10 +205,10 @@ def reference_steps(
         started = time.perf_counter()
         feed_values = {n: to_torch(a, floats) for n, a in feed.items()}
         outputs = run_model(proto, dict(values) | feed_values, _TORCH_FLOATS[floats])
-        loss = sum(o.sum() for o in outputs.values())
+        total = reference_loss(loss, list(outputs.values()), feed_values.get(LABELS))
         for p in parameters.values():
             p.grad = None
-        loss.backward()
+        total.backward()
         grads = {n: p.grad.detach().clone().numpy() for n, p in parameters.items()}
         states = {}
         if step_of is not None:
@@ -216,8 +219,19 @@ def reference_steps(
         weights = {n: p.detach().clone().numpy() for n, p in parameters.items()}
         if times is not None:
             times.append(time.perf_counter() - started)
-        out.append(Reference(float(loss.detach()), grads, weights, states))
+        out.append(Reference(float(total.detach()), grads, weights, states))
     return out
+
+
+def reference_loss(loss: Loss, outputs: Sequence[Any], labels: Any) -> Any:
+    """The loss of the model's `outputs` as torch computes it: their elements summed, or
+    `torch.nn.functional.cross_entropy` (mean over positions) of the first, its classes on
+    the last dim, against `labels`."""
+    if loss is Loss.SUM:
+        return sum(o.sum() for o in outputs)
+    logits = outputs[0]
+    flat = logits.reshape(-1, logits.shape[-1])
+    return torch.nn.functional.cross_entropy(flat, labels.reshape(-1).long())
 
 
 def run_model(

@@ -6,7 +6,8 @@ them (`train_op`).
                                       torch's autograd graph
     train_op(op, forward_op, args, shapes, step)
       LossGrad   ones of the output's local shape: the step's loss is the sum of every element
-                 of the model's outputs (`LOSS`)
+                 of its outputs (a cross-entropy loss is an op of the step, `training.loss`,
+                 whose one output is the loss)
       Grad       the forward op, as the device runs it, run again on the operands it reads
                  (zeros where it reads none: a linear op's gradient does not depend on them) and
                  differentiated by autograd with respect to operand `operand`, given its
@@ -34,8 +35,6 @@ from autoshard.ir.graph import Op
 from autoshard.rules.gradient import TrainOp
 from autoshard.training.options import OPTIMIZER_SETTINGS, Optimizer
 
-LOSS = "sum"
-"""The loss a training step differentiates: the sum of every element of the model's outputs."""
 
 Tensor = Any  # torch.Tensor (torch's stubs make every tensor Any here)
 
@@ -215,6 +214,7 @@ _OTHER: dict[str, Callable[[Mapping[str, Any], Sequence[Tensor]], Tensor]] = {
     ),
     "ReduceSum": _reduce("sum"),
     "ReduceMean": _reduce("mean"),
+    "ReduceMax": _reduce("amax"),
     "Sum": lambda attrs, args: sum(args[1:], args[0]),
     "Gather": _gather,
     "Unsqueeze": _unsqueeze,

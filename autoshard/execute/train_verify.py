@@ -18,6 +18,7 @@ torch.distributed (`run.train`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -44,6 +45,7 @@ from autoshard.ir.graph import Graph, Op
 from autoshard.passes.partition import LocalCollective, LocalCompute, Partitioned
 from autoshard.program import Compute
 from autoshard.rules.gradient import TRAIN, TrainOp
+from autoshard.training.loss import LABELS, check_labels, label_classes
 from autoshard.training.options import Training
 
 _SHAPED = frozenset({"Reshape", "Expand"})
@@ -323,12 +325,20 @@ def training_feeds(
     graph: Graph, steps: int, seed: int = 0, inputs: Mapping[str, np.ndarray] | None = None
 ) -> list[dict[str, np.ndarray]]:
     """Each step's graph inputs: `inputs` every step (checked against the graph), or seeded
-    random ones, new each step."""
+    random ones, new each step (a cross-entropy's labels below its classes)."""
     states = set(graph.updates.values()) - set(graph.weights)
-    specs = [s for s in input_specs(graph) if s.name not in states]
-    if inputs is not None:
-        return [check_inputs(specs, inputs)] * steps
-    return [random_inputs(specs, seed + k) for k in range(steps)]
+    classes = label_classes(graph)
+    specs = [
+        dataclasses.replace(s, high=classes) if s.name == LABELS else s
+        for s in input_specs(graph)
+        if s.name not in states
+    ]
+    if inputs is None:
+        return [random_inputs(specs, seed + k) for k in range(steps)]
+    given = check_inputs(specs, inputs)
+    if classes is not None:
+        check_labels(given[LABELS], classes)
+    return [given] * steps
 
 
 def start_tensors(
@@ -363,7 +373,8 @@ def verify_training(
     check_training(training)
     checked = Checked.of(graph)
     feeds = training_feeds(graph, steps, seed, inputs)
-    reference = reference_steps(model, checked.trained, str(training.optimizer), feeds)
+    reference = reference_steps(model, checked.trained, str(training.optimizer), feeds,
+                                loss=training.loss)  # fmt: skip
     runner = _Partitioned(partitioned, graph, steps_manifest, Path(folder))
     checks: list[Check] = []
     with computing_in(floats):

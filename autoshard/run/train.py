@@ -274,7 +274,8 @@ def run_training(
     manifest = read_steps(folder)
     checked = Checked.of(graph)
     feeds = training_feeds(graph, steps, seed, inputs)
-    reference = reference_steps(model, checked.trained, str(training.optimizer), feeds)
+    reference = reference_steps(model, checked.trained, str(training.optimizer), feeds,
+                                loss=training.loss)  # fmt: skip
     sha256 = tuple(d.get("sha256") for d in partition["devices"])
     work = TrainingWork(folder, manifest, built.partitioned, graph, segment_nodes(folder, manifest),
                         feeds, checked, backend, sha256, floats)  # fmt: skip

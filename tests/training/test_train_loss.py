@@ -1,0 +1,112 @@
+"""The loss a training step differentiates, planned with the step (`training.loss`) and run:
+`--loss cross-entropy` trains the MLP and GPT-2 on gloo as torch's own `cross_entropy` of
+the logits against the labels does under autograd, within 1e-5 after 3 steps (loss, every
+gradient, weight and optimizer state), under data parallelism and Megatron TP on 2x2, where
+GPT-2's LM head splits the vocabulary and the loss reduces its max, its sum of exponentials and
+the labels' logits across the split (Megatron's vocab-parallel cross-entropy); and the bad
+inputs, each one line naming it: an unknown loss, labels of the wrong shape or class, a run
+asking for another loss than its partition was planned with."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from autoshard.cli.main import main
+from autoshard.mesh import Mesh
+from autoshard.pipeline import load_graphs
+from autoshard.run.train import run_training
+from autoshard.search.recipes import megatron_splits, parse_recipe, recipe_layout
+from autoshard.training.loss import LABELS, LOSS_VALUE
+from autoshard.training.options import Loss, Optimizer, Precision, Training
+from tests.e2e.helpers import model_path
+
+pytest.importorskip("torch")
+
+DIMS = {"mlp": {"batch": 8}, "gpt2": {"batch": 4, "seq": 8}}
+
+
+def loss_partition(tmp_path, name, recipe, optimizer="adam", mesh="2x2", extra=()):
+    """The partition of `recipe`'s layout of `name`'s training step with a cross-entropy."""
+    model = model_path(name)
+    training = Training(optimizer=Optimizer(optimizer), precision=Precision.FP32,
+                        loss=Loss.CROSS_ENTROPY)  # fmt: skip
+    forward, graph = load_graphs(model, DIMS[name], training)
+    grid = Mesh.parse(mesh)
+    layout = recipe_layout(graph, megatron_splits(forward, grid), grid, parse_recipe(recipe, True))
+    assert not layout.refused, layout.refused
+    annotations = tmp_path / f"{recipe}.json"
+    annotations.write_text(json.dumps({"annotations": [a.to_json() for a in layout.annotations]}))
+    out = tmp_path / f"{name}-{recipe}"
+    dims = [f for k, v in DIMS[name].items() for f in ("--dim", f"{k}={v}")]
+    args = ["partition", model, "--mesh", mesh, *dims, "-q", "--mode", "training",
+            "--precision", "fp32", "--optimizer", optimizer, "--loss", "cross-entropy",
+            *extra, "--annotations", annotations, "-o", out]  # fmt: skip
+    assert main([str(a) for a in args]) == 0
+    return out
+
+
+def collectives(out):
+    manifest = json.loads((out / "manifest.json").read_text())
+    return [(c["kind"], c.get("reduction"), c["value"]) for c in manifest["collectives"]]
+
+
+CASES = [("mlp", "dp", "adam"), ("mlp", "tp-dp", "sgd"), ("gpt2", "dp", "sgd"),
+         ("gpt2", "tp-dp", "sgd")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "recipe", "optimizer"), CASES, ids=["-".join(c[:2]) for c in CASES])
+def test_cross_entropy_trains_as_torch(tmp_path, name, recipe, optimizer):
+    out = loss_partition(tmp_path, name, recipe, optimizer)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["training"]["loss"] == "cross-entropy"
+    report = run_training(out, model_path(name), steps=3, timeout_s=120)
+    assert report.ok, [c.line() for c in report.failures]
+    assert {c.step for c in report.checks} == {1, 2, 3}
+    assert {c.what for c in report.checks} == {"loss", "gradient", "weight", "state"}
+    assert [c.name for c in report.checks if c.what == "loss"] == [LOSS_VALUE] * 3
+    if name == "gpt2" and recipe == "tp-dp":
+        # the LM head's vocab split is reduced across tp by the loss: max, then sums
+        reduced = {(kind, how) for kind, how, value in collectives(out) if value.startswith("loss@")}
+        assert ("all_reduce", "max") in reduced and ("all_reduce", "sum") in reduced
+
+
+def test_labels_given_in_the_inputs_are_the_reference_s(tmp_path):
+    """The labels of an NPZ train both sides; every position of one class."""
+    out = loss_partition(tmp_path, "mlp", "dp")
+    x = np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)
+    labels = np.full(8, 5, np.int64)
+    report = run_training(out, model_path("mlp"), steps=1, timeout_s=120,
+                          inputs={"x": x, LABELS: labels})  # fmt: skip
+    assert report.ok, [c.line() for c in report.failures]
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        (np.zeros((4,), np.int64), "input 'labels' has shape [4]; the partition was made for [8]"),
+        (np.full((8,), 64, np.int64), "input 'labels' holds 8 labels outside the logits' "
+                                      "classes 0..63"),
+    ],
+    ids=["shape", "class"],
+)  # fmt: skip
+def test_bad_labels_are_one_line(tmp_path, capsys, labels, message):
+    out = loss_partition(tmp_path, "mlp", "dp")
+    np.savez(tmp_path / "in.npz", x=np.zeros((8, 64), np.float32), labels=labels)
+    capsys.readouterr()
+    args = ["run", str(out), "--check", str(model_path("mlp")), "--inputs",
+            str(tmp_path / "in.npz"), "--steps", "1"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_an_unknown_loss_is_one_line(capsys):
+    args = ["plan", str(model_path("mlp")), "--mesh", "2x2", "--dim", "batch=8", "--mode",
+            "training", "--loss", "hinge", "-q"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("unknown loss 'hinge'; choose one of: sum, cross-entropy")
+    assert len(err.splitlines()) == 1
