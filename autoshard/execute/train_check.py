@@ -35,7 +35,7 @@ from autoshard.ir.graph import Graph
 from autoshard.passes.partition import Partitioned
 from autoshard.rules.gradient import TrainOp
 from autoshard.training.loss import LABELS
-from autoshard.training.options import Loss, Precision, Training
+from autoshard.training.options import Loss, Precision, Training, parse_choice
 from autoshard.training.step import gradient_name, state_name
 
 TOLERANCE = 1e-5
@@ -108,7 +108,14 @@ class TrainingReport:
         return out
 
 
-def check_training(training: Training) -> None:
+def check_training(training: Training, loss: str | None = None) -> None:
+    """Refuse a step this executor does not run, or a `loss` asked for (`--loss`, None: the
+    plan's) that is not the one the step was planned with."""
+    if loss is not None and parse_choice(Loss, loss, "loss") is not training.loss:
+        raise VerifyError(
+            f"--loss {loss} disagrees with the partition's loss {training.loss} (its manifest): "
+            f"the loss is planned with the step; partition again with --loss {loss}"
+        )
     if training.precision is not Precision.FP32:
         raise VerifyError(
             f"training steps run in fp32 only; partition with --precision fp32 "

@@ -366,11 +366,13 @@ def verify_training(
     seed: int = 0,
     inputs: Mapping[str, np.ndarray] | None = None,
     floats: str = "float32",
+    loss: str | None = None,
 ) -> TrainingReport:
     """Train the partition of `folder` (its steps.json, `graph` the training step, `weights`
     each device's own) `steps` steps on `inputs` or seeded random ones, and check every step
-    against the reference (`train_check.reference_steps`)."""
-    check_training(training)
+    against the reference (`train_check.reference_steps`); `loss`: the one asked for, which
+    must be the plan's (None: the plan's)."""
+    check_training(training, loss)
     checked = Checked.of(graph)
     feeds = training_feeds(graph, steps, seed, inputs)
     reference = reference_steps(model, checked.trained, str(training.optimizer), feeds,

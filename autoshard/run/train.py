@@ -249,9 +249,11 @@ def run_training(
     timeout_s: float = 60.0,
     seed: int = 0,
     floats: str = "float32",
+    loss: str | None = None,
 ) -> TrainingReport:
     """Train the partition of folder `out` `steps` steps as one process per device and check
-    every step against PyTorch autograd on `model` (module docstring)."""
+    every step against PyTorch autograd on `model` (module docstring); `loss`: the one asked
+    for, which must be the plan's (None: the plan's)."""
     from autoshard.document.blocks import training_of
     from autoshard.run import RunSetupError, torch_rank
     from autoshard.run.launch import launch_work
@@ -269,7 +271,7 @@ def run_training(
     training = training_of(partition, "the manifest")
     if training is None:
         raise VerifyError(f"'{out}' is the partition of a forward pass: run it without --model")
-    check_training(training)
+    check_training(training, loss)
     folder, graph = Path(out), built.graph
     manifest = read_steps(folder)
     checked = Checked.of(graph)

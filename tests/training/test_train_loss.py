@@ -83,24 +83,27 @@ def test_labels_given_in_the_inputs_are_the_reference_s(tmp_path):
     assert report.ok, [c.line() for c in report.failures]
 
 
-@pytest.mark.parametrize(
-    ("labels", "message"),
-    [
-        (np.zeros((4,), np.int64), "input 'labels' has shape [4]; the partition was made for [8]"),
-        (np.full((8,), 64, np.int64), "input 'labels' holds 8 labels outside the logits' "
-                                      "classes 0..63"),
-    ],
-    ids=["shape", "class"],
-)  # fmt: skip
-def test_bad_labels_are_one_line(tmp_path, capsys, labels, message):
+def test_bad_labels_and_another_loss_are_one_line(tmp_path, capsys):
+    """Labels of the wrong shape, labels past the classes, and a run asking for the outputs'
+    sum of a partition planned with a cross-entropy: each refused in one line naming it."""
     out = loss_partition(tmp_path, "mlp", "dp")
-    np.savez(tmp_path / "in.npz", x=np.zeros((8, 64), np.float32), labels=labels)
-    capsys.readouterr()
-    args = ["run", str(out), "--check", str(model_path("mlp")), "--inputs",
-            str(tmp_path / "in.npz"), "--steps", "1"]  # fmt: skip
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and "Traceback" not in err and len(err.splitlines()) == 1
+    x = np.zeros((8, 64), np.float32)
+    cases = [
+        ({"labels": np.zeros((4,), np.int64)}, (),
+         "input 'labels' has shape [4]; the partition was made for [8]"),
+        ({"labels": np.full((8,), 64, np.int64)}, (),
+         "input 'labels' holds 8 labels outside the logits' classes 0..63"),
+        ({"labels": np.zeros((8,), np.int64)}, ("--loss", "sum"),
+         "--loss sum disagrees with the partition's loss cross-entropy (its manifest)"),
+    ]  # fmt: skip
+    for given, flags, message in cases:
+        np.savez(tmp_path / "in.npz", x=x, **given)
+        capsys.readouterr()
+        args = ["run", str(out), "--check", str(model_path("mlp")), "--inputs",
+                str(tmp_path / "in.npz"), "--steps", "1", *flags]  # fmt: skip
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
 
 
 def test_an_unknown_loss_is_one_line(capsys):
