@@ -121,9 +121,6 @@ def check_training(training: Training, loss: str | None = None) -> None:
             f"training steps run in fp32 only; partition with --precision fp32 "
             f"(this one is {training.precision})"
         )
-    if training.micro_batches != 1:
-        raise VerifyError("training steps run with one micro-batch; this one has "
-                          f"{training.micro_batches}")  # fmt: skip
 
 
 FLOATS = {"float32": torch.float32, "float64": torch.float64}
@@ -196,12 +193,13 @@ class Reference:
 
 def reference_steps(
     model: str | os.PathLike[str], trained: Sequence[str], optimizer: str,
-    inputs: Sequence[Mapping[str, np.ndarray]], floats: Any = REFERENCE,
+    inputs: Sequence[Sequence[Mapping[str, np.ndarray]]], floats: Any = REFERENCE,
     times: list[float] | None = None, loss: Loss = Loss.SUM,
 ) -> list[Reference]:  # fmt: skip
-    """PyTorch autograd and torch.optim on the original ONNX file, one entry per step, in
-    `floats`, differentiating `loss` (`reference_loss`); each step's wall time appended to
-    `times` (the bench times a float32 step)."""
+    """PyTorch autograd and torch.optim on the original ONNX file, one entry per step (its
+    inputs: one set per micro-batch, together the step's batch), in `floats`,
+    differentiating `loss` of the whole batch (`reference_loss`); each step's wall time
+    appended to `times` (the bench times a float32 step)."""
     proto = onnx.load(os.fspath(model))
     values = {i.name: to_torch(numpy_helper.to_array(i), floats) for i in proto.graph.initializer}
     parameters = {n: values[n].clone().requires_grad_(True) for n in trained}
@@ -210,9 +208,12 @@ def reference_steps(
     out = []
     for feed in inputs:
         started = time.perf_counter()
-        feed_values = {n: to_torch(a, floats) for n, a in feed.items()}
-        outputs = run_model(proto, dict(values) | feed_values, _TORCH_FLOATS[floats])
-        total = reference_loss(loss, list(outputs.values()), feed_values.get(LABELS))
+        batches = [{n: to_torch(a, floats) for n, a in micro.items()} for micro in feed]
+        outputs = [
+            list(run_model(proto, dict(values) | batch, _TORCH_FLOATS[floats]).values())
+            for batch in batches
+        ]
+        total = reference_loss(loss, outputs, [batch.get(LABELS) for batch in batches])
         for p in parameters.values():
             p.grad = None
         total.backward()
@@ -230,15 +231,16 @@ def reference_steps(
     return out
 
 
-def reference_loss(loss: Loss, outputs: Sequence[Any], labels: Any) -> Any:
-    """The loss of the model's `outputs` as torch computes it: their elements summed, or
-    `torch.nn.functional.cross_entropy` (mean over positions) of the first, its classes on
-    the last dim, against `labels`."""
+def reference_loss(loss: Loss, outputs: Sequence[Sequence[Any]], labels: Sequence[Any]) -> Any:
+    """The loss of a batch as torch computes it, given the model's `outputs` and the `labels`
+    of each of its micro-batches: every element of the outputs summed, or
+    `torch.nn.functional.cross_entropy` (the mean over the batch's positions) of the first
+    output, its classes on the last dim, against the labels."""
     if loss is Loss.SUM:
-        return sum(o.sum() for o in outputs)
-    logits = outputs[0]
-    flat = logits.reshape(-1, logits.shape[-1])
-    return torch.nn.functional.cross_entropy(flat, labels.reshape(-1).long())
+        return sum(o.sum() for micro in outputs for o in micro)
+    logits = torch.cat([micro[0].reshape(-1, micro[0].shape[-1]) for micro in outputs])
+    targets = torch.cat([t.reshape(-1) for t in labels]).long()
+    return torch.nn.functional.cross_entropy(logits, targets)
 
 
 def run_model(

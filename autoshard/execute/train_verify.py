@@ -44,7 +44,7 @@ from autoshard.execute.verify import VerifyError, check_inputs, input_specs, ran
 from autoshard.ir.graph import Graph, Op
 from autoshard.passes.partition import LocalCollective, LocalCompute, Partitioned
 from autoshard.program import Compute
-from autoshard.rules.gradient import TRAIN, TrainOp
+from autoshard.rules.gradient import TRAIN, TrainOp, accumulated_gradients
 from autoshard.training.loss import LABELS, check_labels, label_classes
 from autoshard.training.options import Training
 
@@ -74,11 +74,31 @@ class TrainingDevice:
         self.env: dict[str, Any] = {}  # every tensor of the running step
         self.held: dict[str, Any] = {}  # constants, weights and optimizer state across steps
         self.position = 0
+        # Gradient accumulation (`micro_batches`): the gradients the syncs read, summed over
+        # the step's micro-batches; what reads them waits for the last (`deferred`).
+        self.accumulated = accumulated_gradients(graph)
+        self.sums: dict[str, Any] = {}
+        self.loss_sums: dict[str, Any] = {}
+        self.deferred: set[str] = set()
 
-    def begin(self, inputs: Mapping[str, Any]) -> None:
-        """Start a step: the held tensors and this device's slices of the graph inputs."""
+    def begin(self, inputs: Mapping[str, Any], last: bool = True) -> None:
+        """Start a step, or one of its micro-batches (`last`: the one that syncs and updates):
+        the held tensors and this device's slices of the graph inputs."""
         self.env = dict(self.held) | dict(inputs)
         self.position = 0
+        self.deferred = set() if last else set(self.accumulated)
+
+    def carry(self, losses: Sequence[str]) -> None:
+        """After a micro-batch but the last: its accumulated gradients (each added to the
+        next micro-batch's as it is made) and its loss terms kept."""
+        self.sums |= {n: self.env[n] for n in self.accumulated}
+        for n in losses:
+            self.loss_sums[n] = self.env[n] + self.loss_sums.get(n, 0)
+
+    def total_losses(self, losses: Sequence[str]) -> None:
+        """After the last micro-batch: its loss terms summed with the others'."""
+        for n in losses:
+            self.env[n] = self.env[n] + self.loss_sums.pop(n, 0)
 
     def end(self, updates: Mapping[str, str], outputs: Mapping[str, str]) -> None:
         """End a step: each weight and optimizer state held is its update's result."""
@@ -99,7 +119,11 @@ class TrainingDevice:
             entry = self.steps[self.position]
             self.position += 1
             if "collective" in entry:
-                return int(entry["collective"])
+                j = int(entry["collective"])
+                if self.collectives[j].source not in self.deferred:
+                    return j
+                self.deferred.add(self.collectives[j].target)
+                continue
             for name, kind in nodes[entry["run"]]:
                 if kind == "Constant" and name not in self.ops:
                     continue  # the device's loose constants: in its tensors from the start
@@ -114,6 +138,9 @@ class TrainingDevice:
 
     def run(self, op: Op, step: int) -> None:
         index = self.program.index
+        if self.deferred.intersection(op.inputs):  # a sync or an update: the last micro-batch's
+            self.deferred.update(op.outputs)
+            return
         missing = [n for n in op.inputs if n and n not in self.env]
         if missing:
             made = [j for j, c in enumerate(self.collectives) if c.target == missing[0]]
@@ -138,6 +165,8 @@ class TrainingDevice:
         for name, result in zip(op.outputs, results, strict=False):
             if not name:
                 continue
+            if name in self.sums:  # the gradient accumulated over the micro-batches before
+                result = result + self.sums.pop(name)
             if tuple(result.shape) != tuple(self.program.shapes[name]):
                 raise VerifyError(
                     f"device {index}: tensor {name!r} of op {op.name!r} has local shape "
@@ -274,16 +303,25 @@ class _Partitioned:
             index = device.program.index
             device.held = start_tensors(self.partitioned, self.graph, index, weights(index))
 
-    def step(self, step: int, inputs: Mapping[str, np.ndarray]) -> None:
-        for device in self.devices:
-            device.begin(local_inputs(self.partitioned, device.program.index, inputs))
-        while True:
-            at = [d.advance(step, self.nodes) for d in self.devices]
-            if all(j is None for j in at):
-                break
-            self.collective(at)
-        for device in self.devices:
-            device.end(self.graph.updates, self.outputs)
+    def step(
+        self, step: int, micro_batches: Sequence[Mapping[str, np.ndarray]], losses: Sequence[str]
+    ) -> None:
+        """One training step over its micro-batches' inputs: the last syncs and updates."""
+        for k, inputs in enumerate(micro_batches, start=1):
+            last = k == len(micro_batches)
+            for device in self.devices:
+                device.begin(local_inputs(self.partitioned, device.program.index, inputs), last)
+            while True:
+                at = [d.advance(step, self.nodes) for d in self.devices]
+                if all(j is None for j in at):
+                    break
+                self.collective(at)
+            for device in self.devices:
+                if last:
+                    device.total_losses(losses)
+                    device.end(self.graph.updates, self.outputs)
+                else:
+                    device.carry(losses)
 
     def collective(self, at: Sequence[int | None]) -> None:
         counts = {j: at.count(j) for j in at}
@@ -323,22 +361,32 @@ def _name(device: TrainingDevice, j: int | None) -> str:
 
 def training_feeds(
     graph: Graph, steps: int, seed: int = 0, inputs: Mapping[str, np.ndarray] | None = None
-) -> list[dict[str, np.ndarray]]:
-    """Each step's graph inputs: `inputs` every step (checked against the graph), or seeded
-    random ones, new each step (a cross-entropy's labels below its classes)."""
+) -> list[list[dict[str, np.ndarray]]]:
+    """Each step's graph inputs, one set per micro-batch (`Graph.micro_batches`): `inputs`
+    every step, the whole batch (checked against the graph; split on the first dim into the
+    micro-batches), or seeded random ones, new each micro-batch (a cross-entropy's labels
+    below its classes)."""
     states = set(graph.updates.values()) - set(graph.weights)
-    classes = label_classes(graph)
+    classes, count = label_classes(graph), graph.micro_batches
     specs = [
         dataclasses.replace(s, high=classes) if s.name == LABELS else s
         for s in input_specs(graph)
         if s.name not in states
     ]
     if inputs is None:
-        return [random_inputs(specs, seed + k) for k in range(steps)]
-    given = check_inputs(specs, inputs)
+        return [[random_inputs(specs, seed + k * count + j) for j in range(count)]
+                for k in range(steps)]  # fmt: skip
+    whole = [dataclasses.replace(s, shape=_batch_of(s.shape, count)) for s in specs]
+    given = check_inputs(whole, inputs)
     if classes is not None:
         check_labels(given[LABELS], classes)
-    return [given] * steps
+    split = {n: np.split(a, count) if a.ndim else [a] * count for n, a in given.items()}
+    return [[{n: parts[j] for n, parts in split.items()} for j in range(count)]] * steps
+
+
+def _batch_of(shape: tuple[int, ...], micro_batches: int) -> tuple[int, ...]:
+    """The shape of a whole batch of `micro_batches` inputs of `shape` (its first dim)."""
+    return (shape[0] * micro_batches, *shape[1:]) if shape else shape
 
 
 def start_tensors(
@@ -382,7 +430,7 @@ def verify_training(
     with computing_in(floats):
         runner.start(weights)
         for k, want in enumerate(reference, start=1):
-            runner.step(k, feeds[k - 1])
+            runner.step(k, feeds[k - 1], checked.losses)
             computed = [{n: d.env[n].numpy() for n in checked.computed} for d in runner.devices]
             held = [{n: d.held[n].numpy() for n in checked.held} for d in runner.devices]
             checks += step_checks(partitioned, checked, k, want, computed, held)

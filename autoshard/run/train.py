@@ -104,7 +104,7 @@ class TrainingWork:
     partitioned: Partitioned
     graph: Graph
     nodes: Mapping[str, list[tuple[str, str]]]
-    feeds: Sequence[Mapping[str, np.ndarray]]
+    feeds: Sequence[Sequence[Mapping[str, np.ndarray]]]  # per step, per micro-batch
     checked: Checked
     backend: str
     sha256: tuple[str | None, ...]
@@ -183,18 +183,22 @@ def _train(
     for step, feed in enumerate(work.feeds, start=1):
         progress[world + rank] = step
         started, computed = time.perf_counter(), timing.compute_s
-        device.begin(local_inputs(work.partitioned, rank, feed))
-        while True:
-            computing = time.perf_counter()
-            try:
-                j = device.advance(step, work.nodes, at)
-            except VerifyError as error:  # a NaN, a tensor no step made
-                cause = str(error).removeprefix(f"device {rank}: ")
-                raise fail(device.position - 1, cause) from None
-            timing.compute_s += time.perf_counter() - computing
-            if j is None:
-                break
-            _collective(device, j, work.manifest, collectives, timing, fail)
+        for k, micro_batch in enumerate(feed, start=1):  # the last syncs and updates
+            device.begin(local_inputs(work.partitioned, rank, micro_batch), k == len(feed))
+            while True:
+                computing = time.perf_counter()
+                try:
+                    j = device.advance(step, work.nodes, at)
+                except VerifyError as error:  # a NaN, a tensor no step made
+                    cause = str(error).removeprefix(f"device {rank}: ")
+                    raise fail(device.position - 1, cause) from None
+                timing.compute_s += time.perf_counter() - computing
+                if j is None:
+                    break
+                _collective(device, j, work.manifest, collectives, timing, fail)
+            if k < len(feed):
+                device.carry(work.checked.losses)
+        device.total_losses(work.checked.losses)
         device.end(work.graph.updates, outputs)
         step_s.append(time.perf_counter() - started)
         compute_s.append(timing.compute_s - computed)

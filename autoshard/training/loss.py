@@ -15,11 +15,15 @@ search plans it and the rules shard it like any other op.
       lse   = Log(ReduceSum(Exp(z), -1))         sum of exponentials: all_reduce(sum)
       hit   = Equal(Unsqueeze(labels, -1), classes)   classes = 0..C-1, split as the logits
       picked= ReduceSum(Where(hit, z, 0), -1)    the label's logit: all_reduce(sum)
-      loss  = ReduceSum(lse - picked) * (1 / positions)
+      loss  = ReduceSum(lse - picked) / (positions * micro-batches)
 
   The maximum only shifts the logits: the loss does not depend on it, so the gradient that
   reaches it through `z` and `lse` sums to zero (to rounding), whichever class its own
   gradient picks.
+
+  Under gradient accumulation the graph is one micro-batch of the step's batch: its mean is
+  scaled by the micro-batches too, so the micro-batches' losses and accumulated gradients sum
+  to the whole batch's mean, as frameworks divide the loss by the accumulation steps.
 """
 
 from __future__ import annotations
@@ -54,15 +58,16 @@ def logits_of(graph: Graph) -> Value:
     return value
 
 
-def with_loss(graph: Graph, loss: Loss) -> Graph:
-    """`graph` with `loss` computed as its one output (module docstring); as is for `sum`."""
+def with_loss(graph: Graph, loss: Loss, micro_batches: int = 1) -> Graph:
+    """`graph` (one of a step's `micro_batches`) with `loss` computed as its one output
+    (module docstring); as is for `sum`."""
     if loss is Loss.SUM:
         return graph
     taken = [n for n in (LABELS, LOSS_VALUE) if n in graph.values]
     if taken:
         raise TrainingError(f"loss cross-entropy adds the value {taken[0]!r}, which the model "
                             "already has: use --loss sum")  # fmt: skip
-    return _CrossEntropy(graph, logits_of(graph)).build()
+    return _CrossEntropy(graph, logits_of(graph)).build(micro_batches)
 
 
 class _CrossEntropy:
@@ -96,9 +101,9 @@ class _CrossEntropy:
         name = self.constant(f"axes{len(self.ops)}", np.asarray(axes, np.int64))
         return self.op(kind, (x, name), out, attrs=attrs)
 
-    def build(self) -> Graph:
+    def build(self, micro_batches: int) -> Graph:
         logits, shape = self.logits.name, self.logits.shape
-        classes, positions = shape[-1], math.prod(shape[:-1])
+        classes, positions = shape[-1], math.prod(shape[:-1]) * micro_batches
         self.values[LABELS] = Value(LABELS, shape[:-1], "int64")
         last = self.constant("last", np.asarray([len(shape) - 1], np.int64))
         column = self.op("Unsqueeze", (LABELS, last), (*shape[:-1], 1), "int64")
@@ -110,9 +115,10 @@ class _CrossEntropy:
         zero = self.constant("zero", np.zeros((), dtypes.numpy_dtype(self.logits.dtype)))
         picked = self.reduce("ReduceSum", self.op("Where", (hit, shifted, zero), shape))
         terms = self.op("Sub", (log_total, picked), self.values[picked].shape)
-        scale = np.asarray(1.0 / positions, dtypes.numpy_dtype(self.logits.dtype))
-        mean = (self.reduce("ReduceSum", terms, keep=False), self.constant("scale", scale))
-        self.op("Mul", mean, (), name=LOSS_VALUE)
+        # A divisor, not its reciprocal: a count is exact in any float type, 1/count is not.
+        count = np.asarray(positions, dtypes.numpy_dtype(self.logits.dtype))
+        mean = (self.reduce("ReduceSum", terms, keep=False), self.constant("positions", count))
+        self.op("Div", mean, (), name=LOSS_VALUE)
         return dataclasses.replace(
             self.graph,
             ops=(*self.graph.ops, *self.ops),

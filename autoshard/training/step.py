@@ -80,7 +80,8 @@ def training_graph(graph: Graph, training: Training, replays: Sequence[Replay] =
     backward of its `before` op, which, with the backward of the ops before it, reads what
     they recompute: of a recomputed layer's activations only its inputs are kept from the
     forward. The loss is computed in the step (`training.loss`), so it is planned with it."""
-    return _Step(with_loss(graph, training.loss), training, replays).build()
+    step = with_loss(graph, training.loss, training.micro_batches)
+    return _Step(step, training, replays).build()
 
 
 def gradient_name(value: str) -> str:
