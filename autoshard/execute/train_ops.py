@@ -346,14 +346,26 @@ def update(
     optimizer: str, grad: Tensor, weight: Tensor, state: Tensor, step: int
 ) -> tuple[Tensor, Tensor]:
     """One optimizer step of `weight` as torch.optim takes it (Adam, AdamW, SGD with momentum,
-    `OPTIMIZER_SETTINGS`), `state` its planes (Adam: m, v; SGD: the momentum buffer)."""
-    s = OPTIMIZER_SETTINGS
+    `OPTIMIZER_SETTINGS`), `state` its planes (Adam: m, v; SGD: the momentum buffer). Under
+    mixed precision the state's first plane is the master weight (`Training.state_planes`):
+    the step updates it in the state's dtype from the gradient cast up, and the weight is its
+    copy in the weight's dtype."""
     kind = Optimizer(optimizer)
+    if kind is Optimizer.NONE:
+        return weight, state
+    if state.shape[0] == kind.moments:
+        return _step(kind, grad, weight, state, step)
+    master, moments = _step(kind, grad.to(state.dtype), state[0], state[1:], step)
+    return master.to(weight.dtype), torch.cat([master.unsqueeze(0), moments])
+
+
+def _step(
+    kind: Optimizer, grad: Tensor, weight: Tensor, state: Tensor, step: int
+) -> tuple[Tensor, Tensor]:
+    s = OPTIMIZER_SETTINGS
     if kind is Optimizer.SGD:
         momentum = s.momentum * state[0] + grad
         return weight - s.lr * momentum, momentum.unsqueeze(0)
-    if kind is Optimizer.NONE:
-        return weight, state
     decay = s.adamw_weight_decay if kind is Optimizer.ADAMW else 0.0
     weight = weight * (1 - s.lr * decay)
     m = s.beta1 * state[0] + (1 - s.beta1) * grad

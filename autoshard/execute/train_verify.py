@@ -36,17 +36,26 @@ from autoshard.execute.train_check import (
     TrainingReport,
     check_training,
     computing_in,
-    reference_steps,
+    floats_of,
+    reference_of,
     step_checks,
+    to_numpy,
     to_torch,
+    tolerance_of,
 )
-from autoshard.execute.verify import VerifyError, check_inputs, input_specs, random_inputs
+from autoshard.execute.verify import (
+    InputSpec,
+    VerifyError,
+    check_inputs,
+    input_specs,
+    random_inputs,
+)
 from autoshard.ir.graph import Graph, Op
 from autoshard.passes.partition import LocalCollective, LocalCompute, Partitioned
 from autoshard.program import Compute
 from autoshard.rules.gradient import TRAIN, TrainOp, accumulated_gradients
 from autoshard.training.loss import LABELS, check_labels, label_classes
-from autoshard.training.options import Training
+from autoshard.training.options import Optimizer, Training
 
 _SHAPED = frozenset({"Reshape", "Expand"})
 """Ops whose operand 1 is their result's shape: a Grad at any sharding reads it from the
@@ -160,11 +169,11 @@ class TrainingDevice:
             raise VerifyError(
                 f"device {index}: op {op.name!r} failed: {str(error).splitlines()[0]}"
             ) from None
-        floats = torch.get_default_dtype()  # a constant's or a cast's: the step's floats
-        results = [r.to(floats) if r.is_floating_point() else r for r in results]
         for name, result in zip(op.outputs, results, strict=False):
             if not name:
                 continue
+            if result.is_floating_point():  # a constant's or a cast's: the step's floats
+                result = result.to(_dtype_of(self.graph, name))
             if name in self.sums:  # the gradient accumulated over the micro-batches before
                 result = result + self.sums.pop(name)
             if tuple(result.shape) != tuple(self.program.shapes[name]):
@@ -336,10 +345,10 @@ class _Partitioned:
                 "collective"
             )
         step = self.devices[0].collectives[j]
-        local = {d.program.device: d.env[step.source].numpy() for d in self.devices}
+        local = {d.program.device: to_numpy(d.env[step.source]) for d in self.devices}
         moved = run_collective(step.collective, self.partitioned.mesh, local)
         for d in self.devices:
-            d.env[step.target] = to_torch(moved[d.program.device])
+            d.env[step.target] = to_torch(moved[d.program.device]).to(d.env[step.source].dtype)
 
 
 def local_inputs(
@@ -368,11 +377,7 @@ def training_feeds(
     below its classes)."""
     states = set(graph.updates.values()) - set(graph.weights)
     classes, count = label_classes(graph), graph.micro_batches
-    specs = [
-        dataclasses.replace(s, high=classes) if s.name == LABELS else s
-        for s in input_specs(graph)
-        if s.name not in states
-    ]
+    specs = [_given(s, classes) for s in input_specs(graph) if s.name not in states]
     if inputs is None:
         return [[random_inputs(specs, seed + k * count + j) for j in range(count)]
                 for k in range(steps)]  # fmt: skip
@@ -384,6 +389,16 @@ def training_feeds(
     return [[{n: parts[j] for n, parts in split.items()} for j in range(count)]] * steps
 
 
+def _given(spec: InputSpec, classes: int | None) -> InputSpec:
+    """An input as the step is given it: labels below the classes; a float one in float32,
+    the model's own (a mixed-precision step casts it, as it casts its weights)."""
+    if spec.name == LABELS:
+        return dataclasses.replace(spec, high=classes)
+    if spec.dtype in ("bfloat16", "float16"):
+        return dataclasses.replace(spec, dtype="float32")
+    return spec
+
+
 def _batch_of(shape: tuple[int, ...], micro_batches: int) -> tuple[int, ...]:
     """The shape of a whole batch of `micro_batches` inputs of `shape` (its first dim)."""
     return (shape[0] * micro_batches, *shape[1:]) if shape else shape
@@ -393,13 +408,45 @@ def start_tensors(
     partitioned: Partitioned, graph: Graph, index: int, weights: Mapping[str, Any]
 ) -> dict[str, Any]:
     """What device `index` holds before the first step: the program's constants and its own,
-    its weights, and zeros for its optimizer states."""
+    its weights, and its optimizer states: zeros, but a master weight (mixed precision: the
+    state's first plane), which starts as the weight as given (`weights`, before it is cast
+    to the step's dtype)."""
     device = partitioned.devices[index]
-    states = set(graph.updates.values()) - set(graph.weights)
     held = {n: to_torch(v) for n, v in partitioned.program.constants.items()}
     held |= {n: to_torch(v) for n, v in device.constants.items()}
     held |= {n: to_torch(a) for n, a in weights.items()}
-    return held | {n: torch.zeros(tuple(device.shapes[n])) for n in states}
+    for op in graph.ops:
+        if op.type != TrainOp.UPDATE:
+            continue
+        _, weight, state = op.inputs
+        dtype = _dtype_of(graph, state)
+        held[state] = torch.zeros(tuple(device.shapes[state]), dtype=dtype)
+        if device.shapes[state][0] > Optimizer(str(op.attr("optimizer"))).moments:
+            region = _within(partitioned, index, state, weight)
+            held[state][0] = to_torch(np.asarray(weights[weight])[region]).to(dtype)
+    return held
+
+
+def _dtype_of(graph: Graph, name: str) -> Any:
+    """The torch dtype of a float tensor of the step: the graph's float32 (an optimizer state
+    of a bf16 step) as float32, any other as the step computes (torch's default dtype)."""
+    value = graph.values.get(name)
+    if value is not None and value.dtype == "float32" and torch.get_default_dtype() != torch.float64:
+        return torch.float32
+    return torch.get_default_dtype()
+
+
+def _within(partitioned: Partitioned, index: int, state: str, weight: str) -> tuple[slice, ...]:
+    """The region of device `index`'s slice of `weight` its slice of `state` covers (past the
+    planes' dim): a state is split as its weight or further (ZeRO)."""
+    held = partitioned.slices(weight, index)
+    region = []
+    for (start, stop), (a, b) in zip(partitioned.slices(state, index)[1:], held, strict=True):
+        if not a <= start <= stop <= b:
+            raise VerifyError(f"device {index} holds a slice of {state!r} outside its slice of "
+                              f"{weight!r}: its master weight cannot start from it")  # fmt: skip
+        region.append(slice(start - a, stop - a))
+    return tuple(region)
 
 
 def verify_training(
@@ -421,17 +468,18 @@ def verify_training(
     against the reference (`train_check.reference_steps`); `loss`: the one asked for, which
     must be the plan's (None: the plan's)."""
     check_training(training, loss)
+    floats = floats_of(training, floats)
     checked = Checked.of(graph)
     feeds = training_feeds(graph, steps, seed, inputs)
-    reference = reference_steps(model, checked.trained, str(training.optimizer), feeds,
-                                loss=training.loss)  # fmt: skip
+    reference = reference_of(model, checked, training, feeds, floats)
     runner = _Partitioned(partitioned, graph, steps_manifest, Path(folder))
     checks: list[Check] = []
     with computing_in(floats):
         runner.start(weights)
         for k, want in enumerate(reference, start=1):
             runner.step(k, feeds[k - 1], checked.losses)
-            computed = [{n: d.env[n].numpy() for n in checked.computed} for d in runner.devices]
-            held = [{n: d.held[n].numpy() for n in checked.held} for d in runner.devices]
-            checks += step_checks(partitioned, checked, k, want, computed, held)
+            computed = [{n: to_numpy(d.env[n]) for n in checked.computed} for d in runner.devices]
+            held = [{n: to_numpy(d.held[n]) for n in checked.held} for d in runner.devices]
+            checks += step_checks(partitioned, checked, k, want, computed, held,
+                                  tolerance_of(floats))  # fmt: skip
     return TrainingReport(tuple(checks), len(partitioned.devices), steps, floats=floats)

@@ -10,7 +10,7 @@ torch.distributed (`collectives.Executor`, as inference runs do), there they are
 After every step a rank keeps the tensors the checks read (`train_check.Checked`: its loss
 terms, its gradients, its weights and optimizer states after the update); rank 0 gathers them
 and the launcher compares them, step by step, with the single-process reference
-(`train_check.reference_steps`), as `verify` does.
+(`train_check.reference_of`), as `verify` does.
 
 Failures are one line naming the rank and the training step, then where in its step list and
 the cause: a NaN made by an op (a gradient op names its parameter), a collective whose partner
@@ -46,9 +46,12 @@ from autoshard.execute.train_check import (
     TrainingReport,
     check_training,
     computing_in,
-    reference_steps,
+    floats_of,
+    reference_of,
     step_checks,
+    to_numpy,
     to_torch,
+    tolerance_of,
 )
 from autoshard.execute.train_verify import (
     TrainingDevice,
@@ -204,8 +207,8 @@ def _train(
         compute_s.append(timing.compute_s - computed)
         records.append(
             (
-                {n: device.env[n].numpy().copy() for n in work.checked.computed},
-                {n: device.held[n].numpy().copy() for n in work.checked.held},
+                {n: to_numpy(device.env[n]) for n in work.checked.computed},
+                {n: to_numpy(device.held[n]) for n in work.checked.held},
             )
         )
     return records, {**timing.to_json(), "step_s": step_s, "step_compute_s": compute_s}
@@ -222,7 +225,7 @@ def _collective(
     """Collective `j` of the device's list on torch.distributed, its result in place."""
     started = time.perf_counter()
     local, entry = device.collectives[j], manifest["collectives"][j]
-    source = device.env[local.source].numpy()
+    source = to_numpy(device.env[local.source])  # bfloat16 as float32: numpy has none
     try:
         result = collectives.run(entry, source)
     except Exception as error:  # torch's own errors: a peer gone, a timeout
@@ -231,7 +234,7 @@ def _collective(
     if result.shape != want:
         raise fail(device.position - 1, f"result has local shape {list(result.shape)}; "
                                         f"expected {list(want)}")  # fmt: skip
-    device.env[local.target] = to_torch(result)
+    device.env[local.target] = to_torch(result).to(device.env[local.source].dtype)
     stats = timing.collectives.setdefault(entry["kind"], [0, 0.0, 0])
     stats[0] += 1
     stats[1] += time.perf_counter() - started
@@ -280,8 +283,8 @@ def run_training(
     manifest = read_steps(folder)
     checked = Checked.of(graph)
     feeds = training_feeds(graph, steps, seed, inputs)
-    reference = reference_steps(model, checked.trained, str(training.optimizer), feeds,
-                                loss=training.loss)  # fmt: skip
+    floats = floats_of(training, floats)
+    reference = reference_of(model, checked, training, feeds, floats)
     sha256 = tuple(d.get("sha256") for d in partition["devices"])
     work = TrainingWork(folder, manifest, built.partitioned, graph, segment_nodes(folder, manifest),
                         feeds, checked, backend, sha256, floats)  # fmt: skip
@@ -292,7 +295,8 @@ def run_training(
     for k, want in enumerate(reference, start=1):
         computed = [records[k - 1][0] for records, _ in gathered]
         held = [records[k - 1][1] for records, _ in gathered]
-        checks += step_checks(built.partitioned, checked, k, want, computed, held)
+        checks += step_checks(built.partitioned, checked, k, want, computed, held,
+                              tolerance_of(floats))  # fmt: skip
     ranks = [{"rank": r, **timing} for r, (_, timing) in enumerate(gathered)]
     timing = {"wall_s": wall, "backend": backend, "ranks": ranks}
     return TrainingReport(tuple(checks), len(gathered), steps, timing, floats)
