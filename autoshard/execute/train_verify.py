@@ -84,11 +84,13 @@ class TrainingDevice:
         self.held: dict[str, Any] = {}  # constants, weights and optimizer state across steps
         self.position = 0
         # Gradient accumulation (`micro_batches`): the gradients the syncs read, summed over
-        # the step's micro-batches; what reads them waits for the last (`deferred`).
+        # the step's micro-batches in float32 at least (as Megatron's main_grad: a bf16 sum
+        # would round at every micro-batch); what reads them waits for the last (`deferred`).
         self.accumulated = accumulated_gradients(graph)
         self.sums: dict[str, Any] = {}
         self.loss_sums: dict[str, Any] = {}
         self.deferred: set[str] = set()
+        self.last = True
 
     def begin(self, inputs: Mapping[str, Any], last: bool = True) -> None:
         """Start a step, or one of its micro-batches (`last`: the one that syncs and updates):
@@ -96,11 +98,11 @@ class TrainingDevice:
         self.env = dict(self.held) | dict(inputs)
         self.position = 0
         self.deferred = set() if last else set(self.accumulated)
+        self.last = last
 
     def carry(self, losses: Sequence[str]) -> None:
-        """After a micro-batch but the last: its accumulated gradients (each added to the
-        next micro-batch's as it is made) and its loss terms kept."""
-        self.sums |= {n: self.env[n] for n in self.accumulated}
+        """After a micro-batch but the last: its loss terms kept (its gradients are, as each
+        is made: `accumulate`)."""
         for n in losses:
             self.loss_sums[n] = self.env[n] + self.loss_sums.get(n, 0)
 
@@ -174,8 +176,8 @@ class TrainingDevice:
                 continue
             if result.is_floating_point():  # a constant's or a cast's: the step's floats
                 result = result.to(_dtype_of(self.graph, name))
-            if name in self.sums:  # the gradient accumulated over the micro-batches before
-                result = result + self.sums.pop(name)
+            if name in self.accumulated:
+                result = self.accumulate(name, result)
             if tuple(result.shape) != tuple(self.program.shapes[name]):
                 raise VerifyError(
                     f"device {index}: tensor {name!r} of op {op.name!r} has local shape "
@@ -186,6 +188,15 @@ class TrainingDevice:
                 raise NotANumber(f"device {index}: {_what(op, self.graph)} has NaN in "
                                  f"{int(torch.isnan(result).sum())} of {result.numel()} "
                                  "elements")  # fmt: skip
+
+    def accumulate(self, name: str, result: Any) -> Any:
+        """Gradient `name` summed with the micro-batches' before; kept but in the last."""
+        total = result.to(torch.promote_types(result.dtype, torch.float32))
+        if name in self.sums:
+            total = total + self.sums.pop(name)
+        if not self.last:
+            self.sums[name] = total
+        return total.to(result.dtype)
 
     def train_op(self, op: Op, args: list[Any], step: int) -> list[Any]:
         """A training op; a Grad differentiates its forward op as this device runs it (its
