@@ -5,10 +5,10 @@ compared, the reference itself, and the comparison, shared by the in-process `ve
 The reference is single-process: the original ONNX file's nodes run as torch ops
 (`train_ops.forward`), the loss differentiated by `backward()` (`reference_loss`: the outputs'
 sum, or torch's own `cross_entropy` of the first output against the labels, never the ops
-`training.loss` plans), and torch.optim's optimizer steps the weights. After every step the loss, every synchronized
-gradient, every updated weight and every optimizer state are compared, each device's shard
-with the reference's region of it: a mismatch names the step, the rank, the parameter and the
-relative difference (max |a - b| / max |b|).
+`training.loss` plans), and torch.optim's optimizer steps the weights. After every step the
+loss, every synchronized gradient, every updated weight and every optimizer state are
+compared, each device's shard with the reference's region of it: a mismatch names the step,
+the rank, the parameter and the relative difference (max |a - b| / max |b|).
 
 An optimizer state is held as its planes stacked before the weight's dims (Adam: m then v;
 SGD: the momentum buffer), as `training.step` lays it out; torch.optim's state of the weight

@@ -35,7 +35,6 @@ from autoshard.ir.graph import Op
 from autoshard.rules.gradient import TrainOp
 from autoshard.training.options import OPTIMIZER_SETTINGS, Optimizer
 
-
 Tensor = Any  # torch.Tensor (torch's stubs make every tensor Any here)
 
 

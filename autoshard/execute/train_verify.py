@@ -441,10 +441,10 @@ def start_tensors(
 def _dtype_of(graph: Graph, name: str) -> Any:
     """The torch dtype of a float tensor of the step: the graph's float32 (an optimizer state
     of a bf16 step) as float32, any other as the step computes (torch's default dtype)."""
-    value = graph.values.get(name)
-    if value is not None and value.dtype == "float32" and torch.get_default_dtype() != torch.float64:
+    value, computing = graph.values.get(name), torch.get_default_dtype()
+    if value is not None and value.dtype == "float32" and computing != torch.float64:
         return torch.float32
-    return torch.get_default_dtype()
+    return computing
 
 
 def _within(partitioned: Partitioned, index: int, state: str, weight: str) -> tuple[slice, ...]:

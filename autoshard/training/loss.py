@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from autoshard.ir import dtypes
-from autoshard.ir.graph import AttrValue, Graph, Op, Value
+from autoshard.ir.graph import Attrs, AttrValue, Graph, Op, Value
 from autoshard.training.options import Loss, TrainingError
 
 LABELS = "labels"
@@ -87,7 +87,7 @@ class _CrossEntropy:
            attrs: dict[str, AttrValue] | None = None, name: str = "") -> str:  # fmt: skip
         out = name or f"{_PREFIX}{len(self.ops)}_{kind.lower()}"
         self.values[out] = Value(out, shape, dtype or self.logits.dtype)
-        self.ops.append(Op(out, kind, inputs=inputs, outputs=(out,), attrs=attrs or {}))
+        self.ops.append(Op(out, kind, inputs=inputs, outputs=(out,), attrs=Attrs(attrs or {})))
         return out
 
     def reduce(self, kind: str, x: str, keep: bool = True) -> str:
@@ -140,6 +140,5 @@ def check_labels(labels: np.ndarray, classes: int) -> None:
     outside = int(np.count_nonzero((labels < 0) | (labels >= classes)))
     if outside:
         raise TrainingError(
-            f"input {LABELS!r} holds {outside} labels outside the logits' classes "
-            f"0..{classes - 1}"
+            f"input {LABELS!r} holds {outside} labels outside the logits' classes 0..{classes - 1}"
         )

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from autoshard.cli.main import main
-from autoshard.mesh import Mesh
-from autoshard.pipeline import load_graphs
 from autoshard.execute.artifacts import verify_training_folder
 from autoshard.execute.train_check import BF16_TOLERANCE
+from autoshard.mesh import Mesh
+from autoshard.pipeline import load_graphs
 from autoshard.run.train import run_training
 from autoshard.search.recipes import megatron_splits, parse_recipe, recipe_layout
 from autoshard.training.loss import LABELS, LOSS_VALUE
@@ -110,7 +110,9 @@ def test_loss_micro_batches_and_precision_train_as_torch(
         assert [c.name for c in report.checks if c.what == "loss"] == [LOSS_VALUE] * 3
     if name == "gpt2" and recipe == "tp-dp" and loss == CE:
         # the LM head's vocab split is reduced across tp by the loss: max, then sums
-        reduced = {(kind, how) for kind, how, value in collectives(out) if value.startswith("loss@")}
+        reduced = {
+            (kind, how) for kind, how, value in collectives(out) if value.startswith("loss@")
+        }
         assert ("all_reduce", "max") in reduced and ("all_reduce", "sum") in reduced
 
 
