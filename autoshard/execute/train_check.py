@@ -128,12 +128,14 @@ FLOATS = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 bf16-mixed plan's, its optimizer states in float32), or float64 to tell a plan's error from
 rounding (the order of summation differs from the reference's)."""
 
-BF16_TOLERANCE = 3e-2
+BF16_TOLERANCE = 5e-2
 """A bf16-mixed step against the reference in the same precision: bfloat16 keeps 8
 significant bits, so one rounding moves a value by up to 2^-9 (2e-3) of it, and a sum
 made in another order (each shard's, then the all_reduce's, against the whole one's) by
 several; a value near cancellation (a gradient summed over the batch) by more, relative
-to the largest of its tensor. Float32 and float64 steps keep `TOLERANCE`."""
+to the largest of its tensor. A plan's error (a missing or doubled sync, a wrong split)
+moves a tensor by a fraction of itself, far past it. Float32 and float64 steps keep
+`TOLERANCE`."""
 
 
 def floats_of(training: Training, floats: str) -> str:

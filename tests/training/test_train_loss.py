@@ -156,3 +156,16 @@ def test_an_unknown_loss_is_one_line(capsys):
     err = capsys.readouterr().err.strip()
     assert err.endswith("unknown loss 'hinge'; choose one of: sum, cross-entropy")
     assert len(err.splitlines()) == 1
+
+
+def test_a_corrupted_gradient_sync_fails_a_bf16_run(tmp_path):
+    """The bf16 tolerance still names a plan's error: a gradient all_reduce turned into a
+    max moves the gradient by a fraction of itself."""
+    out = loss_partition(tmp_path, "mlp", "dp", "sgd", precision=BF16)
+    steps = json.loads((out / "steps.json").read_text())
+    entry = next(c for c in steps["collectives"] if c["source"] == "2.weight@grad0")
+    entry["reduction"] = "max"
+    (out / "steps.json").write_text(json.dumps(steps))
+    report = run_training(out, model_path("mlp"), steps=1, timeout_s=120)  # reads steps.json
+    failed = {(c.what, c.name) for c in report.failures}
+    assert ("gradient", "2.weight") in failed and report.worst("gradient") > 10 * BF16_TOLERANCE
