@@ -419,7 +419,7 @@ def _verify_training(args: argparse.Namespace, inputs: Any) -> int:
 
     floats = "float64" if args.float64 else "float32"
     report = verify_training_folder(
-        args.out, args.model, dims_of(args.dim), args.steps, inputs, floats
+        args.out, args.model, dims_of(args.dim), args.steps, inputs, floats, args.loss
     )
     if args.json:
         emit(report.to_json())
@@ -440,7 +440,7 @@ def _run_training(args: argparse.Namespace, model: str | None, inputs: Any, how:
 
     floats = "float64" if args.float64 else "float32"
     report = run_training(args.out, model, dims_of(args.dim), args.steps, args.backend, inputs,
-                          args.timeout, floats=floats)  # fmt: skip
+                          args.timeout, floats=floats, loss=args.loss)  # fmt: skip
     if args.json:
         emit(report.to_json())
     else:

@@ -131,6 +131,11 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
         "fp8-mixed is bf16-mixed with the linear layers' matmuls on FP8 tensor cores",
     )  # fmt: skip
     group.add_argument(
+        "--loss", help="sum (default: every element of the model's outputs summed) or "
+        "cross-entropy (the mean cross-entropy of the first output, the logits, against an "
+        "int64 input 'labels', planned with the step: a vocab split is reduced across)",
+    )  # fmt: skip
+    group.add_argument(
         "--micro-batches", type=int, metavar="N",
         help="gradient accumulation: forward and backward N times per gradient sync (a "
         "pipeline's micro-batches: the batch the model is given is one micro-batch)",

@@ -218,8 +218,16 @@ def _verify_command(commands: Commands) -> None:
         "float32 rounding",
     )
     run_flags(verify)
+    _loss_flag(verify)
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(run=cmd_verify)
+
+
+def _loss_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--loss", help="a training step's partition: the loss it trains, which must be the "
+        "one it was planned with (its manifest's; default: that one)",
+    )  # fmt: skip
 
 
 def _run_command(commands: Commands) -> None:
@@ -255,6 +263,7 @@ def _run_command(commands: Commands) -> None:
         "float32 rounding",
     )
     run_flags(run)
+    _loss_flag(run)
     run.add_argument("--json", action="store_true", help="machine-readable output")
     run.set_defaults(run=cmd_run)
 

@@ -302,6 +302,7 @@ def verify_training_folder(
     steps: int = 3,
     inputs: Mapping[str, np.ndarray] | None = None,
     floats: str = "float32",
+    loss: str | None = None,
 ) -> TrainingReport:
     """Rebuild the training step's partition of folder `out`, train it `steps` steps on every
     device as its steps.json says, each from its own weight file, and compare every step with
@@ -321,6 +322,7 @@ def verify_training_folder(
         steps,
         inputs=inputs,
         floats=floats,
+        loss=loss,
     )
 
 

@@ -3,11 +3,12 @@ compared, the reference itself, and the comparison, shared by the in-process `ve
 (`execute.train_verify`) and the distributed `run` (`run.train`).
 
 The reference is single-process: the original ONNX file's nodes run as torch ops
-(`train_ops.forward`), the loss (`train_ops.LOSS`) differentiated by `backward()`, and
-torch.optim's optimizer steps the weights. After every step the loss, every synchronized
-gradient, every updated weight and every optimizer state are compared, each device's shard
-with the reference's region of it: a mismatch names the step, the rank, the parameter and the
-relative difference (max |a - b| / max |b|).
+(`train_ops.forward`), the loss differentiated by `backward()` (`reference_loss`: the outputs'
+sum, or torch's own `cross_entropy` of the first output against the labels, never the ops
+`training.loss` plans), and torch.optim's optimizer steps the weights. After every step the
+loss, every synchronized gradient, every updated weight and every optimizer state are
+compared, each device's shard with the reference's region of it: a mismatch names the step,
+the rank, the parameter and the relative difference (max |a - b| / max |b|).
 
 An optimizer state is held as its planes stacked before the weight's dims (Adam: m then v;
 SGD: the momentum buffer), as `training.step` lays it out; torch.optim's state of the weight
@@ -33,7 +34,8 @@ from autoshard.execute.verify import TINY, VerifyError, assemble
 from autoshard.ir.graph import Graph
 from autoshard.passes.partition import Partitioned
 from autoshard.rules.gradient import TrainOp
-from autoshard.training.options import Precision, Training
+from autoshard.training.loss import LABELS
+from autoshard.training.options import Loss, Precision, Training, parse_choice
 from autoshard.training.step import gradient_name, state_name
 
 TOLERANCE = 1e-5
@@ -106,20 +108,46 @@ class TrainingReport:
         return out
 
 
-def check_training(training: Training) -> None:
-    if training.precision is not Precision.FP32:
+def check_training(training: Training, loss: str | None = None) -> None:
+    """Refuse a step this executor does not run, or a `loss` asked for (`--loss`, None: the
+    plan's) that is not the one the step was planned with."""
+    if loss is not None and parse_choice(Loss, loss, "loss") is not training.loss:
         raise VerifyError(
-            f"training steps run in fp32 only; partition with --precision fp32 "
-            f"(this one is {training.precision})"
+            f"--loss {loss} disagrees with the partition's loss {training.loss} (its manifest): "
+            f"the loss is planned with the step; partition again with --loss {loss}"
         )
-    if training.micro_batches != 1:
-        raise VerifyError("training steps run with one micro-batch; this one has "
-                          f"{training.micro_batches}")  # fmt: skip
+    if training.precision not in (Precision.FP32, Precision.BF16_MIXED):
+        raise VerifyError(
+            f"training steps run in fp32 and bf16-mixed; partition with --precision fp32 or "
+            f"bf16-mixed (this one is {training.precision})"
+        )
 
 
-FLOATS = {"float32": torch.float32, "float64": torch.float64}
-"""What a partition's training step may compute in: its own float32, or float64 to tell a
-plan's error from float32 rounding (the order of summation differs from the reference's)."""
+FLOATS = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+"""What a partition's training step may compute in: its own float32 or bfloat16 (a
+bf16-mixed plan's, its optimizer states in float32), or float64 to tell a plan's error from
+rounding (the order of summation differs from the reference's)."""
+
+BF16_TOLERANCE = 5e-2
+"""A bf16-mixed step against the reference in the same precision: bfloat16 keeps 8
+significant bits, so one rounding moves a value by up to 2^-9 (2e-3) of it, and a sum
+made in another order (each shard's, then the all_reduce's, against the whole one's) by
+several; a value near cancellation (a gradient summed over the batch) by more, relative
+to the largest of its tensor. A plan's error (a missing or doubled sync, a wrong split)
+moves a tensor by a fraction of itself, far past it. Float32 and float64 steps keep
+`TOLERANCE`."""
+
+
+def floats_of(training: Training, floats: str) -> str:
+    """What a step of `training` computes in when asked for `floats`: a bf16-mixed plan in
+    bfloat16 unless float64 is asked for."""
+    if training.precision is Precision.BF16_MIXED and floats == "float32":
+        return "bfloat16"
+    return floats
+
+
+def tolerance_of(floats: str) -> float:
+    return BF16_TOLERANCE if floats == "bfloat16" else TOLERANCE
 
 
 @contextlib.contextmanager
@@ -138,10 +166,12 @@ def computing_in(floats: str) -> Iterator[None]:
 def to_torch(array: Any, floats: Any = None) -> Any:
     """A torch tensor of `array`, its floats as `floats` (None: torch's default dtype)."""
     array = np.asarray(array)
+    if array.dtype.name == "bfloat16":  # ml_dtypes': numpy's own kinds do not name it
+        array = array.astype(np.float32)
     if array.dtype.kind != "f":
         return torch.from_numpy(array.copy())
     if floats is None:
-        floats = np.float64 if torch.get_default_dtype() == torch.float64 else np.float32
+        return torch.from_numpy(array.astype(np.float64)).to(torch.get_default_dtype())
     return torch.from_numpy(array.astype(floats))
 
 
@@ -187,37 +217,86 @@ class Reference:
 
 def reference_steps(
     model: str | os.PathLike[str], trained: Sequence[str], optimizer: str,
-    inputs: Sequence[Mapping[str, np.ndarray]], floats: Any = REFERENCE,
-    times: list[float] | None = None,
+    inputs: Sequence[Sequence[Mapping[str, np.ndarray]]], floats: Any = REFERENCE,
+    times: list[float] | None = None, loss: Loss = Loss.SUM, low: Any = None,
 ) -> list[Reference]:  # fmt: skip
-    """PyTorch autograd and torch.optim on the original ONNX file, one entry per step, in
-    `floats`; each step's wall time appended to `times` (the bench times a float32 step)."""
+    """PyTorch autograd and torch.optim on the original ONNX file, one entry per step (its
+    inputs: one set per micro-batch, together the step's batch), in `floats`,
+    differentiating `loss` of the whole batch (`reference_loss`); each step's wall time
+    appended to `times` (the bench times a float32 step). `low` (mixed precision, a torch
+    dtype): the model runs in `low` on a copy of the weights, whose gradients step the
+    `floats` master weights; a state is then the master stacked before the moments."""
     proto = onnx.load(os.fspath(model))
     values = {i.name: to_torch(numpy_helper.to_array(i), floats) for i in proto.graph.initializer}
-    parameters = {n: values[n].clone().requires_grad_(True) for n in trained}
-    values.update(parameters)
-    step_of = train_ops.reference_optimizer(optimizer, list(parameters.values()))
+    masters = {n: values[n].clone().requires_grad_(True) for n in trained}
+    computing = low or _TORCH_FLOATS[floats]
+    values = {n: v.to(computing) if v.is_floating_point() else v for n, v in values.items()}
+    step_of = train_ops.reference_optimizer(optimizer, list(masters.values()))
     out = []
     for feed in inputs:
         started = time.perf_counter()
-        feed_values = {n: to_torch(a, floats) for n, a in feed.items()}
-        outputs = run_model(proto, dict(values) | feed_values, _TORCH_FLOATS[floats])
-        loss = sum(o.sum() for o in outputs.values())
-        for p in parameters.values():
-            p.grad = None
-        loss.backward()
-        grads = {n: p.grad.detach().clone().numpy() for n, p in parameters.items()}
+        copies = masters if low is None else {
+            n: m.detach().to(low).requires_grad_(True) for n, m in masters.items()}  # fmt: skip
+        values.update(copies)
+        batches = [{n: to_torch(a, floats) for n, a in micro.items()} for micro in feed]
+        batches = [{n: _to(a, computing) for n, a in b.items()} for b in batches]
+        outputs = [list(run_model(proto, dict(values) | b, computing).values()) for b in batches]
+        total = reference_loss(loss, outputs, [batch.get(LABELS) for batch in batches])
+        for n, p in masters.items():
+            p.grad = copies[n].grad = None
+        total.backward()
+        for n, p in masters.items():
+            p.grad = copies[n].grad.to(p.dtype)
+        grads = {n: to_numpy(p.grad) for n, p in copies.items()}
         states = {}
         if step_of is not None:
             step_of.step()
-            for n, p in parameters.items():
+            for n, p in masters.items():
                 keys = _STATE_KEYS[optimizer]
-                states[n] = np.stack([step_of.state[p][k].detach().numpy() for k in keys])
-        weights = {n: p.detach().clone().numpy() for n, p in parameters.items()}
+                planes = [p] * (low is not None) + [step_of.state[p][k] for k in keys]
+                states[n] = np.stack([to_numpy(plane) for plane in planes])
+        weights = {n: to_numpy(p.to(computing)) for n, p in masters.items()}
         if times is not None:
             times.append(time.perf_counter() - started)
-        out.append(Reference(float(loss.detach()), grads, weights, states))
+        out.append(Reference(float(total.detach()), grads, weights, states))
     return out
+
+
+def reference_of(
+    model: str | os.PathLike[str], checked: Checked, training: Training,
+    feeds: Sequence[Sequence[Mapping[str, np.ndarray]]], floats: str,
+) -> list[Reference]:  # fmt: skip
+    """The reference of a step of `training` computing in `floats`: float64 for a float32
+    step (the exact step); for a mixed-precision one, its model in the step's dtype (bfloat16,
+    or float64 for a float64 run) and its master weights and moments in float32."""
+    optimizer = str(training.optimizer)
+    if not training.precision.master_copy:
+        return reference_steps(model, checked.trained, optimizer, feeds, loss=training.loss)
+    masters = np.float64 if floats == "float64" else np.float32
+    return reference_steps(model, checked.trained, optimizer, feeds, masters,
+                           loss=training.loss, low=FLOATS[floats])  # fmt: skip
+
+
+def _to(tensor: Any, dtype: Any) -> Any:
+    return tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+
+def to_numpy(tensor: Any) -> np.ndarray:
+    """A tensor's values as numpy (bfloat16's as float32: numpy has no such type)."""
+    tensor = tensor.detach().clone()
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
+
+
+def reference_loss(loss: Loss, outputs: Sequence[Sequence[Any]], labels: Sequence[Any]) -> Any:
+    """The loss of a batch as torch computes it, given the model's `outputs` and the `labels`
+    of each of its micro-batches: every element of the outputs summed, or
+    `torch.nn.functional.cross_entropy` (the mean over the batch's positions) of the first
+    output, its classes on the last dim, against the labels."""
+    if loss is Loss.SUM:
+        return sum(o.sum() for micro in outputs for o in micro)
+    logits = torch.cat([micro[0].reshape(-1, micro[0].shape[-1]) for micro in outputs])
+    targets = torch.cat([t.reshape(-1) for t in labels]).long()
+    return torch.nn.functional.cross_entropy(logits, targets)
 
 
 def run_model(
@@ -258,40 +337,45 @@ def step_checks(
     reference: Reference,
     computed: Sequence[Mapping[str, np.ndarray]],
     held: Sequence[Mapping[str, np.ndarray]],
+    tolerance: float = TOLERANCE,
 ) -> list[Check]:
     """Step `step`'s checks: `computed[d]` and `held[d]` are device d's tensors of the step
-    (`Checked.computed`) and those it holds after it (`Checked.held`)."""
+    (`Checked.computed`) and those it holds after it (`Checked.held`), each within
+    `tolerance` (`tolerance_of` the step's floats)."""
     total = sum(
         float(assemble(partitioned, n, [c[n] for c in computed])[0].sum()) for n in checked.losses
     )
     rel, diff = _errors(np.asarray([total]), np.asarray([reference.loss]))
-    checks = [Check(step, "loss", "+".join(checked.losses), None, rel, diff, TOLERANCE)]
+    checks = [Check(step, "loss", "+".join(checked.losses), None, rel, diff, tolerance)]
     for w in checked.trained:
-        tensor = gradient_name(w)
-        want = reference.gradients[w]
-        checks.append(_compare(partitioned, step, "gradient", w, tensor, want, computed))
+        tensor, want = gradient_name(w), reference.gradients[w]
+        checks.append(_compare(partitioned, step, ("gradient", w, tensor), want, computed,
+                               tolerance))  # fmt: skip
         if w in checked.updated:
-            checks.append(_compare(partitioned, step, "weight", w, w, reference.weights[w], held))
+            want = reference.weights[w]
+            checks.append(_compare(partitioned, step, ("weight", w, w), want, held, tolerance))
         if state_name(w) in checked.states:
             want = reference.states[w]
-            checks.append(_compare(partitioned, step, "state", w, state_name(w), want, held))
+            checks.append(_compare(partitioned, step, ("state", w, state_name(w)), want, held,
+                                   tolerance))  # fmt: skip
     return checks
 
 
 def _compare(
-    partitioned: Partitioned, step: int, what: str, name: str, tensor: str, want: np.ndarray,
-    tensors: Sequence[Mapping[str, np.ndarray]],
+    partitioned: Partitioned, step: int, compared: tuple[str, str, str], want: np.ndarray,
+    tensors: Sequence[Mapping[str, np.ndarray]], tolerance: float,
 ) -> Check:  # fmt: skip
     """Each device's shard of `tensor` against its region of `want`; the worst device's
-    errors (a partial sum's: the sum compared whole)."""
+    errors (a partial sum's: the sum compared whole). `compared`: (what, name, tensor)."""
+    what, name, tensor = compared
     sharding = partitioned.program.tensors[tensor].sharding
     arrays = [t[tensor] for t in tensors]
     if sharding.partial_axes:
         rel, diff = _errors(assemble(partitioned, tensor, arrays)[0], want)
-        return Check(step, what, name, None, rel, diff, TOLERANCE)
+        return Check(step, what, name, None, rel, diff, tolerance)
     worst = (-1.0, 0.0, 0)
     for device, array in zip(partitioned.devices, arrays, strict=True):
         region = tuple(slice(a, b) for a, b in partitioned.slices(tensor, device.index))
         rel, diff = _errors(array, want[region])
         worst = max(worst, (rel, diff, device.index))
-    return Check(step, what, name, worst[2], worst[0], worst[1], TOLERANCE)
+    return Check(step, what, name, worst[2], worst[0], worst[1], tolerance)

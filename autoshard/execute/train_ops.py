@@ -6,7 +6,8 @@ them (`train_op`).
                                       torch's autograd graph
     train_op(op, forward_op, args, shapes, step)
       LossGrad   ones of the output's local shape: the step's loss is the sum of every element
-                 of the model's outputs (`LOSS`)
+                 of its outputs (a cross-entropy loss is an op of the step, `training.loss`,
+                 whose one output is the loss)
       Grad       the forward op, as the device runs it, run again on the operands it reads
                  (zeros where it reads none: a linear op's gradient does not depend on them) and
                  differentiated by autograd with respect to operand `operand`, given its
@@ -33,9 +34,6 @@ from autoshard.errors import AutoshardError
 from autoshard.ir.graph import Op
 from autoshard.rules.gradient import TrainOp
 from autoshard.training.options import OPTIMIZER_SETTINGS, Optimizer
-
-LOSS = "sum"
-"""The loss a training step differentiates: the sum of every element of the model's outputs."""
 
 Tensor = Any  # torch.Tensor (torch's stubs make every tensor Any here)
 
@@ -215,6 +213,7 @@ _OTHER: dict[str, Callable[[Mapping[str, Any], Sequence[Tensor]], Tensor]] = {
     ),
     "ReduceSum": _reduce("sum"),
     "ReduceMean": _reduce("mean"),
+    "ReduceMax": _reduce("amax"),
     "Sum": lambda attrs, args: sum(args[1:], args[0]),
     "Gather": _gather,
     "Unsqueeze": _unsqueeze,
@@ -346,14 +345,26 @@ def update(
     optimizer: str, grad: Tensor, weight: Tensor, state: Tensor, step: int
 ) -> tuple[Tensor, Tensor]:
     """One optimizer step of `weight` as torch.optim takes it (Adam, AdamW, SGD with momentum,
-    `OPTIMIZER_SETTINGS`), `state` its planes (Adam: m, v; SGD: the momentum buffer)."""
-    s = OPTIMIZER_SETTINGS
+    `OPTIMIZER_SETTINGS`), `state` its planes (Adam: m, v; SGD: the momentum buffer). Under
+    mixed precision the state's first plane is the master weight (`Training.state_planes`):
+    the step updates it in the state's dtype from the gradient cast up, and the weight is its
+    copy in the weight's dtype."""
     kind = Optimizer(optimizer)
+    if kind is Optimizer.NONE:
+        return weight, state
+    if state.shape[0] == kind.moments:
+        return _step(kind, grad, weight, state, step)
+    master, moments = _step(kind, grad.to(state.dtype), state[0], state[1:], step)
+    return master.to(weight.dtype), torch.cat([master.unsqueeze(0), moments])
+
+
+def _step(
+    kind: Optimizer, grad: Tensor, weight: Tensor, state: Tensor, step: int
+) -> tuple[Tensor, Tensor]:
+    s = OPTIMIZER_SETTINGS
     if kind is Optimizer.SGD:
         momentum = s.momentum * state[0] + grad
         return weight - s.lr * momentum, momentum.unsqueeze(0)
-    if kind is Optimizer.NONE:
-        return weight, state
     decay = s.adamw_weight_decay if kind is Optimizer.ADAMW else 0.0
     weight = weight * (1 - s.lr * decay)
     m = s.beta1 * state[0] + (1 - s.beta1) * grad

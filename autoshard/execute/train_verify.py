@@ -18,6 +18,7 @@ torch.distributed (`run.train`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -35,16 +36,26 @@ from autoshard.execute.train_check import (
     TrainingReport,
     check_training,
     computing_in,
-    reference_steps,
+    floats_of,
+    reference_of,
     step_checks,
+    to_numpy,
     to_torch,
+    tolerance_of,
 )
-from autoshard.execute.verify import VerifyError, check_inputs, input_specs, random_inputs
+from autoshard.execute.verify import (
+    InputSpec,
+    VerifyError,
+    check_inputs,
+    input_specs,
+    random_inputs,
+)
 from autoshard.ir.graph import Graph, Op
 from autoshard.passes.partition import LocalCollective, LocalCompute, Partitioned
 from autoshard.program import Compute
-from autoshard.rules.gradient import TRAIN, TrainOp
-from autoshard.training.options import Training
+from autoshard.rules.gradient import TRAIN, TrainOp, accumulated_gradients
+from autoshard.training.loss import LABELS, check_labels, label_classes
+from autoshard.training.options import Optimizer, Training
 
 _SHAPED = frozenset({"Reshape", "Expand"})
 """Ops whose operand 1 is their result's shape: a Grad at any sharding reads it from the
@@ -72,11 +83,33 @@ class TrainingDevice:
         self.env: dict[str, Any] = {}  # every tensor of the running step
         self.held: dict[str, Any] = {}  # constants, weights and optimizer state across steps
         self.position = 0
+        # Gradient accumulation (`micro_batches`): the gradients the syncs read, summed over
+        # the step's micro-batches in float32 at least (as Megatron's main_grad: a bf16 sum
+        # would round at every micro-batch); what reads them waits for the last (`deferred`).
+        self.accumulated = accumulated_gradients(graph)
+        self.sums: dict[str, Any] = {}
+        self.loss_sums: dict[str, Any] = {}
+        self.deferred: set[str] = set()
+        self.last = True
 
-    def begin(self, inputs: Mapping[str, Any]) -> None:
-        """Start a step: the held tensors and this device's slices of the graph inputs."""
+    def begin(self, inputs: Mapping[str, Any], last: bool = True) -> None:
+        """Start a step, or one of its micro-batches (`last`: the one that syncs and updates):
+        the held tensors and this device's slices of the graph inputs."""
         self.env = dict(self.held) | dict(inputs)
         self.position = 0
+        self.deferred = set() if last else set(self.accumulated)
+        self.last = last
+
+    def carry(self, losses: Sequence[str]) -> None:
+        """After a micro-batch but the last: its loss terms kept (its gradients are, as each
+        is made: `accumulate`)."""
+        for n in losses:
+            self.loss_sums[n] = self.env[n] + self.loss_sums.get(n, 0)
+
+    def total_losses(self, losses: Sequence[str]) -> None:
+        """After the last micro-batch: its loss terms summed with the others'."""
+        for n in losses:
+            self.env[n] = self.env[n] + self.loss_sums.pop(n, 0)
 
     def end(self, updates: Mapping[str, str], outputs: Mapping[str, str]) -> None:
         """End a step: each weight and optimizer state held is its update's result."""
@@ -97,7 +130,11 @@ class TrainingDevice:
             entry = self.steps[self.position]
             self.position += 1
             if "collective" in entry:
-                return int(entry["collective"])
+                j = int(entry["collective"])
+                if self.collectives[j].source not in self.deferred:
+                    return j
+                self.deferred.add(self.collectives[j].target)
+                continue
             for name, kind in nodes[entry["run"]]:
                 if kind == "Constant" and name not in self.ops:
                     continue  # the device's loose constants: in its tensors from the start
@@ -112,6 +149,9 @@ class TrainingDevice:
 
     def run(self, op: Op, step: int) -> None:
         index = self.program.index
+        if self.deferred.intersection(op.inputs):  # a sync or an update: the last micro-batch's
+            self.deferred.update(op.outputs)
+            return
         missing = [n for n in op.inputs if n and n not in self.env]
         if missing:
             made = [j for j, c in enumerate(self.collectives) if c.target == missing[0]]
@@ -131,11 +171,13 @@ class TrainingDevice:
             raise VerifyError(
                 f"device {index}: op {op.name!r} failed: {str(error).splitlines()[0]}"
             ) from None
-        floats = torch.get_default_dtype()  # a constant's or a cast's: the step's floats
-        results = [r.to(floats) if r.is_floating_point() else r for r in results]
         for name, result in zip(op.outputs, results, strict=False):
             if not name:
                 continue
+            if result.is_floating_point():  # a constant's or a cast's: the step's floats
+                result = result.to(_dtype_of(self.graph, name))
+            if name in self.accumulated:
+                result = self.accumulate(name, result)
             if tuple(result.shape) != tuple(self.program.shapes[name]):
                 raise VerifyError(
                     f"device {index}: tensor {name!r} of op {op.name!r} has local shape "
@@ -146,6 +188,15 @@ class TrainingDevice:
                 raise NotANumber(f"device {index}: {_what(op, self.graph)} has NaN in "
                                  f"{int(torch.isnan(result).sum())} of {result.numel()} "
                                  "elements")  # fmt: skip
+
+    def accumulate(self, name: str, result: Any) -> Any:
+        """Gradient `name` summed with the micro-batches' before; kept but in the last."""
+        total = result.to(torch.promote_types(result.dtype, torch.float32))
+        if name in self.sums:
+            total = total + self.sums.pop(name)
+        if not self.last:
+            self.sums[name] = total
+        return total.to(result.dtype)
 
     def train_op(self, op: Op, args: list[Any], step: int) -> list[Any]:
         """A training op; a Grad differentiates its forward op as this device runs it (its
@@ -272,16 +323,25 @@ class _Partitioned:
             index = device.program.index
             device.held = start_tensors(self.partitioned, self.graph, index, weights(index))
 
-    def step(self, step: int, inputs: Mapping[str, np.ndarray]) -> None:
-        for device in self.devices:
-            device.begin(local_inputs(self.partitioned, device.program.index, inputs))
-        while True:
-            at = [d.advance(step, self.nodes) for d in self.devices]
-            if all(j is None for j in at):
-                break
-            self.collective(at)
-        for device in self.devices:
-            device.end(self.graph.updates, self.outputs)
+    def step(
+        self, step: int, micro_batches: Sequence[Mapping[str, np.ndarray]], losses: Sequence[str]
+    ) -> None:
+        """One training step over its micro-batches' inputs: the last syncs and updates."""
+        for k, inputs in enumerate(micro_batches, start=1):
+            last = k == len(micro_batches)
+            for device in self.devices:
+                device.begin(local_inputs(self.partitioned, device.program.index, inputs), last)
+            while True:
+                at = [d.advance(step, self.nodes) for d in self.devices]
+                if all(j is None for j in at):
+                    break
+                self.collective(at)
+            for device in self.devices:
+                if last:
+                    device.total_losses(losses)
+                    device.end(self.graph.updates, self.outputs)
+                else:
+                    device.carry(losses)
 
     def collective(self, at: Sequence[int | None]) -> None:
         counts = {j: at.count(j) for j in at}
@@ -296,10 +356,10 @@ class _Partitioned:
                 "collective"
             )
         step = self.devices[0].collectives[j]
-        local = {d.program.device: d.env[step.source].numpy() for d in self.devices}
+        local = {d.program.device: to_numpy(d.env[step.source]) for d in self.devices}
         moved = run_collective(step.collective, self.partitioned.mesh, local)
         for d in self.devices:
-            d.env[step.target] = to_torch(moved[d.program.device])
+            d.env[step.target] = to_torch(moved[d.program.device]).to(d.env[step.source].dtype)
 
 
 def local_inputs(
@@ -321,27 +381,83 @@ def _name(device: TrainingDevice, j: int | None) -> str:
 
 def training_feeds(
     graph: Graph, steps: int, seed: int = 0, inputs: Mapping[str, np.ndarray] | None = None
-) -> list[dict[str, np.ndarray]]:
-    """Each step's graph inputs: `inputs` every step (checked against the graph), or seeded
-    random ones, new each step."""
+) -> list[list[dict[str, np.ndarray]]]:
+    """Each step's graph inputs, one set per micro-batch (`Graph.micro_batches`): `inputs`
+    every step, the whole batch (checked against the graph; split on the first dim into the
+    micro-batches), or seeded random ones, new each micro-batch (a cross-entropy's labels
+    below its classes)."""
     states = set(graph.updates.values()) - set(graph.weights)
-    specs = [s for s in input_specs(graph) if s.name not in states]
-    if inputs is not None:
-        return [check_inputs(specs, inputs)] * steps
-    return [random_inputs(specs, seed + k) for k in range(steps)]
+    classes, count = label_classes(graph), graph.micro_batches
+    specs = [_given(s, classes) for s in input_specs(graph) if s.name not in states]
+    if inputs is None:
+        return [[random_inputs(specs, seed + k * count + j) for j in range(count)]
+                for k in range(steps)]  # fmt: skip
+    whole = [dataclasses.replace(s, shape=_batch_of(s.shape, count)) for s in specs]
+    given = check_inputs(whole, inputs)
+    if classes is not None:
+        check_labels(given[LABELS], classes)
+    split = {n: np.split(a, count) if a.ndim else [a] * count for n, a in given.items()}
+    return [[{n: parts[j] for n, parts in split.items()} for j in range(count)]] * steps
+
+
+def _given(spec: InputSpec, classes: int | None) -> InputSpec:
+    """An input as the step is given it: labels below the classes; a float one in float32,
+    the model's own (a mixed-precision step casts it, as it casts its weights)."""
+    if spec.name == LABELS:
+        return dataclasses.replace(spec, high=classes)
+    if spec.dtype in ("bfloat16", "float16"):
+        return dataclasses.replace(spec, dtype="float32")
+    return spec
+
+
+def _batch_of(shape: tuple[int, ...], micro_batches: int) -> tuple[int, ...]:
+    """The shape of a whole batch of `micro_batches` inputs of `shape` (its first dim)."""
+    return (shape[0] * micro_batches, *shape[1:]) if shape else shape
 
 
 def start_tensors(
     partitioned: Partitioned, graph: Graph, index: int, weights: Mapping[str, Any]
 ) -> dict[str, Any]:
     """What device `index` holds before the first step: the program's constants and its own,
-    its weights, and zeros for its optimizer states."""
+    its weights, and its optimizer states: zeros, but a master weight (mixed precision: the
+    state's first plane), which starts as the weight as given (`weights`, before it is cast
+    to the step's dtype)."""
     device = partitioned.devices[index]
-    states = set(graph.updates.values()) - set(graph.weights)
     held = {n: to_torch(v) for n, v in partitioned.program.constants.items()}
     held |= {n: to_torch(v) for n, v in device.constants.items()}
     held |= {n: to_torch(a) for n, a in weights.items()}
-    return held | {n: torch.zeros(tuple(device.shapes[n])) for n in states}
+    for op in graph.ops:
+        if op.type != TrainOp.UPDATE:
+            continue
+        _, weight, state = op.inputs
+        dtype = _dtype_of(graph, state)
+        held[state] = torch.zeros(tuple(device.shapes[state]), dtype=dtype)
+        if device.shapes[state][0] > Optimizer(str(op.attr("optimizer"))).moments:
+            region = _within(partitioned, index, state, weight)
+            held[state][0] = to_torch(np.asarray(weights[weight])[region]).to(dtype)
+    return held
+
+
+def _dtype_of(graph: Graph, name: str) -> Any:
+    """The torch dtype of a float tensor of the step: the graph's float32 (an optimizer state
+    of a bf16 step) as float32, any other as the step computes (torch's default dtype)."""
+    value, computing = graph.values.get(name), torch.get_default_dtype()
+    if value is not None and value.dtype == "float32" and computing != torch.float64:
+        return torch.float32
+    return computing
+
+
+def _within(partitioned: Partitioned, index: int, state: str, weight: str) -> tuple[slice, ...]:
+    """The region of device `index`'s slice of `weight` its slice of `state` covers (past the
+    planes' dim): a state is split as its weight or further (ZeRO)."""
+    held = partitioned.slices(weight, index)
+    region = []
+    for (start, stop), (a, b) in zip(partitioned.slices(state, index)[1:], held, strict=True):
+        if not a <= start <= stop <= b:
+            raise VerifyError(f"device {index} holds a slice of {state!r} outside its slice of "
+                              f"{weight!r}: its master weight cannot start from it")  # fmt: skip
+        region.append(slice(start - a, stop - a))
+    return tuple(region)
 
 
 def verify_training(
@@ -356,21 +472,25 @@ def verify_training(
     seed: int = 0,
     inputs: Mapping[str, np.ndarray] | None = None,
     floats: str = "float32",
+    loss: str | None = None,
 ) -> TrainingReport:
     """Train the partition of `folder` (its steps.json, `graph` the training step, `weights`
     each device's own) `steps` steps on `inputs` or seeded random ones, and check every step
-    against the reference (`train_check.reference_steps`)."""
-    check_training(training)
+    against the reference (`train_check.reference_steps`); `loss`: the one asked for, which
+    must be the plan's (None: the plan's)."""
+    check_training(training, loss)
+    floats = floats_of(training, floats)
     checked = Checked.of(graph)
     feeds = training_feeds(graph, steps, seed, inputs)
-    reference = reference_steps(model, checked.trained, str(training.optimizer), feeds)
+    reference = reference_of(model, checked, training, feeds, floats)
     runner = _Partitioned(partitioned, graph, steps_manifest, Path(folder))
     checks: list[Check] = []
     with computing_in(floats):
         runner.start(weights)
         for k, want in enumerate(reference, start=1):
-            runner.step(k, feeds[k - 1])
-            computed = [{n: d.env[n].numpy() for n in checked.computed} for d in runner.devices]
-            held = [{n: d.held[n].numpy() for n in checked.held} for d in runner.devices]
-            checks += step_checks(partitioned, checked, k, want, computed, held)
+            runner.step(k, feeds[k - 1], checked.losses)
+            computed = [{n: to_numpy(d.env[n]) for n in checked.computed} for d in runner.devices]
+            held = [{n: to_numpy(d.held[n]) for n in checked.held} for d in runner.devices]
+            checks += step_checks(partitioned, checked, k, want, computed, held,
+                                  tolerance_of(floats))  # fmt: skip
     return TrainingReport(tuple(checks), len(partitioned.devices), steps, floats=floats)

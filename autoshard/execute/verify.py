@@ -358,7 +358,7 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
         return 0.0
     if a.dtype.kind == "b":
         return float(np.count_nonzero(a != b))
-    x, y = a.astype(np.float64), b.astype(np.float64)
+    x, y = np.atleast_1d(a.astype(np.float64)), np.atleast_1d(b.astype(np.float64))
     with np.errstate(invalid="ignore"):  # inf - inf: equal infinities are equal (below)
         diff = np.abs(x - y)
     diff[(np.isnan(x) & np.isnan(y)) | (x == y)] = 0.0

@@ -10,7 +10,7 @@ torch.distributed (`collectives.Executor`, as inference runs do), there they are
 After every step a rank keeps the tensors the checks read (`train_check.Checked`: its loss
 terms, its gradients, its weights and optimizer states after the update); rank 0 gathers them
 and the launcher compares them, step by step, with the single-process reference
-(`train_check.reference_steps`), as `verify` does.
+(`train_check.reference_of`), as `verify` does.
 
 Failures are one line naming the rank and the training step, then where in its step list and
 the cause: a NaN made by an op (a gradient op names its parameter), a collective whose partner
@@ -46,9 +46,12 @@ from autoshard.execute.train_check import (
     TrainingReport,
     check_training,
     computing_in,
-    reference_steps,
+    floats_of,
+    reference_of,
     step_checks,
+    to_numpy,
     to_torch,
+    tolerance_of,
 )
 from autoshard.execute.train_verify import (
     TrainingDevice,
@@ -104,7 +107,7 @@ class TrainingWork:
     partitioned: Partitioned
     graph: Graph
     nodes: Mapping[str, list[tuple[str, str]]]
-    feeds: Sequence[Mapping[str, np.ndarray]]
+    feeds: Sequence[Sequence[Mapping[str, np.ndarray]]]  # per step, per micro-batch
     checked: Checked
     backend: str
     sha256: tuple[str | None, ...]
@@ -183,25 +186,29 @@ def _train(
     for step, feed in enumerate(work.feeds, start=1):
         progress[world + rank] = step
         started, computed = time.perf_counter(), timing.compute_s
-        device.begin(local_inputs(work.partitioned, rank, feed))
-        while True:
-            computing = time.perf_counter()
-            try:
-                j = device.advance(step, work.nodes, at)
-            except VerifyError as error:  # a NaN, a tensor no step made
-                cause = str(error).removeprefix(f"device {rank}: ")
-                raise fail(device.position - 1, cause) from None
-            timing.compute_s += time.perf_counter() - computing
-            if j is None:
-                break
-            _collective(device, j, work.manifest, collectives, timing, fail)
+        for k, micro_batch in enumerate(feed, start=1):  # the last syncs and updates
+            device.begin(local_inputs(work.partitioned, rank, micro_batch), k == len(feed))
+            while True:
+                computing = time.perf_counter()
+                try:
+                    j = device.advance(step, work.nodes, at)
+                except VerifyError as error:  # a NaN, a tensor no step made
+                    cause = str(error).removeprefix(f"device {rank}: ")
+                    raise fail(device.position - 1, cause) from None
+                timing.compute_s += time.perf_counter() - computing
+                if j is None:
+                    break
+                _collective(device, j, work.manifest, collectives, timing, fail)
+            if k < len(feed):
+                device.carry(work.checked.losses)
+        device.total_losses(work.checked.losses)
         device.end(work.graph.updates, outputs)
         step_s.append(time.perf_counter() - started)
         compute_s.append(timing.compute_s - computed)
         records.append(
             (
-                {n: device.env[n].numpy().copy() for n in work.checked.computed},
-                {n: device.held[n].numpy().copy() for n in work.checked.held},
+                {n: to_numpy(device.env[n]) for n in work.checked.computed},
+                {n: to_numpy(device.held[n]) for n in work.checked.held},
             )
         )
     return records, {**timing.to_json(), "step_s": step_s, "step_compute_s": compute_s}
@@ -218,7 +225,7 @@ def _collective(
     """Collective `j` of the device's list on torch.distributed, its result in place."""
     started = time.perf_counter()
     local, entry = device.collectives[j], manifest["collectives"][j]
-    source = device.env[local.source].numpy()
+    source = to_numpy(device.env[local.source])  # bfloat16 as float32: numpy has none
     try:
         result = collectives.run(entry, source)
     except Exception as error:  # torch's own errors: a peer gone, a timeout
@@ -227,7 +234,7 @@ def _collective(
     if result.shape != want:
         raise fail(device.position - 1, f"result has local shape {list(result.shape)}; "
                                         f"expected {list(want)}")  # fmt: skip
-    device.env[local.target] = to_torch(result)
+    device.env[local.target] = to_torch(result).to(device.env[local.source].dtype)
     stats = timing.collectives.setdefault(entry["kind"], [0, 0.0, 0])
     stats[0] += 1
     stats[1] += time.perf_counter() - started
@@ -249,9 +256,11 @@ def run_training(
     timeout_s: float = 60.0,
     seed: int = 0,
     floats: str = "float32",
+    loss: str | None = None,
 ) -> TrainingReport:
     """Train the partition of folder `out` `steps` steps as one process per device and check
-    every step against PyTorch autograd on `model` (module docstring)."""
+    every step against PyTorch autograd on `model` (module docstring); `loss`: the one asked
+    for, which must be the plan's (None: the plan's)."""
     from autoshard.document.blocks import training_of
     from autoshard.run import RunSetupError, torch_rank
     from autoshard.run.launch import launch_work
@@ -269,12 +278,13 @@ def run_training(
     training = training_of(partition, "the manifest")
     if training is None:
         raise VerifyError(f"'{out}' is the partition of a forward pass: run it without --model")
-    check_training(training)
+    check_training(training, loss)
     folder, graph = Path(out), built.graph
     manifest = read_steps(folder)
     checked = Checked.of(graph)
     feeds = training_feeds(graph, steps, seed, inputs)
-    reference = reference_steps(model, checked.trained, str(training.optimizer), feeds)
+    floats = floats_of(training, floats)
+    reference = reference_of(model, checked, training, feeds, floats)
     sha256 = tuple(d.get("sha256") for d in partition["devices"])
     work = TrainingWork(folder, manifest, built.partitioned, graph, segment_nodes(folder, manifest),
                         feeds, checked, backend, sha256, floats)  # fmt: skip
@@ -285,7 +295,8 @@ def run_training(
     for k, want in enumerate(reference, start=1):
         computed = [records[k - 1][0] for records, _ in gathered]
         held = [records[k - 1][1] for records, _ in gathered]
-        checks += step_checks(built.partitioned, checked, k, want, computed, held)
+        checks += step_checks(built.partitioned, checked, k, want, computed, held,
+                              tolerance_of(floats))  # fmt: skip
     ranks = [{"rank": r, **timing} for r, (_, timing) in enumerate(gathered)]
     timing = {"wall_s": wall, "backend": backend, "ranks": ranks}
     return TrainingReport(tuple(checks), len(gathered), steps, timing, floats)

@@ -1,5 +1,5 @@
 """What a training step is asked to be: optimizer, precision, micro-batches, recompute,
-attention, and how it overlaps communication with compute."""
+attention, the loss, and how it overlaps communication with compute."""
 
 from __future__ import annotations
 
@@ -47,6 +47,14 @@ class OptimizerSettings:
 
 
 OPTIMIZER_SETTINGS = OptimizerSettings()
+
+
+class Loss(enum.StrEnum):
+    """What the step differentiates (`training.loss`): the model's outputs summed, or the mean
+    cross-entropy of its first output (logits) against labels, planned with the step."""
+
+    SUM = "sum"
+    CROSS_ENTROPY = "cross-entropy"
 
 
 class Precision(enum.StrEnum):
@@ -217,6 +225,7 @@ class Training:
     every: int = 1  # with `Recompute.LAYERS`: every k-th layer recomputed
     attention: Attention | None = None
     overlap: Overlap = Overlap()
+    loss: Loss = Loss.SUM
 
     def __post_init__(self) -> None:
         if self.every < 1 or (self.every > 1 and self.recompute is not Recompute.LAYERS):
@@ -265,6 +274,8 @@ class Training:
         }
         if self.attention is not None:
             found["attention"] = str(self.attention)
+        if self.loss is not Loss.SUM:  # written when chosen: a sum's documents stay as they were
+            found["loss"] = str(self.loss)
         return found | self.overlap.to_json()
 
     @staticmethod
@@ -274,6 +285,7 @@ class Training:
         micro_batches: int | str = 1,
         recompute: str = "auto",
         attention: str | None = None,
+        loss: str = "sum",
         **overlap: Any,
     ) -> Training:
         """Options as a user gives them (flags, a form, a plan document's `training`);
@@ -288,6 +300,7 @@ class Training:
             attention=None if attention is None else parse_choice(
                 Attention, str(attention), "attention"),
             overlap=parse_overlap(**overlap),
+            loss=parse_choice(Loss, str(loss), "loss"),
         )  # fmt: skip
 
     def __str__(self) -> str:
@@ -296,6 +309,7 @@ class Training:
             f"{self.micro_batches} micro-batch{'es' if self.micro_batches > 1 else ''}, "
             f"recompute {self.recompute_text}"
             + ("" if self.attention is None else f", attention {self.attention}")
+            + ("" if self.loss is Loss.SUM else f", loss {self.loss}")
             + ("" if self.overlap == Overlap() else f", {self.overlap}")
         )
 
@@ -310,6 +324,7 @@ OPTIONS = (
     "bucket_mb",
     "async_tp",
     "overlap",
+    "loss",
 )
 """The options of a training step, as `Training.parse` names them."""
 

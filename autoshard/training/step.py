@@ -48,6 +48,7 @@ from autoshard.ir.graph import Attrs, Graph, Op, Value, verify
 from autoshard.rules import rule_for
 from autoshard.rules.gradient import RECOMPUTE_OF, TRAIN, TrainOp
 from autoshard.training.buffers import candidates, trained_weights
+from autoshard.training.loss import with_loss
 from autoshard.training.options import Training
 from autoshard.training.replay import Replay
 
@@ -78,8 +79,9 @@ def training_graph(graph: Graph, training: Training, replays: Sequence[Replay] =
     (`training.replay`: a repeated layer, an attention core) run again just before the
     backward of its `before` op, which, with the backward of the ops before it, reads what
     they recompute: of a recomputed layer's activations only its inputs are kept from the
-    forward."""
-    return _Step(graph, training, replays).build()
+    forward. The loss is computed in the step (`training.loss`), so it is planned with it."""
+    step = with_loss(graph, training.loss, training.micro_batches)
+    return _Step(step, training, replays).build()
 
 
 def gradient_name(value: str) -> str:
