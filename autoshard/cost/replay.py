@@ -1,17 +1,25 @@
 """What a plan's recomputation (`training.replay`) frees and costs: the bytes per device of
 the forward values the backward reads recomputed (what keeping them would hold from their
 forward to their backward) and the compute seconds of the recomputed ops beside the rest of
-the step; and the story's sentence saying so."""
+the step; and the story's sentence saying so. Before any search (`--recompute auto` ordering
+and pruning its candidates): the recomputed ops' seconds unsharded, and the least memory any
+plan of a step can hold (`memory_floor`)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from autoshard.cost.cluster import Cluster
+from autoshard.cost.compute import op_cost
 from autoshard.cost.liveness import held_bytes
 from autoshard.cost.price import Cost
+from autoshard.ir import dtypes
+from autoshard.ir.fused import Held
 from autoshard.ir.graph import Graph
 from autoshard.plan import Plan
 from autoshard.rules.gradient import RECOMPUTE_OF, TrainOp
+from autoshard.rules.registry import rule_for
 from autoshard.training.options import Recompute, Training
 from autoshard.units import format_bytes
 
@@ -58,6 +66,8 @@ def replay_text(training: Training, figures: ReplayFigures, chosen: bool) -> str
     cheapest that fits the budget), and its figures."""
     what = {
         Recompute.SELECTIVE: "selective recompute (each attention core)",
+        Recompute.SELECTIVE_OP: "op-level selective recompute (each layer but every other "
+        "linear matmul and its attention kernel)",
         Recompute.LAYERS: "layer recompute ("
         + ("every layer" if training.every == 1 else f"every {training.every}th layer")
         + ")",
@@ -65,3 +75,40 @@ def replay_text(training: Training, figures: ReplayFigures, chosen: bool) -> str
     why = "the cheapest that fits the budget" if chosen else "as asked"
     freed, added = format_bytes(figures.freed_bytes), 100 * figures.added_share
     return f"Recomputation: {what}, {why}: frees {freed} per device for {added:.1f} % more compute."
+
+
+def replayed_seconds(graph: Graph, cluster: Cluster) -> float:
+    """The seconds of the recomputed ops of training step `graph`, each whole on one device of
+    `cluster` (no sharding): what orders recomputations by their compute before a search
+    (sharding divides every op alike, to a first order)."""
+    return sum(
+        op_cost(op, rule_for(op, graph), None, graph, cluster).seconds
+        for op in graph.ops
+        if op.attr(RECOMPUTE_OF, "")
+    )
+
+
+def memory_floor(graph: Graph, devices: int) -> int:
+    """Bytes per device below which no plan of training step `graph` on `devices` devices
+    fits: at its first backward op, every value made before it (inputs, weights, optimizer
+    state, forward results) and read from it on is live, and a device holds at least its
+    1/`devices` share of each, as `held_bytes` counts it (a fused kernel's inside nothing, its
+    probabilities as row statistics). A bound, not a plan: the peak may lie elsewhere and a
+    plan splits nothing perfectly, but no plan holds less."""
+    phases = [graph.phase(op.name) for op in graph.ops]
+    start = phases.index("backward") if "backward" in phases else len(graph.ops)
+    made = {*graph.inputs, *graph.weights}
+    for op in graph.ops[:start]:
+        made.update(o for o in op.outputs if o)
+    read = {n for op in graph.ops[start:] for n in op.inputs if n} | set(graph.outputs)
+    total = 0
+    for name in sorted(made & read):
+        value = graph.values[name]
+        held = graph.fused.held(name)
+        if held is Held.NONE:
+            continue
+        shape, dtype = value.shape, value.dtype
+        if held is Held.STATISTICS:
+            shape, dtype = shape[:-1], "float32"
+        total += dtypes.nbytes(dtype, math.prod(shape))
+    return total // devices
