@@ -25,6 +25,7 @@ from autoshard.analysis.shorten import layer_run, shortened
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import check_precision
+from autoshard.cost.replay import memory_floor, replayed_seconds
 from autoshard.deadline import Deadline
 from autoshard.document.blocks import Decisions
 from autoshard.document.plan_document import (
@@ -408,22 +409,53 @@ def _with_pipeline(document: PlanDocument, found: _Searched, whole: Cluster) -> 
 
 
 def recompute_ladder(training: Training) -> tuple[Training, ...]:
-    """The recomputations `--recompute auto` tries, cheapest in compute first: none, selective
-    (where attention is not fused: a fused kernel keeps no S x S tensor to free), every 4th,
-    every 2nd, every layer."""
+    """The recomputations `--recompute auto` may choose: none, selective (where attention is
+    not fused: a fused kernel keeps no S x S tensor to free), selective-op, every 4th, every
+    2nd, every layer (`_cheapest_recompute` orders them by their compute)."""
     selective = () if training.fused_attention else ((Recompute.SELECTIVE, 1),)
-    ladder = ((Recompute.NONE, 1), *selective, *((Recompute.LAYERS, k) for k in (4, 2, 1)))
+    ladder = (
+        (Recompute.NONE, 1), *selective, (Recompute.SELECTIVE_OP, 1),
+        *((Recompute.LAYERS, k) for k in (4, 2, 1)),
+    )  # fmt: skip
     return tuple(training.but(recompute, every) for recompute, every in ladder)
+
+
+def recompute_order(
+    steps: Mapping[Training, Graph], cluster: Cluster
+) -> tuple[tuple[Training, ...], tuple[Training, ...]]:
+    """The recomputations of `steps` (each with its training step's graph) `auto` solves, in
+    the order it solves them, and those it skips: ordered by the compute they replay (whole
+    ops on one device: `replayed_seconds`), the first in the ladder first where equal; skipped
+    where no plan fits the budget (`memory_floor` above it), but the last, the one that
+    recomputes most, which answers where none fits."""
+    ladder = list(steps)
+    *ordered, last = sorted(ladder, key=lambda t: replayed_seconds(steps[t], cluster))
+    floors = {t: memory_floor(steps[t], cluster.mesh.size) for t in ordered}
+    tried = tuple(t for t in ordered if floors[t] <= cluster.memory)
+    return (*tried, last), tuple(t for t in ordered if t not in tried)
 
 
 def _cheapest_recompute(
     request: PlanRequest, training: Training, tracker: Tracker | None,
     after: AfterStage | None, deadline: Deadline, graphs: GraphCache | None = None,
 ) -> RequestedPlan:  # fmt: skip
-    """The plan of the first recomputation of `recompute_ladder` that fits the budget: the
-    search recomputes exactly when, and only as much as, the budget requires; the last
-    one's error (with the least memory its plans need) where none fits."""
-    *cheaper, last = recompute_ladder(training)
+    """The plan of the first recomputation that fits the budget: none where its memory floor
+    allows (`memory_floor`), then those of `recompute_order`: the search recomputes exactly
+    when the budget requires it, and of the recomputations that fit, the one replaying the
+    least compute; the last one's error (with the least memory its plans need) where none
+    fits. Each candidate's graph is built once, the model imported once, and kept in
+    `graphs` for its search."""
+    graphs = {} if graphs is None else graphs
+    keep, *ladder = recompute_ladder(training)
+    kept = _step_graphs(request, (keep,), tracker, graphs)[keep]
+    if memory_floor(kept, request.cluster.mesh.size) <= request.cluster.memory:
+        try:  # recompute nothing, where the budget may allow it, before building the others
+            asked = dataclasses.replace(request, training=keep)
+            return plan_request(asked, tracker, after, deadline, graphs, chosen=True, explain=False)
+        except InfeasibleError:
+            deadline.check("trying the recomputations")
+    steps = _step_graphs(request, ladder, tracker, graphs)
+    *cheaper, last = recompute_order(steps, request.cluster)[0]
     for step in cheaper:
         try:
             asked = dataclasses.replace(request, training=step)
@@ -432,6 +464,27 @@ def _cheapest_recompute(
             deadline.check("trying the recomputations")
     asked = dataclasses.replace(request, training=last)
     return plan_request(asked, tracker, after, deadline, graphs, chosen=True)
+
+
+def _step_graphs(
+    request: PlanRequest, ladder: Sequence[Training], tracker: Tracker | None,
+    graphs: GraphCache,
+) -> dict[Training, Graph]:  # fmt: skip
+    """The training step of each of `ladder`, the model imported once; each kept in `graphs`
+    (by `_plan_inputs`' key) with the forward."""
+    dims = tuple(sorted(request.dims.items()))
+    found: dict[Training, Graph] = {}
+    forward: Graph | None = None
+    for training in ladder:
+        key = (str(request.model_path), dims, training)
+        if key in graphs:
+            pass
+        elif forward is None:
+            graphs[key] = load_graphs(request.model_path, request.dims, training, tracker)
+        else:
+            graphs[key] = forward, training_graph(forward, training, replays(forward, training))
+        forward, found[training] = graphs[key]
+    return found
 
 
 # ---- `autoshard partition` / `verify`: annotations or a saved plan decide -------------------

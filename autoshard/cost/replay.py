@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import op_cost
 from autoshard.cost.liveness import held_bytes
@@ -90,25 +92,30 @@ def replayed_seconds(graph: Graph, cluster: Cluster) -> float:
 
 def memory_floor(graph: Graph, devices: int) -> int:
     """Bytes per device below which no plan of training step `graph` on `devices` devices
-    fits: at its first backward op, every value made before it (inputs, weights, optimizer
-    state, forward results) and read from it on is live, and a device holds at least its
-    1/`devices` share of each, as `held_bytes` counts it (a fused kernel's inside nothing, its
-    probabilities as row statistics). A bound, not a plan: the peak may lie elsewhere and a
-    plan splits nothing perfectly, but no plan holds less."""
-    phases = [graph.phase(op.name) for op in graph.ops]
-    start = phases.index("backward") if "backward" in phases else len(graph.ops)
-    made = {*graph.inputs, *graph.weights}
-    for op in graph.ops[:start]:
-        made.update(o for o in op.outputs if o)
-    read = {n for op in graph.ops[start:] for n in op.inputs if n} | set(graph.outputs)
-    total = 0
-    for name in sorted(made & read):
-        value = graph.values[name]
-        held = graph.fused.held(name)
-        if held is Held.NONE:
-            continue
-        shape, dtype = value.shape, value.dtype
-        if held is Held.STATISTICS:
-            shape, dtype = shape[:-1], "float32"
-        total += dtypes.nbytes(dtype, math.prod(shape))
-    return total // devices
+    fits: a value is live (as made, or in a reshard of it) from the op making it (inputs,
+    weights and optimizer state: from the start) to its last reader (the step's outputs: to
+    the end), and a device holds at least its 1/`devices` share of it, as `held_bytes` counts
+    it (a fused kernel's inside nothing, its probabilities as row statistics): the most such
+    shares live at one op. A bound, not a plan (no plan splits every value over every
+    device), but no plan holds less."""
+    last = {name: len(graph.ops) for name in graph.outputs}
+    for index, op in enumerate(graph.ops):
+        last.update((name, index) for name in op.inputs if name)
+    change = np.zeros(len(graph.ops) + 3, np.int64)  # -1 (before any op) to the end
+    made = [(name, -1) for name in (*graph.inputs, *graph.weights)]
+    made += [(o, i) for i, op in enumerate(graph.ops) for o in op.outputs if o]
+    for name, index in made:
+        if name in last:
+            change[index + 1] += _whole_bytes(graph, name)
+            change[last[name] + 2] -= _whole_bytes(graph, name)
+    return int(np.cumsum(change).max()) // devices
+
+
+def _whole_bytes(graph: Graph, name: str) -> int:
+    """Bytes of value `name` whole, as a device holds it (`held_bytes` unsplit)."""
+    value, held = graph.values[name], graph.fused.held(name)
+    if held is Held.NONE:
+        return 0
+    if held is Held.STATISTICS:
+        return dtypes.nbytes("float32", math.prod(value.shape[:-1]))
+    return dtypes.nbytes(value.dtype, math.prod(value.shape))

@@ -72,9 +72,9 @@ def test_fused_attention_recomputes_no_core_selectively():
     graph = load_graph(GPT2, DIMS, fused)
     assert not [op for op in graph.ops if op.attr(RECOMPUTE_OF, "")]
     ladder = [t.recompute_text for t in recompute_ladder(fused)]
-    assert ladder == ["none", "layers:4", "layers:2", "layers"]
+    assert ladder == ["none", "selective-op", "layers:4", "layers:2", "layers"]
     assert [t.recompute_text for t in recompute_ladder(AS_EXPORTED)] == [
-        "none", "selective", "layers:4", "layers:2", "layers"
+        "none", "selective", "selective-op", "layers:4", "layers:2", "layers"
     ]  # fmt: skip
 
 
@@ -131,8 +131,8 @@ def test_a_bad_recompute_names_the_choices(text):
     with pytest.raises(TrainingError) as error:
         Training.parse(recompute=text)
     assert str(error.value) == (
-        f"unknown recompute {text!r}; choose one of: none, selective, layers, layers:K "
-        "(every K-th layer), auto"
+        f"unknown recompute {text!r}; choose one of: none, selective, selective-op, layers, "
+        "layers:K (every K-th layer), auto"
     )
 
 
