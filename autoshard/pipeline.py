@@ -47,6 +47,7 @@ from autoshard.plan import Plan
 from autoshard.program import Program
 from autoshard.progress import Tracker
 from autoshard.propagate import propagate
+from autoshard.rules.gradient import RECOMPUTE_OF
 from autoshard.search.budget import Planned, auto_plan
 from autoshard.search.options import Objective, SolverOptions
 from autoshard.search.pipelined import (
@@ -425,11 +426,16 @@ def recompute_order(
 ) -> tuple[tuple[Training, ...], tuple[Training, ...]]:
     """The recomputations of `steps` (each with its training step's graph) `auto` solves, in
     the order it solves them, and those it skips: ordered by the compute they replay (whole
-    ops on one device: `replayed_seconds`), the first in the ladder first where equal; skipped
+    ops on one device: `replayed_seconds`), the first in the ladder first where equal, one
+    of those recomputing the same ops (`layers:2` and `layers:4` of two layers); skipped
     where no plan fits the budget (`memory_floor` above it), but the last, the one that
     recomputes most, which answers where none fits."""
-    ladder = list(steps)
-    *ordered, last = sorted(ladder, key=lambda t: replayed_seconds(steps[t], cluster))
+    distinct: dict[frozenset[str], Training] = {}
+    for training, graph in steps.items():
+        replayed = frozenset(op.name for op in graph.ops if op.attr(RECOMPUTE_OF, ""))
+        distinct.setdefault(replayed, training)
+    by_compute = sorted(distinct.values(), key=lambda t: replayed_seconds(steps[t], cluster))
+    *ordered, last = by_compute
     floors = {t: memory_floor(steps[t], cluster.mesh.size) for t in ordered}
     tried = tuple(t for t in ordered if floors[t] <= cluster.memory)
     return (*tried, last), tuple(t for t in ordered if t not in tried)

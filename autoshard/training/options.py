@@ -86,9 +86,7 @@ class Recompute(enum.StrEnum):
     AUTO = "auto"  # the search's choice: the cheapest recomputation that fits the budget
 
 
-RECOMPUTE_CHOICES = (
-    "none, selective, selective-op, layers, layers:K (every K-th layer), auto"
-)
+RECOMPUTE_CHOICES = "none, selective, selective-op, layers, layers:K (every K-th layer), auto"
 
 
 def parse_recompute(text: str) -> tuple[Recompute, int]:
