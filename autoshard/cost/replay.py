@@ -22,6 +22,7 @@ from autoshard.ir.graph import Graph
 from autoshard.plan import Plan
 from autoshard.rules.gradient import RECOMPUTE_OF, TrainOp
 from autoshard.rules.registry import rule_for
+from autoshard.sharding import ShardingOption
 from autoshard.training.options import Recompute, Training
 from autoshard.units import format_bytes
 
@@ -81,13 +82,15 @@ def replay_text(training: Training, figures: ReplayFigures, chosen: bool) -> str
 
 def replayed_seconds(graph: Graph, cluster: Cluster) -> float:
     """The seconds of the recomputed ops of training step `graph`, each whole on one device of
-    `cluster` (no sharding): what orders recomputations by their compute before a search
-    (sharding divides every op alike, to a first order)."""
-    return sum(
-        op_cost(op, rule_for(op, graph), None, graph, cluster).seconds
-        for op in graph.ops
-        if op.attr(RECOMPUTE_OF, "")
-    )
+    `cluster` (its rule's loops split over no axis): what orders recomputations by their
+    compute before a search (sharding divides every op alike, to a first order)."""
+    total = 0.0
+    for op in graph.ops:
+        if op.attr(RECOMPUTE_OF, ""):
+            rule = rule_for(op, graph)
+            whole = None if rule is None else ShardingOption(((),) * len(rule.loops))
+            total += op_cost(op, rule, whole, graph, cluster).seconds
+    return total
 
 
 def memory_floor(graph: Graph, devices: int) -> int:
