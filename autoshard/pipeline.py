@@ -62,6 +62,7 @@ from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
 from autoshard.training.replay import replays
 from autoshard.training.stages import stage_steps
+from autoshard.units import format_bytes
 
 AfterStage = Callable[[Stage, Program | Partitioned], None]
 """Told each stage after a plan is decided and what it left (dump points, timings)."""
@@ -348,7 +349,7 @@ def plan_request(
     after: AfterStage | None = None,
     deadline: Deadline | None = None,
     graphs: GraphCache | None = None,
-    chosen: bool = False,
+    chosen: bool | str = False,
     explain: bool = True,
 ) -> RequestedPlan:
     """`autoshard plan` from start to end, shared by the CLI and the REST service so that the
@@ -359,7 +360,8 @@ def plan_request(
     command), shared by the import and every step of the search (`TimeUp` names the phase
     that has no plan to answer with when it passes). `graphs`: the imports kept for the next
     request of the same model (`GraphCache`). `chosen`: the request's recomputation is the
-    one `--recompute auto` chose (`_cheapest_recompute`), as the story says; `explain` false:
+    one `--recompute auto` chose (`_cheapest_recompute`; a text: why no cheaper one), as the
+    story says; `explain` false:
     no plan fitting raises the solve's InfeasibleError, without the least memory a plan needs
     (`auto_plan`)."""
     deadline = deadline or Deadline.start(request.time_limit)
@@ -454,22 +456,26 @@ def _cheapest_recompute(
     graphs = {} if graphs is None else graphs
     keep, *ladder = recompute_ladder(training)
     kept = _step_graphs(request, (keep,), tracker, graphs)[keep]
-    if memory_floor(kept, request.cluster.mesh.size) <= request.cluster.memory:
+    floor = memory_floor(kept, request.cluster.mesh.size)
+    why = f"keeping every activation needs at least {format_bytes(floor)} per device"
+    if floor <= request.cluster.memory:
         try:  # recompute nothing, where the budget may allow it, before building the others
             asked = dataclasses.replace(request, training=keep)
             return plan_request(asked, tracker, after, deadline, graphs, chosen=True, explain=False)
         except InfeasibleError:
             deadline.check("trying the recomputations")
+            why = "no plan keeping every activation fits"
     steps = _step_graphs(request, ladder, tracker, graphs)
     *cheaper, last = recompute_order(steps, request.cluster)[0]
     for step in cheaper:
         try:
             asked = dataclasses.replace(request, training=step)
-            return plan_request(asked, tracker, after, deadline, graphs, chosen=True, explain=False)
+            return plan_request(asked, tracker, after, deadline, graphs, chosen=why, explain=False)
         except InfeasibleError:
             deadline.check("trying the recomputations")
+            why = f"{why}; none with {step.recompute_text} does"
     asked = dataclasses.replace(request, training=last)
-    return plan_request(asked, tracker, after, deadline, graphs, chosen=True)
+    return plan_request(asked, tracker, after, deadline, graphs, chosen=why)
 
 
 def _step_graphs(

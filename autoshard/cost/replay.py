@@ -64,9 +64,9 @@ def replay_figures(graph: Graph, plan: Plan, cost: Cost) -> ReplayFigures:
     return ReplayFigures(freed, added, cost.compute_time_s - added)
 
 
-def replay_text(training: Training, figures: ReplayFigures, chosen: bool) -> str:
+def replay_text(training: Training, figures: ReplayFigures, chosen: bool | str) -> str:
     """The story's sentence on recomputation: what was asked, or `chosen` by the search (the
-    cheapest that fits the budget), and its figures."""
+    cheapest that fits the budget; a text: why nothing cheaper was), and its figures."""
     what = {
         Recompute.SELECTIVE: "selective recompute (each attention core)",
         Recompute.SELECTIVE_OP: "op-level selective recompute (each layer but every other "
@@ -76,6 +76,8 @@ def replay_text(training: Training, figures: ReplayFigures, chosen: bool) -> str
         + ")",
     }[training.recompute]
     why = "the cheapest that fits the budget" if chosen else "as asked"
+    if isinstance(chosen, str) and chosen:
+        why = f"{why} ({chosen})"
     freed, added = format_bytes(figures.freed_bytes), 100 * figures.added_share
     return f"Recomputation: {what}, {why}: frees {freed} per device for {added:.1f} % more compute."
 
