@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import sys
 from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -424,14 +425,14 @@ def recompute_ladder(training: Training) -> tuple[Training, ...]:
 
 
 def recompute_order(
-    steps: Mapping[Training, Graph], cluster: Cluster
+    steps: Mapping[Training, Graph], cluster: Cluster, budget: float | None = None
 ) -> tuple[tuple[Training, ...], tuple[Training, ...]]:
     """The recomputations of `steps` (each with its training step's graph) `auto` solves, in
     the order it solves them, and those it skips: ordered by the compute they replay (whole
     ops on one device: `replayed_seconds`), the first in the ladder first where equal, one
     of those recomputing the same ops (`layers:2` and `layers:4` of two layers); skipped
-    where no plan fits the budget (`memory_floor` above it), but the last, the one that
-    recomputes most, which answers where none fits."""
+    where no plan fits `budget` (`memory_floor` above it; the cluster's memory where not
+    given), but the last, the one that recomputes most, which answers where none fits."""
     distinct: dict[frozenset[str], Training] = {}
     for training, graph in steps.items():
         replayed = frozenset(op.name for op in graph.ops if op.attr(RECOMPUTE_OF, ""))
@@ -439,7 +440,8 @@ def recompute_order(
     by_compute = sorted(distinct.values(), key=lambda t: replayed_seconds(steps[t], cluster))
     *ordered, last = by_compute
     floors = {t: memory_floor(steps[t], cluster.mesh.size) for t in ordered}
-    tried = tuple(t for t in ordered if floors[t] <= cluster.memory)
+    budget = cluster.memory if budget is None else budget
+    tried = tuple(t for t in ordered if floors[t] <= budget)
     return (*tried, last), tuple(t for t in ordered if t not in tried)
 
 
@@ -456,9 +458,11 @@ def _cheapest_recompute(
     graphs = {} if graphs is None else graphs
     keep, *ladder = recompute_ladder(training)
     kept = _step_graphs(request, (keep,), tracker, graphs)[keep]
+    # A pipeline's stages hold other shares than the whole step's: no floor rules them out.
+    budget = request.cluster.memory if request.pipeline is None else math.inf
     floor = memory_floor(kept, request.cluster.mesh.size)
     why = f"keeping every activation needs at least {format_bytes(floor)} per device"
-    if floor <= request.cluster.memory:
+    if floor <= budget:
         try:  # recompute nothing, where the budget may allow it, before building the others
             asked = dataclasses.replace(request, training=keep)
             return plan_request(asked, tracker, after, deadline, graphs, chosen=True, explain=False)
@@ -466,7 +470,7 @@ def _cheapest_recompute(
             deadline.check("trying the recomputations")
             why = "no plan keeping every activation fits"
     steps = _step_graphs(request, ladder, tracker, graphs)
-    *cheaper, last = recompute_order(steps, request.cluster)[0]
+    *cheaper, last = recompute_order(steps, request.cluster, budget)[0]
     for step in cheaper:
         try:
             asked = dataclasses.replace(request, training=step)
