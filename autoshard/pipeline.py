@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import sys
 from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from autoshard.analysis.shorten import layer_run, shortened
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import check_precision
+from autoshard.cost.replay import memory_floor, replayed_seconds
 from autoshard.deadline import Deadline
 from autoshard.document.blocks import Decisions
 from autoshard.document.plan_document import (
@@ -46,6 +48,7 @@ from autoshard.plan import Plan
 from autoshard.program import Program
 from autoshard.progress import Tracker
 from autoshard.propagate import propagate
+from autoshard.rules.gradient import RECOMPUTE_OF
 from autoshard.search.budget import Planned, auto_plan
 from autoshard.search.microbatch import GlobalBatch, MicroBatchCandidate, chosen_words
 from autoshard.search.options import Objective, SolverOptions
@@ -61,6 +64,7 @@ from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
 from autoshard.training.replay import replays
 from autoshard.training.stages import stage_steps
+from autoshard.units import format_bytes
 
 AfterStage = Callable[[Stage, Program | Partitioned], None]
 """Told each stage after a plan is decided and what it left (dump points, timings)."""
@@ -361,7 +365,7 @@ def plan_request(
     after: AfterStage | None = None,
     deadline: Deadline | None = None,
     graphs: GraphCache | None = None,
-    chosen: bool = False,
+    chosen: bool | str = False,
     explain: bool = True,
 ) -> RequestedPlan:
     """`autoshard plan` from start to end, shared by the CLI and the REST service so that the
@@ -372,7 +376,8 @@ def plan_request(
     command), shared by the import and every step of the search (`TimeUp` names the phase
     that has no plan to answer with when it passes). `graphs`: the imports kept for the next
     request of the same model (`GraphCache`). `chosen`: the request's recomputation is the
-    one `--recompute auto` chose (`_cheapest_recompute`), as the story says; `explain` false:
+    one `--recompute auto` chose (`_cheapest_recompute`; a text: why no cheaper one), as the
+    story says; `explain` false:
     no plan fitting raises the solve's InfeasibleError, without the least memory a plan needs
     (`auto_plan`)."""
     deadline = deadline or Deadline.start(request.time_limit)
@@ -480,30 +485,94 @@ def _in_micro_batches(
 
 
 def recompute_ladder(training: Training) -> tuple[Training, ...]:
-    """The recomputations `--recompute auto` tries, cheapest in compute first: none, selective
-    (where attention is not fused: a fused kernel keeps no S x S tensor to free), every 4th,
-    every 2nd, every layer."""
+    """The recomputations `--recompute auto` may choose: none, selective (where attention is
+    not fused: a fused kernel keeps no S x S tensor to free), selective-op, every 4th, every
+    2nd, every layer (`_cheapest_recompute` orders them by their compute)."""
     selective = () if training.fused_attention else ((Recompute.SELECTIVE, 1),)
-    ladder = ((Recompute.NONE, 1), *selective, *((Recompute.LAYERS, k) for k in (4, 2, 1)))
+    ladder = (
+        (Recompute.NONE, 1), *selective, (Recompute.SELECTIVE_OP, 1),
+        *((Recompute.LAYERS, k) for k in (4, 2, 1)),
+    )  # fmt: skip
     return tuple(training.but(recompute, every) for recompute, every in ladder)
+
+
+def recompute_order(
+    steps: Mapping[Training, Graph], cluster: Cluster, budget: float | None = None
+) -> tuple[tuple[Training, ...], tuple[Training, ...]]:
+    """The recomputations of `steps` (each with its training step's graph) `auto` solves, in
+    the order it solves them, and those it skips: ordered by the compute they replay (whole
+    ops on one device: `replayed_seconds`), the first in the ladder first where equal, one
+    of those recomputing the same ops (`layers:2` and `layers:4` of two layers); skipped
+    where no plan fits `budget` (`memory_floor` above it; the cluster's memory where not
+    given), but the last, the one that recomputes most, which answers where none fits."""
+    distinct: dict[frozenset[str], Training] = {}
+    for training, graph in steps.items():
+        replayed = frozenset(op.name for op in graph.ops if op.attr(RECOMPUTE_OF, ""))
+        distinct.setdefault(replayed, training)
+    by_compute = sorted(distinct.values(), key=lambda t: replayed_seconds(steps[t], cluster))
+    *ordered, last = by_compute
+    floors = {t: memory_floor(steps[t], cluster.mesh.size) for t in ordered}
+    budget = cluster.memory if budget is None else budget
+    tried = tuple(t for t in ordered if floors[t] <= budget)
+    return (*tried, last), tuple(t for t in ordered if t not in tried)
 
 
 def _cheapest_recompute(
     request: PlanRequest, training: Training, tracker: Tracker | None,
     after: AfterStage | None, deadline: Deadline, graphs: GraphCache | None = None,
 ) -> RequestedPlan:  # fmt: skip
-    """The plan of the first recomputation of `recompute_ladder` that fits the budget: the
-    search recomputes exactly when, and only as much as, the budget requires; the last
-    one's error (with the least memory its plans need) where none fits."""
-    *cheaper, last = recompute_ladder(training)
-    for step in cheaper:
-        try:
-            asked = dataclasses.replace(request, training=step)
+    """The plan of the first recomputation that fits the budget: none where its memory floor
+    allows (`memory_floor`), then those of `recompute_order`: the search recomputes exactly
+    when the budget requires it, and of the recomputations that fit, the one replaying the
+    least compute; the last one's error (with the least memory its plans need) where none
+    fits. Each candidate's graph is built once, the model imported once, and kept in
+    `graphs` for its search."""
+    graphs = {} if graphs is None else graphs
+    keep, *ladder = recompute_ladder(training)
+    kept = _step_graphs(request, (keep,), tracker, graphs)[keep]
+    # A pipeline's stages hold other shares than the whole step's: no floor rules them out.
+    budget = request.cluster.memory if request.pipeline is None else math.inf
+    floor = memory_floor(kept, request.cluster.mesh.size)
+    why = f"keeping every activation needs at least {format_bytes(floor)} per device"
+    if floor <= budget:
+        try:  # recompute nothing, where the budget may allow it, before building the others
+            asked = dataclasses.replace(request, training=keep)
             return plan_request(asked, tracker, after, deadline, graphs, chosen=True, explain=False)
         except InfeasibleError:
             deadline.check("trying the recomputations")
+            why = "no plan keeping every activation fits"
+    steps = _step_graphs(request, ladder, tracker, graphs)
+    *cheaper, last = recompute_order(steps, request.cluster, budget)[0]
+    for step in cheaper:
+        try:
+            asked = dataclasses.replace(request, training=step)
+            return plan_request(asked, tracker, after, deadline, graphs, chosen=why, explain=False)
+        except InfeasibleError:
+            deadline.check("trying the recomputations")
+            why = f"{why}; none with {step.recompute_text} does"
     asked = dataclasses.replace(request, training=last)
-    return plan_request(asked, tracker, after, deadline, graphs, chosen=True)
+    return plan_request(asked, tracker, after, deadline, graphs, chosen=why)
+
+
+def _step_graphs(
+    request: PlanRequest, ladder: Sequence[Training], tracker: Tracker | None,
+    graphs: GraphCache,
+) -> dict[Training, Graph]:  # fmt: skip
+    """The training step of each of `ladder`, the model imported once; each kept in `graphs`
+    (by `_plan_inputs`' key) with the forward."""
+    dims = tuple(sorted(request.dims.items()))
+    found: dict[Training, Graph] = {}
+    forward: Graph | None = None
+    for training in ladder:
+        key = (str(request.model_path), dims, training)
+        if key in graphs:
+            pass
+        elif forward is None:
+            graphs[key] = load_graphs(request.model_path, request.dims, training, tracker)
+        else:
+            graphs[key] = forward, training_graph(forward, training, replays(forward, training))
+        forward, found[training] = graphs[key]
+    return found
 
 
 # ---- `autoshard partition` / `verify`: annotations or a saved plan decide -------------------

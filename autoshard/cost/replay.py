@@ -1,17 +1,28 @@
 """What a plan's recomputation (`training.replay`) frees and costs: the bytes per device of
 the forward values the backward reads recomputed (what keeping them would hold from their
 forward to their backward) and the compute seconds of the recomputed ops beside the rest of
-the step; and the story's sentence saying so."""
+the step; and the story's sentence saying so. Before any search (`--recompute auto` ordering
+and pruning its candidates): the recomputed ops' seconds unsharded, and the least memory any
+plan of a step can hold (`memory_floor`)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
+
+from autoshard.cost.cluster import Cluster
+from autoshard.cost.compute import op_cost
 from autoshard.cost.liveness import held_bytes
 from autoshard.cost.price import Cost
+from autoshard.ir import dtypes
+from autoshard.ir.fused import Held
 from autoshard.ir.graph import Graph
 from autoshard.plan import Plan
 from autoshard.rules.gradient import RECOMPUTE_OF, TrainOp
+from autoshard.rules.registry import rule_for
+from autoshard.sharding import ShardingOption
 from autoshard.training.options import Recompute, Training
 from autoshard.units import format_bytes
 
@@ -53,15 +64,63 @@ def replay_figures(graph: Graph, plan: Plan, cost: Cost) -> ReplayFigures:
     return ReplayFigures(freed, added, cost.compute_time_s - added)
 
 
-def replay_text(training: Training, figures: ReplayFigures, chosen: bool) -> str:
+def replay_text(training: Training, figures: ReplayFigures, chosen: bool | str) -> str:
     """The story's sentence on recomputation: what was asked, or `chosen` by the search (the
-    cheapest that fits the budget), and its figures."""
+    cheapest that fits the budget; a text: why nothing cheaper was), and its figures."""
     what = {
         Recompute.SELECTIVE: "selective recompute (each attention core)",
+        Recompute.SELECTIVE_OP: "op-level selective recompute (each layer but every other "
+        "linear matmul and its attention kernel)",
         Recompute.LAYERS: "layer recompute ("
         + ("every layer" if training.every == 1 else f"every {training.every}th layer")
         + ")",
     }[training.recompute]
     why = "the cheapest that fits the budget" if chosen else "as asked"
+    if isinstance(chosen, str) and chosen:
+        why = f"{why} ({chosen})"
     freed, added = format_bytes(figures.freed_bytes), 100 * figures.added_share
     return f"Recomputation: {what}, {why}: frees {freed} per device for {added:.1f} % more compute."
+
+
+def replayed_seconds(graph: Graph, cluster: Cluster) -> float:
+    """The seconds of the recomputed ops of training step `graph`, each whole on one device of
+    `cluster` (its rule's loops split over no axis): what orders recomputations by their
+    compute before a search (sharding divides every op alike, to a first order)."""
+    total = 0.0
+    for op in graph.ops:
+        if op.attr(RECOMPUTE_OF, ""):
+            rule = rule_for(op, graph)
+            whole = None if rule is None else ShardingOption(((),) * len(rule.loops))
+            total += op_cost(op, rule, whole, graph, cluster).seconds
+    return total
+
+
+def memory_floor(graph: Graph, devices: int) -> int:
+    """Bytes per device below which no plan of training step `graph` on `devices` devices
+    fits: a value is live (as made, or in a reshard of it) from the op making it (inputs,
+    weights and optimizer state: from the start) to its last reader (the step's outputs: to
+    the end), and a device holds at least its 1/`devices` share of it, as `held_bytes` counts
+    it (a fused kernel's inside nothing, its probabilities as row statistics): the most such
+    shares live at one op. A bound, not a plan (no plan splits every value over every
+    device), but no plan holds less."""
+    last = {name: len(graph.ops) for name in graph.outputs}
+    for index, op in enumerate(graph.ops):
+        last.update((name, index) for name in op.inputs if name)
+    change = np.zeros(len(graph.ops) + 3, np.int64)  # -1 (before any op) to the end
+    made = [(name, -1) for name in (*graph.inputs, *graph.weights)]
+    made += [(o, i) for i, op in enumerate(graph.ops) for o in op.outputs if o]
+    for name, index in made:
+        if name in last:
+            change[index + 1] += _whole_bytes(graph, name)
+            change[last[name] + 2] -= _whole_bytes(graph, name)
+    return int(np.cumsum(change).max()) // devices
+
+
+def _whole_bytes(graph: Graph, name: str) -> int:
+    """Bytes of value `name` whole, as a device holds it (`held_bytes` unsplit)."""
+    value, held = graph.values[name], graph.fused.held(name)
+    if held is Held.NONE:
+        return 0
+    if held is Held.STATISTICS:
+        return dtypes.nbytes("float32", math.prod(value.shape[:-1]))
+    return dtypes.nbytes(value.dtype, math.prod(value.shape))

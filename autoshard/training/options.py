@@ -89,11 +89,12 @@ class Recompute(enum.StrEnum):
 
     NONE = "none"
     SELECTIVE = "selective"  # each attention core (scores to probabilities), as Korthikanti's
+    SELECTIVE_OP = "selective-op"  # all of a layer but every other linear matmul, as TorchTitan's
     LAYERS = "layers"  # each repeated layer's activations recomputed in its backward
     AUTO = "auto"  # the search's choice: the cheapest recomputation that fits the budget
 
 
-RECOMPUTE_CHOICES = "none, selective, layers, layers:K (every K-th layer), auto"
+RECOMPUTE_CHOICES = "none, selective, selective-op, layers, layers:K (every K-th layer), auto"
 
 
 def parse_recompute(text: str) -> tuple[Recompute, int]:

@@ -50,7 +50,7 @@ from autoshard.rules.gradient import RECOMPUTE_OF, TRAIN, TrainOp
 from autoshard.training.buffers import candidates, trained_weights
 from autoshard.training.loss import with_loss
 from autoshard.training.options import Training
-from autoshard.training.replay import Replay
+from autoshard.training.replay import Replay, linear_ops
 
 LINEAR = frozenset(
     {
@@ -61,9 +61,6 @@ LINEAR = frozenset(
     }
 )  # fmt: skip
 """Ops whose gradient is a linear map of the results' gradients alone."""
-
-WEIGHT_VIEWS = frozenset({"Transpose", "Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze"})
-"""Ops that hand a weight on as a weight: a linear layer reads its weight through them."""
 
 MULTILINEAR = frozenset({"MatMul", "Gemm", "Einsum", "Mul", "Conv", "ConvTranspose"})
 """Ops linear in each float operand: the gradient of one reads the others."""
@@ -241,16 +238,7 @@ class _Step:
         dtype = self.training.precision.matmul_dtype
         if dtype is None:
             return {}
-        weights = set(self.trainable)
-        for op in self.graph.ops:
-            if op.type in WEIGHT_VIEWS and op.inputs and op.inputs[0] in weights:
-                weights.update(o for o in op.outputs if o)
-        linear = {
-            op.name
-            for op in self.graph.ops
-            if op.type in ("MatMul", "Gemm")
-            and len([n for n in op.inputs[:2] if n in weights]) == 1
-        }
+        linear = {op.name for op in linear_ops(self.graph, self.trainable)}
         return {
             op.name: dtype
             for op in self.ops

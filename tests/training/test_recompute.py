@@ -72,9 +72,9 @@ def test_fused_attention_recomputes_no_core_selectively():
     graph = load_graph(GPT2, DIMS, fused)
     assert not [op for op in graph.ops if op.attr(RECOMPUTE_OF, "")]
     ladder = [t.recompute_text for t in recompute_ladder(fused)]
-    assert ladder == ["none", "layers:4", "layers:2", "layers"]
+    assert ladder == ["none", "selective-op", "layers:4", "layers:2", "layers"]
     assert [t.recompute_text for t in recompute_ladder(AS_EXPORTED)] == [
-        "none", "selective", "layers:4", "layers:2", "layers"
+        "none", "selective", "selective-op", "layers:4", "layers:2", "layers"
     ]  # fmt: skip
 
 
@@ -110,8 +110,9 @@ def test_auto_recomputes_exactly_when_the_budget_requires_it():
     below = _plan(lowest.peak - 1, Recompute.AUTO)
     assert below.training is not None and below.training.recompute is Recompute.SELECTIVE
     assert below.cost is not None and below.cost.memory_bytes_per_device < lowest.peak
-    assert "selective recompute (each attention core), the cheapest that fits the budget: " in (
-        below.story or ""
+    assert (
+        "selective recompute (each attention core), the cheapest that fits the budget (no plan "
+        "keeping every activation fits): frees " in (below.story or "")
     )
     assert "cores priced op by op as exported, recomputed in the backward." in (below.story or "")
 
@@ -122,6 +123,13 @@ def test_the_story_says_the_recomputation_with_its_figures():
         "Recomputation: layer recompute (every 4th layer), the cheapest that fits the budget: "
         "frees 31.00 GiB per device for 4.0 % more compute."
     )
+    why = "keeping every activation needs at least 40.00 GiB per device"
+    assert replay_text(Training(recompute=Recompute.SELECTIVE_OP), figures, why) == (
+        "Recomputation: op-level selective recompute (each layer but every other linear matmul "
+        "and its attention kernel), the cheapest that fits the budget (keeping every activation "
+        "needs at least 40.00 GiB per device): frees 31.00 GiB per device for 4.0 % more "
+        "compute."
+    )
 
 
 @pytest.mark.parametrize(
@@ -131,8 +139,8 @@ def test_a_bad_recompute_names_the_choices(text):
     with pytest.raises(TrainingError) as error:
         Training.parse(recompute=text)
     assert str(error.value) == (
-        f"unknown recompute {text!r}; choose one of: none, selective, layers, layers:K "
-        "(every K-th layer), auto"
+        f"unknown recompute {text!r}; choose one of: none, selective, selective-op, layers, "
+        "layers:K (every K-th layer), auto"
     )
 
 
