@@ -26,7 +26,7 @@ from autoshard.analysis.shorten import layer_run, shortened
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import check_precision
-from autoshard.cost.replay import memory_floor, replayed_seconds
+from autoshard.cost.replay import memory_floor, recompute_ladder, recompute_order
 from autoshard.deadline import Deadline
 from autoshard.document.blocks import Decisions
 from autoshard.document.plan_document import (
@@ -48,7 +48,6 @@ from autoshard.plan import Plan
 from autoshard.program import Program
 from autoshard.progress import Tracker
 from autoshard.propagate import propagate
-from autoshard.rules.gradient import RECOMPUTE_OF
 from autoshard.search.budget import Planned, auto_plan
 from autoshard.search.microbatch import GlobalBatch, MicroBatchCandidate, chosen_words
 from autoshard.search.options import Objective, SolverOptions
@@ -482,39 +481,6 @@ def _in_micro_batches(
     if after is not None:
         build(found.graph, found.planned.plan, after, tracker)
     return dataclasses.replace(found, document=document)
-
-
-def recompute_ladder(training: Training) -> tuple[Training, ...]:
-    """The recomputations `--recompute auto` may choose: none, selective (where attention is
-    not fused: a fused kernel keeps no S x S tensor to free), selective-op, every 4th, every
-    2nd, every layer (`_cheapest_recompute` orders them by their compute)."""
-    selective = () if training.fused_attention else ((Recompute.SELECTIVE, 1),)
-    ladder = (
-        (Recompute.NONE, 1), *selective, (Recompute.SELECTIVE_OP, 1),
-        *((Recompute.LAYERS, k) for k in (4, 2, 1)),
-    )  # fmt: skip
-    return tuple(training.but(recompute, every) for recompute, every in ladder)
-
-
-def recompute_order(
-    steps: Mapping[Training, Graph], cluster: Cluster, budget: float | None = None
-) -> tuple[tuple[Training, ...], tuple[Training, ...]]:
-    """The recomputations of `steps` (each with its training step's graph) `auto` solves, in
-    the order it solves them, and those it skips: ordered by the compute they replay (whole
-    ops on one device: `replayed_seconds`), the first in the ladder first where equal, one
-    of those recomputing the same ops (`layers:2` and `layers:4` of two layers); skipped
-    where no plan fits `budget` (`memory_floor` above it; the cluster's memory where not
-    given), but the last, the one that recomputes most, which answers where none fits."""
-    distinct: dict[frozenset[str], Training] = {}
-    for training, graph in steps.items():
-        replayed = frozenset(op.name for op in graph.ops if op.attr(RECOMPUTE_OF, ""))
-        distinct.setdefault(replayed, training)
-    by_compute = sorted(distinct.values(), key=lambda t: replayed_seconds(steps[t], cluster))
-    *ordered, last = by_compute
-    floors = {t: memory_floor(steps[t], cluster.mesh.size) for t in ordered}
-    budget = cluster.memory if budget is None else budget
-    tried = tuple(t for t in ordered if floors[t] <= budget)
-    return (*tried, last), tuple(t for t in ordered if t not in tried)
 
 
 def _cheapest_recompute(

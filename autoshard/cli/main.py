@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from autoshard import __version__
+from autoshard.cli.calibrate import cmd_calibrate
 from autoshard.cli.commands import (
-    cmd_calibrate,
     cmd_diff,
     cmd_explain,
     cmd_html,

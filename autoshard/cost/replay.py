@@ -8,6 +8,7 @@ plan of a step can hold (`memory_floor`)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,3 +125,36 @@ def _whole_bytes(graph: Graph, name: str) -> int:
     if held is Held.STATISTICS:
         return dtypes.nbytes("float32", math.prod(value.shape[:-1]))
     return dtypes.nbytes(value.dtype, math.prod(value.shape))
+
+
+def recompute_ladder(training: Training) -> tuple[Training, ...]:
+    """The recomputations `--recompute auto` may choose: none, selective (where attention is
+    not fused: a fused kernel keeps no S x S tensor to free), selective-op, every 4th, every
+    2nd, every layer (`_cheapest_recompute` orders them by their compute)."""
+    selective = () if training.fused_attention else ((Recompute.SELECTIVE, 1),)
+    ladder = (
+        (Recompute.NONE, 1), *selective, (Recompute.SELECTIVE_OP, 1),
+        *((Recompute.LAYERS, k) for k in (4, 2, 1)),
+    )  # fmt: skip
+    return tuple(training.but(recompute, every) for recompute, every in ladder)
+
+
+def recompute_order(
+    steps: Mapping[Training, Graph], cluster: Cluster, budget: float | None = None
+) -> tuple[tuple[Training, ...], tuple[Training, ...]]:
+    """The recomputations of `steps` (each with its training step's graph) `auto` solves, in
+    the order it solves them, and those it skips: ordered by the compute they replay (whole
+    ops on one device: `replayed_seconds`), the first in the ladder first where equal, one
+    of those recomputing the same ops (`layers:2` and `layers:4` of two layers); skipped
+    where no plan fits `budget` (`memory_floor` above it; the cluster's memory where not
+    given), but the last, the one that recomputes most, which answers where none fits."""
+    distinct: dict[frozenset[str], Training] = {}
+    for training, graph in steps.items():
+        replayed = frozenset(op.name for op in graph.ops if op.attr(RECOMPUTE_OF, ""))
+        distinct.setdefault(replayed, training)
+    by_compute = sorted(distinct.values(), key=lambda t: replayed_seconds(steps[t], cluster))
+    *ordered, last = by_compute
+    floors = {t: memory_floor(steps[t], cluster.mesh.size) for t in ordered}
+    budget = cluster.memory if budget is None else budget
+    tried = tuple(t for t in ordered if floors[t] <= budget)
+    return (*tried, last), tuple(t for t in ordered if t not in tried)

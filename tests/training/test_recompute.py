@@ -14,9 +14,9 @@ from autoshard.annotations import Annotation
 from autoshard.collectives import CollectiveKind
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.liveness import _walk_memory
-from autoshard.cost.replay import ReplayFigures, replay_figures, replay_text
+from autoshard.cost.replay import ReplayFigures, recompute_ladder, replay_figures, replay_text
 from autoshard.document.plan_document import PlanDocument
-from autoshard.pipeline import PlanRequest, load_graph, plan_request, recompute_ladder
+from autoshard.pipeline import PlanRequest, load_graph, plan_request
 from autoshard.program import Compute
 from autoshard.rules.gradient import RECOMPUTE_OF
 from autoshard.search.budget import auto_plan

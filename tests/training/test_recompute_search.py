@@ -9,15 +9,8 @@ import dataclasses
 import pytest
 
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.replay import memory_floor, replay_figures
-from autoshard.pipeline import (
-    PlanRequest,
-    _step_graphs,
-    load_graph,
-    plan_request,
-    recompute_ladder,
-    recompute_order,
-)
+from autoshard.cost.replay import memory_floor, recompute_ladder, recompute_order, replay_figures
+from autoshard.pipeline import PlanRequest, _step_graphs, load_graph, plan_request
 from autoshard.rules.gradient import RECOMPUTE_OF
 from autoshard.search.budget import auto_plan
 from autoshard.search.solver.outcome import InfeasibleError
