@@ -39,3 +39,11 @@ def test_an_or_of_every_choice_of_a_group_is_true_from_then_on() -> None:
     a, b, c = Chosen(0, frozenset({0})), Chosen(0, frozenset({1, 2})), Chosen(1, frozenset({0}))
     assert literals.running(False, [a, c, False, b, c]) == [a, 0, 0, True, True]
     assert literals.indicators[0].literals == (a, c)
+
+
+def test_a_constant_is_not_taken_for_the_indicator_it_equals() -> None:
+    literals = Literals(SIZES)  # True == 1 and False == 0 in Python: the cache keeps them apart
+    assert literals.combine(False, [True]) is True
+    assert literals.combine(False, [1]) == 1 and literals.combine(False, [1]) is not True
+    assert literals.combine(True, [False]) is False
+    assert literals.combine(True, [0]) == 0 and literals.combine(True, [0]) is not False

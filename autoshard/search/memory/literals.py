@@ -21,6 +21,9 @@ class Literals:
         self.index: dict[tuple[bool, frozenset[Literal]], int] = {}
         self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
         self.kept: list[tuple[Sharding, ...]] = []
+        # Repeated layers ask for the same combinations: each worked out once.
+        self.combined: dict[tuple, Literal | bool] = {}
+        self.ran: dict[tuple, list[Literal | bool]] = {}
 
     def chosen(
         self, group: int | None, choices: tuple[Sharding, ...], sharding: Sharding, equal: bool
@@ -53,6 +56,13 @@ class Literals:
     def combine(self, every: bool, literals: Sequence[Literal | bool]) -> Literal | bool:
         """AND (`every`) or OR of literals, simplified: constants folded, literals on one group
         merged (intersection or union of its choices), repeated conditions shared."""
+        key = (every, *map(_code, literals))
+        found = self.combined.get(key)
+        if found is None:
+            found = self.combined[key] = self._combined(every, literals)
+        return found
+
+    def _combined(self, every: bool, literals: Sequence[Literal | bool]) -> Literal | bool:
         merged: dict[int, frozenset[int]] = {}
         rest: set[Literal] = set()
         for lit in literals:
@@ -65,6 +75,12 @@ class Literals:
         """`combine(every, literals[:j + 1])` for each j, in one pass (a buffer read at many
         slots asks for the OR of every prefix of its events: combined one by one, that grows
         with the square of its reads)."""
+        key = (every, *map(_code, literals))
+        if key not in self.ran:
+            self.ran[key] = self._running(every, literals)
+        return list(self.ran[key])
+
+    def _running(self, every: bool, literals: Sequence[Literal | bool]) -> list[Literal | bool]:
         merged: dict[int, frozenset[int]] = {}
         rest: set[Literal] = set()
         found: list[Literal | bool] = []
@@ -108,6 +124,11 @@ class Literals:
             self.index[signature] = len(self.indicators)
             self.indicators.append(Indicator(every, tuple(ordered)))
         return self.index[signature]
+
+
+def _code(literal: Literal | bool) -> Literal:
+    """A literal as a key: the constants apart from the indicators 0 and 1 (`True == 1`)."""
+    return -2 if literal is True else -1 if literal is False else literal  # type: ignore[return-value]
 
 
 def _merge(
