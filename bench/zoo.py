@@ -30,6 +30,14 @@ proven); llama_dynamo 2x4 training free 3.6 s, at 0.3 21.8 s FEASIBLE 3.6 %. Whe
 goes (vit_dynamo training at 1.2L, `-v`): building 1.8 s, relaxation 5.8 s (its plan 7.8 %
 over its bound, the bound 1.2 % under the optimum), CP-SAT 28.7 s wall in three narrowing
 tries, the last (832 of 2041 choices) 16.7 s proving a gap of 0.4 % closed.
+
+`--time-limit` is a wall clock (issue 41, deliverable 5): on a loaded machine a row's status
+and gap depend on the load, so compare statuses under a generous limit and times by CPU
+seconds. Session 27 (load 18-21, main at d442b90): llama_dynamo 2x4 training free 3.5 CPU s
+OPTIMAL; at 0.3 with the default 60 s, 65 s wall, 15.9 CPU s, FEASIBLE 4.14 %; with
+`--time-limit 600`, OPTIMAL (753 us) in 92 CPU s (506 s wall): the relaxation's bound is 2.1 %
+under the optimum and CP-SAT proves the rest over 554, 991 and 1976 of 3951 choices.
+vit_dynamo 2x4 training's lowest-budget row: no plan found in 60 s of wall clock (8.4 CPU s).
 """
 
 from __future__ import annotations

@@ -150,13 +150,16 @@ def _shared_pairs(
     return [(h, h) for h in held] + pairs if pairs else []
 
 
-def _first(reads: Sequence[Reading], j: int) -> np.ndarray:
-    """Under each choice, whether read j is the first of `reads` to need its sharding."""
-    needs = reads[j].needs
-    first = np.ones(len(needs), bool)
-    for earlier in reads[:j]:
-        first &= np.not_equal(*_ids(earlier.needs, needs))
-    return first
+def _firsts(reads: Sequence[Reading]) -> np.ndarray:
+    """Under each choice (columns), whether each read (rows) is the first of `reads` to need
+    its sharding: in one pass over the reads, however many (a value every layer reads)."""
+    ids = np.stack(_ids(*(read.needs for read in reads)))  # reads x choices
+    count, choices = ids.shape
+    # Row-major, a (sharding, choice) key's first occurrence is its earliest read.
+    keys = ids * choices + np.arange(choices)
+    first = np.zeros(count * choices, bool)
+    first[np.unique(keys.ravel(), return_index=True)[1]] = True
+    return first.reshape(count, choices)
 
 
 def _ids(*lists: Sequence[Sharding]) -> list[np.ndarray]:
@@ -176,8 +179,7 @@ def _distinct(
     the group's choices: each distinct sharding read paid once, at its first reader's runs."""
     cost = np.zeros((len(held), len(reads[0].needs)))
     moves = np.zeros(cost.shape, np.int64)
-    for j, read in enumerate(reads):
-        first = _first(reads, j)
+    for read, first in zip(reads, _firsts(reads), strict=True):
         cost += read.runs * _priced(pricer, value, held, read.needs, same) * first
         moves += _differ(held, read.needs) * first
     return cost, moves
@@ -226,8 +228,7 @@ def _price_shared(
     link = np.zeros((len(held), len(pairs)))
     link_moves = np.zeros(link.shape, np.int64)
     for b, group_reads in by_group.items():
-        for j, read in enumerate(group_reads):
-            first = _first(group_reads, j)
+        for read, first in zip(group_reads, _firsts(group_reads), strict=True):
             other = np.not_equal.outer(*_ids(read.needs, ls))  # need x pair
             if b == a:  # the value's own group reads it: priced on the edge to the pairs
                 paired = _priced(pricer, value, held, read.needs, True)

@@ -393,17 +393,9 @@ class _Liveness:
         slots = sorted(events, key=recorder.slot)
         made_by = [combine(False, events[r][0]) for r in slots]
         used_by = [combine(False, events[r][1]) for r in slots]
-        # The OR of each prefix and suffix, worked out again only where the literal it
-        # adds is not False (an OR that cannot change): a value of many reads has many.
-        prefix: list[Literal | bool] = []
-        for j, lit in enumerate(made_by):
-            again = not prefix or lit is not False
-            prefix.append(combine(False, made_by[: j + 1]) if again else prefix[-1])
-        suffix: list[Literal | bool] = []
-        for j in reversed(range(len(slots))):
-            again = not suffix or used_by[j] is not False
-            suffix.append(combine(False, used_by[j:]) if again else suffix[-1])
-        suffix.reverse()
+        # The OR of each prefix and suffix (a value of many reads has many).
+        prefix = self.literals.running(False, made_by)
+        suffix = self.literals.running(False, used_by[::-1])[::-1]
         at: list[Literal | bool] = []
         between: list[Literal | bool] = []
         for j, ref in enumerate(slots):

@@ -21,6 +21,9 @@ class Literals:
         self.index: dict[tuple[bool, frozenset[Literal]], int] = {}
         self.choice_sets: dict[int, dict[Sharding, frozenset[int]]] = {}
         self.kept: list[tuple[Sharding, ...]] = []
+        # Repeated layers ask for the same combinations: each worked out once.
+        self.combined: dict[tuple, Literal | bool] = {}
+        self.ran: dict[tuple, list[Literal | bool]] = {}
 
     def chosen(
         self, group: int | None, choices: tuple[Sharding, ...], sharding: Sharding, equal: bool
@@ -53,21 +56,49 @@ class Literals:
     def combine(self, every: bool, literals: Sequence[Literal | bool]) -> Literal | bool:
         """AND (`every`) or OR of literals, simplified: constants folded, literals on one group
         merged (intersection or union of its choices), repeated conditions shared."""
+        key = (every, *map(_code, literals))
+        found = self.combined.get(key)
+        if found is None:
+            found = self.combined[key] = self._combined(every, literals)
+        return found
+
+    def _combined(self, every: bool, literals: Sequence[Literal | bool]) -> Literal | bool:
         merged: dict[int, frozenset[int]] = {}
-        rest: set[int] = set()
+        rest: set[Literal] = set()
         for lit in literals:
-            if isinstance(lit, bool):
-                if lit != every:  # False in an AND, True in an OR decides it
-                    return lit
-                continue
-            if isinstance(lit, Chosen):
-                have = merged.get(lit.group)
-                if have is None:
-                    merged[lit.group] = lit.choices
-                else:
-                    merged[lit.group] = have & lit.choices if every else have | lit.choices
+            decided = _merge(every, merged, rest, lit)
+            if decided is not None:
+                return decided
+        return self._settled(every, merged, rest)
+
+    def running(self, every: bool, literals: Sequence[Literal | bool]) -> list[Literal | bool]:
+        """`combine(every, literals[:j + 1])` for each j, in one pass (a buffer read at many
+        slots asks for the OR of every prefix of its events: combined one by one, that grows
+        with the square of its reads)."""
+        key = (every, *map(_code, literals))
+        if key not in self.ran:
+            self.ran[key] = self._running(every, literals)
+        return list(self.ran[key])
+
+    def _running(self, every: bool, literals: Sequence[Literal | bool]) -> list[Literal | bool]:
+        merged: dict[int, frozenset[int]] = {}
+        rest: set[Literal] = set()
+        found: list[Literal | bool] = []
+        for lit in literals:
+            last = found[-1] if found else every
+            if isinstance(last, bool) and last is not every and found:
+                found.append(last)  # decided: an AND's empty choices, an OR's full ones
+            elif isinstance(lit, bool):
+                found.append(last if lit == every else lit)
             else:
-                rest.add(lit)
+                _merge(every, merged, rest, lit)
+                found.append(self._settled(every, merged, rest))
+        return found
+
+    def _settled(
+        self, every: bool, merged: dict[int, frozenset[int]], rest: set[Literal]
+    ) -> Literal | bool:
+        """The AND (`every`) or OR of the literals on each group (`merged`) and the others."""
         found: set[Literal] = set(rest)
         for group, ks in merged.items():
             if not ks:
@@ -93,6 +124,28 @@ class Literals:
             self.index[signature] = len(self.indicators)
             self.indicators.append(Indicator(every, tuple(ordered)))
         return self.index[signature]
+
+
+def _code(literal: Literal | bool) -> Literal:
+    """A literal as a key: the constants apart from the indicators 0 and 1 (`True == 1`)."""
+    return -2 if literal is True else -1 if literal is False else literal  # type: ignore[return-value]
+
+
+def _merge(
+    every: bool, merged: dict[int, frozenset[int]], rest: set[Literal], lit: Literal | bool
+) -> bool | None:
+    """`lit` merged into an AND's (`every`) or OR's literals so far; the constant deciding it,
+    if `lit` is one (False in an AND, True in an OR)."""
+    if isinstance(lit, bool):
+        return lit if lit != every else None
+    if isinstance(lit, Chosen):
+        have = merged.get(lit.group)
+        merged[lit.group] = (
+            lit.choices if have is None else have & lit.choices if every else have | lit.choices
+        )
+    else:
+        rest.add(lit)
+    return None
 
 
 def _order(literal: Literal) -> tuple:
