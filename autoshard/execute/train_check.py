@@ -7,7 +7,11 @@ The reference is single-process: the original ONNX file's nodes run as torch ops
 torch.optim's optimizer steps the weights. After every step the loss, every synchronized
 gradient, every updated weight and every optimizer state are compared, each device's shard
 with the reference's region of it: a mismatch names the step, the rank, the parameter and the
-relative difference (max |a - b| / max |b|).
+relative difference (max |a - b| over the shard / max |b| over the whole tensor: a
+torch.testing-like absolute tolerance scaled to the tensor, since a region can be all zeros
+but for rounding). Each reference step starts from the weights and optimizer states the
+partition holds after the step before (`ReferenceRun`): float32 rounding, which a few steps of
+training amplify, does not compound across the steps compared.
 
 An optimizer state is held as its planes stacked before the weight's dims (Adam: m then v;
 SGD: the momentum buffer), as `training.step` lays it out; torch.optim's state of the weight
@@ -185,38 +189,91 @@ class Reference:
     states: Mapping[str, np.ndarray]
 
 
+Start = tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]
+"""Where a reference step starts: the trained weights and their optimizer states (stacked
+planes), whole."""
+
+
+class ReferenceRun:
+    """The single-process reference a step at a time: PyTorch autograd and torch.optim on the
+    original ONNX file, in `floats`. A step given a `Start` takes it from those weights and
+    states (the partition's after the step before, `held_start`), else from its own: each
+    step is then compared with the exact step from the same point, and float32 rounding does
+    not compound over the steps into the comparison."""
+
+    def __init__(
+        self, model: str | os.PathLike[str], trained: Sequence[str], optimizer: str,
+        floats: Any = REFERENCE,
+    ):  # fmt: skip
+        self.proto = onnx.load(os.fspath(model))
+        self.floats, self.optimizer = floats, optimizer
+        initializers = self.proto.graph.initializer
+        self.values = {i.name: to_torch(numpy_helper.to_array(i), floats) for i in initializers}
+        self.parameters = {n: self.values[n].clone().requires_grad_(True) for n in trained}
+        self.values.update(self.parameters)
+        self.step_of = train_ops.reference_optimizer(optimizer, list(self.parameters.values()))
+
+    def step(self, feed: Mapping[str, np.ndarray], start: Start | None = None) -> Reference:
+        if start is not None:
+            self._restart(*start)
+        feed_values = {n: to_torch(a, self.floats) for n, a in feed.items()}
+        outputs = run_model(self.proto, self.values | feed_values, _TORCH_FLOATS[self.floats])
+        loss = sum(o.sum() for o in outputs.values())
+        for p in self.parameters.values():
+            p.grad = None
+        loss.backward()
+        grads = {n: p.grad.detach().clone().numpy() for n, p in self.parameters.items()}
+        states = {}
+        if self.step_of is not None:
+            self.step_of.step()
+            keys = _STATE_KEYS[self.optimizer]
+            for n, p in self.parameters.items():
+                states[n] = np.stack([self.step_of.state[p][k].detach().numpy() for k in keys])
+        weights = {n: p.detach().clone().numpy() for n, p in self.parameters.items()}
+        return Reference(float(loss.detach()), grads, weights, states)
+
+    def _restart(self, weights: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray]) -> None:
+        with torch.no_grad():
+            for n, array in weights.items():
+                self.parameters[n].copy_(to_torch(array, self.floats))
+            for n, planes in states.items():  # torch.optim made them in the step before
+                state = self.step_of.state[self.parameters[n]]
+                for key, plane in zip(_STATE_KEYS[self.optimizer], planes, strict=True):
+                    state[key].copy_(to_torch(plane, self.floats))
+
+
+def held_start(
+    partitioned: Partitioned, checked: Checked, held: Sequence[Mapping[str, np.ndarray]]
+) -> Start:
+    """The whole trained weights and optimizer states the devices hold after a step (`held[d]`
+    device d's, `Checked.held`): where the reference takes the next step from."""
+    weights = {
+        w: assemble(partitioned, w, [h[w] for h in held])[0]
+        for w in checked.trained
+        if w in checked.updated
+    }
+    states = {
+        w: assemble(partitioned, state_name(w), [h[state_name(w)] for h in held])[0]
+        for w in checked.trained
+        if state_name(w) in checked.states
+    }
+    return weights, states
+
+
 def reference_steps(
     model: str | os.PathLike[str], trained: Sequence[str], optimizer: str,
     inputs: Sequence[Mapping[str, np.ndarray]], floats: Any = REFERENCE,
     times: list[float] | None = None,
 ) -> list[Reference]:  # fmt: skip
-    """PyTorch autograd and torch.optim on the original ONNX file, one entry per step, in
-    `floats`; each step's wall time appended to `times` (the bench times a float32 step)."""
-    proto = onnx.load(os.fspath(model))
-    values = {i.name: to_torch(numpy_helper.to_array(i), floats) for i in proto.graph.initializer}
-    parameters = {n: values[n].clone().requires_grad_(True) for n in trained}
-    values.update(parameters)
-    step_of = train_ops.reference_optimizer(optimizer, list(parameters.values()))
+    """The reference's own steps on `inputs`, one entry per step, in `floats`; each step's
+    wall time appended to `times` (the bench times a float32 step)."""
+    run = ReferenceRun(model, trained, optimizer, floats)
     out = []
     for feed in inputs:
         started = time.perf_counter()
-        feed_values = {n: to_torch(a, floats) for n, a in feed.items()}
-        outputs = run_model(proto, dict(values) | feed_values, _TORCH_FLOATS[floats])
-        loss = sum(o.sum() for o in outputs.values())
-        for p in parameters.values():
-            p.grad = None
-        loss.backward()
-        grads = {n: p.grad.detach().clone().numpy() for n, p in parameters.items()}
-        states = {}
-        if step_of is not None:
-            step_of.step()
-            for n, p in parameters.items():
-                keys = _STATE_KEYS[optimizer]
-                states[n] = np.stack([step_of.state[p][k].detach().numpy() for k in keys])
-        weights = {n: p.detach().clone().numpy() for n, p in parameters.items()}
+        out.append(run.step(feed))
         if times is not None:
             times.append(time.perf_counter() - started)
-        out.append(Reference(float(loss.detach()), grads, weights, states))
     return out
 
 
@@ -243,12 +300,15 @@ def _attribute(attribute: onnx.AttributeProto) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def _errors(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+def _errors(a: np.ndarray, b: np.ndarray, scale: float | None = None) -> tuple[float, float]:
+    """max |a - b| relative to `scale` (None: max |b|), and absolute."""
     if not a.size:
         return 0.0, 0.0
     difference = np.abs(a.astype(np.float64) - b)
     diff = float(np.max(np.where(np.isnan(difference), np.inf, difference)))
-    return diff / max(float(np.max(np.abs(b))), TINY), diff
+    if scale is None:
+        scale = float(np.max(np.abs(b)))
+    return diff / max(scale, TINY), diff
 
 
 def step_checks(
@@ -282,16 +342,18 @@ def _compare(
     partitioned: Partitioned, step: int, what: str, name: str, tensor: str, want: np.ndarray,
     tensors: Sequence[Mapping[str, np.ndarray]],
 ) -> Check:  # fmt: skip
-    """Each device's shard of `tensor` against its region of `want`; the worst device's
-    errors (a partial sum's: the sum compared whole)."""
+    """Each device's shard of `tensor` against its region of `want`, relative to the whole
+    tensor's largest value (a shard may hold only values that are zero but for rounding:
+    the key bias's gradient, which softmax cancels); the worst device's errors (a partial
+    sum's: the sum compared whole)."""
     sharding = partitioned.program.tensors[tensor].sharding
     arrays = [t[tensor] for t in tensors]
     if sharding.partial_axes:
         rel, diff = _errors(assemble(partitioned, tensor, arrays)[0], want)
         return Check(step, what, name, None, rel, diff, TOLERANCE)
-    worst = (-1.0, 0.0, 0)
+    worst, scale = (-1.0, 0.0, 0), float(np.max(np.abs(want), initial=0.0))
     for device, array in zip(partitioned.devices, arrays, strict=True):
         region = tuple(slice(a, b) for a, b in partitioned.slices(tensor, device.index))
-        rel, diff = _errors(array, want[region])
+        rel, diff = _errors(array, want[region], scale)
         worst = max(worst, (rel, diff, device.index))
     return Check(step, what, name, worst[2], worst[0], worst[1], TOLERANCE)

@@ -35,7 +35,8 @@ from autoshard.execute.train_check import (
     TrainingReport,
     check_training,
     computing_in,
-    reference_steps,
+    ReferenceRun,
+    held_start,
     step_checks,
     to_torch,
 )
@@ -377,18 +378,23 @@ def verify_training(
 ) -> TrainingReport:
     """Train the partition of `folder` (its steps.json, `graph` the training step, `weights`
     each device's own) `steps` steps on `inputs` or seeded random ones, and check every step
-    against the reference (`train_check.reference_steps`)."""
+    against the reference (`train_check.ReferenceRun`, each step from the weights and states
+    the partition holds after the step before)."""
     check_training(training)
     checked = Checked.of(graph)
     feeds = training_feeds(graph, steps, seed, inputs)
-    reference = reference_steps(model, checked.trained, str(training.optimizer), feeds)
+    reference = ReferenceRun(model, checked.trained, str(training.optimizer))
     runner = _Partitioned(partitioned, graph, steps_manifest, Path(folder))
     checks: list[Check] = []
+    start = None
     with computing_in(floats):
         runner.start(weights)
-        for k, want in enumerate(reference, start=1):
-            runner.step(k, feeds[k - 1])
-            computed = [{n: d.env[n].numpy() for n in checked.computed} for d in runner.devices]
-            held = [{n: d.held[n].numpy() for n in checked.held} for d in runner.devices]
-            checks += step_checks(partitioned, checked, k, want, computed, held)
+    for k, feed in enumerate(feeds, start=1):
+        with computing_in(floats):
+            runner.step(k, feed)
+        computed = [{n: d.env[n].numpy() for n in checked.computed} for d in runner.devices]
+        held = [{n: d.held[n].numpy() for n in checked.held} for d in runner.devices]
+        want = reference.step(feed, start)
+        checks += step_checks(partitioned, checked, k, want, computed, held)
+        start = held_start(partitioned, checked, held)
     return TrainingReport(tuple(checks), len(partitioned.devices), steps, floats=floats)
