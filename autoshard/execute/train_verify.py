@@ -32,10 +32,10 @@ from autoshard.execute.simulate import run_collective
 from autoshard.execute.train_check import (
     Check,
     Checked,
+    ReferenceRun,
     TrainingReport,
     check_training,
     computing_in,
-    ReferenceRun,
     held_start,
     step_checks,
     to_torch,

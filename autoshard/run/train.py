@@ -44,10 +44,10 @@ from autoshard.execute.steps import read_steps
 from autoshard.execute.train_check import (
     FLOATS,
     Checked,
+    ReferenceRun,
     TrainingReport,
     check_training,
     computing_in,
-    ReferenceRun,
     held_start,
     step_checks,
     to_torch,
