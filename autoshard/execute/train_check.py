@@ -8,7 +8,11 @@ sum, or torch's own `cross_entropy` of the first output against the labels, neve
 `training.loss` plans), and torch.optim's optimizer steps the weights. After every step the
 loss, every synchronized gradient, every updated weight and every optimizer state are
 compared, each device's shard with the reference's region of it: a mismatch names the step,
-the rank, the parameter and the relative difference (max |a - b| / max |b|).
+the rank, the parameter and the relative difference (max |a - b| over the shard / max |b|
+over the whole tensor: a torch.testing-like absolute tolerance scaled to the tensor, since a
+region can be all zeros but for rounding). Each reference step starts from the weights and
+optimizer states the partition holds after the step before (`ReferenceRun`): float32
+rounding, which a few steps of training amplify, does not compound across the steps compared.
 
 An optimizer state is held as its planes stacked before the weight's dims (Adam: m then v;
 SGD: the momentum buffer), as `training.step` lays it out; torch.optim's state of the weight
@@ -215,33 +219,50 @@ class Reference:
     states: Mapping[str, np.ndarray]
 
 
-def reference_steps(
-    model: str | os.PathLike[str], trained: Sequence[str], optimizer: str,
-    inputs: Sequence[Sequence[Mapping[str, np.ndarray]]], floats: Any = REFERENCE,
-    times: list[float] | None = None, loss: Loss = Loss.SUM, low: Any = None,
-) -> list[Reference]:  # fmt: skip
-    """PyTorch autograd and torch.optim on the original ONNX file, one entry per step (its
-    inputs: one set per micro-batch, together the step's batch), in `floats`,
-    differentiating `loss` of the whole batch (`reference_loss`); each step's wall time
-    appended to `times` (the bench times a float32 step). `low` (mixed precision, a torch
-    dtype): the model runs in `low` on a copy of the weights, whose gradients step the
-    `floats` master weights; a state is then the master stacked before the moments."""
-    proto = onnx.load(os.fspath(model))
-    values = {i.name: to_torch(numpy_helper.to_array(i), floats) for i in proto.graph.initializer}
-    masters = {n: values[n].clone().requires_grad_(True) for n in trained}
-    computing = low or _TORCH_FLOATS[floats]
-    values = {n: v.to(computing) if v.is_floating_point() else v for n, v in values.items()}
-    step_of = train_ops.reference_optimizer(optimizer, list(masters.values()))
-    out = []
-    for feed in inputs:
-        started = time.perf_counter()
+Start = tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]
+"""Where a reference step starts: the trained weights and their optimizer states (stacked
+planes), whole."""
+
+
+class ReferenceRun:
+    """The single-process reference a step at a time: PyTorch autograd and torch.optim on the
+    original ONNX file, in `floats`, differentiating `loss` of a step's whole batch
+    (`reference_loss`; a step's inputs: one set per micro-batch). `low` (mixed precision, a
+    torch dtype): the model runs in `low` on a copy of the weights, whose gradients step the
+    `floats` master weights; a state is then the master stacked before the moments.
+
+    A step given a `Start` takes it from those weights and states (the partition's after the
+    step before, `held_start`; a mixed-precision state's first plane is the master), else
+    from its own: each step is then compared with the exact step from the same point, and
+    float32 rounding does not compound over the steps into the comparison."""
+
+    def __init__(
+        self, model: str | os.PathLike[str], trained: Sequence[str], optimizer: str,
+        floats: Any = REFERENCE, loss: Loss = Loss.SUM, low: Any = None,
+    ):  # fmt: skip
+        self.proto = onnx.load(os.fspath(model))
+        self.floats, self.optimizer, self.loss, self.low = floats, optimizer, loss, low
+        initializers = self.proto.graph.initializer
+        values = {i.name: to_torch(numpy_helper.to_array(i), floats) for i in initializers}
+        self.masters = {n: values[n].clone().requires_grad_(True) for n in trained}
+        self.computing = low or _TORCH_FLOATS[floats]
+        self.values = {n: _to(v, self.computing) for n, v in values.items()}
+        self.step_of = train_ops.reference_optimizer(optimizer, list(self.masters.values()))
+
+    def step(
+        self, feed: Sequence[Mapping[str, np.ndarray]], start: Start | None = None
+    ) -> Reference:
+        """One step on `feed` (one set of inputs per micro-batch), from `start` if given."""
+        if start is not None:
+            self._restart(*start)
+        masters, low, computing = self.masters, self.low, self.computing
         copies = masters if low is None else {
             n: m.detach().to(low).requires_grad_(True) for n, m in masters.items()}  # fmt: skip
-        values.update(copies)
-        batches = [{n: to_torch(a, floats) for n, a in micro.items()} for micro in feed]
-        batches = [{n: _to(a, computing) for n, a in b.items()} for b in batches]
-        outputs = [list(run_model(proto, dict(values) | b, computing).values()) for b in batches]
-        total = reference_loss(loss, outputs, [batch.get(LABELS) for batch in batches])
+        values = self.values | copies
+        batches = [{n: _to(to_torch(a, self.floats), computing) for n, a in micro.items()}
+                   for micro in feed]  # fmt: skip
+        outputs = [list(run_model(self.proto, values | b, computing).values()) for b in batches]
+        total = reference_loss(self.loss, outputs, [batch.get(LABELS) for batch in batches])
         for n, p in masters.items():
             p.grad = copies[n].grad = None
         total.backward()
@@ -249,32 +270,76 @@ def reference_steps(
             p.grad = copies[n].grad.to(p.dtype)
         grads = {n: to_numpy(p.grad) for n, p in copies.items()}
         states = {}
-        if step_of is not None:
-            step_of.step()
+        if self.step_of is not None:
+            self.step_of.step()
+            keys = _STATE_KEYS[self.optimizer]
             for n, p in masters.items():
-                keys = _STATE_KEYS[optimizer]
-                planes = [p] * (low is not None) + [step_of.state[p][k] for k in keys]
+                planes = [p] * (low is not None) + [self.step_of.state[p][k] for k in keys]
                 states[n] = np.stack([to_numpy(plane) for plane in planes])
         weights = {n: to_numpy(p.to(computing)) for n, p in masters.items()}
+        return Reference(float(total.detach()), grads, weights, states)
+
+    def _restart(self, weights: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray]) -> None:
+        """The master weights and optimizer states set to `weights` and `states` (a
+        mixed-precision state's first plane: the master, which its rounded weight is not)."""
+        keys = (("master",) if self.low is not None else ()) + _STATE_KEYS[self.optimizer]
+        with torch.no_grad():
+            for n, array in weights.items():
+                self.masters[n].copy_(to_torch(array, self.floats))
+            for n, planes in states.items():  # torch.optim made them in the step before
+                master = self.masters[n]
+                for key, plane in zip(keys, planes, strict=True):
+                    target = master if key == "master" else self.step_of.state[master][key]
+                    target.copy_(to_torch(plane, self.floats))
+
+
+def held_start(
+    partitioned: Partitioned, checked: Checked, held: Sequence[Mapping[str, np.ndarray]]
+) -> Start:
+    """The whole trained weights and optimizer states the devices hold after a step (`held[d]`
+    device d's, `Checked.held`): where the reference takes the next step from."""
+    weights = {
+        w: assemble(partitioned, w, [h[w] for h in held])[0]
+        for w in checked.trained
+        if w in checked.updated
+    }
+    states = {
+        w: assemble(partitioned, state_name(w), [h[state_name(w)] for h in held])[0]
+        for w in checked.trained
+        if state_name(w) in checked.states
+    }
+    return weights, states
+
+
+def reference_steps(
+    model: str | os.PathLike[str], trained: Sequence[str], optimizer: str,
+    inputs: Sequence[Sequence[Mapping[str, np.ndarray]]], floats: Any = REFERENCE,
+    times: list[float] | None = None,
+) -> list[Reference]:  # fmt: skip
+    """The reference's own steps on `inputs` (per step, one set per micro-batch), one entry
+    per step, in `floats`; each step's wall time appended to `times` (the bench times a
+    float32 step)."""
+    run = ReferenceRun(model, trained, optimizer, floats)
+    out = []
+    for feed in inputs:
+        started = time.perf_counter()
+        out.append(run.step(feed))
         if times is not None:
             times.append(time.perf_counter() - started)
-        out.append(Reference(float(total.detach()), grads, weights, states))
     return out
 
 
 def reference_of(
-    model: str | os.PathLike[str], checked: Checked, training: Training,
-    feeds: Sequence[Sequence[Mapping[str, np.ndarray]]], floats: str,
-) -> list[Reference]:  # fmt: skip
+    model: str | os.PathLike[str], checked: Checked, training: Training, floats: str
+) -> ReferenceRun:
     """The reference of a step of `training` computing in `floats`: float64 for a float32
     step (the exact step); for a mixed-precision one, its model in the step's dtype (bfloat16,
     or float64 for a float64 run) and its master weights and moments in float32."""
     optimizer = str(training.optimizer)
     if not training.precision.master_copy:
-        return reference_steps(model, checked.trained, optimizer, feeds, loss=training.loss)
+        return ReferenceRun(model, checked.trained, optimizer, loss=training.loss)
     masters = np.float64 if floats == "float64" else np.float32
-    return reference_steps(model, checked.trained, optimizer, feeds, masters,
-                           loss=training.loss, low=FLOATS[floats])  # fmt: skip
+    return ReferenceRun(model, checked.trained, optimizer, masters, training.loss, FLOATS[floats])
 
 
 def _to(tensor: Any, dtype: Any) -> Any:
@@ -322,12 +387,15 @@ def _attribute(attribute: onnx.AttributeProto) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def _errors(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+def _errors(a: np.ndarray, b: np.ndarray, scale: float | None = None) -> tuple[float, float]:
+    """max |a - b| relative to `scale` (None: max |b|), and absolute."""
     if not a.size:
         return 0.0, 0.0
     difference = np.abs(a.astype(np.float64) - b)
     diff = float(np.max(np.where(np.isnan(difference), np.inf, difference)))
-    return diff / max(float(np.max(np.abs(b))), TINY), diff
+    if scale is None:
+        scale = float(np.max(np.abs(b)))
+    return diff / max(scale, TINY), diff
 
 
 def step_checks(
@@ -365,17 +433,19 @@ def _compare(
     partitioned: Partitioned, step: int, compared: tuple[str, str, str], want: np.ndarray,
     tensors: Sequence[Mapping[str, np.ndarray]], tolerance: float,
 ) -> Check:  # fmt: skip
-    """Each device's shard of `tensor` against its region of `want`; the worst device's
-    errors (a partial sum's: the sum compared whole). `compared`: (what, name, tensor)."""
+    """Each device's shard of `tensor` against its region of `want`, relative to the whole
+    tensor's largest value (a shard may hold only values that are zero but for rounding:
+    the key bias's gradient, which softmax cancels); the worst device's errors (a partial
+    sum's: the sum compared whole). `compared`: (what, name, tensor)."""
     what, name, tensor = compared
     sharding = partitioned.program.tensors[tensor].sharding
     arrays = [t[tensor] for t in tensors]
     if sharding.partial_axes:
         rel, diff = _errors(assemble(partitioned, tensor, arrays)[0], want)
         return Check(step, what, name, None, rel, diff, tolerance)
-    worst = (-1.0, 0.0, 0)
+    worst, scale = (-1.0, 0.0, 0), float(np.max(np.abs(want), initial=0.0))
     for device, array in zip(partitioned.devices, arrays, strict=True):
         region = tuple(slice(a, b) for a, b in partitioned.slices(tensor, device.index))
-        rel, diff = _errors(array, want[region])
+        rel, diff = _errors(array, want[region], scale)
         worst = max(worst, (rel, diff, device.index))
     return Check(step, what, name, worst[2], worst[0], worst[1], tolerance)

@@ -37,6 +37,7 @@ from autoshard.execute.train_check import (
     check_training,
     computing_in,
     floats_of,
+    held_start,
     reference_of,
     step_checks,
     to_numpy,
@@ -62,8 +63,9 @@ _SHAPED = frozenset({"Reshape", "Expand"})
 local shape of its result's gradient."""
 
 
-_ADDING = frozenset({"Add", "Sub", "Sum"})
-"""Ops whose gradient reads none of their operands (their addends' values do not matter)."""
+_UNREAD = frozenset({"Add", "Sub", "Sum", "Concat"})
+"""Ops whose gradient reads none of their operands (the values of the operands it does not
+differentiate do not matter, only their shapes)."""
 
 
 class TrainingDevice:
@@ -217,14 +219,31 @@ class TrainingDevice:
             for j, local in enumerate(forward.inputs[:count]):
                 if local and op.inputs[j] and local != op.inputs[j] and local in self.held:
                     args[j] = self.held[local]
-        elif forward.type in _ADDING and args[count] is not None:
-            # Another sharding: the unread addends take the sum's shape (the operand's own
-            # comes from the Grad's result).
-            shapes = [tuple(args[count].shape)] * len(shapes)
+        elif forward.type in _UNREAD and args[count] is not None:
+            # Another sharding: the unread operands take the shapes that fit the result's
+            # gradient (the operand's own comes from the Grad's result).
+            shapes = self.unread_shapes(forward, tuple(args[count].shape))
         if forward.type in _SHAPED and count < len(args) and args[count] is not None:
             args[1] = torch.tensor(tuple(args[count].shape), dtype=torch.int64)
         result = self.program.shapes[op.outputs[0]]
         return train_ops.train_op(op, forward, args, shapes, step, count, result)
+
+    def unread_shapes(self, forward: Op, local: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The local shapes of a linear op's operands beside its result's gradient of local
+        shape `local`, at the gradient's sharding: a dim the result shares with the operand
+        (the same extent, numpy's broadcasting aligning from the right) is as split as the
+        result's; another one (a broadcast 1, a concatenated operand's own extent) is whole."""
+        tensors = self.partitioned.program.tensors
+        whole = tensors[forward.outputs[0]].shape
+        shapes = []
+        for name in forward.inputs:
+            own = tensors[name].shape if name in tensors else ()
+            fitted = [
+                n if s == w else s
+                for s, w, n in zip(own[::-1], whole[::-1], local[::-1], strict=False)
+            ]
+            shapes.append(tuple(fitted[::-1]))
+        return shapes
 
     def lookup_gradient(self, op: Op, forward: Op, indices: Any, gradient: Any) -> Any:
         """The gradient of a lookup's table: rows of the whole table (a Grad that writes its
@@ -476,21 +495,25 @@ def verify_training(
 ) -> TrainingReport:
     """Train the partition of `folder` (its steps.json, `graph` the training step, `weights`
     each device's own) `steps` steps on `inputs` or seeded random ones, and check every step
-    against the reference (`train_check.reference_steps`); `loss`: the one asked for, which
-    must be the plan's (None: the plan's)."""
+    against the reference (`train_check.ReferenceRun`, each step from the weights and states
+    the partition holds after the step before); `loss`: the one asked for, which must be the
+    plan's (None: the plan's)."""
     check_training(training, loss)
     floats = floats_of(training, floats)
     checked = Checked.of(graph)
     feeds = training_feeds(graph, steps, seed, inputs)
-    reference = reference_of(model, checked, training, feeds, floats)
+    reference = reference_of(model, checked, training, floats)
     runner = _Partitioned(partitioned, graph, steps_manifest, Path(folder))
     checks: list[Check] = []
+    start = None
     with computing_in(floats):
         runner.start(weights)
-        for k, want in enumerate(reference, start=1):
-            runner.step(k, feeds[k - 1], checked.losses)
-            computed = [{n: to_numpy(d.env[n]) for n in checked.computed} for d in runner.devices]
-            held = [{n: to_numpy(d.held[n]) for n in checked.held} for d in runner.devices]
-            checks += step_checks(partitioned, checked, k, want, computed, held,
-                                  tolerance_of(floats))  # fmt: skip
+    for k, feed in enumerate(feeds, start=1):
+        with computing_in(floats):
+            runner.step(k, feed, checked.losses)
+        computed = [{n: to_numpy(d.env[n]) for n in checked.computed} for d in runner.devices]
+        held = [{n: to_numpy(d.held[n]) for n in checked.held} for d in runner.devices]
+        want = reference.step(feed, start)
+        checks += step_checks(partitioned, checked, k, want, computed, held, tolerance_of(floats))
+        start = held_start(partitioned, checked, held)
     return TrainingReport(tuple(checks), len(partitioned.devices), steps, floats=floats)

@@ -10,7 +10,8 @@ torch.distributed (`collectives.Executor`, as inference runs do), there they are
 After every step a rank keeps the tensors the checks read (`train_check.Checked`: its loss
 terms, its gradients, its weights and optimizer states after the update); rank 0 gathers them
 and the launcher compares them, step by step, with the single-process reference
-(`train_check.reference_of`), as `verify` does.
+(`train_check.ReferenceRun`, each step from what the ranks hold after the step before), as
+`verify` does.
 
 Failures are one line naming the rank and the training step, then where in its step list and
 the cause: a NaN made by an op (a gradient op names its parameter), a collective whose partner
@@ -47,6 +48,7 @@ from autoshard.execute.train_check import (
     check_training,
     computing_in,
     floats_of,
+    held_start,
     reference_of,
     step_checks,
     to_numpy,
@@ -284,19 +286,21 @@ def run_training(
     checked = Checked.of(graph)
     feeds = training_feeds(graph, steps, seed, inputs)
     floats = floats_of(training, floats)
-    reference = reference_of(model, checked, training, feeds, floats)
     sha256 = tuple(d.get("sha256") for d in partition["devices"])
     work = TrainingWork(folder, manifest, built.partitioned, graph, segment_nodes(folder, manifest),
                         feeds, checked, backend, sha256, floats)  # fmt: skip
     started = time.perf_counter()
     gathered = launch_work(work, len(manifest["devices"]), timeout_s)
     wall = time.perf_counter() - started
-    checks = []
-    for k, want in enumerate(reference, start=1):
+    reference = reference_of(model, checked, training, floats)
+    checks, start = [], None
+    for k, feed in enumerate(feeds, start=1):
         computed = [records[k - 1][0] for records, _ in gathered]
         held = [records[k - 1][1] for records, _ in gathered]
+        want = reference.step(feed, start)
         checks += step_checks(built.partitioned, checked, k, want, computed, held,
                               tolerance_of(floats))  # fmt: skip
+        start = held_start(built.partitioned, checked, held)
     ranks = [{"rank": r, **timing} for r, (_, timing) in enumerate(gathered)]
     timing = {"wall_s": wall, "backend": backend, "ranks": ranks}
     return TrainingReport(tuple(checks), len(gathered), steps, timing, floats)

@@ -5,7 +5,8 @@ gradient, weight and optimizer state), under data parallelism and Megatron TP on
 GPT-2's LM head splits the vocabulary and the loss reduces its max, its sum of exponentials and
 the labels' logits across the split (Megatron's vocab-parallel cross-entropy); and the bad
 inputs, each one line naming it: an unknown loss, labels of the wrong shape or class, a run
-asking for another loss than its partition was planned with."""
+asking for another loss than its partition was planned with. The reference restarted each step
+from what it holds (as from a partition's state) takes the steps it takes uninterrupted."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 
 from autoshard.cli.main import main
 from autoshard.execute.artifacts import verify_training_folder
-from autoshard.execute.train_check import BF16_TOLERANCE
+from autoshard.execute.train_check import BF16_TOLERANCE, Checked, reference_of
+from autoshard.execute.train_verify import training_feeds
 from autoshard.mesh import Mesh
 from autoshard.pipeline import load_graphs
 from autoshard.run.train import run_training
@@ -169,3 +171,27 @@ def test_a_corrupted_gradient_sync_fails_a_bf16_run(tmp_path):
     report = run_training(out, model_path("mlp"), steps=1, timeout_s=120)  # reads steps.json
     failed = {(c.what, c.name) for c in report.failures}
     assert ("gradient", "2.weight") in failed and report.worst("gradient") > 10 * BF16_TOLERANCE
+
+
+@pytest.mark.parametrize(("precision", "floats"), [("fp32", "float32"), ("bf16-mixed", "bfloat16")])
+def test_a_reference_restarted_from_what_it_holds_takes_the_same_steps(precision, floats):
+    """The reference restarted each step from the weights and states it holds after the step
+    before (as it restarts from a partition's, `held_start`) takes the steps it takes
+    uninterrupted, bit for bit, micro-batches and all: a bf16-mixed state's first plane is the
+    float32 master, which the bfloat16 weight only rounds, and the restart takes it from there."""
+    training = Training(optimizer=Optimizer("adam"), precision=Precision(precision),
+                        loss=Loss("cross-entropy"), micro_batches=2)  # fmt: skip
+    _, graph = load_graphs(model_path("mlp"), DIMS["mlp"], training)
+    checked = Checked.of(graph)
+    whole, restarted = (reference_of(model_path("mlp"), checked, training, floats) for _ in "ab")
+    start = None
+    for feed in training_feeds(graph, 3):
+        want, got = whole.step(feed), restarted.step(feed, start)
+        assert got.loss == want.loss
+        for held in ("gradients", "weights", "states"):
+            mine, theirs = getattr(got, held), getattr(want, held)
+            assert mine.keys() == theirs.keys() == set(checked.trained)
+            assert all(np.array_equal(mine[n], theirs[n]) for n in mine), held
+        start = (got.weights, got.states)
+    if precision == "bf16-mixed":  # the master is not the rounded weight
+        assert any(not np.array_equal(s[0], got.weights[n]) for n, s in got.states.items())
