@@ -20,6 +20,10 @@ styles, FSDP2 and `sync_gradients` issue, which is not the plan's list of collec
                    is held whole on (one flattened group)
     optimizer      nothing: each rank updates the shard it holds
 
+A parameter `apply_plan` holds over the whole mesh in its ZeRO state's placements (`held`:
+split as fully_shard cannot) is all-gathered to its read on each mesh dim where they differ in
+forward, and its gradient reduce-scattered on those of them that split the batch in backward.
+
 Where an activation comes from (`_sources`) decides: the model's inputs and constants (no
 gradient), the same with a trained weight (held whole, a gradient), column-split Linears'
 outputs alone (attention over their heads, a gated product: split as they are), or a mix.
@@ -145,6 +149,9 @@ def dtensor_traffic(held: Held, export: Mapping[str, Any]) -> DtensorTraffic:
             dim = None
         placements = _held(entry, names, tp, fsdp, dim)
         itemsize = dtypes.nbytes(held.graph.values[p.weight].dtype, 1)
+        if "held" in entry:  # `_hold_as`: gathered to its read, the gradient scattered back
+            moved += _gathered(name, shape, itemsize, entry["held"], placements, sizes, data)
+            placements = entry["held"]
         if dim is not None:  # FSDP2's padded shard of the tensor-parallel shard
             tp_only = [
                 x if d == tp else "Replicate()" for d, x in zip(names, placements, strict=True)
@@ -169,6 +176,34 @@ def dtensor_traffic(held: Held, export: Mapping[str, Any]) -> DtensorTraffic:
         moved.append(Moved("backward", REDUCE_SCATTER, axes, path, scatter))
     moved += _activations(held, export, data, sizes, unmodeled)
     return DtensorTraffic(tuple(moved), tuple(unmodeled))
+
+
+def _gathered(
+    name: str,
+    shape: Sequence[int],
+    itemsize: int,
+    held: Sequence[str],
+    read: Sequence[str],
+    sizes: Mapping[str, int],
+    data: Sequence[str],
+) -> list[Moved]:
+    """A parameter held over the whole mesh as `held` and read as `read`: all-gathered on each
+    mesh dim where they differ in forward, its gradient reduce-scattered in backward on those of
+    them that split the batch (the others: a slice)."""
+    n = list(sizes.values())
+    local = math.prod(_local(shape, held, n)) * itemsize
+    moved = []
+    differ = [d for d, h, r in zip(sizes, held, read, strict=True) if h != r]
+    for d in differ:
+        moved.append(
+            Moved("forward", ALL_GATHER, (d,), name, ring_bytes(ALL_GATHER, sizes[d], local))
+        )
+        local *= sizes[d]
+    for d in (d for d in differ if d in data):
+        sent = ring_bytes(REDUCE_SCATTER, sizes[d], local)
+        moved.append(Moved("backward", REDUCE_SCATTER, (d,), name, sent))
+        local //= sizes[d]
+    return moved
 
 
 def _activations(

@@ -70,7 +70,9 @@ class Styles:
     params: Mapping[str, str]  # parameter -> its style, `colwise+fsdp`, `distribute`, ...
     used: Mapping[str, Split]  # parameter -> its used split (torch layout)
     fallback: str | None = None
-    whole_state: tuple[str, ...] = ()  # modules whose ZeRO-split state torch keeps whole
+    # parameter -> the split (torch layout) it is held in as a DTensor over the whole mesh,
+    # its ZeRO state's (or, beside one, its stored split): gathered for the forward.
+    direct: Mapping[str, Split] = field(default_factory=dict)
 
 
 def _axes(split: Split) -> set[int]:
@@ -164,10 +166,17 @@ def choose_styles(held: Held) -> Styles:
     tp = next(iter(tp_axes), None)
     fsdp: dict[str, tuple[int, int]] = {}  # parameter -> (dim, axis) FSDP shards
     as_stored: set[str] = set()  # held on tp otherwise than read: distributed as held
-    zero, mixed = _zero(held, stored, used, tp)
+    zero, direct = _zero(held, stored, used, tp)
+    zeroed = {
+        p.param
+        for p in held.params
+        if p.weight in held.strategies and "zero" in held.strategies[p.weight].strategy.split("+")
+    }
     for p in held.params:
         rank = len(held.shapes[p.weight])
         have = _dims(zero.get(p.param, stored[p.param]), rank)
+        if p.param in direct:  # read as stored on tp: the rest is `_hold_as`'s
+            have = tuple(tuple(a for a in axes if a == tp) for axes in have)
         need = _dims(used[p.param], rank)
         extra = _extra(have, need, tp)
         if len(extra) > 1 or (extra and have[extra[0][0]][-1] != extra[0][1]):
@@ -215,46 +224,58 @@ def choose_styles(held: Held) -> Styles:
         modules[path] = ModuleStyle(style, sequence_dim, sharded, kept)
         for leaf, n in names.items():
             params[n] = str(style) + ("" if leaf not in sharded else "+zero" if kept else "+fsdp")
+            if n in direct:
+                params[n] = str(style) + ("+zero" if n in zeroed else "+fsdp")
     fsdp_axis = next(iter(fsdp_axes), None)
-    return Styles(tp, fsdp_axis, modules, params, used, whole_state=tuple(mixed))
+    return Styles(tp, fsdp_axis, modules, params, used, direct=direct)
 
 
 def _zero(
     held: Held, stored: Mapping[str, Split], used: Mapping[str, Split], tp: int | None
-) -> tuple[dict[str, Split], list[str]]:
-    """The parameters a training plan stores as used but whose optimizer state it splits
-    further on a mesh dim other than tp (ZeRO-1/2): their state's split (torch layout), which
-    FSDP2 holds them in. fully_shard shards a module's parameters all, one more tensor dim over
-    one mesh dim: a module where others are held whole, or a state is split otherwise, keeps
-    its states whole (the second list)."""
-    found: dict[str, Split] = {}
-    further = set()  # held further than read, beside tp: fully_shard's
+) -> tuple[dict[str, Split], dict[str, Split]]:
+    """Where a training plan's ZeRO-1/2 optimizer states are held: the parameters it stores as
+    used but whose state it splits further (their state's split, torch layout) that FSDP2
+    holds, and those held as plain DTensors over the whole mesh (`direct`). fully_shard shards
+    a module's parameters all, one more tensor dim over one mesh dim beside tp, inside the
+    rest: a module with a state split otherwise (over two mesh dims, on two tensor dims, on tp
+    beyond the read) or with parameters held whole beside split ones holds every parameter it
+    stores or updates split as a DTensor in its state's split (or its stored one), gathered
+    for the forward (`apply_plan`'s `_hold_as`)."""
+    states: dict[str, Split] = {}
+    further: dict[str, Split] = {}  # held further than read, beside tp: fully_shard's
     unfit = set()  # modules with a state split as fully_shard cannot hold it
     for p in held.params:
         rank = len(held.shapes[p.weight])
-        need = _dims(used[p.param], rank)
-        if _extra(_dims(stored[p.param], rank), need, tp):
-            further.add(p.param)
+        need, have = _dims(used[p.param], rank), _dims(stored[p.param], rank)
+        if _extra(have, need, tp):
+            further[p.param] = have
         strategy = held.strategies.get(p.weight)
         if strategy is None or "zero" not in strategy.strategy.split("+"):
             continue
         state = _dims(torch_layout(Sharding.parse(strategy.state).split_axes, p.transposed), rank)
         extra = _extra(state, need, tp)
-        # fully_shard splits one more dim over one mesh dim, inside the rest
-        if len(extra) == 1 and state[extra[0][0]][-1] == extra[0][1]:
-            found[p.param] = state
-        elif extra:
+        on_tp = tp is not None and any(tp in state[d] and tp not in need[d] for d in range(rank))
+        if not extra and not on_tp:
+            continue
+        states[p.param] = state
+        if on_tp or len(extra) > 1 or state[extra[0][0]][-1] != extra[0][1]:
             unfit.add(p.param.rpartition(".")[0])
     modules: dict[str, list[str]] = {}
     for p in held.params:
         modules.setdefault(p.param.rpartition(".")[0], []).append(p.param)
-    mixed = sorted(
+    mixed = {
         path
         for path, names in modules.items()
         if path in unfit
-        or (any(n in found for n in names) and not all(n in found or n in further for n in names))
-    )
-    return {n: s for n, s in found.items() if n.rpartition(".")[0] not in mixed}, mixed
+        or (any(n in states for n in names) and not all(n in states or n in further for n in names))
+    }
+    direct = {
+        n: states.get(n, further.get(n, ()))
+        for path in mixed
+        for n in modules[path]
+        if (n in states or n in further) and n not in held.tied
+    }
+    return {n: s for n, s in states.items() if n.rpartition(".")[0] not in mixed}, direct
 
 
 def _extra(have: Split, need: Split, tp: int | None) -> list[tuple[int, int]]:

@@ -108,17 +108,14 @@ def dtensor_export(held: Held) -> dict[str, object]:
             state = Sharding.parse(strategy.state)
             entry["strategy"] = strategy.strategy
             entry["optimizer_state"] = [str(x) for x in placements(state, mesh, p.transposed)]
+        if p.param in styles.direct:
+            entry["held"] = [str(x) for x in placements(Sharding(styles.direct[p.param]), mesh)]
         parameters[p.param] = entry
         if _uneven(p.sharding, mesh, shape):
             warnings.append(
                 f"{p.param}: {p.sharding.text(len(shape))} on shape {list(shape)} is uneven; "
                 "DTensor cuts it by nested torch.chunk, not the plan's ceil-div"
             )
-    warnings += [
-        f"{path or '(root)'}: the plan splits optimizer state (ZeRO) as fully_shard cannot "
-        "(some parameters' and not the others', or over more than one mesh dim): kept whole"
-        for path in styles.whole_state
-    ]
     modules: dict[str, dict[str, object]] = {}
     for path, m in styles.modules.items():
         modules[path] = {"style": str(m.style)}
@@ -209,6 +206,12 @@ FSDP = {fsdp_dims}
 KEEP_GATHERED = {keep}
 """fully_shard modules a training plan stores whole and updates in slices (ZeRO-1/2): their
 parameters stay gathered from forward to backward (`reshard_after_forward=False`)."""
+HELD_AS = {{
+{held}}}
+"""Parameters a training plan stores or updates split as fully_shard cannot hold them (a ZeRO
+state split over two mesh dims, on two tensor dims, or on TP_DIM beyond the read): held as a
+DTensor over the whole mesh in these placements (their optimizer state's), gathered to their
+read for each forward, their gradients reduce-scattered back (`_hold_as`)."""
 UNNAMED = {unnamed}
 """ONNX weights whose parameter name could not be recovered: left as they are."""
 INPUTS = {{
@@ -279,6 +282,7 @@ def apply_plan(model: torch.nn.Module, mesh) -> torch.nn.Module:
     _distribute(model, compute, rest)
     _vocab_parallel(model, styled=set(styles))
     _gather_strided(model)
+    _hold_as(model, mesh, HELD_AS)
     for path, dims in fsdp.items():
         module = model.get_submodule(path)
         shard = {{id(getattr(module, leaf)): Shard(dim) for leaf, dim in dims.items()}}
@@ -320,6 +324,63 @@ def held_placements(model: torch.nn.Module, mesh) -> dict:
                 held[MESH_DIM_NAMES.index(dim)] = placement
         out[name] = tuple(held)
     return out
+
+
+def _hold_as(model, mesh, table):
+    """Hold each parameter of `table` as a DTensor over the whole mesh in its placements; each
+    forward of its module reads it as `apply_plan` would have (its placements on TP_DIM, or a
+    plain tensor), gathered by `_Gathered`."""
+    views = {{}}
+    for name, placements in table.items():
+        module, leaf, tensor = _lookup(model, name)
+        spread = isinstance(tensor, DTensor)
+        view = (tensor.device_mesh, tuple(tensor.placements)) if spread else None
+        held = distribute_tensor((tensor.full_tensor() if spread else tensor).detach(), mesh,
+                                 placements)
+        grad = tensor.requires_grad
+        module.register_parameter(leaf, torch.nn.Parameter(held, requires_grad=grad))
+        views.setdefault(module, {{}})[leaf] = view
+    for module, leaves in views.items():
+        held = {{}}
+        module.register_forward_pre_hook(functools.partial(_viewed, leaves, held))
+        module.register_forward_hook(functools.partial(_restored, held))
+
+
+def _viewed(leaves, held, module, args):
+    for leaf, view in leaves.items():
+        param = held[leaf] = module._parameters[leaf]
+        module._parameters[leaf] = _Gathered.apply(param, view)
+
+
+class _Gathered(torch.autograd.Function):
+    """A parameter held over the whole mesh, gathered to `view` (a mesh and placements, or None:
+    a plain tensor). Backward sums the gradient over the data dims it is held split on and not
+    read split (reduce_scatter, averaged as `sync_gradients` averages), then keeps this rank's
+    shard on the others (a slice: the gradient is the same there)."""
+
+    @staticmethod
+    def forward(ctx, param, view):
+        mesh = param.device_mesh
+        by_dim = dict(zip(view[0].mesh_dim_names, view[1])) if view is not None else {{}}
+        read = [by_dim.get(n, Replicate()) for n in mesh.mesh_dim_names]
+        ctx.mesh, ctx.held, ctx.read, ctx.view = mesh, tuple(param.placements), read, view
+        local = param.redistribute(mesh, read).to_local()
+        return local if view is None else DTensor.from_local(local, *view, run_check=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if isinstance(grad, DTensor):
+            grad = grad.redistribute(*ctx.view).to_local()
+        mesh, names = ctx.mesh, ctx.mesh.mesh_dim_names
+        summed = [n in DATA_DIMS and h != r for n, h, r in zip(names, ctx.held, ctx.read)]
+        partial = [Partial() if s else r for s, r in zip(summed, ctx.read)]
+        # the sums first, then the slices: what is reduce-scattered does not hang on the order
+        step = [h if s else r for s, h, r in zip(summed, ctx.held, ctx.read)]
+        grad = DTensor.from_local(grad, mesh, partial, run_check=False).redistribute(mesh, step)
+        groups = 1
+        for name, s in zip(names, summed):
+            groups *= mesh[name].size() if s else 1
+        return grad.redistribute(mesh, ctx.held) / groups, None
 
 
 def _input_as(mesh, placement):
@@ -485,6 +546,11 @@ def dtensor_module(export: Mapping[str, object], plan_name: str) -> str:
         styles=repr(styles),
         fsdp_dims=repr(fsdp),
         keep=repr(sorted(p for p, m in modules.items() if m.get("reshard_after_forward") is False)),
+        held="".join(
+            f"    {json.dumps(name)}: ({', '.join(entry['held'])},),\n"
+            for name, entry in params.items()
+            if "held" in entry
+        ),
         unnamed=json.dumps(sorted(unnamed)),
         inputs="".join(
             f"    {json.dumps(name)}: ({', '.join(p)},),\n" for name, p in inputs.items()
