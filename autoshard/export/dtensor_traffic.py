@@ -150,7 +150,11 @@ def dtensor_traffic(held: Held, export: Mapping[str, Any]) -> DtensorTraffic:
         placements = _held(entry, names, tp, fsdp, dim)
         itemsize = dtypes.nbytes(held.graph.values[p.weight].dtype, 1)
         if "held" in entry:  # `_hold_as`: gathered to its read, the gradient scattered back
-            moved += _gathered(name, shape, itemsize, entry["held"], placements, sizes, data)
+            readers = 1 + sum(1 for n, first in held.tied.items() if first == name != n)
+            stored = zip(names, entry["placements"], strict=True)
+            read = [x if d == tp else "Replicate()" for d, x in stored]
+            for _ in range(readers):  # a tied parameter: each module holding it reads it
+                moved += _gathered(name, shape, itemsize, entry["held"], read, sizes, data)
             placements = entry["held"]
         if dim is not None:  # FSDP2's padded shard of the tensor-parallel shard
             tp_only = [

@@ -175,7 +175,7 @@ def choose_styles(held: Held) -> Styles:
     for p in held.params:
         rank = len(held.shapes[p.weight])
         have = _dims(zero.get(p.param, stored[p.param]), rank)
-        if p.param in direct:  # read as stored on tp: the rest is `_hold_as`'s
+        if held.tied.get(p.param, p.param) in direct:  # as stored on tp; the rest `_hold_as`'s
             have = tuple(tuple(a for a in axes if a == tp) for axes in have)
         need = _dims(used[p.param], rank)
         extra = _extra(have, need, tp)
@@ -233,22 +233,26 @@ def choose_styles(held: Held) -> Styles:
 def _zero(
     held: Held, stored: Mapping[str, Split], used: Mapping[str, Split], tp: int | None
 ) -> tuple[dict[str, Split], dict[str, Split]]:
-    """Where a training plan's ZeRO-1/2 optimizer states are held: the parameters it stores as
+    """Where a training plan's ZeRO-1/2 optimizer states are held (and the parameters split as
+    fully_shard cannot): the parameters it stores as
     used but whose state it splits further (their state's split, torch layout) that FSDP2
     holds, and those held as plain DTensors over the whole mesh (`direct`). fully_shard shards
     a module's parameters all, one more tensor dim over one mesh dim beside tp, inside the
-    rest: a module with a state split otherwise (over two mesh dims, on two tensor dims, on tp
-    beyond the read) or with parameters held whole beside split ones holds every parameter it
-    stores or updates split as a DTensor in its state's split (or its stored one), gathered
-    for the forward (`apply_plan`'s `_hold_as`)."""
+    rest: a module with a parameter or state split otherwise (over two mesh dims, on two tensor
+    dims, a state on tp beyond the read) or with parameters held whole beside split ones holds
+    every parameter it stores or updates split as a DTensor in its state's split (or its
+    stored one), gathered for the forward (`apply_plan`'s `_hold_as`)."""
     states: dict[str, Split] = {}
     further: dict[str, Split] = {}  # held further than read, beside tp: fully_shard's
     unfit = set()  # modules with a state split as fully_shard cannot hold it
     for p in held.params:
         rank = len(held.shapes[p.weight])
         need, have = _dims(used[p.param], rank), _dims(stored[p.param], rank)
-        if _extra(have, need, tp):
+        stored_extra = _extra(have, need, tp)
+        if stored_extra:
             further[p.param] = have
+            if len(stored_extra) > 1 or have[stored_extra[0][0]][-1] != stored_extra[0][1]:
+                unfit.add(p.param.rpartition(".")[0])
         strategy = held.strategies.get(p.weight)
         if strategy is None or "zero" not in strategy.strategy.split("+"):
             continue
@@ -273,7 +277,7 @@ def _zero(
         n: states.get(n, further.get(n, ()))
         for path in mixed
         for n in modules[path]
-        if (n in states or n in further) and n not in held.tied
+        if (n in states or n in further) and held.tied.get(n, n) == n
     }
     return {n: s for n, s in states.items() if n.rpartition(".")[0] not in mixed}, direct
 

@@ -277,8 +277,10 @@ def apply_plan(model: torch.nn.Module, mesh) -> torch.nn.Module:
     if TP_DIM is not None:
         tp = MESH_DIM_NAMES.index(TP_DIM)
         rest = {{n: (p[tp],) for n, p in PLACEMENTS.items() if n not in styled}}
-    else:  # FSDP alone gathers plain tensors: only the others are DTensors
-        rest = {{n: p for n, p in PLACEMENTS.items() if n not in styled | sharded}}
+    else:  # FSDP and `_hold_as` gather plain tensors (a tied one's too): the others DTensors
+        gathered = {{id(_lookup(model, n)[2]) for n in HELD_AS}}
+        rest = {{n: p for n, p in PLACEMENTS.items() if n not in styled | sharded
+                and id(_lookup(model, n)[2]) not in gathered}}
     _distribute(model, compute, rest)
     _vocab_parallel(model, styled=set(styles))
     _gather_strided(model)
@@ -330,16 +332,20 @@ def _hold_as(model, mesh, table):
     """Hold each parameter of `table` as a DTensor over the whole mesh in its placements; each
     forward of its module reads it as `apply_plan` would have (its placements on TP_DIM, or a
     plain tensor), gathered by `_Gathered`."""
-    views = {{}}
+    views, owners = {{}}, {{}}
+    for name, tensor in model.named_parameters(remove_duplicate=False):
+        path, _, leaf = name.rpartition(".")
+        owners.setdefault(id(tensor), []).append((model.get_submodule(path), leaf))
     for name, placements in table.items():
-        module, leaf, tensor = _lookup(model, name)
+        tensor = _lookup(model, name)[2]
         spread = isinstance(tensor, DTensor)
         view = (tensor.device_mesh, tuple(tensor.placements)) if spread else None
         held = distribute_tensor((tensor.full_tensor() if spread else tensor).detach(), mesh,
                                  placements)
-        grad = tensor.requires_grad
-        module.register_parameter(leaf, torch.nn.Parameter(held, requires_grad=grad))
-        views.setdefault(module, {{}})[leaf] = view
+        param = torch.nn.Parameter(held, requires_grad=tensor.requires_grad)
+        for module, leaf in owners[id(tensor)]:  # tied: every holder reads the one parameter
+            module.register_parameter(leaf, param)
+            views.setdefault(module, {{}})[leaf] = view
     for module, leaves in views.items():
         held = {{}}
         module.register_forward_pre_hook(functools.partial(_viewed, leaves, held))
@@ -369,8 +375,9 @@ class _Gathered(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if isinstance(grad, DTensor):
-            grad = grad.redistribute(*ctx.view).to_local()
+        if isinstance(grad, DTensor):  # a plain view's too, where DTensors met it
+            mesh, read = ctx.view or (grad.device_mesh, [Replicate()] * grad.device_mesh.ndim)
+            grad = grad.redistribute(mesh, read).to_local()
         mesh, names = ctx.mesh, ctx.mesh.mesh_dim_names
         summed = [n in DATA_DIMS and h != r for n, h, r in zip(names, ctx.held, ctx.read)]
         partial = [Partial() if s else r for s, r in zip(summed, ctx.read)]
