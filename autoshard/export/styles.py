@@ -44,6 +44,7 @@ class Style(enum.StrEnum):
 
 class Role(enum.Enum):
     LINEAR = "linear"  # the [out, in] weight of a Linear and its bias
+    IN_OUT = "in_out"  # an [in, out] weight read `x @ weight + bias` (GPT-2's Conv1D)
     EMBEDDING = "embedding"
     NORM = "norm"
     OTHER = "other"
@@ -60,6 +61,8 @@ class ModuleStyle:
     # ZeRO-1/2: every sharded parameter is held whole and only its optimizer state split, so
     # FSDP keeps it gathered from forward to backward (`reshard_after_forward=False`).
     zero: bool = False
+    # its weight is [in, out] (GPT-2's Conv1D): torch's Linear styles with the dims swapped
+    in_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ def _read(held: Held, p: ParamPlacement) -> _Read:
     if op.type in LINEAR_OPS and index == 1 and rank == 2:
         # torch's Linear holds [out, in]: a MatMul reads its transpose, a Gemm with transB.
         out_in = p.transposed if op.type == "MatMul" else bool(op.attr("transB", 0)) != p.transposed
-        role = Role.LINEAR if out_in else Role.OTHER
+        role = Role.LINEAR if out_in else Role.IN_OUT
     elif op.type in LINEAR_OPS | {"Add"} and rank == 1:
         role = Role.LINEAR  # a bias: its module decides
     elif op.type == "Gather" and index == 0 and rank == 2 and not p.transposed:
@@ -134,16 +137,21 @@ def _module_style(reads: Mapping[str, _Read], tp: int | None) -> tuple[Style, in
         if sequence is not None and sequence[1] == tp:
             return Style.SEQUENCE, sequence[0]
         return Style.REPLICATE, None
-    if weight is None or weight.role not in (Role.LINEAR, Role.EMBEDDING):
+    if weight is None or weight.role not in (Role.LINEAR, Role.IN_OUT, Role.EMBEDDING):
         return Style.DISTRIBUTE, None
     used = _dims(weight.used, 2)
     biases = {k: _dims(r.used, 1) for k, r in rest.items()}
     if set(biases) - {"bias"}:
         return Style.DISTRIBUTE, None
-    if used == ((tp,), ()) and all(b == ((tp,),) for b in biases.values()):
-        return (Style.COLWISE if weight.role is Role.LINEAR else Style.ROWWISE), None
-    if used == ((), (tp,)) and all(b == ((),) for b in biases.values()):
-        return (Style.ROWWISE if weight.role is Role.LINEAR else Style.COLWISE), None
+    # the weight's split of a column-parallel module (its output features), of a row-parallel
+    # one (its input features; an embedding's vocabulary)
+    col, row = ((tp,), ()), ((), (tp,))
+    if weight.role is not Role.LINEAR:
+        col, row = row, col
+    if used == col and all(b == ((tp,),) for b in biases.values()):
+        return Style.COLWISE, None
+    if used == row and all(b == ((),) for b in biases.values()):
+        return Style.ROWWISE, None
     return Style.DISTRIBUTE, None
 
 
@@ -221,7 +229,9 @@ def choose_styles(held: Held) -> Styles:
         if as_stored & set(names.values()):
             style, sequence_dim = Style.DISTRIBUTE, None
         kept = bool(sharded) and all(n in zero for n in names.values())
-        modules[path] = ModuleStyle(style, sequence_dim, sharded, kept)
+        weight = members.get("weight")
+        in_out = weight is not None and weight.role is Role.IN_OUT
+        modules[path] = ModuleStyle(style, sequence_dim, sharded, kept, in_out)
         for leaf, n in names.items():
             params[n] = str(style) + ("" if leaf not in sharded else "+zero" if kept else "+fsdp")
             if n in direct:
