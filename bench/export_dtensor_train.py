@@ -52,11 +52,11 @@ def _prepare(case: str, folder: Path) -> tuple[str, str, float]:
         return "mlp", optimizer, 1.0
     from tests.export.test_hf_models import build, export
 
-    name, recipe, mesh = hf.CASES[case]
+    name, recipe, mesh, optimizer, budget = hf.CASES[case]
     (folder / "model.onnx").write_bytes(export(build(name), "ts"))
-    plan_hf(folder, folder / "model.onnx", mesh, recipe, "sgd")
+    plan_hf(folder, folder / "model.onnx", mesh, recipe, optimizer, budget)
     export_case(folder, folder / "model.onnx")
-    return name, "sgd", HF_SCALE
+    return name, optimizer, HF_SCALE
 
 
 def main() -> int:

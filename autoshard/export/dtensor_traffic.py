@@ -290,7 +290,7 @@ def _lookups(
     names = list(sizes)
     moved = []
     for name, entry in export["parameters"].items():
-        if (entry["style"] != "distribute" and name not in held.tied) or tp is None:
+        if (entry["style"].split("+")[0] != "distribute" and name not in held.tied) or tp is None:
             continue  # styled (a tied parameter is distributed, not styled)
         placement = entry["placements"][names.index(tp)]
         if placement == "Replicate()":

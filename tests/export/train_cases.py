@@ -23,7 +23,6 @@ from autoshard.export import Target, export_plan
 STEPS = 3
 HF_SCALE = 0.01  # SGD at lr 5e-4 on the HF models: the summed logits' gradients are large
 RECIPES = ("dp", "zero", "fsdp", "tp-dp", "searched")
-SEARCH_BUDGET = "1.2MB"  # below the replicated footprints: the search splits weights
 
 
 def notes(written: Sequence[str]) -> dict[str, Any]:
@@ -45,13 +44,16 @@ def export_case(folder: Path, model: str | Path) -> dict[str, Any]:
     return exported.document
 
 
-def plan_hf(folder: Path, model: Path, mesh: str, recipe: str, optimizer: str) -> None:
-    """`folder/plan.json`: the training plan of `recipe` for `model` on `mesh` (see above)."""
+def plan_hf(
+    folder: Path, model: Path, mesh: str, recipe: str, optimizer: str, budget: str = ""
+) -> None:
+    """`folder/plan.json`: the training plan of `recipe` for `model` on `mesh` (see above; a
+    search's under `budget`)."""
     common = ["--mesh", mesh, "--mode", "training", "--precision", "fp32", "--optimizer",
               optimizer, "-q"]  # fmt: skip
     with contextlib.redirect_stdout(io.StringIO()):  # the plans' summaries
         if recipe == "searched":
-            argv = ["plan", str(model), *common, "--memory", SEARCH_BUDGET]
+            argv = ["plan", str(model), *common, "--memory", budget]
             assert main([*argv, "-o", str(folder / "plan.json")]) == 0, folder
             return
         assert main(["plan", str(model), *common, "-o", str(folder / "search.json")]) == 0
