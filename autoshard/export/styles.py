@@ -145,9 +145,8 @@ def _module_style(reads: Mapping[str, _Read], tp: int | None) -> tuple[Style, in
         return Style.DISTRIBUTE, None
     # the weight's split of a column-parallel module (its output features), of a row-parallel
     # one (its input features; an embedding's vocabulary)
-    col, row = ((tp,), ()), ((), (tp,))
-    if weight.role is not Role.LINEAR:
-        col, row = row, col
+    col: tuple[object, ...] = ((tp,), ()) if weight.role is Role.LINEAR else ((), (tp,))
+    row: tuple[object, ...] = ((), (tp,)) if weight.role is Role.LINEAR else ((tp,), ())
     if used == col and all(b == ((tp,),) for b in biases.values()):
         return Style.COLWISE, None
     if used == row and all(b == ((),) for b in biases.values()):
