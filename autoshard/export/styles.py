@@ -174,11 +174,7 @@ def choose_styles(held: Held) -> Styles:
     fsdp: dict[str, tuple[int, int]] = {}  # parameter -> (dim, axis) FSDP shards
     as_stored: set[str] = set()  # held on tp otherwise than read: distributed as held
     zero, direct = _zero(held, stored, used, tp)
-    zeroed = {
-        p.param
-        for p in held.params
-        if p.weight in held.strategies and "zero" in held.strategies[p.weight].strategy.split("+")
-    }
+    zeroed = _zeroed(held)
     for p in held.params:
         rank = len(held.shapes[p.weight])
         have = _dims(zero.get(p.param, stored[p.param]), rank)
@@ -289,6 +285,16 @@ def _zero(
         if (n in states or n in further) and held.tied.get(n, n) == n
     }
     return {n: s for n, s in states.items() if n.rpartition(".")[0] not in mixed}, direct
+
+
+def _zeroed(held: Held) -> set[str]:
+    """The parameters whose optimizer state a training plan splits further (ZeRO)."""
+    strategies = held.strategies
+    return {
+        p.param
+        for p in held.params
+        if p.weight in strategies and "zero" in strategies[p.weight].strategy.split("+")
+    }
 
 
 def _extra(have: Split, need: Split, tp: int | None) -> list[tuple[int, int]]:
