@@ -246,7 +246,8 @@ def _zero(
     rest: a module with a parameter or state split otherwise (over two mesh dims, on two tensor
     dims, a state on tp beyond the read) or with parameters held whole beside split ones holds
     every parameter it stores or updates split as a DTensor in its state's split (or its
-    stored one), gathered for the forward (`apply_plan`'s `_hold_as`)."""
+    stored one), gathered for the forward (`apply_plan`'s `_hold_as`). An inference plan's
+    weights so split fall back (`choose_styles`): DTensor reads them as stored."""
     states: dict[str, Split] = {}
     further: dict[str, Split] = {}  # held further than read, beside tp: fully_shard's
     unfit = set()  # modules with a state split as fully_shard cannot hold it
@@ -256,7 +257,8 @@ def _zero(
         stored_extra = _extra(have, need, tp)
         if stored_extra:
             further[p.param] = have
-            if len(stored_extra) > 1 or have[stored_extra[0][0]][-1] != stored_extra[0][1]:
+            odd = len(stored_extra) > 1 or have[stored_extra[0][0]][-1] != stored_extra[0][1]
+            if odd and held.strategies:  # an inference plan's falls back (DTensor reads it)
                 unfit.add(p.param.rpartition(".")[0])
         strategy = held.strategies.get(p.weight)
         if strategy is None or "zero" not in strategy.strategy.split("+"):
