@@ -60,11 +60,12 @@ CASES = {
         "2.weight=[[0], []]", "2.bias=[[0]]", *_WHOLE]),
 }  # fmt: skip
 STYLES = {
-    "dp": "replicate",
+    # the search splits the first Linear's momentum over both axes (held by `_hold_as`)
+    "dp": {"0.weight": "replicate+zero", "0.bias": "replicate+zero", "2.weight": "replicate"},
     "zero2": "replicate+zero",
     "fsdp": "replicate+fsdp",
     "megatron": {"0.weight": "colwise", "2.weight": "rowwise"},
-    "tp-fsdp": {"0.weight": "colwise+fsdp", "2.weight": "rowwise"},
+    "tp-fsdp": {"0.weight": "colwise+fsdp", "2.weight": "rowwise+zero"},
     "searched": {"0.weight": "colwise", "2.weight": "colwise"},
     "fsdp-2x2x2": "replicate+fsdp",
 }
