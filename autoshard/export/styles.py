@@ -238,19 +238,19 @@ def choose_styles(held: Held) -> Styles:
 def _zero(
     held: Held, stored: Mapping[str, Split], used: Mapping[str, Split], tp: int | None
 ) -> tuple[dict[str, Split], dict[str, Split]]:
-    """Where a training plan's ZeRO-1/2 optimizer states are held (and the parameters split as
-    fully_shard cannot): the parameters it stores as
-    used but whose state it splits further (their state's split, torch layout) that FSDP2
-    holds, and those held as plain DTensors over the whole mesh (`direct`). fully_shard shards
-    a module's parameters all, one more tensor dim over one mesh dim beside tp, inside the
-    rest: a module with a parameter or state split otherwise (over two mesh dims, on two tensor
-    dims, a state on tp beyond the read) or with parameters held whole beside split ones holds
-    every parameter it stores or updates split as a DTensor in its state's split (or its
-    stored one), gathered for the forward (`apply_plan`'s `_hold_as`). An inference plan's
-    weights so split fall back (`choose_styles`): DTensor reads them as stored."""
+    """Where a training plan's ZeRO-1/2 optimizer states (and its weights split as fully_shard
+    cannot) are held: the parameters it stores as used but whose state it splits further (their
+    state's split, torch layout) that FSDP2 holds, and those held as plain DTensors over the
+    whole mesh (`direct`). fully_shard shards a module's parameters all, one more tensor dim over
+    one mesh dim beside tp, inside the rest: a module with a parameter or state split otherwise
+    (over two mesh dims, on two tensor dims, a state on tp beyond the read) or with parameters
+    held whole beside split ones holds every parameter it stores or updates split as a DTensor
+    in its state's split (or its stored one), gathered for the forward (`apply_plan`'s
+    `_hold_as`). An inference plan's weights so split fall back (`choose_styles`): DTensor reads
+    them as stored."""
     states: dict[str, Split] = {}
     further: dict[str, Split] = {}  # held further than read, beside tp: fully_shard's
-    unfit = set()  # modules with a state split as fully_shard cannot hold it
+    unfit = set()  # modules with a weight or state split as fully_shard cannot hold it
     for p in held.params:
         rank = len(held.shapes[p.weight])
         need, have = _dims(used[p.param], rank), _dims(stored[p.param], rank)
