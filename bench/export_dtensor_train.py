@@ -36,51 +36,27 @@ def _prepare(case: str, folder: Path) -> tuple[str, str, float]:
     from autoshard.cli.main import main
     from tests.export import test_dtensor_train as mlp
     from tests.export import test_dtensor_train_hf as hf
+    from tests.export.train_cases import HF_SCALE, export_case, notes, plan_hf
 
     folder.mkdir(parents=True)
     if case.startswith("mlp-"):
         mesh, optimizer, flags, written = mlp.CASES[case.removeprefix("mlp-")]
         shutil.copy(mlp.MODELS / "mlp.onnx", folder / "model.onnx")
-        (folder / "notes.json").write_text(json.dumps(mlp._notes(written)))
+        (folder / "notes.json").write_text(json.dumps(notes(written)))
         argv = ["plan", str(folder / "model.onnx"), "--mesh", mesh, "--dim", f"batch={mlp.BATCH}",
                 "--mode", "training", "--precision", "fp32", "--optimizer", optimizer, *flags,
                 "--annotations", str(folder / "notes.json"), "-q",
                 "-o", str(folder / "plan.json")]  # fmt: skip
         assert main(argv) == 0, case
+        export_case(folder, folder / "model.onnx")
         return "mlp", optimizer, 1.0
     from tests.export.test_hf_models import build, export
 
-    name, recipe = hf.CASES[case]
+    name, recipe, mesh, optimizer, budget = hf.CASES[case]
     (folder / "model.onnx").write_bytes(export(build(name), "ts"))
-    argv = ["plan", str(folder / "model.onnx"), "--mesh", "dp=2,tp=2", "--mode", "training",
-            "--precision", "fp32", "--optimizer", "sgd", "--memory", "1.2MB", "--time-limit", "30",
-            "-q", "-o", str(folder / "search.json")]  # fmt: skip
-    assert main(argv) == 0, case
-    main(["explain", str(folder / "search.json"), "--model", str(folder / "model.onnx"),
-          "--why-not", recipe, "-o", str(folder / "plan.json")])  # fmt: skip
-    return name, "sgd", hf.SCALE
-
-
-def _worker(rank: int, folder: str, cases: dict[str, tuple[str, str, float]]) -> None:
-    import torch
-
-    from tests.export import test_dtensor_train as mlp
-    from tests.export import test_dtensor_train_hf as hf
-    from tests.export.test_hf_models import build
-    from tests.export.train_step import distributed, reference, worst
-
-    for case, (name, optimizer, scale) in cases.items():
-        path = Path(folder) / case
-        make = mlp.build if name == "mlp" else (lambda n=name: build(n))
-        data = mlp.batches() if name == "mlp" else hf.batches()
-        feed = "x" if name == "mlp" else "input_ids"
-        got, traffic, _ = distributed(path / "apply.py", make, data, optimizer, feed, scale)
-        want = reference(make(), data, optimizer, scale)
-        if rank == 0:
-            result = {"bytes": traffic.by_kind(), "error": max(worst(got, want).values()),
-                      "same_calls": traffic.calls() == traffic.debug_calls()}  # fmt: skip
-            (path / "result.json").write_text(json.dumps(result))
-        torch.distributed.barrier()
+    plan_hf(folder, folder / "model.onnx", mesh, recipe, optimizer, budget)
+    export_case(folder, folder / "model.onnx")
+    return name, optimizer, HF_SCALE
 
 
 def main() -> int:
@@ -92,34 +68,34 @@ def main() -> int:
     parser.add_argument("--cases", nargs="+", default=every, choices=every)
     args = parser.parse_args()
 
-    from autoshard.export import Target, export_plan
     from tests.export.gloo import run_on_ranks
+    from tests.export.train_cases import STEPS, train_worker
 
     print("| model, plan | mesh | phase | kind | plan's phase | export estimate | counted | "
           "rel err |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
-        prepared, sizes = {}, {}
+        prepared: dict[int, dict[str, tuple[str, str, float]]] = {}
         for case in args.cases:
             folder = Path(tmp) / case
             with contextlib.redirect_stdout(io.StringIO()):  # the plans' summaries
-                prepared[case] = _prepare(case, folder)
-            exported = export_plan(folder / "plan.json", Target.DTENSOR, str(folder / "model.onnx"))
-            (folder / "apply.py").write_bytes(exported.payload)
-            (folder / "export.json").write_text(json.dumps(exported.document))
-            shape = exported.document["mesh"]["shape"]
-            sizes.setdefault(len(shape), {})[case] = prepared[case]
-        for ndim, cases in sorted(sizes.items()):
-            run_on_ranks(_worker, 2**ndim, tmp, cases)
+                spec = _prepare(case, folder)
+            shape = json.loads((folder / "export.json").read_text())["mesh"]["shape"]
+            prepared.setdefault(len(shape), {})[case] = spec
+        for ndim, cases in sorted(prepared.items()):
+            run_on_ranks(train_worker, 2**ndim, tmp, cases)
         for case in args.cases:
-            _rows(case, Path(tmp) / case, mlp.STEPS)
+            _rows(case, Path(tmp) / case, STEPS)
     return 0
 
 
 def _rows(case: str, folder: Path, steps: int) -> None:
     export = json.loads((folder / "export.json").read_text())
     plan = json.loads((folder / "plan.json").read_text())
-    result = json.loads((folder / "result.json").read_text())
+    import torch
+
+    result = torch.load(folder / "rank0.pt")
+    error = max(result["errors"].values())
     estimate, counted = export["traffic"]["bytes_per_device"], result["bytes"]
     mesh = "x".join(map(str, export["mesh"]["shape"]))
     for phase in ("forward", "backward", "gradient_sync", "optimizer"):
@@ -130,7 +106,7 @@ def _rows(case: str, folder: Path, steps: int) -> None:
             got = counted.get(phase, {}).get(kind, 0) // steps
             mark = "" if want == got else " (differs)"
             print(f"| {case} | {mesh} | {phase} | {kind} | {planned} | {want} | {got}{mark} | "
-                  f"{result['error']:.1e} |")  # fmt: skip
+                  f"{error:.1e} |")  # fmt: skip
             planned = ""  # once per phase
     if export["traffic"]["unmodeled"]:
         print(f"| {case} | {mesh} | not modeled: {'; '.join(export['traffic']['unmodeled'])} |")

@@ -53,7 +53,8 @@ def export_document(
     """Export a plan document made from the ONNX model at `model` to `target`."""
     held = held_params(document, model, checkpoint, f"plan {source}")
     if target is Target.DTENSOR:
-        from autoshard.export.to_dtensor import dtensor_export, dtensor_module
+        from autoshard.export.dtensor_module import dtensor_module
+        from autoshard.export.to_dtensor import dtensor_export
 
         exported = dtensor_export(held)
         return Exported(target, exported, dtensor_module(exported, source).encode())

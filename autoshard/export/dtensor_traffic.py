@@ -7,7 +7,8 @@ styles, FSDP2 and `sync_gradients` issue, which is not the plan's list of collec
     forward        all_gather of a module's flat parameter shards     each fully_shard module
                    all_reduce of a rowwise Linear's output (tp)       each rowwise Linear
                    all_gather of a colwise Linear's input (tp)        when a column split made it
-                   all_reduce of a vocabulary-split lookup (tp)       each such nn.Embedding
+                   all_reduce of a vocabulary-split lookup (tp)       each such nn.Embedding,
+                                                                      styled rowwise or not
     backward       all_gather again (reshard_after_forward=True)      each fully_shard module
                                                                       but ZeRO-1/2's
                    reduce_scatter of the module's flat gradient       each fully_shard module
@@ -17,8 +18,14 @@ styles, FSDP2 and `sync_gradients` issue, which is not the plan's list of collec
                    a rowwise Linear's input gradient all_gathered     when it was sliced from a
                    (tp)                                               whole input
     gradient_sync  all_reduce of a gradient over the data dims it     each parameter
-                   is held whole on (one flattened group)
+                   is held whole on (one flattened group); a
+                   rowwise nn.Embedding's whole: torch's lookup
+                   backward gives its gradient whole
     optimizer      nothing: each rank updates the shard it holds
+
+A parameter `apply_plan` holds over the whole mesh in its ZeRO state's placements (`held`:
+split as fully_shard cannot) is all-gathered to its read on each mesh dim where they differ in
+forward, and its gradient reduce-scattered on those of them that split the batch in backward.
 
 Where an activation comes from (`_sources`) decides: the model's inputs and constants (no
 gradient), the same with a trained weight (held whole, a gradient), column-split Linears'
@@ -145,6 +152,13 @@ def dtensor_traffic(held: Held, export: Mapping[str, Any]) -> DtensorTraffic:
             dim = None
         placements = _held(entry, names, tp, fsdp, dim)
         itemsize = dtypes.nbytes(held.graph.values[p.weight].dtype, 1)
+        if "held" in entry:  # `_hold_as`: gathered to its read, the gradient scattered back
+            readers = 1 + sum(1 for n, first in held.tied.items() if first == name != n)
+            stored = zip(names, entry["placements"], strict=True)
+            read = [x if d == tp else "Replicate()" for d, x in stored]
+            for _ in range(readers):  # a tied parameter: each module holding it reads it
+                moved += _gathered(name, shape, itemsize, entry["held"], read, sizes, data)
+            placements = entry["held"]
         if dim is not None:  # FSDP2's padded shard of the tensor-parallel shard
             tp_only = [
                 x if d == tp else "Replicate()" for d, x in zip(names, placements, strict=True)
@@ -155,6 +169,10 @@ def dtensor_traffic(held: Held, export: Mapping[str, Any]) -> DtensorTraffic:
         whole = tuple(
             d for d, x in zip(names, placements, strict=True) if d in data and x == "Replicate()"
         )
+        if name not in held.tied and _table_rowwise(
+            held, parallel["modules"].get(path, {}), p.weight
+        ):
+            placements = ["Replicate()"] * len(names)  # torch gives its gradient whole
         if whole:
             local = math.prod(_local(shape, placements, list(sizes.values()))) * itemsize
             sent = ring_bytes(ALL_REDUCE, math.prod(sizes[d] for d in whole), local)
@@ -171,6 +189,41 @@ def dtensor_traffic(held: Held, export: Mapping[str, Any]) -> DtensorTraffic:
     return DtensorTraffic(tuple(moved), tuple(unmodeled))
 
 
+def _table_rowwise(held: Held, module: Mapping[str, Any], weight: str) -> bool:
+    """An embedding table under torch's RowwiseParallel (split on its vocabulary): DTensor's
+    lookup backward gives the table's gradient whole on every rank of tp."""
+    lookups = [o for o in held.graph.consumers(weight) if o.type == "Gather"]
+    return module.get("style") == "rowwise" and bool(lookups) and lookups[0].inputs[0] == weight
+
+
+def _gathered(
+    name: str,
+    shape: Sequence[int],
+    itemsize: int,
+    held: Sequence[str],
+    read: Sequence[str],
+    sizes: Mapping[str, int],
+    data: Sequence[str],
+) -> list[Moved]:
+    """A parameter held over the whole mesh as `held` and read as `read`: all-gathered on each
+    mesh dim where they differ in forward, its gradient reduce-scattered in backward on those of
+    them that split the batch (the others: a slice)."""
+    n = list(sizes.values())
+    local = math.prod(_local(shape, held, n)) * itemsize
+    moved = []
+    differ = [d for d, h, r in zip(sizes, held, read, strict=True) if h != r]
+    for d in differ:
+        moved.append(
+            Moved("forward", ALL_GATHER, (d,), name, ring_bytes(ALL_GATHER, sizes[d], local))
+        )
+        local *= sizes[d]
+    for d in (d for d in differ if d in data):
+        sent = ring_bytes(REDUCE_SCATTER, sizes[d], local)
+        moved.append(Moved("backward", REDUCE_SCATTER, (d,), name, sent))
+        local //= sizes[d]
+    return moved
+
+
 def _activations(
     held: Held,
     export: Mapping[str, Any],
@@ -183,19 +236,25 @@ def _activations(
     groups = math.prod(sizes[d] for d in data)
     graph, by_param = held.graph, {p.param: p for p in held.params}
     linears: dict[str, tuple[str, str]] = {}  # the op of a styled Linear -> (module, style)
+    n, axes = (sizes[tp] if tp is not None else 1), (tp,)
+    moved = []
     for path, module in export["parallelize"]["modules"].items():
         style = module["style"]
         if style not in ("colwise", "rowwise", "sequence") or f"{path}.weight" in held.tied:
             continue  # no style, or a tied module's (distributed, not styled)
         weight = by_param[f"{path}.weight" if path else "weight"]
+        lookup = [o for o in graph.consumers(weight.weight) if o.type == "Gather"]
+        if style == "rowwise" and lookup and lookup[0].inputs[0] == weight.weight:
+            # a vocabulary split: each rank's rows looked up, the output summed
+            out = graph.values[lookup[0].outputs[0]].nbytes // groups
+            moved.append(Moved("forward", ALL_REDUCE, axes, path, ring_bytes(ALL_REDUCE, n, out)))
+            continue
         op = next((o for o in graph.consumers(weight.weight) if o.type in LINEAR_OPS), None)
         if style == "sequence" or op is None or op.inputs[1] != weight.weight:
             unmodeled.append(f"{path}: a {style} {op.type if op else 'module'}'s activations")
             continue
         linears[op.name] = (path, style)
-    n, axes = (sizes[tp] if tp is not None else 1), (tp,)
     sources = _sources(graph, linears, frozenset(held.strategies))
-    moved = []
     for name, (path, style) in linears.items():
         op = graph.op_by_name[name]
         whole = graph.values[op.inputs[0]].nbytes // groups  # the rank's examples, whole on tp
@@ -231,8 +290,8 @@ def _lookups(
     names = list(sizes)
     moved = []
     for name, entry in export["parameters"].items():
-        if entry["style"] != "distribute" or tp is None:
-            continue
+        if (entry["style"].split("+")[0] != "distribute" and name not in held.tied) or tp is None:
+            continue  # styled (a tied parameter is distributed, not styled)
         placement = entry["placements"][names.index(tp)]
         if placement == "Replicate()":
             continue
@@ -242,7 +301,8 @@ def _lookups(
             out = held.graph.values[readers[0].outputs[0]].nbytes // groups
             sent = ring_bytes(ALL_REDUCE, sizes[tp], out)
             moved.append(Moved("forward", ALL_REDUCE, (tp,), f"{name} lookup", sent))
-        else:
+        elif name not in held.tied:  # a tied LM head's split output: summed where it meets
+            # the other partial gradients (a colwise Linear's input), as Megatron's
             unmodeled.append(f"{name}: distributed {placement} on {tp}, DTensor's moves")
     return moved
 

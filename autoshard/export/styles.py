@@ -44,6 +44,7 @@ class Style(enum.StrEnum):
 
 class Role(enum.Enum):
     LINEAR = "linear"  # the [out, in] weight of a Linear and its bias
+    IN_OUT = "in_out"  # an [in, out] weight read `x @ weight + bias` (GPT-2's Conv1D)
     EMBEDDING = "embedding"
     NORM = "norm"
     OTHER = "other"
@@ -60,6 +61,8 @@ class ModuleStyle:
     # ZeRO-1/2: every sharded parameter is held whole and only its optimizer state split, so
     # FSDP keeps it gathered from forward to backward (`reshard_after_forward=False`).
     zero: bool = False
+    # its weight is [in, out] (GPT-2's Conv1D): torch's Linear styles with the dims swapped
+    in_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,9 @@ class Styles:
     params: Mapping[str, str]  # parameter -> its style, `colwise+fsdp`, `distribute`, ...
     used: Mapping[str, Split]  # parameter -> its used split (torch layout)
     fallback: str | None = None
-    whole_state: tuple[str, ...] = ()  # modules whose ZeRO-split state torch keeps whole
+    # parameter -> the split (torch layout) it is held in as a DTensor over the whole mesh,
+    # its ZeRO state's (or, beside one, its stored split): gathered for the forward.
+    direct: Mapping[str, Split] = field(default_factory=dict)
 
 
 def _axes(split: Split) -> set[int]:
@@ -105,7 +110,7 @@ def _read(held: Held, p: ParamPlacement) -> _Read:
     if op.type in LINEAR_OPS and index == 1 and rank == 2:
         # torch's Linear holds [out, in]: a MatMul reads its transpose, a Gemm with transB.
         out_in = p.transposed if op.type == "MatMul" else bool(op.attr("transB", 0)) != p.transposed
-        role = Role.LINEAR if out_in else Role.OTHER
+        role = Role.LINEAR if out_in else Role.IN_OUT
     elif op.type in LINEAR_OPS | {"Add"} and rank == 1:
         role = Role.LINEAR  # a bias: its module decides
     elif op.type == "Gather" and index == 0 and rank == 2 and not p.transposed:
@@ -132,16 +137,20 @@ def _module_style(reads: Mapping[str, _Read], tp: int | None) -> tuple[Style, in
         if sequence is not None and sequence[1] == tp:
             return Style.SEQUENCE, sequence[0]
         return Style.REPLICATE, None
-    if weight is None or weight.role not in (Role.LINEAR, Role.EMBEDDING):
+    if weight is None or weight.role not in (Role.LINEAR, Role.IN_OUT, Role.EMBEDDING):
         return Style.DISTRIBUTE, None
     used = _dims(weight.used, 2)
     biases = {k: _dims(r.used, 1) for k, r in rest.items()}
     if set(biases) - {"bias"}:
         return Style.DISTRIBUTE, None
-    if used == ((tp,), ()) and all(b == ((tp,),) for b in biases.values()):
-        return (Style.COLWISE if weight.role is Role.LINEAR else Style.ROWWISE), None
-    if used == ((), (tp,)) and all(b == ((),) for b in biases.values()):
-        return (Style.ROWWISE if weight.role is Role.LINEAR else Style.COLWISE), None
+    # the weight's split of a column-parallel module (its output features), of a row-parallel
+    # one (its input features; an embedding's vocabulary)
+    col: tuple[object, ...] = ((tp,), ()) if weight.role is Role.LINEAR else ((), (tp,))
+    row: tuple[object, ...] = ((), (tp,)) if weight.role is Role.LINEAR else ((tp,), ())
+    if used == col and all(b == ((tp,),) for b in biases.values()):
+        return Style.COLWISE, None
+    if used == row and all(b == ((),) for b in biases.values()):
+        return Style.ROWWISE, None
     return Style.DISTRIBUTE, None
 
 
@@ -164,10 +173,13 @@ def choose_styles(held: Held) -> Styles:
     tp = next(iter(tp_axes), None)
     fsdp: dict[str, tuple[int, int]] = {}  # parameter -> (dim, axis) FSDP shards
     as_stored: set[str] = set()  # held on tp otherwise than read: distributed as held
-    zero, mixed = _zero(held, stored, used, tp)
+    zero, direct = _zero(held, stored, used, tp)
+    zeroed = _zeroed(held)
     for p in held.params:
         rank = len(held.shapes[p.weight])
         have = _dims(zero.get(p.param, stored[p.param]), rank)
+        if held.tied.get(p.param, p.param) in direct:  # as stored on tp; the rest `_hold_as`'s
+            have = tuple(tuple(a for a in axes if a == tp) for axes in have)
         need = _dims(used[p.param], rank)
         extra = _extra(have, need, tp)
         if len(extra) > 1 or (extra and have[extra[0][0]][-1] != extra[0][1]):
@@ -212,49 +224,79 @@ def choose_styles(held: Held) -> Styles:
         if as_stored & set(names.values()):
             style, sequence_dim = Style.DISTRIBUTE, None
         kept = bool(sharded) and all(n in zero for n in names.values())
-        modules[path] = ModuleStyle(style, sequence_dim, sharded, kept)
+        weight = members.get("weight")
+        in_out = weight is not None and weight.role is Role.IN_OUT
+        modules[path] = ModuleStyle(style, sequence_dim, sharded, kept, in_out)
         for leaf, n in names.items():
             params[n] = str(style) + ("" if leaf not in sharded else "+zero" if kept else "+fsdp")
+            if n in direct:
+                params[n] = str(style) + ("+zero" if n in zeroed else "+fsdp")
     fsdp_axis = next(iter(fsdp_axes), None)
-    return Styles(tp, fsdp_axis, modules, params, used, whole_state=tuple(mixed))
+    return Styles(tp, fsdp_axis, modules, params, used, direct=direct)
 
 
 def _zero(
     held: Held, stored: Mapping[str, Split], used: Mapping[str, Split], tp: int | None
-) -> tuple[dict[str, Split], list[str]]:
-    """The parameters a training plan stores as used but whose optimizer state it splits
-    further on a mesh dim other than tp (ZeRO-1/2): their state's split (torch layout), which
-    FSDP2 holds them in. fully_shard shards a module's parameters all, one more tensor dim over
-    one mesh dim: a module where others are held whole, or a state is split otherwise, keeps
-    its states whole (the second list)."""
-    found: dict[str, Split] = {}
-    further = set()  # held further than read, beside tp: fully_shard's
-    unfit = set()  # modules with a state split as fully_shard cannot hold it
+) -> tuple[dict[str, Split], dict[str, Split]]:
+    """Where a training plan's ZeRO-1/2 optimizer states (and its weights split as fully_shard
+    cannot) are held: the parameters it stores as used but whose state it splits further (their
+    state's split, torch layout) that FSDP2 holds, and those held as plain DTensors over the
+    whole mesh (`direct`). fully_shard shards a module's parameters all, one more tensor dim over
+    one mesh dim beside tp, inside the rest: a module with a parameter or state split otherwise
+    (over two mesh dims, on two tensor dims, a state on tp beyond the read) or with parameters
+    held whole beside split ones holds every parameter it stores or updates split as a DTensor
+    in its state's split (or its stored one), gathered for the forward (`apply_plan`'s
+    `_hold_as`). An inference plan's weights so split fall back (`choose_styles`): DTensor reads
+    them as stored."""
+    states: dict[str, Split] = {}
+    further: dict[str, Split] = {}  # held further than read, beside tp: fully_shard's
+    unfit = set()  # modules with a weight or state split as fully_shard cannot hold it
     for p in held.params:
         rank = len(held.shapes[p.weight])
-        need = _dims(used[p.param], rank)
-        if _extra(_dims(stored[p.param], rank), need, tp):
-            further.add(p.param)
+        need, have = _dims(used[p.param], rank), _dims(stored[p.param], rank)
+        stored_extra = _extra(have, need, tp)
+        if stored_extra:
+            further[p.param] = have
+            odd = len(stored_extra) > 1 or have[stored_extra[0][0]][-1] != stored_extra[0][1]
+            if odd and held.strategies:  # an inference plan's falls back (DTensor reads it)
+                unfit.add(p.param.rpartition(".")[0])
         strategy = held.strategies.get(p.weight)
         if strategy is None or "zero" not in strategy.strategy.split("+"):
             continue
         state = _dims(torch_layout(Sharding.parse(strategy.state).split_axes, p.transposed), rank)
         extra = _extra(state, need, tp)
-        # fully_shard splits one more dim over one mesh dim, inside the rest
-        if len(extra) == 1 and state[extra[0][0]][-1] == extra[0][1]:
-            found[p.param] = state
-        elif extra:
+        on_tp = tp is not None and any(tp in state[d] and tp not in need[d] for d in range(rank))
+        if not extra and not on_tp:
+            continue
+        states[p.param] = state
+        if on_tp or len(extra) > 1 or state[extra[0][0]][-1] != extra[0][1]:
             unfit.add(p.param.rpartition(".")[0])
     modules: dict[str, list[str]] = {}
     for p in held.params:
         modules.setdefault(p.param.rpartition(".")[0], []).append(p.param)
-    mixed = sorted(
+    mixed = {
         path
         for path, names in modules.items()
         if path in unfit
-        or (any(n in found for n in names) and not all(n in found or n in further for n in names))
-    )
-    return {n: s for n, s in found.items() if n.rpartition(".")[0] not in mixed}, mixed
+        or (any(n in states for n in names) and not all(n in states or n in further for n in names))
+    }
+    direct = {
+        n: states.get(n, further.get(n, ()))
+        for path in mixed
+        for n in modules[path]
+        if (n in states or n in further) and held.tied.get(n, n) == n
+    }
+    return {n: s for n, s in states.items() if n.rpartition(".")[0] not in mixed}, direct
+
+
+def _zeroed(held: Held) -> set[str]:
+    """The parameters whose optimizer state a training plan splits further (ZeRO)."""
+    strategies = held.strategies
+    return {
+        p.param
+        for p in held.params
+        if p.weight in strategies and "zero" in strategies[p.weight].strategy.split("+")
+    }
 
 
 def _extra(have: Split, need: Split, tp: int | None) -> list[tuple[int, int]]:

@@ -6,7 +6,7 @@ reads them, or whose optimizer state it splits: ZeRO-2; Megatron's styles on tp;
 (loss, every gradient, every updated weight, rel 1e-5, after steps 1 and 3). While it trains,
 every collective torch issues is counted per phase and kind (`traffic.Traffic`, CommDebugMode
 beside it) and must be, byte for byte, the export's estimate (`traffic` of the export document).
-The 2x2 plans share one start of 4 ranks, the 2x2x2 one a start of 8."""
+The 2x2 plans share one start of 4 ranks, the 2x2x2 one a start of 8 (`train_cases`)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from autoshard.cli.main import main
-from autoshard.export import Target, export_plan
 from tests.export.gloo import run_on_ranks
 from tests.export.traffic import mismatches
+from tests.export.train_cases import STEPS, export_case, notes, train_worker
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.tensor")
@@ -60,50 +60,16 @@ CASES = {
         "2.weight=[[0], []]", "2.bias=[[0]]", *_WHOLE]),
 }  # fmt: skip
 STYLES = {
-    "dp": "replicate",
+    # the search splits the first Linear's momentum over both axes (held by `_hold_as`)
+    "dp": {"0.weight": "replicate+zero", "0.bias": "replicate+zero", "2.weight": "replicate"},
     "zero2": "replicate+zero",
     "fsdp": "replicate+fsdp",
     "megatron": {"0.weight": "colwise", "2.weight": "rowwise"},
-    "tp-fsdp": {"0.weight": "colwise+fsdp", "2.weight": "rowwise"},
+    "tp-fsdp": {"0.weight": "colwise+fsdp", "2.weight": "rowwise+zero"},
     "searched": {"0.weight": "colwise", "2.weight": "colwise"},
     "fsdp-2x2x2": "replicate+fsdp",
 }
-BATCH, STEPS = 8, 3
-
-
-def _notes(written: list[str]) -> dict:
-    notes = []
-    for note in written:
-        users = note.endswith("@users")
-        value, _, sharding = note.removesuffix("@users").partition("=")
-        notes.append({"value": value, "sharding": sharding, "required": True,
-                      "for": "users" if users else "result"})  # fmt: skip
-    return {"annotations": notes}
-
-
-def build():
-    """The torch module models/mlp.onnx was exported from, seeded: the same in every rank."""
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
-
-
-def batches():
-    generator = torch.Generator().manual_seed(1)
-    return [torch.randn(BATCH, 64, generator=generator) for _ in range(STEPS)]
-
-
-def _worker(rank: int, folder: str, cases: list[str]) -> None:
-    from tests.export.train_step import distributed, reference, worst
-
-    for case in cases:
-        path = Path(folder) / case
-        got, traffic, _ = distributed(path / "apply.py", build, batches(), CASES[case][1], "x")
-        want = reference(build(), batches(), CASES[case][1])
-        torch.save(
-            {"errors": worst(got, want), "bytes": traffic.by_kind(), "calls": traffic.calls(),
-             "debug": traffic.debug_calls()},
-            path / f"rank{rank}.pt",
-        )  # fmt: skip
+BATCH = 8  # train_cases.batches("mlp")
 
 
 @pytest.fixture(scope="module")
@@ -114,18 +80,16 @@ def trained(tmp_path_factory) -> Path:
         path = folder / case
         path.mkdir()
         shutil.copy(MODELS / "mlp.onnx", path)
-        (path / "notes.json").write_text(json.dumps(_notes(written)))
+        (path / "notes.json").write_text(json.dumps(notes(written)))
         argv = ["plan", str(path / "mlp.onnx"), "--mesh", mesh, "--dim", f"batch={BATCH}",
                 "--mode", "training", "--precision", "fp32", "--optimizer", optimizer, *flags,
                 "--annotations", str(path / "notes.json"), "-q",
                 "-o", str(path / "plan.json")]  # fmt: skip
         assert main(argv) == 0, case
-        exported = export_plan(path / "plan.json", Target.DTENSOR)
-        (path / "apply.py").write_bytes(exported.payload)
-        (path / "export.json").write_text(json.dumps(exported.document))
-    square = [c for c, v in CASES.items() if v[0].count("=") == 2]
-    run_on_ranks(_worker, 4, str(folder), square)
-    run_on_ranks(_worker, 8, str(folder), [c for c in CASES if c not in square])
+        export_case(path, path / "mlp.onnx")
+    for ranks in (4, 8):
+        cases = {c: ("mlp", v[1], 1.0) for c, v in CASES.items() if _ranks(c) == ranks}
+        run_on_ranks(train_worker, ranks, str(folder), cases)
     return folder
 
 

@@ -42,9 +42,9 @@ BATCH, SEQ = 4, 16
 # replicated plan needs, so the plan splits weights. Each search proves its optimum well
 # inside the default --time-limit (60 s), so the plan is the same on a loaded machine (a
 # shorter limit once returned another plan there, whose export computed wrong logits).
-# Llama's 2x2 training optimum splits a ZeRO state on tp as well, which the export does not
-# hold yet (`styles._zero` distributes it over dp alone): its placements test is a strict
-# xfail until it does. One plan
+# Llama's 2x2 training optimum splits a ZeRO state on dp and tp, on two tensor dims, as
+# fully_shard cannot: `apply_plan` holds that parameter as a DTensor in its state's
+# placements over the whole mesh (`_hold_as`). One plan
 # is made to split Llama's token embedding over both mesh axes, tp-major (which DTensor's own
 # embedding rule cannot look up): an annotation, no budget (a quick solve). Another splits the
 # first query projection's outputs over both axes, tp-major (`_StridedShard` rows, which DTensor's
@@ -82,12 +82,6 @@ PARAMS = [
     pytest.param(case, marks=pytest.mark.skipif(case not in RUN, reason="needs onnxscript"))
     for case in CASES
 ]
-ZERO_TP = "llama-2x2-training"  # a ZeRO state split on tp too: held over dp alone (above)
-HELD_PARAMS = [
-    pytest.param(case, marks=pytest.mark.xfail(strict=True, reason="ZeRO state's tp split"))
-    if case == ZERO_TP else param
-    for case, param in zip(CASES, PARAMS, strict=True)
-]  # fmt: skip
 
 
 class Logits(torch.nn.Module):
@@ -234,7 +228,7 @@ def runs(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("case", HELD_PARAMS)
+@pytest.mark.parametrize("case", PARAMS)
 def test_forward_matches_and_placements_are_the_plans(runs, case):
     path = runs / case
     export = json.loads((path / "export.json").read_text())
@@ -282,6 +276,9 @@ def test_forward_matches_and_placements_are_the_plans(runs, case):
         want = ["_StridedShard(0, split_factor=2)", "Shard(0)"]
         assert planned["lm.model.embed_tokens.weight"] == want
         assert result["masked"] == {"lm.model.embed_tokens": True}
+    if case == "llama-2x2-training":  # a state over both axes on two dims: held as it
+        held_over_both = [e["held"] for e in export["parameters"].values() if "held" in e]
+        assert ["Shard(1)", "Shard(0)"] in held_over_both, held_over_both
     if case == "llama-2x2-strided":
         want = ["_StridedShard(0, split_factor=2)", "Shard(0)"]
         assert planned["lm.model.layers.0.self_attn.q_proj.weight"] == want

@@ -1,0 +1,126 @@
+"""What the tests and bench/export_dtensor_train.py that train a DTensor export share: the
+plan of a case, its export, and one start of gloo ranks training many cases, each rank's result
+saved beside its case (`rank{N}.pt`: the largest errors against one process, the bytes counted
+per phase and kind, our and CommDebugMode's calls). torch is imported inside.
+
+A Hugging Face case is planned for a standard recipe (`search.recipes`, pinned by `explain
+--why-not`), with every weight read as the recipe holds it (dp, tp-dp) or whole (zero, fsdp:
+the weights gathered for their readers, as DDP, ZeRO and FSDP run), or by the search alone under
+a memory budget (`searched`)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autoshard.cli.main import main
+from autoshard.export import Target, export_plan
+
+STEPS = 3
+HF_SCALE = 0.01  # SGD at lr 5e-4 on the HF models: the summed logits' gradients are large
+RECIPES = ("dp", "zero", "fsdp", "tp-dp", "searched")
+
+
+def notes(written: Sequence[str]) -> dict[str, Any]:
+    """An annotations file of `value=sharding` lines, `@users` for how readers read it."""
+    found = []
+    for note in written:
+        users = note.endswith("@users")
+        value, _, sharding = note.removesuffix("@users").partition("=")
+        found.append({"value": value, "sharding": sharding, "required": True,
+                      "for": "users" if users else "result"})  # fmt: skip
+    return {"annotations": found}
+
+
+def export_case(folder: Path, model: str | Path) -> dict[str, Any]:
+    """Export `folder/plan.json` to DTensor: `apply.py` and `export.json` beside it."""
+    exported = export_plan(folder / "plan.json", Target.DTENSOR, str(model))
+    (folder / "apply.py").write_bytes(exported.payload)
+    (folder / "export.json").write_text(json.dumps(exported.document))
+    return exported.document
+
+
+def plan_hf(
+    folder: Path, model: Path, mesh: str, recipe: str, optimizer: str, budget: str = ""
+) -> None:
+    """`folder/plan.json`: the training plan of `recipe` for `model` on `mesh` (see above; a
+    search's under `budget`)."""
+    common = ["--mesh", mesh, "--mode", "training", "--precision", "fp32", "--optimizer",
+              optimizer, "-q"]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):  # the plans' summaries
+        if recipe == "searched":
+            argv = ["plan", str(model), *common, "--memory", budget]
+            assert main([*argv, "-o", str(folder / "plan.json")]) == 0, folder
+            return
+        assert main(["plan", str(model), *common, "-o", str(folder / "search.json")]) == 0
+        main(["explain", str(folder / "search.json"), "--model", str(model), "--why-not", recipe,
+              "-o", str(folder / "recipe.json")])  # fmt: skip
+        pinned = json.loads((folder / "recipe.json").read_text())["search"]["annotations"]
+        read = {a["value"] for a in pinned if a["for"] == "users"}
+        as_held = recipe in ("dp", "tp-dp")
+        reads = [
+            {**a, "for": "users", "sharding": a["sharding"] if as_held else "[]"}
+            for a in pinned
+            if a["for"] == "result" and not a["value"].endswith("@state") and a["value"] not in read
+        ]
+        (folder / "notes.json").write_text(json.dumps({"annotations": pinned + reads}))
+        argv = ["plan", str(model), *common, "--annotations", str(folder / "notes.json")]
+        assert main([*argv, "-o", str(folder / "plan.json")]) == 0, folder
+
+
+def build(name: str) -> Any:
+    """A fresh torch module of `name` (`mlp`: the one models/mlp.onnx came from; `gpt2`,
+    `llama`: test_hf_models'), the same in every process."""
+    import torch
+
+    if name == "mlp":
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)
+        )
+    from tests.export.test_hf_models import build as build_hf
+
+    return build_hf(name)
+
+
+def batches(name: str) -> list[Any]:
+    """The `STEPS` batches a case of model `name` trains on (its input's name: `feed`)."""
+    import torch
+
+    if name == "mlp":
+        generator = torch.Generator().manual_seed(1)
+        return [torch.randn(8, 64, generator=generator) for _ in range(STEPS)]
+    from tests.export.test_hf_models import BATCH, SEQ, VOCAB
+
+    generator = torch.Generator().manual_seed(2)
+    return [torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator) for _ in range(STEPS)]
+
+
+def feed(name: str) -> str:
+    return "x" if name == "mlp" else "input_ids"
+
+
+def train_worker(rank: int, folder: str, cases: dict[str, tuple[str, str, float]]) -> None:
+    """On one gloo rank, train each case (its folder under `folder` -> model, optimizer,
+    learning-rate scale) by its `apply.py` and in one process; save `rank{rank}.pt`."""
+    import torch
+
+    from tests.export.train_step import distributed, reference, worst
+
+    for case, (name, optimizer, scale) in cases.items():
+        path = Path(folder) / case
+        got, traffic, _ = distributed(
+            path / "apply.py", lambda n=name: build(n), batches(name), optimizer, feed(name), scale
+        )
+        want = reference(build(name), batches(name), optimizer, scale)
+        torch.save(
+            {"errors": worst(got, want), "bytes": traffic.by_kind(), "calls": traffic.calls(),
+             "debug": traffic.debug_calls(),
+             "ops": {p: dict(c) for p, c in traffic.seen.items()},
+             "debug_ops": {p: dict(c) for p, c in traffic.debug.items()}},
+            path / f"rank{rank}.pt",
+        )  # fmt: skip
