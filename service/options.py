@@ -38,8 +38,10 @@ from autoshard.training.options import (
     OPTIONS,
     RECOMPUTE_CHOICES,
     Attention,
+    Loss,
     Optimizer,
     Precision,
+    Recompute,
     requested,
 )
 
@@ -89,13 +91,25 @@ FORM_SCHEMA: dict[str, Any] = {
                       "default": _TRAINING.precision, "description": "training"},
         "micro_batches": {"type": "integer", "default": _TRAINING.micro_batches,
                           "description": "training: forward and backward N times per sync"},
-        "recompute": {"type": "string", "pattern": "^(none|selective|auto|layers(:[1-9][0-9]*)?)$",
+        "recompute": {"type": "string",
+                      "pattern": f"^({'|'.join(_choices(Recompute))})$|^layers:[1-9][0-9]*$",
                       "default": _TRAINING.recompute,
                       "description": "training: what the backward recomputes: "
                                      + RECOMPUTE_CHOICES + " (default: the search decides)"},
         "attention": {"type": "string", "enum": _choices(Attention),
                       "description": "training: fused (default on GPU presets: flash-attention "
                                      "kernels, no SxS scores kept) or as-exported (op by op)"},
+        "loss": {"type": "string", "enum": _choices(Loss), "default": _TRAINING.loss,
+                 "description": "training: the outputs summed, or the first output's "
+                                "cross-entropy against an int64 input labels"},
+        "prefetch": {"type": "integer", "default": _TRAINING.overlap.prefetch,
+                     "description": "training: FSDP all_gathers issued N gathering ops ahead"},
+        "bucket_mb": {"type": "number", "default": _TRAINING.overlap.bucket_mb,
+                      "description": "training: gradient syncs in buckets of MB megabytes"},
+        "async_tp": {"type": "boolean", "default": _TRAINING.overlap.async_tp,
+                     "description": "training: tensor-parallel collectives inside matmuls"},
+        "overlap": {"type": "boolean", "default": _TRAINING.overlap.enabled,
+                    "description": "training: false prices compute plus communication"},
         "global_batch": {"type": "string", "example": "batch=64",
                          "description": "training: the step's global batch along the model's "
                                         "dim DIM, DIM=SIZE, in place of that dim in dims: a "

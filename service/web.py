@@ -79,11 +79,13 @@ def _field(name: str, spec: Mapping[str, Any], value: str, required: bool) -> st
     need = " required" if required else ""
     if spec.get("format") == "binary":
         control = f'<input type="file" id="{name}" name="{name}" accept=".onnx"{need}>'
-    elif "enum" in spec:
-        default = f" ({_e(spec['default'])})" if "default" in spec else ""
+    elif "enum" in spec or spec.get("type") == "boolean":
+        said = spec.get("default")
+        said = str(said).lower() if isinstance(said, bool) else said  # JSON's spelling
+        default = f" ({_e(said)})" if said is not None else ""
         options = [f'<option value="">default{default}</option>'] + [
             f"<option{' selected' if value == choice else ''}>{_e(choice)}</option>"
-            for choice in spec["enum"]
+            for choice in spec.get("enum", ("true", "false"))
         ]
         control = f'<select id="{name}" name="{name}">{"".join(options)}</select>'
     elif spec.get("x-multiline"):  # a file's content, pasted

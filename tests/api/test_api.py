@@ -338,7 +338,8 @@ def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys
             {**FIELDS, "colour": "blue"}, 400,
             "unknown form field 'colour'; valid: model, mesh, dims, cluster, device, bandwidth, "
             "latency, memory, annotations, objective, time_limit, mode, optimizer, precision, "
-            "micro_batches, recompute, attention, global_batch, schedule",
+            "micro_batches, recompute, attention, loss, prefetch, bucket_mb, async_tp, overlap, "
+            "global_batch, schedule",
             id="unknown-field",
         ),
         pytest.param(
@@ -591,3 +592,22 @@ def test_a_global_batch_is_planned_in_the_searched_micro_batches(server: Server)
     plan = server.get(f"/v1/plans/{done['id']}/plan.json").json()
     assert plan["story"].startswith("micro-batches: ")
     assert [c["micro_batches"] for c in plan["pipeline"]["micro_batches_considered"]] == [1, 2, 4]
+
+
+def test_every_training_option_of_the_cli_is_a_form_field(
+    server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fields = {"mesh": "2x2", "dims": '{"batch": 8}', "mode": "training",
+              "loss": "cross-entropy", "prefetch": "0", "bucket_mb": "0", "async_tp": "true",
+              "overlap": "false"}  # fmt: skip
+    response = server.submit(MLP, fields)
+    assert response.status_code == 202, response.text
+    job = server.wait(response.json()["id"])
+    assert job["status"] == "done", job["error"]
+    flags = ["--mesh", "2x2", "--dim", "batch=8", "--mode", "training",
+             "--loss", "cross-entropy", "--prefetch", "0", "--bucket-mb", "0", "--async-tp",
+             "--no-overlap"]  # fmt: skip
+    code, out, _ = cli(["plan", str(MLP), *flags, "--json"], capsys)
+    assert code == 0
+    assert untimed(job["plan"]) == untimed(json.loads(out))
+    assert job["plan"]["training"]["loss"] == "cross-entropy"
