@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -157,16 +158,25 @@ def _types(model: ModelProto) -> dict[str, TensorType]:
     return types
 
 
+_RUNTIME_LEFTOVER = "sym_shape_infer_temp.onnx*"
+"""What onnxruntime's symbolic shape inference saves in the working directory when it cannot
+infer every shape (the model and its external data)."""
+
+
 def _runtime_types(model: ModelProto) -> dict[str, TensorType]:
     """Types from onnxruntime's symbolic shape inference, which knows its own operators
     (com.microsoft's fused attention, norms and activations, which onnx does not); none
     where it fails (the import then names the op whose shape stayed unknown)."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
+    before = set(Path().glob(_RUNTIME_LEFTOVER))
     try:
         inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
     except Exception:  # its own assertion and key errors on what it cannot infer
         return {}
+    finally:  # where incomplete it saves its model in the working directory: not ours to leave
+        for left in set(Path().glob(_RUNTIME_LEFTOVER)) - before:
+            left.unlink(missing_ok=True)
     return _types(inferred) if inferred is not None else {}
 
 

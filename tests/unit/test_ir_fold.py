@@ -238,3 +238,16 @@ def test_result_contradicting_inference_is_not_folded(monkeypatch):
     result = fold_shapes(proto, {"t": np.array([1, 2], np.int64)})
     assert [node.name for node in result.nodes] == ["neg"]
     assert result.failures["neg"] == "evaluated 'u' as [3], inferred [2]"
+
+
+def test_runtime_shape_inference_leaves_no_file_in_the_working_directory(tmp_path, monkeypatch):
+    """onnxruntime's symbolic shape inference saves its model as sym_shape_infer_temp.onnx in
+    the working directory when it cannot infer every shape (here: an op of an unknown domain);
+    the import's types are then none, and the user's directory is as it was."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.onnx").write_bytes(b"kept")
+    nodes = [helper.make_node("Foo", ["x"], ["y"], domain="custom")]
+    proto = model(nodes, [tensor("x", F32, ["b", 64])], [tensor("y", F32, None)], {})
+    proto.opset_import.append(helper.make_opsetid("custom", 1))
+    assert fold._runtime_types(proto) == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.onnx"]
