@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -309,24 +308,6 @@ def held_start(
         if state_name(w) in checked.states
     }
     return weights, states
-
-
-def reference_steps(
-    model: str | os.PathLike[str], trained: Sequence[str], optimizer: str,
-    inputs: Sequence[Sequence[Mapping[str, np.ndarray]]], floats: Any = REFERENCE,
-    times: list[float] | None = None,
-) -> list[Reference]:  # fmt: skip
-    """The reference's own steps on `inputs` (per step, one set per micro-batch), one entry
-    per step, in `floats`; each step's wall time appended to `times` (the bench times a
-    float32 step)."""
-    run = ReferenceRun(model, trained, optimizer, floats)
-    out = []
-    for feed in inputs:
-        started = time.perf_counter()
-        out.append(run.step(feed))
-        if times is not None:
-            times.append(time.perf_counter() - started)
-    return out
 
 
 def reference_of(
