@@ -33,22 +33,15 @@ def _prepare(case: str, folder: Path) -> tuple[str, str, float]:
     """Plan and export one case into `folder`: (model name, optimizer, learning-rate scale)."""
     import shutil
 
-    from autoshard.cli.main import main
     from tests.export import test_dtensor_train as mlp
     from tests.export import test_dtensor_train_hf as hf
-    from tests.export.train_cases import HF_SCALE, export_case, notes, plan_hf
+    from tests.export.train_cases import HF_SCALE, export_case, plan_hf, plan_mlp
 
     folder.mkdir(parents=True)
     if case.startswith("mlp-"):
         mesh, optimizer, flags, written = mlp.CASES[case.removeprefix("mlp-")]
         shutil.copy(mlp.MODELS / "mlp.onnx", folder / "model.onnx")
-        (folder / "notes.json").write_text(json.dumps(notes(written)))
-        argv = ["plan", str(folder / "model.onnx"), "--mesh", mesh, "--dim", f"batch={mlp.BATCH}",
-                "--mode", "training", "--precision", "fp32", "--optimizer", optimizer, *flags,
-                "--annotations", str(folder / "notes.json"), "-q",
-                "-o", str(folder / "plan.json")]  # fmt: skip
-        assert main(argv) == 0, case
-        export_case(folder, folder / "model.onnx")
+        plan_mlp(folder, folder / "model.onnx", mesh, mlp.BATCH, optimizer, flags, written)
         return "mlp", optimizer, 1.0
     from tests.export.test_hf_models import build, export
 

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from autoshard.cli.main import main
 from tests.export.gloo import run_on_ranks
 from tests.export.traffic import mismatches
-from tests.export.train_cases import STEPS, export_case, notes, train_worker
+from tests.export.train_cases import STEPS, plan_mlp, train_worker
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.tensor")
@@ -80,13 +79,7 @@ def trained(tmp_path_factory) -> Path:
         path = folder / case
         path.mkdir()
         shutil.copy(MODELS / "mlp.onnx", path)
-        (path / "notes.json").write_text(json.dumps(notes(written)))
-        argv = ["plan", str(path / "mlp.onnx"), "--mesh", mesh, "--dim", f"batch={BATCH}",
-                "--mode", "training", "--precision", "fp32", "--optimizer", optimizer, *flags,
-                "--annotations", str(path / "notes.json"), "-q",
-                "-o", str(path / "plan.json")]  # fmt: skip
-        assert main(argv) == 0, case
-        export_case(path, path / "mlp.onnx")
+        plan_mlp(path, path / "mlp.onnx", mesh, BATCH, optimizer, flags, written)
     for ranks in (4, 8):
         cases = {c: ("mlp", v[1], 1.0) for c, v in CASES.items() if _ranks(c) == ranks}
         run_on_ranks(train_worker, ranks, str(folder), cases)

@@ -36,6 +36,20 @@ def notes(written: Sequence[str]) -> dict[str, Any]:
     return {"annotations": found}
 
 
+def plan_mlp(
+    folder: Path, model: Path, mesh: str, batch: int, optimizer: str, flags: Sequence[str],
+    written: Sequence[str],
+) -> None:  # fmt: skip
+    """Plan and export the MLP (`model`, already in `folder`) trained on `mesh` with these
+    flags and `written` annotations: `plan.json`, `apply.py`, `export.json` in `folder`."""
+    (folder / "notes.json").write_text(json.dumps(notes(written)))
+    argv = ["plan", str(model), "--mesh", mesh, "--dim", f"batch={batch}", "--mode", "training",
+            "--precision", "fp32", "--optimizer", optimizer, *flags, "--annotations",
+            str(folder / "notes.json"), "-q", "-o", str(folder / "plan.json")]  # fmt: skip
+    assert main(argv) == 0, folder.name
+    export_case(folder, model)
+
+
 def export_case(folder: Path, model: str | Path) -> dict[str, Any]:
     """Export `folder/plan.json` to DTensor: `apply.py` and `export.json` beside it."""
     exported = export_plan(folder / "plan.json", Target.DTENSOR, str(model))
