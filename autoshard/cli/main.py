@@ -174,6 +174,11 @@ def _partition_command(commands: Commands) -> None:
         default=str(Dialect.MESH),
         help="MLIR spelling of OUT/spmd.mlir: the mesh dialect or upstream LLVM 22's shard",
     )
+    partition.add_argument(
+        "--forward", action="store_true",
+        help="a pipelined plan: write its forward only (run against onnxruntime), not its "
+        "training step",
+    )  # fmt: skip
     partition.add_argument("--json", action="store_true", help="machine-readable output")
     training_flags(partition)
     progress_flags(partition)

@@ -36,14 +36,17 @@ from autoshard.execute.artifacts import (
     write_weights,
 )
 from autoshard.execute.stage_plans import PipelinedPartition, StagePartition
+from autoshard.execute.stage_training import seed_name, seeded
 from autoshard.execute.steps import STEPS, write_steps
 from autoshard.execute.verify import id_bound
 from autoshard.files import json_text, sha256_file, write_atomic
 from autoshard.mlir import Dialect
 from autoshard.mlir.syntax import TensorType, attr_text, quote
 from autoshard.pipeline import print_spmd
+from autoshard.training.options import Training
 
 PIPELINE_MLIR = "pipeline.mlir"
+PLAN_COPY = "plan.json"
 
 
 def stage_folder(index: int) -> str:
@@ -53,8 +56,11 @@ def stage_folder(index: int) -> str:
 def write_pipelined(
     staged: PipelinedPartition, model: str | Path, dims: Mapping[str, int],
     out: str | os.PathLike[str], dialect: str = Dialect.MESH,
+    training: tuple[Training, str | Path] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Write the folder `out` of a pipelined partition; return its manifest."""
+    """Write the folder `out` of a pipelined partition; return its manifest. `training`: its
+    stages are training steps (`execute.stage_training`), of this training and plan file
+    (copied to OUT/plan.json: a run rebuilds the stages from it)."""
     folder = Path(out)
     forward = staged.forward
     shape_only = any(not w.has_data for w in forward.weights.values())
@@ -83,12 +89,18 @@ def write_pipelined(
                 "bytes": entry["bytes"],
             }  # fmt: skip
     write_atomic(folder / PIPELINE_MLIR, p2p_text(staged, dialect).encode())
+    pipeline = _pipeline_json(staged, shape_only)
+    if training is not None:
+        write_atomic(folder / PLAN_COPY, Path(training[1]).read_bytes())
+        pipeline |= {"training": training[0].to_json(), "plan": PLAN_COPY}
+        for entry, stage in zip(pipeline["stages"], staged.stages, strict=True):
+            entry |= _gradients(stage)
     manifest = {
         "format": FORMAT,
         "model": {"path": str(model), "sha256": sha256_file(model)},
         "dims": dict(sorted(dims.items())),
         "shape_only": shape_only,
-        "pipeline": _pipeline_json(staged, shape_only),
+        "pipeline": pipeline,
         "devices": devices,
         "spmd": {"file": PIPELINE_MLIR, "dialect": dialect},
     }
@@ -117,7 +129,7 @@ def _pipeline_json(staged: PipelinedPartition, shape_only: bool) -> dict[str, An
         ],  # fmt: skip
         "outputs": [
             {"name": n, "stage": returned_by[n].cut.index, **_held(returned_by[n], n)}
-            for n in forward.outputs
+            for n in forward.outputs  # a training step returns its updates, not these
         ],
         "stages": [
             {
@@ -145,10 +157,25 @@ def _pipeline_json(staged: PipelinedPartition, shape_only: bool) -> dict[str, An
     }
 
 
+def _gradients(stage: StagePartition) -> dict[str, Any]:
+    """A training stage's gradients on the boundary: those of its sends it takes from the next
+    stage (`seeded`, each its step's input `stage_training.seed_name`), and those of what it
+    receives that it sends back (`sent_back`: each by the step's output holding it)."""
+    graph, cut = stage.built.graph, stage.cut
+    outputs = graph.outputs[: len(graph.outputs) - len(cut.sends)]
+    back = [n for n in cut.receives if seed_name(n) in graph.values]
+    return {
+        "seeded": list(seeded(graph, cut)),
+        "sent_back": dict(zip(back, outputs[len(outputs) - len(back) :], strict=True)),
+    }
+
+
 def _held(stage: StagePartition, name: str) -> dict[str, Any]:
     """How a model output is returned by its stage's program (to reassemble it)."""
-    program = stage.built.partitioned.program
-    tensor = program.outputs[stage.cut.graph.outputs.index(name)]
+    program, outputs = stage.built.partitioned.program, stage.built.graph.outputs
+    if name not in outputs:
+        return {}
+    tensor = program.outputs[outputs.index(name)]
     t = program.tensors[tensor]
     return {"tensor": tensor, "dtype": t.dtype, "shape": list(t.shape),
             "sharding": t.sharding.text(len(t.shape))}  # fmt: skip

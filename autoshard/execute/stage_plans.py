@@ -13,8 +13,8 @@ counterpart, complete (a partial sum reduced first: `plan.returned`), so the sen
 and the receiver's device at the same place in their stages hold the same region and the
 send moves each device's shard as it is.
 
-Forward passes only: the plan's training step decides the forward's ops as it decides its
-own, and the backward of a pipeline is not partitioned here.
+This module partitions each stage's forward (`pipelined_partition`); `execute.stage_training`
+its whole training step with the same mapping (`stage_map`, `stage_plan_of`).
 """
 
 from __future__ import annotations
@@ -69,14 +69,28 @@ class PipelinedPartition:
     boundary: Mapping[str, Sharding]
 
 
-def pipelined_partition(
+@dataclass(frozen=True)
+class StageMap:
+    """A pipelined plan mapped onto the whole model: its forward, its repeated layers' `run`,
+    each stage's cut, every op's and value's name in the stage's model (`names`), the depth
+    of the stage's model, and the whole mesh and its pipeline axis."""
+
+    forward: Graph
+    run: Run
+    cuts: tuple[StageCut, ...]
+    names: Mapping[str, str]
+    depth: int
+    whole: Mesh
+    axis: int
+
+
+def stage_map(
     document: PlanDocument, path: str | Path, model: str | Path, dims: Mapping[str, int]
-) -> PipelinedPartition:
-    """Plan document `document` (read from `path`, a pipelined plan) partitioned stage by
-    stage on the whole model `model` with `dims`."""
+) -> StageMap:
+    """Plan document `document` (read from `path`, a pipelined plan) mapped onto the stages
+    of the whole model `model` with `dims`, checked to fit."""
     block = document.pipeline
     assert block is not None
-    decisions = decisions_for(document, path, document.mesh, model, dims)
     forward = load_graphs(model, dims, None)[0]
     run = layer_run(forward)
     ranges = [range(*s["layers"]) for s in block["stages"]]
@@ -91,28 +105,46 @@ def pipelined_partition(
             f"plan {path}: a stage of {deepest} layers is deeper than the stage's model it "
             f"decides ({depth} layers); plan again"
         )
-    cut_model = shortened(forward, depth, run)
-    stage_plan = plan_from_document(decisions, cut_model, document.mesh, f"plan {path}")
-    cuts = cut_stages(forward, run, ranges)
-    whole = Mesh.parse(str(block["mesh"]))
-    axis = int(block["axis"])
+    cuts = tuple(cut_stages(forward, run, ranges))
     names = _cut_names(forward, run, ranges, depth)
-    sent = [v for cut in cuts for v in cut.sends]
+    return StageMap(forward, run, cuts, names, depth, Mesh.parse(str(block["mesh"])),
+                    int(block["axis"]))  # fmt: skip
+
+
+def boundary_of(staged: StageMap, stage_plan: Plan, path: str | Path) -> dict[str, Sharding]:
+    """How each boundary value is held: as its counterpart in the stage's model, complete."""
+    names = staged.names
+    sent = [v for cut in staged.cuts for v in cut.sends]
     if missing := [v for v in sent if names.get(v, v) not in stage_plan.values]:
         raise StageMapError(
             f"plan {path} cannot be mapped onto the stages: the boundary value {missing[0]!r} "
             "has no counterpart in the stage's model it decides"
         )
-    boundary = {v: returned(stage_plan.values[names.get(v, v)]) for v in sent}
+    return {v: returned(stage_plan.values[names.get(v, v)]) for v in sent}
+
+
+def pipelined_partition(
+    document: PlanDocument, path: str | Path, model: str | Path, dims: Mapping[str, int]
+) -> PipelinedPartition:
+    """Plan document `document` (read from `path`, a pipelined plan) partitioned stage by
+    stage on the whole model `model` with `dims`: each stage's forward."""
+    block = document.pipeline
+    assert block is not None
+    decisions = decisions_for(document, path, document.mesh, model, dims)
+    staged = stage_map(document, path, model, dims)
+    cut_model = shortened(staged.forward, staged.depth, staged.run)
+    stage_plan = plan_from_document(decisions, cut_model, document.mesh, f"plan {path}")
+    boundary = boundary_of(staged, stage_plan, path)
     stages = tuple(
         StagePartition(
             cut=cut,
-            built=build(cut.graph, _stage_plan(cut, stage_plan, names, boundary, path)),
-            devices=stage_devices(whole, axis, len(cuts), cut.index, document.mesh),
+            built=build(cut.graph, stage_plan_of(cut, stage_plan, staged.names, boundary, path)),
+            devices=stage_devices(staged.whole, staged.axis, len(staged.cuts), cut.index,
+                                  document.mesh),  # fmt: skip
         )
-        for cut in cuts
+        for cut in staged.cuts
     )
-    return PipelinedPartition(forward, whole, axis, str(block["schedule"]),
+    return PipelinedPartition(staged.forward, staged.whole, staged.axis, str(block["schedule"]),
                               int(block["micro_batches"]), stages, boundary)  # fmt: skip
 
 
@@ -136,16 +168,28 @@ def _cut_names(graph: Graph, run: Run, ranges: Sequence[range], depth: int) -> d
     return names
 
 
-def _stage_plan(
+def counterpart(name: str, names: Mapping[str, str]) -> str:
+    """The name of `name` in the stage's model: a forward op's or value's by `names`, a
+    training step's (`name@grad0`, `name@sync`, ...: `training.step`) by the forward name
+    before its first `@`."""
+    if name in names:
+        return names[name]
+    base, at, suffix = name.partition("@")
+    return f"{names[base]}@{suffix}" if at and base in names else name
+
+
+def stage_plan_of(
     cut: StageCut, stage_plan: Plan, names: Mapping[str, str],
-    boundary: Mapping[str, Sharding], path: str | Path,
+    boundary: Mapping[str, Sharding], path: str | Path, graph: Graph | None = None,
 ) -> Plan:  # fmt: skip
-    """The stage's plan: every op's option and every weight's holding its counterpart's in
-    the stage's model; what it receives held, and what it sends returned, as `boundary`."""
-    graph = cut.graph
+    """The stage's plan of `graph` (its forward, `cut.graph`, or its training step): every
+    op's option and every weight's holding its counterpart's in the stage's model; what it
+    receives held, and what it sends returned, as `boundary` (by the value's name, or, for a
+    training step's gradients it receives and sends, by the name they are held as)."""
+    graph = graph or cut.graph
 
     def twin(name: str, table: Mapping[str, Any], what: str) -> Any:
-        found = table.get(names.get(name, name), _MISSING)
+        found = table.get(counterpart(name, names), _MISSING)
         if found is _MISSING:
             raise StageMapError(
                 f"plan {path} cannot be mapped onto stage {cut.index} (layers "

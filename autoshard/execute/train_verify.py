@@ -406,8 +406,17 @@ def training_feeds(
     micro-batches), or seeded random ones, new each micro-batch (a cross-entropy's labels
     below its classes)."""
     states = set(graph.updates.values()) - set(graph.weights)
-    classes, count = label_classes(graph), graph.micro_batches
-    specs = [_given(s, classes) for s in input_specs(graph) if s.name not in states]
+    specs = [s for s in input_specs(graph) if s.name not in states]
+    return feeds_of(specs, label_classes(graph), graph.micro_batches, steps, seed, inputs)
+
+
+def feeds_of(
+    specs: Sequence[InputSpec], classes: int | None, count: int, steps: int, seed: int = 0,
+    inputs: Mapping[str, np.ndarray] | None = None,
+) -> list[list[dict[str, np.ndarray]]]:  # fmt: skip
+    """`training_feeds` of the inputs `specs` (one micro-batch's), `classes` a cross-entropy's
+    labels are below, `count` micro-batches a step."""
+    specs = [_given(s, classes) for s in specs]
     if inputs is None:
         return [[random_inputs(specs, seed + k * count + j) for j in range(count)]
                 for k in range(steps)]  # fmt: skip

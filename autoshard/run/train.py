@@ -128,6 +128,16 @@ class TrainingWork:
         return f"training step {step}, step {position} ({describe(steps[position], self.manifest)})"
 
 
+def train_rank_join(rank: int, world: int, backend: str, rendezvous: Rendezvous) -> None:
+    """Join the process group as `rank` of `world` (one thread each: the ranks share the
+    host's cores); a failure is a `TrainingFailure` of training step 0."""
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        _join(rank, world, backend, rendezvous)
+    except Exception as error:  # torch's own errors
+        raise TrainingFailure(rank, 0, -1, "joining the process group", _line(error)) from None
+
+
 def _join(rank: int, world: int, backend: str, rendezvous: Rendezvous) -> None:
     timeout = datetime.timedelta(seconds=rendezvous.timeout_s)
     store = rendezvous.store(world, rendezvous.host_store)

@@ -70,15 +70,23 @@ class TrainingGraphError(AutoshardError):
     """The model cannot be trained as asked (no output depends on a parameter)."""
 
 
-def training_graph(graph: Graph, training: Training, replays: Sequence[Replay] = ()) -> Graph:
+def training_graph(
+    graph: Graph, training: Training, replays: Sequence[Replay] = (),
+    seeded: Sequence[str] = (), differentiated: Sequence[str] = (),
+) -> Graph:  # fmt: skip
     """The training step of `graph` (see the module docstring), its ops in program order:
     forward, backward (gradient syncs among it), optimizer. The ops of each of `replays`
     (`training.replay`: a repeated layer, an attention core) run again just before the
     backward of its `before` op, which, with the backward of the ops before it, reads what
     they recompute: of a recomputed layer's activations only its inputs are kept from the
-    forward. The loss is computed in the step (`training.loss`), so it is planned with it."""
+    forward. The loss is computed in the step (`training.loss`), so it is planned with it.
+
+    A pipeline stage's step (`execute.stage_plans`): the gradient of each output in `seeded`
+    is given, a graph input `{output}@grad0` (the next stage's), not the loss's; the total
+    gradient of each input in `differentiated` is made and returned, after the step's outputs
+    (the stage before takes it)."""
     step = with_loss(graph, training.loss, training.micro_batches)
-    return _Step(step, training, replays).build()
+    return _Step(step, training, replays, tuple(seeded), tuple(differentiated)).build()
 
 
 def gradient_name(value: str) -> str:
@@ -91,8 +99,13 @@ def state_name(weight: str) -> str:
 
 
 class _Step:
-    def __init__(self, graph: Graph, training: Training, replays: Sequence[Replay]) -> None:
+    def __init__(
+        self, graph: Graph, training: Training, replays: Sequence[Replay],
+        seeded: tuple[str, ...] = (), differentiated: tuple[str, ...] = (),
+    ) -> None:  # fmt: skip
         self.graph, self.training = graph, training
+        self.seeded, self.differentiated = seeded, differentiated
+        self.seeds: list[str] = []  # the given gradients: inputs of the step
         self.replay_before = {replay.before: replay.ops for replay in replays if replay.ops}
         self.recomputed: dict[str, str] = {}  # value -> its recomputed value
         self.dtype = training.precision.dtype
@@ -142,7 +155,7 @@ class _Step:
     def find_needs(self) -> set[str]:
         """The values needing a gradient: trainable weights and float values computed from
         one (through data operands)."""
-        needs = set(self.trainable)
+        needs = set(self.trainable) | set(self.differentiated)
         for op in self.graph.ops:
             if any(n in needs and self.is_data(op, i) for i, n in enumerate(op.inputs) if n):
                 needs |= {o for o in op.outputs if o and self.is_float(o)}
@@ -204,6 +217,9 @@ class _Step:
             raise TrainingGraphError("no model output depends on a weight: nothing to train")
         for out in seeds:
             seed = self.contribute(out)
+            if out in self.seeded:
+                self.seeds.append(seed)
+                continue
             op = Op(f"{out}@loss_grad", TrainOp.LOSS_GRAD, TRAIN, (out,), (seed,))
             self.add(op, "backward")
         first_reader = {w: graph.consumers(w)[0].name for w in self.trainable}
@@ -218,10 +234,12 @@ class _Step:
             for name in dict.fromkeys(op.inputs):
                 if first_reader.get(name) == op.name:
                     synced[name] = self.sync(name)
-        outputs = self.optimize(synced)
+        sent_back = tuple(self.total(name) for name in self.differentiated)
+        outputs = (*self.optimize(synced), *sent_back)
         buffers = graph.buffers | set(candidates(graph, self.is_data)).difference(self.trainable)
         new = Graph(
-            graph.name, tuple(self.ops), self.values, (*graph.inputs, *self.states), outputs,
+            graph.name, tuple(self.ops), self.values, (*graph.inputs, *self.seeds, *self.states),
+            outputs,
             graph.weights, self.recast_constants(), graph.opset, graph.nodes_in_file, buffers,
             updates=self.updates, phases=self.phases, micro_batches=self.training.micro_batches,
             fused=graph.fused.derived(self.fused_ops, self.fused_values),

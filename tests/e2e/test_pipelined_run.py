@@ -70,7 +70,7 @@ def _plan(tmp_path: Path, onnx: Path, mesh: str, dims: list[str], *flags: str) -
 
 def _partition_and_run(tmp_path: Path, onnx: Path, plan: Path, capsys) -> tuple[dict, dict]:
     out = tmp_path / "out"
-    assert main(["partition", str(onnx), "--plan", str(plan), "-o", str(out)]) == 0
+    assert main(["partition", str(onnx), "--plan", str(plan), "--forward", "-o", str(out)]) == 0
     capsys.readouterr()
     assert main(["run", str(out), "--check", str(onnx), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -169,17 +169,17 @@ def test_a_plan_whose_stages_cannot_be_mapped_is_refused_in_one_line(tmp_path, c
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))
     capsys.readouterr()
-    assert main(["partition", str(onnx), "--plan", str(bad), "-o", str(tmp_path / "o")]) == 2
+    assert main(["partition", str(onnx), "--plan", str(bad), "--forward", "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert "a stage of 3 layers is deeper than the stage's model it decides (2 layers)" in err
     assert "\n" not in err
-    assert main(["partition", str(onnx), "--plan", str(plan), "--mesh", "2x2", "-o",
+    assert main(["partition", str(onnx), "--plan", str(plan), "--forward", "--mesh", "2x2", "-o",
                  str(tmp_path / "o")]) == 2  # fmt: skip
     assert "is a pipeline on mesh pp=2,tp=2, not 2x2: leave out --mesh" in capsys.readouterr().err
     data = json.loads(plan.read_text())
     del data["ops"]["l1.mm"]
     bad.write_text(json.dumps(data))
-    assert main(["partition", str(onnx), "--plan", str(bad), "-o", str(tmp_path / "o")]) == 2
+    assert main(["partition", str(onnx), "--plan", str(bad), "--forward", "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert "has no op 'l1.mm': is it for this model?" in err and "\n" not in err
 
@@ -188,7 +188,7 @@ def test_given_inputs_run_per_micro_batch_and_a_bad_file_stops_every_rank(tmp_pa
     onnx = mlp(tmp_path)
     plan = _plan(tmp_path, onnx, "pp=2,tp=2", ["batch=4"])
     out = tmp_path / "out"
-    assert main(["partition", str(onnx), "--plan", str(plan), "-o", str(out)]) == 0
+    assert main(["partition", str(onnx), "--plan", str(plan), "--forward", "-o", str(out)]) == 0
     from autoshard.run.pipelined import run_pipelined
 
     x = np.arange(2 * 4 * 8, dtype=np.float32).reshape(2, 4, 8) / 64
@@ -210,7 +210,7 @@ def test_partitioning_twice_gives_the_same_bytes(tmp_path, capsys):
     plan = _plan(tmp_path, onnx, "pp=2,tp=2", ["batch=4"])
     folders = [tmp_path / "a", tmp_path / "b"]
     for out in folders:
-        assert main(["partition", str(onnx), "--plan", str(plan), "-o", str(out)]) == 0
+        assert main(["partition", str(onnx), "--plan", str(plan), "--forward", "-o", str(out)]) == 0
     files = [sorted(p.relative_to(f) for p in f.rglob("*") if p.is_file()) for f in folders]
     assert files[0] == files[1] and len(files[0]) > 10
     for name in files[0]:
@@ -246,7 +246,7 @@ def test_a_shape_only_decoder_is_partitioned_not_run(tmp_path, capsys):
     onnx_lib.save(built.proto, decoder)
     plan = _plan(tmp_path, decoder, "pp=2,tp=2", ["batch=2", "seq=8"], "--schedule", "gpipe")
     out = tmp_path / "out"
-    assert main(["partition", str(decoder), "--plan", str(plan), "-o", str(out)]) == 0
+    assert main(["partition", str(decoder), "--plan", str(plan), "--forward", "-o", str(out)]) == 0
     for stage in (0, 1):
         assert (out / f"stage-{stage}" / "spmd.mlir").read_text().startswith("module {")
         assert not (out / f"stage-{stage}" / "weights").exists()

@@ -1,0 +1,434 @@
+"""`autoshard run` of a pipelined training partition: N training steps, one process per device
+of the whole mesh, each stage's passes in its schedule's order, checked against PyTorch
+autograd on the whole model.
+
+    run_pipelined_training(OUT, MODEL, steps=3) -> TrainingReport
+
+Each rank is a device of one stage (`execute.stage_training`: the stage's whole training
+step, rebuilt from the plan the folder keeps, its step list and weights from the folder). A
+step runs the passes of `cost.schedule.order` for the stage (GPipe: every forward, then every
+backward; 1F1B: `p - s - 1` forwards, then one forward and one backward in turn; an
+interleaved plan's stage runs its layers as one chunk, in 1F1B's order). A forward pass of
+micro-batch `m` receives the boundary values from the device at its place in the stage
+before, runs the stage's forward (`run.stage_device`) and sends its own on; the backward
+receives the gradients of what it sent from the next stage, runs the backward and sends the
+gradients of what it received back. The micro-batches' gradients accumulate; the last
+micro-batch's backward syncs them over the stage's data-parallel devices and updates the
+weights. Every backward runs in micro-batch order under every schedule, so the schedule does
+not change a single rounding.
+
+After each step rank 0 gathers what the checks read (`train_check.Checked`) from every rank,
+and each stage's loss, gradients, weights and optimizer states are compared with the
+single-process reference (`train_check.ReferenceRun`) of the whole model on the step's whole
+batch, each step from the weights the ranks hold. A mismatch names the step, the (whole
+mesh) rank and the parameter; a rank that fails names its stage, step and pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Mapping, MutableSequence, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from autoshard.cost.schedule import Pass, Pipeline, Schedule, ScheduleKind, order
+from autoshard.execute.artifacts import check_model, read_manifest
+from autoshard.execute.pipe_folder import PLAN_COPY
+from autoshard.execute.stage_plans import PipelinedPartition
+from autoshard.execute.stage_training import seed_name
+from autoshard.execute.steps import read_steps
+from autoshard.execute.train_check import (
+    FLOATS,
+    Check,
+    Checked,
+    TrainingReport,
+    check_training,
+    computing_in,
+    floats_of,
+    held_start,
+    reference_of,
+    step_checks,
+    to_numpy,
+    to_torch,
+    tolerance_of,
+)
+from autoshard.execute.train_verify import feeds_of, local_inputs, segment_nodes, start_tensors
+from autoshard.execute.verify import VerifyError, input_specs
+from autoshard.ir.graph import Graph
+from autoshard.run import RunSetupError, torch_rank
+from autoshard.run.collectives import Executor
+from autoshard.run.p2p import Boundary
+from autoshard.run.pipelined import global_steps
+from autoshard.run.rank import Rendezvous, StepFailure, Timing, describe, read_weights
+from autoshard.run.stage_device import StageDevice
+from autoshard.run.train import Records, TrainingFailure, train_rank_join
+from autoshard.training.loss import LABELS, label_classes
+from autoshard.training.options import Training
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """What a rank needs of its stage: its partition, its step manifest and segment nodes,
+    the values it receives and sends (and whose gradients), what its checks read."""
+
+    folder: Path
+    graph: Graph
+    partitioned: Any
+    manifest: Mapping[str, Any]  # the stage's steps.json
+    nodes: Mapping[str, list[tuple[str, str]]]
+    devices: tuple[int, ...]
+    entry: Mapping[str, Any]  # the pipeline block's stage entry
+    checked: Checked
+    offset: int  # its first collective's index in the whole mesh's list
+
+
+@dataclass(frozen=True)
+class PipelineTrainingWork:
+    """Every rank's share of a pipelined training run (sent to each rank once)."""
+
+    stages: tuple[StageWork, ...]
+    collectives: Mapping[str, Any]  # every stage's collectives over the whole mesh's ranks
+    boundary: Mapping[str, Any]
+    passes: tuple[tuple[Pass, ...], ...]  # per stage
+    feeds: Sequence[Sequence[Mapping[str, np.ndarray]]]  # per step, per micro-batch
+    backend: str
+    sha256: tuple[str | None, ...]
+    floats: str = "float32"
+    preload: str = "autoshard.run.pipetrain"
+
+    def stage_of(self, rank: int) -> tuple[StageWork, int]:
+        return next((s, s.devices.index(rank)) for s in self.stages if rank in s.devices)
+
+    def where(self, rank: int, position: int, step: int) -> str:
+        stage, local = self.stage_of(rank)
+        steps = stage.manifest["devices"][local]["steps"]
+        if step < 1 or not 0 <= position < len(steps):
+            return "start"
+        what = describe(steps[position], stage.manifest)
+        return f"stage {stage.entry['index']}, training step {step}, step {position} ({what})"
+
+    def __call__(
+        self, rank: int, rendezvous: Rendezvous, progress: MutableSequence[int]
+    ) -> list[tuple[Records, dict[str, object]]] | None:
+        world = len(self.sha256)
+        train_rank_join(rank, world, self.backend, rendezvous)
+        try:
+            try:
+                collectives = Executor(self.collectives, rank, self.backend)
+            except Exception as error:  # torch's own errors
+                raise TrainingFailure(rank, 0, -1, "joining the process group",
+                                      str(error)) from None  # fmt: skip
+            with computing_in(self.floats):
+                records = _Rank(self, rank, collectives, progress).train()
+            gathered: list[Any] | None = [None] * world if rank == 0 else None
+            dist.gather_object(records, gathered, dst=0)
+            return gathered
+        finally:
+            dist.destroy_process_group()
+
+
+class _Rank:
+    """One rank's training steps."""
+
+    def __init__(self, work: PipelineTrainingWork, rank: int, collectives: Executor,
+                 progress: MutableSequence[int]) -> None:  # fmt: skip
+        self.work, self.rank, self.collectives, self.progress = work, rank, collectives, progress
+        self.stage, self.local = work.stage_of(rank)
+        stage, s = self.stage, int(self.stage.entry["index"])
+        self.steps = stage.manifest["devices"][self.local]["steps"]
+        self.step, self.timing = 0, Timing()
+        before = work.stages[s - 1].devices[self.local] if s else None
+        after = work.stages[s + 1].devices[self.local] if s + 1 < len(work.stages) else None
+        self.before, self.after = before, after
+        self.tensors = {o["name"]: o["tensor"] for o in stage.manifest["outputs"]}
+        boundary = _in_floats(work.boundary, work.floats)
+        self.forward_p2p = Boundary(boundary, self.local, rank)
+        self.backward_p2p = Boundary(boundary, self.local, rank)
+
+    def fail(self, position: int, cause: str) -> TrainingFailure:
+        what = describe(self.steps[position], self.stage.manifest) if position >= 0 else "loading"
+        return TrainingFailure(self.rank, self.step, position, what, cause)
+
+    def train(self) -> tuple[Records, dict[str, object]]:
+        stage, work = self.stage, self.work
+        try:
+            weights = read_weights(stage.folder, stage.manifest, self.local, work.sha256[self.rank])
+            device = StageDevice(stage.partitioned, self.local, self.steps, stage.graph)
+            device.held = start_tensors(stage.partitioned, stage.graph, self.local, weights)
+        except Exception as error:  # a missing or bad file
+            raise self.fail(-1, str(error).splitlines()[0]) from None
+        outputs = dict(zip(stage.graph.outputs, stage.partitioned.program.outputs, strict=True))
+        records: Records = []
+        step_s = []
+        passes = work.passes[int(stage.entry["index"])]
+        for self.step, feed in enumerate(work.feeds, start=1):
+            self.progress[len(work.sha256) + self.rank] = self.step
+            started, kept = time.perf_counter(), {}
+            for one in passes:
+                m = one.micro_batch
+                if one.forward:
+                    kept[m] = self.forward(device, feed[m], m, m == len(feed) - 1)
+                else:
+                    self.backward(device, kept.pop(m), m, m == len(feed) - 1)
+            device.total_losses(stage.checked.losses)
+            device.end(stage.graph.updates, outputs)
+            for p2p in (self.forward_p2p, self.backward_p2p):
+                self.wait(p2p)
+            step_s.append(time.perf_counter() - started)
+            records.append((
+                {n: to_numpy(device.env[n]) for n in stage.checked.computed},
+                {n: to_numpy(device.held[n]) for n in stage.checked.held},
+            ))  # fmt: skip
+        return records, {**self.timing.to_json(), "step_s": step_s,
+                         "stage": int(stage.entry["index"])}  # fmt: skip
+
+    def tag(self, micro_batch: int) -> int:
+        """The micro-batch's number over the run: its messages' tag."""
+        return (self.step - 1) * len(self.work.feeds[0]) + micro_batch
+
+    def forward(self, device: StageDevice, feed: Mapping[str, np.ndarray], m: int,
+                last: bool) -> Any:  # fmt: skip
+        """Micro-batch `m`'s forward pass: receive, run, send on; its state kept."""
+        entry = self.stage.entry
+        received = self.p2p(lambda: self.forward_p2p.receive(entry["receives"], self.before,
+                                                             self.tag(m)))  # fmt: skip
+        own = {n: a for n, a in feed.items() if n in self.stage.graph.inputs}
+        inputs = local_inputs(self.stage.partitioned, self.local, own)
+        device.begin(inputs | {n: to_torch(a) for n, a in received.items()}, last)
+        self.run(device, forward_only=True)
+        sends = {n: to_numpy(self.made(device, self.tensors[n])) for n in entry["sends"]}
+        self.p2p(lambda: self.forward_p2p.send(sends, self.after, self.tag(m)))
+        return device.save()
+
+    def backward(self, device: StageDevice, kept: Any, m: int, last: bool) -> None:
+        """Micro-batch `m`'s backward pass: receive its sends' gradients, run, send back."""
+        entry = self.stage.entry
+        device.restore(kept)
+        received = self.p2p(lambda: self.backward_p2p.receive(entry["seeded"], self.after,
+                                                              self.tag(m)))  # fmt: skip
+        device.env |= {seed_name(n): to_torch(a) for n, a in received.items()}
+        self.run(device, forward_only=False)
+        back = {x: to_numpy(self.made(device, self.tensors[g]))
+                for x, g in entry["sent_back"].items()}  # fmt: skip
+        self.p2p(lambda: self.backward_p2p.send(back, self.before, self.tag(m)))
+        if not last:
+            device.carry(self.stage.checked.losses)
+
+    def made(self, device: StageDevice, tensor: str) -> Any:
+        if tensor not in device.env:
+            raise self.fail(device.position - 1, f"its pass did not make {tensor!r}, which it "
+                                                 "sends")  # fmt: skip
+        return device.env[tensor]
+
+    def p2p(self, send_or_receive: Any) -> Any:
+        try:
+            return send_or_receive()
+        except StepFailure as error:
+            raise TrainingFailure(self.rank, self.step, -1, error.what,
+                                  str(error).rpartition(": ")[2]) from None  # fmt: skip
+
+    def wait(self, p2p: Boundary) -> None:
+        self.p2p(p2p.wait)
+
+    def run(self, device: StageDevice, forward_only: bool) -> None:
+        """The device's pass: its ops and collectives up to the end of the pass."""
+        world = len(self.work.sha256)
+
+        def at(position: int) -> None:
+            self.progress[self.rank] = position
+
+        device.forward_only = forward_only
+        while True:
+            computing = time.perf_counter()
+            try:
+                j = device.advance(self.step, self.stage.nodes, at)
+            except VerifyError as error:  # a NaN, a tensor no step made
+                cause = str(error).removeprefix(f"device {self.local}: ")
+                raise self.fail(device.position - 1, cause) from None
+            self.timing.compute_s += time.perf_counter() - computing
+            if j is None:
+                return
+            self.collective(device, j, world)
+
+    def collective(self, device: StageDevice, j: int, world: int) -> None:
+        """Collective `j` of the stage's list among the stage's devices, its result in place."""
+        started = time.perf_counter()
+        local, entry = device.collectives[j], self.work.collectives["collectives"][
+            j + self.stage.offset]
+        source = to_numpy(device.env[local.source])
+        try:
+            result = self.collectives.run(entry, source)
+        except Exception as error:  # torch's own errors: a peer gone, a timeout
+            raise self.fail(device.position - 1, str(error).splitlines()[0]) from None
+        want = tuple(entry["target_shapes"][self.rank])
+        if result.shape != want:
+            raise self.fail(device.position - 1, f"result has local shape {list(result.shape)}; "
+                                                 f"expected {list(want)}")  # fmt: skip
+        device.env[local.target] = to_torch(result).to(device.env[local.source].dtype)
+        stats = self.timing.collectives.setdefault(entry["kind"], [0, 0.0, 0])
+        stats[0] += 1
+        stats[1] += time.perf_counter() - started
+        stats[2] += source.nbytes
+
+
+def _in_floats(boundary: Mapping[str, Any], floats: str) -> dict[str, Any]:
+    """The boundary block with its float values sent as the run computes them: float64 in a
+    float64 run, float32 otherwise (a bfloat16 tensor leaves as float32, `to_numpy`)."""
+    wide = "float64" if floats == "float64" else "float32"
+    return {n: dict(b) | ({"dtype": wide} if "float" in b["dtype"] else {})
+            for n, b in boundary.items()}  # fmt: skip
+
+
+def schedule_passes(pipeline: Mapping[str, Any]) -> tuple[tuple[Pass, ...], ...]:
+    """Each stage's passes in the schedule's order; an interleaved plan's stage runs its
+    layers as one chunk (the partition does not split them into virtual stages), in 1F1B's."""
+    schedule = Schedule.parse(str(pipeline["schedule"]))
+    if schedule.kind is ScheduleKind.INTERLEAVED:
+        schedule = Schedule(ScheduleKind.ONE_F_ONE_B)
+    stages = len(pipeline["stages"])
+    shape = Pipeline(stages, int(pipeline["micro_batches"]), schedule)
+    return tuple(order(shape, s) for s in range(stages))
+
+
+def run_pipelined_training(
+    out: str | os.PathLike[str],
+    model: str | os.PathLike[str],
+    steps: int = 3,
+    backend: str = "gloo",
+    inputs: Mapping[str, np.ndarray] | None = None,
+    timeout_s: float = 60.0,
+    seed: int = 0,
+    floats: str = "float32",
+    loss: str | None = None,
+) -> TrainingReport:
+    """Train pipelined training partition `out` `steps` steps as one process per device of
+    its whole mesh and check every step against PyTorch autograd on `model` (module
+    docstring); `loss`: the one asked for, which must be the plan's (None: the plan's)."""
+    from autoshard.run.launch import launch_work
+
+    if torch_rank() is not None:
+        raise RunSetupError(
+            f"'{out}' is a pipelined training partition: run it without torchrun (autoshard "
+            "run starts one process per device itself)"
+        )
+    if floats not in FLOATS:
+        raise RunSetupError(f"unknown float type {floats!r}; valid: {', '.join(FLOATS)}")
+    if backend != "gloo":
+        raise RunSetupError(
+            f"a pipelined training step runs on gloo (its sends move CPU tensors); got {backend!r}"
+        )
+    folder = Path(out)
+    manifest = read_manifest(folder)
+    pipeline = manifest["pipeline"]
+    if manifest["shape_only"]:
+        raise RunSetupError(f"'{out}' is the partition of a shape-only model: nothing to run")
+    check_model(manifest, model)
+    staged, training = _rebuild(folder, manifest, model)
+    check_training(training, loss)
+    floats = floats_of(training, floats)
+    stages = _stage_works(folder, manifest, staged)
+    collectives = global_steps([s.manifest for s in stages], [s.devices for s in stages],
+                               len(manifest["devices"]))  # fmt: skip
+    feeds = pipeline_feeds(stages, pipeline, steps, seed, inputs)
+    sha256 = tuple(d["sha256"] for d in manifest["devices"])
+    work = PipelineTrainingWork(stages, collectives, pipeline["boundary"],
+                                schedule_passes(pipeline), feeds, backend, sha256, floats)  # fmt: skip
+    started = time.perf_counter()
+    gathered = launch_work(work, len(sha256), timeout_s)
+    wall = time.perf_counter() - started
+    checks = pipeline_checks(model, stages, training, floats, feeds, gathered)
+    ranks = [{"rank": r, **timing} for r, (_, timing) in enumerate(gathered)]
+    timing = {"wall_s": wall, "backend": backend, "ranks": ranks}
+    return TrainingReport(tuple(checks), len(sha256), steps, timing, floats)
+
+
+def _rebuild(
+    folder: Path, manifest: Mapping[str, Any], model: str | os.PathLike[str]
+) -> tuple[PipelinedPartition, Training]:
+    """The stages' training steps rebuilt from the plan the folder keeps, checked against
+    the folder's step manifests."""
+    from autoshard.document.plan_document import read_document
+    from autoshard.execute.artifacts import PartitionFolderError
+    from autoshard.execute.stage_training import training_partition
+
+    pipeline = manifest["pipeline"]
+    path = folder / str(pipeline.get("plan", PLAN_COPY))
+    if not path.is_file():
+        raise PartitionFolderError(f"'{folder}' lacks the plan it was partitioned from ({path})")
+    staged, training = training_partition(read_document(path), path, model, manifest["dims"])
+    for stage, entry in zip(staged.stages, pipeline["stages"], strict=True):
+        steps = read_steps(folder / entry["folder"])
+        if [o["name"] for o in steps["outputs"]] != list(stage.built.graph.outputs):
+            raise PartitionFolderError(
+                f"stage {entry['index']}'s steps in '{folder}' are not its plan's training step "
+                "now; partition again"
+            )
+    return staged, training
+
+
+def _stage_works(
+    folder: Path, manifest: Mapping[str, Any], staged: PipelinedPartition
+) -> tuple[StageWork, ...]:
+    works, offset = [], 0
+    for stage, entry in zip(staged.stages, manifest["pipeline"]["stages"], strict=True):
+        here = folder / entry["folder"]
+        steps = read_steps(here)
+        graph = stage.built.graph
+        works.append(StageWork(here, graph, stage.built.partitioned, steps,
+                               segment_nodes(here, steps), tuple(entry["devices"]), entry,
+                               Checked.of(graph), offset))  # fmt: skip
+        offset += len(steps["collectives"])
+    return tuple(works)
+
+
+def pipeline_feeds(
+    stages: Sequence[StageWork], pipeline: Mapping[str, Any], steps: int, seed: int,
+    inputs: Mapping[str, np.ndarray] | None,
+) -> list[list[dict[str, np.ndarray]]]:  # fmt: skip
+    """Each step's inputs of the whole model, one set per micro-batch (`train_verify.
+    feeds_of`): the model's inputs, then the labels of a cross-entropy loss."""
+    found = {s.name: s for stage in stages for s in input_specs(stage.graph)}
+    names = [i["name"] for i in pipeline["inputs"]] + [LABELS]
+    specs = [found[n] for n in names if n in found]
+    classes = label_classes(stages[-1].graph)
+    return feeds_of(specs, classes, int(pipeline["micro_batches"]), steps, seed, inputs)
+
+
+def pipeline_checks(
+    model: str | os.PathLike[str], stages: Sequence[StageWork], training: Training,
+    floats: str, feeds: Sequence[Sequence[Mapping[str, np.ndarray]]], gathered: list[Any],
+) -> list[Check]:  # fmt: skip
+    """Every step's checks of every stage against the reference of the whole model, each
+    step from the weights and states the ranks hold after the step before; a shard's check
+    names its whole-mesh rank, the loss is checked where it is taken (the last stage)."""
+    trained = tuple(w for s in stages for w in s.checked.trained)
+    whole = dataclasses.replace(stages[-1].checked, trained=trained)
+    reference = reference_of(model, whole, training, floats)
+    checks: list[Check] = []
+    start = None
+    for k, feed in enumerate(feeds, start=1):
+        want = reference.step(feed, start)
+        weights: dict[str, np.ndarray] = {}
+        states: dict[str, np.ndarray] = {}
+        for stage in stages:
+            computed = [gathered[r][0][k - 1][0] for r in stage.devices]
+            held = [gathered[r][0][k - 1][1] for r in stage.devices]
+            found = step_checks(stage.partitioned, stage.checked, k, want, computed, held,
+                                tolerance_of(floats))  # fmt: skip
+            checks += [
+                dataclasses.replace(c, rank=None if c.rank is None else stage.devices[c.rank])
+                for c in found
+                if c.what != "loss" or stage.checked.losses
+            ]
+            w, s = held_start(stage.partitioned, stage.checked, held)
+            weights |= w
+            states |= s
+        start = (weights, states)
+    return checks
