@@ -312,6 +312,11 @@ def cmd_partition(args: argparse.Namespace) -> int:
     plan, training, dims = None, _training(args), dims_of(args.dim)
     if args.plan and is_pipelined(args.plan):
         return partition_pipelined(args, annotations)
+    if args.forward:
+        raise AutoshardError(
+            "--forward partitions a pipelined plan's forward only; this partition is of "
+            f"{'plan ' + args.plan if args.plan else '--mesh'}, which has no pipeline: leave it out"
+        )
     if not args.plan:
         if args.mesh is None:
             raise AutoshardError("partition needs --mesh (or --plan, whose mesh it takes)")

@@ -169,7 +169,7 @@ def test_a_plan_whose_stages_cannot_be_mapped_is_refused_in_one_line(tmp_path, c
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))
     capsys.readouterr()
-    assert main(["partition", str(onnx), "--plan", str(bad), "--forward", "-o", str(tmp_path / "o")]) == 2
+    assert main(["partition", str(onnx), "--plan", str(bad), "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert "a stage of 3 layers is deeper than the stage's model it decides (2 layers)" in err
     assert "\n" not in err
@@ -179,7 +179,7 @@ def test_a_plan_whose_stages_cannot_be_mapped_is_refused_in_one_line(tmp_path, c
     data = json.loads(plan.read_text())
     del data["ops"]["l1.mm"]
     bad.write_text(json.dumps(data))
-    assert main(["partition", str(onnx), "--plan", str(bad), "--forward", "-o", str(tmp_path / "o")]) == 2
+    assert main(["partition", str(onnx), "--plan", str(bad), "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert "has no op 'l1.mm': is it for this model?" in err and "\n" not in err
 

@@ -1,0 +1,149 @@
+"""The training step of a pipelined plan partitioned stage by stage and run on gloo, one
+process per device of the whole mesh, each stage's forward and backward passes in its
+schedule's order, against PyTorch autograd on the whole model (loss, every gradient, weight
+and Adam state within 1e-5 after each step); the schedule changes no rounding; a gradient
+sent back wrong is named by step and rank; bad requests refused in one line.
+
+Each run starts 4 ranks (seconds each on a loaded host): one 4-layer MLP, one partition per
+mesh (`partitions`), 4 runs in all."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autoshard.cli.main import main
+
+from .test_pipelined_run import SLOW, mlp
+
+pytest.importorskip("torch")
+
+# Data parallel stages: the activations pinned split over the batch (axis 1 of pp=2,dp=2).
+DATA_PARALLEL = [f"--annotate={v}=[[1],[]]" for v in ("x", "h0", "h1", "h2", "h3", "h4", "y")]
+
+
+@pytest.fixture(scope="module")
+def partitions(tmp_path_factory):
+    """The MLP and the partitions of its pipelined training plans, by mesh: pp=2,tp=2 (the
+    search splits each stage's layers over tp; 1F1B, 4 micro-batches) and pp=2,dp=2 (GPipe,
+    2 micro-batches)."""
+    root = tmp_path_factory.mktemp("pptrain")
+    onnx = mlp(root)
+    cluster = root / "slow.json"
+    cluster.write_text(json.dumps(SLOW))
+    asks = {
+        "pp=2,tp=2": ["--cluster", str(cluster), "--schedule", "1f1b", "--micro-batches", "4"],
+        "pp=2,dp=2": ["--schedule", "gpipe", "--micro-batches", "2", *DATA_PARALLEL],
+    }
+    folders = {}
+    for mesh, flags in asks.items():
+        plan, out = root / f"{mesh}.json", root / mesh
+        assert main(["plan", str(onnx), "--mesh", mesh, "--mode", "training", "--precision",
+                     "fp32", "--dim", "batch=4", *flags, "-q", "-o", str(plan)]) == 0  # fmt: skip
+        assert main(["partition", str(onnx), "--plan", str(plan), "-o", str(out)]) == 0
+        folders[mesh] = out
+    return onnx, folders
+
+
+def _collectives(out: Path, stage: int) -> list[tuple[str, str]]:
+    steps = json.loads((out / f"stage-{stage}" / "steps.json").read_text())
+    return [(c["kind"], c["source"]) for c in steps["collectives"]]
+
+
+def test_tensor_parallel_stages_train_1f1b_and_gpipe_to_the_same_roundings(partitions, tmp_path):
+    from autoshard.run.pipetrain import run_pipelined_training
+
+    onnx, folders = partitions
+    out = folders["pp=2,tp=2"]
+    pipeline = json.loads((out / "manifest.json").read_text())["pipeline"]
+    assert pipeline["training"]["precision"] == "fp32" and pipeline["micro_batches"] == 4
+    # Stage 0 takes the gradient of h2, its send, from stage 1, which sends it back: the
+    # output of its step holding h2's gradient, held as h2 is (its features split over tp).
+    first, second = pipeline["stages"]
+    assert first["seeded"] == ["h2"] and first["sent_back"] == {}
+    assert second["seeded"] == [] and list(second["sent_back"]) == ["h2"]
+    assert pipeline["boundary"]["h2"]["sharding"] == "[[], [0]]"
+    # Each stage's backward reduce-scatters its layers' input gradients over tp.
+    assert ("reduce_scatter", "h2@grad0") in _collectives(out, 1)
+    assert ("reduce_scatter", "h0@grad0") in _collectives(out, 0)
+    report = run_pipelined_training(out, onnx, steps=3, timeout_s=120)
+    assert report.ok, [c.line() for c in report.failures]
+    assert {c.step for c in report.checks} == {1, 2, 3}
+    assert [c.what for c in report.checks].count("loss") == 3  # the last stage's, each step
+    trained = {c.name for c in report.checks if c.what == "weight"}
+    assert trained == {"embed", "head", *(f"{k}{i}" for k in "wb" for i in range(4))}
+    assert max(c.max_rel_err for c in report.checks) <= 1e-5
+    # The same partition in GPipe's order (stage 0: F0 F1 F2 F3 B0 .. B3, not 1F1B's F0 F1
+    # B0 F2 B1 F3 B2 B3): every backward runs in micro-batch order either way, so the
+    # gradients sum in the same order and step 1 is the same to the last bit.
+    gpipe = tmp_path / "gpipe"
+    shutil.copytree(out, gpipe)
+    manifest = json.loads((gpipe / "manifest.json").read_text())
+    manifest["pipeline"]["schedule"] = "gpipe"
+    (gpipe / "manifest.json").write_text(json.dumps(manifest))
+    again = run_pipelined_training(gpipe, onnx, steps=1, timeout_s=120)
+    assert again.ok
+    assert again.checks == tuple(c for c in report.checks if c.step == 1)
+
+
+def test_data_parallel_stages_sync_their_gradients_and_verify(partitions, capsys):
+    onnx, folders = partitions
+    out = folders["pp=2,dp=2"]
+    pipeline = json.loads((out / "manifest.json").read_text())["pipeline"]
+    assert pipeline["boundary"]["h2"]["local_shapes"] == [[2, 64], [2, 64]]  # the batch split
+    # The embedding's and the head's gradients reduce-scattered over dp, each in its stage.
+    assert ("reduce_scatter", "embed@grad0") in _collectives(out, 0)
+    assert ("reduce_scatter", "head@grad0") in _collectives(out, 1)
+    capsys.readouterr()
+    assert main(["verify", str(out), "--model", str(onnx), "--steps", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (
+        f"verify {out}: 1 training steps on 4 devices as 4 processes (gloo) against torch "
+        "autograd: ok"
+    )
+
+
+def test_a_gradient_sent_back_wrong_is_named_by_step_and_rank(partitions, tmp_path, capsys):
+    """Stage 1 sends back h2 itself, not its gradient (its step manifest's output, edited):
+    stage 0's gradients differ from autograd, named by step, whole-mesh rank and parameter;
+    stage 1's own are right."""
+    onnx, folders = partitions
+    out = tmp_path / "bad"
+    shutil.copytree(folders["pp=2,dp=2"], out)
+    steps = json.loads((out / "stage-1" / "steps.json").read_text())
+    entry = next(o for o in steps["outputs"] if o["name"] == "h2@grad0")
+    entry["tensor"] = "h2"
+    (out / "stage-1" / "steps.json").write_text(json.dumps(steps))
+    capsys.readouterr()
+    assert main(["verify", str(out), "--model", str(onnx), "--steps", "1", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    failures = report["failures"]
+    assert failures and all(re.match(r"step 1, rank [01]: ", line) for line in failures)
+    pattern = r"step 1, rank [01]: gradient of w1 differs from torch autograd by \d"
+    assert any(re.match(pattern, line) for line in failures), failures
+    assert not any(f" of {w} " in line for line in failures for w in ("w2", "w3", "head"))
+
+
+def test_bad_requests_of_a_pipelined_training_partition_are_one_line(partitions, capsys):
+    onnx, folders = partitions
+    out = str(folders["pp=2,dp=2"])
+    cases = [
+        (["verify", out, "--model", str(onnx), "--rtol", "1e-3"], "--rtol is for forward passes"),
+        (["run", out], "is a pipelined training step: give --check MODEL"),
+        (["run", out, "--check", str(onnx), "--backend", "nccl"], "runs on gloo"),
+        (["run", out, "--check", str(onnx), "--steps", "0"], "--steps must be at least 1"),
+        (["run", out, "--check", str(onnx), "--loss", "cross-entropy"], "disagrees with"),
+    ]
+    for argv, said in cases:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert said in err and "\n" not in err, err
+    plain = Path(out).parent / "plain"
+    assert main(["partition", str(onnx), "--mesh", "2x2", "--forward", "-o", str(plain)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--forward partitions a pipelined plan's forward only" in err and "\n" not in err
