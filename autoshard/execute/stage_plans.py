@@ -139,8 +139,9 @@ def pipelined_partition(
         StagePartition(
             cut=cut,
             built=build(cut.graph, stage_plan_of(cut, stage_plan, staged.names, boundary, path)),
-            devices=stage_devices(staged.whole, staged.axis, len(staged.cuts), cut.index,
-                                  document.mesh),  # fmt: skip
+            devices=stage_devices(
+                staged.whole, staged.axis, len(staged.cuts), cut.index, document.mesh
+            ),  # fmt: skip
         )
         for cut in staged.cuts
     )

@@ -44,7 +44,7 @@ from autoshard.sharding import Sharding
 from autoshard.training.options import Loss, Training
 from autoshard.training.replay import replays
 from autoshard.training.stages import stage_steps
-from autoshard.training.step import training_graph
+from autoshard.training.step import gradient_name, training_graph
 
 
 def seed_name(value: str) -> str:
@@ -120,10 +120,29 @@ def training_partition(
                                 document.mesh)  # fmt: skip
         stages.append(StagePartition(cut=cut, built=build(step, plan), devices=devices))
         seeds = seeded(step, cut)
+    _check_untied(stages)
     partition = PipelinedPartition(staged.forward, staged.whole, staged.axis,
                                    str(block["schedule"]), int(block["micro_batches"]),
                                    tuple(stages), boundary)  # fmt: skip
     return partition, training
+
+
+def _check_untied(stages: Sequence[StagePartition]) -> None:
+    """Refuse a parameter trained on two stages (an embedding tied to the head): its
+    gradient would be the sum of both stages', which no send here makes."""
+    seen: dict[str, int] = {}
+    for stage in stages:
+        graph = stage.built.graph
+        for w in graph.weights:
+            if gradient_name(w) not in graph.values:
+                continue
+            if w in seen:
+                raise StageMapError(
+                    f"parameter {w!r} is trained on stages {seen[w]} and {stage.cut.index} (a "
+                    "tied weight): a pipelined training step sums no gradient across stages; "
+                    "untie it in the model"
+                )
+            seen[w] = stage.cut.index
 
 
 def _returned_gradients(

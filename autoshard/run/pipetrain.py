@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
 from autoshard.cost.schedule import Pass, Pipeline, Schedule, ScheduleKind, order
@@ -260,8 +259,8 @@ class _Rank:
     def collective(self, device: StageDevice, j: int, world: int) -> None:
         """Collective `j` of the stage's list among the stage's devices, its result in place."""
         started = time.perf_counter()
-        local, entry = device.collectives[j], self.work.collectives["collectives"][
-            j + self.stage.offset]
+        local = device.collectives[j]
+        entry = self.work.collectives["collectives"][j + self.stage.offset]
         source = to_numpy(device.env[local.source])
         try:
             result = self.collectives.run(entry, source)
@@ -338,8 +337,9 @@ def run_pipelined_training(
                                len(manifest["devices"]))  # fmt: skip
     feeds = pipeline_feeds(stages, pipeline, steps, seed, inputs)
     sha256 = tuple(d["sha256"] for d in manifest["devices"])
-    work = PipelineTrainingWork(stages, collectives, pipeline["boundary"],
-                                schedule_passes(pipeline), feeds, backend, sha256, floats)  # fmt: skip
+    passes = schedule_passes(pipeline)
+    work = PipelineTrainingWork(stages, collectives, pipeline["boundary"], passes, feeds,
+                                backend, sha256, floats)  # fmt: skip
     started = time.perf_counter()
     gathered = launch_work(work, len(sha256), timeout_s)
     wall = time.perf_counter() - started
@@ -362,7 +362,7 @@ def _rebuild(
     path = folder / str(pipeline.get("plan", PLAN_COPY))
     if not path.is_file():
         raise PartitionFolderError(f"'{folder}' lacks the plan it was partitioned from ({path})")
-    staged, training = training_partition(read_document(path), path, model, manifest["dims"])
+    staged, training = training_partition(read_document(path), path, Path(model), manifest["dims"])
     for stage, entry in zip(staged.stages, pipeline["stages"], strict=True):
         steps = read_steps(folder / entry["folder"])
         if [o["name"] for o in steps["outputs"]] != list(stage.built.graph.outputs):
