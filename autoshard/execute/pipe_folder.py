@@ -184,42 +184,61 @@ def _held(stage: StagePartition, name: str) -> dict[str, Any]:
 def p2p_text(staged: PipelinedPartition, dialect: str = Dialect.MESH) -> str:
     """The sends and receives of every stage as MLIR: stage `s`'s function takes what it
     sends (its device's shard), sends it to position `s + 1` on the pipeline axis, and
-    receives what the stage before sends it from position `s - 1`."""
-    mesh, axis = staged.mesh, staged.axis
+    receives what the stage before sends it from position `s - 1`; a training step's stage
+    also receives the gradients of its sends from `s + 1` and sends the gradients of what it
+    receives back to `s - 1`."""
+    mesh = staged.mesh
     grid = "mesh.mesh" if dialect == Dialect.MESH else "shard.grid"
-    axes = "mesh_axes" if dialect == Dialect.MESH else "grid_axes"
     shape = "x".join(map(str, mesh.shape))
     names = f" {{axis_names = {attr_text(mesh.axis_names)}}}" if mesh.axis_names else ""
     lines = ["module {", f"  {grid} @{mesh.name}(shape = {shape}){names}"]
     stage_mesh = staged.stages[0].built.plan.mesh
     for stage in staged.stages:
         s, cut = stage.cut.index, stage.cut
-        types = {n: _local_type(staged, stage_mesh, n) for n in (*cut.receives, *cut.sends)}
-        args = [f"%arg{k}: {types[n]}" for k, n in enumerate(cut.sends)]
+        gradients = _gradients(stage) if stage.built.graph is not cut.graph else None
+        back = gradients["sent_back"] if gradients else {}
+        # (the value whose local type it has, its name, the peer's position)
+        sends = [(n, n, s + 1) for n in cut.sends] + [(x, g, s - 1) for x, g in back.items()]
+        receives = [(n, n, s - 1) for n in cut.receives]
+        receives += [(n, seed_name(n), s + 1) for n in (gradients or {}).get("seeded", [])]
+        types = {v: _local_type(staged, stage_mesh, v) for v, _, _ in (*sends, *receives)}
+        args = [f"%arg{k}: {types[v]}" for k, (v, _, _) in enumerate(sends)]
         lines.append(
             f"  // stage {s}: layers {cut.layers.start}..{cut.layers.stop - 1} on devices "
             f"{list(stage.devices)}; its program: {stage_folder(s)}/{SPMD}"
         )
-        results = ", ".join(str(types[n]) for n in cut.receives)
+        results = ", ".join(str(types[v]) for v, _, _ in receives)
         lines.append(f"  func.func @stage{s}({', '.join(args)}) -> ({results}) {{")
-        body, returned = [], []
-        for k, name in enumerate(cut.receives):
-            t = types[name]
-            body.append(f"%r{k} = tensor.empty() : {t}")
-            body.append(
-                f"%recv{k} = {dialect}.recv %r{k} on @{mesh.name} {axes} = [{axis}] "
-                f"source = [{s - 1}] : ({t}) -> {t} loc({quote(name)})"
-            )
-            returned.append(f"%recv{k}")
-        for k, name in enumerate(cut.sends):
-            t = types[name]
-            body.append(
-                f"%send{k} = {dialect}.send %arg{k} on @{mesh.name} {axes} = [{axis}] "
-                f"destination = [{s + 1}] : ({t}) -> {t} loc({quote(name)})"
-            )
-        body.append(f"return {', '.join(returned)} : {results}" if returned else "return")
+        body = _p2p_body(staged, dialect, sends, receives, types)
         lines += [f"    {line}" for line in body] + ["  }"]
     return "\n".join([*lines, "}", ""])
+
+
+def _p2p_body(
+    staged: PipelinedPartition, dialect: str, sends: list[tuple[str, str, int]],
+    receives: list[tuple[str, str, int]], types: dict[str, TensorType],
+) -> list[str]:  # fmt: skip
+    """A stage function's receives, sends and return (`p2p_text`)."""
+    mesh, axis = staged.mesh, staged.axis
+    axes = "mesh_axes" if dialect == Dialect.MESH else "grid_axes"
+    body, returned = [], []
+    for k, (value, name, source) in enumerate(receives):
+        t = types[value]
+        body.append(f"%r{k} = tensor.empty() : {t}")
+        body.append(
+            f"%recv{k} = {dialect}.recv %r{k} on @{mesh.name} {axes} = [{axis}] "
+            f"source = [{source}] : ({t}) -> {t} loc({quote(name)})"
+        )
+        returned.append(f"%recv{k}")
+    for k, (value, name, destination) in enumerate(sends):
+        t = types[value]
+        body.append(
+            f"%send{k} = {dialect}.send %arg{k} on @{mesh.name} {axes} = [{axis}] "
+            f"destination = [{destination}] : ({t}) -> {t} loc({quote(name)})"
+        )
+    results = ", ".join(str(types[v]) for v, _, _ in receives)
+    body.append(f"return {', '.join(returned)} : {results}" if returned else "return")
+    return body
 
 
 def _local_type(staged: PipelinedPartition, mesh: Any, name: str) -> TensorType:

@@ -67,6 +67,15 @@ def test_tensor_parallel_stages_train_1f1b_and_gpipe_to_the_same_roundings(parti
     assert first["seeded"] == ["h2"] and first["sent_back"] == {}
     assert second["seeded"] == [] and list(second["sent_back"]) == ["h2"]
     assert pipeline["boundary"]["h2"]["sharding"] == "[[], [0]]"
+    mlir = (out / "pipeline.mlir").read_text()  # stage 1 sends h2's gradient back to stage 0
+    assert (
+        "mesh.send %arg0 on @mesh0 mesh_axes = [0] destination = [0] : (tensor<4x32xf32>) "
+        '-> tensor<4x32xf32> loc("h2@grad0")' in mlir
+    )
+    assert (
+        "mesh.recv %r0 on @mesh0 mesh_axes = [0] source = [1] : (tensor<4x32xf32>) -> "
+        'tensor<4x32xf32> loc("h2@grad0")' in mlir
+    )
     # Each stage's backward reduce-scatters its layers' input gradients over tp.
     assert ("reduce_scatter", "h2@grad0") in _collectives(out, 1)
     assert ("reduce_scatter", "h0@grad0") in _collectives(out, 0)
@@ -147,3 +156,23 @@ def test_bad_requests_of_a_pipelined_training_partition_are_one_line(partitions,
     assert main(["partition", str(onnx), "--mesh", "2x2", "--forward", "-o", str(plain)]) == 2
     err = capsys.readouterr().err.strip()
     assert "--forward partitions a pipelined plan's forward only" in err and "\n" not in err
+
+
+def test_a_gpt2_export_trains_over_2_stages_of_2_way_tensor_parallelism(tmp_path, capsys):
+    """GPT-2 (1F1B, 2 micro-batches, SGD: Adam's first step moves an element whose exact
+    gradient is zero, the key bias's, by the learning rate times the sign of its rounding)."""
+    from .helpers import model_path
+
+    gpt2 = model_path("gpt2")
+    cluster, plan, out = tmp_path / "slow.json", tmp_path / "plan.json", tmp_path / "out"
+    cluster.write_text(json.dumps(SLOW))
+    flags = ["--precision", "fp32", "--optimizer", "sgd", "--micro-batches", "2", "--dim",
+             "batch=2", "--dim", "seq=16", "-q"]  # fmt: skip
+    assert main(["plan", str(gpt2), "--cluster", str(cluster), "--mesh", "pp=2,tp=2", "--mode",
+                 "training", *flags, "-o", str(plan)]) == 0  # fmt: skip
+    assert main(["partition", str(gpt2), "--plan", str(plan), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(out), "--check", str(gpt2), "--steps", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["steps"] == 2
+    assert max(report["max_rel_err"].values()) <= 1e-5
