@@ -65,6 +65,7 @@ def write_pipelined(
     forward = staged.forward
     shape_only = any(not w.has_data for w in forward.weights.values())
     devices: list[dict[str, Any]] = [{} for _ in range(staged.mesh.size)]
+    sha256: dict[int, list[str]] = {}
     for stage in staged.stages:
         here = folder / stage_folder(stage.cut.index)
         try:
@@ -82,7 +83,10 @@ def write_pipelined(
                 here, built.partitioned, built.graph, {d["index"]: d["file"] for d in files}
             )
         write_atomic(here / SPMD, print_spmd(built.partitioned, dialect).encode())
+        sha256[stage.cut.index] = [entry["sha256"] for entry in files]
         for local, (index, entry) in enumerate(zip(stage.devices, files, strict=True)):
+            if devices[index]:  # an interleaved plan's later chunk: its file is its stage's
+                continue
             devices[index] = {
                 "index": index, "coordinates": list(staged.mesh.multi_index(index)),
                 "stage": stage.cut.index, "local": local, "sha256": entry["sha256"],
@@ -93,8 +97,10 @@ def write_pipelined(
     if training is not None:
         write_atomic(folder / PLAN_COPY, Path(training[1]).read_bytes())
         pipeline |= {"training": training[0].to_json(), "plan": PLAN_COPY}
+        pipeline["virtual"] = staged.virtual
         for entry, stage in zip(pipeline["stages"], staged.stages, strict=True):
-            entry |= _gradients(stage)
+            entry |= _gradients(stage) | {"position": staged.position(stage.cut.index),
+                                          "sha256": sha256[stage.cut.index]}  # fmt: skip
     manifest = {
         "format": FORMAT,
         "model": {"path": str(model), "sha256": sha256_file(model)},
@@ -183,10 +189,10 @@ def _held(stage: StagePartition, name: str) -> dict[str, Any]:
 
 def p2p_text(staged: PipelinedPartition, dialect: str = Dialect.MESH) -> str:
     """The sends and receives of every stage as MLIR: stage `s`'s function takes what it
-    sends (its device's shard), sends it to position `s + 1` on the pipeline axis, and
-    receives what the stage before sends it from position `s - 1`; a training step's stage
-    also receives the gradients of its sends from `s + 1` and sends the gradients of what it
-    receives back to `s - 1`."""
+    sends (its device's shard), sends it to the next stage's position on the pipeline axis
+    (`s + 1`; an interleaved plan's chunk `s + 1`'s), and receives what the stage before
+    sends it; a training step's stage also receives the gradients of its sends from the
+    next stage and sends the gradients of what it receives back to the stage before."""
     mesh = staged.mesh
     grid = "mesh.mesh" if dialect == Dialect.MESH else "shard.grid"
     shape = "x".join(map(str, mesh.shape))
@@ -195,16 +201,18 @@ def p2p_text(staged: PipelinedPartition, dialect: str = Dialect.MESH) -> str:
     stage_mesh = staged.stages[0].built.plan.mesh
     for stage in staged.stages:
         s, cut = stage.cut.index, stage.cut
+        before, after = staged.position(s - 1), staged.position(s + 1)
         gradients = _gradients(stage) if stage.built.graph is not cut.graph else None
         back = gradients["sent_back"] if gradients else {}
         # (the value whose local type it has, its name, the peer's position)
-        sends = [(n, n, s + 1) for n in cut.sends] + [(x, g, s - 1) for x, g in back.items()]
-        receives = [(n, n, s - 1) for n in cut.receives]
-        receives += [(n, seed_name(n), s + 1) for n in (gradients or {}).get("seeded", [])]
+        sends = [(n, n, after) for n in cut.sends] + [(x, g, before) for x, g in back.items()]
+        receives = [(n, n, before) for n in cut.receives]
+        receives += [(n, seed_name(n), after) for n in (gradients or {}).get("seeded", [])]
         types = {v: _local_type(staged, stage_mesh, v) for v, _, _ in (*sends, *receives)}
         args = [f"%arg{k}: {types[v]}" for k, (v, _, _) in enumerate(sends)]
         lines.append(
-            f"  // stage {s}: layers {cut.layers.start}..{cut.layers.stop - 1} on devices "
+            f"  // {'chunk' if staged.virtual > 1 else 'stage'} {s}: layers "
+            f"{cut.layers.start}..{cut.layers.stop - 1} on devices "
             f"{list(stage.devices)}; its program: {stage_folder(s)}/{SPMD}"
         )
         results = ", ".join(str(types[v]) for v, _, _ in receives)

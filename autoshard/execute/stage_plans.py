@@ -33,7 +33,7 @@ from autoshard.ir.graph import Graph
 from autoshard.mesh import Device, Mesh
 from autoshard.pipeline import Built, build, load_graphs
 from autoshard.plan import Plan, plan_from_options, returned
-from autoshard.search.pipelined import model_layer
+from autoshard.search.pipelined import model_layer, split_layers
 from autoshard.sharding import Sharding
 
 
@@ -58,7 +58,9 @@ class StagePartition:
 @dataclass(frozen=True)
 class PipelinedPartition:
     """Every stage of a pipelined plan, the whole mesh and its pipeline axis, the schedule and
-    micro-batches, and how each boundary value is held (on the stage mesh)."""
+    micro-batches, and how each boundary value is held (on the stage mesh). With `virtual`
+    > 1, `stages` are the virtual stages (chunks) in order, chunk `c` on the pipeline axis's
+    position `c % (len(stages) // virtual)`."""
 
     forward: Graph
     mesh: Mesh
@@ -67,6 +69,11 @@ class PipelinedPartition:
     micro_batches: int
     stages: tuple[StagePartition, ...]
     boundary: Mapping[str, Sharding]
+    virtual: int = 1
+
+    def position(self, chunk: int) -> int:
+        """The pipeline axis's position of stage (chunk) `chunk`."""
+        return chunk % (len(self.stages) // self.virtual)
 
 
 @dataclass(frozen=True)
@@ -85,15 +92,20 @@ class StageMap:
 
 
 def stage_map(
-    document: PlanDocument, path: str | Path, model: str | Path, dims: Mapping[str, int]
-) -> StageMap:
+    document: PlanDocument, path: str | Path, model: str | Path, dims: Mapping[str, int],
+    virtual: int = 1,
+) -> StageMap:  # fmt: skip
     """Plan document `document` (read from `path`, a pipelined plan) mapped onto the stages
-    of the whole model `model` with `dims`, checked to fit."""
+    of the whole model `model` with `dims`, checked to fit; with `virtual` > 1, onto each
+    stage's virtual stages (chunks): the layers split evenly into `stages * virtual` runs,
+    chunk `c` on stage `c % stages` (`export.stages`' rule, Megatron's and torch's order)."""
     block = document.pipeline
     assert block is not None
     forward = load_graphs(model, dims, None)[0]
     run = layer_run(forward)
     ranges = [range(*s["layers"]) for s in block["stages"]]
+    if virtual > 1:
+        ranges = list(split_layers(ranges[-1].stop, len(ranges) * virtual))
     if run is None:
         raise StageMapError(f"plan {path} is pipelined but model {model} has no repeated layers")
     depth = int(block.get("stage_model_layers") or 0)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from autoshard.analysis.attention import find_attention
 from autoshard.analysis.stage_cut import StageCut
+from autoshard.cost.schedule import Schedule
 from autoshard.document.plan_document import PlanDocument, decisions_for, plan_from_document
 from autoshard.execute.stage_plans import (
     PipelinedPartition,
@@ -97,14 +98,17 @@ def training_partition(
     document: PlanDocument, path: str | Path, model: str | Path, dims: Mapping[str, int]
 ) -> tuple[PipelinedPartition, Training]:
     """Plan document `document` (read from `path`, a pipelined training plan) partitioned
-    stage by stage on the whole model `model` with `dims`: each stage's training step."""
+    stage by stage on the whole model `model` with `dims`: each stage's training step; an
+    interleaved plan's, chunk by chunk (`stage_plans.stage_map`)."""
     block = document.pipeline
     assert block is not None
     decisions = decisions_for(document, path, document.mesh, model, dims)
     training = decisions.training
     if training is None:
         raise StageMapError(f"plan {path} is pipelined but plans no training step; plan again")
-    staged = stage_map(document, path, model, dims)
+    virtual = Schedule.parse(str(block["schedule"])).virtual
+    staged = stage_map(document, path, model, dims, virtual)
+    positions = len(staged.cuts) // virtual
     model_step = stage_steps(staged.forward, training).step(staged.depth)
     stage_plan = plan_from_document(decisions, model_step, document.mesh, f"plan {path}")
     boundary = boundary_of(staged, stage_plan, path)
@@ -116,14 +120,14 @@ def training_partition(
         gradients = dict(zip(differentiated, _returned_gradients(step, cut, differentiated),
                              strict=True))  # fmt: skip
         plan = _stage_plan(cut, step, stage_plan, staged.names, boundary, gradients, path)
-        devices = stage_devices(staged.whole, staged.axis, len(staged.cuts), cut.index,
+        devices = stage_devices(staged.whole, staged.axis, positions, cut.index % positions,
                                 document.mesh)  # fmt: skip
         stages.append(StagePartition(cut=cut, built=build(step, plan), devices=devices))
         seeds = seeded(step, cut)
     _check_untied(stages)
     partition = PipelinedPartition(staged.forward, staged.whole, staged.axis,
                                    str(block["schedule"]), int(block["micro_batches"]),
-                                   tuple(stages), boundary)  # fmt: skip
+                                   tuple(stages), boundary, virtual)  # fmt: skip
     return partition, training
 
 

@@ -133,92 +133,147 @@ class PipelineTrainingWork:
             dist.destroy_process_group()
 
 
+class _PeerFailure(TrainingFailure):
+    """A send or receive that failed: a peer's echo (it stopped), not this rank's own cause."""
+
+    @property
+    def own(self) -> bool:
+        return False
+
+
+@dataclass
+class _Chunk:
+    """One stage (an interleaved plan's chunk) this rank is a device of, and its device."""
+
+    stage: StageWork
+    local: int
+    device: StageDevice
+    before: int | None  # the rank it receives from, sends gradients back to
+    after: int | None  # the rank it sends to, receives gradients from
+
+    @property
+    def steps(self) -> list[Any]:
+        return self.stage.manifest["devices"][self.local]["steps"]
+
+    @property
+    def tensors(self) -> dict[str, str]:
+        return {o["name"]: o["tensor"] for o in self.stage.manifest["outputs"]}
+
+
 class _Rank:
-    """One rank's training steps."""
+    """One rank's training steps: each of its stages' (chunks') passes in the schedule's
+    order."""
 
     def __init__(self, work: PipelineTrainingWork, rank: int, collectives: Executor,
                  progress: MutableSequence[int]) -> None:  # fmt: skip
         self.work, self.rank, self.collectives, self.progress = work, rank, collectives, progress
-        self.stage, self.local = work.stage_of(rank)
-        stage, s = self.stage, int(self.stage.entry["index"])
-        self.steps = stage.manifest["devices"][self.local]["steps"]
         self.step, self.timing = 0, Timing()
-        before = work.stages[s - 1].devices[self.local] if s else None
-        after = work.stages[s + 1].devices[self.local] if s + 1 < len(work.stages) else None
-        self.before, self.after = before, after
-        self.tensors = {o["name"]: o["tensor"] for o in stage.manifest["outputs"]}
+        self.mine = [s for s in work.stages if rank in s.devices]  # in chunk order
+        self.chunks: list[_Chunk] = []
+        self.chunk = 0  # the one running
         boundary = _in_floats(work.boundary, work.floats)
-        self.forward_p2p = Boundary(boundary, self.local, rank)
-        self.backward_p2p = Boundary(boundary, self.local, rank)
+        self.forward_p2p = Boundary(boundary, self.mine[0].devices.index(rank), rank)
+        self.backward_p2p = Boundary(boundary, self.mine[0].devices.index(rank), rank)
+
+    def load(self) -> list[_Chunk]:
+        """Each of its stages' device, its weights read (from its own file)."""
+        rank, stages = self.rank, self.work.stages
+        chunks = []
+        for stage in self.mine:
+            local, c = stage.devices.index(rank), int(stage.entry["index"])
+            sha256 = stage.entry.get("sha256", [None] * len(stage.devices))[local]
+            try:
+                weights = read_weights(stage.folder, stage.manifest, local, sha256)
+                steps = stage.manifest["devices"][local]["steps"]
+                device = StageDevice(stage.partitioned, local, steps, stage.graph)
+                device.held = start_tensors(stage.partitioned, stage.graph, local, weights)
+            except Exception as error:  # a missing or bad file
+                raise TrainingFailure(rank, 0, -1, "loading", str(error).splitlines()[0]) from None
+            before = stages[c - 1].devices[local] if c else None
+            after = stages[c + 1].devices[local] if c + 1 < len(stages) else None
+            chunks.append(_Chunk(stage, local, device, before, after))
+        return chunks
 
     def fail(self, position: int, cause: str) -> TrainingFailure:
-        what = describe(self.steps[position], self.stage.manifest) if position >= 0 else "loading"
+        chunk = self.chunks[self.chunk]
+        steps = chunk.steps
+        what = describe(steps[position], chunk.stage.manifest) if position >= 0 else "loading"
+        if len(self.chunks) > 1:
+            what = f"chunk {chunk.stage.entry['index']}, {what}"
         return TrainingFailure(self.rank, self.step, position, what, cause)
 
     def train(self) -> tuple[Records, dict[str, object]]:
-        stage, work = self.stage, self.work
-        try:
-            weights = read_weights(stage.folder, stage.manifest, self.local, work.sha256[self.rank])
-            device = StageDevice(stage.partitioned, self.local, self.steps, stage.graph)
-            device.held = start_tensors(stage.partitioned, stage.graph, self.local, weights)
-        except Exception as error:  # a missing or bad file
-            raise self.fail(-1, str(error).splitlines()[0]) from None
-        outputs = dict(zip(stage.graph.outputs, stage.partitioned.program.outputs, strict=True))
+        work = self.work
+        self.chunks = self.load()
         records: Records = []
         step_s = []
-        passes = work.passes[int(stage.entry["index"])]
+        passes = work.passes[int(self.mine[0].entry.get("position", self.mine[0].entry["index"]))]
         for self.step, feed in enumerate(work.feeds, start=1):
             self.progress[len(work.sha256) + self.rank] = self.step
             started, kept = time.perf_counter(), {}
             for one in passes:
-                m = one.micro_batch
+                m, self.chunk = one.micro_batch, one.chunk
                 if one.forward:
-                    kept[m] = self.forward(device, feed[m], m, m == len(feed) - 1)
+                    kept[m, one.chunk] = self.forward(feed[m], m, m == len(feed) - 1)
                 else:
-                    self.backward(device, kept.pop(m), m, m == len(feed) - 1)
-            device.total_losses(stage.checked.losses)
-            device.end(stage.graph.updates, outputs)
+                    self.backward(kept.pop((m, one.chunk)), m, m == len(feed) - 1)
+            computed: dict[str, np.ndarray] = {}
+            held: dict[str, np.ndarray] = {}
+            for chunk in self.chunks:
+                stage, device = chunk.stage, chunk.device
+                device.total_losses(stage.checked.losses)
+                outputs = dict(zip(stage.graph.outputs, stage.partitioned.program.outputs,
+                                   strict=True))  # fmt: skip
+                device.end(stage.graph.updates, outputs)
+                computed |= {n: to_numpy(device.env[n]) for n in stage.checked.computed}
+                held |= {n: to_numpy(device.held[n]) for n in stage.checked.held}
             for p2p in (self.forward_p2p, self.backward_p2p):
-                self.wait(p2p)
+                self.p2p(p2p.wait)
             step_s.append(time.perf_counter() - started)
-            records.append((
-                {n: to_numpy(device.env[n]) for n in stage.checked.computed},
-                {n: to_numpy(device.held[n]) for n in stage.checked.held},
-            ))  # fmt: skip
-        return records, {**self.timing.to_json(), "step_s": step_s,
-                         "stage": int(stage.entry["index"])}  # fmt: skip
+            records.append((computed, held))
+        stages = [int(s.entry["index"]) for s in self.mine]
+        return records, {**self.timing.to_json(), "step_s": step_s, "stages": stages}
 
-    def tag(self, micro_batch: int) -> int:
-        """The micro-batch's number over the run: its messages' tag."""
-        return (self.step - 1) * len(self.work.feeds[0]) + micro_batch
+    def tag(self, micro_batch: int, after: int) -> int:
+        """The tag of micro-batch `m`'s messages across the boundary after stage (chunk)
+        `after`, both ways: its number over the run, and the boundary's (a pair of ranks
+        exchanges several chunks' values in an interleaved plan)."""
+        count = (self.step - 1) * len(self.work.feeds[0]) + micro_batch
+        return count * len(self.work.stages) + after
 
-    def forward(self, device: StageDevice, feed: Mapping[str, np.ndarray], m: int,
-                last: bool) -> Any:  # fmt: skip
-        """Micro-batch `m`'s forward pass: receive, run, send on; its state kept."""
-        entry = self.stage.entry
-        received = self.p2p(lambda: self.forward_p2p.receive(entry["receives"], self.before,
-                                                             self.tag(m)))  # fmt: skip
-        own = {n: a for n, a in feed.items() if n in self.stage.graph.inputs}
-        inputs = local_inputs(self.stage.partitioned, self.local, own)
+    def forward(self, feed: Mapping[str, np.ndarray], m: int, last: bool) -> Any:
+        """Micro-batch `m`'s forward pass of the running chunk: receive, run, send on; its
+        state kept."""
+        chunk = self.chunks[self.chunk]
+        stage, device, entry = chunk.stage, chunk.device, chunk.stage.entry
+        c = int(entry["index"])
+        received = self.p2p(lambda: self.forward_p2p.receive(entry["receives"], chunk.before,
+                                                             self.tag(m, c - 1)))  # fmt: skip
+        own = {n: a for n, a in feed.items() if n in stage.graph.inputs}
+        inputs = local_inputs(stage.partitioned, chunk.local, own)
         device.begin(inputs | {n: to_torch(a) for n, a in received.items()}, last)
-        self.run(device, forward_only=True)
-        sends = {n: to_numpy(self.made(device, self.tensors[n])) for n in entry["sends"]}
-        self.p2p(lambda: self.forward_p2p.send(sends, self.after, self.tag(m)))
+        self.run(chunk, forward_only=True)
+        tensors = chunk.tensors
+        sends = {n: to_numpy(self.made(device, tensors[n])) for n in entry["sends"]}
+        self.p2p(lambda: self.forward_p2p.send(sends, chunk.after, self.tag(m, c)))
         return device.save()
 
-    def backward(self, device: StageDevice, kept: Any, m: int, last: bool) -> None:
-        """Micro-batch `m`'s backward pass: receive its sends' gradients, run, send back."""
-        entry = self.stage.entry
+    def backward(self, kept: Any, m: int, last: bool) -> None:
+        """Micro-batch `m`'s backward pass of the running chunk: receive its sends'
+        gradients, run, send back."""
+        chunk = self.chunks[self.chunk]
+        device, entry = chunk.device, chunk.stage.entry
         device.restore(kept)
-        received = self.p2p(lambda: self.backward_p2p.receive(entry["seeded"], self.after,
-                                                              self.tag(m)))  # fmt: skip
+        c = int(entry["index"])
+        received = self.p2p(lambda: self.backward_p2p.receive(entry["seeded"], chunk.after,
+                                                              self.tag(m, c)))  # fmt: skip
         device.env |= {seed_name(n): to_torch(a) for n, a in received.items()}
-        self.run(device, forward_only=False)
-        back = {x: to_numpy(self.made(device, self.tensors[g]))
-                for x, g in entry["sent_back"].items()}  # fmt: skip
-        self.p2p(lambda: self.backward_p2p.send(back, self.before, self.tag(m)))
+        self.run(chunk, forward_only=False)
+        tensors = chunk.tensors
+        back = {x: to_numpy(self.made(device, tensors[g])) for x, g in entry["sent_back"].items()}
+        self.p2p(lambda: self.backward_p2p.send(back, chunk.before, self.tag(m, c - 1)))
         if not last:
-            device.carry(self.stage.checked.losses)
+            device.carry(chunk.stage.checked.losses)
 
     def made(self, device: StageDevice, tensor: str) -> Any:
         if tensor not in device.env:
@@ -230,15 +285,12 @@ class _Rank:
         try:
             return send_or_receive()
         except StepFailure as error:
-            raise TrainingFailure(self.rank, self.step, -1, error.what,
-                                  str(error).rpartition(": ")[2]) from None  # fmt: skip
+            raise _PeerFailure(self.rank, self.step, -1, error.what,
+                               str(error).rpartition(": ")[2]) from None  # fmt: skip
 
-    def wait(self, p2p: Boundary) -> None:
-        self.p2p(p2p.wait)
-
-    def run(self, device: StageDevice, forward_only: bool) -> None:
-        """The device's pass: its ops and collectives up to the end of the pass."""
-        world = len(self.work.sha256)
+    def run(self, chunk: _Chunk, forward_only: bool) -> None:
+        """The chunk's pass: its ops and collectives up to the end of the pass."""
+        device = chunk.device
 
         def at(position: int) -> None:
             self.progress[self.rank] = position
@@ -247,20 +299,20 @@ class _Rank:
         while True:
             computing = time.perf_counter()
             try:
-                j = device.advance(self.step, self.stage.nodes, at)
+                j = device.advance(self.step, chunk.stage.nodes, at)
             except VerifyError as error:  # a NaN, a tensor no step made
-                cause = str(error).removeprefix(f"device {self.local}: ")
+                cause = str(error).removeprefix(f"device {chunk.local}: ")
                 raise self.fail(device.position - 1, cause) from None
             self.timing.compute_s += time.perf_counter() - computing
             if j is None:
                 return
-            self.collective(device, j, world)
+            self.collective(chunk, j)
 
-    def collective(self, device: StageDevice, j: int, world: int) -> None:
-        """Collective `j` of the stage's list among the stage's devices, its result in place."""
-        started = time.perf_counter()
+    def collective(self, chunk: _Chunk, j: int) -> None:
+        """Collective `j` of the chunk's list among its stage's devices, its result in place."""
+        started, device = time.perf_counter(), chunk.device
         local = device.collectives[j]
-        entry = self.work.collectives["collectives"][j + self.stage.offset]
+        entry = self.work.collectives["collectives"][j + chunk.stage.offset]
         source = to_numpy(device.env[local.source])
         try:
             result = self.collectives.run(entry, source)
@@ -286,12 +338,12 @@ def _in_floats(boundary: Mapping[str, Any], floats: str) -> dict[str, Any]:
 
 
 def schedule_passes(pipeline: Mapping[str, Any]) -> tuple[tuple[Pass, ...], ...]:
-    """Each stage's passes in the schedule's order; an interleaved plan's stage runs its
-    layers as one chunk (the partition does not split them into virtual stages), in 1F1B's."""
+    """Each pipeline position's passes in the schedule's order (an interleaved plan's, of its
+    chunks, `cost.schedule.order`)."""
     schedule = Schedule.parse(str(pipeline["schedule"]))
-    if schedule.kind is ScheduleKind.INTERLEAVED:
+    if int(pipeline.get("virtual", 1)) != schedule.virtual:  # a folder of one chunk a device
         schedule = Schedule(ScheduleKind.ONE_F_ONE_B)
-    stages = len(pipeline["stages"])
+    stages = len(pipeline["stages"]) // schedule.virtual
     shape = Pipeline(stages, int(pipeline["micro_batches"]), schedule)
     return tuple(order(shape, s) for s in range(stages))
 
