@@ -176,3 +176,29 @@ def test_a_gpt2_export_trains_over_2_stages_of_2_way_tensor_parallelism(tmp_path
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["steps"] == 2
     assert max(report["max_rel_err"].values()) <= 1e-5
+
+
+def test_an_interleaved_plan_trains_chunk_by_chunk(partitions, tmp_path):
+    """Interleaved 1F1B with 2 virtual stages: the 4 layers in 4 chunks, chunk c on the
+    pipeline position c % 2 (the exports' rule), each device running its 2 chunks' passes in
+    Megatron's order; the boundary between chunks 1 and 2 goes from position 1 back to 0."""
+    from autoshard.run.pipetrain import run_pipelined_training
+
+    onnx, _ = partitions
+    cluster, plan, out = tmp_path / "slow.json", tmp_path / "plan.json", tmp_path / "out"
+    cluster.write_text(json.dumps(SLOW))
+    assert main(["plan", str(onnx), "--cluster", str(cluster), "--mesh", "pp=2,tp=2", "--mode",
+                 "training", "--precision", "fp32", "--dim", "batch=4", "--schedule",
+                 "interleaved:2", "--micro-batches", "2", "-q", "-o", str(plan)]) == 0  # fmt: skip
+    assert main(["partition", str(onnx), "--plan", str(plan), "-o", str(out)]) == 0
+    pipeline = json.loads((out / "manifest.json").read_text())["pipeline"]
+    assert pipeline["virtual"] == 2
+    chunks = [(s["layers"], s["position"], s["devices"]) for s in pipeline["stages"]]
+    assert chunks == [([0, 1], 0, [0, 1]), ([1, 2], 1, [2, 3]), ([2, 3], 0, [0, 1]),
+                      ([3, 4], 1, [2, 3])]  # fmt: skip
+    assert pipeline["stages"][2]["receives"] == ["h2"] and pipeline["stages"][2]["seeded"] == ["h3"]
+    mlir = (out / "pipeline.mlir").read_text()
+    assert "// chunk 2: layers 2..2 on devices [0, 1]" in mlir
+    report = run_pipelined_training(out, onnx, steps=1, timeout_s=120)
+    assert report.ok, [c.line() for c in report.failures]
+    assert max(c.max_rel_err for c in report.checks) <= 1e-5
