@@ -97,15 +97,16 @@ def stage_map(
 ) -> StageMap:  # fmt: skip
     """Plan document `document` (read from `path`, a pipelined plan) mapped onto the stages
     of the whole model `model` with `dims`, checked to fit; with `virtual` > 1, onto each
-    stage's virtual stages (chunks): the layers split evenly into `stages * virtual` runs,
-    chunk `c` on stage `c % stages` (`export.stages`' rule, Megatron's and torch's order)."""
+    stage's virtual stages (the pipeline block's `chunks`, `search.pipelined.PipelinePrice.
+    chunks_json`: chunk `c` on stage `c % stages`)."""
     block = document.pipeline
     assert block is not None
     forward = load_graphs(model, dims, None)[0]
     run = layer_run(forward)
     ranges = [range(*s["layers"]) for s in block["stages"]]
-    if virtual > 1:
-        ranges = list(split_layers(ranges[-1].stop, len(ranges) * virtual))
+    if virtual > 1:  # the chunks the plan records (a plan from before: the same rule's)
+        recorded = [range(*c["layers"]) for c in block.get("chunks", ())]
+        ranges = recorded or list(split_layers(ranges[-1].stop, len(ranges) * virtual))
     if run is None:
         raise StageMapError(f"plan {path} is pipelined but model {model} has no repeated layers")
     depth = int(block.get("stage_model_layers") or 0)

@@ -236,7 +236,18 @@ class PipelinePrice:
                     "bytes_per_device": 2 * self.send_bytes * p.micro_batches * p.schedule.virtual,
                     "time_s": self.send_s},
             "stages": [stage.to_json() for stage in self.stages],
+            **({"chunks": self.chunks_json()} if p.schedule.virtual > 1 else {}),
         }  # fmt: skip
+
+    def chunks_json(self) -> list[dict[str, object]]:
+        """An interleaved schedule's virtual stages: the layers split evenly into `stages *
+        virtual` chunks, chunk `c` on stage `c % stages` (Megatron's and torch's order; the
+        price counts each stage's layers, not where its chunks fall), as the partition and
+        the exports place them."""
+        p = self.pipeline
+        layers = self.stages[-1].layers.stop
+        chunks = split_layers(layers, p.stages * p.schedule.virtual)
+        return [{"layers": [c.start, c.stop], "stage": i % p.stages} for i, c in enumerate(chunks)]
 
 
 def split_layers(layers: int, stages: int) -> tuple[range, ...]:

@@ -180,7 +180,7 @@ def test_a_gpt2_export_trains_over_2_stages_of_2_way_tensor_parallelism(tmp_path
 
 def test_an_interleaved_plan_trains_chunk_by_chunk(partitions, tmp_path):
     """Interleaved 1F1B with 2 virtual stages: the 4 layers in 4 chunks, chunk c on the
-    pipeline position c % 2 (the exports' rule), each device running its 2 chunks' passes in
+    pipeline position c % 2 (as the plan records them), each device running its 2 chunks' passes in
     Megatron's order; the boundary between chunks 1 and 2 goes from position 1 back to 0."""
     from autoshard.run.pipetrain import run_pipelined_training
 
@@ -190,6 +190,8 @@ def test_an_interleaved_plan_trains_chunk_by_chunk(partitions, tmp_path):
     assert main(["plan", str(onnx), "--cluster", str(cluster), "--mesh", "pp=2,tp=2", "--mode",
                  "training", "--precision", "fp32", "--dim", "batch=4", "--schedule",
                  "interleaved:2", "--micro-batches", "2", "-q", "-o", str(plan)]) == 0  # fmt: skip
+    recorded = json.loads(plan.read_text())["pipeline"]["chunks"]  # the plan says where
+    assert recorded == [{"layers": [c, c + 1], "stage": c % 2} for c in range(4)]
     assert main(["partition", str(onnx), "--plan", str(plan), "-o", str(out)]) == 0
     pipeline = json.loads((out / "manifest.json").read_text())["pipeline"]
     assert pipeline["virtual"] == 2
