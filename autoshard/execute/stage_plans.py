@@ -104,9 +104,6 @@ def stage_map(
     forward = load_graphs(model, dims, None)[0]
     run = layer_run(forward)
     ranges = [range(*s["layers"]) for s in block["stages"]]
-    if virtual > 1:  # the chunks the plan records (a plan from before: the same rule's)
-        recorded = [range(*c["layers"]) for c in block.get("chunks", ())]
-        ranges = recorded or list(split_layers(ranges[-1].stop, len(ranges) * virtual))
     if run is None:
         raise StageMapError(f"plan {path} is pipelined but model {model} has no repeated layers")
     depth = int(block.get("stage_model_layers") or 0)
@@ -118,6 +115,9 @@ def stage_map(
             f"plan {path}: a stage of {deepest} layers is deeper than the stage's model it "
             f"decides ({depth} layers); plan again"
         )
+    if virtual > 1:  # the chunks the plan records (a plan from before: the same rule's)
+        recorded = [range(*c["layers"]) for c in block.get("chunks", ())]
+        ranges = recorded or list(split_layers(ranges[-1].stop, len(ranges) * virtual))
     cuts = tuple(cut_stages(forward, run, ranges))
     names = _cut_names(forward, run, ranges, depth)
     return StageMap(forward, run, cuts, names, depth, Mesh.parse(str(block["mesh"])),
