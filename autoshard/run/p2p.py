@@ -34,9 +34,11 @@ class Boundary:
         return micro_batch * len(self.order) + self.order[name]
 
     def receive(
-        self, names: Sequence[str], source: int | None, micro_batch: int
+        self, names: Sequence[str], source: int | None, micro_batch: int, key: int | None = None
     ) -> dict[str, np.ndarray]:
-        """The values `names` of `micro_batch` from rank `source` (none: the first stage)."""
+        """The values `names` of `micro_batch` from rank `source` (none: the first stage);
+        `key`: the number the messages are tagged by, where not the micro-batch's (a training
+        run's: unique over its steps and chunks)."""
         found = {}
         for name in names if source is not None else ():
             entry = self.boundary[name]
@@ -44,18 +46,23 @@ class Boundary:
             shape = entry["local_shapes"][self.local]
             data = torch.empty(int(np.prod(shape)) * dtype.itemsize, dtype=torch.uint8)
             try:
-                dist.recv(data, source, tag=self._tag(name, micro_batch))
+                dist.recv(data, source, tag=self._tag(name, micro_batch if key is None else key))
             except Exception as error:  # torch's own errors: a peer gone, a timeout
                 what = f"receiving {name!r} of micro-batch {micro_batch} from rank {source}"
                 raise StepFailure(self.rank, -1, what, first_line(error)) from None
             found[name] = data.numpy().view(dtype).reshape(shape)
         return found
 
-    def send(self, values: Mapping[str, np.ndarray], target: int | None, micro_batch: int) -> None:
-        """`values` of `micro_batch` to rank `target` (none: the last stage sends nothing)."""
+    def send(
+        self, values: Mapping[str, np.ndarray], target: int | None, micro_batch: int,
+        key: int | None = None,
+    ) -> None:  # fmt: skip
+        """`values` of `micro_batch` to rank `target` (none: the last stage sends nothing);
+        `key` as `receive`'s."""
         for name, value in values.items() if target is not None else ():
             data = torch.from_numpy(np.ascontiguousarray(value).reshape(-1).view(np.uint8).copy())
-            work = dist.isend(data, target, tag=self._tag(name, micro_batch))
+            tag = self._tag(name, micro_batch if key is None else key)
+            work = dist.isend(data, target, tag=tag)
             self.pending.append((work, data))
 
     def wait(self) -> None:

@@ -247,7 +247,7 @@ class _Rank:
         chunk = self.chunks[self.chunk]
         stage, device, entry = chunk.stage, chunk.device, chunk.stage.entry
         c = int(entry["index"])
-        received = self.p2p(lambda: self.forward_p2p.receive(entry["receives"], chunk.before,
+        received = self.p2p(lambda: self.forward_p2p.receive(entry["receives"], chunk.before, m,
                                                              self.tag(m, c - 1)))  # fmt: skip
         own = {n: a for n, a in feed.items() if n in stage.graph.inputs}
         inputs = local_inputs(stage.partitioned, chunk.local, own)
@@ -255,7 +255,7 @@ class _Rank:
         self.run(chunk, forward_only=True)
         tensors = chunk.tensors
         sends = {n: to_numpy(self.made(device, tensors[n])) for n in entry["sends"]}
-        self.p2p(lambda: self.forward_p2p.send(sends, chunk.after, self.tag(m, c)))
+        self.p2p(lambda: self.forward_p2p.send(sends, chunk.after, m, self.tag(m, c)))
         return device.save()
 
     def backward(self, kept: Any, m: int, last: bool) -> None:
@@ -265,13 +265,13 @@ class _Rank:
         device, entry = chunk.device, chunk.stage.entry
         device.restore(kept)
         c = int(entry["index"])
-        received = self.p2p(lambda: self.backward_p2p.receive(entry["seeded"], chunk.after,
+        received = self.p2p(lambda: self.backward_p2p.receive(entry["seeded"], chunk.after, m,
                                                               self.tag(m, c)))  # fmt: skip
         device.env |= {seed_name(n): to_torch(a) for n, a in received.items()}
         self.run(chunk, forward_only=False)
         tensors = chunk.tensors
         back = {x: to_numpy(self.made(device, tensors[g])) for x, g in entry["sent_back"].items()}
-        self.p2p(lambda: self.backward_p2p.send(back, chunk.before, self.tag(m, c - 1)))
+        self.p2p(lambda: self.backward_p2p.send(back, chunk.before, m, self.tag(m, c - 1)))
         if not last:
             device.carry(chunk.stage.checked.losses)
 
