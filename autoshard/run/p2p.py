@@ -62,7 +62,11 @@ class Boundary:
         for name, value in values.items() if target is not None else ():
             data = torch.from_numpy(np.ascontiguousarray(value).reshape(-1).view(np.uint8).copy())
             tag = self._tag(name, micro_batch if key is None else key)
-            work = dist.isend(data, target, tag=tag)
+            try:
+                work = dist.isend(data, target, tag=tag)
+            except Exception as error:  # torch's own errors: a peer gone
+                what = f"sending {name!r} of micro-batch {micro_batch} to rank {target}"
+                raise StepFailure(self.rank, -1, what, first_line(error)) from None
             self.pending.append((work, data))
 
     def wait(self) -> None:
