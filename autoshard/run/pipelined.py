@@ -40,7 +40,7 @@ from autoshard.execute.verify import (
 )
 from autoshard.mesh import Mesh
 from autoshard.run import RunReport, RunSetupError, torch_rank
-from autoshard.run.rank import Rendezvous, StepFailure, describe
+from autoshard.run.rank import Rendezvous, StepFailure, describe, first_line
 from autoshard.sharding import Sharding
 
 
@@ -142,7 +142,10 @@ class _Stages:
         try:
             outputs, timing = self._run(rank, collectives, progress)
             gathered: list[Any] | None = [None] * world if rank == 0 else None
-            dist.gather_object((outputs, timing), gathered, dst=0)
+            try:
+                dist.gather_object((outputs, timing), gathered, dst=0)
+            except Exception as error:  # torch's own errors: a peer gone (its own cause first)
+                raise StepFailure(rank, -1, "gathering to rank 0", first_line(error)) from None
             return gathered
         finally:
             dist.destroy_process_group()

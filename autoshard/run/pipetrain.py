@@ -127,7 +127,11 @@ class PipelineTrainingWork:
             with computing_in(self.floats):
                 records = _Rank(self, rank, collectives, progress).train()
             gathered: list[Any] | None = [None] * world if rank == 0 else None
-            dist.gather_object(records, gathered, dst=0)
+            try:
+                dist.gather_object(records, gathered, dst=0)
+            except Exception as error:  # torch's own errors: a peer gone (its own cause first)
+                raise _PeerFailure(rank, len(self.feeds), -1, "gathering to rank 0",
+                                   str(error).splitlines()[0]) from None  # fmt: skip
             return gathered
         finally:
             dist.destroy_process_group()
