@@ -59,9 +59,10 @@ def candidates(rule: OpRule, mesh: Mesh) -> tuple[ShardingOption, ...]:
 
 def _partials(rule: OpRule, option: ShardingOption, mesh: Mesh) -> list[ShardingOption]:
     """`option` reading and writing partial values (`OpRule.partial`) over each nonempty set of
-    the mesh axes it leaves unused, smaller sets first, for each reduction the op allows."""
+    the mesh axes it leaves unused, smaller sets first, for each reduction the op allows (an
+    axis of one device holds no partial values)."""
     used = {a for axes in option.loops for a in axes}
-    unused = [a for a in range(len(mesh.shape)) if a not in used]
+    unused = [a for a, size in enumerate(mesh.shape) if a not in used and size > 1]
     return [
         ShardingOption(option.loops, axes, kind)
         for kind in rule.partial

@@ -72,6 +72,8 @@ def test_only_ops_commuting_with_a_sum_have_partial_candidates(products):
     assert found[: len(plain)] == tuple(plain)  # the plain options first, in their old order
     assert ShardingOption(((), ()), (0, 1)) in found
     assert not any(c.partial_axes for c in candidates(matmul, mesh))
+    # An axis of one device is never partial.
+    assert {c.partial_axes for c in candidates(add, Mesh((1, 2)))} == {(), (1,)}
 
 
 def test_partial_options_are_kept_where_every_operand_may_be_partial(products):
