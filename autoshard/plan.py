@@ -52,7 +52,11 @@ class Plan:
             )
 
         options = {
-            op: None if option is None else ShardingOption(tuple(map(drop, option.loops)))
+            op: None
+            if option is None
+            else ShardingOption(
+                tuple(map(drop, option.loops)), drop(option.partial_axes), option.partial_type
+            )
             for op, option in self.options.items()
         }
         object.__setattr__(self, "options", options)

@@ -376,31 +376,62 @@ class _Parser:
 
 @dataclass(frozen=True)
 class ShardingOption:
-    """Mesh axes per loop of an op: `[[], [], [0]]` splits loop d2 over axis 0."""
+    """Mesh axes per loop of an op: `[[], [], [0]]` splits loop d2 over axis 0.
+
+    `partial_axes` (with `partial_type`) are for an op linear in its data operands (Add, Sub,
+    Sum: `OpRule.partial`): it reads every data operand as partial values over those axes and
+    writes its results so (`[[0]] partial = sum[1]`: x_i + y_i summed over axis 1 is x + y), so
+    that partial values are added and reduced once, after the op. MLIR's ShardingInterface
+    allows it for such ops."""
 
     loops: tuple[tuple[int, ...], ...]
+    partial_axes: tuple[int, ...] = ()
+    partial_type: ReductionKind = ReductionKind.SUM
+
+    def __post_init__(self) -> None:
+        partial = tuple(self.partial_axes)
+        object.__setattr__(self, "partial_axes", partial)
+        kind = ReductionKind(self.partial_type) if partial else ReductionKind.SUM
+        object.__setattr__(self, "partial_type", kind)
+        split = {a for axes in self.loops for a in axes}
+        if split & set(partial) or len(set(partial)) != len(partial):
+            raise ShardingError(
+                f"sharding option {self}: a partial axis repeats or also splits a loop"
+            )
 
     def __str__(self) -> str:
         loops = list(self.loops)
         while loops and not loops[-1]:
             loops.pop()
-        return "[" + ", ".join("[" + ", ".join(map(str, a)) + "]" for a in loops or [()]) + "]"
+        text = "[" + ", ".join("[" + ", ".join(map(str, a)) + "]" for a in loops or [()]) + "]"
+        if self.partial_axes:
+            text += f" partial = {self.partial_type}{_int_list(self.partial_axes)}"
+        return text
 
     @staticmethod
     def parse(text: str, loop_count: int) -> ShardingOption:
         """The option `text` writes (`str`): a sharding's split, but that a loop may repeat an
-        earlier loop's axes exactly (ring attention: `rules.base.ring_loops`)."""
-        lists = re.findall(r"\[([\d,\s]*)\]", text)
-        loops = [tuple(int(a) for a in item.replace(",", " ").split()) for item in lists]
-        first = {axes for k, axes in enumerate(loops) if axes and axes not in loops[:k]}
-        kept = [() if axes in first and axes in loops[:k] else axes for k, axes in enumerate(loops)]
-        if first and kept != loops and re.fullmatch(r"\[(\s*\[[\d,\s]*\]\s*,?)*\]", text):
-            Sharding(tuple(kept))  # the axes once each, as any sharding
-            split: tuple[tuple[int, ...], ...] = tuple(loops)
-        else:
-            split = Sharding.parse(text).split_axes
-        if len(split) > loop_count:
-            raise AutoshardError(
-                f"sharding option {text} has {len(split)} loops; the op has {loop_count}"
-            )
-        return ShardingOption(tuple(split) + ((),) * (loop_count - len(split)))
+        earlier loop's axes exactly (ring attention: `rules.base.ring_loops`); then its
+        partial axes, if any, as a sharding writes them."""
+        loops_text, _, partial_text = text.partition(" partial")
+        partial = Sharding.parse("[] partial" + partial_text) if partial_text else Sharding()
+        loops = _loops(loops_text, loop_count)
+        return ShardingOption(loops, partial.partial_axes, partial.partial_type)
+
+
+def _loops(text: str, loop_count: int) -> tuple[tuple[int, ...], ...]:
+    """The loops of an option's text (`ShardingOption.parse`), padded to `loop_count`."""
+    lists = re.findall(r"\[([\d,\s]*)\]", text)
+    loops = [tuple(int(a) for a in item.replace(",", " ").split()) for item in lists]
+    first = {axes for k, axes in enumerate(loops) if axes and axes not in loops[:k]}
+    kept = [() if axes in first and axes in loops[:k] else axes for k, axes in enumerate(loops)]
+    if first and kept != loops and re.fullmatch(r"\[(\s*\[[\d,\s]*\]\s*,?)*\]", text):
+        Sharding(tuple(kept))  # the axes once each, as any sharding
+        split: tuple[tuple[int, ...], ...] = tuple(loops)
+    else:
+        split = Sharding.parse(text).split_axes
+    if len(split) > loop_count:
+        raise AutoshardError(
+            f"sharding option {text} has {len(split)} loops; the op has {loop_count}"
+        )
+    return tuple(split) + ((),) * (loop_count - len(split))

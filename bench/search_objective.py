@@ -2,6 +2,11 @@
 
     python bench/search_objective.py                  # every plan of the CI set
     python bench/search_objective.py gpt2-2x4-1MiB    # some of them, by name
+    python bench/search_objective.py --405b 405b-8l   # and 8 layers of the 405B width
+
+`--405b` adds `405b-8l`: 8 layers of the 405B-class shape-only decoder (models/make_models.py,
+bench/plan_large.py's widths) trained on 16x8, batch 8, seq 2048, memory free, where SwiGLU's
+gradient sums are partial sums the plan adds before reducing once (`search.partials`).
 
 For each plan: the solver's objective (its integer cost times the unit: the scaled costs and
 one unit per reshard), the search's unscaled objective of the plan it chose
@@ -16,8 +21,12 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
+import tempfile
 import time
 from pathlib import Path
+
+import onnx
 
 from autoshard.cost.cluster import make_cluster
 from autoshard.cost.price import price
@@ -26,6 +35,8 @@ from autoshard.pipeline import PlanRequest, plan_request
 from autoshard.training import Training
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "models"))
+from make_models import build_decoder_shape_only  # noqa: E402
 
 
 def requests() -> dict[str, PlanRequest]:
@@ -51,12 +62,25 @@ def requests() -> dict[str, PlanRequest]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="plans of the CI set (default: all)")
+    parser.add_argument("--405b", dest="large", action="store_true", help="add 405b-8l")
     args = parser.parse_args()
+    folder = tempfile.TemporaryDirectory()
+    found = requests()
+    if args.large:
+        path = Path(folder.name) / "decoder_405b_8l.onnx"
+        built = build_decoder_shape_only(
+            8, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256
+        )
+        onnx.save(built.proto, path)
+        found["405b-8l"] = PlanRequest(
+            model_path=path, cluster=make_cluster("16x8", memory="1TB"),
+            dims={"batch": 8, "seq": 2048}, training=Training(),
+        )  # fmt: skip
     head = ["plan", "solver", "searched", "materialized", "lowered", "searched/made - 1",
             "groups", "choices", "build s", "solve s", "total s"]  # fmt: skip
     print(" | ".join(head))
     print(" | ".join("---" for _ in head))
-    for name, request in requests().items():
+    for name, request in found.items():
         if args.names and name not in args.names:
             continue
         started = time.perf_counter()

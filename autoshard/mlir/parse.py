@@ -264,7 +264,8 @@ class _Rebuild:
         option = None
         if "sharding" in op.attrs:
             text = op.attrs["sharding"]
-            option = ShardingOption.parse(text, len(re.findall(r"\[[^\[\]]*\]", text)))
+            loops = text.partition(" partial")[0]  # its loops, then its partial axes
+            option = ShardingOption.parse(text, len(re.findall(r"\[[^\[\]]*\]", loops)))
         return Compute(node, option)
 
     def communicate(self, op: MlirOp) -> Communicate:

@@ -62,7 +62,7 @@ from autoshard.mlir.syntax import (
     symbol,
 )
 from autoshard.program import Communicate, Compute, Program, Tensor
-from autoshard.sharding import Sharding
+from autoshard.sharding import Sharding, ShardingOption
 
 __all__ = ["print_program"]
 
@@ -194,7 +194,7 @@ class _Printer:
         if clash:
             raise MlirError(f"op {op.name!r} has an ONNX attribute named {clash[0]!r}")
         if step.option is not None:
-            attrs["sharding"] = _loops_text(step.option.loops)
+            attrs["sharding"] = _loops_text(step.option.loops) + _partial_text(step.option)
         if op.domain:
             attrs["onnx_domain"] = op.domain
         inner = ", ".join(f"{k} = {attr_text(v, typed=True)}" for k, v in sorted(attrs.items()))
@@ -268,6 +268,13 @@ def _ints(values: tuple[int, ...], lead: str = "") -> str:
 
 def _loops_text(loops: tuple[tuple[int, ...], ...]) -> str:
     return "[" + ", ".join(f"[{_ints(a)}]" for a in loops) + "]"
+
+
+def _partial_text(option: ShardingOption) -> str:
+    """An option's partial axes as a sharding writes them (` partial = sum[1]`), if any."""
+    if not option.partial_axes:
+        return ""
+    return f" partial = {option.partial_type}[{_ints(option.partial_axes)}]"
 
 
 def _local_dims(sharding: Sharding, mesh: Mesh, shape: tuple[int, ...]) -> tuple[int | None, ...]:

@@ -42,16 +42,8 @@ from autoshard.ir.graph import Graph
 from autoshard.program import Communicate, Compute, Program, Step, Tensor
 from autoshard.reshard import plan_reshard
 from autoshard.rules import IteratorType, OpRule, rule_for
-from autoshard.rules.elementwise import ELEMENTWISE
+from autoshard.rules.elementwise import COMMUTES_WITH, ELEMENTWISE
 from autoshard.sharding import ReductionKind, Sharding, ShardingOption
-
-COMMUTES_WITH = {
-    ReductionKind.SUM: frozenset({"Add", "Sub", "Sum", "Neg", "Identity"}),
-    ReductionKind.MAX: frozenset({"Max", "Identity"}),
-    ReductionKind.MIN: frozenset({"Min", "Identity"}),
-}
-"""Elementwise ops f with f(reduce(x_i), reduce(y_i)) = reduce(f(x_i, y_i)) for the reduction."""
-
 
 Position = tuple[int, int]
 """Where a step is during a pass: (slot, offset), slot k holding the steps that replaced the

@@ -169,6 +169,14 @@ def _check_one(sharding: Sharding, shape: tuple[int, ...], mesh: Mesh) -> None:
         )
 
 
+def reachable(src: Sharding, dst: Sharding) -> bool:
+    """Whether some reshard takes `src` to `dst`: no collective makes partial values, so `dst`
+    is partial only over axes `src` is partial over, in the same reduction."""
+    if not set(dst.partial_axes) <= set(src.partial_axes):
+        return False
+    return not dst.partial_axes or src.partial_type == dst.partial_type
+
+
 def _check_pair(src: Sharding, dst: Sharding) -> None:
     if not set(dst.partial_axes) <= set(src.partial_axes):
         raise ShardingError(

@@ -105,6 +105,9 @@ class OpRule:
     of a local rewrite the split needs (e.g. `Note.MASKED_LOOKUP` for a vocabulary-split
     Gather). `ring` lists the (home, ring) loop pairs an attention kernel may split together
     as ring attention (`ring_loops`): its query rows and the keys it passes around the axis.
+    `partial` lists the reductions whose partial values the op may read and write unreduced
+    (`ShardingOption.partial_axes`): those it commutes with, f(reduce(x_i), reduce(y_i)) =
+    reduce(f(x_i, y_i)), as Add, Sub and Sum do with a sum.
     """
 
     loops: tuple[Loop, ...]
@@ -112,6 +115,7 @@ class OpRule:
     results: tuple[IndexingMap, ...]
     note: Note = Note.NONE
     ring: tuple[tuple[int, int], ...] = ()
+    partial: tuple[ReductionKind, ...] = ()
 
     def __str__(self) -> str:
         loops = ", ".join(f"d{i}: {loop}" for i, loop in enumerate(self.loops))
@@ -123,12 +127,13 @@ class OpRule:
         indexing = self.operands[index]
         if indexing is None:
             return Sharding()
-        return Sharding(_split(indexing, option))
+        return Sharding(_split(indexing, option), option.partial_axes, option.partial_type)
 
     def result_sharding(self, option: ShardingOption, index: int) -> Sharding:
-        """How `option` shards result `index`: partial over the axes of its split reductions."""
-        partial: list[int] = []
-        kind = ReductionKind.SUM
+        """How `option` shards result `index`: partial over the axes of its split reductions
+        and its partial axes."""
+        partial: list[int] = list(option.partial_axes)
+        kind = option.partial_type
         rings = ring_loops(option)
         passed = {h for h, _ in rings} | {r for _, r in rings}
         for number, (loop, axes) in enumerate(zip(self.loops, option.loops, strict=True)):

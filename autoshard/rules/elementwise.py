@@ -14,6 +14,7 @@ from __future__ import annotations
 from autoshard.ir.graph import Graph, Op
 from autoshard.rules.base import IndexingMap, OpRule, broadcast_map, parallel
 from autoshard.rules.registry import register
+from autoshard.sharding import ReductionKind
 
 UNARY = frozenset(
     {
@@ -43,9 +44,21 @@ larger than its input, which neither the CCL passes (moving a collective across 
 the search's followers (an op computing where its input lies) are meant for."""
 
 
+COMMUTES_WITH = {
+    ReductionKind.SUM: frozenset({"Add", "Sub", "Sum", "Neg", "Identity"}),
+    ReductionKind.MAX: frozenset({"Max", "Identity"}),
+    ReductionKind.MIN: frozenset({"Min", "Identity"}),
+}
+"""Elementwise ops f with f(reduce(x_i), reduce(y_i)) = reduce(f(x_i, y_i)) for the reduction
+(a broadcast operand too: each device adds its partial copy, and the copies sum to the whole):
+a collective may move across them (`passes.ccl.reassociate`), and those of a sum may compute
+on partial sums (`OpRule.partial`)."""
+
+
 def elementwise_rule(op: Op, graph: Graph, data_inputs: int) -> OpRule | None:
     """Loops over the result; the first `data_inputs` inputs broadcast onto them, the others
-    (parameters) and omitted inputs get None maps. Every result has the result's shape."""
+    (parameters) and omitted inputs get None maps. Every result has the result's shape. An op
+    that commutes with a reduction (`COMMUTES_WITH`) may read and write its partial values."""
     shape = graph.values[op.outputs[0]].shape
     if any(graph.values[out].shape != shape for out in op.outputs if out):
         return None
@@ -61,7 +74,11 @@ def elementwise_rule(op: Op, graph: Graph, data_inputs: int) -> OpRule | None:
             return None
         operands.append(broadcast_map(operand, len(shape)))
     identity = IndexingMap.of(*range(len(shape)))
-    return OpRule(parallel(*shape), tuple(operands), tuple(identity for _ in op.outputs))
+    # Partial sums only: a gradient computes with its forward op's option, and the gradient of
+    # a linear op is linear (that of Max is not).
+    linear = not op.domain and op.type in COMMUTES_WITH[ReductionKind.SUM]
+    results = tuple(identity for _ in op.outputs)
+    return OpRule(parallel(*shape), tuple(operands), results, partial=(ReductionKind.SUM,) * linear)
 
 
 @register(*UNARY)

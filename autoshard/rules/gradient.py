@@ -79,7 +79,7 @@ def grad_rule(op: Op, graph: Graph) -> OpRule | None:
         return None
     indexes = {loop for dim in range(len(target.dims)) for loop in target.loops(dim)}
     loops = tuple(_gradient_loop(loop, k in indexes) for k, loop in enumerate(rule.loops))
-    return OpRule(loops, operands + rule.results, (target,), ring=rule.ring)
+    return OpRule(loops, operands + rule.results, (target,), ring=rule.ring, partial=rule.partial)
 
 
 def _gradient_loop(loop: Loop, indexes_operand: bool) -> Loop:

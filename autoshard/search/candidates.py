@@ -13,7 +13,10 @@ nor result does not exist in the rules.
     the two axes on one loop: 16 + 3 = 19 candidates.
 
 An attention kernel's rule may add ring attention (`OpRule.ring`): its key loop split over the
-axes that split its query loop, the keys passed around them (`rules.base.ring_loops`).
+axes that split its query loop, the keys passed around them (`rules.base.ring_loops`). An op
+that commutes with a reduction (`OpRule.partial`: Add of two partial sums) adds, after the
+others, every option again with some of the axes it leaves unused partial: it reads its data
+operands and writes its results as partial values over them (`[[0]] partial = sum[1]`).
 """
 
 from __future__ import annotations
@@ -46,7 +49,26 @@ def candidates(rule: OpRule, mesh: Mesh) -> tuple[ShardingOption, ...]:
     found = list(seen.values())
     for option in found[:]:  # a ring reads and writes like a split may: a key of its own
         found += [ring for ring in _rings(rule, option, mesh) if ring not in found]
+    for option in list(seen.values()):
+        for partial in _partials(rule, option, mesh):
+            if (key := _boundary(rule, partial)) not in seen:
+                seen[key] = partial
+                found.append(partial)
     return tuple(found)
+
+
+def _partials(rule: OpRule, option: ShardingOption, mesh: Mesh) -> list[ShardingOption]:
+    """`option` reading and writing partial values (`OpRule.partial`) over each nonempty set of
+    the mesh axes it leaves unused, smaller sets first, for each reduction the op allows (an
+    axis of one device holds no partial values)."""
+    used = {a for axes in option.loops for a in axes}
+    unused = [a for a, size in enumerate(mesh.shape) if a not in used and size > 1]
+    return [
+        ShardingOption(option.loops, axes, kind)
+        for kind in rule.partial
+        for size in range(1, len(unused) + 1)
+        for axes in itertools.combinations(unused, size)
+    ]
 
 
 def _rings(rule: OpRule, option: ShardingOption, mesh: Mesh) -> list[ShardingOption]:

@@ -16,7 +16,8 @@ sharing one one-hot variable vector, each member mapping the group's choice to o
 - how a weight or input is held is a decision of its own, apart from how its readers read it
   (held split further and gathered before use: FSDP, ZeRO-3);
 - an elementwise op follows the producer of its first operand when it can compute in the
-  sharding that producer gives (the chain runs where its data lies, as in Alpa).
+  sharding that producer gives (the chain runs where its data lies, as in Alpa), unless it may
+  add partial values unreduced (`search.partials`): whether to is its own decision.
 
 Repeated layers are found by `repeats.find_repeats`; the k-th op of every layer shares the
 decision variables of the k-th op of the first, with its costs added in (the ILP solves one
@@ -341,6 +342,7 @@ class _Grouper:
         values = self.graph.values
         if (
             op.type not in ELEMENTWISE
+            or any(c.partial_axes for c in me.options)  # its own choice: add partials or not
             or source is None
             or rule is None
             or source_rule is None

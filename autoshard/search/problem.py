@@ -19,9 +19,7 @@ Costs, all per device:
   rows are kept once.
 
 Of plans costing the same, the one resharding least wins: each reshard adds one unit to the
-scaled costs.
-
-Costs are scaled once to integers for CP-SAT: the largest becomes `SCALE`.
+scaled costs. Costs are scaled once to integers for CP-SAT: the largest becomes `SCALE`.
 """
 
 from __future__ import annotations
@@ -70,6 +68,7 @@ from autoshard.search.memory.rows import (
 from autoshard.search.memory.slots import Read
 from autoshard.search.memory.tensors import Held
 from autoshard.search.options import Objective
+from autoshard.search.partials import bar, may_take, partial_kinds, readable_matrix, unreadable
 from autoshard.search.prices import Prices
 from autoshard.search.reads import Reading, ValueReads, price_reads
 from autoshard.search.traffic import Traffic
@@ -276,6 +275,7 @@ class _Builder:
         self.held_cache: dict[tuple, tuple[Sharding, ...]] = {}
         self.need_cache: dict[tuple[str, int], tuple[Sharding, ...]] = {}
         self.compute_cache: dict[str, list[float]] = {}
+        self.partial = partial_kinds(graph, self.rules)
         annotated = {a.value for a in self.required}
         self.grouping = group_decisions(
             graph, self.rules, self.op_choices, self.source_choices, annotated, coarsen,
@@ -313,7 +313,8 @@ class _Builder:
         return (None,) if rule is None else self.options(op, rule)
 
     def options(self, op: Op, rule: OpRule) -> tuple[ShardingOption, ...]:
-        found = [c for c in _candidates(rule, self.mesh) if self.allowed(op, rule, c)]
+        kept = (c for c in _candidates(rule, self.mesh) if may_take(op, rule, c, self.partial))
+        found = [c for c in kept if self.allowed(op, rule, c)]
         if not found:
             raise SearchError(
                 f"the required annotations leave op '{op.name}' ({op.type}) no sharding option"
@@ -369,7 +370,7 @@ class _Builder:
         key = (info.shape, info.dtype, held, need)
         if key not in self.matrices:
             size = dtypes.nbytes(info.dtype, 1)
-            self.matrices[key] = self.prices.matrix(held, need, info.shape, size)
+            self.matrices[key] = readable_matrix(self.prices, held, need, info.shape, size)
         return self.matrices[key]
 
     def compute_cost(self, op: Op, option: ShardingOption | None) -> float:
@@ -420,6 +421,7 @@ class _Builder:
         priced = price_reads(self.reads(compute), sizes, self.matrix, self.deadline)
         for g, seconds in enumerate(compute):
             priced.node[g] += seconds
+        barred = unreadable(priced)
         unit = self.unit(priced.node, priced.edges)
         node_costs = [
             (np.rint(c / unit).astype(np.int64) + moves).tolist()
@@ -434,6 +436,7 @@ class _Builder:
         forbid = _forbidding(node_costs, edges.values())
         for (a, b), cells in priced.forbidden.items():
             edges[(a, b)][cells] = forbid
+        bar(node_costs, barred, forbid)
         memory = self.memory_model(priced.sizes, frozenset())
         problem = Problem(
             tuple(priced.sizes),

@@ -143,7 +143,8 @@ def test_training_recipes_bound_the_pinned_programs():
     """On a GPT-2 block's training step the CCL passes after materialization send less than
     a recipe's materialized program: the pinned plan's program costs no more than the
     recipe's price. ZeRO splits the optimizer state over the 4 devices, FSDP the weights
-    too: each needs less memory than the one before."""
+    too: each needs less memory than dp. (Between the two the peak is the activations', of
+    whichever fastest program: this block's weights are 32 wide.)"""
     dims = {"batch": 8, "seq": 128}
     request, requested = planned(BLOCK, "2x2", dims, Training())
     found = rows(requested.document)
@@ -157,8 +158,8 @@ def test_training_recipes_bound_the_pinned_programs():
         assert cost is not None
         assert found[recipe]["step_time_s"] >= cost.objective * (1 - 1e-12)
         assert found[recipe]["memory_bytes_per_device"] <= cost.memory_bytes_per_device
-    assert found["fsdp"]["memory_bytes_per_device"] < found["zero"]["memory_bytes_per_device"]
-    assert found["zero"]["memory_bytes_per_device"] < found["dp"]["memory_bytes_per_device"]
+    for recipe in ("zero", "fsdp"):
+        assert found[recipe]["memory_bytes_per_device"] < found["dp"]["memory_bytes_per_device"]
 
 
 def test_zero_and_fsdp_layouts():

@@ -1,0 +1,114 @@
+"""Options reading and writing partial sums (`ShardingOption.partial_axes`, `OpRule.partial`,
+`search.partials`): their text, the shardings they read and write, the candidates that carry
+them, where the search keeps them, and the reads no reshard makes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoshard.errors import ShardingError
+from autoshard.ir.onnx_import import import_onnx
+from autoshard.mesh import Mesh
+from autoshard.mlir import parse_module, print_program
+from autoshard.passes.lower import lower
+from autoshard.propagate import propagate
+from autoshard.reshard import ReshardPrices
+from autoshard.rules import rule_for
+from autoshard.search.candidates import candidates
+from autoshard.search.partials import UNREADABLE, may_take, partial_kinds, readable_matrix
+from autoshard.sharding import ReductionKind, Sharding, ShardingOption
+from tests.e2e.test_partial_sums import write_products
+from tests.unit.test_mlir import assert_same_program
+
+S = Sharding.parse
+
+
+@pytest.mark.parametrize(
+    "text, loops, partial, kind",
+    [
+        ("[[0]] partial = sum[1]", ((0,), ()), (1,), ReductionKind.SUM),
+        ("[[], [1]] partial = max[0, 2]", ((), (1,)), (0, 2), ReductionKind.MAX),
+        ("[[0, 1]]", ((0, 1), ()), (), ReductionKind.SUM),
+    ],
+)
+def test_an_options_text_reads_back(text, loops, partial, kind):
+    option = ShardingOption.parse(text, 2)
+    assert (option.loops, option.partial_axes, option.partial_type) == (loops, partial, kind)
+    assert str(option) == text
+    assert ShardingOption.parse(str(option), 2) == option
+
+
+def test_a_partial_axis_may_not_split_a_loop():
+    with pytest.raises(ShardingError, match=r"sharding option \[\[0\]\] partial = sum\[0\]"):
+        ShardingOption(((0,), ()), (0,))
+
+
+@pytest.fixture(scope="module")
+def products(tmp_path_factory):
+    return import_onnx(write_products(tmp_path_factory.mktemp("products") / "p.onnx"))
+
+
+def test_a_partial_option_reads_and_writes_partial_sums(products):
+    rule = rule_for(products.op_by_name["add"], products)  # [4, 8] + [8] -> [4, 8]
+    assert rule is not None and rule.partial == (ReductionKind.SUM,)
+    option = ShardingOption(((0,), ()), (1,))
+    assert rule.operand_sharding(option, 0) == S("[[0]] partial = sum[1]")
+    assert rule.operand_sharding(option, 1) == S("[] partial = sum[1]")  # the broadcast bias
+    assert rule.result_sharding(option, 0) == S("[[0]] partial = sum[1]")
+
+
+def test_only_ops_commuting_with_a_sum_have_partial_candidates(products):
+    mesh = Mesh((2, 2))
+    add = rule_for(products.op_by_name["add"], products)
+    matmul = rule_for(products.op_by_name["mma"], products)
+    assert add is not None and matmul is not None
+    found = candidates(add, mesh)
+    plain = [c for c in found if not c.partial_axes]
+    # Loops (4, 8); axes 0 and 1 each on no loop, d0 or d1 (9), and both on one loop in the
+    # other order too (2 more): 11. Partial over the axes an option leaves unused: the one
+    # option using none 3 times ([0], [1], [0, 1]), the 4 using one axis once each: 7 more.
+    assert len(plain) == 11 and len(found) == 11 + 7
+    assert found[: len(plain)] == tuple(plain)  # the plain options first, in their old order
+    assert ShardingOption(((), ()), (0, 1)) in found
+    assert not any(c.partial_axes for c in candidates(matmul, mesh))
+    # An axis of one device is never partial.
+    assert {c.partial_axes for c in candidates(add, Mesh((1, 2)))} == {(), (1,)}
+
+
+def test_partial_options_are_kept_where_every_operand_may_be_partial(products):
+    kinds = partial_kinds(products, {op.name: rule_for(op, products) for op in products.ops})
+    sums = frozenset({ReductionKind.SUM})
+    assert kinds["pa"] == sums and kinds["s"] == sums and kinds["out"] == sums
+    assert "x" not in kinds  # a graph input is never partial
+    partial = ShardingOption(((), ()), (0,))
+    add = products.op_by_name["add"]
+    rule = rule_for(add, products)
+    assert rule is not None and may_take(add, rule, partial, kinds)
+    # Without the products' reductions, nothing upstream of the Sum is ever partial.
+    plain = {op.name: rule_for(op, products) for op in products.ops if op.type != "MatMul"}
+    assert not may_take(add, rule, partial, partial_kinds(products, plain))
+
+
+def test_a_read_no_reshard_makes_is_unreadable():
+    prices = ReshardPrices(Mesh((2, 2)), lambda c: float(c.bytes_per_device))
+    held = (S("[[]] partial = sum[0, 1]"), S("[[0]]"), S("[[]] partial = max[0]"))
+    need = (S("[[]] partial = sum[0]"), S("[[0]]"))
+    matrix = readable_matrix(prices, held, need, (4, 8), 4)
+    assert (matrix >= UNREADABLE).tolist() == [[False, False], [True, False], [True, False]]
+    # sum over [0, 1] -> sum over [0]: the all_reduce over axis 1 of 4x8 floats on 2 devices.
+    assert matrix[0, 0] == 128.0
+    assert np.array_equal(matrix[:, 1], prices.matrix(held, need[1:], (4, 8), 4)[:, 0])
+
+
+@pytest.mark.parametrize("dialect", ["mesh", "shard"])
+def test_a_partial_option_round_trips_through_mlir(products, dialect):
+    fixed = {f"mm{n}": ShardingOption(((), (), (0,))) for n in "abcd"}
+    fixed |= {"mme": ShardingOption(((0,), (), ())), "rows": ShardingOption(((0,), ()))}
+    fixed |= {n: ShardingOption(((), ()), (0,)) for n in ("sum", "neg", "sub", "add")}
+    program = lower(products, propagate(products, Mesh((2,)), (), fixed))
+    text = print_program(program, dialect)
+    assert 'sharding = "[[], []] partial = sum[0]"' in text
+    back = parse_module(text).to_program()
+    assert_same_program(back, program)
+    assert print_program(back, dialect) == text
