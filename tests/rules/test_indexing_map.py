@@ -21,7 +21,7 @@ def test_a_replaced_map_answers_its_own_loops() -> None:
 
 
 def test_the_kept_loops_change_neither_equality_nor_repr() -> None:
-    one, two = IndexingMap.of(0, None), IndexingMap(((((1, 0),), ())))
+    one, two = IndexingMap.of(0, None), IndexingMap((((1, 0),), ()))
     assert one == two and hash(one) == hash(two)
     assert one != IndexingMap.of(1, None)
     assert repr(one) == "IndexingMap(dims=(((1, 0),), ()))"
