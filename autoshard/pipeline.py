@@ -162,10 +162,12 @@ def load_graphs(
     training: Training | None,
     tracker: Tracker | None = None,
     layers: int = 0,
+    forward_only: bool = False,
 ) -> tuple[Graph, Graph]:
     """The model's forward and the graph planned (`load_graph`): the recipes find Megatron's
     patterns in the forward, where a training step's backward hides them. `layers`: a
-    pipeline stage's model, cut to that many repeated layers (`analysis.shorten`; 0: all)."""
+    pipeline stage's model, cut to that many repeated layers (`analysis.shorten`; 0: all).
+    `forward_only`: the forward twice (attention found as for the step), the step not built."""
     _enter(tracker, PipelineStage.IMPORT, Path(model).name)
     graph = import_onnx(model, dims)
     if layers:
@@ -174,6 +176,8 @@ def load_graphs(
         return graph, graph
     if training.fused_attention:
         graph = dataclasses.replace(graph, fused=find_attention(graph))
+    if forward_only:
+        return graph, graph
     return graph, training_graph(graph, training, replays(graph, training))
 
 
@@ -275,7 +279,8 @@ def _plan_inputs(
     request: PlanRequest, tracker: Tracker | None = None, graphs: GraphCache | None = None
 ) -> tuple[Graph, Graph, Cluster]:
     """`plan_inputs`, the model's forward too (`load_graphs`, or `graphs` where it holds
-    them)."""
+    them). A named pipeline's search plans a stage's model, built from the forward: where no
+    annotation names the whole step's values, the forward stands in for that step."""
     cluster = request.cluster
     if request.training is not None:
         check_precision(request.training.precision, cluster.device)
@@ -284,13 +289,15 @@ def _plan_inputs(
         _enter(tracker, PipelineStage.IMPORT, Path(request.model_path).name)
         forward, graph = graphs[key]
     else:
-        forward, graph = load_graphs(request.model_path, request.dims, request.training, tracker)
-        if graphs is not None:
+        lean = isinstance(request.pipeline, PipelineAsk) and not request.annotations
+        forward, graph = load_graphs(request.model_path, request.dims, request.training, tracker,
+                                     forward_only=lean)  # fmt: skip
+        if graphs is not None and not lean:
             graphs[key] = forward, graph
     shapes = {name: value.shape for name, value in graph.values.items()}
     check_annotations(request.annotations, shapes, cluster.mesh)
     if request.pipeline is not None:
-        _check_pipeline(request, _layers(forward), graph.micro_batches, cluster.mesh)
+        _check_pipeline(request, _layers(forward), cluster.mesh)
     return forward, graph, cluster
 
 
@@ -299,7 +306,7 @@ def _layers(forward: Graph) -> int:
     return run.count if run is not None else 0
 
 
-def _check_pipeline(request: PlanRequest, layers: int, micro_batches: int, mesh: Mesh) -> None:
+def _check_pipeline(request: PlanRequest, layers: int, mesh: Mesh) -> None:
     """The asked pipeline checked (its stages against the model's repeated layers, the
     annotations against its axis) before any search."""
     ask = request.pipeline
@@ -307,7 +314,7 @@ def _check_pipeline(request: PlanRequest, layers: int, micro_batches: int, mesh:
     if request.training is None:
         raise PipelineError("a pipeline plans a training step: add --mode training")
     if isinstance(ask, PipelineAsk):
-        check_pipeline(ask, mesh, layers, micro_batches)
+        check_pipeline(ask, mesh, layers, request.training.micro_batches)
         stage_annotations(request.annotations, ask.axis, mesh)
 
 
@@ -495,10 +502,12 @@ def _cheapest_recompute(
     `graphs` for its search."""
     graphs = {} if graphs is None else graphs
     keep, *ladder = recompute_ladder(training)
-    kept = _step_graphs(request, (keep,), tracker, graphs)[keep]
-    # A pipeline's stages hold other shares than the whole step's: no floor rules them out.
-    budget = request.cluster.memory if request.pipeline is None else math.inf
-    floor = memory_floor(kept, request.cluster.mesh.size)
+    # A pipeline's stages hold other shares than the whole step's: no floor rules them out
+    # (none is worked out: that would build the whole step).
+    budget, floor = math.inf, 0
+    if request.pipeline is None:
+        kept = _step_graphs(request, (keep,), tracker, graphs)[keep]
+        budget, floor = request.cluster.memory, memory_floor(kept, request.cluster.mesh.size)
     why = f"keeping every activation needs at least {format_bytes(floor)} per device"
     if floor <= budget:
         try:  # recompute nothing, where the budget may allow it, before building the others

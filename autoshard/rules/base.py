@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autoshard.sharding import ReductionKind, Sharding, ShardingOption
 
@@ -74,6 +74,11 @@ class IndexingMap:
     """Loops -> the dims of one tensor, one `DimExpr` per dim."""
 
     dims: tuple[DimExpr, ...]
+    _loops: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # The loops of each dim, worked out once: the search and the pricing ask per op again.
+        object.__setattr__(self, "_loops", tuple(tuple(lp for _, lp in e) for e in self.dims))
 
     @staticmethod
     def of(*loops: int | None) -> IndexingMap:
@@ -86,7 +91,7 @@ class IndexingMap:
         return expr[0][1] if len(expr) == 1 and expr[0][0] == 1 else None
 
     def loops(self, dim: int) -> tuple[int, ...]:
-        return tuple(loop for _, loop in self.dims[dim])
+        return self._loops[dim]
 
     def __str__(self) -> str:
         def term(coefficient: int, loop: int) -> str:

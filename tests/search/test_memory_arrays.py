@@ -41,6 +41,20 @@ def test_spans_sum_each_row_and_weigh_each_term_as_the_rows_written_out():
         np.testing.assert_allclose(weighed, per_key, rtol=1e-12, atol=1e-12)
 
 
+def test_spans_are_alike_whatever_the_keys_width():
+    # Keys of 16 bits are sorted by radix, wider ones by merging: one order either way.
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        rows = _random_rows(rng)
+        starts = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+        keys = np.array([k for r in rows for k, _ in r], np.int64)
+        amounts = np.array([a for r in rows for _, a in r], np.int64)
+        narrow, wide = Spans.of(starts, keys, amounts), Spans.of(starts, keys + 70_000, amounts)
+        assert wide.key.tolist() == (narrow.key + 70_000).tolist()
+        for field in ("amount", "first", "last"):
+            assert getattr(wide, field).tolist() == getattr(narrow, field).tolist()
+
+
 def test_no_terms_make_no_spans():
     spans = Spans.of(np.zeros(4, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
     assert len(spans.key) == 0

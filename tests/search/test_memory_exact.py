@@ -16,6 +16,7 @@ from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.materialize import materialize
 from autoshard.pipeline import load_graph
 from autoshard.search.budget import _chains, auto_plan
+from autoshard.search.memory.build import _Liveness
 from autoshard.search.problem import build_search
 from autoshard.search.solver.lowest import lowest_budget
 from autoshard.search.solver.outcome import InfeasibleError, SolverStatus
@@ -137,24 +138,56 @@ def test_the_rows_of_any_plan_of_a_fused_training_step_are_its_program():
     assert_random_plans_are_their_programs(graph, cluster, build_search(graph, cluster), 6)
 
 
-def test_the_rows_of_any_plan_of_a_deep_decoder_are_its_program(tmp_path, monkeypatch):
-    """A decoder of six layers (grouped-query attention, as the large decoders'): each
-    layer's memory terms are made once and replayed at every copy's steps (the layers' values
-    read at other steps each), so random plans' rows must be their programs', layer by layer."""
+def _decoder(layers: int, folder: Path, monkeypatch) -> Path:
+    """A small shape-only decoder (grouped-query attention, as the large decoders') of
+    `layers` layers, written to `folder`."""
     spec = importlib.util.spec_from_file_location("make_models", MODELS / "make_models.py")
     assert spec is not None and spec.loader is not None
     make_models = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "make_models", make_models)  # its dataclasses look it up
     spec.loader.exec_module(make_models)
     built = make_models.build_decoder_shape_only(
-        6, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256
+        layers, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256
     )
-    onnx.save(built.proto, tmp_path / "decoder.onnx")
-    graph = import_onnx(tmp_path / "decoder.onnx", {"batch": 2, "seq": 16})
+    path = folder / f"decoder_{layers}.onnx"
+    onnx.save(built.proto, path)
+    return path
+
+
+def test_the_rows_of_any_plan_of_a_deep_decoder_are_its_program(tmp_path, monkeypatch):
+    """A decoder of six layers: each layer's memory terms are made once and replayed at every
+    copy's steps (the layers' values read at other steps each), so random plans' rows must be
+    their programs', layer by layer."""
+    graph = import_onnx(_decoder(6, tmp_path, monkeypatch), {"batch": 2, "seq": 16})
     cluster = make_cluster(mesh="2x2")
     search = build_search(graph, cluster)
     assert search.repeats.count == 6
     assert_random_plans_are_their_programs(graph, cluster, search, 4)
+
+
+def test_a_deep_decoders_training_step_is_recorded_once_per_kind_of_layer(tmp_path, monkeypatch):
+    """A training step returns each layer's updated weights and states at outputs of their
+    own: named from their own output's slots, the copies' terms are recorded once, as the
+    layers' activations are (the values recorded do not grow with the depth), and random
+    plans' rows are still their programs'."""
+    recorded: list[str] = []
+    record = _Liveness.record
+    monkeypatch.setattr(
+        _Liveness,
+        "record",
+        lambda self, r, name, *a: recorded.append(name) or record(self, r, name, *a),
+    )
+    cluster = make_cluster(mesh="2x2")
+    counts = []
+    for layers in (2, 3):
+        path = _decoder(layers, tmp_path, monkeypatch)
+        graph = load_graph(path, {"batch": 2, "seq": 16}, Training())
+        recorded.clear()
+        search = build_search(graph, cluster)
+        counts.append(len(recorded))
+    assert any(name.endswith("@next") for name in recorded)
+    assert counts[0] == counts[1]
+    assert_random_plans_are_their_programs(graph, cluster, search, 2)
 
 
 def assert_random_plans_are_their_programs(graph, cluster, search, count):

@@ -4,13 +4,16 @@ global batch's (`--global-batch`); the micro-batches the search picks for a glob
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from autoshard.annotations import parse_annotate_flag
 from autoshard.cli.main import main
 from autoshard.cost.cluster import make_cluster
+from autoshard.document.plan_document import document_text
 from autoshard.pipeline import PlanRequest, plan_request
 from autoshard.search.microbatch import GlobalBatch, divisors
 from autoshard.search.pipelined import pipeline_ask
@@ -99,3 +102,37 @@ def test_a_sweep_of_global_batches(tmp_path):
         assert row["strategy"].startswith("micro-batches: " if row is searched else "pipeline")
         tokens = row["tokens_per_s_per_device"] * row["step_time_s"] * row["devices"]
         assert tokens == pytest.approx(8 * 16, rel=1e-9)
+
+
+def test_a_named_pipeline_builds_no_whole_training_step(monkeypatch):
+    # Only the stage model is planned: the whole model's step is built where an annotation is
+    # to be checked against its values (a gradient), never else; and the plan is the one
+    # made with the whole step at hand (its forward and micro-batches are all it reads).
+    import autoshard.pipeline as pipeline
+
+    cluster = make_cluster("pp=2,dp=1")
+    training, dims = Training(micro_batches=2), {"batch": 2, "seq": 16}
+    forward, whole = pipeline.load_graphs(GPT2, dims, training)
+    built: list[int] = []
+    step = pipeline.training_graph
+    monkeypatch.setattr(
+        pipeline, "training_graph", lambda g, *a: built.append(len(g.ops)) or step(g, *a)
+    )
+    request = PlanRequest(model_path=GPT2, cluster=cluster, dims=dims, training=training,
+                          pipeline=pipeline_ask(cluster.mesh, 0, None))  # fmt: skip
+    lean = plan_request(request).document
+    stood, graph, _ = pipeline._plan_inputs(request)
+    assert built == [] and graph is stood and stood.fused == forward.fused
+    grad = next(name for name in whole.values if name.endswith("@grad"))
+    pinned = dataclasses.replace(request, annotations=(parse_annotate_flag(f"{grad}=[[]]"),))
+    assert pipeline._plan_inputs(pinned)[1].values.keys() == whole.values.keys()
+    assert built
+    built.clear()
+    load = pipeline.load_graphs
+    monkeypatch.setattr(pipeline, "load_graphs", lambda *a, forward_only=False: load(*a))
+    at_hand = plan_request(request).document
+    assert built and _untimed(at_hand) == _untimed(lean)
+
+
+def _untimed(document) -> dict:
+    return {k: v for k, v in json.loads(document_text(document)).items() if k != "timing"}

@@ -66,7 +66,7 @@ def assemble_rows(
             (held,) = np.nonzero(live)
             marks = (held, live[held])
         rest = vector - common
-        for g in range(groups) if slot == 0 else np.unique(group_of[moved]).tolist():
+        for g in range(groups) if slot == 0 else sorted(set(group_of[moved].tolist())):
             runs[g] = run(g, rest)
         key = (int(fixed[slot]), runs.tobytes(), marks[0].tobytes(), marks[1].tobytes())
         if key not in found:

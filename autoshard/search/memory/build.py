@@ -160,7 +160,7 @@ class _Liveness:
             # The marks of a value's copy in another layer are its own, at its own reading
             # positions: made once. (A forward layer's activation and its backward are at
             # other distances in each layer.)
-            recorder = Recorder(layout, positions)
+            recorder = Recorder(layout, readings)
             kept = name not in self.again  # its reshards kept from the forward to the backward
             signature = self.signature(name, readings, recorder, kept, over)
             marks = replays.get(signature)
@@ -171,9 +171,9 @@ class _Liveness:
                 last = recorder.slot(recorder.last_home_read(readings, over))
                 self.add_held(terms, name, home, last)
             if marks:
-                copies.setdefault(signature, []).append(positions)
-        for signature, positions_of in copies.items():
-            terms.replay(replays[signature], np.array(positions_of, np.int64))
+                copies.setdefault(signature, []).append(recorder.anchors)
+        for signature, anchors in copies.items():
+            terms.replay(replays[signature], np.array(anchors, np.int64))
         return terms
 
     def signature(
@@ -183,11 +183,13 @@ class _Liveness:
         copies in repeated layers."""
         group, shardings = self.held(name)
         info = self.graph.values[name]
-        rank, widths = recorder.rank, self.layout.widths
+        widths = self.layout.widths
         return (
             kept, over, group, id(shardings), info.shape, info.dtype,
-            tuple((rank[p], i, g, id(needs)) for p, i, g, needs in readings),
+            tuple((recorder.pre_ref(r)[0], r[1] if r[0] < self.ops else -1, r[2], id(r[3]))
+                  for r in readings),
             tuple((widths[p], p == self.ops, self.in_forward(p)) for p in recorder.positions),
+            recorder.outputs_shape(),
         )  # fmt: skip
 
     def record(

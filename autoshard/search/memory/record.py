@@ -20,13 +20,21 @@ Mark = tuple[Ref, Ref, Literal | bool, int]
 
 
 class Recorder:
-    """The marks of one value, its slots named relative to its reading `positions` (program
-    positions, ascending)."""
+    """The marks of one value, its slots named relative to anchors (`Ref`): the first slot of
+    each of its reading positions (program positions, ascending), and, for each of its reads
+    among the graph outputs, the first slot of that output's reshard. The copies of a repeated
+    layer return their values at outputs of their own: named from the output's own slots,
+    their marks coincide, as those of the layers' ops do."""
 
-    def __init__(self, layout: SlotLayout, positions: Sequence[int]) -> None:
+    def __init__(self, layout: SlotLayout, readings: Sequence[Read]) -> None:
         self.layout = layout
-        self.positions = positions
-        self.rank = {p: u for u, p in enumerate(positions)}
+        self.positions = sorted({r[0] for r in readings})
+        self.rank = {p: u for u, p in enumerate(self.positions)}
+        ends = sorted({i for p, i, *_ in readings if p == layout.ops})
+        self.output = {i: len(self.positions) + k for k, i in enumerate(ends)}
+        end = layout.first[layout.ops]
+        self.anchors = [layout.first[p] for p in self.positions]
+        self.anchors += [end + layout.starts[layout.ops][i] for i in ends]
         self.marks: list[Mark] = []
 
     def mark(self, first: Ref, last: Ref, literal: Literal | bool, amount: int) -> None:
@@ -35,13 +43,37 @@ class Recorder:
             self.marks.append((first, last, literal, amount))
 
     def slot(self, ref: Ref) -> int:
-        """The slot a reference names, at the value's reading positions."""
+        """The slot a reference names, at the value's anchors."""
         u, offset = ref
-        return self.layout.first[self.positions[u]] + offset
+        return self.anchors[u] + offset
+
+    def outputs_shape(self) -> tuple:
+        """How the value's reads among the graph outputs sit against each other and the last
+        slot (AT of the end): where two copies agree, their marks are named alike. Each read's
+        reshard spans its output's steps, the marks compare their slots with the last slot and
+        with the slot before another output's: farther than that is alike."""
+        layout = self.layout
+        starts, last = layout.starts[layout.ops], layout.at(layout.ops)
+        widths = {i: starts[i + 1] - starts[i] for i in self.output}
+        return tuple(
+            (
+                widths[i],
+                min(last - self.anchors[u], widths[i] + 2),
+                tuple(min(self.anchors[v] - self.anchors[u], widths[i] + 2)
+                      for v in self.output.values() if v > u),
+            )
+            for i, u in self.output.items()
+        )  # fmt: skip
 
     def pre_ref(self, read: Read, step: int = 0) -> Ref:
         """PRE(p, i, step) of a read: where `materialize` reshards the operand."""
-        return (self.rank[read[0]], self.layout.starts[read[0]][read[1]] + step)
+        p, i, layout = read[0], read[1], self.layout
+        if p != layout.ops:
+            return (self.rank[p], layout.starts[p][i] + step)
+        # The last output's last step is the end's AT: one slot, named one way (refs key
+        # the events of a slot).
+        offset = layout.starts[p][i] + step
+        return (self.rank[p], offset) if offset == layout.at_offset(p) else (self.output[i], step)
 
     def at_ref(self, read: Read, over: bool = False) -> Ref:
         """Where a read as held reads the home tensor: the reader's compute step; but an update
@@ -81,13 +113,12 @@ class Terms:
         start = int(self.offsets[group])
         self.held_spans.append((first, last, np.arange(start, start + len(amounts)), amounts))
 
-    def replay(self, marks: Sequence[Mark], positions: np.ndarray) -> None:
-        """A value's marks at the reading positions of each of its copies (`positions`: a row
-        per copy), all copies at once."""
-        first_of = self.layout.first_array
+    def replay(self, marks: Sequence[Mark], anchors: np.ndarray) -> None:
+        """A value's marks at the anchors of each of its copies (`anchors`: a row of slots per
+        copy, `Recorder.anchors`), all copies at once."""
         refs = np.array([(*first, *last) for first, last, _, _ in marks], np.int64)
-        starts = first_of[positions[:, refs[:, 0]]] + refs[:, 1]  # copies x marks
-        stops = first_of[positions[:, refs[:, 2]]] + refs[:, 3]
+        starts = anchors[:, refs[:, 0]] + refs[:, 1]  # copies x marks
+        stops = anchors[:, refs[:, 2]] + refs[:, 3]
         for j, (_, _, literal, amount) in enumerate(marks):
             live = starts[:, j] <= stops[:, j]
             first, last = starts[live, j], stops[live, j]

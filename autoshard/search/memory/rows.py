@@ -173,7 +173,9 @@ class Spans:
     def of(starts: np.ndarray, keys: np.ndarray, amounts: np.ndarray | None = None) -> Spans:
         """The spans of row r's terms `keys[starts[r]:starts[r + 1]]` (with `amounts`; none:
         1 each)."""
-        order = np.argsort(keys, kind="stable")  # by key, each key's rows ascending
+        # By key, each key's rows ascending (keys of 16 bits sort by radix, stable alike).
+        small = len(keys) and keys.min() >= 0 and keys.max() < 1 << 16
+        order = np.argsort(keys.astype(np.uint16) if small else keys, kind="stable")
         key, row = keys[order], _segment_of(starts)[order]
         amount = np.ones(len(key), np.int64) if amounts is None else amounts[order]
         opens = np.ones(len(key), bool)
@@ -239,7 +241,8 @@ class RunTable:
 
 
 def concatenated(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    return np.concatenate(arrays).astype(np.int64) if arrays else NO_ENTRIES
+    # Concatenated as int64 at once: a copy afterwards would double the rows' largest arrays.
+    return np.concatenate(arrays, dtype=np.int64, casting="unsafe") if arrays else NO_ENTRIES
 
 
 def _columns(pairs: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
