@@ -131,6 +131,5 @@ def test_auto_recomputes_exactly_when_the_budget_requires_it_under_fused_attenti
     below = plan_request(_request(decoder, lowest - 1, auto)).document
     assert below.training is not None and below.training.recompute is not Recompute.NONE
     assert below.cost is not None and below.cost.memory_bytes_per_device < lowest
-    assert "the cheapest that fits the budget (no plan keeping every activation fits" in (
-        below.story or ""
-    )
+    assert "chosen by the search: frees " in (below.story or "")
+    assert "none: no plan fits" in (below.story or "")
