@@ -98,15 +98,25 @@ def fastest(candidates: Sequence[RecomputeCandidate]) -> RecomputeCandidate | No
 
 def recompute_words(chosen: RecomputeCandidate, candidates: Sequence[RecomputeCandidate]) -> str:
     """The story's sentence on `auto`'s choice: `Recompute layers:4, the fastest step of
-    those tried (12 s a step); runner-up none: 20 s a step (+67 %); layers: not solved, ...`.
-    """
+    those tried (12 s a step); runner-up none: 20 s a step (+66.7 %); layers: not solved,
+    ...`, those not solved for one reason named together."""
     assert chosen.step_s is not None
     others = [c for c in candidates if c is not chosen]
     runner = fastest(others)
-    told = [f"Recompute {chosen.training.recompute_text}, the fastest step of those tried "
-            f"({format_seconds(chosen.step_s)} a step)"]  # fmt: skip
+    step = f"{format_seconds(chosen.step_s)} a step"
+    told = [
+        f"Recompute {chosen.training.recompute_text}"
+        + (f", the fastest step of those tried ({step})" if runner else f" ({step})")
+    ]
     if runner is not None and runner.step_s is not None:
         more = 100 * (runner.step_s / chosen.step_s - 1) if chosen.step_s else 0.0
         told.append(f"runner-up {runner.words()} (+{more:.1f} %)")
-    told += [c.words() for c in others if c is not runner]
+    told += [c.words() for c in others if c is not runner and c.step_s is not None]
+    whys: dict[str, list[str]] = {}
+    for c in others:
+        if c.step_s is None:
+            whys.setdefault(c.why, []).append(c.training.recompute_text)
+    for why, names in whys.items():
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        told.append(f"{listed}: {why}")
     return "; ".join(told) + "."

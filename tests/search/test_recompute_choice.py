@@ -61,6 +61,11 @@ def test_a_recompute_is_chosen_where_keeping_everything_fits_only_at_much_commun
         "20 s a step (+66.7 %); selective-op: not solved, no plan of it under 12.5 s; layers: "
         "not solved, no plan of it under 13 s."
     )
+    _, considered, _ = _choose((10.0, 11.0, 12.0, 13.0), {NONE: 20.0}, binds=False)
+    assert recompute_words(considered[0], considered) == (
+        "Recompute none (20 s a step); layers:4, selective-op and layers: not solved, the "
+        "budget binds no plan keeping every activation."
+    )
 
 
 def test_none_is_kept_where_no_recompute_can_beat_it():

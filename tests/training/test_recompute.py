@@ -116,7 +116,7 @@ def test_auto_recomputes_exactly_when_the_budget_requires_it():
     assert cheapest is not None and below.cost.step_time_s <= cheapest.step_time_s
     story = below.story or ""
     assert ", chosen by the search: frees " in story and "none: no plan fits" in story
-    assert f"the fastest step of those tried ({format_seconds(below.cost.step_time_s)}" in story
+    assert f"({format_seconds(below.cost.step_time_s)} a step)" in story
 
 
 def test_the_story_says_the_recomputation_with_its_figures():
