@@ -511,7 +511,9 @@ def _fastest_recompute(
     floors = {t: memory_floor(steps[t], size) for t in skipped}
     chosen, considered = choose_recompute(tried, bounds, solve, floors)
     planned = found[chosen.training]
-    story = f"{planned.document.story} {recompute_words(chosen, considered)}"
+    # One candidate (a model without repeated layers) is no choice: the story is silent.
+    words = f" {recompute_words(chosen, considered)}" if len(considered) > 1 else ""
+    story = f"{planned.document.story}{words}"
     if after is not None:
         build(planned.graph, planned.planned.plan, after, tracker)
     return dataclasses.replace(planned, document=dataclasses.replace(planned.document, story=story))

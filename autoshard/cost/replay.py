@@ -155,7 +155,7 @@ def _whole_bytes(graph: Graph, name: str) -> int:
 def recompute_ladder(training: Training) -> tuple[Training, ...]:
     """The recomputations `--recompute auto` may choose: none, selective (where attention is
     not fused: a fused kernel keeps no S x S tensor to free), selective-op, every 4th, every
-    2nd, every layer (`_cheapest_recompute` orders them by their compute)."""
+    2nd, every layer (`recompute_order` orders them by their compute)."""
     selective = () if training.fused_attention else ((Recompute.SELECTIVE, 1),)
     ladder = (
         (Recompute.NONE, 1), *selective, (Recompute.SELECTIVE_OP, 1),
