@@ -26,7 +26,7 @@ from autoshard.analysis.shorten import layer_run, shortened
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import check_precision
-from autoshard.cost.replay import memory_floor, recompute_ladder, recompute_order
+from autoshard.cost.replay import compute_floor, memory_floor, recompute_ladder, recompute_order
 from autoshard.deadline import Deadline
 from autoshard.document.blocks import Decisions
 from autoshard.document.plan_document import (
@@ -59,11 +59,11 @@ from autoshard.search.pipelined import (
 )
 from autoshard.search.pipesearch import PipelineChoice, StagePlan, choose_pipeline, plan_pipelined
 from autoshard.search.recipe_prices import price_recipes
+from autoshard.search.recompute import choose_recompute, recompute_words
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
 from autoshard.training.replay import replays
 from autoshard.training.stages import stage_steps
-from autoshard.units import format_bytes
 
 AfterStage = Callable[[Stage, Program | Partitioned], None]
 """Told each stage after a plan is decided and what it left (dump points, timings)."""
@@ -371,7 +371,7 @@ def plan_request(
     after: AfterStage | None = None,
     deadline: Deadline | None = None,
     graphs: GraphCache | None = None,
-    chosen: bool | str = False,
+    chosen: bool = False,
     explain: bool = True,
 ) -> RequestedPlan:
     """`autoshard plan` from start to end, shared by the CLI and the REST service so that the
@@ -381,9 +381,8 @@ def plan_request(
     `request.time_limit` sets (started here where not given: the CLI starts it with the
     command), shared by the import and every step of the search (`TimeUp` names the phase
     that has no plan to answer with when it passes). `graphs`: the imports kept for the next
-    request of the same model (`GraphCache`). `chosen`: the request's recomputation is the
-    one `--recompute auto` chose (`_cheapest_recompute`; a text: why no cheaper one), as the
-    story says; `explain` false:
+    request of the same model (`GraphCache`). `chosen`: the request's recomputation is one
+    `--recompute auto` considers (`_fastest_recompute`), as the story says; `explain` false:
     no plan fitting raises the solve's InfeasibleError, without the least memory a plan needs
     (`auto_plan`)."""
     deadline = deadline or Deadline.start(request.time_limit)
@@ -394,7 +393,7 @@ def plan_request(
         training = training.for_device(request.cluster.device.flash_attention)
         request = dataclasses.replace(request, training=training)
     if training is not None and training.recompute is Recompute.AUTO:
-        return _cheapest_recompute(request, training, tracker, after, deadline, graphs)
+        return _fastest_recompute(request, training, tracker, after, deadline, graphs)
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
     forward, graph, whole = _plan_inputs(request, tracker, graphs)
     deadline.check("importing the model")
@@ -490,43 +489,41 @@ def _in_micro_batches(
     return dataclasses.replace(found, document=document)
 
 
-def _cheapest_recompute(
+def _fastest_recompute(
     request: PlanRequest, training: Training, tracker: Tracker | None,
     after: AfterStage | None, deadline: Deadline, graphs: GraphCache | None = None,
 ) -> RequestedPlan:  # fmt: skip
-    """The plan of the first recomputation that fits the budget: none where its memory floor
-    allows (`memory_floor`), then those of `recompute_order`: the search recomputes exactly
-    when the budget requires it, and of the recomputations that fit, the one replaying the
-    least compute; the last one's error (with the least memory its plans need) where none
-    fits. Each candidate's graph is built once, the model imported once, and kept in
-    `graphs` for its search."""
+    """The plan of the recomputation whose step is fastest (`search.recompute`): those whose
+    memory floor fits, solved in the order of their step's bound (`compute_floor`) until the
+    next bound is no better than the fastest found, all within `deadline`; the last one's
+    error (with the least memory its plans need) where none fits. The model is imported once,
+    each candidate's graph kept in `graphs` for its search."""
     graphs = {} if graphs is None else graphs
-    keep, *ladder = recompute_ladder(training)
-    # A pipeline's stages hold other shares than the whole step's: no floor rules them out
-    # (none is worked out: that would build the whole step).
-    budget, floor = math.inf, 0
-    if request.pipeline is None:
-        kept = _step_graphs(request, (keep,), tracker, graphs)[keep]
-        budget, floor = request.cluster.memory, memory_floor(kept, request.cluster.mesh.size)
-    why = f"keeping every activation needs at least {format_bytes(floor)} per device"
-    if floor <= budget:
-        try:  # recompute nothing, where the budget may allow it, before building the others
-            asked = dataclasses.replace(request, training=keep)
-            return plan_request(asked, tracker, after, deadline, graphs, chosen=True, explain=False)
-        except InfeasibleError:
-            deadline.check("trying the recomputations")
-            why = "no plan keeping every activation fits"
-    steps = _step_graphs(request, ladder, tracker, graphs)
-    *cheaper, last = recompute_order(steps, request.cluster, budget)[0]
-    for step in cheaper:
-        try:
-            asked = dataclasses.replace(request, training=step)
-            return plan_request(asked, tracker, after, deadline, graphs, chosen=why, explain=False)
-        except InfeasibleError:
-            deadline.check("trying the recomputations")
-            why = f"{why}; none with {step.recompute_text} does"
-    asked = dataclasses.replace(request, training=last)
-    return plan_request(asked, tracker, after, deadline, graphs, chosen=why)
+    steps = _step_graphs(request, recompute_ladder(training), tracker, graphs)
+    # A pipeline's stages hold other shares than the whole step's: no floor rules them out.
+    budget = request.cluster.memory if request.pipeline is None else math.inf
+    tried, skipped = recompute_order(steps, request.cluster, budget)
+    bounds = {t: compute_floor(steps[t], request.cluster) for t in (*tried, *skipped)}
+    found: dict[Training, RequestedPlan] = {}
+
+    def solve(step: Training, last: bool) -> tuple[float, bool]:
+        asked = dataclasses.replace(request, training=step)
+        found[step] = planned = plan_request(asked, tracker, None, deadline, graphs, True,
+                                             explain=last)  # fmt: skip
+        block = planned.document.pipeline
+        seconds = float(block["step_time_s"]) if block else planned.planned.cost.step_time_s
+        return seconds, planned.planned.solution.memory_binds
+
+    size = request.cluster.mesh.size
+    floors = {t: memory_floor(steps[t], size) for t in skipped}
+    chosen, considered = choose_recompute(tried, bounds, solve, floors)
+    planned = found[chosen.training]
+    # One candidate (a model without repeated layers) is no choice: the story is silent.
+    words = f" {recompute_words(chosen, considered)}" if len(considered) > 1 else ""
+    story = f"{planned.document.story}{words}"
+    if after is not None:
+        build(planned.graph, planned.planned.plan, after, tracker)
+    return dataclasses.replace(planned, document=dataclasses.replace(planned.document, story=story))
 
 
 def _step_graphs(

@@ -139,8 +139,10 @@ LISTED = (
 @dataclass(frozen=True)
 class Predicted:
     step_s: float
+    """The step's critical path: communication overlapped with compute (`cost.overlap`)."""
     compute_s: float
     comm_s: float
+    exposed_s: float
     memory: int
     usable: int
     recompute: str
@@ -197,8 +199,9 @@ def predict(run: Run, path: Path, pinned: bool, time_limit: float) -> Predicted:
     answer = plan_request(request)
     cost = answer.planned.cost
     chosen = answer.document.training
+    exposed = cost.schedule.exposed_s if cost.schedule is not None else cost.comm_time_s
     return Predicted(
-        cost.compute_time_s + cost.comm_time_s, cost.compute_time_s, cost.comm_time_s,
+        cost.step_time_s, cost.compute_time_s, cost.comm_time_s, exposed,
         cost.memory_bytes_per_device, usable,
         _recompute_text(chosen), time.perf_counter() - started,
         answer.document.story or "",
@@ -222,7 +225,8 @@ def _row(run: Run, pinned: Predicted, free: Predicted | None) -> str:
     )  # fmt: skip
     return (
         f"| {run.name} | {run.source} | {run.measured_s:.2f} s | {pinned.step_s:.2f} s "
-        f"(compute {pinned.compute_s:.2f}, comm {pinned.comm_s:.2f}) | {ratio:.2f} | {within} "
+        f"(compute {pinned.compute_s:.2f}, comm {pinned.comm_s:.2f}, exposed "
+        f"{pinned.exposed_s:.2f}) | {ratio:.2f} | {within} "
         f"| {pinned.memory / 2**30:.1f} GiB | {'yes' if pinned.fits else 'no'} "
         f"(usable {pinned.usable / 2**30:.1f} GiB) | {free_text} |"
     )
@@ -232,9 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the 22B and 8B rows only")
     parser.add_argument("--no-free", action="store_true", help="the pinned layouts only")
+    parser.add_argument("--rows", nargs="+", metavar="WORD", help="only the rows whose name "
+                        "has one of these words (70B, 22B, Float8)")  # fmt: skip
     parser.add_argument("--time-limit", type=float, default=900.0)
     args = parser.parse_args(argv)
     runs = [r for r in RUNS if r.quick or not args.quick]
+    if args.rows:
+        runs = [r for r in runs if any(word in r.name for word in args.rows)]
     print(
         "| published run | source | measured | autoshard, layout pinned | ratio | within 10 % "
         "| memory (pinned) | fits | free search (recompute, memory) |\n"

@@ -142,10 +142,11 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument(
         "--recompute", metavar="WHAT", help="what the backward recomputes instead of keeping: "
-        "auto (default: the cheapest that fits the memory budget), none, selective (each "
-        "attention core's scores and probabilities), selective-op (each repeated layer but "
-        "every other linear matmul and its attention kernel, as TorchTitan's op-level AC), "
-        "layers (each repeated layer) or layers:K (every K-th layer)",
+        "auto (default: the one of the fastest step that fits the memory budget), none, "
+        "selective (each attention core's scores and probabilities), selective-op (each "
+        "repeated layer but every other linear matmul and its attention kernel, as "
+        "TorchTitan's op-level AC), layers (each repeated layer) or layers:K (every K-th "
+        "layer)",
     )  # fmt: skip
     group.add_argument(
         "--attention", help="fused (default on GPU presets): plan and price each attention "

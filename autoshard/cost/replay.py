@@ -7,12 +7,14 @@ plan of a step can hold (`memory_floor`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+from autoshard.cost.attention import attention_kernel
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import op_cost
 from autoshard.cost.liveness import held_bytes
@@ -65,9 +67,9 @@ def replay_figures(graph: Graph, plan: Plan, cost: Cost) -> ReplayFigures:
     return ReplayFigures(freed, added, cost.compute_time_s - added)
 
 
-def replay_text(training: Training, figures: ReplayFigures, chosen: bool | str) -> str:
-    """The story's sentence on recomputation: what was asked, or `chosen` by the search (the
-    cheapest that fits the budget; a text: why nothing cheaper was), and its figures."""
+def replay_text(training: Training, figures: ReplayFigures, chosen: bool) -> str:
+    """The story's sentence on recomputation: what was asked, or `chosen` by the search
+    (`search.recompute` says why), and its figures."""
     what = {
         Recompute.SELECTIVE: "selective recompute (each attention core)",
         Recompute.SELECTIVE_OP: "op-level selective recompute (each layer but every other "
@@ -76,9 +78,7 @@ def replay_text(training: Training, figures: ReplayFigures, chosen: bool | str) 
         + ("every layer" if training.every == 1 else f"every {training.every}th layer")
         + ")",
     }[training.recompute]
-    why = "the cheapest that fits the budget" if chosen else "as asked"
-    if isinstance(chosen, str) and chosen:
-        why = f"{why} ({chosen})"
+    why = "chosen by the search" if chosen else "as asked"
     freed, added = format_bytes(figures.freed_bytes), 100 * figures.added_share
     return f"Recomputation: {what}, {why}: frees {freed} per device for {added:.1f} % more compute."
 
@@ -93,6 +93,31 @@ def replayed_seconds(graph: Graph, cluster: Cluster) -> float:
             rule = rule_for(op, graph)
             whole = None if rule is None else ShardingOption(((),) * len(rule.loops))
             total += op_cost(op, rule, whole, graph, cluster).seconds
+    return total
+
+
+def compute_floor(graph: Graph, cluster: Cluster) -> float:
+    """Seconds below which no plan of training step `graph` on `cluster` computes: each op
+    whole on one device (its rule's loops split over no axis), every run of it per step, its
+    work split evenly over every device (at the cache's bandwidth where a shard over every
+    device would fit the cache) and, an op that is a kernel of its own, its launch on each.
+    No plan does better (a shard of k devices moves and computes at least 1/k of the op, and
+    launches it once), and a step's critical path runs every op, so this bounds its step time
+    too (`--recompute auto` prunes by it)."""
+    device, devices = cluster.device, cluster.mesh.size
+    fastest = max(device.hbm_bandwidth, device.cache_bandwidth)
+    cached = dataclasses.replace(cluster, device=dataclasses.replace(device, hbm_bandwidth=fastest))
+    total = 0.0
+    for op in graph.ops:
+        rule = rule_for(op, graph)
+        whole = None if rule is None else ShardingOption(((),) * len(rule.loops))
+        cost = op_cost(op, rule, whole, graph, cluster)
+        if cost.bytes <= devices * device.cache_bytes:
+            cost = op_cost(op, rule, whole, graph, cached)
+        # A fused region's or attention's ops share kernels: their launches are not counted.
+        own = graph.fused.kernel(op.name) is None and attention_kernel(op, graph) is None
+        launch = device.launch_s if own and cost.seconds >= device.launch_s else 0.0
+        total += graph.runs(op.name) * ((cost.seconds - launch) / devices + launch)
     return total
 
 
@@ -130,7 +155,7 @@ def _whole_bytes(graph: Graph, name: str) -> int:
 def recompute_ladder(training: Training) -> tuple[Training, ...]:
     """The recomputations `--recompute auto` may choose: none, selective (where attention is
     not fused: a fused kernel keeps no S x S tensor to free), selective-op, every 4th, every
-    2nd, every layer (`_cheapest_recompute` orders them by their compute)."""
+    2nd, every layer (`recompute_order` orders them by their compute)."""
     selective = () if training.fused_attention else ((Recompute.SELECTIVE, 1),)
     ladder = (
         (Recompute.NONE, 1), *selective, (Recompute.SELECTIVE_OP, 1),

@@ -254,14 +254,14 @@ def plan_document(
     asked: tuple[SolverOptions, Sequence[Annotation]] | None = None,
     names: Mapping[str, str] | None = None,
     recipes: Sequence[RecipePrice] | None = None,
-    recompute_chosen: bool | str = False,
+    recompute_chosen: bool = False,
 ) -> PlanDocument:
     """The plan document; `planned` adds the solver's and the search problem's figures, and
     `asked` what it was asked (its options and annotations); a training step's plan says so
     (`mode`, `training`). `names` are the source model's parameter names, for the story;
     `recipes` the standard layouts' prices (`search.recipe_prices`), beside the plan's;
-    `recompute_chosen` whether the search chose the step's recomputation (`--recompute auto`;
-    a text: why it chose no cheaper one), which the story says with its figures
+    `recompute_chosen` whether the search chose the step's recomputation (`--recompute auto`),
+    which the story says with its figures
     (`cost.replay`)."""
     solver = search = timing = repeats = usage = None
     if planned is not None:

@@ -91,7 +91,7 @@ class Recompute(enum.StrEnum):
     SELECTIVE = "selective"  # each attention core (scores to probabilities), as Korthikanti's
     SELECTIVE_OP = "selective-op"  # all of a layer but every other linear matmul, as TorchTitan's
     LAYERS = "layers"  # each repeated layer's activations recomputed in its backward
-    AUTO = "auto"  # the search's choice: the cheapest recomputation that fits the budget
+    AUTO = "auto"  # the search's choice: the recomputation of the fastest step that fits
 
 
 RECOMPUTE_CHOICES = "none, selective, selective-op, layers, layers:K (every K-th layer), auto"

@@ -67,6 +67,8 @@ class Solution:
     variables: int
     constraints: int
     work: float = 0.0  # deterministic seconds the solver spent (what --time-limit bounds)
+    memory_binds: bool = True
+    """False where the optimum with memory aside fits the budget (and is the answer)."""
 
     @property
     def gap(self) -> float:

@@ -21,6 +21,7 @@ only read.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -140,7 +141,7 @@ def _search(
             problem, Limit(time_limit, limit, "memory-aside", deadline), tracker, unit
         )
     if problem.peak(aside.choice) <= problem.budget:
-        return told_end(aside, tracker, problem.unit, unit)
+        return told_end(dataclasses.replace(aside, memory_binds=False), tracker, problem.unit, unit)
     known.bound, known.work = max(known.bound, math.ceil(aside.bound)), aside.work
     if deadline.passed():  # (the memory-bound search's no plan, `solve`'s fallback)
         raise OutOfTime(Limit(time_limit, limit, "memory-bound", deadline).out_of_time(""))

@@ -1,0 +1,122 @@
+"""`--recompute auto`: the search decides a training step's recomputation by its step time.
+
+Each recomputation `recompute_ladder` offers is a step of its own (its graph replays other
+ops), planned by a search of its own. Before any search each has a lower bound on its step
+(`compute_floor`: every op whole, split over every device at the device's fastest memory)
+and a memory floor (`memory_floor`): those whose memory floor is over the budget are skipped
+(`recompute_order`); the rest are solved in the order of their bounds, and the search stops
+as soon as the fastest step found is no slower than the next one's bound, which no plan of it
+can beat (branch and bound over the candidates: the fastest is found, not the first that
+fits). The story names the one chosen, its step, and what the runner-up costs.
+
+Worked example: bounds none 10 s, layers:4 11 s, layers 13 s. `none` solved: 20 s (it fits
+only by sharding activations, at much communication); layers:4's bound 11 < 20, solved: 12 s;
+layers' bound 13 >= 12: not solved. Chosen layers:4, 12 s a step; runner-up none, 20 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from autoshard.deadline import TimeUp
+from autoshard.search.solver.outcome import InfeasibleError
+from autoshard.training.options import Recompute, Training
+from autoshard.units import format_bytes, format_seconds
+
+
+@dataclass(frozen=True)
+class RecomputeCandidate:
+    """One recomputation `auto` considered: `bound_s`, the least step any of its plans can
+    take; `step_s`, its plan's step where solved; else `why` it has none."""
+
+    training: Training
+    bound_s: float
+    step_s: float | None = None
+    why: str = ""
+
+    def words(self) -> str:
+        name = self.training.recompute_text
+        if self.step_s is None:
+            return f"{name}: {self.why}"
+        return f"{name}: {format_seconds(self.step_s)} a step"
+
+    def to_json(self) -> dict[str, object]:
+        return {"recompute": self.training.recompute_text, "bound_s": self.bound_s,
+                "step_time_s": self.step_s, "why": self.why}  # fmt: skip
+
+
+def choose_recompute(
+    tried: Sequence[Training], bounds: Mapping[Training, float],
+    solve: Callable[[Training, bool], tuple[float, bool]], floors: Mapping[Training, int],
+) -> tuple[RecomputeCandidate, tuple[RecomputeCandidate, ...]]:  # fmt: skip
+    """The candidate of the fastest step, and every one considered, in the order of their
+    bounds: each of `tried` (ordered by their compute, so roughly by their bounds) solved by
+    `solve` (its step's seconds, and whether the memory budget binds its search; told whether
+    it is the last chance, where its error should say the least memory a plan needs) unless
+    its bound is no better than the fastest step found; where the budget binds no plan of
+    `none`, none other is solved (recomputing frees memory the search does not need, and only
+    adds to what it minimizes); where the time runs out with a plan found, the rest are not.
+    `floors`: the memory floors of those skipped, over the budget. The last chance's error
+    where none fits; `TimeUp` where the time runs out before any plan."""
+    considered = [RecomputeCandidate(t, bounds[t], why=f"needs at least {format_bytes(floor)} "
+                  "per device") for t, floor in floors.items()]  # fmt: skip
+    for index, step in enumerate(tried):
+        best, last = fastest(considered), index == len(tried) - 1
+        if best is not None and best.step_s is not None and bounds[step] >= best.step_s:
+            why = f"not solved, no plan of it under {format_seconds(bounds[step])}"
+            considered.append(RecomputeCandidate(step, bounds[step], why=why))
+            continue
+        try:
+            seconds, binds = solve(step, best is None and last)
+        except InfeasibleError:
+            if best is None and last:
+                raise
+            considered.append(RecomputeCandidate(step, bounds[step], why="no plan fits"))
+            continue
+        except TimeUp:
+            if best is None:
+                raise
+            considered += [RecomputeCandidate(t, bounds[t], why="out of time")
+                           for t in tried[index:]]  # fmt: skip
+            break
+        considered.append(RecomputeCandidate(step, bounds[step], seconds))
+        if step.recompute is Recompute.NONE and not binds:
+            why = "not solved, the budget binds no plan keeping every activation"
+            considered += [RecomputeCandidate(t, bounds[t], why=why) for t in tried[index + 1 :]]
+            break
+    chosen = fastest(considered)
+    assert chosen is not None  # the last chance raised otherwise
+    return chosen, tuple(sorted(considered, key=lambda c: c.bound_s))
+
+
+def fastest(candidates: Sequence[RecomputeCandidate]) -> RecomputeCandidate | None:
+    """The solved candidate of the least step, the first of equals (None: none solved)."""
+    solved = [c for c in candidates if c.step_s is not None]
+    return min(solved, key=lambda c: c.step_s or 0.0) if solved else None
+
+
+def recompute_words(chosen: RecomputeCandidate, candidates: Sequence[RecomputeCandidate]) -> str:
+    """The story's sentence on `auto`'s choice: `Recompute layers:4, the fastest step of
+    those tried (12 s a step); runner-up none: 20 s a step (+66.7 %); layers: not solved,
+    ...`, those not solved for one reason named together."""
+    assert chosen.step_s is not None
+    others = [c for c in candidates if c is not chosen]
+    runner = fastest(others)
+    step = f"{format_seconds(chosen.step_s)} a step"
+    told = [
+        f"Recompute {chosen.training.recompute_text}"
+        + (f", the fastest step of those tried ({step})" if runner else f" ({step})")
+    ]
+    if runner is not None and runner.step_s is not None:
+        more = 100 * (runner.step_s / chosen.step_s - 1) if chosen.step_s else 0.0
+        told.append(f"runner-up {runner.words()} (+{more:.1f} %)")
+    told += [c.words() for c in others if c is not runner and c.step_s is not None]
+    whys: dict[str, list[str]] = {}
+    for c in others:
+        if c.step_s is None:
+            whys.setdefault(c.why, []).append(c.training.recompute_text)
+    for why, names in whys.items():
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        told.append(f"{listed}: {why}")
+    return "; ".join(told) + "."

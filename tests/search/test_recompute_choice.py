@@ -1,0 +1,135 @@
+"""`--recompute auto`'s choice (`search.recompute.choose_recompute`): branch and bound over
+the recomputations by their step's bound, worked by hand on tables of step times, and the
+bound (`compute_floor`) held to the steps of real plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoshard.cost.cluster import make_cluster
+from autoshard.cost.replay import compute_floor, recompute_ladder
+from autoshard.deadline import TimeUp
+from autoshard.pipeline import PlanRequest, _step_graphs
+from autoshard.search.budget import auto_plan
+from autoshard.search.recipes import Recipe, recipe_layout
+from autoshard.search.recompute import choose_recompute, recompute_words
+from autoshard.search.solver.outcome import InfeasibleError
+from autoshard.training import Attention, Recompute, Training
+from tests.training.test_recompute import _small_decoder
+
+DIMS = {"batch": 8, "seq": 32}
+
+NONE, LAYERS4, SELECTIVE_OP, LAYERS = (
+    Training(recompute=Recompute.NONE), Training(recompute=Recompute.LAYERS, every=4),
+    Training(recompute=Recompute.SELECTIVE_OP), Training(recompute=Recompute.LAYERS),
+)  # fmt: skip
+TRIED = (NONE, LAYERS4, SELECTIVE_OP, LAYERS)
+
+
+def _choose(bounds, steps, binds=True):
+    """`choose_recompute` over TRIED with `bounds`; `steps[t]`: its plan's step, or an error
+    to raise; `binds`: whether the budget binds the searches; returns the choice, what was
+    considered and the order solved."""
+    solved: list[str] = []
+
+    def solve(training: Training, last: bool) -> tuple[float, bool]:
+        solved.append(training.recompute_text + ("!" if last else ""))
+        found = steps[training]
+        if isinstance(found, Exception):
+            raise found
+        return found, binds
+
+    bounded = dict(zip(TRIED, bounds, strict=True))
+    chosen, considered = choose_recompute(TRIED, bounded, solve, {})
+    return chosen, considered, solved
+
+
+def test_a_recompute_is_chosen_where_keeping_everything_fits_only_at_much_communication():
+    """The module's worked example: none fits at 20 s (its activations sharded, much
+    communication); layers:4's bound 11 < 20: solved, 12 s; selective-op's bound 12.5 and
+    layers' 13 are no better than 12: not solved. Chosen layers:4, runner-up none."""
+    chosen, considered, solved = _choose(
+        (10.0, 11.0, 12.5, 13.0), {NONE: 20.0, LAYERS4: 12.0, SELECTIVE_OP: 12.6, LAYERS: 13.1}
+    )
+    assert chosen.training == LAYERS4 and chosen.step_s == 12.0
+    assert solved == ["none", "layers:4"]
+    assert [(c.training.recompute_text, c.step_s) for c in considered] == [
+        ("none", 20.0), ("layers:4", 12.0), ("selective-op", None), ("layers", None)
+    ]  # fmt: skip
+    assert recompute_words(chosen, considered) == (
+        "Recompute layers:4, the fastest step of those tried (12 s a step); runner-up none: "
+        "20 s a step (+66.7 %); selective-op: not solved, no plan of it under 12.5 s; layers: "
+        "not solved, no plan of it under 13 s."
+    )
+    _, considered, _ = _choose((10.0, 11.0, 12.0, 13.0), {NONE: 20.0}, binds=False)
+    assert recompute_words(considered[0], considered) == (
+        "Recompute none (20 s a step); layers:4, selective-op and layers: not solved, the "
+        "budget binds no plan keeping every activation."
+    )
+
+
+def test_none_is_kept_where_no_recompute_can_beat_it():
+    chosen, _, solved = _choose((10.0, 11.0, 12.0, 13.0), {NONE: 10.5})
+    assert chosen.training == NONE and solved == ["none"]
+
+
+def test_none_is_kept_without_searching_the_rest_where_the_budget_binds_none_of_its_plans():
+    """The search's optimum with memory aside fits: recomputing frees memory it does not
+    need, at more compute (even where the step floors are below none's step)."""
+    chosen, considered, solved = _choose((10.0, 11.0, 12.0, 13.0), {NONE: 20.0}, binds=False)
+    assert chosen.training == NONE and solved == ["none"]
+    assert considered[1].why == "not solved, the budget binds no plan keeping every activation"
+
+
+def test_a_bound_below_the_best_is_solved_even_when_a_later_one_is_not():
+    """Solved in TRIED's order; each candidate is pruned by its own bound alone."""
+    chosen, _, solved = _choose(
+        (10.0, 15.0, 11.0, 16.0), {NONE: 14.0, SELECTIVE_OP: 13.0, LAYERS4: 99.0, LAYERS: 99.0}
+    )
+    assert chosen.training == SELECTIVE_OP and solved == ["none", "selective-op"]
+
+
+def test_where_none_fits_the_next_is_solved_and_the_last_chance_explains():
+    """No plan of the first three fits: the last is solved as the last chance (its error, with
+    the least memory a plan needs, is the answer where it has none either)."""
+    no = InfeasibleError("no plan fits the memory budget")
+    chosen, considered, solved = _choose(
+        (10.0, 11.0, 12.0, 13.0), {NONE: no, LAYERS4: no, SELECTIVE_OP: no, LAYERS: 30.0}
+    )
+    assert chosen.training == LAYERS and solved == ["none", "layers:4", "selective-op", "layers!"]
+    assert [c.why for c in considered[:3]] == ["no plan fits"] * 3
+    with pytest.raises(InfeasibleError):
+        _choose((10.0, 11.0, 12.0, 13.0), dict.fromkeys(TRIED, no))
+
+
+def test_out_of_time_answers_with_the_fastest_found():
+    out = TimeUp("the time limit ran out")
+    chosen, considered, solved = _choose(
+        (10.0, 11.0, 12.0, 13.0), {NONE: 20.0, LAYERS4: out, SELECTIVE_OP: 1.0, LAYERS: 1.0}
+    )
+    assert chosen.training == NONE and solved == ["none", "layers:4"]
+    assert [c.why for c in considered[1:]] == ["out of time"] * 3
+    with pytest.raises(TimeUp):
+        _choose((10.0, 11.0, 12.0, 13.0), dict.fromkeys(TRIED, out))
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    return _small_decoder(tmp_path_factory.mktemp("decoder") / "decoder.onnx")
+
+
+@pytest.mark.parametrize("mesh", ["2", "2x2"])
+def test_no_plan_steps_faster_than_the_step_floor(decoder, mesh):
+    """Each recomputation's step floor is at most its plan's compute, under its step, and at
+    most the compute of another plan, data parallelism's (the batch over every axis)."""
+    fused = Training(attention=Attention.FUSED)
+    cluster = make_cluster(mesh=mesh)
+    request = PlanRequest(model_path=decoder, cluster=cluster, dims=DIMS, training=fused)
+    steps = _step_graphs(request, recompute_ladder(fused), None, {})
+    for training, graph in steps.items():
+        cost = auto_plan(graph, cluster, overlap=training.overlap).cost
+        floor = compute_floor(graph, cluster)
+        assert floor <= cost.compute_time_s <= cost.step_time_s
+        split = recipe_layout(graph, {}, cluster.mesh, Recipe.DP).annotations
+        least = auto_plan(graph, cluster, split).cost.compute_time_s
+        assert floor <= least
