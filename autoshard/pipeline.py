@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import sys
 from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -499,11 +498,16 @@ def _fastest_recompute(
     error (with the least memory its plans need) where none fits. The model is imported once,
     each candidate's graph kept in `graphs` for its search."""
     graphs = {} if graphs is None else graphs
-    steps = _step_graphs(request, recompute_ladder(training), tracker, graphs)
-    # A pipeline's stages hold other shares than the whole step's: no floor rules them out.
-    budget = request.cluster.memory if request.pipeline is None else math.inf
-    tried, skipped = recompute_order(steps, request.cluster, budget)
-    bounds = {t: compute_floor(steps[t], request.cluster) for t in (*tried, *skipped)}
+    if request.pipeline is None:
+        steps = _step_graphs(request, recompute_ladder(training), tracker, graphs)
+        tried, skipped = recompute_order(steps, request.cluster, request.cluster.memory)
+        bounds = {t: compute_floor(steps[t], request.cluster) for t in (*tried, *skipped)}
+        floors = {t: memory_floor(steps[t], request.cluster.mesh.size) for t in skipped}
+    else:
+        # A pipeline plans its stage's model: the whole step is not built for floors or bounds
+        # (its stages hold other shares than the whole step's), so each is solved, none first.
+        tried, floors = recompute_ladder(training), {}
+        bounds = dict.fromkeys(tried, 0.0)
     found: dict[Training, RequestedPlan] = {}
 
     def solve(step: Training, last: bool) -> tuple[float, bool]:
@@ -514,8 +518,6 @@ def _fastest_recompute(
         seconds = float(block["step_time_s"]) if block else planned.planned.cost.step_time_s
         return seconds, planned.planned.solution.memory_binds
 
-    size = request.cluster.mesh.size
-    floors = {t: memory_floor(steps[t], size) for t in skipped}
     chosen, considered = choose_recompute(tried, bounds, solve, floors)
     planned = found[chosen.training]
     # One candidate (a model without repeated layers) is no choice: the story is silent.
