@@ -39,6 +39,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+# torch.autograd.grad imports this module (and sympy under it) on its first call with a given
+# gradient: imported here, the forkserver that preloads this module holds it, and no rank of
+# any run imports it again in its first training step.
+import torch.fx.experimental.symbolic_shapes  # noqa: F401
+
 from autoshard.execute.artifacts import load_partition
 from autoshard.execute.steps import read_steps
 from autoshard.execute.train_check import (
