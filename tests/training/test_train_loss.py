@@ -19,13 +19,12 @@ from autoshard.cli.main import main
 from autoshard.execute.artifacts import verify_training_folder
 from autoshard.execute.train_check import BF16_TOLERANCE, Checked, reference_of
 from autoshard.execute.train_verify import training_feeds
-from autoshard.mesh import Mesh
 from autoshard.pipeline import load_graphs
 from autoshard.run.train import run_training
-from autoshard.search.recipes import megatron_splits, parse_recipe, recipe_layout
 from autoshard.training.loss import LABELS, LOSS_VALUE
 from autoshard.training.options import Loss, Optimizer, Precision, Training
 from tests.e2e.helpers import model_path
+from tests.training.partitions import recipe_partition
 
 pytest.importorskip("torch")
 
@@ -37,22 +36,9 @@ def loss_partition(
 ):
     """The partition of `recipe`'s layout of `name`'s training step on 2x2, its loss `loss`
     and `micro` micro-batches of `DIMS` per step."""
-    model, mesh = model_path(name), "2x2"
     training = Training(optimizer=Optimizer(optimizer), precision=Precision(precision),
                         loss=Loss(loss), micro_batches=micro)  # fmt: skip
-    forward, graph = load_graphs(model, DIMS[name], training)
-    grid = Mesh.parse(mesh)
-    layout = recipe_layout(graph, megatron_splits(forward, grid), grid, parse_recipe(recipe, True))
-    assert not layout.refused, layout.refused
-    annotations = tmp_path / f"{recipe}.json"
-    annotations.write_text(json.dumps({"annotations": [a.to_json() for a in layout.annotations]}))
-    out = tmp_path / f"{name}-{recipe}"
-    dims = [f for k, v in DIMS[name].items() for f in ("--dim", f"{k}={v}")]
-    args = ["partition", model, "--mesh", mesh, *dims, "-q", "--mode", "training",
-            "--precision", precision, "--optimizer", optimizer, "--loss", loss,
-            "--micro-batches", micro, "--annotations", annotations, "-o", out]  # fmt: skip
-    assert main([str(a) for a in args]) == 0
-    return out
+    return recipe_partition(tmp_path, model_path(name), DIMS[name], "2x2", recipe, training)
 
 
 def collectives(out):

@@ -31,12 +31,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autoshard.cli.main import main
 from autoshard.mesh import Mesh
-from autoshard.pipeline import load_graphs
 from autoshard.run.rank import RunError
 from autoshard.run.train import run_training
-from autoshard.search.recipes import megatron_splits, parse_recipe, recipe_layout
 from autoshard.training.options import Optimizer, Precision, Training
 from tests.e2e.helpers import model_path
+from tests.training.partitions import recipe_partition, step_flags
 
 torch = pytest.importorskip("torch")
 
@@ -63,32 +62,15 @@ def llama(tmp_path_factory):
     return export_tiny_llama(tmp_path_factory.mktemp("llama") / "llama.onnx", 64, 32, 4, 8)
 
 
-def _flags(name, mesh, optimizer):
-    dims = [f for k, v in dims_of(name, mesh).items() for f in ("--dim", f"{k}={v}")]
-    return [*dims, "-q", "--mode", "training", "--precision", "fp32", "--optimizer", optimizer]
-
-
-def recipe_partition(tmp_path, model, name, mesh, recipe, optimizer):
-    """The partition of `recipe`'s layout (its annotations, the rest searched)."""
-    training = Training(optimizer=Optimizer(optimizer), precision=Precision.FP32)
-    forward, graph = load_graphs(model, dims_of(name, mesh), training)
-    grid = Mesh.parse(mesh)
-    layout = recipe_layout(graph, megatron_splits(forward, grid), grid, parse_recipe(recipe, True))
-    assert not layout.refused, layout.refused
-    annotations = tmp_path / f"{recipe}.json"
-    annotations.write_text(json.dumps({"annotations": [a.to_json() for a in layout.annotations]}))
-    out = tmp_path / f"{name}-{recipe}"
-    args = ["partition", model, "--mesh", mesh, *_flags(name, mesh, optimizer),
-            "--annotations", annotations, "-o", out]  # fmt: skip
-    assert main([str(a) for a in args]) == 0
-    return out
+def _training(optimizer):
+    return Training(optimizer=Optimizer(optimizer), precision=Precision.FP32)
 
 
 def searched_partition(tmp_path, model, name, mesh, memory, optimizer):
     """The partition of the plan the search finds under `memory` per device."""
     plan, out = tmp_path / "plan.json", tmp_path / f"{name}-searched"
-    args = ["plan", model, "--mesh", mesh, *_flags(name, mesh, optimizer), "--memory", memory,
-            "-o", plan]  # fmt: skip
+    args = ["plan", model, "--mesh", mesh, *step_flags(dims_of(name, mesh), _training(optimizer)),
+            "-q", "--memory", memory, "-o", plan]  # fmt: skip
     assert main([str(a) for a in args]) == 0
     assert main(["partition", str(model), "--plan", str(plan), "-q", "-o", str(out)]) == 0
     return out
@@ -114,7 +96,8 @@ def partitions(request, tmp_path_factory):
                 budget = plan.split("@")[1]
                 made[key] = searched_partition(tmp, model, name, mesh, budget, optimizer)
             else:
-                made[key] = recipe_partition(tmp, model, name, mesh, plan, optimizer)
+                training = _training(optimizer)
+                made[key] = recipe_partition(tmp, model, dims_of(name, mesh), mesh, plan, training)
         return made[key]
 
     return partition
