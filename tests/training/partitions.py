@@ -1,16 +1,16 @@
 """What the tests that run a training step's partition share: the partition of a standard
-recipe's layout (`search.recipes`: its annotations, the rest searched), written by
-`autoshard partition` with the step's flags."""
+recipe's layout (`search.recipes`: its annotations, the rest searched), written as `autoshard
+partition` writes it, with the partition built for it: a run given it (`run_training`'s
+`built`) does not build it again from the model."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from autoshard.cli.main import main
+from autoshard.execute.artifacts import write_built
 from autoshard.mesh import Mesh
-from autoshard.pipeline import load_graphs
+from autoshard.pipeline import Built, Setup, build_setup, load_graphs
 from autoshard.search.recipes import megatron_splits, parse_recipe, recipe_layout
 from autoshard.training.options import Training
 
@@ -24,17 +24,16 @@ def step_flags(dims: Mapping[str, int], training: Training) -> list[str]:
 
 def recipe_partition(
     folder: Path, model: Path, dims: Mapping[str, int], mesh: str, recipe: str, training: Training
-) -> Path:
+) -> tuple[Path, Built]:
     """The partition of `recipe`'s layout of `model`'s training step on `mesh`, written under
-    `folder` (named by the model and the recipe)."""
+    `folder` (named by the model and the recipe), and the partition built."""
     forward, graph = load_graphs(model, dims, training)
     grid = Mesh.parse(mesh)
     layout = recipe_layout(graph, megatron_splits(forward, grid), grid, parse_recipe(recipe, True))
     assert not layout.refused, layout.refused
-    annotations = folder / f"{recipe}.json"
-    annotations.write_text(json.dumps({"annotations": [a.to_json() for a in layout.annotations]}))
-    out = folder / f"{model.stem}-{recipe}"
-    args = ["partition", model, "--mesh", mesh, *step_flags(dims, training), "-q",
-            "--annotations", annotations, "-o", out]  # fmt: skip
-    assert main([str(a) for a in args]) == 0
-    return out
+    setup = Setup(model=Path(model), mesh=grid, dims=dict(dims),
+                  annotations=tuple(layout.annotations), training=training)  # fmt: skip
+    built = build_setup(setup)
+    out = folder / f"{Path(model).stem}-{recipe}"
+    write_built(setup, built, out)
+    return out, built

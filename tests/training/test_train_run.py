@@ -10,7 +10,8 @@ one line naming the rank and the step.
 
 Every run starts its ranks anew (a few seconds each on a loaded host), so the table is the
 issue's: each model under each recipe once per mesh. Each partition is planned and written once
-for the module (`partitions`). A plan searched on 2x2x2 is the MLP's only: the Llama's and
+for the module (`partitions`), and a recipe's run takes it as built, not built again from the
+model (`run_training`'s `built`; the CLI's runs below rebuild theirs). A plan searched on 2x2x2 is the MLP's only: the Llama's and
 GPT-2's 2x2x2 training searches take minutes."""
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def kinds(out):
 @pytest.fixture(scope="module")
 def partitions(request, tmp_path_factory):
     """Each (model, mesh, plan, optimizer)'s partition folder, planned and written once for
-    the module's tests (a test that changes one copies it first)."""
+    the module's tests (a test that changes one copies it first), and a recipe's partition
+    built (None: the searched plan's, which a run builds from the folder)."""
     made = {}
 
     def partition(name, mesh, plan, optimizer):
@@ -94,7 +96,7 @@ def partitions(request, tmp_path_factory):
             model = request.getfixturevalue("llama") if name == "llama" else model_path(name)
             if plan.startswith("searched@"):
                 budget = plan.split("@")[1]
-                made[key] = searched_partition(tmp, model, name, mesh, budget, optimizer)
+                made[key] = searched_partition(tmp, model, name, mesh, budget, optimizer), None
             else:
                 training = _training(optimizer)
                 made[key] = recipe_partition(tmp, model, dims_of(name, mesh), mesh, plan, training)
@@ -137,8 +139,8 @@ CASES = [
                          ids=["-".join(c[:3]) for c in CASES])  # fmt: skip
 def test_run_trains_as_autograd(request, partitions, name, mesh, plan, optimizer):
     model = request.getfixturevalue("llama") if name == "llama" else model_path(name)
-    out = partitions(name, mesh, plan, optimizer)
-    report = run_training(out, model, steps=3, timeout_s=120)
+    out, built = partitions(name, mesh, plan, optimizer)
+    report = run_training(out, model, steps=3, timeout_s=120, built=built)
     assert report.ok, [c.line() for c in report.failures]
     assert report.devices == Mesh.parse(mesh).size
     assert {c.step for c in report.checks} == {1, 2, 3}
@@ -154,7 +156,7 @@ def test_run_trains_as_autograd(request, partitions, name, mesh, plan, optimizer
 
 
 def test_run_and_distributed_verify_print_a_training_run(partitions, capsys):
-    out = partitions("mlp", "2x2", "zero", "adamw")
+    out, _ = partitions("mlp", "2x2", "zero", "adamw")
     capsys.readouterr()
     assert main(["run", str(out), "--check", str(model_path("mlp")), "--steps", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -189,7 +191,7 @@ def test_a_corrupted_gradient_all_reduce_is_named(tmp_path, partitions):
     """Device groups' gradient sum turned into a max in the step manifest the ranks follow:
     the gradient after it differs from autograd, named by step, rank and parameter."""
     out = tmp_path / "mlp-dp"
-    shutil.copytree(partitions("mlp", "2x2", "dp", "sgd"), out)
+    shutil.copytree(partitions("mlp", "2x2", "dp", "sgd")[0], out)
     steps = json.loads((out / "steps.json").read_text())
     entry = next(c for c in steps["collectives"] if c["source"] == "2.weight@grad0")
     assert entry["kind"] == "all_reduce" and entry["reduction"] == "sum"
@@ -256,7 +258,7 @@ train._collective = collective
 
 
 def test_a_rank_killed_in_step_two_ends_the_run_naming_it(tmp_path, partitions):
-    out = partitions("mlp", "2x2", "dp", "adam")
+    out, _ = partitions("mlp", "2x2", "dp", "adam")
     # Every rank imports sitecustomize at start: rank 1 kills itself in training step 2.
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(_KILL)
