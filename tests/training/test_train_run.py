@@ -11,8 +11,8 @@ one line naming the rank and the step.
 Every run starts its ranks anew (a few seconds each on a loaded host), so the table is the
 issue's: each model under each recipe once per mesh. Each partition is planned and written once
 for the module (`partitions`), and a recipe's run takes it as built, not built again from the
-model (`run_training`'s `built`; the CLI's runs below rebuild theirs). A plan searched on 2x2x2 is the MLP's only: the Llama's and
-GPT-2's 2x2x2 training searches take minutes."""
+model (`run_training`'s `built`; the CLI's runs below rebuild theirs). A plan searched on
+2x2x2 is the MLP's only: the Llama's and GPT-2's 2x2x2 training searches take minutes."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from autoshard.cli.main import main
+from autoshard.execute.artifacts import PartitionFolderError
 from autoshard.mesh import Mesh
 from autoshard.run.rank import RunError
 from autoshard.run.train import run_training
@@ -185,6 +186,16 @@ def test_run_and_distributed_verify_print_a_training_run(partitions, capsys):
     # a training partition cannot run without its model
     assert main(["run", str(out)]) == 2
     assert "give --check MODEL" in capsys.readouterr().err
+
+
+def test_a_run_given_another_partition_than_its_folders_is_refused(partitions):
+    """A partition handed to the run (`built`) is checked against the folder's manifest as a
+    rebuilt one is: FSDP's split weights are not the data-parallel folder's."""
+    out, _ = partitions("mlp", "2x2", "dp", "adam")
+    _, other = partitions("mlp", "2x2", "fsdp", "adam")
+    message = "weight '0.bias' is sharded [[0, 1]] now but [[]] in the manifest; partition again"
+    with pytest.raises(PartitionFolderError, match=re.escape(message)):
+        run_training(out, model_path("mlp"), steps=1, built=other)
 
 
 def test_a_corrupted_gradient_all_reduce_is_named(tmp_path, partitions):
