@@ -71,9 +71,25 @@ def write_partition(
     tracker: Tracker | None = None,
 ) -> dict:
     """Partition the model as `setup` says and write the folder `out`; return the manifest."""
+    _check_dialect(dialect)
+    return write_built(setup, build_setup(setup, after, tracker), out, dialect, tracker)
+
+
+def _check_dialect(dialect: str) -> None:
     if dialect not in DIALECTS:
         raise PartitionFolderError(f"unknown dialect {dialect!r}; valid: {', '.join(Dialect)}")
-    built = build_setup(setup, after, tracker)
+
+
+def write_built(
+    setup: Setup,
+    built: Built,
+    out: str | os.PathLike[str],
+    dialect: str = Dialect.MESH,
+    tracker: Tracker | None = None,
+) -> dict:
+    """Write the folder `out` of `built`, the partition `setup` makes (`build_setup`'s);
+    return the manifest."""
+    _check_dialect(dialect)
     graph, partitioned = built.graph, built.partitioned
     program = partitioned.program
     folder = Path(out)
@@ -229,12 +245,17 @@ def setup_of(
 
 
 def load_partition(
-    out: str | os.PathLike[str], model: str | os.PathLike[str], dims: Mapping[str, int]
+    out: str | os.PathLike[str],
+    model: str | os.PathLike[str],
+    dims: Mapping[str, int],
+    built: Built | None = None,
 ) -> tuple[Built, Callable[[int], Mapping[str, np.ndarray]], dict[str, Any]]:
-    """Rebuild the partition a folder records and a loader of each device's own weight file
-    (checked against the manifest's sha256 and the rebuilt slices)."""
+    """Rebuild the partition a folder records (or take `built`, the caller's, as
+    `write_built` wrote it) and a loader of each device's own weight file (checked against the
+    manifest's sha256 and the partition's slices)."""
     manifest = read_manifest(out)
-    built = build_setup(setup_of(manifest, model, dims))
+    setup = setup_of(manifest, model, dims)
+    built = built if built is not None else build_setup(setup)
     program = built.partitioned.program
     for name, info in manifest["weights"].items():
         if name not in program.tensors:

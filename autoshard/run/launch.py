@@ -15,6 +15,10 @@ Of several failures the rank's own (loading, a segment) is told before those of 
 honour the process group's timeout), so a lost rank never hangs the others for long. No
 child outlives the launcher: they are daemons, and the launcher's `finally` kills them.
 
+Python starts one forkserver per process and fixes its preload then, so it preloads every
+kind of run's rank module (`RANK_MODULES`) besides the one asked for: a process that runs
+several kinds (a test session, a bench) would otherwise have every rank of the kinds but the
+first import its module anew.
 The forkserver is started on this process's autoshard (`forkserver`): Python starts it as
 `python -c`, which puts the working directory first on its path, so run from a folder holding
 an `autoshard/` (the parent of a clone) its ranks would import that one instead.
@@ -44,6 +48,8 @@ from autoshard.run.rank import Rendezvous, RunError, StepFailure, describe, run_
 Gathered = list[tuple[dict[str, np.ndarray], dict[str, object]]]
 GRACE_S = 3.0
 """How long a stopped rank has to end after SIGTERM before SIGKILL."""
+RANK_MODULES = ("autoshard.run.rank", "autoshard.run.train", "autoshard.run.measure")
+"""What the forkserver imports before forking any rank: the modules of autoshard's ranks."""
 
 
 class Work(Protocol):
@@ -105,13 +111,14 @@ def _child(
     os._exit(code)  # skip interpreter teardown: torch's atexit hooks may wait on peers
 
 
-def forkserver(preload: Sequence[str]) -> multiprocessing.context.ForkServerContext:
+def forkserver(preload: Sequence[str] = ()) -> multiprocessing.context.ForkServerContext:
     """multiprocessing's forkserver context, its server running (started here if it is not)
-    with `preload` imported from the autoshard of this process, whatever the working directory
-    holds: the server's path leaves the working directory out (PYTHONSAFEPATH) and starts with
-    the folder of this autoshard (unless that is site-packages, found anyway)."""
+    with `RANK_MODULES` and `preload` imported from the autoshard of this process, whatever the
+    working directory holds: the server's path leaves the working directory out
+    (PYTHONSAFEPATH) and starts with the folder of this autoshard (unless that is
+    site-packages, found anyway)."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(preload))
+    context.set_forkserver_preload(list(dict.fromkeys([*RANK_MODULES, *preload])))
     root = str(Path(autoshard.__file__).resolve().parent.parent)
     given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     installed = [*site.getsitepackages(), site.getusersitepackages()]

@@ -39,6 +39,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+# torch.autograd.grad imports this module (and sympy under it) on its first call with a given
+# gradient: imported here, the forkserver that preloads this module holds it, and no rank of
+# any run imports it again in its first training step.
+import torch.fx.experimental.symbolic_shapes  # noqa: F401
+
 from autoshard.execute.artifacts import load_partition
 from autoshard.execute.steps import read_steps
 from autoshard.execute.train_check import (
@@ -65,6 +70,7 @@ from autoshard.execute.train_verify import (
 from autoshard.execute.verify import VerifyError
 from autoshard.ir.graph import Graph
 from autoshard.passes.partition import Partitioned
+from autoshard.pipeline import Built
 from autoshard.run.collectives import Executor
 from autoshard.run.rank import Rendezvous, StepFailure, Timing, describe, read_weights
 
@@ -269,10 +275,12 @@ def run_training(
     seed: int = 0,
     floats: str = "float32",
     loss: str | None = None,
+    built: Built | None = None,
 ) -> TrainingReport:
     """Train the partition of folder `out` `steps` steps as one process per device and check
     every step against PyTorch autograd on `model` (module docstring); `loss`: the one asked
-    for, which must be the plan's (None: the plan's)."""
+    for, which must be the plan's (None: the plan's); `built`: the partition the folder holds
+    when the caller has it (`execute.artifacts.write_built`'s; None: rebuilt from `model`)."""
     from autoshard.document.blocks import training_of
     from autoshard.run import RunSetupError, torch_rank
     from autoshard.run.launch import launch_work
@@ -286,7 +294,7 @@ def run_training(
         raise RunSetupError(f"unknown float type {floats!r}; valid: {', '.join(FLOATS)}")
     if backend not in ("gloo", "nccl"):
         raise RunSetupError(f"unknown backend {backend!r}; valid: gloo, nccl")
-    built, _, partition = load_partition(out, model, dims or {})
+    built, _, partition = load_partition(out, model, dims or {}, built)
     training = training_of(partition, "the manifest")
     if training is None:
         raise VerifyError(f"'{out}' is the partition of a forward pass: run it without --model")

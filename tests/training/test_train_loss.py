@@ -19,13 +19,12 @@ from autoshard.cli.main import main
 from autoshard.execute.artifacts import verify_training_folder
 from autoshard.execute.train_check import BF16_TOLERANCE, Checked, reference_of
 from autoshard.execute.train_verify import training_feeds
-from autoshard.mesh import Mesh
 from autoshard.pipeline import load_graphs
 from autoshard.run.train import run_training
-from autoshard.search.recipes import megatron_splits, parse_recipe, recipe_layout
 from autoshard.training.loss import LABELS, LOSS_VALUE
 from autoshard.training.options import Loss, Optimizer, Precision, Training
 from tests.e2e.helpers import model_path
+from tests.training.partitions import recipe_partition
 
 pytest.importorskip("torch")
 
@@ -36,23 +35,10 @@ def loss_partition(
     tmp_path, name, recipe, optimizer="adam", loss="cross-entropy", micro=1, precision="fp32"
 ):
     """The partition of `recipe`'s layout of `name`'s training step on 2x2, its loss `loss`
-    and `micro` micro-batches of `DIMS` per step."""
-    model, mesh = model_path(name), "2x2"
+    and `micro` micro-batches of `DIMS` per step, and the partition built."""
     training = Training(optimizer=Optimizer(optimizer), precision=Precision(precision),
                         loss=Loss(loss), micro_batches=micro)  # fmt: skip
-    forward, graph = load_graphs(model, DIMS[name], training)
-    grid = Mesh.parse(mesh)
-    layout = recipe_layout(graph, megatron_splits(forward, grid), grid, parse_recipe(recipe, True))
-    assert not layout.refused, layout.refused
-    annotations = tmp_path / f"{recipe}.json"
-    annotations.write_text(json.dumps({"annotations": [a.to_json() for a in layout.annotations]}))
-    out = tmp_path / f"{name}-{recipe}"
-    dims = [f for k, v in DIMS[name].items() for f in ("--dim", f"{k}={v}")]
-    args = ["partition", model, "--mesh", mesh, *dims, "-q", "--mode", "training",
-            "--precision", precision, "--optimizer", optimizer, "--loss", loss,
-            "--micro-batches", micro, "--annotations", annotations, "-o", out]  # fmt: skip
-    assert main([str(a) for a in args]) == 0
-    return out
+    return recipe_partition(tmp_path, model_path(name), DIMS[name], "2x2", recipe, training)
 
 
 def collectives(out):
@@ -95,10 +81,10 @@ def test_loss_micro_batches_and_precision_train_as_torch(
     """3 steps, each of `micro` micro-batches accumulated then synced once, equal to autograd
     on the step's whole batch (`micro` times the partition's); a bf16-mixed plan computes in
     bfloat16 and steps float32 master weights, as its reference does."""
-    out = loss_partition(tmp_path, name, recipe, optimizer, loss, micro, precision)
+    out, built = loss_partition(tmp_path, name, recipe, optimizer, loss, micro, precision)
     training = json.loads((out / "manifest.json").read_text())["training"]
     assert training.get("loss", "sum") == loss and training["micro_batches"] == micro
-    report = run_training(out, model_path(name), steps=3, timeout_s=120)
+    report = run_training(out, model_path(name), steps=3, timeout_s=120, built=built)
     assert report.ok, [c.line() for c in report.failures]
     floats, tolerance = ("bfloat16", BF16_TOLERANCE) if precision == BF16 else ("float32", 1e-5)
     assert report.floats == floats and {c.tolerance for c in report.checks} == {tolerance}
@@ -120,7 +106,7 @@ def test_loss_micro_batches_and_precision_train_as_torch(
 
 def test_labels_given_in_the_inputs_are_the_reference_s(tmp_path):
     """The labels of an NPZ train both sides; every position of one class."""
-    out = loss_partition(tmp_path, "mlp", "dp")
+    out, _ = loss_partition(tmp_path, "mlp", "dp")
     x = np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)
     labels = np.full(8, 5, np.int64)
     report = run_training(out, model_path("mlp"), steps=1, timeout_s=120,
@@ -131,7 +117,7 @@ def test_labels_given_in_the_inputs_are_the_reference_s(tmp_path):
 def test_bad_labels_and_another_loss_are_one_line(tmp_path, capsys):
     """Labels of the wrong shape, labels past the classes, and a run asking for the outputs'
     sum of a partition planned with a cross-entropy: each refused in one line naming it."""
-    out = loss_partition(tmp_path, "mlp", "dp")
+    out, _ = loss_partition(tmp_path, "mlp", "dp")
     x = np.zeros((8, 64), np.float32)
     cases = [
         ({"labels": np.zeros((4,), np.int64)}, (),
@@ -163,7 +149,7 @@ def test_an_unknown_loss_is_one_line(capsys):
 def test_a_corrupted_gradient_sync_fails_a_bf16_run(tmp_path):
     """The bf16 tolerance still names a plan's error: a gradient all_reduce turned into a
     max moves the gradient by a fraction of itself."""
-    out = loss_partition(tmp_path, "mlp", "dp", "sgd", precision=BF16)
+    out, _ = loss_partition(tmp_path, "mlp", "dp", "sgd", precision=BF16)
     steps = json.loads((out / "steps.json").read_text())
     entry = next(c for c in steps["collectives"] if c["source"] == "2.weight@grad0")
     entry["reduction"] = "max"

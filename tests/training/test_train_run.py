@@ -10,8 +10,9 @@ one line naming the rank and the step.
 
 Every run starts its ranks anew (a few seconds each on a loaded host), so the table is the
 issue's: each model under each recipe once per mesh. Each partition is planned and written once
-for the module (`partitions`). A plan searched on 2x2x2 is the MLP's only: the Llama's and
-GPT-2's 2x2x2 training searches take minutes."""
+for the module (`partitions`), and a recipe's run takes it as built, not built again from the
+model (`run_training`'s `built`; the CLI's runs below rebuild theirs). A plan searched on
+2x2x2 is the MLP's only: the Llama's and GPT-2's 2x2x2 training searches take minutes."""
 
 from __future__ import annotations
 
@@ -30,13 +31,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from autoshard.cli.main import main
+from autoshard.execute.artifacts import PartitionFolderError
 from autoshard.mesh import Mesh
-from autoshard.pipeline import load_graphs
 from autoshard.run.rank import RunError
 from autoshard.run.train import run_training
-from autoshard.search.recipes import megatron_splits, parse_recipe, recipe_layout
 from autoshard.training.options import Optimizer, Precision, Training
 from tests.e2e.helpers import model_path
+from tests.training.partitions import recipe_partition, step_flags
 
 torch = pytest.importorskip("torch")
 
@@ -63,32 +64,15 @@ def llama(tmp_path_factory):
     return export_tiny_llama(tmp_path_factory.mktemp("llama") / "llama.onnx", 64, 32, 4, 8)
 
 
-def _flags(name, mesh, optimizer):
-    dims = [f for k, v in dims_of(name, mesh).items() for f in ("--dim", f"{k}={v}")]
-    return [*dims, "-q", "--mode", "training", "--precision", "fp32", "--optimizer", optimizer]
-
-
-def recipe_partition(tmp_path, model, name, mesh, recipe, optimizer):
-    """The partition of `recipe`'s layout (its annotations, the rest searched)."""
-    training = Training(optimizer=Optimizer(optimizer), precision=Precision.FP32)
-    forward, graph = load_graphs(model, dims_of(name, mesh), training)
-    grid = Mesh.parse(mesh)
-    layout = recipe_layout(graph, megatron_splits(forward, grid), grid, parse_recipe(recipe, True))
-    assert not layout.refused, layout.refused
-    annotations = tmp_path / f"{recipe}.json"
-    annotations.write_text(json.dumps({"annotations": [a.to_json() for a in layout.annotations]}))
-    out = tmp_path / f"{name}-{recipe}"
-    args = ["partition", model, "--mesh", mesh, *_flags(name, mesh, optimizer),
-            "--annotations", annotations, "-o", out]  # fmt: skip
-    assert main([str(a) for a in args]) == 0
-    return out
+def _training(optimizer):
+    return Training(optimizer=Optimizer(optimizer), precision=Precision.FP32)
 
 
 def searched_partition(tmp_path, model, name, mesh, memory, optimizer):
     """The partition of the plan the search finds under `memory` per device."""
     plan, out = tmp_path / "plan.json", tmp_path / f"{name}-searched"
-    args = ["plan", model, "--mesh", mesh, *_flags(name, mesh, optimizer), "--memory", memory,
-            "-o", plan]  # fmt: skip
+    args = ["plan", model, "--mesh", mesh, *step_flags(dims_of(name, mesh), _training(optimizer)),
+            "-q", "--memory", memory, "-o", plan]  # fmt: skip
     assert main([str(a) for a in args]) == 0
     assert main(["partition", str(model), "--plan", str(plan), "-q", "-o", str(out)]) == 0
     return out
@@ -102,7 +86,8 @@ def kinds(out):
 @pytest.fixture(scope="module")
 def partitions(request, tmp_path_factory):
     """Each (model, mesh, plan, optimizer)'s partition folder, planned and written once for
-    the module's tests (a test that changes one copies it first)."""
+    the module's tests (a test that changes one copies it first), and a recipe's partition
+    built (None: the searched plan's, which a run builds from the folder)."""
     made = {}
 
     def partition(name, mesh, plan, optimizer):
@@ -112,9 +97,10 @@ def partitions(request, tmp_path_factory):
             model = request.getfixturevalue("llama") if name == "llama" else model_path(name)
             if plan.startswith("searched@"):
                 budget = plan.split("@")[1]
-                made[key] = searched_partition(tmp, model, name, mesh, budget, optimizer)
+                made[key] = searched_partition(tmp, model, name, mesh, budget, optimizer), None
             else:
-                made[key] = recipe_partition(tmp, model, name, mesh, plan, optimizer)
+                training = _training(optimizer)
+                made[key] = recipe_partition(tmp, model, dims_of(name, mesh), mesh, plan, training)
         return made[key]
 
     return partition
@@ -154,8 +140,8 @@ CASES = [
                          ids=["-".join(c[:3]) for c in CASES])  # fmt: skip
 def test_run_trains_as_autograd(request, partitions, name, mesh, plan, optimizer):
     model = request.getfixturevalue("llama") if name == "llama" else model_path(name)
-    out = partitions(name, mesh, plan, optimizer)
-    report = run_training(out, model, steps=3, timeout_s=120)
+    out, built = partitions(name, mesh, plan, optimizer)
+    report = run_training(out, model, steps=3, timeout_s=120, built=built)
     assert report.ok, [c.line() for c in report.failures]
     assert report.devices == Mesh.parse(mesh).size
     assert {c.step for c in report.checks} == {1, 2, 3}
@@ -171,7 +157,7 @@ def test_run_trains_as_autograd(request, partitions, name, mesh, plan, optimizer
 
 
 def test_run_and_distributed_verify_print_a_training_run(partitions, capsys):
-    out = partitions("mlp", "2x2", "zero", "adamw")
+    out, _ = partitions("mlp", "2x2", "zero", "adamw")
     capsys.readouterr()
     assert main(["run", str(out), "--check", str(model_path("mlp")), "--steps", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -202,11 +188,21 @@ def test_run_and_distributed_verify_print_a_training_run(partitions, capsys):
     assert "give --check MODEL" in capsys.readouterr().err
 
 
+def test_a_run_given_another_partition_than_its_folders_is_refused(partitions):
+    """A partition handed to the run (`built`) is checked against the folder's manifest as a
+    rebuilt one is: FSDP's split weights are not the data-parallel folder's."""
+    out, _ = partitions("mlp", "2x2", "dp", "adam")
+    _, other = partitions("mlp", "2x2", "fsdp", "adam")
+    message = "weight '0.bias' is sharded [[0, 1]] now but [[]] in the manifest; partition again"
+    with pytest.raises(PartitionFolderError, match=re.escape(message)):
+        run_training(out, model_path("mlp"), steps=1, built=other)
+
+
 def test_a_corrupted_gradient_all_reduce_is_named(tmp_path, partitions):
     """Device groups' gradient sum turned into a max in the step manifest the ranks follow:
     the gradient after it differs from autograd, named by step, rank and parameter."""
     out = tmp_path / "mlp-dp"
-    shutil.copytree(partitions("mlp", "2x2", "dp", "sgd"), out)
+    shutil.copytree(partitions("mlp", "2x2", "dp", "sgd")[0], out)
     steps = json.loads((out / "steps.json").read_text())
     entry = next(c for c in steps["collectives"] if c["source"] == "2.weight@grad0")
     assert entry["kind"] == "all_reduce" and entry["reduction"] == "sum"
@@ -273,7 +269,7 @@ train._collective = collective
 
 
 def test_a_rank_killed_in_step_two_ends_the_run_naming_it(tmp_path, partitions):
-    out = partitions("mlp", "2x2", "dp", "adam")
+    out, _ = partitions("mlp", "2x2", "dp", "adam")
     # Every rank imports sitecustomize at start: rank 1 kills itself in training step 2.
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(_KILL)
