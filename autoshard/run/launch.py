@@ -48,7 +48,9 @@ from autoshard.run.rank import Rendezvous, RunError, StepFailure, describe, run_
 Gathered = list[tuple[dict[str, np.ndarray], dict[str, object]]]
 GRACE_S = 3.0
 """How long a stopped rank has to end after SIGTERM before SIGKILL."""
-RANK_MODULES = ("autoshard.run.rank", "autoshard.run.train", "autoshard.run.measure")
+RANK_MODULES = (
+    "autoshard.run.rank", "autoshard.run.train", "autoshard.run.measure", "autoshard.run.pipetrain",
+)  # fmt: skip
 """What the forkserver imports before forking any rank: the modules of autoshard's ranks."""
 
 
