@@ -10,6 +10,12 @@ so its bound holds, and its solution, where it fits every row, is the whole prob
 rows only grow, so each bound is the floor of the next solve. Where the rounds run out
 (`ROUNDS`, or the time limit's work spent), a last solve holds every row some choice may take
 over the limit.
+
+The rounds run in a child process; meanwhile this one runs the large-neighbourhood search
+(`lns`) from the greedy solution, which improves a solution where the rounds have none yet
+(on the contest's large problems, none within a minute). With a limit that does not bind,
+the rounds answer first and the search stops there; the answer is the cheaper (the rounds'
+where they tie), so the same problem gives the same bytes unless the wall clock decides.
 """
 
 from __future__ import annotations
