@@ -60,6 +60,10 @@ ASIDE_SHARE = 0.25
 """The share of the time limit the optimum with memory aside may take at most: past it, its
 best found and bound serve (it only starts the memory-bound search, which needs the rest)."""
 
+GREEDY_SHARE = 0.25
+"""The share of the time limit past which the greedy solution's sweeps stop (its repair
+does not): the neighbourhood search improves a solution faster than their last sweeps."""
+
 MARGIN = 2.0
 """Seconds before the time limit at which the solver's rounds stop, at most..."""
 
@@ -104,7 +108,7 @@ def solve_iopddl(
     started = time.perf_counter()
     deadline = deadline or Deadline.start(time_limit)
     posed = pose(iop)
-    quick = greedy(posed, deadline)
+    quick = greedy(posed, _share(deadline, GREEDY_SHARE))
     margin = min(MARGIN, deadline.seconds * MARGIN_SHARE)
     within = Deadline(deadline.seconds - margin, deadline.started, deadline.clock)
     child = _Child(functools.partial(_rounds, iop, posed, quick, time_limit, within))
@@ -125,6 +129,11 @@ def solve_iopddl(
     if exact is None:
         raise TimeUp(deadline.ran_out("before a solution within the usage limit was found"))
     return dataclasses.replace(exact, wall_s=time.perf_counter() - started, groups=groups)
+
+
+def _share(deadline: Deadline, share: float) -> Deadline:
+    """A deadline `share` of `deadline`'s seconds from its start (at most `deadline`)."""
+    return Deadline(deadline.seconds * share, deadline.started, deadline.clock)
 
 
 class _Child:
