@@ -60,9 +60,9 @@ ASIDE_SHARE = 0.25
 """The share of the time limit the optimum with memory aside may take at most: past it, its
 best found and bound serve (it only starts the memory-bound search, which needs the rest)."""
 
-GREEDY_SHARE = 0.25
+GREEDY_SHARE = 0.5
 """The share of the time limit past which the greedy solution's sweeps stop (its repair
-does not): the neighbourhood search improves a solution faster than their last sweeps."""
+does not): the rest is the neighbourhood search's."""
 
 MARGIN = 2.0
 """Seconds before the time limit at which the solver's rounds stop, at most..."""
