@@ -47,7 +47,7 @@ def _solve(path: str, time_limit: float, memory_gib: float, out: multiprocessing
         out.put(size)
         solved = solve_iopddl(problem, time_limit)
         out.put({"cost": solved.cost, "bound": solved.bound, "optimal": solved.optimal,
-                 "groups": solved.groups})  # fmt: skip
+                 "groups": solved.groups, "neighbourhoods": solved.tried})  # fmt: skip
     except AutoshardError as error:
         out.put({"error": str(error)})
     except MemoryError:
@@ -90,7 +90,7 @@ def main() -> None:
     files = sorted(args.instances.glob("asplos-2025-iopddl-*.json*"))
     rows = []
     print(f"{'':3}{'nodes':>7}{'groups':>7}{'strategies':>11}{'cost':>16}{'best':>16}{'ratio':>8}"
-          f"{'bound/best':>11}  {'status':9}{'wall s':>7}")  # fmt: skip
+          f"{'bound/best':>11}  {'status':9}{'wall s':>7}{'LNS':>6}")  # fmt: skip
     for path in files:
         letter = path.name.split("-")[-1].split(".")[0]
         if args.only and letter not in args.only:
@@ -106,7 +106,7 @@ def main() -> None:
             bound = f"{found['bound'] / best:11.3f}" if best else f"{'?':>11}"
             status = "OPTIMAL" if found["optimal"] else "FEASIBLE"
             print(f"{letter:3}{size}{found['cost']:>16}{best or '?':>16}{ratio}{bound}  "
-                  f"{status:9}{found['wall']:7.0f}")  # fmt: skip
+                  f"{status:9}{found['wall']:7.0f}{found['neighbourhoods']:6}")  # fmt: skip
         else:
             print(f"{letter:3}{size}  {found['error'][:90]}  ({found['wall']:.0f} s)")
         sys.stdout.flush()

@@ -299,3 +299,16 @@ def test_a_tiny_time_limit_answers_the_greedy_solution_which_fits() -> None:
     cost, fits, peak = evaluate(data, list(solved.solution))
     assert fits and (solved.cost, solved.usage) == (cost, peak)
     assert solved.bound <= best <= solved.cost
+
+
+@pytest.mark.parametrize(
+    "costs",
+    [[[1, 2], [3, True]], [[1, 2.0], [3, 4]], [[1, 2], "34"], [[1, 2], [3, None]]],
+    ids=["bool", "float", "string", "null"],
+)
+def test_a_value_not_an_integer_is_one_line(costs: list) -> None:
+    data = {"problem": {"nodes": {"intervals": [[0, 1], [0, 1]], "costs": costs,
+                                  "usages": [[1, 1], [1, 1]]},
+                        "edges": {"nodes": [], "costs": []}}}  # fmt: skip
+    with pytest.raises(IopddlError, match=r"problem\.nodes\.costs must be a list of lists of"):
+        parse_problem(data)

@@ -44,7 +44,7 @@ class Greedy:
 
 
 @dataclass(frozen=True, eq=False)
-class _Local:
+class Local:
     """Per group its costs, and its edges as (other group, matrix: rows its own choices)."""
 
     costs: list[np.ndarray]
@@ -61,18 +61,18 @@ class _Local:
 def greedy(posed: Posed, deadline: Deadline = NEVER) -> Greedy:
     """A solution by the module's steps, from each start (`_STARTS`): the best that fits
     (ties: the first), else the first."""
-    local = _local(posed)
+    local = local_view(posed)
     found = [_improved(posed, local, start(local), deadline) for start in _STARTS]
     fitting = [f for f in found if f.fits]
     return min(fitting, key=lambda f: f.objective) if fitting else found[0]
 
 
-def _cheapest(local: _Local) -> np.ndarray:
+def _cheapest(local: Local) -> np.ndarray:
     """Per group the choice of the least own cost."""
     return np.array([int(np.argmin(c)) for c in local.costs], np.int64)
 
 
-def _in_order(local: _Local) -> np.ndarray:
+def _in_order(local: Local) -> np.ndarray:
     """Group by group in order, the choice of the least cost given the groups before's
     choices (its own cost and its edges to them): edges count from the start."""
     choice = np.zeros(len(local.costs), np.int64)
@@ -88,11 +88,11 @@ def _in_order(local: _Local) -> np.ndarray:
 _STARTS = (_cheapest, _in_order)
 
 
-def _improved(posed: Posed, local: _Local, choice: np.ndarray, deadline: Deadline) -> Greedy:
+def _improved(posed: Posed, local: Local, choice: np.ndarray, deadline: Deadline) -> Greedy:
     """`choice` improved by sweeps with memory aside (`FREE_SWEEPS`: away from forbidden
     pairs), repaired where it goes over the limit, then improved by sweeps within it."""
     usage = posed.usage
-    held = _Held.of(usage)
+    held = Held.of(usage)
     live = usage.profile(choice.tolist())
     limit = usage.limit
     for _ in range(FREE_SWEEPS):
@@ -112,7 +112,7 @@ def _improved(posed: Posed, local: _Local, choice: np.ndarray, deadline: Deadlin
     return Greedy(plan, fits_now and not forbidden, int(objective))
 
 
-def _local(posed: Posed) -> _Local:
+def local_view(posed: Posed) -> Local:
     problem = posed.problem
     costs = [np.array(c, np.int64) for c in problem.node_costs]
     edges: list[list[tuple[int, np.ndarray]]] = [[] for _ in costs]
@@ -120,11 +120,11 @@ def _local(posed: Posed) -> _Local:
         matrix = np.array(rows, np.int64)
         edges[a].append((b, matrix))
         edges[b].append((a, matrix.T))
-    return _Local(costs, edges)
+    return Local(costs, edges)
 
 
 @dataclass(frozen=True, eq=False)
-class _Held:
+class Held:
     """Per group the nodes whose usage its choice decides (`Usage`'s rows), and how a move
     changes the rows' usage."""
 
@@ -132,10 +132,10 @@ class _Held:
     nodes: list[np.ndarray]
 
     @staticmethod
-    def of(usage: Usage) -> _Held:
+    def of(usage: Usage) -> Held:
         order = np.argsort(usage.group_of, kind="stable")
         cuts = np.searchsorted(usage.group_of[order], np.arange(1, usage.group_of.max() + 1))
-        return _Held(usage, np.split(order, cuts) if len(order) else [])
+        return Held(usage, np.split(order, cuts) if len(order) else [])
 
     def change(self, g: int, now: int) -> tuple[int, np.ndarray]:
         """The first row group g's nodes hold, and per choice the change of each row from
@@ -157,7 +157,7 @@ class _Held:
 
 
 def _sweep(
-    held: _Held, local: _Local, choice: np.ndarray, live: np.ndarray, limit: int | None
+    held: Held, local: Local, choice: np.ndarray, live: np.ndarray, limit: int | None
 ) -> bool:
     """One sweep of local improvement (in place; `limit` None: memory aside); whether it
     improved anything."""
@@ -188,7 +188,7 @@ def _sweep(
 
 
 def _repair(
-    held: _Held, local: _Local, choice: np.ndarray, live: np.ndarray, limit: int
+    held: Held, local: Local, choice: np.ndarray, live: np.ndarray, limit: int
 ) -> np.ndarray:
     """Moves at the row most over the limit, those of the most usage off there per cost added
     (its own and its edges', the neighbours' choices given; a group once) until the row fits,

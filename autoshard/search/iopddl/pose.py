@@ -68,7 +68,21 @@ class Usage:
         """Each row's usage under one choice per group."""
         at = np.asarray(choice, np.int64)[self.group_of].tolist()
         chosen = np.array([e[k] for e, k in zip(self.extra, at, strict=True)], np.int64)
-        return self.fixed + _spread(self.first, self.last, chosen, len(self.times))
+        return self.fixed + spread(self.first, self.last, chosen, len(self.times))
+
+    def over(self, live: np.ndarray, most: int) -> np.ndarray:
+        """The rows to add to a solve whose solution's rows hold `live` (none where it fits):
+        of each run of consecutive rows over the limit the one most over, and the `most` most
+        over of all."""
+        if self.limit is None:
+            return np.zeros(0, np.int64)
+        over = np.flatnonzero(live > self.limit)
+        if not len(over):
+            return over
+        runs = np.split(over, np.flatnonzero(np.diff(over) > 1) + 1)
+        worst = [run[np.argmax(live[run])] for run in runs]
+        top = over[np.argsort(-live[over], kind="stable")[:most]]
+        return np.union1d(np.array(worst, np.int64), top)
 
     def rows(self, among: np.ndarray) -> MemoryRows:
         """The memory rows `among` (ascending), then a row per forbidding pair of runs
@@ -192,8 +206,8 @@ def _usage(iop: IopddlProblem, groups: Groups, edges: Pairs) -> Usage:
     times = largest_sets(iop.intervals)
     first = np.searchsorted(times, iop.intervals[:, 0])
     last = np.searchsorted(times, iop.intervals[:, 1])
-    fixed = _spread(first, last, least, len(times))
-    most = fixed + _spread(first, last, np.array([e.max() for e in extra], np.int64), len(times))
+    fixed = spread(first, last, least, len(times))
+    most = fixed + spread(first, last, np.array([e.max() for e in extra], np.int64), len(times))
     limit = iop.usage_limit
     if limit is not None and len(times) and fixed.max() > limit:
         at = int(np.argmax(fixed))
@@ -230,7 +244,7 @@ def largest_sets(intervals: np.ndarray) -> np.ndarray:
     return ends[fresh]
 
 
-def _spread(first: np.ndarray, last: np.ndarray, amounts: np.ndarray, rows: int) -> np.ndarray:
+def spread(first: np.ndarray, last: np.ndarray, amounts: np.ndarray, rows: int) -> np.ndarray:
     """Each row's sum of `amounts[n]` over the nodes n live in it (rows first[n]..last[n]-1)."""
     change = np.zeros(rows + 1, np.int64)
     np.add.at(change, first, amounts)

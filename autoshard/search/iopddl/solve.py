@@ -10,6 +10,12 @@ so its bound holds, and its solution, where it fits every row, is the whole prob
 rows only grow, so each bound is the floor of the next solve. Where the rounds run out
 (`ROUNDS`, or the time limit's work spent), a last solve holds every row some choice may take
 over the limit.
+
+The rounds run in a child process; meanwhile this one runs the large-neighbourhood search
+(`lns`) from the greedy solution, which improves a solution where the rounds have none yet
+(on the contest's large problems, none within a minute). With a limit that does not bind,
+the rounds answer first and the search stops there; the answer is the cheaper (the rounds'
+where they tie), so the same problem gives the same bytes unless the wall clock decides.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from autoshard.deadline import Deadline, TimeUp
 from autoshard.errors import AutoshardError
 from autoshard.search.iopddl.format import FORBIDDEN, IopddlError, IopddlProblem
 from autoshard.search.iopddl.greedy import Greedy, greedy
+from autoshard.search.iopddl.lns import improved
 from autoshard.search.iopddl.pose import Posed, pose
 from autoshard.search.solver import tuning
 from autoshard.search.solver.eliminate import memory_aside
@@ -53,6 +60,10 @@ ASIDE_SHARE = 0.25
 """The share of the time limit the optimum with memory aside may take at most: past it, its
 best found and bound serve (it only starts the memory-bound search, which needs the rest)."""
 
+GREEDY_SHARE = 0.5
+"""The share of the time limit past which the greedy solution's sweeps stop (its repair
+does not): the rest is the neighbourhood search's."""
+
 MARGIN = 2.0
 """Seconds before the time limit at which the solver's rounds stop, at most..."""
 
@@ -64,7 +75,8 @@ MARGIN_SHARE = 0.1
 class Solved:
     """A contest problem solved: the strategy per node, its cost (the evaluator's), its
     usage's peak, the bound proven on any solution's cost, whether it is the optimum, the
-    rounds of solves, the memory rows the last held, and the groups the nodes made (`ties`)."""
+    rounds of solves, the memory rows the last held, the groups the nodes made (`ties`) and
+    the neighbourhoods searched (`lns`)."""
 
     solution: tuple[int, ...]
     cost: int
@@ -75,6 +87,7 @@ class Solved:
     rounds: int = 1
     rows: int = 0
     groups: int = 0
+    tried: int = 0  # the neighbourhoods the large-neighbourhood search solved
 
     @property
     def gap(self) -> float:
@@ -85,58 +98,74 @@ def solve_iopddl(
     iop: IopddlProblem, time_limit: float = 60.0, deadline: Deadline | None = None
 ) -> Solved:
     """The least-cost solution within the usage limit found in `time_limit` seconds of wall
-    clock: the greedy solution (`greedy`) at once, then the solver's rounds (the module's
-    docstring says how) in a child process, from it, stopped where the time runs out, the
-    greedy solution the answer where they have none or a worse one. `IopddlError` naming
-    the limit and the least usage found where none fits; `TimeUp` where the time ran out
-    before any solution fit. `deadline`: started before (the command's, which read the
-    problem), else now."""
+    clock: the greedy solution (`greedy`) at once; then, side by side, the solver's rounds
+    (the module's docstring says how) in a child process and the large-neighbourhood search
+    (`lns`) from the greedy solution here, both stopped where the time runs out (the search
+    too where the rounds answered first); the best of the three. `IopddlError` naming the
+    limit and the least usage found where none fits; `TimeUp` where the time ran out before
+    any solution fit. `deadline`: started before (the command's, which read the problem),
+    else now."""
     started = time.perf_counter()
     deadline = deadline or Deadline.start(time_limit)
     posed = pose(iop)
-    quick = greedy(posed, deadline)
+    quick = greedy(posed, _share(deadline, GREEDY_SHARE))
     margin = min(MARGIN, deadline.seconds * MARGIN_SHARE)
     within = Deadline(deadline.seconds - margin, deadline.started, deadline.clock)
-    rounds = functools.partial(_rounds, iop, posed, quick, time_limit, within)
-    exact = _in_child(rounds, deadline)
+    child = _Child(functools.partial(_rounds, iop, posed, quick, time_limit, within))
+    searched = None
     if quick.fits:
-        solution = tuple(posed.solution(quick.choice))
+        searched = improved(posed, quick.choice, time_limit, within, stop=child.answered)
+    exact = child.result(deadline)
+    groups = len(posed.problem.sizes)
+    if searched is not None:
+        solution = tuple(posed.solution(searched.choice))
         cost = iop.cost(solution)
         if exact is None or cost < exact.cost:
             floor = exact.bound if exact is not None else posed.cost_bound(_least(posed))
-            bound = min(cost, floor)
+            bound = cost if searched.optimal else min(cost, floor)
             wall = time.perf_counter() - started
             return Solved(solution, cost, iop.usage(solution), bound, bound == cost, wall,
-                          groups=len(posed.problem.sizes))  # fmt: skip
+                          groups=groups, tried=searched.tried)  # fmt: skip
     if exact is None:
         raise TimeUp(deadline.ran_out("before a solution within the usage limit was found"))
-    return dataclasses.replace(
-        exact, wall_s=time.perf_counter() - started, groups=len(posed.problem.sizes)
-    )
+    return dataclasses.replace(exact, wall_s=time.perf_counter() - started, groups=groups)
 
 
-def _in_child(work: Callable[[], Solved], deadline: Deadline) -> Solved | None:
-    """`work` done in a child process, which is ended where the deadline passes first (None,
-    as where its time ran out); the problem's error it raised, raised here."""
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_report, args=(work, send), daemon=True)
-    child.start()
-    send.close()
-    try:
-        if not receive.poll(deadline.left()):
+def _share(deadline: Deadline, share: float) -> Deadline:
+    """A deadline `share` of `deadline`'s seconds from its start (at most `deadline`)."""
+    return Deadline(deadline.seconds * share, deadline.started, deadline.clock)
+
+
+class _Child:
+    """`work` done in a child process, started at once; `result` waits for it until the
+    deadline, then ends it (None, as where its time ran out); the problem's error it raised,
+    raised there."""
+
+    def __init__(self, work: Callable[[], Solved]) -> None:
+        context = multiprocessing.get_context("fork")
+        self.receive, send = context.Pipe(duplex=False)
+        self.child = context.Process(target=_report, args=(work, send), daemon=True)
+        self.child.start()
+        send.close()
+
+    def answered(self) -> bool:
+        return self.receive.poll(0)
+
+    def result(self, deadline: Deadline) -> Solved | None:
+        try:
+            if not self.receive.poll(deadline.left()):
+                return None
+            kind, value = self.receive.recv()
+        except EOFError:  # (it died without a word: killed for memory)
             return None
-        kind, value = receive.recv()
-    except EOFError:  # (it died without a word: killed for memory)
-        return None
-    finally:
-        if child.is_alive():
-            child.kill()
-        child.join()
-        receive.close()
-    if kind == "error" and isinstance(value, IopddlError):
-        raise value
-    return None if kind == "error" else value  # (else the time ran out in the child)
+        finally:
+            if self.child.is_alive():
+                self.child.kill()
+            self.child.join()
+            self.receive.close()
+        if kind == "error" and isinstance(value, IopddlError):
+            raise value
+        return None if kind == "error" else value  # (else the time ran out in the child)
 
 
 def _report(work: Callable[[], Solved], send: Connection) -> None:
@@ -177,7 +206,7 @@ def _rounds(
             raise _infeasible(iop, posed, time_limit) from None
         spent += found.work
         floor = max(floor, _bound(found))
-        over = _over(posed, found.choice)
+        over = posed.usage.over(posed.usage.profile(found.choice), ROWS_PER_ROUND)
         if not len(over) or last:
             break
         rows = np.union1d(rows, over)
@@ -200,22 +229,6 @@ def _least(posed: Posed) -> int:
 
 def _bound(found: Solution) -> int:
     return math.ceil(found.bound - tuning.ROUNDING * max(1.0, abs(found.bound)))
-
-
-def _over(posed: Posed, choice: tuple[int, ...]) -> np.ndarray:
-    """The rows to add where `choice` goes over the limit (none where it fits): the worst of
-    each run of consecutive rows over it, and the `ROWS_PER_ROUND` worst of all."""
-    limit = posed.usage.limit
-    if limit is None:
-        return np.zeros(0, np.int64)
-    live = posed.usage.profile(choice)
-    over = np.flatnonzero(live > limit)
-    if not len(over):
-        return over
-    runs = np.split(over, np.flatnonzero(np.diff(over) > 1) + 1)
-    worst = [run[np.argmax(live[run])] for run in runs]
-    most = over[np.argsort(-live[over], kind="stable")[:ROWS_PER_ROUND]]
-    return np.union1d(np.array(worst, np.int64), most)
 
 
 def _infeasible(iop: IopddlProblem, posed: Posed, time_limit: float) -> IopddlError:

@@ -312,20 +312,26 @@ def _members(of: Sequence[int], count: int) -> list[list[int]]:
     return out
 
 
-def deterministic_solver(time_limit: float, wall: float = math.inf) -> cp_model.CpSolver:
+def deterministic_solver(
+    time_limit: float, wall: float = math.inf, probing: bool = True
+) -> cp_model.CpSolver:
     """Deterministic settings. Probing in presolve only (level 1), the LP the full
     linearization (its bound is what proves optimality here). Probing's deterministic time
     is charged above its wall time, the search's below, and level 1 swings less than the
     default level 2 for the same speed. `wall`: the seconds left to the command's deadline,
     a second limit that decides only where it binds first (a single worker's search takes the
-    same path whatever its wall-clock limit, up to where that limit stops it)."""
+    same path whatever its wall-clock limit, up to where that limit stops it). `probing`
+    False: neither probing nor symmetry in presolve, for many small solves in short slices
+    (`iopddl.lns`'s neighbourhoods), where probing their pair variables would take the slice."""
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
     solver.parameters.max_deterministic_time = time_limit
     if math.isfinite(wall):
         solver.parameters.max_time_in_seconds = wall
-    solver.parameters.cp_model_probing_level = 1
+    solver.parameters.cp_model_probing_level = 1 if probing else 0
+    if not probing:
+        solver.parameters.symmetry_level = 0
     solver.parameters.linearization_level = 2
     # Ctrl-C is Python's (`run_solver`): CP-SAT's own catch would end the solve as if out of
     # time, and leave SIGINT at its default (a silent kill) once the solve returns.
@@ -379,6 +385,7 @@ def solve_cp_sat(
     hint: Sequence[int] = (),
     watch: Improvements | None = None,
     rows: np.ndarray | None = None,
+    probing: bool = True,
 ) -> tuple[Solution, np.ndarray | None]:
     """CP-SAT on `problem`, its memory rows too where `memory`; and the rows its last model
     held (None: all). Given `rows` (those that bind the relaxation, or that a solve before
@@ -390,7 +397,8 @@ def solve_cp_sat(
 
     A bound proven elsewhere is not written into the model (the objective at least it):
     OR-Tools 9.15's presolve, given one, can cut the optimum off (or-tools#5293, in
-    `ProcessAtMostOneAndLinear`; `test_a_narrowed_solve_finds_its_optimum`)."""
+    `ProcessAtMostOneAndLinear`; `test_a_narrowed_solve_finds_its_optimum`). `probing`:
+    `deterministic_solver`'s."""
     among = rows if memory else None
     started, work, bound = time.perf_counter(), 0.0, -math.inf
     while True:
@@ -398,7 +406,7 @@ def solve_cp_sat(
         if limit.deadline.passed():  # (a large model takes seconds to write out)
             raise OutOfTime(given.out_of_time("FEASIBLE" if work else "UNKNOWN"))
         model, x = ilp_model(problem, memory, hint, among)
-        solver = deterministic_solver(max(given.seconds, 0.0), limit.deadline.left())
+        solver = deterministic_solver(max(given.seconds, 0.0), limit.deadline.left(), probing)
         if watch is not None:
             watch.fits = None if among is None else fitting_plans(problem, x, problem.budget)
         status = run_solver(solver, model, watch)
