@@ -79,6 +79,7 @@ class Traffic:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Count what runs inside, as phase `name` (CommDebugMode beside it)."""
+        from torch.distributed.tensor import DTensor
         from torch.distributed.tensor.debug import CommDebugMode
         from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -86,6 +87,10 @@ class Traffic:
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                if any(issubclass(t, DTensor) for t in types):
+                    # DTensor desugars its op first: the collectives an implicit redistribution
+                    # issues inside it (a Partial gradient into a norm) come back through here
+                    return NotImplemented
                 kwargs = kwargs or {}
                 op = str(func.overloadpacket._qualified_op_name).replace("::", ".")
                 helper = op.startswith("_c10d_functional._") or op.endswith("wait_tensor")
