@@ -2,8 +2,10 @@
 that sees every collective torch issues (DTensor's functional collectives and the c10d calls
 FSDP2 and `sync_gradients` make directly), keyed by the phase the step is in and the kind, each
 priced with the plan's own ring formula (`collectives.ring_bytes`) from the tensor it moved and
-its group's size. torch's `CommDebugMode` runs beside it, per phase: its counts per collective
-op must be the same calls (`Traffic.check`). torch is imported inside (its tests importorskip
+its group's size. An op on DTensors is left to DTensor first (as `CommDebugMode` does), so the
+collectives it issues inside the op (an input redistributed to the placement the op needs) are
+seen too. torch's `CommDebugMode` runs beside it, per phase: its counts per collective op must
+be the same calls (`calls`, `debug_calls`). torch is imported inside (its tests importorskip
 it first)."""
 
 from __future__ import annotations
