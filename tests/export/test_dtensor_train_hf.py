@@ -1,7 +1,8 @@
 """The DTensor export of Hugging Face models trains: GPT-2 and Llama built from tiny configs
 (tests/export/test_hf_models.py: seeded, nothing downloaded), exported to ONNX by the TorchScript
 exporter and planned for training under each standard recipe (DDP, ZeRO-2, FSDP, Megatron TP x
-DP: `train_cases.plan_hf`) and by the search alone, on 2x2 and (Megatron) on 2x2x2. The
+DP: `train_cases.plan_hf`) and by the search alone, on 2x2, and on 2x2x2 Megatron and GPT-2's
+ZeRO-2 (at batch 8: split over all 8 devices). The
 `apply_plan` of each export, on the original module, trains 3 steps (SGD; Adam for Llama's
 searched plan) on gloo (4 ranks, or 8) equal to the single-process steps (rel 1e-5: the loss,
 every gradient and weight after steps 1 and 3), and the bytes counted per phase and kind are
@@ -21,7 +22,7 @@ import pytest
 
 from tests.export.gloo import run_on_ranks
 from tests.export.traffic import mismatches
-from tests.export.train_cases import HF_SCALE, STEPS, export_case, plan_hf, train_worker
+from tests.export.train_cases import HF_SCALE, STEPS, batch_of, export_case, plan_hf, train_worker
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -36,6 +37,8 @@ CASES = {
     "llama-searched": ("llama", "searched", SQUARE, "adam", "1.2MB"),
     "gpt2-tp-dp-2x2x2": ("gpt2", "tp-dp", CUBE, "sgd", ""),
     "llama-tp-dp-2x2x2": ("llama", "tp-dp", CUBE, "sgd", ""),
+    # batch 8: the batch split over all 8 devices
+    "gpt2-zero-2x2x2": ("gpt2@8", "zero", CUBE, "sgd", ""),
 }  # fmt: skip
 # What each recipe must come to in torch: a style every parameter has (a str), or one some has.
 EVERY = {"dp": {"replicate"}, "zero": {"replicate", "replicate+zero"},
@@ -49,11 +52,12 @@ def _ranks(case: str) -> int:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    from tests.export.test_hf_models import build, export
+    from tests.export.test_hf_models import BATCH, build, export
 
     folder = tmp_path_factory.mktemp("hf-train")
-    for name in ("gpt2", "llama"):
-        (folder / f"{name}.onnx").write_bytes(export(build(name), "ts"))
+    for name in sorted({v[0] for v in CASES.values()}):
+        model, batch = batch_of(name)
+        (folder / f"{name}.onnx").write_bytes(export(build(model), "ts", batch or BATCH))
     for case, (name, recipe, mesh, *_) in CASES.items():
         path = folder / case
         path.mkdir()
