@@ -43,10 +43,12 @@ def _prepare(case: str, folder: Path) -> tuple[str, str, float]:
         shutil.copy(mlp.MODELS / "mlp.onnx", folder / "model.onnx")
         plan_mlp(folder, folder / "model.onnx", mesh, mlp.BATCH, optimizer, flags, written)
         return "mlp", optimizer, 1.0
-    from tests.export.test_hf_models import build, export
+    from tests.export.test_hf_models import BATCH, build, export
+    from tests.export.train_cases import batch_of
 
     name, recipe, mesh, optimizer, budget = hf.CASES[case]
-    (folder / "model.onnx").write_bytes(export(build(name), "ts"))
+    model, batch = batch_of(name)
+    (folder / "model.onnx").write_bytes(export(build(model), "ts", batch or BATCH))
     plan_hf(folder, folder / "model.onnx", mesh, recipe, optimizer, budget)
     export_case(folder, folder / "model.onnx")
     return name, optimizer, HF_SCALE

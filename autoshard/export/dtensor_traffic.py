@@ -17,6 +17,10 @@ styles, FSDP2 and `sync_gradients` issue, which is not the plan's list of collec
                      else all_reduce
                    a rowwise Linear's input gradient all_gathered     when it was sliced from a
                    (tp)                                               whole input
+                   all_reduce of a tied LM head's input gradient      a tied tensor split on
+                   (tp), partial where the next op needs it whole     its vocabulary
+                   all_gather of a layer norm's input (tp), in        a column-split input
+                   forward and again in backward                      (a residual stream)
     gradient_sync  all_reduce of a gradient over the data dims it     each parameter
                    is held whole on (one flattened group); a
                    rowwise nn.Embedding's whole: torch's lookup
@@ -52,7 +56,7 @@ from typing import Any
 
 from autoshard.collectives import CollectiveKind, ring_bytes
 from autoshard.export.held import Held
-from autoshard.export.styles import LINEAR_OPS
+from autoshard.export.styles import LINEAR_OPS, NORM_OPS
 from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph
 
@@ -254,6 +258,7 @@ def _activations(
             unmodeled.append(f"{path}: a {style} {op.type if op else 'module'}'s activations")
             continue
         linears[op.name] = (path, style)
+    linears.update(_tied_linears(held, export, unmodeled))
     sources = _sources(graph, linears, frozenset(held.strategies))
     for name, (path, style) in linears.items():
         op = graph.op_by_name[name]
@@ -265,6 +270,8 @@ def _activations(
             if source not in ("colwise", "input"):  # sliced from a whole input
                 sent = ring_bytes(ALL_GATHER, n, -(-whole // n))
                 moved.append(Moved("backward", ALL_GATHER, axes, f"{path} input", sent))
+        elif path in held.tied and source == "colwise":  # no style gathers it: DTensor's
+            unmodeled.append(f"{path}: a split input into a tied {op.type}")
         elif source == "colwise":  # gathered to be read whole; its gradient summed to shards
             sent = ring_bytes(ALL_GATHER, n, -(-whole // n))
             moved.append(Moved("forward", ALL_GATHER, axes, f"{path} input", sent))
@@ -273,7 +280,60 @@ def _activations(
         elif source != "input":  # a gradient flows back to a whole input: summed
             sent = ring_bytes(ALL_REDUCE, n, whole)
             moved.append(Moved("backward", ALL_REDUCE, axes, f"{path} input", sent))
+    moved += _norms(graph, sources, groups, n, axes, unmodeled)
     return moved + _lookups(held, export, groups, sizes, unmodeled)
+
+
+def _norms(
+    graph: Graph,
+    sources: Mapping[str, str],
+    groups: int,
+    n: int,
+    axes: tuple[str, ...],
+    unmodeled: list[str],
+) -> list[Moved]:
+    """A column-split activation carried on to a norm (a residual stream a colwise Linear's
+    output was added to: DTensor keeps the sum split): torch's layer norm reads its input
+    whole, all-gathered in forward and again in backward (the saved input), and its output
+    is whole. An RMS norm written as ops (Llama's) is not modeled."""
+    moved = []
+    for op in graph.ops:
+        if op.type not in NORM_OPS or graph.phase(op.name) != "forward":
+            continue
+        if sources.get(op.inputs[0]) != "colwise":
+            continue
+        if op.type != "LayerNormalization":
+            unmodeled.append(f"{op.name}: a column-split input into {op.type}")
+            continue
+        whole = graph.values[op.inputs[0]].nbytes // groups
+        sent = ring_bytes(ALL_GATHER, n, -(-whole // n))
+        for phase in ("forward", "backward"):
+            moved.append(Moved(phase, ALL_GATHER, axes, f"{op.name} input", sent))
+    return moved
+
+
+def _tied_linears(
+    held: Held, export: Mapping[str, Any], unmodeled: list[str]
+) -> dict[str, tuple[str, str]]:
+    """The linear ops reading a tied parameter (a tied LM head), which `apply_plan`
+    distributes, not styles: split on its output dim over tp it runs as a colwise Linear does
+    (its input's gradient partial over tp, summed where DTensor's next op needs it whole: the
+    final norm's backward). op -> (parameter, "colwise"); other splits are not modeled."""
+    tp, names = export["parallelize"]["tp"], list(export["mesh"]["dim_names"])
+    found = {}
+    for p in held.params:
+        first = held.tied.get(p.param)
+        if first is None or tp is None:
+            continue
+        placement = export["parameters"][first]["placements"][names.index(tp)]
+        for op in held.graph.consumers(p.weight):
+            if op.type not in LINEAR_OPS or op.inputs[1] != p.weight:
+                continue
+            if placement == "Shard(0)":  # F.linear reads it as torch's [out, in]
+                found[op.name] = (p.param, "colwise")
+            elif placement != "Replicate()":
+                unmodeled.append(f"{p.param}: a tied {op.type} split {placement} on {tp}")
+    return found
 
 
 def _lookups(
@@ -301,8 +361,7 @@ def _lookups(
             out = held.graph.values[readers[0].outputs[0]].nbytes // groups
             sent = ring_bytes(ALL_REDUCE, sizes[tp], out)
             moved.append(Moved("forward", ALL_REDUCE, (tp,), f"{name} lookup", sent))
-        elif name not in held.tied:  # a tied LM head's split output: summed where it meets
-            # the other partial gradients (a colwise Linear's input), as Megatron's
+        elif name not in held.tied:  # a tied LM head: `_tied_linears`
             unmodeled.append(f"{name}: distributed {placement} on {tp}, DTensor's moves")
     return moved
 
@@ -322,6 +381,8 @@ def _sources(
             continue
         if op.name in linears:
             kind = "colwise" if linears[op.name][1] == "colwise" else "other"
+        elif op.type == "LayerNormalization" and found.get(op.inputs[0]) == "colwise":
+            kind = "whole"  # gathered to be normalized (`_norms`)
         else:
             kinds = {found.get(i, "input") for i in op.inputs if i}
             split = kinds - {"input", "whole"}

@@ -131,11 +131,11 @@ def pristine(name: str) -> torch.nn.Module:
     return Logits(lm).eval()
 
 
-def tokens():
-    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+def tokens(batch: int = BATCH):
+    return torch.randint(0, VOCAB, (batch, SEQ), generator=torch.Generator().manual_seed(0))
 
 
-def export(model: torch.nn.Module, exporter: str) -> bytes:
+def export(model: torch.nn.Module, exporter: str, batch: int = BATCH) -> bytes:
     """The ONNX model of one torch exporter: TorchScript (static shapes, opset 17), or dynamo
     with its optimizer on (folded transposed weights that carry `folded_from` metadata, node
     name scopes). Dynamo's batch and sequence are dynamic, as users export: with static shapes
@@ -146,7 +146,8 @@ def export(model: torch.nn.Module, exporter: str) -> bytes:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         if exporter == "ts":
-            torch.onnx.export(model, (tokens(),), buffer, dynamo=False, opset_version=17, **names)
+            torch.onnx.export(model, (tokens(batch),), buffer, dynamo=False, opset_version=17,
+                              **names)  # fmt: skip
             return buffer.getvalue()
         Dim = torch.export.Dim
         shapes = ({0: Dim("batch", min=1, max=1024), 1: Dim("seq", max=POSITIONS)},)

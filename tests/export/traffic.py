@@ -2,8 +2,10 @@
 that sees every collective torch issues (DTensor's functional collectives and the c10d calls
 FSDP2 and `sync_gradients` make directly), keyed by the phase the step is in and the kind, each
 priced with the plan's own ring formula (`collectives.ring_bytes`) from the tensor it moved and
-its group's size. torch's `CommDebugMode` runs beside it, per phase: its counts per collective
-op must be the same calls (`Traffic.check`). torch is imported inside (its tests importorskip
+its group's size. An op on DTensors is left to DTensor first (as `CommDebugMode` does), so the
+collectives it issues inside the op (an input redistributed to the placement the op needs) are
+seen too. torch's `CommDebugMode` runs beside it, per phase: its counts per collective op must
+be the same calls (`calls`, `debug_calls`). torch is imported inside (its tests importorskip
 it first)."""
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class Traffic:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Count what runs inside, as phase `name` (CommDebugMode beside it)."""
+        from torch.distributed.tensor import DTensor
         from torch.distributed.tensor.debug import CommDebugMode
         from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -86,6 +89,10 @@ class Traffic:
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                if any(issubclass(t, DTensor) for t in types):
+                    # DTensor desugars its op first: the collectives an implicit redistribution
+                    # issues inside it (a Partial gradient into a norm) come back through here
+                    return NotImplemented
                 kwargs = kwargs or {}
                 op = str(func.overloadpacket._qualified_op_name).replace("::", ".")
                 helper = op.startswith("_c10d_functional._") or op.endswith("wait_tensor")

@@ -86,10 +86,19 @@ def plan_hf(
         assert main([*argv, "-o", str(folder / "plan.json")]) == 0, folder
 
 
+def batch_of(name: str) -> tuple[str, int | None]:
+    """A case's model name and its batch: `gpt2@8` is GPT-2 at batch 8 (data parallelism
+    over 8 devices), `gpt2` at test_hf_models' BATCH (None)."""
+    model, _, batch = name.partition("@")
+    return model, int(batch) if batch else None
+
+
 def build(name: str) -> Any:
     """A fresh torch module of `name` (`mlp`: the one models/mlp.onnx came from; `gpt2`,
-    `llama`: test_hf_models'), the same in every process."""
+    `llama`: test_hf_models', at any batch: `batch_of`), the same in every process."""
     import torch
+
+    name = batch_of(name)[0]
 
     if name == "mlp":
         torch.manual_seed(0)
@@ -110,8 +119,9 @@ def batches(name: str) -> list[Any]:
         return [torch.randn(8, 64, generator=generator) for _ in range(STEPS)]
     from tests.export.test_hf_models import BATCH, SEQ, VOCAB
 
+    batch = batch_of(name)[1] or BATCH
     generator = torch.Generator().manual_seed(2)
-    return [torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator) for _ in range(STEPS)]
+    return [torch.randint(0, VOCAB, (batch, SEQ), generator=generator) for _ in range(STEPS)]
 
 
 def feed(name: str) -> str:
