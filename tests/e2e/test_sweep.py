@@ -104,6 +104,39 @@ def test_ray_sweep_equals_plan_point_by_point(
     _check_points(tmp_path / "a", plans)
 
 
+BUDGETS = ("1KB", "100KB", "1GiB", "2KB", "200KB")  # below the floor, binding, free
+
+
+def test_points_differing_in_budget_alone_are_each_budgets_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Budgets of one mesh share a search (`search.shared`): the free plan answers the
+    budgets it fits, a refusal the budgets below its floor; each row is still what
+    `autoshard plan` of that budget alone prints, binding budgets (another plan) and
+    infeasible ones included."""
+    out = tmp_path / "a"
+    args = ["sweep", MLP, "-o", str(out), "-q", "--mesh", "2x2", "--dim", "batch=8",
+            "--memory", ",".join(BUDGETS), "--executor", "local", "--workers", "1"]  # fmt: skip
+    assert main(args) == 0
+    table = json.loads((out / "points.json").read_text())["points"]
+    assert [p["memory"] for p in table] == list(BUDGETS)
+    for record, memory in zip(table, BUDGETS, strict=True):
+        flags = ["--mesh", "2x2", "--dim", "batch=8", "--memory", memory, "--json", "-q"]
+        code = main(["plan", MLP, *flags])
+        out_text, err = capsys.readouterr()
+        if code != 0:
+            assert record["status"] == "infeasible" and "infeasible budget" in err
+            continue
+        plan = json.loads(out_text)
+        assert record["status"] == "ok", record["error"]
+        assert record["step_time_s"] == plan["cost"]["objective"]  # a forward pass's
+        assert record["memory_bytes_per_device"] == plan["cost"]["memory_bytes_per_device"]
+        assert record["plan_sha256"] == plan_sha256(plan)
+    statuses = [p["status"] for p in table]
+    assert statuses == ["infeasible", "ok", "ok", "infeasible", "ok"]
+    assert len({p["plan_sha256"] for p in table if p["status"] == "ok"}) == 2  # one binds
+
+
 def test_a_killed_pool_worker_plans_its_point_again() -> None:
     """The pool's worker is killed (SIGKILL) as the first point finishes: the points it had
     are planned again on a fresh pool, and each is recorded once, planned."""
@@ -128,7 +161,7 @@ def test_a_killed_pool_worker_plans_its_point_again() -> None:
 
 def _ray_workers_planning() -> list[int]:
     """The processes below this one whose title says they run a point (Ray titles a worker
-    `ray::plan_point` while it runs one)."""
+    `ray::plan_points` while it runs a group of them)."""
 
     def parent(pid: int) -> int:
         try:
@@ -145,7 +178,7 @@ def _ray_workers_planning() -> list[int]:
         except OSError:
             continue
         pid = int(entry.name)
-        if title.startswith(b"ray::plan_point"):
+        if title.startswith(b"ray::plan_points"):
             ancestor = pid
             while ancestor > 1 and ancestor != os.getpid():
                 ancestor = parent(ancestor)
