@@ -25,7 +25,7 @@ from autoshard.errors import AutoshardError
 from autoshard.pipeline import GraphCache, PlanRequest, RequestedPlan, plan_request
 from autoshard.search.microbatch import GlobalBatch
 from autoshard.search.options import Objective
-from autoshard.search.pipelined import pipeline_ask
+from autoshard.search.pipelined import PIPELINE_AXIS, pipeline_ask
 from autoshard.search.shared import SearchCache
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.sweep.grid import Point
@@ -46,19 +46,22 @@ class Task:
     global_batch: str | None = None
 
 
-class _Imports(OrderedDict[Any, Any]):
-    """The last few imports of this process (a sweep's points come grouped by import)."""
+class _Last(OrderedDict[Any, Any]):
+    """The last `keep` entries set in this process (a sweep's points come grouped by import,
+    and a point's budgets together)."""
 
-    KEEP = 4
+    def __init__(self, keep: int) -> None:
+        super().__init__()
+        self.keep = keep
 
     def __setitem__(self, key: Any, value: Any) -> None:
         super().__setitem__(key, value)
-        while len(self) > self.KEEP:
+        while len(self) > self.keep:
             self.popitem(last=False)
 
 
-_GRAPHS: GraphCache = _Imports()
-_SEARCHES: SearchCache = _Imports()
+_GRAPHS: GraphCache = _Last(4)
+_SEARCHES: SearchCache = _Last(8)  # a budget's recomputations each have one
 
 
 def budget_groups(tasks: Sequence[Task]) -> list[list[Task]]:
@@ -93,6 +96,8 @@ def plan_request_of(task: Task) -> PlanRequest:
     )  # fmt: skip
     cluster = make_cluster(point.mesh, point.device, None, None, point.memory, point.cluster)
     dims, batch = dict(point.dims), None
+    pipelined = task.pipeline_axis is not None or PIPELINE_AXIS in cluster.mesh.axis_names
+    schedule = task.schedule if pipelined else None  # (`--pipeline auto`: the pp meshes')
     if task.global_batch is not None:  # the dim's size is the global batch (checked: given)
         given = dict(point.training).get("micro_batches")
         batch = GlobalBatch(task.global_batch, dims.pop(task.global_batch),
@@ -100,15 +105,16 @@ def plan_request_of(task: Task) -> PlanRequest:
     return PlanRequest(
         model_path=task.model, cluster=cluster, dims=dims, global_batch=batch,
         objective=Objective(task.objective), time_limit=task.time_limit, training=training,
-        pipeline=pipeline_ask(cluster.mesh, task.pipeline_axis, task.schedule),
+        pipeline=pipeline_ask(cluster.mesh, task.pipeline_axis, schedule),
     )  # fmt: skip
 
 
-def plan_point(task: Task) -> dict[str, Any]:
-    """The point's row: planned, or its error (`status` infeasible or error)."""
+def plan_point(task: Task, searches: SearchCache | None = _SEARCHES) -> dict[str, Any]:
+    """The point's row: planned (from the searches of its other budgets kept in `searches`;
+    None: alone), or its error (`status` infeasible or error)."""
     started, cpu = time.monotonic(), time.process_time()
     try:
-        requested_plan = plan_request(plan_request_of(task), graphs=_GRAPHS, searches=_SEARCHES)
+        requested_plan = plan_request(plan_request_of(task), graphs=_GRAPHS, searches=searches)
         row = {"status": "ok", "error": ""} | figures(requested_plan, task.point)
     except InfeasibleError as error:
         row = {"status": "infeasible", "error": str(error)}
