@@ -10,7 +10,7 @@ alone.
   round of its search and the final memory rows count it at P bytes, a search under any
   budget of at least P takes the same steps to the same plan (each round's memory-aside
   optimum is the same and fits: rounds only add rows, so no round counts it at more than P).
-  The answer is that plan priced on the new cluster.
+  The answer is that plan and its price (`cost.price` reads no budget).
 - A budget below a proven floor: where a search proved that no plan needs less than F bytes
   (`NoPlanFits.lowest.bound`), no plan fits a budget below F: refused as `auto_plan` refuses,
   with the lowest budget proven before (no search).
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
-from autoshard.cost.price import price
 from autoshard.deadline import Deadline
 from autoshard.ir.graph import Graph
 from autoshard.limits import check_search_axes
@@ -86,9 +85,7 @@ def shared_plan(
     budget = cluster.memory
     if entry.free is not None and entry.free_peak <= budget:
         say("the plan found before under a budget that does not bind")
-        free = entry.free
-        cost = price(free.program, graph, cluster, free.usage, overlap)
-        return dataclasses.replace(free, search=_under(free.search, budget), cost=cost)
+        return dataclasses.replace(entry.free, search=_under(entry.free.search, budget))
     if entry.lowest is not None and budget < entry.lowest.bound:
         say("below the lowest budget proven before")
         if not explain:
