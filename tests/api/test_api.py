@@ -470,19 +470,31 @@ def test_unknown_plan_and_docs(server: Server) -> None:
     assert sorted(sweep["schema"]["properties"]) == sorted(["model", *SWEEP_FIELDS])
 
 
+def planned_as_cli(
+    server: Server, model: Any, fields: dict[str, str], flags: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> dict[str, Any]:  # fmt: skip
+    """The plan of `fields` through the API, checked to be what `autoshard plan --json` of
+    `flags` prints, timing aside, to the byte."""
+    response = server.submit(model, fields)
+    assert response.status_code == 202, response.text
+    job = server.wait(response.json()["id"])
+    assert job["status"] == "done", job["error"]
+    code, out, _ = cli(["plan", str(model), *flags, "--json"], capsys)
+    assert code == 0
+    as_cli = json.dumps(untimed(json.loads(out)), sort_keys=True)
+    assert json.dumps(untimed(job["plan"]), sort_keys=True) == as_cli
+    plan: dict[str, Any] = job["plan"]
+    return plan
+
+
 def test_a_training_plan_is_what_autoshard_plan_mode_training_prints(
     server: Server, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fields = {"mesh": "2x2", "dims": '{"batch": 8}', "mode": "training", "optimizer": "sgd"}
-    response = server.submit(MLP, fields)
-    assert response.status_code == 202, response.text
-    job = server.wait(response.json()["id"])
-    assert job["status"] == "done", job["error"]
     flags = ["--mesh", "2x2", "--dim", "batch=8", "--mode", "training", "--optimizer", "sgd"]
-    code, out, _ = cli(["plan", str(MLP), *flags, "--json"], capsys)
-    assert code == 0
-    assert untimed(job["plan"]) == untimed(json.loads(out))
-    assert job["plan"]["training"]["optimizer"] == "sgd"
+    plan = planned_as_cli(server, MLP, fields, flags, capsys)
+    assert plan["training"]["optimizer"] == "sgd"
 
 
 def test_listing_newest_first_a_page_at_a_time(new_server) -> None:
@@ -605,17 +617,9 @@ def test_a_pipelined_plan_is_what_autoshard_plan_prints(server: Server, capsys) 
     gpt2 = MODELS / "gpt2.onnx"
     fields = {**GPT2_FIELDS, "mesh": "2x1", "pipeline_axis": "0", "schedule": "gpipe",
               "micro_batches": "2"}  # fmt: skip
-    response = server.submit(gpt2, fields)
-    assert response.status_code == 202, response.text
-    job = server.wait(response.json()["id"])
-    assert job["status"] == "done", job["error"]
-    flags = ["--mesh", "2x1", "--pipeline-axis", "0", "--schedule", "gpipe",
+    flags = [*GPT2_FLAGS, "--mesh", "2x1", "--pipeline-axis", "0", "--schedule", "gpipe",
              "--micro-batches", "2"]  # fmt: skip
-    code, out, _ = cli(["plan", str(gpt2), *GPT2_FLAGS, *flags, "--json"], capsys)
-    assert code == 0
-    cli_plan = untimed(json.loads(out))
-    assert json.dumps(untimed(job["plan"]), sort_keys=True) == json.dumps(cli_plan, sort_keys=True)
-    block = job["plan"]["pipeline"]
+    block = planned_as_cli(server, gpt2, fields, flags, capsys)["pipeline"]
     assert (block["schedule"], len(block["stages"]), block["micro_batches"]) == ("gpipe", 2, 2)
 
 
@@ -639,14 +643,8 @@ def test_every_training_option_of_the_cli_is_a_form_field(
     fields = {"mesh": "2x2", "dims": '{"batch": 8}', "mode": "training",
               "loss": "cross-entropy", "prefetch": "0", "bucket_mb": "0", "async_tp": "true",
               "overlap": "false"}  # fmt: skip
-    response = server.submit(MLP, fields)
-    assert response.status_code == 202, response.text
-    job = server.wait(response.json()["id"])
-    assert job["status"] == "done", job["error"]
     flags = ["--mesh", "2x2", "--dim", "batch=8", "--mode", "training",
              "--loss", "cross-entropy", "--prefetch", "0", "--bucket-mb", "0", "--async-tp",
              "--no-overlap"]  # fmt: skip
-    code, out, _ = cli(["plan", str(MLP), *flags, "--json"], capsys)
-    assert code == 0
-    assert untimed(job["plan"]) == untimed(json.loads(out))
-    assert job["plan"]["training"]["loss"] == "cross-entropy"
+    plan = planned_as_cli(server, MLP, fields, flags, capsys)
+    assert plan["training"]["loss"] == "cross-entropy"
