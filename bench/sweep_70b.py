@@ -3,22 +3,29 @@ before budgets shared a search) and with the budgets of a point sharing one (`se
 
     python bench/sweep_70b.py [--devices 64-1024] [--max-axes 4] [--mesh 8x8,4x16]
                               [--memory 40GiB,60GiB,80GiB] [--batch 4,8] [--time-limit 600]
-                              [--ways alone,shared]
+                              [--ways alone,shared,alone-pool,shared-pool] [--workers 2]
 
 The issue's grid is every mesh shape the search takes (`--max-axes`, default the search's
 limit) of 64 to 1,024 H100s (dgx-h100 links), three budgets and two batch sizes (seq 2048,
 bf16-mixed Adam, recompute as the search decides); its point count is printed first. The
 points planned are those of `--mesh` where given (a sample: a point costs seconds of CPU),
-else the whole grid. Each way plans the points in one process, in the sweep's order (the
-imports kept, as a sweep's worker keeps them): `alone` plans each point by itself, `shared`
-plans each group of points differing in budget alone largest budget first (what a sweep
-worker does). Per way: points, wall and CPU seconds in all, the median point's CPU seconds,
-and the points whose plan (status, step time, memory, plan hash) the other way found too.
+else the whole grid. `alone` and `shared` plan the points in this process, in the sweep's
+order, the imports kept as a sweep's worker keeps them: `alone` each point by itself,
+`shared` each group of points differing in budget alone, largest budget first (what a sweep
+worker does now). `alone-pool` and `shared-pool` plan them on a pool of `--workers`
+processes: each point a task of its own (the sweep's pool before), or each group a task
+(`run_local`). Per way: points, wall and CPU seconds in all (the pool's included), the
+median point's CPU seconds, and the points whose plan (status, step time, memory, plan hash)
+the first way found too. Run each way in a process of its own (`--ways alone`, then `--ways
+shared`) to compare them cold: a process keeps caches of what it planned.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as futures
+import multiprocessing
+import resource
 import statistics
 import sys
 import tempfile
@@ -29,6 +36,7 @@ from typing import Any
 import onnx
 
 from autoshard.limits import MAX_SEARCH_AXES
+from autoshard.sweep.executors import run_local
 from autoshard.sweep.grid import device_counts, expand, meshes
 from autoshard.sweep.points import Task, budget_groups, plan_point, plan_points
 
@@ -54,14 +62,34 @@ def tasks_of(args: argparse.Namespace, model: Path) -> tuple[int, list[Task]]:
     return len(grid) * len(budgets) * len(batches), tasks
 
 
-def run(way: str, tasks: list[Task]) -> tuple[list[dict[str, Any]], float, float]:
-    """The rows of `tasks` planned `way`, with the wall and CPU seconds of it all."""
-    wall, cpu = time.perf_counter(), time.process_time()
+def _alone(task: Task) -> dict[str, Any]:
+    return plan_point(task, None)
+
+
+def _children_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def run(way: str, tasks: list[Task], workers: int) -> tuple[list[dict[str, Any]], float, float]:
+    """The rows of `tasks` planned `way`, with the wall and CPU seconds of it all (its pool's
+    processes' included)."""
+    wall, cpu, children = time.perf_counter(), time.process_time(), _children_cpu()
+    rows: list[dict[str, Any]] = []
     if way == "alone":
-        rows = [plan_point(task) for task in tasks]
-    else:
+        rows = [_alone(task) for task in tasks]
+    elif way == "shared":
         rows = [row for group in budget_groups(tasks) for row in plan_points(group)]
-    return rows, time.perf_counter() - wall, time.process_time() - cpu
+    elif way == "alone-pool":  # the sweep's pool as it was: each point a task of its own
+        context = multiprocessing.get_context("spawn")
+        with futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            rows = list(pool.map(_alone, tasks))
+    elif way == "shared-pool":  # the sweep's pool (`run_local`): a group of budgets a task
+        run_local(tasks, workers, rows.append)
+    else:
+        raise SystemExit(f"unknown way {way!r}: alone, shared, alone-pool, shared-pool")
+    used = time.process_time() - cpu + _children_cpu() - children
+    return rows, time.perf_counter() - wall, used
 
 
 def main() -> None:
@@ -72,7 +100,12 @@ def main() -> None:
     parser.add_argument("--memory", default="40GiB,60GiB,80GiB")
     parser.add_argument("--batch", default="4,8")
     parser.add_argument("--time-limit", type=float, default=600.0)
-    parser.add_argument("--ways", default="alone,shared")
+    parser.add_argument(
+        "--ways",
+        default="alone,shared",
+        help="alone, shared (in this process), alone-pool, shared-pool",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="the pools' processes")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         model = Path(folder) / "70b.onnx"
@@ -83,7 +116,7 @@ def main() -> None:
         print(f"{'way':8} {'points':>6} {'wall s':>8} {'cpu s':>8} {'median cpu s':>13} "
               f"{'same':>5}", flush=True)  # fmt: skip
         for way in args.ways.split(","):
-            rows, wall, cpu = run(way, tasks)
+            rows, wall, cpu = run(way, tasks, args.workers)
             found[way] = {row["key"]: tuple(row.get(k) for k in SAME) for row in rows}
             other = next((f for w, f in found.items() if w != way), found[way])
             same = sum(other[k] == v for k, v in found[way].items())
