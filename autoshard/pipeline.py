@@ -59,6 +59,7 @@ from autoshard.search.pipelined import (
 from autoshard.search.pipesearch import PipelineChoice, StagePlan, choose_pipeline, plan_pipelined
 from autoshard.search.recipe_prices import price_recipes
 from autoshard.search.recompute import choose_recompute, recompute_words
+from autoshard.search.shared import SearchCache, shared_plan
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
 from autoshard.training.replay import replays
@@ -332,7 +333,7 @@ class _Searched:
 
 def _search(
     request: PlanRequest, forward: Graph, graph: Graph, whole: Cluster, options: SolverOptions,
-    tracker: Tracker | None, deadline: Deadline, explain: bool,
+    tracker: Tracker | None, deadline: Deadline, explain: bool, kept: SearchCache | None,
 ) -> _Searched:  # fmt: skip
     """The plan `request` asks the search for: without a pipeline, with the one it names, or
     the best of either where pipelining is allowed (`search.pipesearch`)."""
@@ -340,8 +341,11 @@ def _search(
     if ask is None:
         training = request.training
         overlap = training.overlap if training is not None else None
-        planned = auto_plan(graph, whole, annotations, options, tracker, deadline,
-                            explain=explain, overlap=overlap)  # fmt: skip
+        planned = (
+            auto_plan(graph, whole, annotations, options, tracker, deadline, explain, overlap)
+            if kept is None else shared_plan(graph, whole, annotations, options, tracker,
+                                             deadline, explain, overlap, kept)
+        )  # fmt: skip
         return _Searched(planned=planned, graph=graph, forward=forward, cluster=whole)
     assert request.training is not None
     steps = stage_steps(forward, request.training)
@@ -365,14 +369,10 @@ def _search(
 
 
 def plan_request(
-    request: PlanRequest,
-    tracker: Tracker | None = None,
-    after: AfterStage | None = None,
-    deadline: Deadline | None = None,
-    graphs: GraphCache | None = None,
-    chosen: bool = False,
-    explain: bool = True,
-) -> RequestedPlan:
+    request: PlanRequest, tracker: Tracker | None = None, after: AfterStage | None = None,
+    deadline: Deadline | None = None, graphs: GraphCache | None = None, chosen: bool = False,
+    explain: bool = True, searches: SearchCache | None = None,
+) -> RequestedPlan:  # fmt: skip
     """`autoshard plan` from start to end, shared by the CLI and the REST service so that the
     service's plan is, by construction, what `autoshard plan --json` prints (timings aside).
     `after` sees the stages of the chosen plan (the budget policy lowers its candidates too,
@@ -383,21 +383,22 @@ def plan_request(
     request of the same model (`GraphCache`). `chosen`: the request's recomputation is one
     `--recompute auto` considers (`_fastest_recompute`), as the story says; `explain` false:
     no plan fitting raises the solve's InfeasibleError, without the least memory a plan needs
-    (`auto_plan`)."""
+    (`auto_plan`). `searches`: the searches kept for the same step under other budgets
+    (`search.shared`: the plan each budget gets alone, found with less work)."""
     deadline = deadline or Deadline.start(request.time_limit)
     if request.global_batch is not None:
-        return _in_micro_batches(request, tracker, after, deadline, graphs)
+        return _in_micro_batches(request, tracker, after, deadline, graphs, searches)
     training = request.training
     if training is not None and training.attention is None:
         training = training.for_device(request.cluster.device.flash_attention)
         request = dataclasses.replace(request, training=training)
     if training is not None and training.recompute is Recompute.AUTO:
-        return _fastest_recompute(request, training, tracker, after, deadline, graphs)
+        return _fastest_recompute(request, training, tracker, after, deadline, graphs, searches)
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
     forward, graph, whole = _plan_inputs(request, tracker, graphs)
     deadline.check("importing the model")
     _enter(tracker, PipelineStage.SEARCH, "building the problem")
-    found = _search(request, forward, graph, whole, options, tracker, deadline, explain)
+    found = _search(request, forward, graph, whole, options, tracker, deadline, explain, searches)
     planned, graph, cluster, forward = found.planned, found.graph, found.cluster, found.forward
     _enter(tracker, PipelineStage.DOCUMENT)
     recipes = price_recipes(graph, forward, cluster, planned.search, options.objective)
@@ -433,7 +434,7 @@ def _with_pipeline(document: PlanDocument, found: _Searched, whole: Cluster) -> 
 
 def _in_micro_batches(
     request: PlanRequest, tracker: Tracker | None, after: AfterStage | None,
-    deadline: Deadline, graphs: GraphCache | None,
+    deadline: Deadline, graphs: GraphCache | None, searches: SearchCache | None = None,
 ) -> RequestedPlan:  # fmt: skip
     """The plan of `request`'s global batch in the fastest of the micro-batch counts it allows
     (`GlobalBatch.choices`) that has a plan that fits; where none has, the largest count's
@@ -453,12 +454,12 @@ def _in_micro_batches(
         )  # fmt: skip
 
     if len(counts) == 1:
-        return plan_request(asked(counts[0]), tracker, after, deadline, graphs)
+        return plan_request(asked(counts[0]), tracker, after, deadline, graphs, searches=searches)
     tried: list[MicroBatchCandidate] = []
     best: tuple[float, int, RequestedPlan] | None = None
     for m in counts:
         try:
-            found = plan_request(asked(m), tracker, None, deadline, graphs, explain=False)
+            found = plan_request(asked(m), tracker, None, deadline, graphs, False, False, searches)
         except (InfeasibleError, PipelineError) as error:
             why = "no plan fits" if isinstance(error, InfeasibleError) else str(error)
             tried.append(MicroBatchCandidate(m, None, why))
@@ -470,7 +471,7 @@ def _in_micro_batches(
         if best is None or step < best[0]:
             best = (step, m, found)
     if best is None:
-        plan_request(asked(counts[-1]), tracker, after, deadline, graphs)
+        plan_request(asked(counts[-1]), tracker, after, deadline, graphs, searches=searches)
         raise PipelineError(f"no micro-batch count of {batch} has a plan")  # (it raised)
     _, chosen, found = best
     words = chosen_words(batch, chosen, [c for c in tried if c.micro_batches != chosen])
@@ -491,6 +492,7 @@ def _in_micro_batches(
 def _fastest_recompute(
     request: PlanRequest, training: Training, tracker: Tracker | None,
     after: AfterStage | None, deadline: Deadline, graphs: GraphCache | None = None,
+    searches: SearchCache | None = None,
 ) -> RequestedPlan:  # fmt: skip
     """The plan of the recomputation whose step is fastest (`search.recompute`): those whose
     memory floor fits, solved in the order of their step's bound (`compute_floor`) until the
@@ -504,8 +506,7 @@ def _fastest_recompute(
         bounds = {t: compute_floor(steps[t], request.cluster) for t in (*tried, *skipped)}
         floors = {t: memory_floor(steps[t], request.cluster.mesh.size) for t in skipped}
     else:
-        # A pipeline plans its stage's model: the whole step is not built for floors or bounds
-        # (its stages hold other shares than the whole step's), so each is solved, none first.
+        # A pipeline plans its stage's model: no whole step built for bounds; each solved.
         tried, floors = recompute_ladder(training), {}
         bounds = dict.fromkeys(tried, 0.0)
     found: dict[Training, RequestedPlan] = {}
@@ -513,7 +514,7 @@ def _fastest_recompute(
     def solve(step: Training, last: bool) -> tuple[float, bool]:
         asked = dataclasses.replace(request, training=step)
         found[step] = planned = plan_request(asked, tracker, None, deadline, graphs, True,
-                                             explain=last)  # fmt: skip
+                                             explain=last, searches=searches)  # fmt: skip
         block = planned.document.pipeline
         seconds = float(block["step_time_s"]) if block else planned.planned.cost.step_time_s
         return seconds, planned.planned.solution.memory_binds

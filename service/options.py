@@ -54,6 +54,7 @@ def _choices(kind: type[enum.StrEnum]) -> list[str]:
 
 
 _TRAINING = Training()  # its defaults
+PIPELINE_CHOICES = ["auto", "none"]  # `autoshard plan --pipeline`'s
 
 
 FORM_SCHEMA: dict[str, Any] = {
@@ -115,9 +116,18 @@ FORM_SCHEMA: dict[str, Any] = {
                                         "dim DIM, DIM=SIZE, in place of that dim in dims: a "
                                         "micro-batch is SIZE / micro_batches of it; with a "
                                         "pipeline and no micro_batches the search picks them"},
+        "pipeline_axis": {"type": "string", "example": "0",
+                          "description": "training: pipeline the repeated layers over this "
+                                         "mesh axis (a number or name; an axis named pp is "
+                                         "one without this field)"},
+        "pipeline": {"type": "string", "enum": PIPELINE_CHOICES, "default": "none",
+                     "description": "training: auto: the search decides whether to pipeline, "
+                                    "over how many stages of the pipeline axis (pipeline_axis "
+                                    "or pp, else the outermost); none: only where asked"},
         "schedule": {"type": "string", "example": "1f1b",
-                     "description": "training on a mesh with an axis named pp (a pipeline): "
-                                    "the schedule, 1f1b (default), gpipe or interleaved[:V]"},
+                     "description": "training with a pipeline (an axis named pp, "
+                                    "pipeline_axis or pipeline=auto): the schedule, 1f1b "
+                                    "(default), gpipe or interleaved[:V]"},
     },
 }  # fmt: skip
 """The form of POST /v1/plans, field by field (its OpenAPI schema and the web page's form)."""
@@ -172,6 +182,8 @@ class PlanOptions:
     training: Training | None = None  # mode "training"
     schedule: str | None = None  # a pipeline's, on a mesh with an axis named pp
     global_batch: GlobalBatch | None = None
+    pipeline_axis: str | None = None  # as given: a number or an axis name
+    pipeline_auto: bool = False  # pipeline=auto: the search decides
 
     def to_json(self) -> dict[str, Any]:
         trained = (
@@ -181,6 +193,8 @@ class PlanOptions:
         # Only when given: a request without one keeps the job id it had before the field.
         cluster = {} if self.cluster is None else {"cluster": _cluster_json(self.cluster)}
         cluster |= {} if self.schedule is None else {"schedule": self.schedule}
+        cluster |= {} if self.pipeline_axis is None else {"pipeline_axis": self.pipeline_axis}
+        cluster |= {"pipeline": "auto"} if self.pipeline_auto else {}
         batch = self.global_batch
         batched: dict[str, Any] = {} if batch is None else {
             "global_batch": [batch.dim, batch.size, batch.micro_batches]}  # fmt: skip
@@ -209,6 +223,8 @@ class PlanOptions:
             training=Training.parse(**data["training"]) if data.get("training") else None,
             schedule=data.get("schedule"),
             global_batch=GlobalBatch(*data["global_batch"]) if data.get("global_batch") else None,
+            pipeline_axis=data.get("pipeline_axis"),
+            pipeline_auto=data.get("pipeline") == "auto",
         )  # fmt: skip
 
     def parsed_annotations(self) -> tuple[Annotation, ...]:
@@ -228,7 +244,9 @@ class PlanOptions:
             model_path=model_path, cluster=cluster, dims=dict(self.dims),
             annotations=annotations, objective=self.objective, time_limit=self.time_limit,
             training=self.training,
-            pipeline=pipeline_ask(cluster.mesh, None, self.schedule),
+            pipeline=pipeline_ask(
+                cluster.mesh, self.pipeline_axis, self.schedule, self.pipeline_auto
+            ),
             global_batch=self.global_batch,
         )  # fmt: skip
 
@@ -342,8 +360,17 @@ def parse_options(fields: Mapping[str, str], max_time_limit: float) -> PlanOptio
         cluster=_cluster(given["cluster"]) if "cluster" in given else None,
         annotations=annotations, objective=Objective(objective),
         time_limit=time_limit, training=_training(given), schedule=_schedule(given),
-        global_batch=_global_batch(given, dims),
+        global_batch=_global_batch(given, dims), pipeline_axis=given.get("pipeline_axis"),
+        pipeline_auto=_pipeline(given),
     )  # fmt: skip
+
+
+def _pipeline(given: Mapping[str, str]) -> bool:
+    """The `pipeline` field: whether the search decides (auto), checked."""
+    value = given.get("pipeline", "none")
+    if value not in PIPELINE_CHOICES:
+        raise RequestError(f"pipeline {value!r} is not one of: {', '.join(PIPELINE_CHOICES)}")
+    return value == "auto"
 
 
 def _global_batch(

@@ -102,6 +102,11 @@ def _pipeline_flags(sweep: Parser) -> None:
         help="pipeline the repeated layers over this axis of every mesh (with --mode training)",
     )
     group.add_argument(
+        "--pipeline", choices=("auto", "none"), default="none",
+        help="auto: every mesh of two axes or more is also planned pipelined over its first "
+        "axis (named pp), where the model has as many repeated layers as that axis has devices",
+    )  # fmt: skip
+    group.add_argument(
         "--global-batch",
         metavar="DIM",
         help="read the grid's --dim DIM sizes as global batches: each split into micro-batches "
@@ -126,8 +131,9 @@ def _sweep_of(args: argparse.Namespace) -> Any:
 
     if args.schedule is not None:
         Schedule.parse(args.schedule)  # a bad name is the command's error, not every point's
-        if args.pipeline_axis is None:
-            raise SweepError(f"--schedule {args.schedule} orders a pipeline: give --pipeline-axis")
+        if args.pipeline_axis is None and args.pipeline != "auto":
+            raise SweepError(f"--schedule {args.schedule} orders a pipeline: give "
+                             "--pipeline-axis or --pipeline auto")  # fmt: skip
     max_axes = args.max_axes or MAX_SEARCH_AXES
     if not 1 <= max_axes <= MAX_SEARCH_AXES:
         raise SweepError(f"--max-axes {max_axes}: choose 1..{MAX_SEARCH_AXES} (MAX_SEARCH_AXES)")
@@ -137,7 +143,7 @@ def _sweep_of(args: argparse.Namespace) -> Any:
         raise SweepError("give --devices or --mesh, not both")
     counts = device_counts(args.devices) if args.devices else []
     grid_meshes = meshes(counts, _list(args.mesh) if args.mesh else [], max_axes)
-    dims = {}
+    dims: dict[str, list[int]] = {}
     for text in args.dim or ():
         name, _, sizes = text.partition("=")
         try:
@@ -149,6 +155,8 @@ def _sweep_of(args: argparse.Namespace) -> Any:
     if args.global_batch is not None and args.global_batch not in dims:
         raise SweepError(f"--global-batch {args.global_batch} names no --dim of the grid: give "
                          f"--dim {args.global_batch}=SIZES")  # fmt: skip
+    if args.pipeline == "auto":
+        grid_meshes = _with_pipelines(args, grid_meshes, dims)
     training = {
         n: _list(getattr(args, n))
         for n in ("optimizer", "precision", "micro_batches", "recompute", "attention")
@@ -182,6 +190,23 @@ def _sweep_of(args: argparse.Namespace) -> Any:
         schedule=args.schedule,
         global_batch=args.global_batch,
     )
+
+
+def _with_pipelines(
+    args: argparse.Namespace, grid_meshes: list[str], dims: dict[str, list[int]]
+) -> list[str]:
+    """`--pipeline auto`'s meshes (`grid.with_pipelines`), for the model's repeated layers
+    (imported at the grid's first dims)."""
+    from autoshard.analysis.shorten import layer_run
+    from autoshard.pipeline import load_graph
+    from autoshard.sweep.grid import SweepError, with_pipelines
+
+    if args.mode != "training":
+        raise SweepError("--pipeline auto pipelines a training step: add --mode training")
+    if args.pipeline_axis is not None:
+        raise SweepError("give --pipeline auto or --pipeline-axis, not both")
+    run = layer_run(load_graph(args.model, {n: sizes[0] for n, sizes in dims.items()}, None))
+    return with_pipelines(grid_meshes, run.count if run is not None else 0)
 
 
 def _check(points: list[Any], mesh: str) -> None:

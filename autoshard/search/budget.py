@@ -90,6 +90,7 @@ def auto_plan(
     explain: bool = True,
     overlap: Overlap | None = None,
     reuse: Search | None = None,
+    aside: Solution | None = None,
 ) -> Planned:
     """Search the cheapest plan that fits the memory budget (CP-SAT), then lower and price
     it (a training step's schedule as `overlap` runs it: `cost.price`; None: none);
@@ -99,7 +100,7 @@ def auto_plan(
     and bound. `deadline`: the command's wall clock, shared by every step (`solve` says what
     each answers when it passes); `TimeUp` where it passes while the problem is built.
     `reuse`: the search of an earlier call on the same graph, annotations and cluster but for
-    its budget (only the memory rows' bound), solved again under `cluster`'s, not rebuilt."""
+    its budget, solved under `cluster`'s; `aside`: its memory-aside optimum (`search.shared`)."""
     started = time.perf_counter()
     say = tracker.detail if tracker is not None else (lambda _: None)
     options = options or SolverOptions()
@@ -118,9 +119,8 @@ def auto_plan(
     while True:
         try:
             left = time_left(options.time_limit, spent)
-            solution = solve(
-                search.problem, left, hint, tracker, unit, options.time_limit, floor, deadline
-            )
+            solution = solve(search.problem, left, hint, tracker, unit, options.time_limit,
+                             floor, deadline, None if hint else aside)  # fmt: skip
         except InfeasibleError as none:
             lowest = none.lowest
             if not explain:
@@ -130,7 +130,7 @@ def auto_plan(
                 lowest = lowest_budget(
                     search.problem, options.time_limit, tracker, deadline=deadline
                 )
-            raise _infeasible(graph, cluster, search, lowest) from None
+            raise no_plan_fits(graph, cluster, search, lowest) from None
         spent, solve_s = spent + solution.work, solve_s + solution.wall_s
         if tracker is not None:
             tracker.solved(f"solved: {solution.status} ({solution.wall_s:.1f} s)")
@@ -187,7 +187,9 @@ def _chains(graph: Graph, plan: Plan) -> frozenset[Chain]:
     return frozenset(found)
 
 
-def _infeasible(graph: Graph, cluster: Cluster, search: Search, lowest: LowestBudget) -> NoPlanFits:
+def no_plan_fits(
+    graph: Graph, cluster: Cluster, search: Search, lowest: LowestBudget
+) -> NoPlanFits:
     """No plan fits: the lowest feasible budget, how sure the solver is of it, and the largest
     tensors the plan reaching it holds at its peak."""
     usage = lower_measured(graph, search.plan(graph, cluster, lowest.choice))[1]

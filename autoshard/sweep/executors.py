@@ -1,10 +1,12 @@
 """Where a sweep's points are planned: a local process pool (`--executor local`) or Ray (a
 local instance the sweep starts and stops, or a user's cluster at `--ray-address`).
 
-Both hand each finished row back as it comes (`on_row`) and neither stops at a point's
-failure (`points.plan_point` returns its error as a row). A worker lost mid-point (killed,
-out of memory) plans that point again: Ray by its task retries (`max_retries`), the pool by
-resubmitting it once on a fresh pool; a point that loses its worker twice records so.
+Both plan the points that differ in their budget alone together on one worker
+(`points.budget_groups`: one search shared), hand each finished group's rows back as they come
+(`on_row`), and neither stops at a point's failure (`points.plan_point` returns its error as a
+row). A worker lost mid-group (killed, out of memory) plans that group again: Ray by its task
+retries (`max_retries`), the pool by resubmitting it once on a fresh pool; a group that loses
+its worker twice records so for each of its points.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from autoshard.sweep.grid import SweepError
-from autoshard.sweep.points import Task, plan_point
+from autoshard.sweep.points import Task, budget_groups, plan_points
 
 OnRow = Callable[[dict[str, Any]], None]
 RETRIES = 1  # plans again of a point whose worker was lost
@@ -31,32 +33,36 @@ def default_executor() -> str:
 def run_local(tasks: Sequence[Task], workers: int, on_row: OnRow) -> None:
     """Plan the tasks on a pool of `workers` processes (spawned: a fork would copy the
     parent's threads' locks)."""
-    pending = list(tasks)
-    tries = dict.fromkeys((t.key for t in tasks), 0)
+    pending = budget_groups(tasks)
+    tries = dict.fromkeys((group[0].key for group in pending), 0)
     context = multiprocessing.get_context("spawn")
     while pending:
-        lost: list[Task] = []
+        lost: list[list[Task]] = []
         with futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            running = {pool.submit(plan_point, task): task for task in pending}
+            running = {pool.submit(plan_points, group): group for group in pending}
             for done in futures.as_completed(running):
-                task = running[done]
+                group = running[done]
                 try:
-                    on_row(done.result())
+                    rows = done.result()
                 except futures.process.BrokenProcessPool:
-                    lost.append(task)
+                    lost.append(group)
+                    continue
+                for row in rows:
+                    on_row(row)
         pending = []
-        for task in lost:
-            tries[task.key] += 1
-            if tries[task.key] > RETRIES:
-                on_row(_lost_row(task))
+        for group in lost:
+            tries[group[0].key] += 1
+            if tries[group[0].key] > RETRIES:
+                for task in group:
+                    on_row(_lost_row(task))
             else:
-                pending.append(task)
+                pending.append(group)
 
 
 def _lost_row(task: Task) -> dict[str, Any]:
     return {"key": task.key, "point": task.point.to_json(), "devices": task.point.devices,
             "status": "error", "error": f"the worker planning it was lost {RETRIES + 1} times",
-            "wall_s": 0.0}  # fmt: skip
+            "wall_s": 0.0, "cpu_s": 0.0}  # fmt: skip
 
 
 def run_ray(tasks: Sequence[Task], workers: int, address: str | None, on_row: OnRow) -> None:
@@ -77,14 +83,16 @@ def run_ray(tasks: Sequence[Task], workers: int, address: str | None, on_row: On
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise SweepError(f"cannot start or reach Ray at {address or 'local'}: {error}") from None
     try:
-        remote = ray.remote(max_retries=RETRIES, retry_exceptions=False)(plan_point)
-        refs = {remote.remote(task): task for task in tasks}
+        remote = ray.remote(max_retries=RETRIES, retry_exceptions=False)(plan_points)
+        refs = {remote.remote(group): group for group in budget_groups(tasks)}
         waiting = list(refs)
         while waiting:
             ready, waiting = ray.wait(waiting, num_returns=1)
             try:
-                on_row(ray.get(ready[0]))
+                rows = ray.get(ready[0])
             except ray.exceptions.RayError:  # its worker lost past the retries
-                on_row(_lost_row(refs[ready[0]]))
+                rows = [_lost_row(task) for task in refs[ready[0]]]
+            for row in rows:
+                on_row(row)
     finally:
         ray.shutdown()

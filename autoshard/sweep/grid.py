@@ -18,6 +18,7 @@ from typing import Any
 from autoshard.errors import AutoshardError
 from autoshard.limits import MAX_DEVICES, MAX_SEARCH_AXES
 from autoshard.mesh import Mesh
+from autoshard.search.pipelined import PIPELINE_AXIS
 
 
 class SweepError(AutoshardError, ValueError):
@@ -131,6 +132,27 @@ def meshes(devices: Sequence[int], given: Sequence[str], max_axes: int) -> list[
         if not shapes:
             raise SweepError(f"no mesh of at most {max_axes} axes has {count} devices")
         found += ["x".join(map(str, shape)) for shape in shapes]
+    return found
+
+
+def with_pipelines(meshes: Sequence[str], layers: int) -> list[str]:
+    """`--pipeline auto`'s meshes: each of `meshes`, followed where it has two axes or more and
+    its first axis at least 2 and at most `layers` devices (a stage has a layer at least) by
+    the same mesh pipelined over that axis (named `pp`, the others `x1`, `x2`, ... where they
+    have no name: labels only).
+
+    >>> with_pipelines(["8", "2x4", "4x2x2", "dp=2,tp=4"], 3)
+    ['8', '2x4', 'pp=2,x1=4', '4x2x2', 'dp=2,tp=4', 'pp=2,tp=4']
+    """
+    found = []
+    for text in meshes:
+        found.append(text)
+        mesh = Mesh.parse(text)
+        if mesh.ndim < 2 or not 2 <= mesh.shape[0] <= layers or PIPELINE_AXIS in mesh.axis_names:
+            continue
+        names = mesh.axis_names or tuple(f"x{i}" for i in range(mesh.ndim))
+        found.append(",".join(f"{n}={s}" for n, s in zip((PIPELINE_AXIS, *names[1:]),
+                                                         mesh.shape, strict=True)))  # fmt: skip
     return found
 
 

@@ -1,9 +1,12 @@
 """One point of a sweep planned as `autoshard plan` plans it (the pipeline's `plan_request`,
 from the same flag text through the same parsers), and its plan as a row of the table.
 
-`plan_point` runs in a worker (a process of the local pool, or a Ray worker): it never
+`plan_points` runs in a worker (a process of the local pool, or a Ray worker): it never
 raises, so a point that fails records its error and the sweep goes on. A worker keeps the
-graphs it imported (`GraphCache`) for the next point of the same model, dims and step.
+graphs it imported (`GraphCache`) for the next point of the same model, dims and step, and
+its searches (`search.shared`) for the next point that differs in its budget alone: a worker
+is given such points together (`budget_groups`), the largest budget first, so that budgets
+that do not bind, and those below a floor proven, are answered without a search.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import json
 import time
 import traceback
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autoshard.cost.cluster import make_cluster
@@ -21,7 +25,8 @@ from autoshard.errors import AutoshardError
 from autoshard.pipeline import GraphCache, PlanRequest, RequestedPlan, plan_request
 from autoshard.search.microbatch import GlobalBatch
 from autoshard.search.options import Objective
-from autoshard.search.pipelined import pipeline_ask
+from autoshard.search.pipelined import PIPELINE_AXIS, pipeline_ask
+from autoshard.search.shared import SearchCache
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.sweep.grid import Point
 from autoshard.training.options import requested
@@ -41,18 +46,45 @@ class Task:
     global_batch: str | None = None
 
 
-class _Imports(OrderedDict[Any, Any]):
-    """The last few imports of this process (a sweep's points come grouped by import)."""
+class _Last(OrderedDict[Any, Any]):
+    """The last `keep` entries set in this process (a sweep's points come grouped by import,
+    and a point's budgets together)."""
 
-    KEEP = 4
+    def __init__(self, keep: int) -> None:
+        super().__init__()
+        self.keep = keep
 
     def __setitem__(self, key: Any, value: Any) -> None:
         super().__setitem__(key, value)
-        while len(self) > self.KEEP:
+        while len(self) > self.keep:
             self.popitem(last=False)
 
 
-_GRAPHS: GraphCache = _Imports()
+_GRAPHS: GraphCache = _Last(4)
+_SEARCHES: SearchCache = _Last(8)  # a budget's recomputations each have one
+
+
+def budget_groups(tasks: Sequence[Task]) -> list[list[Task]]:
+    """The tasks in groups of points that differ in their memory budget alone, each group in
+    the order of the first task's place, its budgets largest first (a budget's bytes as the
+    cluster makes them: the device's, less its reserve, where none is given). A point whose
+    cluster cannot be made is a group of its own (its row says why)."""
+    groups: dict[object, list[tuple[int, Task]]] = {}
+    for task in tasks:
+        try:
+            budget = make_cluster(task.point.mesh, task.point.device, None, None,
+                                  task.point.memory, task.point.cluster).memory  # fmt: skip
+            key: object = replace(task, key="", point=replace(task.point, memory=None))
+        except AutoshardError:
+            budget, key = 0, task.key
+        groups.setdefault(key, []).append((budget, task))
+    return [[task for _, task in sorted(group, key=lambda bt: -bt[0])]
+            for group in groups.values()]  # fmt: skip
+
+
+def plan_points(tasks: Sequence[Task]) -> list[dict[str, Any]]:
+    """The rows of `tasks`, planned in order in this worker (`budget_groups`' group)."""
+    return [plan_point(task) for task in tasks]
 
 
 def plan_request_of(task: Task) -> PlanRequest:
@@ -64,6 +96,8 @@ def plan_request_of(task: Task) -> PlanRequest:
     )  # fmt: skip
     cluster = make_cluster(point.mesh, point.device, None, None, point.memory, point.cluster)
     dims, batch = dict(point.dims), None
+    pipelined = task.pipeline_axis is not None or PIPELINE_AXIS in cluster.mesh.axis_names
+    schedule = task.schedule if pipelined else None  # (`--pipeline auto`: the pp meshes')
     if task.global_batch is not None:  # the dim's size is the global batch (checked: given)
         given = dict(point.training).get("micro_batches")
         batch = GlobalBatch(task.global_batch, dims.pop(task.global_batch),
@@ -71,15 +105,16 @@ def plan_request_of(task: Task) -> PlanRequest:
     return PlanRequest(
         model_path=task.model, cluster=cluster, dims=dims, global_batch=batch,
         objective=Objective(task.objective), time_limit=task.time_limit, training=training,
-        pipeline=pipeline_ask(cluster.mesh, task.pipeline_axis, task.schedule),
+        pipeline=pipeline_ask(cluster.mesh, task.pipeline_axis, schedule),
     )  # fmt: skip
 
 
-def plan_point(task: Task) -> dict[str, Any]:
-    """The point's row: planned, or its error (`status` infeasible or error)."""
-    started = time.monotonic()
+def plan_point(task: Task, searches: SearchCache | None = _SEARCHES) -> dict[str, Any]:
+    """The point's row: planned (from the searches of its other budgets kept in `searches`;
+    None: alone), or its error (`status` infeasible or error)."""
+    started, cpu = time.monotonic(), time.process_time()
     try:
-        requested_plan = plan_request(plan_request_of(task), graphs=_GRAPHS)
+        requested_plan = plan_request(plan_request_of(task), graphs=_GRAPHS, searches=searches)
         row = {"status": "ok", "error": ""} | figures(requested_plan, task.point)
     except InfeasibleError as error:
         row = {"status": "infeasible", "error": str(error)}
@@ -90,7 +125,8 @@ def plan_point(task: Task) -> dict[str, Any]:
         where = f"{last.filename}:{last.lineno}"
         row = {"status": "error", "error": f"{type(error).__name__}: {error} ({where})"}
     return {"key": task.key, "point": task.point.to_json(), "devices": task.point.devices,
-            **row, "wall_s": round(time.monotonic() - started, 3)}  # fmt: skip
+            **row, "wall_s": round(time.monotonic() - started, 3),
+            "cpu_s": round(time.process_time() - cpu, 3)}  # fmt: skip
 
 
 def tokens_per_step(requested_plan: RequestedPlan) -> int:

@@ -104,6 +104,82 @@ def test_ray_sweep_equals_plan_point_by_point(
     _check_points(tmp_path / "a", plans)
 
 
+BUDGETS = ("1KB", "100KB", "1GiB", "2KB", "200KB")  # below the floor, binding, free
+
+
+def test_points_differing_in_budget_alone_are_each_budgets_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Budgets of one mesh share a search (`search.shared`): the free plan answers the
+    budgets it fits, a refusal the budgets below its floor; each row is still what
+    `autoshard plan` of that budget alone prints, binding budgets (another plan) and
+    infeasible ones included."""
+    out = tmp_path / "a"
+    args = ["sweep", MLP, "-o", str(out), "-q", "--mesh", "2x2", "--dim", "batch=8",
+            "--memory", ",".join(BUDGETS), "--executor", "local", "--workers", "1"]  # fmt: skip
+    assert main(args) == 0
+    table = json.loads((out / "points.json").read_text())["points"]
+    assert [p["memory"] for p in table] == list(BUDGETS)
+    for record, memory in zip(table, BUDGETS, strict=True):
+        flags = ["--mesh", "2x2", "--dim", "batch=8", "--memory", memory, "--json", "-q"]
+        code = main(["plan", MLP, *flags])
+        out_text, err = capsys.readouterr()
+        if code != 0:
+            assert record["status"] == "infeasible" and "infeasible budget" in err
+            continue
+        plan = json.loads(out_text)
+        assert record["status"] == "ok", record["error"]
+        assert record["step_time_s"] == plan["cost"]["objective"]  # a forward pass's
+        assert record["memory_bytes_per_device"] == plan["cost"]["memory_bytes_per_device"]
+        assert record["plan_sha256"] == plan_sha256(plan)
+    statuses = [p["status"] for p in table]
+    assert statuses == ["infeasible", "ok", "ok", "infeasible", "ok"]
+    assert len({p["plan_sha256"] for p in table if p["status"] == "ok"}) == 2  # one binds
+
+
+def test_pipeline_auto_adds_each_mesh_pipelined_over_its_first_axis(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--pipeline auto`: each mesh of two axes is planned as given and pipelined over its
+    first axis (`pp=2,x1=2`); a one-axis mesh and a first axis past the layers are not; each
+    row is `autoshard plan` of its mesh."""
+    gpt2 = str(Path(MLP).parent / "gpt2.onnx")
+    out = tmp_path / "a"
+    dims = ["--dim", "batch=2", "--dim", "seq=16", "--mode", "training"]
+    args = ["sweep", gpt2, "-o", str(out), "-q", "--mesh", "2x2,4,64x1", *dims,
+            "--pipeline", "auto", "--schedule", "gpipe", "--micro-batches", "2",
+            "--executor", "local", "--workers", "1"]  # fmt: skip
+    assert main(args) == 0
+    capsys.readouterr()
+    table = json.loads((out / "points.json").read_text())["points"]
+    assert [p["mesh"] for p in table] == ["2x2", "pp=2,x1=2", "4", "64x1"]
+    for record in table[:2]:
+        flags = ["--mesh", record["mesh"], *dims, "--micro-batches", "2", "--json", "-q"]
+        flags += ["--schedule", "gpipe"] if record["mesh"].startswith("pp") else []
+        assert main(["plan", gpt2, *flags]) == 0
+        plan = json.loads(capsys.readouterr().out)
+        assert record["status"] == "ok", record["error"]
+        step = plan["pipeline"]["step_time_s"] if plan.get("pipeline") else plan["cost"][
+            "step_time_s"]  # fmt: skip
+        assert record["step_time_s"] == step
+        assert record["plan_sha256"] == plan_sha256(plan)
+    assert table[1]["strategy"].startswith("pipeline of 2 stages (GPipe")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--pipeline", "auto"], "--pipeline auto pipelines a training step: add --mode training"),
+        (["--pipeline", "auto", "--mode", "training", "--pipeline-axis", "0"],
+         "give --pipeline auto or --pipeline-axis, not both"),
+    ],
+)  # fmt: skip
+def test_pipeline_auto_refusals(tmp_path: Path, capsys, flags, message) -> None:
+    args = ["sweep", MLP, "-o", str(tmp_path / "a"), "--mesh", "2x2", "--dim", "batch=8"]
+    assert main([*args, *flags]) == 2
+    assert capsys.readouterr().err == f"autoshard: error: {message}\n"
+
+
 def test_a_killed_pool_worker_plans_its_point_again() -> None:
     """The pool's worker is killed (SIGKILL) as the first point finishes: the points it had
     are planned again on a fresh pool, and each is recorded once, planned."""
@@ -128,7 +204,7 @@ def test_a_killed_pool_worker_plans_its_point_again() -> None:
 
 def _ray_workers_planning() -> list[int]:
     """The processes below this one whose title says they run a point (Ray titles a worker
-    `ray::plan_point` while it runs one)."""
+    `ray::plan_points` while it runs a group of them)."""
 
     def parent(pid: int) -> int:
         try:
@@ -145,7 +221,7 @@ def _ray_workers_planning() -> list[int]:
         except OSError:
             continue
         pid = int(entry.name)
-        if title.startswith(b"ray::plan_point"):
+        if title.startswith(b"ray::plan_points"):
             ancestor = pid
             while ancestor > 1 and ancestor != os.getpid():
                 ancestor = parent(ancestor)
