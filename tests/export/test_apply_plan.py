@@ -72,8 +72,10 @@ STYLES = {
     "block-inference": {"0.up.weight": "colwise", "0.up.bias": "colwise",
                         "0.down.weight": "rowwise", "0.norm.weight": "sequence",
                         "1.norm.bias": "sequence"},
+    # The shared norm's two weight-gradient contributions added as partial sums, then one
+    # reduce_scatter to its optimizer state split on tp (`search.partials`): ZeRO's state.
     "block-training": {"0.up.weight": "colwise+fsdp", "0.up.bias": "colwise+fsdp",
-                       "1.down.weight": "rowwise+fsdp", "1.norm.weight": "sequence"},
+                       "1.down.weight": "rowwise+fsdp", "1.norm.weight": "sequence+zero"},
 }  # fmt: skip
 
 
