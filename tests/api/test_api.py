@@ -344,7 +344,7 @@ def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys
             "unknown form field 'colour'; valid: model, mesh, dims, cluster, device, bandwidth, "
             "latency, memory, annotations, objective, time_limit, mode, optimizer, precision, "
             "micro_batches, recompute, attention, loss, prefetch, bucket_mb, async_tp, overlap, "
-            "global_batch, schedule",
+            "global_batch, pipeline_axis, pipeline, schedule",
             id="unknown-field",
         ),
         pytest.param(
