@@ -107,7 +107,7 @@ def test_an_exact_solve_is_told_once_with_the_plans_figures() -> None:
     document = plan_request(request, Tracker(seen.append)).document
     figures = [p for p in seen if p.bound is not None]
     assert [p.detail.split(" (")[0] for p in figures] == [
-        "exact elimination of 62 groups, memory aside", "solved: OPTIMAL"]  # fmt: skip
+        "exact elimination of 63 groups, memory aside", "solved: OPTIMAL"]  # fmt: skip
     solver = document.solver
     assert {(p.objective, p.bound) for p in figures} == {(solver.objective, solver.bound)}
     assert solver.objective == solver.bound and solver.status == "OPTIMAL"
