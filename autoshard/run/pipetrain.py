@@ -67,7 +67,7 @@ from autoshard.run.p2p import Boundary
 from autoshard.run.pipelined import global_steps
 from autoshard.run.rank import Rendezvous, StepFailure, Timing, describe, read_weights
 from autoshard.run.stage_device import StageDevice
-from autoshard.run.train import Records, TrainingFailure, train_rank_join
+from autoshard.run.train import Records, TrainingFailure, run_collective, train_rank_join
 from autoshard.training.loss import LABELS, label_classes
 from autoshard.training.options import Training
 
@@ -314,23 +314,8 @@ class _Rank:
 
     def collective(self, chunk: _Chunk, j: int) -> None:
         """Collective `j` of the chunk's list among its stage's devices, its result in place."""
-        started, device = time.perf_counter(), chunk.device
-        local = device.collectives[j]
         entry = self.work.collectives["collectives"][j + chunk.stage.offset]
-        source = to_numpy(device.env[local.source])
-        try:
-            result = self.collectives.run(entry, source)
-        except Exception as error:  # torch's own errors: a peer gone, a timeout
-            raise self.fail(device.position - 1, str(error).splitlines()[0]) from None
-        want = tuple(entry["target_shapes"][self.rank])
-        if result.shape != want:
-            raise self.fail(device.position - 1, f"result has local shape {list(result.shape)}; "
-                                                 f"expected {list(want)}")  # fmt: skip
-        device.env[local.target] = to_torch(result).to(device.env[local.source].dtype)
-        stats = self.timing.collectives.setdefault(entry["kind"], [0, 0.0, 0])
-        stats[0] += 1
-        stats[1] += time.perf_counter() - started
-        stats[2] += source.nbytes
+        run_collective(chunk.device, j, entry, self.rank, self.collectives, self.timing, self.fail)
 
 
 def _in_floats(boundary: Mapping[str, Any], floats: str) -> dict[str, Any]:

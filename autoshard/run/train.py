@@ -216,7 +216,8 @@ def _train(
                 timing.compute_s += time.perf_counter() - computing
                 if j is None:
                     break
-                _collective(device, j, work.manifest, collectives, timing, fail)
+                entry = work.manifest["collectives"][j]
+                run_collective(device, j, entry, device.program.index, collectives, timing, fail)
             if k < len(feed):
                 device.carry(work.checked.losses)
         device.total_losses(work.checked.losses)
@@ -232,23 +233,20 @@ def _train(
     return records, {**timing.to_json(), "step_s": step_s, "step_compute_s": compute_s}
 
 
-def _collective(
-    device: TrainingDevice,
-    j: int,
-    manifest: Mapping[str, Any],
-    collectives: Executor,
-    timing: Timing,
-    fail: Any,
-) -> None:
-    """Collective `j` of the device's list on torch.distributed, its result in place."""
+def run_collective(
+    device: TrainingDevice, j: int, entry: Mapping[str, Any], rank: int,
+    collectives: Executor, timing: Timing, fail: Any,
+) -> None:  # fmt: skip
+    """Collective `j` of the device's list on torch.distributed (`entry`, the manifest's; its
+    target shape `rank`'s), its result in place, its time and bytes in `timing`."""
     started = time.perf_counter()
-    local, entry = device.collectives[j], manifest["collectives"][j]
+    local = device.collectives[j]
     source = to_numpy(device.env[local.source])  # bfloat16 as float32: numpy has none
     try:
         result = collectives.run(entry, source)
     except Exception as error:  # torch's own errors: a peer gone, a timeout
         raise fail(device.position - 1, _line(error)) from None
-    want = tuple(entry["target_shapes"][device.program.index])
+    want = tuple(entry["target_shapes"][rank])
     if result.shape != want:
         raise fail(device.position - 1, f"result has local shape {list(result.shape)}; "
                                         f"expected {list(want)}")  # fmt: skip
