@@ -20,13 +20,19 @@ def _random_rows(rng: np.random.Generator) -> list[list[tuple[int, int]]]:
     return rows
 
 
+def _arrays(rows):
+    """The rows as `Spans.of` takes them: each row's start, then every term's key and amount."""
+    starts = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    keys = np.array([k for r in rows for k, _ in r], np.int64)
+    amounts = np.array([a for r in rows for _, a in r], np.int64)
+    return starts, keys, amounts
+
+
 def test_spans_sum_each_row_and_weigh_each_term_as_the_rows_written_out():
     rng = np.random.default_rng(0)
     for _ in range(30):
         rows = _random_rows(rng)
-        starts = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
-        keys = np.array([k for r in rows for k, _ in r], np.int64)
-        amounts = np.array([a for r in rows for _, a in r], np.int64)
+        starts, keys, amounts = _arrays(rows)
         spans = Spans.of(starts, keys, amounts)
         assert len(spans.key) < len(keys)  # consecutive rows share terms
         values = rng.integers(-(10**12), 10**12, 12)
@@ -46,9 +52,7 @@ def test_spans_are_alike_whatever_the_keys_width():
     rng = np.random.default_rng(1)
     for _ in range(10):
         rows = _random_rows(rng)
-        starts = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
-        keys = np.array([k for r in rows for k, _ in r], np.int64)
-        amounts = np.array([a for r in rows for _, a in r], np.int64)
+        starts, keys, amounts = _arrays(rows)
         narrow, wide = Spans.of(starts, keys, amounts), Spans.of(starts, keys + 70_000, amounts)
         assert wide.key.tolist() == (narrow.key + 70_000).tolist()
         for field in ("amount", "first", "last"):
