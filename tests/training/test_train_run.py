@@ -274,18 +274,17 @@ _KILL = """
 import os, signal
 import autoshard.run.train as train
 
-_collective = train._collective
+run_collective = train.run_collective
 calls = [0]
 
-def collective(device, j, manifest, *rest):
+def collective(device, j, *rest):
     if device.program.index == 1:
         calls[0] += 1
-        per_step = sum("collective" in s for s in manifest["devices"][1]["steps"])
-        if calls[0] == per_step + 1:  # the first collective of training step 2
+        if calls[0] == len(device.collectives) + 1:  # the first collective of training step 2
             os.kill(os.getpid(), signal.SIGKILL)
-    return _collective(device, j, manifest, *rest)
+    return run_collective(device, j, *rest)
 
-train._collective = collective
+train.run_collective = collective
 """
 
 
