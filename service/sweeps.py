@@ -23,8 +23,8 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from autoshard.errors import AutoshardError
-from autoshard.limits import MAX_SEARCH_AXES
-from autoshard.sweep.grid import Point, device_counts, expand, meshes
+from autoshard.sweep.ask import PIPELINE_CHOICES, SweepAsk, sweep_of
+from autoshard.sweep.run import Sweep
 from service.options import RequestError
 from service.routes import receive
 from service.store import Job, Store
@@ -33,6 +33,10 @@ from service.upload import Form, discard, keep
 router = APIRouter()
 
 DEFAULT_TIME_LIMIT = 60.0
+TRAINING = ("optimizer", "precision", "micro_batches", "recompute", "attention")
+TEXT = ("mesh", "devices", "cluster", "device", "memory", "pipeline_axis", "schedule",
+        "global_batch", *TRAINING)  # fmt: skip
+"""The fields kept as typed, checked when the sweep is made (`sweep.ask.sweep_of`)."""
 SWEEP_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["model"],
@@ -53,25 +57,35 @@ SWEEP_SCHEMA: dict[str, Any] = {
         "price": {"type": "number", "description": "price per device-hour (the cost front)"},
         "time_limit": {"type": "number", "default": DEFAULT_TIME_LIMIT,
                        "description": "each point's limit, seconds"},
+        **{name: {"type": "string", "description": f"training: {name} values, comma-separated "
+                                                   "(as autoshard plan's), each a point"}
+           for name in TRAINING},
+        "pipeline_axis": {"type": "string", "example": "0",
+                          "description": "training: pipeline the repeated layers over this axis "
+                                         "(a number or a name) of every mesh"},
+        "pipeline": {"type": "string", "enum": list(PIPELINE_CHOICES), "default": "none",
+                     "description": "training: auto: every mesh of two axes or more is also "
+                                    "planned pipelined over its first axis (named pp)"},
+        "schedule": {"type": "string", "example": "1f1b",
+                     "description": "a pipeline's schedule: 1f1b (default), gpipe, "
+                                    "interleaved[:V]"},
+        "global_batch": {"type": "string", "example": "batch",
+                         "description": "the dim whose sizes are global batches, split into "
+                                        "micro-batches"},
     },
 }  # fmt: skip
 """The form of POST /v1/sweeps, field by field (its OpenAPI schema)."""
 FIELDS = tuple(name for name in SWEEP_SCHEMA["properties"] if name != "model")
 
 
-def _list(text: str | None) -> list[str]:
-    return [v.strip() for v in (text or "").split(",") if v.strip()]
-
-
 def sweep_options(fields: Mapping[str, str], max_time_limit: float) -> dict[str, Any]:
-    """A sweep request's options (JSON), checked; RequestError on a bad field."""
+    """A sweep request's options (JSON), the fields' own syntax checked; RequestError on a bad
+    field. What they ask is checked by `checked_sweep`, as `autoshard sweep` checks it."""
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         raise RequestError(f"unknown field '{unknown[0]}'; a sweep takes {', '.join(FIELDS)}")
     if bool(fields.get("mesh")) == bool(fields.get("devices")):
         raise RequestError("give the mesh field (e.g. 2x2,4) or devices (e.g. 4,8), not both")
-    counts = device_counts(fields["devices"]) if fields.get("devices") else []
-    swept = meshes(counts, _list(fields.get("mesh")), MAX_SEARCH_AXES)
     try:
         dims = json.loads(fields.get("dims") or "{}")
         dims = {str(k): [v] if isinstance(v, int) else [int(x) for x in v] for k, v in dims.items()}
@@ -87,16 +101,21 @@ def sweep_options(fields: Mapping[str, str], max_time_limit: float) -> dict[str,
         raise RequestError("price and time_limit are numbers") from None
     if not 0 < limit <= max_time_limit:
         raise RequestError(f"time_limit {limit}: choose in (0, {max_time_limit}] seconds")
-    return {"kind": "sweep", "mesh": ",".join(swept), "memory": _list(fields.get("memory")),
-            "dims": dims, "cluster": fields.get("cluster") or None,
-            "device": fields.get("device") or None, "mode": mode, "price": price,
-            "time_limit": limit}  # fmt: skip
+    return {"kind": "sweep", **{name: fields.get(name) or None for name in TEXT}, "dims": dims,
+            "mode": mode, "price": price, "time_limit": limit,
+            "pipeline": fields.get("pipeline") or "none"}  # fmt: skip
 
 
-def points_of(options: Mapping[str, Any]) -> tuple[Point, ...]:
-    return tuple(expand(
-        options["mesh"].split(","), [options["cluster"]], [options["device"]],
-        options["memory"] or [None], options["dims"], options["mode"], {},
+def checked_sweep(options: Mapping[str, Any], model: Path, out: Path) -> Sweep:
+    """The sweep a job's options ask, on `model`, written to `out`: every point checked."""
+    return sweep_of(SweepAsk(
+        model=model, out=out, devices=options["devices"], mesh=options["mesh"],
+        cluster=options["cluster"], device=options["device"], memory=options["memory"],
+        dims=options["dims"], mode=options["mode"],
+        training={name: options[name] for name in TRAINING}, time_limit=options["time_limit"],
+        price=options["price"], pipeline_axis=options["pipeline_axis"],
+        pipeline=options["pipeline"], schedule=options["schedule"],
+        global_batch=options["global_batch"],
     ))  # fmt: skip
 
 
@@ -106,11 +125,10 @@ def is_sweep(job: Job) -> bool:
 
 def run_sweep_job(store: Store, job_id: str, attempt: int, model_path: str, options: dict) -> None:
     """Run a claimed sweep job (on a worker) into DATA/sweeps/ID and keep its table and page."""
-    from autoshard.sweep.run import Sweep, run_sweep
+    from autoshard.sweep.run import run_sweep
 
     out = Path(model_path).parents[2] / "sweeps" / job_id
-    sweep = Sweep(model=Path(model_path), points=points_of(options), out=out,
-                  time_limit=options["time_limit"], price=options["price"])  # fmt: skip
+    sweep = checked_sweep(options, Path(model_path), out)
 
     def tell(line: str) -> None:
         store.progress(job_id, attempt, {"stage": None, "detail": line})
@@ -139,7 +157,8 @@ async def submit_sweep(request: Request) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=error.status)
     try:
         options = sweep_options(form.fields, settings.max_time_limit)
-        points_of(options)
+        model = form.path or Path()  # (`receive` refuses a form without its model)
+        await anyio.to_thread.run_sync(checked_sweep, options, model, model.parent)
         status, body = await anyio.to_thread.run_sync(
             _queue_sweep, store, settings.models, form, options
         )

@@ -118,31 +118,13 @@ def _pipeline_flags(sweep: Parser) -> None:
     )  # fmt: skip
 
 
-def _list(text: str | None) -> list[Any]:
-    return [None] if text is None else [v.strip() for v in text.split(",") if v.strip()]
-
-
 def _sweep_of(args: argparse.Namespace) -> Any:
-    from autoshard.cost.schedule import Schedule
-    from autoshard.limits import MAX_SEARCH_AXES
+    from autoshard.sweep.ask import SweepAsk, sweep_of
     from autoshard.sweep.executors import default_executor
-    from autoshard.sweep.grid import SweepError, device_counts, expand, meshes
-    from autoshard.sweep.run import Sweep
+    from autoshard.sweep.grid import SweepError
 
-    if args.schedule is not None:
-        Schedule.parse(args.schedule)  # a bad name is the command's error, not every point's
-        if args.pipeline_axis is None and args.pipeline != "auto":
-            raise SweepError(f"--schedule {args.schedule} orders a pipeline: give "
-                             "--pipeline-axis or --pipeline auto")  # fmt: skip
-    max_axes = args.max_axes or MAX_SEARCH_AXES
-    if not 1 <= max_axes <= MAX_SEARCH_AXES:
-        raise SweepError(f"--max-axes {max_axes}: choose 1..{MAX_SEARCH_AXES} (MAX_SEARCH_AXES)")
     if args.ray_address and args.executor == "local":
         raise SweepError("--ray-address runs on Ray: drop --executor local")
-    if args.devices and args.mesh:
-        raise SweepError("give --devices or --mesh, not both")
-    counts = device_counts(args.devices) if args.devices else []
-    grid_meshes = meshes(counts, _list(args.mesh) if args.mesh else [], max_axes)
     dims: dict[str, list[int]] = {}
     for text in args.dim or ():
         name, _, sizes = text.partition("=")
@@ -152,88 +134,18 @@ def _sweep_of(args: argparse.Namespace) -> Any:
             raise SweepError(f"--dim {text!r} is not NAME=SIZES (e.g. batch=256,512)") from None
         if not name.strip() or not dims[name.strip()] or min(dims[name.strip()]) < 1:
             raise SweepError(f"--dim {text!r} is not NAME=SIZES of sizes >= 1 (e.g. batch=256,512)")
-    if args.global_batch is not None and args.global_batch not in dims:
-        raise SweepError(f"--global-batch {args.global_batch} names no --dim of the grid: give "
-                         f"--dim {args.global_batch}=SIZES")  # fmt: skip
-    if args.pipeline == "auto":
-        grid_meshes = _with_pipelines(args, grid_meshes, dims)
-    training = {
-        n: _list(getattr(args, n))
-        for n in ("optimizer", "precision", "micro_batches", "recompute", "attention")
-        if getattr(args, n) is not None
-    }
-    points = expand(
-        grid_meshes,
-        _list(args.cluster),
-        _list(args.device),
-        _list(args.memory),
-        dims,
-        args.mode,
-        training,
-    )
-    _check(points, grid_meshes[0])
-    workers = args.workers or os.cpu_count() or 1
-    if workers < 1 or (args.limit is not None and args.limit < 0):
-        raise SweepError("--workers must be at least 1 and --limit at least 0")
-    return Sweep(
-        model=Path(args.model),
-        points=tuple(points),
-        out=Path(args.out),
-        objective=args.objective,
-        time_limit=args.time_limit,
+    return sweep_of(SweepAsk(
+        model=Path(args.model), out=Path(args.out), devices=args.devices, mesh=args.mesh,
+        max_axes=args.max_axes, cluster=args.cluster, device=args.device, memory=args.memory,
+        dims=dims, mode=args.mode,
+        training={name.replace("-", "_"): getattr(args, name.replace("-", "_"))
+                  for name in TRAINING_CHOICES},
+        objective=args.objective, time_limit=args.time_limit,
         executor=args.executor or ("ray" if args.ray_address else default_executor()),
-        workers=workers,
-        ray_address=args.ray_address,
-        price=args.price_per_device_hour,
-        limit=args.limit,
-        pipeline_axis=args.pipeline_axis,
-        schedule=args.schedule,
-        global_batch=args.global_batch,
-    )
-
-
-def _with_pipelines(
-    args: argparse.Namespace, grid_meshes: list[str], dims: dict[str, list[int]]
-) -> list[str]:
-    """`--pipeline auto`'s meshes (`grid.with_pipelines`), for the model's repeated layers
-    (imported at the grid's first dims)."""
-    from autoshard.analysis.shorten import layer_run
-    from autoshard.pipeline import load_graph
-    from autoshard.sweep.grid import SweepError, with_pipelines
-
-    if args.mode != "training":
-        raise SweepError("--pipeline auto pipelines a training step: add --mode training")
-    if args.pipeline_axis is not None:
-        raise SweepError("give --pipeline auto or --pipeline-axis, not both")
-    run = layer_run(load_graph(args.model, {n: sizes[0] for n, sizes in dims.items()}, None))
-    return with_pipelines(grid_meshes, run.count if run is not None else 0)
-
-
-def _check(points: list[Any], mesh: str) -> None:
-    """Every cluster, budget and training step of the grid made once up front, so a bad one
-    is the command's error, not every point's."""
-    from autoshard.cost.cluster import make_cluster
-    from autoshard.cost.devices import CLUSTERS
-    from autoshard.sweep.grid import SweepError
-    from autoshard.training.options import requested
-
-    seen = set()
-    for point in points:
-        key = (point.cluster, point.device, point.memory, point.mode, point.training)
-        if key in seen:
-            continue
-        seen.add(key)
-        if point.cluster and point.cluster not in CLUSTERS and not Path(point.cluster).exists():
-            raise SweepError(
-                f"unknown cluster {point.cluster!r}: a preset ({', '.join(CLUSTERS)}) or a file"
-            )
-        make_cluster(mesh, point.device, None, None, point.memory, point.cluster)
-        requested(
-            point.mode,
-            dict(point.training),
-            lambda n: "--" + n.replace("_", "-"),
-            "--mode training",
-        )
+        workers=args.workers or os.cpu_count() or 1, ray_address=args.ray_address,
+        price=args.price_per_device_hour, limit=args.limit, pipeline_axis=args.pipeline_axis,
+        pipeline=args.pipeline, schedule=args.schedule, global_batch=args.global_batch,
+    ))  # fmt: skip
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
