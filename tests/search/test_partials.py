@@ -18,7 +18,7 @@ from autoshard.rules import rule_for
 from autoshard.search.candidates import candidates
 from autoshard.search.partials import UNREADABLE, may_take, partial_kinds, readable_matrix
 from autoshard.sharding import ReductionKind, Sharding, ShardingOption
-from tests.e2e.test_partial_sums import write_products
+from tests.e2e.test_partial_sums import write_moves, write_products
 from tests.unit.test_mlir import assert_same_program
 
 S = Sharding.parse
@@ -74,6 +74,31 @@ def test_only_ops_commuting_with_a_sum_have_partial_candidates(products):
     assert not any(c.partial_axes for c in candidates(matmul, mesh))
     # An axis of one device is never partial.
     assert {c.partial_axes for c in candidates(add, Mesh((1, 2)))} == {(), (1,)}
+
+
+@pytest.fixture(scope="module")
+def moves(tmp_path_factory):
+    return import_onnx(write_moves(tmp_path_factory.mktemp("moves") / "m.onnx"))
+
+
+def test_ops_that_only_move_elements_have_partial_candidates(moves):
+    mesh = Mesh((2, 2))
+    reshape = rule_for(moves.op_by_name["reshape"], moves)  # [4, 8] -> [4, 2, 4]
+    concat = rule_for(moves.op_by_name["concat"], moves)  # 2 x [1, 4, 4] -> [1, 4, 8] on dim 2
+    assert reshape is not None and concat is not None
+    # Reshape: loops (4, 2) (8 -> [2, 4] carries gcd(8, 2)). Axes 0 and 1 each on no loop, d0
+    # or d1: 9 placements; both on d1 (4 devices, 2 rows) is none, both on d0 is two orders: 9.
+    # Partial over the unused axes: the option using none 3 times, the 4 using one axis once
+    # each: 7 more.
+    found = candidates(reshape, mesh)
+    assert len([c for c in found if not c.partial_axes]) == 9 and len(found) == 9 + 7
+    # Concat: loops (1, 4, 8 invalid): each axis on no loop or d1, both in either order (5);
+    # partial: 3 for the option using none, 1 for each of the 2 using one axis: 5 more.
+    found = candidates(concat, mesh)
+    assert len([c for c in found if not c.partial_axes]) == 5 and len(found) == 5 + 5
+    kinds = partial_kinds(moves, {op.name: rule_for(op, moves) for op in moves.ops})
+    moved = ("p", "r", "t", "h0", "h1", "c", "s", "q", "u", "out")
+    assert all(kinds[n] == frozenset({ReductionKind.SUM}) for n in moved)
 
 
 def test_partial_options_are_kept_where_every_operand_may_be_partial(products):
