@@ -16,8 +16,15 @@ from autoshard.propagate import propagate
 from autoshard.reshard import ReshardPrices
 from autoshard.rules import rule_for
 from autoshard.search.candidates import candidates
-from autoshard.search.partials import UNREADABLE, may_take, partial_kinds, readable_matrix
+from autoshard.search.partials import (
+    UNREADABLE,
+    Partials,
+    may_take,
+    partial_kinds,
+    readable_matrix,
+)
 from autoshard.sharding import ReductionKind, Sharding, ShardingOption
+from autoshard.training import Training, training_graph
 from tests.e2e.test_partial_sums import write_moves, write_products
 from tests.unit.test_mlir import assert_same_program
 
@@ -137,3 +144,22 @@ def test_a_partial_option_round_trips_through_mlir(products, dialect):
     back = parse_module(text).to_program()
     assert_same_program(back, program)
     assert print_program(back, dialect) == text
+
+
+def test_an_option_whose_gradient_never_reads_partial_sums_is_not_taken(tmp_path):
+    # Trained, each move's gradient computes with its option: it reads the gradient of the
+    # move's result partial where the move reads its operand so. The loss's gradient of the
+    # output is never partial (no reduction makes it), so Expand's partial options are dead
+    # (no reshard makes their gradient's read); the others' gradients read partial-able sums.
+    graph = training_graph(import_onnx(write_moves(tmp_path / "m.onnx")), Training())
+    rules = {op.name: rule_for(op, graph) for op in graph.ops}
+    partials = Partials.of(graph, rules)
+    assert [o.name for o, _ in partials.along["concat"]] == ["concat@grad0", "concat@grad1"]
+    taken = {}
+    for name in ("reshape", "transpose", "split", "concat", "slice", "squeeze", "expand"):
+        rule = rules[name]
+        assert rule is not None
+        option = ShardingOption(((),) * len(rule.loops), (0,))
+        taken[name] = partials.may_take(graph.op_by_name[name], rule, option)
+        assert may_take(graph.op_by_name[name], rule, option, partials.kinds)  # the op alone
+    assert [n for n, ok in taken.items() if not ok] == ["expand"]
