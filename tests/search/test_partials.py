@@ -4,17 +4,24 @@ them, where the search keeps them, and the reads no reshard makes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from autoshard.annotations import Annotation
+from autoshard.cost.cluster import make_cluster
+from autoshard.cost.price import price
 from autoshard.errors import ShardingError
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.mlir import parse_module, print_program
 from autoshard.passes.lower import lower
+from autoshard.passes.materialize import materialize
 from autoshard.propagate import propagate
 from autoshard.reshard import ReshardPrices
 from autoshard.rules import rule_for
+from autoshard.search.budget import auto_plan
 from autoshard.search.candidates import candidates
 from autoshard.search.partials import (
     UNREADABLE,
@@ -29,6 +36,7 @@ from tests.e2e.test_partial_sums import write_moves, write_products
 from tests.unit.test_mlir import assert_same_program
 
 S = Sharding.parse
+MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
 @pytest.mark.parametrize(
@@ -163,3 +171,20 @@ def test_an_option_whose_gradient_never_reads_partial_sums_is_not_taken(tmp_path
         taken[name] = partials.may_take(graph.op_by_name[name], rule, option)
         assert may_take(graph.op_by_name[name], rule, option, partials.kinds)  # the op alone
     assert [n for n, ok in taken.items() if not ok] == ["expand"]
+
+
+def test_partial_sums_through_a_reshape_are_priced_as_the_program_makes_them():
+    # GPT-2's dynamo export reshapes its output projections [8, 64] to [2, 4, 64] before the
+    # residual Add; required to hold them partial after the Reshape, the search reduces them
+    # after it, and its objective is the materialized and the lowered program's cost.
+    graph = import_onnx(MODELS / "gpt2_dynamo.onnx", {"batch": 2, "seq": 4})
+    partial = S("[[], [], []] partial = sum[0]")
+    required = [Annotation(f"view_{n}", partial) for n in (8, 12)]
+    cluster = make_cluster(mesh="2")
+    planned = auto_plan(graph, cluster, required)
+    for n in (8, 12):
+        assert planned.plan.options[f"node_view_{n}"] == ShardingOption(((), ()), (0,))
+    searched = planned.search.priced.objective(planned.solution.choice)
+    made = price(materialize(graph, planned.plan), graph, cluster)
+    assert searched == pytest.approx(made.objective, rel=1e-12, abs=0)
+    assert planned.cost.objective == pytest.approx(made.objective, rel=1e-12, abs=0)
