@@ -11,9 +11,12 @@ run once, after the pipeline drains. `price_stages` splits the model's layers in
 stages so that the slowest is the fastest (`balanced_split`: the first stage also runs the
 embedding, the last the head), sums each stage's parts, and the schedule
 (`cost.schedule.simulate`) turns them and the boundary send into the step's critical path and
-the activations each stage keeps. Approximations: every layer of a run is priced alike (a
-stage deeper than the plan's model repeats its last layer), and memory is what the plan holds
-at its peak, regrouped by part, its activations times the micro-batches in flight.
+the activations each stage keeps. A weight read at both ends (an embedding tied to the head,
+`search.tied`) is a copy on the first stage and on the last, its gradients summed by an
+all-reduce of the two before their updates (`cost.price.tied_sync_time`). Approximations:
+every layer of a run is priced alike (a stage deeper than the plan's model repeats its last
+layer), and memory is what the plan holds at its peak, regrouped by part, its activations
+times the micro-batches in flight.
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ from autoshard.analysis.repeats import Run, find_repeats
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.liveness import held_bytes
-from autoshard.cost.price import Cost, held_at_peak, send_time
+from autoshard.cost.price import Cost, held_at_peak, send_time, tied_sync_time
 from autoshard.cost.schedule import Pipeline, Schedule, StageTime, simulate
 from autoshard.errors import PipelineError
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.plan import Plan
 from autoshard.program import Program
+from autoshard.search.tied import TiedCost, tied_costs
 
 PIPELINE_AXIS = "pp"
 """The mesh axis name that asks for a pipeline over that axis (`--mesh pp=8,dp=8,tp=8`)."""
@@ -212,6 +216,8 @@ class PipelinePrice:
     send_s: float
     step_s: float
     bubble: float
+    tied: tuple[TiedCost, ...] = ()
+    tied_s: tuple[float, ...] = ()  # each tied weight's gradient sum (seconds, once a step)
 
     @property
     def memory_bytes(self) -> int:
@@ -221,8 +227,12 @@ class PipelinePrice:
     def __str__(self) -> str:
         """As the story says it."""
         p = self.pipeline
+        tied = ""
+        if trained := [t.weight for t in self.tied if t.gradient_bytes]:
+            tied = (f"; the tied {', '.join(trained)} held on stages 0 and {p.stages - 1}, "
+                    "its gradients summed after the backward")  # fmt: skip
         return (f"pipeline of {p.stages} stages ({p.schedule}, {p.micro_batches} micro-batches, "
-                f"bubble {self.bubble:.0%})").replace("%", " %")  # fmt: skip
+                f"bubble {self.bubble:.0%}{tied})").replace("%", " %")  # fmt: skip
 
     def to_json(self) -> dict[str, object]:
         p = self.pipeline
@@ -237,7 +247,16 @@ class PipelinePrice:
                     "time_s": self.send_s},
             "stages": [stage.to_json() for stage in self.stages],
             **({"chunks": self.chunks_json()} if p.schedule.virtual > 1 else {}),
+            **({"tied": self.tied_json()} if self.tied else {}),
         }  # fmt: skip
+
+    def tied_json(self) -> list[dict[str, object]]:
+        """The weights the first and the last stage both hold (`search.tied`): each stage's
+        copy's bytes per device and, for a trained one, its gradient's all-reduce."""
+        ends = [0, self.pipeline.stages - 1]
+        return [{"weight": t.weight, "stages": ends, "copy_bytes_per_device": t.copy_bytes,
+                 "sync": {"bytes_per_device": t.gradient_bytes, "time_s": seconds}}
+                for t, seconds in zip(self.tied, self.tied_s, strict=True)]  # fmt: skip
 
     def chunks_json(self) -> list[dict[str, object]]:
         """An interleaved schedule's virtual stages: the layers split evenly into `stages *
@@ -376,6 +395,7 @@ class LayerCosts:
     activations: tuple[int, ...]
     send_bytes: int
     training: bool
+    tied: tuple[TiedCost, ...] = ()
 
     @property
     def depth(self) -> int:
@@ -429,7 +449,7 @@ def layer_costs(graph: Graph, plan: Plan, program: Program, cost: Cost) -> Layer
         forward=tuple(spent["forward"]), backward=tuple(spent["backward"]), update=tuple(update),
         held=tuple(kept), activations=tuple(acts),
         send_bytes=boundary_bytes(graph, plan, runs["forward"]) if runs else 0,
-        training="backward" in graph.phases.values(),
+        training="backward" in graph.phases.values(), tied=tied_costs(graph, plan, part, n - 1),
     )  # fmt: skip
 
 
@@ -449,11 +469,15 @@ def price_stages(
              for ps in parts]  # fmt: skip
     send_s = send_time(costs.send_bytes, (ask.axis,), cluster)
     timeline = simulate(pipeline, times, send_s, training=costs.training)
-    update = [sum(costs.update[j] for j in ps) for ps in parts]
+    tied = costs.tied if p > 1 else ()  # the ends on two stages: each its copy, summed
+    tied_s = tuple(tied_sync_time(t.gradient_bytes, 2, (ask.axis,), cluster) for t in tied)
+    update = [sum(costs.update[j] for j in ps) + (sum(tied_s) if s in (0, p - 1) else 0.0)
+              for s, ps in enumerate(parts)]  # fmt: skip
     devices = cluster.mesh.size // p
     stages = []
     for s, ps in enumerate(parts):
         kept, acts = sum(costs.held[j] for j in ps), sum(costs.activations[j] for j in ps)
+        kept += sum(t.copy_bytes for t in tied if s == (p - 1 if t.first else 0))
         stages.append(StagePrice(
             layers=split[s], devices=devices, forward_s=times[s].forward,
             backward_s=times[s].backward, update_s=update[s], held_bytes=kept,
@@ -463,6 +487,7 @@ def price_stages(
     return PipelinePrice(
         pipeline=pipeline, axis=ask.axis, stages=tuple(stages), send_bytes=costs.send_bytes,
         send_s=send_s, step_s=timeline.step_s + max(update), bubble=timeline.bubble,
+        tied=tied, tied_s=tied_s,
     )  # fmt: skip
 
 
