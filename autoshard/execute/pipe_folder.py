@@ -6,7 +6,10 @@
                                     returns each, held how), every stage's layers, folder,
                                     devices (whole-mesh indices, in the stage mesh's order),
                                     what it receives and sends, and each boundary value's
-                                    dtype, shape, holding and every stage device's local shape
+                                    dtype, shape, holding and every stage device's local shape;
+                                    a training step's: each tied weight's gradient and the
+                                    pairs of ranks that sum it (`execute.tied`); an
+                                    interleaved plan's: a stage entry per chunk, its position
     OUT/pipeline.mlir               the sends and receives on the pipeline axis, as MLIR
                                     (`mesh.send`/`mesh.recv`, or `shard.` in that dialect): one
                                     function per stage, its program in OUT/stage-<s>/
@@ -98,11 +101,13 @@ def write_pipelined(
     if training is not None:
         write_atomic(folder / PLAN_COPY, Path(training[1]).read_bytes())
         pipeline |= {"training": training[0].to_json(), "plan": PLAN_COPY}
-        pipeline["virtual"] = staged.virtual
         pipeline["tied"] = tied_json(staged)
+    if training is not None or staged.virtual > 1:  # where a device runs several chunks
+        pipeline["virtual"] = staged.virtual
         for entry, stage in zip(pipeline["stages"], staged.stages, strict=True):
-            entry |= _gradients(stage) | {"position": staged.position(stage.cut.index),
-                                          "sha256": sha256[stage.cut.index]}  # fmt: skip
+            entry |= {"position": staged.position(stage.cut.index),
+                      "sha256": sha256[stage.cut.index]}  # fmt: skip
+            entry |= _gradients(stage) if training is not None else {}
     manifest = {
         "format": FORMAT,
         "model": {"path": str(model), "sha256": sha256_file(model)},

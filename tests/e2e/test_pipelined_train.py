@@ -233,6 +233,10 @@ def test_a_tied_embedding_trains_on_both_ends_and_stays_equal(tmp_path, capsys):
     assert re.search(r"%tied0_recv0 = mesh\.recv %tied0_e0 on @mesh0 mesh_axes = \[0\] "
                      r"source = \[0\] .*\n.*%tied0_sum0 = arith\.addf %tied0_recv0, "
                      r"%tied0_in", mlir)  # fmt: skip
+    from autoshard.mlir.parse import parse_module  # autoshard's MLIR reader takes it back
+
+    added = [op for op in parse_module(mlir).ops if op.name == "arith.addf"]
+    assert len(added) == 2  # one sum on each stage
     capsys.readouterr()
     assert main(["run", str(out), "--check", str(gpt2), "--steps", "2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
