@@ -218,6 +218,7 @@ class PipelinePrice:
     bubble: float
     tied: tuple[TiedCost, ...] = ()
     tied_s: tuple[float, ...] = ()  # each tied weight's gradient sum (seconds, once a step)
+    chunks: tuple[range, ...] = ()  # an interleaved schedule's virtual stages, in order
 
     @property
     def memory_bytes(self) -> int:
@@ -259,13 +260,14 @@ class PipelinePrice:
                 for t, seconds in zip(self.tied, self.tied_s, strict=True)]  # fmt: skip
 
     def chunks_json(self) -> list[dict[str, object]]:
-        """An interleaved schedule's virtual stages: the layers split evenly into `stages *
-        virtual` chunks, chunk `c` on stage `c % stages` (Megatron's and torch's order; the
-        price counts each stage's layers, not where its chunks fall), as the partition and
-        the exports place them."""
+        """An interleaved schedule's virtual stages: the layers split into `stages * virtual`
+        chunks so that the slowest is the fastest (`balanced_split`: the first chunk also runs
+        the embedding, the last the head; evenly where those cost nothing), chunk `c` on stage
+        `c % stages` (Megatron's and torch's order; the price counts each stage's layers, not
+        where its chunks fall), as the partition and the exports place them."""
         p = self.pipeline
         layers = self.stages[-1].layers.stop
-        chunks = split_layers(layers, p.stages * p.schedule.virtual)
+        chunks = self.chunks or split_layers(layers, p.stages * p.schedule.virtual)
         return [{"layers": [c.start, c.stop], "stage": i % p.stages} for i, c in enumerate(chunks)]
 
 
@@ -281,9 +283,9 @@ def _runs(counts: Sequence[int]) -> tuple[range, ...]:
 
 
 def balanced_split(
-    layers: int, stages: int, layer_s: float, first_s: float, last_s: float
+    layers: int, stages: int, layer_s: float, first_s: float, last_s: float, least: int = 1
 ) -> tuple[range, ...]:
-    """Contiguous runs of `layers` over `stages` (at least one layer each) whose slowest
+    """Contiguous runs of `layers` over `stages` (at least `least` layers each) whose slowest
     stage is the fastest, a layer taking `layer_s`, the first stage `first_s` more (the
     embedding) and the last `last_s` more (the head, the loss). Of the counts that reach
     the least bound, the extra layers go to the stages with the most room, the latest first.
@@ -298,15 +300,36 @@ def balanced_split(
     for bound in bounds:
         counts = [int((bound - (first_s if s == 0 else last_s if s == stages - 1 else 0.0))
                       / layer_s + 1e-9) for s in range(stages)]  # fmt: skip
-        if min(counts) >= 1 and sum(counts) >= layers:
+        if min(counts) >= least and sum(counts) >= layers:
             break
     else:
         return split_layers(layers, stages)
     while sum(counts) > layers:  # give back from the stage that ends latest
         times = [counts[s] * layer_s + (first_s if s == 0 else 0.0)
                  + (last_s if s == stages - 1 else 0.0) for s in range(stages)]  # fmt: skip
-        s = max((s for s in range(stages) if counts[s] > 1), key=lambda s: (times[s], s))
+        s = max((s for s in range(stages) if counts[s] > least), key=lambda s: (times[s], s))
         counts[s] -= 1
+    return _runs(counts)
+
+
+def place_chunks(
+    split: Sequence[range], virtual: int, layer_s: float, first_s: float, last_s: float
+) -> tuple[range, ...]:
+    """An interleaved schedule's chunks (chunk `c` on position `c % p`), each position's
+    layers (`split`, by count) spread over its `virtual` chunks so that its slowest chunk is
+    the fastest (`balanced_split`): the first chunk also runs the embedding (`first_s`), the
+    last the head (`last_s`); where they cost nothing, evenly.
+
+    Worked example: 10 layers of 1 s, the head 3 s, 2 positions of 2 chunks: the positions
+    hold 7 and 3 layers (7 s and 6 s); position 1's 3 layers go 2 to chunk 1 and 1 to chunk 3
+    (with the head, 4 s), position 0's 4 and 3: chunks 0..3, 4..5, 6..8, 9."""
+    p = len(split)
+    counts = [0] * (p * virtual)
+    for s, layers in enumerate(split):
+        first = first_s if s == 0 else 0.0
+        last = last_s if s == p - 1 else 0.0
+        for k, run in enumerate(balanced_split(len(layers), virtual, layer_s, first, last)):
+            counts[k * p + s] = len(run)
     return _runs(counts)
 
 
@@ -461,9 +484,10 @@ def price_stages(
     (`balanced_split`), each stage's parts summed, the schedule simulated with the boundary's
     send on the pipeline axis's link."""
     pipeline = check_pipeline(ask, cluster.mesh, layers, micro_batches)
-    p = pipeline.stages
+    p, v = pipeline.stages, pipeline.schedule.virtual
     ends = (costs.forward[0] + costs.backward[0], costs.forward[-1] + costs.backward[-1])
-    split = balanced_split(layers, p, costs.layer_s(), *ends)
+    split = balanced_split(layers, p, costs.layer_s(), *ends, least=v)
+    chunks = place_chunks(split, v, costs.layer_s(), *ends) if v > 1 else ()
     parts = [costs.parts(s, p, split[s], layers) for s in range(p)]
     times = [StageTime(sum(costs.forward[j] for j in ps), sum(costs.backward[j] for j in ps))
              for ps in parts]  # fmt: skip
@@ -487,7 +511,7 @@ def price_stages(
     return PipelinePrice(
         pipeline=pipeline, axis=ask.axis, stages=tuple(stages), send_bytes=costs.send_bytes,
         send_s=send_s, step_s=timeline.step_s + max(update), bubble=timeline.bubble,
-        tied=tied, tied_s=tied_s,
+        tied=tied, tied_s=tied_s, chunks=chunks,
     )  # fmt: skip
 
 
