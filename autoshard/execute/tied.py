@@ -6,7 +6,8 @@ Each stage holding a tied weight `w` reads it as the stage's model does (both en
 own names, so every copy takes the same decisions). Its step makes `w`'s gradient `w@grad`
 (`training.step.gradient_name`) from its own uses only; the sum is an all-reduce over the
 devices at the same place in the stages holding `w` (one group per place in the stage mesh),
-run on the last micro-batch once the gradient is made, before anything reads it. Both copies
+run once the pipeline drains (the last micro-batch's backward pauses before anything reads
+the gradient, `run.stage_device`). Both copies
 then take the same update from the same total, so they stay equal bit for bit (gloo's sum of
 two gives both the same bytes). The cost model prices the same all-reduce
 (`cost.price.tied_sync_time`).

@@ -16,8 +16,8 @@ gradients of what it received back. The micro-batches' gradients accumulate; the
 micro-batch's backward syncs them over the stage's data-parallel devices and updates the
 weights. Every backward runs in micro-batch order under every schedule, so the schedule does
 not change a single rounding. A weight trained on two stages (tied, `execute.tied`) has its
-gradient summed over the pair of devices holding it on the last micro-batch, after the
-backward's sends and before anything reads it, so both copies take the same update.
+gradient summed over the pair of devices holding it once every pass has run: the last
+micro-batch's backward pauses before anything reads it, so both copies take the same update.
 
 After each step rank 0 gathers what the checks read (`train_check.Checked`) from every rank,
 and each stage's loss, gradients, weights and optimizer states are compared with the
@@ -179,6 +179,7 @@ class _Rank:
         self.mine = [s for s in work.stages if rank in s.devices]  # in chunk order
         self.chunks: list[_Chunk] = []
         self.chunk = 0  # the one running
+        self.tying: list[_Chunk] = []  # paused before reading a tied gradient not summed yet
         boundary = _in_floats(work.boundary, work.floats)
         self.forward_p2p = Boundary(boundary, self.mine[0].devices.index(rank), rank)
         self.backward_p2p = Boundary(boundary, self.mine[0].devices.index(rank), rank)
@@ -226,6 +227,10 @@ class _Rank:
                     kept[m, one.chunk] = self.forward(feed[m], m, m == len(feed) - 1)
                 else:
                     self.backward(kept.pop((m, one.chunk)), m, m == len(feed) - 1)
+            for chunk in self.tying:
+                self.chunk = self.chunks.index(chunk)
+                self.finish_tied(chunk)
+            self.tying.clear()
             computed: dict[str, np.ndarray] = {}
             held: dict[str, np.ndarray] = {}
             for chunk in self.chunks:
@@ -281,13 +286,16 @@ class _Rank:
         tensors = chunk.tensors
         back = {x: to_numpy(self.made(device, tensors[g])) for x, g in entry["sent_back"].items()}
         self.p2p(lambda: self.backward_p2p.send(back, chunk.before, m, self.tag(m, c - 1)))
-        self.finish_tied(chunk)
+        if device.paused or device.made_tied():  # summed once every pass has run
+            self.tying.append(chunk)
         if not last:
             device.carry(chunk.stage.checked.losses)
 
     def finish_tied(self, chunk: _Chunk) -> None:
-        """Sum the tied gradients the pass made with the other stages' (the pass paused before
-        their readers, after its sends left), then run the rest of the pass."""
+        """Sum the tied gradients the chunk's last backward made with the other stages' (the
+        pass paused before their readers), then run the rest of the pass. Every rank does so
+        after all its passes: a rank blocked in the sum mid-step could hold up the backward
+        the other copy's stage waits for (an interleaved plan's other chunks)."""
         device = chunk.device
         while True:
             made = device.made_tied()
