@@ -51,11 +51,14 @@ def partition_pipelined(args: argparse.Namespace, annotations: tuple[Any, ...]) 
     if args.json:
         print(json.dumps(manifest, indent=2))
         return 0
+    positions = len(staged.stages) // staged.virtual
+    chunks = f" ({len(staged.stages)} chunks)" if staged.virtual > 1 else ""
     print(
-        f"partitioned {args.model} as a pipeline of {len(staged.stages)} stages on mesh "
+        f"partitioned {args.model} as a pipeline of {positions} stages{chunks} on mesh "
         f"{whole} (axis {staged.axis}, {staged.schedule}, {staged.micro_batches} "
         f"micro-batches): {'the forward' if args.forward else 'the training step'}"
     )
+    what = "chunk" if staged.virtual > 1 else "stage"
     for stage in staged.stages:
         cut, program = stage.cut, stage.built.partitioned.program
         entry = manifest["pipeline"]["stages"][cut.index]
@@ -64,7 +67,7 @@ def partition_pipelined(args: argparse.Namespace, annotations: tuple[Any, ...]) 
             if "seeded" in entry else ""
         )  # fmt: skip
         print(
-            f"  stage {cut.index}: layers {cut.layers.start}..{cut.layers.stop - 1}, devices "
+            f"  {what} {cut.index}: layers {cut.layers.start}..{cut.layers.stop - 1}, devices "
             f"{list(stage.devices)}, {len(list(program.communications))} collectives, receives "
             f"{len(cut.receives)}, sends {len(cut.sends)} boundary values{gradients} "
             f"({args.out}/stage-{cut.index}/)"

@@ -146,6 +146,14 @@ def pipeline_summary(block: Mapping[str, Any]) -> str:
             f"{_size(memory['bytes_per_device'])} of {_size(budget)} "
             f"({memory['micro_batches_in_flight']:g} micro-batches in flight)"
         )
+    for tied in block.get("tied", ()):
+        first, last = tied["stages"]
+        lines.append(
+            f"  tied {tied['weight']}: a copy on stages {first} and {last} "
+            f"({_size(tied['copy_bytes_per_device'])} per device), its gradients all-reduced "
+            f"once a step ({_size(tied['sync']['bytes_per_device'])} per device, "
+            f"{tied['sync']['time_s'] * 1e6:.1f} us)"
+        )
     return "\n".join(lines)
 
 

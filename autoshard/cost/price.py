@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
-from autoshard.collectives import Collective, CollectiveKind, ring_steps
+from autoshard.collectives import Collective, CollectiveKind, ring_bytes, ring_steps
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import OpCost, op_cost
 from autoshard.cost.liveness import MEMORY_KINDS, Memory, live_kinds, memory
@@ -84,6 +84,18 @@ def collective_time(collective: Collective, cluster: Cluster) -> float:
         + (sent - across) / inside
     )
     return min(ring, staged)
+
+
+def tied_sync_time(held: int, copies: int, mesh_axes: tuple[int, ...], cluster: Cluster) -> float:
+    """Seconds the pipeline stages holding a tied weight (an embedding and its LM head: the
+    first stage and the last, `copies` 2) take to sum its gradient after the backward, `held`
+    bytes of it per device: a ring all-reduce over the `copies` devices at one place in each
+    of those stages (Megatron's embedding group), at the pipeline axis `mesh_axes`'s link."""
+    if held == 0 or copies < 2:
+        return 0.0
+    bandwidth, latency = cluster.link(mesh_axes)
+    kind = CollectiveKind.ALL_REDUCE
+    return ring_steps(kind, copies) * latency + ring_bytes(kind, copies, held) / bandwidth
 
 
 @dataclass(frozen=True)

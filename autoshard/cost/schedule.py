@@ -141,21 +141,24 @@ class Pass:
 
 
 def order(pipeline: Pipeline, stage: int, training: bool = True) -> tuple[Pass, ...]:
-    """The passes stage `stage` runs, in order (forwards only when not `training`)."""
+    """The passes stage `stage` runs, in order (forwards only when not `training`: an
+    interleaved stage's every chunk, in Megatron's order)."""
     p, m = pipeline.stages, pipeline.micro_batches
     v, kind = pipeline.schedule.virtual, pipeline.schedule.kind
-    if not training or kind is ScheduleKind.GPIPE:
-        forwards = [Pass(True, i) for i in range(m)]
-        return tuple(forwards + ([Pass(False, i) for i in range(m)] if training else []))
-    if kind is ScheduleKind.ONE_F_ONE_B:
-        fs = [Pass(True, i) for i in range(m)]
-        bs = [Pass(False, i) for i in range(m)]
-        warmup = min(p - stage - 1, m)
-    else:  # Megatron's interleaved order: groups of p micro-batches, chunk by chunk
+    if kind is ScheduleKind.INTERLEAVED:  # Megatron's: groups of p micro-batches, chunk by chunk
         fs = [Pass(True, (k // (p * v)) * p + k % p, (k % (p * v)) // p) for k in range(m * v)]
+        if not training:
+            return tuple(fs)
         bs = [Pass(False, (k // (p * v)) * p + k % p, v - 1 - (k % (p * v)) // p)
               for k in range(m * v)]  # fmt: skip
         warmup = min((p - stage - 1) * 2 + (v - 1) * p, m * v)
+    elif not training or kind is ScheduleKind.GPIPE:
+        forwards = [Pass(True, i) for i in range(m)]
+        return tuple(forwards + ([Pass(False, i) for i in range(m)] if training else []))
+    else:
+        fs = [Pass(True, i) for i in range(m)]
+        bs = [Pass(False, i) for i in range(m)]
+        warmup = min(p - stage - 1, m)
     found = fs[:warmup]
     for k in range(warmup, len(fs)):
         found += [fs[k], bs[k - warmup]]

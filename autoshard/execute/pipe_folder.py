@@ -6,7 +6,10 @@
                                     returns each, held how), every stage's layers, folder,
                                     devices (whole-mesh indices, in the stage mesh's order),
                                     what it receives and sends, and each boundary value's
-                                    dtype, shape, holding and every stage device's local shape
+                                    dtype, shape, holding and every stage device's local shape;
+                                    a training step's: each tied weight's gradient and the
+                                    pairs of ranks that sum it (`execute.tied`); an
+                                    interleaved plan's: a stage entry per chunk, its position
     OUT/pipeline.mlir               the sends and receives on the pipeline axis, as MLIR
                                     (`mesh.send`/`mesh.recv`, or `shard.` in that dialect): one
                                     function per stage, its program in OUT/stage-<s>/
@@ -38,6 +41,7 @@ from autoshard.execute.artifacts import (
 from autoshard.execute.stage_plans import PipelinedPartition, StagePartition
 from autoshard.execute.stage_training import seed_name, seeded
 from autoshard.execute.steps import STEPS, write_steps
+from autoshard.execute.tied import TiedText, tied_json, tied_mlir
 from autoshard.execute.verify import id_bound
 from autoshard.files import json_text, sha256_file, write_atomic
 from autoshard.mlir import Dialect
@@ -97,10 +101,13 @@ def write_pipelined(
     if training is not None:
         write_atomic(folder / PLAN_COPY, Path(training[1]).read_bytes())
         pipeline |= {"training": training[0].to_json(), "plan": PLAN_COPY}
+        pipeline["tied"] = tied_json(staged)
+    if training is not None or staged.virtual > 1:  # where a device runs several chunks
         pipeline["virtual"] = staged.virtual
         for entry, stage in zip(pipeline["stages"], staged.stages, strict=True):
-            entry |= _gradients(stage) | {"position": staged.position(stage.cut.index),
-                                          "sha256": sha256[stage.cut.index]}  # fmt: skip
+            entry |= {"position": staged.position(stage.cut.index),
+                      "sha256": sha256[stage.cut.index]}  # fmt: skip
+            entry |= _gradients(stage) if training is not None else {}
     manifest = {
         "format": FORMAT,
         "model": {"path": str(model), "sha256": sha256_file(model)},
@@ -209,24 +216,25 @@ def p2p_text(staged: PipelinedPartition, dialect: str = Dialect.MESH) -> str:
         receives = [(n, n, before) for n in cut.receives]
         receives += [(n, seed_name(n), after) for n in (gradients or {}).get("seeded", [])]
         types = {v: _local_type(staged, stage_mesh, v) for v, _, _ in (*sends, *receives)}
-        args = [f"%arg{k}: {types[v]}" for k, (v, _, _) in enumerate(sends)]
+        tied = tied_mlir(staged, stage, dialect)
+        args = [f"%arg{k}: {types[v]}" for k, (v, _, _) in enumerate(sends)] + list(tied.args)
         lines.append(
             f"  // {'chunk' if staged.virtual > 1 else 'stage'} {s}: layers "
             f"{cut.layers.start}..{cut.layers.stop - 1} on devices "
             f"{list(stage.devices)}; its program: {stage_folder(s)}/{SPMD}"
         )
-        results = ", ".join(str(types[v]) for v, _, _ in receives)
+        results = ", ".join([str(types[v]) for v, _, _ in receives] + [t for _, t in tied.results])
         lines.append(f"  func.func @stage{s}({', '.join(args)}) -> ({results}) {{")
-        body = _p2p_body(staged, dialect, sends, receives, types)
+        body = _p2p_body(staged, dialect, sends, receives, types, tied)
         lines += [f"    {line}" for line in body] + ["  }"]
     return "\n".join([*lines, "}", ""])
 
 
 def _p2p_body(
     staged: PipelinedPartition, dialect: str, sends: list[tuple[str, str, int]],
-    receives: list[tuple[str, str, int]], types: dict[str, TensorType],
+    receives: list[tuple[str, str, int]], types: dict[str, TensorType], tied: TiedText,
 ) -> list[str]:  # fmt: skip
-    """A stage function's receives, sends and return (`p2p_text`)."""
+    """A stage function's receives, sends, tied weights' sums and return (`p2p_text`)."""
     mesh, axis = staged.mesh, staged.axis
     axes = "mesh_axes" if dialect == Dialect.MESH else "grid_axes"
     body, returned = [], []
@@ -244,7 +252,9 @@ def _p2p_body(
             f"%send{k} = {dialect}.send %arg{k} on @{mesh.name} {axes} = [{axis}] "
             f"destination = [{destination}] : ({t}) -> {t} loc({quote(name)})"
         )
-    results = ", ".join(str(types[v]) for v, _, _ in receives)
+    body += tied.body
+    returned += [name for name, _ in tied.results]
+    results = ", ".join([str(types[v]) for v, _, _ in receives] + [t for _, t in tied.results])
     body.append(f"return {', '.join(returned)} : {results}" if returned else "return")
     return body
 

@@ -27,6 +27,7 @@ from typing import Any
 from autoshard.analysis.repeats import Run
 from autoshard.analysis.shorten import layer_run, shortened
 from autoshard.analysis.stage_cut import StageCut, cut_stages
+from autoshard.cost.schedule import Schedule
 from autoshard.document.plan_document import PlanDocument, decisions_for, plan_from_document
 from autoshard.errors import AutoshardError
 from autoshard.ir.graph import Graph
@@ -140,11 +141,14 @@ def pipelined_partition(
     document: PlanDocument, path: str | Path, model: str | Path, dims: Mapping[str, int]
 ) -> PipelinedPartition:
     """Plan document `document` (read from `path`, a pipelined plan) partitioned stage by
-    stage on the whole model `model` with `dims`: each stage's forward."""
+    stage on the whole model `model` with `dims`: each stage's forward; an interleaved
+    plan's, chunk by chunk (`stage_map`)."""
     block = document.pipeline
     assert block is not None
     decisions = decisions_for(document, path, document.mesh, model, dims)
-    staged = stage_map(document, path, model, dims)
+    virtual = Schedule.parse(str(block["schedule"])).virtual
+    staged = stage_map(document, path, model, dims, virtual)
+    positions = len(staged.cuts) // virtual
     cut_model = shortened(staged.forward, staged.depth, staged.run)
     stage_plan = plan_from_document(decisions, cut_model, document.mesh, f"plan {path}")
     boundary = boundary_of(staged, stage_plan, path)
@@ -153,13 +157,13 @@ def pipelined_partition(
             cut=cut,
             built=build(cut.graph, stage_plan_of(cut, stage_plan, staged.names, boundary, path)),
             devices=stage_devices(
-                staged.whole, staged.axis, len(staged.cuts), cut.index, document.mesh
+                staged.whole, staged.axis, positions, cut.index % positions, document.mesh
             ),  # fmt: skip
         )
         for cut in staged.cuts
     )
     return PipelinedPartition(staged.forward, staged.whole, staged.axis, str(block["schedule"]),
-                              int(block["micro_batches"]), stages, boundary)  # fmt: skip
+                              int(block["micro_batches"]), stages, boundary, virtual)  # fmt: skip
 
 
 def _cut_names(graph: Graph, run: Run, ranges: Sequence[range], depth: int) -> dict[str, str]:

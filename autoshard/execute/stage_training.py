@@ -16,7 +16,8 @@ Every op and value of the step takes the decisions of its counterpart in the sta
 (`stage_plans.counterpart`: a gradient op by its forward op's name). A boundary value and its
 gradient are held on both sides as the stage's model holds the value, complete, each made so
 right after its producer (not at the end of the step), so the forward's sends leave before
-the backward and a gradient before the sync and update.
+the backward and a gradient before the sync and update. A weight trained on two stages (tied)
+has its gradients summed across them (`execute.tied`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from autoshard.sharding import Sharding
 from autoshard.training.options import Loss, Training
 from autoshard.training.replay import replays
 from autoshard.training.stages import stage_steps
-from autoshard.training.step import gradient_name, training_graph
+from autoshard.training.step import training_graph
 
 
 def seed_name(value: str) -> str:
@@ -124,29 +125,10 @@ def training_partition(
                                 document.mesh)  # fmt: skip
         stages.append(StagePartition(cut=cut, built=build(step, plan), devices=devices))
         seeds = seeded(step, cut)
-    _check_untied(stages)
     partition = PipelinedPartition(staged.forward, staged.whole, staged.axis,
                                    str(block["schedule"]), int(block["micro_batches"]),
                                    tuple(stages), boundary, virtual)  # fmt: skip
     return partition, training
-
-
-def _check_untied(stages: Sequence[StagePartition]) -> None:
-    """Refuse a parameter trained on two stages (an embedding tied to the head): its
-    gradient would be the sum of both stages', which no send here makes."""
-    seen: dict[str, int] = {}
-    for stage in stages:
-        graph = stage.built.graph
-        for w in graph.weights:
-            if gradient_name(w) not in graph.values:
-                continue
-            if w in seen:
-                raise StageMapError(
-                    f"parameter {w!r} is trained on stages {seen[w]} and {stage.cut.index} (a "
-                    "tied weight): a pipelined training step sums no gradient across stages; "
-                    "untie it in the model"
-                )
-            seen[w] = stage.cut.index
 
 
 def _returned_gradients(

@@ -85,6 +85,17 @@ def _gather(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> Tensor:
     return picked.reshape((*x.shape[:axis], *indices.shape, *x.shape[axis + 1 :]))
 
 
+def _gather_nd(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> Tensor:
+    """ONNX GatherND without batch dims: each index row picks a slice of the leading dims."""
+    x, indices = args[0], args[1].long()
+    if int(attrs.get("batch_dims", 0)):
+        raise NoTorchForm("op type GatherND with batch_dims has no torch form for a training step")
+    k = indices.shape[-1]
+    rows = indices.reshape(-1, k)
+    picked = x[tuple(rows[:, j] % x.shape[j] for j in range(k))]
+    return picked.reshape((*indices.shape[:-1], *x.shape[k:]))
+
+
 def _axes(attrs: Mapping[str, Any], args: Sequence[Tensor]) -> list[int] | None:
     if len(args) > 1 and args[1] is not None:
         return _shape(args[1])
@@ -216,6 +227,7 @@ _OTHER: dict[str, Callable[[Mapping[str, Any], Sequence[Tensor]], Tensor]] = {
     "ReduceMax": _reduce("amax"),
     "Sum": lambda attrs, args: sum(args[1:], args[0]),
     "Gather": _gather,
+    "GatherND": _gather_nd,
     "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze,
     "Slice": _slice,

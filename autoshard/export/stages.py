@@ -7,9 +7,9 @@ A split point is the module path of the first layer of a stage (`model.layers.16
 before. A layer's module is found from its parameters' names: the path up to the first
 numeric part (`lm.model.layers.2.self_attn.q_proj.weight` is in `lm.model.layers.2`), the
 one most of its parameters share. The stages' layers are the plan's (`pipeline.stages`); an
-interleaved schedule's `p * v` chunks, which the price does not place, are its layers split
-evenly, chunk `c` on pipeline rank `c % p` (Megatron's and torch's order), the embedding in
-chunk 0 and the head in the last.
+interleaved schedule's `p * v` chunks are the plan's (`pipeline.chunks`, placed by the price;
+a plan from before them: the layers split evenly), chunk `c` on pipeline rank `c % p`
+(Megatron's and torch's order), the embedding in chunk 0 and the head in the last.
 """
 
 from __future__ import annotations
@@ -89,7 +89,9 @@ def stage_split(held: Held) -> StageSplit | None:
     schedule = Schedule.parse(block["schedule"])
     ranges = tuple(range(*s["layers"]) for s in block["stages"])
     stages, layers = len(ranges), ranges[-1].stop
-    chunks = split_layers(layers, stages * schedule.virtual) if schedule.virtual > 1 else ranges
+    recorded = tuple(range(*c["layers"]) for c in block.get("chunks", ()))  # the plan's places
+    chunks = recorded or (split_layers(layers, stages * schedule.virtual)
+                          if schedule.virtual > 1 else ranges)  # fmt: skip
     names = mesh_dim_names(held.mesh)
     whole = Mesh.parse(block["mesh"])
     axis = next(n for n in (*whole.axis_names[block["axis"] : block["axis"] + 1], "pp", "stage")

@@ -260,7 +260,7 @@ def fuse_reshards(program: Program, graph: Graph) -> Program:
             target = rw.step(members[-1]).outputs[0]
             replanned = rw.chain(first.source, rw.tensors[target].sharding, target)
             old = [step.collective for k in members if isinstance(step := rw.step(k), Communicate)]
-            if _cost([s.collective for s in replanned]) < _cost(old):
+            if _cheaper([s.collective for s in replanned], old):
                 for k in reversed(members):  # a chain runs forward: members ascend
                     rw.splice(k, 1, ())
                 rw.splice(members[0], 0, replanned)
@@ -273,6 +273,20 @@ def fuse_reshards(program: Program, graph: Graph) -> Program:
 
 def _cost(collectives: Sequence[Collective]) -> tuple[int, int]:
     return sum(c.bytes_per_device for c in collectives), len(collectives)
+
+
+def _cheaper(new: Sequence[Collective], old: Sequence[Collective]) -> bool:
+    """Whether a replanned chain beats the old one: fewer bytes; or as many in fewer
+    collectives, each sending over mesh axes an old one spans. A group over more axes runs
+    at its slowest axis's link (`cost.cluster.Cluster.link`): one all_gather over [0, 1]
+    sends the bytes of a gather over [1] and one over [0], all at axis 0's speed, which the
+    search (pricing the materialized chain) did not count."""
+    (sent, count), (was_sent, was_count) = _cost(new), _cost(old)
+    if sent != was_sent:
+        return sent < was_sent
+    spans = {frozenset(c.mesh_axes) for c in old}
+    kept = all(frozenset(c.mesh_axes) in spans for c in new if c.bytes_per_device)
+    return count < was_count and kept
 
 
 # ---- 2. reassociate --------------------------------------------------------------------------

@@ -11,6 +11,8 @@ no change to them except Expand's shape, which the partitioner rewrites to the l
 
 from __future__ import annotations
 
+import dataclasses
+
 from autoshard.ir.graph import Graph, Op
 from autoshard.rules.base import IndexingMap, OpRule, broadcast_map, parallel
 from autoshard.rules.registry import register
@@ -103,5 +105,7 @@ def microsoft_activation(op: Op, graph: Graph) -> OpRule | None:
 
 @register("Expand")
 def expand(op: Op, graph: Graph) -> OpRule | None:
-    """The result's loops; the input broadcast onto them; the shape input a parameter."""
-    return elementwise_rule(op, graph, data_inputs=1)
+    """The result's loops; the input broadcast onto them; the shape input a parameter. A
+    broadcast of partial sums is the partial sums of the broadcast: it may read and write them."""
+    rule = elementwise_rule(op, graph, data_inputs=1)
+    return None if rule is None else dataclasses.replace(rule, partial=(ReductionKind.SUM,))

@@ -30,6 +30,12 @@ device's ids all fall in its own rows, the same rewrite finds them, and nothing 
 TorchScript's BERT gathers its [batch·seq, 1] mask by constant ids [batch, 1, 1, seq] so;
 split on the batch, the lookup stays local instead of needing an all_reduce.
 
+Reshapes, Transpose, Concat, Split and Slice only move elements, so they commute with a sum:
+moved partial sums add up to the moved whole (a slice of partial sums is the partial sums of the
+slice). Their rules let them read and write partial sums (`MOVES_PARTIALS`, `OpRule.partial`):
+a row-parallel product reshaped before the residual add is reduced after the reshape, where a
+split of the sequence (a reduce-scatter) can follow.
+
 Shape, Size, Range and NonZero are registered but return None (computed replicated): Shape and
 Size read only metadata and give tiny results, Range's scalar inputs give a small result whose
 split would need its start rewritten, NonZero's result shape depends on data.
@@ -45,6 +51,12 @@ import numpy as np
 from autoshard.ir.graph import Graph, Op
 from autoshard.rules.base import IndexingMap, Loop, Note, OpRule, invalid, parallel, reduction
 from autoshard.rules.registry import register
+from autoshard.sharding import ReductionKind
+
+MOVES_PARTIALS = (ReductionKind.SUM,)
+"""The partial values an op that only moves elements may read and write (`OpRule.partial`):
+sums. Not max or min: a gradient computes with its forward op's option, and the gradient of a
+move is a move (a linear map) only of sums."""
 
 _CONSTANT_LIMIT = 4096  # elements: parameters (targets, axes, bounds) are small
 
@@ -136,6 +148,7 @@ def reshape_rule(
         parallel(*(size for _, _, size in pairs)),
         (IndexingMap.of(*in_dims), *_params(op, data_inputs)),
         (IndexingMap.of(*out_dims),),
+        partial=MOVES_PARTIALS,
     )
 
 
@@ -182,6 +195,7 @@ def transpose(op: Op, graph: Graph) -> OpRule | None:
         parallel(*(shape[axis] for axis in perm)),
         (IndexingMap.of(*(loop_of[i] for i in range(len(shape)))),),
         (_identity(len(shape)),),
+        partial=MOVES_PARTIALS,
     )
 
 
@@ -208,7 +222,8 @@ def concat(op: Op, graph: Graph) -> OpRule | None:
     if axis is None:
         return None
     maps = tuple(_identity(len(shape)) if name else None for name in op.inputs)
-    return OpRule(_with_invalid(shape, {axis}), maps, (_identity(len(shape)),))
+    loops = _with_invalid(shape, {axis})
+    return OpRule(loops, maps, (_identity(len(shape)),), partial=MOVES_PARTIALS)
 
 
 @register("Split")
@@ -222,6 +237,7 @@ def split(op: Op, graph: Graph) -> OpRule | None:
         _with_invalid(shape, {axis}),
         (identity, *_params(op, 1)),
         tuple(identity for _ in op.outputs),
+        partial=MOVES_PARTIALS,
     )
 
 
@@ -260,7 +276,8 @@ def slice_(op: Op, graph: Graph) -> OpRule | None:
     if any(d != o for k, (d, o) in enumerate(zip(shape, out, strict=True)) if k not in touched):
         return None
     identity = _identity(len(shape))
-    return OpRule(_with_invalid(shape, touched), (identity, *_params(op, 1)), (identity,))
+    operands = (identity, *_params(op, 1))
+    return OpRule(_with_invalid(shape, touched), operands, (identity,), partial=MOVES_PARTIALS)
 
 
 # ---- gathers and scatters ---------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """`autoshard run` of a pipelined partition: its forward, one process per device of the whole
 mesh, micro-batch by micro-batch through the stages.
 
-Each rank is a device of one stage (`execute.pipe_folder`). For every micro-batch, in order
-(a forward's order under every schedule: micro-batch `m` on stage `s` once stage `s - 1` has
-sent it), a rank receives the boundary values from the device at its place in the stage
-before, runs its stage's steps (segments on onnxruntime, the stage's collectives among its
-devices), and sends the boundary values on to the device at its place in the next stage
-(`isend`: a stage does not wait for the next to take them). The stage's collectives run on
+Each rank is a device of one stage (`execute.pipe_folder`), or of several chunks of an
+interleaved plan, run in the schedule's forward order (`cost.schedule.order`: Megatron's,
+groups of `p` micro-batches through each chunk in turn). For every micro-batch, in order
+(micro-batch `m` on stage `s` once stage `s - 1` has sent it), a rank receives the boundary
+values from the device at its place in the stage before, runs its stage's steps (segments on
+onnxruntime, the stage's collectives among its devices), and sends the boundary values on to
+the device at its place in the next stage (`isend`: a stage does not wait for the next to
+take them). The stage's collectives run on
 process groups of whole-mesh ranks: every stage's steps are translated to them, and every
 rank makes every stage's groups in the same order, as torch requires.
 
@@ -27,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from autoshard.cost.schedule import Pass, Pipeline, Schedule, ScheduleKind, order
 from autoshard.execute.artifacts import check_model, read_manifest
 from autoshard.execute.steps import read_steps
 from autoshard.execute.verify import (
@@ -49,9 +52,12 @@ def global_steps(
 ) -> dict[str, Any]:
     """Every stage's step manifest as one over the whole mesh's ranks: collectives of all
     stages (device groups, pairs and per-device shapes by whole-mesh rank) and each rank's
-    device entry with its stage's collective indices moved by the stages before."""
+    device entry with its stage's collective indices moved by the stages before (a rank
+    running several stages, an interleaved plan's chunks: its last's; each stage's own in
+    `stages`, by rank)."""
     collectives: list[dict[str, Any]] = []
     entries: list[dict[str, Any]] = [{} for _ in range(world)]
+    by_stage: list[dict[int, dict[str, Any]]] = []
     for steps, ranks in zip(stages, devices, strict=True):
         offset = len(collectives)
         for entry in steps["collectives"]:
@@ -65,12 +71,13 @@ def global_steps(
                     full[ranks[m]] = shape
                 moved[key] = full
             collectives.append(moved)
+        by_stage.append({})
         for local, device in enumerate(steps["devices"]):
-            entries[ranks[local]] = dict(device) | {"steps": [
+            entries[ranks[local]] = by_stage[-1][ranks[local]] = dict(device) | {"steps": [
                 {"collective": s["collective"] + offset} if "collective" in s else s
                 for s in device["steps"]
             ]}  # fmt: skip
-    return {"collectives": collectives, "devices": entries}
+    return {"collectives": collectives, "devices": entries, "stages": by_stage}
 
 
 def _feeds(
@@ -151,33 +158,72 @@ class _Stages:
             dist.destroy_process_group()
 
     def _run(self, rank: int, collectives: Any, progress: MutableSequence[int]) -> Any:
+        """Every micro-batch's forward through each stage (chunk) the rank is a device of,
+        in the schedule's forward order (an interleaved plan's: Megatron's, chunk by chunk)."""
         from autoshard.run.p2p import Boundary
-        from autoshard.run.rank import execute, load_device
+        from autoshard.run.rank import load_device
 
-        s, local = self.stage_of(rank)
         stages = self.pipeline["stages"]
-        own = self.stage_steps[s]
-        manifest = {**self.steps, "weights": own["weights"], "outputs": own["outputs"]}
-        tensor = {o["name"]: o["tensor"] for o in own["outputs"]}
-        returned = [o["name"] for o in self.pipeline["outputs"] if o["stage"] == s]
+        mine = [s for s in stages if rank in s["devices"]]
+        local = mine[0]["devices"].index(rank)
         boundary = Boundary(self.pipeline["boundary"], local, rank)
+        loaded = {}
+        for stage in mine:  # once, for every micro-batch
+            s = stage["index"]
+            sha256 = stage["sha256"][local] if "sha256" in stage else self.sha256[rank]
+            loaded[s] = load_device(self.folder / stage["folder"], self._manifest(s), rank,
+                                    sha256)  # fmt: skip
+        results: list[dict[str, Any]] = [{} for _ in self.feeds]
+        compute = 0.0
+        for one in forward_passes(self.pipeline, int(mine[0].get("position", mine[0]["index"]))):
+            s = mine[one.chunk]["index"]
+            progress[len(self.steps["devices"]) + rank] = one.micro_batch
+            found, spent = self._stage(s, local, rank, one.micro_batch, boundary, collectives,
+                                       progress, loaded[s])  # fmt: skip
+            compute += spent
+            results[one.micro_batch] |= found
+        boundary.wait()
+        return results, {"stage": mine[0]["index"], "compute_s": compute}
+
+    def _manifest(self, s: int) -> dict[str, Any]:
+        """Stage `s`'s steps as `run.rank.execute` reads them: its devices' entries over the
+        whole mesh's collectives, its weights and outputs."""
+        own = self.stage_steps[s]
+        return {**self.steps, "devices": self.steps["stages"][s], "weights": own["weights"],
+                "outputs": own["outputs"]}  # fmt: skip
+
+    def _stage(
+        self, s: int, local: int, rank: int, m: int, boundary: Any, collectives: Any,
+        progress: MutableSequence[int], loaded: Any,
+    ) -> tuple[dict[str, Any], float]:  # fmt: skip
+        """Micro-batch `m`'s forward through stage `s` on this rank: receive, run, send on;
+        the model outputs the stage returns, and its compute seconds."""
+        from autoshard.run.rank import execute
+
+        stages = self.pipeline["stages"]
+        stage = stages[s]
+        tensor = {o["name"]: o["tensor"] for o in self.stage_steps[s]["outputs"]}
+        returned = [o["name"] for o in self.pipeline["outputs"] if o["stage"] == s]
         before = stages[s - 1]["devices"][local] if s else None
         after = stages[s + 1]["devices"][local] if s + 1 < len(stages) else None
-        folder = self.folder / stages[s]["folder"]
-        loaded = load_device(folder, manifest, rank, self.sha256[rank])  # once, for every batch
-        results, compute = [], 0.0
-        world = len(self.steps["devices"])
-        for m, feed in enumerate(self.feeds):
-            progress[world + rank] = m
-            received = boundary.receive(stages[s]["receives"], before, m)
-            found, timing = execute(folder, manifest, rank, feed, collectives, progress,
-                                    self.sha256[rank], received, loaded)  # fmt: skip
-            compute += timing.compute_s
-            values = {n: found[tensor[n]] for n in tensor} | received
-            boundary.send({n: values[n] for n in stages[s]["sends"]}, after, m)
-            results.append({n: values[n] for n in returned})
-        boundary.wait()
-        return results, {"stage": s, "compute_s": compute}
+        received = boundary.receive(stage["receives"], before, m)
+        found, timing = execute(self.folder / stage["folder"], self._manifest(s), rank,
+                                self.feeds[m], collectives, progress, None, received,
+                                loaded)  # fmt: skip
+        values = {n: found[tensor[n]] for n in tensor} | received
+        boundary.send({n: values[n] for n in stage["sends"]}, after, m)
+        return {n: values[n] for n in returned}, timing.compute_s
+
+
+def forward_passes(pipeline: Mapping[str, Any], position: int) -> tuple[Pass, ...]:
+    """The forward passes of pipeline position `position` (`cost.schedule.order`): each
+    micro-batch in turn, or, with an interleaved plan's chunks, Megatron's order."""
+    schedule = Schedule.parse(str(pipeline["schedule"]))
+    if int(pipeline.get("virtual", 1)) != schedule.virtual:  # a chunk a device
+        schedule = Schedule(ScheduleKind.ONE_F_ONE_B)
+    positions = len(pipeline["stages"]) // schedule.virtual
+    shape = Pipeline(positions, int(pipeline["micro_batches"]), schedule)
+    return order(shape, position, training=False)
 
 
 def run_pipelined(

@@ -15,7 +15,9 @@ receives the gradients of what it sent from the next stage, runs the backward an
 gradients of what it received back. The micro-batches' gradients accumulate; the last
 micro-batch's backward syncs them over the stage's data-parallel devices and updates the
 weights. Every backward runs in micro-batch order under every schedule, so the schedule does
-not change a single rounding.
+not change a single rounding. A weight trained on two stages (tied, `execute.tied`) has its
+gradient summed over the pair of devices holding it once every pass has run: the last
+micro-batch's backward pauses before anything reads it, so both copies take the same update.
 
 After each step rank 0 gathers what the checks read (`train_check.Checked`) from every rank,
 and each stage's loss, gradients, weights and optimizer states are compared with the
@@ -43,6 +45,7 @@ from autoshard.execute.pipe_folder import PLAN_COPY
 from autoshard.execute.stage_plans import PipelinedPartition
 from autoshard.execute.stage_training import seed_name
 from autoshard.execute.steps import read_steps
+from autoshard.execute.tied import Tied
 from autoshard.execute.train_check import (
     FLOATS,
     Check,
@@ -100,6 +103,7 @@ class PipelineTrainingWork:
     backend: str
     sha256: tuple[str | None, ...]
     floats: str = "float32"
+    tied: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # by gradient
     preload: str = "autoshard.run.pipetrain"
 
     def stage_of(self, rank: int) -> tuple[StageWork, int]:
@@ -175,6 +179,7 @@ class _Rank:
         self.mine = [s for s in work.stages if rank in s.devices]  # in chunk order
         self.chunks: list[_Chunk] = []
         self.chunk = 0  # the one running
+        self.tying: list[_Chunk] = []  # paused before reading a tied gradient not summed yet
         boundary = _in_floats(work.boundary, work.floats)
         self.forward_p2p = Boundary(boundary, self.mine[0].devices.index(rank), rank)
         self.backward_p2p = Boundary(boundary, self.mine[0].devices.index(rank), rank)
@@ -191,6 +196,7 @@ class _Rank:
                 steps = stage.manifest["devices"][local]["steps"]
                 device = StageDevice(stage.partitioned, local, steps, stage.graph)
                 device.held = start_tensors(stage.partitioned, stage.graph, local, weights)
+                device.tied = frozenset(g for g, t in self.work.tied.items() if c in t["stages"])
             except Exception as error:  # a missing or bad file
                 raise TrainingFailure(rank, 0, -1, "loading", str(error).splitlines()[0]) from None
             before = stages[c - 1].devices[local] if c else None
@@ -221,6 +227,10 @@ class _Rank:
                     kept[m, one.chunk] = self.forward(feed[m], m, m == len(feed) - 1)
                 else:
                     self.backward(kept.pop((m, one.chunk)), m, m == len(feed) - 1)
+            for chunk in self.tying:
+                self.chunk = self.chunks.index(chunk)
+                self.finish_tied(chunk)
+            self.tying.clear()
             computed: dict[str, np.ndarray] = {}
             held: dict[str, np.ndarray] = {}
             for chunk in self.chunks:
@@ -276,8 +286,38 @@ class _Rank:
         tensors = chunk.tensors
         back = {x: to_numpy(self.made(device, tensors[g])) for x, g in entry["sent_back"].items()}
         self.p2p(lambda: self.backward_p2p.send(back, chunk.before, m, self.tag(m, c - 1)))
+        if device.paused or device.made_tied():  # summed once every pass has run
+            self.tying.append(chunk)
         if not last:
             device.carry(chunk.stage.checked.losses)
+
+    def finish_tied(self, chunk: _Chunk) -> None:
+        """Sum the tied gradients the chunk's last backward made with the other stages' (the
+        pass paused before their readers), then run the rest of the pass. Every rank does so
+        after all its passes: a rank blocked in the sum mid-step could hold up the backward
+        the other copy's stage waits for (an interleaved plan's other chunks)."""
+        device = chunk.device
+        while True:
+            made = device.made_tied()
+            for g in made:
+                started = time.perf_counter()
+                entry = self.work.tied[g]
+                try:
+                    result = self.collectives.run(entry, to_numpy(device.env[g]))
+                except Exception as error:  # torch's own errors: a peer gone, a timeout
+                    raise self.fail(device.position - 1, f"summing tied {entry['weight']!r}: "
+                                    f"{str(error).strip().splitlines()[0]}") from None  # fmt: skip
+                device.env[g] = to_torch(result).to(device.env[g].dtype)
+                device.waiting.discard(g)
+                stats = self.timing.collectives.setdefault("all_reduce", [0, 0.0, 0])
+                stats[0] += 1
+                stats[1] += time.perf_counter() - started
+                stats[2] += result.nbytes
+            if not device.paused:
+                return
+            if not made:
+                raise self.fail(device.position, "it reads a tied gradient no step made")
+            self.run(chunk, forward_only=False)
 
     def made(self, device: StageDevice, tensor: str) -> Any:
         if tensor not in device.env:
@@ -379,8 +419,10 @@ def run_pipelined_training(
     feeds = pipeline_feeds(stages, pipeline, steps, seed, inputs)
     sha256 = tuple(d["sha256"] for d in manifest["devices"])
     passes = schedule_passes(pipeline)
+    tied = tied_collectives(pipeline, len(sha256))
+    collectives["collectives"] += list(tied.values())  # their groups made on every rank
     work = PipelineTrainingWork(stages, collectives, pipeline["boundary"], passes, feeds,
-                                backend, sha256, floats)  # fmt: skip
+                                backend, sha256, floats, tied)  # fmt: skip
     started = time.perf_counter()
     gathered = launch_work(work, len(sha256), timeout_s)
     wall = time.perf_counter() - started
@@ -388,6 +430,20 @@ def run_pipelined_training(
     ranks = [{"rank": r, **timing} for r, (_, timing) in enumerate(gathered)]
     timing = {"wall_s": wall, "backend": backend, "ranks": ranks}
     return TrainingReport(tuple(checks), len(sha256), steps, timing, floats)
+
+
+def tied_collectives(pipeline: Mapping[str, Any], world: int) -> dict[str, dict[str, Any]]:
+    """Each tied weight's all-reduce (`execute.tied`), by its gradient."""
+    found = {}
+    for entry in pipeline.get("tied", ()):
+        tied = Tied(entry["weight"], entry["gradient"], tuple(entry["stages"]),
+                    tuple(tuple(g) for g in entry["groups"]))  # fmt: skip
+        shapes = entry["local_shapes"]
+        found[tied.gradient] = tied.collective(entry["dtype"], shapes, world) | {
+            "weight": tied.weight,
+            "stages": list(tied.stages),
+        }
+    return found
 
 
 def _rebuild(

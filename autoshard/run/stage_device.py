@@ -10,7 +10,8 @@ otherwise by the backward). Its backward pass resumes there, inside a segment if
 inside one. Between them the micro-batch's tensors and place are kept (`Pass`), so a stage
 can run other micro-batches' passes in between (1F1B); the gradients accumulate over the
 micro-batches as the step's do (`TrainingDevice`), and the micro-batch made last (`last` at
-`begin`) syncs and updates.
+`begin`) syncs and updates. On it, a pass also pauses before the first entry that reads a tied
+weight's gradient (`tied`, `execute.tied`: summed with the other stages' first, `paused`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Pass:
     offset: int
     deferred: set[str]
     last: bool
+    waiting: set[str]
 
 
 class StageDevice(TrainingDevice):
@@ -39,18 +41,26 @@ class StageDevice(TrainingDevice):
 
     offset = 0  # the next node of the segment at `position - 1` (a pass stopped inside it)
     forward_only = False  # stop at the first entry of the backward
+    tied: frozenset[str] = frozenset()  # tied weights' gradients, summed across stages
+    waiting: set[str] = set()  # those not summed yet (the last micro-batch's)
+    paused = False  # stopped before an entry reading a gradient in `waiting`
 
     def begin(self, inputs: Mapping[str, Any], last: bool = True) -> None:
         super().begin(inputs, last)
         self.offset = 0
+        self.waiting = set(self.tied) if last else set()
 
     def save(self) -> Pass:
         """The running micro-batch, kept for its backward."""
-        return Pass(self.env, self.position, self.offset, self.deferred, self.last)
+        return Pass(self.env, self.position, self.offset, self.deferred, self.last, self.waiting)
 
     def restore(self, kept: Pass) -> None:
         self.env, self.position, self.offset = kept.env, kept.position, kept.offset
-        self.deferred, self.last = kept.deferred, kept.last
+        self.deferred, self.last, self.waiting = kept.deferred, kept.last, kept.waiting
+
+    def made_tied(self) -> list[str]:
+        """The tied gradients made and not summed yet."""
+        return sorted(n for n in self.waiting if n in self.env)
 
     def advance(
         self,
@@ -59,7 +69,9 @@ class StageDevice(TrainingDevice):
         at: Callable[[int], None] | None = None,
     ) -> int | None:
         """Run up to the next collective (its index) or the end of the pass (None): the end
-        of the list, or, with `forward_only`, the first entry of the backward."""
+        of the list, or, with `forward_only`, the first entry of the backward, or an entry
+        reading a tied gradient not summed yet (`paused`)."""
+        self.paused = False
         while self.position < len(self.steps) or self.offset:
             if self.offset:  # resume inside the segment a forward stopped in
                 if self._segment(self.steps[self.position - 1], step, nodes):
@@ -72,6 +84,9 @@ class StageDevice(TrainingDevice):
                 j = int(entry["collective"])
                 source = self.collectives[j].source
                 if self.forward_only and source not in self.env and source not in self.deferred:
+                    return None
+                if source in self.waiting:
+                    self.paused = True
                     return None
                 self.position += 1
                 if source not in self.deferred:
@@ -93,7 +108,9 @@ class StageDevice(TrainingDevice):
             if kind == "Constant" and name not in self.ops:
                 continue  # the device's loose constants: in its tensors from the start
             op = self.op(name)
-            if self.forward_only and op.domain == TRAIN:
+            if self.waiting.intersection(op.inputs):
+                self.paused = True
+            if self.paused or (self.forward_only and op.domain == TRAIN):
                 if k:
                     self.offset = k
                 else:  # its first op: the backward runs the whole segment

@@ -18,12 +18,14 @@ problem forbids the cells so priced (`unreadable`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from autoshard.ir.graph import Graph, Op
 from autoshard.reshard import ReshardPrices, reachable
 from autoshard.rules import IteratorType, OpRule
+from autoshard.rules.gradient import computed_with
 from autoshard.search.reads import PricedReads
 from autoshard.sharding import ReductionKind, Sharding, ShardingOption
 
@@ -49,11 +51,47 @@ def partial_kinds(graph: Graph, rules: Mapping[str, OpRule | None]) -> Kinds:
     return kinds
 
 
-def may_take(op: Op, rule: OpRule, option: ShardingOption, kinds: Kinds) -> bool:
+def may_take(op: Op, rule: OpRule, option: ShardingOption, kinds: Kinds, along: Along = ()) -> bool:
     """Whether `option` may be taken: it reads nothing partial, or every data operand may be
-    held partial in its reduction."""
+    held partial in its reduction, of `op` and of the ops computed with its option (`along`:
+    a gradient reads its result's gradient partial where the op reads its operands so; where
+    that gradient is never held partial, no reshard makes the read, and the option is dead)."""
     if not option.partial_axes:
         return True
+    return all(_partial_data(o, r, option, kinds) for o, r in ((op, rule), *along))
+
+
+Along = Sequence[tuple[Op, OpRule]]
+"""The ops computed with another's option (`rules.gradient.computed_with`), with their rules."""
+
+
+def computed_along(graph: Graph, rules: Mapping[str, OpRule | None]) -> dict[str, Along]:
+    """Each op's `Along`: its gradients and recomputed copies that have a rule."""
+    along: dict[str, list[tuple[Op, OpRule]]] = {}
+    for op in graph.ops:
+        rule = rules.get(op.name)
+        if (forward := computed_with(op)) and rule is not None:
+            along.setdefault(forward, []).append((op, rule))
+    return dict(along)
+
+
+@dataclass(frozen=True)
+class Partials:
+    """What `may_take` asks of a graph, worked out once per problem: the reductions each value
+    may be held partial in, and the ops computed with each op's option."""
+
+    kinds: Kinds
+    along: Mapping[str, Along]
+
+    @staticmethod
+    def of(graph: Graph, rules: Mapping[str, OpRule | None]) -> Partials:
+        return Partials(partial_kinds(graph, rules), computed_along(graph, rules))
+
+    def may_take(self, op: Op, rule: OpRule, option: ShardingOption) -> bool:
+        return may_take(op, rule, option, self.kinds, self.along.get(op.name, ()))
+
+
+def _partial_data(op: Op, rule: OpRule, option: ShardingOption, kinds: Kinds) -> bool:
     data = _data(op, rule)
     return bool(data) and all(option.partial_type in kinds.get(n, ()) for n in data)
 

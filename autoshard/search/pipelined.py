@@ -11,9 +11,12 @@ run once, after the pipeline drains. `price_stages` splits the model's layers in
 stages so that the slowest is the fastest (`balanced_split`: the first stage also runs the
 embedding, the last the head), sums each stage's parts, and the schedule
 (`cost.schedule.simulate`) turns them and the boundary send into the step's critical path and
-the activations each stage keeps. Approximations: every layer of a run is priced alike (a
-stage deeper than the plan's model repeats its last layer), and memory is what the plan holds
-at its peak, regrouped by part, its activations times the micro-batches in flight.
+the activations each stage keeps. A weight read at both ends (an embedding tied to the head,
+`search.tied`) is a copy on the first stage and on the last, its gradients summed by an
+all-reduce of the two before their updates (`cost.price.tied_sync_time`). Approximations:
+every layer of a run is priced alike (a stage deeper than the plan's model repeats its last
+layer), and memory is what the plan holds at its peak, regrouped by part, its activations
+times the micro-batches in flight.
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ from autoshard.analysis.repeats import Run, find_repeats
 from autoshard.annotations import Annotation
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.liveness import held_bytes
-from autoshard.cost.price import Cost, held_at_peak, send_time
+from autoshard.cost.price import Cost, held_at_peak, send_time, tied_sync_time
 from autoshard.cost.schedule import Pipeline, Schedule, StageTime, simulate
 from autoshard.errors import PipelineError
 from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.plan import Plan
 from autoshard.program import Program
+from autoshard.search.tied import TiedCost, tied_costs
 
 PIPELINE_AXIS = "pp"
 """The mesh axis name that asks for a pipeline over that axis (`--mesh pp=8,dp=8,tp=8`)."""
@@ -212,6 +216,9 @@ class PipelinePrice:
     send_s: float
     step_s: float
     bubble: float
+    tied: tuple[TiedCost, ...] = ()
+    tied_s: tuple[float, ...] = ()  # each tied weight's gradient sum (seconds, once a step)
+    chunks: tuple[range, ...] = ()  # an interleaved schedule's virtual stages, in order
 
     @property
     def memory_bytes(self) -> int:
@@ -221,8 +228,12 @@ class PipelinePrice:
     def __str__(self) -> str:
         """As the story says it."""
         p = self.pipeline
+        tied = ""
+        if trained := [t.weight for t in self.tied if t.gradient_bytes]:
+            tied = (f"; the tied {', '.join(trained)} held on stages 0 and {p.stages - 1}, "
+                    "its gradients summed after the backward")  # fmt: skip
         return (f"pipeline of {p.stages} stages ({p.schedule}, {p.micro_batches} micro-batches, "
-                f"bubble {self.bubble:.0%})").replace("%", " %")  # fmt: skip
+                f"bubble {self.bubble:.0%}{tied})").replace("%", " %")  # fmt: skip
 
     def to_json(self) -> dict[str, object]:
         p = self.pipeline
@@ -237,16 +248,26 @@ class PipelinePrice:
                     "time_s": self.send_s},
             "stages": [stage.to_json() for stage in self.stages],
             **({"chunks": self.chunks_json()} if p.schedule.virtual > 1 else {}),
+            **({"tied": self.tied_json()} if self.tied else {}),
         }  # fmt: skip
 
+    def tied_json(self) -> list[dict[str, object]]:
+        """The weights the first and the last stage both hold (`search.tied`): each stage's
+        copy's bytes per device and, for a trained one, its gradient's all-reduce."""
+        ends = [0, self.pipeline.stages - 1]
+        return [{"weight": t.weight, "stages": ends, "copy_bytes_per_device": t.copy_bytes,
+                 "sync": {"bytes_per_device": t.gradient_bytes, "time_s": seconds}}
+                for t, seconds in zip(self.tied, self.tied_s, strict=True)]  # fmt: skip
+
     def chunks_json(self) -> list[dict[str, object]]:
-        """An interleaved schedule's virtual stages: the layers split evenly into `stages *
-        virtual` chunks, chunk `c` on stage `c % stages` (Megatron's and torch's order; the
-        price counts each stage's layers, not where its chunks fall), as the partition and
-        the exports place them."""
+        """An interleaved schedule's virtual stages: the layers split into `stages * virtual`
+        chunks so that the slowest is the fastest (`balanced_split`: the first chunk also runs
+        the embedding, the last the head; evenly where those cost nothing), chunk `c` on stage
+        `c % stages` (Megatron's and torch's order; the price counts each stage's layers, not
+        where its chunks fall), as the partition and the exports place them."""
         p = self.pipeline
         layers = self.stages[-1].layers.stop
-        chunks = split_layers(layers, p.stages * p.schedule.virtual)
+        chunks = self.chunks or split_layers(layers, p.stages * p.schedule.virtual)
         return [{"layers": [c.start, c.stop], "stage": i % p.stages} for i, c in enumerate(chunks)]
 
 
@@ -262,9 +283,9 @@ def _runs(counts: Sequence[int]) -> tuple[range, ...]:
 
 
 def balanced_split(
-    layers: int, stages: int, layer_s: float, first_s: float, last_s: float
+    layers: int, stages: int, layer_s: float, first_s: float, last_s: float, least: int = 1
 ) -> tuple[range, ...]:
-    """Contiguous runs of `layers` over `stages` (at least one layer each) whose slowest
+    """Contiguous runs of `layers` over `stages` (at least `least` layers each) whose slowest
     stage is the fastest, a layer taking `layer_s`, the first stage `first_s` more (the
     embedding) and the last `last_s` more (the head, the loss). Of the counts that reach
     the least bound, the extra layers go to the stages with the most room, the latest first.
@@ -279,15 +300,36 @@ def balanced_split(
     for bound in bounds:
         counts = [int((bound - (first_s if s == 0 else last_s if s == stages - 1 else 0.0))
                       / layer_s + 1e-9) for s in range(stages)]  # fmt: skip
-        if min(counts) >= 1 and sum(counts) >= layers:
+        if min(counts) >= least and sum(counts) >= layers:
             break
     else:
         return split_layers(layers, stages)
     while sum(counts) > layers:  # give back from the stage that ends latest
         times = [counts[s] * layer_s + (first_s if s == 0 else 0.0)
                  + (last_s if s == stages - 1 else 0.0) for s in range(stages)]  # fmt: skip
-        s = max((s for s in range(stages) if counts[s] > 1), key=lambda s: (times[s], s))
+        s = max((s for s in range(stages) if counts[s] > least), key=lambda s: (times[s], s))
         counts[s] -= 1
+    return _runs(counts)
+
+
+def place_chunks(
+    split: Sequence[range], virtual: int, layer_s: float, first_s: float, last_s: float
+) -> tuple[range, ...]:
+    """An interleaved schedule's chunks (chunk `c` on position `c % p`), each position's
+    layers (`split`, by count) spread over its `virtual` chunks so that its slowest chunk is
+    the fastest (`balanced_split`): the first chunk also runs the embedding (`first_s`), the
+    last the head (`last_s`); where they cost nothing, evenly.
+
+    Worked example: 10 layers of 1 s, the head 3 s, 2 positions of 2 chunks: the positions
+    hold 7 and 3 layers (7 s and 6 s); position 1's 3 layers go 2 to chunk 1 and 1 to chunk 3
+    (with the head, 4 s), position 0's 4 and 3: chunks 0..3, 4..5, 6..8, 9."""
+    p = len(split)
+    counts = [0] * (p * virtual)
+    for s, layers in enumerate(split):
+        first = first_s if s == 0 else 0.0
+        last = last_s if s == p - 1 else 0.0
+        for k, run in enumerate(balanced_split(len(layers), virtual, layer_s, first, last)):
+            counts[k * p + s] = len(run)
     return _runs(counts)
 
 
@@ -376,6 +418,7 @@ class LayerCosts:
     activations: tuple[int, ...]
     send_bytes: int
     training: bool
+    tied: tuple[TiedCost, ...] = ()
 
     @property
     def depth(self) -> int:
@@ -429,7 +472,7 @@ def layer_costs(graph: Graph, plan: Plan, program: Program, cost: Cost) -> Layer
         forward=tuple(spent["forward"]), backward=tuple(spent["backward"]), update=tuple(update),
         held=tuple(kept), activations=tuple(acts),
         send_bytes=boundary_bytes(graph, plan, runs["forward"]) if runs else 0,
-        training="backward" in graph.phases.values(),
+        training="backward" in graph.phases.values(), tied=tied_costs(graph, plan, part, n - 1),
     )  # fmt: skip
 
 
@@ -441,19 +484,24 @@ def price_stages(
     (`balanced_split`), each stage's parts summed, the schedule simulated with the boundary's
     send on the pipeline axis's link."""
     pipeline = check_pipeline(ask, cluster.mesh, layers, micro_batches)
-    p = pipeline.stages
+    p, v = pipeline.stages, pipeline.schedule.virtual
     ends = (costs.forward[0] + costs.backward[0], costs.forward[-1] + costs.backward[-1])
-    split = balanced_split(layers, p, costs.layer_s(), *ends)
+    split = balanced_split(layers, p, costs.layer_s(), *ends, least=v)
+    chunks = place_chunks(split, v, costs.layer_s(), *ends) if v > 1 else ()
     parts = [costs.parts(s, p, split[s], layers) for s in range(p)]
     times = [StageTime(sum(costs.forward[j] for j in ps), sum(costs.backward[j] for j in ps))
              for ps in parts]  # fmt: skip
     send_s = send_time(costs.send_bytes, (ask.axis,), cluster)
     timeline = simulate(pipeline, times, send_s, training=costs.training)
-    update = [sum(costs.update[j] for j in ps) for ps in parts]
+    tied = costs.tied if p > 1 else ()  # the ends on two stages: each its copy, summed
+    tied_s = tuple(tied_sync_time(t.gradient_bytes, 2, (ask.axis,), cluster) for t in tied)
+    update = [sum(costs.update[j] for j in ps) + (sum(tied_s) if s in (0, p - 1) else 0.0)
+              for s, ps in enumerate(parts)]  # fmt: skip
     devices = cluster.mesh.size // p
     stages = []
     for s, ps in enumerate(parts):
         kept, acts = sum(costs.held[j] for j in ps), sum(costs.activations[j] for j in ps)
+        kept += sum(t.copy_bytes for t in tied if s == (p - 1 if t.first else 0))
         stages.append(StagePrice(
             layers=split[s], devices=devices, forward_s=times[s].forward,
             backward_s=times[s].backward, update_s=update[s], held_bytes=kept,
@@ -463,6 +511,7 @@ def price_stages(
     return PipelinePrice(
         pipeline=pipeline, axis=ask.axis, stages=tuple(stages), send_bytes=costs.send_bytes,
         send_s=send_s, step_s=timeline.step_s + max(update), bubble=timeline.bubble,
+        tied=tied, tied_s=tied_s, chunks=chunks,
     )  # fmt: skip
 
 

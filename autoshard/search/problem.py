@@ -68,7 +68,7 @@ from autoshard.search.memory.rows import (
 from autoshard.search.memory.slots import Read
 from autoshard.search.memory.tensors import Held
 from autoshard.search.options import Objective
-from autoshard.search.partials import bar, may_take, partial_kinds, readable_matrix, unreadable
+from autoshard.search.partials import Partials, bar, readable_matrix, unreadable
 from autoshard.search.prices import Prices
 from autoshard.search.reads import Reading, ValueReads, price_reads
 from autoshard.search.traffic import Traffic
@@ -275,7 +275,7 @@ class _Builder:
         self.held_cache: dict[tuple, tuple[Sharding, ...]] = {}
         self.need_cache: dict[tuple[str, int], tuple[Sharding, ...]] = {}
         self.compute_cache: dict[str, list[float]] = {}
-        self.partial = partial_kinds(graph, self.rules)
+        self.partial = Partials.of(graph, self.rules)
         annotated = {a.value for a in self.required}
         self.grouping = group_decisions(
             graph, self.rules, self.op_choices, self.source_choices, annotated, coarsen,
@@ -313,7 +313,7 @@ class _Builder:
         return (None,) if rule is None else self.options(op, rule)
 
     def options(self, op: Op, rule: OpRule) -> tuple[ShardingOption, ...]:
-        kept = (c for c in _candidates(rule, self.mesh) if may_take(op, rule, c, self.partial))
+        kept = (c for c in _candidates(rule, self.mesh) if self.partial.may_take(op, rule, c))
         found = [c for c in kept if self.allowed(op, rule, c)]
         if not found:
             raise SearchError(

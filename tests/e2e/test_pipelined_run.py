@@ -253,3 +253,26 @@ def test_a_shape_only_decoder_is_partitioned_not_run(tmp_path, capsys):
     capsys.readouterr()
     assert main(["run", str(out)]) == 2
     assert "is the partition of a shape-only model: nothing to run" in capsys.readouterr().err
+
+
+def test_an_interleaved_plans_forward_runs_chunk_by_chunk(tmp_path, capsys):
+    """`partition --forward` of an interleaved plan (2 virtual stages): the 4 layers in 4
+    chunks, chunk c on pipeline position c % 2 as the plan records them; each device runs its
+    2 chunks' forwards in Megatron's order (F0 F1 F0.1 F1.1: micro-batches 0 and 1 through
+    its first chunk, then through its second), equal to onnxruntime."""
+    from autoshard.run.pipelined import forward_passes
+
+    onnx = mlp(tmp_path)
+    plan = _plan(tmp_path, onnx, "pp=2,tp=2", ["batch=4"], "--schedule", "interleaved:2")
+    assert [c["stage"] for c in json.loads(plan.read_text())["pipeline"]["chunks"]] == [0, 1] * 2
+    manifest, report = _partition_and_run(tmp_path, onnx, plan, capsys)
+    pipeline = manifest["pipeline"]
+    assert pipeline["virtual"] == 2
+    chunks = [(s["layers"], s["position"], s["devices"]) for s in pipeline["stages"]]
+    assert chunks == [([0, 1], 0, [0, 1]), ([1, 2], 1, [2, 3]), ([2, 3], 0, [0, 1]),
+                      ([3, 4], 1, [2, 3])]  # fmt: skip
+    assert pipeline["stages"][2]["receives"] == ["h2"]  # from position 1 back to 0
+    assert [str(p) for p in forward_passes(pipeline, 0)] == ["F0", "F1", "F0.1", "F1.1"]
+    assert report["outputs"]["y"]["shape"] == [2, 4, 4]
+    mlir = (tmp_path / "out" / "pipeline.mlir").read_text()
+    assert "// chunk 2: layers 2..2 on devices [0, 1]" in mlir

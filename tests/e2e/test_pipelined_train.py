@@ -204,3 +204,49 @@ def test_an_interleaved_plan_trains_chunk_by_chunk(partitions, tmp_path):
     report = run_pipelined_training(out, onnx, steps=1, timeout_s=120)
     assert report.ok, [c.line() for c in report.failures]
     assert max(c.max_rel_err for c in report.checks) <= 1e-5
+
+
+def test_a_tied_embedding_trains_on_both_ends_and_stays_equal(tmp_path, capsys):
+    """gpt2_dynamo keeps GPT-2's token table tied to its LM head: stage 0 (the embedding) and
+    stage 1 (the head) each hold a copy, and each pair of devices at one place in the stages
+    all-reduces its two gradients before the update (Megatron's embedding group): 2 SGD
+    steps equal to autograd, both copies checked. The forward-only partition of the same plan
+    gives both stages the same shard of the weight."""
+    from autoshard.weights import read_safetensors
+
+    from .helpers import model_path
+
+    gpt2, tied = model_path("gpt2_dynamo"), "lm.lm_head.weight"
+    cluster, plan, out = tmp_path / "slow.json", tmp_path / "plan.json", tmp_path / "out"
+    cluster.write_text(json.dumps(SLOW))
+    flags = ["--precision", "fp32", "--optimizer", "sgd", "--micro-batches", "2", "--dim",
+             "batch=2", "--dim", "seq=16", "-q"]  # fmt: skip
+    assert main(["plan", str(gpt2), "--cluster", str(cluster), "--mesh", "pp=2,tp=2", "--mode",
+                 "training", *flags, "-o", str(plan)]) == 0  # fmt: skip
+    (priced,) = json.loads(plan.read_text())["pipeline"]["tied"]
+    assert priced["weight"] == tied and priced["stages"] == [0, 1]
+    assert main(["partition", str(gpt2), "--plan", str(plan), "-o", str(out)]) == 0
+    (entry,) = json.loads((out / "manifest.json").read_text())["pipeline"]["tied"]
+    assert entry["gradient"] == f"{tied}@grad" and entry["groups"] == [[0, 2], [1, 3]]
+    mlir = (out / "pipeline.mlir").read_text()  # stage 1 adds stage 0's gradient to its own
+    assert f"// {tied} is tied: its gradient summed over stages [0, 1]" in mlir
+    assert re.search(r"%tied0_recv0 = mesh\.recv %tied0_e0 on @mesh0 mesh_axes = \[0\] "
+                     r"source = \[0\] .*\n.*%tied0_sum0 = arith\.addf %tied0_recv0, "
+                     r"%tied0_in", mlir)  # fmt: skip
+    from autoshard.mlir.parse import parse_module  # autoshard's MLIR reader takes it back
+
+    added = [op for op in parse_module(mlir).ops if op.name == "arith.addf"]
+    assert len(added) == 2  # one sum on each stage
+    capsys.readouterr()
+    assert main(["run", str(out), "--check", str(gpt2), "--steps", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["steps"] == 2
+    assert max(report["max_rel_err"].values()) <= 1e-5
+    forward = tmp_path / "forward"
+    assert main(["partition", str(gpt2), "--plan", str(plan), "--forward", "-o",
+                 str(forward)]) == 0  # fmt: skip
+    for device in (0, 1):
+        name = f"device-{device}.safetensors"
+        files = [forward / f"stage-{s}" / "weights" / name for s in (0, 1)]
+        copies = [read_safetensors(f)[tied] for f in files]
+        assert copies[0].tobytes() == copies[1].tobytes()

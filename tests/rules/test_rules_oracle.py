@@ -261,11 +261,19 @@ REPLICATED = {"Shape", "Size", "Range", "NonZero"}
 """Registered to return None (computed replicated): see autoshard/rules/shape.py."""
 
 
+LINEAR = {
+    "Add", "Sub", "Sum", "Neg", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
+    "Transpose", "Concat", "Split", "Slice", "Expand",
+}  # fmt: skip
+"""The ops whose rules read and write partial sums (`OpRule.partial`): linear in their data."""
+
+
 @pytest.mark.parametrize("spec", CASES, ids=lambda c: c.id)
 def test_split_matches_whole(spec: Case, tmp_path) -> None:
     oracle = Oracle(spec, tmp_path)
     check_rule(oracle.rule, oracle.op, oracle.graph)
     assert kinds(oracle.rule) == spec.kinds, str(oracle.rule)
+    assert bool(oracle.rule.partial) == (spec.op_type in LINEAR), oracle.rule.partial
     whole = oracle.whole()
     loops = oracle.splittable()
     assert loops, f"{spec.id}: no loop to split"
@@ -275,6 +283,23 @@ def test_split_matches_whole(spec: Case, tmp_path) -> None:
             np.testing.assert_allclose(
                 got, want, rtol=1e-5, atol=1e-5, err_msg=f"{spec.id}: loop d{loop} split"
             )
+
+
+@pytest.mark.parametrize("spec", [c for c in CASES if c.op_type in LINEAR], ids=lambda c: c.id)
+def test_partial_sums_in_give_partial_sums_out(spec: Case, tmp_path) -> None:
+    """Each data operand cut into two random addends (device 0's and device 1's partial sums):
+    the op run on each device's addends, its results summed, equals the op run whole."""
+    oracle = Oracle(spec, tmp_path)
+    rng = np.random.default_rng(7)
+    devices: list[dict[str, np.ndarray]] = [{}, {}]
+    for name, array, m in zip(spec.input_names, oracle.arrays, oracle.rule.operands, strict=False):
+        if array is None:
+            continue
+        part = rng.standard_normal(array.shape).astype(array.dtype) if m else array
+        devices[0][name], devices[1][name] = part, array - part if m else array
+    summed = [a + b for a, b in zip(*(oracle.run(feeds) for feeds in devices), strict=True)]
+    for got, want in zip(summed, oracle.whole(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=spec.id)
 
 
 def test_every_registered_op_type_has_a_case() -> None:

@@ -4,24 +4,39 @@ them, where the search keeps them, and the reads no reshard makes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from autoshard.annotations import Annotation
+from autoshard.cost.cluster import make_cluster
+from autoshard.cost.price import price
 from autoshard.errors import ShardingError
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.mlir import parse_module, print_program
 from autoshard.passes.lower import lower
+from autoshard.passes.materialize import materialize
 from autoshard.propagate import propagate
 from autoshard.reshard import ReshardPrices
 from autoshard.rules import rule_for
+from autoshard.search.budget import auto_plan
 from autoshard.search.candidates import candidates
-from autoshard.search.partials import UNREADABLE, may_take, partial_kinds, readable_matrix
+from autoshard.search.partials import (
+    UNREADABLE,
+    Partials,
+    may_take,
+    partial_kinds,
+    readable_matrix,
+)
 from autoshard.sharding import ReductionKind, Sharding, ShardingOption
-from tests.e2e.test_partial_sums import write_products
+from autoshard.training import Training, training_graph
+from tests.e2e.test_partial_sums import write_moves, write_products
 from tests.unit.test_mlir import assert_same_program
 
 S = Sharding.parse
+MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
 @pytest.mark.parametrize(
@@ -76,6 +91,31 @@ def test_only_ops_commuting_with_a_sum_have_partial_candidates(products):
     assert {c.partial_axes for c in candidates(add, Mesh((1, 2)))} == {(), (1,)}
 
 
+@pytest.fixture(scope="module")
+def moves(tmp_path_factory):
+    return import_onnx(write_moves(tmp_path_factory.mktemp("moves") / "m.onnx"))
+
+
+def test_ops_that_only_move_elements_have_partial_candidates(moves):
+    mesh = Mesh((2, 2))
+    reshape = rule_for(moves.op_by_name["reshape"], moves)  # [4, 8] -> [4, 2, 4]
+    concat = rule_for(moves.op_by_name["concat"], moves)  # 2 x [1, 4, 4] -> [1, 4, 8] on dim 2
+    assert reshape is not None and concat is not None
+    # Reshape: loops (4, 2) (8 -> [2, 4] carries gcd(8, 2)). Axes 0 and 1 each on no loop, d0
+    # or d1: 9 placements; both on d1 (4 devices, 2 rows) is none, both on d0 is two orders: 9.
+    # Partial over the unused axes: the option using none 3 times, the 4 using one axis once
+    # each: 7 more.
+    found = candidates(reshape, mesh)
+    assert len([c for c in found if not c.partial_axes]) == 9 and len(found) == 9 + 7
+    # Concat: loops (1, 4, 8 invalid): each axis on no loop or d1, both in either order (5);
+    # partial: 3 for the option using none, 1 for each of the 2 using one axis: 5 more.
+    found = candidates(concat, mesh)
+    assert len([c for c in found if not c.partial_axes]) == 5 and len(found) == 5 + 5
+    kinds = partial_kinds(moves, {op.name: rule_for(op, moves) for op in moves.ops})
+    moved = ("p", "r", "t", "h0", "h1", "c", "s", "q", "u", "out")
+    assert all(kinds[n] == frozenset({ReductionKind.SUM}) for n in moved)
+
+
 def test_partial_options_are_kept_where_every_operand_may_be_partial(products):
     kinds = partial_kinds(products, {op.name: rule_for(op, products) for op in products.ops})
     sums = frozenset({ReductionKind.SUM})
@@ -112,3 +152,39 @@ def test_a_partial_option_round_trips_through_mlir(products, dialect):
     back = parse_module(text).to_program()
     assert_same_program(back, program)
     assert print_program(back, dialect) == text
+
+
+def test_an_option_whose_gradient_never_reads_partial_sums_is_not_taken(tmp_path):
+    # Trained, each move's gradient computes with its option: it reads the gradient of the
+    # move's result partial where the move reads its operand so. The loss's gradient of the
+    # output is never partial (no reduction makes it), so Expand's partial options are dead
+    # (no reshard makes their gradient's read); the others' gradients read partial-able sums.
+    graph = training_graph(import_onnx(write_moves(tmp_path / "m.onnx")), Training())
+    rules = {op.name: rule_for(op, graph) for op in graph.ops}
+    partials = Partials.of(graph, rules)
+    assert [o.name for o, _ in partials.along["concat"]] == ["concat@grad0", "concat@grad1"]
+    taken = {}
+    for name in ("reshape", "transpose", "split", "concat", "slice", "squeeze", "expand"):
+        rule = rules[name]
+        assert rule is not None
+        option = ShardingOption(((),) * len(rule.loops), (0,))
+        taken[name] = partials.may_take(graph.op_by_name[name], rule, option)
+        assert may_take(graph.op_by_name[name], rule, option, partials.kinds)  # the op alone
+    assert [n for n, ok in taken.items() if not ok] == ["expand"]
+
+
+def test_partial_sums_through_a_reshape_are_priced_as_the_program_makes_them():
+    # GPT-2's dynamo export reshapes its output projections [8, 64] to [2, 4, 64] before the
+    # residual Add; required to hold them partial after the Reshape, the search reduces them
+    # after it, and its objective is the materialized and the lowered program's cost.
+    graph = import_onnx(MODELS / "gpt2_dynamo.onnx", {"batch": 2, "seq": 4})
+    partial = S("[[], [], []] partial = sum[0]")
+    required = [Annotation(f"view_{n}", partial) for n in (8, 12)]
+    cluster = make_cluster(mesh="2")
+    planned = auto_plan(graph, cluster, required)
+    for n in (8, 12):
+        assert planned.plan.options[f"node_view_{n}"] == ShardingOption(((), ()), (0,))
+    searched = planned.search.priced.objective(planned.solution.choice)
+    made = price(materialize(graph, planned.plan), graph, cluster)
+    assert searched == pytest.approx(made.objective, rel=1e-12, abs=0)
+    assert planned.cost.objective == pytest.approx(made.objective, rel=1e-12, abs=0)

@@ -10,10 +10,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autoshard.annotations import Annotation
 from autoshard.collectives import CollectiveKind
+from autoshard.cost.cluster import make_cluster
+from autoshard.cost.price import collective_time
 from autoshard.execute.simulate import run_collective, shard
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.mesh import Mesh
 from autoshard.passes.ccl import (
+    _cheaper,
     _decompose,
     _move_down,
     _Rewrite,
@@ -26,6 +29,7 @@ from autoshard.passes.ccl import (
 from autoshard.passes.materialize import materialize
 from autoshard.program import Communicate, Compute, Program
 from autoshard.propagate import propagate
+from autoshard.reshard import plan_reshard
 from autoshard.sharding import Sharding, ShardingOption
 
 S = Sharding.parse
@@ -499,3 +503,26 @@ def test_a_reshard_through_a_sharding_already_held_reuses_it(tmp_path):
     defined = [name for step in program.steps for name in step.outputs]
     assert len(defined) == len(set(defined))
     check_same_meaning(graph, program, optimize_collectives(program, graph))
+
+
+def test_a_chain_is_not_fused_into_one_group_over_slower_axes():
+    """A gather over [1] then one over [0] of a [64, 8] tensor split [[0, 1]] on 2x4: one
+    all_gather over [0, 1] sends the same bytes in one collective, all over axis 0's link (a
+    group runs at its slowest axis), which costs more where axis 0 is slower (across nodes);
+    the materialized chain, the one the search priced, stays. Two all_reduces folded into one
+    send fewer bytes and fuse."""
+    mesh, shape = Mesh((2, 4)), (64, 8)
+    chain = plan_reshard(S("[[0, 1]]"), S("[[0]]"), shape, mesh)
+    chain += plan_reshard(S("[[0]]"), S("[[]]"), shape, mesh)
+    fused = plan_reshard(S("[[0, 1]]"), S("[[]]"), shape, mesh)
+    assert [c.mesh_axes for c in chain] == [(1,), (0,)]
+    assert [c.mesh_axes for c in fused] == [(0, 1)]
+    assert sum(c.bytes_per_device for c in chain) == fused[0].bytes_per_device
+    assert not _cheaper(fused, chain)
+    cluster = make_cluster(mesh="2x4", bandwidth=["25GB/s", "450GB/s"])
+    assert collective_time(fused[0], cluster) > sum(collective_time(c, cluster) for c in chain)
+    partial = S("[[]] partial = sum[0, 1]")
+    folded = plan_reshard(partial, S("[[]]"), shape, mesh)
+    steps = plan_reshard(partial, S("[[]] partial = sum[1]"), shape, mesh)
+    steps += plan_reshard(S("[[]] partial = sum[1]"), S("[[]]"), shape, mesh)
+    assert len(folded) == 1 and _cheaper(folded, steps)

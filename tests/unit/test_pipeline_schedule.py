@@ -112,6 +112,18 @@ def test_forward_only_step():
     assert timeline.in_flight == (1.0,) * 4
 
 
+def test_forward_only_interleaved_step_runs_every_chunk():
+    """Forward only, interleaved 1F1B with 2 chunks a stage: each stage runs both chunks of
+    every micro-batch, in Megatron's order (groups of p micro-batches, chunk by chunk), and the
+    step is the textbook (m + (p - 1) / v) f = (4 + 3 / 2) 1 s."""
+    pipeline = Pipeline(4, 4, Schedule(ScheduleKind.INTERLEAVED, 2))
+    assert [str(p) for p in order(pipeline, 0, training=False)] == [
+        "F0", "F1", "F2", "F3", "F0.1", "F1.1", "F2.1", "F3.1"]  # fmt: skip
+    timeline = simulate(pipeline, EQUAL, training=False)
+    assert timeline.step_s == 5.5
+    assert timeline.in_flight == (1.0,) * 4
+
+
 @pytest.mark.parametrize(
     ("text", "shown"),
     [("gpipe", "GPipe"), ("1f1b", "1F1B"), ("interleaved", "interleaved 1F1B, 2 virtual "
