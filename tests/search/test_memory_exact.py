@@ -189,11 +189,6 @@ def test_a_deep_decoders_training_step_is_recorded_once_per_kind_of_layer(tmp_pa
     assert counts[0] == counts[1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a random training plan holding partial sums: its rows count 6144 B more than its "
-    "program holds (conservative; cause not found)",
-)
 def test_a_deep_decoders_training_rows_are_its_programs(tmp_path, monkeypatch):
     """Random plans of the 3-layer decoder's training step (updated weights and states
     recorded once per kind of layer): their rows are their programs'."""
