@@ -243,8 +243,9 @@ class _Liveness:
 
         A read (p, i) in sharding s reads the home at AT(p) when s is the held sharding, at
         PRE(p, i) when no buffer of s nor of its reshard's first step is live there (the
-        reshard is made there from the home; later reads of s read its buffer). With the slots where some plan reads the home u_1 < ... < u_n,
-        the home is dead after u_{j-1} exactly when no read at u_j or later reads it:
+        reshard is made there from the home; later reads of s read its buffer). With the
+        slots where some plan reads the home u_1 < ... < u_n, the home is dead after u_{j-1}
+        exactly when no read at u_j or later reads it:
 
             dead(u_n) = [nothing at u_n reads the home]
             dead(u_j) = dead(u_{j+1}) AND [nothing at u_j reads the home]
@@ -308,8 +309,8 @@ class _Liveness:
         buffers: Mapping[bool | None, Mapping[Sharding, Buffer]],
     ) -> Literal | bool:
         """The read's reshard to `s` reads no home tensor: a buffer of `s` is live just before
-        it, or one of the first step's result of the reshard from the held sharding
-        (`materialize` takes the steps already taken from their tensor, not the home)."""
+        it, or a buffer of what the first step of the reshard from the held sharding makes
+        (`materialize` starts the reshard from that tensor, not from the home)."""
         chosen, combine = self.literals.chosen, self.literals.combine
         group, shardings = self.held(name)
         ways = [self.buffer_before(recorder, read, s, buffers)]
