@@ -18,6 +18,7 @@ from autoshard.search.memory.rows import (
     Indicator,
     MemoryModel,
     RunTable,
+    Spans,
     concatenated,
 )
 
@@ -58,6 +59,7 @@ def assemble_rows(
     runs = np.full(groups, -1, np.int64)  # each group's run at this slot (-1: none)
     group_of = np.repeat(np.arange(groups), sizes)
     found: dict[tuple, tuple[int, list[int], tuple[np.ndarray, np.ndarray]]] = {}
+    spans = _MarkSpans(len(indicators))
     changed = set(np.flatnonzero(terms.fixed[:slots] | np.diff(marked_bounds)).tolist())
     for slot, vector, moved in _sweep(offsets, slots, bounds, columns, amounts, changed):
         first, last = marked_bounds[slot], marked_bounds[slot + 1]
@@ -71,12 +73,52 @@ def assemble_rows(
         key = (int(fixed[slot]), runs.tobytes(), marks[0].tobytes(), marks[1].tobytes())
         if key not in found:
             found[key] = (key[0] - base_fixed, runs[runs >= 0].tolist(), marks)
+            spans.add(live)
     rows = list(found.values())
+    memory = table.rows([f for f, _, _ in rows], [r for _, r, _ in rows], [m for *_, m in rows])
+    memory.__dict__["marks"] = spans.spans()  # what `MemoryRows.marks` works out, made here
     return MemoryModel(
         table.rows([base_fixed], [base_runs], [(NO_ENTRIES, NO_ENTRIES)]),
-        table.rows([f for f, _, _ in rows], [r for _, r, _ in rows], [m for *_, m in rows]),
+        memory,
         tuple(indicators),
     )
+
+
+class _MarkSpans:
+    """The indicator terms of the rows, as they are appended, as spans (`Spans`, those
+    `Spans.of` finds in the rows' terms): a term opens at a row where its indicator's bytes
+    differ from the row before's, and closes at the row before the next such row. Rows of a
+    training step share most of their terms, so this follows far fewer changes than the rows
+    hold terms."""
+
+    def __init__(self, indicators: int) -> None:
+        self.held = np.zeros(indicators, np.int64)  # the last row's bytes per indicator
+        self.first = np.zeros(indicators, np.int64)  # where each open term opened
+        self.rows = 0
+        self.closed: list[tuple[np.ndarray, ...]] = []  # (keys, amounts, firsts, lasts)
+
+    def add(self, live: np.ndarray) -> None:
+        """A row of `live` bytes per indicator."""
+        (moved,) = np.nonzero(live != self.held)
+        if len(moved):
+            self.close(moved)
+            self.first[moved] = self.rows
+            self.held[moved] = live[moved]
+        self.rows += 1
+
+    def close(self, moved: np.ndarray) -> None:
+        was = moved[self.held[moved] != 0]
+        last = np.full(len(was), self.rows - 1, np.int64)
+        self.closed.append((was, self.held[was], self.first[was], last))
+
+    def spans(self) -> Spans:
+        """The spans, by indicator and first row (as `Spans.of` orders them)."""
+        (still,) = np.nonzero(self.held)  # open after the last row
+        last = np.full(len(still), self.rows - 1, np.int64)
+        parts = [*self.closed, (still, self.held[still], self.first[still], last)]
+        key, amount, first, last = (concatenated(part) for part in zip(*parts, strict=True))
+        order = np.lexsort((first, key))
+        return Spans(key[order], amount[order], first[order], last[order], self.rows)
 
 
 def _group_events(terms: Terms) -> _Events:
