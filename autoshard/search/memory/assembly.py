@@ -59,7 +59,7 @@ def assemble_rows(
     runs = np.full(groups, -1, np.int64)  # each group's run at this slot (-1: none)
     group_of = np.repeat(np.arange(groups), sizes)
     found: dict[tuple, tuple[int, list[int], tuple[np.ndarray, np.ndarray]]] = {}
-    spans = _MarkSpans(len(indicators))
+    row_slots: list[int] = []
     changed = set(np.flatnonzero(terms.fixed[:slots] | np.diff(marked_bounds)).tolist())
     for slot, vector, moved in _sweep(offsets, slots, bounds, columns, amounts, changed):
         first, last = marked_bounds[slot], marked_bounds[slot + 1]
@@ -73,10 +73,10 @@ def assemble_rows(
         key = (int(fixed[slot]), runs.tobytes(), marks[0].tobytes(), marks[1].tobytes())
         if key not in found:
             found[key] = (key[0] - base_fixed, runs[runs >= 0].tolist(), marks)
-            spans.add(live)
+            row_slots.append(slot)
     rows = list(found.values())
     memory = table.rows([f for f, _, _ in rows], [r for _, r, _ in rows], [m for *_, m in rows])
-    memory.__dict__["marks"] = spans.spans()  # what `MemoryRows.marks` works out, made here
+    memory.__dict__["marks"] = _mark_spans(marked, row_slots)  # `MemoryRows.marks`, made here
     return MemoryModel(
         table.rows([base_fixed], [base_runs], [(NO_ENTRIES, NO_ENTRIES)]),
         memory,
@@ -84,41 +84,33 @@ def assemble_rows(
     )
 
 
-class _MarkSpans:
-    """The indicator terms of the rows, as they are appended, as spans (`Spans`, those
-    `Spans.of` finds in the rows' terms): a term opens at a row where its indicator's bytes
-    differ from the row before's, and closes at the row before the next such row. Rows of a
-    training step share most of their terms, so this follows far fewer changes than the rows
-    hold terms."""
-
-    def __init__(self, indicators: int) -> None:
-        self.held = np.zeros(indicators, np.int64)  # the last row's bytes per indicator
-        self.first = np.zeros(indicators, np.int64)  # where each open term opened
-        self.rows = 0
-        self.closed: list[tuple[np.ndarray, ...]] = []  # (keys, amounts, firsts, lasts)
-
-    def add(self, live: np.ndarray) -> None:
-        """A row of `live` bytes per indicator."""
-        (moved,) = np.nonzero(live != self.held)
-        if len(moved):
-            self.close(moved)
-            self.first[moved] = self.rows
-            self.held[moved] = live[moved]
-        self.rows += 1
-
-    def close(self, moved: np.ndarray) -> None:
-        was = moved[self.held[moved] != 0]
-        last = np.full(len(was), self.rows - 1, np.int64)
-        self.closed.append((was, self.held[was], self.first[was], last))
-
-    def spans(self) -> Spans:
-        """The spans, by indicator and first row (as `Spans.of` orders them)."""
-        (still,) = np.nonzero(self.held)  # open after the last row
-        last = np.full(len(still), self.rows - 1, np.int64)
-        parts = [*self.closed, (still, self.held[still], self.first[still], last)]
-        key, amount, first, last = (concatenated(part) for part in zip(*parts, strict=True))
-        order = np.lexsort((first, key))
-        return Spans(key[order], amount[order], first[order], last[order], self.rows)
+def _mark_spans(marked: _Events, row_slots: Sequence[int]) -> Spans:
+    """The rows' indicator terms as spans (`Spans`, as `Spans.of` finds them in the rows'
+    terms, in its order), from the indicator events rather than the rows: row r holds the
+    bytes live at slot `row_slots[r]` (ascending), so an indicator's bytes change at the first
+    row at or after each of its events; a span runs from a row where they change to a nonzero
+    amount to the row before the next change. Rows of a training step share most of their
+    terms: far fewer events than the rows hold terms."""
+    at, key, amount = marked
+    rows = len(row_slots)
+    if not len(key):
+        return Spans(key, amount, key, key, rows)
+    order = np.argsort(key, kind="stable")  # by indicator, each one's events by slot
+    at, key = at[order], key[order]
+    bytes_after = np.cumsum(amount[order])  # each indicator's bytes after each of its events
+    starts = np.flatnonzero(np.diff(key, prepend=-1))
+    before = np.append(0, bytes_after[starts[1:] - 1])  # the indicators' before each's first
+    bytes_after -= np.repeat(before, np.diff(np.append(starts, len(key))))
+    row = np.searchsorted(np.asarray(row_slots, np.int64), at)
+    # The last event of an indicator before each row, the rows before its first event aside.
+    last = np.append((key[1:] != key[:-1]) | (row[1:] != row[:-1]), True) & (row < rows)
+    key, row, bytes_after = key[last], row[last], bytes_after[last]
+    opens = np.diff(key, prepend=-1) != 0
+    changes = opens | (np.diff(bytes_after, prepend=0) != 0)
+    key, row, bytes_after = key[changes], row[changes], bytes_after[changes]
+    ends = np.append(np.where(key[1:] == key[:-1], row[1:] - 1, rows - 1), rows - 1)
+    held = bytes_after != 0
+    return Spans(key[held], bytes_after[held], row[held], ends[held], rows)
 
 
 def _group_events(terms: Terms) -> _Events:
