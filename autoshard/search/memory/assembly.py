@@ -44,12 +44,14 @@ def assemble_rows(
             np.copyto(common, vector)
     table = RunTable()
 
-    def run(group: int, vector: np.ndarray) -> int:
-        start = int(offsets[group])
-        (nonzero,) = np.nonzero(vector[start : int(offsets[group + 1])])
-        return table.add(group, nonzero, vector[start + nonzero]) if len(nonzero) else -1
+    columns_of = list(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True))
 
-    base_runs = [u for g in range(groups) if (u := run(g, common)) >= 0]
+    def run(group: int, held: np.ndarray) -> int:
+        """The run of the group's bytes under each of its choices, `held`."""
+        (nonzero,) = np.nonzero(held)
+        return table.add(group, nonzero, held[nonzero]) if len(nonzero) else -1
+
+    base_runs = [u for g, (a, b) in enumerate(columns_of) if (u := run(g, common[a:b])) >= 0]
     base_fixed = int(fixed.min())
     # Indicator terms as events too, over a vector of the indicators' bytes.
     marked = _indicator_events(terms)
@@ -58,7 +60,7 @@ def assemble_rows(
     marks = (NO_ENTRIES, NO_ENTRIES)
     runs = np.full(groups, -1, np.int64)  # each group's run at this slot (-1: none)
     group_of = np.repeat(np.arange(groups), sizes)
-    found: dict[tuple, tuple[int, list[int], tuple[np.ndarray, np.ndarray]]] = {}
+    found: dict[tuple, tuple[int, np.ndarray, tuple[np.ndarray, np.ndarray]]] = {}
     row_slots: list[int] = []
     changed = set(np.flatnonzero(terms.fixed[:slots] | np.diff(marked_bounds)).tolist())
     for slot, vector, moved in _sweep(offsets, slots, bounds, columns, amounts, changed):
@@ -67,12 +69,12 @@ def assemble_rows(
             np.add.at(live, marked[1][first:last], marked[2][first:last])
             (held,) = np.nonzero(live)
             marks = (held, live[held])
-        rest = vector - common
         for g in range(groups) if slot == 0 else sorted(set(group_of[moved].tolist())):
-            runs[g] = run(g, rest)
+            a, b = columns_of[g]
+            runs[g] = run(g, vector[a:b] - common[a:b])
         key = (int(fixed[slot]), runs.tobytes(), marks[0].tobytes(), marks[1].tobytes())
         if key not in found:
-            found[key] = (key[0] - base_fixed, runs[runs >= 0].tolist(), marks)
+            found[key] = (key[0] - base_fixed, runs[runs >= 0], marks)
             row_slots.append(slot)
     rows = list(found.values())
     memory = table.rows([f for f, _, _ in rows], [r for _, r, _ in rows], [m for *_, m in rows])
