@@ -229,7 +229,7 @@ class RunTable:
         return MemoryRows(
             np.array(fixed, np.int64).reshape(-1),
             _starts([len(r) for r in runs]),
-            concatenated(runs),
+            concatenated([np.asarray(r, np.int64) for r in runs]),
             np.array(self.group, np.int64),
             _starts([len(c) for c in self.choices]),
             concatenated(self.choices),
