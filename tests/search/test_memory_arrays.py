@@ -3,6 +3,7 @@ indicators worked out level by level (`IndicatorTable`), each summed or evaluate
 
 import numpy as np
 
+from autoshard.search.memory.assembly import _events, _mark_spans
 from autoshard.search.memory.rows import Chosen, Indicator, IndicatorTable, Spans
 
 
@@ -57,6 +58,29 @@ def test_spans_are_alike_whatever_the_keys_width():
         assert wide.key.tolist() == (narrow.key + 70_000).tolist()
         for field in ("amount", "first", "last"):
             assert getattr(wide, field).tolist() == getattr(narrow, field).tolist()
+
+
+def test_the_spans_of_indicator_events_are_those_of_the_rows_they_make():
+    """Random indicator terms over spans of slots (one term ending where another of its
+    indicator starts, terms cancelling out), rows kept at some slots: the spans worked out
+    from the events are those `Spans.of` finds in the rows written out slot by slot."""
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        slots, count = 40, int(rng.integers(0, 25))
+        firsts = rng.integers(0, slots, count)
+        lasts = np.minimum(firsts + rng.integers(0, 12, count), slots - 1)
+        keys, amounts = rng.integers(0, 6, count), rng.choice([-4, -2, 2, 3, 4], count)
+        kept = sorted(rng.choice(slots, int(rng.integers(1, slots)), False).tolist())
+        rows = []
+        for slot in kept:
+            live = np.zeros(6, np.int64)
+            np.add.at(live, keys[(firsts <= slot) & (slot <= lasts)],
+                      amounts[(firsts <= slot) & (slot <= lasts)])  # fmt: skip
+            rows.append([(k, int(live[k])) for k in np.flatnonzero(live)])
+        made = _mark_spans(_events(firsts, lasts, keys, amounts), kept)
+        written = Spans.of(*_arrays(rows))
+        for field in ("key", "amount", "first", "last", "rows"):
+            assert np.array_equal(getattr(made, field), getattr(written, field)), field
 
 
 def test_no_terms_make_no_spans():

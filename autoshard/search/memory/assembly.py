@@ -18,6 +18,7 @@ from autoshard.search.memory.rows import (
     Indicator,
     MemoryModel,
     RunTable,
+    Spans,
     concatenated,
 )
 
@@ -43,12 +44,14 @@ def assemble_rows(
             np.copyto(common, vector)
     table = RunTable()
 
-    def run(group: int, vector: np.ndarray) -> int:
-        start = int(offsets[group])
-        (nonzero,) = np.nonzero(vector[start : int(offsets[group + 1])])
-        return table.add(group, nonzero, vector[start + nonzero]) if len(nonzero) else -1
+    columns_of = list(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True))
 
-    base_runs = [u for g in range(groups) if (u := run(g, common)) >= 0]
+    def run(group: int, held: np.ndarray) -> int:
+        """The run of the group's bytes under each of its choices, `held`."""
+        (nonzero,) = np.nonzero(held)
+        return table.add(group, nonzero, held[nonzero]) if len(nonzero) else -1
+
+    base_runs = [u for g, (a, b) in enumerate(columns_of) if (u := run(g, common[a:b])) >= 0]
     base_fixed = int(fixed.min())
     # Indicator terms as events too, over a vector of the indicators' bytes.
     marked = _indicator_events(terms)
@@ -57,7 +60,8 @@ def assemble_rows(
     marks = (NO_ENTRIES, NO_ENTRIES)
     runs = np.full(groups, -1, np.int64)  # each group's run at this slot (-1: none)
     group_of = np.repeat(np.arange(groups), sizes)
-    found: dict[tuple, tuple[int, list[int], tuple[np.ndarray, np.ndarray]]] = {}
+    found: dict[tuple, tuple[int, np.ndarray, tuple[np.ndarray, np.ndarray]]] = {}
+    row_slots: list[int] = []
     changed = set(np.flatnonzero(terms.fixed[:slots] | np.diff(marked_bounds)).tolist())
     for slot, vector, moved in _sweep(offsets, slots, bounds, columns, amounts, changed):
         first, last = marked_bounds[slot], marked_bounds[slot + 1]
@@ -65,18 +69,50 @@ def assemble_rows(
             np.add.at(live, marked[1][first:last], marked[2][first:last])
             (held,) = np.nonzero(live)
             marks = (held, live[held])
-        rest = vector - common
         for g in range(groups) if slot == 0 else sorted(set(group_of[moved].tolist())):
-            runs[g] = run(g, rest)
+            a, b = columns_of[g]
+            runs[g] = run(g, vector[a:b] - common[a:b])
         key = (int(fixed[slot]), runs.tobytes(), marks[0].tobytes(), marks[1].tobytes())
         if key not in found:
-            found[key] = (key[0] - base_fixed, runs[runs >= 0].tolist(), marks)
+            found[key] = (key[0] - base_fixed, runs[runs >= 0], marks)
+            row_slots.append(slot)
     rows = list(found.values())
+    memory = table.rows([f for f, _, _ in rows], [r for _, r, _ in rows], [m for *_, m in rows])
+    memory.__dict__["marks"] = _mark_spans(marked, row_slots)  # `MemoryRows.marks`, made here
     return MemoryModel(
         table.rows([base_fixed], [base_runs], [(NO_ENTRIES, NO_ENTRIES)]),
-        table.rows([f for f, _, _ in rows], [r for _, r, _ in rows], [m for *_, m in rows]),
+        memory,
         tuple(indicators),
     )
+
+
+def _mark_spans(marked: _Events, row_slots: Sequence[int]) -> Spans:
+    """The rows' indicator terms as spans (`Spans`, as `Spans.of` finds them in the rows'
+    terms, in its order), from the indicator events rather than the rows: row r holds the
+    bytes live at slot `row_slots[r]` (ascending), so an indicator's bytes change at the first
+    row at or after each of its events; a span runs from a row where they change to a nonzero
+    amount to the row before the next change. Rows of a training step share most of their
+    terms: far fewer events than the rows hold terms."""
+    at, key, amount = marked
+    rows = len(row_slots)
+    if not len(key):
+        return Spans(key, amount, key, key, rows)
+    order = np.argsort(key, kind="stable")  # by indicator, each one's events by slot
+    at, key = at[order], key[order]
+    bytes_after = np.cumsum(amount[order])  # each indicator's bytes after each of its events
+    starts = np.flatnonzero(np.diff(key, prepend=-1))
+    before = np.append(0, bytes_after[starts[1:] - 1])  # the indicators' before each's first
+    bytes_after -= np.repeat(before, np.diff(np.append(starts, len(key))))
+    row = np.searchsorted(np.asarray(row_slots, np.int64), at)
+    # The last event of an indicator before each row, the rows before its first event aside.
+    last = np.append((key[1:] != key[:-1]) | (row[1:] != row[:-1]), True) & (row < rows)
+    key, row, bytes_after = key[last], row[last], bytes_after[last]
+    opens = np.diff(key, prepend=-1) != 0
+    changes = opens | (np.diff(bytes_after, prepend=0) != 0)
+    key, row, bytes_after = key[changes], row[changes], bytes_after[changes]
+    ends = np.append(np.where(key[1:] == key[:-1], row[1:] - 1, rows - 1), rows - 1)
+    held = bytes_after != 0
+    return Spans(key[held], bytes_after[held], row[held], ends[held], rows)
 
 
 def _group_events(terms: Terms) -> _Events:

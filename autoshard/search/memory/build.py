@@ -14,7 +14,8 @@ step, END(i, k) for the outputs' reshards; and a row per distinct slot. What is 
 - a value's home tensor (as held): from where it is made to its last read, less savings where
   no later read reads it (`add_home`): a read of s at (p, i) reads the home at AT(p) when s is
   the held sharding, at PRE(p, i, 0) when no buffer of s is live there (its first read, and
-  not made on the way of another reshard), else not at all;
+  not made on the way of another reshard) nor one of its reshard's first step (`materialize`
+  starts the reshard from that tensor), else not at all;
 - reshard buffers: a value read in a sharding s other than the one it is held in is resharded
   once, at the first read of s (made by the reshard's last step), and the buffer lives until
   the last read of s. With P(t) "made at or before t" and Q(t) "read at or after t", it is
@@ -38,10 +39,8 @@ bounds: either way a solver keeping rows under a budget sets each to its true va
 its own life harder (`search.solver`). Repeated layers ask for the same conditions and share
 them, and their rows coincide (rows are kept once).
 
-Exact for the materialized program (`tests/search/test_memory_exact.py`) but for what the model
-leaves conservative (more than the program holds): a reshard whose first steps were taken
-already for another reader (it starts from their tensor, `materialize`'s reuse) is counted as
-reading the home.
+Exact for the materialized program (`tests/search/test_memory_exact.py`), the reshards of
+several collectives it makes counted (`chains`).
 
 The parts: the slots (`memory_slots`), the literals (`memory_literals`), the tensors a value
 makes (`memory_tensors`), the marks recorded once and replayed per copy (`memory_record`), and
@@ -243,9 +242,10 @@ class _Liveness:
         read; here, as savings (negative terms), the slots after which no read of it follows.
 
         A read (p, i) in sharding s reads the home at AT(p) when s is the held sharding, at
-        PRE(p, i) when no buffer of s is live there (the reshard is made there; later reads
-        of s read its buffer). With the slots where some plan reads the home u_1 < ... < u_n,
-        the home is dead after u_{j-1} exactly when no read at u_j or later reads it:
+        PRE(p, i) when no buffer of s nor of its reshard's first step is live there (the
+        reshard is made there from the home; later reads of s read its buffer). With the
+        slots where some plan reads the home u_1 < ... < u_n, the home is dead after u_{j-1}
+        exactly when no read at u_j or later reads it:
 
             dead(u_n) = [nothing at u_n reads the home]
             dead(u_j) = dead(u_{j+1}) AND [nothing at u_j reads the home]
@@ -286,7 +286,7 @@ class _Liveness:
                             chosen(g, needs, s, True),
                             chosen(group, shardings, s, False)
                             if at
-                            else self.buffer_before(recorder, read, s, buffers),
+                            else self.made_before(recorder, name, read, s, buffers),
                         ],
                     )
                     for s in self.literals.choices_of(needs)
@@ -299,6 +299,27 @@ class _Liveness:
             for size, held in by_size.items():
                 saving = combine(True, [held, dead])
                 recorder.mark((first[0], first[1] + 1), events[until][0][0], saving, -size)
+
+    def made_before(
+        self,
+        recorder: Recorder,
+        name: str,
+        read: Read,
+        s: Sharding,
+        buffers: Mapping[bool | None, Mapping[Sharding, Buffer]],
+    ) -> Literal | bool:
+        """The read's reshard to `s` reads no home tensor: a buffer of `s` is live just before
+        it, or a buffer of what the first step of the reshard from the held sharding makes
+        (`materialize` starts the reshard from that tensor, not from the home)."""
+        chosen, combine = self.literals.chosen, self.literals.combine
+        group, shardings = self.held(name)
+        ways = [self.buffer_before(recorder, read, s, buffers)]
+        for h in self.literals.choices_of(shardings):
+            way = self.tensors.intermediates(name, h, s)
+            if way:
+                first = self.buffer_before(recorder, read, way[0], buffers)
+                ways.append(combine(True, [chosen(group, shardings, h, True), first]))
+        return combine(False, ways)
 
     def buffer_before(
         self,

@@ -221,7 +221,7 @@ class RunTable:
     def rows(
         self,
         fixed: Sequence[int],
-        runs: Sequence[Sequence[int]],
+        runs: Sequence[Sequence[int] | np.ndarray],
         indicated: Sequence[tuple[np.ndarray, np.ndarray]],
     ) -> MemoryRows:
         """Rows of these runs (each row's by group), with their fixed terms and their indicator
@@ -229,7 +229,7 @@ class RunTable:
         return MemoryRows(
             np.array(fixed, np.int64).reshape(-1),
             _starts([len(r) for r in runs]),
-            np.array([u for r in runs for u in r], np.int64),
+            concatenated([np.asarray(r, np.int64) for r in runs]),
             np.array(self.group, np.int64),
             _starts([len(c) for c in self.choices]),
             concatenated(self.choices),
