@@ -25,7 +25,13 @@ from autoshard.analysis.shorten import layer_run, shortened
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import check_precision
-from autoshard.cost.replay import compute_floor, memory_floor, recompute_ladder, recompute_order
+from autoshard.cost.replay import (
+    compute_floor,
+    memory_floor,
+    recompute_ladder,
+    recompute_order,
+    recompute_ranked,
+)
 from autoshard.deadline import Deadline
 from autoshard.document.blocks import Decisions
 from autoshard.document.plan_document import (
@@ -58,7 +64,7 @@ from autoshard.search.pipelined import (
 )
 from autoshard.search.pipesearch import PipelineChoice, StagePlan, choose_pipeline, plan_pipelined
 from autoshard.search.recipe_prices import price_recipes
-from autoshard.search.recompute import choose_recompute, recompute_words
+from autoshard.search.recompute import Bounds, choose_recompute, recompute_words
 from autoshard.search.shared import SearchCache, shared_plan
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
@@ -502,13 +508,16 @@ def _fastest_recompute(
     graphs = {} if graphs is None else graphs
     if request.pipeline is None:
         steps = _step_graphs(request, recompute_ladder(training), tracker, graphs)
-        tried, skipped = recompute_order(steps, request.cluster, request.cluster.memory)
-        bounds = {t: compute_floor(steps[t], request.cluster) for t in (*tried, *skipped)}
+        ranked = recompute_ranked(steps, request.cluster)
+        tried, skipped = recompute_order(steps, request.cluster, request.cluster.memory, ranked)
+        bounds: Mapping[Training, float] = Bounds(
+            ranked, lambda t: compute_floor(steps[t], request.cluster)
+        )
         floors = {t: memory_floor(steps[t], request.cluster.mesh.size) for t in skipped}
     else:
         # A pipeline plans its stage's model: no whole step built for bounds; each solved.
         tried, floors = recompute_ladder(training), {}
-        bounds = dict.fromkeys(tried, 0.0)
+        ranked, bounds = tried, dict.fromkeys(tried, 0.0)
     found: dict[Training, RequestedPlan] = {}
 
     def solve(step: Training, last: bool) -> tuple[float, bool]:
@@ -519,7 +528,7 @@ def _fastest_recompute(
         seconds = float(block["step_time_s"]) if block else planned.planned.cost.step_time_s
         return seconds, planned.planned.solution.memory_binds
 
-    chosen, considered = choose_recompute(tried, bounds, solve, floors)
+    chosen, considered = choose_recompute(tried, bounds, solve, floors, ranked)
     planned = found[chosen.training]
     # One candidate (a model without repeated layers) is no choice: the story is silent.
     words = f" {recompute_words(chosen, considered)}" if len(considered) > 1 else ""

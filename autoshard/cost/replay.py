@@ -164,21 +164,27 @@ def recompute_ladder(training: Training) -> tuple[Training, ...]:
     return tuple(training.but(recompute, every) for recompute, every in ladder)
 
 
-def recompute_order(
-    steps: Mapping[Training, Graph], cluster: Cluster, budget: float | None = None
-) -> tuple[tuple[Training, ...], tuple[Training, ...]]:
-    """The recomputations of `steps` (each with its training step's graph) `auto` solves, in
-    the order it solves them, and those it skips: ordered by the compute they replay (whole
-    ops on one device: `replayed_seconds`), the first in the ladder first where equal, one
-    of those recomputing the same ops (`layers:2` and `layers:4` of two layers); skipped
-    where no plan fits `budget` (`memory_floor` above it; the cluster's memory where not
-    given), but the last, the one that recomputes most, which answers where none fits."""
+def recompute_ranked(steps: Mapping[Training, Graph], cluster: Cluster) -> tuple[Training, ...]:
+    """The distinct recomputations of `steps` (each with its training step's graph), ordered
+    by the compute they replay (whole ops on one device: `replayed_seconds`), the first in the
+    ladder first where equal; one of those recomputing the same ops (`layers:2` and
+    `layers:4` of two layers)."""
     distinct: dict[frozenset[str], Training] = {}
     for training, graph in steps.items():
         replayed = frozenset(op.name for op in graph.ops if op.attr(RECOMPUTE_OF, ""))
         distinct.setdefault(replayed, training)
-    by_compute = sorted(distinct.values(), key=lambda t: replayed_seconds(steps[t], cluster))
-    *ordered, last = by_compute
+    return tuple(sorted(distinct.values(), key=lambda t: replayed_seconds(steps[t], cluster)))
+
+
+def recompute_order(
+    steps: Mapping[Training, Graph], cluster: Cluster, budget: float | None = None,
+    ranked: tuple[Training, ...] | None = None,
+) -> tuple[tuple[Training, ...], tuple[Training, ...]]:  # fmt: skip
+    """The recomputations of `steps` `auto` solves, in the order it solves them, and those it
+    skips: `ranked` (`recompute_ranked`'s, made where not given) but those where no plan fits
+    `budget` (`memory_floor` above it; the cluster's memory where not given), and the last,
+    the one that recomputes most, which answers where none fits."""
+    *ordered, last = recompute_ranked(steps, cluster) if ranked is None else ranked
     floors = {t: memory_floor(steps[t], cluster.mesh.size) for t in ordered}
     budget = cluster.memory if budget is None else budget
     tried = tuple(t for t in ordered if floors[t] <= budget)

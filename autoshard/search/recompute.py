@@ -16,7 +16,7 @@ layers' bound 13 >= 12: not solved. Chosen layers:4, 12 s a step; runner-up none
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from autoshard.deadline import TimeUp
@@ -28,10 +28,11 @@ from autoshard.units import format_bytes, format_seconds
 @dataclass(frozen=True)
 class RecomputeCandidate:
     """One recomputation `auto` considered: `bound_s`, the least step any of its plans can
-    take; `step_s`, its plan's step where solved; else `why` it has none."""
+    take (None: not needed, so not priced); `step_s`, its plan's step where solved; else
+    `why` it has none."""
 
     training: Training
-    bound_s: float
+    bound_s: float | None
     step_s: float | None = None
     why: str = ""
 
@@ -46,48 +47,76 @@ class RecomputeCandidate:
                 "step_time_s": self.step_s, "why": self.why}  # fmt: skip
 
 
+class Bounds(Mapping[Training, float]):
+    """The step floors of `keys`, each priced by `price` when first read (`compute_floor`
+    walks every op of a step: where `none`'s plan leaves the budget unbound no other is
+    needed)."""
+
+    def __init__(self, keys: Sequence[Training], price: Callable[[Training], float]) -> None:
+        self._keys, self._price = tuple(keys), price
+        self._known: dict[Training, float] = {}
+
+    def __getitem__(self, key: Training) -> float:
+        if key not in self._keys:
+            raise KeyError(key)
+        if key not in self._known:
+            self._known[key] = self._price(key)
+        return self._known[key]
+
+    def __iter__(self) -> Iterator[Training]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 def choose_recompute(
     tried: Sequence[Training], bounds: Mapping[Training, float],
     solve: Callable[[Training, bool], tuple[float, bool]], floors: Mapping[Training, int],
+    ranked: Sequence[Training] = (),
 ) -> tuple[RecomputeCandidate, tuple[RecomputeCandidate, ...]]:  # fmt: skip
-    """The candidate of the fastest step, and every one considered, in the order of their
-    bounds: each of `tried` (ordered by their compute, so roughly by their bounds) solved by
-    `solve` (its step's seconds, and whether the memory budget binds its search; told whether
-    it is the last chance, where its error should say the least memory a plan needs) unless
-    its bound is no better than the fastest step found; where the budget binds no plan of
-    `none`, none other is solved (recomputing frees memory the search does not need, and only
-    adds to what it minimizes); where the time runs out with a plan found, the rest are not.
-    `floors`: the memory floors of those skipped, over the budget. The last chance's error
-    where none fits; `TimeUp` where the time runs out before any plan."""
-    considered = [RecomputeCandidate(t, bounds[t], why=f"needs at least {format_bytes(floor)} "
+    """The candidate of the fastest step, and every one considered, in `ranked`'s order (by
+    their replayed compute; where not given, `floors`' then `tried`'s): each of `tried`
+    (ordered by their compute, so roughly by their bounds) solved by `solve` (its step's
+    seconds, and whether the memory budget binds its search; told whether it is the last
+    chance, where its error should say the least memory a plan needs) unless its bound is no
+    better than the fastest step found; where the budget binds no plan of `none`, none other
+    is solved (recomputing frees memory the search does not need, and only adds to what it
+    minimizes); where the time runs out with a plan found, the rest are not. `floors`: the
+    memory floors of those skipped, over the budget. `bounds` is read only where a bound
+    decides (a candidate after one solved): a lazy mapping prices no more. The last
+    chance's error where none fits; `TimeUp` where the time runs out before any plan."""
+    considered = [RecomputeCandidate(t, None, why=f"needs at least {format_bytes(floor)} "
                   "per device") for t, floor in floors.items()]  # fmt: skip
     for index, step in enumerate(tried):
         best, last = fastest(considered), index == len(tried) - 1
-        if best is not None and best.step_s is not None and bounds[step] >= best.step_s:
-            why = f"not solved, no plan of it under {format_seconds(bounds[step])}"
-            considered.append(RecomputeCandidate(step, bounds[step], why=why))
+        bound = None if best is None else bounds[step]
+        if best is not None and bound is not None and bound >= (best.step_s or 0.0):
+            why = f"not solved, no plan of it under {format_seconds(bound)}"
+            considered.append(RecomputeCandidate(step, bound, why=why))
             continue
         try:
             seconds, binds = solve(step, best is None and last)
         except InfeasibleError:
             if best is None and last:
                 raise
-            considered.append(RecomputeCandidate(step, bounds[step], why="no plan fits"))
+            considered.append(RecomputeCandidate(step, bound, why="no plan fits"))
             continue
         except TimeUp:
             if best is None:
                 raise
-            considered += [RecomputeCandidate(t, bounds[t], why="out of time")
+            considered += [RecomputeCandidate(t, None, why="out of time")
                            for t in tried[index:]]  # fmt: skip
             break
-        considered.append(RecomputeCandidate(step, bounds[step], seconds))
+        considered.append(RecomputeCandidate(step, bound, seconds))
         if step.recompute is Recompute.NONE and not binds:
             why = "not solved, the budget binds no plan keeping every activation"
-            considered += [RecomputeCandidate(t, bounds[t], why=why) for t in tried[index + 1 :]]
+            considered += [RecomputeCandidate(t, None, why=why) for t in tried[index + 1 :]]
             break
     chosen = fastest(considered)
     assert chosen is not None  # the last chance raised otherwise
-    return chosen, tuple(sorted(considered, key=lambda c: c.bound_s))
+    order = list(ranked) or [*floors, *tried]
+    return chosen, tuple(sorted(considered, key=lambda c: order.index(c.training)))
 
 
 def fastest(candidates: Sequence[RecomputeCandidate]) -> RecomputeCandidate | None:

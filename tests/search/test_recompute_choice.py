@@ -12,7 +12,7 @@ from autoshard.deadline import TimeUp
 from autoshard.pipeline import PlanRequest, _step_graphs
 from autoshard.search.budget import auto_plan
 from autoshard.search.recipes import Recipe, recipe_layout
-from autoshard.search.recompute import choose_recompute, recompute_words
+from autoshard.search.recompute import Bounds, choose_recompute, recompute_words
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Attention, Recompute, Training
 from tests.training.test_recompute import _small_decoder
@@ -79,6 +79,31 @@ def test_none_is_kept_without_searching_the_rest_where_the_budget_binds_none_of_
     chosen, considered, solved = _choose((10.0, 11.0, 12.0, 13.0), {NONE: 20.0}, binds=False)
     assert chosen.training == NONE and solved == ["none"]
     assert considered[1].why == "not solved, the budget binds no plan keeping every activation"
+
+
+def test_bounds_are_priced_only_where_they_decide():
+    """A bound decides only once a plan is found: the first candidate's is never priced, and
+    none is where `none`'s plan leaves the budget unbound (`Bounds` prices on first read);
+    the story keeps `ranked`'s order, whichever were priced."""
+    priced: list[str] = []
+
+    def price(training: Training) -> float:
+        priced.append(training.recompute_text)
+        return {NONE: 10.0, LAYERS4: 11.0, SELECTIVE_OP: 12.0, LAYERS: 13.0}[training]
+
+    def solve(training: Training, last: bool) -> tuple[float, bool]:
+        return {NONE: 20.0, LAYERS4: 12.0}[training], True
+
+    bounds = Bounds(TRIED, price)
+    chosen, considered = choose_recompute(TRIED[:1], bounds, lambda t, last: (20.0, False), {})
+    assert chosen.training == NONE and priced == []
+    ranked = (NONE, SELECTIVE_OP, LAYERS4, LAYERS)
+    chosen, considered = choose_recompute(TRIED, bounds, solve, {}, ranked)
+    assert chosen.training == LAYERS4 and priced == ["layers:4", "selective-op", "layers"]
+    assert [c.training for c in considered] == list(ranked)
+    assert [c.bound_s for c in considered] == [None, 12.0, 11.0, 13.0]
+    with pytest.raises(KeyError):
+        bounds[Training(recompute=Recompute.SELECTIVE)]
 
 
 def test_a_bound_below_the_best_is_solved_even_when_a_later_one_is_not():
