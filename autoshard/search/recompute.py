@@ -19,7 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from autoshard.cost.cluster import Cluster
+from autoshard.cost.replay import compute_floor, memory_floor, recompute_order, recompute_ranked
 from autoshard.deadline import TimeUp
+from autoshard.ir.graph import Graph
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training.options import Recompute, Training
 from autoshard.units import format_bytes, format_seconds
@@ -68,6 +71,34 @@ class Bounds(Mapping[Training, float]):
 
     def __len__(self) -> int:
         return len(self._keys)
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """What `auto` knows of its recomputations before any search: every one, in the order of
+    the compute it replays (`ranked`); those it solves, in order (`tried`); the memory floors
+    of those skipped (`floors`); each one's step floor, priced when first read (`bounds`)."""
+
+    ranked: tuple[Training, ...]
+    tried: tuple[Training, ...]
+    floors: Mapping[Training, int]
+    bounds: Mapping[Training, float]
+
+    @classmethod
+    def of(cls, steps: Mapping[Training, Graph], cluster: Cluster) -> Ladder:
+        """The ladder of `steps` (each recomputation's training step) on `cluster`."""
+        ranked = recompute_ranked(steps, cluster)
+        tried, skipped = recompute_order(steps, cluster, cluster.memory, ranked)
+        floors = {t: memory_floor(steps[t], cluster.mesh.size) for t in skipped}
+        return cls(
+            ranked, tried, floors, Bounds(ranked, lambda t: compute_floor(steps[t], cluster))
+        )
+
+    @classmethod
+    def unpriced(cls, tried: tuple[Training, ...]) -> Ladder:
+        """Each of `tried` solved in turn, no bound known (a pipeline's stage step is not
+        the whole step the floors price)."""
+        return cls(tried, tried, {}, dict.fromkeys(tried, 0.0))
 
 
 def choose_recompute(
