@@ -58,7 +58,7 @@ from autoshard.search.pipelined import (
 )
 from autoshard.search.pipesearch import PipelineChoice, StagePlan, choose_pipeline, plan_pipelined
 from autoshard.search.recipe_prices import price_recipes
-from autoshard.search.recompute import Ladder, choose_recompute, recompute_words
+from autoshard.search.recompute import Ladder, Lazy, choose_recompute, recompute_words
 from autoshard.search.shared import SearchCache, shared_plan
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
@@ -507,8 +507,8 @@ def _fastest_recompute(
     is documented."""
     graphs = {} if graphs is None else graphs
     if request.pipeline is None:
-        steps = _step_graphs(request, recompute_ladder(training), tracker, graphs)
-        ladder = Ladder.of(steps, request.cluster)
+        ladder = Ladder.of(*_step_graphs(request, recompute_ladder(training), tracker, graphs),
+                           request.cluster)  # fmt: skip
     else:  # A pipeline plans its stage's model: no whole step built for bounds; each solved.
         ladder = Ladder.unpriced(recompute_ladder(training))
     found: dict[Training, _Searched] = {}
@@ -520,8 +520,8 @@ def _fastest_recompute(
         seconds = staged.priced.step_s if staged is not None else planned.cost.step_time_s
         return seconds, planned.solution.memory_binds
 
-    chosen, considered = choose_recompute(ladder.tried, ladder.bounds, solve, ladder.floors,
-                                          ladder.ranked)  # fmt: skip
+    chosen, considered = choose_recompute(ladder.ranked, ladder.bounds, solve, ladder.floors,
+                                          request.cluster.memory)  # fmt: skip
     # One candidate (a model without repeated layers) is no choice: the story is silent.
     words = recompute_words(chosen, considered) if len(considered) > 1 else ""
     asked = dataclasses.replace(request, training=chosen.training)
@@ -534,20 +534,21 @@ def _fastest_recompute(
 def _step_graphs(
     request: PlanRequest, ladder: Sequence[Training], tracker: Tracker | None,
     graphs: GraphCache,
-) -> dict[Training, Graph]:  # fmt: skip
-    """The training step of each of `ladder`, the model imported once; each kept in `graphs`
-    (by `_plan_inputs`' key) with the forward."""
-    dims = tuple(sorted(request.dims.items()))
-    found: dict[Training, Graph] = {}
-    forward: Graph | None = None
-    for training in ladder:
-        key = (str(request.model_path), dims, training)
-        if key not in graphs:
-            graphs[key] = (load_graphs(request.model_path, request.dims, training, tracker)
-                           if forward is None else (forward, training_graph(
-                               forward, training, replays(forward, training))))  # fmt: skip
-        forward, found[training] = graphs[key]
-    return found
+) -> tuple[Graph, Mapping[Training, Graph]]:  # fmt: skip
+    """The forward and the training step of each of `ladder`, the model imported once (for
+    the first); the others built when first read. Each kept in `graphs` (`_plan_inputs`' key)."""
+    keys = {t: (str(request.model_path), tuple(sorted(request.dims.items())), t) for t in ladder}
+    if keys[ladder[0]] not in graphs:
+        graphs[keys[ladder[0]]] = load_graphs(request.model_path, request.dims, ladder[0], tracker)
+    forward = graphs[keys[ladder[0]]][0]
+
+    def step(training: Training) -> Graph:
+        if keys[training] not in graphs:
+            made = training_graph(forward, training, replays(forward, training))
+            graphs[keys[training]] = forward, made
+        return graphs[keys[training]][1]
+
+    return forward, Lazy(ladder, step)
 
 
 # ---- `autoshard partition` / `verify`: annotations or a saved plan decide -------------------

@@ -12,7 +12,7 @@ from autoshard.deadline import TimeUp
 from autoshard.pipeline import PlanRequest, _step_graphs
 from autoshard.search.budget import auto_plan
 from autoshard.search.recipes import Recipe, recipe_layout
-from autoshard.search.recompute import Bounds, choose_recompute, recompute_words
+from autoshard.search.recompute import Lazy, choose_recompute, recompute_words
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Attention, Recompute, Training
 from tests.training.test_recompute import _small_decoder
@@ -40,7 +40,7 @@ def _choose(bounds, steps, binds=True):
         return found, binds
 
     bounded = dict(zip(TRIED, bounds, strict=True))
-    chosen, considered = choose_recompute(TRIED, bounded, solve, {})
+    chosen, considered = choose_recompute(TRIED, bounded, solve)
     return chosen, considered, solved
 
 
@@ -81,27 +81,36 @@ def test_none_is_kept_without_searching_the_rest_where_the_budget_binds_none_of_
     assert considered[1].why == "not solved, the budget binds no plan keeping every activation"
 
 
-def test_bounds_are_priced_only_where_they_decide():
+def test_floors_and_bounds_are_priced_only_where_they_decide():
     """A bound decides only once a plan is found: the first candidate's is never priced, and
-    none is where `none`'s plan leaves the budget unbound (`Bounds` prices on first read);
-    the story keeps `ranked`'s order, whichever were priced."""
+    none is where `none`'s plan leaves the budget unbound (`Lazy` prices on first read), nor
+    any memory floor then; the last candidate's floor is never read (it answers where none
+    fits). Those over the budget are skipped in their place in the order."""
     priced: list[str] = []
 
-    def price(training: Training) -> float:
-        priced.append(training.recompute_text)
-        return {NONE: 10.0, LAYERS4: 11.0, SELECTIVE_OP: 12.0, LAYERS: 13.0}[training]
+    def price(table: dict[Training, float]) -> Lazy[float]:
+        def read(training: Training) -> float:
+            priced.append(training.recompute_text)
+            return table[training]
+
+        return Lazy(TRIED, read)
 
     def solve(training: Training, last: bool) -> tuple[float, bool]:
-        return {NONE: 20.0, LAYERS4: 12.0}[training], True
+        return {NONE: 20.0, LAYERS4: 12.0, SELECTIVE_OP: 11.5}[training], True
 
-    bounds = Bounds(TRIED, price)
-    chosen, considered = choose_recompute(TRIED[:1], bounds, lambda t, last: (20.0, False), {})
-    assert chosen.training == NONE and priced == []
-    ranked = (NONE, SELECTIVE_OP, LAYERS4, LAYERS)
-    chosen, considered = choose_recompute(TRIED, bounds, solve, {}, ranked)
-    assert chosen.training == LAYERS4 and priced == ["layers:4", "selective-op", "layers"]
-    assert [c.training for c in considered] == list(ranked)
-    assert [c.bound_s for c in considered] == [None, 12.0, 11.0, 13.0]
+    bounds = price({NONE: 10.0, LAYERS4: 11.0, SELECTIVE_OP: 11.8, LAYERS: 13.0})
+    floors = {NONE: 9, LAYERS4: 8, SELECTIVE_OP: 7, LAYERS: 6}
+    chosen, _ = choose_recompute(TRIED, bounds, lambda t, last: (20.0, False), price(floors), 100)
+    assert chosen.training == NONE and priced == ["none"]
+    priced.clear()
+    floors = price(floors)
+    chosen, considered = choose_recompute(TRIED, bounds, solve, floors, 8.5)
+    assert chosen.training == SELECTIVE_OP
+    assert priced == ["none", "layers:4", "selective-op", "selective-op", "layers"]
+    assert [(c.training, c.bound_s, c.step_s) for c in considered] == [
+        (NONE, None, None), (LAYERS4, None, 12.0), (SELECTIVE_OP, 11.8, 11.5), (LAYERS, 13.0, None)
+    ]  # fmt: skip
+    assert considered[0].why == "needs at least 9 B per device"
     with pytest.raises(KeyError):
         bounds[Training(recompute=Recompute.SELECTIVE)]
 
@@ -150,7 +159,7 @@ def test_no_plan_steps_faster_than_the_step_floor(decoder, mesh):
     fused = Training(attention=Attention.FUSED)
     cluster = make_cluster(mesh=mesh)
     request = PlanRequest(model_path=decoder, cluster=cluster, dims=DIMS, training=fused)
-    steps = _step_graphs(request, recompute_ladder(fused), None, {})
+    steps = _step_graphs(request, recompute_ladder(fused), None, {})[1]
     for training, graph in steps.items():
         cost = auto_plan(graph, cluster, overlap=training.overlap).cost
         floor = compute_floor(graph, cluster)
