@@ -25,7 +25,7 @@ from autoshard.cost.cluster import Cluster
 from autoshard.cost.replay import compute_floor, memory_floor, recompute_ranked
 from autoshard.deadline import TimeUp
 from autoshard.ir.graph import Graph
-from autoshard.search.solver.outcome import InfeasibleError
+from autoshard.search.solver.outcome import InfeasibleError, OutOfTime
 from autoshard.training.options import Recompute, Training
 from autoshard.units import format_bytes, format_seconds
 
@@ -109,15 +109,16 @@ def choose_recompute(
     floors: Mapping[Training, int] | None = None, budget: float = math.inf,
 ) -> tuple[RecomputeCandidate, tuple[RecomputeCandidate, ...]]:  # fmt: skip
     """The candidate of the fastest step, and every one considered, in `ranked`'s order (by
-    the compute they replay, so roughly by their bounds): each solved by `solve` (its step's
-    seconds, and whether the memory budget binds its search; told whether it is the last
-    chance, where its error should say the least memory a plan needs) unless its memory floor
-    (`floors`) is over `budget` (but the last, which answers where none fits) or its bound is
-    no better than the fastest step found; where the budget binds no plan of `none`, none
-    other is solved (recomputing frees memory the search does not need, and only adds to
-    what it minimizes); where the time runs out with a plan found, the rest are not. A floor
-    or bound is read only where it decides: lazy mappings (`Lazy`) price no more. The last
-    chance's error where none fits; `TimeUp` where the time runs out before any plan."""
+        the compute they replay, so roughly by their bounds): each solved by `solve` (its step's
+        seconds, and whether the memory budget binds its search; told whether it is the last
+        chance, where its error should say the least memory a plan needs) unless its memory floor
+        (`floors`) is over `budget` (but the last, which answers where none fits) or its bound is
+        no better than the fastest step found; where the budget binds no plan of `none`, none
+        other is solved (recomputing frees memory the search does not need, and only adds to
+        what it minimizes); where the time runs out with a plan found (`TimeUp` or the solve's
+    `OutOfTime`), the rest are not. A floor
+        or bound is read only where it decides: lazy mappings (`Lazy`) price no more. The last
+        chance's error where none fits; `TimeUp` where the time runs out before any plan."""
     considered: list[RecomputeCandidate] = []
     for index, step in enumerate(ranked):
         best, last = fastest(considered), index == len(ranked) - 1
@@ -138,7 +139,7 @@ def choose_recompute(
                 raise
             considered.append(RecomputeCandidate(step, bound, why="no plan fits"))
             continue
-        except TimeUp:
+        except (TimeUp, OutOfTime):  # while building its problem; in its solve, with no plan
             if best is None:
                 raise
             considered += [RecomputeCandidate(t, None, why="out of time")

@@ -13,7 +13,7 @@ from autoshard.pipeline import PlanRequest, _step_graphs
 from autoshard.search.budget import auto_plan
 from autoshard.search.recipes import Recipe, recipe_layout
 from autoshard.search.recompute import Lazy, choose_recompute, recompute_words
-from autoshard.search.solver.outcome import InfeasibleError
+from autoshard.search.solver.outcome import InfeasibleError, OutOfTime
 from autoshard.training import Attention, Recompute, Training
 from tests.training.test_recompute import _small_decoder
 
@@ -136,14 +136,20 @@ def test_where_none_fits_the_next_is_solved_and_the_last_chance_explains():
         _choose((10.0, 11.0, 12.0, 13.0), dict.fromkeys(TRIED, no))
 
 
-def test_out_of_time_answers_with_the_fastest_found():
-    out = TimeUp("the time limit ran out")
+@pytest.mark.parametrize(
+    "out",
+    [TimeUp("the time limit ran out"), OutOfTime("it ran out in the memory-bound solve")],
+    ids=["building", "solving"],
+)
+def test_out_of_time_answers_with_the_fastest_found(out):
+    """The time runs out while a candidate's problem is built (`TimeUp`) or while its solve
+    has no plan yet (`OutOfTime`): the fastest found answers; with none found, the error."""
     chosen, considered, solved = _choose(
         (10.0, 11.0, 12.0, 13.0), {NONE: 20.0, LAYERS4: out, SELECTIVE_OP: 1.0, LAYERS: 1.0}
     )
     assert chosen.training == NONE and solved == ["none", "layers:4"]
     assert [c.why for c in considered[1:]] == ["out of time"] * 3
-    with pytest.raises(TimeUp):
+    with pytest.raises(type(out)):
         _choose((10.0, 11.0, 12.0, 13.0), dict.fromkeys(TRIED, out))
 
 
