@@ -115,6 +115,8 @@ class ReshardPrices:
                     _check_pair(src, dst)
         rank = len(shape)
         out = np.empty((len(srcs), len(dsts)))
+        starts = [state_of(s, rank) for s in srcs]
+        ends = [state_of(d, rank) for d in dsts]
         sources: dict[tuple[int, bool], list[int]] = {}
         for r, src in enumerate(srcs):
             sources.setdefault((axes_mask(src), bool(src.partial_axes)), []).append(r)
@@ -129,9 +131,9 @@ class ReshardPrices:
                         plan = _plan(srcs[r], dsts[c], shape, self.mesh, itemsize)
                         out[r, c] = sum(self.price(step) for step in plan)
                     continue
-                starts = [graph.index[state_of(srcs[r], rank)] for r in rows]
-                ends = [graph.index[state_of(dsts[c], rank)] for c in columns]
-                out[np.ix_(rows, columns)] = self.table(graph)[np.ix_(starts, ends)]
+                i = np.array([graph.index[starts[r]] for r in rows])[:, None]
+                j = np.array([graph.index[ends[c]] for c in columns])
+                out[np.array(rows)[:, None], columns] = self.table(graph)[i, j]
         return out
 
     def table(self, graph: StepGraph) -> np.ndarray:
@@ -148,10 +150,10 @@ class ReshardPrices:
             price = np.zeros((count, count))
             for hop in hops.tolist():
                 i, k = divmod(hop, count)
-                step = graph.step(i, k)
+                step = paths.steps[(i, k)]
                 # The price depends on the kind, mesh axes and bytes alone (above): a step
                 # like one priced before, of this tensor or another, is not built again.
-                like = (step.kind, step.mesh_axes, step.bytes_per_device)
+                like = (step.kind, step.mesh_axes, step.bytes_per_device * graph.scale)
                 if like not in self.step_prices:
                     collective = graph.collective_of(i, k, order, ReductionKind.SUM)
                     self.step_prices[like] = self.price(collective)

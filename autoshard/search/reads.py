@@ -197,9 +197,13 @@ def _priced(
     whole where another reads it as its own partial sums, which no reshard makes."""
     if not same:
         return pricer(value, held, needs)
+    holds: dict[Sharding, int] = {}
+    reads: dict[Sharding, int] = {}
+    rows = [holds.setdefault(h, len(holds)) for h in held]
+    columns = [reads.setdefault(n, len(reads)) for n in needs]
+    distinct = pricer(value, tuple(holds), tuple(reads))
     cost = np.zeros((len(held), len(needs)))
-    for k, (h, n) in enumerate(zip(held, needs, strict=True)):
-        cost[k, k] = pricer(value, (h,), (n,))[0, 0]
+    np.fill_diagonal(cost, distinct[rows, columns])
     return cost
 
 
