@@ -299,7 +299,7 @@ class StepGraph(Basis):
     basis steps between them and the cheapest paths: those of its shape class, each step
     moving `scale` times the bytes of the class's.
 
-    Built once per (shape, mesh, itemsize, axes), it answers every pair of shardings of the
+    Made once per (shape, mesh, itemsize, axes), it answers every pair of shardings of the
     tensor by a table walk: the search prices thousands of pairs per edge of the model."""
 
     def __init__(
