@@ -81,41 +81,45 @@ def step_graph(
     use: an axis neither uses stays unused on the way, so a reshard never detours through
     other axes' links (slicing over one to shrink an all_reduce, gathering it back after),
     whose speed it does not know. None when it is too big to tabulate. Its paths are those of
-    the tensor's shape class (`shape_class`), searched once per class."""
+    the first of the tensor's shape classes (`shape_classes`) whose steps scale exactly,
+    searched once per class."""
     if len(_states(len(shape), axes, partial)) > _TABULATED:
         return None
-    canonical, unit, scale = shape_class(shape, mesh, itemsize, axes)
-    paths = paths_of(canonical, mesh, unit, axes, partial)
-    if scale > 1 and not paths.even:
-        paths, scale = paths_of(shape, mesh, itemsize, axes, partial), 1
-    return StepGraph(shape, mesh, itemsize, axes, paths, scale)
+    for canonical, unit, scale in shape_classes(shape, mesh, itemsize, axes):
+        paths = paths_of(canonical, mesh, unit, axes, partial)
+        if scale == 1 or paths.even:
+            return StepGraph(shape, mesh, itemsize, axes, paths, scale)
+    raise AssertionError("the last class is the tensor itself")  # pragma: no cover
 
 
-def shape_class(
+def shape_classes(
     shape: tuple[int, ...], mesh: Mesh, itemsize: int, axes: tuple[int, ...]
-) -> tuple[tuple[int, ...], int, int]:
-    """(shape, itemsize, scale): a tensor whose graph over `axes` is the first two's, each
-    step moving `scale` times the bytes, where that class's steps are `even`.
+) -> tuple[tuple[tuple[int, ...], int, int], ...]:
+    """The classes (shape, itemsize, scale) a tensor may share its graph over `axes` with,
+    widest first, the tensor itself last: each class's graph is the tensor's, each step
+    moving `scale` times the bytes, where that class's steps are `even`.
 
     A dim of n*m elements, n the devices of `axes` together and m >= 1, splits evenly over any
     of them: every slice and gather is exact, and its shards, their sizes aside, are those of a
-    dim of n. So a tensor has the steps of one whose such dims are n (the others as they are)
-    and whose itemsize is 1, its local shards `itemsize * prod(m)` times theirs. A step's
-    bytes are the local shard's (all_gather, permute) or a ceil-sized n'-th of it (the other
-    kinds, `ring_bytes`, n' the devices it reduces or moves over): exactly `scale` times the
-    class's when n' divides the class's shard (`Paths.even`), as it always does where every
-    dim is such a dim (the axes a step reduces or moves are not among some dim's splits: any
-    dim for partial axes, the target dim for an all_to_all; that dim's class shard, n / n''
-    elements, holds n'). A path's length is `bytes * STEP + steps` with fewer than `STEP`
-    steps, so scaling every step's bytes by one integer keeps every comparison
-    Floyd-Warshall makes, and its paths. A tensor without such a dim is its own class."""
+    dim of n. So a tensor has the steps of one whose such dims are n (the others as they are),
+    its local shards `prod(m)` times theirs, or `itemsize * prod(m)` times where the class's
+    itemsize is 1. A step's bytes are the local shard's (all_gather, permute) or a ceil-sized
+    n'-th of it (the other kinds, `ring_bytes`, n' the devices it reduces or moves over):
+    exactly `scale` times the class's when n' divides the class's shard (`Paths.even`), as it
+    always does where every dim is such a dim (the axes a step reduces or moves are not among
+    some dim's splits: any dim for partial axes, the target dim for an all_to_all; that dim's
+    class shard, n / n'' elements, holds n'). A path's length is `bytes * STEP + steps` with
+    fewer than `STEP` steps, so scaling every step's bytes by one integer keeps every
+    comparison Floyd-Warshall makes, and its paths."""
     n = mesh.group_size(axes)
     whole = [bool(size) and not size % n for size in shape]
+    itself = ((shape, itemsize, 1),)
     if not any(whole):
-        return shape, itemsize, 1
+        return itself
     canonical = tuple(n if w else size for size, w in zip(shape, whole, strict=True))
     m = math.prod(size // n for size, w in zip(shape, whole, strict=True) if w)
-    return canonical, 1, itemsize * m
+    wider = ((canonical, 1, itemsize * m),) if itemsize > 1 else ()
+    return (*wider, (canonical, itemsize, m), *itself) if m > 1 else (*wider, *itself)
 
 
 @functools.lru_cache(maxsize=64)
@@ -237,7 +241,7 @@ class Basis:
 
 @dataclass(frozen=True, eq=False)
 class Paths:
-    """The states of one shape class (`shape_class`), the basis steps between them and the
+    """The states of one shape class (`shape_classes`), the basis steps between them and the
     cheapest path between every two (Floyd-Warshall on `bytes * STEP + steps`; ties go to the
     path found first, states taken in sorted order): `hops[i, j]` steps long (0 where
     unreachable), the first to state `next[i, j]`; `even` where every step moving a

@@ -21,9 +21,10 @@ then the fewest collectives. A step is taken only when it is *exact*: when the d
 divide evenly, shards are ceil-sized and, e.g., gathering the inner axis of a 5-row
 dim split 2x2 (shards 2, 2, 1, 0) does not give the 3-row shards of a 2-way split (3, 2); such a
 dim is gathered whole and sliced from the full extent, which is always exact. The shortest path
-between every two shardings is computed once per shape class (`basis.shape_class`: tensors
-alike but for dims that split evenly share the paths, their bytes scaled) with Floyd-Warshall
-(ties go to the first path found, states in sorted order, so plans are deterministic): materialization walks one path, the search prices all pairs of a tensor's
+between every two shardings is computed once per shape class (`basis.shape_classes`:
+tensors alike but for dims that split evenly share the paths, their bytes scaled) with
+Floyd-Warshall (ties go to the first path found, states in sorted order, so plans are
+deterministic): materialization walks one path, the search prices all pairs of a tensor's
 candidate shardings from the same table (`ReshardPrices`). Upstream MLIR's one-step resharding
 gets multi-step cases on 2-D meshes wrong; this one is tested against an execution of every
 planned sequence on all devices (`autoshard.execute.simulate`).

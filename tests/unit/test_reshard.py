@@ -17,7 +17,7 @@ from autoshard.reshard.basis import (
     axes_mask,
     mask_axes,
     paths_of,
-    shape_class,
+    shape_classes,
     step_graph,
 )
 from autoshard.reshard.planner import walk
@@ -349,17 +349,28 @@ def test_prices_are_the_planned_collectives_priced(case):
 
 def test_shape_classes_by_hand():
     # On 2x4 over both axes a dim of 16 splits evenly 8 ways (a dim of 8, twice the bytes), 3
-    # does not: (16, 3, 8) of 2-byte elements is (8, 3, 8) of 1-byte ones, 2 * 2 * 1 times.
+    # does not: (16, 3, 8) of 2-byte elements is (8, 3, 8) of 1-byte ones, 2 * 2 * 1 times,
+    # or of 2-byte ones, twice; or itself.
     mesh = Mesh.parse("2x4")
-    assert shape_class((16, 3, 8), mesh, 2, (0, 1)) == ((8, 3, 8), 1, 4)
-    assert shape_class((3, 5), mesh, 4, (0, 1)) == ((3, 5), 4, 1)
-    assert shape_class((), mesh, 4, (0,)) == ((), 4, 1)
+    assert shape_classes((16, 3, 8), mesh, 2, (0, 1)) == (
+        ((8, 3, 8), 1, 4),
+        ((8, 3, 8), 2, 2),
+        ((16, 3, 8), 2, 1),
+    )
+    assert shape_classes((8, 3), mesh, 1, (0, 1)) == (((8, 3), 1, 1),)
+    assert shape_classes((3, 5), mesh, 4, (0, 1)) == (((3, 5), 4, 1),)
+    assert shape_classes((), mesh, 4, (0,)) == (((), 4, 1),)
     # (8, 3) on 2x2 is (4, 3): its all_to_all of axis 1 from dim 0 ([[0, 1]], shard 1 x 3)
-    # to dim 1 moves a ceil-sized half of 3 elements, not a fourth of (8, 3)'s 6 x 4 bytes
-    # times 2: the class is not even, and the tensor gets paths of its own.
-    graph = step_graph((8, 3), Mesh.parse("2x2"), 4, (0, 1), False)
-    assert not paths_of((4, 3), Mesh.parse("2x2"), 1, (0, 1), False).even
-    assert graph.scale == 1 and graph.paths is paths_of((8, 3), Mesh.parse("2x2"), 4, (0, 1), False)
+    # to dim 1 moves a ceil-sized half of its 3 one-byte elements, 2 bytes, where (8, 3)'s
+    # 6-element shard moves 3, not twice 2: that class is not even, and a tensor of 1-byte
+    # elements gets paths of its own; of 4-byte ones (half of 12 bytes, 6, where (8, 3)
+    # moves 12) it shares (4, 3)'s at twice the bytes.
+    two = Mesh.parse("2x2")
+    assert not paths_of((4, 3), two, 1, (0, 1), False).even
+    graph = step_graph((8, 3), two, 1, (0, 1), False)
+    assert graph.scale == 1 and graph.paths is paths_of((8, 3), two, 1, (0, 1), False)
+    graph = step_graph((8, 3), two, 4, (0, 1), False)
+    assert graph.scale == 2 and graph.paths is paths_of((4, 3), two, 4, (0, 1), False)
 
 
 @st.composite
