@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -286,11 +286,19 @@ def paths_of(
             n = mesh.group_size
             shards = tuple(_Shards.of(s, n(a)) for s, a in zip(shape, split, strict=True))
             alike.setdefault(shards, []).append(split)
-    for have, want in itertools.product(alike, repeat=2):
-        if all(w.within(h) for w, h in zip(want, have, strict=True)):
-            for old, new in itertools.product(alike[have], alike[want]):
-                permute = basis.permute(old, new)
-                if permute is not None:
+    for have in alike:
+        news = [
+            new
+            for want in alike
+            if all(w.within(h) for w, h in zip(want, have, strict=True))
+            for new in alike[want]
+        ]
+        for old in alike[have]:
+            others = [new for new in news if new != old]
+            if others:
+                for new, permute in zip(
+                    others, _permutes(old, others, shape, mesh, itemsize), strict=True
+                ):
                     add(index[(old, ())], index[(new, ())], permute)
     length, nxt = _shortest_paths(len(states), steps)
     reachable = length < UNREACHABLE
@@ -354,30 +362,49 @@ def _permute(
     for size, a, b in zip(shape, old, new, strict=True):
         if not _Shards.of(size, n(b)).within(_Shards.of(size, n(a))):
             return None
-    source, target = _permute_moves(old, new, shape, mesh)
-    sends = np.bincount(source).max(initial=0)
+    return _permutes(old, (new,), shape, mesh, itemsize)[0]
+
+
+def _permutes(
+    old: Split, news: Sequence[Split], shape: tuple[int, ...], mesh: Mesh, itemsize: int
+) -> list[Step]:
+    """The permutes from `old` to each of `news` (other splits, each of whose shards `old`
+    holds, as `_permute` checks), worked out together: a graph asks for every pair of its
+    splits alike."""
+    source, moving = _sources(old, news, shape, mesh)
+    count, devices = source.shape
+    rows = np.arange(count)[:, None] * devices
+    sends = np.bincount((rows + source)[moving], minlength=count * devices)
     coordinates = _coordinates(mesh)
-    crossed = (coordinates[source] != coordinates[target]).any(0)
-    return Step(
-        CollectiveKind.PERMUTE,
-        tuple(np.flatnonzero(crossed).tolist()),
-        int(sends) * _local_bytes(old, shape, mesh, itemsize),
-    )
+    crossed = ((coordinates[source] != coordinates) & moving[..., None]).any(1)
+    local = _local_bytes(old, shape, mesh, itemsize)
+    return [
+        Step(CollectiveKind.PERMUTE, tuple(np.flatnonzero(axes).tolist()), int(most) * local)
+        for axes, most in zip(crossed, sends.reshape(count, devices).max(1), strict=True)
+    ]
+
+
+def _sources(
+    old: Split, news: Sequence[Split], shape: tuple[int, ...], mesh: Mesh
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each of `news` (rows) and each device (columns), the device it takes its new shard
+    from, and whether that is another."""
+    held = _device_shards(old, shape, mesh)
+    wanted = np.stack([_device_shards(new, shape, mesh) for new in news])
+    order = np.argsort(held, kind="stable")
+    ranked = held[order]
+    first = np.searchsorted(ranked, wanted, "left")
+    count = np.searchsorted(ranked, wanted, "right") - first
+    devices = np.arange(len(held))
+    return order[first + devices % count], held != wanted
 
 
 def _permute_moves(
     old: Split, new: Split, shape: tuple[int, ...], mesh: Mesh
 ) -> tuple[np.ndarray, np.ndarray]:
     """The (source, target) devices of a permute's moving shards, as two arrays."""
-    held, wanted = _device_shards(old, shape, mesh), _device_shards(new, shape, mesh)
-    order = np.argsort(held, kind="stable")
-    ranked = held[order]
-    first = np.searchsorted(ranked, wanted, "left")
-    count = np.searchsorted(ranked, wanted, "right") - first
-    devices = np.arange(len(held))
-    source = order[first + devices % count]
-    moving = held != wanted
-    return source[moving], devices[moving]
+    source, moving = _sources(old, (new,), shape, mesh)
+    return source[moving], np.flatnonzero(moving[0])
 
 
 def _permute_pairs(
