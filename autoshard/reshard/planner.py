@@ -168,7 +168,10 @@ class ReshardPrices:
         return self.tables[key]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _check_one(sharding: Sharding, shape: tuple[int, ...], mesh: Mesh) -> None:
+    """`ShardingError` unless the planner can reshard `sharding`; a sharding found valid is
+    remembered (the search asks about the same ones for value after value)."""
     sharding.check(mesh, shape)
     if sharding.halo_sizes or sharding.sharded_dims_offsets:
         raise ShardingError(

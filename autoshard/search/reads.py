@@ -146,7 +146,8 @@ def _shared_pairs(
     )
     held = tuple(dict.fromkeys(value_reads.held))
     costs = pricer(value_reads.value, held, shared) if shared else np.zeros((len(held), 0))
-    pairs = [(h, shared[j]) for i, h in enumerate(held) for j in np.flatnonzero(costs[i] > 0)]
+    rows, columns = np.nonzero(costs > 0)  # row-major: by held sharding, then by need
+    pairs = [(held[i], shared[j]) for i, j in zip(rows.tolist(), columns.tolist(), strict=True)]
     return [(h, h) for h in held] + pairs if pairs else []
 
 
