@@ -35,6 +35,7 @@ import numpy as np
 from autoshard.deadline import Deadline, TimeUp
 from autoshard.errors import AutoshardError
 from autoshard.search.iopddl.format import FORBIDDEN, IopddlError, IopddlProblem
+from autoshard.search.iopddl.frugal import frugal
 from autoshard.search.iopddl.greedy import Greedy, greedy
 from autoshard.search.iopddl.lns import improved
 from autoshard.search.iopddl.pose import Posed, pose
@@ -63,6 +64,9 @@ best found and bound serve (it only starts the memory-bound search, which needs 
 GREEDY_SHARE = 0.5
 """The share of the time limit past which the greedy solution's sweeps stop (its repair
 does not): the rest is the neighbourhood search's."""
+
+FRUGAL_SHARE = 0.2
+"""The share of the time limit the least-usage start (`frugal`) may take at most."""
 
 MARGIN = 2.0
 """Seconds before the time limit at which the solver's rounds stop, at most..."""
@@ -108,7 +112,8 @@ def solve_iopddl(
     started = time.perf_counter()
     deadline = deadline or Deadline.start(time_limit)
     posed = pose(iop)
-    quick = greedy(posed, _share(deadline, GREEDY_SHARE))
+    least = frugal(posed, time_limit * FRUGAL_SHARE, _share(deadline, FRUGAL_SHARE))
+    quick = greedy(posed, _share(deadline, GREEDY_SHARE), [least] if least else [])
     margin = min(MARGIN, deadline.seconds * MARGIN_SHARE)
     within = Deadline(deadline.seconds - margin, deadline.started, deadline.clock)
     child = _Child(functools.partial(_rounds, iop, posed, quick, time_limit, within))
