@@ -102,7 +102,8 @@ def solve_iopddl(
     iop: IopddlProblem, time_limit: float = 60.0, deadline: Deadline | None = None
 ) -> Solved:
     """The least-cost solution within the usage limit found in `time_limit` seconds of wall
-    clock: the greedy solution (`greedy`) at once; then, side by side, the solver's rounds
+    clock: the greedy solution (`greedy`, from its own starts and the least-usage one,
+    `frugal`) at once; then, side by side, the solver's rounds
     (the module's docstring says how) in a child process and the large-neighbourhood search
     (`lns`) from the greedy solution here, both stopped where the time runs out (the search
     too where the rounds answered first); the best of the three. `IopddlError` naming the
