@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -50,6 +51,8 @@ from autoshard.search.solver.outcome import (
     SolverStatus,
 )
 from autoshard.search.solver.solve import solve
+
+T = TypeVar("T")
 
 ROUNDS = 12
 """Solves of more rows at most before the last of all the rows that may bind."""
@@ -113,11 +116,20 @@ def solve_iopddl(
     started = time.perf_counter()
     deadline = deadline or Deadline.start(time_limit)
     posed = pose(iop)
-    least = frugal(posed, time_limit * FRUGAL_SHARE, _share(deadline, FRUGAL_SHARE))
-    quick = greedy(posed, _share(deadline, GREEDY_SHARE), [least] if least else [])
+    # The least-usage start in a child (its elimination is not stopped within: the child is
+    # ended at its share of the limit), beside the greedy's own starts here.
+    by = _share(deadline, FRUGAL_SHARE)
+    frugal_child = _Child(functools.partial(frugal, posed, time_limit * FRUGAL_SHARE, by))
+    quick = greedy(posed, _share(deadline, GREEDY_SHARE))
+    least = frugal_child.result(by)
+    if least is not None:
+        other = greedy(posed, _share(deadline, GREEDY_SHARE), [least], own=False)
+        if other.fits and (not quick.fits or other.objective < quick.objective):
+            quick = other
     margin = min(MARGIN, deadline.seconds * MARGIN_SHARE)
     within = Deadline(deadline.seconds - margin, deadline.started, deadline.clock)
-    child = _Child(functools.partial(_rounds, iop, posed, quick, time_limit, within))
+    rounds = functools.partial(_rounds, iop, posed, quick, time_limit, within)
+    child: _Child[Solved] = _Child(rounds)
     searched = None
     if quick.fits:
         searched = improved(posed, quick.choice, time_limit, within, stop=child.answered)
@@ -142,12 +154,12 @@ def _share(deadline: Deadline, share: float) -> Deadline:
     return Deadline(deadline.seconds * share, deadline.started, deadline.clock)
 
 
-class _Child:
+class _Child(Generic[T]):
     """`work` done in a child process, started at once; `result` waits for it until the
     deadline, then ends it (None, as where its time ran out); the problem's error it raised,
     raised there."""
 
-    def __init__(self, work: Callable[[], Solved]) -> None:
+    def __init__(self, work: Callable[[], T | None]) -> None:
         context = multiprocessing.get_context("fork")
         self.receive, send = context.Pipe(duplex=False)
         self.child = context.Process(target=_report, args=(work, send), daemon=True)
@@ -157,7 +169,7 @@ class _Child:
     def answered(self) -> bool:
         return self.receive.poll(0)
 
-    def result(self, deadline: Deadline) -> Solved | None:
+    def result(self, deadline: Deadline) -> T | None:
         try:
             if not self.receive.poll(deadline.left()):
                 return None
@@ -174,7 +186,7 @@ class _Child:
         return None if kind == "error" else value  # (else the time ran out in the child)
 
 
-def _report(work: Callable[[], Solved], send: Connection) -> None:
+def _report(work: Callable[[], object], send: Connection) -> None:
     try:
         send.send(("solved", work()))
     except AutoshardError as error:
