@@ -25,7 +25,7 @@ from autoshard.analysis.shorten import layer_run, shortened
 from autoshard.annotations import Annotation, check_annotations
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.compute import check_precision
-from autoshard.cost.replay import compute_floor, memory_floor, recompute_ladder, recompute_order
+from autoshard.cost.replay import recompute_ladder
 from autoshard.deadline import Deadline
 from autoshard.document.blocks import Decisions
 from autoshard.document.plan_document import (
@@ -58,7 +58,7 @@ from autoshard.search.pipelined import (
 )
 from autoshard.search.pipesearch import PipelineChoice, StagePlan, choose_pipeline, plan_pipelined
 from autoshard.search.recipe_prices import price_recipes
-from autoshard.search.recompute import choose_recompute, recompute_words
+from autoshard.search.recompute import Ladder, Lazy, choose_recompute, recompute_words
 from autoshard.search.shared import SearchCache, shared_plan
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Recompute, Training, training_graph
@@ -332,11 +332,16 @@ class _Searched:
 
 
 def _search(
-    request: PlanRequest, forward: Graph, graph: Graph, whole: Cluster, options: SolverOptions,
-    tracker: Tracker | None, deadline: Deadline, explain: bool, kept: SearchCache | None,
+    request: PlanRequest, tracker: Tracker | None, deadline: Deadline,
+    graphs: GraphCache | None, explain: bool, kept: SearchCache | None,
 ) -> _Searched:  # fmt: skip
-    """The plan `request` asks the search for: without a pipeline, with the one it names, or
-    the best of either where pipelining is allowed (`search.pipesearch`)."""
+    """The plan `request` asks the search for (its recomputation decided; no document yet,
+    `_documented`): without a pipeline, with the one it names, or the best of either where
+    pipelining is allowed (`search.pipesearch`)."""
+    options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
+    forward, graph, whole = _plan_inputs(request, tracker, graphs)
+    deadline.check("importing the model")
+    _enter(tracker, PipelineStage.SEARCH, "building the problem")
     ask, annotations = request.pipeline, request.annotations
     if ask is None:
         training = request.training
@@ -370,7 +375,7 @@ def _search(
 
 def plan_request(
     request: PlanRequest, tracker: Tracker | None = None, after: AfterStage | None = None,
-    deadline: Deadline | None = None, graphs: GraphCache | None = None, chosen: bool = False,
+    deadline: Deadline | None = None, graphs: GraphCache | None = None,
     explain: bool = True, searches: SearchCache | None = None,
 ) -> RequestedPlan:  # fmt: skip
     """`autoshard plan` from start to end, shared by the CLI and the REST service so that the
@@ -380,11 +385,10 @@ def plan_request(
     `request.time_limit` sets (started here where not given: the CLI starts it with the
     command), shared by the import and every step of the search (`TimeUp` names the phase
     that has no plan to answer with when it passes). `graphs`: the imports kept for the next
-    request of the same model (`GraphCache`). `chosen`: the request's recomputation is one
-    `--recompute auto` considers (`_fastest_recompute`), as the story says; `explain` false:
-    no plan fitting raises the solve's InfeasibleError, without the least memory a plan needs
-    (`auto_plan`). `searches`: the searches kept for the same step under other budgets
-    (`search.shared`: the plan each budget gets alone, found with less work)."""
+    request of the same model (`GraphCache`). `explain` false: no plan fitting raises the
+    solve's InfeasibleError, without the least memory a plan needs (`auto_plan`). `searches`:
+    the searches kept for the same step under other budgets (`search.shared`: the plan each
+    budget gets alone, found with less work)."""
     deadline = deadline or Deadline.start(request.time_limit)
     if request.global_batch is not None:
         return _in_micro_batches(request, tracker, after, deadline, graphs, searches)
@@ -394,11 +398,21 @@ def plan_request(
         request = dataclasses.replace(request, training=training)
     if training is not None and training.recompute is Recompute.AUTO:
         return _fastest_recompute(request, training, tracker, after, deadline, graphs, searches)
+    found = _search(request, tracker, deadline, graphs, explain, searches)
+    requested = _documented(request, found, tracker)
+    if after is not None:
+        build(requested.graph, requested.planned.plan, after, tracker)
+    return requested
+
+
+def _documented(
+    request: PlanRequest, found: _Searched, tracker: Tracker | None, chosen: str | None = None
+) -> RequestedPlan:
+    """The plan document of `found`, `request`'s search: with the pipeline's block and the
+    story's words on it (where pipelined), and why the search chose as it did (where allowed
+    to choose: a pipeline; `chosen`, the recomputation's words, where `--recompute auto` chose
+    it, `_fastest_recompute`)."""
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
-    forward, graph, whole = _plan_inputs(request, tracker, graphs)
-    deadline.check("importing the model")
-    _enter(tracker, PipelineStage.SEARCH, "building the problem")
-    found = _search(request, forward, graph, whole, options, tracker, deadline, explain, searches)
     planned, graph, cluster, forward = found.planned, found.graph, found.cluster, found.forward
     _enter(tracker, PipelineStage.DOCUMENT)
     recipes = price_recipes(graph, forward, cluster, planned.search, options.objective)
@@ -406,30 +420,23 @@ def plan_request(
         graph, cluster, planned.plan, planned.program, planned.cost,
         model_info(request.model_path, graph, request.dims), planned, request.training,
         asked=(options, request.annotations), names=parameter_names(request.model_path),
-        recipes=recipes, recompute_chosen=chosen,
+        recipes=recipes, recompute_chosen=chosen is not None,
     )  # fmt: skip
-    document = _with_pipeline(document, found, whole)
-    if after is not None:
-        build(graph, planned.plan, after, tracker)
+    why, whole = f"; {found.choice.why()}" if found.choice is not None else "", request.cluster
+    if found.staged is not None:
+        priced = found.staged.priced
+        document = dataclasses.replace(
+            document, story=f"{priced}{why}; each stage: {document.story}",
+            pipeline={"mesh": str(whole.mesh), "memory_budget_bytes": whole.memory,
+                      "stage_model_layers": found.staged.depth, **priced.to_json(),
+                      **({"considered": [c.to_json() for c in found.choice.candidates]}
+                         if found.choice is not None else {})},
+        )  # fmt: skip
+    elif why:
+        document = dataclasses.replace(document, story=f"No pipeline{why}. {document.story}")
+    if chosen:
+        document = dataclasses.replace(document, story=f"{document.story} {chosen}")
     return RequestedPlan(document=document, planned=planned, graph=graph, cluster=cluster)
-
-
-def _with_pipeline(document: PlanDocument, found: _Searched, whole: Cluster) -> PlanDocument:
-    """`document` with the pipeline's block and the story's words on it (where pipelined),
-    and why the search chose as it did (where allowed to choose)."""
-    why = f"; {found.choice.why()}" if found.choice is not None else ""
-    if found.staged is None:
-        if not why:
-            return document
-        return dataclasses.replace(document, story=f"No pipeline{why}. {document.story}")
-    priced = found.staged.priced
-    return dataclasses.replace(
-        document, story=f"{priced}{why}; each stage: {document.story}",
-        pipeline={"mesh": str(whole.mesh), "memory_budget_bytes": whole.memory,
-                  "stage_model_layers": found.staged.depth, **priced.to_json(),
-                  **({"considered": [c.to_json() for c in found.choice.candidates]}
-                     if found.choice is not None else {})},
-    )  # fmt: skip
 
 
 def _in_micro_batches(
@@ -459,7 +466,7 @@ def _in_micro_batches(
     best: tuple[float, int, RequestedPlan] | None = None
     for m in counts:
         try:
-            found = plan_request(asked(m), tracker, None, deadline, graphs, False, False, searches)
+            found = plan_request(asked(m), tracker, None, deadline, graphs, False, searches)
         except (InfeasibleError, PipelineError) as error:
             why = "no plan fits" if isinstance(error, InfeasibleError) else str(error)
             tried.append(MicroBatchCandidate(m, None, why))
@@ -494,60 +501,54 @@ def _fastest_recompute(
     after: AfterStage | None, deadline: Deadline, graphs: GraphCache | None = None,
     searches: SearchCache | None = None,
 ) -> RequestedPlan:  # fmt: skip
-    """The plan of the recomputation whose step is fastest (`search.recompute`): those whose
-    memory floor fits, solved in the order of their step's bound (`compute_floor`) until the
-    next bound is no better than the fastest found, all within `deadline`; the last one's
-    error (with the least memory its plans need) where none fits. The model is imported once,
-    each candidate's graph kept in `graphs` for its search."""
+    """The plan of the recomputation whose step is fastest (`search.recompute`), within
+    `deadline`; the last one's error (with the least memory its plans need) where none fits.
+    The model is imported once, each candidate's graph kept in `graphs`; only the chosen one
+    is documented."""
     graphs = {} if graphs is None else graphs
     if request.pipeline is None:
-        steps = _step_graphs(request, recompute_ladder(training), tracker, graphs)
-        tried, skipped = recompute_order(steps, request.cluster, request.cluster.memory)
-        bounds = {t: compute_floor(steps[t], request.cluster) for t in (*tried, *skipped)}
-        floors = {t: memory_floor(steps[t], request.cluster.mesh.size) for t in skipped}
-    else:
-        # A pipeline plans its stage's model: no whole step built for bounds; each solved.
-        tried, floors = recompute_ladder(training), {}
-        bounds = dict.fromkeys(tried, 0.0)
-    found: dict[Training, RequestedPlan] = {}
+        ladder = Ladder.of(*_step_graphs(request, recompute_ladder(training), tracker, graphs),
+                           request.cluster)  # fmt: skip
+    else:  # A pipeline plans its stage's model: no whole step built for bounds; each solved.
+        ladder = Ladder.unpriced(recompute_ladder(training))
+    found: dict[Training, _Searched] = {}
 
     def solve(step: Training, last: bool) -> tuple[float, bool]:
         asked = dataclasses.replace(request, training=step)
-        found[step] = planned = plan_request(asked, tracker, None, deadline, graphs, True,
-                                             explain=last, searches=searches)  # fmt: skip
-        block = planned.document.pipeline
-        seconds = float(block["step_time_s"]) if block else planned.planned.cost.step_time_s
-        return seconds, planned.planned.solution.memory_binds
+        found[step] = searched = _search(asked, tracker, deadline, graphs, last, searches)
+        staged, planned = searched.staged, searched.planned
+        seconds = staged.priced.step_s if staged is not None else planned.cost.step_time_s
+        return seconds, planned.solution.memory_binds
 
-    chosen, considered = choose_recompute(tried, bounds, solve, floors)
-    planned = found[chosen.training]
+    chosen, considered = choose_recompute(ladder.ranked, ladder.bounds, solve, ladder.floors,
+                                          request.cluster.memory)  # fmt: skip
     # One candidate (a model without repeated layers) is no choice: the story is silent.
-    words = f" {recompute_words(chosen, considered)}" if len(considered) > 1 else ""
-    story = f"{planned.document.story}{words}"
+    words = recompute_words(chosen, considered) if len(considered) > 1 else ""
+    asked = dataclasses.replace(request, training=chosen.training)
+    planned = _documented(asked, found[chosen.training], tracker, words)
     if after is not None:
         build(planned.graph, planned.planned.plan, after, tracker)
-    return dataclasses.replace(planned, document=dataclasses.replace(planned.document, story=story))
+    return planned
 
 
 def _step_graphs(
     request: PlanRequest, ladder: Sequence[Training], tracker: Tracker | None,
     graphs: GraphCache,
-) -> dict[Training, Graph]:  # fmt: skip
-    """The training step of each of `ladder`, the model imported once; each kept in `graphs`
-    (by `_plan_inputs`' key) with the forward."""
-    dims = tuple(sorted(request.dims.items()))
-    found: dict[Training, Graph] = {}
-    forward: Graph | None = None
-    for training in ladder:
-        key = (str(request.model_path), dims, training)
-        if key in graphs:
-            pass
-        elif forward is None:
-            graphs[key] = load_graphs(request.model_path, request.dims, training, tracker)
-        else:
-            graphs[key] = forward, training_graph(forward, training, replays(forward, training))
-        forward, found[training] = graphs[key]
-    return found
+) -> tuple[Graph, Mapping[Training, Graph]]:  # fmt: skip
+    """The forward and the training step of each of `ladder`, the model imported once (for
+    the first); the others built when first read. Each kept in `graphs` (`_plan_inputs`' key)."""
+    keys = {t: (str(request.model_path), tuple(sorted(request.dims.items())), t) for t in ladder}
+    if keys[ladder[0]] not in graphs:
+        graphs[keys[ladder[0]]] = load_graphs(request.model_path, request.dims, ladder[0], tracker)
+    forward = graphs[keys[ladder[0]]][0]
+
+    def step(training: Training) -> Graph:
+        if keys[training] not in graphs:
+            made = training_graph(forward, training, replays(forward, training))
+            graphs[keys[training]] = forward, made
+        return graphs[keys[training]][1]
+
+    return forward, Lazy(ladder, step)
 
 
 # ---- `autoshard partition` / `verify`: annotations or a saved plan decide -------------------

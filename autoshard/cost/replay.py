@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +27,7 @@ from autoshard.rules.gradient import RECOMPUTE_OF, TrainOp
 from autoshard.rules.registry import rule_for
 from autoshard.sharding import ShardingOption
 from autoshard.training.options import Recompute, Training
+from autoshard.training.replay import replays
 from autoshard.units import format_bytes
 
 
@@ -83,16 +84,18 @@ def replay_text(training: Training, figures: ReplayFigures, chosen: bool) -> str
     return f"Recomputation: {what}, {why}: frees {freed} per device for {added:.1f} % more compute."
 
 
-def replayed_seconds(graph: Graph, cluster: Cluster) -> float:
-    """The seconds of the recomputed ops of training step `graph`, each whole on one device of
-    `cluster` (its rule's loops split over no axis): what orders recomputations by their
-    compute before a search (sharding divides every op alike, to a first order)."""
+def replayed_seconds(step: Graph, replayed: Collection[str], cluster: Cluster) -> float:
+    """The seconds of forward ops `replayed` (their names) in training step `step`, each whole
+    on one device of `cluster` (its rule's loops split over no axis): what orders
+    recomputations by their compute before a search (sharding divides every op alike, to a
+    first order). A recomputed op is a copy of its forward op, priced alike: `step` need not
+    be the one recomputing them (`none`'s prices every recomputation)."""
     total = 0.0
-    for op in graph.ops:
-        if op.attr(RECOMPUTE_OF, ""):
-            rule = rule_for(op, graph)
+    for op in step.ops:
+        if op.name in replayed:
+            rule = rule_for(op, step)
             whole = None if rule is None else ShardingOption(((),) * len(rule.loops))
-            total += op_cost(op, rule, whole, graph, cluster).seconds
+            total += op_cost(op, rule, whole, step, cluster).seconds
     return total
 
 
@@ -164,22 +167,16 @@ def recompute_ladder(training: Training) -> tuple[Training, ...]:
     return tuple(training.but(recompute, every) for recompute, every in ladder)
 
 
-def recompute_order(
-    steps: Mapping[Training, Graph], cluster: Cluster, budget: float | None = None
-) -> tuple[tuple[Training, ...], tuple[Training, ...]]:
-    """The recomputations of `steps` (each with its training step's graph) `auto` solves, in
-    the order it solves them, and those it skips: ordered by the compute they replay (whole
-    ops on one device: `replayed_seconds`), the first in the ladder first where equal, one
-    of those recomputing the same ops (`layers:2` and `layers:4` of two layers); skipped
-    where no plan fits `budget` (`memory_floor` above it; the cluster's memory where not
-    given), but the last, the one that recomputes most, which answers where none fits."""
+def recompute_ranked(
+    forward: Graph, step: Graph, ladder: Sequence[Training], cluster: Cluster
+) -> tuple[Training, ...]:
+    """The distinct recomputations of `ladder` (of `forward`), ordered by the compute
+    they replay (`replayed_seconds`, priced in `step`, a training step of `forward`), the
+    first in the ladder first where equal; one of those recomputing the same ops (`layers:2`
+    and `layers:4` of two layers). No recomputation's step is built for it."""
     distinct: dict[frozenset[str], Training] = {}
-    for training, graph in steps.items():
-        replayed = frozenset(op.name for op in graph.ops if op.attr(RECOMPUTE_OF, ""))
+    for training in ladder:
+        replayed = frozenset(forward.ops[i].name for r in replays(forward, training) for i in r.ops)
         distinct.setdefault(replayed, training)
-    by_compute = sorted(distinct.values(), key=lambda t: replayed_seconds(steps[t], cluster))
-    *ordered, last = by_compute
-    floors = {t: memory_floor(steps[t], cluster.mesh.size) for t in ordered}
-    budget = cluster.memory if budget is None else budget
-    tried = tuple(t for t in ordered if floors[t] <= budget)
-    return (*tried, last), tuple(t for t in ordered if t not in tried)
+    seconds = {t: replayed_seconds(step, names, cluster) for names, t in distinct.items()}
+    return tuple(sorted(distinct.values(), key=seconds.__getitem__))

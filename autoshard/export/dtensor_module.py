@@ -22,7 +22,8 @@ torch model on a DeviceMesh of shape {shape} (dims {names}).
 (`from torch.distributed.tensor.experimental import implicit_replication`.)
 
 Activations follow the plan through torch's parallel styles over the mesh dim TP_DIM (STYLES:
-ColwiseParallel / RowwiseParallel / SequenceParallel per module), and FSDP2's `fully_shard` over
+ColwiseParallel / RowwiseParallel / SequenceParallel per module; those of AXES over their own
+mesh dim, a module of REPLICATED reading its input whole), and FSDP2's `fully_shard` over
 FSDP_DIM holds the parameters the plan stores split further than they are read (FSDP: the dim
 per parameter); every other parameter is distributed with `distribute_tensor`. When no style
 applies (FALLBACK says why) each parameter is distributed as stored over the whole mesh, and
@@ -52,6 +53,10 @@ TP_DIM = {tp}
 FSDP_DIM = {fsdp}
 FALLBACK = {fallback}
 STYLES = {styles}
+AXES = {axes}
+"""Styled modules whose style splits over another mesh dim than TP_DIM (2-D tensor parallel)."""
+REPLICATED = {replicated}
+"""Modules with no split beside AXES: their input read whole (another dim's split gathered)."""
 FSDP = {fsdp_dims}
 IN_OUT = {in_out}
 """Styled modules whose weight is [in, out], read `x @ weight + bias` (GPT-2's Conv1D): torch's
@@ -109,24 +114,27 @@ def apply_plan(model: torch.nn.Module, mesh) -> torch.nn.Module:
         warnings.warn(f"{{path}} is no nn.Linear or nn.Embedding: distributed, not by its style")
     styles = {{path: style for path, style in STYLES.items() if path not in tied | other}}
     fsdp = {{path: dims for path, dims in FSDP.items() if path not in tied}}
-    plan = {{}}
+    plan = {{}}  # mesh dim -> module -> style
     for path, (style, sequence_dim) in styles.items():
         module = model.get_submodule(path)
         if style == "sequence":
             wanted = Shard(sequence_dim)
-            plan[path] = SequenceParallel(sequence_dim=sequence_dim, use_local_output=False)
+            style = SequenceParallel(sequence_dim=sequence_dim, use_local_output=False)
         else:  # outputs stay DTensors for what follows
             linear = isinstance(module, torch.nn.Linear)
             wanted = Shard(-1) if style == "rowwise" and linear else Replicate()
             kind = ColwiseParallel if style == "colwise" else RowwiseParallel
             kind = _in_out(kind) if path in IN_OUT else kind
             wanted = Shard(-1) if style == "rowwise" and path in IN_OUT else wanted
-            plan[path] = kind(input_layouts=wanted, use_local_output=False)
+            style = kind(input_layouts=wanted, use_local_output=False)
+        plan.setdefault(AXES.get(path, TP_DIM), {{}})[path] = style
         # A style takes a plain input as its local shard: hand it the whole input, moved to
         # the layout the style reads (an all-gather after a sequence split, a slice, ...).
-        module.register_forward_pre_hook(_input_as(compute, wanted))
-    if plan:
-        parallelize_module(model, compute, plan)
+        module.register_forward_pre_hook(_input_as(mesh[AXES.get(path, TP_DIM)], wanted))
+    for path in REPLICATED:
+        model.get_submodule(path).register_forward_pre_hook(_input_as(compute, Replicate()))
+    for dim, styled_here in sorted(plan.items()):
+        parallelize_module(model, mesh[dim], styled_here)
     styled = {{n for n in PLACEMENTS if n.rpartition(".")[0] in styles}}
     sharded = {{n for n in PLACEMENTS if n.rpartition(".")[0] in fsdp}}
     if TP_DIM is not None:
@@ -280,6 +288,8 @@ def _input_as(mesh, placement):
         if not args or not isinstance(args[0], torch.Tensor):
             return None
         x = args[0]
+        if isinstance(x, DTensor) and x.device_mesh != mesh:  # another dim's style's output
+            x = x.full_tensor()
         if not isinstance(x, DTensor):
             x = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
         return (x.redistribute(mesh, [placement]), *args[1:])
@@ -436,6 +446,12 @@ def dtensor_module(export: Mapping[str, object], plan_name: str) -> str:
         fsdp=repr(parallel["fsdp"]),
         fallback=repr(parallel["fallback"]),
         styles=repr(styles),
+        axes=repr({p: m["axis"] for p, m in modules.items() if "axis" in m}),
+        replicated=repr(
+            sorted(p for p, m in modules.items() if m["style"] == "replicate")
+            if any("axis" in m for m in modules.values())
+            else []
+        ),
         fsdp_dims=repr(fsdp),
         in_out=repr(sorted(p for p, m in modules.items() if m.get("in_out"))),
         keep=repr(sorted(p for p, m in modules.items() if m.get("reshard_after_forward") is False)),

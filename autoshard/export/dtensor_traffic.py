@@ -27,6 +27,11 @@ styles, FSDP2 and `sync_gradients` issue, which is not the plan's list of collec
                    backward gives its gradient whole
     optimizer      nothing: each rank updates the shard it holds
 
+Modules styled over another mesh dim than tp (2-D tensor parallel: `axis` in the export) move
+their activations over their own dim; a column split made on one dim and read by a module of
+the other is all-gathered over its dim in forward by the reader's input hook (then read as a
+whole input with a gradient), and so is one read by a Linear with no split (`replicated`).
+
 A parameter `apply_plan` holds over the whole mesh in its ZeRO state's placements (`held`:
 split as fully_shard cannot) is all-gathered to its read on each mesh dim where they differ in
 forward, and its gradient reduce-scattered on those of them that split the batch in backward.
@@ -154,7 +159,8 @@ def dtensor_traffic(held: Held, export: Mapping[str, Any]) -> DtensorTraffic:
             if held.tied[name] != name:
                 continue
             dim = None
-        placements = _held(entry, names, tp, fsdp, dim)
+        axis = parallel["modules"].get(path, {}).get("axis", tp)
+        placements = _held(entry, names, axis, fsdp, dim)
         itemsize = dtypes.nbytes(held.graph.values[p.weight].dtype, 1)
         if "held" in entry:  # `_hold_as`: gathered to its read, the gradient scattered back
             readers = 1 + sum(1 for n, first in held.tied.items() if first == name != n)
@@ -239,12 +245,16 @@ def _activations(
     tp = export["parallelize"]["tp"]
     groups = math.prod(sizes[d] for d in data)
     graph, by_param = held.graph, {p.param: p for p in held.params}
-    linears: dict[str, tuple[str, str]] = {}  # the op of a styled Linear -> (module, style)
+    # the op of a styled Linear -> (module, style, its mesh dim)
+    linears: dict[str, tuple[str, str, str]] = {}
     n, axes = (sizes[tp] if tp is not None else 1), (tp,)
+    modules = export["parallelize"]["modules"]
+    two = any("axis" in m for m in modules.values())  # a Linear with no split gathers its input
     moved = []
-    for path, module in export["parallelize"]["modules"].items():
+    for path, module in modules.items():
         style = module["style"]
-        if style not in ("colwise", "rowwise", "sequence") or f"{path}.weight" in held.tied:
+        styled = ("colwise", "rowwise", "sequence") + (("replicate",) if two else ())
+        if style not in styled or f"{path}.weight" in held.tied:
             continue  # no style, or a tied module's (distributed, not styled)
         weight = by_param[f"{path}.weight" if path else "weight"]
         lookup = [o for o in graph.consumers(weight.weight) if o.type == "Gather"]
@@ -254,16 +264,28 @@ def _activations(
             moved.append(Moved("forward", ALL_REDUCE, axes, path, ring_bytes(ALL_REDUCE, n, out)))
             continue
         op = next((o for o in graph.consumers(weight.weight) if o.type in LINEAR_OPS), None)
+        if style == "replicate" and (op is None or op.inputs[1] != weight.weight):
+            continue  # a norm's weight: it reads its input as DTensor gives it
         if style == "sequence" or op is None or op.inputs[1] != weight.weight:
             unmodeled.append(f"{path}: a {style} {op.type if op else 'module'}'s activations")
             continue
-        linears[op.name] = (path, style)
+        linears[op.name] = (path, style, module.get("axis", tp))
     linears.update(_tied_linears(held, export, unmodeled))
-    sources = _sources(graph, linears, frozenset(held.strategies))
-    for name, (path, style) in linears.items():
+    sources = _sources(graph, linears, frozenset(held.strategies), tp)
+    for name, (path, style, axis) in linears.items():
         op = graph.op_by_name[name]
+        n, axes = sizes[axis], (axis,)
         whole = graph.values[op.inputs[0]].nbytes // groups  # the rank's examples, whole on tp
         source = sources.get(op.inputs[0], "input")
+        other = source.partition("@")[2] or tp if source.startswith("colwise") else axis
+        if other != axis:  # another dim's column split, gathered by the reader's input hook
+            sent = ring_bytes(ALL_GATHER, sizes[other], -(-whole // sizes[other]))
+            moved.append(Moved("forward", ALL_GATHER, (other,), f"{path} input", sent))
+        source = "whole" if other != axis else source.partition("@")[0]
+        if style == "replicate":
+            if source == "colwise":  # split on this dim: DTensor's moves
+                unmodeled.append(f"{path}: a column-split input into a Linear with no split")
+            continue
         if style == "rowwise":
             out = graph.values[op.outputs[0]].nbytes // groups
             moved.append(Moved("forward", ALL_REDUCE, axes, path, ring_bytes(ALL_REDUCE, n, out)))
@@ -300,6 +322,8 @@ def _norms(
     for op in graph.ops:
         if op.type not in NORM_OPS or graph.phase(op.name) != "forward":
             continue
+        if sources.get(op.inputs[0], "").startswith("colwise@"):
+            unmodeled.append(f"{op.name}: an input split over another mesh dim into {op.type}")
         if sources.get(op.inputs[0]) != "colwise":
             continue
         if op.type != "LayerNormalization":
@@ -314,11 +338,11 @@ def _norms(
 
 def _tied_linears(
     held: Held, export: Mapping[str, Any], unmodeled: list[str]
-) -> dict[str, tuple[str, str]]:
+) -> dict[str, tuple[str, str, str]]:
     """The linear ops reading a tied parameter (a tied LM head), which `apply_plan`
     distributes, not styles: split on its output dim over tp it runs as a colwise Linear does
     (its input's gradient partial over tp, summed where DTensor's next op needs it whole: the
-    final norm's backward). op -> (parameter, "colwise"); other splits are not modeled."""
+    final norm's backward). op -> (parameter, "colwise", tp); other splits are not modeled."""
     tp, names = export["parallelize"]["tp"], list(export["mesh"]["dim_names"])
     found = {}
     for p in held.params:
@@ -330,7 +354,7 @@ def _tied_linears(
             if op.type not in LINEAR_OPS or op.inputs[1] != p.weight:
                 continue
             if placement == "Shard(0)":  # F.linear reads it as torch's [out, in]
-                found[op.name] = (p.param, "colwise")
+                found[op.name] = (p.param, "colwise", tp)
             elif placement != "Replicate()":
                 unmodeled.append(f"{p.param}: a tied {op.type} split {placement} on {tp}")
     return found
@@ -367,20 +391,26 @@ def _lookups(
 
 
 def _sources(
-    graph: Graph, linears: Mapping[str, tuple[str, str]], trained: frozenset[str]
+    graph: Graph,
+    linears: Mapping[str, tuple[str, str, str]],
+    trained: frozenset[str],
+    tp: str | None,
 ) -> dict[str, str]:
     """Where each forward activation comes from: `input` (from the model's inputs and
     constants alone: held whole, no gradient), `whole` (the same with a trained weight among
     them: a gradient flows back), `colwise` (from column-split Linears' outputs, split as they
     are: attention over their heads, a gated product; a bias or a table beside them) or `other`
     (a row-split Linear's summed output, or a mix). Values no op writes: `input`, or `whole`
-    for a trained weight."""
+    for a trained weight. A column split over another mesh dim than `tp` is `colwise@DIM`; a
+    Linear with no split reads its input gathered: `whole`."""
     found: dict[str, str] = {w: "whole" for w in trained}
     for op in graph.ops:
         if graph.phase(op.name) != "forward":
             continue
         if op.name in linears:
-            kind = "colwise" if linears[op.name][1] == "colwise" else "other"
+            _, style, axis = linears[op.name]
+            column = "colwise" if axis == tp else f"colwise@{axis}"
+            kind = {"colwise": column, "replicate": "whole"}.get(style, "other")
         elif op.type == "LayerNormalization" and found.get(op.inputs[0]) == "colwise":
             kind = "whole"  # gathered to be normalized (`_norms`)
         else:

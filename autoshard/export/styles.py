@@ -15,6 +15,13 @@ parameter held on `tp` otherwise than read (split but gathered by its reader, or
 sliced) is distributed as held, and DTensor moves it when read; its module takes no style.
 Otherwise every parameter is distributed as stored on the whole mesh, and `fallback` says why.
 
+A plan may read different modules' parameters split over different mesh dims (the attention's
+heads over one, the MLP's hidden over another: 2-D tensor parallelism): each module then takes
+its style over its own mesh dim (`axes`; `tp` is the dim most parameters are read over) when
+each module reads over one dim, no such dim splits the batch and none is stored split further
+(no fully_shard beside them). A module with no split (a replicated Linear) then reads its input
+whole: DTensor's output of another dim's styles all-gathered (`replicated` in the export).
+
 Worked example, models/mlp.onnx (Gemm, weights [out, in]) on dp=2,tp=2, `0.weight` stored
 `[[1], [0]]` and used `[[1], []]`, `0.bias` `[[1]]`, `2.weight` `[[], [1]]`, `2.bias` `[[]]`:
 tp is axis 1, fsdp axis 0; module `0` is colwise with `weight` sharded by FSDP on dim 1, module
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from autoshard.export.held import Held, ParamPlacement, Split, mesh_dim_names, torch_layout
@@ -73,6 +81,8 @@ class Styles:
     params: Mapping[str, str]  # parameter -> its style, `colwise+fsdp`, `distribute`, ...
     used: Mapping[str, Split]  # parameter -> its used split (torch layout)
     fallback: str | None = None
+    # module -> the mesh axis its style splits over, where it is not `tp_axis`
+    axes: Mapping[str, int] = field(default_factory=dict)
     # parameter -> the split (torch layout) it is held in as a DTensor over the whole mesh,
     # its ZeRO state's (or, beside one, its stored split): gathered for the forward.
     direct: Mapping[str, Split] = field(default_factory=dict)
@@ -163,17 +173,13 @@ def choose_styles(held: Held) -> Styles:
     sequence_axes = {r.sequence[1] for r in reads.values() if r.sequence}
     if not tp_axes and len(sequence_axes) == 1:  # sequence parallel alone
         tp_axes = sequence_axes
-    if len(tp_axes) > 1:
-        return _fallback(
-            held,
-            used,
-            f"parameters are read split over mesh dims {_names(held, tp_axes)}; "
-            "DTensor's parallel styles take one",
-        )
-    tp = next(iter(tp_axes), None)
+    tp, axes, why = _tp_axes(held, reads, tp_axes)
+    if why is not None:
+        return _fallback(held, used, why)
+    tps = frozenset(tp_axes)
     fsdp: dict[str, tuple[int, int]] = {}  # parameter -> (dim, axis) FSDP shards
     as_stored: set[str] = set()  # held on tp otherwise than read: distributed as held
-    zero, direct = _zero(held, stored, used, tp)
+    zero, direct = _zero(held, stored, used, tps)
     zeroed = _zeroed(held)
     for p in held.params:
         rank = len(held.shapes[p.weight])
@@ -181,7 +187,7 @@ def choose_styles(held: Held) -> Styles:
         if held.tied.get(p.param, p.param) in direct:  # as stored on tp; the rest `_hold_as`'s
             have = tuple(tuple(a for a in axes if a == tp) for axes in have)
         need = _dims(used[p.param], rank)
-        extra = _extra(have, need, tp)
+        extra = _extra(have, need, tps)
         if len(extra) > 1 or (extra and have[extra[0][0]][-1] != extra[0][1]):
             return _fallback(
                 held,
@@ -197,6 +203,9 @@ def choose_styles(held: Held) -> Styles:
         if have != need:  # held split on tp but read whole, or held whole and read split
             as_stored.add(p.param)
     fsdp_axes = {axis for _, axis in fsdp.values()}
+    why = _off_main(held, axes, set(fsdp), {*direct, *as_stored})
+    if why is not None:
+        return _fallback(held, used, why)
     if len(fsdp_axes) > 1:
         return _fallback(
             held,
@@ -220,7 +229,9 @@ def choose_styles(held: Held) -> Styles:
                 f"module {path or '(root)'} holds parameters split further "
                 f"({', '.join(sorted(sharded))}) and others not; fully_shard shards them all",
             )
-        style, sequence_dim = _module_style(members, tp)
+        style, sequence_dim = _module_style(members, axes.get(path, tp))
+        if path in axes and style not in (Style.COLWISE, Style.ROWWISE):
+            return _fallback(held, used, f"module {path}: {_ONE_STYLE}")
         if as_stored & set(names.values()):
             style, sequence_dim = Style.DISTRIBUTE, None
         kept = bool(sharded) and all(n in zero for n in names.values())
@@ -232,11 +243,69 @@ def choose_styles(held: Held) -> Styles:
             if n in direct:
                 params[n] = str(style) + ("+zero" if n in zeroed else "+fsdp")
     fsdp_axis = next(iter(fsdp_axes), None)
-    return Styles(tp, fsdp_axis, modules, params, used, direct=direct)
+    return Styles(tp, fsdp_axis, modules, params, used, axes=axes, direct=direct)
+
+
+def _tp_axes(
+    held: Held, reads: Mapping[str, _Read], tp_axes: AbstractSet[int]
+) -> tuple[int | None, dict[str, int], str | None]:
+    """The tensor-parallel axis (of parameters read split over several mesh dims: the one most
+    are read over, the last of a tie), the modules reading over another (path -> axis), or why
+    no style fits."""
+    if len(tp_axes) < 2:
+        return min(tp_axes, default=None), {}, None
+    by_module: dict[str, set[int]] = {}
+    count: dict[int, int] = {}
+    for name, r in reads.items():
+        by_module.setdefault(name.rpartition(".")[0], set()).update(_axes(r.used))
+        for axis in _axes(r.used):
+            count[axis] = count.get(axis, 0) + 1
+    tp = max(count, key=lambda a: (count[a], a))
+    two = sorted((path, found) for path, found in by_module.items() if len(found) > 1)
+    batch = data_axes(held) & set(count)
+    why = None
+    if two:
+        why = (
+            f"module {two[0][0] or '(root)'} reads parameters split over mesh dims "
+            f"{_names(held, two[0][1])}; DTensor's parallel styles take one"
+        )
+    elif batch:
+        why = (
+            f"mesh dim {_names(held, batch)} splits both the batch and parameters' reads; "
+            "DTensor's parallel styles read their input whole over it"
+        )
+    axes = {path: a for path, found in by_module.items() for a in found if a != tp}
+    return tp, {} if why else axes, why
+
+
+_ONE_STYLE = "read split over another mesh dim, but not by a column or row style"
+
+
+def _off_main(
+    held: Held, axes: Mapping[str, int], fsdp: AbstractSet[str], as_held: AbstractSet[str]
+) -> str | None:
+    """Beside modules styled over another mesh dim (`axes`), why a parameter fully_shard would
+    hold, or one of such a module held otherwise than read (`as_held`), is not written."""
+    odd = {*fsdp, *(n for n in as_held if n.rpartition(".")[0] in axes)}
+    if not axes or not odd:
+        return None
+    return (
+        f"{min(odd)} is stored split otherwise than read beside parameters read split over "
+        f"mesh dims {_names(held, {*axes.values()})} and another: not written"
+    )
+
+
+def data_axes(held: Held) -> set[int]:
+    """The mesh axes that split the batch: dim 0 of a model input."""
+    axes: set[int] = set()
+    for name in held.graph.inputs:
+        if name not in held.graph.weights:
+            axes.update(held.plan.values.get(name, Sharding()).axes_of(0))
+    return axes
 
 
 def _zero(
-    held: Held, stored: Mapping[str, Split], used: Mapping[str, Split], tp: int | None
+    held: Held, stored: Mapping[str, Split], used: Mapping[str, Split], tps: frozenset[int]
 ) -> tuple[dict[str, Split], dict[str, Split]]:
     """Where a training plan's ZeRO-1/2 optimizer states (and its weights split as fully_shard
     cannot) are held: the parameters it stores as used but whose state it splits further (their
@@ -254,7 +323,7 @@ def _zero(
     for p in held.params:
         rank = len(held.shapes[p.weight])
         need, have = _dims(used[p.param], rank), _dims(stored[p.param], rank)
-        stored_extra = _extra(have, need, tp)
+        stored_extra = _extra(have, need, tps)
         if stored_extra:
             further[p.param] = have
             odd = len(stored_extra) > 1 or have[stored_extra[0][0]][-1] != stored_extra[0][1]
@@ -264,8 +333,8 @@ def _zero(
         if strategy is None or "zero" not in strategy.strategy.split("+"):
             continue
         state = _dims(torch_layout(Sharding.parse(strategy.state).split_axes, p.transposed), rank)
-        extra = _extra(state, need, tp)
-        on_tp = tp is not None and any(tp in state[d] and tp not in need[d] for d in range(rank))
+        extra = _extra(state, need, tps)
+        on_tp = any(t in state[d] and t not in need[d] for t in tps for d in range(rank))
         if not extra and not on_tp:
             continue
         states[p.param] = state
@@ -299,12 +368,12 @@ def _zeroed(held: Held) -> set[str]:
     }
 
 
-def _extra(have: Split, need: Split, tp: int | None) -> list[tuple[int, int]]:
-    """(dim, mesh axis) of each split `have` holds beyond `need`, tp's aside."""
-    return [(d, a) for d in range(len(have)) for a in have[d] if a not in need[d] and a != tp]
+def _extra(have: Split, need: Split, tps: frozenset[int]) -> list[tuple[int, int]]:
+    """(dim, mesh axis) of each split `have` holds beyond `need`, the styles' axes aside."""
+    return [(d, a) for d in range(len(have)) for a in have[d] if a not in need[d] and a not in tps]
 
 
-def _names(held: Held, axes: set[int]) -> str:
+def _names(held: Held, axes: AbstractSet[int]) -> str:
     return ", ".join(mesh_dim_names(held.mesh)[a] for a in sorted(axes))
 
 

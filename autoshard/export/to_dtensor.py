@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from autoshard.export.dtensor_traffic import dtensor_traffic
 from autoshard.export.held import Held, mesh_dim_names
 from autoshard.export.stages import stage_split
-from autoshard.export.styles import Style, choose_styles
+from autoshard.export.styles import Style, choose_styles, data_axes
 from autoshard.mesh import Mesh
 from autoshard.sharding import Sharding
 
@@ -121,6 +121,8 @@ def dtensor_export(held: Held) -> dict[str, object]:
         modules[path] = {"style": str(m.style)}
         if m.in_out and m.style in (Style.COLWISE, Style.ROWWISE):
             modules[path]["in_out"] = True
+        if path in styles.axes:  # styled over another mesh dim than `tp`
+            modules[path]["axis"] = names[styles.axes[path]]
         if m.sequence_dim is not None:
             modules[path]["sequence_dim"] = m.sequence_dim
         if m.fsdp_dims:
@@ -157,9 +159,5 @@ def dtensor_export(held: Held) -> dict[str, object]:
 def data_dims(held: Held) -> list[str]:
     """The mesh dims that split the batch (dim 0 of some model input): each data-parallel
     group of those dims reads its own examples, and the gradients are averaged over them."""
-    axes: set[int] = set()
-    for name in held.graph.inputs:
-        if name not in held.graph.weights:
-            axes.update(held.plan.values.get(name, Sharding()).axes_of(0))
     names = mesh_dim_names(held.mesh)
-    return [names[a] for a in sorted(axes)]
+    return [names[a] for a in sorted(data_axes(held))]

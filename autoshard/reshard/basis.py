@@ -4,9 +4,11 @@ paths through it (Floyd-Warshall, deterministic ties)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +49,12 @@ STEP = 1 << 10
 """A path's length is `bytes * STEP + collectives`: fewest bytes first, then fewest steps."""
 
 
+_PIECED = frozenset(
+    {CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_TO_ALL}
+)
+"""The kinds whose bytes are a ceil-sized piece of the local shard (`ring_bytes`)."""
+
+
 UNREACHABLE = 1 << 61  # twice it still fits in int64
 
 
@@ -65,17 +73,53 @@ def mask_axes(mask: int) -> tuple[int, ...]:
     return tuple(a for a in range(mask.bit_length()) if mask >> a & 1)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)
 def step_graph(
     shape: tuple[int, ...], mesh: Mesh, itemsize: int, axes: tuple[int, ...], partial: bool
 ) -> StepGraph | None:
     """The graph of a tensor's shardings over `axes`, the mesh axes a reshard's two shardings
     use: an axis neither uses stays unused on the way, so a reshard never detours through
     other axes' links (slicing over one to shrink an all_reduce, gathering it back after),
-    whose speed it does not know. None when it is too big to tabulate."""
+    whose speed it does not know. None when it is too big to tabulate. Its paths are those of
+    the first of the tensor's shape classes (`shape_classes`) whose steps scale exactly,
+    searched once per class."""
     if len(_states(len(shape), axes, partial)) > _TABULATED:
         return None
-    return StepGraph(shape, mesh, itemsize, axes, partial)
+    for canonical, unit, scale in shape_classes(shape, mesh, itemsize, axes):
+        paths = paths_of(canonical, mesh, unit, axes, partial)
+        if scale == 1 or paths.even:
+            return StepGraph(shape, mesh, itemsize, axes, paths, scale)
+    raise AssertionError("the last class is the tensor itself")  # pragma: no cover
+
+
+def shape_classes(
+    shape: tuple[int, ...], mesh: Mesh, itemsize: int, axes: tuple[int, ...]
+) -> tuple[tuple[tuple[int, ...], int, int], ...]:
+    """The classes (shape, itemsize, scale) a tensor may share its graph over `axes` with,
+    widest first, the tensor itself last: each class's graph is the tensor's, each step
+    moving `scale` times the bytes, where that class's steps are `even`.
+
+    A dim of n*m elements, n the devices of `axes` together and m >= 1, splits evenly over any
+    of them: every slice and gather is exact, and its shards, their sizes aside, are those of a
+    dim of n. So a tensor has the steps of one whose such dims are n (the others as they are),
+    its local shards `prod(m)` times theirs, or `itemsize * prod(m)` times where the class's
+    itemsize is 1. A step's bytes are the local shard's (all_gather, permute) or a ceil-sized
+    n'-th of it (the other kinds, `ring_bytes`, n' the devices it reduces or moves over):
+    exactly `scale` times the class's when n' divides the class's shard (`Paths.even`), as it
+    always does where every dim is such a dim (the axes a step reduces or moves are not among
+    some dim's splits: any dim for partial axes, the target dim for an all_to_all; that dim's
+    class shard, n / n'' elements, holds n'). A path's length is `bytes * STEP + steps` with
+    fewer than `STEP` steps, so scaling every step's bytes by one integer keeps every
+    comparison Floyd-Warshall makes, and its paths."""
+    n = mesh.group_size(axes)
+    whole = [bool(size) and not size % n for size in shape]
+    itself = ((shape, itemsize, 1),)
+    if not any(whole):
+        return itself
+    canonical = tuple(n if w else size for size, w in zip(shape, whole, strict=True))
+    m = math.prod(size // n for size, w in zip(shape, whole, strict=True) if w)
+    wider = ((canonical, 1, itemsize * m),) if itemsize > 1 else ()
+    return (*wider, (canonical, itemsize, m), *itself) if m > 1 else (*wider, *itself)
 
 
 @functools.lru_cache(maxsize=64)
@@ -195,12 +239,79 @@ class Basis:
         return _permute(old, new, self.shape, self.mesh, self.itemsize)
 
 
+@dataclass(frozen=True, eq=False)
+class Paths:
+    """The states of one shape class (`shape_classes`), the basis steps between them and the
+    cheapest path between every two (Floyd-Warshall on `bytes * STEP + steps`; ties go to the
+    path found first, states taken in sorted order): `hops[i, j]` steps long (0 where
+    unreachable), the first to state `next[i, j]`; `even` where every step moving a
+    ceil-sized piece of the local shard (`ring_bytes`) divides it evenly."""
+
+    states: tuple[State, ...]
+    index: Mapping[State, int]
+    steps: Mapping[tuple[int, int], Step]
+    reachable: np.ndarray
+    hops: np.ndarray
+    next: np.ndarray
+    even: bool
+
+
+@functools.lru_cache(maxsize=256)
+def paths_of(
+    shape: tuple[int, ...], mesh: Mesh, itemsize: int, axes: tuple[int, ...], partial: bool
+) -> Paths:
+    """The paths of a tensor's shardings over `axes` (with partial axes or without), built
+    once per (shape, mesh, itemsize, axes)."""
+    basis = basis_for(shape, mesh, itemsize, axes)
+    states = _states(len(shape), axes, partial)
+    index = {s: i for i, s in enumerate(states)}
+    steps: dict[tuple[int, int], Step] = {}
+
+    def add(i: int, j: int, step: Step) -> None:
+        known = steps.get((i, j))
+        if known is None or step.bytes_per_device < known.bytes_per_device:
+            steps[(i, j)] = step
+
+    even = True
+    for i, state in enumerate(states):
+        local = _local_bytes(state[0], shape, mesh, itemsize)
+        for step, after in basis.moves(*state):
+            add(i, index[after], step)
+            if step.kind in _PIECED:
+                even = even and not local % mesh.group_size(step.mesh_axes)
+    # Permutes, between splits whose shards (dim by dim) are among the other's.
+    alike: dict[tuple, list[Split]] = {}
+    for split, partial_axes in states:
+        if not partial_axes:  # partial values stay put: their pieces are not shards
+            n = mesh.group_size
+            shards = tuple(_Shards.of(s, n(a)) for s, a in zip(shape, split, strict=True))
+            alike.setdefault(shards, []).append(split)
+    for have in alike:
+        news = [
+            new
+            for want in alike
+            if all(w.within(h) for w, h in zip(want, have, strict=True))
+            for new in alike[want]
+        ]
+        for old in alike[have]:
+            others = [new for new in news if new != old]
+            if others:
+                for new, permute in zip(
+                    others, _permutes(old, others, shape, mesh, itemsize), strict=True
+                ):
+                    add(index[(old, ())], index[(new, ())], permute)
+    length, nxt = _shortest_paths(len(states), steps)
+    reachable = length < UNREACHABLE
+    hops = np.where(reachable, length % STEP, 0)
+    return Paths(states, index, steps, reachable, hops, nxt, even)
+
+
 class StepGraph(Basis):
     """Every sharding of one tensor over some mesh axes (with partial axes or without), the
-    basis steps between them, and the shortest path between every two (Floyd-Warshall on
-    `bytes * STEP + steps`; ties go to the path found first, states taken in sorted order).
+    basis steps between them and the cheapest paths: those of its shape class, each step
+    moving `scale` times the bytes of the class's.
 
-    Built once per (shape, mesh, itemsize, axes), it answers every pair of shardings of the
+    Made once per (shape, mesh, itemsize, axes), it answers every pair of shardings of the
     tensor by a table walk: the search prices thousands of pairs per edge of the model."""
 
     def __init__(
@@ -209,46 +320,31 @@ class StepGraph(Basis):
         mesh: Mesh,
         itemsize: int,
         axes: tuple[int, ...],
-        partial: bool,
+        paths: Paths,
+        scale: int,
     ) -> None:
         super().__init__(shape, mesh, itemsize, axes)
-        self.states = _states(len(shape), axes, partial)
-        self.index = {s: i for i, s in enumerate(self.states)}
-        self.steps: dict[tuple[int, int], Step] = {}
-        for i, state in enumerate(self.states):
-            for step, after in self.moves(*state):
-                self.add(i, self.index[after], step)
-        # Permutes, between splits whose shards (dim by dim) are among the other's.
-        alike: dict[tuple, list[Split]] = {}
-        for split, partial_axes in self.states:
-            if not partial_axes:  # partial values stay put: their pieces are not shards
-                n = self.mesh.group_size
-                shards = tuple(_Shards.of(s, n(a)) for s, a in zip(shape, split, strict=True))
-                alike.setdefault(shards, []).append(split)
-        for have, want in itertools.product(alike, repeat=2):
-            if all(w.within(h) for w, h in zip(want, have, strict=True)):
-                for old, new in itertools.product(alike[have], alike[want]):
-                    permute = self.permute(old, new)
-                    if permute is not None:
-                        self.add(self.index[(old, ())], self.index[(new, ())], permute)
-        self.length, self.next = _shortest_paths(len(self.states), self.steps)
+        self.paths, self.scale = paths, scale
+        self.states, self.index = paths.states, paths.index
 
-    def add(self, i: int, j: int, step: Step) -> None:
-        known = self.steps.get((i, j))
-        if known is None or step.bytes_per_device < known.bytes_per_device:
-            self.steps[(i, j)] = step
+    def step(self, i: int, j: int) -> Step:
+        """The step from state i to state j, in this tensor's bytes."""
+        step = self.paths.steps[(i, j)]
+        if self.scale == 1:
+            return step
+        return dataclasses.replace(step, bytes_per_device=step.bytes_per_device * self.scale)
 
     def next_step(self, i: int, j: int) -> int:
-        if self.length[i, j] >= UNREACHABLE:  # pragma: no cover - gather all, slice reaches all
+        if not self.paths.reachable[i, j]:  # pragma: no cover - gather all, slice reaches all
             raise ShardingError(
                 f"no exact resharding from {self.states[i]} to {self.states[j]} on {self.mesh}"
             )
-        return int(self.next[i, j])
+        return int(self.paths.next[i, j])
 
     def collective_of(
         self, i: int, j: int, order: tuple[int, ...], reduction: ReductionKind
     ) -> Collective:
-        return self.collective(self.states[i], self.states[j], self.steps[(i, j)], order, reduction)
+        return self.collective(self.states[i], self.states[j], self.step(i, j), order, reduction)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -266,30 +362,49 @@ def _permute(
     for size, a, b in zip(shape, old, new, strict=True):
         if not _Shards.of(size, n(b)).within(_Shards.of(size, n(a))):
             return None
-    source, target = _permute_moves(old, new, shape, mesh)
-    sends = np.bincount(source).max(initial=0)
+    return _permutes(old, (new,), shape, mesh, itemsize)[0]
+
+
+def _permutes(
+    old: Split, news: Sequence[Split], shape: tuple[int, ...], mesh: Mesh, itemsize: int
+) -> list[Step]:
+    """The permutes from `old` to each of `news` (other splits, each of whose shards `old`
+    holds, as `_permute` checks), worked out together: a graph asks for every pair of its
+    splits alike."""
+    source, moving = _sources(old, news, shape, mesh)
+    count, devices = source.shape
+    rows = np.arange(count)[:, None] * devices
+    sends = np.bincount((rows + source)[moving], minlength=count * devices)
     coordinates = _coordinates(mesh)
-    crossed = (coordinates[source] != coordinates[target]).any(0)
-    return Step(
-        CollectiveKind.PERMUTE,
-        tuple(np.flatnonzero(crossed).tolist()),
-        int(sends) * _local_bytes(old, shape, mesh, itemsize),
-    )
+    crossed = ((coordinates[source] != coordinates) & moving[..., None]).any(1)
+    local = _local_bytes(old, shape, mesh, itemsize)
+    return [
+        Step(CollectiveKind.PERMUTE, tuple(np.flatnonzero(axes).tolist()), int(most) * local)
+        for axes, most in zip(crossed, sends.reshape(count, devices).max(1), strict=True)
+    ]
+
+
+def _sources(
+    old: Split, news: Sequence[Split], shape: tuple[int, ...], mesh: Mesh
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each of `news` (rows) and each device (columns), the device it takes its new shard
+    from, and whether that is another."""
+    held = _device_shards(old, shape, mesh)
+    wanted = np.stack([_device_shards(new, shape, mesh) for new in news])
+    order = np.argsort(held, kind="stable")
+    ranked = held[order]
+    first = np.searchsorted(ranked, wanted, "left")
+    count = np.searchsorted(ranked, wanted, "right") - first
+    devices = np.arange(len(held))
+    return order[first + devices % count], held != wanted
 
 
 def _permute_moves(
     old: Split, new: Split, shape: tuple[int, ...], mesh: Mesh
 ) -> tuple[np.ndarray, np.ndarray]:
     """The (source, target) devices of a permute's moving shards, as two arrays."""
-    held, wanted = _device_shards(old, shape, mesh), _device_shards(new, shape, mesh)
-    order = np.argsort(held, kind="stable")
-    ranked = held[order]
-    first = np.searchsorted(ranked, wanted, "left")
-    count = np.searchsorted(ranked, wanted, "right") - first
-    devices = np.arange(len(held))
-    source = order[first + devices % count]
-    moving = held != wanted
-    return source[moving], devices[moving]
+    source, moving = _sources(old, (new,), shape, mesh)
+    return source[moving], np.flatnonzero(moving[0])
 
 
 def _permute_pairs(

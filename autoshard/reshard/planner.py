@@ -21,7 +21,8 @@ then the fewest collectives. A step is taken only when it is *exact*: when the d
 divide evenly, shards are ceil-sized and, e.g., gathering the inner axis of a 5-row
 dim split 2x2 (shards 2, 2, 1, 0) does not give the 3-row shards of a 2-way split (3, 2); such a
 dim is gathered whole and sliced from the full extent, which is always exact. The shortest path
-between every two shardings is computed once per (shape, mesh, itemsize, axes) with
+between every two shardings is computed once per shape class (`basis.shape_classes`:
+tensors alike but for dims that split evenly share the paths, their bytes scaled) with
 Floyd-Warshall (ties go to the first path found, states in sorted order, so plans are
 deterministic): materialization walks one path, the search prices all pairs of a tensor's
 candidate shardings from the same table (`ReshardPrices`). Upstream MLIR's one-step resharding
@@ -46,9 +47,8 @@ from autoshard.collectives import Collective, CollectiveKind
 from autoshard.errors import ShardingError
 from autoshard.mesh import Mesh
 from autoshard.reshard.basis import (
-    STEP,
-    UNREACHABLE,
     Basis,
+    Paths,
     Split,
     State,
     Step,
@@ -85,7 +85,7 @@ class ReshardPrices:
 
     def __init__(self, mesh: Mesh, price: Callable[[Collective], float]) -> None:
         self.mesh, self.price = mesh, price
-        self.tables: dict[StepGraph, np.ndarray] = {}
+        self.tables: dict[tuple[Paths, int], np.ndarray] = {}
         self.step_prices: dict[tuple[CollectiveKind, tuple[int, ...], int], float] = {}
 
     def matrix(
@@ -106,62 +106,72 @@ class ReshardPrices:
     def distinct(
         self, srcs: list[Sharding], dsts: list[Sharding], shape: tuple[int, ...], itemsize: int
     ) -> np.ndarray:
+        """Costs between distinct shardings: one table lookup per block of sources and
+        targets over the same mesh axes (the same graph), however many pairs it holds."""
         for s in {*srcs, *dsts}:
             _check_one(s, shape, self.mesh)
+        for dst in dsts:
+            if dst.partial_axes:
+                for src in srcs:
+                    _check_pair(src, dst)
         rank = len(shape)
         out = np.empty((len(srcs), len(dsts)))
-        masks = [axes_mask(d) for d in dsts]
-        targets = [state_of(d, rank) for d in dsts]
+        starts = [state_of(s, rank) for s in srcs]
+        ends = [state_of(d, rank) for d in dsts]
+        sources: dict[tuple[int, bool], list[int]] = {}
         for r, src in enumerate(srcs):
-            for dst in dsts:
-                if dst.partial_axes:
-                    _check_pair(src, dst)
-            start, used = state_of(src, rank), axes_mask(src)
-            columns: dict[int, list[int]] = {}
-            for c, mask in enumerate(masks):
-                columns.setdefault(used | mask, []).append(c)
-            for mask, cs in columns.items():
-                graph = step_graph(
-                    shape, self.mesh, itemsize, mask_axes(mask), bool(src.partial_axes)
-                )
+            sources.setdefault((axes_mask(src), bool(src.partial_axes)), []).append(r)
+        targets: dict[int, list[int]] = {}
+        for c, dst in enumerate(dsts):
+            targets.setdefault(axes_mask(dst), []).append(c)
+        for (used, partial), rows in sources.items():
+            for mask, columns in targets.items():
+                graph = step_graph(shape, self.mesh, itemsize, mask_axes(used | mask), partial)
                 if graph is None:
-                    for c in cs:
-                        plan = _plan(src, dsts[c], shape, self.mesh, itemsize)
+                    for r, c in itertools.product(rows, columns):
+                        plan = _plan(srcs[r], dsts[c], shape, self.mesh, itemsize)
                         out[r, c] = sum(self.price(step) for step in plan)
                     continue
-                row = self.table(graph)[graph.index[start]]
-                out[r, cs] = row[[graph.index[targets[c]] for c in cs]]
+                i = np.array([graph.index[starts[r]] for r in rows])[:, None]
+                j = np.array([graph.index[ends[c]] for c in columns])
+                out[np.array(rows)[:, None], columns] = self.table(graph)[i, j]
         return out
 
     def table(self, graph: StepGraph) -> np.ndarray:
-        if graph not in self.tables:
+        """The costs between every two states of `graph`: one table per shape class and
+        scale, which fix every step's kind, mesh axes and bytes."""
+        key = (graph.paths, graph.scale)
+        if key not in self.tables:
             order = tuple(range(self.mesh.ndim))
-            count = len(graph.states)
-            reachable = graph.length < UNREACHABLE
-            steps = np.where(reachable, graph.length % STEP, 0)
-            first = graph.next.astype(np.int64)
+            paths = graph.paths
+            count = len(paths.states)
+            steps = paths.hops
+            first = paths.next.astype(np.int64)
             hops = np.unique((np.arange(count)[:, None] * count + first)[steps > 0])
             price = np.zeros((count, count))
             for hop in hops.tolist():
                 i, k = divmod(hop, count)
-                step = graph.steps[(i, k)]
+                step = paths.steps[(i, k)]
                 # The price depends on the kind, mesh axes and bytes alone (above): a step
                 # like one priced before, of this tensor or another, is not built again.
-                key = (step.kind, step.mesh_axes, step.bytes_per_device)
-                if key not in self.step_prices:
+                like = (step.kind, step.mesh_axes, step.bytes_per_device * graph.scale)
+                if like not in self.step_prices:
                     collective = graph.collective_of(i, k, order, ReductionKind.SUM)
-                    self.step_prices[key] = self.price(collective)
-                price[i, k] = self.step_prices[key]
-            cost = np.where(reachable, 0.0, np.nan)
+                    self.step_prices[like] = self.price(collective)
+                price[i, k] = self.step_prices[like]
+            cost = np.where(paths.reachable, 0.0, np.nan)
             for level in range(1, int(steps.max(initial=0)) + 1):
                 i, j = np.nonzero(steps == level)
                 k = first[i, j]
                 cost[i, j] = price[i, k] + cost[k, j]
-            self.tables[graph] = cost
-        return self.tables[graph]
+            self.tables[key] = cost
+        return self.tables[key]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _check_one(sharding: Sharding, shape: tuple[int, ...], mesh: Mesh) -> None:
+    """`ShardingError` unless the planner can reshard `sharding`; a sharding found valid is
+    remembered (the search asks about the same ones for value after value)."""
     sharding.check(mesh, shape)
     if sharding.halo_sizes or sharding.sharded_dims_offsets:
         raise ShardingError(
@@ -196,7 +206,13 @@ def _plan(
     graph = step_graph(shape, mesh, itemsize, axes, bool(src.partial_axes))
     if graph is None:
         return _directed(src, dst, basis_for(shape, mesh, itemsize, axes))
-    i, j = graph.index[state_of(src, len(shape))], graph.index[state_of(dst, len(shape))]
+    return walk(graph, src, dst)
+
+
+def walk(graph: StepGraph, src: Sharding, dst: Sharding) -> tuple[Collective, ...]:
+    """The collectives of `graph`'s cheapest path from `src` to `dst`."""
+    rank = len(graph.shape)
+    i, j = graph.index[state_of(src, rank)], graph.index[state_of(dst, rank)]
     steps = []
     while i != j:
         k = graph.next_step(i, j)

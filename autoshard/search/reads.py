@@ -146,7 +146,8 @@ def _shared_pairs(
     )
     held = tuple(dict.fromkeys(value_reads.held))
     costs = pricer(value_reads.value, held, shared) if shared else np.zeros((len(held), 0))
-    pairs = [(h, shared[j]) for i, h in enumerate(held) for j in np.flatnonzero(costs[i] > 0)]
+    rows, columns = np.nonzero(costs > 0)  # row-major: by held sharding, then by need
+    pairs = [(held[i], shared[j]) for i, j in zip(rows.tolist(), columns.tolist(), strict=True)]
     return [(h, h) for h in held] + pairs if pairs else []
 
 
@@ -197,9 +198,13 @@ def _priced(
     whole where another reads it as its own partial sums, which no reshard makes."""
     if not same:
         return pricer(value, held, needs)
+    holds: dict[Sharding, int] = {}
+    reads: dict[Sharding, int] = {}
+    rows = [holds.setdefault(h, len(holds)) for h in held]
+    columns = [reads.setdefault(n, len(reads)) for n in needs]
+    distinct = pricer(value, tuple(holds), tuple(reads))
     cost = np.zeros((len(held), len(needs)))
-    for k, (h, n) in enumerate(zip(held, needs, strict=True)):
-        cost[k, k] = pricer(value, (h,), (n,))[0, 0]
+    np.fill_diagonal(cost, distinct[rows, columns])
     return cost
 
 

@@ -1,15 +1,18 @@
 """The DTensor export trains: the `apply_plan` that `autoshard export --to dtensor` writes for a
 training plan of models/mlp.onnx, applied to the torch module the ONNX came from, runs 3 steps
 on gloo (one process per device; FSDP2 for the parameters the plan stores split further than it
-reads them, or whose optimizer state it splits: ZeRO-2; Megatron's styles on tp;
-`sync_gradients` over the data dims) equal to the single-process step with the same optimizer
-(loss, every gradient, every updated weight, rel 1e-5, after steps 1 and 3). While it trains,
+reads them, or whose optimizer state it splits: ZeRO-2; Megatron's styles on tp, or on dp and
+tp, each module's over its own mesh dim; `sync_gradients` over the data dims) equal to the
+single-process step with the same optimizer (loss, every gradient, every updated weight, rel
+1e-5, after steps 1 and 3, each from the ranks' state after the step before). While it trains,
 every collective torch issues is counted per phase and kind (`traffic.Traffic`, CommDebugMode
 beside it) and must be, byte for byte, the export's estimate (`traffic` of the export document).
 The 2x2 plans share one start of 4 ranks, the 2x2x2 one a start of 8 (`train_cases`)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 from pathlib import Path
@@ -31,6 +34,11 @@ _BATCH = ["x=[[0, 1], []]", "x=[[0, 1], []]@users"]
 _MEGATRON = ["x=[[0], []]", "x=[[0], []]@users", "0.weight=[[1], []]", "0.bias=[[1]]",
              "2.weight=[[], [1]]", "2.bias=[[]]", "/0/Gemm_output_0=[[0], [1]]",
              "/1/Relu_output_0=[[0], [1]]@users"]  # fmt: skip
+_TWO_DIMS = ["x=[[], []]", "x=[[], []]@users", "0.weight=[[1], []]", "0.bias=[[1]]",
+             "2.weight=[[], [0]]", "2.bias=[[]]", "/0/Gemm_output_0=[[], [1]]",
+             "/1/Relu_output_0=[[], [0]]@users", "0.weight@state=[[], [1], []]",
+             "0.bias@state=[[], [1]]", "2.weight@state=[[], [], [0]]",
+             "2.bias@state=[[], []]"]  # fmt: skip
 # name -> (mesh, optimizer, planning flags, annotations: `value=sharding`, `@users` for reads)
 CASES = {
     "dp": ("dp=2,tp=2", "sgd", [], [*_BATCH, "0.weight=[[], []]", "0.bias=[[]]",
@@ -57,6 +65,9 @@ CASES = {
     "fsdp-2x2x2": ("dp=2,dq=2,tp=2", "sgd", [], [
         "x=[[0, 1, 2], []]", "x=[[0, 1, 2], []]@users", "0.weight=[[0], []]", "0.bias=[[0]]",
         "2.weight=[[0], []]", "2.bias=[[0]]", *_WHOLE]),
+    # 2-D tensor parallel, the batch whole: the first Linear column-split over tp, the second
+    # row-split over dp (its input gathered over tp, then sliced over dp).
+    "tp-2d": ("dp=2,tp=2", "sgd", [], _TWO_DIMS),
 }  # fmt: skip
 STYLES = {
     # the search splits the first Linear's momentum over both axes (held by `_hold_as`)
@@ -67,6 +78,7 @@ STYLES = {
     "tp-fsdp": {"0.weight": "colwise+fsdp", "2.weight": "rowwise+zero"},
     "searched": {"0.weight": "colwise", "2.weight": "colwise"},
     "fsdp-2x2x2": "replicate+fsdp",
+    "tp-2d": {"0.weight": "colwise", "2.weight": "rowwise"},
 }
 BATCH = 8  # train_cases.batches("mlp")
 
@@ -151,3 +163,25 @@ def test_a_wrong_estimate_is_named(trained):
     counted = torch.load(trained / "fsdp" / "rank0.pt")["bytes"]
     found = mismatches(estimate["bytes_per_device"], counted, STEPS)
     assert found == [f"backward all_gather: estimated 0 B, counted {3 * 66176} B"]
+
+
+def test_two_styled_mesh_dims(trained, tmp_path):
+    """2-D tensor parallel by hand: module 2 rowwise over dp; its input, [8, 256] float32 split
+    over tp by module 0, all-gathered over tp in forward (half of 8 KiB), its output [8, 64]
+    all-reduced over dp, its input gradient all-gathered over dp in backward. With the batch
+    split over dp as well, no style reads it: the export falls back, saying why."""
+    export = json.loads((trained / "tp-2d" / "export.json").read_text())
+    assert export["parallelize"]["modules"]["2"] == {"style": "rowwise", "axis": "dp"}
+    assert export["traffic"]["bytes_per_device"] == {
+        "forward": {"all_gather": 4096, "all_reduce": 2048}, "backward": {"all_gather": 4096},
+    }  # fmt: skip
+    shutil.copy(MODELS / "mlp.onnx", tmp_path)
+    batch = ["x=[[0], []]", "x=[[0], []]@users", *_TWO_DIMS[2:6], "/0/Gemm_output_0=[[0], [1]]",
+             *_TWO_DIMS[7:]]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):
+        plan_mlp(tmp_path, tmp_path / "mlp.onnx", "dp=2,tp=2", BATCH, "sgd", [], batch)
+    fallback = json.loads((tmp_path / "export.json").read_text())["parallelize"]["fallback"]
+    assert fallback == (
+        "mesh dim dp splits both the batch and parameters' reads; DTensor's parallel styles "
+        "read their input whole over it"
+    )

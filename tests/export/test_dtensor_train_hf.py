@@ -1,17 +1,19 @@
 """The DTensor export of Hugging Face models trains: GPT-2 and Llama built from tiny configs
 (tests/export/test_hf_models.py: seeded, nothing downloaded), exported to ONNX by the TorchScript
 exporter and planned for training under each standard recipe (DDP, ZeRO-2, FSDP, Megatron TP x
-DP: `train_cases.plan_hf`) and by the search alone, on 2x2, and on 2x2x2 Megatron and GPT-2's
-ZeRO-2 (at batch 8: split over all 8 devices). The
-`apply_plan` of each export, on the original module, trains 3 steps (SGD; Adam for Llama's
-searched plan) on gloo (4 ranks, or 8) equal to the single-process steps (rel 1e-5: the loss,
-every gradient and weight after steps 1 and 3), and the bytes counted per phase and kind are
-the export's estimate on every rank, CommDebugMode's calls ours. Where each plan lands in
-torch: ZeRO's states split over both axes and FSDP's weights (one dim over dp and tp) held by
-`_hold_as`; GPT-2's Conv1D modules under the swapped column and row styles; its tied LM head
-and token table one tensor (the head's input gradient partial over tp, all-reduced in the
-final norm's backward); the searched plan's column-split MLP output added to the residual
-stream, which DTensor keeps split until each layer norm gathers it."""
+DP: `train_cases.plan_hf`) and by the search alone, on 2x2, and on 2x2x2 Megatron, GPT-2's
+ZeRO-2 and Llama's FSDP (at batch 8: split over all 8 devices). The `apply_plan` of each
+export, on the original module, trains 3 steps (SGD; Adam for Llama's searched plan) on gloo
+(4 ranks, or 8) equal to the single-process steps (rel 1e-5: the loss, every gradient and
+weight after steps 1 and 3, each step from the ranks' state after the one before), and the
+bytes counted per phase and kind are the export's estimate on every rank, CommDebugMode's calls
+ours. Where each plan lands in torch: ZeRO's states split over both axes and FSDP's weights
+(one dim over dp and tp) held by `_hold_as`; GPT-2's Conv1D modules under the swapped column
+and row styles; its tied LM head and token table one tensor (the head's input gradient partial
+over tp, all-reduced in the final norm's backward); the searched plan's column-split MLP output
+added to the residual stream, which DTensor keeps split until each layer norm gathers it;
+Llama's searched plan's attention styled over dp and its MLP over tp (2-D tensor parallel, the
+attention's output gathered over dp for its output projection, which holds no split)."""
 
 from __future__ import annotations
 
@@ -39,15 +41,16 @@ CASES = {
     "llama-tp-dp-2x2x2": ("llama", "tp-dp", CUBE, "sgd", ""),
     # batch 8: the batch split over all 8 devices
     "gpt2-zero-2x2x2": ("gpt2@8", "zero", CUBE, "sgd", ""),
+    "llama-fsdp-2x2x2": ("llama@8", "fsdp", CUBE, "sgd", ""),
 }  # fmt: skip
 # What each recipe must come to in torch: a style every parameter has (a str), or one some has.
 EVERY = {"dp": {"replicate"}, "zero": {"replicate", "replicate+zero"},
          "fsdp": {"replicate", "replicate+fsdp"}}  # fmt: skip
 SOME = {"zero": "+zero", "fsdp": "+fsdp", "tp-dp": "rowwise", "searched": "colwise"}
-# The Llama's searched plan, since the search adds partial sums itself, reads parameters split
-# over dp and tp: no DTensor parallel style takes two mesh dims, the export falls back.
-TWO_DIMS = pytest.mark.xfail(strict=True, reason="parameters read split over dp and tp: no style")
-PARAMS = [pytest.param(c, marks=TWO_DIMS) if c == "llama-searched" else c for c in CASES]
+# The Llama's searched plan reads the attention's heads split over dp and the MLP's hidden over
+# tp (the batch whole): each module's style over its own mesh dim.
+TWO_DIMS = {"llama-searched": {"dp", "tp"}}
+PARAMS = list(CASES)
 
 
 def _ranks(case: str) -> int:
@@ -81,6 +84,9 @@ def test_the_hf_export_trains_as_one_process(trained, case):
     recipe = CASES[case][1]
     assert styles <= EVERY.get(recipe, styles), styles
     assert any(SOME.get(recipe, "") in style for style in styles), styles
+    modules = export["parallelize"]["modules"].values()
+    axes = {m.get("axis", export["parallelize"]["tp"]) for m in modules if m["style"] == "colwise"}
+    assert axes == TWO_DIMS.get(case, axes), axes
     for rank in range(_ranks(case)):
         result = torch.load(trained / case / f"rank{rank}.pt")
         bad = {k: e for k, e in result["errors"].items() if e > 1e-5}

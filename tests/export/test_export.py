@@ -53,8 +53,8 @@ def test_dtensor(plan):
     # Read split over both mesh dims: no DTensor parallel style (one dim each) applies.
     assert document["parallelize"] == {
         "tp": None, "fsdp": None, "modules": {},
-        "fallback": "parameters are read split over mesh dims dp, tp; DTensor's parallel "
-        "styles take one",
+        "fallback": "module 0.up reads parameters split over mesh dims dp, tp; DTensor's "
+        "parallel styles take one",
     }  # fmt: skip
     assert params["1.down.weight"]["placements"] == ["Replicate()", "Shard(1)"]
     assert params["1.norm.weight"]["onnx_weight"] == "0.norm.weight"  # deduplicated

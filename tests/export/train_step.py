@@ -2,12 +2,15 @@
 the tests and bench/export_dtensor_train.py share. The loss is the plan's, the sum of the
 model's output; a rank reads its piece of the batch (`INPUTS`), scales its loss by the number
 of data-parallel groups (gradients are averaged over them: `sync_gradients`, FSDP2), and the
-step's collectives are counted per phase (`traffic.Traffic`). torch is imported inside."""
+step's collectives are counted per phase (`traffic.Traffic`). Each checked step of the one
+process starts from the weights and optimizer states the ranks hold after the step before
+(`Start`), as `run`'s reference does (`train_check.ReferenceRun`): float32 rounding, which a few
+steps amplify, does not compound into the comparison. torch is imported inside."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +42,43 @@ def _full(tensor: Any) -> Any:
     return value.detach().clone()
 
 
+Start = tuple[dict[str, Any], dict[str, dict[str, Any]]]
+"""Where a checked step starts: every parameter's whole value and its optimizer state (each
+state key's whole tensor), by name."""
+
+
+def held(model: Any, opt: Any) -> Start:
+    """The whole weights and optimizer states `model` and `opt` hold now (gathered)."""
+    params = dict(model.named_parameters())
+    states = {n: {k: _full(v) for k, v in opt.state[p].items()} for n, p in params.items()
+              if p in opt.state}  # fmt: skip
+    return {n: _full(p) for n, p in params.items()}, states
+
+
+def _restart(model: Any, opt: Any, start: Start) -> None:
+    """`model`'s weights and `opt`'s states set to `start`."""
+    import torch
+
+    weights, states = start
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
+    for name, state in states.items():
+        opt.state[params[name]] = {k: v.clone() for k, v in state.items()}
+
+
 def reference(
-    model: Any, batches: Sequence[Any], optimizer: str, scale: float = 1.0
-) -> list[dict[str, Any]]:
-    """The single-process steps: per checked step, its loss, every gradient and weight."""
+    model: Any, batches: Sequence[Any], optimizer: str, scale: float = 1.0,
+    starts: Mapping[int, Start] | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The single-process steps: per checked step, its loss, every gradient and weight; a step
+    of `starts` taken from there (the ranks' state after the step before)."""
     opt = make_optimizer(optimizer, model.parameters(), scale)
     out = []
     for step, batch in enumerate(batches, 1):
+        if starts and step in starts:
+            _restart(model, opt, starts[step])
         opt.zero_grad()
         loss = model(batch).sum()
         loss.backward()
@@ -66,7 +99,8 @@ def distributed(
     scale: float = 1.0,
 ) -> tuple[list[dict[str, Any]], Traffic, Any]:
     """The export's steps on this rank (every rank builds the mesh): per checked step its loss,
-    every full gradient and weight; the collectives counted; the generated module."""
+    every full gradient and weight, and (but the first step) the `Start` it took; the
+    collectives counted; the generated module."""
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor import distribute_tensor
@@ -84,6 +118,7 @@ def distributed(
     traffic, out = Traffic(), []
     for step, batch in enumerate(batches, 1):
         local = distribute_tensor(batch, mesh, generated.INPUTS[input_name]).to_local()
+        start = held(model, opt) if step in STEPS and step > 1 else None
         opt.zero_grad()
         with traffic.phase("forward"), implicit_replication():
             output = model(local)
@@ -103,7 +138,7 @@ def distributed(
                 group = mesh[dims[0]] if len(dims) == 1 else mesh[dims]._flatten("_".join(dims))
                 dist.all_reduce(total, group=group.get_group())
             weights = {n: _full(p) for n, p in model.named_parameters()}
-            out.append({"loss": total, "grads": grads, "weights": weights})
+            out.append({"loss": total, "grads": grads, "weights": weights, "start": start})
     return out, traffic, generated
 
 

@@ -5,6 +5,7 @@ problem does (cost and every time point's usage)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -32,7 +33,11 @@ def fitting(data: dict, posed: Posed) -> list[tuple[int, tuple[int, ...]]]:
 
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("forbidden", [False, True], ids=["finite", "forbidden"])
-def test_from_the_worst_fitting_start_it_reaches_the_optimum(seed: int, forbidden: bool) -> None:
+@pytest.mark.parametrize("widest", [0, 2], ids=["all", "narrowed"])
+def test_from_the_worst_fitting_start_it_reaches_the_optimum(
+    seed: int, forbidden: bool, widest: int
+) -> None:
+    options = dataclasses.replace(SMALL, widest=widest)
     data = random_problem(seed, nodes=8, forbidden=forbidden)
     best, _ = brute_force(data)
     if best is None:
@@ -42,7 +47,7 @@ def test_from_the_worst_fitting_start_it_reaches_the_optimum(seed: int, forbidde
     if len(posed.problem.sizes) < 3:
         pytest.skip("too few groups for a neighbourhood to matter")
     worst_cost, worst = max(solutions)
-    searched = improved(posed, worst, work=60.0, options=SMALL)
+    searched = improved(posed, worst, work=60.0, options=options)
     cost, fits, _ = evaluate(data, posed.solution(searched.choice))
     assert fits and cost == searched.objective == best
     assert searched.optimal and searched.tried > 1 and worst_cost > best
@@ -58,7 +63,8 @@ def test_the_search_is_deterministic_given_its_seed() -> None:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_a_neighbourhood_prices_a_change_as_the_whole_problem(seed: int) -> None:
+@pytest.mark.parametrize("widest", [0, 2], ids=["all", "narrowed"])
+def test_a_neighbourhood_prices_a_change_as_the_whole_problem(seed: int, widest: int) -> None:
     data = random_problem(seed, nodes=8)
     posed = pose(parse_problem(data))
     solutions = fitting(data, posed)
@@ -71,7 +77,7 @@ def test_a_neighbourhood_prices_a_change_as_the_whole_problem(seed: int) -> None
     for _ in range(20):
         free = np.array(sorted(rng.sample(state.movable.tolist(),
                                           rng.randint(1, len(state.movable)))))  # fmt: skip
-        sub = Neighbourhood.of_groups(state, free)
+        sub = Neighbourhood.of_groups(state, free, widest)
         choice = [rng.randrange(n) for n in sub.problem.sizes]
         whole = list(start)
         for g, kept, k in zip(free.tolist(), sub.kept, choice, strict=True):
@@ -84,3 +90,33 @@ def test_a_neighbourhood_prices_a_change_as_the_whole_problem(seed: int) -> None
         rows = list(range(len(live)))
         with_rows = sub.with_rows(rows)
         assert with_rows.live(choice).tolist() == live.tolist()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_narrowed_group_keeps_its_incumbent_and_the_cheapest_given_its_neighbours(
+    seed: int,
+) -> None:
+    data = random_problem(seed, nodes=8)
+    posed = pose(parse_problem(data))
+    solutions = fitting(data, posed)
+    if not solutions:
+        pytest.skip("no solution fits")
+    _, start = random.Random(seed).choice(solutions)
+    state = _State.of(posed, start)
+    sub = Neighbourhood.of_groups(state, state.movable, widest=2)
+    narrowed = False
+    for g, kept in zip(state.movable.tolist(), sub.kept, strict=True):
+        # Every neighbour is free here: the costs given their incumbent choices, by hand.
+        costs = list(posed.problem.node_costs[g])
+        for a, b, matrix in posed.problem.edges:
+            for k in range(len(costs)):
+                if a == g:
+                    costs[k] += matrix[k][start[b]]
+                elif b == g:
+                    costs[k] += matrix[start[a]][k]
+        others = sorted((c, k) for k, c in enumerate(costs) if k != start[g])
+        expected = sorted([start[g]] + [k for _, k in others[:1]])
+        assert kept.tolist() == (expected if len(costs) > 2 else list(range(len(costs))))
+        narrowed |= len(costs) > 2
+    assert sub.narrowed() == narrowed
+    assert not Neighbourhood.of_groups(state, state.movable).narrowed()

@@ -12,8 +12,8 @@ from autoshard.deadline import TimeUp
 from autoshard.pipeline import PlanRequest, _step_graphs
 from autoshard.search.budget import auto_plan
 from autoshard.search.recipes import Recipe, recipe_layout
-from autoshard.search.recompute import choose_recompute, recompute_words
-from autoshard.search.solver.outcome import InfeasibleError
+from autoshard.search.recompute import Lazy, choose_recompute, recompute_words
+from autoshard.search.solver.outcome import InfeasibleError, OutOfTime
 from autoshard.training import Attention, Recompute, Training
 from tests.training.test_recompute import _small_decoder
 
@@ -40,7 +40,7 @@ def _choose(bounds, steps, binds=True):
         return found, binds
 
     bounded = dict(zip(TRIED, bounds, strict=True))
-    chosen, considered = choose_recompute(TRIED, bounded, solve, {})
+    chosen, considered = choose_recompute(TRIED, bounded, solve)
     return chosen, considered, solved
 
 
@@ -81,6 +81,40 @@ def test_none_is_kept_without_searching_the_rest_where_the_budget_binds_none_of_
     assert considered[1].why == "not solved, the budget binds no plan keeping every activation"
 
 
+def test_floors_and_bounds_are_priced_only_where_they_decide():
+    """A bound decides only once a plan is found: the first candidate's is never priced, and
+    none is where `none`'s plan leaves the budget unbound (`Lazy` prices on first read), nor
+    any memory floor then; the last candidate's floor is never read (it answers where none
+    fits). Those over the budget are skipped in their place in the order."""
+    priced: list[str] = []
+
+    def price(table: dict[Training, float]) -> Lazy[float]:
+        def read(training: Training) -> float:
+            priced.append(training.recompute_text)
+            return table[training]
+
+        return Lazy(TRIED, read)
+
+    def solve(training: Training, last: bool) -> tuple[float, bool]:
+        return {NONE: 20.0, LAYERS4: 12.0, SELECTIVE_OP: 11.5}[training], True
+
+    bounds = price({NONE: 10.0, LAYERS4: 11.0, SELECTIVE_OP: 11.8, LAYERS: 13.0})
+    floors = {NONE: 9, LAYERS4: 8, SELECTIVE_OP: 7, LAYERS: 6}
+    chosen, _ = choose_recompute(TRIED, bounds, lambda t, last: (20.0, False), price(floors), 100)
+    assert chosen.training == NONE and priced == ["none"]
+    priced.clear()
+    floors = price(floors)
+    chosen, considered = choose_recompute(TRIED, bounds, solve, floors, 8.5)
+    assert chosen.training == SELECTIVE_OP
+    assert priced == ["none", "layers:4", "selective-op", "selective-op", "layers"]
+    assert [(c.training, c.bound_s, c.step_s) for c in considered] == [
+        (NONE, None, None), (LAYERS4, None, 12.0), (SELECTIVE_OP, 11.8, 11.5), (LAYERS, 13.0, None)
+    ]  # fmt: skip
+    assert considered[0].why == "needs at least 9 B per device"
+    with pytest.raises(KeyError):
+        bounds[Training(recompute=Recompute.SELECTIVE)]
+
+
 def test_a_bound_below_the_best_is_solved_even_when_a_later_one_is_not():
     """Solved in TRIED's order; each candidate is pruned by its own bound alone."""
     chosen, _, solved = _choose(
@@ -102,14 +136,20 @@ def test_where_none_fits_the_next_is_solved_and_the_last_chance_explains():
         _choose((10.0, 11.0, 12.0, 13.0), dict.fromkeys(TRIED, no))
 
 
-def test_out_of_time_answers_with_the_fastest_found():
-    out = TimeUp("the time limit ran out")
+@pytest.mark.parametrize(
+    "out",
+    [TimeUp("the time limit ran out"), OutOfTime("it ran out in the memory-bound solve")],
+    ids=["building", "solving"],
+)
+def test_out_of_time_answers_with_the_fastest_found(out):
+    """The time runs out while a candidate's problem is built (`TimeUp`) or while its solve
+    has no plan yet (`OutOfTime`): the fastest found answers; with none found, the error."""
     chosen, considered, solved = _choose(
         (10.0, 11.0, 12.0, 13.0), {NONE: 20.0, LAYERS4: out, SELECTIVE_OP: 1.0, LAYERS: 1.0}
     )
     assert chosen.training == NONE and solved == ["none", "layers:4"]
     assert [c.why for c in considered[1:]] == ["out of time"] * 3
-    with pytest.raises(TimeUp):
+    with pytest.raises(type(out)):
         _choose((10.0, 11.0, 12.0, 13.0), dict.fromkeys(TRIED, out))
 
 
@@ -125,7 +165,7 @@ def test_no_plan_steps_faster_than_the_step_floor(decoder, mesh):
     fused = Training(attention=Attention.FUSED)
     cluster = make_cluster(mesh=mesh)
     request = PlanRequest(model_path=decoder, cluster=cluster, dims=DIMS, training=fused)
-    steps = _step_graphs(request, recompute_ladder(fused), None, {})
+    steps = _step_graphs(request, recompute_ladder(fused), None, {})[1]
     for training, graph in steps.items():
         cost = auto_plan(graph, cluster, overlap=training.overlap).cost
         floor = compute_floor(graph, cluster)

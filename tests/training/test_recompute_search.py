@@ -1,21 +1,22 @@
-"""`--recompute auto` with its recomputations priced before the search (`recompute_order`:
-their compute, and the least memory any plan of each can hold), and TorchTitan's op-level
+"""`--recompute auto` with its recomputations priced before the search (`Ladder`: their
+compute, and the least memory any plan of each can hold), and TorchTitan's op-level
 selective recompute (`selective-op`): what it keeps, frees and replays, by hand."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
 
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.replay import memory_floor, recompute_ladder, recompute_order, replay_figures
+from autoshard.cost.replay import memory_floor, recompute_ladder, replay_figures
 from autoshard.pipeline import PlanRequest, _step_graphs, load_graph, plan_request
 from autoshard.rules.gradient import RECOMPUTE_OF
 from autoshard.search.budget import auto_plan
+from autoshard.search.recompute import Ladder, choose_recompute
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.training import Attention, Recompute, Training
+from autoshard.units import format_bytes
 from tests.training.test_recompute import _small_decoder
 
 DIMS = {"batch": 2, "seq": 16}
@@ -101,7 +102,7 @@ def _lowest(model, training: Training) -> int:
 def test_no_plan_holds_less_than_the_memory_floor(decoder):
     """The floor `auto` skips a recomputation by is below the least memory its plans need."""
     request = _request(decoder, None, FUSED)
-    steps = _step_graphs(request, recompute_ladder(FUSED), None, {})
+    steps = _step_graphs(request, recompute_ladder(FUSED), None, {})[1]
     for training in (FUSED.but(Recompute.NONE), FUSED.but(Recompute.SELECTIVE_OP)):
         floor, lowest = memory_floor(steps[training], 2), _lowest(decoder, training)
         assert 0.8 * lowest < floor <= lowest
@@ -109,16 +110,23 @@ def test_no_plan_holds_less_than_the_memory_floor(decoder):
 
 def test_auto_solves_the_cheapest_first_and_skips_what_cannot_fit(decoder):
     request = _request(decoder, None, FUSED)
-    steps = _step_graphs(request, recompute_ladder(FUSED), None, {})
-    tried, skipped = recompute_order(steps, request.cluster)
+    forward, steps = _step_graphs(request, recompute_ladder(FUSED), None, {})
+    ladder = Ladder.of(forward, steps, request.cluster)
     # layers:4 and layers:2 recompute the same first layer of two: one is tried.
-    assert [t.recompute_text for t in tried] == ["none", "layers:4", "selective-op", "layers"]
-    assert skipped == ()
+    ranked = ["none", "layers:4", "selective-op", "layers"]
+    assert [t.recompute_text for t in ladder.ranked] == ranked
     floor = memory_floor(steps[FUSED.but(Recompute.NONE)], 2)
-    tight = dataclasses.replace(request.cluster, memory=floor - 1)
-    tried, skipped = recompute_order(steps, tight)
-    assert [t.recompute_text for t in skipped] == ["none"]
-    assert tried[-1].recompute_text == "layers"
+    assert ladder.floors[FUSED.but(Recompute.NONE)] == floor
+    solved: list[str] = []
+
+    def solve(training: Training, last: bool) -> tuple[float, bool]:
+        solved.append(training.recompute_text)
+        return 1.0, True
+
+    considered = choose_recompute(ladder.ranked, dict.fromkeys(ladder.ranked, 0.0), solve,
+                                  ladder.floors, floor - 1)[1]  # fmt: skip
+    assert considered[0].why == f"needs at least {format_bytes(floor)} per device"
+    assert solved == ranked[1:]
 
 
 def test_auto_recomputes_exactly_when_the_budget_requires_it_under_fused_attention(decoder):

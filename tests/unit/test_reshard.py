@@ -12,6 +12,15 @@ from autoshard.errors import ShardingError
 from autoshard.execute.simulate import reduce, run_collectives, shard
 from autoshard.mesh import Mesh
 from autoshard.reshard import ReshardPrices, plan_reshard
+from autoshard.reshard.basis import (
+    StepGraph,
+    axes_mask,
+    mask_axes,
+    paths_of,
+    shape_classes,
+    step_graph,
+)
+from autoshard.reshard.planner import walk
 from autoshard.sharding import ReductionKind, Sharding
 
 
@@ -333,3 +342,63 @@ def test_prices_are_the_planned_collectives_priced(case):
         for target, cost in zip(targets, got, strict=True):
             expected = sum(_price(x) for x in plan_reshard(start, target, shape, mesh))
             assert cost == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+# ---- shape classes: one path table for tensors alike but for scale ------------------------------
+
+
+def test_shape_classes_by_hand():
+    # On 2x4 over both axes a dim of 16 splits evenly 8 ways (a dim of 8, twice the bytes), 3
+    # does not: (16, 3, 8) of 2-byte elements is (8, 3, 8) of 1-byte ones, 2 * 2 * 1 times,
+    # or of 2-byte ones, twice; or itself.
+    mesh = Mesh.parse("2x4")
+    assert shape_classes((16, 3, 8), mesh, 2, (0, 1)) == (
+        ((8, 3, 8), 1, 4),
+        ((8, 3, 8), 2, 2),
+        ((16, 3, 8), 2, 1),
+    )
+    assert shape_classes((8, 3), mesh, 1, (0, 1)) == (((8, 3), 1, 1),)
+    assert shape_classes((3, 5), mesh, 4, (0, 1)) == (((3, 5), 4, 1),)
+    assert shape_classes((), mesh, 4, (0,)) == (((), 4, 1),)
+    # (8, 3) on 2x2 is (4, 3): its all_to_all of axis 1 from dim 0 ([[0, 1]], shard 1 x 3)
+    # to dim 1 moves a ceil-sized half of its 3 one-byte elements, 2 bytes, where (8, 3)'s
+    # 6-element shard moves 3, not twice 2: that class is not even, and a tensor of 1-byte
+    # elements gets paths of its own; of 4-byte ones (half of 12 bytes, 6, where (8, 3)
+    # moves 12) it shares (4, 3)'s at twice the bytes.
+    two = Mesh.parse("2x2")
+    assert not paths_of((4, 3), two, 1, (0, 1), False).even
+    graph = step_graph((8, 3), two, 1, (0, 1), False)
+    assert graph.scale == 1 and graph.paths is paths_of((8, 3), two, 1, (0, 1), False)
+    graph = step_graph((8, 3), two, 4, (0, 1), False)
+    assert graph.scale == 2 and graph.paths is paths_of((4, 3), two, 4, (0, 1), False)
+
+
+@st.composite
+def classed_cases(draw):
+    """Cases whose dims are often multiples of the mesh's devices (a shape class of scale > 1)."""
+    mesh, _, src, dst = draw(cases())
+    rank = max(len(src.split_axes), len(dst.split_axes), 1)
+    rank = draw(st.integers(rank, 3))
+    dims = st.one_of(st.integers(1, 7), st.integers(1, 3).map(lambda k: k * mesh.size))
+    return mesh, tuple(draw(st.lists(dims, min_size=rank, max_size=rank))), src, dst
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=classed_cases(), itemsize=st.sampled_from([1, 2, 4]))
+def test_a_shape_class_plans_and_prices_as_the_tensor_own_graph(case, itemsize):
+    # The planner walks (and the search prices) the paths of the tensor's shape class, its
+    # steps scaled; the graph of the tensor itself, searched from scratch, gives the same
+    # collectives, byte for byte, and the same prices.
+    mesh, shape, src, dst = case
+    replicated = Sharding()
+    pairs = [(src, dst), (src, Sharding(dst.split_axes)), (replicated, Sharding(src.split_axes))]
+    prices = ReshardPrices(mesh, _price)
+    for start, target in pairs:
+        axes = mask_axes(axes_mask(start) | axes_mask(target))
+        partial = bool(start.partial_axes)
+        paths = paths_of(shape, mesh, itemsize, axes, partial)
+        own = StepGraph(shape, mesh, itemsize, axes, paths, 1)
+        expected = walk(own, start, target)
+        assert plan_reshard(start, target, shape, mesh, itemsize) == expected
+        got = prices.matrix([start], [target], shape, itemsize)[0, 0]
+        assert got == pytest.approx(sum(_price(c) for c in expected), rel=1e-12, abs=0)

@@ -16,6 +16,7 @@ the lowest index).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,11 +59,19 @@ class Local:
         return total
 
 
-def greedy(posed: Posed, deadline: Deadline = NEVER) -> Greedy:
-    """A solution by the module's steps, from each start (`_STARTS`): the best that fits
-    (ties: the first), else the first."""
+def greedy(
+    posed: Posed,
+    deadline: Deadline = NEVER,
+    more: Sequence[Sequence[int]] = (),
+    own: bool = True,
+) -> Greedy:
+    """A solution by the module's steps, from each start (`_STARTS` unless not `own`, then
+    those `more`, a choice per group each): the best that fits (ties: the first), else the
+    first."""
     local = local_view(posed)
-    found = [_improved(posed, local, start(local), deadline) for start in _STARTS]
+    starts = [start(local) for start in _STARTS] if own else []
+    starts += [np.array(c, np.int64) for c in more]
+    found = [_improved(posed, local, start, deadline) for start in starts]
     fitting = [f for f in found if f.fits]
     return min(fitting, key=lambda f: f.objective) if fitting else found[0]
 

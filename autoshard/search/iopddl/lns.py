@@ -56,6 +56,8 @@ class LnsOptions:
     peak_rows: int = 32  # a peak neighbourhood's time point: one of this many most used
     least: float = 1e-3  # deterministic seconds a neighbourhood counts at least (CP-SAT's
     # solve of a tiny one counts none: the budget still ends)
+    widest: int = 8  # choices a freed group keeps at most in every other neighbourhood
+    # (`Neighbourhood.of_groups`; 0: all, always)
 
 
 @dataclass(frozen=True)
@@ -90,15 +92,17 @@ def improved(
     while len(movable) and spent < work and not deadline.passed() and not stop():
         kind = KINDS[tried % len(KINDS)]
         whole = size >= state.variables
-        free = movable if whole else np.unique(kind(state, rng, size, options))
+        # Every other neighbourhood narrowed (`widest`): wider in groups, fewer choices each.
+        narrow = options if tried % 2 else dataclasses.replace(options, widest=0)
+        free = movable if whole else np.unique(kind(state, rng, size, narrow))
         tried += 1
-        sub = Neighbourhood.of_groups(state, free)
+        sub = Neighbourhood.of_groups(state, free, 0 if whole else narrow.widest)
         choice, proven, used = _solved(sub, min(options.slice, work - spent), work, deadline)
         spent += max(used, options.least)
         if choice is not None and sub.problem.objective(choice) < sub.problem.objective(sub.hint):
             state.take(sub, choice)
             better += 1
-        if proven and len(free) == len(movable):
+        if proven and len(free) == len(movable) and not sub.narrowed():
             optimal = True  # every group free: the whole problem's optimum
             break
         grown = int(size * options.grow) if proven else int(size * options.shrink)
@@ -193,12 +197,16 @@ class _State:
 # ---- neighbourhoods ------------------------------------------------------------------------
 
 
-def _grown(state: _State, seeds: Sequence[int], size: int, rng: np.random.Generator) -> list[int]:
+def _grown(
+    state: _State, seeds: Sequence[int], size: int, rng: np.random.Generator, widest: int = 0
+) -> list[int]:
     """Of `seeds` (in order), those that fit half of `size` variables; then the groups reached
     from them by edges, breadth first (each group's neighbours in a random order), while they
     fit `size`. A group's variables: its choices, and a pair per two choices of an edge to a
     group taken before (what CP-SAT's model holds at most)."""
     sizes = state.posed.problem.sizes
+    if widest:
+        sizes = tuple(min(n, widest) for n in sizes)
     taken: dict[int, None] = {}
     used = 0
 
@@ -225,9 +233,9 @@ def _grown(state: _State, seeds: Sequence[int], size: int, rng: np.random.Genera
     return list(taken)
 
 
-def region(state: _State, rng: np.random.Generator, size: int, _: LnsOptions) -> list[int]:
+def region(state: _State, rng: np.random.Generator, size: int, options: LnsOptions) -> list[int]:
     """The groups reached from one random group."""
-    return _grown(state, [int(rng.choice(state.movable))], size, rng)
+    return _grown(state, [int(rng.choice(state.movable))], size, rng, options.widest)
 
 
 def peak(state: _State, rng: np.random.Generator, size: int, options: LnsOptions) -> list[int]:
@@ -247,7 +255,7 @@ def peak(state: _State, rng: np.random.Generator, size: int, options: LnsOptions
         return region(state, rng, size, options)
     count = min(SEEDS, int(np.count_nonzero(weight)))
     seeds = rng.choice(groups, count, replace=False, p=weight / weight.sum())
-    return _grown(state, seeds.tolist(), size, rng)
+    return _grown(state, seeds.tolist(), size, rng, options.widest)
 
 
 def costly(state: _State, rng: np.random.Generator, size: int, options: LnsOptions) -> list[int]:
@@ -257,7 +265,7 @@ def costly(state: _State, rng: np.random.Generator, size: int, options: LnsOptio
         return region(state, rng, size, options)
     count = min(SEEDS, int(np.count_nonzero(weight)))
     seeds = rng.choice(len(weight), count, replace=False, p=weight / weight.sum())
-    return _grown(state, seeds.tolist(), size, rng)
+    return _grown(state, seeds.tolist(), size, rng, options.widest)
 
 
 KINDS = (region, peak, costly)
@@ -267,6 +275,16 @@ SEEDS = 64
 
 
 # ---- a neighbourhood's problem --------------------------------------------------------------
+
+
+def _cheapest(state: _State, g: int, keep: np.ndarray, widest: int) -> np.ndarray:
+    """Of group g's choices `keep`, the `widest` of the least cost given its neighbours'
+    incumbent choices (ties: the lowest), its incumbent one among them; ascending."""
+    vector = state.local.vector(g, state.choice)[keep]
+    now = int(state.choice[g])
+    order = keep[np.argsort(vector, kind="stable")]
+    chosen = order[order != now][: widest - 1]
+    return np.sort(np.append(chosen, now))
 
 
 @dataclass(frozen=True, eq=False)
@@ -284,8 +302,15 @@ class Neighbourhood:
     nodes: np.ndarray
     of: np.ndarray
 
+    def narrowed(self) -> bool:
+        """Whether some freed group keeps fewer choices than it has."""
+        sizes = self.state.posed.problem.sizes
+        return any(len(k) < sizes[g] for g, k in zip(self.free.tolist(), self.kept, strict=True))
+
     @staticmethod
-    def of_groups(state: _State, free: np.ndarray) -> Neighbourhood:
+    def of_groups(state: _State, free: np.ndarray, widest: int = 0) -> Neighbourhood:
+        """`widest` (0: all): a freed group keeps at most that many choices, those of the
+        least cost given every neighbour's incumbent choice, and its own incumbent one."""
         at = np.full(len(state.choice), -1, np.int64)
         at[free] = np.arange(len(free))
         costs, kept, edges = [], [], []
@@ -295,6 +320,8 @@ class Neighbourhood:
                 if at[h] < 0:
                     total += matrix[:, state.choice[h]]
             keep = np.flatnonzero(total < PENALTY)
+            if 0 < widest < len(keep):
+                keep = _cheapest(state, g, keep, widest)
             costs.append(tuple(total[keep].tolist()))
             kept.append(keep)
         now = state.choice[free].tolist()

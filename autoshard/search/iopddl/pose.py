@@ -18,6 +18,7 @@ thousands of nodes, on the contest's problems), so the problem holds only the ro
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -166,12 +167,19 @@ def pose(iop: IopddlProblem) -> Posed:
 
 def _pair_costs(iop: IopddlProblem) -> Pairs:
     """Each pair of nodes joined (a < b; an edge of a node to itself goes on the diagonal of
-    its own pair): the finite costs of its edges summed, and where any edge forbids."""
+    its own pair): the finite costs of its edges summed, and where any edge forbids. The
+    edges' costs are converted and compared at once, each edge's matrices views of them."""
+    sizes = [len(c) for c in iop.costs]
+    shapes = [(sizes[a], sizes[b]) for a, b in iop.edges.tolist()]
+    lengths = [m * n for m, n in shapes]
+    flat = _int64_flat(iop.edge_costs, sum(lengths))
+    forbidden_flat = flat >= FORBIDDEN
+    finite_flat = np.where(forbidden_flat, 0, flat)
+    starts = itertools.accumulate(lengths, initial=0)
     pairs: Pairs = {}
-    for (a, b), costs in zip(iop.edges.tolist(), iop.edge_costs, strict=True):
-        flat = _int64(costs)
-        forbidden = (flat >= FORBIDDEN).reshape(len(iop.costs[a]), -1)
-        finite = np.where(forbidden.ravel(), 0, flat).reshape(forbidden.shape)
+    for (a, b), shape, at in zip(iop.edges.tolist(), shapes, starts, strict=False):
+        forbidden = forbidden_flat[at : at + shape[0] * shape[1]].reshape(shape)
+        finite = finite_flat[at : at + shape[0] * shape[1]].reshape(shape)
         if a > b:
             a, b, finite, forbidden = b, a, finite.T, forbidden.T
         if a == b:  # both ends take the same strategy: only the diagonal counts
@@ -181,6 +189,14 @@ def _pair_costs(iop: IopddlProblem) -> Pairs:
             finite, forbidden = old_finite + finite, old_forbidden | forbidden
         pairs[(a, b)] = (finite, forbidden)
     return pairs
+
+
+def _int64_flat(lists: Sequence[Sequence[int]], count: int) -> np.ndarray:
+    """The lists' values one after another as int64 (`_int64`: those past it `FORBIDDEN`)."""
+    try:
+        return np.fromiter(itertools.chain.from_iterable(lists), np.int64, count)
+    except OverflowError:
+        return np.concatenate([np.zeros(0, np.int64)] + [_int64(v) for v in lists])
 
 
 def _int64(values: Sequence[int]) -> np.ndarray:

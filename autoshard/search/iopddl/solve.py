@@ -29,12 +29,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Generic, TypeVar
 
 import numpy as np
 
 from autoshard.deadline import Deadline, TimeUp
 from autoshard.errors import AutoshardError
 from autoshard.search.iopddl.format import FORBIDDEN, IopddlError, IopddlProblem
+from autoshard.search.iopddl.frugal import frugal
 from autoshard.search.iopddl.greedy import Greedy, greedy
 from autoshard.search.iopddl.lns import improved
 from autoshard.search.iopddl.pose import Posed, pose
@@ -50,6 +52,8 @@ from autoshard.search.solver.outcome import (
 )
 from autoshard.search.solver.solve import solve
 
+T = TypeVar("T")
+
 ROUNDS = 12
 """Solves of more rows at most before the last of all the rows that may bind."""
 
@@ -63,6 +67,9 @@ best found and bound serve (it only starts the memory-bound search, which needs 
 GREEDY_SHARE = 0.5
 """The share of the time limit past which the greedy solution's sweeps stop (its repair
 does not): the rest is the neighbourhood search's."""
+
+FRUGAL_SHARE = 0.2
+"""The share of the time limit the least-usage start (`frugal`) may take at most."""
 
 MARGIN = 2.0
 """Seconds before the time limit at which the solver's rounds stop, at most..."""
@@ -98,7 +105,8 @@ def solve_iopddl(
     iop: IopddlProblem, time_limit: float = 60.0, deadline: Deadline | None = None
 ) -> Solved:
     """The least-cost solution within the usage limit found in `time_limit` seconds of wall
-    clock: the greedy solution (`greedy`) at once; then, side by side, the solver's rounds
+    clock: the greedy solution (`greedy`, from its own starts and the least-usage one,
+    `frugal`) at once; then, side by side, the solver's rounds
     (the module's docstring says how) in a child process and the large-neighbourhood search
     (`lns`) from the greedy solution here, both stopped where the time runs out (the search
     too where the rounds answered first); the best of the three. `IopddlError` naming the
@@ -108,10 +116,20 @@ def solve_iopddl(
     started = time.perf_counter()
     deadline = deadline or Deadline.start(time_limit)
     posed = pose(iop)
+    # The least-usage start in a child (its elimination is not stopped within: the child is
+    # ended at its share of the limit), beside the greedy's own starts here.
+    by = _share(deadline, FRUGAL_SHARE)
+    frugal_child = _Child(functools.partial(frugal, posed, time_limit * FRUGAL_SHARE, by))
     quick = greedy(posed, _share(deadline, GREEDY_SHARE))
+    least = frugal_child.result(by)
+    if least is not None:
+        other = greedy(posed, _share(deadline, GREEDY_SHARE), [least], own=False)
+        if other.fits and (not quick.fits or other.objective < quick.objective):
+            quick = other
     margin = min(MARGIN, deadline.seconds * MARGIN_SHARE)
     within = Deadline(deadline.seconds - margin, deadline.started, deadline.clock)
-    child = _Child(functools.partial(_rounds, iop, posed, quick, time_limit, within))
+    rounds = functools.partial(_rounds, iop, posed, quick, time_limit, within)
+    child: _Child[Solved] = _Child(rounds)
     searched = None
     if quick.fits:
         searched = improved(posed, quick.choice, time_limit, within, stop=child.answered)
@@ -136,12 +154,12 @@ def _share(deadline: Deadline, share: float) -> Deadline:
     return Deadline(deadline.seconds * share, deadline.started, deadline.clock)
 
 
-class _Child:
+class _Child(Generic[T]):
     """`work` done in a child process, started at once; `result` waits for it until the
     deadline, then ends it (None, as where its time ran out); the problem's error it raised,
     raised there."""
 
-    def __init__(self, work: Callable[[], Solved]) -> None:
+    def __init__(self, work: Callable[[], T | None]) -> None:
         context = multiprocessing.get_context("fork")
         self.receive, send = context.Pipe(duplex=False)
         self.child = context.Process(target=_report, args=(work, send), daemon=True)
@@ -151,7 +169,7 @@ class _Child:
     def answered(self) -> bool:
         return self.receive.poll(0)
 
-    def result(self, deadline: Deadline) -> Solved | None:
+    def result(self, deadline: Deadline) -> T | None:
         try:
             if not self.receive.poll(deadline.left()):
                 return None
@@ -168,7 +186,7 @@ class _Child:
         return None if kind == "error" else value  # (else the time ran out in the child)
 
 
-def _report(work: Callable[[], Solved], send: Connection) -> None:
+def _report(work: Callable[[], object], send: Connection) -> None:
     try:
         send.send(("solved", work()))
     except AutoshardError as error:

@@ -20,6 +20,7 @@ permutation).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,43 +70,56 @@ def grouped(costs: Sequence[np.ndarray], pairs: Pairs) -> Groups:
             between[(a, b)] = _taken(finite, forbidden, kept[a], kept[b])
     nodes = [np.array([n], np.int64) for n in range(len(costs))]
     groups = Groups(own, nodes, [k.reshape(1, -1) for k in kept], between)
+    # The pairs where some edge forbids, found once: a pair none forbids never comes to.
+    forbidding = [pair for pair, (_, forbidden) in between.items() if forbidden.any()]
     while True:
-        groups = _consistent(groups)
-        ties = [pair for pair, (_, forbidden) in groups.pairs.items() if _one_to_one(forbidden)]
+        groups = _consistent(groups, forbidding)
+        ties = [pair for pair in forbidding if _one_to_one(groups.pairs[pair][1])]
         if not ties:
             return groups
-        groups = _contracted(groups, ties)
+        groups, forbidding = _contracted(groups, ties, forbidding)
 
 
 def _one_to_one(forbidden: np.ndarray) -> bool:
     """Whether a pair's forbidden cells leave one pair per row and per column."""
+    n = forbidden.shape[0]
+    if n != forbidden.shape[1] or n < 2 or np.count_nonzero(forbidden) != n * (n - 1):
+        return False
     allowed = ~forbidden
-    return (
-        forbidden.shape[0] == forbidden.shape[1]
-        and forbidden.shape[0] > 1
-        and bool((allowed.sum(axis=0) == 1).all() and (allowed.sum(axis=1) == 1).all())
-    )
+    return bool((allowed.sum(axis=0) == 1).all() and (allowed.sum(axis=1) == 1).all())
 
 
-def _consistent(groups: Groups) -> Groups:
+def _consistent(groups: Groups, among: Sequence[tuple[int, int]]) -> Groups:
     """The choices left once each that every choice of a neighbour forbids is left out, until
-    none is (a group left none: no solution avoids a forbidden cost)."""
+    none is (a group left none: no solution avoids a forbidden cost); `among` holds every
+    pair where some edge forbids. A pair is looked at again only where one of its groups
+    lost a choice since (a queue of them, in `among`'s order at first)."""
     kept = [np.arange(len(c)) for c in groups.costs]
-    forbidding = [(a, b, f) for (a, b), (_, f) in groups.pairs.items() if f.any()]
-    changed, fewer = True, set()
-    while changed:
-        changed = False
-        for a, b, forbidden in forbidding:
-            cells = forbidden[np.ix_(kept[a], kept[b])]
-            for g, alive, other in ((a, ~cells.all(axis=1), b), (b, ~cells.all(axis=0), a)):
-                if not alive.all():
-                    if not alive.any():
-                        raise IopddlError(f"every strategy of node {groups.node_of(g)} takes a "
-                                          f"forbidden cost ({FORBIDDEN}) on an edge with node "
-                                          f"{groups.node_of(other)}")  # fmt: skip
-                    kept[g], changed = kept[g][alive], True
-                    fewer.add(g)
-                    cells = forbidden[np.ix_(kept[a], kept[b])]
+    touching: dict[int, list[int]] = {}
+    for i, (a, b) in enumerate(among):
+        touching.setdefault(a, []).append(i)
+        touching.setdefault(b, []).append(i)
+    queue, queued = collections.deque(range(len(among))), [True] * len(among)
+    fewer: set[int] = set()
+    while queue:
+        i = queue.popleft()
+        queued[i] = False
+        a, b = among[i]
+        forbidden = groups.pairs[(a, b)][1]
+        cells = forbidden[np.ix_(kept[a], kept[b])] if a in fewer or b in fewer else forbidden
+        for g, alive, other in ((a, ~cells.all(axis=1), b), (b, ~cells.all(axis=0), a)):
+            if not alive.all():
+                if not alive.any():
+                    raise IopddlError(f"every strategy of node {groups.node_of(g)} takes a "
+                                      f"forbidden cost ({FORBIDDEN}) on an edge with node "
+                                      f"{groups.node_of(other)}")  # fmt: skip
+                kept[g] = kept[g][alive]
+                fewer.add(g)
+                for j in touching[g]:
+                    if not queued[j]:
+                        queue.append(j)
+                        queued[j] = True
+                cells = forbidden[np.ix_(kept[a], kept[b])]
     if not fewer:
         return groups
     pairs = {(a, b): _taken(m, f, kept[a], kept[b]) if a in fewer or b in fewer else (m, f)
@@ -163,21 +177,26 @@ def _mappings(groups: Groups, ties: Sequence[tuple[int, int]], root: np.ndarray)
     return mapping
 
 
-def _contracted(groups: Groups, ties: Sequence[tuple[int, int]]) -> Groups:
+def _contracted(
+    groups: Groups, ties: Sequence[tuple[int, int]], forbidding: Sequence[tuple[int, int]]
+) -> tuple[Groups, list[tuple[int, int]]]:
     """A group per component of the ties (ordered by their least group), over the choices of
-    its root that no edge inside it forbids."""
+    its root that no edge inside it forbids; and the pairs of them where some edge may
+    forbid (those made of `forbidding`'s)."""
     root = _components(len(groups.costs), ties)
     mapping = _mappings(groups, ties, root)
-    roots, number = np.unique(root, return_inverse=True)
+    roots, numbers = np.unique(root, return_inverse=True)
+    number = numbers.tolist()
     costs = [np.zeros(len(groups.costs[r]), np.int64) for r in roots.tolist()]
     alive = [np.ones(len(c), bool) for c in costs]
+    tied = {g for pair in ties for g in pair}
     for g, c in enumerate(groups.costs):
-        costs[number[g]] += c[mapping[g]]
-    same = [bool((m == np.arange(len(m))).all()) for m in mapping]  # (no ties: all)
+        costs[number[g]] += c[mapping[g]] if g in tied else c
+    same = [g not in tied or bool((m == np.arange(len(m))).all()) for g, m in enumerate(mapping)]
     outside: dict[tuple[int, int], np.ndarray] = {}
     outside_forbidden: dict[tuple[int, int], np.ndarray] = {}
     for (a, b), (finite, forbidden) in groups.pairs.items():
-        ga, gb = int(number[a]), int(number[b])
+        ga, gb = number[a], number[b]
         if ga == gb:
             costs[ga] += finite[mapping[a], mapping[b]]
             alive[ga] &= ~forbidden[mapping[a], mapping[b]]
@@ -191,19 +210,44 @@ def _contracted(groups: Groups, ties: Sequence[tuple[int, int]]) -> Groups:
         if (ga, gb) in outside:
             m, f = outside[(ga, gb)] + m, outside_forbidden[(ga, gb)] | f
         outside[(ga, gb)], outside_forbidden[(ga, gb)] = m, f
-    for g, live in enumerate(alive):
-        if not live.any():
+    components = sorted({number[g] for g in tied})
+    for g in components:
+        if not alive[g].any():
             raise IopddlError(f"node {int(roots[g])}'s strategies each take a forbidden cost "
                               f"({FORBIDDEN}) with the nodes tied to it one-to-one")  # fmt: skip
-    members = [np.flatnonzero(number == g) for g in range(len(roots))]
-    nodes = [np.concatenate([groups.nodes[m] for m in ms.tolist()]) for ms in members]
-    strategies = [
-        np.concatenate([groups.strategies[m][:, mapping[m][live]] for m in ms.tolist()])
-        for ms, live in zip(members, alive, strict=True)
-    ]
-    kept = [np.flatnonzero(live) for live in alive]
-    pairs = {
-        (a, b): _taken(m, outside_forbidden[(a, b)], kept[a], kept[b])
-        for (a, b), m in sorted(outside.items())
-    }
-    return Groups([c[live] for c, live in zip(costs, alive, strict=True)], nodes, strategies, pairs)
+    whole = [True] * len(roots)  # (a group no tie took keeps every choice)
+    for g in components:
+        whole[g] = bool(alive[g].all())
+    nodes, strategies = _merged(groups, numbers, mapping, alive)
+    pairs = {}
+    for (a, b), m in sorted(outside.items()):
+        f = outside_forbidden[(a, b)]
+        if whole[a] and whole[b]:
+            pairs[(a, b)] = (m, f)
+        else:
+            pairs[(a, b)] = _taken(m, f, np.flatnonzero(alive[a]), np.flatnonzero(alive[b]))
+    ends = [(number[a], number[b]) for a, b in forbidding]
+    may = {(min(e), max(e)) for e in ends if e[0] != e[1]}
+    costs = [c if keep else c[live] for c, live, keep in zip(costs, alive, whole, strict=True)]
+    contracted = Groups(costs, nodes, strategies, pairs)
+    return contracted, [pair for pair in pairs if pair in may]
+
+
+def _merged(
+    groups: Groups, numbers: np.ndarray, mapping: list, alive: list[np.ndarray]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per contracted group (`numbers[g]` takes group g) its members' nodes, and their
+    strategies under its choices `alive`, each member's mapped along the ties."""
+    order = np.argsort(numbers, kind="stable")
+    members = np.split(order, np.cumsum(np.bincount(numbers, minlength=len(alive)))[:-1])
+    nodes, strategies = [], []
+    for ms, live in zip(members, alive, strict=True):
+        if len(ms) == 1:  # (no tie took it: as it was)
+            nodes.append(groups.nodes[int(ms[0])])
+            strategies.append(groups.strategies[int(ms[0])])
+            continue
+        nodes.append(np.concatenate([groups.nodes[m] for m in ms.tolist()]))
+        strategies.append(
+            np.concatenate([groups.strategies[m][:, mapping[m][live]] for m in ms.tolist()])
+        )
+    return nodes, strategies
