@@ -21,7 +21,9 @@ several kinds (a test session, a bench) would otherwise have every rank of the k
 first import its module anew.
 The forkserver is started on this process's autoshard (`forkserver`): Python starts it as
 `python -c`, which puts the working directory first on its path, so run from a folder holding
-an `autoshard/` (the parent of a clone) its ranks would import that one instead.
+an `autoshard/` (the parent of a clone) its ranks would import that one instead. Ranks start
+without running this process's main script again (`without_main_script`): they run autoshard's
+functions, and multiprocessing would otherwise run a console script anew in every rank.
 """
 
 from __future__ import annotations
