@@ -21,7 +21,9 @@ several kinds (a test session, a bench) would otherwise have every rank of the k
 first import its module anew.
 The forkserver is started on this process's autoshard (`forkserver`): Python starts it as
 `python -c`, which puts the working directory first on its path, so run from a folder holding
-an `autoshard/` (the parent of a clone) its ranks would import that one instead.
+an `autoshard/` (the parent of a clone) its ranks would import that one instead. Ranks start
+without running this process's main script again (`without_main_script`): they run autoshard's
+functions, and multiprocessing would otherwise run a console script anew in every rank.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import multiprocessing.forkserver
 import os
 import signal
 import site
+import sys
 import time
 from collections.abc import Iterator, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass
@@ -131,6 +134,25 @@ def forkserver(preload: Sequence[str] = ()) -> multiprocessing.context.ForkServe
 
 
 @contextlib.contextmanager
+def without_main_script() -> Iterator[None]:
+    """Processes started inside skip running this process's main script again.
+    multiprocessing runs a main script (not a `-m` module) anew in every child, in case what
+    the child runs lives there, and the parent's `start` waits until the child has read its
+    work, after that run: under a console script (`pytest`, `autoshard`) every rank imported
+    it afresh, one rank after another. A rank runs autoshard's functions, never the script's."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or getattr(main, "__spec__", None) is not None:
+        yield
+        return
+    del main.__file__  # what multiprocessing reads the script's path from
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
+@contextlib.contextmanager
 def _environment(**values: str) -> Iterator[None]:
     """These environment variables set for the processes started inside, then restored."""
     saved = {name: os.environ.get(name) for name in values}
@@ -176,18 +198,19 @@ def launch_work(work: Work, world: int, timeout_s: float) -> Any:
     pipes: list[Connection] = []
     processes = []
     try:
-        for rank in range(world):
-            receiver, sender = context.Pipe(duplex=False)
-            process = context.Process(
-                target=_child,
-                args=(work, rank, rendezvous, progress, sender),
-                name=f"autoshard-rank-{rank}",
-                daemon=True,
-            )
-            process.start()
-            sender.close()
-            pipes.append(receiver)
-            processes.append(process)
+        with without_main_script():
+            for rank in range(world):
+                receiver, sender = context.Pipe(duplex=False)
+                process = context.Process(
+                    target=_child,
+                    args=(work, rank, rendezvous, progress, sender),
+                    name=f"autoshard-rank-{rank}",
+                    daemon=True,
+                )
+                process.start()
+                sender.close()
+                pipes.append(receiver)
+                processes.append(process)
         return _watch(work, processes, pipes, progress)
     finally:
         stop_ranks(processes)

@@ -174,7 +174,7 @@ def measure_links(
     check_backend(ranks, backend)
     import torch.distributed as dist
 
-    from autoshard.run.launch import forkserver, stop_ranks
+    from autoshard.run.launch import forkserver, stop_ranks, without_main_script
     from autoshard.run.rank import Rendezvous, RunError
 
     context = forkserver(["autoshard.run.rank", "autoshard.run.measure"])
@@ -186,18 +186,19 @@ def measure_links(
     pipes: list[Connection] = []
     processes = []
     try:
-        for rank in range(ranks):
-            receiver, sender = context.Pipe(duplex=False)
-            process = context.Process(
-                target=_rank,
-                args=(rank, ranks, backend, rendezvous, tuple(sizes), repeats, sender),
-                name=f"autoshard-calibrate-{rank}",
-                daemon=True,
-            )
-            process.start()
-            sender.close()
-            pipes.append(receiver)
-            processes.append(process)
+        with without_main_script():
+            for rank in range(ranks):
+                receiver, sender = context.Pipe(duplex=False)
+                process = context.Process(
+                    target=_rank,
+                    args=(rank, ranks, backend, rendezvous, tuple(sizes), repeats, sender),
+                    name=f"autoshard-calibrate-{rank}",
+                    daemon=True,
+                )
+                process.start()
+                sender.close()
+                pipes.append(receiver)
+                processes.append(process)
         samples: list[LinkSample] | None = None
         done: set[int] = set()
         deadline = time.monotonic() + timeout_s

@@ -243,7 +243,8 @@ def test_run_from_a_folder_holding_an_autoshard_folder(tmp_path):
     """Run from the parent of a clone: the working directory holds an `autoshard/` folder (here
     one that cannot be imported). The ranks import the autoshard of the command, not that one.
     The command starts as the installed `autoshard` script does: its own folder first on the
-    path, not the working directory."""
+    path, not the working directory. The ranks never run the script again (multiprocessing
+    would, per rank: `launch.without_main_script`): it runs once, counted in a file."""
     out = tmp_path / "out"
     partition_cli(out, "mlp", "2", "data")
     cwd = tmp_path / "cwd"
@@ -251,7 +252,8 @@ def test_run_from_a_folder_holding_an_autoshard_folder(tmp_path):
     (cwd / "autoshard" / "__init__.py").write_text("raise RuntimeError('the wrong autoshard')\n")
     (tmp_path / "bin").mkdir()
     script = tmp_path / "bin" / "autoshard-script.py"
-    script.write_text(LAUNCHER)
+    runs = tmp_path / "runs.txt"
+    script.write_text(f"open({str(runs)!r}, 'a').write('ran\\n')\n" + LAUNCHER)
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     )
@@ -262,6 +264,7 @@ def test_run_from_a_folder_holding_an_autoshard_folder(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"ran {out} as 2 processes (gloo): ok\n")
     assert "the wrong autoshard" not in done.stderr
+    assert runs.read_text() == "ran\n"
 
 
 SEEDS = {

@@ -24,10 +24,13 @@ def run_on_ranks(worker: Callable[..., None], world: int, *args: object) -> None
     that has run torch ops can hang in OpenMP)."""
     import torch
 
+    from autoshard.run.launch import without_main_script
+
     torch.multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor"])
-    torch.multiprocessing.start_processes(
-        _rank, args=(world, free_port(), worker, args), nprocs=world, start_method="forkserver"
-    )
+    with without_main_script():  # the workers live in test modules, never in pytest's script
+        torch.multiprocessing.start_processes(
+            _rank, args=(world, free_port(), worker, args), nprocs=world, start_method="forkserver"
+        )
 
 
 def _rank(rank: int, world: int, port: int, worker: Callable[..., None], args: tuple) -> None:
