@@ -2,6 +2,8 @@
 memory rows count is the lowered program's peak, byte for byte (`search.memory`)."""
 
 import importlib.util
+import itertools
+import math
 import sys
 from pathlib import Path
 
@@ -206,20 +208,109 @@ def assert_random_plans_are_their_programs(graph, cluster, search, count):
 
 
 def random_plans(graph, cluster, search, count):
-    """`count` random plans (any choice per group, seeded): each choice, its reshards of
-    several collectives and its program. A choice whose program reads a whole value as partial
-    sums, which no reshard makes and the problem forbids (`search.partials`), is drawn again."""
+    """`count` random plans (any choice per group the problem allows, seeded): each choice,
+    its reshards of several collectives and its program (`legal_choice`)."""
     rng, drawn = np.random.default_rng(0), []
     for _ in range(100 * count):
-        choice = [int(rng.integers(0, n)) for n in search.problem.sizes]
-        plan = search.plan(graph, cluster, choice)
-        try:
-            drawn.append((choice, _chains(graph, plan), materialize(graph, plan)))
-        except ShardingError:
+        choice = legal_choice(search.problem, rng)
+        if choice is None:
             continue
+        plan = search.plan(graph, cluster, choice)
+        drawn.append((choice, _chains(graph, plan), materialize(graph, plan)))
         if len(drawn) == count:
             return drawn
-    raise AssertionError(f"{len(drawn)} of {count} random plans drawn readable")
+    raise AssertionError(f"{len(drawn)} of {count} random plans drawn legal")
+
+
+def legal_choice(problem, rng) -> list[int] | None:
+    """A choice per group, drawn in group order among those the problem allows next to the
+    groups drawn before (none priced at the forbidden cost: a read no reshard makes, such as
+    a whole value read as partial sums, or a shared reshard's pair no plan takes); None at a
+    dead end. Where nothing is forbidden, the uniform draw of `rng.integers(0, n)` per group."""
+    forbid = _forbidden_cost(problem)
+    before: dict[int, list[tuple[int, np.ndarray]]] = {}  # (earlier group, cells[its, ours])
+    for a, b, m in problem.edges:
+        cells = np.array(m) >= forbid
+        before.setdefault(max(a, b), []).append((min(a, b), cells if a < b else cells.T))
+    choice: list[int] = []
+    for g in range(len(problem.sizes)):
+        ok = np.array(problem.node_costs[g]) < forbid
+        for h, cells in before.get(g, ()):
+            ok &= ~cells[choice[h]]
+        allowed = np.flatnonzero(ok)
+        if not len(allowed):
+            return None
+        choice.append(int(allowed[rng.integers(0, len(allowed))]))
+    return choice
+
+
+def _forbidden_cost(problem) -> float:
+    """The cost of a forbidden cell: one more than the most any plan costs otherwise (the
+    largest cell where the other cells' largest add up to one less; infinite where none)."""
+    rows = [list(r) for r in problem.node_costs] + [np.array(m).ravel().tolist()
+                                                    for _, _, m in problem.edges]  # fmt: skip
+    top = max((max(r, default=0) for r in rows), default=0)
+    rest = sum(max((c for c in r if c < top), default=0) for r in rows)
+    return top if top == 1 + rest else np.inf
+
+
+def write_partial_reshape(path: Path) -> Path:
+    """x [8, 16] @ w [16, 8] -> y; y flattened to r [64] (a Reshape, which may move partial
+    sums); Relu(r) -> z."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([64], np.int64), "shape")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+        helper.make_node("Reshape", ["y", "shape"], ["r"], name="flat"),
+        helper.make_node("Relu", ["r"], ["z"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "partial_reshape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [64])],
+        [w, shape],
+    )
+    onnx.save(helper.make_model(graph), path)
+    return path
+
+
+def test_a_partial_sum_moved_through_a_reshape_is_counted_as_the_program_holds_it(tmp_path):
+    """On 2 devices, every choice of the partial-reshape graph: the problem forbids exactly
+    the plans `materialize` cannot lower (the Reshape reading as partial sums a y held whole
+    or split: no reshard makes it), random legal draws never take one, and every other plan's
+    rows are its program's. The one that splits the MatMul's contraction holds y partial, the
+    Reshape moves the partial sums to r and the Relu reads r all-reduced: x 256 + w 256 (split
+    on 0) + shape 8 + y 256 (partial) + r 256 at the Reshape = 1032 B, y freed after it;
+    r~1 256 and z 256 replace r and r~1 later, never more."""
+    graph = import_onnx(write_partial_reshape(tmp_path / "partial_reshape.onnx"))
+    cluster = make_cluster(mesh="2")
+    search = build_search(graph, cluster)
+    problem, forbid = search.problem, _forbidden_cost(search.problem)
+    decisions = {**search.grouping.ops, **search.grouping.values}
+    assert [str(c) for c in decisions["flat"].picked][2] == "[[]] partial = sum[0]"
+    lowered = {}
+    for choice in itertools.product(*map(range, problem.sizes)):
+        try:
+            lowered[choice] = materialize(graph, search.plan(graph, cluster, list(choice)))
+        except ShardingError:
+            assert problem.objective(choice) >= forbid
+            continue
+        assert problem.objective(choice) < forbid
+        assert problem.peak(choice) == memory(lowered[choice]).peak
+    partial = [c for c in lowered if c[decisions["flat"].group] == 2]
+    assert {c[decisions["mm"].group] for c in partial} == {3}  # the contraction split
+    assert len(lowered) < math.prod(problem.sizes)
+    rng = np.random.default_rng(0)
+    assert all(tuple(legal_choice(problem, rng)) in lowered for _ in range(50))
+    wanted = {"mm": 3, "flat": 2, "x": 2, "w": 2, "shape": 0}
+    choice = [0] * len(problem.sizes)
+    for name, k in wanted.items():
+        choice[decisions[name].group] = k
+    assert [str(decisions[n].picked[k]) for n, k in wanted.items()] == [
+        "[[], [], [0]]", "[[]] partial = sum[0]", "[[], [0]]", "[[0]]", "[[]]"]  # fmt: skip
+    assert problem.peak(choice) == memory(lowered[tuple(choice)]).peak == 1032
 
 
 def write_fanout(path: Path) -> Path:
