@@ -105,14 +105,25 @@ def diff_plans(a: PlanDocument, b: PlanDocument) -> dict[str, Any]:
 
 def pipeline_words(block: Mapping[str, Any] | None) -> str:
     """A plan's pipeline in a line: its stages (their layers), schedule, micro-batches, step
-    and bubble; "none" without one."""
+    and bubble, then each tied weight (`tied_words`); "none" without one."""
     if block is None:
         return "none"
     layers = " ".join(f"{first}..{stop - 1}" for first, stop in
                       (stage["layers"] for stage in block["stages"]))  # fmt: skip
     return (f"{len(block['stages'])} stages (layers {layers}) on mesh {block['mesh']}, "
             f"{block['schedule']}, {block['micro_batches']} micro-batches, step "
-            f"{format_seconds(block['step_time_s'])}, bubble {block['bubble']:.1%}")  # fmt: skip
+            f"{format_seconds(block['step_time_s'])}, bubble {block['bubble']:.1%}"
+            + "".join(f"; {tied_words(t)}" for t in block.get("tied", ())))  # fmt: skip
+
+
+def tied_words(tied: Mapping[str, Any]) -> str:
+    """A weight tied across stages (an entry of the pipeline block's `tied`) in words: the
+    stages holding a copy, and a trained one's gradient sum."""
+    first, last = tied["stages"]
+    sync = tied["sync"]
+    summed = (f", its gradients summed ({format_bytes(sync['bytes_per_device'])} per device, "
+              f"{format_seconds(sync['time_s'])})" if sync["bytes_per_device"] else "")  # fmt: skip
+    return f"tied {tied['weight']} on stages {first} and {last}{summed}"
 
 
 def _figure(cost: CostFigures | None, key: str) -> object:

@@ -1,7 +1,7 @@
 """A pipelined plan's stages in the report: a table of the stages and a timeline of the
 schedule, each stage's passes as the schedule runs them (`cost.schedule.simulate`, again on the
 plan document's stage times: the picture is the price's own critical path), the gradient sync
-and update after the drain."""
+and update after the drain; the weights tied across stages, if any."""
 
 from __future__ import annotations
 
@@ -42,7 +42,27 @@ def stages_section(block: Mapping[str, Any]) -> str:
         tag("tr", "".join(tag("th", esc(h)) for h in header)) + "".join(rows),
         class_="stages",
     )
-    return tag("p", esc(words)) + timeline_svg(block) + table
+    return tag("p", esc(words)) + timeline_svg(block) + table + tied_table(block)
+
+
+def tied_table(block: Mapping[str, Any]) -> str:
+    """The weights tied across stages (the block's `tied`): the stages holding a copy, the
+    copy's bytes per device, the gradient sum's bytes and time (in both ends' sync + update);
+    nothing without one."""
+    rows = []
+    for tied in block.get("tied", ()):
+        sync = tied["sync"]
+        rows.append(tag("tr", "".join(tag("td", esc(c)) for c in (
+            tied["weight"], " and ".join(map(str, tied["stages"])),
+            size(tied["copy_bytes_per_device"]), size(sync["bytes_per_device"]),
+            ms(sync["time_s"]),
+        ))))  # fmt: skip
+    if not rows:
+        return ""
+    header = ("tied weight", "copy on stages", "copy per device", "gradient sum per device",
+              "gradient sum")  # fmt: skip
+    head = tag("tr", "".join(tag("th", esc(h)) for h in header))
+    return tag("table", head + "".join(rows), class_="tied")
 
 
 def timeline_svg(block: Mapping[str, Any]) -> str:
