@@ -41,7 +41,6 @@ from autoshard.reshard import plan_reshard
 from autoshard.search.memory.build import Chain
 from autoshard.search.options import Objective, SolverOptions
 from autoshard.search.problem import Search, build_search
-from autoshard.search.solver.lowest import lowest_budget
 from autoshard.search.solver.outcome import (
     InfeasibleError,
     LowestBudget,
@@ -126,6 +125,8 @@ def auto_plan(
             if not explain:
                 raise
             if lowest is None:
+                from autoshard.search.solver.lowest import lowest_budget  # (OR-Tools)
+
                 say("no plan fits the budget")
                 lowest = lowest_budget(
                     search.problem, options.time_limit, tracker, deadline=deadline
