@@ -1,6 +1,6 @@
 """OR-Tools is loaded where CP-SAT is called, never on a plan that does not reach it: a free
 plan answered by exact elimination imports no `ortools` (its import is a fixed cost of every
-plan otherwise), and a plan whose budget binds still solves with CP-SAT."""
+plan otherwise), nor networkx, and a plan whose budget binds still solves with CP-SAT."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def plan(memory, out):
     document = json.load(open(out))
     return {"code": code, "solver": document["solver"],
             "peak": document["cost"]["memory_bytes_per_device"],
-            "ortools": "ortools.sat.python.cp_model" in sys.modules}
+            "ortools": "ortools.sat.python.cp_model" in sys.modules,
+            "networkx": "networkx" in sys.modules}
 
 print(json.dumps([plan("1TB", sys.argv[1]), plan("100KB", sys.argv[2])]))
 """
@@ -40,6 +41,7 @@ def test_a_free_plan_imports_no_ortools_and_a_binding_one_solves_with_cp_sat(tmp
     assert free["code"] == 0 and free["solver"]["status"] == "OPTIMAL"
     assert free["solver"]["variables"] == 0  # elimination answered: no CP-SAT model was built
     assert not free["ortools"]
+    assert not free["networkx"]  # (only `Graph.to_networkx` needs it)
     # 100 KB binds: the free plan holds 99.06 KiB = 101,440 B > 100,000 B.
     assert free["peak"] > 100_000
     assert bound["code"] == 0 and bound["solver"]["status"] == "OPTIMAL"
