@@ -14,15 +14,17 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
 from autoshard.errors import GraphError, ModelError
 from autoshard.ir import dtypes
 from autoshard.ir.fused import Fused
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 AttrValue = int | float | str | bytes | tuple | np.ndarray
 
@@ -324,8 +326,11 @@ class Graph:
         """A bipartite MultiDiGraph: `("op", name)` and `("value", name)` nodes.
 
         Edges go value → op keyed and labelled by `operand` index, and op → value by `result`
-        index, so an op reading the same value twice keeps two edges.
+        index, so an op reading the same value twice keeps two edges. networkx is imported
+        here: no plan needs it.
         """
+        import networkx as nx
+
         g = nx.MultiDiGraph(name=self.name)
         for value in self.values.values():
             g.add_node(

@@ -40,8 +40,7 @@ from autoshard.progress import Tracker
 from autoshard.reshard import plan_reshard
 from autoshard.search.memory.build import Chain
 from autoshard.search.options import Objective, SolverOptions
-from autoshard.search.problem import Search, build_search
-from autoshard.search.solver.lowest import lowest_budget
+from autoshard.search.problem import Problem, Search, build_search
 from autoshard.search.solver.outcome import (
     InfeasibleError,
     LowestBudget,
@@ -127,9 +126,7 @@ def auto_plan(
                 raise
             if lowest is None:
                 say("no plan fits the budget")
-                lowest = lowest_budget(
-                    search.problem, options.time_limit, tracker, deadline=deadline
-                )
+                lowest = _lowest(search.problem, options.time_limit, tracker, deadline)
             raise no_plan_fits(graph, cluster, search, lowest) from None
         spent, solve_s = spent + solution.work, solve_s + solution.wall_s
         if tracker is not None:
@@ -160,6 +157,16 @@ def auto_plan(
         plan=plan, program=program, cost=cost, usage=usage, solution=solution, search=search,
         build_s=built, solve_s=solve_s,
     )  # fmt: skip
+
+
+def _lowest(
+    problem: Problem, time_limit: float, tracker: Tracker | None, deadline: Deadline
+) -> LowestBudget:
+    """The least peak any plan needs (`solver.lowest`, imported where it is called: it loads
+    OR-Tools, which a plan that fits its budget may never need)."""
+    from autoshard.search.solver.lowest import lowest_budget
+
+    return lowest_budget(problem, time_limit, tracker, deadline=deadline)
 
 
 def _search_for(

@@ -45,6 +45,7 @@ from autoshard.search.recipes import Layout, Recipe, recipe_layouts
 from autoshard.search.solver.eliminate import memory_aside
 from autoshard.search.solver.factors import Factor, minimize
 from autoshard.search.solver.outcome import Limit, in_whole
+from autoshard.search.solver.steps import Steps
 from autoshard.sharding import Sharding, ShardingOption
 
 
@@ -164,16 +165,19 @@ def _reads(graph: Graph, op: Op, option: ShardingOption | None, i: int) -> Shard
 
 @dataclass(frozen=True, eq=False)
 class _Tables:
-    """The problem's integer costs as arrays, made once for all the recipes."""
+    """The problem's integer costs as arrays, made once for all the recipes, and the large
+    elimination steps their solves share (a recipe pins a few groups: a step far from them is
+    the same in every recipe's solve)."""
 
     node: tuple[np.ndarray, ...]
     edges: tuple[tuple[int, int, np.ndarray], ...]
+    steps: Steps
 
     @staticmethod
     def of(problem: Problem) -> _Tables:
         node = tuple(np.asarray(costs, dtype=np.int64) for costs in problem.node_costs)
         edges = tuple((a, b, np.asarray(m, dtype=np.int64)) for a, b, m in problem.edges)
-        return _Tables(node, edges)
+        return _Tables(node, edges, Steps())
 
 
 def _fastest(
@@ -192,7 +196,7 @@ def _fastest(
             factors.append(Factor((a,), np.diag(table).copy()))
         else:
             factors.append(Factor((a, b), table) if a < b else Factor((b, a), table.T.copy()))
-    found = minimize([len(k) for k in kept], factors)
+    found = minimize([len(k) for k in kept], factors, steps=tables.steps)
     if found is not None:
         return in_whole(found.choice, kept)
     limit = Limit(60.0, 60.0, f"the recipe {recipe}")

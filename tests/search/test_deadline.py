@@ -29,7 +29,7 @@ from autoshard.progress import Progress, Tracker
 from autoshard.search import budget
 from autoshard.search.budget import auto_plan
 from autoshard.search.problem import build_search
-from autoshard.search.solver import cp_sat
+from autoshard.search.solver import cp_sat, lowest
 from autoshard.search.solver import solve as ilp
 from autoshard.search.solver.outcome import InfeasibleError, OutOfTime, SolverStatus
 from autoshard.search.solver.solve import solve
@@ -166,8 +166,8 @@ def _replicated_does_not_fit(seed: int) -> bool:
 PHASES = {
     "after-the-memory-aside-solve": (ilp, "memory_aside", True),
     "in-the-relaxation": (ilp, "dual", False),
-    "before-the-least-peak": (ilp, "any_fits", False),
-    "in-cp-sat": (ilp, "solve_cp_sat", False),
+    "before-the-least-peak": (lowest, "any_fits", False),
+    "in-cp-sat": (cp_sat, "solve_cp_sat", False),
 }
 
 

@@ -23,7 +23,6 @@ from autoshard.search.candidates import candidates
 from autoshard.search.memory.rows import NO_ROWS, Chosen, Indicator, MemoryRow, MemoryRows
 from autoshard.search.problem import Problem, build_search
 from autoshard.search.solver import cp_sat, lowest, outcome, tuning
-from autoshard.search.solver import eliminate as eliminate_module
 from autoshard.search.solver import solve as ilp
 from autoshard.search.solver.dual import dual
 from autoshard.search.solver.eliminate import eliminate
@@ -96,8 +95,7 @@ def test_where_the_relaxation_finds_no_plan_that_fits_the_least_peak_says_whethe
     least = min(problem.peak(c) for c in itertools.product(*map(range, problem.sizes)))
     below = dataclasses.replace(problem, budget=least - 1)
     narrowed = []
-    for module in (ilp, eliminate_module):
-        monkeypatch.setattr(module, "solve_cp_sat", lambda *a, **_: narrowed.append(a))
+    monkeypatch.setattr(cp_sat, "solve_cp_sat", lambda *a, **_: narrowed.append(a))
     with pytest.raises(InfeasibleError) as error:
         solve(below)
     assert error.value.lowest is not None and not narrowed
@@ -162,8 +160,7 @@ def test_a_bound_proven_before_spares_the_proof(monkeypatch):
     def no_cp_sat(*_, **__):
         raise AssertionError("CP-SAT was asked")
 
-    for module in (ilp, eliminate_module):
-        monkeypatch.setattr(module, "solve_cp_sat", no_cp_sat)
+    monkeypatch.setattr(cp_sat, "solve_cp_sat", no_cp_sat)  # (its callers import it at the call)
     spared = 0
     for seed in range(60):
         problem = random_problem(seed, groups=6, memory=True)
@@ -375,7 +372,7 @@ def test_a_solve_out_of_time_names_the_users_limit_and_its_share(monkeypatch):
     elimination, spends none of the limit; the memory-bound solve's CP-SAT gets all of it
     (the relaxation and the least peak turned off here: their plans would answer)."""
     monkeypatch.setattr(ilp, "dual", lambda problem, **_: None)
-    monkeypatch.setattr(ilp, "any_fits", lambda *_: ([], 0.0))
+    monkeypatch.setattr(lowest, "any_fits", lambda *_: ([], 0.0))
     graph = import_onnx(MODELS / "decoder_32l_shape_only.onnx", {"batch": 8, "seq": 256})
     problem = build_search(graph, make_cluster(mesh="2x4", memory="6GiB")).problem
     share = r"\(0\.05 s left for the memory-bound solve, UNKNOWN\); raise --time-limit$"

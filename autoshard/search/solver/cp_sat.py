@@ -346,10 +346,12 @@ def run_solver(
     thread of its own while the main thread waits, free to take the KeyboardInterrupt that
     Python raises only between bytecodes (never inside C++); it stops the search and is
     raised on. In another thread, where Python delivers no signal, the solve runs in place."""
+    told = None
     if watch is not None:
         solver.best_bound_callback = watch.bound
+        told = _Told(watch)
     if threading.current_thread() is not threading.main_thread():
-        return solver.solve(model, watch)
+        return solver.solve(model, told)
     # An Event, not Thread.join: a KeyboardInterrupt inside join() may leave the thread marked
     # ended while CP-SAT still runs in it, and exiting then aborts the process.
     done = threading.Event()
@@ -357,7 +359,7 @@ def run_solver(
 
     def solve() -> None:
         try:
-            result.append(solver.solve(model, watch))
+            result.append(solver.solve(model, told))
         except BaseException as error:  # raised on in the main thread
             result.append(error)
         finally:
@@ -376,6 +378,17 @@ def run_solver(
     if isinstance(outcome, BaseException):
         raise outcome
     return outcome
+
+
+class _Told(cp_model.CpSolverSolutionCallback):
+    """CP-SAT's solution callback: each plan found, handed to `watch`."""
+
+    def __init__(self, watch: Improvements) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def on_solution_callback(self) -> None:
+        self.watch.solution(self)
 
 
 def solve_cp_sat(

@@ -15,7 +15,6 @@ import numpy as np
 from autoshard.progress import Tracker
 from autoshard.search.memory.rows import NO_ROWS
 from autoshard.search.problem import Problem
-from autoshard.search.solver.cp_sat import solve_cp_sat
 from autoshard.search.solver.factors import minimize, problem_factors, undominated
 from autoshard.search.solver.outcome import (
     Improvements,
@@ -69,7 +68,11 @@ def memory_aside(problem: Problem, limit: Limit, tracker: Tracker | None, unit: 
 
 
 def _reduced_cp_sat(problem: Problem, limit: Limit, tracker: Tracker | None, unit: str) -> Solution:
-    """CP-SAT, memory aside, on what is left once the groups of degree <= 2 are eliminated."""
+    """CP-SAT, memory aside, on what is left once the groups of degree <= 2 are eliminated.
+    OR-Tools is imported here, where CP-SAT is called: a plan elimination answers never
+    loads it."""
+    from autoshard.search.solver.cp_sat import solve_cp_sat
+
     reduced, kept, order = eliminate(problem)
     # Elimination folds the groups it removes into the rest but for a constant: the costs of
     # those left with no neighbour. Any choice of the rest tells it.

@@ -37,6 +37,7 @@ import numpy as np
 
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
+from autoshard.search.solver.steps import Steps
 
 
 @dataclass(frozen=True, eq=False)
@@ -224,12 +225,16 @@ def additions(sizes: Sequence[int], order: Sequence[tuple[int, tuple[int, ...]]]
 
 
 def minimize(
-    sizes: Sequence[int], factors: Sequence[Factor], max_entries: int = tuning.MAX_ENTRIES
+    sizes: Sequence[int],
+    factors: Sequence[Factor],
+    max_entries: int = tuning.MAX_ENTRIES,
+    steps: Steps | None = None,
 ) -> Minimum | None:
     """A choice per group minimizing the sum of `factors`, exactly; `None` (before any table
     is built) when the elimination order needs a table of more than `max_entries` entries.
-    Groups no factor mentions take choice 0."""
-    forward = _forward(sizes, factors, max_entries, keep=False)
+    Groups no factor mentions take choice 0. `steps`: large steps remembered across solves
+    of restrictions of one problem (`steps.Steps`), the same answer sooner."""
+    forward = _forward(sizes, factors, max_entries, keep=False, remembered=steps)
     if forward is None:
         return None
     passed, _ = forward
@@ -345,7 +350,11 @@ class _Step:
 
 
 def _forward(
-    sizes: Sequence[int], factors: Sequence[Factor], max_entries: int, keep: bool
+    sizes: Sequence[int],
+    factors: Sequence[Factor],
+    max_entries: int,
+    keep: bool,
+    remembered: Steps | None = None,
 ) -> tuple[list[_Step], float] | None:
     """The elimination in the greedy order, each step's minimum passed on as a table over
     its neighbours, and the sum of the tables over groups of one choice alone; `None`
@@ -387,7 +396,10 @@ def _forward(
             for h in scope:
                 if h != g:
                     holding[h].discard(scope)
-        least, best = _eliminate(g, neighbours, bucket, sizes)
+        if remembered is None:
+            least, best = _eliminate(g, neighbours, bucket, sizes)
+        else:
+            least, best = remembered.eliminated(g, neighbours, bucket, sizes, _eliminate)
         kept = tuple(bucket) if keep or best is None else ()
         steps.append(_Step(g, neighbours, best, least, kept))
         if neighbours:

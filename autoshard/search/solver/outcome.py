@@ -9,8 +9,7 @@ import enum
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-from ortools.sat.python import cp_model
+from typing import TYPE_CHECKING
 
 from autoshard.deadline import NEVER, Deadline
 from autoshard.errors import AutoshardError
@@ -18,6 +17,9 @@ from autoshard.progress import Tracker
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
 from autoshard.units import in_units
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 
 class InfeasibleError(AutoshardError):
@@ -176,28 +178,29 @@ def kept_among(choices: Sequence[Sequence[int]] | None, kept: Sequence[Sequence[
     )
 
 
-class Improvements(cp_model.CpSolverSolutionCallback):
+class Improvements:
     """Tells a tracker each better plan and each better bound of the CP-SAT solves it
-    watches, as (CP-SAT's value + offset) * scale. It reads the solver's state and changes
-    nothing. `best` may start at a plan found before; the bounds told are at least `floor`
-    (a bound proven before) and at most `ceiling` (a narrowed solve's bound holds for the
-    whole problem only up to its threshold); while a solve holds fewer memory rows than its
-    problem, the plans told are those `fits` accepts."""
+    watches, as (CP-SAT's value + offset) * scale (`cp_sat.run_solver` hands it what CP-SAT
+    finds). It reads the solver's state and changes nothing. `best` may start at a plan found
+    before; the bounds told are at least `floor` (a bound proven before) and at most `ceiling`
+    (a narrowed solve's bound holds for the whole problem only up to its threshold); while a
+    solve holds fewer memory rows than its problem, the plans told are those `fits` accepts.
+    Free of OR-Tools: a plan that never reaches CP-SAT never imports it."""
 
     def __init__(
         self, tracker: Tracker, scale: float, unit: str, offset: int = 0, best: int | None = None
     ) -> None:
-        super().__init__()
         self.tracker, self.scale, self.unit, self.offset = tracker, scale, unit, offset
         self.best: float | None = best
         self.floor, self.ceiling = -math.inf, math.inf
         self.fits: Callable[[cp_model.CpSolverSolutionCallback], bool] | None = None
 
-    def on_solution_callback(self) -> None:
-        value = self.objective_value
-        if self.fits is None or self.fits(self):  # (a solve of fewer rows: some do not)
+    def solution(self, found: cp_model.CpSolverSolutionCallback) -> None:
+        """A plan CP-SAT found (`found`, its callback's view of the solve)."""
+        value = found.objective_value
+        if self.fits is None or self.fits(found):  # (a solve of fewer rows: some do not)
             self.best = value if self.best is None else min(self.best, value)
-        self.bound(self.best_objective_bound)
+        self.bound(found.best_objective_bound)
 
     def bound(self, bound: float) -> None:
         if not math.isfinite(bound):  # no bound proven yet

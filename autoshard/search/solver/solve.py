@@ -34,10 +34,8 @@ from autoshard.deadline import NEVER, Deadline
 from autoshard.progress import Tracker
 from autoshard.search.problem import Problem
 from autoshard.search.solver import tuning
-from autoshard.search.solver.cp_sat import solve_cp_sat
 from autoshard.search.solver.dual import Dual, dual
 from autoshard.search.solver.eliminate import memory_aside
-from autoshard.search.solver.lowest import any_fits
 from autoshard.search.solver.marginals import (
     fitting_choices,
     strengthened,
@@ -231,6 +229,8 @@ def _relaxed(
             fitting = fitting_choices(problem, found, relaxation)
     spent = aside.work
     if not plans and not deadline.passed():
+        from autoshard.search.solver.lowest import any_fits  # (OR-Tools, loaded where called)
+
         plans, work = any_fits(problem, time_left(time_limit, spent), tracker, limit, deadline)
         spent += work
     if found is not None and not deadline.passed():
@@ -256,6 +256,8 @@ def _attempts(
 
     def attempt(narrowed: Problem, hint: Sequence[int], _: int, limit: Limit) -> Attempt:
         nonlocal binding
+        from autoshard.search.solver.cp_sat import solve_cp_sat  # (OR-Tools, loaded here)
+
         try:
             got, binding = solve_cp_sat(narrowed, limit, True, hint, watch, binding)
         except NoPlan as none:
