@@ -161,18 +161,29 @@ def test_bad_requests_of_a_pipelined_training_partition_are_one_line(partitions,
 def test_a_gpt2_export_trains_over_2_stages_of_2_way_tensor_parallelism(tmp_path, capsys):
     """GPT-2 (1F1B, 2 micro-batches, SGD: Adam's first step moves an element whose exact
     gradient is zero, the key bias's, by the learning rate times the sign of its rounding)."""
+    gpt2, _, out = _gpt2_over_two_stages("gpt2", tmp_path)
+    _trains_two_steps_as_autograd(gpt2, out, capsys)
+
+
+def _gpt2_over_two_stages(name: str, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The model `name`'s training step planned on pp=2,tp=2 (1F1B, 2 micro-batches, fp32
+    SGD, batch 2, seq 16) and partitioned: the model, the plan and the partition."""
     from .helpers import model_path
 
-    gpt2 = model_path("gpt2")
+    model = model_path(name)
     cluster, plan, out = tmp_path / "slow.json", tmp_path / "plan.json", tmp_path / "out"
     cluster.write_text(json.dumps(SLOW))
     flags = ["--precision", "fp32", "--optimizer", "sgd", "--micro-batches", "2", "--dim",
              "batch=2", "--dim", "seq=16", "-q"]  # fmt: skip
-    assert main(["plan", str(gpt2), "--cluster", str(cluster), "--mesh", "pp=2,tp=2", "--mode",
+    assert main(["plan", str(model), "--cluster", str(cluster), "--mesh", "pp=2,tp=2", "--mode",
                  "training", *flags, "-o", str(plan)]) == 0  # fmt: skip
-    assert main(["partition", str(gpt2), "--plan", str(plan), "-o", str(out)]) == 0
+    assert main(["partition", str(model), "--plan", str(plan), "-o", str(out)]) == 0
+    return model, plan, out
+
+
+def _trains_two_steps_as_autograd(model: Path, out: Path, capsys) -> None:
     capsys.readouterr()
-    assert main(["run", str(out), "--check", str(gpt2), "--steps", "2", "--json"]) == 0
+    assert main(["run", str(out), "--check", str(model), "--steps", "2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["steps"] == 2
     assert max(report["max_rel_err"].values()) <= 1e-5
@@ -214,18 +225,10 @@ def test_a_tied_embedding_trains_on_both_ends_and_stays_equal(tmp_path, capsys):
     gives both stages the same shard of the weight."""
     from autoshard.weights import read_safetensors
 
-    from .helpers import model_path
-
-    gpt2, tied = model_path("gpt2_dynamo"), "lm.lm_head.weight"
-    cluster, plan, out = tmp_path / "slow.json", tmp_path / "plan.json", tmp_path / "out"
-    cluster.write_text(json.dumps(SLOW))
-    flags = ["--precision", "fp32", "--optimizer", "sgd", "--micro-batches", "2", "--dim",
-             "batch=2", "--dim", "seq=16", "-q"]  # fmt: skip
-    assert main(["plan", str(gpt2), "--cluster", str(cluster), "--mesh", "pp=2,tp=2", "--mode",
-                 "training", *flags, "-o", str(plan)]) == 0  # fmt: skip
+    tied = "lm.lm_head.weight"
+    gpt2, plan, out = _gpt2_over_two_stages("gpt2_dynamo", tmp_path)
     (priced,) = json.loads(plan.read_text())["pipeline"]["tied"]
     assert priced["weight"] == tied and priced["stages"] == [0, 1]
-    assert main(["partition", str(gpt2), "--plan", str(plan), "-o", str(out)]) == 0
     (entry,) = json.loads((out / "manifest.json").read_text())["pipeline"]["tied"]
     assert entry["gradient"] == f"{tied}@grad" and entry["groups"] == [[0, 2], [1, 3]]
     mlir = (out / "pipeline.mlir").read_text()  # stage 1 adds stage 0's gradient to its own
@@ -237,11 +240,7 @@ def test_a_tied_embedding_trains_on_both_ends_and_stays_equal(tmp_path, capsys):
 
     added = [op for op in parse_module(mlir).ops if op.name == "arith.addf"]
     assert len(added) == 2  # one sum on each stage
-    capsys.readouterr()
-    assert main(["run", str(out), "--check", str(gpt2), "--steps", "2", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["ok"] and report["steps"] == 2
-    assert max(report["max_rel_err"].values()) <= 1e-5
+    _trains_two_steps_as_autograd(gpt2, out, capsys)
     forward = tmp_path / "forward"
     assert main(["partition", str(gpt2), "--plan", str(plan), "--forward", "-o",
                  str(forward)]) == 0  # fmt: skip
