@@ -152,6 +152,29 @@ def without_main_script() -> Iterator[None]:
         main.__file__ = path
 
 
+def start_ranks(
+    context: Any,
+    target: Any,
+    args: Sequence[tuple[Any, ...]],
+    name: str,
+    processes: list[Any],
+    pipes: list[Connection],
+) -> None:
+    """Start a daemon process per rank, `target(*args[rank], sender)`, the main script hidden
+    (`without_main_script`); each process and the receiving end of its pipe are appended as it
+    starts, so the caller's cleanup stops those started before a failure."""
+    with without_main_script():
+        for rank, given in enumerate(args):
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(
+                target=target, args=(*given, sender), name=f"{name}-{rank}", daemon=True
+            )
+            process.start()
+            sender.close()
+            pipes.append(receiver)
+            processes.append(process)
+
+
 @contextlib.contextmanager
 def _environment(**values: str) -> Iterator[None]:
     """These environment variables set for the processes started inside, then restored."""
@@ -196,21 +219,10 @@ def launch_work(work: Work, world: int, timeout_s: float) -> Any:
     # Per rank: its position in its steps (first `world`), then its training step.
     progress = context.Array("i", [-1] * (2 * world), lock=False)
     pipes: list[Connection] = []
-    processes = []
+    processes: list[Any] = []
     try:
-        with without_main_script():
-            for rank in range(world):
-                receiver, sender = context.Pipe(duplex=False)
-                process = context.Process(
-                    target=_child,
-                    args=(work, rank, rendezvous, progress, sender),
-                    name=f"autoshard-rank-{rank}",
-                    daemon=True,
-                )
-                process.start()
-                sender.close()
-                pipes.append(receiver)
-                processes.append(process)
+        ranks = [(work, rank, rendezvous, progress) for rank in range(world)]
+        start_ranks(context, _child, ranks, "autoshard-rank", processes, pipes)
         return _watch(work, processes, pipes, progress)
     finally:
         stop_ranks(processes)

@@ -174,7 +174,7 @@ def measure_links(
     check_backend(ranks, backend)
     import torch.distributed as dist
 
-    from autoshard.run.launch import forkserver, stop_ranks, without_main_script
+    from autoshard.run.launch import forkserver, start_ranks, stop_ranks
     from autoshard.run.rank import Rendezvous, RunError
 
     context = forkserver(["autoshard.run.rank", "autoshard.run.measure"])
@@ -184,21 +184,10 @@ def measure_links(
     )  # fmt: skip
     rendezvous = Rendezvous("127.0.0.1", store.port, timeout_s)
     pipes: list[Connection] = []
-    processes = []
+    processes: list[Any] = []
     try:
-        with without_main_script():
-            for rank in range(ranks):
-                receiver, sender = context.Pipe(duplex=False)
-                process = context.Process(
-                    target=_rank,
-                    args=(rank, ranks, backend, rendezvous, tuple(sizes), repeats, sender),
-                    name=f"autoshard-calibrate-{rank}",
-                    daemon=True,
-                )
-                process.start()
-                sender.close()
-                pipes.append(receiver)
-                processes.append(process)
+        given = [(rank, ranks, backend, rendezvous, tuple(sizes), repeats) for rank in range(ranks)]
+        start_ranks(context, _rank, given, "autoshard-calibrate", processes, pipes)
         samples: list[LinkSample] | None = None
         done: set[int] = set()
         deadline = time.monotonic() + timeout_s
