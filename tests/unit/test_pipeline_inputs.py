@@ -108,16 +108,18 @@ def test_a_named_pipeline_builds_no_whole_training_step(monkeypatch):
     # Only the stage model is planned: the whole model's step is built where an annotation is
     # to be checked against its values (a gradient), never else; and the plan is the one
     # made with the whole step at hand (its forward and micro-batches are all it reads).
-    import autoshard.pipeline as pipeline
+    import autoshard.pipeline.request as pipeline
+    import autoshard.pipeline.stages as stages
 
     cluster = make_cluster("pp=2,dp=1")
     training, dims = Training(micro_batches=2), {"batch": 2, "seq": 16}
     forward, whole = pipeline.load_graphs(GPT2, dims, training)
     built: list[int] = []
     step = pipeline.training_graph
-    monkeypatch.setattr(
-        pipeline, "training_graph", lambda g, *a: built.append(len(g.ops)) or step(g, *a)
-    )
+    for module in (pipeline, stages):  # the step is built where the graphs are imported
+        monkeypatch.setattr(
+            module, "training_graph", lambda g, *a: built.append(len(g.ops)) or step(g, *a)
+        )
     request = PlanRequest(model_path=GPT2, cluster=cluster, dims=dims, training=training,
                           pipeline=pipeline_ask(cluster.mesh, 0, None))  # fmt: skip
     lean = plan_request(request).document
