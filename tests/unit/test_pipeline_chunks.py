@@ -32,9 +32,12 @@ def test_the_head_s_chunk_holds_fewer_layers():
                           PipelineAsk(0, INTERLEAVED), 10, 2)  # fmt: skip
     assert [s.layers for s in priced.stages] == [range(0, 7), range(7, 10)]
     assert priced.chunks == (range(0, 4), range(4, 6), range(6, 9), range(9, 10))
+    def chunk(start, stop, stage, forward_s):
+        compute = {"forward_s": forward_s, "backward_s": 0.0, "weight_s": 0.0}
+        return {"layers": [start, stop], "stage": stage, "compute": compute}
+
     assert priced.to_json()["chunks"] == [
-        {"layers": [0, 4], "stage": 0}, {"layers": [4, 6], "stage": 1},
-        {"layers": [6, 9], "stage": 0}, {"layers": [9, 10], "stage": 1},
+        chunk(0, 4, 0, 4.0), chunk(4, 6, 1, 2.0), chunk(6, 9, 0, 3.0), chunk(9, 10, 1, 4.0),
     ]  # fmt: skip
     # Each position's layers are its chunks'; the even split would give position 1 five
     # layers and the head: 8 s against 7.
