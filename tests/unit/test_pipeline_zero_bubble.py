@@ -117,3 +117,49 @@ def test_weight_gradients_are_read_off_the_step(tmp_path):
     weights = {name for i in deferred for name in graph.ops[i].outputs}
     assert weights == {"embed@grad0", "head@grad0", *(f"w{i}@grad0" for i in range(4)),
                        *(f"b{i}@grad0" for i in range(4))}, names  # fmt: skip
+
+
+def _stage(forward_s, backward_s=0.0, weight_s=0.0):
+    return {"forward_s": forward_s, "backward_s": backward_s, "weight_s": weight_s,
+            "update_s": 0.0}  # fmt: skip
+
+
+def test_the_report_draws_weight_gradients_and_each_chunk_s_time():
+    """The HTML timeline simulates the plan document's figures again: ZB-H1's W passes apart
+    (the hand-worked 15 s step), an interleaved plan's chunks each at its own time (23 s)."""
+    from autoshard.html.stages import timeline_svg
+
+    stages = [{"compute": _stage(1.0, 2.0, 1.0)}] * 4
+    block = {"schedule": "zb-h1", "micro_batches": 4, "p2p": {"time_s": 0.0}, "stages": stages}
+    drawn = timeline_svg(block)
+    assert drawn.count("<title>W") == drawn.count("<title>B") == 16
+    assert "0 .. 15000.000 ms: forward, backward, weight gradient, sync + update" in drawn
+    chunks = [{"layers": [c, c + 1], "stage": c % 4, "compute": _stage(f)}
+              for c, f in enumerate([2.0, 1, 1, 1, 1, 1, 1, 3.0])]  # fmt: skip
+    block = {"schedule": "interleaved:2", "micro_batches": 4, "p2p": {"time_s": 0.0},
+             "stages": [{"compute": _stage(3.0)}] * 4, "chunks": chunks}  # fmt: skip
+    assert "F3.1 20000.000 ms..23000.000 ms" in timeline_svg(block)
+
+
+def test_the_search_takes_zb_h1_where_it_is_faster_and_fits():
+    """4 layers of F = B = W = 1 s on 4 stages, 8 micro-batches: ZB-H1's step 27 s against
+    1F1B's 33 (GPipe's 33). The head's activations (300 B a micro-batch, beside a layer's
+    100) are kept 4 times on the last stage under ZB-H1 (1600 B), once under 1F1B (400 B):
+    under a 1000 B budget 1F1B is the fastest that fits."""
+    import dataclasses
+
+    from autoshard.cost.cluster import make_cluster
+    from autoshard.search.pipelined import LayerCosts, PipelineAsk
+    from autoshard.search.pipesearch import fastest
+
+    costs = LayerCosts(forward=(0.0, 1.0, 1.0, 0.0), backward=(0.0, 2.0, 2.0, 0.0),
+                       update=(0.0,) * 4, held=(0,) * 4, activations=(0, 100, 100, 300),
+                       send_bytes=0, training=True, weight=(0.0, 1.0, 1.0, 0.0))  # fmt: skip
+    cluster = make_cluster("pp=4,dp=1")
+    roomy = fastest(costs, dataclasses.replace(cluster, memory=2000), PipelineAsk(0), 4, 8)
+    assert (roomy.pipeline.schedule, roomy.step_s) == (ZB, 27.0)
+    assert [s.memory_bytes for s in roomy.stages] == [400, 400, 400, 1600]
+    assert str(roomy) == "pipeline of 4 stages (ZB-H1 zero bubble, 8 micro-batches, bubble 11 %)"
+    tight = fastest(costs, dataclasses.replace(cluster, memory=1000), PipelineAsk(0), 4, 8)
+    assert (tight.pipeline.schedule, tight.step_s) == (ONE_F_ONE_B, 33.0)
+    assert [s.memory_bytes for s in tight.stages] == [400, 300, 200, 400]
