@@ -102,9 +102,8 @@ def timeline_svg(block: Mapping[str, Any]) -> str:
                              width=num(max(own * scale, 0.5)), height=num(ROW - 6),
                              fill=_UPDATE))  # fmt: skip
     height = 8 + len(stages) * ROW + 14
-    parts.append(tag("text", esc(f"0 .. {ms(total)}: forward, backward, "
-                                 f"{'weight gradient, ' if pipeline.schedule.splits_backward else ''}"
-                                 "sync + update"),
+    weight = "weight gradient, " if pipeline.schedule.splits_backward else ""
+    parts.append(tag("text", esc(f"0 .. {ms(total)}: forward, backward, {weight}sync + update"),
                      x=num(LEFT), y=num(height - 4), font_size=11))  # fmt: skip
     label = f"timeline of the {block['schedule']} schedule over {len(stages)} stages"
     return tag("figure", svg(WIDTH, height, label, "".join(parts)), class_="timeline")

@@ -36,7 +36,10 @@ def weight_gradient_ops(graph: Graph, part: Sequence[int]) -> frozenset[int]:
         if graph.phase(op.name) != "backward":
             continue
         read_by = [j for name in op.outputs for j in readers.get(name, ())]
-        handed_back = any(j in inputs_side or (graph.phase(graph.ops[j].name) == "backward"
-                                               and part[j] != part[i]) for j in read_by)  # fmt: skip
+        handed_back = any(
+            j in inputs_side
+            or (graph.phase(graph.ops[j].name) == "backward" and part[j] != part[i])
+            for j in read_by
+        )
         (inputs_side if handed_back else weights).add(i)
     return frozenset(weights)

@@ -271,10 +271,14 @@ class PipelinePrice:
         p = self.pipeline
         layers = self.stages[-1].layers.stop
         chunks = self.chunks or split_layers(layers, p.stages * p.schedule.virtual)
-        return [{"layers": [c.start, c.stop], "stage": i % p.stages,
-                 **({"compute": {"forward_s": t.forward, "backward_s": t.backward,
-                                 "weight_s": t.weight}} if t else {})}
-                for i, (c, t) in enumerate(itertools.zip_longest(chunks, self.chunk_times))]
+        found: list[dict[str, object]] = []
+        for i, c in enumerate(chunks):
+            found.append({"layers": [c.start, c.stop], "stage": i % p.stages})
+            if i < len(self.chunk_times):
+                t = self.chunk_times[i]
+                found[-1]["compute"] = {"forward_s": t.forward, "backward_s": t.backward,
+                                        "weight_s": t.weight}  # fmt: skip
+        return found
 
 
 def split_layers(layers: int, stages: int) -> tuple[range, ...]:
@@ -454,8 +458,12 @@ class LayerCosts:
         """The parts each of an interleaved schedule's `chunks` runs: the first the embedding,
         the last the head, each its layers."""
         last = len(chunks) - 1
-        return [([0] if c == 0 else []) + [self._part(g, total) for g in chunk]
-                + ([self.depth + 1] if c == last else []) for c, chunk in enumerate(chunks)]
+        return [
+            ([0] if c == 0 else [])
+            + [self._part(g, total) for g in chunk]
+            + ([self.depth + 1] if c == last else [])
+            for c, chunk in enumerate(chunks)
+        ]
 
     def layer_s(self) -> float:
         """A layer's forward and backward seconds per micro-batch (the layers' mean)."""

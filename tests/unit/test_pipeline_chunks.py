@@ -32,6 +32,7 @@ def test_the_head_s_chunk_holds_fewer_layers():
                           PipelineAsk(0, INTERLEAVED), 10, 2)  # fmt: skip
     assert [s.layers for s in priced.stages] == [range(0, 7), range(7, 10)]
     assert priced.chunks == (range(0, 4), range(4, 6), range(6, 9), range(9, 10))
+
     def chunk(start, stop, stage, forward_s):
         compute = {"forward_s": forward_s, "backward_s": 0.0, "weight_s": 0.0}
         return {"layers": [start, stop], "stage": stage, "compute": compute}

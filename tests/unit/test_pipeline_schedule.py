@@ -146,7 +146,8 @@ def test_schedule_parse(text, shown):
          "the 4 stages, got 6"),
         (lambda: Pipeline(0, 6), "at least 1 stage"),
     ],
-    ids=["unknown", "zb-virtual", "virtual-not-interleaved", "one-virtual", "interleaved-m", "no-stages"],
+    ids=["unknown", "zb-virtual", "virtual-not-interleaved", "one-virtual", "interleaved-m",
+         "no-stages"],
 )  # fmt: skip
 def test_bad_pipelines(make, message):
     with pytest.raises(PipelineError, match=message.replace("[", r"\[").replace("]", r"\]")):

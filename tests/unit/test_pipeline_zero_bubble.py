@@ -4,8 +4,15 @@ hand; the backward split read off a training step's ops."""
 
 import pytest
 
-from autoshard.cost.schedule import Pass, Pipeline, Schedule, ScheduleKind, StageTime, order
-from autoshard.cost.schedule import simulate
+from autoshard.cost.schedule import (
+    Pass,
+    Pipeline,
+    Schedule,
+    ScheduleKind,
+    StageTime,
+    order,
+    simulate,
+)
 from autoshard.pipeline import load_graph
 from autoshard.search.backward_split import weight_gradient_ops
 from autoshard.search.pipelined import layer_runs, stage_of_ops
@@ -73,7 +80,8 @@ def test_zb_h1_order_is_torch_s(p, m):
         )  # fmt: skip
         kinds = {"F": (True, False), "I": (False, False), "W": (False, True)}
         theirs = [Pass(kinds[a.computation_type.value][0], a.microbatch_index,
-                       weight=kinds[a.computation_type.value][1]) for a in actions if a]  # fmt: skip
+                       weight=kinds[a.computation_type.value][1])
+                  for a in actions if a]  # fmt: skip
         assert list(order(Pipeline(p, m, ZB), rank)) == theirs
 
 
