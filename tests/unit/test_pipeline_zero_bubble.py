@@ -171,3 +171,20 @@ def test_the_search_takes_zb_h1_where_it_is_faster_and_fits():
     tight = fastest(costs, dataclasses.replace(cluster, memory=1000), PipelineAsk(0), 4, 8)
     assert (tight.pipeline.schedule, tight.step_s) == (ONE_F_ONE_B, 33.0)
     assert [s.memory_bytes for s in tight.stages] == [400, 300, 200, 400]
+
+
+def test_the_summary_names_the_schedule_and_the_deferred_weight_gradients():
+    from autoshard.cli.summaries import pipeline_summary
+
+    stage = {"layers": [0, 2], "compute": _stage(1e-3, 2e-3, 0.75e-3),
+             "memory": {"bytes_per_device": 1024, "micro_batches_in_flight": 2}}  # fmt: skip
+    block = {"mesh": "pp=2,dp=2", "axis": 0, "schedule": "zb-h1", "micro_batches": 4,
+             "step_time_s": 0.015, "bubble": 0.1, "memory_budget_bytes": 2048,
+             "p2p": {"bytes_per_device_per_micro_batch": 64, "time_s": 1e-6},
+             "stages": [stage, stage | {"layers": [2, 4]}]}  # fmt: skip
+    lines = pipeline_summary(block).splitlines()
+    assert lines[0].startswith("pipeline on mesh pp=2,dp=2 (axis 0): step 15.000 ms (zb-h1, 4 "
+                               "micro-batches), bubble 10.0%")  # fmt: skip
+    assert lines[2].startswith("  stage 1: layers 2..3, forward 1.000 ms + backward 2.000 ms "
+                               "(weight gradients 0.750 ms, deferred) per micro-batch")  # fmt: skip
+    assert "deferred" not in pipeline_summary(block | {"schedule": "1f1b"})
