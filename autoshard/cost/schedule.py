@@ -317,6 +317,9 @@ def _in_flight(passes: Sequence[Pass], virtual: int) -> float:
 
 def ideal_bubble(pipeline: Pipeline) -> float:
     """The textbook bubble of equal stages and free sends: `(p - 1) / (v m + p - 1)` of the
-    step (GPipe and 1F1B: v = 1)."""
+    step (GPipe and 1F1B: v = 1). Not ZB-H1's: it depends on the weight gradients' share
+    (the module's docstring), which `simulate` takes."""
+    if pipeline.schedule.splits_backward:
+        raise PipelineError(f"{pipeline.schedule.flag} has no bubble without stage times")
     p, m, v = pipeline.stages, pipeline.micro_batches, pipeline.schedule.virtual
     return (p - 1) / (v * m + p - 1)
