@@ -127,7 +127,7 @@ FORM_SCHEMA: dict[str, Any] = {
         "schedule": {"type": "string", "example": "1f1b",
                      "description": "training with a pipeline (an axis named pp, "
                                     "pipeline_axis or pipeline=auto): the schedule, 1f1b "
-                                    "(default), gpipe or interleaved[:V]"},
+                                    "(default), gpipe, interleaved[:V] or zb-h1"},
     },
 }  # fmt: skip
 """The form of POST /v1/plans, field by field (its OpenAPI schema and the web page's form)."""

@@ -68,7 +68,7 @@ SWEEP_SCHEMA: dict[str, Any] = {
                                     "planned pipelined over its first axis (named pp)"},
         "schedule": {"type": "string", "example": "1f1b",
                      "description": "a pipeline's schedule: 1f1b (default), gpipe, "
-                                    "interleaved[:V]"},
+                                    "interleaved[:V], zb-h1"},
         "global_batch": {"type": "string", "example": "batch",
                          "description": "the dim whose sizes are global batches, split into "
                                         "micro-batches"},

@@ -185,8 +185,9 @@ def pipeline_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument(
         "--schedule", metavar="NAME",
-        help="a pipeline's schedule: 1f1b, gpipe, or interleaved[:V] (V virtual stages per "
-        "device, default 2); without it the search picks the fastest that fits",
+        help="a pipeline's schedule: 1f1b, gpipe, interleaved[:V] (V virtual stages per "
+        "device, default 2) or zb-h1 (zero bubble); without it the search picks the fastest "
+        "that fits",
     )  # fmt: skip
     group.add_argument(
         "--global-batch", metavar="DIM=SIZE",

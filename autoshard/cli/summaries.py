@@ -124,12 +124,15 @@ def print_checks(checks: Any) -> None:
 
 def pipeline_summary(block: Mapping[str, Any]) -> str:
     """A pipelined plan's `pipeline` block in lines: the whole mesh, the step, each stage."""
+    from autoshard.cost.schedule import Schedule
     from autoshard.units import format_bytes as _size
 
     budget = block["memory_budget_bytes"]
+    deferred = Schedule.parse(block["schedule"]).splits_backward
     lines = [
         f"pipeline on mesh {block['mesh']} (axis {block['axis']}): step "
-        f"{block['step_time_s'] * 1e3:.3f} ms, bubble {block['bubble']:.1%}, p2p "
+        f"{block['step_time_s'] * 1e3:.3f} ms ({block['schedule']}, {block['micro_batches']} "
+        f"micro-batches), bubble {block['bubble']:.1%}, p2p "
         f"{_size(block['p2p']['bytes_per_device_per_micro_batch'])} per micro-batch, "
         f"{block['p2p']['time_s'] * 1e6:.1f} us (the cost below: a stage's model, "
         f"{block.get('stage_model_layers', '?')} layers and the ends, on a stage's devices, "
@@ -140,9 +143,11 @@ def pipeline_summary(block: Mapping[str, Any]) -> str:
     for s, stage in enumerate(block["stages"]):
         first, stop = stage["layers"]
         compute, memory = stage["compute"], stage["memory"]
+        weight = (f" (weight gradients {compute.get('weight_s', 0.0) * 1e3:.3f} ms, deferred)"
+                  if deferred else "")  # fmt: skip
         lines.append(
             f"  stage {s}: layers {first}..{stop - 1}, forward {compute['forward_s'] * 1e3:.3f} "
-            f"ms + backward {compute['backward_s'] * 1e3:.3f} ms per micro-batch, memory "
+            f"ms + backward {compute['backward_s'] * 1e3:.3f} ms{weight} per micro-batch, memory "
             f"{_size(memory['bytes_per_device'])} of {_size(budget)} "
             f"({memory['micro_batches_in_flight']:g} micro-batches in flight)"
         )

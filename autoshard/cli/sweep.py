@@ -114,7 +114,7 @@ def _pipeline_flags(sweep: Parser) -> None:
     )
     group.add_argument(
         "--schedule", metavar="NAME",
-        help="the pipeline's schedule: 1f1b (default), gpipe, interleaved[:V]",
+        help="the pipeline's schedule: 1f1b (default), gpipe, interleaved[:V], zb-h1",
     )  # fmt: skip
 
 

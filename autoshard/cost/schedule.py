@@ -14,12 +14,21 @@ sources):
 - `interleaved` (Megatron-LM's interleaved 1F1B): each device holds `v` chunks of layers
   (virtual stages `s, s + p, ..., s + (v - 1) p`), run in Megatron's order; the bubble shrinks
   by `v` for more p2p sends and more activations in flight.
+- `zb-h1` (ZB-H1, Qi et al. 2023, "Zero Bubble Pipeline Parallelism"; torch's
+  `ScheduleInterleavedZeroBubble` with one stage a device runs this order): the backward split
+  into the input gradient `B`, which the stage before waits for, and the weight gradient `W`,
+  which nothing waits for. 1F1B's order with `B` in place of the whole backward, and stage `s`
+  runs a `W` (the oldest pending) after each `B` once it has run `s` of them, the rest after
+  its last `B`: the deferred `W`s fill the drain's idle time. A micro-batch's activations are
+  held until its `W`, so every stage keeps up to `p` (1F1B's first stage's peak).
 
 The step time is not a formula: `simulate` runs the schedule's order against the data
 dependencies (a micro-batch's forward on a stage after its forward on the one before, plus the
 send; its backward after the backward on the one after) and takes the critical path, so
 unequal stages and sends are priced as they fall. With equal stages and free sends it is the
-textbook `(m + p - 1) (f + b)` (GPipe, 1F1B), `(m + (p - 1) / v) (f + b)` (interleaved).
+textbook `(m + p - 1) (f + b)` (GPipe, 1F1B), `(m + (p - 1) / v) (f + b)` (interleaved),
+`m (f + b) + (p - 1) (f + b - 2 w)` (ZB-H1, `b` the whole backward, `w` its weight gradient's
+share, at most `b / 2`: the bubble a third of 1F1B's where f = b - w = w).
 
 Worked example: p = 2, m = 2, f = 1, b = 2 per micro-batch, free sends, GPipe. Stage 0 runs
 F0 [0, 1], F1 [1, 2]; stage 1 F0 [1, 2], F1 [2, 3], B0 [3, 5], B1 [5, 7]; stage 0 B0 [5, 7],
@@ -39,9 +48,13 @@ class ScheduleKind(enum.StrEnum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+    ZB_H1 = "zb-h1"
 
 
-_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B"}
+_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B",
+          "zb-h1": "ZB-H1 zero bubble"}  # fmt: skip
+CHOICES = "gpipe, 1f1b, interleaved[:V], zb-h1"
+"""The schedules `--schedule` takes, as its error lists them."""
 
 
 @dataclass(frozen=True)
@@ -63,9 +76,9 @@ class Schedule:
 
     @staticmethod
     def parse(text: str) -> Schedule:
-        """`gpipe`, `1f1b`, `interleaved` (2 virtual stages) or `interleaved:V`."""
+        """`gpipe`, `1f1b`, `interleaved` (2 virtual stages), `interleaved:V` or `zb-h1`."""
         name, _, virtual = text.strip().lower().partition(":")
-        choices = "gpipe, 1f1b, interleaved[:V]"
+        choices = CHOICES
         try:
             kind = ScheduleKind(name)
         except ValueError:
@@ -75,6 +88,12 @@ class Schedule:
         if kind is not ScheduleKind.INTERLEAVED or not virtual.isdigit():
             raise PipelineError(f"unknown schedule {text!r}; choose one of: {choices}")
         return Schedule(kind, int(virtual))
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether the backward runs as two passes, the input gradient and, later, the
+        weight gradient (zero-bubble schedules)."""
+        return self.kind is ScheduleKind.ZB_H1
 
     def __str__(self) -> str:
         """As the story says it: `1F1B`, `interleaved 1F1B, 2 virtual stages each`."""
@@ -119,25 +138,30 @@ class Pipeline:
 
 @dataclass(frozen=True)
 class StageTime:
-    """Seconds one stage spends on one micro-batch: its forward and its backward (zero for
-    inference)."""
+    """Seconds one stage (or one chunk of an interleaved stage) spends on one micro-batch: its
+    forward, its whole backward (zero for inference), and of that the weight gradient's share
+    (what a zero-bubble schedule defers: the ops nothing before them waits for)."""
 
     forward: float
     backward: float = 0.0
+    weight: float = 0.0
 
 
 @dataclass(frozen=True)
 class Pass:
     """One pass of the schedule: the forward (or backward) of `micro_batch` on virtual stage
-    `chunk` of its device (0 outside interleaved)."""
+    `chunk` of its device (0 outside interleaved); a zero-bubble schedule's backward is two
+    passes, the input gradient and, `weight`, the weight gradient."""
 
     forward: bool
     micro_batch: int
     chunk: int = 0
+    weight: bool = False
 
     def __str__(self) -> str:
         chunk = f".{self.chunk}" if self.chunk else ""
-        return f"{'F' if self.forward else 'B'}{self.micro_batch}{chunk}"
+        kind = "F" if self.forward else "W" if self.weight else "B"
+        return f"{kind}{self.micro_batch}{chunk}"
 
 
 def order(pipeline: Pipeline, stage: int, training: bool = True) -> tuple[Pass, ...]:
@@ -155,6 +179,8 @@ def order(pipeline: Pipeline, stage: int, training: bool = True) -> tuple[Pass, 
     elif not training or kind is ScheduleKind.GPIPE:
         forwards = [Pass(True, i) for i in range(m)]
         return tuple(forwards + ([Pass(False, i) for i in range(m)] if training else []))
+    elif kind is ScheduleKind.ZB_H1:
+        return _zero_bubble(p, m, stage)
     else:
         fs = [Pass(True, i) for i in range(m)]
         bs = [Pass(False, i) for i in range(m)]
@@ -163,6 +189,23 @@ def order(pipeline: Pipeline, stage: int, training: bool = True) -> tuple[Pass, 
     for k in range(warmup, len(fs)):
         found += [fs[k], bs[k - warmup]]
     return tuple(found + bs[len(fs) - warmup :])
+
+
+def _zero_bubble(p: int, m: int, stage: int) -> tuple[Pass, ...]:
+    """ZB-H1's order for `stage` (torch's `_get_1f1b_rank_ops` with zero bubble and one stage
+    a device): 1F1B's, each backward its input gradient, followed by the oldest pending weight
+    gradient from the stage's `stage`-th backward on; the rest after the last backward."""
+    warmup = min(p - stage - 1, m)
+    found = [Pass(True, i) for i in range(warmup)]
+    weights = 0
+    for j in range(m):
+        if warmup + j < m:
+            found.append(Pass(True, warmup + j))
+        found.append(Pass(False, j))
+        if j >= stage:
+            found.append(Pass(False, weights, weight=True))
+            weights += 1
+    return tuple(found + [Pass(False, i, weight=True) for i in range(weights, m)])
 
 
 @dataclass(frozen=True)
@@ -188,14 +231,21 @@ class Timeline:
 def simulate(
     pipeline: Pipeline, times: Sequence[StageTime], send_s: float = 0.0, training: bool = True
 ) -> Timeline:
-    """Run `pipeline`'s order with each stage's `times` per micro-batch and `send_s` seconds
-    per boundary send (an activation forward, its gradient backward): each pass starts when its
-    stage is free and its input has arrived."""
+    """Run `pipeline`'s order with `times` per micro-batch and `send_s` seconds per boundary
+    send (an activation forward, its gradient backward): each pass starts when its stage is
+    free and its input has arrived. `times` holds each stage's (an interleaved stage's chunks
+    then share it evenly) or each virtual stage's (`p * v`: chunk `c` of stage `s` at
+    `c * p + s`, chunks holding different layers or the embedding and the head)."""
     p, v = pipeline.stages, pipeline.schedule.virtual
-    if len(times) != p:
-        raise PipelineError(f"{p} stages need {p} stage times, got {len(times)}")
+    if len(times) not in (p, p * v):
+        raise PipelineError(f"{p} stages of {v} chunks need {p} or {p * v} times, "
+                            f"got {len(times)}")  # fmt: skip
+    chunk_times = list(times) if len(times) == p * v else [
+        StageTime(t.forward / v, t.backward / v, t.weight / v) for _ in range(v) for t in times
+    ]  # fmt: skip
+    split = pipeline.schedule.splits_backward
     orders = [order(pipeline, s, training) for s in range(p)]
-    done: dict[tuple[bool, int, int], float] = {}  # (forward, micro-batch, virtual stage) -> end
+    done: dict[tuple[str, int, int], float] = {}  # (pass kind, micro-batch, virtual) -> end
     placed: list[list[tuple[Pass, float, float]]] = [[] for _ in range(p)]
     free = [0.0] * p
     last = p * v - 1
@@ -208,10 +258,9 @@ def simulate(
                 ready = _ready(step, virtual, last, done, send_s)
                 if ready is None:
                     break
-                spent = (times[s].forward if step.forward else times[s].backward) / v
                 start = max(free[s], ready)
-                free[s] = start + spent
-                done[(step.forward, step.micro_batch, virtual)] = free[s]
+                free[s] = start + _spent(step, chunk_times[virtual], split)
+                done[(str(step)[0], step.micro_batch, virtual)] = free[s]
                 placed[s].append((step, start, free[s]))
                 moved = True
         if not moved:  # an order that waits on itself: a bug in `order`, never the input
@@ -223,34 +272,54 @@ def simulate(
     )  # fmt: skip
 
 
+def _spent(step: Pass, time: StageTime, split: bool) -> float:
+    """Seconds `step` takes: the forward, the whole backward, or, where the schedule splits
+    it, the input gradient (the backward less the weight gradient) or the weight gradient."""
+    if step.forward:
+        return time.forward
+    if not split:
+        return time.backward
+    return time.weight if step.weight else time.backward - time.weight
+
+
 def _ready(
-    step: Pass, virtual: int, last: int, done: dict[tuple[bool, int, int], float], send_s: float
+    step: Pass, virtual: int, last: int, done: dict[tuple[str, int, int], float], send_s: float
 ) -> float | None:
     """When `step`'s input is there (None: not yet computed): the previous virtual stage's
     forward plus a send, the next one's backward plus a send (the last stage's backward starts
-    from its own forward)."""
+    from its own forward), a weight gradient after its own stage's input gradient."""
     if step.forward:
         if virtual == 0:
             return 0.0
-        before = done.get((True, step.micro_batch, virtual - 1))
+        before = done.get(("F", step.micro_batch, virtual - 1))
         return None if before is None else before + send_s
+    if step.weight:
+        return done.get(("B", step.micro_batch, virtual))
     if virtual == last:
-        return done.get((True, step.micro_batch, virtual))
-    after = done.get((False, step.micro_batch, virtual + 1))
+        return done.get(("F", step.micro_batch, virtual))
+    after = done.get(("B", step.micro_batch, virtual + 1))
     return None if after is None else after + send_s
 
 
 def _in_flight(passes: Sequence[Pass], virtual: int) -> float:
-    """The most activations held at once: forwards run whose backward has not."""
+    """The most activations held at once: forwards run whose backward (its weight gradient,
+    where the schedule splits it) has not."""
+    ends = any(step.weight for step in passes)
     held, most = 0, 0
     for step in passes:
-        held += 1 if step.forward else -1
+        if step.forward:
+            held += 1
+        elif step.weight or not ends:
+            held -= 1
         most = max(most, held)
     return most / virtual
 
 
 def ideal_bubble(pipeline: Pipeline) -> float:
     """The textbook bubble of equal stages and free sends: `(p - 1) / (v m + p - 1)` of the
-    step (GPipe and 1F1B: v = 1)."""
+    step (GPipe and 1F1B: v = 1). Not ZB-H1's: it depends on the weight gradients' share
+    (the module's docstring), which `simulate` takes."""
+    if pipeline.schedule.splits_backward:
+        raise PipelineError(f"{pipeline.schedule.flag} has no bubble without stage times")
     p, m, v = pipeline.stages, pipeline.micro_batches, pipeline.schedule.virtual
     return (p - 1) / (v * m + p - 1)

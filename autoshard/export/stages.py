@@ -29,6 +29,7 @@ SCHEDULE_CLASSES = {
     ScheduleKind.GPIPE: "ScheduleGPipe",
     ScheduleKind.ONE_F_ONE_B: "Schedule1F1B",
     ScheduleKind.INTERLEAVED: "ScheduleInterleaved1F1B",
+    ScheduleKind.ZB_H1: "ScheduleInterleavedZeroBubble",  # one stage a rank: ZB-H1's order
 }
 """Each schedule's class in `torch.distributed.pipelining`."""
 
@@ -214,7 +215,7 @@ def build_schedule(stages, loss_fn=None):
     import torch.distributed.pipelining as pipelining
 
     kind = getattr(pipelining, SCHEDULE)
-    if SCHEDULE == "ScheduleInterleaved1F1B":
+    if SCHEDULE in ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"):
         return kind(stages, MICRO_BATCHES, loss_fn=loss_fn)
     return kind(stages[0], MICRO_BATCHES, loss_fn=loss_fn)
 

@@ -12,7 +12,7 @@ from autoshard.cost.schedule import Pipeline, Schedule, StageTime, simulate
 from autoshard.html.markup import COMPUTE, esc, ms, num, share, size, svg, tag
 
 WIDTH, ROW, LEFT = 900.0, 22.0, 64.0
-_BACKWARD, _UPDATE = "#2b5d8a", "#b07aa1"
+_BACKWARD, _WEIGHT, _UPDATE = "#2b5d8a", "#76b7b2", "#b07aa1"
 
 
 def stages_section(block: Mapping[str, Any]) -> str:
@@ -65,11 +65,19 @@ def tied_table(block: Mapping[str, Any]) -> str:
     return tag("table", head + "".join(rows), class_="tied")
 
 
+def _time(compute: Mapping[str, float]) -> StageTime:
+    """A stage's or a chunk's seconds per micro-batch as the plan records them (a plan from
+    before the weight gradients' share has none)."""
+    return StageTime(compute["forward_s"], compute["backward_s"], compute.get("weight_s", 0.0))
+
+
 def timeline_svg(block: Mapping[str, Any]) -> str:
-    """The schedule's timeline: a row per stage, forwards light, backwards dark, the update
-    after the drain; the x axis the step's seconds."""
+    """The schedule's timeline: a row per stage, forwards light, backwards dark (a zero-bubble
+    schedule's weight gradients apart), the update after the drain; the x axis the step's
+    seconds. An interleaved plan's chunks each take their own time where the plan records it."""
     stages = block["stages"]
-    times = [StageTime(s["compute"]["forward_s"], s["compute"]["backward_s"]) for s in stages]
+    times = [_time(s["compute"]) for s in block.get("chunks", stages) if "compute" in s]
+    times = times or [_time(s["compute"]) for s in stages]
     pipeline = Pipeline(len(stages), block["micro_batches"], Schedule.parse(block["schedule"]))
     training = any(t.backward for t in times)
     timeline = simulate(pipeline, times, block["p2p"]["time_s"], training)
@@ -81,7 +89,7 @@ def timeline_svg(block: Mapping[str, Any]) -> str:
         y = 4 + s * ROW
         parts.append(tag("text", f"stage {s}", x=4, y=num(y + 14), font_size=11))
         for step, start, end in passes:
-            colour = COMPUTE if step.forward else _BACKWARD
+            colour = COMPUTE if step.forward else _WEIGHT if step.weight else _BACKWARD
             width = max((end - start) * scale, 0.5)
             parts.append(tag("rect", tag("title", esc(f"{step} {ms(start)}..{ms(end)}")),
                              x=num(LEFT + start * scale), y=num(y), width=num(width),
@@ -94,7 +102,8 @@ def timeline_svg(block: Mapping[str, Any]) -> str:
                              width=num(max(own * scale, 0.5)), height=num(ROW - 6),
                              fill=_UPDATE))  # fmt: skip
     height = 8 + len(stages) * ROW + 14
-    parts.append(tag("text", esc(f"0 .. {ms(total)}: forward, backward, sync + update"),
+    weight = "weight gradient, " if pipeline.schedule.splits_backward else ""
+    parts.append(tag("text", esc(f"0 .. {ms(total)}: forward, backward, {weight}sync + update"),
                      x=num(LEFT), y=num(height - 4), font_size=11))  # fmt: skip
     label = f"timeline of the {block['schedule']} schedule over {len(stages)} stages"
     return tag("figure", svg(WIDTH, height, label, "".join(parts)), class_="timeline")

@@ -407,6 +407,12 @@ def run_pipelined_training(
     folder = Path(out)
     manifest = read_manifest(folder)
     pipeline = manifest["pipeline"]
+    if Schedule.parse(str(pipeline["schedule"])).splits_backward:
+        raise RunSetupError(
+            f"'{out}' is planned with the {pipeline['schedule']} schedule, whose weight "
+            "gradients run apart from the backward: autoshard run executes gpipe, 1f1b and "
+            "interleaved[:V]; plan it with --schedule 1f1b to run it"
+        )
     if manifest["shape_only"]:
         raise RunSetupError(f"'{out}' is the partition of a shape-only model: nothing to run")
     check_model(manifest, model)

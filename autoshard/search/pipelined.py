@@ -38,6 +38,7 @@ from autoshard.ir.graph import Graph
 from autoshard.mesh import Mesh
 from autoshard.plan import Plan
 from autoshard.program import Program
+from autoshard.search.backward_split import weight_gradient_ops
 from autoshard.search.tied import TiedCost, tied_costs
 
 PIPELINE_AXIS = "pp"
@@ -191,13 +192,14 @@ class StagePrice:
     activation_bytes: int
     in_flight: float
     memory_bytes: int
+    weight_s: float = 0.0  # of `backward_s`, the weight gradients' (what zero bubble defers)
 
     def to_json(self) -> dict[str, object]:
         return {
             "layers": [self.layers.start, self.layers.stop],
             "devices": self.devices,
             "compute": {"forward_s": self.forward_s, "backward_s": self.backward_s,
-                        "update_s": self.update_s},
+                        "weight_s": self.weight_s, "update_s": self.update_s},
             "memory": {"bytes_per_device": self.memory_bytes, "held_bytes": self.held_bytes,
                        "activation_bytes_per_micro_batch": self.activation_bytes,
                        "micro_batches_in_flight": self.in_flight},
@@ -219,6 +221,7 @@ class PipelinePrice:
     tied: tuple[TiedCost, ...] = ()
     tied_s: tuple[float, ...] = ()  # each tied weight's gradient sum (seconds, once a step)
     chunks: tuple[range, ...] = ()  # an interleaved schedule's virtual stages, in order
+    chunk_times: tuple[StageTime, ...] = ()  # each chunk's seconds per micro-batch
 
     @property
     def memory_bytes(self) -> int:
@@ -268,7 +271,14 @@ class PipelinePrice:
         p = self.pipeline
         layers = self.stages[-1].layers.stop
         chunks = self.chunks or split_layers(layers, p.stages * p.schedule.virtual)
-        return [{"layers": [c.start, c.stop], "stage": i % p.stages} for i, c in enumerate(chunks)]
+        found: list[dict[str, object]] = []
+        for i, c in enumerate(chunks):
+            found.append({"layers": [c.start, c.stop], "stage": i % p.stages})
+            if i < len(self.chunk_times):
+                t = self.chunk_times[i]
+                found[-1]["compute"] = {"forward_s": t.forward, "backward_s": t.backward,
+                                        "weight_s": t.weight}  # fmt: skip
+        return found
 
 
 def split_layers(layers: int, stages: int) -> tuple[range, ...]:
@@ -419,6 +429,7 @@ class LayerCosts:
     send_bytes: int
     training: bool
     tied: tuple[TiedCost, ...] = ()
+    weight: tuple[float, ...] = ()  # of `backward`, the weight gradients' (`search.backward_split`)
 
     @property
     def depth(self) -> int:
@@ -436,6 +447,24 @@ class LayerCosts:
     def _part(self, layer: int, total: int) -> int:
         return 1 + model_layer(layer, self.depth, total)
 
+    def time(self, parts: Sequence[int]) -> StageTime:
+        """The seconds per micro-batch of running `parts`: forward, backward, and of that the
+        weight gradients'."""
+        weight = sum(self.weight[j] for j in parts) if self.weight else 0.0
+        return StageTime(sum(self.forward[j] for j in parts),
+                         sum(self.backward[j] for j in parts), weight)  # fmt: skip
+
+    def chunk_parts(self, chunks: Sequence[range], total: int) -> list[list[int]]:
+        """The parts each of an interleaved schedule's `chunks` runs: the first the embedding,
+        the last the head, each its layers."""
+        last = len(chunks) - 1
+        return [
+            ([0] if c == 0 else [])
+            + [self._part(g, total) for g in chunk]
+            + ([self.depth + 1] if c == last else [])
+            for c, chunk in enumerate(chunks)
+        ]
+
     def layer_s(self) -> float:
         """A layer's forward and backward seconds per micro-batch (the layers' mean)."""
         inner = range(1, self.depth + 1)
@@ -452,6 +481,7 @@ def layer_costs(graph: Graph, plan: Plan, program: Program, cost: Cost) -> Layer
     part = stage_of_ops(graph, parts, runs)
     n = len(parts)
     spent = {phase: [0.0] * n for phase in _ORDERED}
+    weight, deferred = [0.0] * n, weight_gradient_ops(graph, part)
     charged: dict[str, float] = {}
     for c in cost.collectives:
         charged[c.op] = charged.get(c.op, 0.0) + c.seconds
@@ -461,6 +491,8 @@ def layer_costs(graph: Graph, plan: Plan, program: Program, cost: Cost) -> Layer
         seconds = cost.ops[op.name].seconds if op.name in cost.ops else 0.0
         seconds += charged.get(op.name, 0.0)
         spent[graph.phase(op.name)][part[i]] += seconds / graph.runs(op.name)
+        if i in deferred:
+            weight[part[i]] += seconds / graph.runs(op.name)
         for kind, size in held.get(op.name, {}).items():
             if kind == "activations":
                 acts[part[i]] += size
@@ -473,6 +505,7 @@ def layer_costs(graph: Graph, plan: Plan, program: Program, cost: Cost) -> Layer
         held=tuple(kept), activations=tuple(acts),
         send_bytes=boundary_bytes(graph, plan, runs["forward"]) if runs else 0,
         training="backward" in graph.phases.values(), tied=tied_costs(graph, plan, part, n - 1),
+        weight=tuple(weight),
     )  # fmt: skip
 
 
@@ -489,10 +522,11 @@ def price_stages(
     split = balanced_split(layers, p, costs.layer_s(), *ends, least=v)
     chunks = place_chunks(split, v, costs.layer_s(), *ends) if v > 1 else ()
     parts = [costs.parts(s, p, split[s], layers) for s in range(p)]
-    times = [StageTime(sum(costs.forward[j] for j in ps), sum(costs.backward[j] for j in ps))
-             for ps in parts]  # fmt: skip
+    chunk_times = [costs.time(ps) for ps in costs.chunk_parts(chunks, layers)]
+    times = [_sum(chunk_times[s::p]) for s in range(p)] if chunks else [
+        costs.time(ps) for ps in parts]  # fmt: skip
     send_s = send_time(costs.send_bytes, (ask.axis,), cluster)
-    timeline = simulate(pipeline, times, send_s, training=costs.training)
+    timeline = simulate(pipeline, chunk_times or times, send_s, training=costs.training)
     tied = costs.tied if p > 1 else ()  # the ends on two stages: each its copy, summed
     tied_s = tuple(tied_sync_time(t.gradient_bytes, 2, (ask.axis,), cluster) for t in tied)
     update = [sum(costs.update[j] for j in ps) + (sum(tied_s) if s in (0, p - 1) else 0.0)
@@ -504,15 +538,21 @@ def price_stages(
         kept += sum(t.copy_bytes for t in tied if s == (p - 1 if t.first else 0))
         stages.append(StagePrice(
             layers=split[s], devices=devices, forward_s=times[s].forward,
-            backward_s=times[s].backward, update_s=update[s], held_bytes=kept,
+            backward_s=times[s].backward, weight_s=times[s].weight, update_s=update[s],
+            held_bytes=kept,
             activation_bytes=acts, in_flight=timeline.in_flight[s],
             memory_bytes=kept + math.ceil(acts * timeline.in_flight[s]),
         ))  # fmt: skip
     return PipelinePrice(
         pipeline=pipeline, axis=ask.axis, stages=tuple(stages), send_bytes=costs.send_bytes,
         send_s=send_s, step_s=timeline.step_s + max(update), bubble=timeline.bubble,
-        tied=tied, tied_s=tied_s, chunks=chunks,
+        tied=tied, tied_s=tied_s, chunks=chunks, chunk_times=tuple(chunk_times),
     )  # fmt: skip
+
+
+def _sum(times: Sequence[StageTime]) -> StageTime:
+    return StageTime(sum(t.forward for t in times), sum(t.backward for t in times),
+                     sum(t.weight for t in times))  # fmt: skip
 
 
 def price_pipeline(

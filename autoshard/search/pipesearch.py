@@ -66,13 +66,18 @@ VIRTUAL = (2, 4, 8)
 """The virtual stages per device interleaved schedules are tried with."""
 
 
-def schedules(stages: int, layers: int, micro_batches: int) -> tuple[Schedule, ...]:
+def schedules(
+    stages: int, layers: int, micro_batches: int, training: bool = True
+) -> tuple[Schedule, ...]:
     """The schedules a pipeline of `stages` can run: GPipe, 1F1B, and interleaved 1F1B with
-    each of `VIRTUAL` whose chunks the layers fill, where the micro-batches divide."""
+    each of `VIRTUAL` whose chunks the layers fill, where the micro-batches divide; and, for a
+    training step (a backward to split), ZB-H1."""
     found = [Schedule(ScheduleKind.ONE_F_ONE_B), Schedule(ScheduleKind.GPIPE)]
     if micro_batches % stages == 0:
         found += [Schedule(ScheduleKind.INTERLEAVED, v) for v in VIRTUAL
                   if stages * v <= layers]  # fmt: skip
+    if training:
+        found.append(Schedule(ScheduleKind.ZB_H1))
     return tuple(found)
 
 
@@ -82,7 +87,8 @@ def fastest(
     """The fastest of `ask`'s schedules (each of `schedules` where it names none) that fits
     the budget; the one needing least memory where none does."""
     stages = ask.on(cluster.mesh)
-    tried = (ask.schedule,) if ask.schedule else schedules(stages, layers, micro_batches)
+    tried = (ask.schedule,) if ask.schedule else schedules(stages, layers, micro_batches,
+                                                           costs.training)  # fmt: skip
     priced = [
         price_stages(costs, cluster, dataclasses.replace(ask, schedule=s), layers, micro_batches)
         for s in tried

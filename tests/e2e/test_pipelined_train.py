@@ -158,6 +158,26 @@ def test_bad_requests_of_a_pipelined_training_partition_are_one_line(partitions,
     assert "--forward partitions a pipelined plan's forward only" in err and "\n" not in err
 
 
+def test_a_zero_bubble_plan_is_partitioned_and_refused_by_run_in_one_line(tmp_path, capsys):
+    """ZB-H1 runs each backward as two passes, which `run` does not: it says so and how to
+    plan a schedule it runs, before starting any rank."""
+    onnx = mlp(tmp_path)
+    plan, out = tmp_path / "zb.json", tmp_path / "zb"
+    assert main(["plan", str(onnx), "--mesh", "pp=2,dp=2", "--mode", "training", "--dim",
+                 "batch=4", "--schedule", "zb-h1", "--micro-batches", "2", "-q", "-o",
+                 str(plan)]) == 0  # fmt: skip
+    assert json.loads(plan.read_text())["pipeline"]["schedule"] == "zb-h1"
+    assert main(["partition", str(onnx), "--plan", str(plan), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(out), "--check", str(onnx)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.endswith(
+        "is planned with the zb-h1 schedule, whose weight gradients run apart from the "
+        "backward: autoshard run executes gpipe, 1f1b and interleaved[:V]; plan it with "
+        "--schedule 1f1b to run it"
+    )
+
+
 def test_a_gpt2_export_trains_over_2_stages_of_2_way_tensor_parallelism(tmp_path, capsys):
     """GPT-2 (1F1B, 2 micro-batches, SGD: Adam's first step moves an element whose exact
     gradient is zero, the key bias's, by the learning rate times the sign of its rounding)."""
@@ -173,8 +193,8 @@ def _gpt2_over_two_stages(name: str, tmp_path: Path) -> tuple[Path, Path, Path]:
     model = model_path(name)
     cluster, plan, out = tmp_path / "slow.json", tmp_path / "plan.json", tmp_path / "out"
     cluster.write_text(json.dumps(SLOW))
-    flags = ["--precision", "fp32", "--optimizer", "sgd", "--micro-batches", "2", "--dim",
-             "batch=2", "--dim", "seq=16", "-q"]  # fmt: skip
+    flags = ["--precision", "fp32", "--optimizer", "sgd", "--micro-batches", "2", "--schedule",
+             "1f1b", "--dim", "batch=2", "--dim", "seq=16", "-q"]  # fmt: skip
     assert main(["plan", str(model), "--cluster", str(cluster), "--mesh", "pp=2,tp=2", "--mode",
                  "training", *flags, "-o", str(plan)]) == 0  # fmt: skip
     assert main(["partition", str(model), "--plan", str(plan), "-o", str(out)]) == 0

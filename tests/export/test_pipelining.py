@@ -33,7 +33,8 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB, HIDDEN, LAYERS, BATCH, SEQ, MICRO = 128, 64, 4, 2, 16, 2
 SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe",
-             "interleaved:2": "ScheduleInterleaved1F1B"}  # fmt: skip
+             "interleaved:2": "ScheduleInterleaved1F1B",
+             "zb-h1": "ScheduleInterleavedZeroBubble"}  # fmt: skip
 
 
 class Logits(torch.nn.Module):
@@ -103,6 +104,7 @@ CASES = {
         "lm.model.layers.0.mlp.up_proj.weight": "[[], [1]]",
         "lm.model.layers.1.mlp.down_proj.weight": "[[1], []]"}),
     "mlp-pp2-interleaved": ("mlp", "pp=2,dp=1", "interleaved:2", 2, {}),
+    "mlp-pp2-zb-h1": ("mlp", "pp=2,dp=1", "zb-h1", 2, {}),
 }  # fmt: skip
 
 
@@ -202,7 +204,8 @@ def test_the_jax_export_places_layers_on_stages(exported):
     assert block["layer_modules"] == [f"{LAYER[model]}.{g}" for g in range(LAYERS)]
     params = layout["parameters"]
     if model == "mlp":
-        assert params["layers.2.weight"]["stages"] == [0] and params["head.bias"]["stages"] == [1]
+        assert params["layers.2.weight"]["stages"] == [stages[2]]
+        assert params["head.bias"]["stages"] == [1]
         return
     assert params["lm.model.layers.3.mlp.up_proj.weight"]["stages"] == [1]
     assert params["lm.model.embed_tokens.weight"]["stages"] == [0]

@@ -287,9 +287,9 @@ CASES = {
             "--mode",
             "training",
             "--schedule",
-            "zb-h1",
+            "zb-v",
         ],
-        "unknown schedule 'zb-h1'; choose one of: gpipe, 1f1b, interleaved[:V]",
+        "unknown schedule 'zb-v'; choose one of: gpipe, 1f1b, interleaved[:V], zb-h1",
     ),  # fmt: skip
     "pipeline-axis-off-the-mesh": (
         lambda tmp: ["plan", MLP, "--mesh", "2x2", "--mode", "training", "--pipeline-axis", "3"],

@@ -32,15 +32,31 @@ def test_the_head_s_chunk_holds_fewer_layers():
                           PipelineAsk(0, INTERLEAVED), 10, 2)  # fmt: skip
     assert [s.layers for s in priced.stages] == [range(0, 7), range(7, 10)]
     assert priced.chunks == (range(0, 4), range(4, 6), range(6, 9), range(9, 10))
+
+    def chunk(start, stop, stage, forward_s):
+        compute = {"forward_s": forward_s, "backward_s": 0.0, "weight_s": 0.0}
+        return {"layers": [start, stop], "stage": stage, "compute": compute}
+
     assert priced.to_json()["chunks"] == [
-        {"layers": [0, 4], "stage": 0}, {"layers": [4, 6], "stage": 1},
-        {"layers": [6, 9], "stage": 0}, {"layers": [9, 10], "stage": 1},
+        chunk(0, 4, 0, 4.0), chunk(4, 6, 1, 2.0), chunk(6, 9, 0, 3.0), chunk(9, 10, 1, 4.0),
     ]  # fmt: skip
     # Each position's layers are its chunks'; the even split would give position 1 five
     # layers and the head: 8 s against 7.
     for s, stage in enumerate(priced.stages):
         assert len(stage.layers) == sum(len(c) for c in priced.chunks[s::2])
     assert [len(c) for c in split_layers(10, 4)[1::2]] == [3, 2]
+
+
+def test_each_chunk_runs_at_its_own_time():
+    """The same plan's forward, 2 micro-batches: chunks of 4, 2, 3 and 1 + 3 s (virtual stages
+    0..3). Stage 0: F0.0 [0, 4], F1.0 [4, 8]; stage 1: F0.0 [4, 6], F1.0 [8, 10]; stage 0's
+    chunk 2: F0.1 [8, 11], F1.1 [11, 14]; stage 1's chunk 3 (the head): F0.1 [11, 15], F1.1
+    [15, 19]. Step 19 s; each stage's time halved over its chunks (3.5 and 3 s) would say 17."""
+    priced = price_stages(_costs(0.0, 3.0), make_cluster("pp=2,dp=2"),
+                          PipelineAsk(0, INTERLEAVED), 10, 2)  # fmt: skip
+    assert [t.forward for t in priced.chunk_times] == [4.0, 2.0, 3.0, 4.0]
+    assert [s.forward_s for s in priced.stages] == [7.0, 6.0]
+    assert priced.step_s == 19.0
 
 
 @pytest.mark.parametrize(

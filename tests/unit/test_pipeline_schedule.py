@@ -137,15 +137,17 @@ def test_schedule_parse(text, shown):
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: Schedule.parse("zb-h1"), "unknown schedule 'zb-h1'; choose one of: gpipe, "
-         "1f1b, interleaved[:V]"),
+        (lambda: Schedule.parse("zb-v"), "unknown schedule 'zb-v'; choose one of: gpipe, "
+         "1f1b, interleaved[:V], zb-h1"),
+        (lambda: Schedule.parse("zb-h1:2"), "unknown schedule 'zb-h1:2'"),
         (lambda: Schedule.parse("1f1b:2"), "unknown schedule '1f1b:2'"),
         (lambda: Schedule.parse("interleaved:1"), "at least 2 virtual stages, got 1"),
         (lambda: Pipeline(4, 6, Schedule.parse("interleaved")), "micro-batches divisible by "
          "the 4 stages, got 6"),
         (lambda: Pipeline(0, 6), "at least 1 stage"),
     ],
-    ids=["unknown", "virtual-not-interleaved", "one-virtual", "interleaved-m", "no-stages"],
+    ids=["unknown", "zb-virtual", "virtual-not-interleaved", "one-virtual", "interleaved-m",
+         "no-stages"],
 )  # fmt: skip
 def test_bad_pipelines(make, message):
     with pytest.raises(PipelineError, match=message.replace("[", r"\[").replace("]", r"\]")):

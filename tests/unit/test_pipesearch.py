@@ -124,7 +124,7 @@ def test_auto_pipelines_exactly_when_it_is_fastest(bandwidth, micro_batches, pip
         ),
         (
             ["--mesh", "pp=2,dp=1", "--schedule", "zigzag"],
-            "unknown schedule 'zigzag'; choose one of: gpipe, 1f1b, interleaved[:V]",
+            "unknown schedule 'zigzag'; choose one of: gpipe, 1f1b, interleaved[:V], zb-h1",
         ),
         (
             ["--mesh", "pp=2,dp=1", "--micro-batches", "3", "--schedule", "interleaved"],

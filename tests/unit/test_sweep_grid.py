@@ -157,7 +157,7 @@ def test_results_skip_a_line_the_kill_cut_and_append_after_it(tmp_path: Path) ->
         (["--devices", "4", "--dim", "batch=a"], "--dim 'batch=a' is not NAME=SIZES"),
         (
             ["--devices", "4", "--schedule", "zigzag"],
-            "unknown schedule 'zigzag'; choose one of: gpipe, 1f1b, interleaved[:V]",
+            "unknown schedule 'zigzag'; choose one of: gpipe, 1f1b, interleaved[:V], zb-h1",
         ),
     ],
 )
