@@ -1,0 +1,101 @@
+"""A neighbourhood of the large-neighbourhood search solved by exact elimination, memory
+aside (`factors.minimize`), before CP-SAT is asked: far cheaper on the neighbourhoods the
+search draws, whose edges form few cycles.
+
+Its optimum with memory aside is a bound of the neighbourhood's: where it fits every row, it
+is the neighbourhood's optimum, proven; where it costs no less than the incumbent, so is the
+incumbent. Else the usage is priced in, as a Lagrangian relaxation does: each choice of a
+freed group costs `price` more per unit of usage its nodes hold at the rows that went over the
+limit (rows added as solutions go over others), the price doubled from the one at which the
+relaxed optimum's excess would cost its saving, until a solution fits (`STEPS` at most). A
+fitting solution cheaper than the incumbent is an improvement, though not proven the best.
+
+Deterministic: elimination's tables are exact integers, the prices a fixed sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from autoshard.search.solver.factors import Factor, minimize, problem_factors
+
+if TYPE_CHECKING:
+    from autoshard.search.iopddl.lns import Neighbourhood
+
+MAX_ENTRIES = 2**20
+"""The largest table elimination may build here; past it CP-SAT solves the neighbourhood."""
+
+STEPS = 6
+"""Prices tried at most, each twice the one before."""
+
+WORK = 1e-5
+"""The deterministic seconds one elimination counts per choice of the neighbourhood's (its
+cost grows with them; CP-SAT's slices count in the same budget)."""
+
+
+@dataclass(frozen=True)
+class Relaxed:
+    """A neighbourhood's answer by elimination: its solution (None: none cheaper than the
+    incumbent found that fits), whether it is proven the neighbourhood's optimum, and the
+    deterministic seconds it counts. `settled`: nothing is left for CP-SAT (proven, or an
+    improvement found)."""
+
+    choice: tuple[int, ...] | None
+    proven: bool
+    work: float
+
+    @property
+    def settled(self) -> bool:
+        return self.proven or self.choice is not None
+
+
+def eliminated(sub: Neighbourhood) -> Relaxed | None:
+    """The neighbourhood by elimination (the module's docstring); None where its tables would
+    pass `MAX_ENTRIES`."""
+    problem, usage = sub.problem, sub.state.posed.usage
+    factors = problem_factors(problem)
+    groups = len(problem.sizes)
+    work = WORK * problem.variables
+    found = minimize(problem.sizes, factors, MAX_ENTRIES)
+    if found is None:
+        return None
+    incumbent = problem.objective(sub.hint)
+    if problem.objective(found.choice) >= incumbent:
+        return Relaxed(None, True, work)  # the incumbent is the optimum
+    live = sub.live(found.choice)
+    if usage.limit is None or live.max() <= usage.limit:
+        return Relaxed(found.choice, True, work)
+    rows = np.zeros(len(live), np.int64)
+    saving = incumbent - problem.objective(found.choice)
+    price = saving / max(1, int(np.maximum(live - usage.limit, 0).sum()))
+    for _ in range(STEPS):
+        rows |= live > usage.limit
+        held = held_at(sub, rows)
+        node = [Factor((g,), f.table + np.ceil(price * held[g]).astype(np.int64))
+                for g, f in enumerate(factors[:groups])]  # fmt: skip
+        priced = minimize(problem.sizes, node + factors[groups:], MAX_ENTRIES)
+        work += WORK * problem.variables
+        if priced is None:  # pragma: no cover - the same scopes as the first solve's
+            return None
+        live = sub.live(priced.choice)
+        if live.max() <= usage.limit:
+            better = problem.objective(priced.choice) < incumbent
+            return Relaxed(priced.choice if better else None, False, work)
+        price *= 2
+    return Relaxed(None, False, work)
+
+
+def held_at(sub: Neighbourhood, rows: np.ndarray) -> list[np.ndarray]:
+    """Per freed group, per choice it keeps: the usage past their least its nodes hold,
+    summed over the rows marked in `rows` (0 or 1 each) that they are live at."""
+    usage = sub.state.posed.usage
+    marked = np.concatenate([[0], np.cumsum(rows)])
+    count = marked[usage.last[sub.nodes]] - marked[usage.first[sub.nodes]]
+    held = [np.zeros(len(k), np.float64) for k in sub.kept]
+    for n, i, times in zip(sub.nodes.tolist(), sub.of.tolist(), count.tolist(), strict=True):
+        if times:
+            held[i] += times * usage.extra[n][sub.kept[i]]
+    return held
