@@ -9,10 +9,9 @@ cell,
     total[k, l] = (own_g + edges of g but to h)[k] + (own_h + edges of h but to g)[l] + M[k, l]
 
 and takes, of the pairs cheaper than the incumbent's, the cheapest whose usage fits every row
-the two groups' nodes hold (the rows' usage with both changed). A sweep tries the edges with
-an end whose cost given its neighbours is above its least (`Local.vector`): elsewhere each end
-is at its cheapest, and a pair move must make one of them dearer to pay off. It is an exact
-local step: a solution no sweep improves is optimal among those that change two joined groups.
+the two groups' nodes hold (the rows' usage with both changed). A pair whose second choice is
+the incumbent's is a single move, so a sweep does what `greedy`'s sweeps do, and more: a
+solution no sweep improves is optimal among those that change two joined groups.
 
 Deterministic: the edges in order (the lower group first), pairs by cost (ties: the first in
 row-major order).
@@ -47,8 +46,6 @@ def pair_sweep(
     matrices = {(g, h): m for g in {a for a, _ in edges} for h, m in local.edges[g]}
     moved: dict[int, None] = {}
     for g, h in edges:
-        if not (_above(local, g, choice) or _above(local, h, choice)):
-            continue
         pair = best_pair(held, local, choice, live, limit, g, h, matrices[(g, h)])
         if pair is None:
             continue
@@ -58,12 +55,6 @@ def pair_sweep(
                 choice[group] = to
                 moved[group] = None
     return list(moved)
-
-
-def _above(local: Local, g: int, choice: np.ndarray) -> bool:
-    """Whether group g's cost given its neighbours is above its least."""
-    vector = local.vector(g, choice)
-    return bool(vector[choice[g]] > vector.min())
 
 
 def best_pair(
