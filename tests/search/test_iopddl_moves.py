@@ -99,7 +99,7 @@ def test_sweeps_keep_the_limit_and_never_cost_more(seed: int) -> None:
     solutions = fitting(data, posed)
     if not solutions:
         pytest.skip("no solution fits")
-    for cost, start in sorted(solutions)[-5:]:
+    for _, start in sorted(solutions)[-5:]:
         swept = _swept(posed, start)
         assert posed.problem.objective(swept) <= posed.problem.objective(start)
         assert posed.usage.profile(swept).max() <= posed.usage.budget

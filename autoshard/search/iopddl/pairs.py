@@ -92,5 +92,4 @@ def best_pair(
     fits = np.flatnonzero((live[lo:hi] + rows).max(axis=1) <= limit)
     if not len(fits):
         return None
-    k, l = pairs[fits[0]]
-    return int(k), int(l)
+    return int(pairs[fits[0], 0]), int(pairs[fits[0], 1])
