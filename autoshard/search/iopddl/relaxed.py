@@ -7,8 +7,10 @@ is the neighbourhood's optimum, proven; where it costs no less than the incumben
 incumbent. Else the usage is priced in, as a Lagrangian relaxation does: each choice of a
 freed group costs `price` more per unit of usage its nodes hold at the rows that went over the
 limit (rows added as solutions go over others), the price doubled from the one at which the
-relaxed optimum's excess would cost its saving, until a solution fits (`STEPS` at most). A
-fitting solution cheaper than the incumbent is an improvement, though not proven the best.
+relaxed optimum's excess would cost its saving until a solution fits (`STEPS` at most), then
+bisected between the last that did not and the least that did (`BISECT`). The cheapest
+fitting solution, where cheaper than the incumbent, is an improvement, though not proven the
+best.
 
 Deterministic: elimination's tables are exact integers, the prices a fixed sequence.
 """
@@ -29,7 +31,11 @@ MAX_ENTRIES = 2**20
 """The largest table elimination may build here; past it CP-SAT solves the neighbourhood."""
 
 STEPS = 6
-"""Prices tried at most, each twice the one before."""
+"""Prices tried at most, each twice the one before, until a solution fits..."""
+
+BISECT = 3
+"""...then prices halfway between the highest that did not and the lowest that did, for a
+cheaper solution that fits."""
 
 WORK = 1e-5
 """The deterministic seconds one elimination counts per choice of the neighbourhood's (its
@@ -70,8 +76,12 @@ def eliminated(sub: Neighbourhood) -> Relaxed | None:
         return Relaxed(found.choice, True, work)
     rows = np.zeros(len(live), np.int64)
     saving = incumbent - problem.objective(found.choice)
-    price = saving / max(1, int(np.maximum(live - usage.limit, 0).sum()))
-    for _ in range(STEPS):
+    low, high = 0.0, saving / max(1, int(np.maximum(live - usage.limit, 0).sum()))
+    best: tuple[int, ...] | None = None
+    for step in range(STEPS + BISECT):
+        if step >= STEPS and best is None:
+            break  # (no price made a solution fit)
+        price = high if best is None else (low + high) / 2
         rows |= live > usage.limit
         held = held_at(sub, rows)
         node = [Factor((g,), f.table + np.ceil(price * held[g]).astype(np.int64))
@@ -81,11 +91,16 @@ def eliminated(sub: Neighbourhood) -> Relaxed | None:
         if priced is None:  # pragma: no cover - the same scopes as the first solve's
             return None
         live = sub.live(priced.choice)
-        if live.max() <= usage.limit:
-            better = problem.objective(priced.choice) < incumbent
-            return Relaxed(priced.choice if better else None, False, work)
-        price *= 2
-    return Relaxed(None, False, work)
+        if live.max() > usage.limit:
+            low, high = price, high if best is not None else 2 * price
+            continue
+        high = price
+        cost = problem.objective(priced.choice)
+        if cost < (problem.objective(best) if best is not None else incumbent):
+            best = priced.choice
+        elif best is None:
+            best = sub.hint  # (a price that fits: the bisection below it may find a cheaper)
+    return Relaxed(best if best != sub.hint else None, False, work)
 
 
 def held_at(sub: Neighbourhood, rows: np.ndarray) -> list[np.ndarray]:
