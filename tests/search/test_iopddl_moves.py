@@ -120,7 +120,7 @@ def test_elimination_answers_a_neighbourhood_as_brute_force(seed: int) -> None:
         count = rng.randint(1, len(state.movable))
         free = np.array(sorted(rng.sample(state.movable.tolist(), count)))
         sub = Neighbourhood.of_groups(state, free)
-        answer = eliminated(sub)
+        answer = eliminated(sub, usage.limit)
         assert answer is not None  # (tiny tables)
         now = sub.problem.objective(sub.hint)
         best = now

@@ -126,7 +126,7 @@ def _tiered(
 ) -> tuple[tuple[int, ...] | None, bool, float]:
     """The neighbourhood by elimination (`relaxed.eliminated`) where that settles it, else by
     CP-SAT (`_solved`), as `_solved` answers."""
-    quick = relaxed.eliminated(sub)
+    quick = relaxed.eliminated(sub, sub.state.posed.usage.limit)
     if quick is not None and quick.settled:
         return quick.choice, quick.proven, quick.work
     choice, proven, used = _solved(sub, seconds, of, deadline)
@@ -409,3 +409,16 @@ class Neighbourhood:
                           for k, b in enumerate(more.tolist()) if b)  # fmt: skip
             written.append(MemoryRow(int(state.live[r]) - held, terms, ()))
         return dataclasses.replace(self.problem, memory=MemoryRows.of(written))
+
+    def held_at(self, rows: np.ndarray) -> list[np.ndarray]:
+        """Per freed group, per choice it keeps: the usage past their least its nodes hold,
+        summed over the rows marked in `rows` (0 or 1 each) that they are live at."""
+        usage = self.state.posed.usage
+        marked = np.concatenate([[0], np.cumsum(rows)])
+        count = marked[usage.last[self.nodes]] - marked[usage.first[self.nodes]]
+        held = [np.zeros(len(k), np.float64) for k in self.kept]
+        for n, i, times in zip(self.nodes.tolist(), self.of.tolist(), count.tolist(),
+                               strict=True):  # fmt: skip
+            if times:
+                held[i] += times * usage.extra[n][self.kept[i]]
+        return held

@@ -17,15 +17,31 @@ Deterministic: elimination's tables are exact integers, the prices a fixed seque
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
+from autoshard.search.problem import Problem
 from autoshard.search.solver.factors import Factor, minimize, problem_factors
 
-if TYPE_CHECKING:
-    from autoshard.search.iopddl.lns import Neighbourhood
+
+class Neighbourhood(Protocol):
+    """What this needs of a neighbourhood (`lns.Neighbourhood`): its problem (memory aside),
+    the incumbent's choice there, each row's usage under a choice of it, and per group per
+    choice the usage its nodes hold summed over some rows."""
+
+    @property
+    def problem(self) -> Problem: ...
+
+    @property
+    def hint(self) -> tuple[int, ...]: ...
+
+    def live(self, choice: Sequence[int]) -> np.ndarray: ...
+
+    def held_at(self, rows: np.ndarray) -> list[np.ndarray]: ...
+
 
 MAX_ENTRIES = 2**20
 """The largest table elimination may build here; past it CP-SAT solves the neighbourhood."""
@@ -58,10 +74,10 @@ class Relaxed:
         return self.proven or self.choice is not None
 
 
-def eliminated(sub: Neighbourhood) -> Relaxed | None:
-    """The neighbourhood by elimination (the module's docstring); None where its tables would
-    pass `MAX_ENTRIES`."""
-    problem, usage = sub.problem, sub.state.posed.usage
+def eliminated(sub: Neighbourhood, limit: int | None) -> Relaxed | None:
+    """The neighbourhood by elimination (the module's docstring), within the usage `limit`;
+    None where its tables would pass `MAX_ENTRIES`."""
+    problem = sub.problem
     factors = problem_factors(problem)
     groups = len(problem.sizes)
     work = WORK * problem.variables
@@ -72,18 +88,18 @@ def eliminated(sub: Neighbourhood) -> Relaxed | None:
     if problem.objective(found.choice) >= incumbent:
         return Relaxed(None, True, work)  # the incumbent is the optimum
     live = sub.live(found.choice)
-    if usage.limit is None or live.max() <= usage.limit:
+    if limit is None or not len(live) or live.max() <= limit:
         return Relaxed(found.choice, True, work)
     rows = np.zeros(len(live), np.int64)
     saving = incumbent - problem.objective(found.choice)
-    low, high = 0.0, saving / max(1, int(np.maximum(live - usage.limit, 0).sum()))
+    low, high = 0.0, saving / max(1, int(np.maximum(live - limit, 0).sum()))
     best: tuple[int, ...] | None = None
     for step in range(STEPS + BISECT):
         if step >= STEPS and best is None:
             break  # (no price made a solution fit)
         price = high if best is None else (low + high) / 2
-        rows |= live > usage.limit
-        held = held_at(sub, rows)
+        rows |= live > limit
+        held = sub.held_at(rows)
         node = [Factor((g,), f.table + np.ceil(price * held[g]).astype(np.int64))
                 for g, f in enumerate(factors[:groups])]  # fmt: skip
         priced = minimize(problem.sizes, node + factors[groups:], MAX_ENTRIES)
@@ -91,7 +107,7 @@ def eliminated(sub: Neighbourhood) -> Relaxed | None:
         if priced is None:  # pragma: no cover - the same scopes as the first solve's
             return None
         live = sub.live(priced.choice)
-        if live.max() > usage.limit:
+        if live.max() > limit:
             low, high = price, high if best is not None else 2 * price
             continue
         high = price
@@ -101,16 +117,3 @@ def eliminated(sub: Neighbourhood) -> Relaxed | None:
         elif best is None:
             best = sub.hint  # (a price that fits: the bisection below it may find a cheaper)
     return Relaxed(best if best != sub.hint else None, False, work)
-
-
-def held_at(sub: Neighbourhood, rows: np.ndarray) -> list[np.ndarray]:
-    """Per freed group, per choice it keeps: the usage past their least its nodes hold,
-    summed over the rows marked in `rows` (0 or 1 each) that they are live at."""
-    usage = sub.state.posed.usage
-    marked = np.concatenate([[0], np.cumsum(rows)])
-    count = marked[usage.last[sub.nodes]] - marked[usage.first[sub.nodes]]
-    held = [np.zeros(len(k), np.float64) for k in sub.kept]
-    for n, i, times in zip(sub.nodes.tolist(), sub.of.tolist(), count.tolist(), strict=True):
-        if times:
-            held[i] += times * usage.extra[n][sub.kept[i]]
-    return held
