@@ -88,7 +88,9 @@ def improved(
     within the usage limit and no forbidden pair, for `work` deterministic seconds, or until
     `deadline` passes or `stop()` says so (checked between neighbourhoods)."""
     state = _State.of(posed, start)
-    state.polish(range(len(state.choice)))
+    # The first sweeps over every edge: on the largest problems they may take long, and the
+    # neighbourhoods do more with the time past half of what is left.
+    state.polish(range(len(state.choice)), Deadline.start(deadline.left() / 2))
     rng = np.random.default_rng(options.seed)
     size, spent, tried, better, optimal = options.size, 0.0, 0, 0, False
     movable = state.movable
@@ -103,7 +105,7 @@ def improved(
         choice, proven, used = _tiered(sub, min(options.slice, work - spent), work, deadline)
         spent += max(used, options.least)
         if choice is not None and sub.problem.objective(choice) < sub.problem.objective(sub.hint):
-            state.polish(state.take(sub, choice))
+            state.polish(state.take(sub, choice), deadline)
             better += 1
         if proven and len(free) == len(movable) and not sub.narrowed():
             optimal = True  # every group free: the whole problem's optimum
@@ -213,14 +215,15 @@ class _State:
         self.rescore(sorted({h for g in moved for h in self.neighbours(g)} | set(moved)))
         return moved
 
-    def polish(self, around: Sequence[int] | range) -> None:
+    def polish(self, around: Sequence[int] | range, deadline: Deadline) -> None:
         """Pair moves (`pairs.pair_sweep`) over the edges of the groups `around`, then of
-        those each sweep moved, until one moves none (at most `POLISH` sweeps)."""
+        those each sweep moved, until one moves none (at most `POLISH` sweeps) or `deadline`
+        passes."""
         for _ in range(POLISH):
-            if not len(around):
+            if not len(around) or deadline.passed():
                 return
             around = pair_sweep(self.held, self.local, self.choice, self.live,
-                                self.posed.usage.limit, around)  # fmt: skip
+                                self.posed.usage.limit, around, deadline)  # fmt: skip
             self.rescore(sorted({h for g in around for h in self.neighbours(g)} | set(around)))
 
 

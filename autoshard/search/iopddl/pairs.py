@@ -23,7 +23,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from autoshard.deadline import NEVER, Deadline
 from autoshard.search.iopddl.greedy import Held, Local
+
+CHECKED_EVERY = 256
+"""Edges a sweep tries between looks at its deadline."""
 
 CHECKS = 64
 """Pairs cheaper than the incumbent's checked against the usage limit at most, per edge: the
@@ -37,15 +41,19 @@ def pair_sweep(
     live: np.ndarray,
     limit: int | None,
     around: Sequence[int] | None = None,
+    deadline: Deadline = NEVER,
 ) -> list[int]:
     """One sweep of pair moves over the edges (the module's docstring; `choice` and `live`,
     the rows' usage, changed in place; `limit` None: memory aside), or over those with an end
-    among the groups `around`: the groups moved (in the order moved, once each)."""
+    among the groups `around`: the groups moved (in the order moved, once each). It stops
+    where `deadline` passes (checked every `CHECKED_EVERY` edges)."""
     groups = range(len(choice)) if around is None else sorted(set(around))
     edges = sorted({(min(g, h), max(g, h)) for g in groups for h, _ in local.edges[g] if h != g})
     matrices = {(g, h): m for g in {a for a, _ in edges} for h, m in local.edges[g]}
     moved: dict[int, None] = {}
-    for g, h in edges:
+    for at, (g, h) in enumerate(edges):
+        if at % CHECKED_EVERY == 0 and deadline.passed():
+            break
         pair = best_pair(held, local, choice, live, limit, g, h, matrices[(g, h)])
         if pair is None:
             continue
