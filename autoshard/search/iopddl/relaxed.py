@@ -93,11 +93,10 @@ def eliminated(sub: Neighbourhood, limit: int | None) -> Relaxed | None:
     rows = np.zeros(len(live), np.int64)
     saving = incumbent - problem.objective(found.choice)
     low, high = 0.0, saving / max(1, int(np.maximum(live - limit, 0).sum()))
-    best: tuple[int, ...] | None = None
-    for step in range(STEPS + BISECT):
-        if step >= STEPS and best is None:
-            break  # (no price made a solution fit)
-        price = high if best is None else (low + high) / 2
+    best, doubling, tries = sub.hint, True, 0
+    while tries < (STEPS if doubling else BISECT):
+        tries += 1
+        price = high if doubling else (low + high) / 2
         rows |= live > limit
         held = sub.held_at(rows)
         node = [Factor((g,), f.table + np.ceil(price * held[g]).astype(np.int64))
@@ -108,12 +107,11 @@ def eliminated(sub: Neighbourhood, limit: int | None) -> Relaxed | None:
             return None
         live = sub.live(priced.choice)
         if live.max() > limit:
-            low, high = price, high if best is not None else 2 * price
+            low, high = price, 2 * price if doubling else high
             continue
         high = price
-        cost = problem.objective(priced.choice)
-        if cost < (problem.objective(best) if best is not None else incumbent):
+        if doubling:  # (a price that fits: bisect below it for a cheaper solution)
+            doubling, tries = False, 0
+        if problem.objective(priced.choice) < problem.objective(best):
             best = priced.choice
-        elif best is None:
-            best = sub.hint  # (a price that fits: the bisection below it may find a cheaper)
     return Relaxed(best if best != sub.hint else None, False, work)
