@@ -34,7 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.deadline import NEVER, Deadline
+from autoshard.search.iopddl import relaxed
 from autoshard.search.iopddl.greedy import Held, Local, local_view
+from autoshard.search.iopddl.pairs import pair_sweep
 from autoshard.search.iopddl.pose import PENALTY, Posed, spread
 from autoshard.search.memory.rows import NO_ROWS, MemoryRow, MemoryRows
 from autoshard.search.problem import Problem
@@ -86,6 +88,9 @@ def improved(
     within the usage limit and no forbidden pair, for `work` deterministic seconds, or until
     `deadline` passes or `stop()` says so (checked between neighbourhoods)."""
     state = _State.of(posed, start)
+    # The first sweeps over every edge: on the largest problems they may take long, and the
+    # neighbourhoods do more with the time past half of what is left.
+    state.polish(range(len(state.choice)), Deadline.start(deadline.left() / 2))
     rng = np.random.default_rng(options.seed)
     size, spent, tried, better, optimal = options.size, 0.0, 0, 0, False
     movable = state.movable
@@ -97,10 +102,10 @@ def improved(
         free = movable if whole else np.unique(kind(state, rng, size, narrow))
         tried += 1
         sub = Neighbourhood.of_groups(state, free, 0 if whole else narrow.widest)
-        choice, proven, used = _solved(sub, min(options.slice, work - spent), work, deadline)
+        choice, proven, used = _tiered(sub, min(options.slice, work - spent), work, deadline)
         spent += max(used, options.least)
         if choice is not None and sub.problem.objective(choice) < sub.problem.objective(sub.hint):
-            state.take(sub, choice)
+            state.polish(state.take(sub, choice), deadline)
             better += 1
         if proven and len(free) == len(movable) and not sub.narrowed():
             optimal = True  # every group free: the whole problem's optimum
@@ -111,8 +116,23 @@ def improved(
     return Searched(choice, posed.problem.objective(choice), optimal, tried, better, spent)
 
 
+POLISH = 20
+"""Sweeps of pair moves at most after a neighbourhood's solution is taken."""
+
 ROWS_PER_SOLVE = 16
 """The rows most over the limit a neighbourhood's solve adds, besides the worst of each run."""
+
+
+def _tiered(
+    sub: Neighbourhood, seconds: float, of: float, deadline: Deadline
+) -> tuple[tuple[int, ...] | None, bool, float]:
+    """The neighbourhood by elimination (`relaxed.eliminated`) where that settles it, else by
+    CP-SAT (`_solved`), as `_solved` answers."""
+    quick = relaxed.eliminated(sub, sub.state.posed.usage.limit)
+    if quick is not None and quick.settled:
+        return quick.choice, quick.proven, quick.work
+    choice, proven, used = _solved(sub, seconds, of, deadline)
+    return choice, proven, used + (quick.work if quick is not None else 0.0)
 
 
 def _solved(
@@ -182,8 +202,9 @@ class _State:
     def neighbours(self, g: int) -> list[int]:
         return [h for h, _ in self.local.edges[g]]
 
-    def take(self, sub: Neighbourhood, choice: Sequence[int]) -> None:
-        """The neighbourhood's solution `choice` (its numbering) made the incumbent's."""
+    def take(self, sub: Neighbourhood, choice: Sequence[int]) -> list[int]:
+        """The neighbourhood's solution `choice` (its numbering) made the incumbent's: the
+        groups moved."""
         moved = []
         for g, kept, k in zip(sub.free.tolist(), sub.kept, choice, strict=True):
             to = int(kept[k])
@@ -192,6 +213,18 @@ class _State:
                 self.choice[g] = to
                 moved.append(g)
         self.rescore(sorted({h for g in moved for h in self.neighbours(g)} | set(moved)))
+        return moved
+
+    def polish(self, around: Sequence[int] | range, deadline: Deadline) -> None:
+        """Pair moves (`pairs.pair_sweep`) over the edges of the groups `around`, then of
+        those each sweep moved, until one moves none (at most `POLISH` sweeps) or `deadline`
+        passes."""
+        for _ in range(POLISH):
+            if not len(around) or deadline.passed():
+                return
+            around = pair_sweep(self.held, self.local, self.choice, self.live,
+                                self.posed.usage.limit, around, deadline)  # fmt: skip
+            self.rescore(sorted({h for g in around for h in self.neighbours(g)} | set(around)))
 
 
 # ---- neighbourhoods ------------------------------------------------------------------------
@@ -379,3 +412,16 @@ class Neighbourhood:
                           for k, b in enumerate(more.tolist()) if b)  # fmt: skip
             written.append(MemoryRow(int(state.live[r]) - held, terms, ()))
         return dataclasses.replace(self.problem, memory=MemoryRows.of(written))
+
+    def held_at(self, rows: np.ndarray) -> list[np.ndarray]:
+        """Per freed group, per choice it keeps: the usage past their least its nodes hold,
+        summed over the rows marked in `rows` (0 or 1 each) that they are live at."""
+        usage = self.state.posed.usage
+        marked = np.concatenate([[0], np.cumsum(rows)])
+        count = marked[usage.last[self.nodes]] - marked[usage.first[self.nodes]]
+        held = [np.zeros(len(k), np.float64) for k in self.kept]
+        for n, i, times in zip(self.nodes.tolist(), self.of.tolist(), count.tolist(),
+                               strict=True):  # fmt: skip
+            if times:
+                held[i] += times * usage.extra[n][self.kept[i]]
+        return held
