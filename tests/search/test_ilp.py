@@ -37,13 +37,29 @@ MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
 def brute_force(problem: Problem):
-    best = None
-    for choice in itertools.product(*(range(n) for n in problem.sizes)):
-        if problem.peak(choice) > problem.budget:
-            continue
-        value = problem.objective(choice)
-        best = value if best is None or value < best else best
-    return best
+    """The least objective of every choice whose peak fits (None: none fits). The objective of
+    every choice is summed at once, each node's and edge's costs broadcast over the grid of
+    all choices; the peaks are then read in ascending objective, the first that fits the
+    least (each choice's peak computed only until then)."""
+    grid = np.indices(problem.sizes, sparse=True)
+    totals = np.zeros(problem.sizes, dtype=object if _wide(problem) else np.int64)
+    for g, costs in enumerate(problem.node_costs):
+        totals = totals + np.asarray(costs, dtype=totals.dtype)[grid[g]]
+    for a, b, matrix in problem.edges:
+        totals = totals + np.asarray(matrix, dtype=totals.dtype)[grid[a], grid[b]]
+    flat = totals.reshape(-1)
+    for index in np.argsort(flat, kind="stable"):
+        choice = tuple(int(k) for k in np.unravel_index(index, problem.sizes))
+        if problem.peak(choice) <= problem.budget:
+            return int(flat[index])
+    return None
+
+
+def _wide(problem: Problem) -> bool:
+    """Whether some choice's objective may pass int64 (summed as Python integers then)."""
+    most = sum(max(map(abs, costs), default=0) for costs in problem.node_costs)
+    most += sum(max((abs(c) for row in m for c in row), default=0) for _, _, m in problem.edges)
+    return most >= 2**62
 
 
 def random_problem(seed, groups=5, memory=False):

@@ -20,6 +20,7 @@ from autoshard.cost.compute import op_flops
 from autoshard.cost.liveness import memory
 from autoshard.document.plan_document import read_document
 from autoshard.explain.report import plan_markdown
+from autoshard.ir.graph import Graph
 from autoshard.ir.onnx_import import import_onnx
 from autoshard.passes.lower import lower
 from autoshard.pipeline import load_graph
@@ -27,7 +28,7 @@ from autoshard.rules import IteratorType, rule_for
 from autoshard.rules.gradient import computed_with
 from autoshard.search.budget import auto_plan
 from autoshard.search.candidates import option_reads, option_writes
-from autoshard.search.problem import build_search
+from autoshard.search.problem import Search, build_search
 from autoshard.search.solver.solve import solve
 from autoshard.sharding import Sharding, ShardingOption
 from autoshard.training import Training, TrainingError, training_graph
@@ -208,27 +209,45 @@ def test_micro_batches_run_forward_and_backward_each_time_and_sync_once(mlp):
     assert costs[4].memory_bytes_per_device == 16 * P + w + 2 * (t * F * 2) + t * H * 2
 
 
-@pytest.mark.parametrize("budget", ["free", "middle", "least"])
-def test_exhaustive_search_equals_the_ilp_on_a_training_step(tmp_path, budget):
-    """The design pages' MLP trained on mesh 2 (x, the state and the synchronized gradients pinned,
-    to keep the enumeration small): the ILP's optimum is the best of every combination, and its peak
-    is the program's."""
-    graph = training_graph(import_onnx(write_seed_mlp(tmp_path / "mlp.onnx")), Training())
-    cluster = make_cluster(mesh="2")
+@dataclasses.dataclass(frozen=True)
+class _Enumerated:
+    """The pinned MLP step's search and the peaks of its plans: top (the memory-aside
+    optimum's) and least (the least of every combination's)."""
+
+    graph: Graph
+    search: Search
+    top: int
+    least: int
+
+
+@pytest.fixture(scope="module")
+def enumerated(tmp_path_factory) -> _Enumerated:
+    """The design pages' MLP trained on mesh 2 (x, the state and the synchronized gradients
+    pinned, to keep the enumeration small), every combination's peak read once for the three
+    budgets."""
+    folder = tmp_path_factory.mktemp("enumerated")
+    graph = training_graph(import_onnx(write_seed_mlp(folder / "mlp.onnx")), Training())
     pins = [
         Annotation(name, Sharding()) for name in ("x", "w1@state", "w2@state", "w1@grad", "w2@grad")
     ]
-    search = build_search(graph, cluster, pins)
+    search = build_search(graph, make_cluster(mesh="2"), pins)
     free = search.problem
     assert 100 < np.prod(free.sizes) < 100_000
-    choices = list(itertools.product(*(range(n) for n in free.sizes)))
-    peaks = [free.peak(c) for c in choices]
-    top, least = free.peak(solve(free).choice), min(peaks)
+    least = min(free.peak(c) for c in itertools.product(*(range(n) for n in free.sizes)))
+    return _Enumerated(graph, search, free.peak(solve(free).choice), least)
+
+
+@pytest.mark.parametrize("budget", ["free", "middle", "least"])
+def test_exhaustive_search_equals_the_ilp_on_a_training_step(enumerated, budget):
+    """The ILP's optimum is the best of every combination, and its peak is the program's."""
+    graph, search, top, least = (
+        enumerated.graph, enumerated.search, enumerated.top, enumerated.least,
+    )  # fmt: skip
     limit = {"free": top, "middle": (top + least) // 2, "least": least}[budget]
-    problem = dataclasses.replace(free, budget=limit)
+    problem = dataclasses.replace(search.problem, budget=limit)
     solution = solve(problem)
     assert solution.objective == brute_force(problem)
-    program = lower(graph, search.plan(graph, cluster, solution.choice))
+    program = lower(graph, search.plan(graph, make_cluster(mesh="2"), solution.choice))
     assert problem.peak(solution.choice) == memory(program).peak <= limit
 
 
