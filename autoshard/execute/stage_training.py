@@ -110,14 +110,17 @@ def training_partition(
     training = decisions.training
     if training is None:
         raise StageMapError(f"plan {path} is pipelined but plans no training step; plan again")
-    virtual = Schedule.parse(str(block["schedule"])).virtual
+    schedule = Schedule.parse(str(block["schedule"]))
+    virtual = schedule.virtual
     staged = stage_map(document, path, model, dims, virtual)
     positions = len(staged.cuts) // virtual
     model_step = stage_steps(staged.forward, training).step(staged.depth)
     stage_plan = plan_from_document(decisions, model_step, document.mesh, f"plan {path}")
     boundary = boundary_of(staged, stage_plan, path)
-    split = Schedule.parse(str(block["schedule"])).splits_backward
-    parts = dict(zip((op.name for op in model_step.ops), layer_parts(model_step))) if split else {}
+    parts: dict[str, int] = {}  # each op's priced part, where `W` runs apart
+    if schedule.splits_backward:
+        ops = [op.name for op in model_step.ops]
+        parts = dict(zip(ops, layer_parts(model_step), strict=True))
     stages: list[StagePartition] = []
     seeds: tuple[str, ...] = ()
     for cut in staged.cuts:

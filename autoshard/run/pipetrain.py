@@ -8,14 +8,16 @@ Each rank is a device of one stage (`execute.stage_training`: the stage's whole 
 step, rebuilt from the plan the folder keeps, its step list and weights from the folder). A
 step runs the passes of `cost.schedule.order` for the stage (GPipe: every forward, then every
 backward; 1F1B: `p - s - 1` forwards, then one forward and one backward in turn; an
-interleaved plan's stage runs its layers as one chunk, in 1F1B's order). A forward pass of
-micro-batch `m` receives the boundary values from the device at its place in the stage
-before, runs the stage's forward (`run.stage_device`) and sends its own on; the backward
-receives the gradients of what it sent from the next stage, runs the backward and sends the
-gradients of what it received back. The micro-batches' gradients accumulate; the last
-micro-batch's backward syncs them over the stage's data-parallel devices and updates the
-weights. Every backward runs in micro-batch order under every schedule, so the schedule does
-not change a single rounding. A weight trained on two stages (tied, `execute.tied`) has its
+interleaved plan's stage runs its layers as one chunk, in 1F1B's order; ZB-H1: 1F1B's, each
+backward its input gradient `B`, each micro-batch's weight gradients a later `W` pass,
+`StageDevice.split_backward`). A forward pass of micro-batch `m` receives the boundary values
+from the device at its place in the stage before, runs the stage's forward
+(`run.stage_device`) and sends its own on; the backward receives the gradients of what it
+sent from the next stage, runs the backward and sends the gradients of what it received back.
+The micro-batches' gradients accumulate; the last micro-batch's backward (ZB-H1: its `W`
+pass) syncs them over the stage's data-parallel devices and updates the weights. Every
+backward (and `W`) runs in micro-batch order under every schedule, so the schedule does not
+change a single rounding. A weight trained on two stages (tied, `execute.tied`) has its
 gradient summed over the pair of devices holding it once every pass has run: the last
 micro-batch's backward pauses before anything reads it, so both copies take the same update.
 

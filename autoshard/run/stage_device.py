@@ -96,7 +96,8 @@ class StageDevice(TrainingDevice):
                 if name in self.ops:
                     op = self.ops[name]
                     items.append(((p, k), op.inputs, op.outputs, graph_op[name] in weight_ops))
-        weights, made = set(), set()
+        weights: set[tuple[int, int]] = set()
+        made: set[str] = set()
         for key, inputs, outputs, weight in items:
             if weight or made.intersection(inputs):
                 weights.add(key)

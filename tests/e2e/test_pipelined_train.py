@@ -37,11 +37,11 @@ def partitions(tmp_path_factory):
     cluster = root / "slow.json"
     cluster.write_text(json.dumps(SLOW))
     tp = ["--mesh", "pp=2,tp=2", "--cluster", str(cluster), "--micro-batches", "4"]
+    dp = DATA_PARALLEL
     asks = {
         "pp=2,tp=2": [*tp, "--schedule", "1f1b"],
         "zb-h1": [*tp, "--schedule", "zb-h1"],
-        "pp=2,dp=2": ["--mesh", "pp=2,dp=2", "--schedule", "gpipe", "--micro-batches", "2",
-                      *DATA_PARALLEL],  # fmt: skip
+        "pp=2,dp=2": ["--mesh", "pp=2,dp=2", "--schedule", "gpipe", "--micro-batches", "2", *dp],
     }
     folders = {}
     for name, flags in asks.items():
