@@ -49,11 +49,13 @@ _MISSING = object()
 class StagePartition:
     """One stage: its cut of the whole model, its plan lowered and partitioned on the stage's
     mesh, and the whole mesh's linear index of each of its devices (in the stage mesh's
-    linear order)."""
+    linear order); a training step run by a schedule that splits the backward, the ops of
+    its weight gradient (`execute.stage_training.stage_weight_ops`)."""
 
     cut: StageCut
     built: Built
     devices: tuple[int, ...]
+    weight_ops: frozenset[str] = frozenset()  # a zero-bubble training step's `W` ops
 
 
 @dataclass(frozen=True)

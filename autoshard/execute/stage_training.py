@@ -23,7 +23,7 @@ has its gradients summed across them (`execute.tied`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from autoshard.analysis.attention import find_attention
@@ -35,6 +35,7 @@ from autoshard.execute.stage_plans import (
     StageMapError,
     StagePartition,
     boundary_of,
+    counterpart,
     stage_devices,
     stage_map,
     stage_plan_of,
@@ -42,6 +43,8 @@ from autoshard.execute.stage_plans import (
 from autoshard.ir.graph import Graph, verify
 from autoshard.pipeline import build
 from autoshard.plan import Plan
+from autoshard.search.backward_split import weight_gradient_ops
+from autoshard.search.pipelined import layer_parts
 from autoshard.sharding import Sharding
 from autoshard.training.options import Loss, Training
 from autoshard.training.replay import replays
@@ -107,12 +110,17 @@ def training_partition(
     training = decisions.training
     if training is None:
         raise StageMapError(f"plan {path} is pipelined but plans no training step; plan again")
-    virtual = Schedule.parse(str(block["schedule"])).virtual
+    schedule = Schedule.parse(str(block["schedule"]))
+    virtual = schedule.virtual
     staged = stage_map(document, path, model, dims, virtual)
     positions = len(staged.cuts) // virtual
     model_step = stage_steps(staged.forward, training).step(staged.depth)
     stage_plan = plan_from_document(decisions, model_step, document.mesh, f"plan {path}")
     boundary = boundary_of(staged, stage_plan, path)
+    parts: dict[str, int] = {}  # each op's priced part, where `W` runs apart
+    if schedule.splits_backward:
+        ops = [op.name for op in model_step.ops]
+        parts = dict(zip(ops, layer_parts(model_step), strict=True))
     stages: list[StagePartition] = []
     seeds: tuple[str, ...] = ()
     for cut in staged.cuts:
@@ -123,12 +131,28 @@ def training_partition(
         plan = _stage_plan(cut, step, stage_plan, staged.names, boundary, gradients, path)
         devices = stage_devices(staged.whole, staged.axis, positions, cut.index % positions,
                                 document.mesh)  # fmt: skip
-        stages.append(StagePartition(cut=cut, built=build(step, plan), devices=devices))
+        weight_ops = stage_weight_ops(step, parts, staged.names, gradients.values())
+        stages.append(StagePartition(cut=cut, built=build(step, plan), devices=devices,
+                                     weight_ops=weight_ops))  # fmt: skip
         seeds = seeded(step, cut)
     partition = PipelinedPartition(staged.forward, staged.whole, staged.axis,
                                    str(block["schedule"]), int(block["micro_batches"]),
                                    tuple(stages), boundary, virtual)  # fmt: skip
     return partition, training
+
+
+def stage_weight_ops(
+    step: Graph, parts: Mapping[str, int], names: Mapping[str, str], handed_back: Iterable[str]
+) -> frozenset[str]:
+    """The ops of stage step `step`'s weight gradient (`W`, `search.backward_split`) as the
+    search priced them: each op in the part of its counterpart in the stage's model's step
+    (`parts`, by name: `search.pipelined.layer_parts`), the gradients it sends back made by
+    `B`. None where `parts` is empty (a schedule that runs the backward whole)."""
+    if not parts:
+        return frozenset()
+    part = [parts[counterpart(op.name, names)] for op in step.ops]
+    found = weight_gradient_ops(step, part, frozenset(handed_back))
+    return frozenset(step.ops[i].name for i in found)
 
 
 def _returned_gradients(

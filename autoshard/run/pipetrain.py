@@ -8,14 +8,16 @@ Each rank is a device of one stage (`execute.stage_training`: the stage's whole 
 step, rebuilt from the plan the folder keeps, its step list and weights from the folder). A
 step runs the passes of `cost.schedule.order` for the stage (GPipe: every forward, then every
 backward; 1F1B: `p - s - 1` forwards, then one forward and one backward in turn; an
-interleaved plan's stage runs its layers as one chunk, in 1F1B's order). A forward pass of
-micro-batch `m` receives the boundary values from the device at its place in the stage
-before, runs the stage's forward (`run.stage_device`) and sends its own on; the backward
-receives the gradients of what it sent from the next stage, runs the backward and sends the
-gradients of what it received back. The micro-batches' gradients accumulate; the last
-micro-batch's backward syncs them over the stage's data-parallel devices and updates the
-weights. Every backward runs in micro-batch order under every schedule, so the schedule does
-not change a single rounding. A weight trained on two stages (tied, `execute.tied`) has its
+interleaved plan's stage runs its layers as one chunk, in 1F1B's order; ZB-H1: 1F1B's, each
+backward its input gradient `B`, each micro-batch's weight gradients a later `W` pass,
+`StageDevice.split_backward`). A forward pass of micro-batch `m` receives the boundary values
+from the device at its place in the stage before, runs the stage's forward
+(`run.stage_device`) and sends its own on; the backward receives the gradients of what it
+sent from the next stage, runs the backward and sends the gradients of what it received back.
+The micro-batches' gradients accumulate; the last micro-batch's backward (ZB-H1: its `W`
+pass) syncs them over the stage's data-parallel devices and updates the weights. Every
+backward (and `W`) runs in micro-batch order under every schedule, so the schedule does not
+change a single rounding. A weight trained on two stages (tied, `execute.tied`) has its
 gradient summed over the pair of devices holding it once every pass has run: the last
 micro-batch's backward pauses before anything reads it, so both copies take the same update.
 
@@ -89,6 +91,7 @@ class StageWork:
     entry: Mapping[str, Any]  # the pipeline block's stage entry
     checked: Checked
     offset: int  # its first collective's index in the whole mesh's list
+    weight_ops: frozenset[str] = frozenset()  # `W`'s ops where the schedule splits the backward
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,7 @@ class _Rank:
         self.mine = [s for s in work.stages if rank in s.devices]  # in chunk order
         self.chunks: list[_Chunk] = []
         self.chunk = 0  # the one running
+        self.split = any(one.weight for passes in work.passes for one in passes)  # ZB-H1
         self.tying: list[_Chunk] = []  # paused before reading a tied gradient not summed yet
         boundary = _in_floats(work.boundary, work.floats)
         self.forward_p2p = Boundary(boundary, self.mine[0].devices.index(rank), rank)
@@ -197,6 +201,8 @@ class _Rank:
                 device = StageDevice(stage.partitioned, local, steps, stage.graph)
                 device.held = start_tensors(stage.partitioned, stage.graph, local, weights)
                 device.tied = frozenset(g for g, t in self.work.tied.items() if c in t["stages"])
+                if stage.weight_ops:
+                    device.split_backward(stage.weight_ops, stage.nodes)
             except Exception as error:  # a missing or bad file
                 raise TrainingFailure(rank, 0, -1, "loading", str(error).splitlines()[0]) from None
             before = stages[c - 1].devices[local] if c else None
@@ -225,8 +231,12 @@ class _Rank:
                 m, self.chunk = one.micro_batch, one.chunk
                 if one.forward:
                     kept[m, one.chunk] = self.forward(feed[m], m, m == len(feed) - 1)
+                elif one.weight:
+                    self.weights(kept.pop((m, one.chunk)))
                 else:
-                    self.backward(kept.pop((m, one.chunk)), m, m == len(feed) - 1)
+                    state = self.backward(kept.pop((m, one.chunk)), m, m == len(feed) - 1)
+                    if state is not None:
+                        kept[m, one.chunk] = state
             for chunk in self.tying:
                 self.chunk = self.chunks.index(chunk)
                 self.finish_tied(chunk)
@@ -272,9 +282,10 @@ class _Rank:
         self.p2p(lambda: self.forward_p2p.send(sends, chunk.after, m, self.tag(m, c)))
         return device.save()
 
-    def backward(self, kept: Any, m: int, last: bool) -> None:
+    def backward(self, kept: Any, m: int, last: bool) -> Any:
         """Micro-batch `m`'s backward pass of the running chunk: receive its sends'
-        gradients, run, send back."""
+        gradients, run, send back; where the schedule splits it, its input gradient `B`
+        only, its state kept for its `W` pass (`weights`)."""
         chunk = self.chunks[self.chunk]
         device, entry = chunk.device, chunk.stage.entry
         device.restore(kept)
@@ -286,10 +297,24 @@ class _Rank:
         tensors = chunk.tensors
         back = {x: to_numpy(self.made(device, tensors[g])) for x, g in entry["sent_back"].items()}
         self.p2p(lambda: self.backward_p2p.send(back, chunk.before, m, self.tag(m, c - 1)))
-        if device.paused or device.made_tied():  # summed once every pass has run
-            self.tying.append(chunk)
         if not last:
             device.carry(chunk.stage.checked.losses)
+        if self.split:
+            return device.save()
+        if device.paused or device.made_tied():  # summed once every pass has run
+            self.tying.append(chunk)
+        return None
+
+    def weights(self, kept: Any) -> None:
+        """A micro-batch's `W` pass of the running chunk: the weight gradients its backward
+        passed over (`StageDevice.split_backward`), then, the last's, the sync and update."""
+        chunk = self.chunks[self.chunk]
+        device = chunk.device
+        device.restore(kept)
+        device.weight_pass = True
+        self.run(chunk, forward_only=False)
+        if device.paused or device.made_tied():  # summed once every pass has run
+            self.tying.append(chunk)
 
     def finish_tied(self, chunk: _Chunk) -> None:
         """Sum the tied gradients the chunk's last backward made with the other stages' (the
@@ -407,12 +432,6 @@ def run_pipelined_training(
     folder = Path(out)
     manifest = read_manifest(folder)
     pipeline = manifest["pipeline"]
-    if Schedule.parse(str(pipeline["schedule"])).splits_backward:
-        raise RunSetupError(
-            f"'{out}' is planned with the {pipeline['schedule']} schedule, whose weight "
-            "gradients run apart from the backward: autoshard run executes gpipe, 1f1b and "
-            "interleaved[:V]; plan it with --schedule 1f1b to run it"
-        )
     if manifest["shape_only"]:
         raise RunSetupError(f"'{out}' is the partition of a shape-only model: nothing to run")
     check_model(manifest, model)
@@ -486,7 +505,7 @@ def _stage_works(
         graph = stage.built.graph
         works.append(StageWork(here, graph, stage.built.partitioned, steps,
                                segment_nodes(here, steps), tuple(entry["devices"]), entry,
-                               Checked.of(graph), offset))  # fmt: skip
+                               Checked.of(graph), offset, stage.weight_ops))  # fmt: skip
         offset += len(steps["collectives"])
     return tuple(works)
 

@@ -17,14 +17,18 @@ rest are `B`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from autoshard.ir.graph import Graph
 
 
-def weight_gradient_ops(graph: Graph, part: Sequence[int]) -> frozenset[int]:
+def weight_gradient_ops(
+    graph: Graph, part: Sequence[int], handed_back: Collection[str] = ()
+) -> frozenset[int]:
     """The indices of `graph`'s backward ops that compute weight gradients only (`W`, the
-    module's docstring), `part` giving each op's part of the model."""
+    module's docstring), `part` giving each op's part of the model; `handed_back`: values
+    read by a part outside `graph` (a pipeline stage's step: the input gradients it sends
+    back to the stage before), so their makers are `B`."""
     readers: dict[str, list[int]] = {}
     for i, op in enumerate(graph.ops):
         for name in op.inputs:
@@ -36,10 +40,10 @@ def weight_gradient_ops(graph: Graph, part: Sequence[int]) -> frozenset[int]:
         if graph.phase(op.name) != "backward":
             continue
         read_by = [j for name in op.outputs for j in readers.get(name, ())]
-        handed_back = any(
+        handed = any(name in handed_back for name in op.outputs) or any(
             j in inputs_side
             or (graph.phase(graph.ops[j].name) == "backward" and part[j] != part[i])
             for j in read_by
         )
-        (inputs_side if handed_back else weights).add(i)
+        (inputs_side if handed else weights).add(i)
     return frozenset(weights)

@@ -471,15 +471,22 @@ class LayerCosts:
         return sum(self.forward[j] + self.backward[j] for j in inner) / max(self.depth, 1)
 
 
+def layer_parts(graph: Graph, found: tuple[int, Mapping[str, Run]] | None = None) -> list[int]:
+    """Each op's part of `graph` as `layer_costs` prices it: 0 before the repeated layers,
+    `1 + j` layer `j`'s (the backward mirrored), the last after them; `found`: its
+    `layer_runs`, where known."""
+    count, runs = found or layer_runs(graph)
+    parts = (range(0, 0), *(range(j, j + 1) for j in range(count)), range(count, count))
+    return stage_of_ops(graph, parts, runs)
+
+
 def layer_costs(graph: Graph, plan: Plan, program: Program, cost: Cost) -> LayerCosts:
     """`LayerCosts` of `plan` on `graph`, its `program` priced `cost`: each op's seconds and
     those of the collectives it is charged, per run, and what it holds at the peak, go to
     its part (`stage_of_ops`, each layer a stage of its own); what no op owns (a graph input)
     to the first."""
     count, runs = layer_runs(graph)
-    parts = (range(0, 0), *(range(j, j + 1) for j in range(count)), range(count, count))
-    part = stage_of_ops(graph, parts, runs)
-    n = len(parts)
+    part, n = layer_parts(graph, (count, runs)), count + 2
     spent = {phase: [0.0] * n for phase in _ORDERED}
     weight, deferred = [0.0] * n, weight_gradient_ops(graph, part)
     charged: dict[str, float] = {}
