@@ -228,7 +228,7 @@ def _row(run: Run, pinned: Predicted, free: Predicted | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the 22B and 8B rows only")
+    parser.add_argument("--quick", action="store_true", help="22B, 8B, pipelined rows")
     parser.add_argument("--no-free", action="store_true", help="the pinned layouts only")
     parser.add_argument("--rows", nargs="+", metavar="WORD", help="only the rows whose name "
                         "has one of these words (70B, 22B, Float8)")  # fmt: skip
