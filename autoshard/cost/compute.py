@@ -230,8 +230,8 @@ def op_flops(
     per_device = _iterations(op, rule, option, graph, mesh)
     if rule is None or option is None:
         return per_device
-    if scatter_add(op, graph):
-        return _elements(graph.values[op.inputs[-1]].shape, rule.operands[-1], option, mesh)
+    if (scattered := _scattered(op, rule, option, graph, mesh)) is not None:
+        return scattered[1]
     if kind.flops is not None:
         return per_device * kind.flops
     multiply_add = any(loop.kind is IteratorType.REDUCTION for loop in rule.loops)
@@ -245,6 +245,18 @@ def scatter_add(op: Op, graph: Graph) -> bool:
         return False
     forward = graph.op_by_name.get(str(op.attr("op")))
     return forward is not None and op_kind(forward).lookup
+
+
+def _scattered(
+    op: Op, rule: OpRule, option: ShardingOption, graph: Graph, mesh: Mesh
+) -> tuple[str, int] | None:
+    """The dtype and local elements of the gradient a scatter-add (`scatter_add`) reads;
+    None for any other op."""
+    indexing = rule.operands[-1] if rule.operands else None
+    if indexing is None or not scatter_add(op, graph):
+        return None
+    gradient = graph.values[op.inputs[-1]]
+    return gradient.dtype, _elements(gradient.shape, indexing, option, mesh)
 
 
 def op_bytes(
@@ -264,10 +276,8 @@ def op_bytes(
         if name
     ]
     written = sum(dtypes.nbytes(value.dtype, count) for value, count in results)
-    if scatter_add(op, graph):
-        gradient = graph.values[op.inputs[-1]]
-        count = _elements(gradient.shape, rule.operands[-1], option, mesh)
-        return written + 3 * dtypes.nbytes(gradient.dtype, count)
+    if (scattered := _scattered(op, rule, option, graph, mesh)) is not None:
+        return written + 3 * dtypes.nbytes(*scattered)
     read = 0
     for i, (name, indexing) in enumerate(zip(op.inputs, rule.operands, strict=False)):
         if not name or indexing is None:
