@@ -28,8 +28,9 @@ Sources (docs/concepts/published-runs.md has the table and the analysis):
   256 H100, local batch 16, full activation checkpointing, torch.compile, Float8), on Grand
   Teton hosts (H100 96GB HBM2e at 500 W); sequence 8192 (the Llama 3 configs' default).
 
-The 175B, 530B and 1T rows of [K22] Table 5 pipeline over 8, 35 and 64 stages: a pipelined plan
-cannot be pinned with annotations yet (issue 42), so they are listed, not planned.
+The 175B, 530B and 1T rows of [K22] Table 5 pipeline over 8, 35 and 64 stages: planned by
+`bench/published_pipelines.py` (the layout pinned on every stage; `--no-pipelines` leaves them
+out).
 """
 
 from __future__ import annotations
@@ -127,13 +128,6 @@ RUNS = (
         Training(recompute=Recompute.LAYERS, precision=Precision.FP8_MIXED),
         _tokens_per_gpu_s(512, 8192, 256, 829), f"{TT24} Table 4"),
 )  # fmt: skip
-
-LISTED = (
-    ("Megatron 175B, TP 8 x PP 8 (64 A100), full recompute / selective + SP", "18.13 / 13.75"),
-    ("Megatron 530B, TP 8 x PP 35 (280 A100), full recompute / selective + SP", "49.05 / 37.83"),
-    ("Megatron 1T, TP 8 x PP 64 (512 A100), full recompute / selective + SP", "94.42 / 71.49"),
-)
-"""[K22] Table 5's pipelined rows: measured, not planned (a pipeline cannot be pinned yet)."""
 
 
 @dataclass(frozen=True)
@@ -234,10 +228,12 @@ def _row(run: Run, pinned: Predicted, free: Predicted | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the 22B and 8B rows only")
+    parser.add_argument("--quick", action="store_true", help="22B, 8B, pipelined rows")
     parser.add_argument("--no-free", action="store_true", help="the pinned layouts only")
     parser.add_argument("--rows", nargs="+", metavar="WORD", help="only the rows whose name "
                         "has one of these words (70B, 22B, Float8)")  # fmt: skip
+    parser.add_argument("--no-pipelines", action="store_true", help="leave out [K22]'s "
+                        "pipelined rows (175B, 530B, 1T)")  # fmt: skip
     parser.add_argument("--time-limit", type=float, default=900.0)
     args = parser.parse_args(argv)
     runs = [r for r in RUNS if r.quick or not args.quick]
@@ -274,8 +270,15 @@ def main(argv: list[str] | None = None) -> int:
                 free_plans[key] = predict(run, built[s.name], False, args.time_limit)
             free = free_plans.get(key)
             print(_row(run, pinned, free), flush=True)
-    for name, measured in LISTED:
-        print(f"| {name} | {K22} | {measured} s | not planned: pipeline not pinnable | | | | | |")
+        if not args.no_pipelines:
+            from published_pipelines import RUNS as PIPELINED
+            from published_pipelines import rows
+
+            names = [r.name for r in PIPELINED]
+            if args.rows:
+                names = [n for n in names if any(word in n for word in args.rows)]
+            for row in rows(names, Path(folder)):
+                print(row, flush=True)
     print("\nThe free searches' plans, as their stories tell them:")
     for key, free in free_plans.items():
         print(f"\n{key[0].name} on {key[3]} ({key[4]}), planned in {free.solve_s:.0f} s: "

@@ -9,6 +9,13 @@ device (its local shard), so
               through the rule's maps, at its dtype; parameter operands are not data). A lookup
               (Gather) reads of its table only the rows its result holds: at most the result's
               elements at the table's dtype. `reads`, `writes` count passes (`OP_KINDS`).
+              A lookup's gradient with respect to its table is a scatter-add: it writes
+              the table's gradient shard once (zeroed) and adds each looked-up row's
+              gradient into it, one addition per element of the gradient it reads
+              (`scatter_add`): FLOPs those elements, bytes the shard written plus the
+              gradient read and the rows it touches read and written, three passes over
+              the gradient's shard at its dtype; not the masked product over every row of
+              the table that the lookup's rule (a reduction over the rows) spells.
     special = iterations, for an op evaluating a transcendental function per element (exp,
               erf, tanh, a general power, ...: `Transcendental`), else 0
     time    = max(FLOPs / (peak · efficiency), bytes / (bandwidth · memory efficiency ·
@@ -75,6 +82,7 @@ from autoshard.ir import dtypes
 from autoshard.ir.graph import Graph, Op
 from autoshard.mesh import Mesh
 from autoshard.rules import IndexingMap, IteratorType, OpRule
+from autoshard.rules.gradient import TRAIN, TrainOp
 from autoshard.sharding import ShardingOption, shard_size
 from autoshard.training.options import Precision, TrainingError
 
@@ -222,10 +230,33 @@ def op_flops(
     per_device = _iterations(op, rule, option, graph, mesh)
     if rule is None or option is None:
         return per_device
+    if (scattered := _scattered(op, rule, option, graph, mesh)) is not None:
+        return scattered[1]
     if kind.flops is not None:
         return per_device * kind.flops
     multiply_add = any(loop.kind is IteratorType.REDUCTION for loop in rule.loops)
     return per_device * (2 if multiply_add else 1)
+
+
+def scatter_add(op: Op, graph: Graph) -> bool:
+    """Whether `op` is a lookup's gradient with respect to its table (the module's
+    docstring): the gradient of operand 0 of a Gather, GatherElements or GatherND."""
+    if op.domain != TRAIN or op.type != TrainOp.GRAD or op.attr("operand", 0) != 0:
+        return False
+    forward = graph.op_by_name.get(str(op.attr("op")))
+    return forward is not None and op_kind(forward).lookup
+
+
+def _scattered(
+    op: Op, rule: OpRule, option: ShardingOption, graph: Graph, mesh: Mesh
+) -> tuple[str, int] | None:
+    """The dtype and local elements of the gradient a scatter-add (`scatter_add`) reads;
+    None for any other op."""
+    indexing = rule.operands[-1] if rule.operands else None
+    if indexing is None or not scatter_add(op, graph):
+        return None
+    gradient = graph.values[op.inputs[-1]]
+    return gradient.dtype, _elements(gradient.shape, indexing, option, mesh)
 
 
 def op_bytes(
@@ -245,6 +276,8 @@ def op_bytes(
         if name
     ]
     written = sum(dtypes.nbytes(value.dtype, count) for value, count in results)
+    if (scattered := _scattered(op, rule, option, graph, mesh)) is not None:
+        return written + 3 * dtypes.nbytes(*scattered)
     read = 0
     for i, (name, indexing) in enumerate(zip(op.inputs, rule.operands, strict=False)):
         if not name or indexing is None:
@@ -340,14 +373,14 @@ def op_cost(
     moved = op_bytes(op, rule, option, graph, mesh)
     dtype = graph.values[op.outputs[0]].dtype if op.outputs and op.outputs[0] else "float32"
     dtype = graph.matmul_dtypes.get(op.name, dtype)
-    efficiency = None
-    if rule is not None and option is not None and flops:
+    efficiency, scatter = None, scatter_add(op, graph)
+    if rule is not None and option is not None and flops and not scatter:
         efficiency = matmul_efficiency(rule, option, mesh, dtype, device, op.inputs)
     rate = device.default_flops if efficiency is None else device.peak(dtype) * efficiency
     cached = 0 < moved <= device.cache_bytes and device.cache_bandwidth > 0
     bandwidth = device.cache_bandwidth if cached else device.hbm_bandwidth
     bandwidth *= device.memory_efficiency
-    if efficiency is None and rule is not None and not op_kind(op).lookup:
+    if efficiency is None and rule is not None and not (op_kind(op).lookup or scatter):
         bandwidth *= access_efficiency(device, access(op, rule, graph))
     seconds = max(flops / rate, moved / bandwidth)
     if efficiency is not None and device.pack_bandwidth > 0 and rule is not None:
