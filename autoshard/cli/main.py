@@ -449,10 +449,10 @@ end; at the default every pass over the older generations walks them again for n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     threshold = gc.get_threshold()
     gc.set_threshold(GC_THRESHOLD, *threshold[1:])
     try:
+        args = build_parser().parse_args(argv)
         return int(args.run(args))
     except AutoshardError as error:
         print(f"autoshard: error: {error}", file=sys.stderr)
