@@ -275,15 +275,22 @@ def _joined(
 
 
 def _best_run(seq: np.ndarray, min_period: int) -> tuple[int, int, int] | None:
-    """(start, period, count) of the periodic run of `seq` covering the most entries."""
+    """(start, period, count) of the periodic run of `seq` covering the most entries (ties:
+    the shortest period, then the earliest start)."""
     n = len(seq)
     best, covered = None, 0
+    same = np.zeros(n + 1, dtype=np.int8)  # 0-padded both ends: a run's edges are where it steps
     for period in range(min_period, n // 2 + 1):
-        same = seq[:-period] == seq[period:]
+        inner = same[1 : n - period + 1]
+        np.equal(seq[:-period], seq[period:], out=inner.view(bool))
+        same[n - period + 1] = 0
         # Runs of `same`: a run of length r starting at s makes ops s .. s+r+period-1 periodic.
-        edges = np.flatnonzero(np.diff(np.concatenate(([0], same.astype(np.int8), [0]))))
-        for s, e in zip(edges[::2], edges[1::2], strict=True):
-            count = (e - s + period) // period
-            if count >= 2 and count * period > covered:
-                best, covered = (int(s), period, int(count)), count * period
+        edges = np.flatnonzero(np.diff(same[: n - period + 2]))
+        if not len(edges):
+            continue
+        starts = edges[::2]
+        cover = (edges[1::2] - starts + period) // period * period
+        k = int(np.argmax(cover))  # the first of the runs covering the most
+        if cover[k] > covered and cover[k] >= 2 * period:
+            best, covered = (int(starts[k]), period, int(cover[k]) // period), int(cover[k])
     return best
