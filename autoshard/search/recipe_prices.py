@@ -17,6 +17,13 @@ program is lowered, and a 32-layer model solves one layer, as its search does:
   fits when that bound plus every such intermediate whole (`Traffic.intermediates_bound`)
   does, does not when the bound alone is over, and may fit between the two.
 
+The recipes share the request's wall-clock deadline (`--time-limit`), after the plan: a
+recipe whose optimum is not proven before it passes is priced by the best program found by
+then (`at_most`: its time an upper bound), at worst the plan's own choices with the recipe's
+pins (`_projected`, where the deadline had passed before its search). That program is also
+where CP-SAT starts: a recipe pins a few groups, and its optimum differs from the plan's
+mostly near them.
+
 When its fastest program does not fit, the recipe is told as not fitting: a slower program
 with the same layout may still fit, and `explain --why-not RECIPE` searches for it under the
 budget and lowers it. The bytes objective prices the recipe's program lowered (`cost.price`),
@@ -33,6 +40,7 @@ import numpy as np
 from autoshard.annotations import Annotation, bound_readers
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.price import price
+from autoshard.deadline import NEVER, Deadline
 from autoshard.ir.graph import Graph, Op
 from autoshard.passes.lower import lower_measured
 from autoshard.rules import rule_for
@@ -44,7 +52,7 @@ from autoshard.search.problem import Problem, Search
 from autoshard.search.recipes import Layout, Recipe, recipe_layouts
 from autoshard.search.solver.eliminate import memory_aside
 from autoshard.search.solver.factors import Factor, minimize
-from autoshard.search.solver.outcome import Limit, in_whole
+from autoshard.search.solver.outcome import Limit, OutOfTime, SolverStatus, in_whole
 from autoshard.search.solver.steps import Steps
 from autoshard.sharding import Sharding, ShardingOption
 
@@ -64,13 +72,20 @@ class RecipePrice:
     refused: str = ""
     comm_bytes_per_device: int | None = None  # priced by the bytes objective only
     memory_at_least: bool = False  # reshards whose intermediates the memory rows leave out
+    at_most: bool = False  # the best program found in time: its optimum is no slower
+
+
+RECIPE_SECONDS = 60.0
+"""CP-SAT's deterministic seconds for one recipe's program (within the request's deadline)."""
 
 
 def price_recipes(
-    graph: Graph, forward: Graph, cluster: Cluster, search: Search, objective: Objective
-) -> tuple[RecipePrice, ...]:
-    """Every recipe of the plan's mode (`recipes_for`), priced in the plan's `search`."""
-    tables = _Tables.of(search.problem)
+    graph: Graph, forward: Graph, cluster: Cluster, search: Search, objective: Objective,
+    deadline: Deadline = NEVER, start: Sequence[int] = (),
+) -> tuple[RecipePrice, ...]:  # fmt: skip
+    """Every recipe of the plan's mode (`recipes_for`), priced in the plan's `search` within
+    `deadline`; `start`: the plan's choice per group (the module docstring)."""
+    tables = _Tables.of(search.problem, deadline, tuple(start))
     return tuple(
         price_recipe(graph, cluster, search, layout, objective, tables)
         for layout in recipe_layouts(graph, forward, cluster.mesh)
@@ -92,13 +107,17 @@ def price_recipe(
     kept = _kept(graph, search, layout.annotations)
     if isinstance(kept, str):
         return RecipePrice(recipe, refused=kept)
-    choice = _fastest(search.problem, tables or _Tables.of(search.problem), kept, recipe)
+    found = _fastest(search.problem, tables or _Tables.of(search.problem), kept, recipe)
+    if found is None:
+        return RecipePrice(recipe, refused=OUT_OF_TIME)
+    choice, at_most = found
     if objective is Objective.BYTES:
         program, usage = lower_measured(graph, search.plan(graph, cluster, choice))
         cost = price(program, graph, cluster, usage)
         peak = cost.memory_bytes_per_device
         return RecipePrice(recipe, cost.objective, cost.compute_time_s, peak,
-                           peak <= cluster.memory, "", cost.comm_bytes_per_device)  # fmt: skip
+                           peak <= cluster.memory, "", cost.comm_bytes_per_device,
+                           at_most=at_most)  # fmt: skip
     compute, comm, chains = search.program_cost(choice)
     peak = search.problem.peak(choice)
     uncounted = chains - search.chains  # intermediates the rows do not count
@@ -107,7 +126,10 @@ def price_recipe(
         most += search.prices.traffic.intermediates_bound(uncounted)
     fits = True if most <= cluster.memory else False if peak > cluster.memory else None
     return RecipePrice(recipe, compute + comm, compute, peak, fits,
-                       memory_at_least=bool(uncounted))  # fmt: skip
+                       memory_at_least=bool(uncounted), at_most=at_most)  # fmt: skip
+
+
+OUT_OF_TIME = "not priced: the time limit ran out before any program of it was found"
 
 
 def _kept(graph: Graph, search: Search, pins: Sequence[Annotation]) -> list[list[int]] | str:
@@ -167,25 +189,51 @@ def _reads(graph: Graph, op: Op, option: ShardingOption | None, i: int) -> Shard
 class _Tables:
     """The problem's integer costs as arrays, made once for all the recipes, and the large
     elimination steps their solves share (a recipe pins a few groups: a step far from them is
-    the same in every recipe's solve)."""
+    the same in every recipe's solve); the deadline they share and the plan's choice they
+    start from (none: no start)."""
 
     node: tuple[np.ndarray, ...]
     edges: tuple[tuple[int, int, np.ndarray], ...]
     steps: Steps
+    deadline: Deadline = NEVER
+    start: tuple[int, ...] = ()
 
     @staticmethod
-    def of(problem: Problem) -> _Tables:
+    def of(problem: Problem, deadline: Deadline = NEVER, start: tuple[int, ...] = ()) -> _Tables:
         node = tuple(np.asarray(costs, dtype=np.int64) for costs in problem.node_costs)
         edges = tuple((a, b, np.asarray(m, dtype=np.int64)) for a, b, m in problem.edges)
-        return _Tables(node, edges, Steps())
+        return _Tables(node, edges, Steps(), deadline, start)
 
 
 def _fastest(
     problem: Problem, tables: _Tables, kept: Sequence[Sequence[int]], recipe: Recipe
-) -> tuple[int, ...]:
-    """The optimum over the choices `kept`, memory aside: exact elimination of the problem's
-    tables restricted to them (the factors `memory_aside` builds, in its order: the same
-    ties), else, where its tables would be too large, `memory_aside` itself."""
+) -> tuple[tuple[int, ...], bool] | None:
+    """The optimum over the choices `kept`, memory aside, and whether it is only the best
+    found in time (an upper bound): exact elimination of the problem's tables restricted to
+    them (the factors `memory_aside` builds, in its order: the same ties), else, where its
+    tables would be too large, `memory_aside` itself, started from the plan's choice with the
+    recipe's pins (`_projected`), which it answers with where the deadline passes first.
+    None: the deadline passed before any was found."""
+    start = _projected(tables, kept) if tables.start else None
+    if tables.deadline.passed():
+        return None if start is None else (in_whole(start, kept), True)
+    found = minimize([len(k) for k in kept], _factors(tables, kept), steps=tables.steps)
+    if found is not None:
+        return in_whole(found.choice, kept), False
+    limit = Limit(RECIPE_SECONDS, RECIPE_SECONDS, f"the recipe {recipe}", tables.deadline)
+    restricted = _restricted_aside(problem, kept)
+    try:
+        aside = memory_aside(restricted, limit, None, "s", start or ())
+    except OutOfTime:
+        return None if start is None else (in_whole(start, kept), True)
+    choice, proven = aside.choice, aside.status is SolverStatus.OPTIMAL
+    if not proven and start is not None and restricted.objective(start) < aside.objective:
+        choice = start
+    return in_whole(choice, kept), not proven
+
+
+def _factors(tables: _Tables, kept: Sequence[Sequence[int]]) -> list[Factor]:
+    """The problem's tables restricted to the choices `kept`, as factors."""
     index = [np.asarray(k, dtype=np.int64) for k in kept]
     factors = [
         Factor((g,), costs[i]) for g, (costs, i) in enumerate(zip(tables.node, index, strict=True))
@@ -196,11 +244,27 @@ def _fastest(
             factors.append(Factor((a,), np.diag(table).copy()))
         else:
             factors.append(Factor((a, b), table) if a < b else Factor((b, a), table.T.copy()))
-    found = minimize([len(k) for k in kept], factors, steps=tables.steps)
-    if found is not None:
-        return in_whole(found.choice, kept)
-    limit = Limit(60.0, 60.0, f"the recipe {recipe}")
-    return in_whole(memory_aside(_restricted_aside(problem, kept), limit, None, "s").choice, kept)
+    return factors
+
+
+def _projected(tables: _Tables, kept: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The plan's choice (`tables.start`) with the recipe's pins, in the numbering of `kept`:
+    each group's own where kept, else, group by group, the kept choice cheapest beside its
+    neighbours' choices so far (a program of the recipe's layout, so an upper bound on its
+    fastest)."""
+    at = [k.index(s) if s in k else -1 for s, k in zip(tables.start, kept, strict=True)]
+    near: list[list[tuple[int, np.ndarray]]] = [[] for _ in kept]
+    for a, b, matrix in tables.edges:
+        if a != b:
+            near[a].append((b, matrix))
+            near[b].append((a, matrix.T))
+    for g in (g for g, k in enumerate(at) if k < 0):
+        costs = tables.node[g][list(kept[g])].copy()
+        for h, matrix in near[g]:
+            column = tables.start[h] if at[h] < 0 else kept[h][at[h]]
+            costs += matrix[list(kept[g]), column]
+        at[g] = int(np.argmin(costs))
+    return tuple(at)
 
 
 def _restricted_aside(problem: Problem, kept: Sequence[Sequence[int]]) -> Problem:
