@@ -13,11 +13,11 @@ import pytest
 from autoshard.cost.cluster import make_cluster
 from autoshard.deadline import Deadline
 from autoshard.document.recipes import recipe_cells
-from autoshard.pipeline import PlanRequest, PipelineStage, load_graphs, plan_request
+from autoshard.pipeline import PipelineStage, PlanRequest, load_graphs, plan_request
 from autoshard.progress import Tracker
+from autoshard.search.options import Objective
 from autoshard.search.problem import build_search
 from autoshard.search.recipe_prices import OUT_OF_TIME, price_recipes
-from autoshard.search.options import Objective
 from autoshard.training import Training
 
 MLP = Path(__file__).resolve().parents[2] / "models" / "mlp.onnx"
