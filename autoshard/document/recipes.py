@@ -11,9 +11,10 @@
 `plan_*` are the plan's own figures (its program's cost); a recipe is priced by the same
 costs without lowering its program (`search.recipe_prices`: its time is the materialized
 program's, its memory a lower bound where `memory_at_least`, `fits` then null unless even that
-is over the budget; where the time limit ran out before its fastest program was proven,
-`at_most` is true: its figures are the best program's found, its time an upper bound); a
-recipe that does not apply, or that the time limit left unpriced, has `refused`, its reason.
+is over the budget; where its fastest program was not proven, the time limit run out or its
+exact tables too large, `at_most` is true: its figures are those of a program of its layout,
+its time an upper bound); a recipe that does not apply, or that the time limit left unpriced,
+has `refused`, its reason.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class RecipeRow:
     refused: str | None = None
     comm_bytes_per_device: int | None = None  # under the bytes objective only
     memory_at_least: bool = False  # a lower bound (`search.recipe_prices`); fits None: unknown
-    at_most: bool = False  # the best program found in time: the step time an upper bound
+    at_most: bool = False  # a program of its layout, not proven its fastest: an upper bound
 
     @property
     def comm_time_s(self) -> float:
@@ -178,7 +179,7 @@ def versus(plan: RecipeRow, row: RecipeRow, which: str = "") -> str:
     name = (
         f"{which}{row.name}"
         + {True: "", False: " (over the budget)", None: " (may not fit)"}[row.fits]
-        + (" (at most: the time limit ran out before its fastest)" if row.at_most else "")
+        + (" (at most: its fastest not proven)" if row.at_most else "")
     )
     if plan.comm_bytes_per_device is not None and row.comm_bytes_per_device is not None:
         return _versus_bytes(plan, row, name)

@@ -17,12 +17,12 @@ program is lowered, and a 32-layer model solves one layer, as its search does:
   fits when that bound plus every such intermediate whole (`Traffic.intermediates_bound`)
   does, does not when the bound alone is over, and may fit between the two.
 
-The recipes share the request's wall-clock deadline (`--time-limit`), after the plan: a
-recipe whose optimum is not proven before it passes is priced by the best program found by
-then (`at_most`: its time an upper bound), at worst the plan's own choices with the recipe's
-pins (`_projected`, where the deadline had passed before its search). That program is also
-where CP-SAT starts: a recipe pins a few groups, and its optimum differs from the plan's
-mostly near them.
+The recipes share the request's wall-clock deadline (`--time-limit`), after the plan. Where
+the deadline has passed, or the exact elimination's tables would be too large (a 3-axis mesh's
+training step), a recipe is priced by the plan's own choices with the recipe's pins, each
+group then moved to its cheapest kept choice beside its neighbours' until none moves
+(`_projected`): a program of the recipe's layout, so its time is an upper bound (`at_most`).
+A recipe pins a few groups, and its optimum differs from the plan's mostly near them.
 
 When its fastest program does not fit, the recipe is told as not fitting: a slower program
 with the same layout may still fit, and `explain --why-not RECIPE` searches for it under the
@@ -46,13 +46,11 @@ from autoshard.passes.lower import lower_measured
 from autoshard.rules import rule_for
 from autoshard.search.candidates import option_reads, option_writes
 from autoshard.search.coarsen import OpDecision
-from autoshard.search.memory.rows import NO_ROWS
 from autoshard.search.options import Objective
 from autoshard.search.problem import Problem, Search
 from autoshard.search.recipes import Layout, Recipe, recipe_layouts
-from autoshard.search.solver.eliminate import memory_aside
 from autoshard.search.solver.factors import Factor, minimize
-from autoshard.search.solver.outcome import Limit, OutOfTime, SolverStatus, in_whole
+from autoshard.search.solver.outcome import in_whole
 from autoshard.search.solver.steps import Steps
 from autoshard.sharding import Sharding, ShardingOption
 
@@ -72,11 +70,7 @@ class RecipePrice:
     refused: str = ""
     comm_bytes_per_device: int | None = None  # priced by the bytes objective only
     memory_at_least: bool = False  # reshards whose intermediates the memory rows leave out
-    at_most: bool = False  # the best program found in time: its optimum is no slower
-
-
-RECIPE_SECONDS = 60.0
-"""CP-SAT's deterministic seconds for one recipe's program (within the request's deadline)."""
+    at_most: bool = False  # a program of its layout, not proven its fastest: an upper bound
 
 
 def price_recipes(
@@ -107,7 +101,7 @@ def price_recipe(
     kept = _kept(graph, search, layout.annotations)
     if isinstance(kept, str):
         return RecipePrice(recipe, refused=kept)
-    found = _fastest(search.problem, tables or _Tables.of(search.problem), kept, recipe)
+    found = _fastest(tables or _Tables.of(search.problem), kept)
     if found is None:
         return RecipePrice(recipe, refused=OUT_OF_TIME)
     choice, at_most = found
@@ -129,7 +123,7 @@ def price_recipe(
                        memory_at_least=bool(uncounted), at_most=at_most)  # fmt: skip
 
 
-OUT_OF_TIME = "not priced: the time limit ran out before any program of it was found"
+OUT_OF_TIME = "not priced: the time limit ran out before its program was found"
 
 
 def _kept(graph: Graph, search: Search, pins: Sequence[Annotation]) -> list[list[int]] | str:
@@ -205,31 +199,20 @@ class _Tables:
         return _Tables(node, edges, Steps(), deadline, start)
 
 
-def _fastest(
-    problem: Problem, tables: _Tables, kept: Sequence[Sequence[int]], recipe: Recipe
-) -> tuple[tuple[int, ...], bool] | None:
-    """The optimum over the choices `kept`, memory aside, and whether it is only the best
-    found in time (an upper bound): exact elimination of the problem's tables restricted to
-    them (the factors `memory_aside` builds, in its order: the same ties), else, where its
-    tables would be too large, `memory_aside` itself, started from the plan's choice with the
-    recipe's pins (`_projected`), which it answers with where the deadline passes first.
-    None: the deadline passed before any was found."""
+def _fastest(tables: _Tables, kept: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], bool] | None:
+    """The optimum over the choices `kept`, memory aside, and whether it is only an upper
+    bound: exact elimination of the problem's tables restricted to them (the factors
+    `memory_aside` builds, in its order: the same ties); where its tables would be too large
+    or the deadline has passed, the plan's choice with the recipe's pins, improved group by
+    group (`_projected`: a bound, said so). A recipe prices a row of the document's side
+    table: its proof would take a CP-SAT solve as long as the plan's own, once per recipe
+    (`explain --why-not RECIPE` searches it). None: no plan to start from, and no time."""
     start = _projected(tables, kept) if tables.start else None
-    if tables.deadline.passed():
-        return None if start is None else (in_whole(start, kept), True)
-    found = minimize([len(k) for k in kept], _factors(tables, kept), steps=tables.steps)
-    if found is not None:
-        return in_whole(found.choice, kept), False
-    limit = Limit(RECIPE_SECONDS, RECIPE_SECONDS, f"the recipe {recipe}", tables.deadline)
-    restricted = _restricted_aside(problem, kept)
-    try:
-        aside = memory_aside(restricted, limit, None, "s", start or ())
-    except OutOfTime:
-        return None if start is None else (in_whole(start, kept), True)
-    choice, proven = aside.choice, aside.status is SolverStatus.OPTIMAL
-    if not proven and start is not None and restricted.objective(start) < aside.objective:
-        choice = start
-    return in_whole(choice, kept), not proven
+    if not tables.deadline.passed():
+        found = minimize([len(k) for k in kept], _factors(tables, kept), steps=tables.steps)
+        if found is not None:
+            return in_whole(found.choice, kept), False
+    return None if start is None else (in_whole(start, kept), True)
 
 
 def _factors(tables: _Tables, kept: Sequence[Sequence[int]]) -> list[Factor]:
@@ -249,34 +232,28 @@ def _factors(tables: _Tables, kept: Sequence[Sequence[int]]) -> list[Factor]:
 
 def _projected(tables: _Tables, kept: Sequence[Sequence[int]]) -> tuple[int, ...]:
     """The plan's choice (`tables.start`) with the recipe's pins, in the numbering of `kept`:
-    each group's own where kept, else, group by group, the kept choice cheapest beside its
-    neighbours' choices so far (a program of the recipe's layout, so an upper bound on its
-    fastest)."""
-    at = [k.index(s) if s in k else -1 for s, k in zip(tables.start, kept, strict=True)]
+    each group's own where kept, else the first kept; then, sweep after sweep (at most
+    `SWEEPS`), each group moved to its kept choice cheapest beside its neighbours' (the lowest
+    on ties) until none moves. A program of the recipe's layout, so an upper bound on its
+    fastest, and a local optimum of it."""
+    at = [k.index(s) if s in k else 0 for s, k in zip(tables.start, kept, strict=True)]
     near: list[list[tuple[int, np.ndarray]]] = [[] for _ in kept]
     for a, b, matrix in tables.edges:
         if a != b:
-            near[a].append((b, matrix))
-            near[b].append((a, matrix.T))
-    for g in (g for g, k in enumerate(at) if k < 0):
-        costs = tables.node[g][list(kept[g])].copy()
-        for h, matrix in near[g]:
-            column = tables.start[h] if at[h] < 0 else kept[h][at[h]]
-            costs += matrix[list(kept[g]), column]
-        at[g] = int(np.argmin(costs))
+            near[a].append((b, matrix[np.ix_(kept[a], kept[b])]))
+            near[b].append((a, matrix[np.ix_(kept[a], kept[b])].T))
+    own = [costs[list(k)] for costs, k in zip(tables.node, kept, strict=True)]
+    for _ in range(SWEEPS):
+        moved = False
+        for g, costs in enumerate(own):
+            total = costs + sum((matrix[:, at[h]] for h, matrix in near[g]), np.int64(0))
+            best = int(np.argmin(total))
+            if total[best] < total[at[g]]:
+                at[g], moved = best, True
+        if not moved:
+            break
     return tuple(at)
 
 
-def _restricted_aside(problem: Problem, kept: Sequence[Sequence[int]]) -> Problem:
-    """The problem over the choices `kept[g]` of each group, memory rows aside (the memory-aside
-    optimum needs none, and restricting them is most of `Problem.restricted`'s work)."""
-    index = [np.asarray(k, dtype=np.int64) for k in kept]
-    node = tuple(
-        tuple(int(c) for c in np.asarray(costs, dtype=np.int64)[i])
-        for costs, i in zip(problem.node_costs, index, strict=True)
-    )
-    edges = []
-    for a, b, matrix in problem.edges:
-        kept_matrix = np.asarray(matrix, dtype=np.int64)[np.ix_(index[a], index[b])]
-        edges.append((a, b, tuple(map(tuple, kept_matrix.tolist()))))
-    return Problem(tuple(map(len, kept)), node, tuple(edges), NO_ROWS, problem.budget, problem.unit)
+SWEEPS = 20
+"""The sweeps `_projected` makes at most: each costs a pass over the problem's edges."""

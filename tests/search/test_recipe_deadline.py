@@ -6,18 +6,21 @@ stage, never a wall-clock race."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from autoshard.cost.cluster import make_cluster
-from autoshard.deadline import Deadline
+from autoshard.deadline import NEVER, Deadline
 from autoshard.document.recipes import recipe_cells
 from autoshard.pipeline import PipelineStage, PlanRequest, load_graphs, plan_request
 from autoshard.progress import Tracker
 from autoshard.search.options import Objective
 from autoshard.search.problem import build_search
-from autoshard.search.recipe_prices import OUT_OF_TIME, price_recipes
+from autoshard.search.recipe_prices import OUT_OF_TIME, _projected, _Tables, price_recipes
+from autoshard.search.solver.steps import Steps
 from autoshard.training import Training
 
 MLP = Path(__file__).resolve().parents[2] / "models" / "mlp.onnx"
@@ -89,3 +92,32 @@ def test_a_recipe_with_no_start_and_no_time_is_not_priced():
     assert {p.recipe.value: p.refused for p in prices} == {
         name: OUT_OF_TIME for name in ("dp", "zero", "fsdp", "tp-dp", "tp-fsdp")
     }
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_projected_plan_is_a_local_optimum_of_the_recipes_choices(seed):
+    """`_projected` on random tables (5 groups of 4 choices, 7 edges), 2 or 3 choices kept
+    per group: a choice per group among those kept, no cheaper by moving any one group (a
+    local optimum), and no cheaper than the brute-forced optimum over the kept choices."""
+    rng = np.random.default_rng(seed)
+    sizes = [4] * 5
+    node = tuple(rng.integers(0, 50, 4) for _ in sizes)
+    pairs = [(0, 1), (1, 2), (2, 3), (3, 4), (0, 2), (1, 4), (0, 4)]
+    edges = tuple((a, b, rng.integers(0, 50, (4, 4))) for a, b in pairs)
+    kept = [sorted(rng.choice(4, int(rng.integers(2, 4)), replace=False).tolist()) for _ in sizes]
+    start = tuple(int(k) for k in rng.integers(0, 4, 5))
+    tables = _Tables(node, edges, Steps(), NEVER, start)
+
+    def cost(at):
+        whole = [k[i] for k, i in zip(kept, at, strict=True)]
+        return sum(int(c[w]) for c, w in zip(node, whole, strict=True)) + sum(
+            int(m[whole[a], whole[b]]) for a, b, m in edges
+        )
+
+    at = _projected(tables, kept)
+    assert all(0 <= i < len(k) for i, k in zip(at, kept, strict=True))
+    for g, k in enumerate(kept):
+        for other in range(len(k)):
+            assert cost(at) <= cost(at[:g] + (other,) + at[g + 1 :])
+    best = min(cost(c) for c in itertools.product(*(range(len(k)) for k in kept)))
+    assert cost(at) >= best

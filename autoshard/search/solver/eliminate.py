@@ -26,17 +26,14 @@ from autoshard.search.solver.outcome import (
 )
 
 
-def memory_aside(
-    problem: Problem, limit: Limit, tracker: Tracker | None, unit: str, hint: Sequence[int] = ()
-) -> Solution:
+def memory_aside(problem: Problem, limit: Limit, tracker: Tracker | None, unit: str) -> Solution:
     """The optimum with memory aside: exact elimination (`factors.minimize`) where its tables
     stay under its cap, of the choices that are no dead end (`factors.undominated`) where
     those of all do not; else CP-SAT on what is left once the groups of degree <= 2 are
     eliminated, of the choices no dead end where some are (fewer choices, a faster proof).
     The choices left may hold dead ends again (a neighbour lost its own): narrowed in a loop,
     not a call per round, since the rounds may follow a chain of layers. `OutOfTime` where
-    the deadline passes first (a round is not stopped within). `hint`: a choice per group
-    CP-SAT starts from (a dead end of it replaced by its group's first choice kept)."""
+    the deadline passes first (a round is not stopped within)."""
     started = time.perf_counter()
     narrowings: list[list[list[int]]] = []  # the choices kept in each round, in order
     while True:
@@ -55,7 +52,7 @@ def memory_aside(
             break
         alive = undominated(problem)
         if sum(map(len, alive)) >= problem.variables:
-            found = _reduced_cp_sat(problem, limit, tracker, unit, hint)
+            found = _reduced_cp_sat(problem, limit, tracker, unit)
             break
         narrowed = problem.restricted(alive)
         if tracker is not None:
@@ -63,7 +60,6 @@ def memory_aside(
                            "memory aside")  # fmt: skip
         narrowings.append(alive)
         problem = narrowed
-        hint = _kept_hint(hint, alive)
     if not narrowings:
         return found
     for alive in reversed(narrowings):
@@ -71,19 +67,10 @@ def memory_aside(
     return dataclasses.replace(found, wall_s=time.perf_counter() - started)
 
 
-def _kept_hint(hint: Sequence[int], kept: Sequence[Sequence[int]]) -> tuple[int, ...]:
-    """`hint` in the numbering of the choices `kept` (a choice not kept: the group's first)."""
-    if not hint:
-        return ()
-    return tuple(k.index(h) if h in k else 0 for h, k in zip(hint, kept, strict=True))
-
-
-def _reduced_cp_sat(
-    problem: Problem, limit: Limit, tracker: Tracker | None, unit: str, hint: Sequence[int] = ()
-) -> Solution:
-    """CP-SAT, memory aside, on what is left once the groups of degree <= 2 are eliminated
-    (`hint` on the groups kept). OR-Tools is imported here, where CP-SAT is called: a plan
-    elimination answers never loads it."""
+def _reduced_cp_sat(problem: Problem, limit: Limit, tracker: Tracker | None, unit: str) -> Solution:
+    """CP-SAT, memory aside, on what is left once the groups of degree <= 2 are eliminated.
+    OR-Tools is imported here, where CP-SAT is called: a plan elimination answers never
+    loads it."""
     from autoshard.search.solver.cp_sat import solve_cp_sat
 
     reduced, kept, order = eliminate(problem)
@@ -97,9 +84,7 @@ def _reduced_cp_sat(
         tracker.detail(f"CP-SAT on {len(reduced.sizes)} of {len(problem.sizes)} groups "
                        "(the rest eliminated), memory aside")  # fmt: skip
         watch = Improvements(tracker, problem.unit, unit, offset)
-    relaxed, _ = solve_cp_sat(
-        reduced, limit, memory=False, hint=[hint[g] for g in kept] if hint else (), watch=watch
-    )
+    relaxed, _ = solve_cp_sat(reduced, limit, memory=False, watch=watch)
     choice = _expand(relaxed.choice, kept, order, len(problem.sizes))
     objective = problem.objective(choice)
     proven = relaxed.status is SolverStatus.OPTIMAL
