@@ -11,7 +11,10 @@
 `plan_*` are the plan's own figures (its program's cost); a recipe is priced by the same
 costs without lowering its program (`search.recipe_prices`: its time is the materialized
 program's, its memory a lower bound where `memory_at_least`, `fits` then null unless even that
-is over the budget); a recipe that does not apply has `refused`, its reason.
+is over the budget; where its fastest program was not proven, the time limit run out or its
+exact tables too large, `at_most` is true: its figures are those of a program of its layout,
+its time an upper bound); a recipe that does not apply, or that the time limit left unpriced,
+has `refused`, its reason.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class RecipeRow:
     refused: str | None = None
     comm_bytes_per_device: int | None = None  # under the bytes objective only
     memory_at_least: bool = False  # a lower bound (`search.recipe_prices`); fits None: unknown
+    at_most: bool = False  # a program of its layout, not proven its fastest: an upper bound
 
     @property
     def comm_time_s(self) -> float:
@@ -53,7 +57,7 @@ class RecipeRow:
                 "refused": self.refused, "memory_at_least": self.memory_at_least} | (
             {"comm_bytes_per_device": self.comm_bytes_per_device}
             if self.comm_bytes_per_device is not None else {}
-        )  # fmt: skip
+        ) | ({"at_most": True} if self.at_most else {})  # fmt: skip
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> RecipeRow:
@@ -61,7 +65,7 @@ class RecipeRow:
             str(data["name"]), str(data.get("title") or data["name"]), data.get("step_time_s"),
             data.get("compute_time_s"), data.get("memory_bytes_per_device"), data.get("fits"),
             data.get("refused"), data.get("comm_bytes_per_device"),
-            bool(data.get("memory_at_least")),
+            bool(data.get("memory_at_least")), bool(data.get("at_most")),
         )  # fmt: skip
 
 
@@ -136,7 +140,8 @@ def _row(price: RecipePrice) -> RecipeRow:
         return RecipeRow(name, title, None, None, None, None, price.refused)
     return RecipeRow(name, title, price.step_time_s, price.compute_time_s,
                      price.memory_bytes_per_device, price.fits, None,
-                     price.comm_bytes_per_device, price.memory_at_least)  # fmt: skip
+                     price.comm_bytes_per_device, price.memory_at_least,
+                     price.at_most)  # fmt: skip
 
 
 def difference(
@@ -174,6 +179,7 @@ def versus(plan: RecipeRow, row: RecipeRow, which: str = "") -> str:
     name = (
         f"{which}{row.name}"
         + {True: "", False: " (over the budget)", None: " (may not fit)"}[row.fits]
+        + (" (at most: its fastest not proven)" if row.at_most else "")
     )
     if plan.comm_bytes_per_device is not None and row.comm_bytes_per_device is not None:
         return _versus_bytes(plan, row, name)
@@ -215,7 +221,8 @@ def recipe_cells(block: Recipes) -> list[tuple[str, str, str, str]]:
             continue
         memory = format_bytes(r.memory_bytes_per_device or 0)
         fits = "unknown" if r.fits is None else "yes" if r.fits else "no"
-        rows.append((r.name, format_seconds(r.step_time_s or 0.0),
+        time = format_seconds(r.step_time_s or 0.0)
+        rows.append((r.name, f"<= {time}" if r.at_most else time,
                      f">= {memory}" if r.memory_at_least else memory, fits))  # fmt: skip
     return rows
 

@@ -248,23 +248,26 @@ def plan_request(
     if training is not None and training.recompute is Recompute.AUTO:
         return _fastest_recompute(request, training, tracker, after, deadline, graphs, searches)
     found = _search(request, tracker, deadline, graphs, explain, searches)
-    requested = _documented(request, found, tracker)
+    requested = _documented(request, found, tracker, deadline)
     if after is not None:
         build(requested.graph, requested.planned.plan, after, tracker)
     return requested
 
 
 def _documented(
-    request: PlanRequest, found: _Searched, tracker: Tracker | None, chosen: str | None = None
-) -> RequestedPlan:
+    request: PlanRequest, found: _Searched, tracker: Tracker | None, deadline: Deadline,
+    chosen: str | None = None,
+) -> RequestedPlan:  # fmt: skip
     """The plan document of `found`, `request`'s search: with the pipeline's block and the
     story's words on it (where pipelined), and why the search chose as it did (where allowed
     to choose: a pipeline; `chosen`, the recomputation's words, where `--recompute auto` chose
-    it, `_fastest_recompute`)."""
+    it, `_fastest_recompute`). The recipes beside it are priced within `deadline`, each
+    started from the plan's choices (`search.recipe_prices`)."""
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
     planned, graph, cluster, forward = found.planned, found.graph, found.cluster, found.forward
     enter_stage(tracker, PipelineStage.DOCUMENT)
-    recipes = price_recipes(graph, forward, cluster, planned.search, options.objective)
+    recipes = price_recipes(graph, forward, cluster, planned.search, options.objective,
+                            deadline, planned.solution.choice)  # fmt: skip
     document = plan_document(
         graph, cluster, planned.plan, planned.program, planned.cost,
         model_info(request.model_path, graph, request.dims), planned, request.training,
@@ -374,7 +377,7 @@ def _fastest_recompute(
     # One candidate (a model without repeated layers) is no choice: the story is silent.
     words = recompute_words(chosen, considered) if len(considered) > 1 else ""
     asked = dataclasses.replace(request, training=chosen.training)
-    planned = _documented(asked, found[chosen.training], tracker, words)
+    planned = _documented(asked, found[chosen.training], tracker, deadline, words)
     if after is not None:
         build(planned.graph, planned.planned.plan, after, tracker)
     return planned

@@ -17,6 +17,13 @@ program is lowered, and a 32-layer model solves one layer, as its search does:
   fits when that bound plus every such intermediate whole (`Traffic.intermediates_bound`)
   does, does not when the bound alone is over, and may fit between the two.
 
+The recipes share the request's wall-clock deadline (`--time-limit`), after the plan. Where
+the deadline has passed, or the exact elimination's tables would be too large (a 3-axis mesh's
+training step), a recipe is priced by the plan's own choices with the recipe's pins, each
+group then moved to its cheapest kept choice beside its neighbours' until none moves
+(`_projected`): a program of the recipe's layout, so its time is an upper bound (`at_most`).
+A recipe pins a few groups, and its optimum differs from the plan's mostly near them.
+
 When its fastest program does not fit, the recipe is told as not fitting: a slower program
 with the same layout may still fit, and `explain --why-not RECIPE` searches for it under the
 budget and lowers it. The bytes objective prices the recipe's program lowered (`cost.price`),
@@ -33,18 +40,17 @@ import numpy as np
 from autoshard.annotations import Annotation, bound_readers
 from autoshard.cost.cluster import Cluster
 from autoshard.cost.price import price
+from autoshard.deadline import NEVER, Deadline
 from autoshard.ir.graph import Graph, Op
 from autoshard.passes.lower import lower_measured
 from autoshard.rules import rule_for
 from autoshard.search.candidates import option_reads, option_writes
 from autoshard.search.coarsen import OpDecision
-from autoshard.search.memory.rows import NO_ROWS
 from autoshard.search.options import Objective
 from autoshard.search.problem import Problem, Search
 from autoshard.search.recipes import Layout, Recipe, recipe_layouts
-from autoshard.search.solver.eliminate import memory_aside
 from autoshard.search.solver.factors import Factor, minimize
-from autoshard.search.solver.outcome import Limit, in_whole
+from autoshard.search.solver.outcome import in_whole
 from autoshard.search.solver.steps import Steps
 from autoshard.sharding import Sharding, ShardingOption
 
@@ -64,13 +70,16 @@ class RecipePrice:
     refused: str = ""
     comm_bytes_per_device: int | None = None  # priced by the bytes objective only
     memory_at_least: bool = False  # reshards whose intermediates the memory rows leave out
+    at_most: bool = False  # a program of its layout, not proven its fastest: an upper bound
 
 
 def price_recipes(
-    graph: Graph, forward: Graph, cluster: Cluster, search: Search, objective: Objective
-) -> tuple[RecipePrice, ...]:
-    """Every recipe of the plan's mode (`recipes_for`), priced in the plan's `search`."""
-    tables = _Tables.of(search.problem)
+    graph: Graph, forward: Graph, cluster: Cluster, search: Search, objective: Objective,
+    deadline: Deadline = NEVER, start: Sequence[int] = (),
+) -> tuple[RecipePrice, ...]:  # fmt: skip
+    """Every recipe of the plan's mode (`recipes_for`), priced in the plan's `search` within
+    `deadline`; `start`: the plan's choice per group (the module docstring)."""
+    tables = _Tables.of(search.problem, deadline, tuple(start))
     return tuple(
         price_recipe(graph, cluster, search, layout, objective, tables)
         for layout in recipe_layouts(graph, forward, cluster.mesh)
@@ -92,13 +101,17 @@ def price_recipe(
     kept = _kept(graph, search, layout.annotations)
     if isinstance(kept, str):
         return RecipePrice(recipe, refused=kept)
-    choice = _fastest(search.problem, tables or _Tables.of(search.problem), kept, recipe)
+    found = _fastest(tables or _Tables.of(search.problem), kept)
+    if found is None:
+        return RecipePrice(recipe, refused=OUT_OF_TIME)
+    choice, at_most = found
     if objective is Objective.BYTES:
         program, usage = lower_measured(graph, search.plan(graph, cluster, choice))
         cost = price(program, graph, cluster, usage)
         peak = cost.memory_bytes_per_device
         return RecipePrice(recipe, cost.objective, cost.compute_time_s, peak,
-                           peak <= cluster.memory, "", cost.comm_bytes_per_device)  # fmt: skip
+                           peak <= cluster.memory, "", cost.comm_bytes_per_device,
+                           at_most=at_most)  # fmt: skip
     compute, comm, chains = search.program_cost(choice)
     peak = search.problem.peak(choice)
     uncounted = chains - search.chains  # intermediates the rows do not count
@@ -107,7 +120,10 @@ def price_recipe(
         most += search.prices.traffic.intermediates_bound(uncounted)
     fits = True if most <= cluster.memory else False if peak > cluster.memory else None
     return RecipePrice(recipe, compute + comm, compute, peak, fits,
-                       memory_at_least=bool(uncounted))  # fmt: skip
+                       memory_at_least=bool(uncounted), at_most=at_most)  # fmt: skip
+
+
+OUT_OF_TIME = "not priced: the time limit ran out before its program was found"
 
 
 def _kept(graph: Graph, search: Search, pins: Sequence[Annotation]) -> list[list[int]] | str:
@@ -167,25 +183,40 @@ def _reads(graph: Graph, op: Op, option: ShardingOption | None, i: int) -> Shard
 class _Tables:
     """The problem's integer costs as arrays, made once for all the recipes, and the large
     elimination steps their solves share (a recipe pins a few groups: a step far from them is
-    the same in every recipe's solve)."""
+    the same in every recipe's solve); the deadline they share and the plan's choice they
+    start from (none: no start)."""
 
     node: tuple[np.ndarray, ...]
     edges: tuple[tuple[int, int, np.ndarray], ...]
     steps: Steps
+    deadline: Deadline = NEVER
+    start: tuple[int, ...] = ()
 
     @staticmethod
-    def of(problem: Problem) -> _Tables:
+    def of(problem: Problem, deadline: Deadline = NEVER, start: tuple[int, ...] = ()) -> _Tables:
         node = tuple(np.asarray(costs, dtype=np.int64) for costs in problem.node_costs)
         edges = tuple((a, b, np.asarray(m, dtype=np.int64)) for a, b, m in problem.edges)
-        return _Tables(node, edges, Steps())
+        return _Tables(node, edges, Steps(), deadline, start)
 
 
-def _fastest(
-    problem: Problem, tables: _Tables, kept: Sequence[Sequence[int]], recipe: Recipe
-) -> tuple[int, ...]:
-    """The optimum over the choices `kept`, memory aside: exact elimination of the problem's
-    tables restricted to them (the factors `memory_aside` builds, in its order: the same
-    ties), else, where its tables would be too large, `memory_aside` itself."""
+def _fastest(tables: _Tables, kept: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], bool] | None:
+    """The optimum over the choices `kept`, memory aside, and whether it is only an upper
+    bound: exact elimination of the problem's tables restricted to them (the factors
+    `memory_aside` builds, in its order: the same ties); where its tables would be too large
+    or the deadline has passed, the plan's choice with the recipe's pins, improved group by
+    group (`_projected`: a bound, said so). A recipe prices a row of the document's side
+    table: its proof would take a CP-SAT solve as long as the plan's own, once per recipe
+    (`explain --why-not RECIPE` searches it). None: no plan to start from, and no time."""
+    start = _projected(tables, kept) if tables.start else None
+    if not tables.deadline.passed():
+        found = minimize([len(k) for k in kept], _factors(tables, kept), steps=tables.steps)
+        if found is not None:
+            return in_whole(found.choice, kept), False
+    return None if start is None else (in_whole(start, kept), True)
+
+
+def _factors(tables: _Tables, kept: Sequence[Sequence[int]]) -> list[Factor]:
+    """The problem's tables restricted to the choices `kept`, as factors."""
     index = [np.asarray(k, dtype=np.int64) for k in kept]
     factors = [
         Factor((g,), costs[i]) for g, (costs, i) in enumerate(zip(tables.node, index, strict=True))
@@ -196,23 +227,33 @@ def _fastest(
             factors.append(Factor((a,), np.diag(table).copy()))
         else:
             factors.append(Factor((a, b), table) if a < b else Factor((b, a), table.T.copy()))
-    found = minimize([len(k) for k in kept], factors, steps=tables.steps)
-    if found is not None:
-        return in_whole(found.choice, kept)
-    limit = Limit(60.0, 60.0, f"the recipe {recipe}")
-    return in_whole(memory_aside(_restricted_aside(problem, kept), limit, None, "s").choice, kept)
+    return factors
 
 
-def _restricted_aside(problem: Problem, kept: Sequence[Sequence[int]]) -> Problem:
-    """The problem over the choices `kept[g]` of each group, memory rows aside (the memory-aside
-    optimum needs none, and restricting them is most of `Problem.restricted`'s work)."""
-    index = [np.asarray(k, dtype=np.int64) for k in kept]
-    node = tuple(
-        tuple(int(c) for c in np.asarray(costs, dtype=np.int64)[i])
-        for costs, i in zip(problem.node_costs, index, strict=True)
-    )
-    edges = []
-    for a, b, matrix in problem.edges:
-        kept_matrix = np.asarray(matrix, dtype=np.int64)[np.ix_(index[a], index[b])]
-        edges.append((a, b, tuple(map(tuple, kept_matrix.tolist()))))
-    return Problem(tuple(map(len, kept)), node, tuple(edges), NO_ROWS, problem.budget, problem.unit)
+def _projected(tables: _Tables, kept: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The plan's choice (`tables.start`) with the recipe's pins, in the numbering of `kept`:
+    each group's own where kept, else the first kept; then, sweep after sweep (at most
+    `SWEEPS`), each group moved to its kept choice cheapest beside its neighbours' (the lowest
+    on ties) until none moves. A program of the recipe's layout, so an upper bound on its
+    fastest, and a local optimum of it."""
+    at = [k.index(s) if s in k else 0 for s, k in zip(tables.start, kept, strict=True)]
+    near: list[list[tuple[int, np.ndarray]]] = [[] for _ in kept]
+    for a, b, matrix in tables.edges:
+        if a != b:
+            near[a].append((b, matrix[np.ix_(kept[a], kept[b])]))
+            near[b].append((a, matrix[np.ix_(kept[a], kept[b])].T))
+    own = [costs[list(k)] for costs, k in zip(tables.node, kept, strict=True)]
+    for _ in range(SWEEPS):
+        moved = False
+        for g, costs in enumerate(own):
+            total = costs + sum((matrix[:, at[h]] for h, matrix in near[g]), np.int64(0))
+            best = int(np.argmin(total))
+            if total[best] < total[at[g]]:
+                at[g], moved = best, True
+        if not moved:
+            break
+    return tuple(at)
+
+
+SWEEPS = 20
+"""The sweeps `_projected` makes at most: each costs a pass over the problem's edges."""
