@@ -6,34 +6,18 @@ the model imported and its searches built (the caches hold a whole ladder), each
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
-import sys
 from pathlib import Path
-
-import onnx
 
 from autoshard.cli.main import main
 from autoshard.sweep import points
 from autoshard.sweep.grid import Point
 from autoshard.sweep.points import Task, budget_groups, plan_point, plan_sha256
-from tests.training.test_recompute import MODELS
+from tests.training.test_recompute import _small_decoder
 
 DIMS = (("batch", 8), ("seq", 32))
 BUDGETS = ("1GiB", "4MB", "3MB", "100KB")  # free, binding (every rung built), binding, none fits
-
-
-def _decoder(path: Path) -> Path:
-    """models/make_models.py's shape-only decoder of 4 layers (5 distinct rungs)."""
-    spec = importlib.util.spec_from_file_location("make_models", MODELS / "make_models.py")
-    assert spec is not None and spec.loader is not None
-    make_models = importlib.util.module_from_spec(spec)
-    sys.modules["make_models"] = make_models  # its dataclasses look it up
-    spec.loader.exec_module(make_models)
-    onnx.save(make_models.build_decoder_shape_only(4, hidden=64, heads=4, ffn=128,
-                                                   vocab=128).proto, path)  # fmt: skip
-    return path
 
 
 def _alone(model: Path, memory: str) -> tuple[int, dict[str, object] | None]:
@@ -45,7 +29,7 @@ def _alone(model: Path, memory: str) -> tuple[int, dict[str, object] | None]:
 
 
 def test_a_binding_points_budgets_import_once_and_are_each_budgets_plan(tmp_path: Path) -> None:
-    model = _decoder(tmp_path / "decoder.onnx")
+    model = _small_decoder(tmp_path / "decoder.onnx", layers=4)  # 5 distinct rungs
     tasks = [
         Task(key=m, point=Point(mesh="2x2", memory=m, dims=DIMS, mode="training"),
              model=str(model), objective="time", time_limit=60.0)
