@@ -18,6 +18,24 @@ processes: each point a task of its own (the sweep's pool before), or each group
 median point's CPU seconds, and the points whose plan (status, step time, memory, plan hash)
 the first way found too. Run each way in a process of its own (`--ways alone`, then `--ways
 shared`) to compare them cold: a process keeps caches of what it planned.
+
+Figures (2-core machine shared with other jobs, CPU seconds):
+- The grid: 2,130 points, 355 meshes (5 of one axis, 35 of two, 110 of three, 205 of four)
+  x 3 budgets x 2 batches: 710 groups of points differing in budget alone (one search each).
+- `--mesh 8x8,4x16` (12 points, load 10-25): each point alone 177.7 s (median 11.3),
+  budgets sharing a search 107.2 (8.6); free budgets 1-1.8 s, binding 40 GiB 7-32 s.
+- `--mesh 4x4x2x2,64 --ways shared` (load 15-18): the first point (4x4x2x2, 80 GiB, batch
+  4) spent 288 s building its problem (pricing reshards: `reshard.planner._plan`, one path
+  search per pair of shardings where their states are too many for `basis.step_graph`) and
+  passed its 600 s wall limit there, no plan; stopped after 39 min wall. Four-axis meshes are
+  58 % of the grid: their problems alone are at least 205 x 2 x 288 s, about 33 CPU hours.
+  The grid does not finish in minutes on two cores: the reshard pricing of four-axis meshes
+  must become tables first.
+- A binding budget builds every rung of `--recompute auto`'s ladder (5-6 steps); a worker kept
+  4 graphs, so each next budget imported the model and built its problems again (a 4-layer
+  decoder on 2x2, budgets 1GiB..2MB: imports 1,1,2,3,3); now 1 (`points.RUNGS`).
+  `--mesh 8x8 --batch 4 --ways shared` (no budget binds): 12.6 s before, 12.5 after (the
+  first budget 9.4-9.6 s, the others 1.5 s each, the plan found before).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autoshard.cost.cluster import make_cluster
+from autoshard.cost.replay import recompute_ladder
 from autoshard.errors import AutoshardError
 from autoshard.pipeline import GraphCache, PlanRequest, RequestedPlan, plan_request
 from autoshard.search.microbatch import GlobalBatch
@@ -29,6 +30,7 @@ from autoshard.search.pipelined import PIPELINE_AXIS, pipeline_ask
 from autoshard.search.shared import SearchCache
 from autoshard.search.solver.outcome import InfeasibleError
 from autoshard.sweep.grid import Point
+from autoshard.training import Training
 from autoshard.training.options import requested
 
 
@@ -60,8 +62,14 @@ class _Last(OrderedDict[Any, Any]):
             self.popitem(last=False)
 
 
-_GRAPHS: GraphCache = _Last(4)
-_SEARCHES: SearchCache = _Last(8)  # a budget's recomputations each have one
+RUNGS = len(recompute_ladder(Training()))
+"""The most training steps `--recompute auto` builds of one model and dims (its ladder, with
+selective recomputation): a point whose budget binds builds each of them, so the caches
+below keep every rung, or the next budget of the point would import the model and build
+its problems again (each rung's graph a new one, which no kept search is for)."""
+# Two ladders each: a worker's groups change dims, a global batch's counts each have one.
+_GRAPHS: GraphCache = _Last(2 * RUNGS)
+_SEARCHES: SearchCache = _Last(2 * RUNGS)
 
 
 def budget_groups(tasks: Sequence[Task]) -> list[list[Task]]:

@@ -154,14 +154,14 @@ def test_layers_every_k_round_trips_through_the_document_text():
     assert Training.parse().recompute is Recompute.AUTO
 
 
-def _small_decoder(path: Path) -> Path:
-    """models/make_models.py's shape-only decoder, 2 layers of hidden 64 (the 70B's shape)."""
+def _small_decoder(path: Path, layers: int = 2) -> Path:
+    """models/make_models.py's shape-only decoder, `layers` of hidden 64 (the 70B's shape)."""
     spec = importlib.util.spec_from_file_location("make_models", MODELS / "make_models.py")
     assert spec is not None and spec.loader is not None
     make_models = importlib.util.module_from_spec(spec)
     sys.modules["make_models"] = make_models  # its dataclasses look it up
     spec.loader.exec_module(make_models)
-    built = make_models.build_decoder_shape_only(2, hidden=64, heads=4, ffn=128, vocab=128)
+    built = make_models.build_decoder_shape_only(layers, hidden=64, heads=4, ffn=128, vocab=128)
     onnx.save(built.proto, path)
     return path
 
