@@ -7,7 +7,8 @@ single-process step with the same optimizer (loss, every gradient, every updated
 1e-5, after steps 1 and 3, each from the ranks' state after the step before). While it trains,
 every collective torch issues is counted per phase and kind (`traffic.Traffic`, CommDebugMode
 beside it) and must be, byte for byte, the export's estimate (`traffic` of the export document).
-The 2x2 plans share one start of 4 ranks, the 2x2x2 one a start of 8 (`train_cases`)."""
+The 2x2 plans share one start of 4 ranks, the 2x2x2 ones (data parallel, ZeRO-2, FSDP and
+Megatron over 8 devices) a start of 8 (`train_cases`)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ MODELS = Path(__file__).resolve().parents[2] / "models"
 _WHOLE = ["0.weight=[[], []]@users", "2.weight=[[], []]@users", "0.bias=[[]]@users",
           "2.bias=[[]]@users"]  # fmt: skip
 _BATCH = ["x=[[0, 1], []]", "x=[[0, 1], []]@users"]
+_CUBE = "dp=2,dq=2,tp=2"
+_BATCH3 = ["x=[[0, 1, 2], []]", "x=[[0, 1, 2], []]@users"]
+_HELD = ["0.weight=[[], []]", "0.bias=[[]]", "2.weight=[[], []]", "2.bias=[[]]"]
 _MEGATRON = ["x=[[0], []]", "x=[[0], []]@users", "0.weight=[[1], []]", "0.bias=[[1]]",
              "2.weight=[[], [1]]", "2.bias=[[]]", "/0/Gemm_output_0=[[0], [1]]",
              "/1/Relu_output_0=[[0], [1]]@users"]  # fmt: skip
@@ -41,8 +45,7 @@ _TWO_DIMS = ["x=[[], []]", "x=[[], []]@users", "0.weight=[[1], []]", "0.bias=[[1
              "2.bias@state=[[], []]"]  # fmt: skip
 # name -> (mesh, optimizer, planning flags, annotations: `value=sharding`, `@users` for reads)
 CASES = {
-    "dp": ("dp=2,tp=2", "sgd", [], [*_BATCH, "0.weight=[[], []]", "0.bias=[[]]",
-                                     "2.weight=[[], []]", "2.bias=[[]]", *_WHOLE]),
+    "dp": ("dp=2,tp=2", "sgd", [], [*_BATCH, *_HELD, *_WHOLE]),
     # ZeRO-2: weights whole, their optimizer state split over dp (FSDP2 keeps them gathered
     # from forward to backward); the batch over both axes (the gradients summed over tp).
     "zero2": ("dp=2,tp=2", "adam", [], [*_BATCH, "0.weight=[[], []]", "0.bias=[[]]",
@@ -62,9 +65,21 @@ CASES = {
                                           "0.bias=[[1, 0]]", *_MEGATRON[4:]]),
     # The search's own plan under a budget: both Linears column-split on tp.
     "searched": ("dp=2,tp=2", "sgd", ["--memory", "300KB"], []),
-    "fsdp-2x2x2": ("dp=2,dq=2,tp=2", "sgd", [], [
-        "x=[[0, 1, 2], []]", "x=[[0, 1, 2], []]@users", "0.weight=[[0], []]", "0.bias=[[0]]",
-        "2.weight=[[0], []]", "2.bias=[[0]]", *_WHOLE]),
+    # 2x2x2: the batch over all 8 devices (Megatron's over dp and dq), as on 2x2 otherwise
+    "dp-2x2x2": (_CUBE, "sgd", [], [*_BATCH3, *_HELD, *_WHOLE]),
+    "zero2-2x2x2": (_CUBE, "adam", [], [*_BATCH3, *_HELD, *_WHOLE,
+                                       "0.weight@state=[[], [0, 1, 2], []]",
+                                       "0.bias@state=[[], [0, 1, 2]]",
+                                       "2.weight@state=[[], [0, 1, 2], []]",
+                                       "2.bias@state=[[], [0, 1, 2]]"]),
+    "fsdp-2x2x2": (_CUBE, "sgd", [], [
+        *_BATCH3, "0.weight=[[0], []]", "0.bias=[[0]]", "2.weight=[[0], []]", "2.bias=[[0]]",
+        *_WHOLE]),
+    "megatron-2x2x2": (_CUBE, "adamw", [], [
+        "x=[[0, 1], []]", "x=[[0, 1], []]@users", "0.weight=[[2], []]", "0.bias=[[2]]",
+        "2.weight=[[], [2]]", "2.bias=[[]]", "/0/Gemm_output_0=[[0, 1], [2]]",
+        "/1/Relu_output_0=[[0, 1], [2]]@users", "0.weight@state=[[], [2], []]",
+        "0.bias@state=[[], [2]]", "2.weight@state=[[], [], [2]]", "2.bias@state=[[], []]"]),
     # 2-D tensor parallel, the batch whole: the first Linear column-split over tp, the second
     # row-split over dp (its input gathered over tp, then sliced over dp).
     "tp-2d": ("dp=2,tp=2", "sgd", [], _TWO_DIMS),
@@ -77,7 +92,10 @@ STYLES = {
     "megatron": {"0.weight": "colwise", "2.weight": "rowwise"},
     "tp-fsdp": {"0.weight": "colwise+fsdp", "2.weight": "rowwise+zero"},
     "searched": {"0.weight": "colwise", "2.weight": "colwise"},
+    "dp-2x2x2": {"0.weight": "replicate+zero", "0.bias": "replicate+zero", "2.weight": "replicate"},
+    "zero2-2x2x2": "replicate+zero",
     "fsdp-2x2x2": "replicate+fsdp",
+    "megatron-2x2x2": {"0.weight": "colwise", "2.weight": "rowwise"},
     "tp-2d": {"0.weight": "colwise", "2.weight": "rowwise"},
 }
 BATCH = 8  # train_cases.batches("mlp")
