@@ -64,6 +64,7 @@ class RecipePrice:
     refused: str = ""
     comm_bytes_per_device: int | None = None  # priced by the bytes objective only
     memory_at_least: bool = False  # reshards whose intermediates the memory rows leave out
+    choice: tuple[int, ...] = ()  # per group, its proven fastest program's (`search.critical`)
 
 
 def price_recipes(
@@ -98,7 +99,8 @@ def price_recipe(
         cost = price(program, graph, cluster, usage)
         peak = cost.memory_bytes_per_device
         return RecipePrice(recipe, cost.objective, cost.compute_time_s, peak,
-                           peak <= cluster.memory, "", cost.comm_bytes_per_device)  # fmt: skip
+                           peak <= cluster.memory, "", cost.comm_bytes_per_device,
+                           choice=choice)  # fmt: skip
     compute, comm, chains = search.program_cost(choice)
     peak = search.problem.peak(choice)
     uncounted = chains - search.chains  # intermediates the rows do not count
@@ -107,7 +109,7 @@ def price_recipe(
         most += search.prices.traffic.intermediates_bound(uncounted)
     fits = True if most <= cluster.memory else False if peak > cluster.memory else None
     return RecipePrice(recipe, compute + comm, compute, peak, fits,
-                       memory_at_least=bool(uncounted))  # fmt: skip
+                       memory_at_least=bool(uncounted), choice=choice)  # fmt: skip
 
 
 def _kept(graph: Graph, search: Search, pins: Sequence[Annotation]) -> list[list[int]] | str:
