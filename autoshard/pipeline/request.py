@@ -314,10 +314,9 @@ def _told(document: PlanDocument, answer: Answer) -> PlanDocument:
     """`document` saying why a recipe's plan answers (`search.critical`), in its story and
     its recipes block's line (which compares compute plus communication, where the searched
     plan may cost less), and which recipes the time left unranked."""
-    story = f"{document.story} {answer.words}" if answer.words else document.story
+    told = [document.story or "", answer.words]
     if answer.unpriced:
-        names = ", ".join(map(str, answer.unpriced))
-        story += f" Not ranked on the critical path, out of time: {names}."
+        told.append(f"Not ranked on the critical path, out of time: {', '.join(answer.unpriced)}.")
     block = document.recipes
     if answer.recipe is not None and block is not None:
         line = (
@@ -326,7 +325,7 @@ def _told(document: PlanDocument, answer: Answer) -> PlanDocument:
             f"communication, without overlap"
         )
         block = dataclasses.replace(block, difference=line)
-    return dataclasses.replace(document, story=story.strip(), recipes=block)
+    return dataclasses.replace(document, story=" ".join(t for t in told if t), recipes=block)
 
 
 def _in_micro_batches(

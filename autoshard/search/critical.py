@@ -12,14 +12,17 @@ their fastest program by the objective. Each that fits the budget, proven its re
 the document's step time), and the fastest step answers; the searched plan on ties, so an
 answer only moves where a recipe is faster. A recipe whose compute alone is no faster than the
 answer so far is not lowered: a step's critical path runs all its compute, one op after
-another. The memory checked is the lowered program's, as the search's own plan's is.
+another; nor is one whose program is the searched plan's. The memory checked is the lowered
+program's, as the search's own plan's is.
 
-Worked example (`Overlap` defaults): the searched plan holds the weights whole and the
-optimizer state split (ZeRO-1/2): a reduce-scatter of the gradients, 3 ms, bucketed under the
-backward, and an all-gather of the updated weights, 3 ms, after the optimizer, exposed; its
-objective is compute 20 ms + 6 ms. FSDP sends 9 ms (a gather in the forward and in the
-backward, a reduce-scatter), its objective 29 ms; but its gathers run a layer ahead under
-compute, 1 ms exposed: 21 ms on the critical path against ZeRO's 23 ms. FSDP's plan answers.
+Worked example (`Overlap` defaults), compute 20 ms in either plan: the searched plan holds the
+weights whole and the optimizer state split (ZeRO-1/2): a reduce-scatter of the gradients,
+3 ms, bucketed under the backward but for its last bucket, 1 ms, and an all-gather of the
+updated weights, 3 ms, after the optimizer with nothing left to hide it: objective 26 ms,
+step 24 ms. FSDP sends 9 ms (a gather in the forward and in the backward, a reduce-scatter):
+objective 29 ms; but its gathers run a layer ahead under compute, all but the first layer's
+of each pass, 1 ms, and its reduce-scatter in the same buckets: step 22 ms. FSDP's plan
+answers.
 """
 
 from __future__ import annotations
@@ -64,8 +67,8 @@ def fastest_answer(
     fastest = planned.cost.step_time_s
     unpriced: list[Recipe] = []
     for candidate in _candidates(prices):
-        if candidate.compute_time_s >= fastest:
-            continue  # its critical path runs all of its compute
+        if candidate.compute_time_s >= fastest or candidate.choice == planned.solution.choice:
+            continue  # its critical path runs all of its compute; or it is the searched plan
         if deadline.passed():
             unpriced.append(candidate.recipe)
             continue
@@ -76,9 +79,10 @@ def fastest_answer(
         cost = price(program, graph, cluster, usage, overlap)
         if cost.step_time_s < fastest:
             fastest = cost.step_time_s
-            best = dataclasses.replace(
-                planned, plan=plan, program=program, cost=cost, usage=usage
-            ), candidate.recipe
+            best = (
+                dataclasses.replace(planned, plan=plan, program=program, cost=cost, usage=usage),
+                candidate.recipe,
+            )
     if best is None:
         return Answer(planned, unpriced=tuple(unpriced))
     answered, recipe = best
