@@ -22,6 +22,7 @@ from autoshard.search.options import Objective
 from autoshard.search.recipe_prices import price_recipes
 from autoshard.search.recipes import Recipe, megatron_splits, recipe_layout
 from autoshard.training import Recompute, Training
+from autoshard.units import format_seconds
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 MLP = MODELS / "mlp.onnx"  # x [batch, 64] -> Gemm [256, 64] -> Relu -> Gemm [64, 256]
@@ -123,3 +124,20 @@ def test_no_recipe_is_lowered_once_the_time_is_out():
     fitting = {r for r, p in prices.items() if p.fits is True and not p.refused}
     assert set(answer.unpriced) == fitting - slower
     assert Recipe.DP in answer.unpriced
+
+
+def test_auto_recompute_ranks_each_candidate_on_the_critical_path(decoder):
+    """With `--recompute auto` each candidate solved is ranked with the recipes: memory
+    unbounded, `none` is solved alone (no budget binds), ZeRO's program answers it, and the
+    recomputation's sentence gives that program's step."""
+    cluster = make_cluster("8")
+    request = PlanRequest(model_path=decoder, cluster=cluster, dims=DECODER_DIMS,
+                          training=Training(recompute=Recompute.AUTO))  # fmt: skip
+    answer = plan_request(request)
+    alone = plan_request(dataclasses.replace(request, training=STEP))
+    assert answer.planned.plan.values == alone.planned.plan.values
+    step = answer.planned.cost.step_time_s
+    assert step == alone.planned.cost.step_time_s
+    story = answer.document.story or ""
+    assert f"Recompute none ({format_seconds(step)} a step)" in story
+    assert "Answered with the ZeRO-1/2 recipe's plan (zero)" in story
