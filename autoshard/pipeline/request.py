@@ -35,6 +35,7 @@ from autoshard.pipeline.stages import (
 )
 from autoshard.progress import Tracker
 from autoshard.search.budget import Planned, auto_plan
+from autoshard.search.critical import Answer, fastest_answer
 from autoshard.search.microbatch import GlobalBatch, MicroBatchCandidate, chosen_words
 from autoshard.search.options import Objective, SolverOptions
 from autoshard.search.pipelined import (
@@ -44,7 +45,7 @@ from autoshard.search.pipelined import (
     stage_annotations,
 )
 from autoshard.search.pipesearch import PipelineChoice, StagePlan, choose_pipeline, plan_pipelined
-from autoshard.search.recipe_prices import price_recipes
+from autoshard.search.recipe_prices import RecipePrice, price_recipes
 from autoshard.search.recompute import Ladder, Lazy, choose_recompute, recompute_words
 from autoshard.search.shared import SearchCache, shared_plan
 from autoshard.search.solver.outcome import InfeasibleError
@@ -178,6 +179,8 @@ class _Searched:
     cluster: Cluster
     staged: StagePlan | None = None
     choice: PipelineChoice | None = None
+    recipes: tuple[RecipePrice, ...] | None = None  # priced beside the plan (`_answered`)
+    answer: Answer | None = None  # where the recipes' plans were ranked with it (`_answered`)
 
 
 def _search(
@@ -248,10 +251,26 @@ def plan_request(
     if training is not None and training.recompute is Recompute.AUTO:
         return _fastest_recompute(request, training, tracker, after, deadline, graphs, searches)
     found = _search(request, tracker, deadline, graphs, explain, searches)
+    found = _answered(request, found, deadline)
     requested = _documented(request, found, tracker, deadline)
     if after is not None:
         build(requested.graph, requested.planned.plan, after, tracker)
     return requested
+
+
+def _answered(request: PlanRequest, found: _Searched, deadline: Deadline) -> _Searched:
+    """`found` with the recipes priced beside its plan and, where the plan is one step's
+    (no pipeline's stage) searched for time, the fastest on the step's critical path of it
+    and each recipe's plan that fits answering (`search.critical`): the plan the document's
+    step time calls fastest is the one answered."""
+    if found.staged is not None or request.objective is not Objective.TIME:
+        return found  # its recipes priced where documented
+    planned, graph, cluster = found.planned, found.graph, found.cluster
+    recipes = price_recipes(graph, found.forward, cluster, planned.search, request.objective,
+                            deadline, planned.solution.choice)  # fmt: skip
+    overlap = request.training.overlap if request.training is not None else None
+    answer = fastest_answer(graph, cluster, planned, recipes, overlap, deadline)
+    return dataclasses.replace(found, planned=answer.planned, recipes=recipes, answer=answer)
 
 
 def _documented(
@@ -261,13 +280,16 @@ def _documented(
     """The plan document of `found`, `request`'s search: with the pipeline's block and the
     story's words on it (where pipelined), and why the search chose as it did (where allowed
     to choose: a pipeline; `chosen`, the recomputation's words, where `--recompute auto` chose
-    it, `_fastest_recompute`). The recipes beside it are priced within `deadline`, each
-    started from the plan's choices (`search.recipe_prices`)."""
+    it, `_fastest_recompute`; where a recipe's plan answers, `_answered`'s words). The recipes
+    beside it are priced within `deadline`, each started from the plan's choices
+    (`search.recipe_prices`)."""
     options = SolverOptions(objective=request.objective, time_limit=request.time_limit)
     planned, graph, cluster, forward = found.planned, found.graph, found.cluster, found.forward
     enter_stage(tracker, PipelineStage.DOCUMENT)
-    recipes = price_recipes(graph, forward, cluster, planned.search, options.objective,
-                            deadline, planned.solution.choice)  # fmt: skip
+    recipes = found.recipes
+    if recipes is None:
+        recipes = price_recipes(graph, forward, cluster, planned.search, options.objective,
+                                deadline, planned.solution.choice)  # fmt: skip
     document = plan_document(
         graph, cluster, planned.plan, planned.program, planned.cost,
         model_info(request.model_path, graph, request.dims), planned, request.training,
@@ -288,7 +310,27 @@ def _documented(
         document = dataclasses.replace(document, story=f"No pipeline{why}. {document.story}")
     if chosen:
         document = dataclasses.replace(document, story=f"{document.story} {chosen}")
+    if found.answer is not None:
+        document = _told(document, found.answer)
     return RequestedPlan(document=document, planned=planned, graph=graph, cluster=cluster)
+
+
+def _told(document: PlanDocument, answer: Answer) -> PlanDocument:
+    """`document` saying why a recipe's plan answers (`search.critical`), in its story and
+    its recipes block's line (which compares compute plus communication, where the searched
+    plan may cost less), and which recipes the time left unranked."""
+    told = [document.story or "", answer.words]
+    if answer.unpriced:
+        told.append(f"Not ranked on the critical path, out of time: {', '.join(answer.unpriced)}.")
+    block = document.recipes
+    if answer.recipe is not None and block is not None:
+        line = (
+            f"the plan is {answer.recipe}'s fastest program, answered for its shorter step on "
+            f"the critical path (the story says by how much); this table prices compute plus "
+            f"communication, without overlap"
+        )
+        block = dataclasses.replace(block, difference=line)
+    return dataclasses.replace(document, story=" ".join(t for t in told if t), recipes=block)
 
 
 def _in_micro_batches(
@@ -367,7 +409,8 @@ def _fastest_recompute(
 
     def solve(step: Training, last: bool) -> tuple[float, bool]:
         asked = dataclasses.replace(request, training=step)
-        found[step] = searched = _search(asked, tracker, deadline, graphs, last, searches)
+        searched = _search(asked, tracker, deadline, graphs, last, searches)
+        found[step] = searched = _answered(asked, searched, deadline)
         staged, planned = searched.staged, searched.planned
         seconds = staged.priced.step_s if staged is not None else planned.cost.step_time_s
         return seconds, planned.solution.memory_binds

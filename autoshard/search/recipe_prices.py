@@ -71,6 +71,7 @@ class RecipePrice:
     comm_bytes_per_device: int | None = None  # priced by the bytes objective only
     memory_at_least: bool = False  # reshards whose intermediates the memory rows leave out
     at_most: bool = False  # a program of its layout, not proven its fastest: an upper bound
+    choice: tuple[int, ...] = ()  # per group, its proven fastest program's (`search.critical`)
 
 
 def price_recipes(
@@ -111,7 +112,7 @@ def price_recipe(
         peak = cost.memory_bytes_per_device
         return RecipePrice(recipe, cost.objective, cost.compute_time_s, peak,
                            peak <= cluster.memory, "", cost.comm_bytes_per_device,
-                           at_most=at_most)  # fmt: skip
+                           at_most=at_most, choice=() if at_most else choice)  # fmt: skip
     compute, comm, chains = search.program_cost(choice)
     peak = search.problem.peak(choice)
     uncounted = chains - search.chains  # intermediates the rows do not count
@@ -120,7 +121,8 @@ def price_recipe(
         most += search.prices.traffic.intermediates_bound(uncounted)
     fits = True if most <= cluster.memory else False if peak > cluster.memory else None
     return RecipePrice(recipe, compute + comm, compute, peak, fits,
-                       memory_at_least=bool(uncounted), at_most=at_most)  # fmt: skip
+                       memory_at_least=bool(uncounted), at_most=at_most,
+                       choice=() if at_most else choice)  # fmt: skip
 
 
 OUT_OF_TIME = "not priced: the time limit ran out before its program was found"
