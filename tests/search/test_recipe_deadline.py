@@ -1,8 +1,8 @@
 """The recipes beside a plan share the request's wall-clock deadline (`search.recipe_prices`):
 where it passes before they are priced, the plan still answers, unchanged, each recipe priced
 by the plan's choices with its pins (an upper bound, said so), or, with no plan to start
-from, not priced. The deadline is a clock of the test's own, passed on entering the document
-stage, never a wall-clock race."""
+from, not priced. The deadline is a clock of the test's own, passed as the recipes are
+priced, never a wall-clock race."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import autoshard.pipeline.request as request_module
 from autoshard.cost.cluster import make_cluster
 from autoshard.deadline import NEVER, Deadline
 from autoshard.document.recipes import recipe_cells
-from autoshard.pipeline import PipelineStage, PlanRequest, load_graphs, plan_request
-from autoshard.progress import Tracker
+from autoshard.pipeline import PlanRequest, load_graphs, plan_request
 from autoshard.search.options import Objective
 from autoshard.search.problem import build_search
 from autoshard.search.recipe_prices import OUT_OF_TIME, _projected, _Tables, price_recipes
@@ -37,18 +37,15 @@ class _Clock:
         return self.now
 
 
-class _PassesAtTheDocument(Tracker):
-    """A tracker that moves `clock` an hour on when the document stage begins: the plan is
-    found, the recipes are not priced yet."""
+def _late(clock: _Clock):
+    """`price_recipes` called an hour late on `clock`: the plan is found, the recipes are not
+    priced yet."""
 
-    def __init__(self, clock: _Clock) -> None:
-        super().__init__(lambda _: None)
-        self._clock = clock
+    def priced(*args, **kwargs):
+        clock.now += 3600.0
+        return price_recipes(*args, **kwargs)
 
-    def stage(self, name: str, detail: str = "") -> None:
-        if name == PipelineStage.DOCUMENT:
-            self._clock.now += 3600.0
-        super().stage(name, detail)
+    return priced
 
 
 def _request() -> PlanRequest:
@@ -61,9 +58,10 @@ def in_time():
     return plan_request(_request())
 
 
-def test_recipes_out_of_time_answer_with_the_plan_and_an_upper_bound(in_time):
+def test_recipes_out_of_time_answer_with_the_plan_and_an_upper_bound(in_time, monkeypatch):
     clock = _Clock()
-    late = plan_request(_request(), _PassesAtTheDocument(clock), deadline=Deadline.start(60, clock))
+    monkeypatch.setattr(request_module, "price_recipes", _late(clock))
+    late = plan_request(_request(), deadline=Deadline.start(60, clock))
     assert clock.now == 3600.0  # the deadline passed after the search, before the recipes
     assert late.planned.plan == in_time.planned.plan
     assert late.document.cost == in_time.document.cost
