@@ -36,6 +36,7 @@ out).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -51,6 +52,7 @@ from autoshard.pipeline import PlanRequest, load_graph, plan_request
 from autoshard.search.recipes import Recipe, megatron_splits, recipe_layout
 from autoshard.sharding import Sharding
 from autoshard.training import Attention, Precision, Recompute, Training
+from autoshard.training.options import Loss
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "models"))
@@ -72,11 +74,16 @@ class Shape:
     kv_heads: int
     ffn: int
     vocab: int
+    float32: bool = False
+    """Llama's float32 islands (`build_decoder_shape_only(float32=True)`: RMSNorm and rotary
+    embeddings upcast, float32 logits) and its float32 cross-entropy loss over the vocabulary,
+    as TorchTitan's Llama runs them; Megatron's GPT normalizes in fused kernels that read and
+    write 16-bit and has no rotary embeddings."""
 
 
 GPT_22B = Shape("gpt-22b", 48, 6144, 64, 64, 16384, 51200)
-LLAMA_8B = Shape("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256)
-LLAMA_70B = Shape("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256)
+LLAMA_8B = Shape("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, float32=True)
+LLAMA_70B = Shape("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256, float32=True)
 
 
 @dataclass(frozen=True)
@@ -148,10 +155,17 @@ class Predicted:
         return self.memory <= self.usable
 
 
+def _training(run: Run) -> Training:
+    """The run's training flags, with the float32 cross-entropy loss where its shape has it."""
+    if not run.shape.float32:
+        return run.training
+    return dataclasses.replace(run.training, loss=Loss.CROSS_ENTROPY)
+
+
 def pins(run: Run, path: Path) -> list[Annotation]:
     """The published layout as required annotations (the module docstring)."""
     dims = {"batch": run.batch, "seq": run.seq}
-    graph = load_graph(path, dims, run.training)
+    graph = load_graph(path, dims, _training(run))
     forward = load_graph(path, dims, None)
     mesh = make_cluster(run.mesh, file=run.cluster).mesh
     tensor = megatron_splits(forward, mesh)
@@ -173,7 +187,7 @@ def pins(run: Run, path: Path) -> list[Annotation]:
 
 def predict(run: Run, path: Path, pinned: bool, time_limit: float) -> Predicted:
     cluster = make_cluster(run.mesh, file=run.cluster)
-    training = run.training
+    training = _training(run)
     annotations: Sequence[Annotation] = ()
     if pinned:
         annotations = pins(run, path)
@@ -182,7 +196,7 @@ def predict(run: Run, path: Path, pinned: bool, time_limit: float) -> Predicted:
     else:
         training = Training(
             recompute=Recompute.AUTO, attention=training.attention,
-            precision=training.precision,
+            precision=training.precision, loss=training.loss,
         )  # fmt: skip
     usable = make_cluster(run.mesh, file=run.cluster).memory
     request = PlanRequest(
@@ -254,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                 built[s.name] = Path(folder) / f"{s.name}.onnx"
                 proto = build_decoder_shape_only(
                     s.layers, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, ffn=s.ffn,
-                    vocab=s.vocab,
+                    vocab=s.vocab, float32=s.float32,
                 ).proto  # fmt: skip
                 onnx.save(proto, built[s.name])
             # Runs alike but for their measurement (eager and compiled) are one plan.
