@@ -52,7 +52,7 @@ from autoshard.pipeline import PlanRequest, load_graph, plan_request
 from autoshard.search.recipes import Recipe, megatron_splits, recipe_layout
 from autoshard.sharding import Sharding
 from autoshard.training import Attention, Precision, Recompute, Training
-from autoshard.training.options import Loss
+from autoshard.training.options import Kernels, Loss
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "models"))
@@ -124,15 +124,18 @@ RUNS = (
         Recipe.FSDP, False, Training(recompute=Recompute.SELECTIVE_OP),
         _tokens_per_gpu_s(16, 8192, 8, 5762), f"{TT24} Table 1", quick=True),
     Run("TorchTitan 8B, FSDP 8, selective AC, compile", LLAMA_8B, 16, 8192, "8",
-        "grand-teton-h100", Recipe.FSDP, False, Training(recompute=Recompute.SELECTIVE_OP),
+        "grand-teton-h100", Recipe.FSDP, False,
+        Training(recompute=Recompute.SELECTIVE_OP, kernels=Kernels.COMPILED),
         _tokens_per_gpu_s(16, 8192, 8, 6667), f"{TT24} Table 1", quick=True),
     Run("TorchTitan 8B, FSDP 8, compile + Float8", LLAMA_8B, 16, 8192, "8", "grand-teton-h100",
         Recipe.FSDP, False,
-        Training(recompute=Recompute.SELECTIVE_OP, precision=Precision.FP8_MIXED),
+        Training(recompute=Recompute.SELECTIVE_OP, precision=Precision.FP8_MIXED,
+                 kernels=Kernels.COMPILED),
         _tokens_per_gpu_s(16, 8192, 8, 8532), f"{TT24} Table 1"),
     Run("TorchTitan 70B, FSDP 32 x TP 8, full AC, compile + Float8", LLAMA_70B, 512, 8192,
         "32x8", "grand-teton-h100", Recipe.TP_FSDP, True,
-        Training(recompute=Recompute.LAYERS, precision=Precision.FP8_MIXED),
+        Training(recompute=Recompute.LAYERS, precision=Precision.FP8_MIXED,
+                 kernels=Kernels.COMPILED),
         _tokens_per_gpu_s(512, 8192, 256, 829), f"{TT24} Table 4"),
 )  # fmt: skip
 
@@ -196,7 +199,7 @@ def predict(run: Run, path: Path, pinned: bool, time_limit: float) -> Predicted:
     else:
         training = Training(
             recompute=Recompute.AUTO, attention=training.attention,
-            precision=training.precision, loss=training.loss,
+            precision=training.precision, loss=training.loss, kernels=training.kernels,
         )  # fmt: skip
     usable = make_cluster(run.mesh, file=run.cluster).memory
     request = PlanRequest(
@@ -271,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                     vocab=s.vocab, float32=s.float32,
                 ).proto  # fmt: skip
                 onnx.save(proto, built[s.name])
-            # Runs alike but for their measurement (eager and compiled) are one plan.
+            # Runs alike but for their measurement are one plan.
             layout = (s, run.batch, run.seq, run.mesh, run.cluster, run.recipe,
                       run.sequence_parallel, run.training)  # fmt: skip
             if layout not in pinned_plans:
@@ -279,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             pinned = pinned_plans[layout]
             # The free search of runs alike but for the recomputation is one plan.
             key = (s, run.batch, run.seq, run.mesh, run.cluster, run.training.precision,
-                   run.training.attention)  # fmt: skip
+                   run.training.attention, run.training.kernels)  # fmt: skip
             if not args.no_free and key not in free_plans:
                 free_plans[key] = predict(run, built[s.name], False, args.time_limit)
             free = free_plans.get(key)

@@ -48,8 +48,9 @@ from autoshard.ir.graph import Attrs, Graph, Op, Value, verify
 from autoshard.rules import rule_for
 from autoshard.rules.gradient import RECOMPUTE_OF, TRAIN, TrainOp
 from autoshard.training.buffers import candidates, trained_weights
+from autoshard.training.compiled import on_chip
 from autoshard.training.loss import with_loss
-from autoshard.training.options import Training
+from autoshard.training.options import Kernels, Training
 from autoshard.training.replay import Replay, linear_ops
 
 LINEAR = frozenset(
@@ -257,6 +258,8 @@ class _Step:
             fused=graph.fused.derived(self.fused_ops, self.fused_values),
             matmul_dtypes=self.low_precision(),
         )  # fmt: skip
+        if self.training.kernels is Kernels.COMPILED:
+            new = dataclasses.replace(new, on_chip=on_chip(new))
         verify(new)
         return new
 

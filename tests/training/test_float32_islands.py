@@ -11,13 +11,13 @@ import onnx
 import pytest
 
 from autoshard.cost.cluster import make_cluster
-from autoshard.cost.compute import op_bytes
+from autoshard.cost.compute import op_bytes, op_cost
 from autoshard.cost.liveness import _walk_memory
 from autoshard.pipeline import load_graph
 from autoshard.program import Compute
 from autoshard.search.budget import auto_plan
 from autoshard.training import Training
-from autoshard.training.options import Loss
+from autoshard.training.options import Kernels, Loss, TrainingError
 from autoshard.training.step import float32_islands
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -51,8 +51,9 @@ def test_upcast_values_stay_float32_and_the_rest_take_bf16(islands, tmp_path):
                  "layers.0.input_norm.div", "layers.0.attn.q_rope.sum",
                  "layers.0.attn.k_rope.upcast", "rope.cos", "logits", "loss"):  # fmt: skip
         assert dtype[name] == "float32", name
-    for name in ("embed.out", "layers.0.input_norm.downcast", "layers.0.input_norm.out",
-                 "layers.0.attn.q_rope.downcast", "layers.0.attn.scores", "lm_head.out"):  # fmt: skip
+    bf16 = ("embed.out", "layers.0.input_norm.downcast", "layers.0.input_norm.out",
+            "layers.0.attn.q_rope.downcast", "layers.0.attn.scores", "lm_head.out")  # fmt: skip
+    for name in bf16:
         assert dtype[name] == "bfloat16", name
     # A gradient has its value's dtype: the upcast's float32, the norm's result's bf16.
     grads = [n for n in dtype if n.startswith("layers.0.input_norm.upcast@grad")]
@@ -62,7 +63,9 @@ def test_upcast_values_stay_float32_and_the_rest_take_bf16(islands, tmp_path):
     assert not float32_islands(load_graph(path, {"batch": B, "seq": S}, None))
     plain = load_graph(path, {"batch": B, "seq": S}, TRAINING)
     assert {v.dtype for v in plain.values.values() if "@state" not in v.name} == {
-        "bfloat16", "int64", "bool"
+        "bfloat16",
+        "int64",
+        "bool",
     }
 
 
@@ -102,3 +105,36 @@ def test_the_backward_holds_the_float32_norm_input_and_logits(islands):
     assert held["logits"] == held["loss@3_sub"] == B * S * V * 4
     assert held["layers.0.attn.q_rope.downcast"] == B * 4 * S * 16 * 2
     assert not [n for n in held if "rope." in n and n.split(".")[-1] in ("upcast", "sum")]
+
+
+def test_compiled_kernels_keep_a_norms_chain_on_chip(islands, tmp_path):
+    """`--kernels compiled`: in each RMSNorm the Pow's square, the mean and the normalized
+    value stay on chip (every reader an elementwise op or reduction of the forward); the
+    float32 input is written (the backward's gradients read it), and so is the norm's
+    result (a matmul reads it). The Pow then reads the input alone (B*S*H float32 and the
+    exponent), writes nothing and launches nothing; the mean reads and writes nothing."""
+    path = _decoder(tmp_path / "decoder.onnx", True)
+    dims = {"batch": B, "seq": S}
+    compiled = load_graph(path, dims, Training(loss=Loss.CROSS_ENTROPY, kernels=Kernels.COMPILED))
+    assert not islands.on_chip
+    norm = "layers.0.input_norm"
+    for name in ("pow", "mean", "div"):
+        assert f"{norm}.{name}" in compiled.on_chip
+    for name in ("upcast", "sqrt", "out"):
+        assert f"{norm}.{name}" not in compiled.on_chip
+    cluster = make_cluster(mesh="1")
+
+    def priced(graph, output):
+        op = next(o for o in graph.ops if output in o.outputs)
+        return op_cost(op, None, None, graph, cluster)  # unsharded, whole tensors
+
+    eager_pow, pow_ = priced(islands, f"{norm}.pow"), priced(compiled, f"{norm}.pow")
+    assert (eager_pow.bytes, pow_.bytes) == (2 * B * S * H * 4 + 4, B * S * H * 4 + 4)
+    assert priced(compiled, f"{norm}.mean").bytes == 0
+    launch = cluster.device.launch_s
+    assert pow_.seconds < eager_pow.seconds - launch
+    assert priced(compiled, f"{norm}.mean").seconds < launch
+    assert "kernels" not in Training().to_json()
+    assert Training.parse(kernels="compiled").to_json()["kernels"] == "compiled"
+    with pytest.raises(TrainingError, match="unknown kernels 'fused'; choose one of: eager, "):
+        Training.parse(kernels="fused")
