@@ -6,9 +6,11 @@ layout pinned (required annotations and training flags), and the free search.
 Each run is a shape-only decoder of the published dims (models/make_models.py's
 `build_decoder_shape_only`: Llama-style, RMSNorm and SwiGLU; a GPT's 4h GeLU MLP is given the
 SwiGLU width 8h/3 of the same parameters and FLOPs), planned for training as `autoshard plan
---training` does (`pipeline.plan_request`) on the published cluster preset. The measured step
-is the published seconds per iteration, or tokens per step over the published tokens per
-second. Pinned: the published layout's weights, batch and optimizer state
+--training` does (`pipeline.plan_request`) on the published cluster preset. The Llama rows'
+decoder has Llama's float32 islands (`Shape.float32`) and trains on the float32
+cross-entropy loss; rows measured with torch.compile are priced with `--kernels compiled`.
+The measured step is the published seconds per iteration, or tokens per step over the
+published tokens per second. Pinned: the published layout's weights, batch and optimizer state
 (`search.recipes`), Megatron's tensor-parallel reads of each weight (annotations for users),
 and with sequence parallelism the residual stream (each layer's two residual Adds) held split
 on the sequence over the TP axis; planned under an unbounded budget so its memory is reported
