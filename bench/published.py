@@ -6,9 +6,11 @@ layout pinned (required annotations and training flags), and the free search.
 Each run is a shape-only decoder of the published dims (models/make_models.py's
 `build_decoder_shape_only`: Llama-style, RMSNorm and SwiGLU; a GPT's 4h GeLU MLP is given the
 SwiGLU width 8h/3 of the same parameters and FLOPs), planned for training as `autoshard plan
---training` does (`pipeline.plan_request`) on the published cluster preset. The measured step
-is the published seconds per iteration, or tokens per step over the published tokens per
-second. Pinned: the published layout's weights, batch and optimizer state
+--training` does (`pipeline.plan_request`) on the published cluster preset. The Llama rows'
+decoder has Llama's float32 islands (`Shape.float32`) and trains on the float32
+cross-entropy loss; rows measured with torch.compile are priced with `--kernels compiled`.
+The measured step is the published seconds per iteration, or tokens per step over the
+published tokens per second. Pinned: the published layout's weights, batch and optimizer state
 (`search.recipes`), Megatron's tensor-parallel reads of each weight (annotations for users),
 and with sequence parallelism the residual stream (each layer's two residual Adds) held split
 on the sequence over the TP axis; planned under an unbounded budget so its memory is reported
@@ -36,6 +38,7 @@ out).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -51,6 +54,7 @@ from autoshard.pipeline import PlanRequest, load_graph, plan_request
 from autoshard.search.recipes import Recipe, megatron_splits, recipe_layout
 from autoshard.sharding import Sharding
 from autoshard.training import Attention, Precision, Recompute, Training
+from autoshard.training.options import Kernels, Loss
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "models"))
@@ -72,11 +76,16 @@ class Shape:
     kv_heads: int
     ffn: int
     vocab: int
+    float32: bool = False
+    """Llama's float32 islands (`build_decoder_shape_only(float32=True)`: RMSNorm and rotary
+    embeddings upcast, float32 logits) and its float32 cross-entropy loss over the vocabulary,
+    as TorchTitan's Llama runs them; Megatron's GPT normalizes in fused kernels that read and
+    write 16-bit and has no rotary embeddings."""
 
 
 GPT_22B = Shape("gpt-22b", 48, 6144, 64, 64, 16384, 51200)
-LLAMA_8B = Shape("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256)
-LLAMA_70B = Shape("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256)
+LLAMA_8B = Shape("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, float32=True)
+LLAMA_70B = Shape("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256, float32=True)
 
 
 @dataclass(frozen=True)
@@ -117,15 +126,18 @@ RUNS = (
         Recipe.FSDP, False, Training(recompute=Recompute.SELECTIVE_OP),
         _tokens_per_gpu_s(16, 8192, 8, 5762), f"{TT24} Table 1", quick=True),
     Run("TorchTitan 8B, FSDP 8, selective AC, compile", LLAMA_8B, 16, 8192, "8",
-        "grand-teton-h100", Recipe.FSDP, False, Training(recompute=Recompute.SELECTIVE_OP),
+        "grand-teton-h100", Recipe.FSDP, False,
+        Training(recompute=Recompute.SELECTIVE_OP, kernels=Kernels.COMPILED),
         _tokens_per_gpu_s(16, 8192, 8, 6667), f"{TT24} Table 1", quick=True),
     Run("TorchTitan 8B, FSDP 8, compile + Float8", LLAMA_8B, 16, 8192, "8", "grand-teton-h100",
         Recipe.FSDP, False,
-        Training(recompute=Recompute.SELECTIVE_OP, precision=Precision.FP8_MIXED),
+        Training(recompute=Recompute.SELECTIVE_OP, precision=Precision.FP8_MIXED,
+                 kernels=Kernels.COMPILED),
         _tokens_per_gpu_s(16, 8192, 8, 8532), f"{TT24} Table 1"),
     Run("TorchTitan 70B, FSDP 32 x TP 8, full AC, compile + Float8", LLAMA_70B, 512, 8192,
         "32x8", "grand-teton-h100", Recipe.TP_FSDP, True,
-        Training(recompute=Recompute.LAYERS, precision=Precision.FP8_MIXED),
+        Training(recompute=Recompute.LAYERS, precision=Precision.FP8_MIXED,
+                 kernels=Kernels.COMPILED),
         _tokens_per_gpu_s(512, 8192, 256, 829), f"{TT24} Table 4"),
 )  # fmt: skip
 
@@ -148,10 +160,17 @@ class Predicted:
         return self.memory <= self.usable
 
 
+def _training(run: Run) -> Training:
+    """The run's training flags, with the float32 cross-entropy loss where its shape has it."""
+    if not run.shape.float32:
+        return run.training
+    return dataclasses.replace(run.training, loss=Loss.CROSS_ENTROPY)
+
+
 def pins(run: Run, path: Path) -> list[Annotation]:
     """The published layout as required annotations (the module docstring)."""
     dims = {"batch": run.batch, "seq": run.seq}
-    graph = load_graph(path, dims, run.training)
+    graph = load_graph(path, dims, _training(run))
     forward = load_graph(path, dims, None)
     mesh = make_cluster(run.mesh, file=run.cluster).mesh
     tensor = megatron_splits(forward, mesh)
@@ -173,7 +192,7 @@ def pins(run: Run, path: Path) -> list[Annotation]:
 
 def predict(run: Run, path: Path, pinned: bool, time_limit: float) -> Predicted:
     cluster = make_cluster(run.mesh, file=run.cluster)
-    training = run.training
+    training = _training(run)
     annotations: Sequence[Annotation] = ()
     if pinned:
         annotations = pins(run, path)
@@ -182,7 +201,7 @@ def predict(run: Run, path: Path, pinned: bool, time_limit: float) -> Predicted:
     else:
         training = Training(
             recompute=Recompute.AUTO, attention=training.attention,
-            precision=training.precision,
+            precision=training.precision, loss=training.loss, kernels=training.kernels,
         )  # fmt: skip
     usable = make_cluster(run.mesh, file=run.cluster).memory
     request = PlanRequest(
@@ -254,10 +273,10 @@ def main(argv: list[str] | None = None) -> int:
                 built[s.name] = Path(folder) / f"{s.name}.onnx"
                 proto = build_decoder_shape_only(
                     s.layers, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, ffn=s.ffn,
-                    vocab=s.vocab,
+                    vocab=s.vocab, float32=s.float32,
                 ).proto  # fmt: skip
                 onnx.save(proto, built[s.name])
-            # Runs alike but for their measurement (eager and compiled) are one plan.
+            # Runs alike but for their measurement are one plan.
             layout = (s, run.batch, run.seq, run.mesh, run.cluster, run.recipe,
                       run.sequence_parallel, run.training)  # fmt: skip
             if layout not in pinned_plans:
@@ -265,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             pinned = pinned_plans[layout]
             # The free search of runs alike but for the recomputation is one plan.
             key = (s, run.batch, run.seq, run.mesh, run.cluster, run.training.precision,
-                   run.training.attention)  # fmt: skip
+                   run.training.attention, run.training.kernels)  # fmt: skip
             if not args.no_free and key not in free_plans:
                 free_plans[key] = predict(run, built[s.name], False, args.time_limit)
             free = free_plans.get(key)

@@ -460,6 +460,7 @@ def build_cnn() -> Built:
 BIG_NAME = "decoder_32l_shape_only"
 BIG_LAYERS, BIG_HIDDEN, BIG_HEADS, BIG_FFN, BIG_VOCAB = 32, 4096, 32, 11008, 32000
 BIG_DTYPE = TensorProto.FLOAT16
+ROPE_THETA = 500000.0  # Llama 3's rotary base (`build_decoder_shape_only(float32=True)`)
 
 
 class _ExternalWeights:
@@ -508,6 +509,7 @@ def build_decoder_shape_only(
     kv_heads: int | None = None,
     ffn: int = BIG_FFN,
     vocab: int = BIG_VOCAB,
+    float32: bool = False,
 ) -> Built:
     """Llama-style decoder graph (`layers` layers, 32 in the bundled model) built with
     ``onnx.helper``; the widths default to Llama-7B's (hidden 4096, 32 heads, SwiGLU 11008,
@@ -527,6 +529,16 @@ def build_decoder_shape_only(
     and V project to kv_heads * head_dim and each KV head is repeated for its group as
     Hugging Face's ``repeat_kv`` exports it (Unsqueeze, Expand, Reshape).  Multi-head graphs
     are built exactly as before, so the bundled model regenerates byte for byte.
+
+    `float32` adds the float32 islands a real Llama's training step runs (off by default: the
+    bundled models keep their bytes). Each RMSNorm upcasts as Hugging Face's and TorchTitan's
+    do (``x.float()`` ... ``.type_as(x)``, exported as Cast to float32 before the Pow and
+    Cast back before the weight's Mul); Q and K (as [b, heads, s, hd], before ``repeat_kv``)
+    get rotary embeddings in float32, as TorchTitan computes them: Cast up, ``x * cos +
+    rotate_half(x) * sin`` with Hugging Face's rotate_half (Slice, Slice, Neg, Concat), Cast
+    back; cos and sin ([s, hd], float32) are computed in-graph from Range(seq) and the
+    inverse frequencies (theta 500000, Llama 3's); and the logits are Cast to float32, as
+    the loss reads them (``logits.float()``), so a cross-entropy loss is priced in float32.
     """
     h, nh, kv = hidden, heads, heads if kv_heads is None else kv_heads
     if h % nh or nh % kv:
@@ -563,14 +575,45 @@ def build_decoder_shape_only(
             numpy_helper.from_array(np.array([0, nh, -1, hd], np.int64), "shape_kv_merged"),
         ]
 
+    if float32:
+        small += [
+            numpy_helper.from_array(np.array(2.0, np.float32), "two_f32"),
+            numpy_helper.from_array(np.array(1e-5, np.float32), "eps_f32"),
+            numpy_helper.from_array(np.array([0], np.int64), "rot_lo"),
+            numpy_helper.from_array(np.array([hd // 2], np.int64), "rot_mid"),
+            numpy_helper.from_array(np.array([hd], np.int64), "rot_hi"),
+            numpy_helper.from_array(np.array([1], np.int64), "axes_1"),
+            numpy_helper.from_array(np.array(0, np.int64), "i64_zero"),
+            numpy_helper.from_array(
+                ROPE_THETA ** -(np.arange(0, hd, 2, dtype=np.float32) / hd), "inv_freq"
+            ),
+        ]
+    two, eps = ("two_f32", "eps_f32") if float32 else ("two", "eps")
+
     def rms_norm(x: str, prefix: str) -> str:
         w = weights.add(f"{prefix}.weight", [h])
-        sq = node("Pow", [x, "two"], f"{prefix}.pow")
+        if float32:
+            x = node("Cast", [x], f"{prefix}.upcast", to=TensorProto.FLOAT)
+        sq = node("Pow", [x, two], f"{prefix}.pow")
         mean = node("ReduceMean", [sq], f"{prefix}.mean", axes=[-1], keepdims=1)
-        var = node("Add", [mean, "eps"], f"{prefix}.add_eps")
+        var = node("Add", [mean, eps], f"{prefix}.add_eps")
         rms = node("Sqrt", [var], f"{prefix}.sqrt")
         normed = node("Div", [x, rms], f"{prefix}.div")
+        if float32:
+            normed = node("Cast", [normed], f"{prefix}.downcast", to=BIG_DTYPE)
         return node("Mul", [normed, w], f"{prefix}.out")
+
+    def rotary(x: str, prefix: str) -> str:
+        """[b, heads, s, hd] rotated in float32 (the docstring), cast back."""
+        x = node("Cast", [x], f"{prefix}.upcast", to=TensorProto.FLOAT)
+        lo = node("Slice", [x, "rot_lo", "rot_mid", "axes_last"], f"{prefix}.lo")
+        hi = node("Slice", [x, "rot_mid", "rot_hi", "axes_last"], f"{prefix}.hi")
+        turned = node("Concat", [node("Neg", [hi], f"{prefix}.neg"), lo], f"{prefix}.half",
+                      axis=-1)  # fmt: skip
+        cos = node("Mul", [x, "rope.cos"], f"{prefix}.cos")
+        sin = node("Mul", [turned, "rope.sin"], f"{prefix}.sin")
+        out = node("Add", [cos, sin], f"{prefix}.sum")
+        return node("Cast", [out], f"{prefix}.downcast", to=BIG_DTYPE)
 
     def linear(x: str, prefix: str, n_in: int, n_out: int) -> str:
         w = weights.add(f"{prefix}.weight", [n_in, n_out])
@@ -584,6 +627,15 @@ def build_decoder_shape_only(
     fill = helper.make_tensor("fill", BIG_DTYPE, [1], [float(np.finfo(np_dt).min)])
     full = node("ConstantOfShape", [sq_shape], "mask.full", value=fill)
     mask = node("Trilu", [full, "k_one"], "mask.causal", upper=1)  # k=1: strictly above
+
+    if float32:  # cos, sin [s, hd] of the positions 0..s-1
+        positions = node("Range", ["i64_zero", seq, "k_one"], "rope.positions")
+        positions = node("Cast", [positions], "rope.positions_f32", to=TensorProto.FLOAT)
+        positions = node("Unsqueeze", [positions, "axes_1"], "rope.column")
+        angles = node("Mul", [positions, "inv_freq"], "rope.angles")  # [s, hd/2]
+        angles = node("Concat", [angles, angles], "rope.emb", axis=-1)
+        node("Cos", [angles], "rope.cos")
+        node("Sin", [angles], "rope.sin")
 
     embed = weights.add("embed_tokens.weight", [vocab, h])
     x = node("Gather", [embed, "input_ids"], "embed.out", axis=0)
@@ -605,7 +657,15 @@ def build_decoder_shape_only(
         k = node("Reshape", [k, kv_shape], f"{p}.attn.k_heads")
         v = node("Reshape", [v, kv_shape], f"{p}.attn.v_heads")
         q = node("Transpose", [q], f"{p}.attn.q_t", perm=[0, 2, 1, 3])  # [b, nh, s, hd]
-        if group == 1:
+        if float32:
+            q = rotary(q, f"{p}.attn.q_rope")
+            k = node("Transpose", [k], f"{p}.attn.k_t", perm=[0, 2, 1, 3])  # [b, kv, s, hd]
+            k = rotary(k, f"{p}.attn.k_rope")
+            k = repeat_kv(k, f"{p}.attn.k_rep") if group > 1 else k
+            kt = node("Transpose", [k], f"{p}.attn.k_rep_t", perm=[0, 1, 3, 2])  # [b, nh, hd, s]
+            v = node("Transpose", [v], f"{p}.attn.v_t", perm=[0, 2, 1, 3])  # [b, kv, s, hd]
+            v = repeat_kv(v, f"{p}.attn.v_rep") if group > 1 else v
+        elif group == 1:
             kt = node("Transpose", [k], f"{p}.attn.k_t", perm=[0, 2, 3, 1])  # [b, nh, hd, s]
             v = node("Transpose", [v], f"{p}.attn.v_t", perm=[0, 2, 1, 3])  # [b, nh, s, hd]
         else:
@@ -635,13 +695,18 @@ def build_decoder_shape_only(
 
     x = rms_norm(x, "final_norm")
     linear(x, "lm_head", h, vocab)
-    nodes[-1].output[0] = "logits"
+    if float32:
+        node("Cast", [nodes[-1].output[0]], "logits", to=TensorProto.FLOAT)
+    else:
+        nodes[-1].output[0] = "logits"
 
     graph = helper.make_graph(
         nodes,
         BIG_NAME,
         inputs=[helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
-        outputs=[helper.make_tensor_value_info("logits", BIG_DTYPE, ["batch", "seq", vocab])],
+        outputs=[helper.make_tensor_value_info(
+            "logits", TensorProto.FLOAT if float32 else BIG_DTYPE, ["batch", "seq", vocab]
+        )],
         initializer=small + weights.tensors,
     )
     model = helper.make_model(

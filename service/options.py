@@ -38,6 +38,7 @@ from autoshard.training.options import (
     OPTIONS,
     RECOMPUTE_CHOICES,
     Attention,
+    Kernels,
     Loss,
     Optimizer,
     Precision,
@@ -103,6 +104,9 @@ FORM_SCHEMA: dict[str, Any] = {
         "loss": {"type": "string", "enum": _choices(Loss), "default": _TRAINING.loss,
                  "description": "training: the outputs summed, or the first output's "
                                 "cross-entropy against an int64 input labels"},
+        "kernels": {"type": "string", "enum": _choices(Kernels), "default": _TRAINING.kernels,
+                    "description": "training: eager (an op a kernel) or compiled (elementwise "
+                                   "chains fused)"},
         "prefetch": {"type": "integer", "default": _TRAINING.overlap.prefetch,
                      "description": "training: FSDP all_gathers issued N gathering ops ahead"},
         "bucket_mb": {"type": "number", "default": _TRAINING.overlap.bucket_mb,

@@ -136,6 +136,11 @@ def training_flags(parser: argparse.ArgumentParser) -> None:
         "int64 input 'labels', planned with the step: a vocab split is reduced across)",
     )  # fmt: skip
     group.add_argument(
+        "--kernels", help="eager (default: each elementwise op its own kernel, a pass over "
+        "memory) or compiled (torch.compile: chains of elementwise ops and reductions fused, "
+        "their intermediate values kept on chip)",
+    )  # fmt: skip
+    group.add_argument(
         "--micro-batches", type=int, metavar="N",
         help="gradient accumulation: forward and backward N times per gradient sync (a "
         "pipeline's micro-batches: the batch the model is given is one micro-batch)",

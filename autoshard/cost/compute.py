@@ -268,19 +268,19 @@ def op_bytes(
     if kind.view:
         return 0
     if rule is None or option is None:
-        whole = [graph.values[n] for n in (*op.inputs, *op.outputs) if n]
+        whole = [graph.values[n] for n in (*op.inputs, *op.outputs) if n and n not in graph.on_chip]
         return sum(dtypes.nbytes(v.dtype, math.prod(v.shape)) for v in whole)
     results = [
         (graph.values[name], _elements(graph.values[name].shape, rule.results[i], option, mesh))
         for i, name in enumerate(op.outputs)
-        if name
+        if name and name not in graph.on_chip
     ]
     written = sum(dtypes.nbytes(value.dtype, count) for value, count in results)
     if (scattered := _scattered(op, rule, option, graph, mesh)) is not None:
         return written + 3 * dtypes.nbytes(*scattered)
     read = 0
     for i, (name, indexing) in enumerate(zip(op.inputs, rule.operands, strict=False)):
-        if not name or indexing is None:
+        if not name or indexing is None or name in graph.on_chip:
             continue
         value = graph.values[name]
         count = _elements(value.shape, indexing, option, mesh)
@@ -389,7 +389,9 @@ def op_cost(
     if family is not None:
         seconds = max(seconds, _iterations(op, rule, option, graph, mesh) / special_rate(
             device, family))  # fmt: skip
-    return OpCost(flops, moved, seconds + device.launch_s)
+    # A result kept on chip: the op runs inside the kernel of the op reading it, no launch.
+    launch = 0.0 if op.outputs and all(n in graph.on_chip for n in op.outputs) else device.launch_s
+    return OpCost(flops, moved, seconds + launch)
 
 
 class Access(StrEnum):

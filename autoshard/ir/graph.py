@@ -243,6 +243,8 @@ class Graph:
 
     `fused` names the ops engines run as one kernel and what that kernel keeps of the values
     inside it (`ir.fused`: flash attention; empty when the graph is priced op by op).
+    `on_chip` names the values compiled elementwise kernels keep in registers, priced as
+    neither written nor read (`training.compiled`; empty for eager kernels).
     """
 
     name: str
@@ -260,6 +262,7 @@ class Graph:
     micro_batches: int = 1
     fused: Fused = Fused()
     matmul_dtypes: Mapping[str, str] = field(default_factory=dict)
+    on_chip: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ops", tuple(self.ops))

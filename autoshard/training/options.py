@@ -57,6 +57,15 @@ class Loss(enum.StrEnum):
     CROSS_ENTROPY = "cross-entropy"
 
 
+class Kernels(enum.StrEnum):
+    """How the step's elementwise ops run (`training.kernels`): each its own kernel and pass
+    over memory (eager PyTorch), or chains of them fused into one kernel by a compiler
+    (torch.compile), their intermediate values kept on chip (`training.compiled`)."""
+
+    EAGER = "eager"
+    COMPILED = "compiled"
+
+
 class Precision(enum.StrEnum):
     BF16_MIXED = "bf16-mixed"
     FP16_MIXED = "fp16-mixed"
@@ -227,6 +236,7 @@ class Training:
     attention: Attention | None = None
     overlap: Overlap = Overlap()
     loss: Loss = Loss.SUM
+    kernels: Kernels = Kernels.EAGER
 
     def __post_init__(self) -> None:
         if self.every < 1 or (self.every > 1 and self.recompute is not Recompute.LAYERS):
@@ -277,6 +287,8 @@ class Training:
             found["attention"] = str(self.attention)
         if self.loss is not Loss.SUM:  # written when chosen: a sum's documents stay as they were
             found["loss"] = str(self.loss)
+        if self.kernels is not Kernels.EAGER:  # likewise
+            found["kernels"] = str(self.kernels)
         return found | self.overlap.to_json()
 
     @staticmethod
@@ -287,6 +299,7 @@ class Training:
         recompute: str = "auto",
         attention: str | None = None,
         loss: str = "sum",
+        kernels: str = "eager",
         **overlap: Any,
     ) -> Training:
         """Options as a user gives them (flags, a form, a plan document's `training`);
@@ -302,6 +315,7 @@ class Training:
                 Attention, str(attention), "attention"),
             overlap=parse_overlap(**overlap),
             loss=parse_choice(Loss, str(loss), "loss"),
+            kernels=parse_choice(Kernels, str(kernels), "kernels"),
         )  # fmt: skip
 
     def __str__(self) -> str:
@@ -311,6 +325,7 @@ class Training:
             f"recompute {self.recompute_text}"
             + ("" if self.attention is None else f", attention {self.attention}")
             + ("" if self.loss is Loss.SUM else f", loss {self.loss}")
+            + ("" if self.kernels is Kernels.EAGER else f", {self.kernels} kernels")
             + ("" if self.overlap == Overlap() else f", {self.overlap}")
         )
 
@@ -326,6 +341,7 @@ OPTIONS = (
     "async_tp",
     "overlap",
     "loss",
+    "kernels",
 )
 """The options of a training step, as `Training.parse` names them."""
 

@@ -48,8 +48,9 @@ from autoshard.ir.graph import Attrs, Graph, Op, Value, verify
 from autoshard.rules import rule_for
 from autoshard.rules.gradient import RECOMPUTE_OF, TRAIN, TrainOp
 from autoshard.training.buffers import candidates, trained_weights
+from autoshard.training.compiled import on_chip
 from autoshard.training.loss import with_loss
-from autoshard.training.options import Training
+from autoshard.training.options import Kernels, Training
 from autoshard.training.replay import Replay, linear_ops
 
 LINEAR = frozenset(
@@ -98,6 +99,15 @@ def state_name(weight: str) -> str:
     return f"{weight}@state"
 
 
+def float32_islands(graph: Graph) -> bool:
+    """Whether `graph` computes in a 16-bit float and upcasts some values to float32 (a
+    norm, rotary embeddings, the logits, as Llama's code runs them: its float32 islands).
+    Mixed precision keeps those values in float32, as autocast keeps an explicit upcast, and
+    computes the rest in its dtype; a float32 model's values all take the precision's."""
+    floats = {v.dtype for v in graph.values.values()}
+    return "float32" in floats and bool(floats & {"float16", "bfloat16"})
+
+
 class _Step:
     def __init__(
         self, graph: Graph, training: Training, replays: Sequence[Replay],
@@ -109,6 +119,7 @@ class _Step:
         self.replay_before = {replay.before: replay.ops for replay in replays if replay.ops}
         self.recomputed: dict[str, str] = {}  # value -> its recomputed value
         self.dtype = training.precision.dtype
+        self.islands = float32_islands(graph)
         self.values: dict[str, Value] = {name: self.recast(v) for name, v in graph.values.items()}
         self.ops: list[Op] = list(graph.ops)
         self.phases: dict[str, str] = {}
@@ -123,6 +134,8 @@ class _Step:
         self.fused_values: dict[str, tuple[str, bool]] = {}
 
     def recast(self, value: Value) -> Value:
+        if self.islands and value.dtype == "float32":
+            return value
         if value.dtype in dtypes.FLOAT_DTYPES and not value.dtype.startswith("complex"):
             return dataclasses.replace(value, dtype=self.dtype)
         return value
@@ -245,6 +258,8 @@ class _Step:
             fused=graph.fused.derived(self.fused_ops, self.fused_values),
             matmul_dtypes=self.low_precision(),
         )  # fmt: skip
+        if self.training.kernels is Kernels.COMPILED:
+            new = dataclasses.replace(new, on_chip=on_chip(new))
         verify(new)
         return new
 

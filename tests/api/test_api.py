@@ -343,8 +343,8 @@ def test_bad_annotation_file_is_the_cli_message(server: Server, tmp_path, capsys
             {**FIELDS, "colour": "blue"}, 400,
             "unknown form field 'colour'; valid: model, mesh, dims, cluster, device, bandwidth, "
             "latency, memory, annotations, objective, time_limit, mode, optimizer, precision, "
-            "micro_batches, recompute, attention, loss, prefetch, bucket_mb, async_tp, overlap, "
-            "global_batch, pipeline_axis, pipeline, schedule",
+            "micro_batches, recompute, attention, loss, kernels, prefetch, bucket_mb, async_tp, "
+            "overlap, global_batch, pipeline_axis, pipeline, schedule",
             id="unknown-field",
         ),
         pytest.param(
@@ -641,10 +641,11 @@ def test_every_training_option_of_the_cli_is_a_form_field(
     server: Server, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fields = {"mesh": "2x2", "dims": '{"batch": 8}', "mode": "training",
-              "loss": "cross-entropy", "prefetch": "0", "bucket_mb": "0", "async_tp": "true",
-              "overlap": "false"}  # fmt: skip
+              "loss": "cross-entropy", "kernels": "compiled", "prefetch": "0", "bucket_mb": "0",
+              "async_tp": "true", "overlap": "false"}  # fmt: skip
     flags = ["--mesh", "2x2", "--dim", "batch=8", "--mode", "training",
-             "--loss", "cross-entropy", "--prefetch", "0", "--bucket-mb", "0", "--async-tp",
-             "--no-overlap"]  # fmt: skip
+             "--loss", "cross-entropy", "--kernels", "compiled", "--prefetch", "0",
+             "--bucket-mb", "0", "--async-tp", "--no-overlap"]  # fmt: skip
     plan = planned_as_cli(server, MLP, fields, flags, capsys)
     assert plan["training"]["loss"] == "cross-entropy"
+    assert plan["training"]["kernels"] == "compiled"
