@@ -96,9 +96,10 @@ def _candidates(prices: Sequence[RecipePrice]) -> list[RecipePrice]:
 
 
 def answer_words(recipe: Recipe, mine: Cost, searched: Cost) -> str:
-    """The story's sentence on a recipe's plan answering: `Answered with the FSDP, ZeRO-3
-    recipe's plan (fsdp): 2.55 s a step on its critical path against 2.56 s for the searched
-    plan, 16 ms faster; ...`, with what each hides of its communication."""
+    """The story's sentence on a recipe's plan answering: `Answered with the <label> recipe's
+    plan (<recipe>): <its step> a step on its critical path against <the searched plan's> for
+    the searched plan, <the difference> faster; ...`, with what each hides of its
+    communication."""
     t = format_seconds
     told = (
         f"Answered with the {recipe.label} recipe's plan ({recipe}): {t(mine.step_time_s)} a "
